@@ -1,0 +1,117 @@
+// JobSpec: the validated, typed form of a job spec document (../shared/contracts/JOBSPEC.md).
+// ParseJobSpec turns YAML or JSON text into a JobSpec; every unknown field, wrong type or bad value
+// is an INVALID_ARGUMENT whose message starts with the field path ("training.lerning_rate: unknown
+// field"). A field whose feature is not built yet is rejected the same way ("training.optim:
+// adafactor is not supported yet"), never ignored.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "traind/engine/status.h"
+
+namespace traind::engine {
+
+// Architecture hyper-parameters, named as in the HF config.json of the architecture. Fields that do
+// not apply to an arch stay at their defaults. Defaults are HF's defaults for that arch.
+struct ModelConfig {
+  std::string arch = "gpt2";  // "gpt2" | "llama"
+  int64_t vocab_size = 50257;
+  // gpt2
+  int64_t n_positions = 1024;
+  int64_t n_embd = 768;
+  int64_t n_layer = 12;
+  int64_t n_head = 12;
+  double layer_norm_epsilon = 1e-5;
+  // llama
+  int64_t hidden_size = 4096;
+  int64_t intermediate_size = 11008;
+  int64_t num_hidden_layers = 32;
+  int64_t num_attention_heads = 32;
+  int64_t num_key_value_heads = 32;  // < num_attention_heads: grouped-query attention
+  double rms_norm_eps = 1e-6;
+  double rope_theta = 10000.0;
+  int64_t max_position_embeddings = 2048;
+  bool tie_word_embeddings = false;  // gpt2 is always tied
+
+  // Arch-independent views.
+  int64_t num_layers() const { return arch == "gpt2" ? n_layer : num_hidden_layers; }
+  int64_t channels() const { return arch == "gpt2" ? n_embd : hidden_size; }
+  int64_t num_heads() const { return arch == "gpt2" ? n_head : num_attention_heads; }
+  int64_t num_kv_heads() const { return arch == "gpt2" ? n_head : num_key_value_heads; }
+  int64_t max_positions() const { return arch == "gpt2" ? n_positions : max_position_embeddings; }
+  bool tied_embeddings() const { return arch == "gpt2" ? true : tie_word_embeddings; }
+};
+
+struct ModelSpec {
+  ModelConfig config;
+  // An HF model folder (config.json + model.safetensors or model.safetensors.index.json) to
+  // fine-tune. When set, its config.json is the model config and `model.config` must be absent or
+  // agree with it.
+  std::optional<std::string> init_from;
+};
+
+struct DataSpec {
+  std::string train_file;           // required; resolved against the spec's base directory
+  std::string format = "text";      // "text" | "tokens"
+  std::string token_dtype = "uint16";  // "uint16" | "uint32" (format: tokens)
+  std::string tokenizer = "byte";   // "byte" (HF tokenizer.json: later)
+  int64_t seq_len = 128;
+  double validation_split = 0.1;    // last fraction of the token stream held out for eval, [0, 1)
+  bool shuffle = true;
+};
+
+struct TrainingSpec {
+  int64_t max_steps = 200;                   // optimizer steps, >= 1
+  int64_t per_device_train_batch_size = 8;   // sequences per micro-batch; 0 means "auto"
+  int64_t gradient_accumulation_steps = 1;
+  std::optional<int64_t> effective_batch_size;  // sequences per optimizer step (with "auto")
+  double learning_rate = 3e-4;
+  std::string lr_scheduler_type = "cosine";  // "constant" | "linear" | "cosine"
+  int64_t warmup_steps = 0;
+  double weight_decay = 0.0;
+  double adam_beta1 = 0.9;
+  double adam_beta2 = 0.999;
+  double adam_epsilon = 1e-8;
+  double max_grad_norm = 1.0;                // 0 disables clipping
+  std::string optim = "adamw";
+  bool fp16 = false;
+  bool bf16 = false;
+  bool tf32 = false;
+  bool gradient_checkpointing = false;
+  int64_t gradient_checkpointing_every = 1;  // checkpoint every k-th block (extension)
+  std::string offload = "none";
+  std::optional<std::string> offload_dir;
+  int64_t seed = 42;
+  int64_t logging_steps = 10;
+  int64_t eval_steps = 0;                    // 0 = only at the end
+  int64_t save_steps = 0;                    // 0 = only at the end
+
+  bool auto_batch() const { return per_device_train_batch_size == 0; }
+};
+
+struct JobSpec {
+  std::string name;
+  ModelSpec model;
+  DataSpec data;
+  TrainingSpec training;
+  std::string output_dir = "./runs/job";
+};
+
+// Parses a YAML (or JSON, a subset of YAML) job spec. Relative paths (data.train_file,
+// model.init_from, output_dir, training.offload_dir) are resolved against `base_dir` when it is not
+// empty. Validates every field; does not touch the file system (see ValidateJobInputs).
+Result<JobSpec> ParseJobSpec(std::string_view text, const std::string& base_dir = "");
+
+// Checks what needs the file system: the data file exists and is readable and long enough for one
+// window, init_from holds a loadable config.json. FAILED_PRECONDITION / NOT_FOUND with the path.
+Status ValidateJobInputs(const JobSpec& spec);
+
+// The spec as a canonical JSON document (every field, resolved values), parseable by ParseJobSpec.
+std::string JobSpecToJson(const JobSpec& spec);
+
+}  // namespace traind::engine

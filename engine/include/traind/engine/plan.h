@@ -1,0 +1,30 @@
+// MemoryPlan: the bytes a training job will allocate, by category, computed before anything runs.
+// The same numbers drive `trainctl estimate`, the auto batch size, admission in worker/, and the
+// engine's allocator, whose measured high-water mark must agree with `total()`.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace traind::engine {
+
+struct MemoryBytes {
+  int64_t weights = 0;      // parameters (and fp32 master copies with mixed precision)
+  int64_t gradients = 0;    // parameter gradients
+  int64_t optimizer = 0;    // optimizer state (AdamW: m and v)
+  int64_t activations = 0;  // forward activations kept for backward
+  int64_t temporary = 0;    // scratch buffers live only within a layer or op
+  int64_t total() const { return weights + gradients + optimizer + activations + temporary; }
+};
+
+struct MemoryPlan {
+  int64_t micro_batch = 0;                  // sequences per micro-batch
+  int64_t gradient_accumulation_steps = 1;  // micro-batches per optimizer step
+  bool gradient_checkpointing = false;
+  std::string precision = "fp32";           // "fp32" | "bf16" | "fp16"
+  MemoryBytes bytes;
+  int64_t budget_bytes = 0;                 // the budget it was planned against (0 = unlimited)
+  std::string reason;                       // one line: why this batch and these techniques
+};
+
+}  // namespace traind::engine

@@ -1,0 +1,98 @@
+// The engine's entry points for whoever runs jobs (worker/'s job runner, `traind run`, tests):
+// plan a job, and run it to the end with progress reported through callbacks.
+// Thread safety: RunJob blocks the calling thread; callbacks are called on that thread.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "traind/engine/job_spec.h"
+#include "traind/engine/plan.h"
+#include "traind/engine/status.h"
+
+namespace traind::engine {
+
+struct DeviceOptions {
+  std::string device = "cpu";  // "cpu" | "cuda:N" | "auto"
+  int64_t memory_budget_bytes = 0;  // 0 = the device's capacity (host RAM on the CPU backend)
+  int threads = 0;                  // CPU threads; 0 = all cores
+};
+
+// Plans memory for `spec` on the device: resolves per_device_train_batch_size "auto" (the largest
+// micro-batch that fits, rounded down to a multiple of 8), accumulation for effective_batch_size,
+// and gradient checkpointing when needed. FAILED_PRECONDITION when even the smallest configuration
+// does not fit, with the breakdown and what would make it fit.
+Result<MemoryPlan> EstimateJob(const JobSpec& spec, const DeviceOptions& device);
+
+// What one optimizer step reports.
+struct StepReport {
+  int64_t step = 0;            // 1-based optimizer step just finished
+  int64_t max_steps = 0;
+  double loss = 0;             // mean training loss of this step's micro-batches
+  double learning_rate = 0;    // the rate used for this step
+  double grad_norm = 0;        // global L2 norm before clipping
+  double step_seconds = 0;     // wall time of the step
+  double dataloader_wait_seconds = 0;  // of that, waiting for data
+  int64_t tokens = 0;          // tokens trained in this step
+  int64_t samples = 0;         // sequences trained in this step
+  bool skipped = false;        // fp16 overflow: update skipped
+  int64_t memory_used_bytes = 0;
+  int64_t memory_peak_bytes = 0;
+  double model_flops = 0;      // model FLOPs of this step (6 * params * tokens + attention)
+};
+
+// What a `logging_steps` window reports (the log_history entry).
+struct LogReport {
+  int64_t step = 0;
+  double loss = 0;  // mean over the window's steps
+  double learning_rate = 0;
+  double grad_norm = 0;
+  double tokens_per_second = 0;
+  double samples_per_second = 0;
+};
+
+struct EvalReport {
+  int64_t step = 0;
+  double eval_loss = 0;
+};
+
+// Final numbers, in the names of the CLI contract's status "metrics".
+struct RunSummary {
+  int64_t global_step = 0;
+  double train_loss = 0;  // mean training loss over the whole run (as HF's train_loss)
+  double eval_loss = 0;   // final evaluation loss (NaN when validation_split is 0)
+  double train_runtime = 0;  // seconds
+  double train_samples_per_second = 0;
+  double train_tokens_per_second = 0;
+  int64_t peak_memory_bytes = 0;  // the allocator's high-water mark
+  MemoryPlan plan;
+  std::string output_dir;
+};
+
+struct RunCallbacks {
+  std::function<void(const MemoryPlan&)> on_plan;        // once, before the first step
+  std::function<void(const StepReport&)> on_step;        // every optimizer step
+  std::function<void(const LogReport&)> on_log;          // every logging_steps steps
+  std::function<void(const EvalReport&)> on_eval;        // every eval_steps and at the end
+  std::function<void(int64_t step, const std::string& dir)> on_checkpoint;  // after it is durable
+  std::function<void(const std::string& line)> on_message;  // human-readable notes
+};
+
+struct RunOptions {
+  DeviceOptions device;
+  // When true and output_dir holds checkpoint-<step>/ folders, continue from the newest complete
+  // one (bit-identical to an uninterrupted run). When false, a fresh run.
+  bool resume = false;
+  // Checked between micro-batches; when it becomes true RunJob returns CANCELLED within one step.
+  const std::atomic<bool>* cancel = nullptr;
+};
+
+// Runs the job to max_steps, writing output_dir as JOBSPEC.md says (checkpoints per save_steps,
+// the final model, trainer_state.json). Returns the summary, or the first error (CANCELLED on
+// cancel) after leaving every checkpoint already written intact.
+Result<RunSummary> RunJob(const JobSpec& spec, const RunOptions& options,
+                          const RunCallbacks& callbacks);
+
+}  // namespace traind::engine

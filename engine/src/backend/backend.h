@@ -1,0 +1,143 @@
+// Backend: the one op set every device implements (CPU reference, CUDA, CUDA kernels under simt).
+// Layers call these ops with device pointers and never branch on the device.
+//
+// Conventions (llm.c's):
+// - Row-major. N = B*T rows. Letters: B batch, T time, C channels, OC output channels, NH query heads,
+//   NKV key/value heads, HS head size, V real vocab, Vp padded vocab, H MLP hidden size.
+// - Linear weights are stored (OC, C) like torch.nn.Linear (HF GPT-2 Conv1D weights are transposed
+//   on load).
+// - Gradient contract: parameter gradients use +=, so accumulation over micro-batches works;
+//   activation gradients use =, unless the op's comment says +=.
+// - Pointers are device pointers from Alloc(). ids/targets are int32 device arrays.
+// - Ops are asynchronous with respect to the host on devices that have a stream; Synchronize()
+//   waits. Scalars returned to the host (SumSquares) synchronize.
+// - All ops take fp32 buffers unless a DType argument says otherwise.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "core/dtype.h"
+
+namespace traind::engine {
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;  // "cpu", "cuda:0", "simt"
+
+  // ---- memory ----
+  // Returns nullptr when the device is out of memory. Alignment: 64 bytes at least.
+  virtual void* Alloc(size_t bytes) = 0;
+  virtual void Free(void* ptr) = 0;
+  virtual void CopyHostToDevice(void* dst, const void* src, size_t bytes) = 0;
+  virtual void CopyDeviceToHost(void* dst, const void* src, size_t bytes) = 0;
+  virtual void CopyDeviceToDevice(void* dst, const void* src, size_t bytes) = 0;
+  virtual void Memset0(void* dst, size_t bytes) = 0;
+  virtual void Synchronize() = 0;
+
+  // ---- GEMM ----
+  // C(M,N) = alpha * op(A) * op(B) + beta * C, row-major, fp32 accumulation.
+  // op(A) is (M,K): A is (M,K) with leading dimension lda, or (K,M) when trans_a.
+  // op(B) is (K,N): B is (K,N) with leading dimension ldb, or (N,K) when trans_b.
+  // A and B share `ab_type`; C has `c_type` (f32, or equal to ab_type).
+  virtual void Gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                    const void* A, int64_t lda, const void* B, int64_t ldb, float beta, void* C,
+                    int64_t ldc, DType ab_type = DType::kF32, DType c_type = DType::kF32) = 0;
+
+  // ---- elementwise / small ops ----
+  // out[n, :] (=, or += when accumulate) table[ids[n], :]. out (N,C), table (V,C).
+  virtual void EmbeddingForward(float* out, const int32_t* ids, const float* table, int64_t N,
+                                int64_t C, bool accumulate) = 0;
+  // dtable[ids[n], :] += dout[n, :].
+  virtual void EmbeddingBackward(float* dtable, const float* dout, const int32_t* ids, int64_t N,
+                                 int64_t C) = 0;
+  // out(N,OC) += bias(OC) broadcast over rows.
+  virtual void AddBias(float* out, const float* bias, int64_t N, int64_t OC) = 0;
+  // dbias(OC) += sum over rows of dout(N,OC).
+  virtual void BiasBackward(float* dbias, const float* dout, int64_t N, int64_t OC) = 0;
+  // out = a + b, n elements (out may alias a or b).
+  virtual void Add(float* out, const float* a, const float* b, int64_t n) = 0;
+  // x *= s.
+  virtual void Scale(float* x, float s, int64_t n) = 0;
+  // Sum of squares of x, accumulated in double; synchronizes.
+  virtual double SumSquares(const float* x, int64_t n) = 0;
+  // dst = src converted (round to nearest even), n elements.
+  virtual void Cast(void* dst, DType dst_type, const void* src, DType src_type, int64_t n) = 0;
+
+  // ---- norms ----
+  // LayerNorm over C: out (N,C), mean (N), rstd (N), inp (N,C), weight (C), bias (C).
+  virtual void LayerNormForward(float* out, float* mean, float* rstd, const float* inp,
+                                const float* weight, const float* bias, int64_t N, int64_t C,
+                                float eps) = 0;
+  // dinp +=, dweight +=, dbias +=.
+  virtual void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,
+                                 const float* inp, const float* weight, const float* mean,
+                                 const float* rstd, int64_t N, int64_t C) = 0;
+  // RMSNorm (HF LlamaRMSNorm): out = inp * rsqrt(mean(inp^2) + eps) * weight. rstd (N).
+  virtual void RmsNormForward(float* out, float* rstd, const float* inp, const float* weight,
+                              int64_t N, int64_t C, float eps) = 0;
+  // dinp +=, dweight +=.
+  virtual void RmsNormBackward(float* dinp, float* dweight, const float* dout, const float* inp,
+                               const float* weight, const float* rstd, int64_t N, int64_t C) = 0;
+
+  // ---- activations ----
+  // GELU, tanh approximation (HF "gelu_new"). out may alias inp.
+  virtual void GeluForward(float* out, const float* inp, int64_t n) = 0;
+  // dinp = dout * gelu'(inp). dinp may alias dout.
+  virtual void GeluBackward(float* dinp, const float* inp, const float* dout, int64_t n) = 0;
+  // SwiGLU: inp (N, 2H) holds [gate | up] per row; out (N,H) = silu(gate) * up.
+  virtual void SwiGluForward(float* out, const float* inp, int64_t N, int64_t H) = 0;
+  // dinp (N, 2H) = d/d[gate|up] given dout (N,H).
+  virtual void SwiGluBackward(float* dinp, const float* inp, const float* dout, int64_t N,
+                              int64_t H) = 0;
+
+  // ---- rotary position embedding (HF rotate-half convention) ----
+  // x: B*T rows of `row_stride` floats; each row holds `n_heads` heads of HS floats starting at
+  // offset 0. Position of row r is r % T. inv_freq[i] = 1 / theta^(2i/HS) computed in fp32,
+  // angle = t * inv_freq[i] in fp32; x[i], x[i+HS/2] rotated by angle. In place.
+  // inverse=true applies the transpose rotation (the backward of the forward rotation).
+  virtual void Rope(float* x, int64_t B, int64_t T, int64_t n_heads, int64_t HS, int64_t row_stride,
+                    float theta, bool inverse) = 0;
+
+  // ---- causal self-attention (flash-style contract: no (T,T) buffer is kept) ----
+  // q: B*T rows, stride q_stride, NH heads of HS. k, v: B*T rows, stride kv_stride, NKV heads of HS
+  // (NH % NKV == 0; query head h uses kv head h / (NH/NKV)). out (B*T, NH*HS) contiguous.
+  // lse (B, NH, T): log-sum-exp of the scaled scores per query, saved for backward.
+  // scale = 1/sqrt(HS).
+  virtual void AttentionForward(float* out, float* lse, const float* q, const float* k,
+                                const float* v, int64_t B, int64_t T, int64_t NH, int64_t NKV,
+                                int64_t HS, int64_t q_stride, int64_t kv_stride) = 0;
+  // dq, dk, dv (=; same layouts and strides as q, k, v; GQA sums over the heads of a group).
+  // Parts of a row outside the heads (e.g. the k,v thirds of a fused qkv row when dq points at
+  // it) are not touched.
+  virtual void AttentionBackward(float* dq, float* dk, float* dv, const float* dout,
+                                 const float* out, const float* lse, const float* q,
+                                 const float* k, const float* v, int64_t B, int64_t T, int64_t NH,
+                                 int64_t NKV, int64_t HS, int64_t q_stride, int64_t kv_stride) = 0;
+
+  // ---- fused softmax + cross-entropy over the logits ----
+  // logits (N, Vp); only columns [0, V) are real. targets (N): -1 = ignored row.
+  // losses (N) = -log softmax(logits[n, :V])[targets[n]] (0 for ignored rows).
+  // When compute_grad: logits are overwritten in place with
+  // dlogits = (softmax - onehot) * grad_scale (0 in padded columns and ignored rows), so no
+  // second logits-sized buffer exists.
+  virtual void SoftmaxCrossEntropy(float* logits, float* losses, const int32_t* targets, int64_t N,
+                                   int64_t V, int64_t Vp, float grad_scale, bool compute_grad) = 0;
+
+  // ---- optimizer ----
+  // AdamW (torch.optim.AdamW semantics), in place on n elements:
+  //   p -= lr * weight_decay * p;  m = b1*m + (1-b1)*g;  v = b2*v + (1-b2)*g*g;
+  //   p -= lr * (m / bias_correction1) / (sqrt(v / bias_correction2) + eps)
+  // with bias_correction{1,2} = 1 - b{1,2}^step given by the caller. g is read as grad_scale * grad.
+  virtual void AdamW(float* param, const float* grad, float* m, float* v, int64_t n, float lr,
+                     float beta1, float beta2, float eps, float weight_decay,
+                     float bias_correction1, float bias_correction2, float grad_scale) = 0;
+};
+
+// The CPU backend (always available; the reference). threads = 0: all cores.
+std::unique_ptr<Backend> MakeCpuBackend(int threads = 0);
+
+}  // namespace traind::engine

@@ -1,0 +1,58 @@
+// Token data for training: load a data file into train/validation token streams, and cut the
+// training stream into micro-batches with the exact batching semantics of JOBSPEC.md.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "traind/engine/job_spec.h"
+#include "traind/engine/status.h"
+
+namespace traind::engine {
+
+// The whole token stream of a data file, split into train and validation parts.
+struct TokenData {
+  std::vector<int32_t> train;       // first (1 - validation_split) of the stream
+  std::vector<int32_t> validation;  // last validation_split of the stream
+  int64_t vocab_size_needed = 0;    // max token id + 1 (the model's vocab must be at least this)
+};
+
+// Reads data.train_file per data.format / token_dtype / tokenizer ("byte": each byte is a token).
+// NOT_FOUND for a missing file, INVALID_ARGUMENT (naming the field) for a file too short for one
+// window of seq_len + 1 tokens or a tokens file whose size is not a multiple of the dtype size.
+Result<TokenData> LoadTokenData(const DataSpec& spec);
+
+// Where the loader is in the stream; saved in checkpoints so a resumed run sees the same batches.
+struct LoaderPosition {
+  int64_t epoch = 0;
+  int64_t next_window = 0;  // index into this epoch's window order
+};
+
+// Produces micro-batches of (inputs, targets), each (B, T) int32, row-major.
+// Window i = tokens[i*T : i*T + T + 1]; windows per epoch = (len - 1) / T. With shuffle, the window
+// order of epoch e is a permutation drawn from (seed, e); without, windows in order. A micro-batch
+// takes the next B windows in the order, wrapping into the next epoch.
+// A background thread prepares the next `prefetch` batches while the caller trains.
+class BatchLoader {
+ public:
+  BatchLoader(std::shared_ptr<const std::vector<int32_t>> tokens, int64_t B, int64_t T, bool shuffle,
+              uint64_t seed, LoaderPosition start = {}, int prefetch = 2);
+  ~BatchLoader();
+  BatchLoader(const BatchLoader&) = delete;
+  BatchLoader& operator=(const BatchLoader&) = delete;
+
+  // Blocks until the next batch is ready; copies it into inputs/targets (B*T each). Returns the
+  // seconds spent waiting.
+  double Next(int32_t* inputs, int32_t* targets);
+  // The position of the next batch Next() will return (what a checkpoint saves).
+  LoaderPosition position() const;
+  int64_t windows_per_epoch() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace traind::engine

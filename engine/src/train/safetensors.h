@@ -1,0 +1,49 @@
+// safetensors read/write (https://huggingface.co/docs/safetensors): 8 bytes little-endian header
+// length N, N bytes of JSON {"name": {"dtype": "F32", "shape": [..], "data_offsets": [b, e]}, ...,
+// "__metadata__": {str: str}}, then the raw little-endian data. Parsed defensively: every offset,
+// size, dtype and shape is checked against the file; a lying header is DATA_LOSS naming the file
+// and the tensor, never a crash. Format notes: docs/checkpoint-format.md.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "traind/engine/status.h"
+
+namespace traind::engine {
+
+struct HostTensor {
+  std::string dtype = "F32";  // safetensors dtype name: F32, BF16, F16, I32, I64, U8, ...
+  std::vector<int64_t> shape;
+  std::vector<uint8_t> data;  // raw little-endian bytes, size = numel * dtype size
+
+  int64_t numel() const;
+  // The data as fp32 (converting BF16/F16); INVALID_ARGUMENT for non-float dtypes.
+  Result<std::vector<float>> ToF32() const;
+  static HostTensor FromF32(const float* data, std::vector<int64_t> shape);
+};
+
+struct SafetensorsFile {
+  std::map<std::string, HostTensor> tensors;
+  std::map<std::string, std::string> metadata;
+};
+
+// NOT_FOUND if missing; DATA_LOSS for truncated files, bad JSON, offsets out of range or
+// overlapping, dtype/shape/size disagreement.
+Result<SafetensorsFile> ReadSafetensors(const std::string& path);
+
+// Writes deterministically (tensors in name order, stable JSON, aligned header), to `path.tmp`
+// then fsync + rename, so a crash never leaves a half-written file under `path`.
+// RESOURCE_EXHAUSTED when the disk is full (the old file, if any, is kept).
+Status WriteSafetensors(const std::string& path, const SafetensorsFile& file);
+
+// Reads an HF model folder's weights: model.safetensors, or the shards listed in
+// model.safetensors.index.json ("weight_map"). NOT_FOUND when neither exists.
+Result<SafetensorsFile> ReadHfWeights(const std::string& folder);
+
+// Writes `content` to `path` atomically (tmp + fsync + rename). For JSON files beside checkpoints.
+Status WriteFileAtomic(const std::string& path, const std::string& content);
+
+}  // namespace traind::engine
