@@ -1,0 +1,79 @@
+// Model: a decoder-only transformer (gpt2 or llama family) with explicit forward and backward,
+// its parameters, gradients and activations in flat buffers planned up front.
+// The trainer drives it: copy a batch into inputs()/targets(), ZeroGrad(), Forward(), Backward(),
+// then an optimizer updates params() from grads().
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "core/arena.h"
+#include "train/safetensors.h"
+#include "traind/engine/job_spec.h"
+#include "traind/engine/plan.h"
+#include "traind/engine/status.h"
+
+namespace traind::engine {
+
+// One parameter tensor: a view into the flat parameter (and gradient) buffer.
+struct ParamInfo {
+  std::string hf_name;          // the HF tensor name ("transformer.h.0.attn.c_attn.weight")
+  std::vector<int64_t> shape;   // our layout (Linear weights (OC, C))
+  std::vector<int64_t> hf_shape;  // the shape in HF files (GPT-2 Conv1D: transposed)
+  int64_t offset = 0;           // element offset into the flat buffers
+  int64_t numel = 0;
+  bool weight_decay = false;    // >= 2-D weights only; never biases, norm weights
+};
+
+struct ModelOptions {
+  int64_t micro_batch = 8;   // B
+  int64_t seq_len = 128;     // T (<= max positions)
+  bool gradient_checkpointing = false;
+  int64_t checkpoint_every = 1;  // with checkpointing: keep the input of every k-th block
+  DType compute_type = DType::kF32;
+};
+
+class Model {
+ public:
+  virtual ~Model() = default;
+
+  // Validates the config (INVALID_ARGUMENT naming the model.config field) and allocates every
+  // buffer from `arena` (RESOURCE_EXHAUSTED when it does not fit). Parameters start at zero.
+  static Result<std::unique_ptr<Model>> Create(const ModelConfig& config,
+                                               const ModelOptions& options, DeviceArena* arena);
+  // The bytes Create() will allocate, by category (optimizer stays 0: the optimizer plans that).
+  static MemoryBytes PlanBytes(const ModelConfig& config, const ModelOptions& options);
+  // Model FLOPs of one forward+backward over B*T tokens (6*N*tokens + attention), for MFU.
+  static double TrainingFlops(const ModelConfig& config, int64_t B, int64_t T);
+
+  virtual const ModelConfig& config() const = 0;
+  virtual const ModelOptions& options() const = 0;
+  virtual const std::vector<ParamInfo>& params() const = 0;
+  virtual int64_t num_params() const = 0;
+  virtual float* param_data() = 0;  // device, num_params() floats
+  virtual float* grad_data() = 0;   // device, num_params() floats
+  virtual int32_t* inputs() = 0;    // device, B*T
+  virtual int32_t* targets() = 0;   // device, B*T (-1 = ignored position)
+
+  // GPT-2 style init from `seed`: N(0, 0.02) for weights, zeros for biases, ones for norm weights,
+  // residual output projections scaled by 1/sqrt(2*L).
+  virtual void InitRandom(uint64_t seed) = 0;
+  // Loads HF tensors by name (converting dtype and Conv1D transposes). INVALID_ARGUMENT for missing
+  // tensors or shape mismatches, naming the tensor and both shapes. Unused extra tensors
+  // (e.g. attn.bias buffers) are ignored.
+  virtual Status LoadHf(const SafetensorsFile& file) = 0;
+  // The parameters under HF names and layouts, F32 (tied lm_head omitted as HF does).
+  virtual SafetensorsFile ExportHf() = 0;
+
+  virtual void ZeroGrad() = 0;
+  // Runs forward on inputs()/targets(); returns the mean loss over non-ignored positions.
+  // When `for_backward`, keeps what Backward() needs and leaves d(loss*grad_scale)/dlogits in place.
+  virtual double Forward(bool for_backward, float grad_scale) = 0;
+  // Accumulates (+=) parameter gradients of grad_scale * mean loss into grad_data().
+  virtual void Backward() = 0;
+};
+
+}  // namespace traind::engine
