@@ -14,6 +14,7 @@
 // - All ops take fp32 buffers unless a DType argument says otherwise.
 #pragma once
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -64,6 +65,10 @@ class Backend {
   virtual void Scale(float* x, float s, int64_t n) = 0;
   // Sum of squares of x, accumulated in double; synchronizes.
   virtual double SumSquares(const float* x, int64_t n) = 0;
+  // True when some x is NaN or infinite (the fp16 loss-scaler's overflow check); synchronizes.
+  // Default: through SumSquares (a non-finite element makes the double sum non-finite; finite
+  // floats cannot overflow it). Backends may override with a cheaper flag kernel.
+  virtual bool HasNonFinite(const float* x, int64_t n) { return !std::isfinite(SumSquares(x, n)); }
   // dst = src converted (round to nearest even), n elements.
   virtual void Cast(void* dst, DType dst_type, const void* src, DType src_type, int64_t n) = 0;
 

@@ -5,6 +5,7 @@
 // and the tensor, never a crash. Format notes: docs/checkpoint-format.md.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -29,6 +30,18 @@ struct SafetensorsFile {
   std::map<std::string, HostTensor> tensors;
   std::map<std::string, std::string> metadata;
 };
+
+// Scalar conversions between fp32 and the 16-bit float formats, rounding to nearest even.
+// NaN stays NaN (quiet), infinities stay infinite; f16 overflow gives +-inf, underflow subnormals/0.
+uint16_t F32ToBF16(float x);
+float BF16ToF32(uint16_t x);
+uint16_t F32ToF16(float x);
+float F16ToF32(uint16_t x);
+// The bytes of one element of a safetensors dtype ("F32" -> 4), or 0 for an unknown name.
+size_t SafetensorsDTypeSize(const std::string& dtype);
+// `t` converted to the float dtype "F32", "BF16" or "F16" (from any of those); INVALID_ARGUMENT
+// for other dtypes.
+Result<HostTensor> CastTensor(const HostTensor& t, const std::string& dtype);
 
 // NOT_FOUND if missing; DATA_LOSS for truncated files, bad JSON, offsets out of range or
 // overlapping, dtype/shape/size disagreement.

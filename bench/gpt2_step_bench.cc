@@ -1,0 +1,178 @@
+// gpt2_step_bench: tokens/s of full fp32 training steps (ZeroGrad, Forward, Backward, AdamW) of
+// GPT-2 configs on the CPU backend, plus the sgemm rate measured in the same process, for MFU.
+// bench/run_all.sh runs it beside the PyTorch peer (bench/torch_gpt2_step.py) and prints ratios.
+// Usage: gpt2_step_bench [--config tiny|small|all] [--steps N] [--warmup N] [--threads N]
+//                        [--profile | --profile-cpu]   (per-op wall / process CPU time)
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/cpu/cpu_kernels.h"
+#include "core/arena.h"
+#include "models/model.h"
+#include "optim/adamw.h"
+#include "profiling_backend.h"
+
+namespace traind::bench {
+namespace {
+
+using engine::Backend;
+using Clock = std::chrono::steady_clock;
+
+struct BenchConfig {
+  std::string name;
+  int64_t layers, channels, heads, seq_len, batch, vocab;
+  int default_steps;
+};
+
+const BenchConfig kConfigs[] = {
+    {"tiny", 4, 256, 4, 128, 8, 256, 30},
+    {"small", 6, 384, 6, 256, 8, 50304, 6},
+};
+
+double Seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+// fp32 GEMM rate through the backend: C(1024,1024) = A(1024,1024) B(1024,1024), best of 10
+// (the best run is the least disturbed by other processes).
+double MeasureSgemm(Backend* be) {
+  const int64_t n = 1024;
+  std::vector<float> a(n * n, 0.5f), b(n * n, 0.25f), c(n * n);
+  double best = 1e30;
+  for (int i = 0; i < 11; ++i) {
+    auto t0 = Clock::now();
+    be->Gemm(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+    if (i > 0) best = std::min(best, Seconds(t0, Clock::now()));
+  }
+  return 2.0 * n * n * n / best / 1e9;
+}
+
+int Run(const BenchConfig& bc, int steps, int warmup, int threads, bool profile, bool cpu_time) {
+  std::unique_ptr<Backend> cpu = engine::MakeCpuBackend(threads);
+  ProfilingBackend prof(cpu.get(), cpu_time);
+  Backend* be = profile ? static_cast<Backend*>(&prof) : cpu.get();
+  const double sgemm_gflops = MeasureSgemm(cpu.get());
+
+  engine::ModelConfig mc;
+  mc.arch = "gpt2";
+  mc.vocab_size = bc.vocab;
+  mc.n_positions = 1024;
+  mc.n_embd = bc.channels;
+  mc.n_layer = bc.layers;
+  mc.n_head = bc.heads;
+  engine::ModelOptions mo;
+  mo.micro_batch = bc.batch;
+  mo.seq_len = bc.seq_len;
+  engine::DeviceArena arena(be, 0);
+  auto model = engine::Model::Create(mc, mo, &arena);
+  if (!model.ok()) {
+    std::fprintf(stderr, "Model::Create: %s\n", model.status().ToString().c_str());
+    return 1;
+  }
+  engine::Model& m = **model;
+  m.InitRandom(1234);
+  engine::AdamWOptions ao;
+  ao.beta2 = 0.95;
+  ao.weight_decay = 0.1;
+  auto opt = engine::AdamWOptimizer::Create(m.params(), m.num_params(), ao, &arena);
+  if (!opt.ok()) {
+    std::fprintf(stderr, "AdamWOptimizer::Create: %s\n", opt.status().ToString().c_str());
+    return 1;
+  }
+  const int64_t N = bc.batch * bc.seq_len;
+  std::vector<int32_t> ids(static_cast<size_t>(N + 1));
+  std::mt19937 rng(42);
+  for (auto& t : ids) t = static_cast<int32_t>(rng() % static_cast<uint32_t>(bc.vocab));
+  be->CopyHostToDevice(m.inputs(), ids.data(), N * sizeof(int32_t));
+  be->CopyHostToDevice(m.targets(), ids.data() + 1, N * sizeof(int32_t));
+
+  double first_loss = 0.0, loss = 0.0;
+  std::vector<double> times;
+  for (int s = 0; s < warmup + steps; ++s) {
+    if (s == warmup) prof.Reset();
+    auto t0 = Clock::now();
+    m.ZeroGrad();
+    loss = m.Forward(/*for_backward=*/true, 1.0f);
+    m.Backward();
+    (*opt)->Step(m.param_data(), m.grad_data(), 1e-4, 1.0f);
+    be->Synchronize();
+    if (s >= warmup) times.push_back(Seconds(t0, Clock::now()));
+    if (s == 0) first_loss = loss;
+  }
+  if (times.empty()) {
+    std::printf("traind %s: loss %.4f (no timed steps)\n", bc.name.c_str(), loss);
+    return 0;
+  }
+  std::vector<double> sorted = times;
+  std::sort(sorted.begin(), sorted.end());
+  double total = 0.0;
+  for (double t : times) total += t;
+  const double median = sorted[sorted.size() / 2];
+  const double tok_s = static_cast<double>(N) / median;
+  const double flops = engine::Model::TrainingFlops(mc, bc.batch, bc.seq_len);
+  const double achieved = flops / median / 1e9;
+  std::printf(
+      "traind %s: L=%lld C=%lld NH=%lld T=%lld B=%lld V=%lld params=%lld threads=%d gemm=%s\n",
+      bc.name.c_str(), static_cast<long long>(bc.layers), static_cast<long long>(bc.channels),
+      static_cast<long long>(bc.heads), static_cast<long long>(bc.seq_len),
+      static_cast<long long>(bc.batch), static_cast<long long>(bc.vocab),
+      static_cast<long long>(m.num_params()), threads, engine::cpu::GemmLibrary());
+  std::printf("  step median %.2f ms (min %.2f, max %.2f, %zu steps), %.0f tok/s, loss %.4f -> %.4f\n",
+              1e3 * median, 1e3 * sorted.front(), 1e3 * sorted.back(), times.size(), tok_s,
+              first_loss, loss);
+  std::printf("  model FLOPs/step %.3g, achieved %.1f GFLOP/s, sgemm 1024^3 %.1f GFLOP/s, MFU %.1f%%\n",
+              flops, achieved, sgemm_gflops, 100.0 * achieved / sgemm_gflops);
+  std::printf("RESULT side=traind config=%s tok_s=%.1f step_ms=%.3f sgemm_gflops=%.1f mfu=%.4f\n",
+              bc.name.c_str(), tok_s, 1e3 * median, sgemm_gflops, achieved / sgemm_gflops);
+  if (profile) prof.Print(total, static_cast<int>(times.size()));
+  return 0;
+}
+
+}  // namespace
+}  // namespace traind::bench
+
+int main(int argc, char** argv) {
+  std::string config = "all";
+  int steps = -1, warmup = 2, threads = 2;
+  bool profile = false, cpu_time = false;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto next = [&]() -> const char* {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "%s needs a value\n", a.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (a == "--config") config = next();
+    else if (a == "--steps") steps = std::atoi(next());
+    else if (a == "--warmup") warmup = std::atoi(next());
+    else if (a == "--threads") threads = std::atoi(next());
+    else if (a == "--profile") profile = true;
+    else if (a == "--profile-cpu") profile = cpu_time = true;
+    else {
+      std::fprintf(stderr, "unknown argument %s\nusage: %s [--config tiny|small|all] [--steps N] "
+                   "[--warmup N] [--threads N] [--profile | --profile-cpu]\n", a.c_str(), argv[0]);
+      return 2;
+    }
+  }
+  int rc = 0, matched = 0;
+  for (const auto& bc : traind::bench::kConfigs) {
+    if (config != "all" && config != bc.name) continue;
+    ++matched;
+    rc |= traind::bench::Run(bc, steps >= 0 ? steps : bc.default_steps, warmup, threads, profile, cpu_time);
+  }
+  if (matched == 0) {
+    std::fprintf(stderr, "unknown config %s (tiny, small, all)\n", config.c_str());
+    return 2;
+  }
+  return rc;
+}

@@ -1,0 +1,212 @@
+// ProfilingBackend: a Backend decorator for the benchmarks that times every op (wall clock,
+// synchronous CPU ops) and sums the time per op name, GEMMs per shape. Not for production use:
+// it adds a clock read around each call. With cpu_time, ops are timed in process CPU seconds
+// (all threads), which other processes' load does not inflate as much as wall time.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+
+namespace traind::bench {
+
+using engine::Backend;
+using engine::DType;
+
+class ProfilingBackend final : public Backend {
+ public:
+  explicit ProfilingBackend(Backend* inner, bool cpu_time = false)
+      : in_(inner), cpu_time_(cpu_time) {}
+
+  // Prints ops by total time, with calls and the share of `total_s` (seconds).
+  void Print(double total_s, int steps) const {
+    std::vector<std::pair<std::string, Stat>> v(stats_.begin(), stats_.end());
+    std::sort(v.begin(), v.end(), [](auto& a, auto& b) { return a.second.s > b.second.s; });
+    double sum = 0.0;
+    for (auto& [name, st] : v) sum += st.s;
+    std::printf("  %-44s %10s %8s %7s %9s\n", "op", "ms/step", "calls", "share", "GFLOP/s");
+    for (auto& [name, st] : v) {
+      std::printf("  %-44s %10.3f %8lld %6.1f%% %9.1f\n", name.c_str(), 1e3 * st.s / steps,
+                  static_cast<long long>(st.calls / steps), 100.0 * st.s / total_s,
+                  st.flops > 0 ? st.flops / st.s / 1e9 : 0.0);
+    }
+    std::printf("  %-44s %10.3f %8s %6.1f%%\n", "(all ops)", 1e3 * sum / steps, "",
+                100.0 * sum / total_s);
+  }
+  void Reset() { stats_.clear(); }
+
+  std::string name() const override { return in_->name(); }
+  void* Alloc(size_t b) override { return in_->Alloc(b); }
+  void Free(void* p) override { in_->Free(p); }
+  void CopyHostToDevice(void* d, const void* s, size_t b) override {
+    T t(this, "copy");
+    in_->CopyHostToDevice(d, s, b);
+  }
+  void CopyDeviceToHost(void* d, const void* s, size_t b) override {
+    T t(this, "copy");
+    in_->CopyDeviceToHost(d, s, b);
+  }
+  void CopyDeviceToDevice(void* d, const void* s, size_t b) override {
+    T t(this, "copy");
+    in_->CopyDeviceToDevice(d, s, b);
+  }
+  void Memset0(void* d, size_t b) override {
+    T t(this, "memset0");
+    in_->Memset0(d, b);
+  }
+  void Synchronize() override { in_->Synchronize(); }
+  void Gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const void* A,
+            int64_t lda, const void* B, int64_t ldb, float beta, void* C, int64_t ldc, DType ab,
+            DType c) override {
+    char key[96];
+    std::snprintf(key, sizeof key, "gemm %c%c %lldx%lldx%lld", ta ? 'T' : 'N', tb ? 'T' : 'N',
+                  static_cast<long long>(M), static_cast<long long>(N), static_cast<long long>(K));
+    T t(this, key, 2.0 * M * N * K);
+    in_->Gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, ab, c);
+  }
+  void EmbeddingForward(float* o, const int32_t* i, const float* t, int64_t N, int64_t C,
+                        bool acc) override {
+    T x(this, "embedding_fwd");
+    in_->EmbeddingForward(o, i, t, N, C, acc);
+  }
+  void EmbeddingBackward(float* d, const float* o, const int32_t* i, int64_t N,
+                         int64_t C) override {
+    T x(this, "embedding_bwd");
+    in_->EmbeddingBackward(d, o, i, N, C);
+  }
+  void AddBias(float* o, const float* b, int64_t N, int64_t OC) override {
+    T x(this, "add_bias");
+    in_->AddBias(o, b, N, OC);
+  }
+  void BiasBackward(float* d, const float* o, int64_t N, int64_t OC) override {
+    T x(this, "bias_bwd");
+    in_->BiasBackward(d, o, N, OC);
+  }
+  void Add(float* o, const float* a, const float* b, int64_t n) override {
+    T x(this, "add");
+    in_->Add(o, a, b, n);
+  }
+  void Scale(float* p, float s, int64_t n) override {
+    T x(this, "scale");
+    in_->Scale(p, s, n);
+  }
+  double SumSquares(const float* p, int64_t n) override {
+    T x(this, "sum_squares");
+    return in_->SumSquares(p, n);
+  }
+  bool HasNonFinite(const float* p, int64_t n) override {
+    T x(this, "has_non_finite");
+    return in_->HasNonFinite(p, n);
+  }
+  void Cast(void* d, DType dt, const void* s, DType st, int64_t n) override {
+    T x(this, "cast");
+    in_->Cast(d, dt, s, st, n);
+  }
+  void LayerNormForward(float* o, float* m, float* r, const float* i, const float* w,
+                        const float* b, int64_t N, int64_t C, float eps) override {
+    T x(this, "layernorm_fwd");
+    in_->LayerNormForward(o, m, r, i, w, b, N, C, eps);
+  }
+  void LayerNormBackward(float* di, float* dw, float* db, const float* d, const float* i,
+                         const float* w, const float* m, const float* r, int64_t N,
+                         int64_t C) override {
+    T x(this, "layernorm_bwd");
+    in_->LayerNormBackward(di, dw, db, d, i, w, m, r, N, C);
+  }
+  void RmsNormForward(float* o, float* r, const float* i, const float* w, int64_t N, int64_t C,
+                      float eps) override {
+    T x(this, "rmsnorm_fwd");
+    in_->RmsNormForward(o, r, i, w, N, C, eps);
+  }
+  void RmsNormBackward(float* di, float* dw, const float* d, const float* i, const float* w,
+                       const float* r, int64_t N, int64_t C) override {
+    T x(this, "rmsnorm_bwd");
+    in_->RmsNormBackward(di, dw, d, i, w, r, N, C);
+  }
+  void GeluForward(float* o, const float* i, int64_t n) override {
+    T x(this, "gelu_fwd");
+    in_->GeluForward(o, i, n);
+  }
+  void GeluBackward(float* di, const float* i, const float* d, int64_t n) override {
+    T x(this, "gelu_bwd");
+    in_->GeluBackward(di, i, d, n);
+  }
+  void SwiGluForward(float* o, const float* i, int64_t N, int64_t H) override {
+    T x(this, "swiglu_fwd");
+    in_->SwiGluForward(o, i, N, H);
+  }
+  void SwiGluBackward(float* di, const float* i, const float* d, int64_t N, int64_t H) override {
+    T x(this, "swiglu_bwd");
+    in_->SwiGluBackward(di, i, d, N, H);
+  }
+  void Rope(float* p, int64_t B, int64_t T_, int64_t nh, int64_t HS, int64_t rs, float theta,
+            bool inv) override {
+    T x(this, "rope");
+    in_->Rope(p, B, T_, nh, HS, rs, theta, inv);
+  }
+  void AttentionForward(float* o, float* l, const float* q, const float* k, const float* v,
+                        int64_t B, int64_t T_, int64_t NH, int64_t NKV, int64_t HS, int64_t qs,
+                        int64_t ks) override {
+    T x(this, "attention_fwd", 2.0 * B * NH * T_ * T_ * HS);  // causal: QK^T and PV halves
+    in_->AttentionForward(o, l, q, k, v, B, T_, NH, NKV, HS, qs, ks);
+  }
+  void AttentionBackward(float* dq, float* dk, float* dv, const float* d, const float* o,
+                         const float* l, const float* q, const float* k, const float* v,
+                         int64_t B, int64_t T_, int64_t NH, int64_t NKV, int64_t HS, int64_t qs,
+                         int64_t ks) override {
+    T x(this, "attention_bwd", 5.0 * B * NH * T_ * T_ * HS);  // recompute S + 4 products, halved
+    in_->AttentionBackward(dq, dk, dv, d, o, l, q, k, v, B, T_, NH, NKV, HS, qs, ks);
+  }
+  void SoftmaxCrossEntropy(float* lg, float* ls, const int32_t* t, int64_t N, int64_t V,
+                           int64_t Vp, float gs, bool g) override {
+    T x(this, "softmax_xent");
+    in_->SoftmaxCrossEntropy(lg, ls, t, N, V, Vp, gs, g);
+  }
+  void AdamW(float* p, const float* g, float* m, float* v, int64_t n, float lr, float b1,
+             float b2, float eps, float wd, float bc1, float bc2, float gs) override {
+    T x(this, "adamw");
+    in_->AdamW(p, g, m, v, n, lr, b1, b2, eps, wd, bc1, bc2, gs);
+  }
+
+ private:
+  struct Stat {
+    double s = 0.0;
+    double flops = 0.0;
+    int64_t calls = 0;
+  };
+  // Times one call into stats_[name].
+  struct T {
+    T(ProfilingBackend* p, const std::string& n, double f = 0.0)
+        : pb(p), name(n), flops(f), t0(pb->Now()) {}
+    ~T() {
+      Stat& s = pb->stats_[name];
+      s.s += pb->Now() - t0;
+      s.flops += flops;
+      ++s.calls;
+    }
+    ProfilingBackend* pb;
+    std::string name;
+    double flops;
+    double t0;
+  };
+  double Now() const {
+    if (!cpu_time_) {
+      return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+          .count();
+    }
+    timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+  }
+  Backend* in_;
+  bool cpu_time_;
+  std::map<std::string, Stat> stats_;
+};
+
+}  // namespace traind::bench

@@ -1,0 +1,152 @@
+#!/usr/bin/python3
+"""PyTorch peer of gpt2_step_bench: full fp32 GPT-2 training steps (zero_grad, forward, backward,
+AdamW) written from torch primitives, same configs and init as the C++ bench, for tokens/s and MFU.
+Run with Debian's /usr/bin/python3 (python3-torch 1.13). bench/run_all.sh sets OMP_WAIT_POLICY=PASSIVE
+(PyTorch's best setting on 2-core machines) and the OPENBLAS_CORETYPE that both sides use.
+Usage: torch_gpt2_step.py [--config tiny|small|all] [--steps N] [--warmup N] [--threads N]
+"""
+import argparse
+import math
+import os
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+CONFIGS = {
+    "tiny": dict(L=4, C=256, NH=4, T=128, B=8, V=256, steps=30),
+    "small": dict(L=6, C=384, NH=6, T=256, B=8, V=50304, steps=6),
+}
+N_POSITIONS = 1024
+
+
+def make_params(cfg, gen):
+    L, C, V = cfg["L"], cfg["C"], cfg["V"]
+
+    def normal(*shape, std=0.02):
+        return (torch.randn(*shape, generator=gen) * std).requires_grad_()
+
+    def const(shape, value):
+        return torch.full(shape, value, dtype=torch.float32).requires_grad_()
+
+    resid = 0.02 / math.sqrt(2 * L)
+    p = {"wte": normal(V, C), "wpe": normal(N_POSITIONS, C), "lnf_w": const((C,), 1.0),
+         "lnf_b": const((C,), 0.0), "layers": []}
+    for _ in range(L):
+        p["layers"].append({
+            "ln1_w": const((C,), 1.0), "ln1_b": const((C,), 0.0),
+            "qkv_w": normal(3 * C, C), "qkv_b": const((3 * C,), 0.0),
+            "proj_w": normal(C, C, std=resid), "proj_b": const((C,), 0.0),
+            "ln2_w": const((C,), 1.0), "ln2_b": const((C,), 0.0),
+            "fc_w": normal(4 * C, C), "fc_b": const((4 * C,), 0.0),
+            "fc2_w": normal(C, 4 * C, std=resid), "fc2_b": const((C,), 0.0),
+        })
+    return p
+
+
+def all_params(p):
+    out = [p["wte"], p["wpe"], p["lnf_w"], p["lnf_b"]]
+    for layer in p["layers"]:
+        out += list(layer.values())
+    return out
+
+
+def forward(p, cfg, idx, tgt, mask):
+    B, T, C, NH = cfg["B"], cfg["T"], cfg["C"], cfg["NH"]
+    HS = C // NH
+    x = F.embedding(idx, p["wte"]) + p["wpe"][:T]
+    for l in p["layers"]:
+        h = F.layer_norm(x, (C,), l["ln1_w"], l["ln1_b"], 1e-5)
+        q, k, v = F.linear(h, l["qkv_w"], l["qkv_b"]).split(C, dim=2)
+        q = q.view(B, T, NH, HS).transpose(1, 2)
+        k = k.view(B, T, NH, HS).transpose(1, 2)
+        v = v.view(B, T, NH, HS).transpose(1, 2)
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(HS))
+        att = F.softmax(att.masked_fill(mask, float("-inf")), dim=-1)
+        y = (att @ v).transpose(1, 2).reshape(B, T, C)
+        x = x + F.linear(y, l["proj_w"], l["proj_b"])
+        h = F.layer_norm(x, (C,), l["ln2_w"], l["ln2_b"], 1e-5)
+        h = F.gelu(F.linear(h, l["fc_w"], l["fc_b"]), approximate="tanh")
+        x = x + F.linear(h, l["fc2_w"], l["fc2_b"])
+    x = F.layer_norm(x, (C,), p["lnf_w"], p["lnf_b"], 1e-5)
+    logits = F.linear(x, p["wte"])  # tied lm_head
+    return F.cross_entropy(logits.view(-1, cfg["V"]), tgt.view(-1))
+
+
+def training_flops(p, cfg):
+    # Same count as Model::TrainingFlops: 6 * matmul params (no position table) + attention.
+    n = sum(t.numel() for t in all_params(p)) - p["wpe"].numel()
+    return (6.0 * n + 12.0 * cfg["L"] * cfg["T"] * cfg["C"]) * cfg["B"] * cfg["T"]
+
+
+def sgemm_gflops():
+    a, b = torch.full((1024, 1024), 0.5), torch.full((1024, 1024), 0.25)
+    best = 1e30
+    for i in range(11):  # best of 10, as the C++ bench
+        t0 = time.perf_counter()
+        torch.mm(a, b)
+        if i:
+            best = min(best, time.perf_counter() - t0)
+    return 2 * 1024 ** 3 / best / 1e9
+
+
+def run(name, cfg, steps, warmup, foreach):
+    gen = torch.Generator().manual_seed(1234)
+    p = make_params(cfg, gen)
+    decay = [t for t in all_params(p) if t.dim() >= 2]
+    no_decay = [t for t in all_params(p) if t.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
+                             {"params": no_decay, "weight_decay": 0.0}],
+                            lr=1e-4, betas=(0.9, 0.95), eps=1e-8, foreach=foreach)
+    B, T = cfg["B"], cfg["T"]
+    ids = torch.randint(0, cfg["V"], (B * T + 1,), generator=gen)
+    idx, tgt = ids[:-1].view(B, T), ids[1:].view(B, T)
+    mask = torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1)
+    gemm = sgemm_gflops()
+    times, first, loss = [], None, None
+    for s in range(warmup + steps):
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        loss = forward(p, cfg, idx, tgt, mask)
+        loss.backward()
+        opt.step()
+        if s >= warmup:
+            times.append(time.perf_counter() - t0)
+        if first is None:
+            first = loss.item()
+    if not times:
+        print(f"torch {name}: loss {loss.item():.4f} (no timed steps)")
+        return
+    med = sorted(times)[len(times) // 2]
+    tok_s = B * T / med
+    flops = training_flops(p, cfg)
+    achieved = flops / med / 1e9
+    print(f"torch {name}: torch {torch.__version__} threads={torch.get_num_threads()} "
+          f"foreach={foreach} OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', '(unset)')} "
+          f"OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '(unset)')}")
+    print(f"  step median {1e3 * med:.2f} ms (min {1e3 * min(times):.2f}, max {1e3 * max(times):.2f}, "
+          f"{len(times)} steps), {tok_s:.0f} tok/s, loss {first:.4f} -> {loss.item():.4f}")
+    print(f"  model FLOPs/step {flops:.3g}, achieved {achieved:.1f} GFLOP/s, "
+          f"sgemm 1024^3 {gemm:.1f} GFLOP/s, MFU {100 * achieved / gemm:.1f}%")
+    print(f"RESULT side=torch config={name} tok_s={tok_s:.1f} step_ms={1e3 * med:.3f} "
+          f"sgemm_gflops={gemm:.1f} mfu={achieved / gemm:.4f}")
+    sys.stdout.flush()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--config", default="all", choices=["tiny", "small", "all"])
+    ap.add_argument("--steps", type=int, default=-1)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--foreach", type=int, default=1, help="AdamW foreach implementation (1/0)")
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    for name, cfg in CONFIGS.items():
+        if a.config in ("all", name):
+            run(name, cfg, a.steps if a.steps >= 0 else cfg["steps"], a.warmup, bool(a.foreach))
+
+
+if __name__ == "__main__":
+    main()

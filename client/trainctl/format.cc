@@ -1,0 +1,285 @@
+// trainctl output formats (see format.h).
+#include "format.h"
+
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+#include <sstream>
+
+namespace traind::trainctl {
+namespace {
+
+nlohmann::json Num(double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr); }
+
+std::string Fmt(const char* fmt, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), fmt, v);
+  return buf;
+}
+
+std::string Pad(const std::string& s, size_t w) { return s.size() >= w ? s : s + std::string(w - s.size(), ' '); }
+std::string PadLeft(const std::string& s, size_t w) { return s.size() >= w ? s : std::string(w - s.size(), ' ') + s; }
+
+std::string Time(int64_t ms) {
+  if (ms <= 0) return "-";
+  std::time_t t = static_cast<std::time_t>(ms / 1000);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+}  // namespace
+
+const char* StateName(v1::JobState s) {
+  switch (s) {
+    case v1::JOB_STATE_QUEUED: return "QUEUED";
+    case v1::JOB_STATE_RUNNING: return "RUNNING";
+    case v1::JOB_STATE_SUCCEEDED: return "SUCCEEDED";
+    case v1::JOB_STATE_FAILED: return "FAILED";
+    case v1::JOB_STATE_CANCELLED: return "CANCELLED";
+    default: return "UNKNOWN";
+  }
+}
+
+bool IsTerminal(v1::JobState s) {
+  return s == v1::JOB_STATE_SUCCEEDED || s == v1::JOB_STATE_FAILED || s == v1::JOB_STATE_CANCELLED;
+}
+
+std::string HumanBytes(int64_t bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(bytes);
+  int u = 0;
+  while (std::fabs(v) >= 1024 && u < 4) {
+    v /= 1024;
+    ++u;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), u == 0 ? "%.0f %s" : "%.1f %s", v, units[u]);
+  return buf;
+}
+
+std::string HumanDuration(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0) return "?";
+  const long s = std::lround(seconds);
+  char buf[32];
+  if (s >= 3600) std::snprintf(buf, sizeof(buf), "%ld:%02ld:%02ld", s / 3600, (s / 60) % 60, s % 60);
+  else std::snprintf(buf, sizeof(buf), "%ld:%02ld", s / 60, s % 60);
+  return buf;
+}
+
+nlohmann::json PlanJson(const v1::Plan& p) {
+  const auto& b = p.bytes();
+  return {{"micro_batch", p.micro_batch()},
+          {"gradient_accumulation_steps", p.gradient_accumulation_steps()},
+          {"gradient_checkpointing", p.gradient_checkpointing()},
+          {"precision", p.precision()},
+          {"budget_bytes", p.budget_bytes()},
+          {"bytes", {{"weights", b.weights()}, {"gradients", b.gradients()}, {"optimizer", b.optimizer()},
+                     {"activations", b.activations()}, {"temporary", b.temporary()}, {"total", b.total()}}}};
+}
+
+nlohmann::json JobJson(const v1::Job& j) {
+  nlohmann::json metrics = {{"train_loss", nullptr}, {"eval_loss", nullptr}, {"train_runtime", nullptr},
+                            {"train_samples_per_second", nullptr}, {"train_tokens_per_second", nullptr},
+                            {"peak_memory_bytes", nullptr}};
+  if (j.has_summary()) {
+    const auto& s = j.summary();
+    metrics = {{"train_loss", Num(s.train_loss())}, {"eval_loss", Num(s.eval_loss())},
+               {"train_runtime", Num(s.train_runtime())},
+               {"train_samples_per_second", Num(s.train_samples_per_second())},
+               {"train_tokens_per_second", Num(s.train_tokens_per_second())},
+               {"peak_memory_bytes", s.peak_memory_bytes()}};
+  }
+  return {{"id", j.id()},
+          {"name", j.name()},
+          {"state", StateName(j.state())},
+          {"step", j.step()},
+          {"max_steps", j.max_steps()},
+          {"error", j.error()},
+          {"output_dir", j.output_dir()},
+          {"owner", j.owner()},
+          {"priority", j.priority()},
+          {"attempts", j.attempts()},
+          {"created_at", Time(j.created_unix_ms())},
+          {"started_at", Time(j.started_unix_ms())},
+          {"finished_at", Time(j.finished_unix_ms())},
+          {"metrics", metrics},
+          {"plan", PlanJson(j.plan())}};
+}
+
+nlohmann::json EventJson(const v1::JobEvent& ev) {
+  nlohmann::json j = {{"sequence", ev.sequence()}, {"time", Time(ev.time_unix_ms())}};
+  switch (ev.kind_case()) {
+    case v1::JobEvent::kState:
+      j["type"] = "state";
+      j["state"] = StateName(ev.state().state());
+      j["error"] = ev.state().error();
+      j["attempt"] = ev.state().attempt();
+      j["reason"] = ev.state().reason();
+      break;
+    case v1::JobEvent::kStep: {
+      const auto& s = ev.step();
+      j["type"] = "step";
+      j.update({{"step", s.step()}, {"max_steps", s.max_steps()}, {"loss", Num(s.loss())},
+                {"learning_rate", Num(s.learning_rate())}, {"grad_norm", Num(s.grad_norm())},
+                {"step_seconds", Num(s.step_seconds())}, {"tokens", s.tokens()}, {"samples", s.samples()}});
+      break;
+    }
+    case v1::JobEvent::kLog: {
+      const auto& l = ev.log();
+      j["type"] = "log";
+      j.update({{"step", l.step()}, {"loss", Num(l.loss())}, {"learning_rate", Num(l.learning_rate())},
+                {"grad_norm", Num(l.grad_norm())}, {"tokens_per_second", Num(l.tokens_per_second())},
+                {"samples_per_second", Num(l.samples_per_second())}});
+      break;
+    }
+    case v1::JobEvent::kEval:
+      j["type"] = "eval";
+      j["step"] = ev.eval().step();
+      j["eval_loss"] = Num(ev.eval().eval_loss());
+      break;
+    case v1::JobEvent::kCheckpoint:
+      j["type"] = "checkpoint";
+      j["step"] = ev.checkpoint().step();
+      j["dir"] = ev.checkpoint().dir();
+      break;
+    case v1::JobEvent::kMessage:
+      j["type"] = "message";
+      j["message"] = ev.message();
+      break;
+    case v1::JobEvent::kPlan:
+      j["type"] = "plan";
+      j["plan"] = PlanJson(ev.plan());
+      break;
+    default:
+      j["type"] = "unknown";
+  }
+  return j;
+}
+
+std::string StatusText(const v1::Job& j) {
+  std::ostringstream o;
+  auto row = [&](const std::string& k, const std::string& v) { o << Pad(k + ":", 26) << v << "\n"; };
+  row("id", j.id());
+  row("name", j.name());
+  row("state", StateName(j.state()));
+  row("step", std::to_string(j.step()) + "/" + std::to_string(j.max_steps()));
+  if (!j.error().empty()) row("error", j.error());
+  row("output_dir", j.output_dir());
+  row("attempts", std::to_string(j.attempts()));
+  row("created", Time(j.created_unix_ms()));
+  if (j.has_summary()) {
+    const auto& s = j.summary();
+    row("train_loss", Fmt("%.4f", s.train_loss()));
+    row("eval_loss", Fmt("%.4f", s.eval_loss()));
+    row("train_runtime", Fmt("%.1f s", s.train_runtime()));
+    row("train_tokens_per_second", Fmt("%.0f", s.train_tokens_per_second()));
+    row("peak_memory", HumanBytes(s.peak_memory_bytes()));
+  } else if (j.step() > 0) {
+    row("loss", Fmt("%.4f", j.last_loss()));
+  }
+  row("plan", "micro_batch " + std::to_string(j.plan().micro_batch()) + " x " +
+                  std::to_string(j.plan().gradient_accumulation_steps()) + " accumulation, " +
+                  HumanBytes(j.plan().bytes().total()));
+  return o.str();
+}
+
+std::string ListText(const std::vector<v1::Job>& jobs) {
+  std::ostringstream o;
+  o << Pad("ID", 12) << Pad("NAME", 22) << Pad("STATE", 11) << PadLeft("STEP", 13) << PadLeft("LOSS", 9) << "  CREATED\n";
+  for (const auto& j : jobs) {
+    const double loss = j.has_summary() ? j.summary().train_loss() : j.last_loss();
+    o << Pad(j.id(), 12) << Pad(j.name().substr(0, 21), 22) << Pad(StateName(j.state()), 11)
+      << PadLeft(std::to_string(j.step()) + "/" + std::to_string(j.max_steps()), 13)
+      << PadLeft(j.step() > 0 ? Fmt("%.4f", loss) : "-", 9) << "  " << Time(j.created_unix_ms()) << "\n";
+  }
+  return o.str();
+}
+
+std::string EstimateText(const v1::EstimateJobResponse& r) {
+  const auto& p = r.plan();
+  const auto& b = p.bytes();
+  std::ostringstream o;
+  auto row = [&](const std::string& k, int64_t v) {
+    o << Pad(k, 14) << PadLeft(HumanBytes(v), 12) << PadLeft(std::to_string(v), 16) << "\n";
+  };
+  o << Pad("category", 14) << PadLeft("size", 12) << PadLeft("bytes", 16) << "\n";
+  row("weights", b.weights());
+  row("gradients", b.gradients());
+  row("optimizer", b.optimizer());
+  row("activations", b.activations());
+  row("temporary", b.temporary());
+  row("total", b.total());
+  if (p.budget_bytes() > 0) row("budget", p.budget_bytes());
+  o << "\nmicro_batch " << p.micro_batch() << ", gradient_accumulation_steps " << p.gradient_accumulation_steps()
+    << ", gradient_checkpointing " << (p.gradient_checkpointing() ? "on" : "off") << ", precision "
+    << (p.precision().empty() ? "fp32" : p.precision()) << "\n";
+  if (!r.reason().empty()) o << "reason: " << r.reason() << "\n";
+  return o.str();
+}
+
+std::string EventText(const v1::JobEvent& ev) {
+  std::string t = Time(ev.time_unix_ms()) + "  ";
+  switch (ev.kind_case()) {
+    case v1::JobEvent::kState: {
+      const auto& s = ev.state();
+      t += std::string("state ") + StateName(s.state());
+      if (!s.reason().empty()) t += " (" + s.reason() + ")";
+      if (!s.error().empty()) t += ": " + s.error();
+      return t;
+    }
+    case v1::JobEvent::kStep: {
+      const auto& s = ev.step();
+      t += "step " + std::to_string(s.step()) + "/" + std::to_string(s.max_steps()) + "  loss " + Fmt("%.4f", s.loss()) +
+           "  lr " + Fmt("%.3g", s.learning_rate()) + "  grad_norm " + Fmt("%.3f", s.grad_norm());
+      if (s.step_seconds() > 0) t += "  " + Fmt("%.0f", static_cast<double>(s.tokens()) / s.step_seconds()) + " tokens/s";
+      return t;
+    }
+    case v1::JobEvent::kLog: {
+      const auto& l = ev.log();
+      return t + "log step " + std::to_string(l.step()) + "  loss " + Fmt("%.4f", l.loss()) + "  lr " +
+             Fmt("%.3g", l.learning_rate()) + "  grad_norm " + Fmt("%.3f", l.grad_norm()) + "  " +
+             Fmt("%.0f", l.tokens_per_second()) + " tokens/s";
+    }
+    case v1::JobEvent::kEval:
+      return t + "eval step " + std::to_string(ev.eval().step()) + "  eval_loss " + Fmt("%.4f", ev.eval().eval_loss());
+    case v1::JobEvent::kCheckpoint:
+      return t + "checkpoint step " + std::to_string(ev.checkpoint().step()) + " -> " + ev.checkpoint().dir();
+    case v1::JobEvent::kMessage:
+      return t + ev.message();
+    case v1::JobEvent::kPlan:
+      return t + "plan micro_batch " + std::to_string(ev.plan().micro_batch()) + " x " +
+             std::to_string(ev.plan().gradient_accumulation_steps()) + ", " + HumanBytes(ev.plan().bytes().total()) +
+             (ev.plan().reason().empty() ? "" : " (" + ev.plan().reason() + ")");
+    default:
+      return t + "(unknown event)";
+  }
+}
+
+void Progress::Update(const v1::StepEvent& s) {
+  step = s.step();
+  max_steps = s.max_steps();
+  loss = s.loss();
+  if (s.step_seconds() > 0) {
+    seconds_per_step = seconds_per_step == 0 ? s.step_seconds() : 0.8 * seconds_per_step + 0.2 * s.step_seconds();
+    tokens_per_second = static_cast<double>(s.tokens()) / seconds_per_step;
+  }
+}
+
+std::string Progress::Line(int width) const {
+  const double frac = max_steps > 0 ? static_cast<double>(step) / static_cast<double>(max_steps) : 0;
+  const int filled = static_cast<int>(frac * width);
+  std::string bar;
+  bar.reserve(static_cast<size_t>(width) + 2);
+  bar.push_back('[');
+  bar.append(static_cast<size_t>(filled), '#');
+  bar.append(static_cast<size_t>(width - filled), '-');
+  bar.push_back(']');
+  const double eta = seconds_per_step * static_cast<double>(max_steps - step);
+  return bar + "  " + std::to_string(step) + "/" + std::to_string(max_steps) + "  " + Fmt("%3.0f%%", frac * 100) +
+         "  loss " + Fmt("%.4f", loss) + "  " + Fmt("%.0f", tokens_per_second) + " tok/s  ETA " + HumanDuration(eta);
+}
+
+}  // namespace traind::trainctl

@@ -1,0 +1,236 @@
+// trainctl: the command-line client of traind (../shared/contracts/CLI.md). Exit codes: 0 success;
+// 1 the job failed or was cancelled (with --wait/--follow); 2 usage or invalid spec; 3 traind
+// cannot be reached or refused the token. Errors go to stderr as one sentence.
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+
+#include "format.h"
+#include "traind/client/client.h"
+
+namespace {
+
+using traind::Result;
+using traind::Status;
+using namespace traind::trainctl;
+namespace v1 = traind::v1;
+
+struct Globals {
+  std::string addr, token, token_file, state_dir = "./.traind", output = "text", tls_ca;
+  bool tls = false;
+  double timeout = 30;
+};
+
+int ExitCodeFor(const Status& s) {
+  switch (s.code()) {
+    case Status::Code::kUnavailable:
+    case Status::Code::kUnauthenticated:
+    case Status::Code::kPermissionDenied: return 3;
+    case Status::Code::kInvalidArgument:
+    case Status::Code::kFailedPrecondition:
+    case Status::Code::kNotFound:
+    case Status::Code::kUnimplemented: return 2;
+    default: return 1;
+  }
+}
+
+int Error(const Globals& g, const Status& s) {
+  std::string m = s.message();
+  switch (s.code()) {
+    case Status::Code::kUnavailable: m = "cannot reach traind at " + g.addr + ": " + m; break;
+    case Status::Code::kUnauthenticated: m = "traind at " + g.addr + " did not accept the token: " + m; break;
+    default: break;
+  }
+  while (!m.empty() && (m.back() == '\n' || m.back() == ' ')) m.pop_back();
+  std::fprintf(stderr, "trainctl: %s\n", m.c_str());
+  return ExitCodeFor(s);
+}
+
+void PrintJson(const nlohmann::json& j) { std::cout << j.dump() << std::endl; }
+
+// Follows a job's events to its end: a progress bar on a terminal (text mode), plain lines
+// otherwise, one JSON object per event with -o json. Returns the final job.
+Result<v1::Job> Follow(traind::client::Client& c, const Globals& g, const std::string& id, bool bar,
+                       bool quiet = false) {
+  const bool json = g.output == "json";
+  const bool tty = bar && !json && ::isatty(STDOUT_FILENO);
+  Progress progress;
+  bool bar_shown = false;
+  Status s = c.Watch(id, 1, true, [&](const v1::JobEvent& ev) {
+    if (quiet) return true;
+    if (json) {
+      PrintJson(EventJson(ev));
+      return true;
+    }
+    if (tty && ev.has_step()) {
+      progress.Update(ev.step());
+      std::cout << "\r\033[2K" << progress.Line() << std::flush;
+      bar_shown = true;
+      return true;
+    }
+    if (tty && bar_shown) std::cout << "\r\033[2K";
+    std::cout << EventText(ev) << "\n";
+    if (tty && bar_shown) std::cout << progress.Line();
+    std::cout << std::flush;
+    return true;
+  });
+  if (tty && bar_shown) std::cout << "\n";
+  if (!s.ok()) return s;
+  return c.Get(id);
+}
+
+Result<std::string> ResolveToken(const Globals& g) {
+  if (!g.token.empty()) return g.token;
+  std::string file = g.token_file;
+  if (file.empty()) {
+    if (const char* env = std::getenv("TRAIND_TOKEN"); env && *env) return std::string(env);
+    file = g.state_dir + "/token";
+  }
+  auto text = traind::client::ReadFile(file);
+  if (!text.ok()) {
+    if (!g.token_file.empty()) return Status::Unauthenticated("cannot read the token file " + file);
+    return std::string();  // none: traind will say UNAUTHENTICATED
+  }
+  std::string t = *text;
+  while (!t.empty() && (t.back() == '\n' || t.back() == '\r' || t.back() == ' ')) t.pop_back();
+  return t;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Globals g;
+  if (const char* env = std::getenv("TRAIND_ADDR"); env && *env) g.addr = env;
+  else g.addr = "127.0.0.1:50051";
+  CLI::App app{"trainctl: submit and follow training jobs on traind"};
+  app.require_subcommand(1);
+  app.add_option("--addr", g.addr, "traind host:port (env TRAIND_ADDR)");
+  app.add_option("--token", g.token, "bearer token (env TRAIND_TOKEN)");
+  app.add_option("--token-file", g.token_file, "file holding the token");
+  app.add_option("--state-dir", g.state_dir, "traind's state dir (its token file is used by default)");
+  app.add_option("-o,--output", g.output, "text | json")->check(CLI::IsMember({"text", "json"}));
+  app.add_flag("--tls", g.tls, "connect with TLS");
+  app.add_option("--tls-ca", g.tls_ca, "PEM CA certificates for --tls");
+  app.add_option("--timeout", g.timeout, "seconds per call");
+
+  std::string spec, id;
+  bool wait = false, follow = false, logs_follow = false;
+  int priority = 0;
+  auto* submit = app.add_subcommand("submit", "submit a job spec; prints the job id");
+  submit->add_option("spec", spec, "JOB.yaml")->required();
+  submit->add_flag("--wait", wait, "exit when the job ends (1 if it failed or was cancelled)");
+  submit->add_flag("--follow", follow, "follow the job's progress to its end");
+  submit->add_option("--priority", priority, "higher runs first (default 0)");
+  auto* list = app.add_subcommand("list", "your jobs, newest first");
+  auto* status = app.add_subcommand("status", "one job's state, metrics and plan");
+  status->add_option("job_id", id, "JOB_ID")->required();
+  auto* logs = app.add_subcommand("logs", "a job's events and step lines");
+  logs->add_option("job_id", id, "JOB_ID")->required();
+  logs->add_flag("-f,--follow", logs_follow, "follow with a progress bar and ETA");
+  auto* cancel = app.add_subcommand("cancel", "cancel a job");
+  cancel->add_option("job_id", id, "JOB_ID")->required();
+  auto* estimate = app.add_subcommand("estimate", "memory plan by category and the batch it would choose");
+  estimate->add_option("spec", spec, "JOB.yaml")->required();
+  auto* health = app.add_subcommand("health", "is traind serving?");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "trainctl: %s (see trainctl --help)\n", e.what());
+    return 2;
+  }
+  const bool json = g.output == "json";
+
+  auto token = ResolveToken(g);
+  if (!token.ok()) return Error(g, token.status());
+  traind::client::ClientOptions co;
+  co.addr = g.addr;
+  co.token = *token;
+  co.tls = g.tls || !g.tls_ca.empty();
+  co.tls_ca_file = g.tls_ca;
+  co.timeout_seconds = g.timeout;
+  auto client = traind::client::Client::Create(co);
+  if (!client.ok()) return Error(g, client.status());
+  auto& c = **client;
+
+  if (*health) {
+    Status s = c.Health();
+    if (!s.ok()) return Error(g, s);
+    if (json) PrintJson({{"status", "SERVING"}});
+    else std::cout << "SERVING\n";
+    return 0;
+  }
+  if (*submit) {
+    auto job = c.SubmitFile(spec, priority);
+    if (!job.ok()) return Error(g, job.status());
+    if (!wait && !follow) {
+      if (json) PrintJson(JobJson(*job));
+      else std::cout << job->id() << "\n";
+      return 0;
+    }
+    if (!json) std::cout << job->id() << std::endl;
+    Result<v1::Job> end = Follow(c, g, job->id(), true, /*quiet=*/!follow);
+    if (!end.ok()) return Error(g, end.status());
+    if (json) PrintJson(JobJson(*end));
+    else {
+      std::cout << end->id() << " " << StateName(end->state());
+      if (!end->error().empty()) std::cout << ": " << end->error();
+      if (end->state() == v1::JOB_STATE_SUCCEEDED) std::cout << "; model in " << end->output_dir();
+      std::cout << "\n";
+    }
+    return end->state() == v1::JOB_STATE_SUCCEEDED ? 0 : 1;
+  }
+  if (*list) {
+    auto jobs = c.List();
+    if (!jobs.ok()) return Error(g, jobs.status());
+    if (json) {
+      nlohmann::json arr = nlohmann::json::array();
+      for (const auto& j : *jobs) arr.push_back(JobJson(j));
+      PrintJson({{"jobs", arr}});
+    } else {
+      std::cout << ListText(*jobs);
+    }
+    return 0;
+  }
+  if (*status) {
+    auto job = c.Get(id);
+    if (!job.ok()) return Error(g, job.status());
+    if (json) PrintJson(JobJson(*job));
+    else std::cout << StatusText(*job);
+    return 0;
+  }
+  if (*cancel) {
+    auto job = c.Cancel(id);
+    if (!job.ok()) return Error(g, job.status());
+    if (json) PrintJson(JobJson(*job));
+    else std::cout << "cancel requested for " << job->id() << " (" << StateName(job->state()) << ")\n";
+    return 0;
+  }
+  if (*logs) {
+    if (logs_follow) {
+      auto end = Follow(c, g, id, true);
+      if (!end.ok()) return Error(g, end.status());
+      return 0;
+    }
+    Status s = c.Watch(id, 1, false, [&](const v1::JobEvent& ev) {
+      if (json) PrintJson(EventJson(ev));
+      else std::cout << EventText(ev) << "\n";
+      return true;
+    });
+    if (!s.ok()) return Error(g, s);
+    return 0;
+  }
+  if (*estimate) {
+    auto r = c.EstimateFile(spec);
+    if (!r.ok()) return Error(g, r.status());
+    if (json) PrintJson({{"plan", PlanJson(r->plan())}, {"reason", r->reason()}});
+    else std::cout << EstimateText(*r);
+    return 0;
+  }
+  return 2;
+}

@@ -1,0 +1,144 @@
+// Causal self-attention on the CPU, flash-style: no (T,T) matrix is kept. Work goes in query
+// blocks of up to kQBlock rows against the keys 0..(last query of the block); each thread keeps
+// two (kQBlock, T) scratch tiles. The products are single-threaded library GEMMs per tile
+// (Q K^T, P V, dO V^T, dS K, dS^T Q, P^T dO), threads split (b, head, block) in the forward and
+// (b, kv head) in the backward, so each thread owns the dk/dv rows it accumulates (deterministic).
+// Forward saves lse (log-sum-exp of the scaled scores per query); backward recomputes P from it.
+// GQA: query head h reads kv head h / (NH/NKV).
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "backend/cpu/cpu_kernels.h"
+#include "backend/cpu/cpu_math.h"
+
+namespace traind::engine::cpu {
+namespace {
+
+constexpr int64_t kQBlock = 64;
+
+// Row i of a score tile holds query t = t0 + i against keys 0..n-1 (n = t1 of the block); keys
+// j > t are masked. In place: s -> softmax probabilities (0 where masked); returns the lse.
+TRAIND_CPU_CLONES float SoftmaxRow(float* s, int64_t valid, int64_t n) {
+  float mx = -INFINITY;
+  for (int64_t j = 0; j < valid; ++j) mx = std::max(mx, s[j]);
+  float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t j = 0; j < valid; ++j) {
+    const float e = ExpF(s[j] - mx);
+    s[j] = e;
+    sum += e;
+  }
+  const float inv = 1.0f / sum;
+  for (int64_t j = 0; j < valid; ++j) s[j] *= inv;
+  for (int64_t j = valid; j < n; ++j) s[j] = 0.0f;
+  return mx + std::log(sum);
+}
+
+// p = exp(s - lse) on the valid keys (0 beyond); ds = p * (dp - D) * scale, in place in dp.
+TRAIND_CPU_CLONES void GradRow(float* s, float* dp, float lse, float D, float scale, int64_t valid,
+                               int64_t n) {
+  for (int64_t j = 0; j < valid; ++j) {
+    const float p = ExpFlushF(s[j] - lse);
+    s[j] = p;
+    dp[j] = p * (dp[j] - D) * scale;
+  }
+  for (int64_t j = valid; j < n; ++j) {
+    s[j] = 0.0f;
+    dp[j] = 0.0f;
+  }
+}
+
+TRAIND_CPU_CLONES float Dot(const float* a, const float* b, int64_t n) {
+  float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+  for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+}  // namespace
+
+void AttentionForward(float* out, float* lse, const float* q, const float* k, const float* v,
+                      int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS, int64_t q_stride,
+                      int64_t kv_stride, int nt) {
+  const int64_t group = NH / NKV;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
+  const int64_t C = NH * HS;
+  const int64_t nblocks = (T + kQBlock - 1) / kQBlock;
+  const int64_t items = B * NH * nblocks;
+#pragma omp parallel num_threads(static_cast<int>(std::min<int64_t>(nt, items)))
+  {
+    static thread_local std::vector<float> tile;  // (kQBlock, T) scores / probabilities
+    tile.resize(static_cast<size_t>(kQBlock * T));
+    float* S = tile.data();
+    // Later blocks see more keys: hand them out largest first.
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t it = 0; it < items; ++it) {
+      const int64_t blk = nblocks - 1 - it % nblocks, bh = it / nblocks;
+      const int64_t b = bh / NH, h = bh % NH, kvh = h / group;
+      const int64_t t0 = blk * kQBlock, t1 = std::min(T, t0 + kQBlock), nq = t1 - t0;
+      const float* qb = q + (b * T + t0) * q_stride + h * HS;
+      const float* kb = k + b * T * kv_stride + kvh * HS;
+      const float* vb = v + b * T * kv_stride + kvh * HS;
+      // S(nq, t1) = scale * Q_blk K^T
+      Sgemm(false, true, nq, t1, HS, scale, qb, q_stride, kb, kv_stride, 0.0f, S, t1, 1);
+      float* lse_row = lse + (b * NH + h) * T + t0;
+      for (int64_t i = 0; i < nq; ++i) lse_row[i] = SoftmaxRow(S + i * t1, t0 + i + 1, t1);
+      // O_blk(nq, HS) = P V
+      Sgemm(false, false, nq, HS, t1, 1.0f, S, t1, vb, kv_stride, 0.0f,
+            out + (b * T + t0) * C + h * HS, C, 1);
+    }
+  }
+}
+
+void AttentionBackward(float* dq, float* dk, float* dv, const float* dout, const float* out,
+                       const float* lse, const float* q, const float* k, const float* v, int64_t B,
+                       int64_t T, int64_t NH, int64_t NKV, int64_t HS, int64_t q_stride,
+                       int64_t kv_stride, int nt) {
+  const int64_t group = NH / NKV;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
+  const int64_t C = NH * HS;
+  const int64_t nblocks = (T + kQBlock - 1) / kQBlock;
+#pragma omp parallel num_threads(static_cast<int>(std::min<int64_t>(nt, B * NKV)))
+  {
+    static thread_local std::vector<float> tiles;  // P and dP/dS, (kQBlock, T) each
+    tiles.resize(static_cast<size_t>(2 * kQBlock * T));
+    float* P = tiles.data();
+    float* dS = P + kQBlock * T;
+#pragma omp for schedule(static)
+    for (int64_t bk = 0; bk < B * NKV; ++bk) {
+      const int64_t b = bk / NKV, kvh = bk % NKV;
+      const float* kb = k + b * T * kv_stride + kvh * HS;
+      const float* vb = v + b * T * kv_stride + kvh * HS;
+      float* dkb = dk + b * T * kv_stride + kvh * HS;
+      float* dvb = dv + b * T * kv_stride + kvh * HS;
+      for (int64_t t = 0; t < T; ++t) {
+        std::fill_n(dkb + t * kv_stride, HS, 0.0f);
+        std::fill_n(dvb + t * kv_stride, HS, 0.0f);
+      }
+      for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
+        for (int64_t blk = 0; blk < nblocks; ++blk) {
+          const int64_t t0 = blk * kQBlock, t1 = std::min(T, t0 + kQBlock), nq = t1 - t0;
+          const float* qb = q + (b * T + t0) * q_stride + h * HS;
+          const float* dob = dout + (b * T + t0) * C + h * HS;
+          const float* ob = out + (b * T + t0) * C + h * HS;
+          const float* lse_row = lse + (b * NH + h) * T + t0;
+          // P = exp(scale * Q K^T - lse); dP = dO V^T; dS = P (dP - D) scale.
+          Sgemm(false, true, nq, t1, HS, scale, qb, q_stride, kb, kv_stride, 0.0f, P, t1, 1);
+          Sgemm(false, true, nq, t1, HS, 1.0f, dob, C, vb, kv_stride, 0.0f, dS, t1, 1);
+          for (int64_t i = 0; i < nq; ++i) {
+            const float D = Dot(dob + i * C, ob + i * C, HS);
+            GradRow(P + i * t1, dS + i * t1, lse_row[i], D, scale, t0 + i + 1, t1);
+          }
+          // dQ_blk = dS K (=);  dK += dS^T Q_blk;  dV += P^T dO_blk.
+          Sgemm(false, false, nq, HS, t1, 1.0f, dS, t1, kb, kv_stride, 0.0f,
+                dq + (b * T + t0) * q_stride + h * HS, q_stride, 1);
+          Sgemm(true, false, t1, HS, nq, 1.0f, dS, t1, qb, q_stride, 1.0f, dkb, kv_stride, 1);
+          Sgemm(true, false, t1, HS, nq, 1.0f, P, t1, dob, C, 1.0f, dvb, kv_stride, 1);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace traind::engine::cpu

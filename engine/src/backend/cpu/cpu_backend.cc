@@ -1,0 +1,146 @@
+// CpuBackend: the reference backend. Host memory (64-byte aligned), synchronous ops, kernels in
+// cpu_*.cc threaded with OpenMP over `threads` threads (OpenBLAS is set to the same count).
+#include <omp.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+
+#include "backend/backend.h"
+#include "backend/cpu/cpu_kernels.h"
+
+namespace traind::engine {
+namespace {
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(int threads) : nt_(threads > 0 ? threads : omp_get_num_procs()) {
+    cpu::SetGemmThreads(nt_);
+  }
+  std::string name() const override { return "cpu"; }
+
+  void* Alloc(size_t bytes) override {
+    void* p = nullptr;
+    const size_t rounded = (bytes + 63) / 64 * 64;
+    if (posix_memalign(&p, 64, rounded == 0 ? 64 : rounded) != 0) return nullptr;
+    return p;
+  }
+  void Free(void* ptr) override { std::free(ptr); }
+  void CopyHostToDevice(void* dst, const void* src, size_t bytes) override {
+    if (bytes) std::memcpy(dst, src, bytes);
+  }
+  void CopyDeviceToHost(void* dst, const void* src, size_t bytes) override {
+    if (bytes) std::memcpy(dst, src, bytes);
+  }
+  void CopyDeviceToDevice(void* dst, const void* src, size_t bytes) override {
+    if (bytes && dst != src) std::memmove(dst, src, bytes);
+  }
+  void Memset0(void* dst, size_t bytes) override {
+    if (bytes) std::memset(dst, 0, bytes);
+  }
+  void Synchronize() override {}
+
+  void Gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+            const void* A, int64_t lda, const void* B, int64_t ldb, float beta, void* C,
+            int64_t ldc, DType ab_type, DType c_type) override {
+    cpu::Gemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, ab_type, c_type,
+              nt_);
+  }
+
+  void EmbeddingForward(float* out, const int32_t* ids, const float* table, int64_t N, int64_t C,
+                        bool accumulate) override {
+    cpu::EmbeddingForward(out, ids, table, N, C, accumulate, nt_);
+  }
+  void EmbeddingBackward(float* dtable, const float* dout, const int32_t* ids, int64_t N,
+                         int64_t C) override {
+    cpu::EmbeddingBackward(dtable, dout, ids, N, C, nt_);
+  }
+  void AddBias(float* out, const float* bias, int64_t N, int64_t OC) override {
+    cpu::AddBias(out, bias, N, OC, nt_);
+  }
+  void BiasBackward(float* dbias, const float* dout, int64_t N, int64_t OC) override {
+    cpu::BiasBackward(dbias, dout, N, OC, nt_);
+  }
+  void Add(float* out, const float* a, const float* b, int64_t n) override {
+    cpu::Add(out, a, b, n, nt_);
+  }
+  void Scale(float* x, float s, int64_t n) override { cpu::Scale(x, s, n, nt_); }
+  double SumSquares(const float* x, int64_t n) override { return cpu::SumSquares(x, n, nt_); }
+  void Cast(void* dst, DType dst_type, const void* src, DType src_type, int64_t n) override {
+    cpu::Cast(dst, dst_type, src, src_type, n, nt_);
+  }
+
+  void LayerNormForward(float* out, float* mean, float* rstd, const float* inp,
+                        const float* weight, const float* bias, int64_t N, int64_t C,
+                        float eps) override {
+    cpu::LayerNormForward(out, mean, rstd, inp, weight, bias, N, C, eps, nt_);
+  }
+  void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,
+                         const float* inp, const float* weight, const float* mean,
+                         const float* rstd, int64_t N, int64_t C) override {
+    cpu::LayerNormBackward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C, nt_);
+  }
+  void RmsNormForward(float* out, float* rstd, const float* inp, const float* weight, int64_t N,
+                      int64_t C, float eps) override {
+    cpu::RmsNormForward(out, rstd, inp, weight, N, C, eps, nt_);
+  }
+  void RmsNormBackward(float* dinp, float* dweight, const float* dout, const float* inp,
+                       const float* weight, const float* rstd, int64_t N, int64_t C) override {
+    cpu::RmsNormBackward(dinp, dweight, dout, inp, weight, rstd, N, C, nt_);
+  }
+
+  void GeluForward(float* out, const float* inp, int64_t n) override {
+    cpu::GeluForward(out, inp, n, nt_);
+  }
+  void GeluBackward(float* dinp, const float* inp, const float* dout, int64_t n) override {
+    cpu::GeluBackward(dinp, inp, dout, n, nt_);
+  }
+  void SwiGluForward(float* out, const float* inp, int64_t N, int64_t H) override {
+    cpu::SwiGluForward(out, inp, N, H, nt_);
+  }
+  void SwiGluBackward(float* dinp, const float* inp, const float* dout, int64_t N,
+                      int64_t H) override {
+    cpu::SwiGluBackward(dinp, inp, dout, N, H, nt_);
+  }
+
+  void Rope(float* x, int64_t B, int64_t T, int64_t n_heads, int64_t HS, int64_t row_stride,
+            float theta, bool inverse) override {
+    cpu::Rope(x, B, T, n_heads, HS, row_stride, theta, inverse, nt_);
+  }
+
+  void AttentionForward(float* out, float* lse, const float* q, const float* k, const float* v,
+                        int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS,
+                        int64_t q_stride, int64_t kv_stride) override {
+    cpu::AttentionForward(out, lse, q, k, v, B, T, NH, NKV, HS, q_stride, kv_stride, nt_);
+  }
+  void AttentionBackward(float* dq, float* dk, float* dv, const float* dout, const float* out,
+                         const float* lse, const float* q, const float* k, const float* v,
+                         int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS,
+                         int64_t q_stride, int64_t kv_stride) override {
+    cpu::AttentionBackward(dq, dk, dv, dout, out, lse, q, k, v, B, T, NH, NKV, HS, q_stride,
+                           kv_stride, nt_);
+  }
+
+  void SoftmaxCrossEntropy(float* logits, float* losses, const int32_t* targets, int64_t N,
+                           int64_t V, int64_t Vp, float grad_scale, bool compute_grad) override {
+    cpu::SoftmaxCrossEntropy(logits, losses, targets, N, V, Vp, grad_scale, compute_grad, nt_);
+  }
+
+  void AdamW(float* param, const float* grad, float* m, float* v, int64_t n, float lr,
+             float beta1, float beta2, float eps, float weight_decay, float bias_correction1,
+             float bias_correction2, float grad_scale) override {
+    cpu::AdamW(param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, bias_correction1,
+               bias_correction2, grad_scale, nt_);
+  }
+
+ private:
+  const int nt_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> MakeCpuBackend(int threads) {
+  return std::make_unique<CpuBackend>(threads);
+}
+
+}  // namespace traind::engine

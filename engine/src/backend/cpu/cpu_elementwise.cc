@@ -1,0 +1,232 @@
+// Elementwise and small ops of the CPU backend: embedding, bias, add/scale, sum of squares, GELU,
+// SwiGLU, AdamW. Row loops are OpenMP-threaded; the per-row bodies are compiled per ISA
+// (TRAIND_CPU_CLONES) so they vectorise. Reductions use per-thread partials combined in a fixed
+// order, so results do not depend on scheduling.
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "backend/cpu/cpu_kernels.h"
+#include "backend/cpu/cpu_math.h"
+
+namespace traind::engine::cpu {
+namespace {
+
+constexpr int64_t kMinParallel = 1 << 14;  // elements below which threading costs more than it saves
+
+// Splits [0, n) into nt contiguous chunks of a multiple of 16 elements; chunk t is [*b, *e).
+void Chunk(int64_t n, int nt, int t, int64_t* b, int64_t* e) {
+  int64_t per = ((n + nt - 1) / nt + 15) / 16 * 16;
+  *b = std::min(n, per * t);
+  *e = std::min(n, *b + per);
+}
+
+int ThreadsFor(int64_t work, int nt) { return work < kMinParallel ? 1 : nt; }
+
+TRAIND_CPU_CLONES void AddRow(float* out, const float* a, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] += a[i];
+}
+TRAIND_CPU_CLONES void AddSpan(float* out, const float* a, const float* b, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
+}
+TRAIND_CPU_CLONES void ScaleSpan(float* x, float s, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) x[i] *= s;
+}
+TRAIND_CPU_CLONES double SumSquaresSpan(const float* x, int64_t n) {
+  double s = 0.0;
+#pragma omp simd reduction(+ : s)
+  for (int64_t i = 0; i < n; ++i) s += static_cast<double>(x[i]) * x[i];
+  return s;
+}
+
+constexpr float kGeluC = 0.7978845608028654f;  // sqrt(2/pi)
+constexpr float kGeluA = 0.044715f;
+
+// gelu_new(x) = 0.5 x (1 + tanh(u)) = x * sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3).
+// The sigmoid form avoids the cancellation of 1 + tanh(u) for negative x.
+TRAIND_CPU_CLONES void GeluSpan(float* out, const float* inp, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    float x = inp[i];
+    float u = kGeluC * (x + kGeluA * x * x * x);
+    out[i] = x / (1.0f + ExpF(-2.0f * u));
+  }
+}
+// d/dx [x * s(2u)] = s + 2 x s (1 - s) u',  u' = sqrt(2/pi) (1 + 3 * 0.044715 x^2).
+TRAIND_CPU_CLONES void GeluBackSpan(float* dinp, const float* inp, const float* dout, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    float x = inp[i];
+    float u = kGeluC * (x + kGeluA * x * x * x);
+    float s = 1.0f / (1.0f + ExpF(-2.0f * u));
+    float du = kGeluC * (1.0f + 3.0f * kGeluA * x * x);
+    dinp[i] = dout[i] * (s + 2.0f * x * s * (1.0f - s) * du);
+  }
+}
+
+TRAIND_CPU_CLONES void SwiGluRow(float* out, const float* gate, const float* up, int64_t H) {
+  for (int64_t i = 0; i < H; ++i) {
+    float g = gate[i];
+    out[i] = g / (1.0f + ExpF(-g)) * up[i];
+  }
+}
+// dgate = dout * up * s (1 + g (1 - s)), dup = dout * g s. Reads gate/up before writing, so dinp
+// may alias inp.
+TRAIND_CPU_CLONES void SwiGluBackRow(float* dgate, float* dup, const float* gate, const float* up,
+                                     const float* dout, int64_t H) {
+  for (int64_t i = 0; i < H; ++i) {
+    float g = gate[i], u = up[i], d = dout[i];
+    float s = 1.0f / (1.0f + ExpF(-g));
+    dgate[i] = d * u * s * (1.0f + g * (1.0f - s));
+    dup[i] = d * g * s;
+  }
+}
+
+// torch.optim.AdamW (single-tensor path), step by step in fp32 as torch does it.
+TRAIND_CPU_CLONES void AdamWSpan(float* p, const float* grad, float* m, float* v, int64_t n,
+                                 float decay_mul, float b1, float one_minus_b1, float b2,
+                                 float one_minus_b2, float sqrt_bc2, float eps,
+                                 float neg_step, float gs) {
+  for (int64_t i = 0; i < n; ++i) {
+    float g = grad[i] * gs;
+    float pi = p[i] * decay_mul;
+    float mi = m[i] * b1 + one_minus_b1 * g;
+    float vi = v[i] * b2 + one_minus_b2 * g * g;
+    float denom = std::sqrt(vi) / sqrt_bc2 + eps;
+    p[i] = pi + neg_step * (mi / denom);
+    m[i] = mi;
+    v[i] = vi;
+  }
+}
+
+}  // namespace
+
+void EmbeddingForward(float* out, const int32_t* ids, const float* table, int64_t N, int64_t C,
+                      bool accumulate, int nt) {
+#pragma omp parallel for num_threads(ThreadsFor(N * C, nt)) schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    const float* row = table + static_cast<int64_t>(ids[n]) * C;
+    if (accumulate) AddRow(out + n * C, row, C);
+    else std::memcpy(out + n * C, row, static_cast<size_t>(C) * sizeof(float));
+  }
+}
+
+// Each thread owns a column slice of dtable, so repeated ids never race and the sum order is fixed.
+void EmbeddingBackward(float* dtable, const float* dout, const int32_t* ids, int64_t N, int64_t C,
+                       int nt) {
+  int threads = ThreadsFor(N * C, nt);
+#pragma omp parallel num_threads(threads)
+  {
+    int64_t b, e;
+    Chunk(C, omp_get_num_threads(), omp_get_thread_num(), &b, &e);
+    if (e > b) {
+      for (int64_t n = 0; n < N; ++n) {
+        AddRow(dtable + static_cast<int64_t>(ids[n]) * C + b, dout + n * C + b, e - b);
+      }
+    }
+  }
+}
+
+void AddBias(float* out, const float* bias, int64_t N, int64_t OC, int nt) {
+#pragma omp parallel for num_threads(ThreadsFor(N * OC, nt)) schedule(static)
+  for (int64_t n = 0; n < N; ++n) AddRow(out + n * OC, bias, OC);
+}
+
+void BiasBackward(float* dbias, const float* dout, int64_t N, int64_t OC, int nt) {
+#pragma omp parallel num_threads(ThreadsFor(N * OC, nt))
+  {
+    int64_t b, e;
+    Chunk(OC, omp_get_num_threads(), omp_get_thread_num(), &b, &e);
+    for (int64_t n = 0; n < N && e > b; ++n) AddRow(dbias + b, dout + n * OC + b, e - b);
+  }
+}
+
+void Add(float* out, const float* a, const float* b, int64_t n, int nt) {
+#pragma omp parallel num_threads(ThreadsFor(n, nt))
+  {
+    int64_t lo, hi;
+    Chunk(n, omp_get_num_threads(), omp_get_thread_num(), &lo, &hi);
+    if (hi > lo) AddSpan(out + lo, a + lo, b + lo, hi - lo);
+  }
+}
+
+void Scale(float* x, float s, int64_t n, int nt) {
+#pragma omp parallel num_threads(ThreadsFor(n, nt))
+  {
+    int64_t lo, hi;
+    Chunk(n, omp_get_num_threads(), omp_get_thread_num(), &lo, &hi);
+    if (hi > lo) ScaleSpan(x + lo, s, hi - lo);
+  }
+}
+
+double SumSquares(const float* x, int64_t n, int nt) {
+  // Fixed 64K-element blocks summed in block order: the result is independent of nt.
+  constexpr int64_t kBlock = 1 << 16;
+  int64_t nblocks = (n + kBlock - 1) / kBlock;
+  if (nblocks <= 0) return 0.0;
+  std::vector<double> partial(static_cast<size_t>(nblocks));
+#pragma omp parallel for num_threads(nblocks > 1 ? nt : 1) schedule(static)
+  for (int64_t i = 0; i < nblocks; ++i) {
+    int64_t lo = i * kBlock;
+    partial[static_cast<size_t>(i)] = SumSquaresSpan(x + lo, std::min(kBlock, n - lo));
+  }
+  double s = 0.0;
+  for (double p : partial) s += p;
+  return s;
+}
+
+void GeluForward(float* out, const float* inp, int64_t n, int nt) {
+#pragma omp parallel num_threads(ThreadsFor(n * 8, nt))
+  {
+    int64_t lo, hi;
+    Chunk(n, omp_get_num_threads(), omp_get_thread_num(), &lo, &hi);
+    if (hi > lo) GeluSpan(out + lo, inp + lo, hi - lo);
+  }
+}
+
+void GeluBackward(float* dinp, const float* inp, const float* dout, int64_t n, int nt) {
+#pragma omp parallel num_threads(ThreadsFor(n * 8, nt))
+  {
+    int64_t lo, hi;
+    Chunk(n, omp_get_num_threads(), omp_get_thread_num(), &lo, &hi);
+    if (hi > lo) GeluBackSpan(dinp + lo, inp + lo, dout + lo, hi - lo);
+  }
+}
+
+void SwiGluForward(float* out, const float* inp, int64_t N, int64_t H, int nt) {
+#pragma omp parallel for num_threads(ThreadsFor(N * H * 8, nt)) schedule(static)
+  for (int64_t n = 0; n < N; ++n) SwiGluRow(out + n * H, inp + n * 2 * H, inp + n * 2 * H + H, H);
+}
+
+void SwiGluBackward(float* dinp, const float* inp, const float* dout, int64_t N, int64_t H,
+                    int nt) {
+#pragma omp parallel for num_threads(ThreadsFor(N * H * 8, nt)) schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    SwiGluBackRow(dinp + n * 2 * H, dinp + n * 2 * H + H, inp + n * 2 * H, inp + n * 2 * H + H,
+                  dout + n * H, H);
+  }
+}
+
+void AdamW(float* param, const float* grad, float* m, float* v, int64_t n, float lr, float beta1,
+           float beta2, float eps, float weight_decay, float bias_correction1,
+           float bias_correction2, float grad_scale, int nt) {
+  // Scalars as torch forms them: Python doubles, rounded to float where they meet the tensor.
+  const double lr_d = lr, b1 = beta1, b2 = beta2;
+  const float decay_mul = static_cast<float>(1.0 - lr_d * static_cast<double>(weight_decay));
+  const float one_minus_b1 = static_cast<float>(1.0 - b1);
+  const float one_minus_b2 = static_cast<float>(1.0 - b2);
+  const float sqrt_bc2 = static_cast<float>(std::sqrt(static_cast<double>(bias_correction2)));
+  const float neg_step = static_cast<float>(-(lr_d / static_cast<double>(bias_correction1)));
+#pragma omp parallel num_threads(ThreadsFor(n * 4, nt))
+  {
+    int64_t lo, hi;
+    Chunk(n, omp_get_num_threads(), omp_get_thread_num(), &lo, &hi);
+    if (hi > lo) {
+      AdamWSpan(param + lo, grad + lo, m + lo, v + lo, hi - lo, decay_mul, beta1, one_minus_b1,
+                beta2, one_minus_b2, sqrt_bc2, eps, neg_step, grad_scale);
+    }
+  }
+}
+
+}  // namespace traind::engine::cpu

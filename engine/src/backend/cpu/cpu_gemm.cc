@@ -1,0 +1,107 @@
+// GEMM on the CPU. fp32: oneDNN's dnnl_sgemm when the build has it (its JIT kernels use AVX-512
+// whatever OPENBLAS_CORETYPE says, and it threads with the same OpenMP pool as our kernels), else
+// OpenBLAS cblas_sgemm; TRAIND_CPU_GEMM=openblas forces OpenBLAS. bf16/f16 operands: widened to
+// fp32 in a reused per-thread scratch (exact), multiplied in fp32, C rounded back to nearest even
+// when it is stored in 16 bits, unless oneDNN's matmul has a native kernel (cpu_gemm_dnnl.cc).
+#include <cblas.h>
+#include <omp.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#ifdef TRAIND_HAVE_DNNL
+#include <dnnl.h>
+#endif
+
+#include "backend/cpu/cpu_kernels.h"
+
+namespace traind::engine::cpu {
+namespace {
+
+// Elements spanned by a row-major (rows, cols) matrix with leading dimension ld.
+int64_t Span(int64_t rows, int64_t cols, int64_t ld) { return rows == 0 ? 0 : (rows - 1) * ld + cols; }
+
+const float* Widen(std::vector<float>* buf, const void* src, DType type, int64_t n, int nt) {
+  if (type == DType::kF32) return static_cast<const float*>(src);
+  buf->resize(static_cast<size_t>(n));
+  Cast(buf->data(), DType::kF32, src, type, n, nt);
+  return buf->data();
+}
+
+bool UseDnnl() {
+#ifdef TRAIND_HAVE_DNNL
+  static const bool use = [] {
+    const char* env = std::getenv("TRAIND_CPU_GEMM");
+    return env == nullptr || std::strcmp(env, "openblas") != 0;
+  }();
+  return use;
+#else
+  return false;
+#endif
+}
+
+}  // namespace
+
+void Sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* a,
+           int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc, int nt) {
+#ifdef TRAIND_HAVE_DNNL
+  if (UseDnnl()) {
+    // oneDNN (OpenMP runtime) uses omp_get_max_threads() of the calling thread.
+    if (omp_get_max_threads() != nt) omp_set_num_threads(nt);
+    if (dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K, alpha, a, lda, b, ldb, beta, c, ldc) ==
+        dnnl_success) {
+      return;
+    }
+  }
+#endif
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+              static_cast<blasint>(M), static_cast<blasint>(N), static_cast<blasint>(K), alpha, a,
+              static_cast<blasint>(lda), b, static_cast<blasint>(ldb), beta, c,
+              static_cast<blasint>(ldc));
+}
+
+void SetGemmThreads(int nt) { openblas_set_num_threads(nt); }
+
+const char* GemmLibrary() { return UseDnnl() ? "onednn" : "openblas"; }
+
+void Gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const void* A,
+          int64_t lda, const void* B, int64_t ldb, float beta, void* C, int64_t ldc, DType ab_type,
+          DType c_type, int nt) {
+  if (M <= 0 || N <= 0) return;
+  if (ab_type != DType::kF32 && K > 0 && UseDnnl() &&
+      DnnlGemm16(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, ab_type, c_type,
+                 nt)) {
+    return;
+  }
+  static thread_local std::vector<float> a_buf, b_buf, c_buf;  // reused: no steady-state allocation
+  const float* a = Widen(&a_buf, A, ab_type, trans_a ? Span(K, M, lda) : Span(M, K, lda), nt);
+  const float* b = Widen(&b_buf, B, ab_type, trans_b ? Span(N, K, ldb) : Span(K, N, ldb), nt);
+  float* c = static_cast<float*>(C);
+  const int64_t c_span = Span(M, N, ldc);
+  if (c_type != DType::kF32) {
+    c_buf.resize(static_cast<size_t>(c_span));
+    if (beta != 0.0f) Cast(c_buf.data(), DType::kF32, C, c_type, c_span, nt);
+    c = c_buf.data();
+  }
+  if (K <= 0) {  // C = beta * C (BLAS semantics; beta == 0 clears, even NaNs)
+    for (int64_t i = 0; i < M; ++i) {
+      for (int64_t j = 0; j < N; ++j) c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[i * ldc + j];
+    }
+  } else {
+    Sgemm(trans_a, trans_b, M, N, K, alpha, a, lda, b, ldb, beta, c, ldc, nt);
+  }
+  if (c_type != DType::kF32) {
+    // Round back only the M x N block: the gaps between rows (ldc > N) keep their bytes.
+    auto* out = static_cast<uint16_t*>(C);
+    for (int64_t i = 0; i < M; ++i) {
+      const float* row = c + i * ldc;
+      uint16_t* dst = out + i * ldc;
+      for (int64_t j = 0; j < N; ++j) {
+        dst[j] = c_type == DType::kBF16 ? FloatToBf16(row[j]) : FloatToF16(row[j]);
+      }
+    }
+  }
+}
+
+}  // namespace traind::engine::cpu

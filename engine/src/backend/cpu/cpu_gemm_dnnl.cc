@@ -1,0 +1,116 @@
+// 16-bit GEMMs through oneDNN's matmul primitive (AVX512-BF16 / AMX kernels where the CPU has
+// them), fp32 accumulation. Primitives are created once per shape/layout/alpha/beta and cached.
+// Implementations oneDNN only has as slow reference code (e.g. f16 without AVX512-FP16) are
+// refused, and the caller widens to fp32 instead. Without oneDNN in the build this always refuses.
+#include <omp.h>
+
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <tuple>
+
+#include "backend/cpu/cpu_kernels.h"
+
+#ifdef TRAIND_HAVE_DNNL
+#include <dnnl.hpp>
+#endif
+
+namespace traind::engine::cpu {
+
+#ifdef TRAIND_HAVE_DNNL
+namespace {
+
+using Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, int,
+                       float, float>;
+
+struct Entry {
+  dnnl::matmul prim;
+  dnnl::memory::desc a, b, c;
+};
+
+class MatmulCache {
+ public:
+  // Returns the primitive for `key`, or nullptr when oneDNN has no fast implementation.
+  const Entry* Get(const Key& key) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = cache_.find(key);
+    if (it == cache_.end()) it = cache_.emplace(key, Create(key)).first;
+    return it->second.has_value() ? &*it->second : nullptr;
+  }
+  dnnl::engine& engine() { return engine_; }
+
+ private:
+  std::optional<Entry> Create(const Key& k) {
+    using dt = dnnl::memory::data_type;
+    const auto [ta, tb, M, N, K, lda, ldb, ldc, ab, c, alpha, beta] = k;
+    const dt ab_dt = static_cast<DType>(ab) == DType::kBF16 ? dt::bf16 : dt::f16;
+    const dt c_dt = static_cast<DType>(c) == DType::kF32 ? dt::f32 : ab_dt;
+    try {
+      dnnl::memory::desc a_md({M, K}, ab_dt,
+                              ta ? dnnl::memory::dims{1, lda} : dnnl::memory::dims{lda, 1});
+      dnnl::memory::desc b_md({K, N}, ab_dt,
+                              tb ? dnnl::memory::dims{1, ldb} : dnnl::memory::dims{ldb, 1});
+      dnnl::memory::desc c_md({M, N}, c_dt, dnnl::memory::dims{ldc, 1});
+      dnnl::primitive_attr attr;
+      if (alpha != 1.0f) attr.set_output_scales(0, {alpha});
+      if (beta != 0.0f) {
+        dnnl::post_ops po;
+        po.append_sum(beta);
+        attr.set_post_ops(po);
+      }
+      dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_md, c_md), attr, engine_);
+      const std::string impl = pd.impl_info_str();
+      if (impl.find("ref") != std::string::npos) return std::nullopt;
+      return Entry{dnnl::matmul(pd), a_md, b_md, c_md};
+    } catch (const dnnl::error&) {
+      return std::nullopt;
+    }
+  }
+
+  dnnl::engine engine_{dnnl::engine::kind::cpu, 0};
+  std::mutex mu_;
+  std::map<Key, std::optional<Entry>> cache_;
+};
+
+MatmulCache& Cache() {
+  static MatmulCache* cache = new MatmulCache();  // never destroyed: usable from static dtors
+  return *cache;
+}
+
+}  // namespace
+
+bool DnnlGemm16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const void* A,
+                int64_t lda, const void* B, int64_t ldb, float beta, void* C, int64_t ldc,
+                DType ab_type, DType c_type, int nt) {
+  if (ab_type == DType::kF32) return false;
+  MatmulCache& cache = Cache();
+  const Entry* e = cache.Get(Key{ta, tb, M, N, K, lda, ldb, ldc,
+                                           static_cast<int>(ab_type), static_cast<int>(c_type),
+                                           alpha, beta});
+  if (e == nullptr) return false;
+  try {
+    dnnl::engine& eng = cache.engine();
+    dnnl::memory a(e->a, eng, const_cast<void*>(A));
+    dnnl::memory b(e->b, eng, const_cast<void*>(B));
+    dnnl::memory c(e->c, eng, C);
+    if (omp_get_max_threads() != nt) omp_set_num_threads(nt);
+    dnnl::stream s(eng);
+    e->prim.execute(s, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}});
+    s.wait();
+    return true;
+  } catch (const dnnl::error&) {
+    return false;
+  }
+}
+
+#else
+
+bool DnnlGemm16(bool, bool, int64_t, int64_t, int64_t, float, const void*, int64_t, const void*,
+                int64_t, float, void*, int64_t, DType, DType, int) {
+  return false;
+}
+
+#endif
+
+}  // namespace traind::engine::cpu

@@ -1,0 +1,93 @@
+// The CPU backend's kernels as free functions (one file per op family), called by CpuBackend.
+// Shapes, letters and the gradient contract are those of backend/backend.h; every function takes
+// `nt`, the number of OpenMP threads it may use. Results are deterministic for a given nt.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/dtype.h"
+
+// Hot inner loops are compiled for AVX-512, AVX2+FMA and baseline x86-64, picked at load time.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define TRAIND_CPU_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define TRAIND_CPU_CLONES
+#endif
+
+namespace traind::engine::cpu {
+
+// ---- numeric helpers (cpu_cast.cc) ----
+uint16_t FloatToBf16(float f);  // round to nearest even; NaN stays NaN
+float Bf16ToFloat(uint16_t h);
+uint16_t FloatToF16(float f);   // round to nearest even; overflow to inf
+float F16ToFloat(uint16_t h);
+void Cast(void* dst, DType dst_type, const void* src, DType src_type, int64_t n, int nt);
+
+// ---- GEMM (cpu_gemm.cc) ----
+// backend.h's Gemm: C(M,N) = alpha op(A) op(B) + beta C, row-major. f32 goes to OpenBLAS sgemm;
+// bf16/f16 inputs are widened to f32 (exact) and C is rounded back when c_type is 16-bit.
+void Gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const void* A,
+          int64_t lda, const void* B, int64_t ldb, float beta, void* C, int64_t ldc, DType ab_type,
+          DType c_type, int nt);
+// fp32 row-major GEMM into the library (oneDNN or OpenBLAS) with up to nt threads. Inside an
+// OpenMP parallel region it runs on the calling thread only (oneDNN does not nest).
+void Sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+           int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc, int nt);
+// 16-bit A/B through oneDNN matmul (cpu_gemm_dnnl.cc). Returns false, having done nothing, when
+// oneDNN is absent or has no fast kernel for the case; Gemm then widens to fp32.
+bool DnnlGemm16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                const void* A, int64_t lda, const void* B, int64_t ldb, float beta, void* C,
+                int64_t ldc, DType ab_type, DType c_type, int nt);
+// Sets the thread count the GEMM library uses (OpenBLAS's is process-global).
+void SetGemmThreads(int nt);
+// "onednn" or "openblas": the library fp32 GEMMs go to (TRAIND_CPU_GEMM=openblas forces OpenBLAS).
+const char* GemmLibrary();
+
+// ---- elementwise (cpu_elementwise.cc) ----
+void EmbeddingForward(float* out, const int32_t* ids, const float* table, int64_t N, int64_t C,
+                      bool accumulate, int nt);
+void EmbeddingBackward(float* dtable, const float* dout, const int32_t* ids, int64_t N, int64_t C,
+                       int nt);
+void AddBias(float* out, const float* bias, int64_t N, int64_t OC, int nt);
+void BiasBackward(float* dbias, const float* dout, int64_t N, int64_t OC, int nt);
+void Add(float* out, const float* a, const float* b, int64_t n, int nt);
+void Scale(float* x, float s, int64_t n, int nt);
+double SumSquares(const float* x, int64_t n, int nt);
+void GeluForward(float* out, const float* inp, int64_t n, int nt);
+void GeluBackward(float* dinp, const float* inp, const float* dout, int64_t n, int nt);
+void SwiGluForward(float* out, const float* inp, int64_t N, int64_t H, int nt);
+void SwiGluBackward(float* dinp, const float* inp, const float* dout, int64_t N, int64_t H, int nt);
+void AdamW(float* param, const float* grad, float* m, float* v, int64_t n, float lr, float beta1,
+           float beta2, float eps, float weight_decay, float bias_correction1,
+           float bias_correction2, float grad_scale, int nt);
+
+// ---- norms (cpu_norm.cc) ----
+void LayerNormForward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                      const float* bias, int64_t N, int64_t C, float eps, int nt);
+void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,
+                       const float* inp, const float* weight, const float* mean, const float* rstd,
+                       int64_t N, int64_t C, int nt);
+void RmsNormForward(float* out, float* rstd, const float* inp, const float* weight, int64_t N,
+                    int64_t C, float eps, int nt);
+void RmsNormBackward(float* dinp, float* dweight, const float* dout, const float* inp,
+                     const float* weight, const float* rstd, int64_t N, int64_t C, int nt);
+
+// ---- rotary embedding (cpu_rope.cc) ----
+void Rope(float* x, int64_t B, int64_t T, int64_t n_heads, int64_t HS, int64_t row_stride,
+          float theta, bool inverse, int nt);
+
+// ---- attention (cpu_attention.cc) ----
+void AttentionForward(float* out, float* lse, const float* q, const float* k, const float* v,
+                      int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS, int64_t q_stride,
+                      int64_t kv_stride, int nt);
+void AttentionBackward(float* dq, float* dk, float* dv, const float* dout, const float* out,
+                       const float* lse, const float* q, const float* k, const float* v, int64_t B,
+                       int64_t T, int64_t NH, int64_t NKV, int64_t HS, int64_t q_stride,
+                       int64_t kv_stride, int nt);
+
+// ---- softmax + cross-entropy (cpu_softmax_ce.cc) ----
+void SoftmaxCrossEntropy(float* logits, float* losses, const int32_t* targets, int64_t N, int64_t V,
+                         int64_t Vp, float grad_scale, bool compute_grad, int nt);
+
+}  // namespace traind::engine::cpu

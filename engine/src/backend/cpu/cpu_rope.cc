@@ -1,0 +1,62 @@
+// Rotary position embedding (HF rotate-half convention), in place, forward or inverse rotation.
+// inv_freq and the angles are formed in fp32 exactly as HF/PyTorch do:
+//   inv_freq = 1.0 / (theta ** (torch.arange(0, HS, 2).float() / HS)),  angle = float(t) * inv_freq.
+#include <cmath>
+#include <vector>
+
+#include "backend/cpu/cpu_kernels.h"
+
+namespace traind::engine::cpu {
+namespace {
+
+TRAIND_CPU_CLONES void RotateRow(float* x, const float* cs, const float* sn, int64_t n_heads,
+                                 int64_t HS, bool inverse) {
+  const int64_t half = HS / 2;
+  for (int64_t h = 0; h < n_heads; ++h) {
+    float* a = x + h * HS;
+    float* b = a + half;
+    if (!inverse) {
+      for (int64_t i = 0; i < half; ++i) {
+        float x1 = a[i], x2 = b[i];
+        a[i] = x1 * cs[i] - x2 * sn[i];
+        b[i] = x2 * cs[i] + x1 * sn[i];
+      }
+    } else {
+      for (int64_t i = 0; i < half; ++i) {
+        float y1 = a[i], y2 = b[i];
+        a[i] = y1 * cs[i] + y2 * sn[i];
+        b[i] = y2 * cs[i] - y1 * sn[i];
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void Rope(float* x, int64_t B, int64_t T, int64_t n_heads, int64_t HS, int64_t row_stride,
+          float theta, bool inverse, int nt) {
+  const int64_t half = HS / 2;
+  // Table of cos/sin per (t, i): (T, half) each. Reused between calls of the same thread.
+  static thread_local std::vector<float> table;
+  table.resize(static_cast<size_t>(2 * T * half));
+  float* cs = table.data();
+  float* sn = cs + T * half;
+  for (int64_t i = 0; i < half; ++i) {
+    float expo = static_cast<float>(2 * i) / static_cast<float>(HS);
+    float inv_freq = 1.0f / std::pow(theta, expo);
+    for (int64_t t = 0; t < T; ++t) {
+      float ang = static_cast<float>(t) * inv_freq;
+      cs[t * half + i] = std::cos(ang);
+      sn[t * half + i] = std::sin(ang);
+    }
+  }
+  const int64_t rows = B * T;
+  const int threads = rows * n_heads * HS < 8192 ? 1 : nt;
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t t = r % T;
+    RotateRow(x + r * row_stride, cs + t * half, sn + t * half, n_heads, HS, inverse);
+  }
+}
+
+}  // namespace traind::engine::cpu

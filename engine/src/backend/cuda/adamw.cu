@@ -1,0 +1,45 @@
+// Fused AdamW update of the GPU backend (torch.optim.AdamW semantics, backend.h), in place on the
+// flat parameter buffer: reads p, g, m, v and writes p, m, v: 28 bytes and ~15 FLOPs per element
+// -> n = 124M (GPT-2 small): 3.5 GB: 1.16 ms on an H100 (3.0 TB/s).
+#include <string>
+
+#include "backend/cuda/gpu_compat.h"
+#include "backend/cuda/kernels.h"
+
+TRAIND_GPU_BEGIN
+namespace {
+
+constexpr int kThreads = 256;
+
+__global__ void adamw_kernel(float* param, const float* grad, float* m, float* v, int64_t n,
+                             float lr, float beta1, float beta2, float eps, float weight_decay,
+                             float bias_correction1, float bias_correction2, float grad_scale) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const float g = grad_scale * grad[i];
+    float p = param[i];
+    p -= lr * weight_decay * p;
+    const float mi = beta1 * m[i] + (1.0f - beta1) * g;
+    const float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
+    m[i] = mi;
+    v[i] = vi;
+    p -= lr * (mi / bias_correction1) / (sqrtf(vi / bias_correction2) + eps);
+    param[i] = p;
+  }
+}
+
+}  // namespace
+
+Status AdamW(float* param, const float* grad, float* m, float* v, int64_t n, float lr, float beta1,
+             float beta2, float eps, float weight_decay, float bias_correction1,
+             float bias_correction2, float grad_scale, cudaStream_t stream) {
+  if (n < 0) return Status::InvalidArgument("AdamW: negative size " + std::to_string(n));
+  if (!(bias_correction1 > 0.0f) || !(bias_correction2 > 0.0f))
+    return Status::InvalidArgument("AdamW: bias corrections must be > 0 (step >= 1)");
+  if (n == 0) return Status::Ok();
+  return GPU_LAUNCH(adamw_kernel, GridFor(n, kThreads), kThreads, 0, stream, param, grad, m, v, n,
+                    lr, beta1, beta2, eps, weight_decay, bias_correction1, bias_correction2,
+                    grad_scale);
+}
+
+TRAIND_GPU_END

@@ -1,0 +1,210 @@
+// GpuBackend: each op checks nothing itself beyond what the launchers check; it launches on the
+// backend's stream and keeps the first error. Built twice (nvcc build and simt build).
+#include "backend/cuda/gpu_backend.h"
+
+#include <cstdio>
+
+#include "backend/cuda/device.h"
+#include "backend/cuda/kernels.h"
+
+TRAIND_GPU_BEGIN
+
+GpuBackend::~GpuBackend() {
+  if (graph_ != nullptr) (void)dev::GraphDestroy(graph_);
+  if (scratch_ != nullptr) (void)dev::Free(scratch_);
+  if (sumsq_ != nullptr) (void)dev::Free(sumsq_);
+  if (flag_ != nullptr) (void)dev::Free(flag_);
+  if (stream_ != nullptr) (void)dev::StreamDestroy(stream_);
+}
+
+Status GpuBackend::Init() {
+  TRAIND_RETURN_IF_ERROR(dev::StreamCreate(&stream_));
+  void* p = nullptr;
+  TRAIND_RETURN_IF_ERROR(dev::Malloc(&p, sizeof(double)));
+  sumsq_ = static_cast<double*>(p);
+  TRAIND_RETURN_IF_ERROR(dev::Malloc(&p, sizeof(int)));
+  flag_ = static_cast<int*>(p);
+  return Status::Ok();
+}
+
+void GpuBackend::Record(const Status& s) {
+  if (s.ok() || !status_.ok()) return;
+  status_ = s;
+  std::fprintf(stderr, "traind %s backend: %s\n", name_.c_str(), s.ToString().c_str());
+}
+
+Status GpuBackend::MemoryInfo(size_t* free_bytes, size_t* total_bytes) const {
+  return dev::MemGetInfo(free_bytes, total_bytes);
+}
+
+Status GpuBackend::BeginCapture() {
+  if (capturing_) return Status::FailedPrecondition("BeginCapture: already capturing");
+  TRAIND_RETURN_IF_ERROR(dev::BeginCapture(stream_));
+  capturing_ = true;
+  return Status::Ok();
+}
+
+Status GpuBackend::EndCapture() {
+  if (!capturing_) return Status::FailedPrecondition("EndCapture without BeginCapture");
+  capturing_ = false;
+  if (graph_ != nullptr) {
+    TRAIND_RETURN_IF_ERROR(dev::GraphDestroy(graph_));
+    graph_ = nullptr;
+  }
+  return dev::EndCapture(stream_, &graph_);
+}
+
+Status GpuBackend::Replay() {
+  if (graph_ == nullptr) return Status::FailedPrecondition("Replay: no captured graph");
+  return dev::GraphLaunch(graph_, stream_);
+}
+
+void* GpuBackend::Alloc(size_t bytes) {
+  void* p = nullptr;
+  Status s = dev::Malloc(&p, bytes == 0 ? 1 : bytes);
+  return s.ok() ? p : nullptr;  // out of memory is reported to the caller as nullptr
+}
+
+void GpuBackend::Free(void* ptr) {
+  if (ptr != nullptr) Record(dev::Free(ptr));
+}
+
+void GpuBackend::CopyHostToDevice(void* dst, const void* src, size_t bytes) {
+  Record(dev::MemcpyAsync(dst, src, bytes, dev::CopyKind::kHostToDevice, stream_));
+  if (!capturing_) Record(dev::StreamSynchronize(stream_));  // `src` may be freed on return
+}
+
+void GpuBackend::CopyDeviceToHost(void* dst, const void* src, size_t bytes) {
+  Record(dev::MemcpyAsync(dst, src, bytes, dev::CopyKind::kDeviceToHost, stream_));
+  Record(dev::StreamSynchronize(stream_));
+}
+
+void GpuBackend::CopyDeviceToDevice(void* dst, const void* src, size_t bytes) {
+  Record(dev::MemcpyAsync(dst, src, bytes, dev::CopyKind::kDeviceToDevice, stream_));
+}
+
+void GpuBackend::Memset0(void* dst, size_t bytes) { Record(dev::MemsetAsync(dst, 0, bytes, stream_)); }
+
+void GpuBackend::Synchronize() { Record(dev::StreamSynchronize(stream_)); }
+
+void GpuBackend::EmbeddingForward(float* out, const int32_t* ids, const float* table, int64_t N,
+                                  int64_t C, bool accumulate) {
+  Record(gpu::EmbeddingForward(out, ids, table, N, C, accumulate, stream_));
+}
+void GpuBackend::EmbeddingBackward(float* dtable, const float* dout, const int32_t* ids, int64_t N,
+                                   int64_t C) {
+  Record(gpu::EmbeddingBackward(dtable, dout, ids, N, C, stream_));
+}
+void GpuBackend::AddBias(float* out, const float* bias, int64_t N, int64_t OC) {
+  Record(gpu::AddBias(out, bias, N, OC, stream_));
+}
+void GpuBackend::BiasBackward(float* dbias, const float* dout, int64_t N, int64_t OC) {
+  Record(gpu::BiasBackward(dbias, dout, N, OC, stream_));
+}
+void GpuBackend::Add(float* out, const float* a, const float* b, int64_t n) {
+  Record(gpu::Add(out, a, b, n, stream_));
+}
+void GpuBackend::Scale(float* x, float s, int64_t n) { Record(gpu::Scale(x, s, n, stream_)); }
+
+double GpuBackend::SumSquares(const float* x, int64_t n) {
+  Record(dev::MemsetAsync(sumsq_, 0, sizeof(double), stream_));
+  Record(gpu::SumSquares(sumsq_, x, n, stream_));
+  double out = 0.0;
+  CopyDeviceToHost(&out, sumsq_, sizeof(double));
+  return out;
+}
+
+bool GpuBackend::HasNonFinite(const float* x, int64_t n) {
+  Record(dev::MemsetAsync(flag_, 0, sizeof(int), stream_));
+  Record(gpu::FlagNonFinite(flag_, x, n, stream_));
+  int flag = 0;
+  CopyDeviceToHost(&flag, flag_, sizeof(int));
+  return flag != 0;
+}
+
+void GpuBackend::Cast(void* dst, DType dst_type, const void* src, DType src_type, int64_t n) {
+  Record(gpu::Cast(dst, dst_type, src, src_type, n, stream_));
+}
+
+void GpuBackend::LayerNormForward(float* out, float* mean, float* rstd, const float* inp,
+                                  const float* weight, const float* bias, int64_t N, int64_t C,
+                                  float eps) {
+  Record(gpu::LayerNormForward(out, mean, rstd, inp, weight, bias, N, C, eps, stream_));
+}
+void GpuBackend::LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,
+                                   const float* inp, const float* weight, const float* mean,
+                                   const float* rstd, int64_t N, int64_t C) {
+  Record(gpu::LayerNormBackward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C, stream_));
+}
+void GpuBackend::RmsNormForward(float* out, float* rstd, const float* inp, const float* weight,
+                                int64_t N, int64_t C, float eps) {
+  Record(gpu::RmsNormForward(out, rstd, inp, weight, N, C, eps, stream_));
+}
+void GpuBackend::RmsNormBackward(float* dinp, float* dweight, const float* dout, const float* inp,
+                                 const float* weight, const float* rstd, int64_t N, int64_t C) {
+  Record(gpu::RmsNormBackward(dinp, dweight, dout, inp, weight, rstd, N, C, stream_));
+}
+void GpuBackend::GeluForward(float* out, const float* inp, int64_t n) {
+  Record(gpu::GeluForward(out, inp, n, stream_));
+}
+void GpuBackend::GeluBackward(float* dinp, const float* inp, const float* dout, int64_t n) {
+  Record(gpu::GeluBackward(dinp, inp, dout, n, stream_));
+}
+void GpuBackend::SwiGluForward(float* out, const float* inp, int64_t N, int64_t H) {
+  Record(gpu::SwiGluForward(out, inp, N, H, stream_));
+}
+void GpuBackend::SwiGluBackward(float* dinp, const float* inp, const float* dout, int64_t N,
+                                int64_t H) {
+  Record(gpu::SwiGluBackward(dinp, inp, dout, N, H, stream_));
+}
+void GpuBackend::Rope(float* x, int64_t B, int64_t T, int64_t n_heads, int64_t HS,
+                      int64_t row_stride, float theta, bool inverse) {
+  Record(gpu::Rope(x, B, T, n_heads, HS, row_stride, theta, inverse, stream_));
+}
+void GpuBackend::AttentionForward(float* out, float* lse, const float* q, const float* k,
+                                  const float* v, int64_t B, int64_t T, int64_t NH, int64_t NKV,
+                                  int64_t HS, int64_t q_stride, int64_t kv_stride) {
+  Record(gpu::AttentionForward(out, lse, q, k, v, B, T, NH, NKV, HS, q_stride, kv_stride, stream_));
+}
+void GpuBackend::AttentionBackward(float* dq, float* dk, float* dv, const float* dout,
+                                   const float* out, const float* lse, const float* q,
+                                   const float* k, const float* v, int64_t B, int64_t T,
+                                   int64_t NH, int64_t NKV, int64_t HS, int64_t q_stride,
+                                   int64_t kv_stride) {
+  const int64_t need = B * NH * T;
+  if (need > scratch_floats_) {  // first step only: the shapes of a job do not change
+    if (capturing_) {
+      Record(Status::FailedPrecondition(
+          "AttentionBackward: scratch must be allocated before graph capture (run a step first)"));
+      return;
+    }
+    Record(dev::StreamSynchronize(stream_));
+    if (scratch_ != nullptr) Record(dev::Free(scratch_));
+    scratch_ = nullptr;
+    scratch_floats_ = 0;
+    void* p = nullptr;
+    Status s = dev::Malloc(&p, static_cast<size_t>(need) * sizeof(float));
+    if (!s.ok()) {
+      Record(s);
+      return;
+    }
+    scratch_ = static_cast<float*>(p);
+    scratch_floats_ = need;
+  }
+  Record(gpu::AttentionBackward(dq, dk, dv, dout, out, lse, q, k, v, B, T, NH, NKV, HS, q_stride,
+                                kv_stride, scratch_, stream_));
+}
+void GpuBackend::SoftmaxCrossEntropy(float* logits, float* losses, const int32_t* targets,
+                                     int64_t N, int64_t V, int64_t Vp, float grad_scale,
+                                     bool compute_grad) {
+  Record(gpu::SoftmaxCrossEntropy(logits, losses, targets, N, V, Vp, grad_scale, compute_grad,
+                                  stream_));
+}
+void GpuBackend::AdamW(float* param, const float* grad, float* m, float* v, int64_t n, float lr,
+                       float beta1, float beta2, float eps, float weight_decay,
+                       float bias_correction1, float bias_correction2, float grad_scale) {
+  Record(gpu::AdamW(param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, bias_correction1,
+                    bias_correction2, grad_scale, stream_));
+}
+
+TRAIND_GPU_END

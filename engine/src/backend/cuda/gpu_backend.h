@@ -1,0 +1,103 @@
+// GpuBackend: the Backend of backend.h on a CUDA device, or on the simt emulator, through the same
+// kernels (kernels.h) and the device-runtime layer (device.h). The GEMM is left to the subclass:
+// cuBLASLt on a real device (cuda_backend.cc), the CPU backend's GEMM under simt (simt_backend.cc).
+// Work is issued on one stream owned by the backend. Bad input to an op (a shape a kernel cannot
+// take) does not abort: the op does nothing and status() reports the first such error.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "backend/backend.h"
+#include "backend/cuda/gpu_ns.h"
+#include "traind/engine/status.h"
+
+TRAIND_GPU_BEGIN
+
+class GpuBackend : public Backend {
+ public:
+  ~GpuBackend() override;
+  std::string name() const override { return name_; }
+
+  // The first error an op hit (OK when none).
+  const Status& status() const { return status_; }
+  // Free and total device memory in bytes (cudaMemGetInfo; a nominal 16 GiB under simt), for the
+  // metrics.
+  Status MemoryInfo(size_t* free_bytes, size_t* total_bytes) const;
+  cudaStream_t stream() const { return stream_; }
+
+  // Graph capture of the ops issued between BeginCapture and EndCapture (they are recorded, not
+  // run); Replay() runs the captured sequence again. Ops that return values to the host
+  // (SumSquares, HasNonFinite, copies to the host) must not be issued while capturing.
+  Status BeginCapture();
+  Status EndCapture();
+  Status Replay();
+
+  void* Alloc(size_t bytes) override;
+  void Free(void* ptr) override;
+  void CopyHostToDevice(void* dst, const void* src, size_t bytes) override;
+  void CopyDeviceToHost(void* dst, const void* src, size_t bytes) override;
+  void CopyDeviceToDevice(void* dst, const void* src, size_t bytes) override;
+  void Memset0(void* dst, size_t bytes) override;
+  void Synchronize() override;
+
+  void EmbeddingForward(float* out, const int32_t* ids, const float* table, int64_t N, int64_t C,
+                        bool accumulate) override;
+  void EmbeddingBackward(float* dtable, const float* dout, const int32_t* ids, int64_t N,
+                         int64_t C) override;
+  void AddBias(float* out, const float* bias, int64_t N, int64_t OC) override;
+  void BiasBackward(float* dbias, const float* dout, int64_t N, int64_t OC) override;
+  void Add(float* out, const float* a, const float* b, int64_t n) override;
+  void Scale(float* x, float s, int64_t n) override;
+  double SumSquares(const float* x, int64_t n) override;
+  bool HasNonFinite(const float* x, int64_t n) override;
+  void Cast(void* dst, DType dst_type, const void* src, DType src_type, int64_t n) override;
+  void LayerNormForward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                        const float* bias, int64_t N, int64_t C, float eps) override;
+  void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,
+                         const float* inp, const float* weight, const float* mean,
+                         const float* rstd, int64_t N, int64_t C) override;
+  void RmsNormForward(float* out, float* rstd, const float* inp, const float* weight, int64_t N,
+                      int64_t C, float eps) override;
+  void RmsNormBackward(float* dinp, float* dweight, const float* dout, const float* inp,
+                       const float* weight, const float* rstd, int64_t N, int64_t C) override;
+  void GeluForward(float* out, const float* inp, int64_t n) override;
+  void GeluBackward(float* dinp, const float* inp, const float* dout, int64_t n) override;
+  void SwiGluForward(float* out, const float* inp, int64_t N, int64_t H) override;
+  void SwiGluBackward(float* dinp, const float* inp, const float* dout, int64_t N,
+                      int64_t H) override;
+  void Rope(float* x, int64_t B, int64_t T, int64_t n_heads, int64_t HS, int64_t row_stride,
+            float theta, bool inverse) override;
+  void AttentionForward(float* out, float* lse, const float* q, const float* k, const float* v,
+                        int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS,
+                        int64_t q_stride, int64_t kv_stride) override;
+  void AttentionBackward(float* dq, float* dk, float* dv, const float* dout, const float* out,
+                         const float* lse, const float* q, const float* k, const float* v,
+                         int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS,
+                         int64_t q_stride, int64_t kv_stride) override;
+  void SoftmaxCrossEntropy(float* logits, float* losses, const int32_t* targets, int64_t N,
+                           int64_t V, int64_t Vp, float grad_scale, bool compute_grad) override;
+  void AdamW(float* param, const float* grad, float* m, float* v, int64_t n, float lr, float beta1,
+             float beta2, float eps, float weight_decay, float bias_correction1,
+             float bias_correction2, float grad_scale) override;
+
+ protected:
+  explicit GpuBackend(std::string name) : name_(std::move(name)) {}
+  // Creates the stream and the small device scalars; call once from the factory.
+  Status Init();
+  // Keeps the first error and reports it on stderr once.
+  void Record(const Status& s);
+
+ private:
+  std::string name_;
+  Status status_;
+  cudaStream_t stream_ = nullptr;
+  double* sumsq_ = nullptr;     // device scalar for SumSquares
+  int* flag_ = nullptr;         // device flag for HasNonFinite
+  float* scratch_ = nullptr;    // attention backward: B*NH*T floats, grown on demand
+  int64_t scratch_floats_ = 0;
+  cudaGraphExec_t graph_ = nullptr;
+  bool capturing_ = false;
+};
+
+TRAIND_GPU_END

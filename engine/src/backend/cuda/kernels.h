@@ -1,0 +1,75 @@
+// Launchers of the GPU backend's kernels (one .cu per op family). Shapes, letters and the gradient
+// contract are those of backend/backend.h; pointers are device pointers. Each launcher checks its
+// preconditions (INVALID_ARGUMENT naming the value), launches on `stream` (asynchronously) and
+// returns the launch error as INTERNAL. The same declarations serve the nvcc and simt builds.
+#pragma once
+
+#include <cstdint>
+
+#include "backend/cuda/gpu_ns.h"
+#include "core/dtype.h"
+#include "traind/engine/status.h"
+
+TRAIND_GPU_BEGIN
+
+// ---- elementwise.cu ----
+Status EmbeddingForward(float* out, const int32_t* ids, const float* table, int64_t N, int64_t C,
+                        bool accumulate, cudaStream_t stream);
+Status EmbeddingBackward(float* dtable, const float* dout, const int32_t* ids, int64_t N, int64_t C,
+                         cudaStream_t stream);
+Status AddBias(float* out, const float* bias, int64_t N, int64_t OC, cudaStream_t stream);
+Status BiasBackward(float* dbias, const float* dout, int64_t N, int64_t OC, cudaStream_t stream);
+Status Add(float* out, const float* a, const float* b, int64_t n, cudaStream_t stream);
+Status Scale(float* x, float s, int64_t n, cudaStream_t stream);
+// *result (device) += sum of x^2 in double. The caller zeroes *result.
+Status SumSquares(double* result, const float* x, int64_t n, cudaStream_t stream);
+Status Cast(void* dst, DType dst_type, const void* src, DType src_type, int64_t n,
+            cudaStream_t stream);
+// *flag (device) = 1 when some x is NaN or infinite; untouched otherwise. The caller zeroes it.
+Status FlagNonFinite(int* flag, const float* x, int64_t n, cudaStream_t stream);
+
+// ---- activation.cu ----
+Status GeluForward(float* out, const float* inp, int64_t n, cudaStream_t stream);
+Status GeluBackward(float* dinp, const float* inp, const float* dout, int64_t n, cudaStream_t stream);
+Status SwiGluForward(float* out, const float* inp, int64_t N, int64_t H, cudaStream_t stream);
+Status SwiGluBackward(float* dinp, const float* inp, const float* dout, int64_t N, int64_t H,
+                      cudaStream_t stream);
+
+// ---- norm.cu ----
+Status LayerNormForward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                        const float* bias, int64_t N, int64_t C, float eps, cudaStream_t stream);
+Status LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,
+                         const float* inp, const float* weight, const float* mean,
+                         const float* rstd, int64_t N, int64_t C, cudaStream_t stream);
+Status RmsNormForward(float* out, float* rstd, const float* inp, const float* weight, int64_t N,
+                      int64_t C, float eps, cudaStream_t stream);
+Status RmsNormBackward(float* dinp, float* dweight, const float* dout, const float* inp,
+                       const float* weight, const float* rstd, int64_t N, int64_t C,
+                       cudaStream_t stream);
+
+// ---- rope.cu ----
+Status Rope(float* x, int64_t B, int64_t T, int64_t n_heads, int64_t HS, int64_t row_stride,
+            float theta, bool inverse, cudaStream_t stream);
+
+// ---- attention.cu ----
+// HS <= kMaxAttentionHeadSize. AttentionBackward needs `scratch` of B*NH*T floats.
+constexpr int64_t kMaxAttentionHeadSize = 256;
+Status AttentionForward(float* out, float* lse, const float* q, const float* k, const float* v,
+                        int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS, int64_t q_stride,
+                        int64_t kv_stride, cudaStream_t stream);
+Status AttentionBackward(float* dq, float* dk, float* dv, const float* dout, const float* out,
+                         const float* lse, const float* q, const float* k, const float* v,
+                         int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS,
+                         int64_t q_stride, int64_t kv_stride, float* scratch, cudaStream_t stream);
+
+// ---- softmax_ce.cu ----
+Status SoftmaxCrossEntropy(float* logits, float* losses, const int32_t* targets, int64_t N,
+                           int64_t V, int64_t Vp, float grad_scale, bool compute_grad,
+                           cudaStream_t stream);
+
+// ---- adamw.cu ----
+Status AdamW(float* param, const float* grad, float* m, float* v, int64_t n, float lr, float beta1,
+             float beta2, float eps, float weight_decay, float bias_correction1,
+             float bias_correction2, float grad_scale, cudaStream_t stream);
+
+TRAIND_GPU_END

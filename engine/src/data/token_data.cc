@@ -1,0 +1,289 @@
+// Token data: loads a data file into train/validation token streams, and the prefetching
+// BatchLoader that cuts the training stream into micro-batches (batching semantics: JOBSPEC.md).
+// The shuffle permutation is our own Fisher-Yates over std::mt19937_64, so it is the same with
+// every standard library (std::shuffle and std::uniform_int_distribution are not specified).
+#include "data/token_data.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <limits>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include "data/window_order.h"
+
+namespace traind::engine {
+namespace {
+
+Result<std::vector<uint8_t>> ReadWholeFile(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    const int err = errno;
+    if (err == ENOENT) return Status::NotFound("data.train_file: " + path + ": no such file");
+    return Status::FailedPrecondition("data.train_file: " + path + ": cannot open: " +
+                                      std::strerror(err));
+  }
+  std::vector<uint8_t> bytes;
+  struct stat st;
+  if (::fstat(fd, &st) == 0 && S_ISDIR(st.st_mode)) {
+    ::close(fd);
+    return Status::InvalidArgument("data.train_file: " + path + ": is a directory, not a file");
+  }
+  if (::fstat(fd, &st) == 0 && st.st_size > 0) bytes.reserve(static_cast<size_t>(st.st_size));
+  uint8_t buf[1 << 16];
+  for (;;) {
+    ssize_t r = ::read(fd, buf, sizeof(buf));
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) {
+      const int err = errno;
+      ::close(fd);
+      return Status::FailedPrecondition("data.train_file: " + path + ": read failed: " +
+                                        std::strerror(err));
+    }
+    if (r == 0) break;
+    bytes.insert(bytes.end(), buf, buf + r);
+  }
+  ::close(fd);
+  return bytes;
+}
+
+}  // namespace
+
+uint64_t EpochSeed(uint64_t seed, int64_t epoch) {
+  // splitmix64 of seed, then of (that ^ epoch): well-mixed and fully specified.
+  auto mix = [](uint64_t z) {
+    z += 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  };
+  return mix(mix(seed) ^ static_cast<uint64_t>(epoch));
+}
+
+std::vector<int64_t> WindowOrder(int64_t windows, bool shuffle, uint64_t seed, int64_t epoch) {
+  std::vector<int64_t> order(static_cast<size_t>(windows > 0 ? windows : 0));
+  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int64_t>(i);
+  if (!shuffle || windows < 2) return order;
+  std::mt19937_64 rng(EpochSeed(seed, epoch));
+  for (uint64_t i = static_cast<uint64_t>(windows) - 1; i > 0; --i) {
+    // Uniform j in [0, i] by rejection: accept r below the largest multiple of (i + 1).
+    const uint64_t bound = i + 1;
+    const uint64_t limit = std::numeric_limits<uint64_t>::max() -
+                           std::numeric_limits<uint64_t>::max() % bound;
+    uint64_t r;
+    do {
+      r = rng();
+    } while (r >= limit);
+    std::swap(order[i], order[r % bound]);
+  }
+  return order;
+}
+
+Result<TokenData> LoadTokenData(const DataSpec& spec) {
+  TRAIND_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, ReadWholeFile(spec.train_file));
+  TokenData out;
+  std::vector<int32_t> all;
+  if (spec.format == "text") {
+    if (spec.tokenizer != "byte") {
+      return Status::Unimplemented("data.tokenizer: " + spec.tokenizer +
+                                   " is not supported yet (byte)");
+    }
+    all.assign(bytes.begin(), bytes.end());
+  } else if (spec.format == "tokens") {
+    size_t w = 0;
+    if (spec.token_dtype == "uint16") w = 2;
+    else if (spec.token_dtype == "uint32") w = 4;
+    else return Status::InvalidArgument("data.token_dtype: expected uint16 or uint32, got '" +
+                                        spec.token_dtype + "'");
+    if (bytes.size() % w != 0) {
+      return Status::InvalidArgument("data.train_file: " + spec.train_file + ": " +
+                                     std::to_string(bytes.size()) +
+                                     " bytes is not a multiple of " + std::to_string(w) +
+                                     " (data.token_dtype " + spec.token_dtype + ")");
+    }
+    all.resize(bytes.size() / w);
+    for (size_t i = 0; i < all.size(); ++i) {
+      uint32_t v = 0;
+      for (size_t b = 0; b < w; ++b) v |= static_cast<uint32_t>(bytes[i * w + b]) << (8 * b);
+      if (v > static_cast<uint32_t>(std::numeric_limits<int32_t>::max())) {
+        return Status::InvalidArgument("data.train_file: " + spec.train_file + ": token " +
+                                       std::to_string(i) + " has id " + std::to_string(v) +
+                                       ", above the largest supported id 2147483647");
+      }
+      all[i] = static_cast<int32_t>(v);
+    }
+  } else {
+    return Status::InvalidArgument("data.format: expected text or tokens, got '" + spec.format + "'");
+  }
+  std::vector<uint8_t>().swap(bytes);
+  const int64_t n = static_cast<int64_t>(all.size());
+  const int64_t n_train = TrainTokenCount(n, spec.validation_split);
+  const int64_t window = spec.seq_len + 1;
+  if (n_train < window) {
+    return Status::InvalidArgument(
+        "data.train_file: " + spec.train_file + ": " + std::to_string(n) + " tokens give a " +
+        "training stream of " + std::to_string(n_train) + " tokens, shorter than one window of " +
+        "seq_len + 1 = " + std::to_string(window) + ": use more data or a smaller data.seq_len");
+  }
+  if (n - n_train > 0 && n - n_train < window) {
+    return Status::InvalidArgument(
+        "data.validation_split: the validation stream has " + std::to_string(n - n_train) +
+        " tokens, shorter than one window of seq_len + 1 = " + std::to_string(window) +
+        ": raise validation_split, set it to 0, or lower data.seq_len");
+  }
+  int32_t max_id = 0;
+  for (int32_t t : all) max_id = t > max_id ? t : max_id;
+  out.vocab_size_needed = static_cast<int64_t>(max_id) + 1;
+  out.validation.assign(all.begin() + n_train, all.end());
+  all.resize(static_cast<size_t>(n_train));
+  all.shrink_to_fit();
+  out.train = std::move(all);
+  return out;
+}
+
+int64_t TrainTokenCount(int64_t n, double validation_split) {
+  // As Python's int(n * (1 - validation_split)) with the same double arithmetic.
+  return static_cast<int64_t>(static_cast<double>(n) * (1.0 - validation_split));
+}
+
+// ---- BatchLoader ----
+
+struct BatchLoader::Impl {
+  std::shared_ptr<const std::vector<int32_t>> tokens;
+  int64_t B, T, W;  // W: windows per epoch
+  bool shuffle;
+  uint64_t seed;
+  size_t capacity;
+
+  struct Batch {
+    std::vector<int32_t> inputs, targets;
+    LoaderPosition after;  // the position following this batch
+  };
+
+  mutable std::mutex mu;
+  std::condition_variable cv;
+  std::deque<Batch> ready;        // produced, not yet taken; guarded by mu
+  LoaderPosition consumer;        // position of the next batch Next() returns; guarded by mu
+  bool stop = false;              // guarded by mu
+  std::thread worker;
+
+  // Producer-only state.
+  LoaderPosition produced;
+  int64_t order_epoch = -1;
+  std::vector<int64_t> order;
+
+  void Produce(Batch* b) {
+    b->inputs.resize(static_cast<size_t>(B * T));
+    b->targets.resize(static_cast<size_t>(B * T));
+    const int32_t* tok = tokens->data();
+    for (int64_t r = 0; r < B; ++r) {
+      int32_t* in = b->inputs.data() + r * T;
+      int32_t* tg = b->targets.data() + r * T;
+      if (W == 0) {  // precondition broken (stream shorter than a window): an all-ignored batch
+        std::fill(in, in + T, 0);
+        std::fill(tg, tg + T, -1);
+        continue;
+      }
+      if (order_epoch != produced.epoch) {
+        order = WindowOrder(W, shuffle, seed, produced.epoch);
+        order_epoch = produced.epoch;
+      }
+      const int64_t start = order[static_cast<size_t>(produced.next_window)] * T;
+      std::memcpy(in, tok + start, static_cast<size_t>(T) * sizeof(int32_t));
+      std::memcpy(tg, tok + start + 1, static_cast<size_t>(T) * sizeof(int32_t));
+      if (++produced.next_window == W) {
+        produced.next_window = 0;
+        ++produced.epoch;
+      }
+    }
+    b->after = produced;
+  }
+
+  void Run() {
+    for (;;) {
+      {
+        std::unique_lock<std::mutex> lock(mu);
+        cv.wait(lock, [&] { return stop || ready.size() < capacity; });
+        if (stop) return;
+      }
+      Batch b;
+      Produce(&b);  // outside the lock: the consumer can take batches meanwhile
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        ready.push_back(std::move(b));
+      }
+      cv.notify_all();
+    }
+  }
+};
+
+BatchLoader::BatchLoader(std::shared_ptr<const std::vector<int32_t>> tokens, int64_t B, int64_t T,
+                         bool shuffle, uint64_t seed, LoaderPosition start, int prefetch)
+    : impl_(std::make_unique<Impl>()) {
+  Impl& s = *impl_;
+  s.tokens = std::move(tokens);
+  s.B = B > 0 ? B : 1;
+  s.T = T > 0 ? T : 1;
+  const int64_t len = s.tokens ? static_cast<int64_t>(s.tokens->size()) : 0;
+  s.W = len > 1 ? (len - 1) / s.T : 0;
+  s.shuffle = shuffle;
+  s.seed = seed;
+  s.capacity = static_cast<size_t>(prefetch > 0 ? prefetch : 1);
+  // Normalise the start position (a checkpoint may hold next_window == W at an epoch's end).
+  if (s.W > 0) {
+    start.epoch += start.next_window / s.W;
+    start.next_window %= s.W;
+    if (start.next_window < 0) start.next_window = 0;
+  } else {
+    start.next_window = 0;
+  }
+  s.consumer = start;
+  s.produced = start;
+  s.worker = std::thread([&s] { s.Run(); });
+}
+
+BatchLoader::~BatchLoader() {
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    impl_->stop = true;
+  }
+  impl_->cv.notify_all();
+  impl_->worker.join();
+}
+
+double BatchLoader::Next(int32_t* inputs, int32_t* targets) {
+  Impl& s = *impl_;
+  const auto t0 = std::chrono::steady_clock::now();
+  Impl::Batch b;
+  {
+    std::unique_lock<std::mutex> lock(s.mu);
+    s.cv.wait(lock, [&] { return !s.ready.empty(); });
+    b = std::move(s.ready.front());
+    s.ready.pop_front();
+    s.consumer = b.after;
+  }
+  s.cv.notify_all();
+  const double waited =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::memcpy(inputs, b.inputs.data(), b.inputs.size() * sizeof(int32_t));
+  std::memcpy(targets, b.targets.data(), b.targets.size() * sizeof(int32_t));
+  return waited;
+}
+
+LoaderPosition BatchLoader::position() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->consumer;
+}
+
+int64_t BatchLoader::windows_per_epoch() const { return impl_->W; }
+
+}  // namespace traind::engine

@@ -1,0 +1,263 @@
+// DecoderModel: forward, backward (with optional block recomputation), init and HF conversion.
+#include "models/decoder.h"
+
+#include <cmath>
+#include <random>
+#include <sstream>
+
+#include "nn/attention.h"
+#include "nn/cross_entropy.h"
+#include "nn/embedding.h"
+#include "nn/linear.h"
+#include "nn/mlp.h"
+#include "nn/norm.h"
+
+namespace traind::engine {
+namespace {
+
+std::string ShapeStr(const std::vector<int64_t>& s) {
+  std::ostringstream o;
+  o << "[";
+  for (size_t i = 0; i < s.size(); ++i) o << (i ? ", " : "") << s[i];
+  o << "]";
+  return o.str();
+}
+
+// HF layout (file) -> engine layout for one tensor, into `dst` (numel of the engine shape).
+void FromHfLayout(const ParamInfo& info, const ParamExtra& ex, const float* src, float* dst) {
+  if (ex.transposed) {  // file (C, OC) -> engine (OC, C)
+    const int64_t OC = info.shape[0], C = info.shape[1];
+    for (int64_t c = 0; c < C; ++c)
+      for (int64_t o = 0; o < OC; ++o) dst[o * C + c] = src[c * OC + o];
+    return;
+  }
+  int64_t hf_numel = 1;
+  for (int64_t s : info.hf_shape) hf_numel *= s;
+  std::copy(src, src + hf_numel, dst);
+  std::fill(dst + hf_numel, dst + info.numel, 0.0f);  // padded vocabulary rows stay zero
+}
+
+std::vector<float> ToHfLayout(const ParamInfo& info, const ParamExtra& ex, const float* src) {
+  int64_t hf_numel = 1;
+  for (int64_t s : info.hf_shape) hf_numel *= s;
+  std::vector<float> out(static_cast<size_t>(hf_numel));
+  if (ex.transposed) {  // engine (OC, C) -> file (C, OC)
+    const int64_t OC = info.shape[0], C = info.shape[1];
+    for (int64_t o = 0; o < OC; ++o)
+      for (int64_t c = 0; c < C; ++c) out[c * OC + o] = src[o * C + c];
+  } else {
+    std::copy(src, src + hf_numel, out.begin());  // drops padded vocabulary rows
+  }
+  return out;
+}
+
+}  // namespace
+
+DecoderModel::DecoderModel(const ModelConfig& config, const ModelOptions& options,
+                           DeviceArena* arena)
+    : config_(config),
+      options_(options),
+      d_(MakeArchDims(config)),
+      table_(BuildParams(d_)),
+      be_(arena->backend()),
+      N_(options.micro_batch * options.seq_len) {}
+
+Result<std::unique_ptr<DecoderModel>> DecoderModel::Make(const ModelConfig& config,
+                                                         const ModelOptions& options,
+                                                         DeviceArena* arena) {
+  std::unique_ptr<DecoderModel> m(new DecoderModel(config, options, arena));
+  BufferPlanner planner;
+  PlanBuffers(m->d_, options, m->table_.total, &planner, &m->bufs_);
+  TRAIND_RETURN_IF_ERROR(planner.Allocate(arena));
+  ResolveViews(m->d_, options, &m->bufs_);
+  if (m->bufs_.positions != nullptr) {
+    std::vector<int32_t> pos(static_cast<size_t>(m->N_));
+    for (int64_t n = 0; n < m->N_; ++n) pos[n] = static_cast<int32_t>(n % options.seq_len);
+    m->be_->CopyHostToDevice(m->bufs_.positions, pos.data(), pos.size() * sizeof(int32_t));
+  }
+  return m;
+}
+
+void DecoderModel::InitRandom(uint64_t seed) {
+  std::vector<float> host(static_cast<size_t>(table_.total), 0.0f);
+  std::mt19937_64 rng(seed);
+  // Box-Muller on the raw 64-bit stream: the same numbers on every platform.
+  auto normal = [&rng]() {
+    const double u1 = (static_cast<double>(rng() >> 11) + 0.5) * 0x1.0p-53;
+    const double u2 = (static_cast<double>(rng() >> 11) + 0.5) * 0x1.0p-53;
+    return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
+  };
+  const double std_resid = 0.02 / std::sqrt(2.0 * static_cast<double>(d_.L));
+  for (size_t i = 0; i < table_.infos.size(); ++i) {
+    const ParamInfo& info = table_.infos[i];
+    const ParamExtra& ex = table_.extras[i];
+    float* p = host.data() + info.offset;
+    int64_t n = info.numel;
+    if (ex.vocab_rows) n = d_.V * d_.C;  // padded rows stay zero
+    switch (ex.init) {
+      case InitKind::kZeros:
+        break;
+      case InitKind::kOnes:
+        std::fill(p, p + n, 1.0f);
+        break;
+      case InitKind::kNormal:
+        for (int64_t j = 0; j < n; ++j) p[j] = static_cast<float>(0.02 * normal());
+        break;
+      case InitKind::kNormalResidual:
+        for (int64_t j = 0; j < n; ++j) p[j] = static_cast<float>(std_resid * normal());
+        break;
+    }
+  }
+  be_->CopyHostToDevice(bufs_.params, host.data(), host.size() * sizeof(float));
+  be_->Synchronize();
+}
+
+Status DecoderModel::LoadHf(const SafetensorsFile& file) {
+  std::vector<float> host(static_cast<size_t>(table_.total), 0.0f);
+  for (size_t i = 0; i < table_.infos.size(); ++i) {
+    const ParamInfo& info = table_.infos[i];
+    auto it = file.tensors.find(info.hf_name);
+    const std::string kPrefix = "transformer.";  // GPT2Model files name tensors without it
+    if (it == file.tensors.end() && info.hf_name.rfind(kPrefix, 0) == 0) {
+      it = file.tensors.find(info.hf_name.substr(kPrefix.size()));
+    }
+    if (it == file.tensors.end()) {
+      return Status::InvalidArgument("checkpoint is missing tensor '" + info.hf_name +
+                                     "' (expected shape " + ShapeStr(info.hf_shape) + ") for a " +
+                                     config_.arch + " model of this config");
+    }
+    const HostTensor& t = it->second;
+    if (t.shape != info.hf_shape) {
+      return Status::InvalidArgument(
+          "tensor '" + info.hf_name + "' has shape " + ShapeStr(t.shape) +
+          " in the checkpoint but the model config "
+          "expects " +
+          ShapeStr(info.hf_shape) + ": check config.json against the weights");
+    }
+    auto data = t.ToF32();
+    if (!data.ok()) {
+      return Status::InvalidArgument("tensor '" + info.hf_name + "': " + data.status().message());
+    }
+    FromHfLayout(info, table_.extras[i], data->data(), host.data() + info.offset);
+  }
+  be_->CopyHostToDevice(bufs_.params, host.data(), host.size() * sizeof(float));
+  be_->Synchronize();
+  return Status::Ok();
+}
+
+SafetensorsFile DecoderModel::ExportHf() {
+  std::vector<float> host(static_cast<size_t>(table_.total));
+  be_->CopyDeviceToHost(host.data(), bufs_.params, host.size() * sizeof(float));
+  be_->Synchronize();
+  SafetensorsFile out;
+  out.metadata["format"] = "pt";
+  for (size_t i = 0; i < table_.infos.size(); ++i) {
+    const ParamInfo& info = table_.infos[i];
+    std::vector<float> v = ToHfLayout(info, table_.extras[i], host.data() + info.offset);
+    out.tensors[info.hf_name] = HostTensor::FromF32(v.data(), info.hf_shape);
+  }
+  return out;
+}
+
+void DecoderModel::ZeroGrad() {
+  be_->Memset0(bufs_.grads, static_cast<size_t>(table_.total) * sizeof(float));
+}
+
+void DecoderModel::BlockForward(int64_t l) {
+  Backend& be = *be_;
+  const LayerParams& p = table_.layers[l];
+  const BlockActs& a = bufs_.blocks[l];
+  const float* x = bufs_.res[l];
+  float* y = bufs_.res[l + 1];
+  const int64_t C = d_.C;
+  const nn::NormShape ns{N_, C, d_.llama, d_.eps};
+  const nn::AttentionShape as{
+      options_.micro_batch, options_.seq_len, d_.NH, d_.NKV, d_.HS, d_.llama, d_.rope_theta};
+  const nn::MlpShape ms{N_, C, d_.H, d_.llama};
+  const nn::MlpWeights mw{P(p.up_w), P(p.up_b), P(p.down_w), P(p.down_b)};
+
+  nn::NormForward(be, ns, a.ln1, a.ln1_mean, a.ln1_rstd, x, P(p.ln1_w), P(p.ln1_b));
+  nn::LinearForward(be, a.qkv, a.ln1, P(p.qkv_w), P(p.qkv_b), N_, C, as.width());
+  nn::AttentionForward(be, as, a.atty, a.lse, a.qkv);
+  nn::LinearForward(be, bufs_.tmp_c, a.atty, P(p.proj_w), P(p.proj_b), N_, d_.NH * d_.HS, C);
+  be.Add(a.res2, x, bufs_.tmp_c, N_ * C);
+  nn::NormForward(be, ns, a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, P(p.ln2_w), P(p.ln2_b));
+  nn::MlpForward(be, ms, mw, bufs_.tmp_c, a.h, a.a, a.ln2);
+  be.Add(y, a.res2, bufs_.tmp_c, N_ * C);
+}
+
+void DecoderModel::BlockBackward(int64_t l) {
+  Backend& be = *be_;
+  const LayerParams& p = table_.layers[l];
+  const BlockActs& a = bufs_.blocks[l];
+  const float* x = bufs_.res[l];
+  const int64_t C = d_.C;
+  const nn::NormShape ns{N_, C, d_.llama, d_.eps};
+  const nn::AttentionShape as{
+      options_.micro_batch, options_.seq_len, d_.NH, d_.NKV, d_.HS, d_.llama, d_.rope_theta};
+  const nn::MlpShape ms{N_, C, d_.H, d_.llama};
+  const nn::MlpWeights mw{P(p.up_w), P(p.up_b), P(p.down_w), P(p.down_b)};
+  const nn::MlpGrads mg{G(p.up_w), G(p.up_b), G(p.down_w), G(p.down_b)};
+  float* dres = bufs_.dres;   // d(block output) = d(res2) through the residual add
+  float* dtmp = bufs_.tmp_c;  // reused: d(ln2), then d(atty), then d(ln1)
+  float* dbig = bufs_.scratch_big;
+
+  nn::MlpBackward(be, ms, mw, mg, dtmp, dres, a.h, a.a, a.ln2, d_.llama ? bufs_.scratch_a : dbig,
+                  dbig);
+  nn::NormBackward(be, ns, dres, G(p.ln2_w), G(p.ln2_b), dtmp, a.res2, P(p.ln2_w), a.ln2_mean,
+                   a.ln2_rstd);
+  nn::LinearBackward(be, dtmp, G(p.proj_w), G(p.proj_b), dres, a.atty, P(p.proj_w), N_,
+                     d_.NH * d_.HS, C);
+  nn::AttentionBackward(be, as, dbig, dtmp, a.atty, a.lse, a.qkv);
+  nn::LinearBackward(be, dtmp, G(p.qkv_w), G(p.qkv_b), dbig, a.ln1, P(p.qkv_w), N_, C, as.width());
+  nn::NormBackward(be, ns, dres, G(p.ln1_w), G(p.ln1_b), dtmp, x, P(p.ln1_w), a.ln1_mean,
+                   a.ln1_rstd);
+}
+
+double DecoderModel::Forward(bool for_backward, float grad_scale) {
+  Backend& be = *be_;
+  const int64_t n_valid = nn::CountValidTargets(be, bufs_.targets, N_, &host_targets_);
+  nn::EmbeddingForward(be, bufs_.res[0], bufs_.inputs, bufs_.positions, P(table_.wte),
+                       P(table_.wpe), N_, d_.C);
+  for (int64_t l = 0; l < d_.L; ++l) BlockForward(l);
+  const nn::NormShape ns{N_, d_.C, d_.llama, d_.eps};
+  nn::NormForward(be, ns, bufs_.lnf, bufs_.lnf_mean, bufs_.lnf_rstd, bufs_.res[d_.L],
+                  P(table_.lnf_w), P(table_.lnf_b));
+  nn::LinearForward(be, bufs_.logits, bufs_.lnf, P(table_.lm_head), nullptr, N_, d_.C, d_.Vp);
+  const double loss =
+      nn::CrossEntropyForward(be, bufs_.logits, bufs_.losses, bufs_.targets, N_, d_.V, d_.Vp,
+                              n_valid, grad_scale, for_backward, &host_losses_);
+  ready_for_backward_ = for_backward;
+  return loss;
+}
+
+void DecoderModel::Backward() {
+  assert(ready_for_backward_ && "Backward() needs a Forward(for_backward=true) first");
+  if (!ready_for_backward_) return;
+  ready_for_backward_ = false;
+  Backend& be = *be_;
+  const int64_t C = d_.C;
+  // logits hold dlogits: lm_head backward, then the final norm into a fresh dres.
+  nn::LinearBackward(be, bufs_.tmp_c, G(table_.lm_head), nullptr, bufs_.logits, bufs_.lnf,
+                     P(table_.lm_head), N_, C, d_.Vp);
+  be.Memset0(bufs_.dres, static_cast<size_t>(N_ * C) * sizeof(float));
+  const nn::NormShape ns{N_, C, d_.llama, d_.eps};
+  nn::NormBackward(be, ns, bufs_.dres, G(table_.lnf_w), G(table_.lnf_b), bufs_.tmp_c,
+                   bufs_.res[d_.L], P(table_.lnf_w), bufs_.lnf_mean, bufs_.lnf_rstd);
+  const bool ckpt = options_.gradient_checkpointing;
+  const int64_t k = ckpt ? std::min(options_.checkpoint_every, d_.L) : d_.L;
+  const int64_t n_seg = (d_.L + k - 1) / k;
+  for (int64_t s = n_seg - 1; s >= 0; --s) {
+    const int64_t first = s * k;
+    const int64_t last = std::min(d_.L, first + k);  // exclusive
+    // The last segment's activations are still in the working sets from Forward().
+    if (ckpt && s != n_seg - 1) {
+      for (int64_t l = first; l < last; ++l) BlockForward(l);
+    }
+    for (int64_t l = last - 1; l >= first; --l) BlockBackward(l);
+  }
+  nn::EmbeddingBackward(be, G(table_.wte), G(table_.wpe), bufs_.dres, bufs_.inputs, bufs_.positions,
+                        N_, C);
+}
+
+}  // namespace traind::engine

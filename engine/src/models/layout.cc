@@ -1,0 +1,150 @@
+// Model layout: dimensions, the parameter table helper and the buffer plan (see layout.h).
+#include "models/layout.h"
+
+#include <algorithm>
+
+namespace traind::engine {
+namespace {
+
+constexpr int64_t kAlign = 64;  // bytes; every sub-buffer starts on a 64-byte boundary
+int64_t AlignUp(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
+
+const char* CategoryName(int c) {
+  static const char* kNames[] = {"weights", "gradients", "optimizer", "activations", "temporary"};
+  return kNames[c];
+}
+
+}  // namespace
+
+ArchDims MakeArchDims(const ModelConfig& config) {
+  ArchDims d;
+  d.llama = config.arch == "llama";
+  d.V = config.vocab_size;
+  d.Vp = AlignUp(config.vocab_size, 64);
+  d.C = config.channels();
+  d.L = config.num_layers();
+  d.NH = config.num_heads();
+  d.NKV = config.num_kv_heads();
+  d.HS = d.NH > 0 ? d.C / d.NH : 0;
+  d.H = d.llama ? config.intermediate_size : 4 * config.n_embd;
+  d.max_T = config.max_positions();
+  d.eps = static_cast<float>(d.llama ? config.rms_norm_eps : config.layer_norm_epsilon);
+  d.rope_theta = static_cast<float>(config.rope_theta);
+  d.tied = config.tied_embeddings();
+  return d;
+}
+
+int64_t ParamTable::Add(std::string hf_name, std::vector<int64_t> shape,
+                        std::vector<int64_t> hf_shape, ParamExtra extra, bool weight_decay) {
+  ParamInfo info;
+  info.hf_name = std::move(hf_name);
+  info.numel = 1;
+  for (int64_t s : shape) info.numel *= s;
+  info.shape = std::move(shape);
+  info.hf_shape = std::move(hf_shape);
+  info.offset = total;
+  info.weight_decay = weight_decay;
+  total += info.numel;
+  infos.push_back(std::move(info));
+  extras.push_back(extra);
+  return infos.back().offset;
+}
+
+void BufferPlanner::AddRaw(MemoryCategory c, int64_t bytes, void** slot) {
+  // Each sub-buffer starts aligned; the category's total is not padded past its last buffer,
+  // so a category holding one buffer (weights, gradients) is exactly that buffer's bytes.
+  const int ci = static_cast<int>(c);
+  const int64_t offset = AlignUp(size_[ci], kAlign);
+  entries_.push_back({ci, offset, slot});
+  size_[ci] = offset + bytes;
+}
+
+MemoryBytes BufferPlanner::bytes() const {
+  MemoryBytes b;
+  b.weights = size_[static_cast<int>(MemoryCategory::kWeights)];
+  b.gradients = size_[static_cast<int>(MemoryCategory::kGradients)];
+  b.optimizer = size_[static_cast<int>(MemoryCategory::kOptimizer)];
+  b.activations = size_[static_cast<int>(MemoryCategory::kActivations)];
+  b.temporary = size_[static_cast<int>(MemoryCategory::kTemporary)];
+  return b;
+}
+
+Status BufferPlanner::Allocate(DeviceArena* arena) {
+  std::array<char*, 5> base{};
+  for (int c = 0; c < 5; ++c) {
+    if (size_[c] == 0) continue;
+    TRAIND_ASSIGN_OR_RETURN(void* p, arena->Allocate(static_cast<MemoryCategory>(c), size_[c],
+                                                     std::string("model ") + CategoryName(c)));
+    base[c] = static_cast<char*>(p);
+  }
+  for (const Entry& e : entries_) *e.slot = base[e.category] + e.offset;
+  return Status::Ok();
+}
+
+void PlanBuffers(const ArchDims& d, const ModelOptions& o, int64_t num_params, BufferPlanner* p,
+                 ModelBuffers* b) {
+  using MC = MemoryCategory;
+  const int64_t N = o.micro_batch * o.seq_len;
+  const int64_t C = d.C;
+  const bool ckpt = o.gradient_checkpointing;
+  const int64_t k = ckpt ? std::min(o.checkpoint_every, d.L) : 1;
+  const int64_t n_ckpt = (d.L + k - 1) / k;  // block inputs kept: blocks 0, k, 2k, ...
+  const int64_t n_sets = ckpt ? k : d.L;     // full activation sets
+
+  p->Add(MC::kWeights, num_params, &b->params);
+  p->Add(MC::kGradients, num_params, &b->grads);
+
+  p->Add(MC::kActivations, N, &b->inputs);
+  p->Add(MC::kActivations, N, &b->targets);
+  if (!d.llama) p->Add(MC::kActivations, N, &b->positions);
+  // Residual stream: kept block inputs, k-1 working residuals (checkpointing), the final residual.
+  b->res_store.assign(static_cast<size_t>(n_ckpt + (k - 1) + 1), nullptr);
+  for (float*& r : b->res_store) p->Add(MC::kActivations, N * C, &r);
+  b->block_store.assign(static_cast<size_t>(n_sets), BlockActs{});
+  for (BlockActs& a : b->block_store) {
+    p->Add(MC::kActivations, N * C, &a.ln1);
+    if (!d.llama) p->Add(MC::kActivations, N, &a.ln1_mean);
+    p->Add(MC::kActivations, N, &a.ln1_rstd);
+    p->Add(MC::kActivations, N * d.qkv_width(), &a.qkv);
+    p->Add(MC::kActivations, N * C, &a.atty);
+    p->Add(MC::kActivations, o.micro_batch * d.NH * o.seq_len, &a.lse);
+    p->Add(MC::kActivations, N * C, &a.res2);
+    p->Add(MC::kActivations, N * C, &a.ln2);
+    if (!d.llama) p->Add(MC::kActivations, N, &a.ln2_mean);
+    p->Add(MC::kActivations, N, &a.ln2_rstd);
+    p->Add(MC::kActivations, N * d.up_width(), &a.h);
+    p->Add(MC::kActivations, N * d.H, &a.a);
+  }
+  p->Add(MC::kActivations, N * C, &b->lnf);
+  if (!d.llama) p->Add(MC::kActivations, N, &b->lnf_mean);
+  p->Add(MC::kActivations, N, &b->lnf_rstd);
+  p->Add(MC::kActivations, N * d.Vp, &b->logits);
+  p->Add(MC::kActivations, N, &b->losses);
+
+  p->Add(MC::kTemporary, N * C, &b->dres);
+  p->Add(MC::kTemporary, N * C, &b->tmp_c);
+  p->Add(MC::kTemporary, N * std::max(d.qkv_width(), d.up_width()), &b->scratch_big);
+  if (d.llama) p->Add(MC::kTemporary, N * d.H, &b->scratch_a);
+}
+
+void ResolveViews(const ArchDims& d, const ModelOptions& o, ModelBuffers* b) {
+  const bool ckpt = o.gradient_checkpointing;
+  const int64_t k = ckpt ? std::min(o.checkpoint_every, d.L) : 1;
+  const int64_t n_ckpt = (d.L + k - 1) / k;
+  b->res.assign(static_cast<size_t>(d.L + 1), nullptr);
+  b->blocks.assign(static_cast<size_t>(d.L), BlockActs{});
+  for (int64_t l = 0; l <= d.L; ++l) {
+    int64_t idx;
+    if (l == d.L) {
+      idx = static_cast<int64_t>(b->res_store.size()) - 1;
+    } else if (l % k == 0) {
+      idx = l / k;
+    } else {
+      idx = n_ckpt + (l % k) - 1;
+    }
+    b->res[l] = b->res_store[idx];
+  }
+  for (int64_t l = 0; l < d.L; ++l) b->blocks[l] = b->block_store[ckpt ? l % k : l];
+}
+
+}  // namespace traind::engine

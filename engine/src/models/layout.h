@@ -1,0 +1,136 @@
+// The planned layout of a decoder model: its dimensions, its parameter table (names, shapes, flat
+// offsets, HF layout) and every device buffer by category. Create() and PlanBytes() both run
+// PlanBuffers(), so the bytes the arena sees are the planned bytes by construction.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/arena.h"
+#include "models/model.h"
+
+namespace traind::engine {
+
+// Letters as in backend.h. H is the MLP hidden size (4C for gpt2, intermediate_size for llama).
+struct ArchDims {
+  bool llama = false;
+  int64_t V = 0, Vp = 0, C = 0, L = 0, NH = 0, NKV = 0, HS = 0, H = 0, max_T = 0;
+  float eps = 1e-5f;
+  float rope_theta = 10000.0f;
+  bool tied = true;
+  int64_t qkv_width() const { return (NH + 2 * NKV) * HS; }
+  int64_t up_width() const { return llama ? 2 * H : H; }
+};
+// Vp: the vocabulary rounded up to a multiple of 64 for the logits GEMM.
+ArchDims MakeArchDims(const ModelConfig& config);
+
+enum class InitKind { kNormal, kNormalResidual, kZeros, kOnes };
+
+// What ParamInfo does not say: how a tensor maps to its HF file form and how it is initialised.
+struct ParamExtra {
+  bool transposed = false;  // HF Conv1D (gpt2): the file holds our (OC,C) weight as (C,OC)
+  bool vocab_rows = false;  // (Vp, C) in the engine, only the first V rows exist in HF files
+  InitKind init = InitKind::kNormal;
+};
+
+// Flat element offsets of one block's tensors; -1 = absent (no biases in llama). Fused tensors
+// are contiguous HF tensors: llama q,k,v_proj rows form qkv_w, gate_proj then up_proj form up_w.
+struct LayerParams {
+  int64_t ln1_w = -1, ln1_b = -1, qkv_w = -1, qkv_b = -1, proj_w = -1, proj_b = -1;
+  int64_t ln2_w = -1, ln2_b = -1, up_w = -1, up_b = -1, down_w = -1, down_b = -1;
+};
+
+struct ParamTable {
+  std::vector<ParamInfo> infos;
+  std::vector<ParamExtra> extras;
+  std::vector<LayerParams> layers;
+  int64_t wte = -1, wpe = -1, lnf_w = -1, lnf_b = -1;
+  int64_t lm_head = -1;  // == wte when tied
+  int64_t total = 0;     // elements in the flat buffer
+
+  // Appends a tensor at the end of the flat buffer and returns its offset.
+  int64_t Add(std::string hf_name, std::vector<int64_t> shape, std::vector<int64_t> hf_shape,
+              ParamExtra extra, bool weight_decay);
+};
+
+ParamTable Gpt2Params(const ArchDims& d);   // models/gpt2.cc
+ParamTable LlamaParams(const ArchDims& d);  // models/llama.cc
+inline ParamTable BuildParams(const ArchDims& d) {
+  return d.llama ? LlamaParams(d) : Gpt2Params(d);
+}
+
+// One block's saved activations (N = B*T rows). Unused fields stay null for an arch.
+struct BlockActs {
+  float* ln1 = nullptr;       // (N,C)
+  float* ln1_mean = nullptr;  // (N) layernorm only
+  float* ln1_rstd = nullptr;  // (N)
+  float* qkv = nullptr;       // (N, qkv_width), q and k after RoPE
+  float* atty = nullptr;      // (N,C) attention output before the projection
+  float* lse = nullptr;       // (B,NH,T)
+  float* res2 = nullptr;      // (N,C) residual after attention
+  float* ln2 = nullptr;       // (N,C)
+  float* ln2_mean = nullptr;  // (N)
+  float* ln2_rstd = nullptr;  // (N)
+  float* h = nullptr;         // (N, up_width) MLP pre-activation
+  float* a = nullptr;         // (N,H) MLP activation
+};
+
+// Every device buffer of the model. With gradient checkpointing every k, only the inputs of blocks
+// 0, k, 2k, ... and the final residual are kept (res_store[0..nck) and back()); k working block
+// sets (block_store) and k-1 working residuals are reused by every segment and recomputed in
+// backward. Without it every block owns its own.
+struct ModelBuffers {
+  float* params = nullptr;       // weights: num_params
+  float* grads = nullptr;        // gradients: num_params
+  int32_t* inputs = nullptr;     // (N)
+  int32_t* targets = nullptr;    // (N)
+  int32_t* positions = nullptr;  // (N) n % T, gpt2 only
+  std::vector<float*> res_store;
+  std::vector<BlockActs> block_store;
+  float* lnf = nullptr;  // (N,C)
+  float* lnf_mean = nullptr;
+  float* lnf_rstd = nullptr;
+  float* logits = nullptr;  // (N,Vp); dlogits in place after Forward(for_backward)
+  float* losses = nullptr;  // (N)
+  // temporaries (live within one block's forward or backward)
+  float* dres = nullptr;         // (N,C) gradient of the residual stream
+  float* tmp_c = nullptr;        // (N,C) projection outputs / gradients into norms
+  float* scratch_big = nullptr;  // (N, max(qkv_width, up_width)): dqkv, MLP dh (and GELU da)
+  float* scratch_a = nullptr;    // (N,H) SwiGLU da (llama only)
+
+  // Views: res[l] is block l's input (res[L] the final residual), blocks[l] its activations.
+  std::vector<float*> res;
+  std::vector<BlockActs> blocks;
+};
+
+// Packs buffers into one allocation per category (sub-buffers start 64-byte aligned).
+class BufferPlanner {
+ public:
+  template <typename T>
+  void Add(MemoryCategory c, int64_t count, T** slot) {
+    AddRaw(c, count * static_cast<int64_t>(sizeof(T)), reinterpret_cast<void**>(slot));
+  }
+  MemoryBytes bytes() const;
+  // One Allocate per non-empty category, then fills every slot.
+  Status Allocate(DeviceArena* arena);
+
+ private:
+  void AddRaw(MemoryCategory c, int64_t bytes, void** slot);
+  struct Entry {
+    int category;
+    int64_t offset;
+    void** slot;
+  };
+  std::array<int64_t, 5> size_{};
+  std::vector<Entry> entries_;
+};
+
+// Plans all buffers of the model into `planner`, with slots in `bufs` (sized here). Call
+// ResolveViews after allocation.
+void PlanBuffers(const ArchDims& d, const ModelOptions& o, int64_t num_params,
+                 BufferPlanner* planner, ModelBuffers* bufs);
+void ResolveViews(const ArchDims& d, const ModelOptions& o, ModelBuffers* bufs);
+
+}  // namespace traind::engine

@@ -1,0 +1,48 @@
+// LLaMA family parameter table: HF LlamaForCausalLM names, RMSNorm weights, no biases, GQA
+// (k/v_proj have NKV*HS rows), q/k/v_proj contiguous so they form one fused (QKV, C) weight and
+// gate_proj/up_proj contiguous (gate first) as one (2H, C) weight; lm_head only when untied.
+#include <string>
+
+#include "models/layout.h"
+
+namespace traind::engine {
+
+ParamTable LlamaParams(const ArchDims& d) {
+  ParamTable t;
+  const int64_t C = d.C;
+  const int64_t KV = d.NKV * d.HS;
+  const ParamExtra normal{false, false, InitKind::kNormal};
+  const ParamExtra resid{false, false, InitKind::kNormalResidual};
+  const ParamExtra ones{false, false, InitKind::kOnes};
+
+  t.wte = t.Add("model.embed_tokens.weight", {d.Vp, C}, {d.V, C}, {false, true, InitKind::kNormal},
+                true);
+  for (int64_t l = 0; l < d.L; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    LayerParams lp;
+    lp.ln1_w = t.Add(p + "input_layernorm.weight", {C}, {C}, ones, false);
+    // q, k, v rows back to back: the fused qkv weight (QKV, C).
+    lp.qkv_w =
+        t.Add(p + "self_attn.q_proj.weight", {d.NH * d.HS, C}, {d.NH * d.HS, C}, normal, true);
+    t.Add(p + "self_attn.k_proj.weight", {KV, C}, {KV, C}, normal, true);
+    t.Add(p + "self_attn.v_proj.weight", {KV, C}, {KV, C}, normal, true);
+    lp.proj_w =
+        t.Add(p + "self_attn.o_proj.weight", {C, d.NH * d.HS}, {C, d.NH * d.HS}, resid, true);
+    lp.ln2_w = t.Add(p + "post_attention_layernorm.weight", {C}, {C}, ones, false);
+    // gate rows then up rows: the fused (2H, C) weight SwiGluForward expects ([gate | up]).
+    lp.up_w = t.Add(p + "mlp.gate_proj.weight", {d.H, C}, {d.H, C}, normal, true);
+    t.Add(p + "mlp.up_proj.weight", {d.H, C}, {d.H, C}, normal, true);
+    lp.down_w = t.Add(p + "mlp.down_proj.weight", {C, d.H}, {C, d.H}, resid, true);
+    t.layers.push_back(lp);
+  }
+  t.lnf_w = t.Add("model.norm.weight", {C}, {C}, ones, false);
+  if (d.tied) {
+    t.lm_head = t.wte;
+  } else {
+    t.lm_head =
+        t.Add("lm_head.weight", {d.Vp, C}, {d.V, C}, {false, true, InitKind::kNormal}, true);
+  }
+  return t;
+}
+
+}  // namespace traind::engine

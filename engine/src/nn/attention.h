@@ -1,0 +1,32 @@
+// Causal self-attention core on a fused qkv buffer: optional RoPE (HF rotate-half) on q and k,
+// then flash-style attention (no (T,T) buffer). The QKV and output projections are Linear layers.
+// Gradient contract: dqkv uses = (every element of the (N, QKV) rows is written).
+#pragma once
+
+#include <cstdint>
+
+#include "backend/backend.h"
+
+namespace traind::engine::nn {
+
+// Rows of qkv are [q (NH*HS) | k (NKV*HS) | v (NKV*HS)], width() floats each.
+struct AttentionShape {
+  int64_t B = 0;
+  int64_t T = 0;
+  int64_t NH = 0;
+  int64_t NKV = 0;
+  int64_t HS = 0;
+  bool rope = false;
+  float rope_theta = 10000.0f;
+  int64_t width() const { return (NH + 2 * NKV) * HS; }
+};
+
+// qkv (B*T, width): RoPE is applied in place when s.rope, so qkv then holds the rotated q and k
+// that the backward needs. out (B*T, NH*HS), lse (B, NH, T).
+void AttentionForward(Backend& be, const AttentionShape& s, float* out, float* lse, float* qkv);
+// dqkv (B*T, width) = d loss / d qkv (pre-RoPE), given dout (B*T, NH*HS) and the forward's out,
+// lse and (rotated) qkv.
+void AttentionBackward(Backend& be, const AttentionShape& s, float* dqkv, const float* dout,
+                       const float* out, const float* lse, const float* qkv);
+
+}  // namespace traind::engine::nn

@@ -1,0 +1,45 @@
+// The transformer MLP: up-projection, activation, down-projection.
+//   gelu   (gpt2):  h (N,H) = inp W_fc^T + b;       a = gelu_tanh(h);       out = a W_proj^T + b
+//   swiglu (llama): h (N,2H) = inp W_gu^T ([gate|up] rows, gate first); a = silu(gate)*up (N,H);
+//                   out = a W_down^T
+// Gradient contract: parameter gradients +=; dinp = (overwritten).
+#pragma once
+
+#include <cstdint>
+
+#include "backend/backend.h"
+
+namespace traind::engine::nn {
+
+struct MlpShape {
+  int64_t N = 0;
+  int64_t C = 0;
+  int64_t H = 0;        // hidden size after the activation
+  bool swiglu = false;  // false: GELU (tanh) with biases
+  int64_t up_width() const { return swiglu ? 2 * H : H; }
+};
+
+struct MlpWeights {
+  const float* w_up = nullptr;    // (up_width, C)
+  const float* b_up = nullptr;    // (up_width) or null
+  const float* w_down = nullptr;  // (C, H)
+  const float* b_down = nullptr;  // (C) or null
+};
+
+struct MlpGrads {
+  float* w_up = nullptr;
+  float* b_up = nullptr;
+  float* w_down = nullptr;
+  float* b_down = nullptr;
+};
+
+// h (N, up_width) and a (N, H) are kept for backward; out (N,C).
+void MlpForward(Backend& be, const MlpShape& s, const MlpWeights& w, float* out, float* h, float* a,
+                const float* inp);
+// scratch_a (N,H) and scratch_h (N,up_width) are overwritten. For GELU they may be the same
+// buffer (the activation backward runs in place).
+void MlpBackward(Backend& be, const MlpShape& s, const MlpWeights& w, const MlpGrads& g,
+                 float* dinp, const float* dout, const float* h, const float* a, const float* inp,
+                 float* scratch_a, float* scratch_h);
+
+}  // namespace traind::engine::nn

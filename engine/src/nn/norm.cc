@@ -1,0 +1,25 @@
+// LayerNorm / RMSNorm dispatch onto the backend ops (see norm.h for the contract).
+#include "nn/norm.h"
+
+namespace traind::engine::nn {
+
+void NormForward(Backend& be, const NormShape& s, float* out, float* mean, float* rstd,
+                 const float* inp, const float* weight, const float* bias) {
+  if (s.rms) {
+    be.RmsNormForward(out, rstd, inp, weight, s.N, s.C, s.eps);
+  } else {
+    be.LayerNormForward(out, mean, rstd, inp, weight, bias, s.N, s.C, s.eps);
+  }
+}
+
+void NormBackward(Backend& be, const NormShape& s, float* dinp, float* dweight, float* dbias,
+                  const float* dout, const float* inp, const float* weight, const float* mean,
+                  const float* rstd) {
+  if (s.rms) {
+    be.RmsNormBackward(dinp, dweight, dout, inp, weight, rstd, s.N, s.C);
+  } else {
+    be.LayerNormBackward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, s.N, s.C);
+  }
+}
+
+}  // namespace traind::engine::nn

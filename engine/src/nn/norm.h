@@ -1,0 +1,28 @@
+// Normalisation layers over the channel dimension: LayerNorm (gpt2) and RMSNorm (llama, HF
+// LlamaRMSNorm). Gradient contract: dinp, dweight and dbias all use += — dinp accumulates because
+// a norm always reads the residual stream, whose gradient it adds to.
+#pragma once
+
+#include <cstdint>
+
+#include "backend/backend.h"
+
+namespace traind::engine::nn {
+
+// One norm of either kind. mean is unused (may be null) for RMSNorm; bias null for RMSNorm.
+struct NormShape {
+  int64_t N = 0;
+  int64_t C = 0;
+  bool rms = false;
+  float eps = 1e-5f;
+};
+
+// out (N,C), mean (N), rstd (N) saved for backward, inp (N,C), weight (C), bias (C).
+void NormForward(Backend& be, const NormShape& s, float* out, float* mean, float* rstd,
+                 const float* inp, const float* weight, const float* bias);
+// dinp (N,C) +=, dweight (C) +=, dbias (C) += (ignored for RMSNorm).
+void NormBackward(Backend& be, const NormShape& s, float* dinp, float* dweight, float* dbias,
+                  const float* dout, const float* inp, const float* weight, const float* mean,
+                  const float* rstd);
+
+}  // namespace traind::engine::nn

@@ -1,0 +1,128 @@
+// AdamW: per-run backend calls over the flat buffers, global grad norm, state (de)serialisation.
+#include "optim/adamw.h"
+
+#include <cmath>
+#include <string>
+
+namespace traind::engine {
+
+double GlobalGradNorm(Backend* backend, const float* grads, const std::vector<ParamInfo>& params) {
+  double sum = 0.0;
+  // Contiguous params are summed in one call; gaps between views (if any) are skipped.
+  size_t i = 0;
+  while (i < params.size()) {
+    int64_t begin = params[i].offset;
+    int64_t end = begin + params[i].numel;
+    size_t j = i + 1;
+    while (j < params.size() && params[j].offset == end) end += params[j++].numel;
+    sum += backend->SumSquares(grads + begin, end - begin);
+    i = j;
+  }
+  return std::sqrt(sum);
+}
+
+float ClipCoefficient(double total_norm, double max_norm) {
+  if (!(max_norm > 0.0)) return 1.0f;
+  // torch evaluates this in fp32 tensors: clip_coef = max_norm / (total_norm + 1e-6).
+  const float coef = static_cast<float>(max_norm) / (static_cast<float>(total_norm) + 1e-6f);
+  return coef < 1.0f ? coef : 1.0f;
+}
+
+Result<std::unique_ptr<AdamWOptimizer>> AdamWOptimizer::Create(const std::vector<ParamInfo>& params,
+                                                               int64_t num_params,
+                                                               const AdamWOptions& options,
+                                                               DeviceArena* arena) {
+  for (const ParamInfo& p : params) {
+    if (p.offset < 0 || p.numel < 0 || p.offset + p.numel > num_params) {
+      return Status::Internal("optimizer: parameter " + p.hf_name + " lies outside the flat buffer");
+    }
+  }
+  std::unique_ptr<AdamWOptimizer> opt(new AdamWOptimizer(params, options, arena));
+  opt->num_params_ = num_params;
+  const int64_t bytes = num_params * 4;
+  TRAIND_ASSIGN_OR_RETURN(void* m, arena->Allocate(MemoryCategory::kOptimizer, bytes, "AdamW exp_avg"));
+  opt->m_ = static_cast<float*>(m);
+  TRAIND_ASSIGN_OR_RETURN(void* v, arena->Allocate(MemoryCategory::kOptimizer, bytes, "AdamW exp_avg_sq"));
+  opt->v_ = static_cast<float*>(v);
+  for (const ParamInfo& p : opt->params_) {
+    const bool decay = p.weight_decay && options.weight_decay != 0.0;
+    if (!opt->runs_.empty() && opt->runs_.back().decay == decay &&
+        opt->runs_.back().offset + opt->runs_.back().numel == p.offset) {
+      opt->runs_.back().numel += p.numel;
+    } else {
+      opt->runs_.push_back({p.offset, p.numel, decay});
+    }
+  }
+  return opt;
+}
+
+AdamWOptimizer::~AdamWOptimizer() {
+  if (m_ != nullptr) arena_->Release(m_);
+  if (v_ != nullptr) arena_->Release(v_);
+}
+
+void AdamWOptimizer::Step(float* params, const float* grads, double lr, float grad_scale) {
+  ++step_;
+  // As torch: 1 - beta ** step in double, handed to the kernel in fp32.
+  const double bc1 = 1.0 - std::pow(options_.beta1, static_cast<double>(step_));
+  const double bc2 = 1.0 - std::pow(options_.beta2, static_cast<double>(step_));
+  Backend* backend = arena_->backend();
+  for (const Run& r : runs_) {
+    backend->AdamW(params + r.offset, grads + r.offset, m_ + r.offset, v_ + r.offset, r.numel,
+                   static_cast<float>(lr), static_cast<float>(options_.beta1),
+                   static_cast<float>(options_.beta2), static_cast<float>(options_.eps),
+                   r.decay ? static_cast<float>(options_.weight_decay) : 0.0f,
+                   static_cast<float>(bc1), static_cast<float>(bc2), grad_scale);
+  }
+}
+
+SafetensorsFile AdamWOptimizer::SaveState() const {
+  SafetensorsFile file;
+  Backend* backend = arena_->backend();
+  std::vector<float> host;
+  for (const ParamInfo& p : params_) {
+    host.resize(static_cast<size_t>(p.numel));
+    backend->CopyDeviceToHost(host.data(), m_ + p.offset, host.size() * 4);
+    file.tensors[p.hf_name + ".exp_avg"] = HostTensor::FromF32(host.data(), p.shape);
+    backend->CopyDeviceToHost(host.data(), v_ + p.offset, host.size() * 4);
+    file.tensors[p.hf_name + ".exp_avg_sq"] = HostTensor::FromF32(host.data(), p.shape);
+  }
+  file.metadata["format"] = "traind-adamw-v1";
+  file.metadata["step"] = std::to_string(step_);
+  return file;
+}
+
+Status AdamWOptimizer::LoadState(const SafetensorsFile& file) {
+  auto fmt = file.metadata.find("format");
+  auto st = file.metadata.find("step");
+  if (fmt == file.metadata.end() || fmt->second != "traind-adamw-v1" || st == file.metadata.end()) {
+    return Status::DataLoss("optimizer state: metadata lacks format traind-adamw-v1 and step");
+  }
+  int64_t step = 0;
+  try {
+    step = std::stoll(st->second);
+  } catch (...) {
+    return Status::DataLoss("optimizer state: bad step '" + st->second + "'");
+  }
+  if (step < 0) return Status::DataLoss("optimizer state: negative step " + st->second);
+  Backend* backend = arena_->backend();
+  for (const ParamInfo& p : params_) {
+    for (int which = 0; which < 2; ++which) {
+      const std::string name = p.hf_name + (which == 0 ? ".exp_avg" : ".exp_avg_sq");
+      auto it = file.tensors.find(name);
+      if (it == file.tensors.end()) return Status::DataLoss("optimizer state: missing tensor " + name);
+      const HostTensor& t = it->second;
+      if (t.dtype != "F32" || t.shape != p.shape ||
+          static_cast<int64_t>(t.data.size()) != p.numel * 4) {
+        return Status::DataLoss("optimizer state: tensor " + name +
+                                " has the wrong dtype or shape for this model");
+      }
+      float* dst = (which == 0 ? m_ : v_) + p.offset;
+      backend->CopyHostToDevice(dst, t.data.data(), t.data.size());
+    }
+  }
+  step_ = step;
+  return Status::Ok();
+}
+
+}  // namespace traind::engine

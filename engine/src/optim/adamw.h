@@ -1,0 +1,85 @@
+// AdamW over a model's flat parameter buffer (torch.optim.AdamW semantics), with the weight-decay
+// rule of JOBSPEC.md (decay only where ParamInfo::weight_decay: >= 2-D weights, never biases or
+// norm weights), and the global gradient norm / clip coefficient of torch.nn.utils.clip_grad_norm_.
+// State (m, v: fp32, one value per parameter) lives in the DeviceArena under kOptimizer.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "backend/backend.h"
+#include "core/arena.h"
+#include "models/model.h"
+#include "train/safetensors.h"
+#include "traind/engine/status.h"
+
+namespace traind::engine {
+
+struct AdamWOptions {
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;  // applied to the parameters whose ParamInfo::weight_decay is true
+};
+
+// The global L2 norm of the gradients of `params` (sqrt of the sum of squares over all of them,
+// accumulated in double). Synchronizes.
+double GlobalGradNorm(Backend* backend, const float* grads, const std::vector<ParamInfo>& params);
+
+// torch.nn.utils.clip_grad_norm_'s factor: max_norm / (total_norm + 1e-6) when that is < 1, else 1
+// (also 1 when max_norm <= 0, i.e. clipping disabled). Pass it as AdamW's grad_scale so the
+// gradients themselves are never rewritten.
+float ClipCoefficient(double total_norm, double max_norm);
+
+class AdamWOptimizer {
+ public:
+  // Allocates m and v (2 * num_params floats, zeroed) from `arena` under kOptimizer.
+  // RESOURCE_EXHAUSTED when they do not fit. `params` must describe views into buffers of
+  // `num_params` floats. The arena (and its backend) must outlive the optimizer.
+  static Result<std::unique_ptr<AdamWOptimizer>> Create(const std::vector<ParamInfo>& params,
+                                                        int64_t num_params,
+                                                        const AdamWOptions& options,
+                                                        DeviceArena* arena);
+  // The bytes Create() allocates.
+  static int64_t PlanBytes(int64_t num_params) { return 2 * num_params * 4; }
+
+  ~AdamWOptimizer();
+  AdamWOptimizer(const AdamWOptimizer&) = delete;
+  AdamWOptimizer& operator=(const AdamWOptimizer&) = delete;
+
+  // One step at rate `lr` on every parameter: the gradient used is grad_scale * grads.
+  // Increments step() first (torch counts steps from 1 for the bias corrections).
+  void Step(float* params, const float* grads, double lr, float grad_scale);
+
+  int64_t step() const { return step_; }
+
+  // The state as tensors "<hf_name>.exp_avg" / "<hf_name>.exp_avg_sq" (fp32, our layout shape)
+  // and metadata {"step": N, "format": "traind-adamw-v1"}.
+  SafetensorsFile SaveState() const;
+  // Restores what SaveState() wrote. DATA_LOSS naming the tensor when one is missing or has the
+  // wrong shape or dtype, or the metadata is bad.
+  Status LoadState(const SafetensorsFile& file);
+
+ private:
+  // A run of parameters that are contiguous in the flat buffer and share the decay flag: one
+  // backend call each.
+  struct Run {
+    int64_t offset;
+    int64_t numel;
+    bool decay;
+  };
+  AdamWOptimizer(std::vector<ParamInfo> params, const AdamWOptions& options, DeviceArena* arena)
+      : params_(std::move(params)), options_(options), arena_(arena) {}
+
+  std::vector<ParamInfo> params_;
+  std::vector<Run> runs_;
+  AdamWOptions options_;
+  DeviceArena* arena_;
+  float* m_ = nullptr;  // device, num_params floats
+  float* v_ = nullptr;  // device, num_params floats
+  int64_t num_params_ = 0;
+  int64_t step_ = 0;
+};
+
+}  // namespace traind::engine

@@ -1,0 +1,469 @@
+// Job spec parsing (YAML/JSON -> validated JobSpec), input checks on the file system, and the
+// canonical JSON form. The contract is ../shared/contracts/JOBSPEC.md; field reading and error
+// wording live in spec_reader.h.
+#include "traind/engine/job_spec.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <exception>
+#include <filesystem>
+
+#include <nlohmann/json.hpp>
+
+#include "data/window_order.h"
+#include "models/hf_config.h"
+#include "train/spec_reader.h"
+
+namespace traind::engine {
+namespace {
+
+using spec::SpecReader;
+
+const std::vector<std::string> kRootKeys = {"name", "model", "data", "training", "output_dir"};
+const std::vector<std::string> kModelKeys = {"arch", "config", "init_from"};
+const std::vector<std::string> kDataKeys = {"train_file", "format",           "token_dtype",
+                                            "tokenizer",  "seq_len",          "validation_split",
+                                            "shuffle"};
+const std::vector<std::string> kTrainingKeys = {
+    "max_steps",     "per_device_train_batch_size", "gradient_accumulation_steps",
+    "effective_batch_size", "learning_rate",        "lr_scheduler_type",
+    "warmup_steps",  "weight_decay",                "adam_beta1",
+    "adam_beta2",    "adam_epsilon",                "max_grad_norm",
+    "optim",         "fp16",                        "bf16",
+    "tf32",          "gradient_checkpointing",      "gradient_checkpointing_every",
+    "offload",       "offload_dir",                 "peft",
+    "seed",          "logging_steps",               "eval_steps",
+    "save_steps"};
+const std::vector<std::string> kGpt2Keys = {"vocab_size", "n_positions", "n_embd",
+                                            "n_layer",    "n_head",      "layer_norm_epsilon"};
+const std::vector<std::string> kLlamaKeys = {
+    "vocab_size",          "hidden_size",         "intermediate_size",
+    "num_hidden_layers",   "num_attention_heads", "num_key_value_heads",
+    "rms_norm_eps",        "rope_theta",          "max_position_embeddings",
+    "tie_word_embeddings"};
+
+std::string Resolve(const std::string& base_dir, const std::string& p) {
+  if (p.empty() || base_dir.empty()) return p;
+  std::filesystem::path path(p);
+  if (path.is_absolute()) return p;
+  return (std::filesystem::path(base_dir) / path).lexically_normal().string();
+}
+
+// The defaults of an arch: ModelConfig's, with HF LlamaConfig's where they differ.
+ModelConfig ArchDefaults(const std::string& arch) {
+  ModelConfig c;
+  c.arch = arch;
+  if (arch == "llama") {
+    c.vocab_size = 32000;
+    c.tie_word_embeddings = false;
+  }
+  return c;
+}
+
+Status ParseModelConfig(const YAML::Node& node, ModelConfig* c) {
+  if (!node || node.IsNull()) return Status::Ok();
+  TRAIND_ASSIGN_OR_RETURN(SpecReader r, SpecReader::Open(node, "model.config"));
+  const bool gpt2 = c->arch == "gpt2";
+  const auto& mine = gpt2 ? kGpt2Keys : kLlamaKeys;
+  const auto& other = gpt2 ? kLlamaKeys : kGpt2Keys;
+  std::set<std::string> foreign(other.begin(), other.end());
+  TRAIND_RETURN_IF_ERROR(r.CheckKeys(mine, foreign, "not a " + c->arch + " config key"));
+  TRAIND_RETURN_IF_ERROR(r.Int("vocab_size", &c->vocab_size, 1));
+  if (gpt2) {
+    TRAIND_RETURN_IF_ERROR(r.Int("n_positions", &c->n_positions, 1));
+    TRAIND_RETURN_IF_ERROR(r.Int("n_embd", &c->n_embd, 1));
+    TRAIND_RETURN_IF_ERROR(r.Int("n_layer", &c->n_layer, 1));
+    TRAIND_RETURN_IF_ERROR(r.Int("n_head", &c->n_head, 1));
+    TRAIND_RETURN_IF_ERROR(r.Double("layer_norm_epsilon", &c->layer_norm_epsilon));
+  } else {
+    TRAIND_RETURN_IF_ERROR(r.Int("hidden_size", &c->hidden_size, 1));
+    TRAIND_RETURN_IF_ERROR(r.Int("intermediate_size", &c->intermediate_size, 1));
+    TRAIND_RETURN_IF_ERROR(r.Int("num_hidden_layers", &c->num_hidden_layers, 1));
+    TRAIND_RETURN_IF_ERROR(r.Int("num_attention_heads", &c->num_attention_heads, 1));
+    c->num_key_value_heads = c->num_attention_heads;  // HF: absent means no grouping
+    TRAIND_RETURN_IF_ERROR(r.Int("num_key_value_heads", &c->num_key_value_heads, 1));
+    TRAIND_RETURN_IF_ERROR(r.Double("rms_norm_eps", &c->rms_norm_eps));
+    TRAIND_RETURN_IF_ERROR(r.Double("rope_theta", &c->rope_theta));
+    TRAIND_RETURN_IF_ERROR(r.Int("max_position_embeddings", &c->max_position_embeddings, 1));
+    TRAIND_RETURN_IF_ERROR(r.Bool("tie_word_embeddings", &c->tie_word_embeddings));
+  }
+  return Status::Ok();
+}
+
+Status ParseModel(const YAML::Node& node, ModelSpec* m, const std::string& base_dir) {
+  if (!node) return Status::InvalidArgument("model: required (with model.arch: gpt2 | llama)");
+  TRAIND_ASSIGN_OR_RETURN(SpecReader r, SpecReader::Open(node, "model"));
+  TRAIND_RETURN_IF_ERROR(r.CheckKeys(kModelKeys));
+  if (!r.Has("arch")) return r.Error("arch", "required (gpt2 | llama)");
+  std::string arch;
+  TRAIND_RETURN_IF_ERROR(r.String("arch", &arch));
+  if (arch == "bert") return r.Error("arch", "bert is not supported yet (gpt2 | llama)");
+  if (arch != "gpt2" && arch != "llama") {
+    return r.Error("arch", "expected one of gpt2, llama, got '" + arch + "'");
+  }
+  m->config = ArchDefaults(arch);
+  TRAIND_RETURN_IF_ERROR(ParseModelConfig(r.Child("config"), &m->config));
+  TRAIND_RETURN_IF_ERROR(ValidateModelConfig(m->config, "model.config."));
+  TRAIND_RETURN_IF_ERROR(r.OptionalString("init_from", &m->init_from));
+  if (m->init_from) {
+    if (m->init_from->empty()) return r.Error("init_from", "must be a folder or null, got ''");
+    m->init_from = Resolve(base_dir, *m->init_from);
+  }
+  return Status::Ok();
+}
+
+Status ParseData(const YAML::Node& node, DataSpec* d, const std::string& base_dir) {
+  if (!node) return Status::InvalidArgument("data: required (with data.train_file)");
+  TRAIND_ASSIGN_OR_RETURN(SpecReader r, SpecReader::Open(node, "data"));
+  TRAIND_RETURN_IF_ERROR(r.CheckKeys(kDataKeys));
+  if (!r.Has("train_file")) return r.Error("train_file", "required (a path to the data file)");
+  TRAIND_RETURN_IF_ERROR(r.String("train_file", &d->train_file));
+  if (d->train_file.empty()) return r.Error("train_file", "must not be empty");
+  d->train_file = Resolve(base_dir, d->train_file);
+  TRAIND_RETURN_IF_ERROR(r.String("format", &d->format));
+  if (d->format != "text" && d->format != "tokens") {
+    return r.Error("format", d->format + " is not supported yet (text | tokens)");
+  }
+  TRAIND_RETURN_IF_ERROR(r.Enum("token_dtype", &d->token_dtype, {"uint16", "uint32"}));
+  TRAIND_RETURN_IF_ERROR(r.String("tokenizer", &d->tokenizer));
+  if (d->tokenizer != "byte") {
+    return r.Error("tokenizer", d->tokenizer +
+                                    " is not supported yet (byte; HF tokenizer.json comes later)");
+  }
+  TRAIND_RETURN_IF_ERROR(r.Int("seq_len", &d->seq_len, 1));
+  TRAIND_RETURN_IF_ERROR(r.Double("validation_split", &d->validation_split));
+  if (!(d->validation_split >= 0.0 && d->validation_split < 1.0)) {
+    return r.Error("validation_split", "must be in [0, 1), got " +
+                                           r.Child("validation_split").Scalar());
+  }
+  TRAIND_RETURN_IF_ERROR(r.Bool("shuffle", &d->shuffle));
+  return Status::Ok();
+}
+
+Status NotYet(const SpecReader& r, const std::string& key, const std::string& what,
+              const std::string& supported) {
+  return r.Error(key, what + " is not supported yet (supported: " + supported + ")");
+}
+
+Status ParseBatch(const SpecReader& r, TrainingSpec* t) {
+  const YAML::Node b = r.Child("per_device_train_batch_size");
+  if (b) {
+    if (b.IsScalar() && b.Scalar() == "auto") {
+      t->per_device_train_batch_size = 0;
+    } else if (!spec::ParseInt64(b, &t->per_device_train_batch_size)) {
+      return r.Error("per_device_train_batch_size",
+                     "expected an integer >= 1 or \"auto\", got " + spec::Describe(b));
+    } else if (t->per_device_train_batch_size < 1) {
+      return r.Error("per_device_train_batch_size",
+                     "must be >= 1 or \"auto\", got " + b.Scalar());
+    }
+  }
+  TRAIND_RETURN_IF_ERROR(r.Int("gradient_accumulation_steps", &t->gradient_accumulation_steps, 1));
+  const YAML::Node e = r.Child("effective_batch_size");
+  if (e && !e.IsNull()) {
+    int64_t v = 0;
+    TRAIND_RETURN_IF_ERROR(r.Int("effective_batch_size", &v, 1));
+    t->effective_batch_size = v;
+  }
+  if (!t->effective_batch_size) return Status::Ok();
+  const int64_t eff = *t->effective_batch_size;
+  const bool accum_given = r.Has("gradient_accumulation_steps");
+  if (t->auto_batch()) {
+    if (accum_given && t->gradient_accumulation_steps != 1) {
+      return r.Error("gradient_accumulation_steps",
+                     "is chosen by the planner when per_device_train_batch_size is \"auto\" "
+                     "with effective_batch_size; remove it");
+    }
+    return Status::Ok();
+  }
+  const int64_t B = t->per_device_train_batch_size;
+  if (!accum_given) {
+    if (eff % B != 0) {
+      return r.Error("effective_batch_size",
+                     std::to_string(eff) + " is not a multiple of per_device_train_batch_size " +
+                         std::to_string(B));
+    }
+    t->gradient_accumulation_steps = eff / B;
+  } else if (eff != B * t->gradient_accumulation_steps) {
+    return r.Error("effective_batch_size",
+                   std::to_string(eff) + " != per_device_train_batch_size " + std::to_string(B) +
+                       " x gradient_accumulation_steps " +
+                       std::to_string(t->gradient_accumulation_steps) + "; drop one of them");
+  }
+  return Status::Ok();
+}
+
+Status ParseTraining(const YAML::Node& node, TrainingSpec* t, const std::string& base_dir) {
+  if (!node) return Status::Ok();  // every training field has a default
+  TRAIND_ASSIGN_OR_RETURN(SpecReader r, SpecReader::Open(node, "training"));
+  TRAIND_RETURN_IF_ERROR(r.CheckKeys(kTrainingKeys));
+  TRAIND_RETURN_IF_ERROR(r.Int("max_steps", &t->max_steps, 1));
+  TRAIND_RETURN_IF_ERROR(ParseBatch(r, t));
+  TRAIND_RETURN_IF_ERROR(r.Double("learning_rate", &t->learning_rate));
+  if (t->learning_rate < 0) return r.Error("learning_rate", "must be >= 0");
+  TRAIND_RETURN_IF_ERROR(
+      r.Enum("lr_scheduler_type", &t->lr_scheduler_type, {"constant", "linear", "cosine"}));
+  TRAIND_RETURN_IF_ERROR(r.Int("warmup_steps", &t->warmup_steps, 0));
+  TRAIND_RETURN_IF_ERROR(r.Double("weight_decay", &t->weight_decay));
+  if (t->weight_decay < 0) return r.Error("weight_decay", "must be >= 0");
+  TRAIND_RETURN_IF_ERROR(r.Double("adam_beta1", &t->adam_beta1));
+  if (!(t->adam_beta1 >= 0 && t->adam_beta1 < 1)) return r.Error("adam_beta1", "must be in [0, 1)");
+  TRAIND_RETURN_IF_ERROR(r.Double("adam_beta2", &t->adam_beta2));
+  if (!(t->adam_beta2 >= 0 && t->adam_beta2 < 1)) return r.Error("adam_beta2", "must be in [0, 1)");
+  TRAIND_RETURN_IF_ERROR(r.Double("adam_epsilon", &t->adam_epsilon));
+  if (!(t->adam_epsilon > 0)) return r.Error("adam_epsilon", "must be > 0");
+  TRAIND_RETURN_IF_ERROR(r.Double("max_grad_norm", &t->max_grad_norm));
+  if (t->max_grad_norm < 0) return r.Error("max_grad_norm", "must be >= 0 (0 disables clipping)");
+  TRAIND_RETURN_IF_ERROR(r.String("optim", &t->optim));
+  if (t->optim == "adafactor" || t->optim == "adamw_8bit" || t->optim == "sgd") {
+    return NotYet(r, "optim", t->optim, "adamw");
+  }
+  if (t->optim != "adamw") {
+    return r.Error("optim", "expected adamw, got '" + t->optim +
+                                "' (adafactor, adamw_8bit and sgd come later)");
+  }
+  TRAIND_RETURN_IF_ERROR(r.Bool("fp16", &t->fp16));
+  if (t->fp16) return r.Error("fp16", "fp16 mixed precision is not supported yet (use fp32)");
+  TRAIND_RETURN_IF_ERROR(r.Bool("bf16", &t->bf16));
+  if (t->bf16) return r.Error("bf16", "bf16 mixed precision is not supported yet (use fp32)");
+  TRAIND_RETURN_IF_ERROR(r.Bool("tf32", &t->tf32));
+  TRAIND_RETURN_IF_ERROR(r.Bool("gradient_checkpointing", &t->gradient_checkpointing));
+  TRAIND_RETURN_IF_ERROR(
+      r.Int("gradient_checkpointing_every", &t->gradient_checkpointing_every, 1));
+  TRAIND_RETURN_IF_ERROR(r.String("offload", &t->offload));
+  if (t->offload == "cpu" || t->offload == "nvme") return NotYet(r, "offload", t->offload, "none");
+  if (t->offload != "none") {
+    return r.Error("offload", "expected one of none, cpu, nvme, got '" + t->offload + "'");
+  }
+  TRAIND_RETURN_IF_ERROR(r.OptionalString("offload_dir", &t->offload_dir));
+  if (t->offload_dir) t->offload_dir = Resolve(base_dir, *t->offload_dir);
+  const YAML::Node peft = r.Child("peft");
+  if (peft && !peft.IsNull()) {
+    return r.Error("peft", "PEFT (LoRA) is not supported yet (supported: null)");
+  }
+  TRAIND_RETURN_IF_ERROR(r.Int("seed", &t->seed, 0));
+  TRAIND_RETURN_IF_ERROR(r.Int("logging_steps", &t->logging_steps, 1));
+  TRAIND_RETURN_IF_ERROR(r.Int("eval_steps", &t->eval_steps, 0));
+  TRAIND_RETURN_IF_ERROR(r.Int("save_steps", &t->save_steps, 0));
+  return Status::Ok();
+}
+
+Result<JobSpec> ParseRoot(const YAML::Node& root, const std::string& base_dir) {
+  if (!root || root.IsNull()) {
+    return Status::InvalidArgument("job spec: empty document (expected a mapping with model, "
+                                   "data, training)");
+  }
+  TRAIND_ASSIGN_OR_RETURN(SpecReader r, SpecReader::Open(root, ""));
+  TRAIND_RETURN_IF_ERROR(r.CheckKeys(kRootKeys));
+  JobSpec s;
+  if (r.Has("name") && !r.Child("name").IsNull()) TRAIND_RETURN_IF_ERROR(r.String("name", &s.name));
+  TRAIND_RETURN_IF_ERROR(ParseModel(r.Child("model"), &s.model, base_dir));
+  TRAIND_RETURN_IF_ERROR(ParseData(r.Child("data"), &s.data, base_dir));
+  TRAIND_RETURN_IF_ERROR(ParseTraining(r.Child("training"), &s.training, base_dir));
+  TRAIND_RETURN_IF_ERROR(r.String("output_dir", &s.output_dir));
+  if (s.output_dir.empty()) return r.Error("output_dir", "must not be empty");
+  s.output_dir = Resolve(base_dir, s.output_dir);
+  // With init_from the positions limit comes from its config.json (checked in ValidateJobInputs).
+  if (!s.model.init_from && s.data.seq_len > s.model.config.max_positions()) {
+    const std::string key = s.model.config.arch == "gpt2" ? "n_positions" : "max_position_embeddings";
+    return Status::InvalidArgument("data.seq_len: " + std::to_string(s.data.seq_len) +
+                                   " exceeds model.config." + key + " " +
+                                   std::to_string(s.model.config.max_positions()));
+  }
+  return s;
+}
+
+// FAILED_PRECONDITION unless every model.config value that differs from the arch default agrees
+// with init_from's config.json (a value equal to the default is treated as "not given").
+Status CheckAgreement(const ModelConfig& mine, const ModelConfig& file, const std::string& src) {
+  const ModelConfig def = ArchDefaults(mine.arch);
+  auto check = [&](const char* key, auto a, auto d, auto f) -> Status {
+    if (a == d || a == f) return Status::Ok();
+    return Status::FailedPrecondition("model.config." + std::string(key) + ": " +
+                                      nlohmann::json(a).dump() + " disagrees with " + src + " (" +
+                                      nlohmann::json(f).dump() + "); remove it from the spec");
+  };
+  TRAIND_RETURN_IF_ERROR(check("vocab_size", mine.vocab_size, def.vocab_size, file.vocab_size));
+  if (mine.arch == "gpt2") {
+    TRAIND_RETURN_IF_ERROR(check("n_positions", mine.n_positions, def.n_positions, file.n_positions));
+    TRAIND_RETURN_IF_ERROR(check("n_embd", mine.n_embd, def.n_embd, file.n_embd));
+    TRAIND_RETURN_IF_ERROR(check("n_layer", mine.n_layer, def.n_layer, file.n_layer));
+    TRAIND_RETURN_IF_ERROR(check("n_head", mine.n_head, def.n_head, file.n_head));
+    return check("layer_norm_epsilon", mine.layer_norm_epsilon, def.layer_norm_epsilon,
+                 file.layer_norm_epsilon);
+  }
+  TRAIND_RETURN_IF_ERROR(check("hidden_size", mine.hidden_size, def.hidden_size, file.hidden_size));
+  TRAIND_RETURN_IF_ERROR(check("intermediate_size", mine.intermediate_size, def.intermediate_size,
+                               file.intermediate_size));
+  TRAIND_RETURN_IF_ERROR(check("num_hidden_layers", mine.num_hidden_layers, def.num_hidden_layers,
+                               file.num_hidden_layers));
+  TRAIND_RETURN_IF_ERROR(check("num_attention_heads", mine.num_attention_heads,
+                               def.num_attention_heads, file.num_attention_heads));
+  TRAIND_RETURN_IF_ERROR(check("num_key_value_heads", mine.num_key_value_heads,
+                               mine.num_attention_heads, file.num_key_value_heads));
+  TRAIND_RETURN_IF_ERROR(check("rms_norm_eps", mine.rms_norm_eps, def.rms_norm_eps,
+                               file.rms_norm_eps));
+  TRAIND_RETURN_IF_ERROR(check("rope_theta", mine.rope_theta, def.rope_theta, file.rope_theta));
+  TRAIND_RETURN_IF_ERROR(check("max_position_embeddings", mine.max_position_embeddings,
+                               def.max_position_embeddings, file.max_position_embeddings));
+  return check("tie_word_embeddings", mine.tie_word_embeddings, def.tie_word_embeddings,
+               file.tie_word_embeddings);
+}
+
+Status ValidateInitFrom(const JobSpec& spec) {
+  namespace fs = std::filesystem;
+  const std::string& dir = *spec.model.init_from;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) {
+    return Status::NotFound("model.init_from: " + dir + ": no such folder");
+  }
+  const std::string cfg_path = (fs::path(dir) / "config.json").string();
+  if (!fs::exists(cfg_path, ec)) {
+    return Status::NotFound("model.init_from: " + cfg_path + ": no such file (an HF model folder "
+                            "holds config.json and model.safetensors)");
+  }
+  Result<ModelConfig> file = ReadHfConfig(cfg_path);
+  if (!file.ok()) {
+    return Status::FailedPrecondition("model.init_from: " + file.status().message());
+  }
+  if (file->arch != spec.model.config.arch) {
+    return Status::FailedPrecondition("model.init_from: " + cfg_path + " has model_type " +
+                                      file->arch + " but model.arch is " +
+                                      spec.model.config.arch);
+  }
+  TRAIND_RETURN_IF_ERROR(CheckAgreement(spec.model.config, *file, cfg_path));
+  if (!fs::exists(fs::path(dir) / "model.safetensors", ec) &&
+      !fs::exists(fs::path(dir) / "model.safetensors.index.json", ec)) {
+    return Status::NotFound("model.init_from: " + dir + ": neither model.safetensors nor "
+                            "model.safetensors.index.json exists");
+  }
+  if (spec.data.seq_len > file->max_positions()) {
+    return Status::FailedPrecondition("data.seq_len: " + std::to_string(spec.data.seq_len) +
+                                      " exceeds the max positions " +
+                                      std::to_string(file->max_positions()) + " of " + cfg_path);
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<JobSpec> ParseJobSpec(std::string_view text, const std::string& base_dir) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(std::string(text));
+  } catch (const YAML::Exception& e) {
+    return Status::InvalidArgument("job spec: malformed YAML at line " +
+                                   std::to_string(e.mark.line + 1) + ", column " +
+                                   std::to_string(e.mark.column + 1) + ": " + e.msg);
+  }
+  try {
+    return ParseRoot(root, base_dir);
+  } catch (const std::exception& e) {  // yaml-cpp may throw on odd nodes; never let it escape
+    return Status::InvalidArgument(std::string("job spec: ") + e.what());
+  }
+}
+
+Status ValidateJobInputs(const JobSpec& spec) {
+  const std::string& path = spec.data.train_file;
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT || errno == ENOTDIR) {
+      return Status::NotFound("data.train_file: " + path + ": no such file");
+    }
+    return Status::FailedPrecondition("data.train_file: " + path + ": " + std::strerror(errno));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    return Status::FailedPrecondition("data.train_file: " + path + ": not a regular file");
+  }
+  if (::access(path.c_str(), R_OK) != 0) {
+    return Status::FailedPrecondition("data.train_file: " + path + ": not readable: " +
+                                      std::strerror(errno));
+  }
+  const int64_t bytes = static_cast<int64_t>(st.st_size);
+  int64_t width = 1;
+  if (spec.data.format == "tokens") width = spec.data.token_dtype == "uint32" ? 4 : 2;
+  if (bytes % width != 0) {
+    return Status::FailedPrecondition("data.train_file: " + path + ": " + std::to_string(bytes) +
+                                      " bytes is not a multiple of " + std::to_string(width) +
+                                      " (data.token_dtype " + spec.data.token_dtype + ")");
+  }
+  const int64_t n = bytes / width;
+  const int64_t n_train = TrainTokenCount(n, spec.data.validation_split);
+  if (n_train < spec.data.seq_len + 1) {
+    return Status::FailedPrecondition(
+        "data.train_file: " + path + ": " + std::to_string(n) + " tokens give a training stream "
+        "of " + std::to_string(n_train) + " tokens, shorter than one window of seq_len + 1 = " +
+        std::to_string(spec.data.seq_len + 1) + ": use more data or a smaller data.seq_len");
+  }
+  if (spec.model.init_from) TRAIND_RETURN_IF_ERROR(ValidateInitFrom(spec));
+  return Status::Ok();
+}
+
+std::string JobSpecToJson(const JobSpec& s) {
+  using oj = nlohmann::ordered_json;
+  const ModelConfig& c = s.model.config;
+  oj config;
+  config["vocab_size"] = c.vocab_size;
+  if (c.arch == "gpt2") {
+    config["n_positions"] = c.n_positions;
+    config["n_embd"] = c.n_embd;
+    config["n_layer"] = c.n_layer;
+    config["n_head"] = c.n_head;
+    config["layer_norm_epsilon"] = c.layer_norm_epsilon;
+  } else {
+    config["hidden_size"] = c.hidden_size;
+    config["intermediate_size"] = c.intermediate_size;
+    config["num_hidden_layers"] = c.num_hidden_layers;
+    config["num_attention_heads"] = c.num_attention_heads;
+    config["num_key_value_heads"] = c.num_key_value_heads;
+    config["rms_norm_eps"] = c.rms_norm_eps;
+    config["rope_theta"] = c.rope_theta;
+    config["max_position_embeddings"] = c.max_position_embeddings;
+    config["tie_word_embeddings"] = c.tie_word_embeddings;
+  }
+  auto opt = [](const std::optional<std::string>& v) { return v ? oj(*v) : oj(nullptr); };
+  oj j;
+  j["name"] = s.name;
+  j["model"] = {{"arch", c.arch}, {"config", config}, {"init_from", opt(s.model.init_from)}};
+  const DataSpec& d = s.data;
+  j["data"] = {{"train_file", d.train_file},     {"format", d.format},
+               {"token_dtype", d.token_dtype},   {"tokenizer", d.tokenizer},
+               {"seq_len", d.seq_len},           {"validation_split", d.validation_split},
+               {"shuffle", d.shuffle}};
+  const TrainingSpec& t = s.training;
+  oj tr;
+  tr["max_steps"] = t.max_steps;
+  tr["per_device_train_batch_size"] =
+      t.auto_batch() ? oj("auto") : oj(t.per_device_train_batch_size);
+  tr["gradient_accumulation_steps"] = t.gradient_accumulation_steps;
+  tr["effective_batch_size"] = t.effective_batch_size ? oj(*t.effective_batch_size) : oj(nullptr);
+  tr["learning_rate"] = t.learning_rate;
+  tr["lr_scheduler_type"] = t.lr_scheduler_type;
+  tr["warmup_steps"] = t.warmup_steps;
+  tr["weight_decay"] = t.weight_decay;
+  tr["adam_beta1"] = t.adam_beta1;
+  tr["adam_beta2"] = t.adam_beta2;
+  tr["adam_epsilon"] = t.adam_epsilon;
+  tr["max_grad_norm"] = t.max_grad_norm;
+  tr["optim"] = t.optim;
+  tr["fp16"] = t.fp16;
+  tr["bf16"] = t.bf16;
+  tr["tf32"] = t.tf32;
+  tr["gradient_checkpointing"] = t.gradient_checkpointing;
+  tr["gradient_checkpointing_every"] = t.gradient_checkpointing_every;
+  tr["offload"] = t.offload;
+  tr["offload_dir"] = opt(t.offload_dir);
+  tr["peft"] = nullptr;
+  tr["seed"] = t.seed;
+  tr["logging_steps"] = t.logging_steps;
+  tr["eval_steps"] = t.eval_steps;
+  tr["save_steps"] = t.save_steps;
+  j["training"] = tr;
+  j["output_dir"] = s.output_dir;
+  return j.dump(2);
+}
+
+}  // namespace traind::engine

@@ -1,0 +1,177 @@
+// The memory planner: byte counts come from Model::PlanBytes and the optimizer, never from
+// running anything, so estimates, admission and the allocator all see the same numbers.
+#include "train/planner.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+
+#include "models/hf_config.h"
+#include "optim/adamw.h"
+
+namespace traind::engine {
+namespace {
+
+// The largest micro-batch "auto" considers when no effective_batch_size caps it.
+constexpr int64_t kMaxAutoMicroBatch = 1024;
+
+std::string Breakdown(const MemoryBytes& b) {
+  return "weights " + FormatGiB(b.weights) + ", gradients " + FormatGiB(b.gradients) +
+         ", optimizer " + FormatGiB(b.optimizer) + ", activations " + FormatGiB(b.activations) +
+         ", temporary " + FormatGiB(b.temporary);
+}
+
+// The largest b in [1, cap] whose plan fits (plans grow with b), or 0 when none does.
+int64_t LargestFitting(const JobSpec& spec, const ModelConfig& config, int64_t cap, bool ckpt,
+                       int64_t budget) {
+  auto fits = [&](int64_t b) {
+    return JobBytes(config, JobModelOptions(spec, b, ckpt)).total() <= budget;
+  };
+  if (!fits(1)) return 0;
+  int64_t lo = 1, hi = cap;  // fits(lo) holds
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo + 1) / 2;
+    if (fits(mid)) lo = mid; else hi = mid - 1;
+  }
+  return lo;
+}
+
+// Multiple of 8 when >= 8, else the largest power of two <= b.
+int64_t RoundMicroBatch(int64_t b) {
+  if (b >= 8) return b / 8 * 8;
+  int64_t p = 1;
+  while (p * 2 <= b) p *= 2;
+  return b >= 1 ? p : 0;
+}
+
+}  // namespace
+
+std::string FormatGiB(int64_t bytes) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%.2f GiB", static_cast<double>(bytes) / (1024.0 * 1024 * 1024));
+  return buf;
+}
+
+Result<ModelConfig> ResolveModelConfig(const JobSpec& spec) {
+  if (!spec.model.init_from.has_value()) return spec.model.config;
+  const std::string path = (std::filesystem::path(*spec.model.init_from) / "config.json").string();
+  return ReadHfConfig(path);
+}
+
+Status CheckDevice(const std::string& device) {
+  if (device == "cpu" || device == "auto" || device.empty()) return Status::Ok();
+  if (device.rfind("cuda:", 0) == 0) {
+    return Status::FailedPrecondition("device " + device +
+                                      ": no CUDA backend in this build/device; use device cpu");
+  }
+  return Status::InvalidArgument("device '" + device + "' is not one of cpu, auto, cuda:N");
+}
+
+int64_t DeviceBudgetBytes(const DeviceOptions& device) {
+  if (device.memory_budget_bytes > 0) return device.memory_budget_bytes;
+  const long pages = sysconf(_SC_PHYS_PAGES);
+  const long page_size = sysconf(_SC_PAGE_SIZE);
+  if (pages <= 0 || page_size <= 0) return int64_t{1} << 32;  // unknown: assume 4 GiB
+  return static_cast<int64_t>(pages) * static_cast<int64_t>(page_size);
+}
+
+ModelOptions JobModelOptions(const JobSpec& spec, int64_t micro_batch, bool gradient_checkpointing) {
+  ModelOptions o;
+  o.micro_batch = micro_batch;
+  o.seq_len = spec.data.seq_len;
+  o.gradient_checkpointing = gradient_checkpointing;
+  o.checkpoint_every = spec.training.gradient_checkpointing_every;
+  o.compute_type = DType::kF32;
+  return o;
+}
+
+MemoryBytes JobBytes(const ModelConfig& config, const ModelOptions& options) {
+  MemoryBytes b = Model::PlanBytes(config, options);
+  b.optimizer += AdamWOptimizer::PlanBytes(b.weights / 4);
+  return b;
+}
+
+Result<MemoryPlan> PlanJob(const JobSpec& spec, const ModelConfig& config, int64_t budget_bytes) {
+  const TrainingSpec& t = spec.training;
+  if (spec.data.seq_len > config.max_positions()) {
+    return Status::InvalidArgument("data.seq_len: " + std::to_string(spec.data.seq_len) +
+                                   " exceeds the model's maximum positions " +
+                                   std::to_string(config.max_positions()));
+  }
+  MemoryPlan plan;
+  plan.precision = "fp32";
+  plan.budget_bytes = budget_bytes;
+  plan.gradient_accumulation_steps = t.gradient_accumulation_steps;
+  bool ckpt = t.gradient_checkpointing;
+
+  auto too_big = [&](int64_t b, bool c) {
+    const MemoryBytes bytes = JobBytes(config, JobModelOptions(spec, b, c));
+    return Status::FailedPrecondition(
+        "needs " + FormatGiB(bytes.total()) + ", budget " + FormatGiB(budget_bytes) +
+        " at micro-batch " + std::to_string(b) + (c ? " with" : " without") +
+        " gradient checkpointing (" + Breakdown(bytes) +
+        "): set gradient_checkpointing or lower per_device_train_batch_size");
+  };
+
+  if (!t.auto_batch()) {
+    plan.micro_batch = t.per_device_train_batch_size;
+    plan.bytes = JobBytes(config, JobModelOptions(spec, plan.micro_batch, ckpt));
+    if (plan.bytes.total() > budget_bytes) return too_big(plan.micro_batch, ckpt);
+    plan.gradient_checkpointing = ckpt;
+    plan.reason = "micro-batch " + std::to_string(plan.micro_batch) + " as given" +
+                  (ckpt ? " with gradient checkpointing as asked" : "") + ": " +
+                  FormatGiB(plan.bytes.total()) + " of " + FormatGiB(budget_bytes);
+    return plan;
+  }
+
+  const std::optional<int64_t>& eff = t.effective_batch_size;
+  // Search past the cap, round, then cap: effective_batch_size 20 with room for 37 gives 20.
+  const int64_t cap = eff.has_value() ? std::max<int64_t>(1, *eff) : kMaxAutoMicroBatch;
+  const int64_t search = std::max(cap, kMaxAutoMicroBatch);
+  const int64_t wanted = std::min<int64_t>(8, cap);
+  std::string why;
+  int64_t raw = 0;
+  if (ckpt) {
+    raw = LargestFitting(spec, config, search, true, budget_bytes);
+    why = "gradient checkpointing as asked";
+  } else {
+    raw = LargestFitting(spec, config, search, false, budget_bytes);
+    if (raw < wanted) {
+      // Only when it buys a larger (rounded) micro-batch: checkpointing costs a forward pass.
+      const int64_t with_ckpt = LargestFitting(spec, config, search, true, budget_bytes);
+      if (RoundMicroBatch(with_ckpt) > RoundMicroBatch(raw)) {
+        raw = with_ckpt;
+        ckpt = true;
+        why = "gradient checkpointing on because only " + std::to_string(raw) +
+              " sequences fit without it";
+      }
+    }
+  }
+  if (raw == 0) return too_big(1, true);
+  plan.micro_batch = std::min(RoundMicroBatch(raw), cap);
+  plan.gradient_checkpointing = ckpt;
+  if (eff.has_value()) {
+    plan.gradient_accumulation_steps = (*eff + plan.micro_batch - 1) / plan.micro_batch;
+  }
+  plan.bytes = JobBytes(config, JobModelOptions(spec, plan.micro_batch, ckpt));
+  plan.reason = "auto: largest micro-batch that fits " + FormatGiB(budget_bytes) + " is " +
+                std::to_string(raw) + ", using " + std::to_string(plan.micro_batch) + " x " +
+                std::to_string(plan.gradient_accumulation_steps) + " accumulation" +
+                (eff.has_value() ? " for effective batch " + std::to_string(*eff) : "") +
+                (why.empty() ? "" : "; " + why) + " (" + FormatGiB(plan.bytes.total()) + ")";
+  return plan;
+}
+
+}  // namespace traind::engine
+
+namespace traind::engine {
+
+Result<MemoryPlan> EstimateJob(const JobSpec& spec, const DeviceOptions& device) {
+  TRAIND_RETURN_IF_ERROR(CheckDevice(device.device));
+  TRAIND_ASSIGN_OR_RETURN(ModelConfig config, ResolveModelConfig(spec));
+  return PlanJob(spec, config, DeviceBudgetBytes(device));
+}
+
+}  // namespace traind::engine

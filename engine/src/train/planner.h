@@ -1,0 +1,48 @@
+// The memory planner behind EstimateJob and RunJob: bytes per category for a job at a micro-batch
+// (model + optimizer + the trainer's own device buffers), the device budget, and the choice of
+// micro-batch, accumulation and gradient checkpointing for per_device_train_batch_size "auto".
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "models/model.h"
+#include "traind/engine/job_spec.h"
+#include "traind/engine/plan.h"
+#include "traind/engine/status.h"
+#include "traind/engine/trainer.h"
+
+namespace traind::engine {
+
+// The model config of the job: spec.model.config, or init_from's config.json when init_from is set.
+Result<ModelConfig> ResolveModelConfig(const JobSpec& spec);
+
+// OK for "cpu" and "auto" (the CPU backend in this build); FAILED_PRECONDITION for "cuda:N" (no
+// CUDA backend in this build); INVALID_ARGUMENT for anything else.
+Status CheckDevice(const std::string& device);
+
+// The budget the planner uses: memory_budget_bytes, or the device's capacity when that is 0
+// (host RAM from sysconf on the CPU backend).
+int64_t DeviceBudgetBytes(const DeviceOptions& device);
+
+// The model options a job runs its model with at micro-batch `micro_batch`.
+ModelOptions JobModelOptions(const JobSpec& spec, int64_t micro_batch, bool gradient_checkpointing);
+
+// Every byte RunJob allocates in the arena for `config` with `options`: Model::PlanBytes plus
+// AdamW's state (2 * params * 4 bytes). The trainer itself keeps no device buffers: batches are
+// staged on the host and copied into the model's inputs()/targets().
+MemoryBytes JobBytes(const ModelConfig& config, const ModelOptions& options);
+
+// Plans `spec` (with model config `config`) against `budget_bytes` (> 0). With a fixed
+// per_device_train_batch_size: that batch, FAILED_PRECONDITION when it does not fit. With "auto":
+// the largest micro-batch that fits, rounded down to a multiple of 8 (or to a power of two below
+// 8), capped at effective_batch_size; gradient checkpointing is turned on (unless the spec already
+// asks for it) only when fewer than min(8, effective_batch_size) sequences fit without it and
+// it makes the rounded micro-batch larger; accumulation = ceil(effective_batch_size / micro_batch) when
+// effective_batch_size is given.
+Result<MemoryPlan> PlanJob(const JobSpec& spec, const ModelConfig& config, int64_t budget_bytes);
+
+// "1.23 GiB".
+std::string FormatGiB(int64_t bytes);
+
+}  // namespace traind::engine

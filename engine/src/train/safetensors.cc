@@ -1,0 +1,481 @@
+// safetensors read/write, HF sharded weight folders, and fp32 <-> bf16/f16 conversion.
+// The reader trusts nothing in the header: every check below turns a lying file into DATA_LOSS.
+// Format and rules: docs/checkpoint-format.md.
+#include "train/safetensors.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+#include <set>
+#include <utility>
+
+#include <nlohmann/json.hpp>
+
+namespace traind::engine {
+namespace {
+
+using nlohmann::json;
+
+constexpr uint64_t kMaxHeaderBytes = 100ull << 20;  // HF's own limit is 100 MB as well
+
+uint32_t FloatBits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+float BitsFloat(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// Closes a file descriptor on scope exit.
+struct Fd {
+  int fd = -1;
+  ~Fd() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+std::string ErrnoText(int err) { return std::strerror(err); }
+
+// Reads exactly n bytes at offset; false on a short read or error.
+bool PreadAll(int fd, void* buf, size_t n, uint64_t offset) {
+  auto* p = static_cast<uint8_t*>(buf);
+  while (n > 0) {
+    ssize_t r = ::pread(fd, p, n, static_cast<off_t>(offset));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return false;
+    p += r;
+    n -= static_cast<size_t>(r);
+    offset += static_cast<uint64_t>(r);
+  }
+  return true;
+}
+
+Status WriteErrorStatus(const std::string& path, int err) {
+  std::string m = path + ": " + ErrnoText(err);
+  if (err == ENOSPC || err == EDQUOT || err == EFBIG) {
+    return Status::ResourceExhausted(m + " (the disk is full; the previous file, if any, was kept: "
+                                         "free space and retry)");
+  }
+  if (err == EACCES || err == EPERM || err == EROFS) return Status::PermissionDenied(m);
+  if (err == ENOENT || err == ENOTDIR) return Status::NotFound(m);
+  return Status::FailedPrecondition(m);
+}
+
+Status FsyncDirOf(const std::string& path) {
+  std::filesystem::path dir = std::filesystem::path(path).parent_path();
+  if (dir.empty()) dir = ".";
+  Fd d;
+  d.fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (d.fd < 0) return WriteErrorStatus(dir.string(), errno);
+  if (::fsync(d.fd) != 0 && errno != EINVAL) return WriteErrorStatus(dir.string(), errno);
+  return Status::Ok();
+}
+
+// Writes the given pieces to path.tmp, fsyncs, renames over path, fsyncs the directory.
+Status WritePiecesAtomic(const std::string& path,
+                         const std::vector<std::pair<const uint8_t*, size_t>>& pieces) {
+  const std::string tmp = path + ".tmp";
+  int err = 0;
+  {
+    Fd f;
+    f.fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (f.fd < 0) return WriteErrorStatus(tmp, errno);
+    for (const auto& [data, size] : pieces) {
+      size_t done = 0;
+      while (done < size && err == 0) {
+        ssize_t w = ::write(f.fd, data + done, size - done);
+        if (w < 0 && errno == EINTR) continue;
+        if (w < 0) err = errno;
+        else done += static_cast<size_t>(w);
+      }
+      if (err != 0) break;
+    }
+    if (err == 0 && ::fsync(f.fd) != 0) err = errno;
+    if (::close(f.fd) != 0 && err == 0) err = errno;
+    f.fd = -1;
+  }
+  if (err == 0 && ::rename(tmp.c_str(), path.c_str()) != 0) err = errno;
+  if (err != 0) {
+    ::unlink(tmp.c_str());
+    return WriteErrorStatus(path, err);
+  }
+  return FsyncDirOf(path);
+}
+
+// Parses one tensor entry of the header; `data_bytes` is the size of the data section.
+Status ParseEntry(const std::string& file, const std::string& name, const json& e,
+                  uint64_t data_bytes, HostTensor* t, uint64_t* begin, uint64_t* end) {
+  auto bad = [&](const std::string& why) {
+    return Status::DataLoss(file + ": tensor '" + name + "': " + why);
+  };
+  if (!e.is_object()) return bad("header entry is not an object");
+  for (const auto& [k, v] : e.items()) {
+    if (k != "dtype" && k != "shape" && k != "data_offsets") return bad("unknown key '" + k + "'");
+  }
+  if (!e.contains("dtype") || !e["dtype"].is_string()) return bad("missing or non-string dtype");
+  if (!e.contains("shape") || !e["shape"].is_array()) return bad("missing or non-array shape");
+  if (!e.contains("data_offsets") || !e["data_offsets"].is_array() ||
+      e["data_offsets"].size() != 2) {
+    return bad("missing data_offsets (expected [begin, end])");
+  }
+  t->dtype = e["dtype"].get<std::string>();
+  const size_t esize = SafetensorsDTypeSize(t->dtype);
+  if (esize == 0) return bad("unknown dtype '" + t->dtype + "'");
+  uint64_t numel = 1;
+  t->shape.clear();
+  for (const auto& d : e["shape"]) {
+    if (!d.is_number_integer()) return bad("shape has a non-integer dimension");
+    if (d.is_number_unsigned() ? false : d.get<int64_t>() < 0) {
+      return bad("shape has a negative dimension " + d.dump());
+    }
+    const uint64_t dim = d.get<uint64_t>();
+    if (dim > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) ||
+        (dim != 0 && numel > std::numeric_limits<uint64_t>::max() / dim)) {
+      return bad("shape " + e["shape"].dump() + " overflows the element count");
+    }
+    numel *= dim;
+    t->shape.push_back(static_cast<int64_t>(dim));
+  }
+  if (numel > std::numeric_limits<uint64_t>::max() / esize) {
+    return bad("shape " + e["shape"].dump() + " overflows the byte count");
+  }
+  const auto& off = e["data_offsets"];
+  for (const auto& o : off) {
+    if (!o.is_number_integer() || (!o.is_number_unsigned() && o.get<int64_t>() < 0)) {
+      return bad("data_offsets " + off.dump() + " are not non-negative integers");
+    }
+  }
+  *begin = off[0].get<uint64_t>();
+  *end = off[1].get<uint64_t>();
+  if (*begin > *end || *end > data_bytes) {
+    return bad("data_offsets " + off.dump() + " are not within the data section of " +
+               std::to_string(data_bytes) + " bytes");
+  }
+  if (*end - *begin != numel * esize) {
+    return bad("data_offsets " + off.dump() + " span " + std::to_string(*end - *begin) +
+               " bytes but shape " + e["shape"].dump() + " of " + t->dtype + " needs " +
+               std::to_string(numel * esize));
+  }
+  return Status::Ok();
+}
+
+std::string ShapeJson(const std::vector<int64_t>& shape) { return json(shape).dump(); }
+
+}  // namespace
+
+uint16_t F32ToBF16(float x) {
+  const uint32_t u = FloatBits(x);
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<uint16_t>((u >> 16) | 0x0040u);  // NaN
+  // Round to nearest even on the 16 dropped bits; a carry correctly bumps the exponent (to inf).
+  return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+float BF16ToF32(uint16_t x) { return BitsFloat(static_cast<uint32_t>(x) << 16); }
+
+uint16_t F32ToF16(float x) {
+  const uint32_t u = FloatBits(x);
+  const uint32_t sign = (u >> 16) & 0x8000u;
+  const uint32_t a = u & 0x7FFFFFFFu;
+  if (a > 0x7F800000u) return static_cast<uint16_t>(sign | 0x7E00u | ((a >> 13) & 0x3FFu));
+  if (a >= 0x477FF000u) return static_cast<uint16_t>(sign | 0x7C00u);  // >= 65520 rounds to inf
+  if (a >= 0x38800000u) {  // normal f16: rebias exponent 127 -> 15, round 13 dropped bits
+    return static_cast<uint16_t>(sign | ((a - 0x38000000u + 0xFFFu + ((a >> 13) & 1u)) >> 13));
+  }
+  const uint32_t e = a >> 23;
+  if (e < 102) return static_cast<uint16_t>(sign);  // below half the smallest subnormal: +-0
+  // Subnormal f16 (units of 2^-24): value = m * 2^(e-150), so q = m >> (126 - e), rounded.
+  const uint32_t m = (a & 0x7FFFFFu) | 0x800000u;
+  const uint32_t s = 126 - e;  // 14..24
+  uint32_t q = m >> s;
+  const uint32_t rem = m & ((1u << s) - 1u);
+  const uint32_t half = 1u << (s - 1);
+  if (rem > half || (rem == half && (q & 1u))) ++q;
+  return static_cast<uint16_t>(sign | q);
+}
+
+float F16ToF32(uint16_t x) {
+  const uint32_t sign = static_cast<uint32_t>(x & 0x8000u) << 16;
+  const uint32_t exp = (x >> 10) & 0x1Fu;
+  const uint32_t mant = x & 0x3FFu;
+  if (exp == 0) {
+    const float v = std::ldexp(static_cast<float>(mant), -24);
+    return sign ? -v : v;
+  }
+  if (exp == 31) return BitsFloat(sign | 0x7F800000u | (mant << 13));
+  return BitsFloat(sign | ((exp + 112u) << 23) | (mant << 13));
+}
+
+size_t SafetensorsDTypeSize(const std::string& d) {
+  if (d == "F64" || d == "I64" || d == "U64") return 8;
+  if (d == "F32" || d == "I32" || d == "U32") return 4;
+  if (d == "F16" || d == "BF16" || d == "I16" || d == "U16") return 2;
+  if (d == "I8" || d == "U8" || d == "BOOL" || d == "F8_E4M3" || d == "F8_E5M2") return 1;
+  return 0;
+}
+
+int64_t HostTensor::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+Result<std::vector<float>> HostTensor::ToF32() const {
+  const size_t n = static_cast<size_t>(numel());
+  const size_t esize = SafetensorsDTypeSize(dtype);
+  if (esize == 0 || data.size() != n * esize) {
+    return Status::InvalidArgument("tensor of dtype " + dtype + " and shape " + ShapeJson(shape) +
+                                   " holds " + std::to_string(data.size()) + " bytes");
+  }
+  std::vector<float> out(n);
+  if (dtype == "F32") {
+    if (n > 0) std::memcpy(out.data(), data.data(), n * 4);
+  } else if (dtype == "BF16" || dtype == "F16") {
+    const bool bf = dtype == "BF16";
+    for (size_t i = 0; i < n; ++i) {
+      const uint16_t h = static_cast<uint16_t>(data[2 * i] | (data[2 * i + 1] << 8));
+      out[i] = bf ? BF16ToF32(h) : F16ToF32(h);
+    }
+  } else {
+    return Status::InvalidArgument("tensor dtype " + dtype +
+                                   " is not a float type (F32, BF16, F16 convert to fp32)");
+  }
+  return out;
+}
+
+HostTensor HostTensor::FromF32(const float* data, std::vector<int64_t> shape) {
+  HostTensor t;
+  t.dtype = "F32";
+  t.shape = std::move(shape);
+  const size_t n = static_cast<size_t>(t.numel());
+  t.data.resize(n * 4);
+  if (n > 0) std::memcpy(t.data.data(), data, n * 4);
+  return t;
+}
+
+Result<HostTensor> CastTensor(const HostTensor& t, const std::string& dtype) {
+  if (dtype != "F32" && dtype != "BF16" && dtype != "F16") {
+    return Status::InvalidArgument("cannot cast to dtype " + dtype + " (F32, BF16, F16)");
+  }
+  TRAIND_ASSIGN_OR_RETURN(std::vector<float> f, t.ToF32());
+  if (dtype == "F32") return HostTensor::FromF32(f.data(), t.shape);
+  HostTensor out;
+  out.dtype = dtype;
+  out.shape = t.shape;
+  out.data.resize(f.size() * 2);
+  const bool bf = dtype == "BF16";
+  for (size_t i = 0; i < f.size(); ++i) {
+    const uint16_t h = bf ? F32ToBF16(f[i]) : F32ToF16(f[i]);
+    out.data[2 * i] = static_cast<uint8_t>(h & 0xFF);
+    out.data[2 * i + 1] = static_cast<uint8_t>(h >> 8);
+  }
+  return out;
+}
+
+Result<SafetensorsFile> ReadSafetensors(const std::string& path) {
+  Fd f;
+  f.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (f.fd < 0) {
+    const int err = errno;
+    if (err == ENOENT) return Status::NotFound(path + ": no such file");
+    return Status::FailedPrecondition(path + ": cannot open: " + ErrnoText(err));
+  }
+  struct stat st;
+  if (::fstat(f.fd, &st) != 0) return Status::FailedPrecondition(path + ": " + ErrnoText(errno));
+  if (!S_ISREG(st.st_mode)) return Status::FailedPrecondition(path + ": not a regular file");
+  const uint64_t file_size = static_cast<uint64_t>(st.st_size);
+  uint8_t len_bytes[8];
+  if (file_size < 8 || !PreadAll(f.fd, len_bytes, 8, 0)) {
+    return Status::DataLoss(path + ": truncated: " + std::to_string(file_size) +
+                            " bytes, shorter than the 8-byte header length");
+  }
+  uint64_t header_len = 0;
+  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | len_bytes[i];
+  if (header_len > kMaxHeaderBytes) {
+    return Status::DataLoss(path + ": header length " + std::to_string(header_len) +
+                            " exceeds the 100 MB limit (not a safetensors file?)");
+  }
+  if (header_len > file_size - 8) {
+    return Status::DataLoss(path + ": header length " + std::to_string(header_len) +
+                            " is larger than the rest of the file (" +
+                            std::to_string(file_size - 8) + " bytes): truncated");
+  }
+  std::string header(header_len, '\0');
+  if (header_len > 0 && !PreadAll(f.fd, header.data(), header_len, 8)) {
+    return Status::DataLoss(path + ": cannot read the header: " + ErrnoText(errno));
+  }
+  json h = json::parse(header, nullptr, /*allow_exceptions=*/false);
+  if (h.is_discarded()) return Status::DataLoss(path + ": the header is not valid JSON");
+  if (!h.is_object()) return Status::DataLoss(path + ": the header is not a JSON object");
+
+  const uint64_t data_start = 8 + header_len;
+  const uint64_t data_bytes = file_size - data_start;
+  SafetensorsFile out;
+  struct Range {
+    uint64_t begin, end;
+    std::string name;
+  };
+  std::vector<Range> ranges;
+  for (const auto& [name, e] : h.items()) {
+    if (name == "__metadata__") {
+      if (!e.is_object()) return Status::DataLoss(path + ": __metadata__ is not an object");
+      for (const auto& [k, v] : e.items()) {
+        if (!v.is_string()) {
+          return Status::DataLoss(path + ": __metadata__['" + k + "'] is not a string");
+        }
+        out.metadata[k] = v.get<std::string>();
+      }
+      continue;
+    }
+    HostTensor t;
+    uint64_t b = 0, en = 0;
+    TRAIND_RETURN_IF_ERROR(ParseEntry(path, name, e, data_bytes, &t, &b, &en));
+    ranges.push_back({b, en, name});
+    out.tensors.emplace(name, std::move(t));
+  }
+  std::sort(ranges.begin(), ranges.end(), [](const Range& a, const Range& b) {
+    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+  });
+  for (size_t i = 1; i < ranges.size(); ++i) {
+    const Range& p = ranges[i - 1];
+    const Range& c = ranges[i];
+    if (c.begin < p.end && c.begin != c.end && p.begin != p.end) {
+      return Status::DataLoss(path + ": tensor '" + c.name + "' overlaps tensor '" + p.name +
+                              "' in the data section");
+    }
+  }
+  for (const Range& r : ranges) {
+    HostTensor& t = out.tensors[r.name];
+    t.data.resize(r.end - r.begin);
+    if (!t.data.empty() && !PreadAll(f.fd, t.data.data(), t.data.size(), data_start + r.begin)) {
+      return Status::DataLoss(path + ": tensor '" + r.name + "': short read (file changed?)");
+    }
+  }
+  return out;
+}
+
+Status WriteSafetensors(const std::string& path, const SafetensorsFile& file) {
+  // Header built by hand so the key order is fixed: __metadata__, then tensors by name
+  // (std::map order), each {"dtype","shape","data_offsets"} as the HF writer orders them.
+  std::string header = "{";
+  bool first = true;
+  if (!file.metadata.empty()) {
+    header += "\"__metadata__\":" + json(file.metadata).dump();
+    first = false;
+  }
+  uint64_t offset = 0;
+  for (const auto& [name, t] : file.tensors) {
+    const size_t esize = SafetensorsDTypeSize(t.dtype);
+    if (esize == 0) return Status::InvalidArgument(path + ": tensor '" + name + "': unknown dtype '" + t.dtype + "'");
+    for (int64_t d : t.shape) {
+      if (d < 0) return Status::InvalidArgument(path + ": tensor '" + name + "': negative dimension");
+    }
+    if (t.data.size() != static_cast<uint64_t>(t.numel()) * esize) {
+      return Status::InvalidArgument(path + ": tensor '" + name + "': " +
+                                     std::to_string(t.data.size()) + " bytes for shape " +
+                                     ShapeJson(t.shape) + " of " + t.dtype);
+    }
+    if (name == "__metadata__") {
+      return Status::InvalidArgument(path + ": '__metadata__' is reserved, not a tensor name");
+    }
+    if (!first) header += ",";
+    first = false;
+    const uint64_t end = offset + t.data.size();
+    header += json(name).dump() + ":{\"dtype\":" + json(t.dtype).dump() +
+              ",\"shape\":" + ShapeJson(t.shape) + ",\"data_offsets\":[" +
+              std::to_string(offset) + "," + std::to_string(end) + "]}";
+    offset = end;
+  }
+  header += "}";
+  header.append((8 - header.size() % 8) % 8, ' ');  // data starts 8-byte aligned, as HF pads
+  uint8_t len_bytes[8];
+  uint64_t n = header.size();
+  for (int i = 0; i < 8; ++i) len_bytes[i] = static_cast<uint8_t>((n >> (8 * i)) & 0xFF);
+  std::vector<std::pair<const uint8_t*, size_t>> pieces;
+  pieces.emplace_back(len_bytes, 8);
+  pieces.emplace_back(reinterpret_cast<const uint8_t*>(header.data()), header.size());
+  for (const auto& [name, t] : file.tensors) pieces.emplace_back(t.data.data(), t.data.size());
+  return WritePiecesAtomic(path, pieces);
+}
+
+Status WriteFileAtomic(const std::string& path, const std::string& content) {
+  return WritePiecesAtomic(path,
+                           {{reinterpret_cast<const uint8_t*>(content.data()), content.size()}});
+}
+
+Result<SafetensorsFile> ReadHfWeights(const std::string& folder) {
+  namespace fs = std::filesystem;
+  const fs::path dir(folder);
+  std::error_code ec;
+  const fs::path single = dir / "model.safetensors";
+  if (fs::exists(single, ec)) return ReadSafetensors(single.string());
+  const fs::path index = dir / "model.safetensors.index.json";
+  if (!fs::exists(index, ec)) {
+    return Status::NotFound(folder + ": neither model.safetensors nor "
+                            "model.safetensors.index.json exists");
+  }
+  std::string text;
+  {
+    Fd f;
+    f.fd = ::open(index.c_str(), O_RDONLY | O_CLOEXEC);
+    if (f.fd < 0) return Status::FailedPrecondition(index.string() + ": " + ErrnoText(errno));
+    char buf[65536];
+    for (;;) {
+      ssize_t r = ::read(f.fd, buf, sizeof(buf));
+      if (r < 0 && errno == EINTR) continue;
+      if (r < 0) return Status::FailedPrecondition(index.string() + ": " + ErrnoText(errno));
+      if (r == 0) break;
+      text.append(buf, static_cast<size_t>(r));
+      if (text.size() > kMaxHeaderBytes) {
+        return Status::DataLoss(index.string() + ": larger than 100 MB");
+      }
+    }
+  }
+  json j = json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("weight_map") ||
+      !j["weight_map"].is_object()) {
+    return Status::DataLoss(index.string() + ": not a JSON object with a \"weight_map\" object");
+  }
+  std::map<std::string, std::vector<std::string>> by_shard;  // shard file -> tensor names
+  for (const auto& [name, shard] : j["weight_map"].items()) {
+    if (!shard.is_string()) {
+      return Status::DataLoss(index.string() + ": weight_map['" + name + "'] is not a string");
+    }
+    const std::string s = shard.get<std::string>();
+    if (s.empty() || s.find('/') != std::string::npos || s == "." || s == "..") {
+      return Status::DataLoss(index.string() + ": weight_map['" + name + "'] = '" + s +
+                              "' is not a file name in the folder");
+    }
+    by_shard[s].push_back(name);
+  }
+  SafetensorsFile out;
+  for (const auto& [shard, names] : by_shard) {
+    const std::string shard_path = (dir / shard).string();
+    TRAIND_ASSIGN_OR_RETURN(SafetensorsFile part, ReadSafetensors(shard_path));
+    for (const std::string& name : names) {
+      if (part.tensors.count(name) == 0) {
+        return Status::DataLoss(index.string() + ": tensor '" + name + "' is listed in " + shard +
+                                " but " + shard_path + " does not hold it");
+      }
+    }
+    for (auto& [name, t] : part.tensors) {
+      if (out.tensors.count(name) != 0) {
+        return Status::DataLoss(shard_path + ": tensor '" + name + "' also appears in another shard");
+      }
+      out.tensors.emplace(name, std::move(t));
+    }
+    for (auto& [k, v] : part.metadata) out.metadata.emplace(k, v);
+  }
+  return out;
+}
+
+}  // namespace traind::engine

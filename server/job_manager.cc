@@ -1,0 +1,367 @@
+// JobManager: submit → store → queue; runner events → store + metrics + watchers (job_manager.h).
+#include "job_manager.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <chrono>
+#include <climits>
+#include <cstdio>
+#include <filesystem>
+
+#include "traind/worker/admission.h"
+
+namespace traind::server {
+namespace {
+
+int64_t NowMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+v1::JobEvent StateChange(v1::JobState state, const std::string& error, int32_t attempt,
+                         const std::string& reason) {
+  v1::JobEvent ev;
+  auto* s = ev.mutable_state();
+  s->set_state(state);
+  s->set_error(error);
+  s->set_attempt(attempt);
+  s->set_reason(reason);
+  return ev;
+}
+
+}  // namespace
+
+const char* JobStateName(v1::JobState s) {
+  switch (s) {
+    case v1::JOB_STATE_QUEUED: return "QUEUED";
+    case v1::JOB_STATE_RUNNING: return "RUNNING";
+    case v1::JOB_STATE_SUCCEEDED: return "SUCCEEDED";
+    case v1::JOB_STATE_FAILED: return "FAILED";
+    case v1::JOB_STATE_CANCELLED: return "CANCELLED";
+    default: return "UNKNOWN";
+  }
+}
+
+bool IsTerminal(v1::JobState s) {
+  return s == v1::JOB_STATE_SUCCEEDED || s == v1::JOB_STATE_FAILED || s == v1::JOB_STATE_CANCELLED;
+}
+
+JobManager::JobManager(JobManagerOptions options, JobStore* store, Metrics* metrics)
+    : options_(std::move(options)), store_(store), metrics_(metrics) {
+  supervisor_ = std::make_unique<worker::Supervisor>(options_.supervisor, this);
+}
+
+JobManager::~JobManager() { Stop(); }
+
+Status JobManager::Start() {
+  TRAIND_ASSIGN_OR_RETURN(std::vector<v1::Job> jobs, store_->LoadJobs());
+  TRAIND_ASSIGN_OR_RETURN(int64_t last_order, store_->LastSubmitOrder());
+  std::lock_guard<std::mutex> lock(mu_);
+  last_order_ = last_order;
+  for (auto& job : jobs) {
+    last_order_ = std::max(last_order_, job.submit_order());
+    jobs_[job.id()] = job;
+  }
+  // Queue in submit order; the job that was running goes first.
+  std::vector<v1::Job*> pending;
+  for (auto& [id, job] : jobs_) {
+    if (!IsTerminal(job.state())) pending.push_back(&job);
+  }
+  std::sort(pending.begin(), pending.end(),
+            [](const v1::Job* a, const v1::Job* b) { return a->submit_order() < b->submit_order(); });
+  for (v1::Job* job : pending) {
+    worker::QueuedJob q;
+    q.id = job->id();
+    q.priority = job->priority();
+    q.order = job->submit_order();
+    q.spec_json = job->spec_json();
+    q.attempts_before = job->attempts();
+    if (job->state() == v1::JOB_STATE_RUNNING) {
+      q.recovered = true;
+      q.priority = INT32_MAX;
+      v1::JobEvent ev;
+      ev.set_message("traind restarted while this job was running; it resumes from its last checkpoint");
+      TRAIND_RETURN_IF_ERROR(AppendLocked(job, std::move(ev), true));
+      spdlog::info("job {}: was running when traind stopped; resuming from its last checkpoint", job->id());
+    }
+    supervisor_->Enqueue(std::move(q));
+  }
+  spdlog::info("job store: {} jobs, {} to run", jobs_.size(), pending.size());
+  UpdateGaugesLocked();
+  supervisor_->Start();
+  return Status::Ok();
+}
+
+void JobManager::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  changed_.notify_all();
+  supervisor_->Stop();
+}
+
+namespace {
+// Offset of the first byte that breaks UTF-8, or npos.
+size_t FirstInvalidUtf8(const std::string& s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
+    if (n == 0 || i + n > s.size()) return i;
+    for (size_t k = 1; k < n; ++k) {
+      if ((static_cast<unsigned char>(s[i + k]) >> 6) != 0x2) return i;
+    }
+    i += n;
+  }
+  return std::string::npos;
+}
+}  // namespace
+
+Result<std::string> JobManager::SpecText(const v1::SubmitJobRequest& req) const {
+  if (!req.base_dir().empty() && !std::filesystem::path(req.base_dir()).is_absolute())
+    return Status::InvalidArgument("base_dir: must be an absolute path, got " + req.base_dir());
+  if (req.has_spec()) return worker::SpecMessageToText(req.spec());
+  if (req.spec_yaml().empty()) return Status::InvalidArgument("spec: empty; send spec_yaml or spec");
+  if (const size_t bad = FirstInvalidUtf8(req.spec_yaml()); bad != std::string::npos)
+    return Status::InvalidArgument("spec: not UTF-8 text (bad byte at offset " + std::to_string(bad) + ")");
+  return req.spec_yaml();
+}
+
+Result<v1::Job> JobManager::Submit(const std::string& user, const v1::SubmitJobRequest& req) {
+  TRAIND_ASSIGN_OR_RETURN(std::string text, SpecText(req));
+  TRAIND_ASSIGN_OR_RETURN(worker::Admitted admitted,
+                          worker::Admit(text, req.base_dir(), options_.supervisor.device));
+  std::lock_guard<std::mutex> lock(mu_);
+  if (stopping_) return Status::Unavailable("traind is shutting down; submit again after it restarts");
+  const int64_t order = last_order_ + 1;
+  char id[32];
+  std::snprintf(id, sizeof(id), "job-%06lld", static_cast<long long>(order));
+  v1::Job job;
+  job.set_id(id);
+  job.set_name(admitted.spec.name);
+  job.set_owner(user);
+  job.set_state(v1::JOB_STATE_QUEUED);
+  job.set_max_steps(admitted.spec.training.max_steps);
+  job.set_output_dir(admitted.spec.output_dir);
+  job.set_priority(req.priority());
+  job.set_submit_order(order);
+  job.set_created_unix_ms(NowMs());
+  *job.mutable_plan() = worker::PlanToProto(admitted.plan);
+  job.set_spec_yaml(req.has_spec() ? "" : text);
+  job.set_spec_json(admitted.spec_json);
+  job.set_base_dir(req.base_dir());
+  v1::JobEvent ev = StateChange(v1::JOB_STATE_QUEUED, "", 0, "submitted by " + user);
+  ev.set_sequence(1);
+  ev.set_time_unix_ms(job.created_unix_ms());
+  job.set_last_sequence(1);
+  TRAIND_RETURN_IF_ERROR(store_->Write(job, &ev, /*sync=*/true, order));
+  last_order_ = order;
+  jobs_[job.id()] = job;
+  worker::QueuedJob q;
+  q.id = job.id();
+  q.priority = job.priority();
+  q.order = order;
+  q.spec_json = job.spec_json();
+  supervisor_->Enqueue(std::move(q));
+  UpdateGaugesLocked();
+  spdlog::info("job {} ({}) submitted by {}: {} steps, plan {} bytes", job.id(), job.name(), user,
+               job.max_steps(), job.plan().bytes().total());
+  return job;
+}
+
+Result<v1::EstimateJobResponse> JobManager::Estimate(const v1::EstimateJobRequest& req) {
+  v1::SubmitJobRequest as_submit;
+  if (req.has_spec()) *as_submit.mutable_spec() = req.spec();
+  else as_submit.set_spec_yaml(req.spec_yaml());
+  as_submit.set_base_dir(req.base_dir());
+  TRAIND_ASSIGN_OR_RETURN(std::string text, SpecText(as_submit));
+  TRAIND_ASSIGN_OR_RETURN(engine::MemoryPlan plan, worker::Estimate(text, req.base_dir(), options_.supervisor.device));
+  v1::EstimateJobResponse resp;
+  *resp.mutable_plan() = worker::PlanToProto(plan);
+  resp.set_reason(plan.reason);
+  return resp;
+}
+
+Result<v1::Job> JobManager::Get(const std::string& user, const std::string& id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = jobs_.find(id);
+  if (it == jobs_.end() || it->second.owner() != user) return Status::NotFound("no job " + id);
+  return it->second;
+}
+
+std::vector<v1::Job> JobManager::List(const std::string& user, int limit) {
+  std::vector<v1::Job> out;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& [id, job] : jobs_) {
+    if (job.owner() == user) out.push_back(job);
+  }
+  std::sort(out.begin(), out.end(),
+            [](const v1::Job& a, const v1::Job& b) { return a.submit_order() > b.submit_order(); });
+  if (limit > 0 && out.size() > static_cast<size_t>(limit)) out.resize(static_cast<size_t>(limit));
+  return out;
+}
+
+Result<v1::Job> JobManager::Cancel(const std::string& user, const std::string& id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = jobs_.find(id);
+  if (it == jobs_.end() || it->second.owner() != user) return Status::NotFound("no job " + id);
+  v1::Job& job = it->second;
+  if (IsTerminal(job.state())) return job;
+  const auto outcome = supervisor_->Cancel(id);
+  if (outcome != worker::Supervisor::CancelOutcome::kSignalled) {
+    job.set_state(v1::JOB_STATE_CANCELLED);
+    job.set_finished_unix_ms(NowMs());
+    TRAIND_RETURN_IF_ERROR(AppendLocked(&job, StateChange(v1::JOB_STATE_CANCELLED, "", job.attempts(),
+                                                          "cancelled by " + user + " while queued"), true));
+    UpdateGaugesLocked();
+  } else {
+    v1::JobEvent ev;
+    ev.set_message("cancel requested by " + user + "; the job stops within one step");
+    TRAIND_RETURN_IF_ERROR(AppendLocked(&job, std::move(ev), true));
+  }
+  spdlog::info("job {}: cancel requested by {}", id, user);
+  return job;
+}
+
+Status JobManager::Watch(const std::string& user, const v1::WatchJobRequest& req,
+                         const std::function<bool(const v1::JobEvent&)>& send,
+                         const std::function<bool()>& client_gone) {
+  int64_t next = std::max<int64_t>(1, req.from_sequence());
+  while (true) {
+    int64_t last = 0;
+    bool ended = false;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      auto it = jobs_.find(req.id());
+      if (it == jobs_.end() || it->second.owner() != user) return Status::NotFound("no job " + req.id());
+      last = it->second.last_sequence();
+      ended = IsTerminal(it->second.state());
+      if (next > last) {
+        if (!req.follow() || ended) return Status::Ok();
+        if (stopping_) return Status::Unavailable("traind is shutting down; watch again after it restarts");
+        if (client_gone()) return Status::Cancelled("the client went away");
+        changed_.wait_for(lock, std::chrono::milliseconds(500));
+        continue;
+      }
+    }
+    TRAIND_ASSIGN_OR_RETURN(std::vector<v1::JobEvent> events, store_->ReadEvents(req.id(), next, 512));
+    if (events.empty()) return Status::DataLoss("events of " + req.id() + " from " + std::to_string(next) + " are missing");
+    for (const auto& ev : events) {
+      if (!send(ev)) return Status::Cancelled("the client went away");
+      next = ev.sequence() + 1;
+    }
+  }
+}
+
+Status JobManager::AppendLocked(v1::Job* job, v1::JobEvent ev, bool sync) {
+  ev.set_sequence(job->last_sequence() + 1);
+  ev.set_time_unix_ms(NowMs());
+  v1::Job updated = *job;
+  updated.set_last_sequence(ev.sequence());
+  Status s = store_->Write(updated, &ev, sync);
+  if (!s.ok()) {
+    spdlog::error("job {}: {}", job->id(), s.ToString());
+    return s;
+  }
+  *job = std::move(updated);
+  changed_.notify_all();
+  return Status::Ok();
+}
+
+void JobManager::UpdateGaugesLocked() {
+  std::map<v1::JobState, int> counts;
+  for (const auto& [id, job] : jobs_) counts[job.state()]++;
+  metrics_->SetJobCounts(counts);
+  metrics_->SetQueueLength(supervisor_->QueueLength());
+}
+
+void JobManager::OnAttemptStart(const std::string& id, int32_t attempt, bool resume) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = jobs_.find(id);
+  if (it == jobs_.end()) return;
+  v1::Job& job = it->second;
+  job.set_state(v1::JOB_STATE_RUNNING);
+  job.set_attempts(attempt);
+  if (job.started_unix_ms() == 0) job.set_started_unix_ms(NowMs());
+  const std::string reason = resume ? "attempt " + std::to_string(attempt) + ": resuming from the last checkpoint"
+                                    : "attempt " + std::to_string(attempt) + ": started";
+  (void)AppendLocked(&job, StateChange(v1::JOB_STATE_RUNNING, "", attempt, reason), true);
+  metrics_->JobStarted(id, job.name(), job.plan());
+  UpdateGaugesLocked();
+  spdlog::info("job {}: {}", id, reason);
+}
+
+void JobManager::OnRunnerEvent(const std::string& id, const v1::RunnerEvent& rev) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = jobs_.find(id);
+  if (it == jobs_.end()) return;
+  v1::Job& job = it->second;
+  v1::JobEvent ev;
+  switch (rev.kind_case()) {
+    case v1::RunnerEvent::kPlan:
+      *job.mutable_plan() = rev.plan();
+      *ev.mutable_plan() = rev.plan();
+      metrics_->JobStarted(id, job.name(), rev.plan());
+      break;
+    case v1::RunnerEvent::kStep:
+      job.set_step(rev.step().step());
+      job.set_max_steps(rev.step().max_steps());
+      job.set_last_loss(rev.step().loss());
+      *ev.mutable_step() = rev.step();
+      metrics_->OnStep(id, rev.step());
+      break;
+    case v1::RunnerEvent::kLog:
+      *ev.mutable_log() = rev.log();
+      metrics_->OnLog(id, rev.log());
+      break;
+    case v1::RunnerEvent::kEval:
+      *ev.mutable_eval() = rev.eval();
+      metrics_->OnEval(id, rev.eval());
+      break;
+    case v1::RunnerEvent::kCheckpoint:
+      *ev.mutable_checkpoint() = rev.checkpoint();
+      break;
+    case v1::RunnerEvent::kMessage:
+      ev.set_message(rev.message());
+      break;
+    default:
+      return;
+  }
+  (void)AppendLocked(&job, std::move(ev), rev.has_checkpoint());
+}
+
+void JobManager::OnAttemptCrashed(const std::string& id, int32_t attempt, const std::string& reason,
+                                  bool will_retry) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = jobs_.find(id);
+  if (it == jobs_.end()) return;
+  v1::JobEvent ev;
+  ev.set_message("attempt " + std::to_string(attempt) + " failed: " + reason +
+                 (will_retry ? "; restarting from the last checkpoint" : ""));
+  spdlog::warn("job {}: {}", id, ev.message());
+  (void)AppendLocked(&it->second, std::move(ev), true);
+}
+
+void JobManager::OnJobEnd(const std::string& id, v1::JobState state, const std::string& error,
+                          const v1::RunnerResult* result) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = jobs_.find(id);
+  if (it == jobs_.end()) return;
+  v1::Job& job = it->second;
+  job.set_state(state);
+  job.set_error(error);
+  job.set_finished_unix_ms(NowMs());
+  if (result && state == v1::JOB_STATE_SUCCEEDED) {
+    *job.mutable_summary() = result->summary();
+    if (result->has_plan()) *job.mutable_plan() = result->plan();
+    job.set_step(result->summary().global_step());
+  }
+  (void)AppendLocked(&job, StateChange(state, error, job.attempts(), ""), true);
+  metrics_->JobEnded(id);
+  UpdateGaugesLocked();
+  spdlog::info("job {}: {}{}{}", id, JobStateName(state), error.empty() ? "" : ": ", error);
+}
+
+}  // namespace traind::server

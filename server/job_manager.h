@@ -1,0 +1,90 @@
+// JobManager: the daemon's job lifecycle between the gRPC handlers, the job store and the worker's
+// Supervisor. Owns the in-memory view of every job (written through to the JobStore first), the
+// per-job event log (dense sequence numbers) and the watchers waiting on it.
+// Thread-safe: every public method may be called from any gRPC thread; the Supervisor calls the
+// listener methods from its own thread.
+#pragma once
+
+#include <sys/types.h>
+
+#include <condition_variable>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "job_store.h"
+#include "metrics.h"
+#include "traind/engine/status.h"
+#include "traind/v1/job_service.pb.h"
+#include "traind/worker/supervisor.h"
+
+namespace traind::server {
+
+struct JobManagerOptions {
+  worker::SupervisorOptions supervisor;  // runner path, device, attempts, cancel grace, log dir
+};
+
+class JobManager : public worker::SupervisorListener {
+ public:
+  // `store` and `metrics` must outlive the manager.
+  JobManager(JobManagerOptions options, JobStore* store, Metrics* metrics);
+  ~JobManager() override;
+
+  // Loads every stored job: QUEUED ones are queued again, a RUNNING one is queued first to resume
+  // from its last checkpoint (with an event saying so). Then starts the Supervisor.
+  Status Start();
+  // Stops the Supervisor (a running child is killed; its job resumes at the next Start) and ends
+  // every WatchJob stream. Idempotent.
+  void Stop();
+
+  // Admission (parse, inputs, plan vs budget) then a durable QUEUED record. Errors are the
+  // engine's (INVALID_ARGUMENT with the field path, NOT_FOUND / FAILED_PRECONDITION).
+  Result<v1::Job> Submit(const std::string& user, const v1::SubmitJobRequest& req);
+  Result<v1::EstimateJobResponse> Estimate(const v1::EstimateJobRequest& req);
+  // NOT_FOUND for an unknown id and for another user's job alike.
+  Result<v1::Job> Get(const std::string& user, const std::string& id);
+  std::vector<v1::Job> List(const std::string& user, int limit);  // newest first
+  Result<v1::Job> Cancel(const std::string& user, const std::string& id);
+  // Sends the job's events from req.from_sequence through `send` (false = the client went away).
+  // With req.follow, waits for new events until the job ends, `send` fails, or Stop().
+  // `client_gone` is polled while waiting.
+  Status Watch(const std::string& user, const v1::WatchJobRequest& req,
+               const std::function<bool(const v1::JobEvent&)>& send,
+               const std::function<bool()>& client_gone);
+
+  pid_t RunnerPid() const { return supervisor_->RunningPid(); }
+
+  // worker::SupervisorListener
+  void OnAttemptStart(const std::string& id, int32_t attempt, bool resume) override;
+  void OnRunnerEvent(const std::string& id, const v1::RunnerEvent& ev) override;
+  void OnAttemptCrashed(const std::string& id, int32_t attempt, const std::string& reason,
+                        bool will_retry) override;
+  void OnJobEnd(const std::string& id, v1::JobState state, const std::string& error,
+                const v1::RunnerResult* result) override;
+
+ private:
+  // Appends `ev` (sequence and time filled in here) to `job`'s log and writes both. Caller holds mu_.
+  Status AppendLocked(v1::Job* job, v1::JobEvent ev, bool sync);
+  void UpdateGaugesLocked();
+  Result<std::string> SpecText(const v1::SubmitJobRequest& req) const;
+
+  const JobManagerOptions options_;
+  JobStore* const store_;
+  Metrics* const metrics_;
+  std::unique_ptr<worker::Supervisor> supervisor_;
+
+  mutable std::mutex mu_;
+  std::condition_variable changed_;          // any event appended, or stopping
+  std::map<std::string, v1::Job> jobs_;      // guarded by mu_
+  int64_t last_order_ = 0;                   // guarded by mu_
+  bool stopping_ = false;                    // guarded by mu_
+};
+
+// "QUEUED", "RUNNING", ... (the CLI contract's names).
+const char* JobStateName(v1::JobState s);
+bool IsTerminal(v1::JobState s);
+
+}  // namespace traind::server

@@ -1,0 +1,40 @@
+// JobServiceImpl: the gRPC handlers of traind.v1.JobService. Each one authenticates the caller
+// (bearer token), calls one JobManager function, maps the Status to gRPC (status_map.h) and counts
+// the call in traind_grpc_requests_total{method,code}.
+#pragma once
+
+#include "auth.h"
+#include "job_manager.h"
+#include "metrics.h"
+#include "traind/v1/job_service.grpc.pb.h"
+
+namespace traind::server {
+
+class JobServiceImpl final : public v1::JobService::Service {
+ public:
+  // All three must outlive the service.
+  JobServiceImpl(JobManager* jobs, const TokenAuth* auth, Metrics* metrics)
+      : jobs_(jobs), auth_(auth), metrics_(metrics) {}
+
+  grpc::Status SubmitJob(grpc::ServerContext* ctx, const v1::SubmitJobRequest* req,
+                         v1::SubmitJobResponse* resp) override;
+  grpc::Status GetJob(grpc::ServerContext* ctx, const v1::GetJobRequest* req, v1::Job* resp) override;
+  grpc::Status ListJobs(grpc::ServerContext* ctx, const v1::ListJobsRequest* req,
+                        v1::ListJobsResponse* resp) override;
+  grpc::Status CancelJob(grpc::ServerContext* ctx, const v1::CancelJobRequest* req, v1::Job* resp) override;
+  grpc::Status WatchJob(grpc::ServerContext* ctx, const v1::WatchJobRequest* req,
+                        grpc::ServerWriter<v1::JobEvent>* writer) override;
+  grpc::Status EstimateJob(grpc::ServerContext* ctx, const v1::EstimateJobRequest* req,
+                           v1::EstimateJobResponse* resp) override;
+
+ private:
+  // Authenticates, runs body(user) -> Status, maps and counts.
+  template <typename Body>
+  grpc::Status Handle(const char* method, grpc::ServerContext* ctx, Body&& body);
+
+  JobManager* const jobs_;
+  const TokenAuth* const auth_;
+  Metrics* const metrics_;
+};
+
+}  // namespace traind::server

@@ -1,0 +1,45 @@
+// ServerOptions: everything traind can be told, from flags (CLI.md) or a --config YAML file whose
+// keys are the flag names without dashes (a flag on the command line wins over the file).
+// Validated once, in ParseServerOptions.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "traind/engine/status.h"
+
+namespace traind::server {
+
+struct ServerOptions {
+  std::string config;                             // YAML file of these keys; "" = none
+  std::string state_dir = "./.traind";            // RocksDB (db/), token, traind.log, jobs/*.log
+  std::string listen = "127.0.0.1:50051";         // gRPC host:port; port 0 picks a free one
+  std::string metrics_listen = "127.0.0.1:9464";  // Prometheus /metrics; port 0 picks one
+  std::string device = "auto";                    // auto | cpu | cuda:N
+  std::string memory_budget = "auto";             // bytes (suffixes K M G, KiB MiB GiB) or auto
+  int64_t memory_budget_bytes = 0;                // parsed memory_budget; 0 = device capacity
+  std::string tls_cert, tls_key;                  // PEM files: serve TLS (both or neither)
+  std::string tokens_file;                        // `user token` lines (beside <state-dir>/token)
+  bool allow_insecure_remote = false;  // plaintext on a non-loopback address (default: refused)
+  int max_attempts = 3;                // job-runner attempts per job before FAILED
+  double cancel_grace_seconds = 10;    // SIGTERM → SIGKILL for a cancelled job's child
+  int threads = 0;                     // CPU threads per job; 0 = all cores
+  // Denominator of traind_model_flops_utilization in FLOP/s; 0 = on CPU, cores x 3 GHz x 32
+  // (two 8-wide fp32 FMA units); on CUDA it must be set.
+  double device_peak_flops = 0;
+  double shutdown_timeout_seconds = 10;  // graceful stop: in-flight RPCs get this long
+  std::string log_level = "info";        // trace | debug | info | warn | error
+};
+
+// Parses argv (the daemon's, without a subcommand). INVALID_ARGUMENT with one sentence for bad
+// flags, config keys or values; a non-loopback plaintext --listen is refused here. `help` is set
+// (and the usage text returned in the status message) for --help.
+Result<ServerOptions> ParseServerOptions(int argc, char** argv, bool* help);
+
+// "8GiB" → 8589934592, "auto" → 0; INVALID_ARGUMENT otherwise.
+Result<int64_t> ParseBytes(const std::string& text);
+
+// True for 127.0.0.0/8, ::1 and localhost hosts of a "host:port" address.
+bool IsLoopbackAddress(const std::string& host_port);
+
+}  // namespace traind::server

@@ -1,0 +1,161 @@
+// Job lifecycle through a real traind: submit via trainctl and via the client library, follow to
+// SUCCEEDED, `status -o json` fields, cancel a running job, queue order (FIFO and priority),
+// resumable WatchJob.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "daemon_fixture.h"
+
+namespace traind::testing {
+namespace {
+
+class LifecycleTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = MakeTempDir("traind-lifecycle");
+    data_ = WriteTextData(dir_);
+    daemon_ = std::make_unique<Daemon>(dir_ + "/state");
+    ASSERT_TRUE(daemon_->Start());
+    client_ = daemon_->Connect();
+  }
+  std::string Spec(const std::string& name, int64_t steps, int64_t save_steps = 0) {
+    SpecOptions o;
+    o.name = name;
+    o.train_file = data_;
+    o.output_dir = dir_ + "/runs/" + name;
+    o.max_steps = steps;
+    o.save_steps = save_steps;
+    const std::string path = dir_ + "/" + name + ".yaml";
+    WriteAll(path, TinySpec(o));
+    return path;
+  }
+  std::string dir_, data_;
+  std::unique_ptr<Daemon> daemon_;
+  std::unique_ptr<client::Client> client_;
+};
+
+TEST_F(LifecycleTest, TrainctlSubmitWaitAndStatusJson) {
+  const std::string spec = Spec("viactl", 20);
+  CmdResult r = Trainctl({"--addr", daemon_->addr(), "--state-dir", daemon_->state_dir(), "submit", spec, "--wait"});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  const std::string id = r.out.substr(0, r.out.find('\n'));
+  ASSERT_THAT(id, ::testing::StartsWith("job-"));
+
+  r = Trainctl({"--addr", daemon_->addr(), "--state-dir", daemon_->state_dir(), "-o", "json", "status", id});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["id"], id);
+  EXPECT_EQ(j["name"], "viactl");
+  EXPECT_EQ(j["state"], "SUCCEEDED");
+  EXPECT_EQ(j["step"], 20);
+  EXPECT_EQ(j["max_steps"], 20);
+  EXPECT_EQ(j["error"], "");
+  EXPECT_EQ(j["output_dir"], dir_ + "/runs/viactl");
+  for (const char* k : {"train_loss", "eval_loss", "train_runtime", "train_samples_per_second",
+                        "train_tokens_per_second", "peak_memory_bytes"}) {
+    ASSERT_TRUE(j["metrics"][k].is_number()) << k << " in " << r.out;
+  }
+  EXPECT_GT(j["metrics"]["train_loss"].get<double>(), 0.5);
+  EXPECT_LT(j["metrics"]["train_loss"].get<double>(), 6.0);  // ln(256) = 5.55 at init
+  EXPECT_GT(j["metrics"]["peak_memory_bytes"].get<int64_t>(), 0);
+  EXPECT_EQ(j["plan"]["micro_batch"], 4);
+  EXPECT_EQ(j["plan"]["gradient_accumulation_steps"], 1);
+  const auto& b = j["plan"]["bytes"];
+  EXPECT_EQ(b["total"].get<int64_t>(), b["weights"].get<int64_t>() + b["gradients"].get<int64_t>() +
+                                           b["optimizer"].get<int64_t>() + b["activations"].get<int64_t>() +
+                                           b["temporary"].get<int64_t>());
+  EXPECT_GT(b["weights"].get<int64_t>(), 0);
+  EXPECT_TRUE(std::filesystem::exists(dir_ + "/runs/viactl/model.safetensors"));
+  EXPECT_TRUE(std::filesystem::exists(dir_ + "/runs/viactl/trainer_state.json"));
+
+  // logs: the state changes and step lines, in order.
+  r = Trainctl({"--addr", daemon_->addr(), "--state-dir", daemon_->state_dir(), "logs", id});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, ::testing::HasSubstr("state QUEUED"));
+  EXPECT_THAT(r.out, ::testing::HasSubstr("step 20/20"));
+  EXPECT_THAT(r.out, ::testing::HasSubstr("state SUCCEEDED"));
+  EXPECT_LT(r.out.find("state RUNNING"), r.out.find("step 1/20"));
+}
+
+TEST_F(LifecycleTest, ClientLibrarySubmitFollowAndList) {
+  auto job = client_->SubmitFile(Spec("vialib", 10));
+  ASSERT_TRUE(job.ok()) << job.status().ToString();
+  EXPECT_EQ(job->state(), v1::JOB_STATE_QUEUED);
+  std::vector<int64_t> steps;
+  int64_t last_seq = 0;
+  Status s = client_->Watch(job->id(), 1, true, [&](const v1::JobEvent& ev) {
+    EXPECT_EQ(ev.sequence(), last_seq + 1);  // dense sequence numbers
+    last_seq = ev.sequence();
+    if (ev.has_step()) steps.push_back(ev.step().step());
+    return true;
+  });
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  ASSERT_EQ(steps.size(), 10u);
+  for (int i = 0; i < 10; ++i) EXPECT_EQ(steps[static_cast<size_t>(i)], i + 1);
+  auto done = client_->Get(job->id());
+  ASSERT_TRUE(done.ok());
+  EXPECT_EQ(done->state(), v1::JOB_STATE_SUCCEEDED);
+  // Resumable: from a sequence in the middle gives exactly the tail.
+  std::vector<int64_t> tail;
+  ASSERT_TRUE(client_->Watch(job->id(), last_seq - 2, false, [&](const v1::JobEvent& ev) {
+    tail.push_back(ev.sequence());
+    return true;
+  }).ok());
+  EXPECT_EQ(tail, (std::vector<int64_t>{last_seq - 2, last_seq - 1, last_seq}));
+
+  auto second = client_->SubmitFile(Spec("second", 2));
+  ASSERT_TRUE(second.ok());
+  auto list = client_->List();
+  ASSERT_TRUE(list.ok());
+  ASSERT_EQ(list->size(), 2u);
+  EXPECT_EQ((*list)[0].id(), second->id());  // newest first
+  EXPECT_EQ((*list)[1].id(), job->id());
+}
+
+TEST_F(LifecycleTest, CancelRunningJobStopsWithinASecond) {
+  auto job = client_->SubmitFile(Spec("long", 100000));
+  ASSERT_TRUE(job.ok()) << job.status().ToString();
+  ASSERT_TRUE(WaitFor(*client_, job->id(), [](const v1::Job& j) { return j.step() >= 3; }, 60));
+  CmdResult r = Trainctl({"--addr", daemon_->addr(), "--state-dir", daemon_->state_dir(), "cancel", job->id()});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto t0 = std::chrono::steady_clock::now();
+  v1::Job last;
+  ASSERT_TRUE(WaitFor(*client_, job->id(), IsDone, 30, &last));
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(last.state(), v1::JOB_STATE_CANCELLED);
+  EXPECT_LT(last.step(), 100000);
+  EXPECT_LT(seconds, 5.0) << "cancel should take effect within one step";
+  // --wait on a cancelled job exits 1; a second cancel is a no-op.
+  r = Trainctl({"--addr", daemon_->addr(), "--state-dir", daemon_->state_dir(), "cancel", job->id()});
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_EQ(daemon_->RunnerPid(), 0) << "the runner child is gone";
+}
+
+TEST_F(LifecycleTest, JobsRunOneAtATimeInPriorityThenSubmitOrder) {
+  // A blocker holds the device while three more queue: low(0), high(5), low2(0).
+  auto blocker = client_->SubmitFile(Spec("blocker", 100000));
+  ASSERT_TRUE(blocker.ok());
+  ASSERT_TRUE(WaitFor(*client_, blocker->id(), [](const v1::Job& j) { return j.step() >= 1; }, 60));
+  auto a = client_->SubmitFile(Spec("a", 3));
+  auto b = client_->SubmitFile(Spec("b", 3), /*priority=*/5);
+  auto c = client_->SubmitFile(Spec("c", 3));
+  ASSERT_TRUE(a.ok() && b.ok() && c.ok());
+  auto qa = client_->Get(a->id());
+  EXPECT_EQ(qa->state(), v1::JOB_STATE_QUEUED);
+  ASSERT_TRUE(client_->Cancel(blocker->id()).ok());
+  for (const auto& id : {a->id(), b->id(), c->id()}) {
+    v1::Job j;
+    ASSERT_TRUE(WaitFor(*client_, id, IsDone, 120, &j));
+    EXPECT_EQ(j.state(), v1::JOB_STATE_SUCCEEDED) << j.error();
+  }
+  auto ja = client_->Get(a->id()), jb = client_->Get(b->id()), jc = client_->Get(c->id());
+  // One at a time: each starts after the previous one finished.
+  EXPECT_LE(jb->finished_unix_ms(), ja->started_unix_ms());
+  EXPECT_LE(ja->finished_unix_ms(), jc->started_unix_ms());
+}
+
+}  // namespace
+}  // namespace traind::testing

@@ -1,0 +1,285 @@
+// CPU backend attention (causal, GQA, strided rows), rotary embedding and fused softmax +
+// cross-entropy against independent double-precision references written here; backward ops
+// against central finite differences of those references.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <vector>
+
+#include "backend/backend.h"
+#include "cpu_test_util.h"
+
+namespace traind::engine {
+namespace {
+
+using testing::DotD;
+using testing::ExpectClose;
+using testing::NumGrad;
+using testing::RandVec;
+using testing::ToDouble;
+
+struct AttnShape {
+  int B, T, NH, NKV, HS;
+  int q_stride, kv_stride;  // row strides of q and of k/v
+  int q_off, k_off, v_off;  // element offsets of q, k, v in their buffers
+};
+
+// out (B*T, NH*HS), lse (B, NH, T); q, k, v read from `qb`, `kvb` with the shape's strides.
+void RefAttention(const AttnShape& s, const std::vector<double>& qb, const std::vector<double>& kb,
+                  const std::vector<double>& vb, std::vector<double>* out,
+                  std::vector<double>* lse) {
+  const int C = s.NH * s.HS, group = s.NH / s.NKV;
+  out->assign(s.B * s.T * C, 0.0);
+  lse->assign(s.B * s.NH * s.T, 0.0);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(s.HS));
+  for (int b = 0; b < s.B; ++b) {
+    for (int h = 0; h < s.NH; ++h) {
+      const int kvh = h / group;
+      for (int t = 0; t < s.T; ++t) {
+        std::vector<double> sc(t + 1);
+        double mx = -1e300;
+        for (int j = 0; j <= t; ++j) {
+          double d = 0.0;
+          for (int i = 0; i < s.HS; ++i) {
+            d += qb[s.q_off + (b * s.T + t) * s.q_stride + h * s.HS + i] *
+                 kb[s.k_off + (b * s.T + j) * s.kv_stride + kvh * s.HS + i];
+          }
+          sc[j] = d * scale;
+          mx = std::max(mx, sc[j]);
+        }
+        double sum = 0.0;
+        for (int j = 0; j <= t; ++j) sum += std::exp(sc[j] - mx);
+        (*lse)[(b * s.NH + h) * s.T + t] = mx + std::log(sum);
+        for (int j = 0; j <= t; ++j) {
+          const double p = std::exp(sc[j] - mx) / sum;
+          for (int i = 0; i < s.HS; ++i) {
+            (*out)[(b * s.T + t) * C + h * s.HS + i] +=
+                p * vb[s.v_off + (b * s.T + j) * s.kv_stride + kvh * s.HS + i];
+          }
+        }
+      }
+    }
+  }
+}
+
+// Runs forward and backward for one layout. fused: q, k, v (and dq, dk, dv) share one buffer.
+void CheckAttention(const AttnShape& s, bool fused, bool grad_check) {
+  auto be = MakeCpuBackend(2);
+  const int rows = s.B * s.T, C = s.NH * s.HS;
+  const size_t qn = static_cast<size_t>(rows * s.q_stride), kvn = static_cast<size_t>(rows * s.kv_stride);
+  auto qbuf = RandVec(qn, 1, -1.5f, 1.5f);
+  auto kbuf = fused ? qbuf : RandVec(kvn, 2, -1.5f, 1.5f);
+  auto vbuf = fused ? qbuf : RandVec(kvn, 3);
+  std::vector<double> want_out, want_lse;
+  RefAttention(s, ToDouble(qbuf), ToDouble(kbuf), ToDouble(vbuf), &want_out, &want_lse);
+  std::vector<float> out(rows * C), lse(s.B * s.NH * s.T);
+  be->AttentionForward(out.data(), lse.data(), qbuf.data() + s.q_off, kbuf.data() + s.k_off,
+                       vbuf.data() + s.v_off, s.B, s.T, s.NH, s.NKV, s.HS, s.q_stride, s.kv_stride);
+  const std::string tag = std::string(fused ? "fused" : "separate") + " T=" + std::to_string(s.T);
+  ExpectClose(out, want_out, 1e-5, 2e-6, "attention out " + tag);
+  ExpectClose(lse, want_lse, 1e-5, 2e-6, "attention lse " + tag);
+  if (!grad_check) return;
+
+  // L = sum(R * out). Gradients by finite differences of the reference, per input buffer.
+  auto R = RandVec(rows * C, 4);
+  const float kSentinel = 12345.0f;
+  std::vector<float> dqbuf(qn, kSentinel), dkbuf(kvn, kSentinel), dvbuf(kvn, kSentinel);
+  float* dq = dqbuf.data() + s.q_off;
+  float* dk = (fused ? dqbuf.data() : dkbuf.data()) + s.k_off;
+  float* dv = (fused ? dqbuf.data() : dvbuf.data()) + s.v_off;
+  be->AttentionBackward(dq, dk, dv, R.data(), out.data(), lse.data(), qbuf.data() + s.q_off,
+                        kbuf.data() + s.k_off, vbuf.data() + s.v_off, s.B, s.T, s.NH, s.NKV, s.HS,
+                        s.q_stride, s.kv_stride);
+  auto loss = [&](const std::vector<double>& q, const std::vector<double>& k,
+                  const std::vector<double>& v) {
+    std::vector<double> o, l;
+    RefAttention(s, q, k, v, &o, &l);
+    return DotD(o, ToDouble(R));
+  };
+  const auto q0 = ToDouble(qbuf), k0 = ToDouble(kbuf), v0 = ToDouble(vbuf);
+  std::vector<double> gq, gk, gv;
+  if (fused) {
+    gq = NumGrad([&](const std::vector<double>& x) { return loss(x, x, x); }, q0);
+  } else {
+    gq = NumGrad([&](const std::vector<double>& x) { return loss(x, k0, v0); }, q0);
+    gk = NumGrad([&](const std::vector<double>& x) { return loss(q0, x, v0); }, k0);
+    gv = NumGrad([&](const std::vector<double>& x) { return loss(q0, k0, x); }, v0);
+  }
+  // Compare the head columns; every other column must still hold the sentinel.
+  auto check = [&](const std::vector<float>& got, const std::vector<double>& num,
+                   const std::vector<std::pair<int, int>>& spans, int stride, const char* what) {
+    std::vector<float> g;
+    std::vector<double> w;
+    for (int r = 0; r < rows; ++r) {
+      for (int c = 0; c < stride; ++c) {
+        bool in = false;
+        for (auto [b, e] : spans) in = in || (c >= b && c < e);
+        const size_t idx = static_cast<size_t>(r * stride + c);
+        if (in) {
+          g.push_back(got[idx]);
+          w.push_back(num[idx]);
+        } else {
+          ASSERT_EQ(got[idx], kSentinel) << what << " touched row " << r << " col " << c;
+        }
+      }
+    }
+    ExpectClose(g, w, 1e-4, 2e-6, std::string(what) + " " + tag);
+  };
+  const int qc = s.NH * s.HS, kc = s.NKV * s.HS;
+  if (fused) {
+    check(dqbuf, gq, {{s.q_off, s.q_off + qc}, {s.k_off, s.k_off + kc}, {s.v_off, s.v_off + kc}},
+          s.q_stride, "dqkv");
+  } else {
+    check(dqbuf, gq, {{s.q_off, s.q_off + qc}}, s.q_stride, "dq");
+    check(dkbuf, gk, {{s.k_off, s.k_off + kc}}, s.kv_stride, "dk");
+    check(dvbuf, gv, {{s.v_off, s.v_off + kc}}, s.kv_stride, "dv");
+  }
+}
+
+TEST(CpuAttentionTest, FusedQkvRowsGqaForwardBackward) {
+  // q | k | v in one row of (NH + 2 NKV) * HS floats, as a fused qkv projection writes them.
+  const int B = 2, T = 5, NH = 4, NKV = 2, HS = 6, W = (NH + 2 * NKV) * HS;
+  CheckAttention({B, T, NH, NKV, HS, W, W, 0, NH * HS, (NH + NKV) * HS}, true, true);
+  // T = 70 crosses the kernels' 64-query block boundary (a full block and a partial one).
+  const int T2 = 70, NH2 = 2, NKV2 = 1, HS2 = 4, W2 = (NH2 + 2 * NKV2) * HS2;
+  CheckAttention({1, T2, NH2, NKV2, HS2, W2, W2, 0, NH2 * HS2, (NH2 + NKV2) * HS2}, true, true);
+}
+
+TEST(CpuAttentionTest, SeparatePaddedRowsForwardBackward) {
+  // Strides larger than the heads; the padding columns must stay untouched.
+  CheckAttention({2, 5, 4, 2, 6, 4 * 6 + 3, 2 * 6 + 2, 1, 2, 0}, false, true);
+  CheckAttention({1, 7, 3, 3, 4, 3 * 4 + 1, 3 * 4 + 1, 0, 0, 1}, false, true);  // MHA
+  CheckAttention({1, 6, 4, 1, 2, 8, 2, 0, 0, 0}, false, true);                 // MQA
+}
+
+TEST(CpuAttentionTest, LargerShapesForward) {
+  CheckAttention({2, 64, 6, 3, 16, 96, 48, 0, 0, 0}, false, false);
+  CheckAttention({3, 1, 2, 2, 8, 16, 16, 0, 0, 0}, false, false);  // T = 1
+  CheckAttention({1, 130, 2, 1, 64, 128, 64, 0, 0, 0}, false, false);
+}
+
+// Rotary embedding reference: inv_freq and angles in fp32 as HF forms them, rotation in double.
+void RefRope(std::vector<double>* x, int B, int T, int NHd, int HS, int stride, float theta,
+             bool inverse) {
+  const int half = HS / 2;
+  for (int r = 0; r < B * T; ++r) {
+    const int t = r % T;
+    for (int h = 0; h < NHd; ++h) {
+      for (int i = 0; i < half; ++i) {
+        float inv = 1.0f / std::pow(theta, static_cast<float>(2 * i) / static_cast<float>(HS));
+        float ang = static_cast<float>(t) * inv;
+        const double c = std::cos(static_cast<double>(ang)), sn = std::sin(static_cast<double>(ang));
+        double& a = (*x)[r * stride + h * HS + i];
+        double& b = (*x)[r * stride + h * HS + half + i];
+        const double a0 = a, b0 = b;
+        if (!inverse) {
+          a = a0 * c - b0 * sn;
+          b = b0 * c + a0 * sn;
+        } else {
+          a = a0 * c + b0 * sn;
+          b = b0 * c - a0 * sn;
+        }
+      }
+    }
+  }
+}
+
+TEST(CpuRopeTest, ForwardInverseAndTransposeProperty) {
+  auto be = MakeCpuBackend(2);
+  struct Case { int B, T, NHd, HS, stride; float theta; };
+  for (Case c : {Case{2, 5, 4, 6, 30, 10000.0f}, Case{2, 300, 2, 64, 130, 500000.0f}}) {
+    const size_t n = static_cast<size_t>(c.B * c.T * c.stride);
+    auto x = RandVec(n, 5);
+    auto want = ToDouble(x);
+    RefRope(&want, c.B, c.T, c.NHd, c.HS, c.stride, c.theta, false);
+    auto y = x;
+    be->Rope(y.data(), c.B, c.T, c.NHd, c.HS, c.stride, c.theta, false);
+    ExpectClose(y, want, 0.0, 1e-6, "rope forward HS=" + std::to_string(c.HS));  // also padding
+    // inverse(forward(x)) == x.
+    be->Rope(y.data(), c.B, c.T, c.NHd, c.HS, c.stride, c.theta, true);
+    ExpectClose(y, ToDouble(x), 0.0, 2e-6, "rope inverse");
+    if (c.T > 10) continue;
+    // Backward: d/dx sum(R * rope(x)) (finite differences) == rope_inverse(R).
+    auto R = RandVec(n, 6);
+    auto num = NumGrad([&](const std::vector<double>& xx) {
+      auto yy = xx;
+      RefRope(&yy, c.B, c.T, c.NHd, c.HS, c.stride, c.theta, false);
+      return DotD(yy, ToDouble(R));
+    }, ToDouble(x));
+    // Padding columns of the rope: identity there, so their gradient is R itself.
+    be->Rope(R.data(), c.B, c.T, c.NHd, c.HS, c.stride, c.theta, true);
+    ExpectClose(R, num, 1e-5, 1e-6, "rope backward");
+  }
+}
+
+// losses and d(grad_scale * sum(losses))/dlogits in double; padded columns ignored.
+double RefCe(const std::vector<double>& logits, const std::vector<int32_t>& tg, int N, int V,
+             int Vp, std::vector<double>* losses) {
+  losses->assign(N, 0.0);
+  double total = 0.0;
+  for (int n = 0; n < N; ++n) {
+    if (tg[n] < 0) continue;
+    double mx = -1e300, sum = 0.0;
+    for (int i = 0; i < V; ++i) mx = std::max(mx, logits[n * Vp + i]);
+    for (int i = 0; i < V; ++i) sum += std::exp(logits[n * Vp + i] - mx);
+    (*losses)[n] = std::log(sum) + mx - logits[n * Vp + tg[n]];
+    total += (*losses)[n];
+  }
+  return total;
+}
+
+TEST(CpuSoftmaxCrossEntropyTest, LossesGradientIgnoredRowsPaddedVocab) {
+  auto be = MakeCpuBackend(2);
+  const int N = 7, V = 13, Vp = 16;
+  auto logits = RandVec(N * Vp, 7, -5.0f, 5.0f);
+  logits[2 * Vp + 4] = 80.0f;  // a large logit: needs the max subtraction
+  logits[5 * Vp + 1] = -60.0f;
+  std::vector<int32_t> tg = {3, -1, 4, 12, 0, 1, -1};
+  std::vector<double> want;
+  RefCe(ToDouble(logits), tg, N, V, Vp, &want);
+  std::vector<float> losses(N, 99.0f);
+  auto copy = logits;
+  be->SoftmaxCrossEntropy(copy.data(), losses.data(), tg.data(), N, V, Vp, 0.5f, false);
+  ExpectClose(losses, want, 1e-6, 1e-6, "ce losses (no grad)");
+  EXPECT_EQ(copy, logits) << "compute_grad=false must leave the logits alone";
+  auto num = NumGrad([&](const std::vector<double>& l) {
+    std::vector<double> ls;
+    return 0.5 * RefCe(l, tg, N, V, Vp, &ls);
+  }, ToDouble(logits));
+  for (int n = 0; n < N; ++n) {
+    for (int i = V; i < Vp; ++i) num[n * Vp + i] = 0.0;  // padded columns: 0 gradient
+  }
+  std::fill(losses.begin(), losses.end(), 99.0f);
+  be->SoftmaxCrossEntropy(copy.data(), losses.data(), tg.data(), N, V, Vp, 0.5f, true);
+  ExpectClose(losses, want, 1e-6, 1e-6, "ce losses");
+  ExpectClose(copy, num, 1e-5, 1e-7, "ce dlogits");
+  for (int i = 0; i < Vp; ++i) EXPECT_EQ(copy[1 * Vp + i], 0.0f) << "ignored row, col " << i;
+}
+
+TEST(CpuSoftmaxCrossEntropyTest, GptVocabRows) {
+  auto be = MakeCpuBackend(2);
+  const int N = 9, V = 50257, Vp = 50304;
+  auto logits = RandVec(static_cast<size_t>(N) * Vp, 8, -10.0f, 10.0f);
+  std::vector<int32_t> tg = {0, 50256, 17, -1, 30000, 5, 6, 7, 8};
+  std::vector<double> want;
+  RefCe(ToDouble(logits), tg, N, V, Vp, &want);
+  std::vector<float> losses(N);
+  auto l64 = ToDouble(logits);
+  be->SoftmaxCrossEntropy(logits.data(), losses.data(), tg.data(), N, V, Vp, 1.0f, true);
+  ExpectClose(losses, want, 1e-6, 1e-6, "ce losses V=50257");
+  // Gradient rows: softmax - onehot, each row sums to 0.
+  for (int n = 0; n < N; ++n) {
+    if (tg[n] < 0) continue;
+    double sum = 0.0;
+    for (int i = 0; i < Vp; ++i) sum += logits[static_cast<size_t>(n) * Vp + i];
+    EXPECT_NEAR(sum, 0.0, 1e-5) << "row " << n;
+    // loss = lse - logit[target], so softmax_i = exp(logit_i - loss - logit[target]).
+    const double p = std::exp(l64[n * Vp + 100] - want[n] - l64[n * Vp + tg[n]]);
+    EXPECT_NEAR(logits[n * Vp + 100], (tg[n] == 100 ? p - 1 : p), 1e-9 + 1e-5 * p);
+  }
+}
+
+}  // namespace
+}  // namespace traind::engine

@@ -1,0 +1,488 @@
+// CPU backend ops against independent double-precision references written here: GEMM (all
+// transposes, padded leading dims, bf16/f16), Cast rounding, ExpF, elementwise ops, norms, AdamW.
+// Backward ops are checked against central finite differences of the double references.
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/cpu/cpu_kernels.h"
+#include "backend/cpu/cpu_math.h"
+#include "cpu_test_util.h"
+
+namespace traind::engine {
+namespace {
+
+using testing::DotD;
+using testing::ExpectClose;
+using testing::NumGrad;
+using testing::RandVec;
+using testing::ToDouble;
+
+class CpuOpsTest : public ::testing::Test {
+ protected:
+  std::unique_ptr<Backend> be_ = MakeCpuBackend(2);
+};
+
+TEST_F(CpuOpsTest, AllocIsAlignedAndCopiesRoundTrip) {
+  for (size_t bytes : {1, 63, 64, 1000, 1 << 20}) {
+    void* p = be_->Alloc(bytes);
+    ASSERT_NE(p, nullptr);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % 64, 0u);
+    std::vector<uint8_t> src(bytes), dst(bytes);
+    for (size_t i = 0; i < bytes; ++i) src[i] = static_cast<uint8_t>(i * 7 + 1);
+    be_->CopyHostToDevice(p, src.data(), bytes);
+    be_->CopyDeviceToHost(dst.data(), p, bytes);
+    EXPECT_EQ(src, dst);
+    be_->Memset0(p, bytes);
+    be_->CopyDeviceToHost(dst.data(), p, bytes);
+    EXPECT_EQ(std::vector<uint8_t>(bytes, 0), dst);
+    be_->Free(p);
+  }
+  EXPECT_EQ(be_->name(), "cpu");
+}
+
+// Reference GEMM in double over the stored (possibly transposed, padded) layouts.
+std::vector<double> RefGemm(bool ta, bool tb, int M, int N, int K, double alpha,
+                            const std::vector<double>& A, int lda, const std::vector<double>& B,
+                            int ldb, double beta, const std::vector<double>& C, int ldc) {
+  std::vector<double> out = C;
+  for (int i = 0; i < M; ++i) {
+    for (int j = 0; j < N; ++j) {
+      double s = 0.0;
+      for (int p = 0; p < K; ++p) {
+        double a = ta ? A[p * lda + i] : A[i * lda + p];
+        double b = tb ? B[j * ldb + p] : B[p * ldb + j];
+        s += a * b;
+      }
+      out[i * ldc + j] = alpha * s + beta * C[i * ldc + j];
+    }
+  }
+  return out;
+}
+
+TEST_F(CpuOpsTest, GemmF32AllTransposesAndPaddedLeadingDims) {
+  const int M = 7, N = 13, K = 5;
+  for (int ta = 0; ta < 2; ++ta) {
+    for (int tb = 0; tb < 2; ++tb) {
+      const int lda = (ta ? M : K) + 3, ldb = (tb ? K : N) + 2, ldc = N + 5;
+      auto A = RandVec(static_cast<size_t>((ta ? K : M) * lda), 1 + ta);
+      auto B = RandVec(static_cast<size_t>((tb ? N : K) * ldb), 3 + tb);
+      auto C = RandVec(static_cast<size_t>(M * ldc), 5);
+      auto want = RefGemm(ta, tb, M, N, K, 0.7, ToDouble(A), lda, ToDouble(B), ldb, -0.3,
+                          ToDouble(C), ldc);
+      be_->Gemm(ta, tb, M, N, K, 0.7f, A.data(), lda, B.data(), ldb, -0.3f, C.data(), ldc);
+      ExpectClose(C, want, 1e-5, 1e-6, "gemm ta=" + std::to_string(ta) + " tb=" + std::to_string(tb));
+    }
+  }
+}
+
+TEST_F(CpuOpsTest, GemmBetaZeroIgnoresGarbageAndLargeShapes) {
+  const int M = 70, N = 129, K = 300;
+  auto A = RandVec(M * K, 11), B = RandVec(N * K, 12);
+  std::vector<float> C(M * N, NAN);  // beta = 0 must not read C
+  auto want = RefGemm(false, true, M, N, K, 1.0, ToDouble(A), K, ToDouble(B), K, 0.0,
+                      std::vector<double>(M * N, 0.0), N);
+  be_->Gemm(false, true, M, N, K, 1.0f, A.data(), K, B.data(), K, 0.0f, C.data(), N);
+  ExpectClose(C, want, 1e-5, 2e-5, "gemm 70x129x300");
+}
+
+std::vector<uint16_t> ToHalf(const std::vector<float>& v, DType t) {
+  std::vector<uint16_t> h(v.size());
+  for (size_t i = 0; i < v.size(); ++i) {
+    h[i] = t == DType::kBF16 ? cpu::FloatToBf16(v[i]) : cpu::FloatToF16(v[i]);
+  }
+  return h;
+}
+double FromHalf(uint16_t h, DType t) {
+  return t == DType::kBF16 ? cpu::Bf16ToFloat(h) : cpu::F16ToFloat(h);
+}
+
+TEST_F(CpuOpsTest, Gemm16BitMatchesF32OfRoundedInputs) {
+  const int M = 9, N = 17, K = 33;
+  for (DType t : {DType::kBF16, DType::kF16}) {
+    for (int ta = 0; ta < 2; ++ta) {
+      for (int tb = 0; tb < 2; ++tb) {
+        const int lda = (ta ? M : K) + 3, ldb = (tb ? K : N) + 1, ldc = N + 2;
+        auto A = RandVec((ta ? K : M) * lda, 21), B = RandVec((tb ? N : K) * ldb, 22);
+        auto Ah = ToHalf(A, t), Bh = ToHalf(B, t);
+        std::vector<double> Ar(A.size()), Br(B.size());
+        for (size_t i = 0; i < A.size(); ++i) Ar[i] = FromHalf(Ah[i], t);
+        for (size_t i = 0; i < B.size(); ++i) Br[i] = FromHalf(Bh[i], t);
+        const std::string tag = std::string("gemm ") + DTypeName(t) + " ta=" +
+                                std::to_string(ta) + " tb=" + std::to_string(tb);
+        // f32 output: exact products of the rounded inputs, fp32 accumulation.
+        std::vector<float> C(M * ldc, 0.0f);
+        auto want = RefGemm(ta, tb, M, N, K, 1.0, Ar, lda, Br, ldb, 0.0,
+                            std::vector<double>(M * ldc), ldc);
+        be_->Gemm(ta, tb, M, N, K, 1.0f, Ah.data(), lda, Bh.data(), ldb, 0.0f, C.data(), ldc, t,
+                  DType::kF32);
+        ExpectClose(C, want, 1e-5, 1e-5, tag + " -> f32");
+        // Against the unrounded fp32 product: a 16-bit-appropriate tolerance.
+        auto exact = RefGemm(ta, tb, M, N, K, 1.0, ToDouble(A), lda, ToDouble(B), ldb, 0.0,
+                             std::vector<double>(M * ldc), ldc);
+        ExpectClose(C, exact, 0.0, t == DType::kBF16 ? 0.05 : 0.01, tag + " vs unrounded f32");
+        // 16-bit output with alpha and beta: C rounded once (within one unit of the format); the
+        // gaps between rows (ldc > N) keep their bytes.
+        auto C0 = RandVec(M * ldc, 23);
+        auto Ch = ToHalf(C0, t);
+        const auto Ch0 = Ch;
+        std::vector<double> C0r(C0.size());
+        for (size_t i = 0; i < C0.size(); ++i) C0r[i] = FromHalf(Ch[i], t);
+        auto want16 = RefGemm(ta, tb, M, N, K, 0.5, Ar, lda, Br, ldb, 2.0, C0r, ldc);
+        be_->Gemm(ta, tb, M, N, K, 0.5f, Ah.data(), lda, Bh.data(), ldb, 2.0f, Ch.data(), ldc, t,
+                  t);
+        std::vector<float> got(Ch.size());
+        for (size_t i = 0; i < Ch.size(); ++i) got[i] = static_cast<float>(FromHalf(Ch[i], t));
+        ExpectClose(got, want16, t == DType::kBF16 ? 1.0 / 256 : 1.0 / 2048, 1e-5, tag + " out");
+        for (int i = 0; i < M; ++i) {
+          for (int j = N; j < ldc; ++j) ASSERT_EQ(Ch[i * ldc + j], Ch0[i * ldc + j]) << tag;
+        }
+      }
+    }
+  }
+}
+
+TEST_F(CpuOpsTest, Bf16GemmLargeMatchesF32) {
+  // Big enough for oneDNN's blocked bf16 kernels (when present) and the threaded paths.
+  const int M = 130, N = 200, K = 384;
+  auto A = RandVec(M * K, 24), B = RandVec(N * K, 25);
+  auto Ah = ToHalf(A, DType::kBF16), Bh = ToHalf(B, DType::kBF16);
+  std::vector<double> Ar(A.size()), Br(B.size());
+  for (size_t i = 0; i < A.size(); ++i) Ar[i] = cpu::Bf16ToFloat(Ah[i]);
+  for (size_t i = 0; i < B.size(); ++i) Br[i] = cpu::Bf16ToFloat(Bh[i]);
+  auto want = RefGemm(false, true, M, N, K, 1.0, Ar, K, Br, K, 0.0, std::vector<double>(M * N), N);
+  std::vector<float> C(M * N);
+  be_->Gemm(false, true, M, N, K, 1.0f, Ah.data(), K, Bh.data(), K, 0.0f, C.data(), N,
+            DType::kBF16, DType::kF32);
+  ExpectClose(C, want, 1e-5, 2e-5, "bf16 gemm 130x200x384");
+}
+
+// bf16 reference rounding: pick the nearer of the two neighbours (ties: even mantissa), in double.
+uint16_t RefBf16(float f) {
+  uint32_t u = std::bit_cast<uint32_t>(f);
+  uint16_t lo = static_cast<uint16_t>(u >> 16);
+  uint16_t hi = static_cast<uint16_t>(lo + 1);
+  double dlo = std::abs(static_cast<double>(std::bit_cast<float>(uint32_t{lo} << 16)) - f);
+  double vhi = std::bit_cast<float>(uint32_t{hi} << 16);
+  if (std::isinf(vhi)) vhi = std::copysign(0x1p128, vhi);  // the value "one unit past" FLT_MAX's bf16
+  double dhi = std::abs(vhi - f);
+  if (dlo < dhi) return lo;
+  if (dhi < dlo) return hi;
+  return (lo & 1) ? hi : lo;
+}
+
+TEST_F(CpuOpsTest, CastRoundsToNearestEven) {
+  // bf16 ties: 1 + 2^-8 is halfway between 1 and 1 + 2^-7 -> even (1.0); 1 + 3*2^-8 -> up.
+  EXPECT_EQ(cpu::FloatToBf16(1.0f + 0x1p-8f), 0x3f80);
+  EXPECT_EQ(cpu::FloatToBf16(1.0f + 3 * 0x1p-8f), 0x3f82);
+  EXPECT_EQ(cpu::FloatToBf16(-1.0f - 3 * 0x1p-8f), 0xbf82);
+  EXPECT_EQ(cpu::FloatToBf16(3.4028235e38f), 0x7f80);  // FLT_MAX rounds to inf
+  EXPECT_TRUE(std::isnan(cpu::Bf16ToFloat(cpu::FloatToBf16(NAN))));
+  EXPECT_EQ(cpu::FloatToBf16(INFINITY), 0x7f80);
+  // f16: ties, overflow threshold 65520, subnormals.
+  EXPECT_EQ(cpu::FloatToF16(1.0f + 0x1p-11f), 0x3c00);
+  EXPECT_EQ(cpu::FloatToF16(1.0f + 3 * 0x1p-11f), 0x3c02);
+  EXPECT_EQ(cpu::FloatToF16(65504.0f), 0x7bff);
+  EXPECT_EQ(cpu::FloatToF16(65519.0f), 0x7bff);
+  EXPECT_EQ(cpu::FloatToF16(65520.0f), 0x7c00);
+  EXPECT_EQ(cpu::FloatToF16(-1e6f), 0xfc00);
+  EXPECT_EQ(cpu::FloatToF16(0x1p-24f), 0x0001);
+  EXPECT_EQ(cpu::FloatToF16(0x1p-25f), 0x0000);         // tie to even (0)
+  EXPECT_EQ(cpu::FloatToF16(1.5f * 0x1p-25f), 0x0001);
+  EXPECT_EQ(cpu::FloatToF16(3 * 0x1p-25f), 0x0002);     // 1.5 units: tie -> even (2)
+  EXPECT_EQ(cpu::FloatToF16(0x1p-14f - 0x1p-26f), 0x0400);  // rounds up into the normals
+  EXPECT_TRUE(std::isnan(cpu::F16ToFloat(cpu::FloatToF16(NAN))));
+  // Every f16 value converts to float and back unchanged (NaNs stay NaN).
+  for (uint32_t h = 0; h < 65536; ++h) {
+    float f = cpu::F16ToFloat(static_cast<uint16_t>(h));
+    if (std::isnan(f)) {
+      EXPECT_TRUE(std::isnan(cpu::F16ToFloat(cpu::FloatToF16(f))));
+      continue;
+    }
+    ASSERT_EQ(cpu::FloatToF16(f), h) << h;
+  }
+  // Random floats over many magnitudes: against the compiler's _Float16 (IEEE RNE) and RefBf16.
+  std::mt19937 rng(7);
+  for (int i = 0; i < 200000; ++i) {
+    float f = std::bit_cast<float>(static_cast<uint32_t>(rng()));
+    if (std::isnan(f)) continue;
+    ASSERT_EQ(cpu::FloatToBf16(f), RefBf16(f)) << f;
+    _Float16 ref = static_cast<_Float16>(f);
+    ASSERT_EQ(cpu::FloatToF16(f), std::bit_cast<uint16_t>(ref)) << f;
+  }
+  // The backend op, all directions (bf16 <-> f16 goes through the exact f32 value).
+  auto x = RandVec(1000, 8, -70000.0f, 70000.0f);
+  std::vector<uint16_t> b(x.size()), h(x.size()), hb(x.size());
+  std::vector<float> back(x.size());
+  be_->Cast(b.data(), DType::kBF16, x.data(), DType::kF32, 1000);
+  be_->Cast(h.data(), DType::kF16, x.data(), DType::kF32, 1000);
+  be_->Cast(hb.data(), DType::kF16, b.data(), DType::kBF16, 1000);
+  be_->Cast(back.data(), DType::kF32, b.data(), DType::kBF16, 1000);
+  for (size_t i = 0; i < x.size(); ++i) {
+    EXPECT_EQ(b[i], cpu::FloatToBf16(x[i]));
+    EXPECT_EQ(h[i], cpu::FloatToF16(x[i]));
+    EXPECT_EQ(hb[i], cpu::FloatToF16(cpu::Bf16ToFloat(b[i])));
+    EXPECT_EQ(back[i], cpu::Bf16ToFloat(b[i]));
+  }
+}
+
+TEST(CpuMathTest, ExpFWithinThreeUlp) {
+  double worst = 0.0;
+  for (int i = 0; i <= 2000000; ++i) {
+    float x = -87.0f + 175.0f * static_cast<float>(i) / 2000000.0f;
+    double want = std::exp(static_cast<double>(x));
+    worst = std::max(worst, std::abs(cpu::ExpF(x) - want) / want);
+  }
+  EXPECT_LT(worst, 3.0 * 0x1p-24) << "max relative error of ExpF";
+  EXPECT_EQ(cpu::ExpF(0.0f), 1.0f);
+  EXPECT_EQ(cpu::ExpFlushF(-1000.0f), 0.0f);
+  EXPECT_GT(cpu::ExpF(1000.0f), 1e38f);  // saturates, no inf/NaN
+}
+
+TEST_F(CpuOpsTest, EmbeddingForwardAndBackward) {
+  const int V = 11, C = 13, N = 7;
+  auto table = RandVec(V * C, 31);
+  std::vector<int32_t> ids = {3, 0, 10, 3, 3, 7, 0};
+  auto out = RandVec(N * C, 32);
+  auto base = out;
+  be_->EmbeddingForward(out.data(), ids.data(), table.data(), N, C, /*accumulate=*/true);
+  std::vector<double> want(N * C);
+  for (int n = 0; n < N; ++n) {
+    for (int c = 0; c < C; ++c) want[n * C + c] = base[n * C + c] + double{table[ids[n] * C + c]};
+  }
+  ExpectClose(out, want, 1e-6, 1e-7, "embedding +=");
+  be_->EmbeddingForward(out.data(), ids.data(), table.data(), N, C, /*accumulate=*/false);
+  for (int n = 0; n < N; ++n) {
+    for (int c = 0; c < C; ++c) want[n * C + c] = table[ids[n] * C + c];
+  }
+  ExpectClose(out, want, 0, 0, "embedding =");
+  // Large enough to thread: dtable += scatter of dout, repeated ids summed.
+  const int N2 = 3000, C2 = 40;
+  std::vector<int32_t> ids2(N2);
+  for (int n = 0; n < N2; ++n) ids2[n] = (n * 7) % V;
+  auto dout = RandVec(N2 * C2, 33);
+  auto dtable = RandVec(V * C2, 34);
+  std::vector<double> wantd = ToDouble(dtable);
+  for (int n = 0; n < N2; ++n) {
+    for (int c = 0; c < C2; ++c) wantd[ids2[n] * C2 + c] += dout[n * C2 + c];
+  }
+  be_->EmbeddingBackward(dtable.data(), dout.data(), ids2.data(), N2, C2);
+  ExpectClose(dtable, wantd, 1e-5, 1e-4, "embedding backward");
+}
+
+TEST_F(CpuOpsTest, BiasAddScaleSumSquares) {
+  for (int N : {7, 1000}) {
+    const int OC = 13;
+    auto out = RandVec(N * OC, 41), bias = RandVec(OC, 42), dbias = RandVec(OC, 43);
+    std::vector<double> want(out.size()), wantb = ToDouble(dbias);
+    for (int n = 0; n < N; ++n) {
+      for (int c = 0; c < OC; ++c) {
+        want[n * OC + c] = double{out[n * OC + c]} + bias[c];
+        wantb[c] += out[n * OC + c];
+      }
+    }
+    be_->BiasBackward(dbias.data(), out.data(), N, OC);
+    ExpectClose(dbias, wantb, 1e-5, 1e-5, "bias backward");
+    be_->AddBias(out.data(), bias.data(), N, OC);
+    ExpectClose(out, want, 1e-6, 1e-7, "add bias");
+  }
+  for (int n : {5, 100003}) {
+    auto a = RandVec(n, 44), b = RandVec(n, 45);
+    std::vector<double> want(n);
+    for (int i = 0; i < n; ++i) want[i] = (double{a[i]} + b[i]) * 0.25;
+    be_->Add(a.data(), a.data(), b.data(), n);  // out aliases a
+    be_->Scale(a.data(), 0.25f, n);
+    ExpectClose(a, want, 1e-6, 1e-7, "add+scale");
+    double ss = 0.0;
+    for (float x : a) ss += double{x} * x;
+    EXPECT_NEAR(be_->SumSquares(a.data(), n), ss, 1e-12 * ss);
+  }
+}
+
+double RefGelu(double x) {
+  return 0.5 * x * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
+}
+
+TEST_F(CpuOpsTest, GeluForwardBackward) {
+  const int n = 1001;
+  auto x = RandVec(n, 51, -6.0f, 6.0f);
+  x[0] = 0.0f;
+  x[1] = -12.0f;
+  std::vector<float> out(n);
+  std::vector<double> want(n);
+  for (int i = 0; i < n; ++i) want[i] = RefGelu(x[i]);
+  be_->GeluForward(out.data(), x.data(), n);
+  ExpectClose(out, want, 2e-6, 1e-7, "gelu");
+  // Gradient of sum(R * gelu(x)) by finite differences of the double reference.
+  auto R = RandVec(n, 52);
+  std::vector<double> num(n);
+  for (int i = 0; i < n; ++i) {
+    double h = 1e-6;
+    num[i] = R[i] * (RefGelu(x[i] + h) - RefGelu(x[i] - h)) / (2 * h);
+  }
+  std::vector<float> dinp = R;  // dinp aliases dout
+  be_->GeluBackward(dinp.data(), x.data(), dinp.data(), n);
+  ExpectClose(dinp, num, 1e-5, 1e-6, "gelu backward");
+}
+
+TEST_F(CpuOpsTest, SwiGluForwardBackward) {
+  const int N = 7, H = 13;
+  auto inp = RandVec(N * 2 * H, 61, -4.0f, 4.0f);
+  auto R = RandVec(N * H, 62);
+  auto ref = [&](const std::vector<double>& in, std::vector<double>* out) {
+    out->assign(N * H, 0.0);
+    for (int n = 0; n < N; ++n) {
+      for (int i = 0; i < H; ++i) {
+        double g = in[n * 2 * H + i], u = in[n * 2 * H + H + i];
+        (*out)[n * H + i] = g / (1.0 + std::exp(-g)) * u;
+      }
+    }
+  };
+  std::vector<double> want;
+  ref(ToDouble(inp), &want);
+  std::vector<float> out(N * H), dinp(N * 2 * H);
+  be_->SwiGluForward(out.data(), inp.data(), N, H);
+  ExpectClose(out, want, 2e-6, 1e-7, "swiglu");
+  auto num = NumGrad([&](const std::vector<double>& in) {
+    std::vector<double> o;
+    ref(in, &o);
+    return DotD(o, ToDouble(R));
+  }, ToDouble(inp));
+  be_->SwiGluBackward(dinp.data(), inp.data(), R.data(), N, H);
+  ExpectClose(dinp, num, 1e-5, 1e-6, "swiglu backward");
+}
+
+// LayerNorm / RMSNorm references in double: y = norm(x) * w (+ b).
+void RefNorm(bool rms, const std::vector<double>& x, const std::vector<double>& w,
+             const std::vector<double>& b, int N, int C, double eps, std::vector<double>* y) {
+  y->assign(N * C, 0.0);
+  for (int n = 0; n < N; ++n) {
+    const double* r = &x[n * C];
+    double mu = 0.0, var = 0.0;
+    if (!rms) {
+      for (int i = 0; i < C; ++i) mu += r[i];
+      mu /= C;
+    }
+    for (int i = 0; i < C; ++i) var += (r[i] - mu) * (r[i] - mu);
+    var /= C;
+    const double rs = 1.0 / std::sqrt(var + eps);
+    for (int i = 0; i < C; ++i) (*y)[n * C + i] = (r[i] - mu) * rs * w[i] + (rms ? 0.0 : b[i]);
+  }
+}
+
+TEST_F(CpuOpsTest, LayerNormAndRmsNormForwardBackward) {
+  for (bool rms : {false, true}) {
+    for (auto [N, C] : {std::pair{7, 13}, std::pair{300, 64}}) {
+      const float eps = 1e-5f;
+      auto x = RandVec(N * C, 71, -2.0f, 3.0f), w = RandVec(C, 72), b = RandVec(C, 73);
+      auto R = RandVec(N * C, 74);
+      std::vector<double> want;
+      RefNorm(rms, ToDouble(x), ToDouble(w), ToDouble(b), N, C, eps, &want);
+      std::vector<float> out(N * C), mean(N), rstd(N);
+      if (rms) be_->RmsNormForward(out.data(), rstd.data(), x.data(), w.data(), N, C, eps);
+      else be_->LayerNormForward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C, eps);
+      const std::string tag = std::string(rms ? "rmsnorm" : "layernorm") + " N=" + std::to_string(N);
+      ExpectClose(out, want, 1e-5, 1e-6, tag);
+      if (N > 50) continue;  // finite differences on the small shape only (time)
+      // Backward of L = sum(R * y): dx, dw, db by finite differences; all three use +=.
+      auto f_x = [&](const std::vector<double>& xx) {
+        std::vector<double> y;
+        RefNorm(rms, xx, ToDouble(w), ToDouble(b), N, C, eps, &y);
+        return DotD(y, ToDouble(R));
+      };
+      auto f_w = [&](const std::vector<double>& ww) {
+        std::vector<double> y;
+        RefNorm(rms, ToDouble(x), ww, ToDouble(b), N, C, eps, &y);
+        return DotD(y, ToDouble(R));
+      };
+      auto f_b = [&](const std::vector<double>& bb) {
+        std::vector<double> y;
+        RefNorm(rms, ToDouble(x), ToDouble(w), bb, N, C, eps, &y);
+        return DotD(y, ToDouble(R));
+      };
+      auto dx0 = RandVec(N * C, 75), dw0 = RandVec(C, 76), db0 = RandVec(C, 77);
+      auto dx = dx0, dw = dw0, db = db0;
+      if (rms) be_->RmsNormBackward(dx.data(), dw.data(), R.data(), x.data(), w.data(), rstd.data(), N, C);
+      else be_->LayerNormBackward(dx.data(), dw.data(), db.data(), R.data(), x.data(), w.data(), mean.data(), rstd.data(), N, C);
+      auto add = [](std::vector<double> g, const std::vector<float>& base) {
+        for (size_t i = 0; i < g.size(); ++i) g[i] += base[i];
+        return g;
+      };
+      ExpectClose(dx, add(NumGrad(f_x, ToDouble(x)), dx0), 1e-4, 1e-5, tag + " dinp");
+      ExpectClose(dw, add(NumGrad(f_w, ToDouble(w)), dw0), 1e-4, 1e-5, tag + " dweight");
+      if (!rms) ExpectClose(db, add(NumGrad(f_b, ToDouble(b)), db0), 1e-4, 1e-5, tag + " dbias");
+    }
+  }
+}
+
+// Shapes large enough to run multi-threaded (the finite-difference checks above use 1 thread):
+// the threaded backward must agree with the single-threaded one.
+TEST(CpuThreadsTest, NormBackwardThreadedMatchesSingleThread) {
+  const int N = 301, C = 96;
+  auto x = RandVec(N * C, 78), w = RandVec(C, 79), b = RandVec(C, 80), dy = RandVec(N * C, 81);
+  for (bool rms : {false, true}) {
+    std::vector<std::vector<float>> dx(3), dw(3), db(3);
+    int i = 0;
+    for (int threads : {1, 2, 3}) {
+      auto be = MakeCpuBackend(threads);
+      std::vector<float> out(N * C), mean(N), rstd(N);
+      dx[i].assign(N * C, 0.5f);
+      dw[i].assign(C, 0.25f);
+      db[i].assign(C, -0.25f);
+      if (rms) {
+        be->RmsNormForward(out.data(), rstd.data(), x.data(), w.data(), N, C, 1e-5f);
+        be->RmsNormBackward(dx[i].data(), dw[i].data(), dy.data(), x.data(), w.data(), rstd.data(), N, C);
+      } else {
+        be->LayerNormForward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C, 1e-5f);
+        be->LayerNormBackward(dx[i].data(), dw[i].data(), db[i].data(), dy.data(), x.data(), w.data(), mean.data(), rstd.data(), N, C);
+      }
+      ++i;
+    }
+    for (int j = 1; j < 3; ++j) {
+      EXPECT_EQ(dx[j], dx[0]) << "per-row results do not depend on threads";
+      ExpectClose(dw[j], ToDouble(dw[0]), 1e-5, 1e-5, "threaded dweight");
+      ExpectClose(db[j], ToDouble(db[0]), 1e-5, 1e-5, "threaded dbias");
+    }
+  }
+}
+
+TEST_F(CpuOpsTest, AdamWMatchesHandComputation) {
+  const int n = 100001;  // threaded
+  auto p = RandVec(n, 81), g = RandVec(n, 82), m = RandVec(n, 83, -0.1f, 0.1f);
+  auto v = RandVec(n, 84, 0.0f, 0.01f);
+  const float lr = 3e-3f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, wd = 0.1f, gs = 0.5f;
+  const int step = 3;
+  const double bc1 = 1.0 - std::pow(double{b1}, step), bc2 = 1.0 - std::pow(double{b2}, step);
+  std::vector<double> wp(n), wm(n), wv(n);
+  for (int i = 0; i < n; ++i) {
+    double gi = double{g[i]} * gs;
+    double pi = p[i] * (1.0 - double{lr} * wd);
+    wm[i] = b1 * double{m[i]} + (1.0 - b1) * gi;
+    wv[i] = b2 * double{v[i]} + (1.0 - b2) * gi * gi;
+    wp[i] = pi - double{lr} / bc1 * wm[i] / (std::sqrt(wv[i]) / std::sqrt(bc2) + eps);
+  }
+  be_->AdamW(p.data(), g.data(), m.data(), v.data(), n, lr, b1, b2, eps, wd,
+             static_cast<float>(bc1), static_cast<float>(bc2), gs);
+  // atol: one fp32 rounding of the O(0.1) and O(0.01) terms that partly cancel.
+  ExpectClose(m, wm, 1e-6, 2e-8, "adamw m");
+  ExpectClose(v, wv, 1e-6, 2e-9, "adamw v");
+  ExpectClose(p, wp, 1e-6, 1e-7, "adamw p");
+}
+
+TEST(CpuThreadsTest, ResultsIndependentOfThreadCountWhereDocumented) {
+  auto one = MakeCpuBackend(1), three = MakeCpuBackend(3);
+  auto x = RandVec(300000, 91);
+  EXPECT_EQ(one->SumSquares(x.data(), 300000), three->SumSquares(x.data(), 300000));
+  std::vector<float> a(300000), b(300000);
+  one->GeluForward(a.data(), x.data(), 300000);
+  three->GeluForward(b.data(), x.data(), 300000);
+  EXPECT_EQ(a, b);
+}
+
+}  // namespace
+}  // namespace traind::engine

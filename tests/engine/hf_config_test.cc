@@ -1,0 +1,244 @@
+// HF config.json tests: real HF configs (gpt2, a llama with GQA) read correctly, our written
+// configs read back to the same ModelConfig, and unsupported math-changing keys are rejected.
+#include "models/hf_config.h"
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+namespace traind::engine {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+
+// The config.json of HF's `gpt2` (124M) checkpoint, verbatim.
+constexpr char kGpt2Config[] = R"({
+  "activation_function": "gelu_new",
+  "architectures": ["GPT2LMHeadModel"],
+  "attn_pdrop": 0.1,
+  "bos_token_id": 50256,
+  "embd_pdrop": 0.1,
+  "eos_token_id": 50256,
+  "initializer_range": 0.02,
+  "layer_norm_epsilon": 1e-05,
+  "model_type": "gpt2",
+  "n_ctx": 1024,
+  "n_embd": 768,
+  "n_head": 12,
+  "n_layer": 12,
+  "n_positions": 1024,
+  "resid_pdrop": 0.1,
+  "summary_activation": null,
+  "summary_first_dropout": 0.1,
+  "summary_proj_to_labels": true,
+  "summary_type": "cls_index",
+  "summary_use_proj": true,
+  "task_specific_params": {"text-generation": {"do_sample": true, "max_length": 50}},
+  "vocab_size": 50257
+})";
+
+// A TinyLlama-1.1B style config (GQA 32/4), as transformers 4.3x writes it.
+constexpr char kLlamaConfig[] = R"({
+  "architectures": ["LlamaForCausalLM"],
+  "attention_bias": false,
+  "bos_token_id": 1,
+  "eos_token_id": 2,
+  "hidden_act": "silu",
+  "hidden_size": 2048,
+  "initializer_range": 0.02,
+  "intermediate_size": 5632,
+  "max_position_embeddings": 2048,
+  "model_type": "llama",
+  "num_attention_heads": 32,
+  "num_hidden_layers": 22,
+  "num_key_value_heads": 4,
+  "pretraining_tp": 1,
+  "rms_norm_eps": 1e-05,
+  "rope_scaling": null,
+  "rope_theta": 10000.0,
+  "tie_word_embeddings": false,
+  "torch_dtype": "bfloat16",
+  "transformers_version": "4.35.0",
+  "use_cache": true,
+  "vocab_size": 32000
+})";
+
+class HfConfigTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("traind_hf_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string Write(const std::string& text) {
+    const std::string p = (dir_ / "config.json").string();
+    std::ofstream(p) << text;
+    return p;
+  }
+  // kGpt2Config / kLlamaConfig with one key replaced (or added); null `value` erases it.
+  std::string Patched(const char* base, const std::string& key, const nlohmann::json& value) {
+    nlohmann::json j = nlohmann::json::parse(base);
+    if (value.is_discarded()) j.erase(key);
+    else j[key] = value;
+    return Write(j.dump());
+  }
+  fs::path dir_;
+};
+
+TEST_F(HfConfigTest, ReadsHfGpt2Config) {
+  Result<ModelConfig> c = ReadHfConfig(Write(kGpt2Config));
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->arch, "gpt2");
+  EXPECT_EQ(c->vocab_size, 50257);
+  EXPECT_EQ(c->n_positions, 1024);
+  EXPECT_EQ(c->n_embd, 768);
+  EXPECT_EQ(c->n_layer, 12);
+  EXPECT_EQ(c->n_head, 12);
+  EXPECT_DOUBLE_EQ(c->layer_norm_epsilon, 1e-5);
+  EXPECT_TRUE(c->tied_embeddings());
+}
+
+TEST_F(HfConfigTest, ReadsHfLlamaConfigWithGqa) {
+  Result<ModelConfig> c = ReadHfConfig(Write(kLlamaConfig));
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->arch, "llama");
+  EXPECT_EQ(c->vocab_size, 32000);
+  EXPECT_EQ(c->hidden_size, 2048);
+  EXPECT_EQ(c->intermediate_size, 5632);
+  EXPECT_EQ(c->num_hidden_layers, 22);
+  EXPECT_EQ(c->num_attention_heads, 32);
+  EXPECT_EQ(c->num_key_value_heads, 4);
+  EXPECT_DOUBLE_EQ(c->rms_norm_eps, 1e-5);
+  EXPECT_DOUBLE_EQ(c->rope_theta, 10000.0);
+  EXPECT_EQ(c->max_position_embeddings, 2048);
+  EXPECT_FALSE(c->tie_word_embeddings);
+  // Absent num_key_value_heads means no grouping (HF's rule).
+  c = ReadHfConfig(Patched(kLlamaConfig, "num_key_value_heads", nlohmann::json::value_t::discarded));
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->num_key_value_heads, 32);
+}
+
+void ExpectSame(const ModelConfig& a, const ModelConfig& b) {
+  EXPECT_EQ(a.arch, b.arch);
+  EXPECT_EQ(a.vocab_size, b.vocab_size);
+  EXPECT_EQ(a.max_positions(), b.max_positions());
+  EXPECT_EQ(a.channels(), b.channels());
+  EXPECT_EQ(a.num_layers(), b.num_layers());
+  EXPECT_EQ(a.num_heads(), b.num_heads());
+  EXPECT_EQ(a.num_kv_heads(), b.num_kv_heads());
+  EXPECT_EQ(a.tied_embeddings(), b.tied_embeddings());
+  if (a.arch == "gpt2") {
+    EXPECT_EQ(a.layer_norm_epsilon, b.layer_norm_epsilon);
+  } else {
+    EXPECT_EQ(a.intermediate_size, b.intermediate_size);
+    EXPECT_EQ(a.rms_norm_eps, b.rms_norm_eps);
+    EXPECT_EQ(a.rope_theta, b.rope_theta);
+  }
+}
+
+TEST_F(HfConfigTest, WrittenConfigsReadBackIdentically) {
+  ModelConfig g;
+  g.vocab_size = 256;
+  g.n_positions = 128;
+  g.n_embd = 64;
+  g.n_layer = 2;
+  g.n_head = 4;
+  g.layer_norm_epsilon = 1.5e-5;
+  ModelConfig l;
+  l.arch = "llama";
+  l.vocab_size = 300;
+  l.hidden_size = 96;
+  l.intermediate_size = 200;
+  l.num_hidden_layers = 3;
+  l.num_attention_heads = 6;
+  l.num_key_value_heads = 2;
+  l.rms_norm_eps = 1e-6;
+  l.rope_theta = 500000.0;
+  l.max_position_embeddings = 64;
+  l.tie_word_embeddings = true;
+  for (const ModelConfig& c : {g, l}) {
+    const std::string text = WriteHfConfigJson(c);
+    Result<ModelConfig> back = ReadHfConfig(Write(text));
+    ASSERT_TRUE(back.ok()) << back.status().ToString() << "\n" << text;
+    ExpectSame(c, *back);
+    EXPECT_EQ(WriteHfConfigJson(*back), text);
+    nlohmann::json j = nlohmann::json::parse(text);
+    EXPECT_EQ(j["torch_dtype"], "float32");
+    EXPECT_EQ(j["model_type"], c.arch);
+  }
+  nlohmann::json gj = nlohmann::json::parse(WriteHfConfigJson(g));
+  EXPECT_EQ(gj["architectures"], nlohmann::json({"GPT2LMHeadModel"}));
+  EXPECT_EQ(gj["activation_function"], "gelu_new");
+  EXPECT_EQ(gj["n_ctx"], 128);
+  EXPECT_EQ(gj["bos_token_id"], 255);  // vocab_size - 1 when the vocab is smaller than GPT-2's
+  EXPECT_EQ(gj["resid_pdrop"], 0.0);
+  EXPECT_EQ(nlohmann::json::parse(WriteHfConfigJson(ModelConfig{}))["eos_token_id"], 50256);
+  nlohmann::json lj = nlohmann::json::parse(WriteHfConfigJson(l));
+  EXPECT_EQ(lj["architectures"], nlohmann::json({"LlamaForCausalLM"}));
+  EXPECT_EQ(lj["hidden_act"], "silu");
+  EXPECT_TRUE(lj["rope_scaling"].is_null());
+}
+
+struct Reject {
+  const char* base;
+  const char* key;
+  nlohmann::json value;
+  const char* want;
+};
+
+TEST_F(HfConfigTest, RejectsWhatWouldChangeTheMath) {
+  const std::vector<Reject> cases = {
+      {kGpt2Config, "activation_function", "relu", "activation_function: \"relu\" is not supported"},
+      {kGpt2Config, "n_inner", 1000, "n_inner: 1000 is not supported"},
+      {kGpt2Config, "scale_attn_by_inverse_layer_idx", true, "scale_attn_by_inverse_layer_idx"},
+      {kGpt2Config, "tie_word_embeddings", false, "gpt2 always ties"},
+      {kGpt2Config, "n_head", 7, "n_embd 768 is not divisible by n_head 7"},
+      {kGpt2Config, "n_embd", "768", "n_embd: expected an integer"},
+      {kGpt2Config, "vocab_size", 0, "vocab_size: must be >= 1"},
+      {kGpt2Config, "model_type", "bert", "model_type: 'bert' is not supported (gpt2 | llama)"},
+      {kLlamaConfig, "hidden_act", "gelu", "hidden_act: \"gelu\" is not supported"},
+      {kLlamaConfig, "rope_scaling", {{"type", "linear"}, {"factor", 2.0}},
+       "rope_scaling: {\"factor\":2.0,\"type\":\"linear\"} is not supported"},
+      {kLlamaConfig, "attention_bias", true, "attention_bias: true is not supported"},
+      {kLlamaConfig, "mlp_bias", true, "mlp_bias"},
+      {kLlamaConfig, "head_dim", 128, "head_dim: 128 is not supported"},
+      {kLlamaConfig, "num_key_value_heads", 5, "num_attention_heads 32 is not divisible by "
+                                               "num_key_value_heads 5"},
+      {kLlamaConfig, "hidden_size", 2080, "head size hidden_size / num_attention_heads = 65"},
+      {kLlamaConfig, "tie_word_embeddings", "no", "tie_word_embeddings: expected true or false"},
+  };
+  for (const Reject& c : cases) {
+    const std::string path = Patched(c.base, c.key, c.value);
+    Result<ModelConfig> r = ReadHfConfig(path);
+    ASSERT_FALSE(r.ok()) << c.key << " " << c.value.dump();
+    EXPECT_EQ(r.status().code(), Status::Code::kInvalidArgument) << r.status().ToString();
+    EXPECT_THAT(r.status().message(), HasSubstr(path)) << c.key;
+    EXPECT_THAT(r.status().message(), HasSubstr(c.want)) << c.key;
+  }
+  // Accepted: the math-neutral spelling of the same activation, and a matching head_dim.
+  EXPECT_TRUE(ReadHfConfig(Patched(kGpt2Config, "activation_function", "gelu_pytorch_tanh")).ok());
+  EXPECT_TRUE(ReadHfConfig(Patched(kLlamaConfig, "head_dim", 64)).ok());
+}
+
+TEST_F(HfConfigTest, MissingOrMalformedFiles) {
+  Result<ModelConfig> r = ReadHfConfig((dir_ / "none.json").string());
+  EXPECT_EQ(r.status().code(), Status::Code::kNotFound);
+  r = ReadHfConfig(Write("{\"model_type\": \"gpt2\", "));
+  EXPECT_EQ(r.status().code(), Status::Code::kInvalidArgument);
+  EXPECT_THAT(r.status().message(), HasSubstr("not a JSON object"));
+  r = ReadHfConfig(Write("{\"n_embd\": 8}"));
+  EXPECT_EQ(r.status().code(), Status::Code::kInvalidArgument);
+  EXPECT_THAT(r.status().message(), HasSubstr("model_type: missing"));
+}
+
+}  // namespace
+}  // namespace traind::engine

@@ -1,0 +1,444 @@
+// Job spec tests: the JOBSPEC.md example parses to the documented values; every kind of bad field
+// (unknown, wrong type, out of range, not supported yet, wrong arch key, inconsistent sizes,
+// malformed YAML) is INVALID_ARGUMENT naming the field path; JSON round trips; ValidateJobInputs
+// checks the data file and init_from folder.
+#include "traind/engine/job_spec.h"
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "models/hf_config.h"
+
+namespace traind::engine {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+// The example of ../shared/contracts/JOBSPEC.md, verbatim.
+constexpr char kContractExample[] = R"(name: tiny-shakespeare            # free text, optional
+model:
+  arch: gpt2                      # gpt2 | llama   (bert joins later)
+  config:                         # the keys of the HF config.json of that architecture
+    vocab_size: 256               # gpt2: vocab_size n_positions n_embd n_layer n_head layer_norm_epsilon
+    n_positions: 256              # llama: vocab_size hidden_size intermediate_size num_hidden_layers
+    n_embd: 256                   #        num_attention_heads num_key_value_heads rms_norm_eps rope_theta
+    n_layer: 4                    #        max_position_embeddings tie_word_embeddings
+    n_head: 4
+  init_from: null                 # or a HF model folder (config.json + model.safetensors): fine-tune it
+data:
+  train_file: ../shared/data/tinyshakespeare.txt
+  format: text                    # text | tokens (raw little-endian token ids)
+  token_dtype: uint16             # for format: tokens; uint16 | uint32
+  tokenizer: byte                 # byte | path to a HF tokenizer.json (later)
+  seq_len: 128
+  validation_split: 0.1           # last fraction of the stream is held out for eval
+  shuffle: true
+training:
+  max_steps: 200                  # optimizer steps
+  per_device_train_batch_size: 8  # sequences per micro-batch, or "auto"
+  gradient_accumulation_steps: 1
+  learning_rate: 3.0e-4
+  lr_scheduler_type: cosine       # constant | linear | cosine (all with warmup)
+  warmup_steps: 0
+  weight_decay: 0.0               # applied to >=2-D weights only, never to biases and norm weights
+  adam_beta1: 0.9
+  adam_beta2: 0.999
+  adam_epsilon: 1.0e-8
+  max_grad_norm: 1.0              # global L2 clip as torch.nn.utils.clip_grad_norm_; 0 disables
+  optim: adamw                    # adamw | adafactor, adamw_8bit, sgd (later)
+  fp16: false                     # mixed precision with dynamic loss scaling
+  bf16: false                     # mixed precision in bfloat16
+  tf32: false                     # TF32 matmuls (CUDA); accepted and reported as no-op on CPU
+  gradient_checkpointing: false
+  offload: none                   # none | cpu | nvme (later): optimizer state + fp32 master weights
+  offload_dir: null               # required for nvme (later)
+  peft: null                      # (later) {type: lora, r: 8, lora_alpha: 16, lora_dropout: 0.0, target_modules: [c_attn]}
+  seed: 42
+  logging_steps: 10
+  eval_steps: 0                   # 0 = only at the end
+  save_steps: 0                   # 0 = only at the end
+output_dir: ./runs/tiny-shakespeare
+)";
+
+// A small valid spec; tests add one line to a section with With().
+constexpr char kBase[] = R"(name: t
+model:
+  arch: gpt2
+  config:
+    vocab_size: 256
+    n_positions: 64
+    n_embd: 32
+    n_layer: 2
+    n_head: 4
+data:
+  train_file: /data/x.txt
+  seq_len: 16
+training:
+  max_steps: 5
+output_dir: /out
+)";
+
+constexpr char kLlamaBase[] = R"(model:
+  arch: llama
+  config:
+    vocab_size: 256
+    hidden_size: 64
+    intermediate_size: 128
+    num_hidden_layers: 2
+    num_attention_heads: 4
+    num_key_value_heads: 2
+    max_position_embeddings: 64
+data:
+  train_file: /data/x.txt
+  seq_len: 16
+training:
+  max_steps: 5
+)";
+
+// `spec` with `line` inserted as the first entry of `section` ("training", "model.config",
+// "data", "model", or "" for the root). A key set twice would be a duplicate, so callers only add
+// keys the base lacks, or use Replace().
+std::string With(std::string spec, const std::string& section, const std::string& line) {
+  if (section.empty()) return spec + line + "\n";
+  std::string header = section == "model.config" ? "  config:\n" : section + ":\n";
+  const size_t at = spec.find(header);
+  EXPECT_NE(at, std::string::npos) << section;
+  const std::string indent = section == "model.config" ? "    " : "  ";
+  return spec.insert(at + header.size(), indent + line + "\n");
+}
+
+std::string Replace(std::string spec, const std::string& from, const std::string& to) {
+  const size_t at = spec.find(from);
+  EXPECT_NE(at, std::string::npos) << from;
+  return spec.replace(at, from.size(), to);
+}
+
+void ExpectInvalid(const std::string& text, const std::string& want) {
+  Result<JobSpec> r = ParseJobSpec(text);
+  ASSERT_FALSE(r.ok()) << "accepted; wanted: " << want << "\n" << text;
+  EXPECT_EQ(r.status().code(), Status::Code::kInvalidArgument) << r.status().ToString();
+  EXPECT_THAT(r.status().message(), HasSubstr(want));
+}
+
+TEST(JobSpecTest, ContractExampleParses) {
+  Result<JobSpec> r = ParseJobSpec(kContractExample, "/work/main");
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  const JobSpec& s = *r;
+  EXPECT_EQ(s.name, "tiny-shakespeare");
+  EXPECT_EQ(s.model.config.arch, "gpt2");
+  EXPECT_EQ(s.model.config.vocab_size, 256);
+  EXPECT_EQ(s.model.config.n_positions, 256);
+  EXPECT_EQ(s.model.config.n_embd, 256);
+  EXPECT_EQ(s.model.config.n_layer, 4);
+  EXPECT_EQ(s.model.config.n_head, 4);
+  EXPECT_FALSE(s.model.init_from.has_value());
+  EXPECT_EQ(s.data.train_file, "/work/shared/data/tinyshakespeare.txt");  // resolved
+  EXPECT_EQ(s.data.format, "text");
+  EXPECT_EQ(s.data.seq_len, 128);
+  EXPECT_DOUBLE_EQ(s.data.validation_split, 0.1);
+  EXPECT_TRUE(s.data.shuffle);
+  EXPECT_EQ(s.training.max_steps, 200);
+  EXPECT_EQ(s.training.per_device_train_batch_size, 8);
+  EXPECT_DOUBLE_EQ(s.training.learning_rate, 3e-4);
+  EXPECT_DOUBLE_EQ(s.training.adam_epsilon, 1e-8);
+  EXPECT_EQ(s.training.lr_scheduler_type, "cosine");
+  EXPECT_FALSE(s.training.offload_dir.has_value());
+  EXPECT_EQ(s.training.seed, 42);
+  EXPECT_EQ(s.output_dir, "/work/main/runs/tiny-shakespeare");
+}
+
+TEST(JobSpecTest, DefaultsAndNoBaseDir) {
+  Result<JobSpec> r = ParseJobSpec("model: {arch: llama}\ndata: {train_file: d.txt}\n");
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->data.train_file, "d.txt");  // no base_dir: left as given
+  EXPECT_EQ(r->model.config.vocab_size, 32000);  // HF LlamaConfig defaults
+  EXPECT_FALSE(r->model.config.tie_word_embeddings);
+  EXPECT_EQ(r->training.max_steps, 200);
+  EXPECT_EQ(r->output_dir, "./runs/job");
+}
+
+TEST(JobSpecTest, UnknownFieldsNameThePathAndSuggest) {
+  ExpectInvalid(With(kBase, "training", "lerning_rate: 0.1"),
+                "training.lerning_rate: unknown field (did you mean learning_rate?)");
+  ExpectInvalid(With(kBase, "data", "seqlen: 3"), "data.seqlen: unknown field (did you mean seq_len?)");
+  ExpectInvalid(With(kBase, "model.config", "n_embed: 3"),
+                "model.config.n_embed: unknown field (did you mean n_embd?)");
+  ExpectInvalid(With(kBase, "", "outptu_dir: x"), "outptu_dir: unknown field (did you mean output_dir?)");
+  Result<JobSpec> r = ParseJobSpec(With(kBase, "training", "frobnicate: 1"));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().message(), "training.frobnicate: unknown field");
+  ExpectInvalid(With(kBase, "training", "max_steps: 6"), "training.max_steps: duplicate field");
+}
+
+TEST(JobSpecTest, WrongTypes) {
+  ExpectInvalid(Replace(kBase, "max_steps: 5", "max_steps: abc"),
+                "training.max_steps: expected an integer, got 'abc'");
+  ExpectInvalid(Replace(kBase, "max_steps: 5", "max_steps: \"5\""),
+                "training.max_steps: expected an integer, got string '5'");
+  ExpectInvalid(Replace(kBase, "max_steps: 5", "max_steps: 2.5"), "training.max_steps: expected an integer");
+  ExpectInvalid(Replace(kBase, "max_steps: 5", "max_steps: [1]"),
+                "training.max_steps: expected an integer, got a list");
+  ExpectInvalid(Replace(kBase, "max_steps: 5", "max_steps: null"),
+                "training.max_steps: expected an integer, got null");
+  ExpectInvalid(With(kBase, "training", "learning_rate: fast"),
+                "training.learning_rate: expected a finite number, got 'fast'");
+  ExpectInvalid(With(kBase, "training", "learning_rate: .nan"), "training.learning_rate: expected a finite number");
+  ExpectInvalid(With(kBase, "data", "shuffle: maybe"), "data.shuffle: expected true or false, got 'maybe'");
+  ExpectInvalid(With(kBase, "model", "init_from: [a]"), "model.init_from: expected a string or null");
+  ExpectInvalid(Replace(kBase, "arch: gpt2", "arch: {x: 1}"), "model.arch: expected a string, got a mapping");
+  ExpectInvalid("model: 5\n", "model: expected a mapping, got '5'");
+  ExpectInvalid("- a\n- b\n", "job spec: expected a mapping, got a list");
+  ExpectInvalid("", "job spec: empty document");
+}
+
+TEST(JobSpecTest, OutOfRangeValues) {
+  ExpectInvalid(With(kBase, "training", "per_device_train_batch_size: -1"),
+                "training.per_device_train_batch_size: must be >= 1 or \"auto\", got -1");
+  ExpectInvalid(With(kBase, "training", "per_device_train_batch_size: 0"),
+                "training.per_device_train_batch_size: must be >= 1");
+  ExpectInvalid(With(kBase, "training", "per_device_train_batch_size: big"),
+                "training.per_device_train_batch_size: expected an integer >= 1 or \"auto\", got 'big'");
+  ExpectInvalid(Replace(kBase, "seq_len: 16", "seq_len: 0"), "data.seq_len: must be >= 1, got 0");
+  ExpectInvalid(With(kBase, "data", "validation_split: 1.0"), "data.validation_split: must be in [0, 1), got 1.0");
+  ExpectInvalid(With(kBase, "data", "validation_split: -0.1"), "data.validation_split: must be in [0, 1)");
+  ExpectInvalid(With(kBase, "training", "learning_rate: -1e-3"), "training.learning_rate: must be >= 0");
+  ExpectInvalid(With(kBase, "training", "lr_scheduler_type: cosine_with_restarts"),
+                "training.lr_scheduler_type: expected one of constant, linear, cosine, got "
+                "'cosine_with_restarts'");
+  ExpectInvalid(Replace(kBase, "arch: gpt2", "arch: gpt3"), "model.arch: expected one of gpt2, llama, got 'gpt3'");
+  ExpectInvalid(Replace(kBase, "max_steps: 5", "max_steps: 0"), "training.max_steps: must be >= 1, got 0");
+  ExpectInvalid(With(kBase, "training", "gradient_accumulation_steps: 0"),
+                "training.gradient_accumulation_steps: must be >= 1");
+  ExpectInvalid(With(kBase, "training", "warmup_steps: -2"), "training.warmup_steps: must be >= 0");
+  ExpectInvalid(With(kBase, "training", "adam_beta2: 1.0"), "training.adam_beta2: must be in [0, 1)");
+  ExpectInvalid(With(kBase, "training", "adam_epsilon: 0"), "training.adam_epsilon: must be > 0");
+  ExpectInvalid(With(kBase, "training", "max_grad_norm: -1"), "training.max_grad_norm: must be >= 0");
+  ExpectInvalid(With(kBase, "training", "weight_decay: -0.1"), "training.weight_decay: must be >= 0");
+  ExpectInvalid(With(kBase, "training", "logging_steps: 0"), "training.logging_steps: must be >= 1");
+  ExpectInvalid(With(kBase, "training", "seed: -1"), "training.seed: must be >= 0");
+  ExpectInvalid(With(kBase, "training", "gradient_checkpointing_every: 0"),
+                "training.gradient_checkpointing_every: must be >= 1");
+  ExpectInvalid(With(kBase, "data", "token_dtype: int8"),
+                "data.token_dtype: expected one of uint16, uint32, got 'int8'");
+  ExpectInvalid(Replace(kBase, "train_file: /data/x.txt", "train_file: \"\""), "data.train_file: must not be empty");
+  ExpectInvalid(Replace(kBase, "  train_file: /data/x.txt\n", ""), "data.train_file: required");
+  ExpectInvalid(Replace(kBase, "  arch: gpt2\n", ""), "model.arch: required (gpt2 | llama)");
+}
+
+TEST(JobSpecTest, FeaturesNotBuiltYet) {
+  ExpectInvalid(With(kBase, "training", "optim: adafactor"), "training.optim: adafactor is not supported yet");
+  ExpectInvalid(With(kBase, "training", "optim: sgd"), "training.optim: sgd is not supported yet");
+  ExpectInvalid(With(kBase, "training", "optim: lion"), "training.optim: expected adamw, got 'lion'");
+  ExpectInvalid(With(kBase, "training", "fp16: true"), "training.fp16: fp16 mixed precision is not supported yet");
+  ExpectInvalid(With(kBase, "training", "bf16: true"), "training.bf16: bf16 mixed precision is not supported yet");
+  ExpectInvalid(With(kBase, "training", "offload: nvme"), "training.offload: nvme is not supported yet");
+  ExpectInvalid(With(kBase, "training", "offload: cpu"), "training.offload: cpu is not supported yet");
+  ExpectInvalid(With(kBase, "training", "offload: disk"), "training.offload: expected one of none, cpu, nvme");
+  ExpectInvalid(With(kBase, "training", "peft: {type: lora, r: 8}"), "training.peft: PEFT (LoRA) is not supported yet");
+  ExpectInvalid(With(kBase, "data", "tokenizer: /m/tokenizer.json"),
+                "data.tokenizer: /m/tokenizer.json is not supported yet");
+  ExpectInvalid(With(kBase, "data", "format: jsonl"), "data.format: jsonl is not supported yet (text | tokens)");
+  ExpectInvalid(Replace(kBase, "arch: gpt2", "arch: bert"), "model.arch: bert is not supported yet");
+}
+
+TEST(JobSpecTest, ExtensionsAndNullsAreAccepted) {
+  std::string text = With(kBase, "training", "per_device_train_batch_size: auto");
+  text = With(text, "training", "effective_batch_size: 32");
+  text = With(text, "training", "gradient_checkpointing: true");
+  text = With(text, "training", "gradient_checkpointing_every: 2");
+  text = With(text, "training", "offload_dir: null");
+  text = With(text, "training", "peft: null");
+  text = With(text, "training", "tf32: true");
+  text = With(text, "model", "init_from: null");
+  text = Replace(text, "name: t", "name: null");
+  Result<JobSpec> r = ParseJobSpec(text);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_TRUE(r->training.auto_batch());
+  EXPECT_EQ(r->training.per_device_train_batch_size, 0);
+  EXPECT_EQ(r->training.effective_batch_size, 32);
+  EXPECT_TRUE(r->training.gradient_checkpointing);
+  EXPECT_EQ(r->training.gradient_checkpointing_every, 2);
+  EXPECT_TRUE(r->training.tf32);
+  EXPECT_EQ(r->name, "");
+  r = ParseJobSpec(With(kBase, "training", "per_device_train_batch_size: \"auto\""));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_TRUE(r->training.auto_batch());
+}
+
+TEST(JobSpecTest, EffectiveBatchSizeAgreesWithBatchAndAccumulation) {
+  std::string text = With(kBase, "training", "per_device_train_batch_size: 4");
+  Result<JobSpec> r = ParseJobSpec(With(text, "training", "effective_batch_size: 16"));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->training.gradient_accumulation_steps, 4);  // derived
+  ExpectInvalid(With(text, "training", "effective_batch_size: 10"),
+                "training.effective_batch_size: 10 is not a multiple of per_device_train_batch_size 4");
+  text = With(text, "training", "gradient_accumulation_steps: 2");
+  ExpectInvalid(With(text, "training", "effective_batch_size: 16"),
+                "training.effective_batch_size: 16 != per_device_train_batch_size 4 x "
+                "gradient_accumulation_steps 2");
+  ExpectInvalid(With(With(With(kBase, "training", "per_device_train_batch_size: auto"), "training",
+                          "effective_batch_size: 16"),
+                     "training", "gradient_accumulation_steps: 2"),
+                "training.gradient_accumulation_steps: is chosen by the planner");
+}
+
+TEST(JobSpecTest, ConfigKeysBelongToTheArch) {
+  ExpectInvalid(With(kLlamaBase, "model.config", "n_embd: 64"), "model.config.n_embd: not a llama config key");
+  ExpectInvalid(With(kBase, "model.config", "hidden_size: 64"), "model.config.hidden_size: not a gpt2 config key");
+  ExpectInvalid(With(kBase, "model.config", "num_key_value_heads: 2"),
+                "model.config.num_key_value_heads: not a gpt2 config key");
+  Result<JobSpec> r = ParseJobSpec(kLlamaBase);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->model.config.num_key_value_heads, 2);
+  EXPECT_EQ(r->model.config.channels(), 64);
+  r = ParseJobSpec(Replace(kLlamaBase, "    num_key_value_heads: 2\n", ""));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->model.config.num_key_value_heads, 4);  // HF: absent = num_attention_heads
+}
+
+TEST(JobSpecTest, ConfigSanityChecks) {
+  ExpectInvalid(Replace(kBase, "n_head: 4", "n_head: 5"), "model.config.n_head: n_embd 32 is not divisible by n_head 5");
+  ExpectInvalid(Replace(kLlamaBase, "num_attention_heads: 4", "num_attention_heads: 3"),
+                "model.config.num_attention_heads: hidden_size 64 is not divisible by num_attention_heads 3");
+  ExpectInvalid(Replace(kLlamaBase, "num_key_value_heads: 2", "num_key_value_heads: 3"),
+                "model.config.num_key_value_heads: num_attention_heads 4 is not divisible by num_key_value_heads 3");
+  ExpectInvalid(Replace(Replace(kLlamaBase, "hidden_size: 64", "hidden_size: 36"), "num_attention_heads: 4",
+                        "num_attention_heads: 4"),
+                "head size hidden_size / num_attention_heads = 9 must be even");
+  ExpectInvalid(Replace(kBase, "seq_len: 16", "seq_len: 65"), "data.seq_len: 65 exceeds model.config.n_positions 64");
+  ExpectInvalid(Replace(kLlamaBase, "seq_len: 16", "seq_len: 100"),
+                "data.seq_len: 100 exceeds model.config.max_position_embeddings 64");
+  ExpectInvalid(Replace(kBase, "vocab_size: 256", "vocab_size: 0"), "model.config.vocab_size: must be >= 1, got 0");
+  ExpectInvalid(With(kBase, "model.config", "layer_norm_epsilon: 0"), "model.config.layer_norm_epsilon: must be > 0");
+}
+
+TEST(JobSpecTest, MalformedYamlGivesLineAndColumn) {
+  Result<JobSpec> r = ParseJobSpec("model:\n  arch: gpt2\ndata: [unclosed\n");
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), Status::Code::kInvalidArgument);
+  EXPECT_THAT(r.status().message(), HasSubstr("malformed YAML at line"));
+  EXPECT_THAT(r.status().message(), HasSubstr("column"));
+  r = ParseJobSpec("model:\n  arch: gpt2\n bad indent: x\n");
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(r.status().message(), HasSubstr("line 3"));
+}
+
+TEST(JobSpecTest, JsonIsAcceptedAndRoundTrips) {
+  const char* json = R"({"model": {"arch": "gpt2", "config": {"vocab_size": 256, "n_positions": 64,
+      "n_embd": 32, "n_layer": 2, "n_head": 4}}, "data": {"train_file": "/d.txt", "seq_len": 8,
+      "validation_split": 0.25}, "training": {"learning_rate": 0.001, "seed": 7}})";
+  Result<JobSpec> r = ParseJobSpec(json);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_DOUBLE_EQ(r->data.validation_split, 0.25);
+  EXPECT_EQ(r->training.seed, 7);
+  for (const std::string& text :
+       {std::string(kContractExample), std::string(kLlamaBase),
+        With(With(kBase, "training", "per_device_train_batch_size: auto"), "training", "effective_batch_size: 24"),
+        With(kBase, "training", "learning_rate: 1.2345678901234567e-4")}) {
+    Result<JobSpec> a = ParseJobSpec(text, "/base");
+    ASSERT_TRUE(a.ok()) << a.status().ToString();
+    const std::string j1 = JobSpecToJson(*a);
+    Result<JobSpec> b = ParseJobSpec(j1, "/elsewhere");  // paths are absolute now
+    ASSERT_TRUE(b.ok()) << b.status().ToString() << "\n" << j1;
+    EXPECT_EQ(JobSpecToJson(*b), j1);
+    EXPECT_EQ(b->training.learning_rate, a->training.learning_rate);  // exact, not approximate
+  }
+}
+
+class ValidateInputsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("traind_js_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    std::ofstream(dir_ / "data.txt") << std::string(1000, 'a');
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  JobSpec Parse(const std::string& text) {
+    Result<JobSpec> r = ParseJobSpec(text, dir_.string());
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    return r.ok() ? *r : JobSpec{};
+  }
+  fs::path dir_;
+};
+
+TEST_F(ValidateInputsTest, DataFile) {
+  const std::string base = Replace(kBase, "/data/x.txt", "data.txt");
+  EXPECT_TRUE(ValidateJobInputs(Parse(base)).ok());
+  Status st = ValidateJobInputs(Parse(Replace(base, "data.txt", "nope/y.txt")));
+  EXPECT_EQ(st.code(), Status::Code::kNotFound);
+  EXPECT_EQ(st.message(), "data.train_file: " + (dir_ / "nope/y.txt").string() + ": no such file");
+  st = ValidateJobInputs(Parse(Replace(Replace(base, "seq_len: 16", "seq_len: 64"), "n_positions: 64",
+                                       "n_positions: 1024")));
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  std::ofstream(dir_ / "short.txt") << std::string(50, 'a');  // 45 train tokens < 65
+  st = ValidateJobInputs(Parse(Replace(Replace(Replace(base, "data.txt", "short.txt"), "seq_len: 16",
+                                               "seq_len: 64"),
+                                       "n_positions: 64", "n_positions: 1024")));
+  EXPECT_EQ(st.code(), Status::Code::kFailedPrecondition);
+  EXPECT_THAT(st.message(), HasSubstr("shorter than one window of seq_len + 1 = 65"));
+  st = ValidateJobInputs(Parse(Replace(base, "data.txt", ".")));
+  EXPECT_EQ(st.code(), Status::Code::kFailedPrecondition);
+  EXPECT_THAT(st.message(), HasSubstr("not a regular file"));
+  std::ofstream(dir_ / "odd.bin") << std::string(33, '\0');
+  st = ValidateJobInputs(Parse(With(Replace(base, "data.txt", "odd.bin"), "data", "format: tokens")));
+  EXPECT_EQ(st.code(), Status::Code::kFailedPrecondition);
+  EXPECT_THAT(st.message(), HasSubstr("33 bytes is not a multiple of 2"));
+}
+
+TEST_F(ValidateInputsTest, InitFromFolder) {
+  const std::string base = Replace(kBase, "/data/x.txt", "data.txt");
+  // gpt2 spec config: vocab 256, n_positions 64, n_embd 32, n_layer 2, n_head 4.
+  ModelConfig c;
+  c.vocab_size = 256;
+  c.n_positions = 64;
+  c.n_embd = 32;
+  c.n_layer = 2;
+  c.n_head = 4;
+  fs::create_directories(dir_ / "hf");
+  const std::string spec = With(base, "model", "init_from: hf");
+
+  Status st = ValidateJobInputs(Parse(With(base, "model", "init_from: missing")));
+  EXPECT_EQ(st.code(), Status::Code::kNotFound);
+  EXPECT_THAT(st.message(), HasSubstr("model.init_from: " + (dir_ / "missing").string()));
+  st = ValidateJobInputs(Parse(spec));
+  EXPECT_EQ(st.code(), Status::Code::kNotFound);
+  EXPECT_THAT(st.message(), HasSubstr("config.json: no such file"));
+  std::ofstream(dir_ / "hf/config.json") << WriteHfConfigJson(c);
+  st = ValidateJobInputs(Parse(spec));
+  EXPECT_EQ(st.code(), Status::Code::kNotFound);
+  EXPECT_THAT(st.message(), HasSubstr("neither model.safetensors"));
+  std::ofstream(dir_ / "hf/model.safetensors") << "x";
+  st = ValidateJobInputs(Parse(spec));
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  // model.config absent: fine too.
+  st = ValidateJobInputs(Parse("model: {arch: gpt2, init_from: hf}\ndata: {train_file: data.txt, seq_len: 16}\n"));
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  // Disagreeing config, wrong arch, seq_len beyond the file's positions, a broken config.json.
+  st = ValidateJobInputs(Parse(Replace(spec, "n_layer: 2", "n_layer: 3")));
+  EXPECT_EQ(st.code(), Status::Code::kFailedPrecondition);
+  EXPECT_THAT(st.message(), HasSubstr("model.config.n_layer: 3 disagrees with"));
+  st = ValidateJobInputs(Parse(Replace(Replace(kLlamaBase, "/data/x.txt", "data.txt"), "model:\n",
+                                       "model:\n  init_from: hf\n")));
+  EXPECT_EQ(st.code(), Status::Code::kFailedPrecondition);
+  EXPECT_THAT(st.message(), HasSubstr("has model_type gpt2 but model.arch is llama"));
+  st = ValidateJobInputs(Parse("model: {arch: gpt2, init_from: hf}\ndata: {train_file: data.txt, seq_len: 100}\n"));
+  EXPECT_EQ(st.code(), Status::Code::kFailedPrecondition);
+  EXPECT_THAT(st.message(), HasSubstr("data.seq_len: 100 exceeds the max positions 64"));
+  std::ofstream(dir_ / "hf/config.json") << "{\"model_type\": \"gpt2\", \"activation_function\": \"relu\"}";
+  st = ValidateJobInputs(Parse(spec));
+  EXPECT_EQ(st.code(), Status::Code::kFailedPrecondition);
+  EXPECT_THAT(st.message(), HasSubstr("activation_function"));
+}
+
+}  // namespace
+}  // namespace traind::engine

@@ -1,0 +1,174 @@
+// The memory plan: the arena's measured high-water mark of a real run agrees with EstimateJob's
+// total within 2% for several configs; "auto" picks the largest micro-batch that fits (a multiple
+// of 8, capped by effective_batch_size, accumulation to reach it, checkpointing only when needed);
+// a job that cannot fit is a FAILED_PRECONDITION with the breakdown and what to change.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "train/planner.h"
+#include "trainer_test_util.h"
+
+namespace traind::engine {
+namespace {
+
+struct PlanCase {
+  std::string name;
+  std::string arch;
+  int64_t micro_batch;
+  int64_t seq_len;
+  bool checkpointing;
+};
+
+JobSpec CaseSpec(const std::string& dir, const std::string& data, const PlanCase& c) {
+  JobSpec s = testing::TinySpec(dir, data);
+  s.training.max_steps = 1;
+  s.training.per_device_train_batch_size = c.micro_batch;
+  s.training.gradient_checkpointing = c.checkpointing;
+  s.data.seq_len = c.seq_len;
+  if (c.arch == "llama") {
+    ModelConfig& m = s.model.config;
+    m.arch = "llama";
+    m.vocab_size = 64;
+    m.hidden_size = 48;
+    m.intermediate_size = 96;
+    m.num_hidden_layers = 3;
+    m.num_attention_heads = 4;
+    m.num_key_value_heads = 2;
+    m.max_position_embeddings = 64;
+    m.tie_word_embeddings = false;
+  } else {
+    s.model.config.n_positions = 64;
+  }
+  return s;
+}
+
+TEST(TrainerPlan, MeasuredPeakMatchesPlanWithin2Percent) {
+  const std::string dir = testing::MakeTempDir("plan");
+  testing::WriteSyntheticTokens(dir + "/tokens.bin", 6000, 64, 1);
+  const PlanCase cases[] = {
+      {"gpt2_b4", "gpt2", 4, 16, false},
+      {"gpt2_b16_t64", "gpt2", 16, 64, false},
+      {"gpt2_b8_ckpt", "gpt2", 8, 32, true},
+      {"llama_gqa_b4", "llama", 4, 32, false},
+      {"llama_gqa_b8_ckpt", "llama", 8, 32, true},
+  };
+  for (const PlanCase& c : cases) {
+    SCOPED_TRACE(c.name);
+    JobSpec spec = CaseSpec(dir + "/" + c.name, dir + "/tokens.bin", c);
+    RunOptions o = testing::TestRunOptions();
+    auto est = EstimateJob(spec, o.device);
+    ASSERT_TRUE(est.ok()) << est.status().ToString();
+    EXPECT_EQ(est->micro_batch, c.micro_batch);
+    EXPECT_EQ(est->gradient_checkpointing, c.checkpointing);
+    EXPECT_EQ(est->bytes.optimizer, 2 * est->bytes.weights);  // AdamW m and v, fp32
+    auto r = RunJob(spec, o, {});
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    const double planned = static_cast<double>(est->bytes.total());
+    const double peak = static_cast<double>(r->peak_memory_bytes);
+    EXPECT_EQ(r->plan.bytes.total(), est->bytes.total());
+    EXPECT_LE(std::abs(peak - planned) / planned, 0.02) << "planned " << planned << " peak " << peak;
+    std::printf("[plan] %-18s planned %10.0f  measured peak %10.0f  (%+.3f%%)\n", c.name.c_str(),
+                planned, peak, 100.0 * (peak - planned) / planned);
+  }
+}
+
+// Bytes of the tiny gpt2 job at micro-batch b.
+int64_t Bytes(const JobSpec& s, int64_t b, bool ckpt) {
+  return JobBytes(s.model.config, JobModelOptions(s, b, ckpt)).total();
+}
+
+TEST(TrainerPlan, AutoBatchPicksTheLargestFittingMultipleOfEight) {
+  JobSpec s = testing::TinySpec("/tmp", "/nonexistent");  // EstimateJob touches no file
+  s.training.per_device_train_batch_size = 0;            // "auto"
+  DeviceOptions d;
+  // A budget that fits 37 sequences but not 38: 37 rounds down to 32.
+  d.memory_budget_bytes = Bytes(s, 37, false) + (Bytes(s, 38, false) - Bytes(s, 37, false)) / 2;
+  auto p = EstimateJob(s, d);
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  EXPECT_EQ(p->micro_batch, 32);
+  EXPECT_FALSE(p->gradient_checkpointing);
+  EXPECT_EQ(p->gradient_accumulation_steps, 1);
+  EXPECT_EQ(p->budget_bytes, d.memory_budget_bytes);
+  EXPECT_EQ(p->bytes.total(), Bytes(s, 32, false));
+  EXPECT_NE(p->reason.find("37"), std::string::npos) << p->reason;
+
+  // effective_batch_size 20: capped at 20, one step of 20 sequences.
+  s.training.effective_batch_size = 20;
+  p = EstimateJob(s, d);
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ(p->micro_batch, 20);
+  EXPECT_EQ(p->gradient_accumulation_steps, 1);
+
+  // effective_batch_size 100 with room for 37: 32 x ceil(100/32) = 4.
+  s.training.effective_batch_size = 100;
+  p = EstimateJob(s, d);
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ(p->micro_batch, 32);
+  EXPECT_EQ(p->gradient_accumulation_steps, 4);
+
+  // Room for 5 only: the largest power of two below, 4, and accumulation 25 for 100 (checkpointing
+  // stays off unless it would fit 8).
+  d.memory_budget_bytes = Bytes(s, 5, false) + 1;
+  const bool eight_with_ckpt = Bytes(s, 8, true) <= d.memory_budget_bytes;
+  p = EstimateJob(s, d);
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ(p->gradient_checkpointing, eight_with_ckpt) << p->reason;
+  if (!eight_with_ckpt) {
+    EXPECT_EQ(p->micro_batch, 4);
+    EXPECT_EQ(p->gradient_accumulation_steps, 25);
+  }
+}
+
+TEST(TrainerPlan, AutoTurnsOnCheckpointingOnlyWhenNeeded) {
+  // A model whose activations dominate (long sequence, small weights): without checkpointing
+  // fewer than 8 fit, with it more do.
+  JobSpec s = testing::TinySpec("/tmp", "/nonexistent");
+  s.model.config.n_positions = 256;
+  s.model.config.n_layer = 6;
+  s.data.seq_len = 256;
+  s.training.per_device_train_batch_size = 0;
+  DeviceOptions d;
+  d.memory_budget_bytes = Bytes(s, 6, false) + 1;  // 6 fit without checkpointing
+  ASSERT_GT(Bytes(s, 6, false), Bytes(s, 8, true)) << "checkpointing must save memory here";
+  auto p = EstimateJob(s, d);
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  EXPECT_TRUE(p->gradient_checkpointing) << p->reason;
+  EXPECT_GE(p->micro_batch, 8);
+  EXPECT_NE(p->reason.find("checkpointing"), std::string::npos);
+  // With a big budget, no checkpointing.
+  d.memory_budget_bytes = Bytes(s, 64, false);
+  p = EstimateJob(s, d);
+  ASSERT_TRUE(p.ok());
+  EXPECT_FALSE(p->gradient_checkpointing);
+  EXPECT_EQ(p->micro_batch, 64);
+}
+
+TEST(TrainerPlan, TooSmallBudgetIsAClearError) {
+  JobSpec s = testing::TinySpec("/tmp", "/nonexistent");
+  DeviceOptions d;
+  d.memory_budget_bytes = Bytes(s, 4, false) / 2;
+  auto p = EstimateJob(s, d);  // fixed batch 4
+  ASSERT_FALSE(p.ok());
+  EXPECT_EQ(p.status().code(), Status::Code::kFailedPrecondition);
+  const std::string& m = p.status().message();
+  for (const char* part : {"needs", "budget", "GiB", "weights", "activations", "optimizer",
+                           "set gradient_checkpointing or lower per_device_train_batch_size"}) {
+    EXPECT_NE(m.find(part), std::string::npos) << part << " in: " << m;
+  }
+  s.training.per_device_train_batch_size = 0;
+  d.memory_budget_bytes = 1000;
+  p = EstimateJob(s, d);
+  ASSERT_FALSE(p.ok());
+  EXPECT_EQ(p.status().code(), Status::Code::kFailedPrecondition);
+
+  d.device = "cuda:1";
+  p = EstimateJob(s, d);
+  EXPECT_EQ(p.status().code(), Status::Code::kFailedPrecondition);
+  d.device = "tpu";
+  p = EstimateJob(s, d);
+  EXPECT_EQ(p.status().code(), Status::Code::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace traind::engine

@@ -1,0 +1,185 @@
+// Checkpoints and resume: a run cancelled after step k and resumed ends bit-identical (weights,
+// optimizer state, losses) to an uninterrupted run; save -> load -> save is byte-identical;
+// cancellation returns CANCELLED within a step; incomplete checkpoint folders are never picked.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "core/arena.h"
+#include "data/window_order.h"
+#include "models/model.h"
+#include "optim/adamw.h"
+#include "train/checkpoint.h"
+#include "trainer_test_util.h"
+
+namespace traind::engine {
+namespace {
+
+namespace fs = std::filesystem;
+
+class TrainerResume : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = testing::MakeTempDir("resume");
+    data_ = dir_ + "/tokens.bin";
+    testing::WriteSyntheticTokens(data_, 3000, 64, 5);
+  }
+  // 6 steps; checkpoints every 2; logging windows of 3 (so one is open at checkpoint-2 and -4);
+  // eval every 4.
+  JobSpec Spec(const std::string& sub) {
+    JobSpec s = testing::TinySpec(dir_ + "/" + sub, data_);
+    s.training.save_steps = 2;
+    s.training.logging_steps = 3;
+    s.training.eval_steps = 4;
+    s.training.gradient_accumulation_steps = 2;
+    return s;
+  }
+  std::string dir_, data_;
+};
+
+nlohmann::json LogWithoutSummary(const std::string& path) {
+  nlohmann::json st = nlohmann::json::parse(testing::ReadFile(path));
+  nlohmann::json out = nlohmann::json::array();
+  for (auto& e : st["log_history"]) {
+    if (!e.contains("train_runtime")) out.push_back(e);
+  }
+  return out;
+}
+
+TEST_F(TrainerResume, CancelledAndResumedRunIsBitIdentical) {
+  const JobSpec a = Spec("a");
+  std::vector<double> losses_a;
+  RunCallbacks cb_a;
+  cb_a.on_step = [&](const StepReport& r) { losses_a.push_back(r.loss); };
+  auto ra = RunJob(a, testing::TestRunOptions(), cb_a);
+  ASSERT_TRUE(ra.ok()) << ra.status().ToString();
+  ASSERT_EQ(losses_a.size(), 6u);
+
+  // The same job, cancelled from inside step 3's report: CANCELLED before step 4 runs.
+  const JobSpec b = Spec("b");
+  std::atomic<bool> cancel{false};
+  RunOptions ob = testing::TestRunOptions();
+  ob.cancel = &cancel;
+  std::vector<double> losses_b;
+  RunCallbacks cb_b;
+  cb_b.on_step = [&](const StepReport& r) {
+    losses_b.push_back(r.loss);
+    if (r.step == 3) cancel.store(true);
+  };
+  auto rb = RunJob(b, ob, cb_b);
+  ASSERT_FALSE(rb.ok());
+  EXPECT_EQ(rb.status().code(), Status::Code::kCancelled);
+  EXPECT_EQ(losses_b.size(), 3u);
+  EXPECT_TRUE(fs::exists(b.output_dir + "/checkpoint-2"));
+  EXPECT_FALSE(fs::exists(b.output_dir + "/checkpoint-4"));
+  EXPECT_FALSE(fs::exists(b.output_dir + "/model.safetensors"));
+
+  // Resume: continues from checkpoint-2 (steps 3..6).
+  RunOptions oc = testing::TestRunOptions();
+  oc.resume = true;
+  std::vector<std::string> notes;
+  RunCallbacks cb_c;
+  cb_c.on_step = [&](const StepReport& r) { losses_b.push_back(r.loss); };
+  cb_c.on_message = [&](const std::string& m) { notes.push_back(m); };
+  auto rc = RunJob(b, oc, cb_c);
+  ASSERT_TRUE(rc.ok()) << rc.status().ToString();
+  ASSERT_EQ(losses_b.size(), 7u);  // 1..3 before, 3..6 after the resume from step 2
+  for (int s = 0; s < 6; ++s) {
+    const double got = s < 2 ? losses_b[s] : losses_b[s + 1];
+    EXPECT_EQ(got, losses_a[s]) << "step " << s + 1;  // bit-identical, not just close
+  }
+  ASSERT_FALSE(notes.empty());
+  EXPECT_NE(notes[0].find("checkpoint-2"), std::string::npos);
+  EXPECT_EQ(rc->train_loss, ra->train_loss);
+  EXPECT_EQ(rc->eval_loss, ra->eval_loss);
+
+  for (const char* f : {"model.safetensors", "config.json", "checkpoint-6/model.safetensors",
+                        "checkpoint-6/optimizer.safetensors", "checkpoint-6/trainer_state.json",
+                        "checkpoint-6/trainer_extra.json", "checkpoint-4/optimizer.safetensors"}) {
+    EXPECT_EQ(testing::ReadFile(a.output_dir + "/" + f), testing::ReadFile(b.output_dir + "/" + f))
+        << f;
+  }
+  EXPECT_EQ(LogWithoutSummary(a.output_dir + "/trainer_state.json"),
+            LogWithoutSummary(b.output_dir + "/trainer_state.json"));
+}
+
+TEST_F(TrainerResume, SaveLoadSaveIsByteIdentical) {
+  const JobSpec a = Spec("a");
+  auto ra = RunJob(a, testing::TestRunOptions(), {});
+  ASSERT_TRUE(ra.ok()) << ra.status().ToString();
+
+  std::unique_ptr<Backend> backend = MakeCpuBackend(1);
+  DeviceArena arena(backend.get(), 0);
+  ModelOptions mo;
+  mo.micro_batch = 4;
+  mo.seq_len = 16;
+  auto model = Model::Create(a.model.config, mo, &arena);
+  ASSERT_TRUE(model.ok());
+  AdamWOptions ao;
+  ao.weight_decay = 0.1;
+  auto opt = AdamWOptimizer::Create((*model)->params(), (*model)->num_params(), ao, &arena);
+  ASSERT_TRUE(opt.ok());
+  TrainerState state;
+  const std::string src = a.output_dir + "/checkpoint-4";
+  ASSERT_TRUE(LoadCheckpoint(src, model->get(), opt->get(), &state).ok());
+  EXPECT_EQ(state.global_step, 4);
+  EXPECT_EQ(state.window_steps, 1);  // step 4 opened the window 4..6
+
+  const std::string out = dir_ + "/resaved";
+  fs::create_directories(out);
+  const int64_t wpe = (TrainTokenCount(3000, a.data.validation_split) - 1) / a.data.seq_len;
+  auto saved = SaveCheckpoint(out, a, model->get(), **opt, state, wpe);
+  ASSERT_TRUE(saved.ok()) << saved.status().ToString();
+  for (const char* f : {kConfigFile, kModelFile, kTrainerStateFile, kOptimizerFile, kTrainerExtraFile}) {
+    const std::string x = testing::ReadFile(src + "/" + f);
+    EXPECT_FALSE(x.empty()) << f;
+    EXPECT_EQ(x, testing::ReadFile(*saved + "/" + f)) << f;
+  }
+}
+
+TEST_F(TrainerResume, IgnoresIncompleteCheckpointsAndChecksTheBatch) {
+  const JobSpec a = Spec("a");
+  ASSERT_TRUE(RunJob(a, testing::TestRunOptions(), {}).ok());
+  // A crash mid-write leaves a .tmp folder or (by hand) a folder missing files: never picked.
+  fs::create_directories(a.output_dir + "/checkpoint-9.tmp");
+  testing::WriteFile(a.output_dir + "/checkpoint-9.tmp/config.json", "{}");
+  fs::create_directories(a.output_dir + "/checkpoint-8");
+  fs::copy_file(a.output_dir + "/checkpoint-6/config.json", a.output_dir + "/checkpoint-8/config.json");
+  EXPECT_EQ(FindLatestCheckpoint(a.output_dir), 6);
+  EXPECT_EQ(FindLatestCheckpoint(dir_ + "/nonexistent"), -1);
+
+  // Resuming with another micro-batch would change the batches: refused.
+  JobSpec other = a;
+  other.training.per_device_train_batch_size = 2;
+  RunOptions o = testing::TestRunOptions();
+  o.resume = true;
+  auto r = RunJob(other, o, {});
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), Status::Code::kFailedPrecondition);
+  EXPECT_NE(r.status().message().find("micro-batch"), std::string::npos) << r.status().message();
+
+  // A fresh run (resume false) clears the earlier run's checkpoints.
+  JobSpec shorter = a;
+  shorter.training.max_steps = 1;
+  ASSERT_TRUE(RunJob(shorter, testing::TestRunOptions(), {}).ok());
+  EXPECT_EQ(FindLatestCheckpoint(a.output_dir), 1);
+  EXPECT_FALSE(fs::exists(a.output_dir + "/checkpoint-9.tmp"));
+}
+
+TEST_F(TrainerResume, CancelBeforeTheFirstStep) {
+  std::atomic<bool> cancel{true};
+  RunOptions o = testing::TestRunOptions();
+  o.cancel = &cancel;
+  int steps = 0;
+  RunCallbacks cb;
+  cb.on_step = [&](const StepReport&) { ++steps; };
+  auto r = RunJob(Spec("c"), o, cb);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), Status::Code::kCancelled);
+  EXPECT_EQ(steps, 0);
+}
+
+}  // namespace
+}  // namespace traind::engine

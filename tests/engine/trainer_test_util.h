@@ -1,0 +1,138 @@
+// Helpers shared by the trainer and optimizer tests: a tiny gpt2 job spec on synthetic token data,
+// temporary folders, file comparison, and running the PyTorch reference scripts.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "train/safetensors.h"
+#include "traind/engine/job_spec.h"
+#include "traind/engine/trainer.h"
+
+namespace traind::engine::testing {
+
+// A fresh empty folder under the test temp dir, unique per call.
+inline std::string MakeTempDir(const std::string& tag) {
+  static int counter = 0;
+  const std::string dir = ::testing::TempDir() + "traind_" + tag + "_" +
+                          std::to_string(::getpid()) + "_" + std::to_string(counter++);
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+// `n` uint16 tokens below `vocab` with learnable structure (a noisy repeating pattern), seeded.
+inline void WriteSyntheticTokens(const std::string& path, int64_t n, int vocab, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<uint16_t> t(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    const int base = static_cast<int>((i * 7 + (i / 13)) % vocab);
+    t[static_cast<size_t>(i)] =
+        static_cast<uint16_t>(rng() % 5 == 0 ? rng() % static_cast<uint32_t>(vocab) : base);
+  }
+  std::ofstream out(path, std::ios::binary);
+  out.write(reinterpret_cast<const char*>(t.data()), static_cast<std::streamsize>(t.size() * 2));
+}
+
+// A tiny gpt2 job (vocab 64, 2 layers, d32, T16, B4) on `data_file` (uint16 tokens), writing to
+// dir/out. Cosine with warmup, weight decay and clipping on, so every rule is exercised.
+inline JobSpec TinySpec(const std::string& dir, const std::string& data_file) {
+  JobSpec s;
+  s.name = "tiny";
+  s.model.config.arch = "gpt2";
+  s.model.config.vocab_size = 64;
+  s.model.config.n_positions = 32;
+  s.model.config.n_embd = 32;
+  s.model.config.n_layer = 2;
+  s.model.config.n_head = 2;
+  s.data.train_file = data_file;
+  s.data.format = "tokens";
+  s.data.token_dtype = "uint16";
+  s.data.seq_len = 16;
+  s.data.validation_split = 0.1;
+  s.data.shuffle = true;
+  s.training.max_steps = 6;
+  s.training.per_device_train_batch_size = 4;
+  s.training.learning_rate = 3e-3;
+  s.training.lr_scheduler_type = "cosine";
+  s.training.warmup_steps = 2;
+  s.training.weight_decay = 0.1;
+  s.training.max_grad_norm = 1.0;
+  s.training.seed = 7;
+  s.training.logging_steps = 2;
+  s.output_dir = dir + "/out";
+  return s;
+}
+
+inline RunOptions TestRunOptions() {
+  RunOptions o;
+  o.device.device = "cpu";
+  o.device.threads = 2;
+  return o;
+}
+
+inline std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+inline void WriteFile(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary);
+  out << text;
+}
+
+// Runs `script` (under tests/engine/reference) with the Debian python on `arg`; returns the exit
+// status and leaves stdout+stderr in `output`.
+inline int RunPython(const std::string& script, const std::string& arg, std::string* output) {
+  const std::string cmd = std::string(TRAIND_TEST_PYTHON) + " " + TRAIND_TESTS_DIR +
+                          "/reference/" + script + " " + arg + " 2>&1";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (p == nullptr) return -1;
+  char buf[4096];
+  output->clear();
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0) output->append(buf, n);
+  return ::pclose(p);
+}
+
+// True when the Debian python has torch (the project's scripts install python3-torch).
+inline bool HaveTorch() {
+  std::string out;
+  const std::string cmd = std::string(TRAIND_TEST_PYTHON) + " -c 'import torch' 2>&1";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (p == nullptr) return false;
+  char buf[256];
+  while (std::fread(buf, 1, sizeof(buf), p) > 0) {
+  }
+  return ::pclose(p) == 0;
+}
+
+// max |a - b| / max |b| over a tensor pair of F32 data (0 when both are all zero).
+inline double MaxRelDiff(const HostTensor& a, const HostTensor& b) {
+  auto fa = a.ToF32();
+  auto fb = b.ToF32();
+  if (!fa.ok() || !fb.ok() || fa->size() != fb->size()) return 1e30;
+  double num = 0, den = 0;
+  for (size_t i = 0; i < fa->size(); ++i) {
+    num = std::max(num, std::abs(static_cast<double>((*fa)[i]) - (*fb)[i]));
+    den = std::max(den, std::abs(static_cast<double>((*fb)[i])));
+  }
+  return den > 0 ? num / den : num;
+}
+
+}  // namespace traind::engine::testing

@@ -1,0 +1,113 @@
+// Supervisor: the device owner's queue. Runs one job at a time, each attempt in its own
+// `traind job-runner` child process; a crashed child ends that attempt only (the job restarts from
+// its newest checkpoint, up to max_attempts, then FAILS with the reason). Knows nothing of gRPC
+// or the job store: it reports through a SupervisorListener.
+// Thread safety: every public method may be called from any thread. Listener callbacks run on the
+// supervisor's own thread, one at a time.
+#pragma once
+
+#include <sys/types.h>
+
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "traind/engine/trainer.h"
+#include "traind/v1/job.pb.h"
+#include "traind/v1/runner.pb.h"
+
+namespace traind::worker {
+
+struct SupervisorOptions {
+  // The executable started per attempt as `runner_path job-runner` (traind itself).
+  std::string runner_path;
+  engine::DeviceOptions device;  // device, memory budget (0 = capacity), CPU threads
+  // Attempts per job when the child dies without a result (crash, kill -9), default 3.
+  int max_attempts = 3;
+  // After a cancel, seconds the child gets to stop on its own before SIGKILL. Default 10.
+  double cancel_grace_seconds = 10;
+  // Folder for the children's stderr, one file per job (<log_dir>/<job_id>.log); "" = inherit.
+  std::string log_dir;
+};
+
+struct QueuedJob {
+  std::string id;
+  int32_t priority = 0;   // higher first
+  int64_t order = 0;      // FIFO within a priority (submit order)
+  std::string spec_json;  // canonical spec (paths absolute)
+  int32_t attempts_before = 0;  // attempts made by earlier daemon runs (for numbering)
+  // Resume from the output_dir's checkpoints on the first attempt (the job was running when the
+  // daemon stopped).
+  bool recovered = false;
+};
+
+class SupervisorListener {
+ public:
+  virtual ~SupervisorListener() = default;
+  // A child was started for `attempt` (1-based, counted over the job's life).
+  virtual void OnAttemptStart(const std::string& id, int32_t attempt, bool resume) = 0;
+  // A progress event from the child (never `result`).
+  virtual void OnRunnerEvent(const std::string& id, const v1::RunnerEvent& ev) = 0;
+  // The child died without a result: `reason` says how; `will_retry` false means OnJobEnd follows.
+  virtual void OnAttemptCrashed(const std::string& id, int32_t attempt, const std::string& reason,
+                                bool will_retry) = 0;
+  // The job ended: SUCCEEDED (result set), FAILED (error), or CANCELLED.
+  virtual void OnJobEnd(const std::string& id, v1::JobState state, const std::string& error,
+                        const v1::RunnerResult* result) = 0;
+};
+
+class Supervisor {
+ public:
+  // `listener` must outlive the Supervisor.
+  Supervisor(SupervisorOptions options, SupervisorListener* listener);
+  ~Supervisor();  // Stop()s
+  Supervisor(const Supervisor&) = delete;
+  Supervisor& operator=(const Supervisor&) = delete;
+
+  void Start();
+  // Stops taking jobs and kills a running child (SIGKILL, no result: the job stays RUNNING in the
+  // caller's records and resumes from its checkpoint at the next start). Idempotent.
+  void Stop();
+
+  void Enqueue(QueuedJob job);
+
+  enum class CancelOutcome { kRemovedFromQueue, kSignalled, kNotHere };
+  // Queued: removed (the caller records CANCELLED; no listener call). Running: SIGTERM now,
+  // SIGKILL after the grace period; OnJobEnd(CANCELLED) follows. Otherwise kNotHere.
+  CancelOutcome Cancel(const std::string& id);
+
+  size_t QueueLength() const;
+  std::optional<std::string> RunningJob() const;
+  pid_t RunningPid() const;  // 0 when no child runs (tests kill it)
+
+ private:
+  struct Outcome {
+    bool has_result = false;
+    v1::RunnerResult result;
+    std::string crash_reason;
+  };
+  void Loop();
+  void Watchdog();
+  void RunJob(const QueuedJob& job);
+  Outcome RunAttempt(const QueuedJob& job, bool resume);
+
+  const SupervisorOptions options_;
+  SupervisorListener* const listener_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<QueuedJob> queue_;       // guarded by mu_
+  std::string running_;                // guarded by mu_
+  pid_t child_ = 0;                    // guarded by mu_
+  bool cancel_requested_ = false;      // guarded by mu_: for the running job
+  double kill_deadline_ = 0;           // guarded by mu_: monotonic seconds, 0 = none
+  bool stopping_ = false;              // guarded by mu_
+  std::thread thread_;
+  std::thread watchdog_;
+};
+
+}  // namespace traind::worker

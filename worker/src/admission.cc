@@ -1,0 +1,102 @@
+// Admission checks and engine <-> proto conversions (see admission.h).
+#include "traind/worker/admission.h"
+
+#include <google/protobuf/descriptor.h>
+#include <google/protobuf/reflection.h>
+
+#include <nlohmann/json.hpp>
+
+namespace traind::worker {
+namespace {
+
+using google::protobuf::FieldDescriptor;
+using google::protobuf::Message;
+
+// Every set field of `m` as a JSON value of the right type (reflection, so new proto fields need
+// no code here).
+nlohmann::json ToJson(const Message& m) {
+  nlohmann::json j = nlohmann::json::object();
+  const auto* refl = m.GetReflection();
+  std::vector<const FieldDescriptor*> fields;
+  refl->ListFields(m, &fields);
+  for (const FieldDescriptor* f : fields) {
+    const std::string& name = f->name();
+    if (name == "per_device_train_batch_size_auto") {
+      if (refl->GetBool(m, f)) j["per_device_train_batch_size"] = "auto";
+      continue;
+    }
+    if (f->is_repeated()) {
+      nlohmann::json arr = nlohmann::json::array();
+      for (int i = 0; i < refl->FieldSize(m, f); ++i) {
+        if (f->cpp_type() == FieldDescriptor::CPPTYPE_STRING) arr.push_back(refl->GetRepeatedString(m, f, i));
+      }
+      j[name] = arr;
+      continue;
+    }
+    switch (f->cpp_type()) {
+      case FieldDescriptor::CPPTYPE_INT64: j[name] = refl->GetInt64(m, f); break;
+      case FieldDescriptor::CPPTYPE_INT32: j[name] = refl->GetInt32(m, f); break;
+      case FieldDescriptor::CPPTYPE_DOUBLE: j[name] = refl->GetDouble(m, f); break;
+      case FieldDescriptor::CPPTYPE_BOOL: j[name] = refl->GetBool(m, f); break;
+      case FieldDescriptor::CPPTYPE_STRING: j[name] = refl->GetString(m, f); break;
+      case FieldDescriptor::CPPTYPE_MESSAGE: j[name] = ToJson(refl->GetMessage(m, f)); break;
+      default: break;
+    }
+  }
+  return j;
+}
+
+}  // namespace
+
+std::string SpecMessageToText(const v1::JobSpec& spec) { return ToJson(spec).dump(); }
+
+Result<Admitted> Admit(const std::string& text, const std::string& base_dir,
+                       const engine::DeviceOptions& device) {
+  TRAIND_ASSIGN_OR_RETURN(engine::JobSpec spec, engine::ParseJobSpec(text, base_dir));
+  TRAIND_RETURN_IF_ERROR(engine::ValidateJobInputs(spec));
+  TRAIND_ASSIGN_OR_RETURN(engine::MemoryPlan plan, engine::EstimateJob(spec, device));
+  Admitted a;
+  a.spec_json = engine::JobSpecToJson(spec);
+  a.spec = std::move(spec);
+  a.plan = std::move(plan);
+  return a;
+}
+
+Result<engine::MemoryPlan> Estimate(const std::string& text, const std::string& base_dir,
+                                    const engine::DeviceOptions& device) {
+  TRAIND_ASSIGN_OR_RETURN(engine::JobSpec spec, engine::ParseJobSpec(text, base_dir));
+  return engine::EstimateJob(spec, device);
+}
+
+v1::Plan PlanToProto(const engine::MemoryPlan& p) {
+  v1::Plan out;
+  out.set_micro_batch(p.micro_batch);
+  out.set_gradient_accumulation_steps(p.gradient_accumulation_steps);
+  out.set_gradient_checkpointing(p.gradient_checkpointing);
+  out.set_precision(p.precision);
+  auto* b = out.mutable_bytes();
+  b->set_weights(p.bytes.weights);
+  b->set_gradients(p.bytes.gradients);
+  b->set_optimizer(p.bytes.optimizer);
+  b->set_activations(p.bytes.activations);
+  b->set_temporary(p.bytes.temporary);
+  b->set_total(p.bytes.total());
+  out.set_budget_bytes(p.budget_bytes);
+  out.set_reason(p.reason);
+  return out;
+}
+
+v1::RunSummary SummaryToProto(const engine::RunSummary& s) {
+  v1::RunSummary out;
+  out.set_global_step(s.global_step);
+  out.set_train_loss(s.train_loss);
+  out.set_eval_loss(s.eval_loss);
+  out.set_train_runtime(s.train_runtime);
+  out.set_train_samples_per_second(s.train_samples_per_second);
+  out.set_train_tokens_per_second(s.train_tokens_per_second);
+  out.set_peak_memory_bytes(s.peak_memory_bytes);
+  out.set_output_dir(s.output_dir);
+  return out;
+}
+
+}  // namespace traind::worker

@@ -1,0 +1,278 @@
+// Supervisor: queue + one job-runner child per attempt (see supervisor.h).
+#include "traind/worker/supervisor.h"
+
+#include <fcntl.h>
+#include <google/protobuf/io/zero_copy_stream_impl.h>
+#include <google/protobuf/util/delimited_message_util.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+
+namespace traind::worker {
+namespace {
+
+double NowSeconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+std::string DescribeExit(int status) {
+  if (WIFSIGNALED(status)) {
+    const int sig = WTERMSIG(status);
+    return "the job-runner process was killed by signal " + std::to_string(sig) + " (" +
+           sigdescr_np(sig) + ")";
+  }
+  if (WIFEXITED(status)) {
+    return "the job-runner process exited with code " + std::to_string(WEXITSTATUS(status)) +
+           " without a result";
+  }
+  return "the job-runner process ended abnormally";
+}
+
+bool WriteAll(int fd, const std::string& buf) {
+  size_t off = 0;
+  while (off < buf.size()) {
+    ssize_t n = ::write(fd, buf.data() + off, buf.size() - off);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    off += static_cast<size_t>(n);
+  }
+  return true;
+}
+
+}  // namespace
+
+Supervisor::Supervisor(SupervisorOptions options, SupervisorListener* listener)
+    : options_(std::move(options)), listener_(listener) {}
+
+Supervisor::~Supervisor() { Stop(); }
+
+void Supervisor::Start() {
+  thread_ = std::thread([this] { Loop(); });
+  watchdog_ = std::thread([this] { Watchdog(); });
+}
+
+void Supervisor::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_ && !thread_.joinable()) return;
+    stopping_ = true;
+    if (child_ > 0) ::kill(child_, SIGKILL);
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  if (watchdog_.joinable()) watchdog_.join();
+}
+
+void Supervisor::Enqueue(QueuedJob job) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.push_back(std::move(job));
+  }
+  cv_.notify_all();
+}
+
+Supervisor::CancelOutcome Supervisor::Cancel(const std::string& id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = std::find_if(queue_.begin(), queue_.end(), [&](const QueuedJob& j) { return j.id == id; });
+  if (it != queue_.end()) {
+    queue_.erase(it);
+    return CancelOutcome::kRemovedFromQueue;
+  }
+  if (running_ == id) {
+    if (!cancel_requested_) {
+      cancel_requested_ = true;
+      if (child_ > 0) ::kill(child_, SIGTERM);
+      kill_deadline_ = NowSeconds() + options_.cancel_grace_seconds;
+    }
+    return CancelOutcome::kSignalled;
+  }
+  return CancelOutcome::kNotHere;
+}
+
+size_t Supervisor::QueueLength() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return queue_.size();
+}
+
+std::optional<std::string> Supervisor::RunningJob() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (running_.empty()) return std::nullopt;
+  return running_;
+}
+
+pid_t Supervisor::RunningPid() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return child_;
+}
+
+void Supervisor::Watchdog() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stopping_) {
+    cv_.wait_for(lock, std::chrono::milliseconds(100));
+    if (kill_deadline_ > 0 && NowSeconds() >= kill_deadline_ && child_ > 0) {
+      ::kill(child_, SIGKILL);
+      kill_deadline_ = 0;
+    }
+  }
+}
+
+void Supervisor::Loop() {
+  while (true) {
+    QueuedJob job;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (stopping_) return;
+      // Highest priority first, then the oldest.
+      auto best = std::min_element(queue_.begin(), queue_.end(), [](const QueuedJob& a, const QueuedJob& b) {
+        return a.priority != b.priority ? a.priority > b.priority : a.order < b.order;
+      });
+      job = std::move(*best);
+      queue_.erase(best);
+      running_ = job.id;
+      cancel_requested_ = false;
+    }
+    RunJob(job);
+    std::lock_guard<std::mutex> lock(mu_);
+    running_.clear();
+    kill_deadline_ = 0;
+  }
+}
+
+void Supervisor::RunJob(const QueuedJob& job) {
+  int32_t attempt = job.attempts_before;
+  for (int crashes = 0;;) {
+    ++attempt;
+    const bool resume = job.recovered || crashes > 0;
+    listener_->OnAttemptStart(job.id, attempt, resume);
+    Outcome out = RunAttempt(job, resume);
+    bool cancelled, stopping;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      cancelled = cancel_requested_;
+      stopping = stopping_;
+    }
+    if (out.has_result) {
+      const auto code = static_cast<Status::Code>(out.result.code());
+      if (code == Status::Code::kOk) {
+        listener_->OnJobEnd(job.id, v1::JOB_STATE_SUCCEEDED, "", &out.result);
+      } else if (code == Status::Code::kCancelled) {
+        listener_->OnJobEnd(job.id, v1::JOB_STATE_CANCELLED, "", &out.result);
+      } else {
+        listener_->OnJobEnd(job.id, v1::JOB_STATE_FAILED,
+                            std::string(StatusCodeName(code)) + ": " + out.result.message(), &out.result);
+      }
+      return;
+    }
+    if (stopping) return;  // daemon shutdown: the job stays RUNNING and resumes at next start
+    if (cancelled) {
+      listener_->OnJobEnd(job.id, v1::JOB_STATE_CANCELLED, "", nullptr);
+      return;
+    }
+    ++crashes;
+    const bool retry = crashes < options_.max_attempts;
+    listener_->OnAttemptCrashed(job.id, attempt, out.crash_reason, retry);
+    if (!retry) {
+      listener_->OnJobEnd(job.id, v1::JOB_STATE_FAILED,
+                          out.crash_reason + "; gave up after " + std::to_string(crashes) + " attempts",
+                          nullptr);
+      return;
+    }
+  }
+}
+
+Supervisor::Outcome Supervisor::RunAttempt(const QueuedJob& job, bool resume) {
+  Outcome out;
+  int in_pipe[2], out_pipe[2];
+  if (::pipe2(in_pipe, O_CLOEXEC) != 0 || ::pipe2(out_pipe, O_CLOEXEC) != 0) {
+    out.crash_reason = std::string("cannot create pipes: ") + strerror(errno);
+    return out;
+  }
+  int log_fd = -1;
+  if (!options_.log_dir.empty()) {
+    const std::string path = options_.log_dir + "/" + job.id + ".log";
+    log_fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+  }
+  const std::string exe = options_.runner_path;
+  const char* argv[] = {exe.c_str(), "job-runner", nullptr};
+  const pid_t parent = ::getpid();
+  pid_t pid;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) {
+      out.crash_reason = "stopping";
+      ::close(in_pipe[0]); ::close(in_pipe[1]); ::close(out_pipe[0]); ::close(out_pipe[1]);
+      if (log_fd >= 0) ::close(log_fd);
+      return out;
+    }
+    pid = ::fork();
+    if (pid == 0) {
+      // Child: only async-signal-safe calls until exec. Dies with traind.
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (::getppid() != parent) _exit(1);
+      ::dup2(in_pipe[0], STDIN_FILENO);
+      ::dup2(out_pipe[1], STDOUT_FILENO);
+      if (log_fd >= 0) ::dup2(log_fd, STDERR_FILENO);
+      ::execv(exe.c_str(), const_cast<char* const*>(argv));
+      _exit(127);
+    }
+    child_ = pid > 0 ? pid : 0;
+    if (cancel_requested_ && pid > 0) ::kill(pid, SIGTERM);
+  }
+  ::close(in_pipe[0]);
+  ::close(out_pipe[1]);
+  if (log_fd >= 0) ::close(log_fd);
+  if (pid < 0) {
+    ::close(in_pipe[1]);
+    ::close(out_pipe[0]);
+    out.crash_reason = std::string("cannot fork the job-runner: ") + strerror(errno);
+    return out;
+  }
+
+  v1::RunnerRequest req;
+  req.set_job_id(job.id);
+  req.set_spec_json(job.spec_json);
+  req.set_resume(resume);
+  req.set_device(options_.device.device);
+  req.set_memory_budget_bytes(options_.device.memory_budget_bytes);
+  req.set_threads(options_.device.threads);
+  std::string buf;
+  {
+    google::protobuf::io::StringOutputStream s(&buf);
+    google::protobuf::util::SerializeDelimitedToZeroCopyStream(req, &s);
+  }
+  WriteAll(in_pipe[1], buf);  // a failure shows up as a child without a result
+  ::close(in_pipe[1]);
+
+  {
+    google::protobuf::io::FileInputStream in(out_pipe[0]);
+    while (true) {
+      v1::RunnerEvent ev;
+      bool clean_eof = false;
+      if (!google::protobuf::util::ParseDelimitedFromZeroCopyStream(&ev, &in, &clean_eof)) break;
+      if (ev.has_result()) {
+        out.has_result = true;
+        out.result = ev.result();
+      } else {
+        listener_->OnRunnerEvent(job.id, ev);
+      }
+    }
+  }
+  ::close(out_pipe[0]);
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    child_ = 0;
+  }
+  if (!out.has_result) out.crash_reason = DescribeExit(status);
+  return out;
+}
+
+}  // namespace traind::worker
