@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <memory>
 #include <random>
 #include <string>
@@ -39,6 +40,13 @@ const BenchConfig kConfigs[] = {
 
 double Seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
+}
+
+// CPU seconds used by this process (all threads): a load-robust second measure of the work.
+double ProcessCpuSeconds() {
+  timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
 }
 
 // fp32 GEMM rate through the backend: C(1024,1024) = A(1024,1024) B(1024,1024), best of 10
@@ -94,10 +102,13 @@ int Run(const BenchConfig& bc, int steps, int warmup, int threads, bool profile,
   be->CopyHostToDevice(m.inputs(), ids.data(), N * sizeof(int32_t));
   be->CopyHostToDevice(m.targets(), ids.data() + 1, N * sizeof(int32_t));
 
-  double first_loss = 0.0, loss = 0.0;
+  double first_loss = 0.0, loss = 0.0, cpu0 = 0.0;
   std::vector<double> times;
   for (int s = 0; s < warmup + steps; ++s) {
-    if (s == warmup) prof.Reset();
+    if (s == warmup) {
+      prof.Reset();
+      cpu0 = ProcessCpuSeconds();
+    }
     auto t0 = Clock::now();
     m.ZeroGrad();
     loss = m.Forward(/*for_backward=*/true, 1.0f);
@@ -116,6 +127,7 @@ int Run(const BenchConfig& bc, int steps, int warmup, int threads, bool profile,
   double total = 0.0;
   for (double t : times) total += t;
   const double median = sorted[sorted.size() / 2];
+  const double cpu_per_step = (ProcessCpuSeconds() - cpu0) / static_cast<double>(times.size());
   const double tok_s = static_cast<double>(N) / median;
   const double flops = engine::Model::TrainingFlops(mc, bc.batch, bc.seq_len);
   const double achieved = flops / median / 1e9;
@@ -125,13 +137,19 @@ int Run(const BenchConfig& bc, int steps, int warmup, int threads, bool profile,
       static_cast<long long>(bc.heads), static_cast<long long>(bc.seq_len),
       static_cast<long long>(bc.batch), static_cast<long long>(bc.vocab),
       static_cast<long long>(m.num_params()), threads, engine::cpu::GemmLibrary());
-  std::printf("  step median %.2f ms (min %.2f, max %.2f, %zu steps), %.0f tok/s, loss %.4f -> %.4f\n",
-              1e3 * median, 1e3 * sorted.front(), 1e3 * sorted.back(), times.size(), tok_s,
-              first_loss, loss);
-  std::printf("  model FLOPs/step %.3g, achieved %.1f GFLOP/s, sgemm 1024^3 %.1f GFLOP/s, MFU %.1f%%\n",
-              flops, achieved, sgemm_gflops, 100.0 * achieved / sgemm_gflops);
-  std::printf("RESULT side=traind config=%s tok_s=%.1f step_ms=%.3f sgemm_gflops=%.1f mfu=%.4f\n",
-              bc.name.c_str(), tok_s, 1e3 * median, sgemm_gflops, achieved / sgemm_gflops);
+  std::printf(
+      "  step median %.2f ms (min %.2f, max %.2f, %zu steps), %.0f tok/s, loss %.4f -> %.4f\n"
+      "  process CPU time %.2f s/step: %.0f tokens per CPU-second\n",
+      1e3 * median, 1e3 * sorted.front(), 1e3 * sorted.back(), times.size(), tok_s, first_loss,
+      loss, cpu_per_step, static_cast<double>(N) / cpu_per_step);
+  std::printf(
+      "  model FLOPs/step %.3g, achieved %.1f GFLOP/s, sgemm 1024^3 %.1f GFLOP/s, MFU %.1f%%\n",
+      flops, achieved, sgemm_gflops, 100.0 * achieved / sgemm_gflops);
+  std::printf(
+      "RESULT side=traind config=%s tok_s=%.1f step_ms=%.3f sgemm_gflops=%.1f mfu=%.4f "
+      "tok_per_cpu_s=%.1f\n",
+      bc.name.c_str(), tok_s, 1e3 * median, sgemm_gflops, achieved / sgemm_gflops,
+      static_cast<double>(N) / cpu_per_step);
   if (profile) prof.Print(total, static_cast<int>(times.size()));
   return 0;
 }
@@ -152,15 +170,23 @@ int main(int argc, char** argv) {
       }
       return argv[++i];
     };
-    if (a == "--config") config = next();
-    else if (a == "--steps") steps = std::atoi(next());
-    else if (a == "--warmup") warmup = std::atoi(next());
-    else if (a == "--threads") threads = std::atoi(next());
-    else if (a == "--profile") profile = true;
-    else if (a == "--profile-cpu") profile = cpu_time = true;
+    if (a == "--config")
+      config = next();
+    else if (a == "--steps")
+      steps = std::atoi(next());
+    else if (a == "--warmup")
+      warmup = std::atoi(next());
+    else if (a == "--threads")
+      threads = std::atoi(next());
+    else if (a == "--profile")
+      profile = true;
+    else if (a == "--profile-cpu")
+      profile = cpu_time = true;
     else {
-      std::fprintf(stderr, "unknown argument %s\nusage: %s [--config tiny|small|all] [--steps N] "
-                   "[--warmup N] [--threads N] [--profile | --profile-cpu]\n", a.c_str(), argv[0]);
+      std::fprintf(stderr,
+                   "unknown argument %s\nusage: %s [--config tiny|small|all] [--steps N] "
+                   "[--warmup N] [--threads N] [--profile | --profile-cpu]\n",
+                   a.c_str(), argv[0]);
       return 2;
     }
   }
@@ -168,7 +194,8 @@ int main(int argc, char** argv) {
   for (const auto& bc : traind::bench::kConfigs) {
     if (config != "all" && config != bc.name) continue;
     ++matched;
-    rc |= traind::bench::Run(bc, steps >= 0 ? steps : bc.default_steps, warmup, threads, profile, cpu_time);
+    rc |= traind::bench::Run(bc, steps >= 0 ? steps : bc.default_steps, warmup, threads, profile,
+                             cpu_time);
   }
   if (matched == 0) {
     std::fprintf(stderr, "unknown config %s (tiny, small, all)\n", config.c_str());

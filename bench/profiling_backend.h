@@ -157,19 +157,19 @@ class ProfilingBackend final : public Backend {
     in_->AttentionForward(o, l, q, k, v, B, T_, NH, NKV, HS, qs, ks);
   }
   void AttentionBackward(float* dq, float* dk, float* dv, const float* d, const float* o,
-                         const float* l, const float* q, const float* k, const float* v,
-                         int64_t B, int64_t T_, int64_t NH, int64_t NKV, int64_t HS, int64_t qs,
+                         const float* l, const float* q, const float* k, const float* v, int64_t B,
+                         int64_t T_, int64_t NH, int64_t NKV, int64_t HS, int64_t qs,
                          int64_t ks) override {
     T x(this, "attention_bwd", 5.0 * B * NH * T_ * T_ * HS);  // recompute S + 4 products, halved
     in_->AttentionBackward(dq, dk, dv, d, o, l, q, k, v, B, T_, NH, NKV, HS, qs, ks);
   }
-  void SoftmaxCrossEntropy(float* lg, float* ls, const int32_t* t, int64_t N, int64_t V,
-                           int64_t Vp, float gs, bool g) override {
+  void SoftmaxCrossEntropy(float* lg, float* ls, const int32_t* t, int64_t N, int64_t V, int64_t Vp,
+                           float gs, bool g) override {
     T x(this, "softmax_xent");
     in_->SoftmaxCrossEntropy(lg, ls, t, N, V, Vp, gs, g);
   }
-  void AdamW(float* p, const float* g, float* m, float* v, int64_t n, float lr, float b1,
-             float b2, float eps, float wd, float bc1, float bc2, float gs) override {
+  void AdamW(float* p, const float* g, float* m, float* v, int64_t n, float lr, float b1, float b2,
+             float eps, float wd, float bc1, float bc2, float gs) override {
     T x(this, "adamw");
     in_->AdamW(p, g, m, v, n, lr, b1, b2, eps, wd, bc1, bc2, gs);
   }

@@ -52,7 +52,8 @@ for line in open(sys.argv[1]):
     if key not in best or float(kv["tok_s"]) > float(best[key]["tok_s"]):
         best[key] = kv
 print(f"{'config':8} {'traind tok/s':>13} {'torch tok/s':>12} {'ratio':>7} "
-      f"{'traind MFU':>11} {'torch MFU':>10} {'traind sgemm':>13} {'torch sgemm':>12}")
+      f"{'traind MFU':>11} {'torch MFU':>10} {'traind sgemm':>13} {'torch sgemm':>12} "
+      f"{'tok/CPU-s ratio':>16}")
 for c in ("tiny", "small"):
     if (c, "traind") not in best or (c, "torch") not in best:
         continue
@@ -60,7 +61,9 @@ for c in ("tiny", "small"):
     ratio = float(a["tok_s"]) / float(b["tok_s"])
     print(f"{c:8} {float(a['tok_s']):13.0f} {float(b['tok_s']):12.0f} {ratio:6.2f}x "
           f"{100 * float(a['mfu']):10.1f}% {100 * float(b['mfu']):9.1f}% "
-          f"{float(a['sgemm_gflops']):10.0f} GF {float(b['sgemm_gflops']):9.0f} GF")
-print("(MFU: model FLOPs/s over the side's own sgemm 1024^3 rate measured in this run; "
-      "best round of each side)")
+          f"{float(a['sgemm_gflops']):10.0f} GF {float(b['sgemm_gflops']):9.0f} GF "
+          f"{float(a['tok_per_cpu_s']) / float(b['tok_per_cpu_s']):15.2f}x")
+print("(best round of each side by tok/s. MFU: model FLOPs/s over the side's own sgemm 1024^3 "
+      "rate measured in this run. tok/CPU-s ratio: tokens per process CPU-second, traind over "
+      "torch, a cross-check that other processes' load distorts less)")
 PYEOF

@@ -104,8 +104,10 @@ def run(name, cfg, steps, warmup, foreach):
     idx, tgt = ids[:-1].view(B, T), ids[1:].view(B, T)
     mask = torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1)
     gemm = sgemm_gflops()
-    times, first, loss = [], None, None
+    times, first, loss, cpu0 = [], None, None, 0.0
     for s in range(warmup + steps):
+        if s == warmup:
+            cpu0 = time.process_time()  # CPU seconds of all threads of the process
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
         loss = forward(p, cfg, idx, tgt, mask)
@@ -119,6 +121,7 @@ def run(name, cfg, steps, warmup, foreach):
         print(f"torch {name}: loss {loss.item():.4f} (no timed steps)")
         return
     med = sorted(times)[len(times) // 2]
+    cpu_per_step = (time.process_time() - cpu0) / len(times)
     tok_s = B * T / med
     flops = training_flops(p, cfg)
     achieved = flops / med / 1e9
@@ -127,10 +130,13 @@ def run(name, cfg, steps, warmup, foreach):
           f"OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '(unset)')}")
     print(f"  step median {1e3 * med:.2f} ms (min {1e3 * min(times):.2f}, max {1e3 * max(times):.2f}, "
           f"{len(times)} steps), {tok_s:.0f} tok/s, loss {first:.4f} -> {loss.item():.4f}")
+    print(f"  process CPU time {cpu_per_step:.2f} s/step: {B * T / cpu_per_step:.0f} tokens per "
+          f"CPU-second")
     print(f"  model FLOPs/step {flops:.3g}, achieved {achieved:.1f} GFLOP/s, "
           f"sgemm 1024^3 {gemm:.1f} GFLOP/s, MFU {100 * achieved / gemm:.1f}%")
     print(f"RESULT side=torch config={name} tok_s={tok_s:.1f} step_ms={1e3 * med:.3f} "
-          f"sgemm_gflops={gemm:.1f} mfu={achieved / gemm:.4f}")
+          f"sgemm_gflops={gemm:.1f} mfu={achieved / gemm:.4f} "
+          f"tok_per_cpu_s={B * T / cpu_per_step:.1f}")
     sys.stdout.flush()
 
 

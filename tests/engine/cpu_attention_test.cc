@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/cpu/cpu_kernels.h"
 #include "cpu_test_util.h"
 
 namespace traind::engine {
@@ -65,10 +66,11 @@ void RefAttention(const AttnShape& s, const std::vector<double>& qb, const std::
 }
 
 // Runs forward and backward for one layout. fused: q, k, v (and dq, dk, dv) share one buffer.
-void CheckAttention(const AttnShape& s, bool fused, bool grad_check) {
+void CheckAttentionOnce(const AttnShape& s, bool fused, bool grad_check) {
   auto be = MakeCpuBackend(2);
   const int rows = s.B * s.T, C = s.NH * s.HS;
-  const size_t qn = static_cast<size_t>(rows * s.q_stride), kvn = static_cast<size_t>(rows * s.kv_stride);
+  const size_t qn = static_cast<size_t>(rows * s.q_stride),
+               kvn = static_cast<size_t>(rows * s.kv_stride);
   auto qbuf = RandVec(qn, 1, -1.5f, 1.5f);
   auto kbuf = fused ? qbuf : RandVec(kvn, 2, -1.5f, 1.5f);
   auto vbuf = fused ? qbuf : RandVec(kvn, 3);
@@ -138,6 +140,16 @@ void CheckAttention(const AttnShape& s, bool fused, bool grad_check) {
   }
 }
 
+// The tile products go to the GEMM library: check with oneDNN (when built) and with OpenBLAS.
+void CheckAttention(const AttnShape& s, bool fused, bool grad_check) {
+  for (bool onednn : {true, false}) {
+    if (!cpu::SetGemmLibraryForTesting(onednn)) continue;
+    SCOPED_TRACE(onednn ? "gemm library onednn" : "gemm library openblas");
+    CheckAttentionOnce(s, fused, grad_check);
+  }
+  cpu::SetGemmLibraryForTesting(true);
+}
+
 TEST(CpuAttentionTest, FusedQkvRowsGqaForwardBackward) {
   // q | k | v in one row of (NH + 2 NKV) * HS floats, as a fused qkv projection writes them.
   const int B = 2, T = 5, NH = 4, NKV = 2, HS = 6, W = (NH + 2 * NKV) * HS;
@@ -151,7 +163,7 @@ TEST(CpuAttentionTest, SeparatePaddedRowsForwardBackward) {
   // Strides larger than the heads; the padding columns must stay untouched.
   CheckAttention({2, 5, 4, 2, 6, 4 * 6 + 3, 2 * 6 + 2, 1, 2, 0}, false, true);
   CheckAttention({1, 7, 3, 3, 4, 3 * 4 + 1, 3 * 4 + 1, 0, 0, 1}, false, true);  // MHA
-  CheckAttention({1, 6, 4, 1, 2, 8, 2, 0, 0, 0}, false, true);                 // MQA
+  CheckAttention({1, 6, 4, 1, 2, 8, 2, 0, 0, 0}, false, true);                  // MQA
 }
 
 TEST(CpuAttentionTest, LargerShapesForward) {
@@ -170,7 +182,8 @@ void RefRope(std::vector<double>* x, int B, int T, int NHd, int HS, int stride, 
       for (int i = 0; i < half; ++i) {
         float inv = 1.0f / std::pow(theta, static_cast<float>(2 * i) / static_cast<float>(HS));
         float ang = static_cast<float>(t) * inv;
-        const double c = std::cos(static_cast<double>(ang)), sn = std::sin(static_cast<double>(ang));
+        const double c = std::cos(static_cast<double>(ang)),
+                     sn = std::sin(static_cast<double>(ang));
         double& a = (*x)[r * stride + h * HS + i];
         double& b = (*x)[r * stride + h * HS + half + i];
         const double a0 = a, b0 = b;
@@ -188,7 +201,10 @@ void RefRope(std::vector<double>* x, int B, int T, int NHd, int HS, int stride, 
 
 TEST(CpuRopeTest, ForwardInverseAndTransposeProperty) {
   auto be = MakeCpuBackend(2);
-  struct Case { int B, T, NHd, HS, stride; float theta; };
+  struct Case {
+    int B, T, NHd, HS, stride;
+    float theta;
+  };
   for (Case c : {Case{2, 5, 4, 6, 30, 10000.0f}, Case{2, 300, 2, 64, 130, 500000.0f}}) {
     const size_t n = static_cast<size_t>(c.B * c.T * c.stride);
     auto x = RandVec(n, 5);
@@ -203,11 +219,13 @@ TEST(CpuRopeTest, ForwardInverseAndTransposeProperty) {
     if (c.T > 10) continue;
     // Backward: d/dx sum(R * rope(x)) (finite differences) == rope_inverse(R).
     auto R = RandVec(n, 6);
-    auto num = NumGrad([&](const std::vector<double>& xx) {
-      auto yy = xx;
-      RefRope(&yy, c.B, c.T, c.NHd, c.HS, c.stride, c.theta, false);
-      return DotD(yy, ToDouble(R));
-    }, ToDouble(x));
+    auto num = NumGrad(
+        [&](const std::vector<double>& xx) {
+          auto yy = xx;
+          RefRope(&yy, c.B, c.T, c.NHd, c.HS, c.stride, c.theta, false);
+          return DotD(yy, ToDouble(R));
+        },
+        ToDouble(x));
     // Padding columns of the rope: identity there, so their gradient is R itself.
     be->Rope(R.data(), c.B, c.T, c.NHd, c.HS, c.stride, c.theta, true);
     ExpectClose(R, num, 1e-5, 1e-6, "rope backward");
@@ -244,10 +262,12 @@ TEST(CpuSoftmaxCrossEntropyTest, LossesGradientIgnoredRowsPaddedVocab) {
   be->SoftmaxCrossEntropy(copy.data(), losses.data(), tg.data(), N, V, Vp, 0.5f, false);
   ExpectClose(losses, want, 1e-6, 1e-6, "ce losses (no grad)");
   EXPECT_EQ(copy, logits) << "compute_grad=false must leave the logits alone";
-  auto num = NumGrad([&](const std::vector<double>& l) {
-    std::vector<double> ls;
-    return 0.5 * RefCe(l, tg, N, V, Vp, &ls);
-  }, ToDouble(logits));
+  auto num = NumGrad(
+      [&](const std::vector<double>& l) {
+        std::vector<double> ls;
+        return 0.5 * RefCe(l, tg, N, V, Vp, &ls);
+      },
+      ToDouble(logits));
   for (int n = 0; n < N; ++n) {
     for (int i = V; i < Vp; ++i) num[n * Vp + i] = 0.0;  // padded columns: 0 gradient
   }

@@ -28,6 +28,20 @@ class CpuOpsTest : public ::testing::Test {
   std::unique_ptr<Backend> be_ = MakeCpuBackend(2);
 };
 
+// GEMM tests run once per library: oneDNN (param true) and OpenBLAS (false).
+class CpuGemmTest : public ::testing::TestWithParam<bool> {
+ protected:
+  void SetUp() override {
+    if (!cpu::SetGemmLibraryForTesting(GetParam())) {
+      GTEST_SKIP() << "SKIPPED: this build has no oneDNN (TRAIND_HAVE_DNNL unset)";
+    }
+  }
+  void TearDown() override { cpu::SetGemmLibraryForTesting(true); }
+  std::unique_ptr<Backend> be_ = MakeCpuBackend(2);
+};
+INSTANTIATE_TEST_SUITE_P(Libraries, CpuGemmTest, ::testing::Values(true, false),
+                         [](const auto& info) { return info.param ? "onednn" : "openblas"; });
+
 TEST_F(CpuOpsTest, AllocIsAlignedAndCopiesRoundTrip) {
   for (size_t bytes : {1, 63, 64, 1000, 1 << 20}) {
     void* p = be_->Alloc(bytes);
@@ -65,7 +79,7 @@ std::vector<double> RefGemm(bool ta, bool tb, int M, int N, int K, double alpha,
   return out;
 }
 
-TEST_F(CpuOpsTest, GemmF32AllTransposesAndPaddedLeadingDims) {
+TEST_P(CpuGemmTest, GemmF32AllTransposesAndPaddedLeadingDims) {
   const int M = 7, N = 13, K = 5;
   for (int ta = 0; ta < 2; ++ta) {
     for (int tb = 0; tb < 2; ++tb) {
@@ -73,22 +87,30 @@ TEST_F(CpuOpsTest, GemmF32AllTransposesAndPaddedLeadingDims) {
       auto A = RandVec(static_cast<size_t>((ta ? K : M) * lda), 1 + ta);
       auto B = RandVec(static_cast<size_t>((tb ? N : K) * ldb), 3 + tb);
       auto C = RandVec(static_cast<size_t>(M * ldc), 5);
-      auto want = RefGemm(ta, tb, M, N, K, 0.7, ToDouble(A), lda, ToDouble(B), ldb, -0.3,
-                          ToDouble(C), ldc);
+      auto want =
+          RefGemm(ta, tb, M, N, K, 0.7, ToDouble(A), lda, ToDouble(B), ldb, -0.3, ToDouble(C), ldc);
       be_->Gemm(ta, tb, M, N, K, 0.7f, A.data(), lda, B.data(), ldb, -0.3f, C.data(), ldc);
-      ExpectClose(C, want, 1e-5, 1e-6, "gemm ta=" + std::to_string(ta) + " tb=" + std::to_string(tb));
+      ExpectClose(C, want, 1e-5, 1e-6,
+                  "gemm ta=" + std::to_string(ta) + " tb=" + std::to_string(tb));
     }
   }
 }
 
-TEST_F(CpuOpsTest, GemmBetaZeroIgnoresGarbageAndLargeShapes) {
+TEST_P(CpuGemmTest, GemmBetaZeroIgnoresGarbageAndLargeShapes) {
+  // Large enough that the GEMM is split over threads (rows of C) on every library path.
   const int M = 70, N = 129, K = 300;
-  auto A = RandVec(M * K, 11), B = RandVec(N * K, 12);
-  std::vector<float> C(M * N, NAN);  // beta = 0 must not read C
-  auto want = RefGemm(false, true, M, N, K, 1.0, ToDouble(A), K, ToDouble(B), K, 0.0,
-                      std::vector<double>(M * N, 0.0), N);
-  be_->Gemm(false, true, M, N, K, 1.0f, A.data(), K, B.data(), K, 0.0f, C.data(), N);
-  ExpectClose(C, want, 1e-5, 2e-5, "gemm 70x129x300");
+  for (int ta = 0; ta < 2; ++ta) {
+    for (int tb = 0; tb < 2; ++tb) {
+      const int lda = ta ? M : K, ldb = tb ? K : N;
+      auto A = RandVec(M * K, 11), B = RandVec(N * K, 12);
+      std::vector<float> C(M * N, NAN);  // beta = 0 must not read C
+      auto want = RefGemm(ta, tb, M, N, K, 1.0, ToDouble(A), lda, ToDouble(B), ldb, 0.0,
+                          std::vector<double>(M * N, 0.0), N);
+      be_->Gemm(ta, tb, M, N, K, 1.0f, A.data(), lda, B.data(), ldb, 0.0f, C.data(), N);
+      ExpectClose(C, want, 1e-5, 2e-5,
+                  "gemm 70x129x300 ta=" + std::to_string(ta) + " tb=" + std::to_string(tb));
+    }
+  }
 }
 
 std::vector<uint16_t> ToHalf(const std::vector<float>& v, DType t) {
@@ -102,7 +124,7 @@ double FromHalf(uint16_t h, DType t) {
   return t == DType::kBF16 ? cpu::Bf16ToFloat(h) : cpu::F16ToFloat(h);
 }
 
-TEST_F(CpuOpsTest, Gemm16BitMatchesF32OfRoundedInputs) {
+TEST_P(CpuGemmTest, Gemm16BitMatchesF32OfRoundedInputs) {
   const int M = 9, N = 17, K = 33;
   for (DType t : {DType::kBF16, DType::kF16}) {
     for (int ta = 0; ta < 2; ++ta) {
@@ -113,12 +135,12 @@ TEST_F(CpuOpsTest, Gemm16BitMatchesF32OfRoundedInputs) {
         std::vector<double> Ar(A.size()), Br(B.size());
         for (size_t i = 0; i < A.size(); ++i) Ar[i] = FromHalf(Ah[i], t);
         for (size_t i = 0; i < B.size(); ++i) Br[i] = FromHalf(Bh[i], t);
-        const std::string tag = std::string("gemm ") + DTypeName(t) + " ta=" +
-                                std::to_string(ta) + " tb=" + std::to_string(tb);
+        const std::string tag = std::string("gemm ") + DTypeName(t) + " ta=" + std::to_string(ta) +
+                                " tb=" + std::to_string(tb);
         // f32 output: exact products of the rounded inputs, fp32 accumulation.
         std::vector<float> C(M * ldc, 0.0f);
-        auto want = RefGemm(ta, tb, M, N, K, 1.0, Ar, lda, Br, ldb, 0.0,
-                            std::vector<double>(M * ldc), ldc);
+        auto want =
+            RefGemm(ta, tb, M, N, K, 1.0, Ar, lda, Br, ldb, 0.0, std::vector<double>(M * ldc), ldc);
         be_->Gemm(ta, tb, M, N, K, 1.0f, Ah.data(), lda, Bh.data(), ldb, 0.0f, C.data(), ldc, t,
                   DType::kF32);
         ExpectClose(C, want, 1e-5, 1e-5, tag + " -> f32");
@@ -147,7 +169,7 @@ TEST_F(CpuOpsTest, Gemm16BitMatchesF32OfRoundedInputs) {
   }
 }
 
-TEST_F(CpuOpsTest, Bf16GemmLargeMatchesF32) {
+TEST_P(CpuGemmTest, Bf16GemmLargeMatchesF32) {
   // Big enough for oneDNN's blocked bf16 kernels (when present) and the threaded paths.
   const int M = 130, N = 200, K = 384;
   auto A = RandVec(M * K, 24), B = RandVec(N * K, 25);
@@ -157,8 +179,8 @@ TEST_F(CpuOpsTest, Bf16GemmLargeMatchesF32) {
   for (size_t i = 0; i < B.size(); ++i) Br[i] = cpu::Bf16ToFloat(Bh[i]);
   auto want = RefGemm(false, true, M, N, K, 1.0, Ar, K, Br, K, 0.0, std::vector<double>(M * N), N);
   std::vector<float> C(M * N);
-  be_->Gemm(false, true, M, N, K, 1.0f, Ah.data(), K, Bh.data(), K, 0.0f, C.data(), N,
-            DType::kBF16, DType::kF32);
+  be_->Gemm(false, true, M, N, K, 1.0f, Ah.data(), K, Bh.data(), K, 0.0f, C.data(), N, DType::kBF16,
+            DType::kF32);
   ExpectClose(C, want, 1e-5, 2e-5, "bf16 gemm 130x200x384");
 }
 
@@ -169,7 +191,8 @@ uint16_t RefBf16(float f) {
   uint16_t hi = static_cast<uint16_t>(lo + 1);
   double dlo = std::abs(static_cast<double>(std::bit_cast<float>(uint32_t{lo} << 16)) - f);
   double vhi = std::bit_cast<float>(uint32_t{hi} << 16);
-  if (std::isinf(vhi)) vhi = std::copysign(0x1p128, vhi);  // the value "one unit past" FLT_MAX's bf16
+  if (std::isinf(vhi))
+    vhi = std::copysign(0x1p128, vhi);  // the value "one unit past" FLT_MAX's bf16
   double dhi = std::abs(vhi - f);
   if (dlo < dhi) return lo;
   if (dhi < dlo) return hi;
@@ -192,9 +215,9 @@ TEST_F(CpuOpsTest, CastRoundsToNearestEven) {
   EXPECT_EQ(cpu::FloatToF16(65520.0f), 0x7c00);
   EXPECT_EQ(cpu::FloatToF16(-1e6f), 0xfc00);
   EXPECT_EQ(cpu::FloatToF16(0x1p-24f), 0x0001);
-  EXPECT_EQ(cpu::FloatToF16(0x1p-25f), 0x0000);         // tie to even (0)
+  EXPECT_EQ(cpu::FloatToF16(0x1p-25f), 0x0000);  // tie to even (0)
   EXPECT_EQ(cpu::FloatToF16(1.5f * 0x1p-25f), 0x0001);
-  EXPECT_EQ(cpu::FloatToF16(3 * 0x1p-25f), 0x0002);     // 1.5 units: tie -> even (2)
+  EXPECT_EQ(cpu::FloatToF16(3 * 0x1p-25f), 0x0002);         // 1.5 units: tie -> even (2)
   EXPECT_EQ(cpu::FloatToF16(0x1p-14f - 0x1p-26f), 0x0400);  // rounds up into the normals
   EXPECT_TRUE(std::isnan(cpu::F16ToFloat(cpu::FloatToF16(NAN))));
   // Every f16 value converts to float and back unchanged (NaNs stay NaN).
@@ -348,11 +371,13 @@ TEST_F(CpuOpsTest, SwiGluForwardBackward) {
   std::vector<float> out(N * H), dinp(N * 2 * H);
   be_->SwiGluForward(out.data(), inp.data(), N, H);
   ExpectClose(out, want, 2e-6, 1e-7, "swiglu");
-  auto num = NumGrad([&](const std::vector<double>& in) {
-    std::vector<double> o;
-    ref(in, &o);
-    return DotD(o, ToDouble(R));
-  }, ToDouble(inp));
+  auto num = NumGrad(
+      [&](const std::vector<double>& in) {
+        std::vector<double> o;
+        ref(in, &o);
+        return DotD(o, ToDouble(R));
+      },
+      ToDouble(inp));
   be_->SwiGluBackward(dinp.data(), inp.data(), R.data(), N, H);
   ExpectClose(dinp, num, 1e-5, 1e-6, "swiglu backward");
 }
@@ -384,9 +409,13 @@ TEST_F(CpuOpsTest, LayerNormAndRmsNormForwardBackward) {
       std::vector<double> want;
       RefNorm(rms, ToDouble(x), ToDouble(w), ToDouble(b), N, C, eps, &want);
       std::vector<float> out(N * C), mean(N), rstd(N);
-      if (rms) be_->RmsNormForward(out.data(), rstd.data(), x.data(), w.data(), N, C, eps);
-      else be_->LayerNormForward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C, eps);
-      const std::string tag = std::string(rms ? "rmsnorm" : "layernorm") + " N=" + std::to_string(N);
+      if (rms)
+        be_->RmsNormForward(out.data(), rstd.data(), x.data(), w.data(), N, C, eps);
+      else
+        be_->LayerNormForward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N,
+                              C, eps);
+      const std::string tag =
+          std::string(rms ? "rmsnorm" : "layernorm") + " N=" + std::to_string(N);
       ExpectClose(out, want, 1e-5, 1e-6, tag);
       if (N > 50) continue;  // finite differences on the small shape only (time)
       // Backward of L = sum(R * y): dx, dw, db by finite differences; all three use +=.
@@ -407,8 +436,11 @@ TEST_F(CpuOpsTest, LayerNormAndRmsNormForwardBackward) {
       };
       auto dx0 = RandVec(N * C, 75), dw0 = RandVec(C, 76), db0 = RandVec(C, 77);
       auto dx = dx0, dw = dw0, db = db0;
-      if (rms) be_->RmsNormBackward(dx.data(), dw.data(), R.data(), x.data(), w.data(), rstd.data(), N, C);
-      else be_->LayerNormBackward(dx.data(), dw.data(), db.data(), R.data(), x.data(), w.data(), mean.data(), rstd.data(), N, C);
+      if (rms)
+        be_->RmsNormBackward(dx.data(), dw.data(), R.data(), x.data(), w.data(), rstd.data(), N, C);
+      else
+        be_->LayerNormBackward(dx.data(), dw.data(), db.data(), R.data(), x.data(), w.data(),
+                               mean.data(), rstd.data(), N, C);
       auto add = [](std::vector<double> g, const std::vector<float>& base) {
         for (size_t i = 0; i < g.size(); ++i) g[i] += base[i];
         return g;
@@ -436,10 +468,13 @@ TEST(CpuThreadsTest, NormBackwardThreadedMatchesSingleThread) {
       db[i].assign(C, -0.25f);
       if (rms) {
         be->RmsNormForward(out.data(), rstd.data(), x.data(), w.data(), N, C, 1e-5f);
-        be->RmsNormBackward(dx[i].data(), dw[i].data(), dy.data(), x.data(), w.data(), rstd.data(), N, C);
+        be->RmsNormBackward(dx[i].data(), dw[i].data(), dy.data(), x.data(), w.data(), rstd.data(),
+                            N, C);
       } else {
-        be->LayerNormForward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C, 1e-5f);
-        be->LayerNormBackward(dx[i].data(), dw[i].data(), db[i].data(), dy.data(), x.data(), w.data(), mean.data(), rstd.data(), N, C);
+        be->LayerNormForward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N,
+                             C, 1e-5f);
+        be->LayerNormBackward(dx[i].data(), dw[i].data(), db[i].data(), dy.data(), x.data(),
+                              w.data(), mean.data(), rstd.data(), N, C);
       }
       ++i;
     }

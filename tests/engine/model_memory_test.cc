@@ -1,6 +1,7 @@
 // The model's memory plan against the arena's measurements, and gradient checkpointing: the
-// arena after Create + Forward + Backward holds exactly PlanBytes by category, the plan matches
-// a hand count, and recomputed blocks give bit-identical gradients with less activation memory.
+// arena after Create + Forward + Backward holds exactly PlanBytes by category (fp32, bf16 and f16
+// compute types), the plan matches a hand count, and recomputed blocks give bit-identical
+// gradients with less activation memory.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -24,11 +25,14 @@ std::vector<PlanCase> PlanCases() {
   ModelConfig lt = TinyLlama(true);
   lt.num_hidden_layers = 4;
   for (const ModelConfig& c : {g, g2, lu, lt}) {
-    for (int ck : {0, 1, 2}) {
-      ModelOptions o = TinyOptions(2, 12);
-      o.gradient_checkpointing = ck > 0;
-      o.checkpoint_every = ck > 0 ? ck : 1;
-      cases.push_back({c, o});
+    for (DType t : {DType::kF32, DType::kBF16, DType::kF16}) {
+      for (int ck : {0, 1, 2}) {
+        ModelOptions o = TinyOptions(2, 12);
+        o.gradient_checkpointing = ck > 0;
+        o.checkpoint_every = ck > 0 ? ck : 1;
+        o.compute_type = t;
+        cases.push_back({c, o});
+      }
     }
   }
   return cases;
@@ -38,7 +42,8 @@ TEST(ModelMemory, ArenaMatchesPlanExactlyByCategory) {
   for (const PlanCase& pc : PlanCases()) {
     SCOPED_TRACE(
         pc.config.arch + " L=" + std::to_string(pc.config.num_layers()) + " ckpt_every=" +
-        std::to_string(pc.options.gradient_checkpointing ? pc.options.checkpoint_every : 0));
+        std::to_string(pc.options.gradient_checkpointing ? pc.options.checkpoint_every : 0) +
+        " " + DTypeName(pc.options.compute_type));
     const MemoryBytes plan = Model::PlanBytes(pc.config, pc.options);
     TestModel t = TestModel::Make(pc.config, pc.options);
     ASSERT_NE(t.model, nullptr);
@@ -54,7 +59,11 @@ TEST(ModelMemory, ArenaMatchesPlanExactlyByCategory) {
     EXPECT_EQ(used.activations, plan.activations);
     EXPECT_EQ(used.temporary, plan.temporary);
     EXPECT_EQ(t.arena->peak_bytes(), plan.total());
-    EXPECT_EQ(plan.weights, t.model->num_params() * 4);
+    // fp32 master weights, plus their 16-bit copy (64-byte aligned) with a 16-bit compute type.
+    const int64_t master = t.model->num_params() * 4;
+    EXPECT_EQ(plan.weights, pc.options.compute_type == DType::kF32
+                                ? master
+                                : (master + 63) / 64 * 64 + t.model->num_params() * 2);
     EXPECT_EQ(plan.gradients, t.model->num_params() * 4);
   }
 }

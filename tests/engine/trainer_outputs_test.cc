@@ -12,6 +12,7 @@
 #include "models/hf_config.h"
 #include "models/model.h"
 #include "train/checkpoint.h"
+#include "train/planner.h"
 #include "trainer_test_util.h"
 
 namespace traind::engine {
@@ -189,6 +190,56 @@ TEST(TrainerOutputs, BadSetupsAreClearErrors) {
   r = RunJob(missing, o, {});
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("nope.bin"), std::string::npos) << r.status().message();
+}
+
+}  // namespace
+}  // namespace traind::engine
+
+namespace traind::engine {
+namespace {
+
+TEST(TrainerOutputs, NoValidationMeansNoEval) {
+  const std::string dir = testing::MakeTempDir("noval");
+  testing::WriteSyntheticTokens(dir + "/tokens.bin", 2000, 64, 2);
+  JobSpec spec = testing::TinySpec(dir, dir + "/tokens.bin");
+  spec.data.validation_split = 0.0;
+  spec.training.max_steps = 2;
+  spec.training.eval_steps = 1;
+  int evals = 0;
+  RunCallbacks cb;
+  cb.on_eval = [&](const EvalReport&) { ++evals; };
+  auto r = RunJob(spec, testing::TestRunOptions(), cb);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_TRUE(std::isnan(r->eval_loss));
+  EXPECT_EQ(evals, 0);
+  EXPECT_EQ(testing::ReadFile(spec.output_dir + "/trainer_state.json").find("eval_loss"),
+            std::string::npos);
+}
+
+TEST(TrainerOutputs, AutoBatchRunsWithThePlannedBatchAndAccumulation) {
+  const std::string dir = testing::MakeTempDir("auto");
+  testing::WriteSyntheticTokens(dir + "/tokens.bin", 3000, 64, 2);
+  JobSpec spec = testing::TinySpec(dir, dir + "/tokens.bin");
+  spec.training.max_steps = 2;
+  spec.training.per_device_train_batch_size = 0;  // auto
+  spec.training.effective_batch_size = 8;
+  RunOptions o = testing::TestRunOptions();
+  // Room for 5 sequences (checked: checkpointing does not fit 8 in this budget): 4 x 2.
+  auto bytes = [&](int64_t b, bool c) {
+    return JobBytes(spec.model.config, JobModelOptions(spec, b, c)).total();
+  };
+  o.device.memory_budget_bytes = bytes(5, false) + 1;
+  ASSERT_GT(bytes(8, true), o.device.memory_budget_bytes);
+  std::vector<StepReport> steps;
+  RunCallbacks cb;
+  cb.on_step = [&](const StepReport& r) { steps.push_back(r); };
+  auto r = RunJob(spec, o, cb);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->plan.micro_batch, 4);
+  EXPECT_EQ(r->plan.gradient_accumulation_steps, 2);
+  ASSERT_EQ(steps.size(), 2u);
+  EXPECT_EQ(steps[0].samples, 8);
+  EXPECT_LE(r->peak_memory_bytes, o.device.memory_budget_bytes);
 }
 
 }  // namespace

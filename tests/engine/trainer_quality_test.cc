@@ -70,8 +70,7 @@ TEST(TrainerQuality, TinyShakespeareMatchesPyTorchWithin2Percent) {
   auto t0 = std::chrono::steady_clock::now();
   // One thread on each side: on the shared 2-core CI machine spinning OpenMP teams of two are
   // slower for a model this small.
-  RunOptions options = testing::TestRunOptions();
-  options.device.threads = 1;
+  RunOptions options = testing::TestRunOptions(1);
   auto run = RunJob(spec, options, {});
   ASSERT_TRUE(run.ok()) << run.status().ToString();
   auto t1 = std::chrono::steady_clock::now();

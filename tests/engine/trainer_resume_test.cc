@@ -1,6 +1,7 @@
 // Checkpoints and resume: a run cancelled after step k and resumed ends bit-identical (weights,
 // optimizer state, losses) to an uninterrupted run; save -> load -> save is byte-identical;
 // cancellation returns CANCELLED within a step; incomplete checkpoint folders are never picked.
+// Runs use 2 CPU threads so the kernels' parallel reductions are part of what must reproduce.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -53,14 +54,14 @@ TEST_F(TrainerResume, CancelledAndResumedRunIsBitIdentical) {
   std::vector<double> losses_a;
   RunCallbacks cb_a;
   cb_a.on_step = [&](const StepReport& r) { losses_a.push_back(r.loss); };
-  auto ra = RunJob(a, testing::TestRunOptions(), cb_a);
+  auto ra = RunJob(a, testing::TestRunOptions(2), cb_a);
   ASSERT_TRUE(ra.ok()) << ra.status().ToString();
   ASSERT_EQ(losses_a.size(), 6u);
 
   // The same job, cancelled from inside step 3's report: CANCELLED before step 4 runs.
   const JobSpec b = Spec("b");
   std::atomic<bool> cancel{false};
-  RunOptions ob = testing::TestRunOptions();
+  RunOptions ob = testing::TestRunOptions(2);
   ob.cancel = &cancel;
   std::vector<double> losses_b;
   RunCallbacks cb_b;
@@ -77,7 +78,7 @@ TEST_F(TrainerResume, CancelledAndResumedRunIsBitIdentical) {
   EXPECT_FALSE(fs::exists(b.output_dir + "/model.safetensors"));
 
   // Resume: continues from checkpoint-2 (steps 3..6).
-  RunOptions oc = testing::TestRunOptions();
+  RunOptions oc = testing::TestRunOptions(2);
   oc.resume = true;
   std::vector<std::string> notes;
   RunCallbacks cb_c;
@@ -107,7 +108,7 @@ TEST_F(TrainerResume, CancelledAndResumedRunIsBitIdentical) {
 
 TEST_F(TrainerResume, SaveLoadSaveIsByteIdentical) {
   const JobSpec a = Spec("a");
-  auto ra = RunJob(a, testing::TestRunOptions(), {});
+  auto ra = RunJob(a, testing::TestRunOptions(2), {});
   ASSERT_TRUE(ra.ok()) << ra.status().ToString();
 
   std::unique_ptr<Backend> backend = MakeCpuBackend(1);
@@ -141,7 +142,7 @@ TEST_F(TrainerResume, SaveLoadSaveIsByteIdentical) {
 
 TEST_F(TrainerResume, IgnoresIncompleteCheckpointsAndChecksTheBatch) {
   const JobSpec a = Spec("a");
-  ASSERT_TRUE(RunJob(a, testing::TestRunOptions(), {}).ok());
+  ASSERT_TRUE(RunJob(a, testing::TestRunOptions(2), {}).ok());
   // A crash mid-write leaves a .tmp folder or (by hand) a folder missing files: never picked.
   fs::create_directories(a.output_dir + "/checkpoint-9.tmp");
   testing::WriteFile(a.output_dir + "/checkpoint-9.tmp/config.json", "{}");
@@ -153,7 +154,7 @@ TEST_F(TrainerResume, IgnoresIncompleteCheckpointsAndChecksTheBatch) {
   // Resuming with another micro-batch would change the batches: refused.
   JobSpec other = a;
   other.training.per_device_train_batch_size = 2;
-  RunOptions o = testing::TestRunOptions();
+  RunOptions o = testing::TestRunOptions(2);
   o.resume = true;
   auto r = RunJob(other, o, {});
   ASSERT_FALSE(r.ok());
@@ -163,14 +164,14 @@ TEST_F(TrainerResume, IgnoresIncompleteCheckpointsAndChecksTheBatch) {
   // A fresh run (resume false) clears the earlier run's checkpoints.
   JobSpec shorter = a;
   shorter.training.max_steps = 1;
-  ASSERT_TRUE(RunJob(shorter, testing::TestRunOptions(), {}).ok());
+  ASSERT_TRUE(RunJob(shorter, testing::TestRunOptions(2), {}).ok());
   EXPECT_EQ(FindLatestCheckpoint(a.output_dir), 1);
   EXPECT_FALSE(fs::exists(a.output_dir + "/checkpoint-9.tmp"));
 }
 
 TEST_F(TrainerResume, CancelBeforeTheFirstStep) {
   std::atomic<bool> cancel{true};
-  RunOptions o = testing::TestRunOptions();
+  RunOptions o = testing::TestRunOptions(2);
   o.cancel = &cancel;
   int steps = 0;
   RunCallbacks cb;

@@ -24,13 +24,26 @@
 
 namespace traind::engine::testing {
 
+// Removes the folders MakeTempDir made when the test binary exits (kept when the environment
+// sets TRAIND_KEEP_TEST_DIRS, for debugging).
+struct TempDirCleaner {
+  std::vector<std::string> dirs;
+  ~TempDirCleaner() {
+    if (std::getenv("TRAIND_KEEP_TEST_DIRS") != nullptr) return;
+    std::error_code ec;
+    for (const std::string& d : dirs) std::filesystem::remove_all(d, ec);
+  }
+};
+
 // A fresh empty folder under the test temp dir, unique per call.
 inline std::string MakeTempDir(const std::string& tag) {
   static int counter = 0;
+  static TempDirCleaner cleaner;
   const std::string dir = ::testing::TempDir() + "traind_" + tag + "_" +
                           std::to_string(::getpid()) + "_" + std::to_string(counter++);
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
+  cleaner.dirs.push_back(dir);
   return dir;
 }
 
@@ -77,10 +90,12 @@ inline JobSpec TinySpec(const std::string& dir, const std::string& data_file) {
   return s;
 }
 
-inline RunOptions TestRunOptions() {
+// One CPU thread: on the shared 2-core CI machine, OpenMP teams of two spin against other jobs
+// and run these tiny models many times slower. Tests of determinism pass threads explicitly.
+inline RunOptions TestRunOptions(int threads = 1) {
   RunOptions o;
   o.device.device = "cpu";
-  o.device.threads = 2;
+  o.device.threads = threads;
   return o;
 }
 

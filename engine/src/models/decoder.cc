@@ -70,6 +70,8 @@ Result<std::unique_ptr<DecoderModel>> DecoderModel::Make(const ModelConfig& conf
   PlanBuffers(m->d_, options, m->table_.total, &planner, &m->bufs_);
   TRAIND_RETURN_IF_ERROR(planner.Allocate(arena));
   ResolveViews(m->d_, options, &m->bufs_);
+  m->mixed_ = options.compute_type != DType::kF32;
+  m->gp_ = nn::GemmPrecision{options.compute_type, m->bufs_.scratch16, m->bufs_.scratch16_elems};
   if (m->bufs_.positions != nullptr) {
     std::vector<int32_t> pos(static_cast<size_t>(m->N_));
     for (int64_t n = 0; n < m->N_; ++n) pos[n] = static_cast<int32_t>(n % options.seq_len);
@@ -110,6 +112,7 @@ void DecoderModel::InitRandom(uint64_t seed) {
   }
   be_->CopyHostToDevice(bufs_.params, host.data(), host.size() * sizeof(float));
   be_->Synchronize();
+  weights16_stale_ = true;
 }
 
 Status DecoderModel::LoadHf(const SafetensorsFile& file) {
@@ -142,6 +145,7 @@ Status DecoderModel::LoadHf(const SafetensorsFile& file) {
   }
   be_->CopyHostToDevice(bufs_.params, host.data(), host.size() * sizeof(float));
   be_->Synchronize();
+  weights16_stale_ = true;
   return Status::Ok();
 }
 
@@ -163,26 +167,45 @@ void DecoderModel::ZeroGrad() {
   be_->Memset0(bufs_.grads, static_cast<size_t>(table_.total) * sizeof(float));
 }
 
+const void* DecoderModel::W(int64_t offset) const {
+  if (offset < 0) return nullptr;
+  if (!mixed_) return bufs_.params + offset;
+  return static_cast<const char*>(bufs_.params16) + offset * DTypeSize(options_.compute_type);
+}
+
+void DecoderModel::NormInto(void* dst, float* mean, float* rstd, const float* inp, int64_t w,
+                            int64_t b) {
+  const nn::NormShape ns{N_, d_.C, d_.llama, d_.eps};
+  // 16-bit: normalise in fp32 into tmp_c (free between the block's uses), then round.
+  float* out = mixed_ ? bufs_.tmp_c : static_cast<float*>(dst);
+  nn::NormForward(*be_, ns, out, mean, rstd, inp, P(w), P(b));
+  if (mixed_) be_->Cast(dst, options_.compute_type, out, DType::kF32, N_ * d_.C);
+}
+
 void DecoderModel::BlockForward(int64_t l) {
   Backend& be = *be_;
+  const DType ct = options_.compute_type;
   const LayerParams& p = table_.layers[l];
   const BlockActs& a = bufs_.blocks[l];
   const float* x = bufs_.res[l];
   float* y = bufs_.res[l + 1];
   const int64_t C = d_.C;
-  const nn::NormShape ns{N_, C, d_.llama, d_.eps};
   const nn::AttentionShape as{
       options_.micro_batch, options_.seq_len, d_.NH, d_.NKV, d_.HS, d_.llama, d_.rope_theta};
   const nn::MlpShape ms{N_, C, d_.H, d_.llama};
-  const nn::MlpWeights mw{P(p.up_w), P(p.up_b), P(p.down_w), P(p.down_b)};
+  const nn::MlpWeights mw{W(p.up_w), P(p.up_b), W(p.down_w), P(p.down_b)};
 
-  nn::NormForward(be, ns, a.ln1, a.ln1_mean, a.ln1_rstd, x, P(p.ln1_w), P(p.ln1_b));
-  nn::LinearForward(be, a.qkv, a.ln1, P(p.qkv_w), P(p.qkv_b), N_, C, as.width());
-  nn::AttentionForward(be, as, a.atty, a.lse, a.qkv);
-  nn::LinearForward(be, bufs_.tmp_c, a.atty, P(p.proj_w), P(p.proj_b), N_, d_.NH * d_.HS, C);
+  NormInto(a.ln1, a.ln1_mean, a.ln1_rstd, x, p.ln1_w, p.ln1_b);
+  nn::LinearForward(be, a.qkv, a.ln1, W(p.qkv_w), P(p.qkv_b), N_, C, as.width(), ct);
+  // Attention runs in fp32; with 16 bits its output goes through tmp_c and is rounded into atty.
+  float* att = mixed_ ? bufs_.tmp_c : static_cast<float*>(a.atty);
+  nn::AttentionForward(be, as, att, a.lse, a.qkv);
+  if (mixed_) be.Cast(a.atty, ct, att, DType::kF32, N_ * C);
+  nn::LinearForward(be, bufs_.tmp_c, a.atty, W(p.proj_w), P(p.proj_b), N_, d_.NH * d_.HS, C, ct);
   be.Add(a.res2, x, bufs_.tmp_c, N_ * C);
-  nn::NormForward(be, ns, a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, P(p.ln2_w), P(p.ln2_b));
-  nn::MlpForward(be, ms, mw, bufs_.tmp_c, a.h, a.a, a.ln2);
+  NormInto(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p.ln2_w, p.ln2_b);
+  // scratch_big (free in forward) holds the fp32 MLP activation before rounding.
+  nn::MlpForward(be, ms, mw, bufs_.tmp_c, a.h, a.a, a.ln2, ct, bufs_.scratch_big);
   be.Add(y, a.res2, bufs_.tmp_c, N_ * C);
 }
 
@@ -196,20 +219,28 @@ void DecoderModel::BlockBackward(int64_t l) {
   const nn::AttentionShape as{
       options_.micro_batch, options_.seq_len, d_.NH, d_.NKV, d_.HS, d_.llama, d_.rope_theta};
   const nn::MlpShape ms{N_, C, d_.H, d_.llama};
-  const nn::MlpWeights mw{P(p.up_w), P(p.up_b), P(p.down_w), P(p.down_b)};
+  const nn::MlpWeights mw{W(p.up_w), P(p.up_b), W(p.down_w), P(p.down_b)};
   const nn::MlpGrads mg{G(p.up_w), G(p.up_b), G(p.down_w), G(p.down_b)};
   float* dres = bufs_.dres;   // d(block output) = d(res2) through the residual add
   float* dtmp = bufs_.tmp_c;  // reused: d(ln2), then d(atty), then d(ln1)
   float* dbig = bufs_.scratch_big;
 
   nn::MlpBackward(be, ms, mw, mg, dtmp, dres, a.h, a.a, a.ln2, d_.llama ? bufs_.scratch_a : dbig,
-                  dbig);
+                  dbig, gp_);
   nn::NormBackward(be, ns, dres, G(p.ln2_w), G(p.ln2_b), dtmp, a.res2, P(p.ln2_w), a.ln2_mean,
                    a.ln2_rstd);
-  nn::LinearBackward(be, dtmp, G(p.proj_w), G(p.proj_b), dres, a.atty, P(p.proj_w), N_,
-                     d_.NH * d_.HS, C);
-  nn::AttentionBackward(be, as, dbig, dtmp, a.atty, a.lse, a.qkv);
-  nn::LinearBackward(be, dtmp, G(p.qkv_w), G(p.qkv_b), dbig, a.ln1, P(p.qkv_w), N_, C, as.width());
+  nn::LinearBackward(be, dtmp, G(p.proj_w), G(p.proj_b), dres, a.atty, W(p.proj_w), N_,
+                     d_.NH * d_.HS, C, gp_);
+  // The attention backward reads its fp32 output: with 16 bits, atty widened into scratch16
+  // (free until the qkv backward below rounds dqkv into it).
+  const float* att = static_cast<const float*>(a.atty);
+  if (mixed_) {
+    be.Cast(bufs_.scratch16, DType::kF32, a.atty, options_.compute_type, N_ * C);
+    att = static_cast<const float*>(bufs_.scratch16);
+  }
+  nn::AttentionBackward(be, as, dbig, dtmp, att, a.lse, a.qkv);
+  nn::LinearBackward(be, dtmp, G(p.qkv_w), G(p.qkv_b), dbig, a.ln1, W(p.qkv_w), N_, C, as.width(),
+                     gp_);
   nn::NormBackward(be, ns, dres, G(p.ln1_w), G(p.ln1_b), dtmp, x, P(p.ln1_w), a.ln1_mean,
                    a.ln1_rstd);
 }
@@ -217,13 +248,17 @@ void DecoderModel::BlockBackward(int64_t l) {
 double DecoderModel::Forward(bool for_backward, float grad_scale) {
   Backend& be = *be_;
   const int64_t n_valid = nn::CountValidTargets(be, bufs_.targets, N_, &host_targets_);
+  if (mixed_ && weights16_stale_) {
+    be.Cast(bufs_.params16, options_.compute_type, bufs_.params, DType::kF32, table_.total);
+    weights16_stale_ = false;
+  }
   nn::EmbeddingForward(be, bufs_.res[0], bufs_.inputs, bufs_.positions, P(table_.wte),
                        P(table_.wpe), N_, d_.C);
   for (int64_t l = 0; l < d_.L; ++l) BlockForward(l);
-  const nn::NormShape ns{N_, d_.C, d_.llama, d_.eps};
-  nn::NormForward(be, ns, bufs_.lnf, bufs_.lnf_mean, bufs_.lnf_rstd, bufs_.res[d_.L],
-                  P(table_.lnf_w), P(table_.lnf_b));
-  nn::LinearForward(be, bufs_.logits, bufs_.lnf, P(table_.lm_head), nullptr, N_, d_.C, d_.Vp);
+  NormInto(bufs_.lnf, bufs_.lnf_mean, bufs_.lnf_rstd, bufs_.res[d_.L], table_.lnf_w,
+           table_.lnf_b);
+  nn::LinearForward(be, bufs_.logits, bufs_.lnf, W(table_.lm_head), nullptr, N_, d_.C, d_.Vp,
+                    options_.compute_type);
   const double loss =
       nn::CrossEntropyForward(be, bufs_.logits, bufs_.losses, bufs_.targets, N_, d_.V, d_.Vp,
                               n_valid, grad_scale, for_backward, &host_losses_);
@@ -239,7 +274,7 @@ void DecoderModel::Backward() {
   const int64_t C = d_.C;
   // logits hold dlogits: lm_head backward, then the final norm into a fresh dres.
   nn::LinearBackward(be, bufs_.tmp_c, G(table_.lm_head), nullptr, bufs_.logits, bufs_.lnf,
-                     P(table_.lm_head), N_, C, d_.Vp);
+                     W(table_.lm_head), N_, C, d_.Vp, gp_);
   be.Memset0(bufs_.dres, static_cast<size_t>(N_ * C) * sizeof(float));
   const nn::NormShape ns{N_, C, d_.llama, d_.eps};
   nn::NormBackward(be, ns, bufs_.dres, G(table_.lnf_w), G(table_.lnf_b), bufs_.tmp_c,

@@ -8,6 +8,7 @@
 
 #include "models/layout.h"
 #include "models/model.h"
+#include "nn/linear.h"
 
 namespace traind::engine {
 
@@ -30,6 +31,7 @@ class DecoderModel : public Model {
   void InitRandom(uint64_t seed) override;
   Status LoadHf(const SafetensorsFile& file) override;
   SafetensorsFile ExportHf() override;
+  void ParamsChanged() override { weights16_stale_ = true; }
   void ZeroGrad() override;
   double Forward(bool for_backward, float grad_scale) override;
   void Backward() override;
@@ -38,6 +40,10 @@ class DecoderModel : public Model {
   DecoderModel(const ModelConfig& config, const ModelOptions& options, DeviceArena* arena);
   float* P(int64_t offset) const { return offset < 0 ? nullptr : bufs_.params + offset; }
   float* G(int64_t offset) const { return offset < 0 ? nullptr : bufs_.grads + offset; }
+  // A GEMM weight in the compute type: the 16-bit copy, or the fp32 master weights.
+  const void* W(int64_t offset) const;
+  // Norm output -> `dst` (a GEMM input in the compute type) through an fp32 buffer.
+  void NormInto(void* dst, float* mean, float* rstd, const float* inp, int64_t w, int64_t b);
   void BlockForward(int64_t l);
   void BlockBackward(int64_t l);  // bufs_.dres: d(block output) in, d(block input) out
 
@@ -48,6 +54,9 @@ class DecoderModel : public Model {
   Backend* be_;
   ModelBuffers bufs_;
   int64_t N_;
+  bool mixed_ = false;           // compute type is 16-bit
+  bool weights16_stale_ = true;  // params16 must be refreshed before the next Forward
+  nn::GemmPrecision gp_;         // compute type + scratch16, for the backward GEMMs
   bool ready_for_backward_ = false;
   std::vector<int32_t> host_targets_;
   std::vector<float> host_losses_;

@@ -91,7 +91,11 @@ void PlanBuffers(const ArchDims& d, const ModelOptions& o, int64_t num_params, B
   const int64_t n_ckpt = (d.L + k - 1) / k;  // block inputs kept: blocks 0, k, 2k, ...
   const int64_t n_sets = ckpt ? k : d.L;     // full activation sets
 
+  const DType t = o.compute_type;
+  const bool mixed = t != DType::kF32;
+
   p->Add(MC::kWeights, num_params, &b->params);
+  if (mixed) p->Add(MC::kWeights, num_params, t, &b->params16);
   p->Add(MC::kGradients, num_params, &b->grads);
 
   p->Add(MC::kActivations, N, &b->inputs);
@@ -102,20 +106,20 @@ void PlanBuffers(const ArchDims& d, const ModelOptions& o, int64_t num_params, B
   for (float*& r : b->res_store) p->Add(MC::kActivations, N * C, &r);
   b->block_store.assign(static_cast<size_t>(n_sets), BlockActs{});
   for (BlockActs& a : b->block_store) {
-    p->Add(MC::kActivations, N * C, &a.ln1);
+    p->Add(MC::kActivations, N * C, t, &a.ln1);
     if (!d.llama) p->Add(MC::kActivations, N, &a.ln1_mean);
     p->Add(MC::kActivations, N, &a.ln1_rstd);
     p->Add(MC::kActivations, N * d.qkv_width(), &a.qkv);
-    p->Add(MC::kActivations, N * C, &a.atty);
+    p->Add(MC::kActivations, N * C, t, &a.atty);
     p->Add(MC::kActivations, o.micro_batch * d.NH * o.seq_len, &a.lse);
     p->Add(MC::kActivations, N * C, &a.res2);
-    p->Add(MC::kActivations, N * C, &a.ln2);
+    p->Add(MC::kActivations, N * C, t, &a.ln2);
     if (!d.llama) p->Add(MC::kActivations, N, &a.ln2_mean);
     p->Add(MC::kActivations, N, &a.ln2_rstd);
     p->Add(MC::kActivations, N * d.up_width(), &a.h);
-    p->Add(MC::kActivations, N * d.H, &a.a);
+    p->Add(MC::kActivations, N * d.H, t, &a.a);
   }
-  p->Add(MC::kActivations, N * C, &b->lnf);
+  p->Add(MC::kActivations, N * C, t, &b->lnf);
   if (!d.llama) p->Add(MC::kActivations, N, &b->lnf_mean);
   p->Add(MC::kActivations, N, &b->lnf_rstd);
   p->Add(MC::kActivations, N * d.Vp, &b->logits);
@@ -125,6 +129,16 @@ void PlanBuffers(const ArchDims& d, const ModelOptions& o, int64_t num_params, B
   p->Add(MC::kTemporary, N * C, &b->tmp_c);
   p->Add(MC::kTemporary, N * std::max(d.qkv_width(), d.up_width()), &b->scratch_big);
   if (d.llama) p->Add(MC::kTemporary, N * d.H, &b->scratch_a);
+  if (mixed) {
+    // Every gradient entering a GEMM fits whole (N rows of C, qkv_width or up_width), and so do
+    // N*C floats (2*N*C 16-bit elements); the logits gradient (N,Vp) goes through in row chunks,
+    // at least one row (Vp) at a time.
+    b->scratch16_elems =
+        std::max({2 * N * C, N * d.qkv_width(), N * d.up_width(), d.Vp});
+    p->Add(MC::kTemporary, b->scratch16_elems, t, &b->scratch16);
+  } else {
+    b->scratch16_elems = 0;
+  }
 }
 
 void ResolveViews(const ArchDims& d, const ModelOptions& o, ModelBuffers* b) {

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/arena.h"
+#include "core/dtype.h"
 #include "models/model.h"
 
 namespace traind::engine {
@@ -62,19 +63,21 @@ inline ParamTable BuildParams(const ArchDims& d) {
 }
 
 // One block's saved activations (N = B*T rows). Unused fields stay null for an arch.
+// The four GEMM inputs (ln1, atty, ln2, a) are stored in the compute type (fp32, bf16 or f16:
+// ModelOptions::compute_type); everything else is fp32 whatever the compute type.
 struct BlockActs {
-  float* ln1 = nullptr;       // (N,C)
+  void* ln1 = nullptr;        // (N,C) compute type
   float* ln1_mean = nullptr;  // (N) layernorm only
   float* ln1_rstd = nullptr;  // (N)
   float* qkv = nullptr;       // (N, qkv_width), q and k after RoPE
-  float* atty = nullptr;      // (N,C) attention output before the projection
+  void* atty = nullptr;       // (N,C) compute type: attention output before the projection
   float* lse = nullptr;       // (B,NH,T)
   float* res2 = nullptr;      // (N,C) residual after attention
-  float* ln2 = nullptr;       // (N,C)
+  void* ln2 = nullptr;        // (N,C) compute type
   float* ln2_mean = nullptr;  // (N)
   float* ln2_rstd = nullptr;  // (N)
   float* h = nullptr;         // (N, up_width) MLP pre-activation
-  float* a = nullptr;         // (N,H) MLP activation
+  void* a = nullptr;          // (N,H) compute type: MLP activation
 };
 
 // Every device buffer of the model. With gradient checkpointing every k, only the inputs of blocks
@@ -82,14 +85,15 @@ struct BlockActs {
 // sets (block_store) and k-1 working residuals are reused by every segment and recomputed in
 // backward. Without it every block owns its own.
 struct ModelBuffers {
-  float* params = nullptr;       // weights: num_params
+  float* params = nullptr;       // weights: num_params fp32 (the master weights)
+  void* params16 = nullptr;      // weights: num_params in a 16-bit compute type, else null
   float* grads = nullptr;        // gradients: num_params
   int32_t* inputs = nullptr;     // (N)
   int32_t* targets = nullptr;    // (N)
   int32_t* positions = nullptr;  // (N) n % T, gpt2 only
   std::vector<float*> res_store;
   std::vector<BlockActs> block_store;
-  float* lnf = nullptr;  // (N,C)
+  void* lnf = nullptr;  // (N,C) compute type
   float* lnf_mean = nullptr;
   float* lnf_rstd = nullptr;
   float* logits = nullptr;  // (N,Vp); dlogits in place after Forward(for_backward)
@@ -99,6 +103,11 @@ struct ModelBuffers {
   float* tmp_c = nullptr;        // (N,C) projection outputs / gradients into norms
   float* scratch_big = nullptr;  // (N, max(qkv_width, up_width)): dqkv, MLP dh (and GELU da)
   float* scratch_a = nullptr;    // (N,H) SwiGLU da (llama only)
+  // 16-bit compute types only: `scratch16_elems` elements of the compute type. Holds the rounded
+  // copy of a gradient entering a GEMM (nn::GemmPrecision), and, reused in BlockBackward, the
+  // attention output widened back to fp32 (it is sized for N*C floats too).
+  void* scratch16 = nullptr;
+  int64_t scratch16_elems = 0;
 
   // Views: res[l] is block l's input (res[L] the final residual), blocks[l] its activations.
   std::vector<float*> res;
@@ -111,6 +120,10 @@ class BufferPlanner {
   template <typename T>
   void Add(MemoryCategory c, int64_t count, T** slot) {
     AddRaw(c, count * static_cast<int64_t>(sizeof(T)), reinterpret_cast<void**>(slot));
+  }
+  // `count` elements of `type`.
+  void Add(MemoryCategory c, int64_t count, DType type, void** slot) {
+    AddRaw(c, count * static_cast<int64_t>(DTypeSize(type)), slot);
   }
   MemoryBytes bytes() const;
   // One Allocate per non-empty category, then fills every slot.

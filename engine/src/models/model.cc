@@ -74,9 +74,11 @@ Status ValidateConfig(const ModelConfig& c, const ModelOptions& o) {
     return Status::InvalidArgument("training.gradient_checkpointing_every: must be >= 1, got " +
                                    std::to_string(o.checkpoint_every));
   }
-  if (o.compute_type != DType::kF32) {
-    return Status::Unimplemented(std::string("compute type ") + DTypeName(o.compute_type) +
-                                 " is not supported yet: use fp32");
+  if (o.compute_type != DType::kF32 && o.compute_type != DType::kBF16 &&
+      o.compute_type != DType::kF16) {
+    return Status::InvalidArgument("compute type " +
+                                   std::to_string(static_cast<int>(o.compute_type)) +
+                                   " is not one of f32, bf16, f16");
   }
   return Status::Ok();
 }

@@ -33,6 +33,11 @@ struct ModelOptions {
   int64_t seq_len = 128;     // T (<= max positions)
   bool gradient_checkpointing = false;
   int64_t checkpoint_every = 1;  // with checkpointing: keep the input of every k-th block
+  // Mixed precision policy. kF32: everything fp32. kBF16 / kF16: the fp32 master weights get a
+  // 16-bit copy (refreshed after ParamsChanged) that the GEMMs read; GEMM inputs among the saved
+  // activations (norm outputs, attention output, MLP activation) are stored in 16 bits; GEMMs
+  // accumulate in fp32; norms, attention, softmax/cross-entropy, the residual stream, gradients
+  // and the parameters' update stay fp32.
   DType compute_type = DType::kF32;
 };
 
@@ -68,6 +73,10 @@ class Model {
   // The parameters under HF names and layouts, F32 (tied lm_head omitted as HF does).
   virtual SafetensorsFile ExportHf() = 0;
 
+  // Call after writing param_data() other than through InitRandom / LoadHf (e.g. after an
+  // optimizer step): with a 16-bit compute_type the model's 16-bit copy of the weights is
+  // refreshed (one Cast over the flat buffer) before the next Forward. No effect in fp32.
+  virtual void ParamsChanged() = 0;
   virtual void ZeroGrad() = 0;
   // Runs forward on inputs()/targets(); returns the mean loss over non-ignored positions.
   // When `for_backward`, keeps what Backward() needs and leaves d(loss*grad_scale)/dlogits in place.

@@ -1,22 +1,46 @@
 // Linear forward/backward as GEMMs on the backend (see linear.h for the contract).
 #include "nn/linear.h"
 
+#include <algorithm>
+#include <cassert>
+
 namespace traind::engine::nn {
 
-void LinearForward(Backend& be, float* out, const float* inp, const float* weight,
-                   const float* bias, int64_t N, int64_t C, int64_t OC) {
+void LinearForward(Backend& be, float* out, const void* inp, const void* weight,
+                   const float* bias, int64_t N, int64_t C, int64_t OC, DType type) {
   // out(N,OC) = inp(N,C) * weight(OC,C)^T
-  be.Gemm(false, true, N, OC, C, 1.0f, inp, C, weight, C, 0.0f, out, OC);
+  be.Gemm(false, true, N, OC, C, 1.0f, inp, C, weight, C, 0.0f, out, OC, type, DType::kF32);
   if (bias != nullptr) be.AddBias(out, bias, N, OC);
 }
 
 void LinearBackward(Backend& be, float* dinp, float* dweight, float* dbias, const float* dout,
-                    const float* inp, const float* weight, int64_t N, int64_t C, int64_t OC) {
-  // dinp(N,C) = dout(N,OC) * weight(OC,C)
-  if (dinp != nullptr) be.Gemm(false, false, N, C, OC, 1.0f, dout, OC, weight, C, 0.0f, dinp, C);
-  // dweight(OC,C) += dout(N,OC)^T * inp(N,C)
-  be.Gemm(true, false, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight, C);
+                    const void* inp, const void* weight, int64_t N, int64_t C, int64_t OC,
+                    const GemmPrecision& gp) {
   if (dbias != nullptr) be.BiasBackward(dbias, dout, N, OC);
+  if (gp.type == DType::kF32) {
+    // dinp(N,C) = dout(N,OC) * weight(OC,C)
+    if (dinp != nullptr) be.Gemm(false, false, N, C, OC, 1.0f, dout, OC, weight, C, 0.0f, dinp, C);
+    // dweight(OC,C) += dout(N,OC)^T * inp(N,C)
+    be.Gemm(true, false, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight, C);
+    return;
+  }
+  // 16-bit: round dout into the scratch, a chunk of rows at a time (one chunk unless the scratch
+  // is smaller than dout, as for the logits gradient).
+  const int64_t rows = std::min(N, gp.scratch_elems / OC);
+  assert(rows >= 1 && gp.scratch != nullptr);
+  if (rows < 1 || gp.scratch == nullptr) return;
+  const size_t esize = DTypeSize(gp.type);
+  const auto* inp_bytes = static_cast<const char*>(inp);
+  for (int64_t r0 = 0; r0 < N; r0 += rows) {
+    const int64_t n = std::min(rows, N - r0);
+    be.Cast(gp.scratch, gp.type, dout + r0 * OC, DType::kF32, n * OC);
+    if (dinp != nullptr) {
+      be.Gemm(false, false, n, C, OC, 1.0f, gp.scratch, OC, weight, C, 0.0f, dinp + r0 * C, C,
+              gp.type, DType::kF32);
+    }
+    be.Gemm(true, false, OC, C, n, 1.0f, gp.scratch, OC, inp_bytes + r0 * C * esize, C, 1.0f,
+            dweight, C, gp.type, DType::kF32);
+  }
 }
 
 }  // namespace traind::engine::nn

@@ -1,6 +1,10 @@
 // Linear layer: out (N,OC) = inp (N,C) @ weight^T + bias, weight (OC,C) like torch.nn.Linear.
 // Gradient contract: dweight and dbias use += (micro-batch accumulation); dinp uses = and is
 // skipped when null. bias / dbias may be null (no bias, e.g. llama).
+// Precision: inp and weight are stored in GemmPrecision::type (fp32, bf16 or f16), the GEMMs
+// accumulate in fp32, and out, dinp, dweight, bias and dbias are always fp32. With a 16-bit type
+// the incoming gradient dout is rounded to that type (in GemmPrecision::scratch) before its GEMMs,
+// as autocast does; dbias is summed from the fp32 dout.
 #pragma once
 
 #include <cstdint>
@@ -9,11 +13,21 @@
 
 namespace traind::engine::nn {
 
-// FLOPs: 2*N*C*OC.
-void LinearForward(Backend& be, float* out, const float* inp, const float* weight,
-                   const float* bias, int64_t N, int64_t C, int64_t OC);
-// FLOPs: 4*N*C*OC (2 GEMMs; one when dinp is null).
+struct GemmPrecision {
+  DType type = DType::kF32;
+  // 16-bit types only: room for `scratch_elems` elements of `type` (at least OC of them: dout
+  // goes through in row chunks of scratch_elems / OC rows when N*OC does not fit). Overwritten.
+  void* scratch = nullptr;
+  int64_t scratch_elems = 0;
+};
+
+// FLOPs: 2*N*C*OC. inp and weight in `type`.
+void LinearForward(Backend& be, float* out, const void* inp, const void* weight,
+                   const float* bias, int64_t N, int64_t C, int64_t OC,
+                   DType type = DType::kF32);
+// FLOPs: 4*N*C*OC (2 GEMMs; one when dinp is null). inp and weight in gp.type.
 void LinearBackward(Backend& be, float* dinp, float* dweight, float* dbias, const float* dout,
-                    const float* inp, const float* weight, int64_t N, int64_t C, int64_t OC);
+                    const void* inp, const void* weight, int64_t N, int64_t C, int64_t OC,
+                    const GemmPrecision& gp = {});
 
 }  // namespace traind::engine::nn

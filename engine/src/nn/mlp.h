@@ -3,11 +3,14 @@
 //   swiglu (llama): h (N,2H) = inp W_gu^T ([gate|up] rows, gate first); a = silu(gate)*up (N,H);
 //                   out = a W_down^T
 // Gradient contract: parameter gradients +=; dinp = (overwritten).
+// Precision (linear.h): inp, a and the two weights are in the GEMM type; h, out, biases and every
+// gradient are fp32; the activation runs in fp32.
 #pragma once
 
 #include <cstdint>
 
 #include "backend/backend.h"
+#include "nn/linear.h"
 
 namespace traind::engine::nn {
 
@@ -20,9 +23,9 @@ struct MlpShape {
 };
 
 struct MlpWeights {
-  const float* w_up = nullptr;    // (up_width, C)
+  const void* w_up = nullptr;     // (up_width, C) GEMM type
   const float* b_up = nullptr;    // (up_width) or null
-  const float* w_down = nullptr;  // (C, H)
+  const void* w_down = nullptr;   // (C, H) GEMM type
   const float* b_down = nullptr;  // (C) or null
 };
 
@@ -33,13 +36,14 @@ struct MlpGrads {
   float* b_down = nullptr;
 };
 
-// h (N, up_width) and a (N, H) are kept for backward; out (N,C).
-void MlpForward(Backend& be, const MlpShape& s, const MlpWeights& w, float* out, float* h, float* a,
-                const float* inp);
+// h (N, up_width) and a (N, H) are kept for backward; out (N,C). With a 16-bit `type` the
+// activation is computed into act_scratch (N,H floats, overwritten) and rounded into a.
+void MlpForward(Backend& be, const MlpShape& s, const MlpWeights& w, float* out, float* h, void* a,
+                const void* inp, DType type = DType::kF32, float* act_scratch = nullptr);
 // scratch_a (N,H) and scratch_h (N,up_width) are overwritten. For GELU they may be the same
-// buffer (the activation backward runs in place).
+// buffer (the activation backward runs in place). gp.scratch is overwritten (16-bit types).
 void MlpBackward(Backend& be, const MlpShape& s, const MlpWeights& w, const MlpGrads& g,
-                 float* dinp, const float* dout, const float* h, const float* a, const float* inp,
-                 float* scratch_a, float* scratch_h);
+                 float* dinp, const float* dout, const float* h, const void* a, const void* inp,
+                 float* scratch_a, float* scratch_h, const GemmPrecision& gp = {});
 
 }  // namespace traind::engine::nn

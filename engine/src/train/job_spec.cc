@@ -358,6 +358,8 @@ Result<JobSpec> ParseJobSpec(std::string_view text, const std::string& base_dir)
     return Status::InvalidArgument("job spec: malformed YAML at line " +
                                    std::to_string(e.mark.line + 1) + ", column " +
                                    std::to_string(e.mark.column + 1) + ": " + e.msg);
+  } catch (const std::exception& e) {
+    return Status::InvalidArgument(std::string("job spec: cannot parse: ") + e.what());
   }
   try {
     return ParseRoot(root, base_dir);

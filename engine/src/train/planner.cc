@@ -83,13 +83,16 @@ ModelOptions JobModelOptions(const JobSpec& spec, int64_t micro_batch, bool grad
   o.seq_len = spec.data.seq_len;
   o.gradient_checkpointing = gradient_checkpointing;
   o.checkpoint_every = spec.training.gradient_checkpointing_every;
-  o.compute_type = DType::kF32;
+  o.compute_type = spec.training.bf16   ? DType::kBF16
+                   : spec.training.fp16 ? DType::kF16
+                                        : DType::kF32;
   return o;
 }
 
 MemoryBytes JobBytes(const ModelConfig& config, const ModelOptions& options) {
   MemoryBytes b = Model::PlanBytes(config, options);
-  b.optimizer += AdamWOptimizer::PlanBytes(b.weights / 4);
+  // Gradients are fp32 whatever the compute type (weights may hold a 16-bit copy too).
+  b.optimizer += AdamWOptimizer::PlanBytes(b.gradients / 4);
   return b;
 }
 
@@ -101,7 +104,7 @@ Result<MemoryPlan> PlanJob(const JobSpec& spec, const ModelConfig& config, int64
                                    std::to_string(config.max_positions()));
   }
   MemoryPlan plan;
-  plan.precision = "fp32";
+  plan.precision = t.bf16 ? "bf16" : (t.fp16 ? "fp16" : "fp32");
   plan.budget_bytes = budget_bytes;
   plan.gradient_accumulation_steps = t.gradient_accumulation_steps;
   bool ckpt = t.gradient_checkpointing;

@@ -76,8 +76,8 @@ Status SpecReader::CheckKeys(const std::vector<std::string>& known,
                              const std::set<std::string>& foreign,
                              const std::string& foreign_message) const {
   std::set<std::string> seen;
-  for (auto it = node_.begin(); it != node_.end(); ++it) {
-    const YAML::Node& k = it->first;
+  for (const auto& kv : node_) {  // kv is a value (yaml-cpp iterators yield temporaries)
+    const YAML::Node k = kv.first;
     if (!k.IsScalar()) {
       return Status::InvalidArgument((path_.empty() ? std::string("job spec") : path_) +
                                      ": field names must be strings, got " + Describe(k));

@@ -9,11 +9,7 @@
 #include <string>
 #include <vector>
 
-// GCC 12 reports a false -Wdangling-pointer inside yaml-cpp 0.7's node/impl.h once inlined.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wdangling-pointer"
 #include <yaml-cpp/yaml.h>
-#pragma GCC diagnostic pop
 
 #include "traind/engine/status.h"
 

@@ -15,6 +15,7 @@
 #include "models/hf_config.h"
 #include "models/model.h"
 #include "optim/adamw.h"
+#include "optim/loss_scaler.h"
 #include "optim/schedule.h"
 #include "train/checkpoint.h"
 #include "train/planner.h"
@@ -92,7 +93,7 @@ Result<RunSummary> RunJob(const JobSpec& spec, const RunOptions& options,
   auto message = [&](const std::string& line) {
     if (callbacks.on_message) callbacks.on_message(line);
   };
-  if (t.fp16 || t.bf16) return Status::Unimplemented("training.fp16/bf16: mixed precision is not supported yet");
+  if (t.fp16 && t.bf16) return Status::InvalidArgument("training.bf16: fp16 and bf16 are both true; choose one");
   if (t.optim != "adamw") return Status::Unimplemented("training.optim: " + t.optim + " is not supported yet");
   if (t.offload != "none") return Status::Unimplemented("training.offload: " + t.offload + " is not supported yet");
   TRAIND_ASSIGN_OR_RETURN(LrScheduleType schedule, ParseLrScheduleType(t.lr_scheduler_type));
@@ -194,9 +195,13 @@ Result<RunSummary> RunJob(const JobSpec& spec, const RunOptions& options,
   int64_t window_tokens = 0;
   double last_lr = 0.0, last_norm = 0.0;
   const float micro_scale = 1.0f / static_cast<float>(accum);
+  // fp16: dynamic loss scaling (a fresh scaler on resume); skipped steps still count as steps.
+  LossScaler scaler;
+  int64_t window_skipped = 0;
   while (state.global_step < t.max_steps) {
     const Clock::time_point step_start = Clock::now();
     double wait = 0.0, loss_sum = 0.0;
+    const float loss_scale = t.fp16 ? scaler.scale() : 1.0f;
     model->ZeroGrad();
     for (int64_t a = 0; a < accum; ++a) {
       if (IsCancelled(options)) {
@@ -204,13 +209,19 @@ Result<RunSummary> RunJob(const JobSpec& spec, const RunOptions& options,
       }
       wait += loader.Next(inputs.data(), targets.data());
       CopyBatch(backend.get(), model.get(), inputs, targets);
-      loss_sum += model->Forward(/*for_backward=*/true, micro_scale);
+      loss_sum += model->Forward(/*for_backward=*/true, micro_scale * loss_scale);
       model->Backward();
     }
-    const double norm = GlobalGradNorm(backend.get(), model->grad_data(), model->params());
-    const float clip = ClipCoefficient(norm, t.max_grad_norm);
+    const bool skipped = t.fp16 && scaler.Update(LossScaler::FoundInf(
+                                       backend.get(), model->grad_data(), model->num_params()));
     const double lr = t.learning_rate * LrLambda(schedule, t.warmup_steps, t.max_steps, state.global_step);
-    optimizer->Step(model->param_data(), model->grad_data(), lr, clip);
+    double norm = std::numeric_limits<double>::infinity();
+    if (!skipped) {
+      norm = GlobalGradNorm(backend.get(), model->grad_data(), model->params()) / loss_scale;
+      const float clip = ClipCoefficient(norm, t.max_grad_norm);
+      optimizer->Step(model->param_data(), model->grad_data(), lr, clip / loss_scale);
+      model->ParamsChanged();
+    }
     backend->Synchronize();
     const double loss = loss_sum / static_cast<double>(accum);
     state.global_step += 1;
@@ -219,7 +230,8 @@ Result<RunSummary> RunJob(const JobSpec& spec, const RunOptions& options,
     state.window_loss_sum += loss;
     state.window_steps += 1;
     last_lr = lr;
-    last_norm = norm;
+    if (!skipped) last_norm = norm;  // a skipped step's norm is not finite: logs keep the last one
+    window_skipped += skipped ? 1 : 0;
     const double step_seconds = Seconds(step_start, Clock::now());
     window_seconds += step_seconds;
     window_tokens += step_tokens;
@@ -231,6 +243,7 @@ Result<RunSummary> RunJob(const JobSpec& spec, const RunOptions& options,
       r.loss = loss;
       r.learning_rate = lr;
       r.grad_norm = norm;
+      r.skipped = skipped;
       r.step_seconds = step_seconds;
       r.dataloader_wait_seconds = wait;
       r.tokens = step_tokens;
@@ -249,6 +262,11 @@ Result<RunSummary> RunJob(const JobSpec& spec, const RunOptions& options,
                                    {"learning_rate", last_lr},
                                    {"loss", window_loss},
                                    {"step", state.global_step}});
+      if (t.fp16) {  // skipped steps in this window and the scale after it
+        state.log_history.back()["skipped"] = window_skipped;
+        state.log_history.back()["loss_scale"] = scaler.scale();
+      }
+      window_skipped = 0;
       if (callbacks.on_log) {
         LogReport r;
         r.step = state.global_step;

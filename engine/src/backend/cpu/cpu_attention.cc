@@ -66,7 +66,7 @@ void AttentionForward(float* out, float* lse, const float* q, const float* k, co
   const int64_t C = NH * HS;
   const int64_t nblocks = (T + kQBlock - 1) / kQBlock;
   const int64_t items = B * NH * nblocks;
-#pragma omp parallel num_threads(static_cast<int>(std::min<int64_t>(nt, items)))
+#pragma omp parallel num_threads(static_cast <int>(std::min <int64_t>(nt, items)))
   {
     static thread_local std::vector<float> tile;  // (kQBlock, T) scores / probabilities
     tile.resize(static_cast<size_t>(kQBlock * T));
@@ -99,7 +99,7 @@ void AttentionBackward(float* dq, float* dk, float* dv, const float* dout, const
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
   const int64_t C = NH * HS;
   const int64_t nblocks = (T + kQBlock - 1) / kQBlock;
-#pragma omp parallel num_threads(static_cast<int>(std::min<int64_t>(nt, B * NKV)))
+#pragma omp parallel num_threads(static_cast <int>(std::min <int64_t>(nt, B * NKV)))
   {
     static thread_local std::vector<float> tiles;  // P and dP/dS, (kQBlock, T) each
     tiles.resize(static_cast<size_t>(2 * kQBlock * T));

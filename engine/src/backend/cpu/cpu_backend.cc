@@ -40,11 +40,10 @@ class CpuBackend final : public Backend {
   }
   void Synchronize() override {}
 
-  void Gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
-            const void* A, int64_t lda, const void* B, int64_t ldb, float beta, void* C,
-            int64_t ldc, DType ab_type, DType c_type) override {
-    cpu::Gemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, ab_type, c_type,
-              nt_);
+  void Gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const void* A,
+            int64_t lda, const void* B, int64_t ldb, float beta, void* C, int64_t ldc,
+            DType ab_type, DType c_type) override {
+    cpu::Gemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, ab_type, c_type, nt_);
   }
 
   void EmbeddingForward(float* out, const int32_t* ids, const float* table, int64_t N, int64_t C,
@@ -70,9 +69,8 @@ class CpuBackend final : public Backend {
     cpu::Cast(dst, dst_type, src, src_type, n, nt_);
   }
 
-  void LayerNormForward(float* out, float* mean, float* rstd, const float* inp,
-                        const float* weight, const float* bias, int64_t N, int64_t C,
-                        float eps) override {
+  void LayerNormForward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                        const float* bias, int64_t N, int64_t C, float eps) override {
     cpu::LayerNormForward(out, mean, rstd, inp, weight, bias, N, C, eps, nt_);
   }
   void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,
@@ -109,8 +107,8 @@ class CpuBackend final : public Backend {
   }
 
   void AttentionForward(float* out, float* lse, const float* q, const float* k, const float* v,
-                        int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS,
-                        int64_t q_stride, int64_t kv_stride) override {
+                        int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS, int64_t q_stride,
+                        int64_t kv_stride) override {
     cpu::AttentionForward(out, lse, q, k, v, B, T, NH, NKV, HS, q_stride, kv_stride, nt_);
   }
   void AttentionBackward(float* dq, float* dk, float* dv, const float* dout, const float* out,
@@ -126,8 +124,8 @@ class CpuBackend final : public Backend {
     cpu::SoftmaxCrossEntropy(logits, losses, targets, N, V, Vp, grad_scale, compute_grad, nt_);
   }
 
-  void AdamW(float* param, const float* grad, float* m, float* v, int64_t n, float lr,
-             float beta1, float beta2, float eps, float weight_decay, float bias_correction1,
+  void AdamW(float* param, const float* grad, float* m, float* v, int64_t n, float lr, float beta1,
+             float beta2, float eps, float weight_decay, float bias_correction1,
              float bias_correction2, float grad_scale) override {
     cpu::AdamW(param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, bias_correction1,
                bias_correction2, grad_scale, nt_);

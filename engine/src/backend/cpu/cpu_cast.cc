@@ -9,7 +9,8 @@ namespace traind::engine::cpu {
 
 uint16_t FloatToBf16(float f) {
   uint32_t u = std::bit_cast<uint32_t>(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x0040u);  // quiet NaN
+  if ((u & 0x7fffffffu) > 0x7f800000u)
+    return static_cast<uint16_t>((u >> 16) | 0x0040u);  // quiet NaN
   u += 0x7fffu + ((u >> 16) & 1u);
   return static_cast<uint16_t>(u >> 16);
 }
@@ -72,11 +73,15 @@ void Cast(void* dst, DType dst_type, const void* src, DType src_type, int64_t n,
   auto* d32 = static_cast<float*>(dst);
   auto* s32 = static_cast<const float*>(src);
   if (src_type == DType::kF32) {
-    if (dst_type == DType::kBF16) Convert(d16, s32, n, nt, FloatToBf16);
-    else Convert(d16, s32, n, nt, FloatToF16);
+    if (dst_type == DType::kBF16)
+      Convert(d16, s32, n, nt, FloatToBf16);
+    else
+      Convert(d16, s32, n, nt, FloatToF16);
   } else if (dst_type == DType::kF32) {
-    if (src_type == DType::kBF16) Convert(d32, s16, n, nt, Bf16ToFloat);
-    else Convert(d32, s16, n, nt, F16ToFloat);
+    if (src_type == DType::kBF16)
+      Convert(d32, s16, n, nt, Bf16ToFloat);
+    else
+      Convert(d32, s16, n, nt, F16ToFloat);
   } else if (src_type == DType::kBF16) {  // bf16 -> f16: the f32 step is exact, one rounding
     Convert(d16, s16, n, nt, [](uint16_t h) { return FloatToF16(Bf16ToFloat(h)); });
   } else {  // f16 -> bf16

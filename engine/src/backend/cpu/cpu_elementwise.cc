@@ -15,7 +15,8 @@
 namespace traind::engine::cpu {
 namespace {
 
-constexpr int64_t kMinParallel = 1 << 14;  // elements below which threading costs more than it saves
+constexpr int64_t kMinParallel = 1
+                                 << 14;  // elements below which threading costs more than it saves
 
 // Splits [0, n) into nt contiguous chunks of a multiple of 16 elements; chunk t is [*b, *e).
 void Chunk(int64_t n, int nt, int t, int64_t* b, int64_t* e) {
@@ -86,8 +87,8 @@ TRAIND_CPU_CLONES void SwiGluBackRow(float* dgate, float* dup, const float* gate
 // torch.optim.AdamW (single-tensor path), step by step in fp32 as torch does it.
 TRAIND_CPU_CLONES void AdamWSpan(float* p, const float* grad, float* m, float* v, int64_t n,
                                  float decay_mul, float b1, float one_minus_b1, float b2,
-                                 float one_minus_b2, float sqrt_bc2, float eps,
-                                 float neg_step, float gs) {
+                                 float one_minus_b2, float sqrt_bc2, float eps, float neg_step,
+                                 float gs) {
   for (int64_t i = 0; i < n; ++i) {
     float g = grad[i] * gs;
     float pi = p[i] * decay_mul;
@@ -104,11 +105,13 @@ TRAIND_CPU_CLONES void AdamWSpan(float* p, const float* grad, float* m, float* v
 
 void EmbeddingForward(float* out, const int32_t* ids, const float* table, int64_t N, int64_t C,
                       bool accumulate, int nt) {
-#pragma omp parallel for num_threads(ThreadsFor(N * C, nt)) schedule(static)
+#pragma omp parallel for num_threads(ThreadsFor(N* C, nt)) schedule(static)
   for (int64_t n = 0; n < N; ++n) {
     const float* row = table + static_cast<int64_t>(ids[n]) * C;
-    if (accumulate) AddRow(out + n * C, row, C);
-    else std::memcpy(out + n * C, row, static_cast<size_t>(C) * sizeof(float));
+    if (accumulate)
+      AddRow(out + n * C, row, C);
+    else
+      std::memcpy(out + n * C, row, static_cast<size_t>(C) * sizeof(float));
   }
 }
 
@@ -129,12 +132,12 @@ void EmbeddingBackward(float* dtable, const float* dout, const int32_t* ids, int
 }
 
 void AddBias(float* out, const float* bias, int64_t N, int64_t OC, int nt) {
-#pragma omp parallel for num_threads(ThreadsFor(N * OC, nt)) schedule(static)
+#pragma omp parallel for num_threads(ThreadsFor(N* OC, nt)) schedule(static)
   for (int64_t n = 0; n < N; ++n) AddRow(out + n * OC, bias, OC);
 }
 
 void BiasBackward(float* dbias, const float* dout, int64_t N, int64_t OC, int nt) {
-#pragma omp parallel num_threads(ThreadsFor(N * OC, nt))
+#pragma omp parallel num_threads(ThreadsFor(N* OC, nt))
   {
     int64_t b, e;
     Chunk(OC, omp_get_num_threads(), omp_get_thread_num(), &b, &e);
@@ -195,13 +198,13 @@ void GeluBackward(float* dinp, const float* inp, const float* dout, int64_t n, i
 }
 
 void SwiGluForward(float* out, const float* inp, int64_t N, int64_t H, int nt) {
-#pragma omp parallel for num_threads(ThreadsFor(N * H * 8, nt)) schedule(static)
+#pragma omp parallel for num_threads(ThreadsFor(N* H * 8, nt)) schedule(static)
   for (int64_t n = 0; n < N; ++n) SwiGluRow(out + n * H, inp + n * 2 * H, inp + n * 2 * H + H, H);
 }
 
 void SwiGluBackward(float* dinp, const float* inp, const float* dout, int64_t N, int64_t H,
                     int nt) {
-#pragma omp parallel for num_threads(ThreadsFor(N * H * 8, nt)) schedule(static)
+#pragma omp parallel for num_threads(ThreadsFor(N* H * 8, nt)) schedule(static)
   for (int64_t n = 0; n < N; ++n) {
     SwiGluBackRow(dinp + n * 2 * H, dinp + n * 2 * H + H, inp + n * 2 * H, inp + n * 2 * H + H,
                   dout + n * H, H);

@@ -1,11 +1,14 @@
 // GEMM on the CPU. fp32: oneDNN's dnnl_sgemm when the build has it (its JIT kernels use AVX-512
 // whatever OPENBLAS_CORETYPE says, and it threads with the same OpenMP pool as our kernels), else
-// OpenBLAS cblas_sgemm; TRAIND_CPU_GEMM=openblas forces OpenBLAS. bf16/f16 operands: widened to
-// fp32 in a reused per-thread scratch (exact), multiplied in fp32, C rounded back to nearest even
-// when it is stored in 16 bits, unless oneDNN's matmul has a native kernel (cpu_gemm_dnnl.cc).
+// OpenBLAS cblas_sgemm, called single-threaded on row blocks that we spread over OpenMP threads;
+// TRAIND_CPU_GEMM=openblas forces OpenBLAS. bf16/f16 operands: oneDNN's matmul where it has a
+// native kernel (cpu_gemm_dnnl.cc), else widened to fp32 in a reused per-thread scratch (exact),
+// multiplied in fp32, and C rounded back to nearest even when it is stored in 16 bits.
 #include <cblas.h>
 #include <omp.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
@@ -20,7 +23,9 @@ namespace traind::engine::cpu {
 namespace {
 
 // Elements spanned by a row-major (rows, cols) matrix with leading dimension ld.
-int64_t Span(int64_t rows, int64_t cols, int64_t ld) { return rows == 0 ? 0 : (rows - 1) * ld + cols; }
+int64_t Span(int64_t rows, int64_t cols, int64_t ld) {
+  return rows == 0 ? 0 : (rows - 1) * ld + cols;
+}
 
 const float* Widen(std::vector<float>* buf, const void* src, DType type, int64_t n, int nt) {
   if (type == DType::kF32) return static_cast<const float*>(src);
@@ -29,13 +34,18 @@ const float* Widen(std::vector<float>* buf, const void* src, DType type, int64_t
   return buf->data();
 }
 
+// -1: not decided yet (TRAIND_CPU_GEMM decides on first use), 0: OpenBLAS, 1: oneDNN.
+std::atomic<int> g_use_dnnl{-1};
+
 bool UseDnnl() {
 #ifdef TRAIND_HAVE_DNNL
-  static const bool use = [] {
+  int v = g_use_dnnl.load(std::memory_order_relaxed);
+  if (v < 0) {
     const char* env = std::getenv("TRAIND_CPU_GEMM");
-    return env == nullptr || std::strcmp(env, "openblas") != 0;
-  }();
-  return use;
+    v = (env == nullptr || std::strcmp(env, "openblas") != 0) ? 1 : 0;
+    g_use_dnnl.store(v, std::memory_order_relaxed);
+  }
+  return v == 1;
 #else
   return false;
 #endif
@@ -55,15 +65,40 @@ void Sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const
     }
   }
 #endif
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-              static_cast<blasint>(M), static_cast<blasint>(N), static_cast<blasint>(K), alpha, a,
-              static_cast<blasint>(lda), b, static_cast<blasint>(ldb), beta, c,
-              static_cast<blasint>(ldc));
+  // OpenBLAS runs single-threaded (SetGemmThreads); we split the rows of C over our own OpenMP
+  // threads, so no second thread pool competes with OpenMP's for the cores.
+  auto rows = [&](int64_t m0, int64_t m1) {
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+                static_cast<blasint>(m1 - m0), static_cast<blasint>(N), static_cast<blasint>(K),
+                alpha, a + (ta ? m0 : m0 * lda), static_cast<blasint>(lda), b,
+                static_cast<blasint>(ldb), beta, c + m0 * ldc, static_cast<blasint>(ldc));
+  };
+  const int threads = (nt > 1 && M >= 64 && M * N * K >= (1 << 20) && !omp_in_parallel()) ? nt : 1;
+  if (threads == 1) {
+    rows(0, M);
+    return;
+  }
+#pragma omp parallel num_threads(threads)
+  {
+    const int t = omp_get_thread_num(), n = omp_get_num_threads();
+    const int64_t per = ((M + n - 1) / n + 15) / 16 * 16;
+    const int64_t m0 = std::min(M, per * t), m1 = std::min(M, m0 + per);
+    if (m1 > m0) rows(m0, m1);
+  }
 }
 
-void SetGemmThreads(int nt) { openblas_set_num_threads(nt); }
+void SetGemmThreads(int nt) { openblas_set_num_threads(1); }
 
 const char* GemmLibrary() { return UseDnnl() ? "onednn" : "openblas"; }
+
+bool SetGemmLibraryForTesting(bool use_onednn) {
+#ifdef TRAIND_HAVE_DNNL
+  g_use_dnnl.store(use_onednn ? 1 : 0);
+  return true;
+#else
+  return !use_onednn;
+#endif
+}
 
 void Gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const void* A,
           int64_t lda, const void* B, int64_t ldb, float beta, void* C, int64_t ldc, DType ab_type,

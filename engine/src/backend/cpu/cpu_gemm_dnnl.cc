@@ -85,9 +85,8 @@ bool DnnlGemm16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, 
                 DType ab_type, DType c_type, int nt) {
   if (ab_type == DType::kF32) return false;
   MatmulCache& cache = Cache();
-  const Entry* e = cache.Get(Key{ta, tb, M, N, K, lda, ldb, ldc,
-                                           static_cast<int>(ab_type), static_cast<int>(c_type),
-                                           alpha, beta});
+  const Entry* e = cache.Get(Key{ta, tb, M, N, K, lda, ldb, ldc, static_cast<int>(ab_type),
+                                 static_cast<int>(c_type), alpha, beta});
   if (e == nullptr) return false;
   try {
     dnnl::engine& eng = cache.engine();

@@ -10,7 +10,8 @@
 
 // Hot inner loops are compiled for AVX-512, AVX2+FMA and baseline x86-64, picked at load time.
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define TRAIND_CPU_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#define TRAIND_CPU_CLONES \
+  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
 #define TRAIND_CPU_CLONES
 #endif
@@ -20,7 +21,7 @@ namespace traind::engine::cpu {
 // ---- numeric helpers (cpu_cast.cc) ----
 uint16_t FloatToBf16(float f);  // round to nearest even; NaN stays NaN
 float Bf16ToFloat(uint16_t h);
-uint16_t FloatToF16(float f);   // round to nearest even; overflow to inf
+uint16_t FloatToF16(float f);  // round to nearest even; overflow to inf
 float F16ToFloat(uint16_t h);
 void Cast(void* dst, DType dst_type, const void* src, DType src_type, int64_t n, int nt);
 
@@ -39,10 +40,14 @@ void Sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float al
 bool DnnlGemm16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                 const void* A, int64_t lda, const void* B, int64_t ldb, float beta, void* C,
                 int64_t ldc, DType ab_type, DType c_type, int nt);
-// Sets the thread count the GEMM library uses (OpenBLAS's is process-global).
+// Configures the GEMM libraries for nt threads (OpenBLAS: 1 internal thread, process-global;
+// Sgemm threads it over OpenMP itself).
 void SetGemmThreads(int nt);
 // "onednn" or "openblas": the library fp32 GEMMs go to (TRAIND_CPU_GEMM=openblas forces OpenBLAS).
 const char* GemmLibrary();
+// Tests only: route GEMMs to oneDNN (true) or OpenBLAS (false). Returns false when the choice is
+// not available in this build.
+bool SetGemmLibraryForTesting(bool use_onednn);
 
 // ---- elementwise (cpu_elementwise.cc) ----
 void EmbeddingForward(float* out, const int32_t* ids, const float* table, int64_t N, int64_t C,

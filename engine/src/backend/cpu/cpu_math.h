@@ -16,8 +16,8 @@ inline float ExpF(float x) {
   const float kShift = 12582912.0f;
   float t = x * 1.44269504088896341f + kShift;
   float n = t - kShift;
-  float r = x - n * 0.693359375f;   // ln2 high part (exact product)
-  r = r - n * -2.12194440e-4f;      // ln2 low part
+  float r = x - n * 0.693359375f;  // ln2 high part (exact product)
+  r = r - n * -2.12194440e-4f;     // ln2 low part
   float p = 1.9875691500e-4f;
   p = p * r + 1.3981999507e-3f;
   p = p * r + 8.3334519073e-3f;

@@ -35,9 +35,8 @@ TRAIND_CPU_CLONES void LayerNormRow(float* out, float* mean_out, float* rstd_out
 
 // Row r of the LayerNorm backward; dw/db are this thread's partial sums.
 TRAIND_CPU_CLONES void LayerNormBackRow(float* dx, float* __restrict dw, float* __restrict db,
-                                        const float* dy,
-                                        const float* x, const float* w, float m, float rs,
-                                        int64_t C) {
+                                        const float* dy, const float* x, const float* w, float m,
+                                        float rs, int64_t C) {
   double sum_dn = 0.0, sum_dn_n = 0.0;
 #pragma omp simd reduction(+ : sum_dn, sum_dn_n)
   for (int64_t i = 0; i < C; ++i) {
@@ -138,7 +137,8 @@ void RmsNormBackward(float* dinp, float* dweight, const float* dout, const float
       RmsNormBackRow(dinp + n * C, dw, dout + n * C, inp + n * C, weight, rstd[n], C);
     }
   }
-  for (int t = 0; t < threads; ++t) AddInto(dweight, partial.data() + static_cast<int64_t>(t) * C, C);
+  for (int t = 0; t < threads; ++t)
+    AddInto(dweight, partial.data() + static_cast<int64_t>(t) * C, C);
 }
 
 }  // namespace traind::engine::cpu

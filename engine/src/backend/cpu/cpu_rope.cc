@@ -1,6 +1,7 @@
 // Rotary position embedding (HF rotate-half convention), in place, forward or inverse rotation.
 // inv_freq and the angles are formed in fp32 exactly as HF/PyTorch do:
-//   inv_freq = 1.0 / (theta ** (torch.arange(0, HS, 2).float() / HS)),  angle = float(t) * inv_freq.
+//   inv_freq = 1.0 / (theta ** (torch.arange(0, HS, 2).float() / HS)),  angle = float(t) *
+//   inv_freq.
 #include <cmath>
 #include <vector>
 

@@ -1,8 +1,12 @@
 // simt runtime: runs a grid of blocks on worker threads, each block's CUDA threads as fibers
 // (fiber_context.h) on the worker's stack pool. Barriers and warp exchanges switch back to a per-block
 // scheduler, which resumes the waiting threads in a seeded random order once a barrier is complete.
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
+#include <mutex>
 #include <cstdio>
 #include <cstdlib>
 #include <random>
@@ -27,6 +31,7 @@ std::atomic<int> g_workers{static_cast<int>(
     EnvU64("TRAIND_SIMT_WORKERS", std::max(1u, std::thread::hardware_concurrency())))};
 std::atomic<uint64_t> g_launches{0};
 const size_t kStackBytes = EnvU64("TRAIND_SIMT_STACK_KB", 64) * 1024;
+constexpr size_t kGuardBytes = 4096;
 constexpr size_t kMaxSharedBytes = 48 * 1024;  // the default per-block limit of sm_80/sm_90
 
 enum class FState : uint8_t { kReady, kBlockBarrier, kWarpBarrier, kDone };
@@ -39,15 +44,25 @@ struct Fiber {
   uint64_t result[32];  // the warp's published values at the release of the last exchange
 };
 
-// Fiber stacks of one OS thread, reused across blocks and launches.
+// Fiber stacks of one OS thread, reused across blocks and launches. Each has a PROT_NONE guard
+// page below it, so a kernel that overflows its stack faults instead of corrupting a neighbour.
 struct StackPool {
-  std::vector<char*> stacks;
+  std::vector<char*> stacks;  // mmap'ed regions: guard page, then kStackBytes of stack
   ~StackPool() {
-    for (char* s : stacks) std::free(s);
+    for (char* s : stacks) munmap(s, kStackBytes + kGuardBytes);
   }
   char* Get(size_t i) {
-    while (stacks.size() <= i) stacks.push_back(static_cast<char*>(std::malloc(kStackBytes)));
-    return stacks[i];
+    while (stacks.size() <= i) {
+      void* p = mmap(nullptr, kStackBytes + kGuardBytes, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+      if (p == MAP_FAILED) {
+        std::fprintf(stderr, "simt: cannot map a %zu-byte fiber stack\n", kStackBytes);
+        std::abort();
+      }
+      mprotect(p, kGuardBytes, PROT_NONE);
+      stacks.push_back(static_cast<char*>(p));
+    }
+    return stacks[i] + kGuardBytes;
   }
 };
 thread_local StackPool tl_stacks;
@@ -211,6 +226,63 @@ void RunWorker(const char* name, const std::function<void()>* body, dim3 grid, d
   tl_worker = saved;
 }
 
+// Persistent worker threads (their stack pools survive across launches). Run() executes
+// body(i) for i in [0, n): i = 0 on the calling thread, the others on pool threads; it returns
+// when all are done. One launch at a time (launches from several host threads are serialized).
+class WorkerPool {
+ public:
+  static WorkerPool& Get() {
+    static WorkerPool* pool = new WorkerPool();  // never destroyed: threads may outlive main
+    return *pool;
+  }
+
+  void Run(int n, const std::function<void(int)>& body) {
+    std::lock_guard<std::mutex> launch(launch_mu_);
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      while (static_cast<int>(threads_.size()) < n - 1) {
+        const int index = static_cast<int>(threads_.size()) + 1;
+        threads_.emplace_back([this, index] { Loop(index); });
+        threads_.back().detach();
+      }
+      job_ = &body;
+      wanted_ = n;
+      finished_ = 0;
+      ++generation_;
+    }
+    work_cv_.notify_all();
+    body(0);
+    std::unique_lock<std::mutex> lock(mu_);
+    done_cv_.wait(lock, [&] { return finished_ == wanted_ - 1; });
+    job_ = nullptr;
+  }
+
+ private:
+  void Loop(int index) {
+    uint64_t seen = 0;
+    std::unique_lock<std::mutex> lock(mu_);
+    while (true) {
+      work_cv_.wait(lock, [&] { return generation_ != seen; });
+      seen = generation_;
+      if (index >= wanted_) continue;
+      const std::function<void(int)>* job = job_;
+      lock.unlock();
+      (*job)(index);
+      lock.lock();
+      if (++finished_ == wanted_ - 1) done_cv_.notify_one();
+    }
+  }
+
+  std::mutex launch_mu_;
+  std::mutex mu_;
+  std::condition_variable work_cv_, done_cv_;
+  std::vector<std::thread> threads_;
+  const std::function<void(int)>* job_ = nullptr;
+  int wanted_ = 0;
+  int finished_ = 0;
+  uint64_t generation_ = 0;
+};
+
 }  // namespace
 
 void SetSeed(uint64_t seed) { g_seed.store(seed); }
@@ -264,11 +336,9 @@ cudaError_t RunGrid(const char* name, dim3 grid, dim3 block, size_t shmem,
   const int64_t nblocks = static_cast<int64_t>(grid.x) * grid.y * grid.z;
   const int workers = static_cast<int>(std::min<int64_t>(g_workers.load(), nblocks));
   std::atomic<int64_t> next{0};
-  std::vector<std::thread> threads;
-  for (int i = 1; i < workers; ++i)
-    threads.emplace_back(RunWorker, name, &body, grid, block, shmem, &next, nblocks);
-  RunWorker(name, &body, grid, block, shmem, &next, nblocks);
-  for (std::thread& t : threads) t.join();
+  WorkerPool::Get().Run(workers, [&](int) {
+    RunWorker(name, &body, grid, block, shmem, &next, nblocks);
+  });
   return cudaSuccess;
 }
 

@@ -1,0 +1,183 @@
+// Metrics: a scrape of /metrics during a job finds every METRICS.md series that applies, with
+// values that move between scrapes; the per-job series go away when the job ends. A second test
+// runs the real Prometheus server (Debian `prometheus`) against traind and reads a series back
+// through its HTTP API.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <sstream>
+#include <thread>
+
+#include "daemon_fixture.h"
+
+namespace traind::testing {
+namespace {
+
+// name{labels} → value, for the series whose labels contain `must_contain` ("" = all).
+std::map<std::string, double> Parse(const std::string& text) {
+  std::map<std::string, double> out;
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.empty() || line[0] == '#') continue;
+    const auto sp = line.rfind(' ');
+    if (sp == std::string::npos) continue;
+    out[line.substr(0, sp)] = std::stod(line.substr(sp + 1));
+  }
+  return out;
+}
+
+// The value of the first series named `name` whose labels include `label` (or NaN).
+double Find(const std::map<std::string, double>& m, const std::string& name, const std::string& label = "") {
+  for (const auto& [k, v] : m) {
+    const std::string n = k.substr(0, k.find('{'));
+    if (n == name && k.find(label) != std::string::npos) return v;
+  }
+  return std::nan("");
+}
+
+class MetricsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = MakeTempDir("traind-metrics");
+    data_ = WriteTextData(dir_);
+  }
+  std::string Spec(const std::string& name, int64_t steps) {
+    SpecOptions o;
+    o.name = name;
+    o.train_file = data_;
+    o.output_dir = dir_ + "/runs/" + name;
+    o.max_steps = steps;
+    o.logging_steps = 2;
+    const std::string path = dir_ + "/" + name + ".yaml";
+    WriteAll(path, TinySpec(o));
+    return path;
+  }
+  std::string dir_, data_;
+};
+
+TEST_F(MetricsTest, EverySeriesPresentAndMovingDuringAJob) {
+  Daemon d(dir_ + "/state");
+  ASSERT_TRUE(d.Start());
+  auto c = d.Connect();
+  auto job = c->SubmitFile(Spec("metered", 100000));
+  auto queued = c->SubmitFile(Spec("waiting", 2));
+  ASSERT_TRUE(job.ok() && queued.ok());
+  ASSERT_TRUE(WaitFor(*c, job->id(), [](const v1::Job& j) { return j.step() >= 5; }, 60));
+  const std::string label = "job_id=\"" + job->id() + "\"";
+  const auto first = Parse(HttpGet(d.metrics_port(), "/metrics"));
+  ASSERT_TRUE(WaitFor(*c, job->id(), [](const v1::Job& j) { return j.step() >= 15; }, 60));
+  const std::string text = HttpGet(d.metrics_port(), "/metrics");
+  const auto second = Parse(text);
+
+  const std::vector<std::string> per_job = {
+      "traind_train_steps_total", "traind_train_tokens_total", "traind_train_samples_total",
+      "traind_train_tokens_per_second", "traind_train_samples_per_second", "traind_train_step_seconds_count",
+      "traind_train_step_seconds_sum", "traind_train_step_seconds_bucket", "traind_train_loss", "traind_eval_loss",
+      "traind_train_learning_rate", "traind_train_grad_norm", "traind_train_skipped_steps_total",
+      "traind_model_flops_utilization", "traind_device_memory_bytes", "traind_dataloader_wait_seconds_total",
+      "traind_offload_read_bytes_total", "traind_offload_written_bytes_total", "traind_offload_io_seconds_total"};
+  for (const auto& name : per_job) {
+    EXPECT_FALSE(std::isnan(Find(second, name, label))) << name << " missing for " << job->id() << "\n" << text;
+  }
+  EXPECT_THAT(text, ::testing::HasSubstr("job_name=\"metered\""));
+  for (const char* kind : {"weights", "gradients", "optimizer", "activations", "temporary"}) {
+    EXPECT_GT(Find(second, "traind_device_memory_bytes", std::string("kind=\"") + kind + "\""), 0) << kind;
+  }
+  for (const char* name : {"traind_queue_length", "traind_device_memory_used_bytes",
+                           "traind_device_memory_peak_bytes", "traind_device_memory_total_bytes"}) {
+    EXPECT_FALSE(std::isnan(Find(second, name))) << name;
+  }
+  EXPECT_EQ(Find(second, "traind_jobs", "state=\"RUNNING\""), 1);
+  EXPECT_EQ(Find(second, "traind_jobs", "state=\"QUEUED\""), 1);
+  EXPECT_EQ(Find(second, "traind_queue_length"), 1);
+  EXPECT_GT(Find(second, "traind_device_memory_total_bytes"), 1e8);
+  EXPECT_GT(Find(second, "traind_device_memory_peak_bytes"), 0);
+  EXPECT_GT(Find(second, "traind_grpc_requests_total", "method=\"SubmitJob\""), 0);
+  EXPECT_GT(Find(second, "traind_grpc_requests_total", "method=\"GetJob\""), 0);
+  // Values that move.
+  for (const char* name : {"traind_train_steps_total", "traind_train_tokens_total", "traind_train_samples_total",
+                           "traind_train_step_seconds_count", "traind_train_step_seconds_sum"}) {
+    EXPECT_GT(Find(second, name, label), Find(first, name, label)) << name;
+  }
+  EXPECT_GE(Find(second, "traind_train_steps_total", label), 15);
+  EXPECT_EQ(Find(second, "traind_train_tokens_total", label), 128 * Find(second, "traind_train_steps_total", label));
+  const double loss = Find(second, "traind_train_loss", label);
+  EXPECT_GT(loss, 0.5);
+  EXPECT_LT(loss, 6);
+  EXPECT_GT(Find(second, "traind_train_tokens_per_second", label), 0);
+  EXPECT_GT(Find(second, "traind_train_learning_rate", label), 0);
+  EXPECT_GT(Find(second, "traind_train_grad_norm", label), 0);
+  const double mfu = Find(second, "traind_model_flops_utilization", label);
+  EXPECT_GT(mfu, 0);
+  EXPECT_LT(mfu, 1);
+
+  // After the job ends its series are gone; the final numbers stay in status.
+  ASSERT_TRUE(c->Cancel(job->id()).ok());
+  ASSERT_TRUE(WaitFor(*c, queued->id(), IsDone, 60));
+  const std::string after = HttpGet(d.metrics_port(), "/metrics");
+  EXPECT_THAT(after, ::testing::Not(::testing::HasSubstr(label)));
+  EXPECT_EQ(Find(Parse(after), "traind_jobs", "state=\"CANCELLED\""), 1);
+  EXPECT_EQ(Find(Parse(after), "traind_jobs", "state=\"SUCCEEDED\""), 1);
+}
+
+int FreePort() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+  socklen_t len = sizeof(a);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+TEST_F(MetricsTest, RealPrometheusScrapesTraind) {
+  const std::string prom = "/usr/bin/prometheus";
+  if (!std::filesystem::exists(prom)) GTEST_SKIP() << "SKIPPED: " << prom << " is not installed (Debian package prometheus)";
+  Daemon d(dir_ + "/state");
+  ASSERT_TRUE(d.Start());
+  const int port = FreePort();
+  WriteAll(dir_ + "/prometheus.yml", "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
+                                     "scrape_configs:\n  - job_name: traind\n    static_configs:\n"
+                                     "      - targets: ['127.0.0.1:" + std::to_string(d.metrics_port()) + "']\n");
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    const std::string log = dir_ + "/prometheus.log";
+    FILE* f = std::freopen(log.c_str(), "w", stderr);
+    (void)f;
+    const std::string cfg = "--config.file=" + dir_ + "/prometheus.yml";
+    const std::string listen = "--web.listen-address=127.0.0.1:" + std::to_string(port);
+    const std::string data = "--storage.tsdb.path=" + dir_ + "/prom-data";
+    ::execl(prom.c_str(), prom.c_str(), cfg.c_str(), listen.c_str(), data.c_str(), nullptr);
+    _exit(127);
+  }
+  // Targets show up ~5 s after start (BUILD-NOTES section 7); allow 40 s.
+  std::string value;
+  for (int i = 0; i < 80 && value.empty(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    const std::string body = HttpGet(port, "/api/v1/query?query=traind_device_memory_total_bytes");
+    auto j = nlohmann::json::parse(body, nullptr, false);
+    if (j.is_discarded() || j["data"]["result"].empty()) continue;
+    value = j["data"]["result"][0]["value"][1].get<std::string>();
+  }
+  ::kill(pid, SIGTERM);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  ASSERT_FALSE(value.empty()) << "Prometheus never returned traind_device_memory_total_bytes; its log:\n"
+                              << ReadAll(dir_ + "/prometheus.log");
+  EXPECT_GT(std::stod(value), 1e8);
+}
+
+}  // namespace
+}  // namespace traind::testing
