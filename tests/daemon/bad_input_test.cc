@@ -5,6 +5,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <random>
 
 #include "daemon_fixture.h"
@@ -23,6 +24,7 @@ class BadInputTest : public ::testing::Test {
   static void TearDownTestSuite() {
     daemon_->Stop();
     delete daemon_;
+    std::filesystem::remove_all(*dir_);
   }
   static std::string Good() {
     SpecOptions o;

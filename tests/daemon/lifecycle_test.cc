@@ -32,6 +32,11 @@ class LifecycleTest : public ::testing::Test {
     WriteAll(path, TinySpec(o));
     return path;
   }
+  void TearDown() override {
+    client_.reset();
+    daemon_.reset();
+    if (!HasFailure()) std::filesystem::remove_all(dir_);
+  }
   std::string dir_, data_;
   std::unique_ptr<Daemon> daemon_;
   std::unique_ptr<client::Client> client_;

@@ -62,6 +62,9 @@ class MetricsTest : public ::testing::Test {
     WriteAll(path, TinySpec(o));
     return path;
   }
+  void TearDown() override {
+    if (!HasFailure()) std::filesystem::remove_all(dir_);
+  }
   std::string dir_, data_;
 };
 

@@ -53,6 +53,9 @@ class RecoveryTest : public ::testing::Test {
     }
     return f;
   }
+  void TearDown() override {
+    if (!HasFailure()) std::filesystem::remove_all(dir_);
+  }
   std::string dir_, data_;
 };
 

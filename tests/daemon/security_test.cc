@@ -8,6 +8,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <filesystem>
+
 #include "daemon_fixture.h"
 
 namespace traind::testing {
@@ -26,6 +28,9 @@ class SecurityTest : public ::testing::Test {
     WriteAll(spec_, TinySpec(o));
     tokens_ = dir_ + "/tokens";
     WriteAll(tokens_, "# users\nalice alice-secret-token\nbob bob-secret-token\n");
+  }
+  void TearDown() override {
+    if (!HasFailure()) std::filesystem::remove_all(dir_);
   }
   std::string dir_, data_, spec_, tokens_;
 };
@@ -106,6 +111,18 @@ TEST_F(SecurityTest, TlsRefusesPlaintextClients) {
   EXPECT_EQ(ctl.exit_code, 0) << ctl.err;
   ctl = Trainctl({"--addr", d.addr(), "--state-dir", d.state_dir(), "--timeout", "3", "list"});
   EXPECT_EQ(ctl.exit_code, 3);
+}
+
+TEST_F(SecurityTest, ConfigFileKeysActLikeFlags) {
+  const std::string cfg = dir_ + "/traind.yaml";
+  WriteAll(cfg, "tokens-file: " + tokens_ + "\nmax_attempts: 2\nlog-level: warn\n");
+  Daemon d(dir_ + "/state");
+  ASSERT_TRUE(d.Start({"--config", cfg}));
+  EXPECT_TRUE(d.Connect("alice-secret-token")->List().ok());
+  WriteAll(cfg, "no-such-key: 1\n");
+  CmdResult r = RunCommand({TRAIND_BIN, "--config", cfg, "--state-dir", dir_ + "/state2"}, 20);
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, ::testing::HasSubstr("no-such-key: unknown key"));
 }
 
 TEST_F(SecurityTest, RefusesPlaintextOnNonLoopbackAddress) {

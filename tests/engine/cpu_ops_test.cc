@@ -265,6 +265,7 @@ TEST(CpuMathTest, ExpFWithinThreeUlp) {
   EXPECT_EQ(cpu::ExpF(0.0f), 1.0f);
   EXPECT_EQ(cpu::ExpFlushF(-1000.0f), 0.0f);
   EXPECT_GT(cpu::ExpF(1000.0f), 1e38f);  // saturates, no inf/NaN
+  EXPECT_TRUE(std::isnan(cpu::ExpF(NAN)));
 }
 
 TEST_F(CpuOpsTest, EmbeddingForwardAndBackward) {

@@ -8,6 +8,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <random>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -349,6 +350,29 @@ TEST(JobSpecTest, JsonIsAcceptedAndRoundTrips) {
     ASSERT_TRUE(b.ok()) << b.status().ToString() << "\n" << j1;
     EXPECT_EQ(JobSpecToJson(*b), j1);
     EXPECT_EQ(b->training.learning_rate, a->training.learning_rate);  // exact, not approximate
+  }
+}
+
+// Garbage and pathological nesting are INVALID_ARGUMENT, never a crash or an escaped exception.
+TEST(JobSpecTest, GarbageNeverCrashes) {
+  for (int n : {10, 5000}) {
+    EXPECT_EQ(ParseJobSpec(std::string(n, '[')).status().code(), Status::Code::kInvalidArgument);
+    EXPECT_EQ(ParseJobSpec("a: " + std::string(n, '{')).status().code(),
+              Status::Code::kInvalidArgument);
+  }
+  std::mt19937 rng(1);
+  const std::string alphabet = "{}[]:,-\"'&*!|>#? \n\tabc01.";
+  for (int i = 0; i < 3000; ++i) {
+    std::string s = i % 2 ? std::string(kBase) : std::string();
+    for (int k = 0; k < 30; ++k) {
+      const char c = alphabet[rng() % alphabet.size()];
+      if (s.empty()) s += c;
+      else s.insert(rng() % s.size(), 1, c);
+    }
+    Result<JobSpec> r = ParseJobSpec(s);
+    if (!r.ok()) {
+      ASSERT_EQ(r.status().code(), Status::Code::kInvalidArgument) << s;
+    }
   }
 }
 

@@ -25,7 +25,9 @@ class TrainerResume : public ::testing::Test {
   void SetUp() override {
     dir_ = testing::MakeTempDir("resume");
     data_ = dir_ + "/tokens.bin";
-    testing::WriteSyntheticTokens(data_, 3000, 64, 5);
+    // 540 training tokens: 33 windows per epoch, so 6 steps of 8 windows cross into epoch 1
+    // (a new shuffled order) after the checkpoint at step 2.
+    testing::WriteSyntheticTokens(data_, kTokens, 64, 5);
   }
   // 6 steps; checkpoints every 2; logging windows of 3 (so one is open at checkpoint-2 and -4);
   // eval every 4.
@@ -37,6 +39,7 @@ class TrainerResume : public ::testing::Test {
     s.training.gradient_accumulation_steps = 2;
     return s;
   }
+  static constexpr int64_t kTokens = 600;
   std::string dir_, data_;
 };
 
@@ -127,10 +130,12 @@ TEST_F(TrainerResume, SaveLoadSaveIsByteIdentical) {
   ASSERT_TRUE(LoadCheckpoint(src, model->get(), opt->get(), &state).ok());
   EXPECT_EQ(state.global_step, 4);
   EXPECT_EQ(state.window_steps, 1);  // step 4 opened the window 4..6
+  EXPECT_EQ(state.loader.epoch, 0);
+  EXPECT_EQ(state.loader.next_window, 32);  // 4 steps x 2 micro-batches x 4 windows
 
   const std::string out = dir_ + "/resaved";
   fs::create_directories(out);
-  const int64_t wpe = (TrainTokenCount(3000, a.data.validation_split) - 1) / a.data.seq_len;
+  const int64_t wpe = (TrainTokenCount(kTokens, a.data.validation_split) - 1) / a.data.seq_len;
   auto saved = SaveCheckpoint(out, a, model->get(), **opt, state, wpe);
   ASSERT_TRUE(saved.ok()) << saved.status().ToString();
   for (const char* f : {kConfigFile, kModelFile, kTrainerStateFile, kOptimizerFile, kTrainerExtraFile}) {

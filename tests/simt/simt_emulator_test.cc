@@ -239,6 +239,18 @@ TEST(SimtEmulatorDeathTest, DeadlockIsReported) {
                "deadlock");
 }
 
+__global__ void deep_stack_kernel(int* out) {
+  volatile char big[256 * 1024];  // past the 64 KiB fiber stack
+  for (int i = 0; i < 256 * 1024; i += 4096) big[i] = static_cast<char>(i);
+  out[threadIdx.x] = big[threadIdx.x * 4096];
+}
+
+TEST(SimtEmulatorDeathTest, StackOverflowFaults) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  std::vector<int> out(1);
+  EXPECT_DEATH((void)GPU_LAUNCH(deep_stack_kernel, 1, 1, 0, nullptr, out.data()), "");
+}
+
 __global__ void axpy_kernel(float* y, const float* x, float a, int n) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i < n) y[i] += a * x[i];

@@ -258,7 +258,8 @@ TEST_F(SimtKernels, AttentionForwardBackward) {
   struct Case { int64_t B, T, NH, NKV, HS; bool fused; };
   // fused: q, k, v are thirds of one (B*T, (NH+2*NKV)*HS) row, as in a qkv projection.
   for (const Case c : {Case{2, 37, 4, 2, 16, true}, Case{1, 70, 2, 1, 40, false},
-                       Case{1, 5, 1, 1, 160, false}, Case{1, 1, 3, 3, 8, true}}) {
+                       Case{1, 5, 1, 1, 160, false}, Case{1, 1, 3, 3, 8, true},
+                       Case{1, 130, 4, 1, 64, true}}) {
     const int64_t rows = c.B * c.T;
     const int64_t qs = c.fused ? (c.NH + 2 * c.NKV) * c.HS : c.NH * c.HS + 3;  // +3: a gap
     const int64_t kvs = c.fused ? qs : c.NKV * c.HS + 5;

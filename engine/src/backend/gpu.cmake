@@ -33,7 +33,8 @@ if(TRAIND_BUILD_SIMT AND TRAIND_CUDA_HEADERS)
   target_include_directories(traind_simt PUBLIC ${CMAKE_CURRENT_SOURCE_DIR}/src)
   target_include_directories(traind_simt SYSTEM PUBLIC ${TRAIND_CUDA_HEADERS})
   target_link_libraries(traind_simt PUBLIC traind_engine Threads::Threads)
-  target_compile_options(traind_simt PRIVATE -O2)
+  # Kernel frames are probed page by page, so a fiber stack overflow hits its guard page.
+  target_compile_options(traind_simt PUBLIC -fstack-clash-protection PRIVATE -O2)
   traind_warnings(traind_simt)
   # The wrappers include the .cu by absolute path; rebuild when a kernel changes.
   foreach(cu ${TRAIND_GPU_KERNELS})

@@ -1,5 +1,5 @@
 // CpuBackend: the reference backend. Host memory (64-byte aligned), synchronous ops, kernels in
-// cpu_*.cc threaded with OpenMP over `threads` threads (OpenBLAS is set to the same count).
+// cpu_*.cc threaded with OpenMP over `threads` threads (GEMM libraries too; see cpu_gemm.cc).
 #include <omp.h>
 
 #include <cstdlib>

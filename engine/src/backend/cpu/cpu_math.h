@@ -25,7 +25,9 @@ inline float ExpF(float x) {
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   p = p * r * r + r + 1.0f;
-  int32_t e = static_cast<int32_t>(n) + 127;
+  // 2^n from the integer sitting in t's low mantissa bits (no float->int conversion, so a NaN
+  // input is no undefined behaviour: it propagates through p).
+  const int32_t e = std::bit_cast<int32_t>(t) - std::bit_cast<int32_t>(kShift) + 127;
   return p * std::bit_cast<float>(e << 23);
 }
 
