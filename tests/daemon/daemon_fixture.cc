@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -77,8 +78,11 @@ Daemon::~Daemon() {
 bool Daemon::Start(const std::vector<std::string>& extra) {
   const std::string ports = state_dir_ + "/ports.json";
   ::unlink(ports.c_str());
-  std::vector<std::string> args = {TRAIND_BIN, "--state-dir", state_dir_, "--listen", "127.0.0.1:0",
-                                   "--metrics-listen", "127.0.0.1:0"};
+  std::vector<std::string> args = {TRAIND_BIN, "--state-dir", state_dir_, "--metrics-listen", "127.0.0.1:0"};
+  if (std::find(extra.begin(), extra.end(), "--listen") == extra.end()) {
+    args.push_back("--listen");
+    args.push_back("127.0.0.1:0");
+  }
   args.insert(args.end(), extra.begin(), extra.end());
   ::mkdir(state_dir_.c_str(), 0700);
   const std::string log = state_dir_ + "/stderr.log";

@@ -42,7 +42,8 @@ class Daemon {
   explicit Daemon(std::string state_dir) : state_dir_(std::move(state_dir)) {}
   ~Daemon();  // SIGKILLs a daemon still running
 
-  // Starts traind with --state-dir, --listen/--metrics-listen on 127.0.0.1:0 plus `extra`, and
+  // Starts traind with --state-dir, --listen/--metrics-listen on 127.0.0.1:0 (unless `extra` has
+  // its own --listen) plus `extra`, and
   // waits (up to 20 s) until it serves. Returns false (with the log on stderr) when it does not.
   bool Start(const std::vector<std::string>& extra = {});
   void Kill9();

@@ -120,6 +120,81 @@ TEST_F(LifecycleTest, ClientLibrarySubmitFollowAndList) {
   EXPECT_EQ((*list)[1].id(), job->id());
 }
 
+TEST_F(LifecycleTest, SubmitAsJobSpecMessageAndEstimate) {
+  v1::SubmitJobRequest req;
+  auto* spec = req.mutable_spec();
+  spec->set_name("message");
+  spec->mutable_model()->set_arch("gpt2");
+  auto* cfg = spec->mutable_model()->mutable_config();
+  cfg->set_vocab_size(256);
+  cfg->set_n_positions(32);
+  cfg->set_n_embd(32);
+  cfg->set_n_layer(1);
+  cfg->set_n_head(2);
+  spec->mutable_data()->set_train_file("data.txt");  // relative to base_dir
+  spec->mutable_data()->set_seq_len(32);
+  spec->mutable_training()->set_max_steps(3);
+  spec->mutable_training()->set_per_device_train_batch_size(2);
+  spec->set_output_dir("runs/message");
+  req.set_base_dir(dir_);
+  auto job = client_->Submit(req);
+  ASSERT_TRUE(job.ok()) << job.status().ToString();
+  EXPECT_EQ(job->output_dir(), dir_ + "/runs/message");
+  EXPECT_EQ(job->plan().micro_batch(), 2);
+  v1::Job done;
+  ASSERT_TRUE(WaitFor(*client_, job->id(), IsDone, 60, &done));
+  EXPECT_EQ(done.state(), v1::JOB_STATE_SUCCEEDED) << done.error();
+  // A relative base_dir is refused; an unknown arch names its field.
+  req.set_base_dir("relative/dir");
+  EXPECT_EQ(client_->Submit(req).status().code(), Status::Code::kInvalidArgument);
+  req.set_base_dir(dir_);
+  req.mutable_spec()->mutable_model()->set_arch("gpt5");
+  auto bad = client_->Submit(req);
+  EXPECT_EQ(bad.status().code(), Status::Code::kInvalidArgument);
+  EXPECT_THAT(bad.status().message(), ::testing::HasSubstr("model.arch"));
+
+  // estimate: the same plan object as status, plus a reason.
+  CmdResult r = Trainctl({"--addr", daemon_->addr(), "--state-dir", daemon_->state_dir(), "-o", "json", "estimate",
+                          Spec("est", 5)});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["plan"]["micro_batch"], 4);
+  EXPECT_GT(j["plan"]["bytes"]["total"].get<int64_t>(), 0);
+  EXPECT_TRUE(j["reason"].is_string());
+  r = Trainctl({"--addr", daemon_->addr(), "--state-dir", daemon_->state_dir(), "estimate", Spec("est", 5)});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, ::testing::HasSubstr("activations"));
+  EXPECT_THAT(r.out, ::testing::HasSubstr("micro_batch 4"));
+}
+
+TEST_F(LifecycleTest, HealthAndReflection) {
+  CmdResult r = Trainctl({"--addr", daemon_->addr(), "-o", "json", "health"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["status"], "SERVING");
+  // Reflection through the Python gRPC client with raw bytes (list_services = "").
+  const std::string py =
+      "import grpc,sys\n"
+      "ch = grpc.insecure_channel(sys.argv[1])\n"
+      "call = ch.stream_stream('/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo',"
+      " request_serializer=None, response_deserializer=None)\n"
+      "for resp in call(iter([bytes([0x3a, 0x00])]), timeout=10):\n"
+      "    sys.stdout.write(resp.decode('latin-1'))\n"
+      "    break\n";
+  if (!std::filesystem::exists(TRAIND_TEST_PYTHON)) GTEST_SKIP() << "SKIPPED: no " << TRAIND_TEST_PYTHON;
+  WriteAll(dir_ + "/reflect.py", py);
+  r = RunCommand({TRAIND_TEST_PYTHON, dir_ + "/reflect.py", daemon_->addr()}, 30);
+  if (r.err.find("No module named 'grpc'") != std::string::npos)
+    GTEST_SKIP() << "SKIPPED: python3-grpcio is not installed";
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, ::testing::HasSubstr("traind.v1.JobService"));
+  EXPECT_THAT(r.out, ::testing::HasSubstr("grpc.health.v1.Health"));
+  // trainctl against nothing: exit 3.
+  daemon_->Stop();
+  r = Trainctl({"--addr", daemon_->addr(), "--timeout", "2", "health"});
+  EXPECT_EQ(r.exit_code, 3);
+  EXPECT_THAT(r.err, ::testing::HasSubstr("cannot reach traind"));
+}
+
 TEST_F(LifecycleTest, CancelRunningJobStopsWithinASecond) {
   auto job = client_->SubmitFile(Spec("long", 100000));
   ASSERT_TRUE(job.ok()) << job.status().ToString();

@@ -78,10 +78,23 @@ TEST_F(RecoveryTest, KillDaemonMidJobResumesToIdenticalResultAndLosesNothing) {
     ASSERT_TRUE(q.ok());
     queued.push_back(q->id());
   }
+  // A follower (what `trainctl logs -f` does) rides through the restart.
+  std::vector<v1::JobEvent> seen;
+  Status watch_status;
+  client::ClientOptions wo;
+  wo.addr = d.addr();
+  wo.token = d.token();
+  auto watcher_client = std::move(*client::Client::Create(wo));
+  std::thread watcher([&] {
+    watch_status = watcher_client->Watch(crash->id(), 1, true, [&](const v1::JobEvent& ev) {
+      seen.push_back(ev);
+      return true;
+    }, 60);
+  });
   // Kill traind once the job is past its first checkpoint (step 10) and short of the end.
   ASSERT_TRUE(WaitFor(*c, crash->id(), [](const v1::Job& j) { return j.step() >= 15; }, 120));
   d.Kill9();
-  ASSERT_TRUE(d.Start());
+  ASSERT_TRUE(d.Start({"--listen", d.addr()}));
   c = d.Connect();
   auto after = c->Get(crash->id());
   ASSERT_TRUE(after.ok()) << after.status().ToString();
@@ -89,6 +102,11 @@ TEST_F(RecoveryTest, KillDaemonMidJobResumesToIdenticalResultAndLosesNothing) {
   v1::Job done;
   ASSERT_TRUE(WaitFor(*c, crash->id(), IsDone, 180, &done));
   ASSERT_EQ(done.state(), v1::JOB_STATE_SUCCEEDED) << done.error();
+  watcher.join();
+  EXPECT_TRUE(watch_status.ok()) << watch_status.ToString();
+  ASSERT_FALSE(seen.empty());
+  for (size_t i = 0; i < seen.size(); ++i) EXPECT_EQ(seen[i].sequence(), static_cast<int64_t>(i + 1));
+  EXPECT_EQ(seen.back().state().state(), v1::JOB_STATE_SUCCEEDED);
 
   // It says it resumed.
   bool said_resumed = false;

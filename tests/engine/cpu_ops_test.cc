@@ -328,6 +328,21 @@ TEST_F(CpuOpsTest, BiasAddScaleSumSquares) {
   }
 }
 
+TEST_F(CpuOpsTest, HasNonFiniteFindsNanAndInfAnywhere) {
+  for (int n : {1, 17, 100003}) {
+    auto x = RandVec(n, 46, -1e38f, 1e38f);  // large but finite
+    EXPECT_FALSE(be_->HasNonFinite(x.data(), n)) << n;
+    for (float bad : {NAN, INFINITY, -INFINITY}) {
+      for (int pos : {0, n / 2, n - 1}) {
+        auto y = x;
+        y[pos] = bad;
+        EXPECT_TRUE(be_->HasNonFinite(y.data(), n)) << "n " << n << " pos " << pos << " " << bad;
+      }
+    }
+  }
+  EXPECT_FALSE(be_->HasNonFinite(nullptr, 0));
+}
+
 double RefGelu(double x) {
   return 0.5 * x * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
 }

@@ -233,12 +233,21 @@ TEST(JobSpecTest, OutOfRangeValues) {
   ExpectInvalid(Replace(kBase, "  arch: gpt2\n", ""), "model.arch: required (gpt2 | llama)");
 }
 
+TEST(JobSpecTest, MixedPrecisionAccepted) {
+  for (const char* line : {"fp16: true", "bf16: true"}) {
+    Result<JobSpec> r = ParseJobSpec(With(kBase, "training", line));
+    ASSERT_TRUE(r.ok()) << line << ": " << r.status().ToString();
+    EXPECT_EQ(r->training.fp16, std::string(line) == "fp16: true");
+    EXPECT_EQ(r->training.bf16, std::string(line) == "bf16: true");
+  }
+}
+
 TEST(JobSpecTest, FeaturesNotBuiltYet) {
   ExpectInvalid(With(kBase, "training", "optim: adafactor"), "training.optim: adafactor is not supported yet");
   ExpectInvalid(With(kBase, "training", "optim: sgd"), "training.optim: sgd is not supported yet");
   ExpectInvalid(With(kBase, "training", "optim: lion"), "training.optim: expected adamw, got 'lion'");
-  ExpectInvalid(With(kBase, "training", "fp16: true"), "training.fp16: fp16 mixed precision is not supported yet");
-  ExpectInvalid(With(kBase, "training", "bf16: true"), "training.bf16: bf16 mixed precision is not supported yet");
+  ExpectInvalid(With(With(kBase, "training", "fp16: true"), "training", "bf16: true"),
+                "training.bf16: fp16 and bf16 are both true");
   ExpectInvalid(With(kBase, "training", "offload: nvme"), "training.offload: nvme is not supported yet");
   ExpectInvalid(With(kBase, "training", "offload: cpu"), "training.offload: cpu is not supported yet");
   ExpectInvalid(With(kBase, "training", "offload: disk"), "training.offload: expected one of none, cpu, nvme");
@@ -410,6 +419,10 @@ TEST_F(ValidateInputsTest, DataFile) {
                                        "n_positions: 64", "n_positions: 1024")));
   EXPECT_EQ(st.code(), Status::Code::kFailedPrecondition);
   EXPECT_THAT(st.message(), HasSubstr("shorter than one window of seq_len + 1 = 65"));
+  std::ofstream(dir_ / "noval.txt") << std::string(100, 'a');  // 90 train, 10 validation < 17
+  st = ValidateJobInputs(Parse(Replace(base, "data.txt", "noval.txt")));
+  EXPECT_EQ(st.code(), Status::Code::kFailedPrecondition);
+  EXPECT_THAT(st.message(), HasSubstr("data.validation_split: the validation stream of"));
   st = ValidateJobInputs(Parse(Replace(base, "data.txt", ".")));
   EXPECT_EQ(st.code(), Status::Code::kFailedPrecondition);
   EXPECT_THAT(st.message(), HasSubstr("not a regular file"));

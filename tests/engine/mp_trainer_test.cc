@@ -61,13 +61,13 @@ TEST(MixedPrecisionTrainer, TinyShakespeareBf16AndFp16TrackFp32) {
   TrainingSpec& t = spec.training;
   t.max_steps = 150;
   t.per_device_train_batch_size = 8;
-  t.learning_rate = 3e-3;
+  t.learning_rate = 2e-3;  // 3e-3 is on the edge of stability here: fp32 runs differing only
+                           // in GEMM library (oneDNN / OpenBLAS) end 3% apart
   t.lr_scheduler_type = "cosine";
   t.warmup_steps = 15;
   t.weight_decay = 0.1;
   t.max_grad_norm = 1.0;
-  t.logging_steps = getenv("MPDBG") ? 1 : 10;
-  if (getenv("MPDBG")) t.save_steps = 100;
+  t.logging_steps = 10;
   t.seed = 1234;
   spec.output_dir = dir + "/out";
 

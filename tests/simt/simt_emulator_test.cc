@@ -33,7 +33,8 @@ __global__ void tree_sum_kernel(const float* x, float* out, bool barrier) {
 std::vector<float> RunTreeSum(const std::vector<float>& x, bool barrier) {
   const int blocks = static_cast<int>(x.size() / 256);
   std::vector<float> out(blocks, -1.0f);
-  EXPECT_TRUE(GPU_LAUNCH(tree_sum_kernel, blocks, 256, 0, nullptr, x.data(), out.data(), barrier).ok());
+  EXPECT_TRUE(
+      GPU_LAUNCH(tree_sum_kernel, blocks, 256, 0, nullptr, x.data(), out.data(), barrier).ok());
   return out;
 }
 
@@ -71,7 +72,7 @@ __global__ void shuffle_kernel(int* out) {
   const int lane = threadIdx.x % 32;
   int v = lane;
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  out[threadIdx.x * 6 + 0] = v;                                          // 496 everywhere
+  out[threadIdx.x * 6 + 0] = v;                                            // 496 everywhere
   out[threadIdx.x * 6 + 1] = __shfl_down_sync(0xffffffffu, lane * 10, 3);  // lane+3 or own
   out[threadIdx.x * 6 + 2] = __shfl_up_sync(0xffffffffu, lane * 10, 2);    // lane-2 or own
   out[threadIdx.x * 6 + 3] = __shfl_sync(0xffffffffu, lane * 10, 5);       // broadcast lane 5
@@ -175,7 +176,8 @@ TEST(SimtEmulator, DynamicSharedMemory) {
   const int n = 100;  // ragged: 128 threads, 100 used
   std::vector<float> x(3 * n), y(3 * n, 0.0f);
   for (int i = 0; i < 3 * n; ++i) x[i] = static_cast<float>(i);
-  ASSERT_TRUE(GPU_LAUNCH(reverse_kernel, 3, 128, n * sizeof(float), nullptr, x.data(), y.data(), n).ok());
+  ASSERT_TRUE(
+      GPU_LAUNCH(reverse_kernel, 3, 128, n * sizeof(float), nullptr, x.data(), y.data(), n).ok());
   for (int b = 0; b < 3; ++b)
     for (int t = 0; t < n; ++t) EXPECT_EQ(y[b * n + t], x[b * n + n - 1 - t]);
 }
@@ -198,13 +200,15 @@ __global__ void half_math_kernel(const float* x, float* y, int n) {
 }
 
 TEST(SimtEmulator, Bf16AndHalfMath) {
-  const std::vector<float> x = {1.0f, 1.00390625f, 1.005859375f, -3.14159f, 65504.0f, 1e-3f, 70000.0f};
+  const std::vector<float> x = {1.0f,     1.00390625f, 1.005859375f, -3.14159f,
+                                65504.0f, 1e-3f,       70000.0f};
   std::vector<float> y(3 * x.size());
   ASSERT_TRUE(GPU_LAUNCH(half_math_kernel, 1, 32, 0, nullptr, x.data(), y.data(),
-                         static_cast<int>(x.size())).ok());
+                         static_cast<int>(x.size()))
+                  .ok());
   EXPECT_EQ(y[1], 1.0f);
-  EXPECT_EQ(y[3 * 1 + 1], 1.0f);          // 1 + 2^-8: tie, rounds to even (1.0)
-  EXPECT_EQ(y[3 * 2 + 1], 1.0078125f);    // 1 + 1.5*2^-8 rounds up
+  EXPECT_EQ(y[3 * 1 + 1], 1.0f);        // 1 + 2^-8: tie, rounds to even (1.0)
+  EXPECT_EQ(y[3 * 2 + 1], 1.0078125f);  // 1 + 1.5*2^-8 rounds up
   EXPECT_EQ(y[3 * 0 + 0], 3.0f);
   EXPECT_NEAR(y[3 * 3 + 1], -3.140625f, 0.0f);
   EXPECT_EQ(y[3 * 4 + 2], 65504.0f);      // largest half

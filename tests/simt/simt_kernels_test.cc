@@ -40,7 +40,9 @@ class Buf {
   Buf(const Buf&) = delete;
   Buf& operator=(const Buf&) = delete;
   template <typename T>
-  T* as() { return static_cast<T*>(p_); }
+  T* as() {
+    return static_cast<T*>(p_);
+  }
   float* f() { return as<float>(); }
   template <typename T = float>
   std::vector<T> get() {
@@ -61,8 +63,8 @@ void ExpectClose(const std::vector<float>& got, const std::vector<float>& want, 
   int bad = 0;
   for (size_t i = 0; i < got.size(); ++i) {
     const float tol = atol + rtol * std::fabs(want[i]);
-    const bool same_nonfinite = !std::isfinite(want[i]) && std::isnan(got[i]) == std::isnan(want[i]) &&
-                                got[i] == want[i];
+    const bool same_nonfinite =
+        !std::isfinite(want[i]) && std::isnan(got[i]) == std::isnan(want[i]) && got[i] == want[i];
     if (!(std::fabs(got[i] - want[i]) <= tol) && !same_nonfinite) {
       if (++bad <= 5)
         ADD_FAILURE() << what << ": element " << i << " simt " << got[i] << " cpu " << want[i];
@@ -92,7 +94,8 @@ class SimtKernels : public ::testing::Test {
 };
 
 TEST_F(SimtKernels, EmbeddingForwardBackward) {
-  for (auto [N, C, V] : {std::tuple<int64_t, int64_t, int64_t>{13, 37, 50}, {64, 256, 9}, {1, 1, 1}}) {
+  for (auto [N, C, V] :
+       {std::tuple<int64_t, int64_t, int64_t>{13, 37, 50}, {64, 256, 9}, {1, 1, 1}}) {
     std::vector<int32_t> ids(N);
     std::mt19937 rng(N);
     for (auto& i : ids) i = static_cast<int32_t>(rng() % V);
@@ -153,7 +156,7 @@ TEST_F(SimtKernels, SumSquaresAndNonFinite) {
 TEST_F(SimtKernels, CastsAllPairsExact) {
   const int64_t n = 1003;
   auto x = Random(n, 7, -70000.0f, 70000.0f);  // past the f16 range: overflow to inf
-  auto small = Random(n, 8, -1e-3f, 1e-3f);     // f16 subnormals
+  auto small = Random(n, 8, -1e-3f, 1e-3f);    // f16 subnormals
   x.insert(x.end(), small.begin(), small.end());
   const int64_t m = static_cast<int64_t>(x.size());
   for (DType src : {DType::kF32, DType::kBF16, DType::kF16}) {
@@ -167,8 +170,7 @@ TEST_F(SimtKernels, CastsAllPairsExact) {
       Buf cd(cpu(), m * DTypeSize(dst)), sd(simt(), m * DTypeSize(dst));
       cpu()->Cast(cd.as<void>(), dst, cs.as<void>(), src, m);
       simt()->Cast(sd.as<void>(), dst, ss.as<void>(), src, m);
-      EXPECT_EQ(sd.get<uint8_t>(), cd.get<uint8_t>())
-          << DTypeName(src) << " -> " << DTypeName(dst);
+      EXPECT_EQ(sd.get<uint8_t>(), cd.get<uint8_t>()) << DTypeName(src) << " -> " << DTypeName(dst);
     }
   }
 }
@@ -177,9 +179,12 @@ TEST_F(SimtKernels, LayerNormForwardBackward) {
   // C=5200 does not fit the shared dweight/dbias accumulators: the global-atomics path.
   for (auto [N, C] : {std::pair<int64_t, int64_t>{9, 77}, {33, 640}, {1, 1}, {3, 5200}}) {
     const auto x = Random(N * C, 1, -2, 2), w = Random(C, 2), b = Random(C, 3);
-    const auto dout = Random(N * C, 4), dinp0 = Random(N * C, 5), dw0 = Random(C, 6), db0 = Random(C, 7);
-    Buf cx(cpu(), x), cw(cpu(), w), cb(cpu(), b), co(cpu(), N * C * 4), cm(cpu(), N * 4), cr(cpu(), N * 4);
-    Buf sx(simt(), x), sw(simt(), w), sb(simt(), b), so(simt(), N * C * 4), sm(simt(), N * 4), sr(simt(), N * 4);
+    const auto dout = Random(N * C, 4), dinp0 = Random(N * C, 5), dw0 = Random(C, 6),
+               db0 = Random(C, 7);
+    Buf cx(cpu(), x), cw(cpu(), w), cb(cpu(), b), co(cpu(), N * C * 4), cm(cpu(), N * 4),
+        cr(cpu(), N * 4);
+    Buf sx(simt(), x), sw(simt(), w), sb(simt(), b), so(simt(), N * C * 4), sm(simt(), N * 4),
+        sr(simt(), N * 4);
     cpu()->LayerNormForward(co.f(), cm.f(), cr.f(), cx.f(), cw.f(), cb.f(), N, C, 1e-5f);
     simt()->LayerNormForward(so.f(), sm.f(), sr.f(), sx.f(), sw.f(), sb.f(), N, C, 1e-5f);
     const std::string tag = " N=" + std::to_string(N) + " C=" + std::to_string(C);
@@ -188,8 +193,10 @@ TEST_F(SimtKernels, LayerNormForwardBackward) {
     ExpectClose(sr.get(), cr.get(), 1e-5f, 1e-4f, "LayerNorm rstd" + tag);
     Buf cdo(cpu(), dout), cdi(cpu(), dinp0), cdw(cpu(), dw0), cdb(cpu(), db0);
     Buf sdo(simt(), dout), sdi(simt(), dinp0), sdw(simt(), dw0), sdb(simt(), db0);
-    cpu()->LayerNormBackward(cdi.f(), cdw.f(), cdb.f(), cdo.f(), cx.f(), cw.f(), cm.f(), cr.f(), N, C);
-    simt()->LayerNormBackward(sdi.f(), sdw.f(), sdb.f(), sdo.f(), sx.f(), sw.f(), sm.f(), sr.f(), N, C);
+    cpu()->LayerNormBackward(cdi.f(), cdw.f(), cdb.f(), cdo.f(), cx.f(), cw.f(), cm.f(), cr.f(), N,
+                             C);
+    simt()->LayerNormBackward(sdi.f(), sdw.f(), sdb.f(), sdo.f(), sx.f(), sw.f(), sm.f(), sr.f(), N,
+                              C);
     ExpectClose(sdi.get(), cdi.get(), 1e-5f, 1e-4f, "LayerNorm dinp" + tag);
     ExpectClose(sdw.get(), cdw.get(), 1e-5f, 1e-4f, "LayerNorm dweight" + tag);
     ExpectClose(sdb.get(), cdb.get(), 1e-5f, 1e-4f, "LayerNorm dbias" + tag);
@@ -242,8 +249,11 @@ TEST_F(SimtKernels, GeluSwiGlu) {
 }
 
 TEST_F(SimtKernels, RopeForwardInverse) {
-  struct Case { int64_t B, T, NH, HS, stride; };
-  for (const Case c : {Case{2, 5, 3, 8, 3 * 8 + 5}, Case{1, 40, 2, 64, 128 * 3}, Case{3, 1, 1, 2, 2}}) {
+  struct Case {
+    int64_t B, T, NH, HS, stride;
+  };
+  for (const Case c :
+       {Case{2, 5, 3, 8, 3 * 8 + 5}, Case{1, 40, 2, 64, 128 * 3}, Case{3, 1, 1, 2, 2}}) {
     const auto x = Random(c.B * c.T * c.stride, 1);
     for (bool inverse : {false, true}) {
       Buf cx(cpu(), x), sx(simt(), x);
@@ -255,16 +265,20 @@ TEST_F(SimtKernels, RopeForwardInverse) {
 }
 
 TEST_F(SimtKernels, AttentionForwardBackward) {
-  struct Case { int64_t B, T, NH, NKV, HS; bool fused; };
+  struct Case {
+    int64_t B, T, NH, NKV, HS;
+    bool fused;
+  };
   // fused: q, k, v are thirds of one (B*T, (NH+2*NKV)*HS) row, as in a qkv projection.
-  for (const Case c : {Case{2, 37, 4, 2, 16, true}, Case{1, 70, 2, 1, 40, false},
-                       Case{1, 5, 1, 1, 160, false}, Case{1, 1, 3, 3, 8, true},
-                       Case{1, 130, 4, 1, 64, true}}) {
+  for (const Case c :
+       {Case{2, 37, 4, 2, 16, true}, Case{1, 70, 2, 1, 40, false}, Case{1, 5, 1, 1, 160, false},
+        Case{1, 1, 3, 3, 8, true}, Case{1, 130, 4, 1, 64, true}}) {
     const int64_t rows = c.B * c.T;
     const int64_t qs = c.fused ? (c.NH + 2 * c.NKV) * c.HS : c.NH * c.HS + 3;  // +3: a gap
     const int64_t kvs = c.fused ? qs : c.NKV * c.HS + 5;
     const int64_t koff = c.fused ? c.NH * c.HS : 0, voff = c.fused ? (c.NH + c.NKV) * c.HS : 0;
-    const auto qbuf = Random(rows * qs, 1), kbuf = Random(rows * kvs, 2), vbuf = Random(rows * kvs, 3);
+    const auto qbuf = Random(rows * qs, 1), kbuf = Random(rows * kvs, 2),
+               vbuf = Random(rows * kvs, 3);
     const auto dout = Random(rows * c.NH * c.HS, 4);
     const std::vector<float> sentinel_q(rows * qs, 7.0f), sentinel_kv(rows * kvs, 7.0f);
     const std::string tag = " T=" + std::to_string(c.T) + " HS=" + std::to_string(c.HS);
@@ -273,7 +287,8 @@ TEST_F(SimtKernels, AttentionForwardBackward) {
     for (Backend* be : {cpu(), simt()}) {
       Buf q(be, qbuf), k(be, c.fused ? qbuf : kbuf), v(be, c.fused ? qbuf : vbuf);
       Buf out(be, rows * c.NH * c.HS * 4), lse(be, c.B * c.NH * c.T * 4), dO(be, dout);
-      Buf dq(be, sentinel_q), dk(be, c.fused ? sentinel_q : sentinel_kv), dv(be, c.fused ? sentinel_q : sentinel_kv);
+      Buf dq(be, sentinel_q), dk(be, c.fused ? sentinel_q : sentinel_kv),
+          dv(be, c.fused ? sentinel_q : sentinel_kv);
       const float* kp = k.f() + koff;
       const float* vp = v.f() + voff;
       be->AttentionForward(out.f(), lse.f(), q.f(), kp, vp, c.B, c.T, c.NH, c.NKV, c.HS, qs, kvs);
@@ -286,12 +301,14 @@ TEST_F(SimtKernels, AttentionForwardBackward) {
     }
     const char* names[] = {"out", "lse", "dq", "dk", "dv"};
     for (int i = 0; i < 5; ++i)
-      ExpectClose(results[1][i], results[0][i], 2e-5f, 2e-4f, std::string("Attention ") + names[i] + tag);
+      ExpectClose(results[1][i], results[0][i], 2e-5f, 2e-4f,
+                  std::string("Attention ") + names[i] + tag);
   }
 }
 
 TEST_F(SimtKernels, SoftmaxCrossEntropy) {
-  for (auto [N, V, Vp] : {std::tuple<int64_t, int64_t, int64_t>{6, 37, 48}, {3, 1000, 1000}, {1, 1, 8}}) {
+  for (auto [N, V, Vp] :
+       {std::tuple<int64_t, int64_t, int64_t>{6, 37, 48}, {3, 1000, 1000}, {1, 1, 8}}) {
     const auto logits = Random(N * Vp, 1, -8, 8);
     std::vector<int32_t> targets(N);
     std::mt19937 rng(V);
@@ -311,13 +328,16 @@ TEST_F(SimtKernels, SoftmaxCrossEntropy) {
 
 TEST_F(SimtKernels, AdamW) {
   for (int64_t n : {1, 1000, 5000}) {
-    const auto p = Random(n, 1), g = Random(n, 2), m = Random(n, 3, -0.1f, 0.1f), v = Random(n, 4, 0, 0.01f);
+    const auto p = Random(n, 1), g = Random(n, 2), m = Random(n, 3, -0.1f, 0.1f),
+               v = Random(n, 4, 0, 0.01f);
     Buf cp(cpu(), p), cg(cpu(), g), cm(cpu(), m), cv(cpu(), v);
     Buf sp(simt(), p), sg(simt(), g), sm(simt(), m), sv(simt(), v);
     for (int step = 1; step <= 3; ++step) {
       const float bc1 = 1.0f - std::pow(0.9f, step), bc2 = 1.0f - std::pow(0.999f, step);
-      cpu()->AdamW(cp.f(), cg.f(), cm.f(), cv.f(), n, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.1f, bc1, bc2, 0.5f);
-      simt()->AdamW(sp.f(), sg.f(), sm.f(), sv.f(), n, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.1f, bc1, bc2, 0.5f);
+      cpu()->AdamW(cp.f(), cg.f(), cm.f(), cv.f(), n, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.1f, bc1, bc2,
+                   0.5f);
+      simt()->AdamW(sp.f(), sg.f(), sm.f(), sv.f(), n, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.1f, bc1, bc2,
+                    0.5f);
     }
     ExpectClose(sp.get(), cp.get(), 1e-6f, 1e-5f, "AdamW param");
     ExpectClose(sm.get(), cm.get(), 1e-6f, 1e-5f, "AdamW m");
@@ -336,7 +356,8 @@ TEST(SimtBackend, BadShapesAreReportedNotFatal) {
     simt->Rope(x.f(), 1, 1, 1, 3, 3, 10000.0f, false);  // odd head size
   }
   EXPECT_EQ(gpu->status().code(), Status::Code::kInvalidArgument);
-  EXPECT_NE(gpu->status().message().find("head size"), std::string::npos) << gpu->status().message();
+  EXPECT_NE(gpu->status().message().find("head size"), std::string::npos)
+      << gpu->status().message();
 }
 
 // A captured sequence (norm, GEMM, GELU, add) replays to the same result as running it directly,
@@ -345,9 +366,11 @@ TEST_F(SimtKernels, GraphCaptureReplayMatchesDirectRun) {
   auto* gpu = dynamic_cast<gpu::GpuBackend*>(simt());
   ASSERT_NE(gpu, nullptr);
   const int64_t N = 10, C = 24, OC = 40;
-  const auto x1 = Random(N * C, 1), x2 = Random(N * C, 2), w = Random(OC * C, 3), g = Random(C, 4), b = Random(C, 5);
+  const auto x1 = Random(N * C, 1), x2 = Random(N * C, 2), w = Random(OC * C, 3), g = Random(C, 4),
+             b = Random(C, 5);
   Buf x(simt(), x1), W(simt(), w), gw(simt(), g), gb(simt(), b);
-  Buf ln(simt(), N * C * 4), mean(simt(), N * 4), rstd(simt(), N * 4), h(simt(), N * OC * 4), y(simt(), N * OC * 4);
+  Buf ln(simt(), N * C * 4), mean(simt(), N * 4), rstd(simt(), N * 4), h(simt(), N * OC * 4),
+      y(simt(), N * OC * 4);
   auto sequence = [&] {
     simt()->LayerNormForward(ln.f(), mean.f(), rstd.f(), x.f(), gw.f(), gb.f(), N, C, 1e-5f);
     simt()->Gemm(false, true, N, OC, C, 1.0f, ln.f(), C, W.f(), C, 0.0f, h.f(), OC);

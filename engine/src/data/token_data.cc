@@ -184,7 +184,7 @@ struct BatchLoader::Impl {
   void Produce(Batch* b) {
     b->inputs.resize(static_cast<size_t>(B * T));
     b->targets.resize(static_cast<size_t>(B * T));
-    const int32_t* tok = tokens->data();
+    const int32_t* tok = W > 0 ? tokens->data() : nullptr;  // W > 0 implies tokens is set
     for (int64_t r = 0; r < B; ++r) {
       int32_t* in = b->inputs.data() + r * T;
       int32_t* tg = b->targets.data() + r * T;

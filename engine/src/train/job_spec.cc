@@ -226,9 +226,10 @@ Status ParseTraining(const YAML::Node& node, TrainingSpec* t, const std::string&
                                 "' (adafactor, adamw_8bit and sgd come later)");
   }
   TRAIND_RETURN_IF_ERROR(r.Bool("fp16", &t->fp16));
-  if (t->fp16) return r.Error("fp16", "fp16 mixed precision is not supported yet (use fp32)");
   TRAIND_RETURN_IF_ERROR(r.Bool("bf16", &t->bf16));
-  if (t->bf16) return r.Error("bf16", "bf16 mixed precision is not supported yet (use fp32)");
+  if (t->fp16 && t->bf16) {
+    return r.Error("bf16", "fp16 and bf16 are both true: choose one mixed precision type");
+  }
   TRAIND_RETURN_IF_ERROR(r.Bool("tf32", &t->tf32));
   TRAIND_RETURN_IF_ERROR(r.Bool("gradient_checkpointing", &t->gradient_checkpointing));
   TRAIND_RETURN_IF_ERROR(
@@ -399,6 +400,13 @@ Status ValidateJobInputs(const JobSpec& spec) {
         "data.train_file: " + path + ": " + std::to_string(n) + " tokens give a training stream "
         "of " + std::to_string(n_train) + " tokens, shorter than one window of seq_len + 1 = " +
         std::to_string(spec.data.seq_len + 1) + ": use more data or a smaller data.seq_len");
+  }
+  if (n - n_train > 0 && n - n_train < spec.data.seq_len + 1) {
+    return Status::FailedPrecondition(
+        "data.validation_split: the validation stream of " + path + " has " +
+        std::to_string(n - n_train) + " tokens, shorter than one window of seq_len + 1 = " +
+        std::to_string(spec.data.seq_len + 1) + ": raise validation_split, set it to 0, or lower "
+        "data.seq_len");
   }
   if (spec.model.init_from) TRAIND_RETURN_IF_ERROR(ValidateInitFrom(spec));
   return Status::Ok();

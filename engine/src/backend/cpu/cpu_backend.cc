@@ -65,6 +65,7 @@ class CpuBackend final : public Backend {
   }
   void Scale(float* x, float s, int64_t n) override { cpu::Scale(x, s, n, nt_); }
   double SumSquares(const float* x, int64_t n) override { return cpu::SumSquares(x, n, nt_); }
+  bool HasNonFinite(const float* x, int64_t n) override { return cpu::HasNonFinite(x, n, nt_); }
   void Cast(void* dst, DType dst_type, const void* src, DType src_type, int64_t n) override {
     cpu::Cast(dst, dst_type, src, src_type, n, nt_);
   }

@@ -1,5 +1,5 @@
 // Elementwise and small ops of the CPU backend: embedding, bias, add/scale, sum of squares, GELU,
-// SwiGLU, AdamW. Row loops are OpenMP-threaded; the per-row bodies are compiled per ISA
+// SwiGLU, AdamW, the non-finite check. Row loops are OpenMP-threaded; the per-row bodies are compiled per ISA
 // (TRAIND_CPU_CLONES) so they vectorise. Reductions use per-thread partials combined in a fixed
 // order, so results do not depend on scheduling.
 #include <omp.h>
@@ -41,6 +41,15 @@ TRAIND_CPU_CLONES double SumSquaresSpan(const float* x, int64_t n) {
 #pragma omp simd reduction(+ : s)
   for (int64_t i = 0; i < n; ++i) s += static_cast<double>(x[i]) * x[i];
   return s;
+}
+
+// 1 when some element has an all-ones exponent (NaN or infinity); integer ops only.
+TRAIND_CPU_CLONES int NonFiniteSpan(const float* x, int64_t n) {
+  const uint32_t* u = reinterpret_cast<const uint32_t*>(x);
+  uint32_t any = 0;
+#pragma omp simd reduction(| : any)
+  for (int64_t i = 0; i < n; ++i) any |= ((u[i] & 0x7f800000u) == 0x7f800000u) ? 1u : 0u;
+  return static_cast<int>(any);
 }
 
 constexpr float kGeluC = 0.7978845608028654f;  // sqrt(2/pi)
@@ -177,6 +186,17 @@ double SumSquares(const float* x, int64_t n, int nt) {
   double s = 0.0;
   for (double p : partial) s += p;
   return s;
+}
+
+bool HasNonFinite(const float* x, int64_t n, int nt) {
+  int any = 0;
+#pragma omp parallel num_threads(ThreadsFor(n, nt)) reduction(| : any)
+  {
+    int64_t lo, hi;
+    Chunk(n, omp_get_num_threads(), omp_get_thread_num(), &lo, &hi);
+    if (hi > lo) any |= NonFiniteSpan(x + lo, hi - lo);
+  }
+  return any != 0;
 }
 
 void GeluForward(float* out, const float* inp, int64_t n, int nt) {

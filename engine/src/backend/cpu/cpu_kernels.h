@@ -59,6 +59,7 @@ void BiasBackward(float* dbias, const float* dout, int64_t N, int64_t OC, int nt
 void Add(float* out, const float* a, const float* b, int64_t n, int nt);
 void Scale(float* x, float s, int64_t n, int nt);
 double SumSquares(const float* x, int64_t n, int nt);
+bool HasNonFinite(const float* x, int64_t n, int nt);  // any NaN or +-inf
 void GeluForward(float* out, const float* inp, int64_t n, int nt);
 void GeluBackward(float* dinp, const float* inp, const float* dout, int64_t n, int nt);
 void SwiGluForward(float* out, const float* inp, int64_t N, int64_t H, int nt);

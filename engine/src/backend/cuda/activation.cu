@@ -64,7 +64,8 @@ __global__ void swiglu_backward_kernel(float* dinp, const float* inp, const floa
 }
 
 Status Check(const char* op, int64_t n) {
-  if (n < 0) return Status::InvalidArgument(std::string(op) + ": negative size " + std::to_string(n));
+  if (n < 0)
+    return Status::InvalidArgument(std::string(op) + ": negative size " + std::to_string(n));
   return Status::Ok();
 }
 

@@ -1,7 +1,7 @@
 // Causal self-attention of the GPU backend: our own tiled flash-style kernels (online softmax, no
 // (T,T) buffer), GQA (query head h reads kv head h / (NH/NKV)), strided q/k/v rows.
 //   forward : one thread per query, K/V tiles of BK rows staged in shared memory; writes out and
-//             lse (B, NH, T). 
+//             lse (B, NH, T).
 //   backward: D = rowsum(dout * out) (B, NH, T) into scratch; dk/dv with one thread per key over
 //             the query tiles of every head of its group (sums the group, writes =); dq with one
 //             thread per query over the key tiles (writes =). No atomics: deterministic.
@@ -223,7 +223,8 @@ Status CheckDims(const char* op, int64_t B, const Dims& d) {
     return Status::InvalidArgument(std::string(op) + ": row strides (" +
                                    std::to_string(d.q_stride) + ", " + std::to_string(d.kv_stride) +
                                    ") shorter than the heads they hold");
-  if (B > 65535 || d.NH > 65535) return Status::InvalidArgument(std::string(op) + ": B or NH over 65535");
+  if (B > 65535 || d.NH > 65535)
+    return Status::InvalidArgument(std::string(op) + ": B or NH over 65535");
   return Status::Ok();
 }
 
@@ -255,8 +256,8 @@ Status AttentionBackward(float* dq, float* dk, float* dv, const float* dout, con
   TRAIND_RETURN_IF_ERROR(CheckDims("AttentionBackward", B, d));
   if (B == 0 || T == 0) return Status::Ok();
   const int tile = TileRows(HS);
-  TRAIND_RETURN_IF_ERROR(GPU_LAUNCH(attention_delta_kernel, GridFor(B * T * NH, 256), 256, 0, stream,
-                                    scratch, dout, out, B, d));
+  TRAIND_RETURN_IF_ERROR(GPU_LAUNCH(attention_delta_kernel, GridFor(B * T * NH, 256), 256, 0,
+                                    stream, scratch, dout, out, B, d));
   const dim3 kv_grid(static_cast<unsigned>((T + kKeysPerBlock - 1) / kKeysPerBlock),
                      static_cast<unsigned>(NKV), static_cast<unsigned>(B));
   const size_t kv_shmem = (2 * static_cast<size_t>(tile * HS) + 2 * tile) * sizeof(float);

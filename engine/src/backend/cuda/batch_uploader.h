@@ -37,8 +37,8 @@ class BatchUploader {
   void* slots_[2] = {nullptr, nullptr};
   cudaEvent_t done_[2] = {nullptr, nullptr};  // recorded after each slot's copy
   bool pending_[2] = {false, false};
-  int next_ = 0;     // slot NextSlot() hands out next
-  int taken_ = -1;   // slot handed out and not yet uploaded
+  int next_ = 0;    // slot NextSlot() hands out next
+  int taken_ = -1;  // slot handed out and not yet uploaded
 };
 
 TRAIND_GPU_END

@@ -14,14 +14,18 @@ constexpr size_t kWorkspaceBytes = 32u << 20;  // what cuBLASLt's heuristics wan
 
 Status Check(cublasStatus_t s, const char* call) {
   if (s == CUBLAS_STATUS_SUCCESS) return Status::Ok();
-  return Status::Internal(std::string(call) + " failed with cublasStatus " + std::to_string(static_cast<int>(s)));
+  return Status::Internal(std::string(call) + " failed with cublasStatus " +
+                          std::to_string(static_cast<int>(s)));
 }
 
 cudaDataType_t CudaType(DType t) {
   switch (t) {
-    case DType::kF32: return CUDA_R_32F;
-    case DType::kBF16: return CUDA_R_16BF;
-    case DType::kF16: return CUDA_R_16F;
+    case DType::kF32:
+      return CUDA_R_32F;
+    case DType::kBF16:
+      return CUDA_R_16BF;
+    case DType::kF16:
+      return CUDA_R_16F;
   }
   return CUDA_R_32F;
 }
@@ -48,7 +52,8 @@ Result<std::unique_ptr<CublasLtGemm>> CublasLtGemm::Create(bool allow_tf32) {
   cublasLtHandle_t h = nullptr;
   const cublasStatus_t s = cublasLtCreate(&h);
   if (s != CUBLAS_STATUS_SUCCESS)
-    return Status::Unavailable("cublasLtCreate failed with cublasStatus " + std::to_string(static_cast<int>(s)));
+    return Status::Unavailable("cublasLtCreate failed with cublasStatus " +
+                               std::to_string(static_cast<int>(s)));
   g->handle_ = h;
   const cudaError_t e = cudaMalloc(&g->workspace_, kWorkspaceBytes);
   if (e != cudaSuccess)
@@ -70,35 +75,47 @@ Status CublasLtGemm::Run(bool trans_a, bool trans_b, int64_t M, int64_t N, int64
     return Status::InvalidArgument(std::string("Gemm: C type ") + DTypeName(c_type) +
                                    " must be f32 or the A/B type " + DTypeName(ab_type));
   if (M == 0 || N == 0) return Status::Ok();
-  const cublasComputeType_t compute = ab_type == DType::kF32 && allow_tf32_
-                                          ? CUBLAS_COMPUTE_32F_FAST_TF32
-                                          : CUBLAS_COMPUTE_32F;
+  const cublasComputeType_t compute =
+      ab_type == DType::kF32 && allow_tf32_ ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
   Descs d;
-  TRAIND_RETURN_IF_ERROR(Check(cublasLtMatmulDescCreate(&d.op, compute, CUDA_R_32F), "cublasLtMatmulDescCreate"));
+  TRAIND_RETURN_IF_ERROR(
+      Check(cublasLtMatmulDescCreate(&d.op, compute, CUDA_R_32F), "cublasLtMatmulDescCreate"));
   // Column-major: first operand is B (op T when trans_b), second is A (op T when trans_a).
   const cublasOperation_t op_first = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t op_second = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
-  TRAIND_RETURN_IF_ERROR(Check(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSA, &op_first, sizeof(op_first)), "TRANSA"));
-  TRAIND_RETURN_IF_ERROR(Check(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &op_second, sizeof(op_second)), "TRANSB"));
+  TRAIND_RETURN_IF_ERROR(Check(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSA,
+                                                              &op_first, sizeof(op_first)),
+                               "TRANSA"));
+  TRAIND_RETURN_IF_ERROR(Check(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSB,
+                                                              &op_second, sizeof(op_second)),
+                               "TRANSB"));
   const cudaDataType_t ab = CudaType(ab_type), ct = CudaType(c_type);
   // Stored shapes (rows, cols) in column-major terms.
   const uint64_t first_rows = trans_b ? K : N, first_cols = trans_b ? N : K;
   const uint64_t second_rows = trans_a ? M : K, second_cols = trans_a ? K : M;
-  TRAIND_RETURN_IF_ERROR(Check(cublasLtMatrixLayoutCreate(&d.a, ab, first_rows, first_cols, ldb), "layout B"));
-  TRAIND_RETURN_IF_ERROR(Check(cublasLtMatrixLayoutCreate(&d.b, ab, second_rows, second_cols, lda), "layout A"));
+  TRAIND_RETURN_IF_ERROR(
+      Check(cublasLtMatrixLayoutCreate(&d.a, ab, first_rows, first_cols, ldb), "layout B"));
+  TRAIND_RETURN_IF_ERROR(
+      Check(cublasLtMatrixLayoutCreate(&d.b, ab, second_rows, second_cols, lda), "layout A"));
   TRAIND_RETURN_IF_ERROR(Check(cublasLtMatrixLayoutCreate(&d.c, ct, N, M, ldc), "layout C"));
-  TRAIND_RETURN_IF_ERROR(Check(cublasLtMatmulPreferenceCreate(&d.pref), "cublasLtMatmulPreferenceCreate"));
+  TRAIND_RETURN_IF_ERROR(
+      Check(cublasLtMatmulPreferenceCreate(&d.pref), "cublasLtMatmulPreferenceCreate"));
   const uint64_t ws = workspace_bytes_;
-  TRAIND_RETURN_IF_ERROR(Check(cublasLtMatmulPreferenceSetAttribute(d.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)), "workspace preference"));
+  TRAIND_RETURN_IF_ERROR(
+      Check(cublasLtMatmulPreferenceSetAttribute(d.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                 &ws, sizeof(ws)),
+            "workspace preference"));
   cublasLtMatmulHeuristicResult_t heuristic{};
   int found = 0;
   auto h = static_cast<cublasLtHandle_t>(handle_);
-  TRAIND_RETURN_IF_ERROR(Check(cublasLtMatmulAlgoGetHeuristic(h, d.op, d.a, d.b, d.c, d.c, d.pref, 1, &heuristic, &found), "cublasLtMatmulAlgoGetHeuristic"));
+  TRAIND_RETURN_IF_ERROR(Check(
+      cublasLtMatmulAlgoGetHeuristic(h, d.op, d.a, d.b, d.c, d.c, d.pref, 1, &heuristic, &found),
+      "cublasLtMatmulAlgoGetHeuristic"));
   if (found == 0)
     return Status::Unimplemented("cuBLASLt has no algorithm for this GEMM (M=" + std::to_string(M) +
                                  " N=" + std::to_string(N) + " K=" + std::to_string(K) + ")");
-  return Check(cublasLtMatmul(h, d.op, &alpha, B, d.a, A, d.b, &beta, C, d.c, C, d.c, &heuristic.algo,
-                              workspace_, workspace_bytes_, stream),
+  return Check(cublasLtMatmul(h, d.op, &alpha, B, d.a, A, d.b, &beta, C, d.c, C, d.c,
+                              &heuristic.algo, workspace_, workspace_bytes_, stream),
                "cublasLtMatmul");
 }
 

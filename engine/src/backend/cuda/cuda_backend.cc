@@ -21,9 +21,9 @@ class CudaBackend final : public GpuBackend {
     return Status::Ok();
   }
 
-  void Gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
-            const void* A, int64_t lda, const void* B, int64_t ldb, float beta, void* C,
-            int64_t ldc, DType ab_type, DType c_type) override {
+  void Gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const void* A,
+            int64_t lda, const void* B, int64_t ldb, float beta, void* C, int64_t ldc,
+            DType ab_type, DType c_type) override {
     Record(gemm_->Run(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, ab_type,
                       c_type, stream()));
   }

@@ -17,7 +17,8 @@ struct CudaBackendOptions {
 
 // The backend on CUDA device `device`. FAILED_PRECONDITION "no CUDA device ..." (with the runtime's
 // reason) when there is no driver or no such device; UNAVAILABLE when cuBLASLt cannot start.
-Result<std::unique_ptr<Backend>> MakeCudaBackend(int device, const CudaBackendOptions& options = {});
+Result<std::unique_ptr<Backend>> MakeCudaBackend(int device,
+                                                 const CudaBackendOptions& options = {});
 
 // The CUDA kernels under the simt emulator (host memory; GEMMs by the CPU backend with
 // `cpu_threads` threads, 0 = all cores).

@@ -12,18 +12,24 @@ namespace {
 
 Status Check(cudaError_t e, const char* call) {
   if (e == cudaSuccess) return Status::Ok();
-  const std::string msg = std::string(call) + ": " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")";
+  const std::string msg =
+      std::string(call) + ": " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")";
   if (e == cudaErrorMemoryAllocation) return Status::ResourceExhausted(msg);
-  if (e == cudaErrorInvalidValue || e == cudaErrorInvalidDevice) return Status::InvalidArgument(msg);
-  if (e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver) return Status::FailedPrecondition(msg);
+  if (e == cudaErrorInvalidValue || e == cudaErrorInvalidDevice)
+    return Status::InvalidArgument(msg);
+  if (e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver)
+    return Status::FailedPrecondition(msg);
   return Status::Internal(msg);
 }
 
 cudaMemcpyKind Kind(CopyKind k) {
   switch (k) {
-    case CopyKind::kHostToDevice: return cudaMemcpyHostToDevice;
-    case CopyKind::kDeviceToHost: return cudaMemcpyDeviceToHost;
-    case CopyKind::kDeviceToDevice: return cudaMemcpyDeviceToDevice;
+    case CopyKind::kHostToDevice:
+      return cudaMemcpyHostToDevice;
+    case CopyKind::kDeviceToHost:
+      return cudaMemcpyDeviceToHost;
+    case CopyKind::kDeviceToDevice:
+      return cudaMemcpyDeviceToDevice;
   }
   return cudaMemcpyDefault;
 }
@@ -60,7 +66,9 @@ Status MemGetInfo(size_t* free_bytes, size_t* total_bytes) {
 
 Status Malloc(void** ptr, size_t bytes) { return Check(cudaMalloc(ptr, bytes), "cudaMalloc"); }
 Status Free(void* ptr) { return Check(cudaFree(ptr), "cudaFree"); }
-Status MallocHost(void** ptr, size_t bytes) { return Check(cudaMallocHost(ptr, bytes), "cudaMallocHost"); }
+Status MallocHost(void** ptr, size_t bytes) {
+  return Check(cudaMallocHost(ptr, bytes), "cudaMallocHost");
+}
 Status FreeHost(void* ptr) { return Check(cudaFreeHost(ptr), "cudaFreeHost"); }
 
 Status MemcpyAsync(void* dst, const void* src, size_t bytes, CopyKind kind, cudaStream_t stream) {
@@ -75,7 +83,9 @@ Status MemsetAsync(void* dst, int value, size_t bytes, cudaStream_t stream) {
 Status StreamCreate(cudaStream_t* stream) {
   return Check(cudaStreamCreateWithFlags(stream, cudaStreamNonBlocking), "cudaStreamCreate");
 }
-Status StreamDestroy(cudaStream_t stream) { return Check(cudaStreamDestroy(stream), "cudaStreamDestroy"); }
+Status StreamDestroy(cudaStream_t stream) {
+  return Check(cudaStreamDestroy(stream), "cudaStreamDestroy");
+}
 Status StreamSynchronize(cudaStream_t stream) {
   return Check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
 }
@@ -84,7 +94,9 @@ Status DeviceSynchronize() { return Check(cudaDeviceSynchronize(), "cudaDeviceSy
 Status EventCreate(cudaEvent_t* event) {
   return Check(cudaEventCreateWithFlags(event, cudaEventDisableTiming), "cudaEventCreate");
 }
-Status EventDestroy(cudaEvent_t event) { return Check(cudaEventDestroy(event), "cudaEventDestroy"); }
+Status EventDestroy(cudaEvent_t event) {
+  return Check(cudaEventDestroy(event), "cudaEventDestroy");
+}
 Status EventRecord(cudaEvent_t event, cudaStream_t stream) {
   return Check(cudaEventRecord(event, stream), "cudaEventRecord");
 }
@@ -109,7 +121,9 @@ Status EndCapture(cudaStream_t stream, cudaGraphExec_t* graph) {
 Status GraphLaunch(cudaGraphExec_t graph, cudaStream_t stream) {
   return Check(cudaGraphLaunch(graph, stream), "cudaGraphLaunch");
 }
-Status GraphDestroy(cudaGraphExec_t graph) { return Check(cudaGraphExecDestroy(graph), "cudaGraphExecDestroy"); }
+Status GraphDestroy(cudaGraphExec_t graph) {
+  return Check(cudaGraphExecDestroy(graph), "cudaGraphExecDestroy");
+}
 
 }  // namespace dev
 TRAIND_GPU_END

@@ -5,10 +5,10 @@
 //   EmbeddingBackward  dtable[ids] += dout (atomics): 12*N*C bytes                 -> 4M: 16 us
 //   AddBias            out(N,OC) += bias: 8*N*OC bytes, N*OC FLOPs                  -> 4M: 11 us
 //   BiasBackward       dbias(OC) += colsum dout: 4*N*OC bytes, N*OC FLOPs           -> 4M: 5.6 us
-//   Add / Scale        12n / 8n bytes, n FLOPs                                      -> 4M: 16 / 11 us
-//   SumSquares         4n bytes, 2n FLOPs                                           -> 124M: 165 us
-//   Cast               (src+dst bytes) * n                                          -> 4M f32->bf16: 8 us
-//   FlagNonFinite      4n bytes                                                     -> 124M: 165 us
+//   Add / Scale        12n / 8n bytes, n FLOPs                                      -> 4M: 16 / 11
+//   us SumSquares         4n bytes, 2n FLOPs                                           -> 124M: 165
+//   us Cast               (src+dst bytes) * n                                          -> 4M
+//   f32->bf16: 8 us FlagNonFinite      4n bytes -> 124M: 165 us
 // Gradient contract (backend.h): parameter gradients +=, activation gradients =.
 #include <string>
 #include <type_traits>
@@ -125,7 +125,8 @@ __global__ void flag_non_finite_kernel(int* flag, const float* x, int64_t n) {
 }
 
 Status CheckCount(const char* op, int64_t n) {
-  if (n < 0) return Status::InvalidArgument(std::string(op) + ": negative size " + std::to_string(n));
+  if (n < 0)
+    return Status::InvalidArgument(std::string(op) + ": negative size " + std::to_string(n));
   return Status::Ok();
 }
 
@@ -199,9 +200,12 @@ Status Cast(void* dst, DType dst_type, const void* src, DType src_type, int64_t 
   TRAIND_RETURN_IF_ERROR(CheckCount("Cast", n));
   if (n == 0) return Status::Ok();
   switch (dst_type) {
-    case DType::kF32: return CastFrom<float>(dst, src, src_type, n, stream);
-    case DType::kBF16: return CastFrom<__nv_bfloat16>(dst, src, src_type, n, stream);
-    case DType::kF16: return CastFrom<__half>(dst, src, src_type, n, stream);
+    case DType::kF32:
+      return CastFrom<float>(dst, src, src_type, n, stream);
+    case DType::kBF16:
+      return CastFrom<__nv_bfloat16>(dst, src, src_type, n, stream);
+    case DType::kF16:
+      return CastFrom<__half>(dst, src, src_type, n, stream);
   }
   return Status::InvalidArgument("Cast: unknown destination dtype");
 }

@@ -83,7 +83,9 @@ void GpuBackend::CopyDeviceToDevice(void* dst, const void* src, size_t bytes) {
   Record(dev::MemcpyAsync(dst, src, bytes, dev::CopyKind::kDeviceToDevice, stream_));
 }
 
-void GpuBackend::Memset0(void* dst, size_t bytes) { Record(dev::MemsetAsync(dst, 0, bytes, stream_)); }
+void GpuBackend::Memset0(void* dst, size_t bytes) {
+  Record(dev::MemsetAsync(dst, 0, bytes, stream_));
+}
 
 void GpuBackend::Synchronize() { Record(dev::StreamSynchronize(stream_)); }
 
@@ -134,7 +136,8 @@ void GpuBackend::LayerNormForward(float* out, float* mean, float* rstd, const fl
 void GpuBackend::LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,
                                    const float* inp, const float* weight, const float* mean,
                                    const float* rstd, int64_t N, int64_t C) {
-  Record(gpu::LayerNormBackward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C, stream_));
+  Record(
+      gpu::LayerNormBackward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C, stream_));
 }
 void GpuBackend::RmsNormForward(float* out, float* rstd, const float* inp, const float* weight,
                                 int64_t N, int64_t C, float eps) {
@@ -168,9 +171,8 @@ void GpuBackend::AttentionForward(float* out, float* lse, const float* q, const 
 }
 void GpuBackend::AttentionBackward(float* dq, float* dk, float* dv, const float* dout,
                                    const float* out, const float* lse, const float* q,
-                                   const float* k, const float* v, int64_t B, int64_t T,
-                                   int64_t NH, int64_t NKV, int64_t HS, int64_t q_stride,
-                                   int64_t kv_stride) {
+                                   const float* k, const float* v, int64_t B, int64_t T, int64_t NH,
+                                   int64_t NKV, int64_t HS, int64_t q_stride, int64_t kv_stride) {
   const int64_t need = B * NH * T;
   if (need > scratch_floats_) {  // first step only: the shapes of a job do not change
     if (capturing_) {

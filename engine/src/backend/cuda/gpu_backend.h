@@ -69,8 +69,8 @@ class GpuBackend : public Backend {
   void Rope(float* x, int64_t B, int64_t T, int64_t n_heads, int64_t HS, int64_t row_stride,
             float theta, bool inverse) override;
   void AttentionForward(float* out, float* lse, const float* q, const float* k, const float* v,
-                        int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS,
-                        int64_t q_stride, int64_t kv_stride) override;
+                        int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS, int64_t q_stride,
+                        int64_t kv_stride) override;
   void AttentionBackward(float* dq, float* dk, float* dv, const float* dout, const float* out,
                          const float* lse, const float* q, const float* k, const float* v,
                          int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS,
@@ -92,9 +92,9 @@ class GpuBackend : public Backend {
   std::string name_;
   Status status_;
   cudaStream_t stream_ = nullptr;
-  double* sumsq_ = nullptr;     // device scalar for SumSquares
-  int* flag_ = nullptr;         // device flag for HasNonFinite
-  float* scratch_ = nullptr;    // attention backward: B*NH*T floats, grown on demand
+  double* sumsq_ = nullptr;   // device scalar for SumSquares
+  int* flag_ = nullptr;       // device flag for HasNonFinite
+  float* scratch_ = nullptr;  // attention backward: B*NH*T floats, grown on demand
   int64_t scratch_floats_ = 0;
   cudaGraphExec_t graph_ = nullptr;
   bool capturing_ = false;

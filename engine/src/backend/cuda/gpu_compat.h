@@ -21,7 +21,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
-#define GPU_DYNAMIC_SHARED(T, name)                          \
+#define GPU_DYNAMIC_SHARED(T, name)                           \
   extern __shared__ __align__(16) unsigned char name##_raw[]; \
   T* name = reinterpret_cast<T*>(name##_raw)
 #endif
@@ -36,17 +36,23 @@ cudaError_t LaunchKernel(const char* name, void (*kernel)(P...), dim3 grid, dim3
 }
 inline const char* GpuErrorString(cudaError_t e) {
   switch (e) {
-    case cudaSuccess: return "no error";
-    case cudaErrorInvalidValue: return "invalid argument";
-    case cudaErrorInvalidConfiguration: return "invalid configuration argument";
-    default: return "simt error";
+    case cudaSuccess:
+      return "no error";
+    case cudaErrorInvalidValue:
+      return "invalid argument";
+    case cudaErrorInvalidConfiguration:
+      return "invalid configuration argument";
+    default:
+      return "simt error";
   }
 }
 #else
 template <typename... P, typename... A>
 cudaError_t LaunchKernel(const char* /*name*/, void (*kernel)(P...), dim3 grid, dim3 block,
                          size_t shmem, cudaStream_t stream, A&&... args) {
+  // clang-format off
   kernel<<<grid, block, shmem, stream>>>(std::forward<A>(args)...);
+  // clang-format on
   return cudaGetLastError();
 }
 inline const char* GpuErrorString(cudaError_t e) { return cudaGetErrorString(e); }
@@ -69,7 +75,7 @@ TRAIND_GPU_END
 
 // Launch `kernel` (a __global__ function, or a template instance in parentheses) over grid x block
 // with `shmem` dynamic shared bytes on `stream`; yields a traind::Status.
-#define GPU_LAUNCH(kernel, grid, block, shmem, stream, ...)        \
-  ::traind::engine::gpu::LaunchStatus(                             \
+#define GPU_LAUNCH(kernel, grid, block, shmem, stream, ...)                                     \
+  ::traind::engine::gpu::LaunchStatus(                                                          \
       #kernel, ::traind::engine::gpu::LaunchKernel(#kernel, kernel, grid, block, shmem, stream, \
                                                    __VA_ARGS__))

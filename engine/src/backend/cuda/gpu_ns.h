@@ -10,8 +10,8 @@
 #else
 #define TRAIND_GPU_IMPL cuda_impl
 #endif
-#define TRAIND_GPU_BEGIN \
-  namespace traind::engine::gpu {   \
+#define TRAIND_GPU_BEGIN          \
+  namespace traind::engine::gpu { \
   inline namespace TRAIND_GPU_IMPL {
 #define TRAIND_GPU_END \
   }                    \

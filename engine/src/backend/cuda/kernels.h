@@ -30,7 +30,8 @@ Status FlagNonFinite(int* flag, const float* x, int64_t n, cudaStream_t stream);
 
 // ---- activation.cu ----
 Status GeluForward(float* out, const float* inp, int64_t n, cudaStream_t stream);
-Status GeluBackward(float* dinp, const float* inp, const float* dout, int64_t n, cudaStream_t stream);
+Status GeluBackward(float* dinp, const float* inp, const float* dout, int64_t n,
+                    cudaStream_t stream);
 Status SwiGluForward(float* out, const float* inp, int64_t N, int64_t H, cudaStream_t stream);
 Status SwiGluBackward(float* dinp, const float* inp, const float* dout, int64_t N, int64_t H,
                       cudaStream_t stream);

@@ -15,8 +15,8 @@
 TRAIND_GPU_BEGIN
 namespace {
 
-constexpr int kRowsPerBlock = 8;                 // warps per block
-constexpr int64_t kMaxSharedC = 40 * 1024 / 8;   // 2 floats per channel in 40 KiB
+constexpr int kRowsPerBlock = 8;                // warps per block
+constexpr int64_t kMaxSharedC = 40 * 1024 / 8;  // 2 floats per channel in 40 KiB
 
 __global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, const float* inp,
                                          const float* weight, const float* bias, int64_t N,
@@ -136,7 +136,9 @@ Status CheckRows(const char* op, int64_t N, int64_t C) {
   return Status::Ok();
 }
 
-unsigned RowBlocks(int64_t N) { return static_cast<unsigned>((N + kRowsPerBlock - 1) / kRowsPerBlock); }
+unsigned RowBlocks(int64_t N) {
+  return static_cast<unsigned>((N + kRowsPerBlock - 1) / kRowsPerBlock);
+}
 // Backward grids: enough blocks to fill a GPU, few enough that the per-block flush stays cheap.
 unsigned BackwardBlocks(int64_t N) {
   const int64_t b = (N + kRowsPerBlock - 1) / kRowsPerBlock;

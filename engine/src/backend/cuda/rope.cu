@@ -46,8 +46,8 @@ Status Rope(float* x, int64_t B, int64_t T, int64_t n_heads, int64_t HS, int64_t
                                    " < n_heads*HS " + std::to_string(n_heads * HS));
   const int64_t total = B * T * n_heads * (HS / 2);
   if (total <= 0) return Status::Ok();
-  return GPU_LAUNCH(rope_kernel, GridFor(total, kThreads), kThreads, 0, stream, x, B * T, T, n_heads,
-                    HS, row_stride, theta, inverse);
+  return GPU_LAUNCH(rope_kernel, GridFor(total, kThreads), kThreads, 0, stream, x, B * T, T,
+                    n_heads, HS, row_stride, theta, inverse);
 }
 
 TRAIND_GPU_END

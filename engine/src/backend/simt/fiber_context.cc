@@ -45,9 +45,9 @@ namespace simt::detail {
 void MakeFiber(FiberContext* ctx, char* stack, size_t bytes, void (*entry)()) {
   auto top = reinterpret_cast<uintptr_t>(stack + bytes) & ~uintptr_t{15};
   auto* sp = reinterpret_cast<uint64_t*>(top);
-  *--sp = 0;                                   // fake return address of `entry` (never used)
-  *--sp = reinterpret_cast<uint64_t>(entry);   // popped by `ret`: entry starts with rsp % 16 == 8
-  for (int i = 0; i < 6; ++i) *--sp = 0;       // rbp rbx r12 r13 r14 r15
+  *--sp = 0;                                  // fake return address of `entry` (never used)
+  *--sp = reinterpret_cast<uint64_t>(entry);  // popped by `ret`: entry starts with rsp % 16 == 8
+  for (int i = 0; i < 6; ++i) *--sp = 0;      // rbp rbx r12 r13 r14 r15
   uint32_t mxcsr = 0;
   uint16_t fpucw = 0;
   asm volatile("stmxcsr %0" : "=m"(mxcsr));

@@ -12,10 +12,10 @@
 // Outside nvcc, crt/host_defines.h defines __shared__ (as nothing) only when it is not defined
 // yet; a CUDA header may already have been included, so it is redefined after them. Per-block
 // shared memory is a thread_local of the worker thread that runs the block's fibers.
-#include <driver_types.h>
-#include <vector_types.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <driver_types.h>
+#include <vector_types.h>
 #undef __shared__
 #define __shared__ static thread_local
 #ifndef __launch_bounds__
@@ -77,7 +77,8 @@ cudaError_t ValidateLaunch(dim3 grid, dim3 block, size_t shmem);
 
 template <typename T>
 uint64_t ToBits(T v) {
-  static_assert(sizeof(T) <= 8 && std::is_trivially_copyable_v<T>, "shuffle of a type over 8 bytes");
+  static_assert(sizeof(T) <= 8 && std::is_trivially_copyable_v<T>,
+                "shuffle of a type over 8 bytes");
   uint64_t bits = 0;
   std::memcpy(&bits, &v, sizeof(T));
   return bits;
@@ -99,13 +100,14 @@ cudaError_t Launch(const char* name, void (*kernel)(P...), dim3 grid, dim3 block
   static_assert(sizeof...(P) == sizeof...(A), "kernel argument count");
   cudaError_t err = detail::ValidateLaunch(grid, block, shmem);
   if (err != cudaSuccess) return err;
-  std::function<void()> body = [kernel, tup = std::tuple<std::decay_t<P>...>(
-                                            std::forward<A>(args)...)]() { std::apply(kernel, tup); };
+  std::function<void()> body = [kernel,
+                                tup = std::tuple<std::decay_t<P>...>(std::forward<A>(args)...)]() {
+    std::apply(kernel, tup);
+  };
   detail::StreamState* st = detail::StateOf(stream);
   if (st != nullptr && st->capture != nullptr) {
-    st->capture->push_back([name, grid, block, shmem, body]() {
-      detail::RunGrid(name, grid, block, shmem, body);
-    });
+    st->capture->push_back(
+        [name, grid, block, shmem, body]() { detail::RunGrid(name, grid, block, shmem, body); });
     return cudaSuccess;
   }
   return detail::RunGrid(name, grid, block, shmem, body);

@@ -14,9 +14,9 @@ class SimtBackend final : public GpuBackend {
   explicit SimtBackend(std::unique_ptr<Backend> cpu) : GpuBackend("simt"), cpu_(std::move(cpu)) {}
   Status Start() { return Init(); }
 
-  void Gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
-            const void* A, int64_t lda, const void* B, int64_t ldb, float beta, void* C,
-            int64_t ldc, DType ab_type, DType c_type) override {
+  void Gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const void* A,
+            int64_t lda, const void* B, int64_t ldb, float beta, void* C, int64_t ldc,
+            DType ab_type, DType c_type) override {
     // As cublasLtMatmul on a capturing stream: recorded into the graph, not run.
     Backend* cpu = cpu_.get();
     auto run = [=] {

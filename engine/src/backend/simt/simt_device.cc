@@ -31,7 +31,8 @@ void Issue(cudaStream_t stream, std::function<void()> op) {
 
 int DeviceCount(std::string* why) { return 1; }
 Status SetDevice(int device) {
-  if (device != 0) return Status::InvalidArgument("simt has one device (0), asked for " + std::to_string(device));
+  if (device != 0)
+    return Status::InvalidArgument("simt has one device (0), asked for " + std::to_string(device));
   return Status::Ok();
 }
 Status DeviceInfo(std::string* name, size_t* total_bytes) {
@@ -46,7 +47,9 @@ Status MemGetInfo(size_t* free_bytes, size_t* total_bytes) {
 
 Status Malloc(void** ptr, size_t bytes) {
   *ptr = std::aligned_alloc(256, (bytes + 255) / 256 * 256 + 256);
-  if (*ptr == nullptr) return Status::ResourceExhausted("simt: out of host memory for " + std::to_string(bytes) + " bytes");
+  if (*ptr == nullptr)
+    return Status::ResourceExhausted("simt: out of host memory for " + std::to_string(bytes) +
+                                     " bytes");
   return Status::Ok();
 }
 Status Free(void* ptr) {
@@ -100,14 +103,17 @@ Status EventSynchronize(cudaEvent_t event) { return Status::Ok(); }
 
 Status BeginCapture(cudaStream_t stream) {
   simt::detail::StreamState* st = simt::detail::StateOf(stream);
-  if (st == nullptr) return Status::FailedPrecondition("graph capture needs a created stream, not the default stream");
+  if (st == nullptr)
+    return Status::FailedPrecondition(
+        "graph capture needs a created stream, not the default stream");
   if (st->capture != nullptr) return Status::FailedPrecondition("stream is already capturing");
   st->capture = new std::vector<std::function<void()>>();
   return Status::Ok();
 }
 Status EndCapture(cudaStream_t stream, cudaGraphExec_t* graph) {
   simt::detail::StreamState* st = simt::detail::StateOf(stream);
-  if (st == nullptr || st->capture == nullptr) return Status::FailedPrecondition("EndCapture on a stream that is not capturing");
+  if (st == nullptr || st->capture == nullptr)
+    return Status::FailedPrecondition("EndCapture on a stream that is not capturing");
   auto* g = new Graph{std::move(*st->capture)};
   delete st->capture;
   st->capture = nullptr;

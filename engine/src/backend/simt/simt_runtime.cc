@@ -1,14 +1,15 @@
 // simt runtime: runs a grid of blocks on worker threads, each block's CUDA threads as fibers
-// (fiber_context.h) on the worker's stack pool. Barriers and warp exchanges switch back to a per-block
-// scheduler, which resumes the waiting threads in a seeded random order once a barrier is complete.
+// (fiber_context.h) on the worker's stack pool. Barriers and warp exchanges switch back to a
+// per-block scheduler, which resumes the waiting threads in a seeded random order once a barrier is
+// complete.
 #include <sys/mman.h>
 
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
-#include <mutex>
 #include <cstdio>
 #include <cstdlib>
+#include <mutex>
 #include <random>
 #include <string>
 #include <thread>
@@ -184,8 +185,9 @@ void RunBlockFibers(Worker& w) {
         done += f.state == FState::kDone;
       }
       Fatal(w, "deadlock: " + std::to_string(at_block) + " threads wait at __syncthreads, " +
-                   std::to_string(at_warp) + " at a warp shuffle/vote whose lanes never all arrive, " +
-                   std::to_string(done) + " exited");
+                   std::to_string(at_warp) +
+                   " at a warp shuffle/vote whose lanes never all arrive, " + std::to_string(done) +
+                   " exited");
     }
     for (int i = 0; i < w.nthreads; ++i)
       if (w.fibers[i].state == FState::kReady) ready.push_back(i);
@@ -195,9 +197,9 @@ void RunBlockFibers(Worker& w) {
 
 void RunBlock(Worker& w, int64_t linear_block) {
   const dim3 g = detail::tl_grid_dim;
-  detail::tl_block_idx = uint3{static_cast<unsigned>(linear_block % g.x),
-                               static_cast<unsigned>((linear_block / g.x) % g.y),
-                               static_cast<unsigned>(linear_block / (static_cast<int64_t>(g.x) * g.y))};
+  detail::tl_block_idx = uint3{
+      static_cast<unsigned>(linear_block % g.x), static_cast<unsigned>((linear_block / g.x) % g.y),
+      static_cast<unsigned>(linear_block / (static_cast<int64_t>(g.x) * g.y))};
   w.rng.seed(g_seed.load() * 0x9E3779B97F4A7C15ULL + static_cast<uint64_t>(linear_block));
   std::fill(w.dyn.begin(), w.dyn.end(), 0xFF);  // uninitialised shared memory reads as NaN
   RunBlockFibers(w);
@@ -336,9 +338,8 @@ cudaError_t RunGrid(const char* name, dim3 grid, dim3 block, size_t shmem,
   const int64_t nblocks = static_cast<int64_t>(grid.x) * grid.y * grid.z;
   const int workers = static_cast<int>(std::min<int64_t>(g_workers.load(), nblocks));
   std::atomic<int64_t> next{0};
-  WorkerPool::Get().Run(workers, [&](int) {
-    RunWorker(name, &body, grid, block, shmem, &next, nblocks);
-  });
+  WorkerPool::Get().Run(workers,
+                        [&](int) { RunWorker(name, &body, grid, block, shmem, &next, nblocks); });
   return cudaSuccess;
 }
 
