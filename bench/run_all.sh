@@ -43,27 +43,33 @@ done
 echo
 $PY - "$LOG" <<'PYEOF'
 import sys
-best = {}
+runs = {}  # (config, side) -> list of RESULT dicts
 for line in open(sys.argv[1]):
-    if not line.startswith("RESULT "):
-        continue
-    kv = dict(f.split("=", 1) for f in line.split()[1:])
-    key = (kv["config"], kv["side"])
-    if key not in best or float(kv["tok_s"]) > float(best[key]["tok_s"]):
-        best[key] = kv
-print(f"{'config':8} {'traind tok/s':>13} {'torch tok/s':>12} {'ratio':>7} "
-      f"{'traind MFU':>11} {'torch MFU':>10} {'traind sgemm':>13} {'torch sgemm':>12} "
-      f"{'tok/CPU-s ratio':>16}")
+    if line.startswith("RESULT "):
+        kv = dict(f.split("=", 1) for f in line.split()[1:])
+        runs.setdefault((kv["config"], kv["side"]), []).append(kv)
+
+def best(config, side, key):  # the best round of one side for one metric
+    return max(float(r[key]) for r in runs[(config, side)])
+
+def best_row(config, side):  # the round with the best tok/s (its MFU and sgemm go with it)
+    return max(runs[(config, side)], key=lambda r: float(r["tok_s"]))
+
+print(f"{'config':8} {'traind tok/s':>13} {'torch tok/s':>12} {'ratio':>7} {'traind MFU':>11} "
+      f"{'torch MFU':>10} {'traind tok/CPU-s':>17} {'torch tok/CPU-s':>16} {'ratio':>7} "
+      f"{'traind MFU(CPU)':>16} {'torch MFU(CPU)':>15}")
 for c in ("tiny", "small"):
-    if (c, "traind") not in best or (c, "torch") not in best:
+    if (c, "traind") not in runs or (c, "torch") not in runs:
         continue
-    a, b = best[(c, "traind")], best[(c, "torch")]
-    ratio = float(a["tok_s"]) / float(b["tok_s"])
-    print(f"{c:8} {float(a['tok_s']):13.0f} {float(b['tok_s']):12.0f} {ratio:6.2f}x "
-          f"{100 * float(a['mfu']):10.1f}% {100 * float(b['mfu']):9.1f}% "
-          f"{float(a['sgemm_gflops']):10.0f} GF {float(b['sgemm_gflops']):9.0f} GF "
-          f"{float(a['tok_per_cpu_s']) / float(b['tok_per_cpu_s']):15.2f}x")
-print("(best round of each side by tok/s. MFU: model FLOPs/s over the side's own sgemm 1024^3 "
-      "rate measured in this run. tok/CPU-s ratio: tokens per process CPU-second, traind over "
-      "torch, a cross-check that other processes' load distorts less)")
+    a, b = best_row(c, "traind"), best_row(c, "torch")
+    ca, cb = best(c, "traind", "tok_per_cpu_s"), best(c, "torch", "tok_per_cpu_s")
+    print(f"{c:8} {float(a['tok_s']):13.0f} {float(b['tok_s']):12.0f} "
+          f"{float(a['tok_s']) / float(b['tok_s']):6.2f}x {100 * float(a['mfu']):10.1f}% "
+          f"{100 * float(b['mfu']):9.1f}% {ca:17.0f} {cb:16.0f} {ca / cb:6.2f}x "
+          f"{100 * best(c, 'traind', 'mfu_cpu'):15.1f}% {100 * best(c, 'torch', 'mfu_cpu'):14.1f}%")
+print("tok/s: the round with the best tok/s of each side; MFU: its model FLOPs/s over the sgemm "
+      "1024^3 rate that side measured (best of 10 runs) in the same round. tok/CPU-s: tokens per "
+      "process CPU-second, best round of each side; MFU(CPU): model FLOPs per CPU-second over "
+      "sgemm FLOPs per CPU-second. The CPU-time columns are distorted less by other processes' "
+      "load than wall-clock ones.")
 PYEOF

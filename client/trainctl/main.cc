@@ -107,6 +107,7 @@ int main(int argc, char** argv) {
   else g.addr = "127.0.0.1:50051";
   CLI::App app{"trainctl: submit and follow training jobs on traind"};
   app.require_subcommand(1);
+  app.fallthrough();  // global options may also follow the command: `trainctl status ID -o json`
   app.add_option("--addr", g.addr, "traind host:port (env TRAIND_ADDR)");
   app.add_option("--token", g.token, "bearer token (env TRAIND_TOKEN)");
   app.add_option("--token-file", g.token_file, "file holding the token");

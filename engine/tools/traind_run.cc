@@ -1,6 +1,7 @@
 // traind-run: runs one job spec with the engine in this process (no daemon), printing the plan,
 // one line per logging window and the output folder. For development and debugging.
-//   traind-run JOB.yaml [--resume] [--threads N] [--device cpu] [--memory-budget BYTES]
+//   traind-run JOB.yaml [--resume] [--threads N] [--device cpu|auto|cuda:N|simt]
+//              [--memory-budget BYTES]
 #include <atomic>
 #include <csignal>
 #include <cstdio>
@@ -11,6 +12,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "traind/engine/devices.h"
 #include "traind/engine/job_spec.h"
 #include "traind/engine/trainer.h"
 
@@ -31,9 +33,11 @@ int main(int argc, char** argv) {
   app.add_option("job", job_path, "job spec (YAML or JSON)")->required();
   app.add_flag("--resume", options.resume, "continue from the newest checkpoint in output_dir");
   app.add_option("--threads", options.device.threads, "CPU threads (0 = all cores)");
-  app.add_option("--device", options.device.device, "cpu | auto | cuda:N");
+  app.add_option("--device", options.device.device,
+                 "cpu | auto | cuda:N | simt (CUDA kernels under the CPU emulator; testing only)");
   app.add_option("--memory-budget", budget, "bytes the planner may use (0 = device capacity)");
   CLI11_PARSE(app, argc, argv);
+  RegisterGpuBackends();
   options.device.memory_budget_bytes = budget;
 
   std::ifstream in(job_path);

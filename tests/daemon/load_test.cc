@@ -121,8 +121,8 @@ TEST(LoadTest, TwoHundredClientsWhileTraining) {
   std::printf("load: %d clients, %zu calls in %.0f s (%.0f calls/s), %d errors, p50 %.2f ms, p99 %.2f ms\n",
               kClients, all.size(), kSeconds, static_cast<double>(all.size()) / kSeconds, errors.load(),
               p50 * 1e3, p99 * 1e3);
-  std::printf("training: %.0f tokens/s without load (%d steps), %.0f with load (%d steps): drop %.1f%%\n", base,
-              base_steps, loaded, load_steps, drop * 100);
+  std::printf("training: %.0f tokens/s without load (%.0f before, %.0f after; %d steps), %.0f with load (%d steps): "
+              "drop %.1f%%\n", base, base1, base2, base_steps, loaded, load_steps, drop * 100);
   RecordProperty("p99_ms", std::to_string(p99 * 1e3));
   RecordProperty("throughput_drop_percent", std::to_string(drop * 100));
   c->Cancel(job->id());

@@ -84,7 +84,7 @@ TEST_F(RecoveryTest, KillDaemonMidJobResumesToIdenticalResultAndLosesNothing) {
   client::ClientOptions wo;
   wo.addr = d.addr();
   wo.token = d.token();
-  auto watcher_client = std::move(*client::Client::Create(wo));
+  auto watcher_client = client::Client::Create(wo).value();
   std::thread watcher([&] {
     watch_status = watcher_client->Watch(crash->id(), 1, true, [&](const v1::JobEvent& ev) {
       seen.push_back(ev);

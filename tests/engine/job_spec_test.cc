@@ -468,7 +468,7 @@ TEST_F(ValidateInputsTest, InitFromFolder) {
                                        "model:\n  init_from: hf\n")));
   EXPECT_EQ(st.code(), Status::Code::kFailedPrecondition);
   EXPECT_THAT(st.message(), HasSubstr("has model_type gpt2 but model.arch is llama"));
-  st = ValidateJobInputs(Parse("model: {arch: gpt2, init_from: hf}\ndata: {train_file: data.txt, seq_len: 100}\n"));
+  st = ValidateJobInputs(Parse("model: {arch: gpt2, init_from: hf}\ndata: {train_file: data.txt, seq_len: 100, validation_split: 0}\n"));
   EXPECT_EQ(st.code(), Status::Code::kFailedPrecondition);
   EXPECT_THAT(st.message(), HasSubstr("data.seq_len: 100 exceeds the max positions 64"));
   std::ofstream(dir_ / "hf/config.json") << "{\"model_type\": \"gpt2\", \"activation_function\": \"relu\"}";

@@ -21,6 +21,7 @@
 #include <string>
 
 #include "core/dtype.h"
+#include "traind/engine/status.h"
 
 namespace traind::engine {
 
@@ -140,6 +141,26 @@ class Backend {
   virtual void AdamW(float* param, const float* grad, float* m, float* v, int64_t n, float lr,
                      float beta1, float beta2, float eps, float weight_decay,
                      float bias_correction1, float bias_correction2, float grad_scale) = 0;
+
+  // ---- device capabilities (defaults: none; the GPU backends override) ----
+  // The first error an op hit (OK when none). Ops do not abort on bad input on the GPU backends;
+  // they do nothing and report here. The CPU backend's ops do not fail.
+  virtual const Status& status() const {
+    static const Status kOk;
+    return kOk;
+  }
+  // Free and total device memory in bytes. UNIMPLEMENTED on backends without a device memory of
+  // their own (the CPU backend: the planner uses host RAM).
+  virtual Status MemoryInfo(size_t* free_bytes, size_t* total_bytes) const {
+    return Status::Unimplemented("MemoryInfo: " + name() + " has no device memory of its own");
+  }
+  // Graph capture: when SupportsGraphs(), the ops issued between BeginCapture and EndCapture are
+  // recorded, not run, and Replay() runs the last captured sequence again (same pointers, same
+  // scalar arguments). Ops that return values to the host must not be issued while capturing.
+  virtual bool SupportsGraphs() const { return false; }
+  virtual Status BeginCapture() { return Status::Unimplemented("graph capture on " + name()); }
+  virtual Status EndCapture() { return Status::Unimplemented("graph capture on " + name()); }
+  virtual Status Replay() { return Status::Unimplemented("graph replay on " + name()); }
 };
 
 // The CPU backend (always available; the reference). threads = 0: all cores.

@@ -27,6 +27,7 @@ if(TRAIND_BUILD_SIMT AND TRAIND_CUDA_HEADERS)
     ${TRAIND_GPU_DIR}/simt/fiber_context.cc
     ${TRAIND_GPU_DIR}/simt/simt_device.cc
     ${TRAIND_GPU_DIR}/simt/simt_backend.cc
+    ${TRAIND_GPU_DIR}/simt/simt_register.cc
     ${TRAIND_GPU_COMMON}
     ${TRAIND_SIMT_WRAPPERS})
   target_compile_definitions(traind_simt PUBLIC TRAIND_SIMT=1)
@@ -63,6 +64,7 @@ if(TRAIND_BUILD_CUDA)
       ${TRAIND_GPU_DIR}/cuda/cuda_device.cc
       ${TRAIND_GPU_DIR}/cuda/cuda_backend.cc
       ${TRAIND_GPU_DIR}/cuda/cublaslt_gemm.cc
+      ${TRAIND_GPU_DIR}/cuda/cuda_register.cc
       ${TRAIND_GPU_COMMON})
     target_include_directories(traind_cuda PUBLIC ${CMAKE_CURRENT_SOURCE_DIR}/src)
     # CMake 3.25 knows CUDA standards up to 17 only (CUDA20 is a configure error, and the CUDA
@@ -78,3 +80,20 @@ if(TRAIND_BUILD_CUDA)
                    "(pass -DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc)")
   endif()
 endif()
+
+# ---- traind_gpu_backends: RegisterGpuBackends() (traind/engine/devices.h) ----
+# Binaries that may train on a GPU (traind, traind-run) link this and call RegisterGpuBackends()
+# at start: it installs traind_cuda and traind_simt, whichever this build has, into the engine's
+# device registry. traind_engine itself never depends on either.
+add_library(traind_gpu_backends STATIC ${TRAIND_GPU_DIR}/cuda/gpu_register.cc)
+target_link_libraries(traind_gpu_backends PUBLIC traind_engine)
+if(TARGET traind_cuda)
+  target_link_libraries(traind_gpu_backends PRIVATE traind_cuda)
+  target_compile_definitions(traind_gpu_backends PRIVATE TRAIND_HAVE_CUDA_BACKEND=1)
+endif()
+if(TARGET traind_simt)
+  # PRIVATE: link-only for users, so TRAIND_SIMT and the stack flags stay inside traind_simt.
+  target_link_libraries(traind_gpu_backends PRIVATE traind_simt)
+  target_compile_definitions(traind_gpu_backends PRIVATE TRAIND_HAVE_SIMT_BACKEND=1)
+endif()
+traind_warnings(traind_gpu_backends)

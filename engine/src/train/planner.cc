@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "backend/device_registry.h"
 #include "models/hf_config.h"
 #include "optim/adamw.h"
 
@@ -60,14 +61,7 @@ Result<ModelConfig> ResolveModelConfig(const JobSpec& spec) {
   return ReadHfConfig(path);
 }
 
-Status CheckDevice(const std::string& device) {
-  if (device == "cpu" || device == "auto" || device.empty()) return Status::Ok();
-  if (device.rfind("cuda:", 0) == 0) {
-    return Status::FailedPrecondition("device " + device +
-                                      ": no CUDA backend in this build/device; use device cpu");
-  }
-  return Status::InvalidArgument("device '" + device + "' is not one of cpu, auto, cuda:N");
-}
+Status CheckDevice(const std::string& device) { return CheckDeviceAvailable(device); }
 
 int64_t DeviceBudgetBytes(const DeviceOptions& device) {
   if (device.memory_budget_bytes > 0) return device.memory_budget_bytes;
@@ -172,9 +166,9 @@ Result<MemoryPlan> PlanJob(const JobSpec& spec, const ModelConfig& config, int64
 namespace traind::engine {
 
 Result<MemoryPlan> EstimateJob(const JobSpec& spec, const DeviceOptions& device) {
-  TRAIND_RETURN_IF_ERROR(CheckDevice(device.device));
+  TRAIND_ASSIGN_OR_RETURN(int64_t budget, DeviceBudget(device));  // checks the device too
   TRAIND_ASSIGN_OR_RETURN(ModelConfig config, ResolveModelConfig(spec));
-  return PlanJob(spec, config, DeviceBudgetBytes(device));
+  return PlanJob(spec, config, budget);
 }
 
 }  // namespace traind::engine

@@ -17,12 +17,13 @@ namespace traind::engine {
 // The model config of the job: spec.model.config, or init_from's config.json when init_from is set.
 Result<ModelConfig> ResolveModelConfig(const JobSpec& spec);
 
-// OK for "cpu" and "auto" (the CPU backend in this build); FAILED_PRECONDITION for "cuda:N" (no
-// CUDA backend in this build); INVALID_ARGUMENT for anything else.
+// OK when the device can be opened now (CheckDeviceAvailable in backend/device_registry.h): "cpu",
+// "auto"; "cuda:N" and "simt" when registered (and the CUDA device exists); FAILED_PRECONDITION
+// with the reason otherwise; INVALID_ARGUMENT for a name that is not a device.
 Status CheckDevice(const std::string& device);
 
-// The budget the planner uses: memory_budget_bytes, or the device's capacity when that is 0
-// (host RAM from sysconf on the CPU backend).
+// The CPU budget: memory_budget_bytes, or host RAM (sysconf) when that is 0. (GPU devices: see
+// DeviceBudget in backend/device_registry.h, which EstimateJob and RunJob use.)
 int64_t DeviceBudgetBytes(const DeviceOptions& device);
 
 // The model options a job runs its model with at micro-batch `micro_batch`.

@@ -10,6 +10,7 @@
 #include <memory>
 #include <vector>
 
+#include "backend/device_registry.h"
 #include "core/arena.h"
 #include "data/token_data.h"
 #include "models/hf_config.h"
@@ -73,6 +74,24 @@ Result<double> Evaluate(Backend* backend, Model* model, const std::vector<int32_
   return weighted / static_cast<double>(windows);
 }
 
+// One micro-batch's backward pass. With `use_graph` (backends with graph support) it is captured
+// on its first call and replayed afterwards: it issues the same ops on the same buffers every
+// micro-batch and reads nothing back. Forward is not captured (it reads the loss back).
+Status RunBackward(Backend* backend, Model* model, bool use_graph, bool* captured) {
+  if (!use_graph) {
+    model->Backward();
+    return backend->status();
+  }
+  if (!*captured) {
+    TRAIND_RETURN_IF_ERROR(backend->BeginCapture());
+    model->Backward();
+    TRAIND_RETURN_IF_ERROR(backend->EndCapture());
+    *captured = true;
+  }
+  TRAIND_RETURN_IF_ERROR(backend->Replay());
+  return backend->status();
+}
+
 // Writes output_dir's final config.json, model.safetensors and trainer_state.json.
 Status WriteFinalOutputs(const JobSpec& spec, Model* model, const TrainerState& state,
                          int64_t windows_per_epoch, const nlohmann::json& final_entry) {
@@ -97,12 +116,14 @@ Result<RunSummary> RunJob(const JobSpec& spec, const RunOptions& options,
   if (t.optim != "adamw") return Status::Unimplemented("training.optim: " + t.optim + " is not supported yet");
   if (t.offload != "none") return Status::Unimplemented("training.offload: " + t.offload + " is not supported yet");
   TRAIND_ASSIGN_OR_RETURN(LrScheduleType schedule, ParseLrScheduleType(t.lr_scheduler_type));
-  TRAIND_RETURN_IF_ERROR(CheckDevice(options.device.device));
+  TRAIND_ASSIGN_OR_RETURN(OpenedDevice device, OpenDevice(options.device, t.tf32, message));
   TRAIND_RETURN_IF_ERROR(ValidateJobInputs(spec));
   TRAIND_ASSIGN_OR_RETURN(ModelConfig config, ResolveModelConfig(spec));
-  TRAIND_ASSIGN_OR_RETURN(MemoryPlan plan, PlanJob(spec, config, DeviceBudgetBytes(options.device)));
+  TRAIND_ASSIGN_OR_RETURN(MemoryPlan plan, PlanJob(spec, config, device.budget_bytes));
   if (callbacks.on_plan) callbacks.on_plan(plan);
-  if (t.tf32) message("training.tf32 has no effect on the CPU backend");
+  if (t.tf32 && device.device.rfind("cuda:", 0) != 0) {
+    message("training.tf32 has no effect on the " + device.device + " backend");
+  }
 
   TRAIND_ASSIGN_OR_RETURN(TokenData data, LoadTokenData(spec.data));
   if (data.vocab_size_needed > config.vocab_size) {
@@ -113,7 +134,7 @@ Result<RunSummary> RunJob(const JobSpec& spec, const RunOptions& options,
   }
   auto train_tokens = std::make_shared<const std::vector<int32_t>>(std::move(data.train));
 
-  std::unique_ptr<Backend> backend = MakeCpuBackend(options.device.threads);
+  std::unique_ptr<Backend> backend = std::move(device.backend);
   DeviceArena arena(backend.get(), plan.budget_bytes);
   const int64_t B = plan.micro_batch;
   const int64_t T = spec.data.seq_len;
@@ -198,6 +219,9 @@ Result<RunSummary> RunJob(const JobSpec& spec, const RunOptions& options,
   // fp16: dynamic loss scaling (a fresh scaler on resume); skipped steps still count as steps.
   LossScaler scaler;
   int64_t window_skipped = 0;
+  // CUDA graphs for the backward pass (fp32 only until 16-bit capture is verified under simt).
+  const bool use_graph = options.device.cuda_graphs && backend->SupportsGraphs() && !t.fp16 && !t.bf16;
+  bool captured = false;
   while (state.global_step < t.max_steps) {
     const Clock::time_point step_start = Clock::now();
     double wait = 0.0, loss_sum = 0.0;
@@ -210,7 +234,11 @@ Result<RunSummary> RunJob(const JobSpec& spec, const RunOptions& options,
       wait += loader.Next(inputs.data(), targets.data());
       CopyBatch(backend.get(), model.get(), inputs, targets);
       loss_sum += model->Forward(/*for_backward=*/true, micro_scale * loss_scale);
-      model->Backward();
+      const bool first_capture = use_graph && !captured;
+      TRAIND_RETURN_IF_ERROR(RunBackward(backend.get(), model.get(), use_graph, &captured));
+      if (first_capture) {
+        message(device.device + ": backward pass captured as a graph, replayed every micro-batch");
+      }
     }
     const bool skipped = t.fp16 && scaler.Update(LossScaler::FoundInf(
                                        backend.get(), model->grad_data(), model->num_params()));

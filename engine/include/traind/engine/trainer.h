@@ -15,9 +15,14 @@
 namespace traind::engine {
 
 struct DeviceOptions {
-  std::string device = "cpu";  // "cpu" | "cuda:N" | "auto"
+  // "cpu" | "cuda:N" | "auto" | "simt" (a development/test device); see devices.h. "cuda:N" and
+  // "simt" need RegisterGpuBackends() at start; "auto" without a GPU uses the CPU with one note.
+  std::string device = "cpu";
   int64_t memory_budget_bytes = 0;  // 0 = the device's capacity (host RAM on the CPU backend)
   int threads = 0;                  // CPU threads; 0 = all cores
+  // GPU backends: capture the backward pass as a CUDA graph once and replay it on later
+  // micro-batches (fp32 jobs). Off: every op is launched one by one.
+  bool cuda_graphs = true;
 };
 
 // Plans memory for `spec` on the device: resolves per_device_train_batch_size "auto" (the largest

@@ -1,7 +1,7 @@
 // Elementwise and small ops of the CPU backend: embedding, bias, add/scale, sum of squares, GELU,
-// SwiGLU, AdamW, the non-finite check. Row loops are OpenMP-threaded; the per-row bodies are compiled per ISA
-// (TRAIND_CPU_CLONES) so they vectorise. Reductions use per-thread partials combined in a fixed
-// order, so results do not depend on scheduling.
+// SwiGLU, AdamW, the non-finite check. Row loops are OpenMP-threaded; the per-row bodies are
+// compiled per ISA (TRAIND_CPU_CLONES) so they vectorise. Reductions use per-thread partials
+// combined in a fixed order, so results do not depend on scheduling.
 #include <omp.h>
 
 #include <algorithm>

@@ -20,18 +20,19 @@ class GpuBackend : public Backend {
   std::string name() const override { return name_; }
 
   // The first error an op hit (OK when none).
-  const Status& status() const { return status_; }
+  const Status& status() const override { return status_; }
   // Free and total device memory in bytes (cudaMemGetInfo; a nominal 16 GiB under simt), for the
   // metrics.
-  Status MemoryInfo(size_t* free_bytes, size_t* total_bytes) const;
+  Status MemoryInfo(size_t* free_bytes, size_t* total_bytes) const override;
   cudaStream_t stream() const { return stream_; }
 
   // Graph capture of the ops issued between BeginCapture and EndCapture (they are recorded, not
   // run); Replay() runs the captured sequence again. Ops that return values to the host
   // (SumSquares, HasNonFinite, copies to the host) must not be issued while capturing.
-  Status BeginCapture();
-  Status EndCapture();
-  Status Replay();
+  bool SupportsGraphs() const override { return true; }
+  Status BeginCapture() override;
+  Status EndCapture() override;
+  Status Replay() override;
 
   void* Alloc(size_t bytes) override;
   void Free(void* ptr) override;
