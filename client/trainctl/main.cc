@@ -177,12 +177,15 @@ int main(int argc, char** argv) {
     if (!json) std::cout << job->id() << std::endl;
     Result<v1::Job> end = Follow(c, g, job->id(), true, /*quiet=*/!follow);
     if (!end.ok()) return Error(g, end.status());
-    if (json) PrintJson(JobJson(*end));
-    else {
-      std::cout << end->id() << " " << StateName(end->state());
-      if (!end->error().empty()) std::cout << ": " << end->error();
-      if (end->state() == v1::JOB_STATE_SUCCEEDED) std::cout << "; model in " << end->output_dir();
-      std::cout << "\n";
+    if (json) {
+      PrintJson(JobJson(*end));
+    } else {
+      // stdout keeps only the id (scripts capture it); the outcome line goes to stderr.
+      std::ostream& o = follow ? std::cout : std::cerr;
+      o << end->id() << " " << StateName(end->state());
+      if (!end->error().empty()) o << ": " << end->error();
+      if (end->state() == v1::JOB_STATE_SUCCEEDED) o << "; model in " << end->output_dir();
+      o << std::endl;
     }
     return end->state() == v1::JOB_STATE_SUCCEEDED ? 0 : 1;
   }

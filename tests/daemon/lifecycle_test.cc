@@ -48,6 +48,8 @@ TEST_F(LifecycleTest, TrainctlSubmitWaitAndStatusJson) {
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   const std::string id = r.out.substr(0, r.out.find('\n'));
   ASSERT_THAT(id, ::testing::StartsWith("job-"));
+  EXPECT_EQ(r.out, id + "\n") << "stdout of submit --wait is the id alone";
+  EXPECT_THAT(r.err, ::testing::HasSubstr("SUCCEEDED"));
 
   r = Trainctl({"--addr", daemon_->addr(), "--state-dir", daemon_->state_dir(), "-o", "json", "status", id});
   ASSERT_EQ(r.exit_code, 0) << r.err;

@@ -97,7 +97,7 @@ TEST(LoadTest, TwoHundredClientsWhileTraining) {
         const auto t1 = Clock::now();
         if (!ok) errors++;
         latencies[static_cast<size_t>(i)].push_back(std::chrono::duration<double>(t1 - t0).count());
-        std::this_thread::sleep_until(t0 + std::chrono::milliseconds(period_ms));
+        std::this_thread::sleep_until(std::min<Clock::time_point>(t0 + std::chrono::milliseconds(period_ms), end));
       }
     });
   }

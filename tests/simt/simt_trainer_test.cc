@@ -1,10 +1,12 @@
 // RunJob on device "simt" (the CUDA backend's kernels under the emulator, registered through
 // RegisterGpuBackends) against RunJob on "cpu" for tiny gpt2 and llama jobs, fp32, 3 steps of 2
 // micro-batches: every step loss within 1e-5 relative and every final weight tensor within 1e-5
-// relative (max |a-b| / max |b|). Run with the backward pass captured as a graph (replayed on 5 of
-// the 6 micro-batches) and without; the two simt runs agree within 1e-6. Also the device queries.
+// relative (max |a-b| / max |b|; gpt2's key bias excepted, see MaxRelDiffOutsideKeyBias). Run with the backward pass captured as a graph (the 1st micro-
+// batch runs directly, the 2nd is captured, the 2nd to 6th replay it) and without; the two simt
+// runs agree within 1e-6. Also the device queries.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -72,6 +74,29 @@ bool Mentions(const std::vector<std::string>& notes, const std::string& what) {
   return false;
 }
 
+// The key third [C, 2C) of gpt2's c_attn.bias has an exactly zero true gradient (softmax is
+// invariant to a bias shared by all keys): its computed gradient is rounding noise, which Adam
+// normalises into steps of about +-lr, so any two implementations (or two simt runs: the attention
+// backward accumulates with atomics) move it by different O(lr) amounts. It is left out of the
+// comparison and only checked to stay within that bound; every other element is compared.
+constexpr int64_t kGpt2C = 32;
+double MaxRelDiffOutsideKeyBias(const std::string& name, const HostTensor& a, const HostTensor& b) {
+  if (name.find("attn.c_attn.bias") == std::string::npos) return testing::MaxRelDiff(a, b);
+  auto fa = a.ToF32();
+  auto fb = b.ToF32();
+  if (!fa.ok() || !fb.ok() || fa->size() != fb->size() || fa->size() != 3 * kGpt2C) return 1e30;
+  double num = 0, den = 0;
+  for (size_t i = 0; i < fa->size(); ++i) {
+    den = std::max(den, std::abs(double{(*fb)[i]}));
+    if (i >= kGpt2C && i < 2 * kGpt2C) {
+      EXPECT_LE(std::abs((*fa)[i]), 3 * 3e-3 * 3) << name << "[" << i << "]: 3 steps of lr 3e-3";
+    } else {
+      num = std::max(num, std::abs(double{(*fa)[i]} - (*fb)[i]));
+    }
+  }
+  return den > 0 ? num / den : num;
+}
+
 void ExpectSame(const Outcome& got, const Outcome& want, double tol, const std::string& what) {
   ASSERT_EQ(got.losses.size(), want.losses.size()) << what;
   for (size_t i = 0; i < want.losses.size(); ++i) {
@@ -82,7 +107,7 @@ void ExpectSame(const Outcome& got, const Outcome& want, double tol, const std::
   for (const auto& [name, t] : want.weights.tensors) {
     auto it = got.weights.tensors.find(name);
     ASSERT_NE(it, got.weights.tensors.end()) << what << ": " << name;
-    EXPECT_LE(testing::MaxRelDiff(it->second, t), tol) << what << ": weight " << name;
+    EXPECT_LE(MaxRelDiffOutsideKeyBias(name, it->second, t), tol) << what << ": weight " << name;
   }
 }
 

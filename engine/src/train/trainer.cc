@@ -74,19 +74,21 @@ Result<double> Evaluate(Backend* backend, Model* model, const std::vector<int32_
   return weighted / static_cast<double>(windows);
 }
 
-// One micro-batch's backward pass. With `use_graph` (backends with graph support) it is captured
-// on its first call and replayed afterwards: it issues the same ops on the same buffers every
-// micro-batch and reads nothing back. Forward is not captured (it reads the loss back).
-Status RunBackward(Backend* backend, Model* model, bool use_graph, bool* captured) {
-  if (!use_graph) {
+// One micro-batch's backward pass; `calls` counts them. With `use_graph` (backends with graph
+// support) the first call runs directly (the backend sizes its scratch buffers), the second is
+// captured, and it and every later one replay the graph: the backward pass issues the same ops on
+// the same buffers every micro-batch and reads nothing back. Forward is not captured (it reads
+// the loss back to the host).
+Status RunBackward(Backend* backend, Model* model, bool use_graph, int64_t* calls) {
+  const int64_t call = (*calls)++;
+  if (!use_graph || call == 0) {
     model->Backward();
     return backend->status();
   }
-  if (!*captured) {
+  if (call == 1) {
     TRAIND_RETURN_IF_ERROR(backend->BeginCapture());
     model->Backward();
     TRAIND_RETURN_IF_ERROR(backend->EndCapture());
-    *captured = true;
   }
   TRAIND_RETURN_IF_ERROR(backend->Replay());
   return backend->status();
@@ -221,7 +223,7 @@ Result<RunSummary> RunJob(const JobSpec& spec, const RunOptions& options,
   int64_t window_skipped = 0;
   // CUDA graphs for the backward pass (fp32 only until 16-bit capture is verified under simt).
   const bool use_graph = options.device.cuda_graphs && backend->SupportsGraphs() && !t.fp16 && !t.bf16;
-  bool captured = false;
+  int64_t backward_calls = 0;
   while (state.global_step < t.max_steps) {
     const Clock::time_point step_start = Clock::now();
     double wait = 0.0, loss_sum = 0.0;
@@ -234,9 +236,8 @@ Result<RunSummary> RunJob(const JobSpec& spec, const RunOptions& options,
       wait += loader.Next(inputs.data(), targets.data());
       CopyBatch(backend.get(), model.get(), inputs, targets);
       loss_sum += model->Forward(/*for_backward=*/true, micro_scale * loss_scale);
-      const bool first_capture = use_graph && !captured;
-      TRAIND_RETURN_IF_ERROR(RunBackward(backend.get(), model.get(), use_graph, &captured));
-      if (first_capture) {
+      TRAIND_RETURN_IF_ERROR(RunBackward(backend.get(), model.get(), use_graph, &backward_calls));
+      if (use_graph && backward_calls == 2) {
         message(device.device + ": backward pass captured as a graph, replayed every micro-batch");
       }
     }

@@ -17,7 +17,7 @@ struct DeviceInfo {
   std::string device;        // the resolved device: "cpu", "cuda:0", "simt" ("auto" resolved)
   std::string name;          // "NVIDIA H100 80GB HBM3", the CPU model, "simt emulator"
   int64_t total_bytes = 0;   // device memory (host RAM on the CPU; a nominal 16 GiB under simt)
-  int64_t free_bytes = 0;    // free now (cudaMemGetInfo; MemAvailable on the CPU)
+  int64_t free_bytes = 0;    // free now (cudaMemGetInfo; free pages, _SC_AVPHYS_PAGES, on the CPU)
   // Peak FLOP/s: on the CPU an fp32 sgemm measured once per process (a few ms; all cores); on a
   // CUDA device the dense bf16 tensor-core peak from the product sheet for A100/H100/H200, 0 for
   // other devices (unknown); 0 under simt.
