@@ -7,6 +7,7 @@ set -euo pipefail
 BUILD_DIR=${1:?usage: scripts/demo.sh BUILD_DIR}
 BUILD_DIR=$(cd "$BUILD_DIR" && pwd)
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT"   # the example spec's relative paths are relative to the repository root
 TRAIND=$BUILD_DIR/server/traind
 TRAINCTL=$BUILD_DIR/client/trainctl
 STATE=$BUILD_DIR/traind-demo

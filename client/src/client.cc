@@ -85,7 +85,7 @@ Result<v1::Job> Client::SubmitFile(const std::string& path, int32_t priority) {
   TRAIND_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
   v1::SubmitJobRequest req;
   req.set_spec_yaml(text);
-  req.set_base_dir(std::filesystem::absolute(path).parent_path().string());
+  req.set_base_dir(std::filesystem::current_path().string());  // paths as the user typed them: relative to the working directory
   req.set_priority(priority);
   return Submit(req);
 }
@@ -132,7 +132,7 @@ Result<v1::EstimateJobResponse> Client::EstimateFile(const std::string& path) {
   TRAIND_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
   v1::EstimateJobRequest req;
   req.set_spec_yaml(text);
-  req.set_base_dir(std::filesystem::absolute(path).parent_path().string());
+  req.set_base_dir(std::filesystem::current_path().string());  // paths as the user typed them: relative to the working directory
   return Estimate(req);
 }
 

@@ -47,7 +47,7 @@ int main(int argc, char** argv) {
   }
   std::stringstream text;
   text << in.rdbuf();
-  const std::string base = std::filesystem::absolute(job_path).parent_path().string();
+  const std::string base = std::filesystem::current_path().string();  // as trainctl does
   traind::Result<JobSpec> spec = ParseJobSpec(text.str(), base);
   if (!spec.ok()) {
     std::fprintf(stderr, "%s\n", spec.status().ToString().c_str());

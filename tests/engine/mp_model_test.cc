@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <ctime>
 #include <cstdlib>
 #include <cstring>
 
@@ -199,8 +200,9 @@ TEST(MixedPrecisionModel, DISABLED_StepTime) {
     ASSERT_TRUE(opt.ok());
     SetBatch(m, MakeBatch(B * T, c.vocab_size, 1, 0));
     std::vector<double> times;
-    double loss = 0;
+    double loss = 0, cpu0 = 0;
     for (int s = 0; s < steps + 2; ++s) {
+      if (s == 2) cpu0 = std::clock() / static_cast<double>(CLOCKS_PER_SEC);
       const auto t0 = std::chrono::steady_clock::now();
       model.ZeroGrad();
       loss = model.Forward(true, 1.0f);
@@ -212,18 +214,61 @@ TEST(MixedPrecisionModel, DISABLED_StepTime) {
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       if (s >= 2) times.push_back(dt);
     }
+    const double cpu_step =
+        (std::clock() / static_cast<double>(CLOCKS_PER_SEC) - cpu0) / static_cast<double>(steps);
     std::sort(times.begin(), times.end());
     const double median = times[times.size() / 2];
     if (t == DType::kF32) fp32_median = median;
     const double gflops = Model::TrainingFlops(c, B, T) / median / 1e9;
     std::printf("[mp-bench] %s L=%d C=%d T=%lld B=%lld V=%lld %s: step %.1f ms median (min %.1f), "
-                "%.0f tok/s, %.0f GFLOP/s, %.2fx fp32, loss %.4f, peak %.1f MiB\n",
+                "%.0f tok/s, %.0f GFLOP/s, %.2fx fp32, CPU %.2f s/step, loss %.4f, peak %.1f MiB\n",
                 small ? "small" : "tiny", static_cast<int>(c.n_layer), static_cast<int>(c.n_embd),
                 static_cast<long long>(T), static_cast<long long>(B),
                 static_cast<long long>(c.vocab_size), DTypeName(t), 1e3 * median,
-                1e3 * times.front(), B * T / median, gflops, fp32_median / median, loss,
+                1e3 * times.front(), B * T / median, gflops, fp32_median / median, cpu_step, loss,
                 static_cast<double>(m.arena->peak_bytes()) / (1 << 20));
   }
+}
+
+
+// Not a test: the pieces of a 16-bit step in isolation on this CPU (2 threads, best of 5): the
+// lm_head-shaped GEMM (N=2048, C=384, Vp=50304) in fp32 vs bf16 vs f16 inputs, and Cast
+// f32 -> bf16 of the (N, Vp) logits gradient.
+//   mp_model_test --gtest_also_run_disabled_tests --gtest_filter='*OpTime*'
+TEST(MixedPrecisionModel, DISABLED_OpTime) {
+  std::unique_ptr<Backend> be = MakeCpuBackend(2);
+  const int64_t M = 2048, K = 384, N = 50304;
+  std::vector<float> a(M * K, 0.01f), b(N * K, 0.02f), c(M * N);
+  std::vector<uint16_t> a16(M * K), b16(N * K), c16(M * N);
+  auto best = [](auto&& f) {
+    double t = 1e30;
+    for (int i = 0; i < 5; ++i) {
+      const auto t0 = std::chrono::steady_clock::now();
+      f();
+      t = std::min(t, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+    return t;
+  };
+  const double flop = 2.0 * M * N * K;
+  for (DType t : {DType::kF32, DType::kBF16, DType::kF16}) {
+    const void* A = a.data();
+    const void* B = b.data();
+    if (t != DType::kF32) {
+      be->Cast(a16.data(), t, a.data(), DType::kF32, M * K);
+      be->Cast(b16.data(), t, b.data(), DType::kF32, N * K);
+      A = a16.data();
+      B = b16.data();
+    }
+    const double s = best([&] {
+      be->Gemm(false, true, M, N, K, 1.0f, A, K, B, K, 0.0f, c.data(), N, t, DType::kF32);
+    });
+    std::printf("[mp-bench] gemm %lldx%lldx%lld %s inputs: %.1f ms, %.0f GFLOP/s\n",
+                static_cast<long long>(M), static_cast<long long>(N), static_cast<long long>(K),
+                DTypeName(t), 1e3 * s, flop / s / 1e9);
+  }
+  const double cs = best([&] { be->Cast(c16.data(), DType::kBF16, c.data(), DType::kF32, M * N); });
+  std::printf("[mp-bench] cast f32->bf16 of %lld elements: %.1f ms, %.2f Gelem/s\n",
+              static_cast<long long>(M * N), 1e3 * cs, M * N / cs / 1e9);
 }
 
 }  // namespace

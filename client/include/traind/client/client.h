@@ -29,7 +29,8 @@ class Client {
   static Result<std::unique_ptr<Client>> Create(const ClientOptions& options);
   ~Client();
 
-  // Reads a spec file and submits its text, with the file's folder as base_dir.
+  // Reads a spec file and submits its text, with the current working directory as base_dir, so
+  // relative paths in the spec mean what they mean to the user who typed them (as with HF scripts).
   Result<v1::Job> SubmitFile(const std::string& path, int32_t priority = 0);
   Result<v1::Job> Submit(const v1::SubmitJobRequest& request);
   Result<v1::Job> Get(const std::string& id);
