@@ -1,28 +1,48 @@
 #!/usr/bin/env bash
 # bench/run_all.sh BUILD_DIR [--coretype SkylakeX|Haswell|env] [--rounds N] [--config tiny|small|all]
-# Runs the traind GPT-2 training-step bench and its PyTorch peer in the same run, alternating the
+# bench/run_all.sh BUILD_DIR --table [--model tiny|small] [--batch B] [--accum K] [--steps N]
+#                                    [--rounds N] [--coretype ...]
+# Default: the traind GPT-2 training-step bench and its PyTorch peer in the same run, alternating the
 # two sides for N rounds (default 2; the best round of each side counts, which damps noise from
 # other processes), and prints tokens/s, the traind/torch ratio and each side's MFU against the
 # sgemm rate it measured itself. Both sides: 2 threads, OMP_WAIT_POLICY=PASSIVE (PyTorch's best
 # setting on 2-core machines), and the same OPENBLAS_CORETYPE (default SkylakeX: OpenBLAS at its
 # best for PyTorch; traind's fp32 GEMMs go to oneDNN, which does not read it).
+# --table: issue 4's techniques table (baseline, + accumulation, + checkpointing, + bf16, + all),
+# every row by traind (gpt2_table_bench) and PyTorch eager (torch_gpt2_table.py), one process per
+# row and side, alternating, N rounds (default 3), best round of each side; see bench/README.md.
 set -euo pipefail
 BUILD_DIR=${1:?usage: bench/run_all.sh BUILD_DIR [--coretype SkylakeX|Haswell|env] [--rounds N]}
 shift
 CORETYPE=SkylakeX
 ROUNDS=2
 CONFIG=all
+TABLE=0
+MODEL=small
+BATCH=8
+ACCUM=4
+STEPS=3
+ROUNDS_SET=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --coretype) CORETYPE=$2; shift 2 ;;
-    --rounds) ROUNDS=$2; shift 2 ;;
+    --rounds) ROUNDS=$2; ROUNDS_SET=1; shift 2 ;;
     --config) CONFIG=$2; shift 2 ;;
+    --table) TABLE=1; shift ;;
+    --model) MODEL=$2; shift 2 ;;
+    --batch) BATCH=$2; shift 2 ;;
+    --accum) ACCUM=$2; shift 2 ;;
+    --steps) STEPS=$2; shift 2 ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
 done
 HERE=$(cd "$(dirname "$0")" && pwd)
-BENCH=$BUILD_DIR/bench/gpt2_step_bench
 PY=/usr/bin/python3
+if [ "$TABLE" = 1 ]; then
+  [ "$ROUNDS_SET" = 1 ] || ROUNDS=3
+  exec "$HERE/table.sh" "$BUILD_DIR" "$MODEL" "$BATCH" "$ACCUM" "$STEPS" "$ROUNDS" "$CORETYPE"
+fi
+BENCH=$BUILD_DIR/bench/gpt2_step_bench
 [ -x "$BENCH" ] || { echo "missing $BENCH: build the gpt2_step_bench target first" >&2; exit 1; }
 $PY -c "import torch" 2>/dev/null || { echo "PyTorch peer needs python3-torch for $PY" >&2; exit 1; }
 

@@ -13,6 +13,7 @@
 
 #include <CLI/CLI.hpp>
 #include <chrono>
+#include <cstdlib>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -101,6 +102,11 @@ int main(int argc, char** argv) {
     return help ? 0 : 2;
   }
   const server::ServerOptions opts = *parsed;
+
+  // Job runners inherit this: OpenMP threads that spin-wait for a core that another process holds
+  // make every parallel region crawl (10x on a loaded 2-core machine); sleeping costs little.
+  // An explicit OMP_WAIT_POLICY from the user wins.
+  setenv("OMP_WAIT_POLICY", "PASSIVE", /*overwrite=*/0);
 
   // 2. Signals: blocked in every thread (set before any thread starts) and taken by sigwait below.
   sigset_t stop_signals;

@@ -81,8 +81,8 @@ TEST(MixedPrecisionTrainer, TinyShakespeareBf16AndFp16TrackFp32) {
     const bool is_bf16 = c == &bf16;
     const char* name = is_bf16 ? "bf16" : "fp16";
     ASSERT_EQ(c->losses.size(), fp32.losses.size()) << name;
-    const double rel = std::abs(c->summary.eval_loss - fp32.summary.eval_loss) /
-                       fp32.summary.eval_loss;
+    const double rel =
+        std::abs(c->summary.eval_loss - fp32.summary.eval_loss) / fp32.summary.eval_loss;
     std::printf("[mp] %s eval_loss %.4f vs fp32 %.4f (%+.2f%%); %.1fs vs fp32 %.1fs\n", name,
                 c->summary.eval_loss, fp32.summary.eval_loss, 100.0 * rel, c->seconds,
                 fp32.seconds);
@@ -115,8 +115,8 @@ TEST(MixedPrecisionTrainer, Tf32IsAcceptedAndReportedAsNoOpOnCpu) {
   ASSERT_TRUE(run.ok()) << run.status().ToString();
   bool said = false;
   for (const std::string& m : messages) {
-    said = said || (m.find("tf32") != std::string::npos &&
-                    m.find("no effect") != std::string::npos);
+    said =
+        said || (m.find("tf32") != std::string::npos && m.find("no effect") != std::string::npos);
   }
   EXPECT_TRUE(said) << "no on_message line says tf32 has no effect on the CPU";
   EXPECT_EQ(run->plan.precision, "fp32");

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -146,6 +147,9 @@ TEST(Devices, QueryAndBudget) {
   EXPECT_GT(cpu->free_bytes, 0);
   EXPECT_LE(cpu->free_bytes, cpu->total_bytes);
   EXPECT_GT(cpu->peak_flops, 1e8);  // a measured sgemm: at least 0.1 GFLOP/s
+  std::printf("QueryDevice(cpu): %s, %.2f GiB total, %.2f GiB free, %.1f GFLOP/s sgemm\n",
+              cpu->name.c_str(), cpu->total_bytes / 1073741824.0, cpu->free_bytes / 1073741824.0,
+              cpu->peak_flops / 1e9);
 
   auto simt = QueryDevice("simt");
   ASSERT_TRUE(simt.ok()) << simt.status().ToString();

@@ -255,8 +255,7 @@ double DecoderModel::Forward(bool for_backward, float grad_scale) {
   nn::EmbeddingForward(be, bufs_.res[0], bufs_.inputs, bufs_.positions, P(table_.wte),
                        P(table_.wpe), N_, d_.C);
   for (int64_t l = 0; l < d_.L; ++l) BlockForward(l);
-  NormInto(bufs_.lnf, bufs_.lnf_mean, bufs_.lnf_rstd, bufs_.res[d_.L], table_.lnf_w,
-           table_.lnf_b);
+  NormInto(bufs_.lnf, bufs_.lnf_mean, bufs_.lnf_rstd, bufs_.res[d_.L], table_.lnf_w, table_.lnf_b);
   nn::LinearForward(be, bufs_.logits, bufs_.lnf, W(table_.lm_head), nullptr, N_, d_.C, d_.Vp,
                     options_.compute_type);
   const double loss =

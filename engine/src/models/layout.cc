@@ -131,10 +131,12 @@ void PlanBuffers(const ArchDims& d, const ModelOptions& o, int64_t num_params, B
   if (d.llama) p->Add(MC::kTemporary, N * d.H, &b->scratch_a);
   if (mixed) {
     // Every gradient entering a GEMM fits whole (N rows of C, qkv_width or up_width), and so do
-    // N*C floats (2*N*C 16-bit elements); the logits gradient (N,Vp) goes through in row chunks,
-    // at least one row (Vp) at a time.
-    b->scratch16_elems =
-        std::max({2 * N * C, N * d.qkv_width(), N * d.up_width(), d.Vp});
+    // N*C floats (2*N*C 16-bit elements). The logits gradient (N,Vp) goes through in chunks of at
+    // least min(N, 512) rows: fewer rows make the lm_head weight-gradient GEMM (K = rows) slow
+    // (see README.md, mixed precision), all N rows would cost N*Vp*2 bytes.
+    constexpr int64_t kMinLogitRows = 512;
+    b->scratch16_elems = std::max(
+        {2 * N * C, N * d.qkv_width(), N * d.up_width(), std::min(N, kMinLogitRows) * d.Vp});
     p->Add(MC::kTemporary, b->scratch16_elems, t, &b->scratch16);
   } else {
     b->scratch16_elems = 0;

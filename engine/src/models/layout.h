@@ -104,8 +104,9 @@ struct ModelBuffers {
   float* scratch_big = nullptr;  // (N, max(qkv_width, up_width)): dqkv, MLP dh (and GELU da)
   float* scratch_a = nullptr;    // (N,H) SwiGLU da (llama only)
   // 16-bit compute types only: `scratch16_elems` elements of the compute type. Holds the rounded
-  // copy of a gradient entering a GEMM (nn::GemmPrecision), and, reused in BlockBackward, the
-  // attention output widened back to fp32 (it is sized for N*C floats too).
+  // copy of a gradient entering a GEMM (nn::GemmPrecision; the logits gradient in chunks of at
+  // least min(N, 512) rows), and, reused in BlockBackward, the attention output widened back to
+  // fp32 (it is sized for N*C floats too).
   void* scratch16 = nullptr;
   int64_t scratch16_elems = 0;
 

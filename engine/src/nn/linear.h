@@ -22,9 +22,8 @@ struct GemmPrecision {
 };
 
 // FLOPs: 2*N*C*OC. inp and weight in `type`.
-void LinearForward(Backend& be, float* out, const void* inp, const void* weight,
-                   const float* bias, int64_t N, int64_t C, int64_t OC,
-                   DType type = DType::kF32);
+void LinearForward(Backend& be, float* out, const void* inp, const void* weight, const float* bias,
+                   int64_t N, int64_t C, int64_t OC, DType type = DType::kF32);
 // FLOPs: 4*N*C*OC (2 GEMMs; one when dinp is null). inp and weight in gp.type.
 void LinearBackward(Backend& be, float* dinp, float* dweight, float* dbias, const float* dout,
                     const void* inp, const void* weight, int64_t N, int64_t C, int64_t OC,
