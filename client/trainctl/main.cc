@@ -6,6 +6,9 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
+#include <iterator>
+#include <vector>
 #include <iostream>
 
 #include "format.h"
@@ -99,6 +102,36 @@ Result<std::string> ResolveToken(const Globals& g) {
   return t;
 }
 
+// `tokenize`: local, no traind. The byte tokenizer maps each byte of the text to its value (the
+// ids the engine trains on with `data.tokenizer: byte`).
+int Tokenize(const std::string& tokenizer, const std::string& text, const std::string& file,
+             bool from_file, bool json) {
+  if (tokenizer != "byte") {
+    std::fprintf(stderr, "trainctl: --tokenizer %s is not supported yet (supported: byte)\n",
+                 tokenizer.c_str());
+    return 2;
+  }
+  std::string input = text;
+  if (from_file) {
+    std::ifstream in(file, std::ios::binary);
+    if (!in) {
+      std::fprintf(stderr, "trainctl: cannot read %s\n", file.c_str());
+      return 2;
+    }
+    input.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  std::vector<int> ids;
+  ids.reserve(input.size());
+  for (unsigned char ch : input) ids.push_back(ch);
+  if (json) {
+    PrintJson({{"ids", ids}});
+  } else {
+    for (size_t i = 0; i < ids.size(); ++i) std::cout << (i ? " " : "") << ids[i];
+    std::cout << "\n";
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -136,6 +169,11 @@ int main(int argc, char** argv) {
   auto* estimate = app.add_subcommand("estimate", "memory plan by category and the batch it would choose");
   estimate->add_option("spec", spec, "JOB.yaml")->required();
   auto* health = app.add_subcommand("health", "is traind serving?");
+  std::string tokenizer, tok_text, tok_file;
+  auto* tokenize = app.add_subcommand("tokenize", "token ids of a text, computed locally");
+  tokenize->add_option("--tokenizer", tokenizer, "byte (HF tokenizer.json: later)")->required();
+  auto* tok_text_opt = tokenize->add_option("text", tok_text, "TEXT");
+  tokenize->add_option("--file", tok_file, "read the text from F")->excludes(tok_text_opt);
 
   try {
     app.parse(argc, argv);
@@ -146,6 +184,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   const bool json = g.output == "json";
+
+  if (*tokenize) return Tokenize(tokenizer, tok_text, tok_file, tokenize->count("--file") > 0, json);
 
   auto token = ResolveToken(g);
   if (!token.ok()) return Error(g, token.status());
