@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
 #include <fstream>
 #include <memory>
 #include <random>
@@ -72,6 +73,13 @@ bool ResetPeakRss() {
 
 double Seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
+}
+
+// CPU seconds used by this process (all threads): a load-robust second measure of the work.
+double ProcessCpuSeconds() {
+  timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
 }
 
 // Whether 16-bit GEMMs run as native bf16 kernels (oneDNN) rather than widened to fp32.
@@ -144,10 +152,13 @@ int Run(const ModelShape& ms, const std::string& row_name, const Row& row, int64
   for (auto& t : ids) t = static_cast<int32_t>(rng() % static_cast<uint32_t>(ms.vocab));
 
   const float micro_scale = 1.0f / static_cast<float>(k);
-  double loss = 0.0, first_loss = 0.0;
+  double loss = 0.0, first_loss = 0.0, cpu0 = 0.0;
   std::vector<double> times;
   for (int s = 0; s < warmup + steps; ++s) {
-    if (s == warmup) prof.Reset();
+    if (s == warmup) {
+      prof.Reset();
+      cpu0 = ProcessCpuSeconds();
+    }
     auto t0 = Clock::now();
     m.ZeroGrad();
     double loss_sum = 0.0;
@@ -164,6 +175,7 @@ int Run(const ModelShape& ms, const std::string& row_name, const Row& row, int64
     loss = loss_sum / static_cast<double>(k);
     if (s == 0) first_loss = loss;
   }
+  const double cpu_s = ProcessCpuSeconds() - cpu0;
   const int64_t hwm = ProcStatusBytes("VmHWM");
   if (times.empty()) {
     std::printf("traind %s row=%s: loss %.4f (no timed steps)\n", ms.name.c_str(),
@@ -182,10 +194,11 @@ int Run(const ModelShape& ms, const std::string& row_name, const Row& row, int64
               plan / 1048576.0, (hwm - rss0) / 1048576.0,
               peak_reset ? "" : " (VmHWM could not be reset: includes earlier peaks)");
   std::printf("RESULT side=traind model=%s row=%s status=ok micro_batch=%lld accum=%lld "
-              "sample_ms=%.3f samples_s=%.3f peak_bytes=%lld plan_bytes=%lld rss_bytes=%lld "
-              "loss=%.4f\n",
+              "sample_ms=%.3f samples_s=%.3f cpu_ms_per_sample=%.3f peak_bytes=%lld "
+              "plan_bytes=%lld rss_bytes=%lld loss=%.4f\n",
               ms.name.c_str(), row_name.c_str(), static_cast<long long>(B),
               static_cast<long long>(k), 1e3 * median / samples, samples / median,
+              1e3 * cpu_s / (samples * static_cast<double>(times.size())),
               static_cast<long long>(arena.peak_bytes()), static_cast<long long>(plan),
               static_cast<long long>(hwm - rss0), loss);
   if (profile) {

@@ -3,12 +3,13 @@
 # called by `bench/run_all.sh BUILD_DIR --table`. Every row (baseline, accum, ckpt, bf16, all) runs
 # once per round on each side (traind: gpt2_table_bench, PyTorch: torch_gpt2_table.py), each in a
 # fresh process so the RSS peak belongs to that row; table_summary.py prints the best round.
+# TRAIND_TABLE_LOG=FILE appends the raw lines there too (table_summary.py FILE... merges runs).
 set -euo pipefail
 BUILD_DIR=$1 MODEL=$2 BATCH=$3 ACCUM=$4 STEPS=$5 ROUNDS=$6 CORETYPE=$7
 HERE=$(cd "$(dirname "$0")" && pwd)
 BENCH=$BUILD_DIR/bench/gpt2_table_bench
 PY=/usr/bin/python3
-[ -x "$BENCH" ] || { echo "missing $BENCH: build the gpt2_table_bench target first" >&2; exit 1; }
+[ -x "$BENCH" ] || { echo "missing $BENCH: build the gpt2_table_bench target" >&2; exit 1; }
 $PY -c "import torch" 2>/dev/null || { echo "PyTorch peer needs python3-torch for $PY" >&2; exit 1; }
 if [ "$CORETYPE" != env ]; then export OPENBLAS_CORETYPE=$CORETYPE; fi
 export OMP_WAIT_POLICY=PASSIVE
@@ -18,6 +19,9 @@ echo "   OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-(unset)} OMP_WAIT_POLICY=$OMP_WA
      "rounds=$ROUNDS host=$(hostname) cpus=$(nproc) load=$(cut -d' ' -f1-3 /proc/loadavg)"
 LOG=$(mktemp)
 trap 'rm -f "$LOG"' EXIT
+if [ -n "${TRAIND_TABLE_LOG:-}" ]; then
+  echo "== raw lines also appended to $TRAIND_TABLE_LOG"
+fi
 ARGS=(--model "$MODEL" --batch "$BATCH" --accum "$ACCUM" --steps "$STEPS" --warmup 1 --threads 2)
 for ((r = 1; r <= ROUNDS; ++r)); do
   for row in baseline accum ckpt bf16 all; do
@@ -27,4 +31,5 @@ for ((r = 1; r <= ROUNDS; ++r)); do
 done
 echo
 echo "load at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
+[ -z "${TRAIND_TABLE_LOG:-}" ] || cat "$LOG" >> "$TRAIND_TABLE_LOG"
 $PY "$HERE/table_summary.py" "$LOG"

@@ -98,8 +98,10 @@ def run(model, row, batch, accum, steps, warmup):
                             lr=1e-4, betas=(0.9, 0.95), eps=1e-8, foreach=True)
     ids = torch.randint(0, cfg["V"], (k * B * T + 1,), generator=gen)
     mask = torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1)
-    times, first, loss = [], None, 0.0
+    times, first, loss, cpu0 = [], None, 0.0, 0.0
     for s in range(warmup + steps):
+        if s == warmup:
+            cpu0 = time.process_time()  # CPU seconds of all threads of the process
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
         loss_sum = 0.0
@@ -116,6 +118,7 @@ def run(model, row, batch, accum, steps, warmup):
         loss = loss_sum / k
         if first is None:
             first = loss
+    cpu_s = time.process_time() - cpu0
     hwm = proc_status_bytes("VmHWM")
     if not times:
         print(f"torch {model} row={row}: loss {loss:.4f} (no timed steps)")
@@ -128,6 +131,7 @@ def run(model, row, batch, accum, steps, warmup):
           f"{'' if peak_reset else ' (VmHWM could not be reset: includes earlier peaks)'}")
     print(f"RESULT side=torch model={model} row={row} status=ok micro_batch={B} accum={k} "
           f"sample_ms={1e3 * med / samples:.3f} samples_s={samples / med:.3f} "
+          f"cpu_ms_per_sample={1e3 * cpu_s / (samples * len(times)):.3f} "
           f"rss_bytes={hwm - rss0} loss={loss:.4f}")
     sys.stdout.flush()
 

@@ -1,9 +1,10 @@
 // RunJob on device "simt" (the CUDA backend's kernels under the emulator, registered through
 // RegisterGpuBackends) against RunJob on "cpu" for tiny gpt2 and llama jobs, fp32, 3 steps of 2
 // micro-batches: every step loss within 1e-5 relative and every final weight tensor within 1e-5
-// relative (max |a-b| / max |b|; gpt2's key bias excepted, see MaxRelDiffOutsideKeyBias). Run with the backward pass captured as a graph (the 1st micro-
-// batch runs directly, the 2nd is captured, the 2nd to 6th replay it) and without; the two simt
-// runs agree within 1e-6. Also the device queries.
+// relative (max |a-b| / max |b|; gpt2's key bias excepted, see MaxRelDiffOutsideKeyBias). Run
+// with the backward pass captured as a graph (the 1st micro-batch runs directly, the 2nd is
+// captured, the 2nd to 6th replay it) and without; the two simt runs agree within 1e-6. Also the
+// device queries.
 #include <gtest/gtest.h>
 
 #include <algorithm>

@@ -35,6 +35,7 @@ Exit RunTool(const std::string& args) {
 
 std::string WriteSpec(const std::string& dir) {
   testing::WriteSyntheticTokens(dir + "/tokens.bin", 1200, 64, 5);
+  // Absolute paths: traind-run resolves relative ones against its working directory.
   testing::WriteFile(dir + "/job.yaml", R"(name: device-test
 model:
   arch: gpt2
@@ -45,7 +46,7 @@ model:
     n_layer: 1
     n_head: 2
 data:
-  train_file: tokens.bin
+  train_file: )" + dir + R"(/tokens.bin
   format: tokens
   token_dtype: uint16
   seq_len: 8
@@ -53,7 +54,7 @@ training:
   max_steps: 2
   per_device_train_batch_size: 2
   logging_steps: 1
-output_dir: out
+output_dir: )" + dir + R"(/out
 )");
   return dir + "/job.yaml";
 }

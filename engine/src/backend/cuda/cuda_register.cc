@@ -12,7 +12,8 @@ namespace {
 // Dense bf16 tensor-core peak from the product sheets; 0 = unknown.
 double PeakBf16Flops(const std::string& name) {
   if (name.find("H100 PCIe") != std::string::npos) return 756e12;
-  if (name.find("H100") != std::string::npos || name.find("H200") != std::string::npos) return 989e12;
+  const bool hopper = name.find("H100") != std::string::npos || name.find("H200") != std::string::npos;
+  if (hopper) return 989e12;
   if (name.find("A100") != std::string::npos) return 312e12;
   return 0.0;
 }
