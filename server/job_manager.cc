@@ -132,7 +132,7 @@ Result<std::string> JobManager::SpecText(const v1::SubmitJobRequest& req) const 
 Result<v1::Job> JobManager::Submit(const std::string& user, const v1::SubmitJobRequest& req) {
   TRAIND_ASSIGN_OR_RETURN(std::string text, SpecText(req));
   TRAIND_ASSIGN_OR_RETURN(worker::Admitted admitted,
-                          worker::Admit(text, req.base_dir(), options_.supervisor.device));
+                          worker::Admit(text, req.base_dir(), options_.admission_device));
   std::lock_guard<std::mutex> lock(mu_);
   if (stopping_) return Status::Unavailable("traind is shutting down; submit again after it restarts");
   const int64_t order = last_order_ + 1;
@@ -177,7 +177,7 @@ Result<v1::EstimateJobResponse> JobManager::Estimate(const v1::EstimateJobReques
   else as_submit.set_spec_yaml(req.spec_yaml());
   as_submit.set_base_dir(req.base_dir());
   TRAIND_ASSIGN_OR_RETURN(std::string text, SpecText(as_submit));
-  TRAIND_ASSIGN_OR_RETURN(engine::MemoryPlan plan, worker::Estimate(text, req.base_dir(), options_.supervisor.device));
+  TRAIND_ASSIGN_OR_RETURN(engine::MemoryPlan plan, worker::Estimate(text, req.base_dir(), options_.admission_device));
   v1::EstimateJobResponse resp;
   *resp.mutable_plan() = worker::PlanToProto(plan);
   resp.set_reason(plan.reason);

@@ -25,6 +25,7 @@ namespace traind::server {
 
 struct JobManagerOptions {
   worker::SupervisorOptions supervisor;  // runner path, device, attempts, cancel grace, log dir
+  engine::DeviceOptions admission_device;  // what SubmitJob/EstimateJob plan against
 };
 
 class JobManager : public worker::SupervisorListener {

@@ -20,40 +20,19 @@
 #include <sstream>
 
 #include "auth.h"
+#include "device_probe.h"
 #include "job_manager.h"
 #include "job_service.h"
 #include "job_store.h"
 #include "metrics.h"
 #include "options.h"
+#include "run_command.h"
 #include "traind/worker/job_runner.h"
 
 namespace {
 
 using traind::Status;
 namespace server = traind::server;
-
-int RunCommand(int argc, char** argv) {
-  CLI::App app{"traind run: train a job spec in this process, without the daemon"};
-  std::string spec, device = "auto", budget = "auto";
-  bool resume = false;
-  int threads = 0;
-  app.add_option("spec", spec, "job spec (YAML)")->required();
-  app.add_option("--device", device, "auto | cpu | cuda:N");
-  app.add_option("--memory-budget", budget, "bytes or auto");
-  app.add_option("--threads", threads, "CPU threads; 0 = all");
-  app.add_flag("--resume", resume, "continue from output_dir's newest checkpoint");
-  CLI11_PARSE(app, argc, argv);
-  auto bytes = server::ParseBytes(budget);
-  if (!bytes.ok()) {
-    std::fprintf(stderr, "%s\n", bytes.status().message().c_str());
-    return 2;
-  }
-  traind::engine::DeviceOptions d;
-  d.device = device;
-  d.memory_budget_bytes = *bytes;
-  d.threads = threads;
-  return traind::worker::RunLocal(spec, d, resume);
-}
 
 void SetUpLogging(const server::ServerOptions& o) {
   auto console = std::make_shared<spdlog::sinks::stderr_color_sink_mt>();
@@ -91,8 +70,17 @@ int Fail(const Status& s) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // The device is used only by traind-job-runner, beside this binary (server/runner_main.cc);
+  // without it, these subcommands run here on the CPU.
   if (argc >= 2 && std::string(argv[1]) == "job-runner") return traind::worker::JobRunnerMain();
-  if (argc >= 2 && std::string(argv[1]) == "run") return RunCommand(argc - 1, argv + 1);
+  if (argc >= 2 && std::string(argv[1]) == "run") {
+    const std::string runner = server::JobRunnerPath();
+    if (runner.find("traind-job-runner") != std::string::npos) {
+      argv[0] = const_cast<char*>(runner.c_str());
+      ::execv(runner.c_str(), argv);
+    }
+    return server::RunCommandMain(argc - 1, argv + 1);
+  }
 
   // 1. Options.
   bool help = false;
@@ -128,16 +116,39 @@ int main(int argc, char** argv) {
   if (!auth.ok()) return Fail(auth.status());
   auto store = server::JobStore::Open(opts.state_dir + "/db");
   if (!store.ok()) return Fail(store.status());
+  // The device: a named device that is not there (cuda:0 without a GPU) stops traind here, with
+  // the reason; "auto" without a GPU says so once and trains on the CPU.
+  auto device = server::ProbeDevice(opts.device);
+  if (!device.ok()) {
+    std::fprintf(stderr, "traind: --device %s: %s\n", opts.device.c_str(), device.status().message().c_str());
+    return 2;
+  }
+  if (opts.device == "auto" && device->device == "cpu") {
+    spdlog::info("device auto: no GPU found; jobs train on the CPU backend ({})", device->name);
+  } else {
+    spdlog::info("device {}: {}", device->device, device->name);
+  }
   double peak = opts.device_peak_flops;
+  if (peak <= 0) peak = device->peak_flops;
   if (peak <= 0) peak = static_cast<double>(sysconf(_SC_NPROCESSORS_ONLN)) * 3.0e9 * 32;
-  auto metrics = server::Metrics::Start(opts.metrics_listen, peak, HostMemoryBytes());
+  const int64_t device_total = device->total_bytes > 0 ? device->total_bytes : HostMemoryBytes();
+  auto metrics = server::Metrics::Start(opts.metrics_listen, peak, device_total);
   if (!metrics.ok()) return Fail(metrics.status());
 
   server::JobManagerOptions jm;
-  jm.supervisor.runner_path = std::filesystem::read_symlink("/proc/self/exe", ec).string();
+  jm.supervisor.runner_path = server::JobRunnerPath();
   jm.supervisor.device.device = opts.device;
   jm.supervisor.device.memory_budget_bytes = opts.memory_budget_bytes;
   jm.supervisor.device.threads = opts.threads;
+  // Admission plans here, without the device library: the plan's arithmetic is the same on every
+  // device, and the budget is the flag's or what the probe found free on the device (95%, the
+  // margin the engine keeps for library workspaces outside its arena).
+  jm.admission_device.device = "cpu";
+  jm.admission_device.memory_budget_bytes = opts.memory_budget_bytes;
+  if (opts.memory_budget_bytes <= 0 && device->device != "cpu") {
+    jm.admission_device.memory_budget_bytes = static_cast<int64_t>(0.95 * static_cast<double>(device->free_bytes));
+  }
+  jm.admission_device.threads = opts.threads;
   jm.supervisor.max_attempts = opts.max_attempts;
   jm.supervisor.cancel_grace_seconds = opts.cancel_grace_seconds;
   jm.supervisor.log_dir = opts.state_dir + "/jobs";

@@ -51,7 +51,7 @@ Result<ServerOptions> ParseServerOptions(int argc, char** argv, bool* help) {
   app.add_option("--state-dir", o.state_dir, "job store, logs and token");
   app.add_option("--listen", o.listen, "gRPC host:port");
   app.add_option("--metrics-listen", o.metrics_listen, "Prometheus host:port (/metrics)");
-  app.add_option("--device", o.device, "auto | cpu | cuda:N");
+  app.add_option("--device", o.device, "auto | cpu | cuda:N | simt (emulated CUDA, tests only)");
   app.add_option("--memory-budget", o.memory_budget, "bytes the planner may use, or auto");
   app.add_option("--tls-cert", o.tls_cert, "PEM certificate: serve TLS");
   app.add_option("--tls-key", o.tls_key, "PEM private key of --tls-cert");

@@ -158,7 +158,7 @@ int RunLocal(const std::string& spec_path, const engine::DeviceOptions& device, 
   }
   std::stringstream ss;
   ss << f.rdbuf();
-  const std::string base = std::filesystem::absolute(spec_path).parent_path().string();
+  const std::string base = std::filesystem::current_path().string();  // as trainctl does
   auto admitted = Admit(ss.str(), base, device);
   if (!admitted.ok()) {
     std::fprintf(stderr, "%s\n", admitted.status().ToString().c_str());

@@ -1,0 +1,36 @@
+// `run JOB.yaml`: flags → DeviceOptions → worker::RunLocal.
+#include "run_command.h"
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <string>
+
+#include "options.h"
+#include "traind/worker/job_runner.h"
+
+namespace traind::server {
+
+int RunCommandMain(int argc, char** argv) {
+  CLI::App app{"traind run: train a job spec in this process, without the daemon"};
+  std::string spec, device = "auto", budget = "auto";
+  bool resume = false;
+  int threads = 0;
+  app.add_option("spec", spec, "job spec (YAML)")->required();
+  app.add_option("--device", device, "auto | cpu | cuda:N | simt (emulated CUDA, tests only)");
+  app.add_option("--memory-budget", budget, "bytes or auto");
+  app.add_option("--threads", threads, "CPU threads; 0 = all");
+  app.add_flag("--resume", resume, "continue from output_dir's newest checkpoint");
+  CLI11_PARSE(app, argc, argv);
+  auto bytes = ParseBytes(budget);
+  if (!bytes.ok()) {
+    std::fprintf(stderr, "%s\n", bytes.status().message().c_str());
+    return 2;
+  }
+  engine::DeviceOptions d;
+  d.device = device;
+  d.memory_budget_bytes = *bytes;
+  d.threads = threads;
+  return worker::RunLocal(spec, d, resume);
+}
+
+}  // namespace traind::server
