@@ -4,7 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <bit>
+#include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <vector>
@@ -251,6 +253,95 @@ TEST_F(CpuOpsTest, CastRoundsToNearestEven) {
     EXPECT_EQ(h[i], cpu::FloatToF16(x[i]));
     EXPECT_EQ(hb[i], cpu::FloatToF16(cpu::Bf16ToFloat(b[i])));
     EXPECT_EQ(back[i], cpu::Bf16ToFloat(b[i]));
+  }
+}
+
+// Bit patterns that stress the conversions: NaNs (quiet, signalling, payloads, both signs), infs,
+// zeros, f32 denormals, FLT_MAX, and the bf16 / f16 rounding ties and thresholds.
+std::vector<uint32_t> CastEdgeBits() {
+  std::vector<uint32_t> v = {0x7fc00000u, 0xffc00000u, 0x7f800001u, 0xff800001u, 0x7fa00000u,
+                             0x7fffffffu, 0x7f80ffffu, 0x7f812345u, 0x7f800000u, 0xff800000u,
+                             0x00000000u, 0x80000000u, 0x00000001u, 0x80000001u, 0x007fffffu,
+                             0x00400000u, 0x00800000u, 0x7f7fffffu, 0xff7fffffu, 0x3f808000u,
+                             0x3f818000u, 0xbf818000u, 0x3f807fffu, 0x3f808001u};
+  for (float f : {1.0f + 0x1p-11f, 1.0f + 3 * 0x1p-11f, 65504.0f, 65519.0f, 65520.0f, 65519.996f,
+                  -65520.0f, 0x1p-24f, 0x1p-25f, 1.5f * 0x1p-25f, 3 * 0x1p-25f, 0x1p-14f,
+                  0x1p-14f - 0x1p-26f, 0x1p-14f - 0x1p-24f, -0x1p-20f, 5 * 0x1p-26f, 0x1p-26f,
+                  0x1.8p-24f, 0x1p-149f, 1e-40f})
+    v.push_back(std::bit_cast<uint32_t>(f));
+  return v;
+}
+
+// The vectorised, threaded Cast against the scalar FloatToBf16 / FloatToF16 / Bf16ToFloat /
+// F16ToFloat (checked above against independent references), bit for bit, on every length 1..100
+// at several misalignments (vector tails and heads) and on a large threaded length.
+TEST_F(CpuOpsTest, CastArrayMatchesScalarBitExactly) {
+  std::vector<uint32_t> edge = CastEdgeBits();
+  std::mt19937 rng(11);
+  const int64_t kLarge = (1 << 17) + 37;
+  std::vector<uint32_t> pool(kLarge + 8);
+  for (size_t i = 0; i < pool.size(); ++i)  // every 3rd an edge value, the rest random bits
+    pool[i] = (i % 3 == 0) ? edge[(i / 3) % edge.size()] : static_cast<uint32_t>(rng());
+  std::vector<uint16_t> h16(pool.size());  // 16-bit sources: all halves incl. NaN/inf/subnormal
+  for (size_t i = 0; i < h16.size(); ++i) h16[i] = static_cast<uint16_t>(i * 40503u + (i >> 16));
+  std::vector<uint16_t> out16(pool.size());
+  std::vector<uint32_t> out32(pool.size());
+  auto check = [&](int64_t off, int64_t n, int nt) {
+    const float* f = reinterpret_cast<const float*>(pool.data()) + off;
+    const uint16_t* h = h16.data() + off;
+    cpu::Cast(out16.data(), DType::kBF16, f, DType::kF32, n, nt);
+    for (int64_t i = 0; i < n; ++i)
+      ASSERT_EQ(out16[i], cpu::FloatToBf16(f[i])) << "f32->bf16 n=" << n << " i=" << i;
+    cpu::Cast(out16.data(), DType::kF16, f, DType::kF32, n, nt);
+    for (int64_t i = 0; i < n; ++i)
+      ASSERT_EQ(out16[i], cpu::FloatToF16(f[i])) << "f32->f16 n=" << n << " i=" << i;
+    cpu::Cast(out32.data(), DType::kF32, h, DType::kBF16, n, nt);
+    for (int64_t i = 0; i < n; ++i)
+      ASSERT_EQ(out32[i], std::bit_cast<uint32_t>(cpu::Bf16ToFloat(h[i]))) << "bf16->f32 " << n;
+    cpu::Cast(out32.data(), DType::kF32, h, DType::kF16, n, nt);
+    for (int64_t i = 0; i < n; ++i)
+      ASSERT_EQ(out32[i], std::bit_cast<uint32_t>(cpu::F16ToFloat(h[i]))) << "f16->f32 " << n;
+    cpu::Cast(out16.data(), DType::kF16, h, DType::kBF16, n, nt);
+    for (int64_t i = 0; i < n; ++i)
+      ASSERT_EQ(out16[i], cpu::FloatToF16(cpu::Bf16ToFloat(h[i]))) << "bf16->f16 " << n;
+    cpu::Cast(out16.data(), DType::kBF16, h, DType::kF16, n, nt);
+    for (int64_t i = 0; i < n; ++i)
+      ASSERT_EQ(out16[i], cpu::FloatToBf16(cpu::F16ToFloat(h[i]))) << "f16->bf16 " << n;
+  };
+  for (int64_t off : {0, 1, 3, 7})
+    for (int64_t n = 1; n <= 100; ++n) {
+      check(off, n, 1);
+      if (HasFatalFailure()) return;
+    }
+  for (int nt : {1, 2, 3}) {
+    check(5, kLarge, nt);
+    if (HasFatalFailure()) return;
+  }
+  // Every edge value through the public op too (the backend's own thread count).
+  std::vector<uint16_t> b(edge.size());
+  be_->Cast(b.data(), DType::kF16, edge.data(), DType::kF32, static_cast<int64_t>(edge.size()));
+  for (size_t i = 0; i < edge.size(); ++i)
+    EXPECT_EQ(b[i], cpu::FloatToF16(std::bit_cast<float>(edge[i]))) << std::hex << edge[i];
+}
+
+// Throughput of Cast (not run by default):
+//   ./cpu_ops_test --gtest_also_run_disabled_tests --gtest_filter='*DISABLED_CastThroughput'
+TEST_F(CpuOpsTest, DISABLED_CastThroughput) {
+  const int64_t n = 1 << 24;
+  std::vector<float> f = RandVec(n, 5, -100.0f, 100.0f), g(n);
+  std::vector<uint16_t> h(n);
+  for (int nt : {1, 2}) {
+    auto time = [&](const char* name, auto fn) {
+      fn();
+      auto t0 = std::chrono::steady_clock::now();
+      for (int r = 0; r < 10; ++r) fn();
+      double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      std::printf("nt=%d %-10s %.2f G elements/s\n", nt, name, 10.0 * n / s / 1e9);
+    };
+    time("f32->bf16", [&] { cpu::Cast(h.data(), DType::kBF16, f.data(), DType::kF32, n, nt); });
+    time("bf16->f32", [&] { cpu::Cast(g.data(), DType::kF32, h.data(), DType::kBF16, n, nt); });
+    time("f32->f16", [&] { cpu::Cast(h.data(), DType::kF16, f.data(), DType::kF32, n, nt); });
+    time("f16->f32", [&] { cpu::Cast(g.data(), DType::kF32, h.data(), DType::kF16, n, nt); });
   }
 }
 

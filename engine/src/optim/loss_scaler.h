@@ -11,6 +11,13 @@
 
 namespace traind::engine {
 
+// The scaler's mutable state, as saved in trainer checkpoints (docs/checkpoint-format.md).
+struct LossScalerState {
+  double scale = 65536.0;
+  int64_t growth_tracker = 0;  // clean steps since the last change
+  int64_t skipped_steps = 0;   // steps skipped so far
+};
+
 struct LossScalerOptions {
   double init_scale = 65536.0;  // 2^16
   double growth_factor = 2.0;
@@ -38,6 +45,13 @@ class LossScaler {
 
   int64_t growth_tracker() const { return growth_tracker_; }  // clean steps since the last change
   int64_t skipped_steps() const { return skipped_; }          // steps skipped so far
+
+  // Snapshot and restore (resume): after Restore(state()) the scaler behaves exactly as before.
+  // Restore expects a state that IsValid accepts.
+  LossScalerState state() const { return {scale_, growth_tracker_, skipped_}; }
+  void Restore(const LossScalerState& s);
+  // scale finite and > 0 (and finite in fp32), counters >= 0.
+  static bool IsValid(const LossScalerState& s);
 
  private:
   LossScalerOptions options_;

@@ -69,6 +69,12 @@ std::string ExtraJson(const TrainerState& s) {
   j["train_loss_sum"] = s.train_loss_sum;
   j["micro_batch"] = s.micro_batch;
   j["gradient_accumulation_steps"] = s.gradient_accumulation_steps;
+  if (s.loss_scaler.has_value()) {  // fp16 runs only (additive; older readers ignore it)
+    j["loss_scaler"] = {{"scale", s.loss_scaler->scale},
+                        {"growth_tracker", s.loss_scaler->growth_tracker},
+                        {"skipped_steps", s.loss_scaler->skipped_steps}};
+    j["window_skipped"] = s.window_skipped;
+  }
   return j.dump(2) + "\n";
 }
 
@@ -186,6 +192,19 @@ Status LoadCheckpoint(const std::string& dir, Model* model, AdamWOptimizer* opti
     s.train_loss_sum = extra.at("train_loss_sum").get<double>();
     s.micro_batch = extra.at("micro_batch").get<int64_t>();
     s.gradient_accumulation_steps = extra.at("gradient_accumulation_steps").get<int64_t>();
+    if (extra.contains("loss_scaler")) {  // absent: bf16/fp32 or an older checkpoint
+      const nlohmann::json& ls = extra.at("loss_scaler");
+      LossScalerState scaler;
+      scaler.scale = ls.at("scale").get<double>();
+      scaler.growth_tracker = ls.at("growth_tracker").get<int64_t>();
+      scaler.skipped_steps = ls.at("skipped_steps").get<int64_t>();
+      if (!LossScaler::IsValid(scaler)) {
+        return Status::DataLoss(extra_path + ": loss_scaler holds an invalid scale or counter");
+      }
+      s.loss_scaler = scaler;
+    }
+    s.window_skipped = extra.value("window_skipped", int64_t{0});
+    if (s.window_skipped < 0) return Status::DataLoss(extra_path + ": window_skipped < 0");
     s.log_history = hf_state.at("log_history");
     if (!s.log_history.is_array()) return Status::DataLoss(state_path + ": log_history is not a list");
     if (hf_state.at("global_step").get<int64_t>() != s.global_step ||

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -12,6 +13,7 @@
 #include "data/token_data.h"
 #include "models/model.h"
 #include "optim/adamw.h"
+#include "optim/loss_scaler.h"
 #include "traind/engine/job_spec.h"
 #include "traind/engine/status.h"
 
@@ -27,6 +29,10 @@ struct TrainerState {
   double train_loss_sum = 0.0;    // sum of every step's loss so far (for RunSummary::train_loss)
   int64_t micro_batch = 0;        // must match on resume (the batches depend on it)
   int64_t gradient_accumulation_steps = 0;
+  // fp16 only: the dynamic loss scaler, and the skipped steps of the open logging window. Absent
+  // in bf16/fp32 runs and in checkpoints written before these fields existed (a fresh scaler).
+  std::optional<LossScalerState> loss_scaler;
+  int64_t window_skipped = 0;
 };
 
 // Names inside a checkpoint folder.

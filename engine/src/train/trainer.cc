@@ -218,9 +218,10 @@ Result<RunSummary> RunJob(const JobSpec& spec, const RunOptions& options,
   int64_t window_tokens = 0;
   double last_lr = 0.0, last_norm = 0.0;
   const float micro_scale = 1.0f / static_cast<float>(accum);
-  // fp16: dynamic loss scaling (a fresh scaler on resume); skipped steps still count as steps.
+  // fp16: dynamic loss scaling, restored from the checkpoint on resume (a fresh scaler when the
+  // checkpoint has none); skipped steps still count as steps.
   LossScaler scaler;
-  int64_t window_skipped = 0;
+  if (t.fp16 && state.loss_scaler.has_value()) scaler.Restore(*state.loss_scaler);
   // CUDA graphs for the backward pass (fp32 only until 16-bit capture is verified under simt).
   const bool use_graph = options.device.cuda_graphs && backend->SupportsGraphs() && !t.fp16 && !t.bf16;
   int64_t backward_calls = 0;
@@ -260,7 +261,10 @@ Result<RunSummary> RunJob(const JobSpec& spec, const RunOptions& options,
     state.window_steps += 1;
     last_lr = lr;
     if (!skipped) last_norm = norm;  // a skipped step's norm is not finite: logs keep the last one
-    window_skipped += skipped ? 1 : 0;
+    if (t.fp16) {
+      state.window_skipped += skipped ? 1 : 0;
+      state.loss_scaler = scaler.state();
+    }
     const double step_seconds = Seconds(step_start, Clock::now());
     window_seconds += step_seconds;
     window_tokens += step_tokens;
@@ -292,10 +296,10 @@ Result<RunSummary> RunJob(const JobSpec& spec, const RunOptions& options,
                                    {"loss", window_loss},
                                    {"step", state.global_step}});
       if (t.fp16) {  // skipped steps in this window and the scale after it
-        state.log_history.back()["skipped"] = window_skipped;
+        state.log_history.back()["skipped"] = state.window_skipped;
         state.log_history.back()["loss_scale"] = scaler.scale();
       }
-      window_skipped = 0;
+      state.window_skipped = 0;
       if (callbacks.on_log) {
         LogReport r;
         r.step = state.global_step;
