@@ -43,8 +43,12 @@ build() {
   log "configuring in $BUILD_DIR"
   cmake -S "$ROOT" -B "$BUILD_DIR" "${args[@]}" >"$BUILD_DIR.configure.log" 2>&1 \
     || { cat "$BUILD_DIR.configure.log"; exit 1; }
-  log "building with $JOBS jobs"
-  cmake --build "$BUILD_DIR" -j "$JOBS"
+  log "building ${*:-everything} with $JOBS jobs"
+  if [ $# -gt 0 ]; then
+    cmake --build "$BUILD_DIR" -j "$JOBS" --target "$@"
+  else
+    cmake --build "$BUILD_DIR" -j "$JOBS"
+  fi
 }
 
 run_tests() {
@@ -66,7 +70,7 @@ case "$cmd" in
   deps) deps ;;
   build) deps; build ;;
   test) deps; build; run_tests "$@" ;;
-  demo) deps; build; demo ;;
+  demo) deps; build traind traind-job-runner trainctl; demo ;;
   bench) deps; build; "$ROOT/bench/run_all.sh" "$BUILD_DIR" "$@" ;;
   *) echo "usage: ./run.sh demo | test | build | deps | bench" >&2; exit 2 ;;
 esac

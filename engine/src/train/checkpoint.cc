@@ -60,7 +60,8 @@ std::string ExtraJson(const TrainerState& s) {
   j["format"] = kExtraFormat;
   j["global_step"] = s.global_step;
   j["lr_scheduler_step"] = s.global_step;
-  j["optimizer_step"] = s.global_step;
+  // fp16 steps skipped by the loss scaler run no optimizer step.
+  j["optimizer_step"] = s.global_step - (s.loss_scaler ? s.loss_scaler->skipped_steps : 0);
   j["loader"] = {{"epoch", s.loader.epoch}, {"next_window", s.loader.next_window}};
   // The batch order is a pure function of (seed, epoch): the loader position is the whole RNG state.
   j["rng"] = "batch order derives from (training.seed, epoch); no other random state";
@@ -207,9 +208,15 @@ Status LoadCheckpoint(const std::string& dir, Model* model, AdamWOptimizer* opti
     if (s.window_skipped < 0) return Status::DataLoss(extra_path + ": window_skipped < 0");
     s.log_history = hf_state.at("log_history");
     if (!s.log_history.is_array()) return Status::DataLoss(state_path + ": log_history is not a list");
-    if (hf_state.at("global_step").get<int64_t>() != s.global_step ||
-        optimizer->step() != s.global_step || s.global_step < 0 || s.loader.epoch < 0 ||
-        s.loader.next_window < 0) {
+    // AdamW's count = global_step - skipped fp16 steps. Without "loss_scaler" (bf16/fp32, or an
+    // fp16 checkpoint written before the scaler state was saved, which does not record its skips)
+    // any count in [0, global_step] is accepted.
+    const int64_t opt_step = optimizer->step();
+    const bool optimizer_ok =
+        s.loss_scaler ? opt_step == s.global_step - s.loss_scaler->skipped_steps
+                      : opt_step >= 0 && opt_step <= s.global_step;
+    if (hf_state.at("global_step").get<int64_t>() != s.global_step || !optimizer_ok ||
+        s.global_step < 0 || s.loader.epoch < 0 || s.loader.next_window < 0) {
       return Status::DataLoss("checkpoint " + dir + ": step counters of its files disagree");
     }
     *state = std::move(s);
