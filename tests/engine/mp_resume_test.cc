@@ -103,8 +103,9 @@ TEST_F(Fp16Resume, CancelledAfterOverflowAndResumedIsBitIdentical) {
   EXPECT_GE(extra["loss_scaler"]["skipped_steps"].get<int64_t>(), 1);
   EXPECT_GE(extra["window_skipped"].get<int64_t>(), 1);  // the open window [1, 3] holds step 1
 
-  // Another copy of the interrupted run, with checkpoint-2 stripped of the new fields as an
-  // older traind wrote it: it must still resume (fresh scaler, no skip count carried).
+  // Another copy of the interrupted run, with checkpoint-2 stripped of its scaler state: its
+  // optimizer has taken fewer steps than global_step with no skips on record, so the checkpoint
+  // is inconsistent and must be refused as DATA_LOSS, not resumed with a wrong scaler.
   const JobSpec c = Spec("c");
   std::error_code ec;
   fs::create_directories(c.output_dir, ec);
@@ -138,10 +139,10 @@ TEST_F(Fp16Resume, CancelledAfterOverflowAndResumedIsBitIdentical) {
 
   std::vector<StepReport> steps_c;
   auto rc = Resume(c, &steps_c);
-  ASSERT_TRUE(rc.ok()) << rc.status().ToString();
-  EXPECT_EQ(steps_c.size(), 6u);
-  EXPECT_TRUE(
-      ReadJsonFile(c.output_dir + "/checkpoint-8/trainer_extra.json").contains("loss_scaler"));
+  ASSERT_FALSE(rc.ok());
+  EXPECT_EQ(rc.status().code(), Status::Code::kDataLoss) << rc.status().ToString();
+  EXPECT_NE(rc.status().message().find("step counters"), std::string::npos)
+      << rc.status().ToString();
 }
 
 TEST_F(Fp16Resume, InvalidScalerStateIsDataLoss) {

@@ -208,13 +208,10 @@ Status LoadCheckpoint(const std::string& dir, Model* model, AdamWOptimizer* opti
     if (s.window_skipped < 0) return Status::DataLoss(extra_path + ": window_skipped < 0");
     s.log_history = hf_state.at("log_history");
     if (!s.log_history.is_array()) return Status::DataLoss(state_path + ": log_history is not a list");
-    // AdamW's count = global_step - skipped fp16 steps. Without "loss_scaler" (bf16/fp32, or an
-    // fp16 checkpoint written before the scaler state was saved, which does not record its skips)
-    // any count in [0, global_step] is accepted.
+    // AdamW's count = global_step - skipped fp16 steps (no "loss_scaler": bf16/fp32, no skips).
     const int64_t opt_step = optimizer->step();
     const bool optimizer_ok =
-        s.loss_scaler ? opt_step == s.global_step - s.loss_scaler->skipped_steps
-                      : opt_step >= 0 && opt_step <= s.global_step;
+        opt_step == s.global_step - (s.loss_scaler ? s.loss_scaler->skipped_steps : 0);
     if (hf_state.at("global_step").get<int64_t>() != s.global_step || !optimizer_ok ||
         s.global_step < 0 || s.loader.epoch < 0 || s.loader.next_window < 0) {
       return Status::DataLoss("checkpoint " + dir + ": step counters of its files disagree");
