@@ -1,5 +1,6 @@
 // JobManager: submit → store → queue; runner events → store + metrics + watchers (job_manager.h).
 #include "job_manager.h"
+#include "job_state.h"
 
 #include <spdlog/spdlog.h>
 
@@ -32,21 +33,6 @@ v1::JobEvent StateChange(v1::JobState state, const std::string& error, int32_t a
 
 }  // namespace
 
-const char* JobStateName(v1::JobState s) {
-  switch (s) {
-    case v1::JOB_STATE_QUEUED: return "QUEUED";
-    case v1::JOB_STATE_RUNNING: return "RUNNING";
-    case v1::JOB_STATE_SUCCEEDED: return "SUCCEEDED";
-    case v1::JOB_STATE_FAILED: return "FAILED";
-    case v1::JOB_STATE_CANCELLED: return "CANCELLED";
-    default: return "UNKNOWN";
-  }
-}
-
-bool IsTerminal(v1::JobState s) {
-  return s == v1::JOB_STATE_SUCCEEDED || s == v1::JOB_STATE_FAILED || s == v1::JOB_STATE_CANCELLED;
-}
-
 JobManager::JobManager(JobManagerOptions options, JobStore* store, Metrics* metrics)
     : options_(std::move(options)), store_(store), metrics_(metrics) {
   supervisor_ = std::make_unique<worker::Supervisor>(options_.supervisor, this);
@@ -66,7 +52,7 @@ Status JobManager::Start() {
   // Queue in submit order; the job that was running goes first.
   std::vector<v1::Job*> pending;
   for (auto& [id, job] : jobs_) {
-    if (!IsTerminal(job.state())) pending.push_back(&job);
+    if (!v1::IsTerminal(job.state())) pending.push_back(&job);
   }
   std::sort(pending.begin(), pending.end(),
             [](const v1::Job* a, const v1::Job* b) { return a->submit_order() < b->submit_order(); });
@@ -208,7 +194,7 @@ Result<v1::Job> JobManager::Cancel(const std::string& user, const std::string& i
   auto it = jobs_.find(id);
   if (it == jobs_.end() || it->second.owner() != user) return Status::NotFound("no job " + id);
   v1::Job& job = it->second;
-  if (IsTerminal(job.state())) return job;
+  if (v1::IsTerminal(job.state())) return job;
   const auto outcome = supervisor_->Cancel(id);
   if (outcome != worker::Supervisor::CancelOutcome::kSignalled) {
     job.set_state(v1::JOB_STATE_CANCELLED);
@@ -237,7 +223,7 @@ Status JobManager::Watch(const std::string& user, const v1::WatchJobRequest& req
       auto it = jobs_.find(req.id());
       if (it == jobs_.end() || it->second.owner() != user) return Status::NotFound("no job " + req.id());
       last = it->second.last_sequence();
-      ended = IsTerminal(it->second.state());
+      ended = v1::IsTerminal(it->second.state());
       if (next > last) {
         if (!req.follow() || ended) return Status::Ok();
         if (stopping_) return Status::Unavailable("traind is shutting down; watch again after it restarts");
@@ -361,7 +347,7 @@ void JobManager::OnJobEnd(const std::string& id, v1::JobState state, const std::
   (void)AppendLocked(&job, StateChange(state, error, job.attempts(), ""), true);
   metrics_->JobEnded(id);
   UpdateGaugesLocked();
-  spdlog::info("job {}: {}{}{}", id, JobStateName(state), error.empty() ? "" : ": ", error);
+  spdlog::info("job {}: {}{}{}", id, v1::JobStateName(state), error.empty() ? "" : ": ", error);
 }
 
 }  // namespace traind::server

@@ -84,8 +84,4 @@ class JobManager : public worker::SupervisorListener {
   bool stopping_ = false;                    // guarded by mu_
 };
 
-// "QUEUED", "RUNNING", ... (the CLI contract's names).
-const char* JobStateName(v1::JobState s);
-bool IsTerminal(v1::JobState s);
-
 }  // namespace traind::server

@@ -1,5 +1,6 @@
 // trainctl output formats (see format.h).
 #include "format.h"
+#include "job_state.h"
 
 #include <cmath>
 #include <cstdio>
@@ -31,21 +32,6 @@ std::string Time(int64_t ms) {
 }
 
 }  // namespace
-
-const char* StateName(v1::JobState s) {
-  switch (s) {
-    case v1::JOB_STATE_QUEUED: return "QUEUED";
-    case v1::JOB_STATE_RUNNING: return "RUNNING";
-    case v1::JOB_STATE_SUCCEEDED: return "SUCCEEDED";
-    case v1::JOB_STATE_FAILED: return "FAILED";
-    case v1::JOB_STATE_CANCELLED: return "CANCELLED";
-    default: return "UNKNOWN";
-  }
-}
-
-bool IsTerminal(v1::JobState s) {
-  return s == v1::JOB_STATE_SUCCEEDED || s == v1::JOB_STATE_FAILED || s == v1::JOB_STATE_CANCELLED;
-}
 
 std::string HumanBytes(int64_t bytes) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
@@ -94,7 +80,7 @@ nlohmann::json JobJson(const v1::Job& j) {
   }
   return {{"id", j.id()},
           {"name", j.name()},
-          {"state", StateName(j.state())},
+          {"state", v1::JobStateName(j.state())},
           {"step", j.step()},
           {"max_steps", j.max_steps()},
           {"error", j.error()},
@@ -114,7 +100,7 @@ nlohmann::json EventJson(const v1::JobEvent& ev) {
   switch (ev.kind_case()) {
     case v1::JobEvent::kState:
       j["type"] = "state";
-      j["state"] = StateName(ev.state().state());
+      j["state"] = v1::JobStateName(ev.state().state());
       j["error"] = ev.state().error();
       j["attempt"] = ev.state().attempt();
       j["reason"] = ev.state().reason();
@@ -164,7 +150,7 @@ std::string StatusText(const v1::Job& j) {
   auto row = [&](const std::string& k, const std::string& v) { o << Pad(k + ":", 26) << v << "\n"; };
   row("id", j.id());
   row("name", j.name());
-  row("state", StateName(j.state()));
+  row("state", v1::JobStateName(j.state()));
   row("step", std::to_string(j.step()) + "/" + std::to_string(j.max_steps()));
   if (!j.error().empty()) row("error", j.error());
   row("output_dir", j.output_dir());
@@ -191,7 +177,7 @@ std::string ListText(const std::vector<v1::Job>& jobs) {
   o << Pad("ID", 12) << Pad("NAME", 22) << Pad("STATE", 11) << PadLeft("STEP", 13) << PadLeft("LOSS", 9) << "  CREATED\n";
   for (const auto& j : jobs) {
     const double loss = j.has_summary() ? j.summary().train_loss() : j.last_loss();
-    o << Pad(j.id(), 12) << Pad(j.name().substr(0, 21), 22) << Pad(StateName(j.state()), 11)
+    o << Pad(j.id(), 12) << Pad(j.name().substr(0, 21), 22) << Pad(v1::JobStateName(j.state()), 11)
       << PadLeft(std::to_string(j.step()) + "/" + std::to_string(j.max_steps()), 13)
       << PadLeft(j.step() > 0 ? Fmt("%.4f", loss) : "-", 9) << "  " << Time(j.created_unix_ms()) << "\n";
   }
@@ -225,7 +211,7 @@ std::string EventText(const v1::JobEvent& ev) {
   switch (ev.kind_case()) {
     case v1::JobEvent::kState: {
       const auto& s = ev.state();
-      t += std::string("state ") + StateName(s.state());
+      t += std::string("state ") + v1::JobStateName(s.state());
       if (!s.reason().empty()) t += " (" + s.reason() + ")";
       if (!s.error().empty()) t += ": " + s.error();
       return t;

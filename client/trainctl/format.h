@@ -9,8 +9,6 @@
 
 namespace traind::trainctl {
 
-const char* StateName(v1::JobState s);
-bool IsTerminal(v1::JobState s);
 
 nlohmann::json PlanJson(const v1::Plan& plan);
 // CLI.md's status object: id name state step max_steps error output_dir metrics{} plan{}, plus

@@ -12,6 +12,7 @@
 #include <iostream>
 
 #include "format.h"
+#include "job_state.h"
 #include "traind/client/client.h"
 
 namespace {
@@ -222,7 +223,7 @@ int main(int argc, char** argv) {
     } else {
       // stdout keeps only the id (scripts capture it); the outcome line goes to stderr.
       std::ostream& o = follow ? std::cout : std::cerr;
-      o << end->id() << " " << StateName(end->state());
+      o << end->id() << " " << v1::JobStateName(end->state());
       if (!end->error().empty()) o << ": " << end->error();
       if (end->state() == v1::JOB_STATE_SUCCEEDED) o << "; model in " << end->output_dir();
       o << std::endl;
@@ -252,7 +253,7 @@ int main(int argc, char** argv) {
     auto job = c.Cancel(id);
     if (!job.ok()) return Error(g, job.status());
     if (json) PrintJson(JobJson(*job));
-    else std::cout << "cancel requested for " << job->id() << " (" << StateName(job->state()) << ")\n";
+    else std::cout << "cancel requested for " << job->id() << " (" << v1::JobStateName(job->state()) << ")\n";
     return 0;
   }
   if (*logs) {
