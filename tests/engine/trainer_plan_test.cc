@@ -120,6 +120,31 @@ TEST(TrainerPlan, AutoBatchPicksTheLargestFittingMultipleOfEight) {
   }
 }
 
+TEST(TrainerPlan, SixteenBitOnTensorCoresAlignsTheAutoBatchTo64) {
+  // Issue 4: "rounded down to a multiple of 8 (64 for 16-bit types on sm_80+)". PlanJob is what
+  // RunJob/EstimateJob call; tensor_cores is true for cuda:N devices.
+  JobSpec s = testing::TinySpec("/tmp", "/nonexistent");
+  s.training.per_device_train_batch_size = 0;  // "auto"
+  s.training.bf16 = true;
+  auto config = ResolveModelConfig(s);
+  ASSERT_TRUE(config.ok()) << config.status().ToString();
+  const int64_t budget = Bytes(s, 150, false) + (Bytes(s, 151, false) - Bytes(s, 150, false)) / 2;
+  auto gpu = PlanJob(s, *config, budget, /*tensor_cores=*/true);
+  auto cpu = PlanJob(s, *config, budget, /*tensor_cores=*/false);
+  ASSERT_TRUE(gpu.ok() && cpu.ok());
+  EXPECT_EQ(gpu->micro_batch, 128);  // 150 fits: a multiple of 64
+  EXPECT_EQ(cpu->micro_batch, 144);  // a multiple of 8
+  // fp32 keeps the multiple of 8 on tensor cores too; below 64, 16-bit falls back to 8s.
+  s.training.bf16 = false;
+  auto f32 = PlanJob(s, *config, Bytes(s, 150, false) + 1, true);
+  ASSERT_TRUE(f32.ok());
+  EXPECT_EQ(f32->micro_batch, 144);
+  s.training.fp16 = true;
+  auto small = PlanJob(s, *config, Bytes(s, 50, false) + 1, true);
+  ASSERT_TRUE(small.ok());
+  EXPECT_EQ(small->micro_batch, 48);
+}
+
 TEST(TrainerPlan, AutoTurnsOnCheckpointingOnlyWhenNeeded) {
   // A model whose activations dominate (long sequence, small weights): without checkpointing
   // fewer than 8 fit, with it more do.

@@ -39,8 +39,10 @@ int64_t LargestFitting(const JobSpec& spec, const ModelConfig& config, int64_t c
   return lo;
 }
 
-// Multiple of 8 when >= 8, else the largest power of two <= b.
-int64_t RoundMicroBatch(int64_t b) {
+// Multiple of `align` (64 for 16-bit compute on tensor cores, else 8) when >= align; else a
+// multiple of 8 when >= 8; else the largest power of two <= b.
+int64_t RoundMicroBatch(int64_t b, int64_t align = 8) {
+  if (b >= align) return b / align * align;
   if (b >= 8) return b / 8 * 8;
   int64_t p = 1;
   while (p * 2 <= b) p *= 2;
@@ -90,8 +92,10 @@ MemoryBytes JobBytes(const ModelConfig& config, const ModelOptions& options) {
   return b;
 }
 
-Result<MemoryPlan> PlanJob(const JobSpec& spec, const ModelConfig& config, int64_t budget_bytes) {
+Result<MemoryPlan> PlanJob(const JobSpec& spec, const ModelConfig& config, int64_t budget_bytes,
+                           bool tensor_cores) {
   const TrainingSpec& t = spec.training;
+  const int64_t align = tensor_cores && (t.bf16 || t.fp16) ? 64 : 8;
   if (spec.data.seq_len > config.max_positions()) {
     return Status::InvalidArgument("data.seq_len: " + std::to_string(spec.data.seq_len) +
                                    " exceeds the model's maximum positions " +
@@ -138,7 +142,7 @@ Result<MemoryPlan> PlanJob(const JobSpec& spec, const ModelConfig& config, int64
     if (raw < wanted) {
       // Only when it buys a larger (rounded) micro-batch: checkpointing costs a forward pass.
       const int64_t with_ckpt = LargestFitting(spec, config, search, true, budget_bytes);
-      if (RoundMicroBatch(with_ckpt) > RoundMicroBatch(raw)) {
+      if (RoundMicroBatch(with_ckpt, align) > RoundMicroBatch(raw, align)) {
         raw = with_ckpt;
         ckpt = true;
         why = "gradient checkpointing on because only " + std::to_string(raw) +
@@ -147,7 +151,7 @@ Result<MemoryPlan> PlanJob(const JobSpec& spec, const ModelConfig& config, int64
     }
   }
   if (raw == 0) return too_big(1, true);
-  plan.micro_batch = std::min(RoundMicroBatch(raw), cap);
+  plan.micro_batch = std::min(RoundMicroBatch(raw, align), cap);
   plan.gradient_checkpointing = ckpt;
   if (eff.has_value()) {
     plan.gradient_accumulation_steps = (*eff + plan.micro_batch - 1) / plan.micro_batch;
@@ -168,7 +172,8 @@ namespace traind::engine {
 Result<MemoryPlan> EstimateJob(const JobSpec& spec, const DeviceOptions& device) {
   TRAIND_ASSIGN_OR_RETURN(int64_t budget, DeviceBudget(device));  // checks the device too
   TRAIND_ASSIGN_OR_RETURN(ModelConfig config, ResolveModelConfig(spec));
-  return PlanJob(spec, config, budget);
+  // cuda:N: sm_80+ (the architectures this project builds for): 16-bit batches align to 64.
+  return PlanJob(spec, config, budget, device.device.rfind("cuda:", 0) == 0);
 }
 
 }  // namespace traind::engine

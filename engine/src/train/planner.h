@@ -37,11 +37,13 @@ MemoryBytes JobBytes(const ModelConfig& config, const ModelOptions& options);
 // Plans `spec` (with model config `config`) against `budget_bytes` (> 0). With a fixed
 // per_device_train_batch_size: that batch, FAILED_PRECONDITION when it does not fit. With "auto":
 // the largest micro-batch that fits, rounded down to a multiple of 8 (or to a power of two below
-// 8), capped at effective_batch_size; gradient checkpointing is turned on (unless the spec already
+// 8; a multiple of 64 when `tensor_cores` and the precision is bf16/fp16: a CUDA device of sm_80
+// or later), capped at effective_batch_size; gradient checkpointing is turned on (unless the spec already
 // asks for it) only when fewer than min(8, effective_batch_size) sequences fit without it and
 // it makes the rounded micro-batch larger; accumulation = ceil(effective_batch_size / micro_batch) when
 // effective_batch_size is given.
-Result<MemoryPlan> PlanJob(const JobSpec& spec, const ModelConfig& config, int64_t budget_bytes);
+Result<MemoryPlan> PlanJob(const JobSpec& spec, const ModelConfig& config, int64_t budget_bytes,
+                           bool tensor_cores = false);
 
 // "1.23 GiB".
 std::string FormatGiB(int64_t bytes);

@@ -121,7 +121,8 @@ Result<RunSummary> RunJob(const JobSpec& spec, const RunOptions& options,
   TRAIND_ASSIGN_OR_RETURN(OpenedDevice device, OpenDevice(options.device, t.tf32, message));
   TRAIND_RETURN_IF_ERROR(ValidateJobInputs(spec));
   TRAIND_ASSIGN_OR_RETURN(ModelConfig config, ResolveModelConfig(spec));
-  TRAIND_ASSIGN_OR_RETURN(MemoryPlan plan, PlanJob(spec, config, device.budget_bytes));
+  TRAIND_ASSIGN_OR_RETURN(MemoryPlan plan, PlanJob(spec, config, device.budget_bytes,
+                                                    device.device.rfind("cuda:", 0) == 0));
   if (callbacks.on_plan) callbacks.on_plan(plan);
   if (t.tf32 && device.device.rfind("cuda:", 0) != 0) {
     message("training.tf32 has no effect on the " + device.device + " backend");
