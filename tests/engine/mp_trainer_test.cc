@@ -46,31 +46,8 @@ TEST(MixedPrecisionTrainer, TinyShakespeareBf16AndFp16TrackFp32) {
     GTEST_SKIP() << "SKIPPED: " << text << " is absent (shared data is not part of the project)";
   }
   const std::string dir = testing::MakeTempDir("mp_shakespeare");
-  JobSpec spec;
-  spec.model.config.arch = "gpt2";
-  spec.model.config.vocab_size = 256;
-  // The tiny gpt2: 4 layers, d256, 4 heads, T128, B8, byte vocabulary.
-  spec.model.config.n_positions = 128;
-  spec.model.config.n_embd = 256;
-  spec.model.config.n_layer = 4;
-  spec.model.config.n_head = 4;
-  spec.data.train_file = text;
-  spec.data.format = "text";
-  spec.data.seq_len = 128;
-  spec.data.validation_split = 0.01;
-  spec.data.shuffle = false;
-  TrainingSpec& t = spec.training;
-  t.max_steps = 200;
-  t.per_device_train_batch_size = 8;
-  t.learning_rate = 2e-3;  // 3e-3 is on the edge of stability here: fp32 runs differing only
-                           // in GEMM library (oneDNN / OpenBLAS) end 3% apart
-  t.lr_scheduler_type = "cosine";
-  t.warmup_steps = 20;
-  t.weight_decay = 0.1;
-  t.max_grad_norm = 1.0;
-  t.logging_steps = 10;
-  t.seed = 1234;
-  spec.output_dir = dir + "/out";
+  JobSpec spec = testing::TinyShakespeareSpec(text, dir + "/out");
+  spec.training.logging_steps = 10;
 
   const Curve fp32 = RunPrecision(spec, "fp32");
   const Curve bf16 = RunPrecision(spec, "bf16");

@@ -26,29 +26,9 @@ TEST(TrainerQuality, TinyShakespeareMatchesPyTorchWithin2Percent) {
   }
   if (!testing::HaveTorch()) GTEST_SKIP() << "SKIPPED: " << TRAIND_TEST_PYTHON << " has no torch";
   const std::string dir = testing::MakeTempDir("quality");
-  JobSpec spec;
-  spec.model.config.arch = "gpt2";
-  spec.model.config.vocab_size = 256;
-  spec.model.config.n_positions = 128;
-  spec.model.config.n_embd = 256;
-  spec.model.config.n_layer = 4;
-  spec.model.config.n_head = 4;
-  spec.data.train_file = text;
-  spec.data.format = "text";
-  spec.data.seq_len = 128;
-  spec.data.validation_split = 0.01;
-  spec.data.shuffle = false;
-  TrainingSpec& t = spec.training;
-  t.max_steps = 200;
-  t.per_device_train_batch_size = 8;
-  t.learning_rate = 2e-3;
-  t.lr_scheduler_type = "cosine";
-  t.warmup_steps = 20;
-  t.weight_decay = 0.1;
-  t.max_grad_norm = 1.0;
-  t.logging_steps = 1;
-  t.seed = 1234;
-  spec.output_dir = dir + "/out";
+  JobSpec spec = testing::TinyShakespeareSpec(text, dir + "/out");
+  spec.training.logging_steps = 1;
+  const TrainingSpec& t = spec.training;
 
   const std::string init = dir + "/init";
   std::filesystem::create_directories(init);

@@ -92,6 +92,36 @@ inline JobSpec TinySpec(const std::string& dir, const std::string& data_file) {
 
 // One CPU thread: on the shared 2-core CI machine, OpenMP teams of two spin against other jobs
 // and run these tiny models many times slower. Tests of determinism pass threads explicitly.
+// The tiny gpt2 (4 layers, d256, 4 heads, T128, B8, byte vocabulary) on `text`, 200
+// steps in window order (shuffle off), cosine lr 2e-3 with 20 warmup steps, weight decay 0.1,
+// clipping 1.0, seed 1234, writing to `output_dir`. (3e-3 is on the edge of stability here: fp32
+// runs differing only in GEMM library end 3% apart.)
+inline JobSpec TinyShakespeareSpec(const std::string& text, const std::string& output_dir) {
+  JobSpec spec;
+  spec.model.config.arch = "gpt2";
+  spec.model.config.vocab_size = 256;
+  spec.model.config.n_positions = 128;
+  spec.model.config.n_embd = 256;
+  spec.model.config.n_layer = 4;
+  spec.model.config.n_head = 4;
+  spec.data.train_file = text;
+  spec.data.format = "text";
+  spec.data.seq_len = 128;
+  spec.data.validation_split = 0.01;
+  spec.data.shuffle = false;
+  TrainingSpec& t = spec.training;
+  t.max_steps = 200;
+  t.per_device_train_batch_size = 8;
+  t.learning_rate = 2e-3;
+  t.lr_scheduler_type = "cosine";
+  t.warmup_steps = 20;
+  t.weight_decay = 0.1;
+  t.max_grad_norm = 1.0;
+  t.seed = 1234;
+  spec.output_dir = output_dir;
+  return spec;
+}
+
 inline RunOptions TestRunOptions(int threads = 1) {
   RunOptions o;
   o.device.device = "cpu";
