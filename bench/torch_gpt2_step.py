@@ -52,23 +52,28 @@ def all_params(p):
     return out
 
 
+def block(l, x, B, T, C, NH, mask):
+    """One pre-LN GPT-2 block: causal attention and GELU(tanh) MLP, each with its residual."""
+    HS = C // NH
+    h = F.layer_norm(x, (C,), l["ln1_w"], l["ln1_b"], 1e-5)
+    q, k, v = F.linear(h, l["qkv_w"], l["qkv_b"]).split(C, dim=2)
+    q = q.view(B, T, NH, HS).transpose(1, 2)
+    k = k.view(B, T, NH, HS).transpose(1, 2)
+    v = v.view(B, T, NH, HS).transpose(1, 2)
+    att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(HS))
+    att = F.softmax(att.masked_fill(mask, float("-inf")), dim=-1)
+    y = (att @ v).transpose(1, 2).reshape(B, T, C)
+    x = x + F.linear(y, l["proj_w"], l["proj_b"])
+    h = F.layer_norm(x, (C,), l["ln2_w"], l["ln2_b"], 1e-5)
+    h = F.gelu(F.linear(h, l["fc_w"], l["fc_b"]), approximate="tanh")
+    return x + F.linear(h, l["fc2_w"], l["fc2_b"])
+
+
 def forward(p, cfg, idx, tgt, mask):
     B, T, C, NH = cfg["B"], cfg["T"], cfg["C"], cfg["NH"]
-    HS = C // NH
     x = F.embedding(idx, p["wte"]) + p["wpe"][:T]
     for l in p["layers"]:
-        h = F.layer_norm(x, (C,), l["ln1_w"], l["ln1_b"], 1e-5)
-        q, k, v = F.linear(h, l["qkv_w"], l["qkv_b"]).split(C, dim=2)
-        q = q.view(B, T, NH, HS).transpose(1, 2)
-        k = k.view(B, T, NH, HS).transpose(1, 2)
-        v = v.view(B, T, NH, HS).transpose(1, 2)
-        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(HS))
-        att = F.softmax(att.masked_fill(mask, float("-inf")), dim=-1)
-        y = (att @ v).transpose(1, 2).reshape(B, T, C)
-        x = x + F.linear(y, l["proj_w"], l["proj_b"])
-        h = F.layer_norm(x, (C,), l["ln2_w"], l["ln2_b"], 1e-5)
-        h = F.gelu(F.linear(h, l["fc_w"], l["fc_b"]), approximate="tanh")
-        x = x + F.linear(h, l["fc2_w"], l["fc2_b"])
+        x = block(l, x, B, T, C, NH, mask)
     x = F.layer_norm(x, (C,), p["lnf_w"], p["lnf_b"], 1e-5)
     logits = F.linear(x, p["wte"])  # tied lm_head
     return F.cross_entropy(logits.view(-1, cfg["V"]), tgt.view(-1))

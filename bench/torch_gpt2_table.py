@@ -10,7 +10,6 @@ Usage: torch_gpt2_table.py --row baseline|accum|ckpt|bf16|all [--model tiny|smal
                            [--accum K] [--steps N] [--warmup N] [--threads N]
 """
 import argparse
-import math
 import os
 import re
 import sys
@@ -21,7 +20,7 @@ import torch.nn.functional as F
 import torch.utils.checkpoint
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from torch_gpt2_step import all_params, make_params  # noqa: E402  (same params and init)
+from torch_gpt2_step import all_params, block, make_params  # noqa: E402  (same model and init)
 
 MODELS = {
     "tiny": dict(L=4, C=256, NH=4, T=128, V=256),
@@ -45,22 +44,6 @@ def reset_peak_rss():
         return True
     except OSError:
         return False
-
-
-def block(l, x, B, T, C, NH, mask):
-    HS = C // NH
-    h = F.layer_norm(x, (C,), l["ln1_w"], l["ln1_b"], 1e-5)
-    q, k, v = F.linear(h, l["qkv_w"], l["qkv_b"]).split(C, dim=2)
-    q = q.view(B, T, NH, HS).transpose(1, 2)
-    k = k.view(B, T, NH, HS).transpose(1, 2)
-    v = v.view(B, T, NH, HS).transpose(1, 2)
-    att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(HS))
-    att = F.softmax(att.masked_fill(mask, float("-inf")), dim=-1)
-    y = (att @ v).transpose(1, 2).reshape(B, T, C)
-    x = x + F.linear(y, l["proj_w"], l["proj_b"])
-    h = F.layer_norm(x, (C,), l["ln2_w"], l["ln2_b"], 1e-5)
-    h = F.gelu(F.linear(h, l["fc_w"], l["fc_b"]), approximate="tanh")
-    return x + F.linear(h, l["fc2_w"], l["fc2_b"])
 
 
 def forward(p, cfg, B, idx, tgt, mask, ckpt):
