@@ -58,6 +58,14 @@ std::string WriteTextData(const std::string& dir, size_t bytes) {
   return path;
 }
 
+std::string WriteJobSpec(const std::string& dir, const std::string& name, SpecOptions o) {
+  o.name = name;
+  o.output_dir = dir + "/runs/" + name;
+  const std::string path = dir + "/" + name + ".yaml";
+  WriteAll(path, TinySpec(o));
+  return path;
+}
+
 std::string TinySpec(const SpecOptions& o) {
   std::ostringstream s;
   s << "name: " << o.name << "\n"

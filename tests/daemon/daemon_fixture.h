@@ -36,6 +36,9 @@ struct SpecOptions {
   double validation_split = 0.05;
 };
 std::string TinySpec(const SpecOptions& o);  // a YAML job spec (gpt2, byte vocab)
+// Writes TinySpec(o) for job `name` to <dir>/<name>.yaml, with o.name = name and o.output_dir =
+// <dir>/runs/<name>; returns the file's path.
+std::string WriteJobSpec(const std::string& dir, const std::string& name, SpecOptions o);
 
 class Daemon {
  public:

@@ -23,14 +23,10 @@ class LifecycleTest : public ::testing::Test {
   }
   std::string Spec(const std::string& name, int64_t steps, int64_t save_steps = 0) {
     SpecOptions o;
-    o.name = name;
     o.train_file = data_;
-    o.output_dir = dir_ + "/runs/" + name;
     o.max_steps = steps;
     o.save_steps = save_steps;
-    const std::string path = dir_ + "/" + name + ".yaml";
-    WriteAll(path, TinySpec(o));
-    return path;
+    return WriteJobSpec(dir_, name, o);
   }
   void TearDown() override {
     client_.reset();

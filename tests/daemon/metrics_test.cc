@@ -53,14 +53,10 @@ class MetricsTest : public ::testing::Test {
   }
   std::string Spec(const std::string& name, int64_t steps) {
     SpecOptions o;
-    o.name = name;
     o.train_file = data_;
-    o.output_dir = dir_ + "/runs/" + name;
     o.max_steps = steps;
     o.logging_steps = 2;
-    const std::string path = dir_ + "/" + name + ".yaml";
-    WriteAll(path, TinySpec(o));
-    return path;
+    return WriteJobSpec(dir_, name, o);
   }
   void TearDown() override {
     if (!HasFailure()) std::filesystem::remove_all(dir_);

@@ -23,17 +23,13 @@ class RecoveryTest : public ::testing::Test {
   }
   std::string Spec(const std::string& name, int64_t steps) {
     SpecOptions o;
-    o.name = name;
     o.train_file = data_;
-    o.output_dir = dir_ + "/runs/" + name;
     o.max_steps = steps;
     o.save_steps = 10;
     o.n_embd = 64;
     o.seq_len = 64;
     o.batch = 8;
-    const std::string path = dir_ + "/" + name + ".yaml";
-    WriteAll(path, TinySpec(o));
-    return path;
+    return WriteJobSpec(dir_, name, o);
   }
   // The final numbers a run leaves in its output dir: weights, and trainer_state's last losses.
   struct Final {
