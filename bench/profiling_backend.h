@@ -164,14 +164,28 @@ class ProfilingBackend final : public Backend {
     in_->AttentionBackward(dq, dk, dv, d, o, l, q, k, v, B, T_, NH, NKV, HS, qs, ks);
   }
   void SoftmaxCrossEntropy(float* lg, float* ls, const int32_t* t, int64_t N, int64_t V, int64_t Vp,
-                           float gs, bool g) override {
+                           float gs, bool g, const float* ds) override {
     T x(this, "softmax_xent");
-    in_->SoftmaxCrossEntropy(lg, ls, t, N, V, Vp, gs, g);
+    in_->SoftmaxCrossEntropy(lg, ls, t, N, V, Vp, gs, g, ds);
   }
   void AdamW(float* p, const float* g, float* m, float* v, int64_t n, float lr, float b1, float b2,
              float eps, float wd, float bc1, float bc2, float gs) override {
     T x(this, "adamw");
     in_->AdamW(p, g, m, v, n, lr, b1, b2, eps, wd, bc1, bc2, gs);
+  }
+  void AdamWFromScalars(float* p, const float* g, float* m, float* v, int64_t n,
+                        const engine::StepScalars* s, float b1, float b2, float eps,
+                        float wd) override {
+    T x(this, "adamw");
+    in_->AdamWFromScalars(p, g, m, v, n, s, b1, b2, eps, wd);
+  }
+  void AccumulateSumSquares(double* acc, const float* p, int64_t n) override {
+    T x(this, "sum_squares");
+    in_->AccumulateSumSquares(acc, p, n);
+  }
+  void AccumulateSum(double* acc, const float* p, int64_t n, const float* w) override {
+    T x(this, "loss_sum");
+    in_->AccumulateSum(acc, p, n, w);
   }
 
  private:

@@ -259,7 +259,7 @@ TEST(CpuSoftmaxCrossEntropyTest, LossesGradientIgnoredRowsPaddedVocab) {
   RefCe(ToDouble(logits), tg, N, V, Vp, &want);
   std::vector<float> losses(N, 99.0f);
   auto copy = logits;
-  be->SoftmaxCrossEntropy(copy.data(), losses.data(), tg.data(), N, V, Vp, 0.5f, false);
+  be->SoftmaxCrossEntropy(copy.data(), losses.data(), tg.data(), N, V, Vp, 0.5f, false, nullptr);
   ExpectClose(losses, want, 1e-6, 1e-6, "ce losses (no grad)");
   EXPECT_EQ(copy, logits) << "compute_grad=false must leave the logits alone";
   auto num = NumGrad(
@@ -272,7 +272,7 @@ TEST(CpuSoftmaxCrossEntropyTest, LossesGradientIgnoredRowsPaddedVocab) {
     for (int i = V; i < Vp; ++i) num[n * Vp + i] = 0.0;  // padded columns: 0 gradient
   }
   std::fill(losses.begin(), losses.end(), 99.0f);
-  be->SoftmaxCrossEntropy(copy.data(), losses.data(), tg.data(), N, V, Vp, 0.5f, true);
+  be->SoftmaxCrossEntropy(copy.data(), losses.data(), tg.data(), N, V, Vp, 0.5f, true, nullptr);
   ExpectClose(losses, want, 1e-6, 1e-6, "ce losses");
   ExpectClose(copy, num, 1e-5, 1e-7, "ce dlogits");
   for (int i = 0; i < Vp; ++i) EXPECT_EQ(copy[1 * Vp + i], 0.0f) << "ignored row, col " << i;
@@ -287,7 +287,7 @@ TEST(CpuSoftmaxCrossEntropyTest, GptVocabRows) {
   RefCe(ToDouble(logits), tg, N, V, Vp, &want);
   std::vector<float> losses(N);
   auto l64 = ToDouble(logits);
-  be->SoftmaxCrossEntropy(logits.data(), losses.data(), tg.data(), N, V, Vp, 1.0f, true);
+  be->SoftmaxCrossEntropy(logits.data(), losses.data(), tg.data(), N, V, Vp, 1.0f, true, nullptr);
   ExpectClose(losses, want, 1e-6, 1e-6, "ce losses V=50257");
   // Gradient rows: softmax - onehot, each row sums to 0.
   for (int n = 0; n < N; ++n) {

@@ -5,6 +5,7 @@
 // EstimateJob plans accumulation at the micro-batch's memory, matching RunJob's measured peak.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <string>
@@ -13,13 +14,14 @@
 #include "model_test_util.h"
 #include "optim/adamw.h"
 #include "train/planner.h"
+#include "train/step_runner.h"
 #include "trainer_test_util.h"
 
 namespace traind::engine {
 namespace {
 
 using testing::MakeBatch;
-using testing::SetBatch;
+using testing::Batch;
 using testing::TestModel;
 
 int64_t Align64(int64_t bytes) { return (bytes + 63) / 64 * 64; }
@@ -83,7 +85,8 @@ int64_t BlockSetBytes(const ModelConfig& c, const ModelOptions& o) {
 
 int64_t Layers(const ModelConfig& c) { return c.arch == "llama" ? c.num_hidden_layers : c.n_layer; }
 
-// Create + AdamW + ZeroGrad/Forward/Backward/Step on the CPU backend; returns the arena.
+// Create + AdamW + two training steps through the trainer's StepRunner on the CPU backend;
+// returns the arena.
 struct Measured {
   MemoryBytes used;
   int64_t peak = 0;
@@ -98,14 +101,20 @@ Measured RunSteps(const ModelConfig& c, const ModelOptions& o) {
   auto opt = AdamWOptimizer::Create(m.params(), m.num_params(), AdamWOptions{}, t.arena.get());
   EXPECT_TRUE(opt.ok()) << opt.status().ToString();
   if (!opt.ok()) return {};
+  auto runner = StepRunner::Create(StepRunner::Options{}, &m, opt->get(), t.arena.get());
+  EXPECT_TRUE(runner.ok()) << runner.status().ToString();
+  if (!runner.ok()) return {};
+  const int64_t N = o.micro_batch * o.seq_len;
   for (int step = 0; step < 2; ++step) {
-    SetBatch(t, MakeBatch(o.micro_batch * o.seq_len, c.vocab_size, 5 + step));
-    m.ZeroGrad();
-    const double loss = m.Forward(true, 1.0f);
-    EXPECT_TRUE(std::isfinite(loss));
-    m.Backward();
-    (*opt)->Step(m.param_data(), m.grad_data(), 1e-3, 1.0f);
-    m.ParamsChanged();
+    const Batch b = MakeBatch(N, c.vocab_size, 5 + step);
+    auto next = [&](int32_t* in, int32_t* tg, double*) {
+      std::copy(b.ids.begin(), b.ids.end(), in);
+      std::copy(b.targets.begin(), b.targets.end(), tg);
+      return Status::Ok();
+    };
+    double wait = 0.0;
+    auto out = (*runner)->Run(next, 1e-3, 1.0f, &wait);
+    EXPECT_TRUE(out.ok() && std::isfinite(out->loss)) << out.status().ToString();
   }
   t.backend->Synchronize();
   return {t.arena->used_by_category(), t.arena->peak_bytes()};
@@ -146,13 +155,15 @@ TEST(PlanCheckpointing, ActivationsDropByTheStoredBlockActivations) {
     const int64_t stored = L * set;  // the block activations kept without checkpointing
     const int64_t C = c.arch == "llama" ? c.hidden_size : c.n_embd;
     const int64_t residual = Align64(cs.B * cs.T * C * 4);
-    const int64_t full = Model::PlanBytes(c, off).activations;
+    // The model's activations plus the trainer's upload slots and step scalars.
+    const int64_t step_bytes = StepRunner::PlanBytes(cs.B, cs.T);
+    const int64_t full = Model::PlanBytes(c, off).activations + step_bytes;
     const int64_t full_measured = RunSteps(c, off).used.activations;
     EXPECT_EQ(full_measured, full) << Name(c, off);
     for (int64_t k : {int64_t{1}, int64_t{2}, int64_t{3}, L}) {
       const ModelOptions ck = Options(cs.B, cs.T, k, cs.type);
       SCOPED_TRACE(Name(c, ck));
-      const int64_t planned = Model::PlanBytes(c, ck).activations;
+      const int64_t planned = Model::PlanBytes(c, ck).activations + step_bytes;
       const int64_t drop = full - planned;
       const int64_t kept_inputs = (L + k - 1) / k;
       EXPECT_EQ(drop, (L - k) * set + (L + 1 - kept_inputs - k) * residual);

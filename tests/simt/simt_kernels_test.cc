@@ -13,9 +13,9 @@
 #include <vector>
 
 #include "backend/backend.h"
-#include "backend/cuda/batch_uploader.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/gpu_backend.h"
+#include "optim/adamw.h"
 
 namespace traind::engine {
 namespace {
@@ -149,6 +149,30 @@ TEST_F(SimtKernels, SumSquaresAndNonFinite) {
       Buf cb(cpu(), x), sb(simt(), x);
       EXPECT_TRUE(simt()->HasNonFinite(sb.f(), n)) << bad;
       EXPECT_TRUE(cpu()->HasNonFinite(cb.f(), n)) << bad;
+    }
+  }
+}
+
+// The device-resident accumulations of a captured step: *acc += sum of squares, and
+// *acc += weight * sum (the weight read from device memory), on top of what *acc held.
+TEST_F(SimtKernels, AccumulateSumAndSumSquares) {
+  for (int64_t n : {1, 255, 1000, 70001}) {
+    const auto x = Random(n, n + 1, -3.0f, 3.0f);
+    const std::vector<float> weight = {0.25f};
+    for (Backend* be : {cpu(), simt()}) {
+      SCOPED_TRACE(be->name());
+      Buf bx(be, x), bw(be, weight), acc(be, std::vector<double>{1.5, -2.0});
+      be->AccumulateSumSquares(acc.as<double>(), bx.f(), n);
+      be->AccumulateSum(acc.as<double>() + 1, bx.f(), n, bw.f());
+      be->Synchronize();
+      double sq = 0.0, sum = 0.0;
+      for (float v : x) {
+        sq += double{v} * v;
+        sum += v;
+      }
+      const auto got = acc.get<double>();
+      EXPECT_NEAR(got[0], 1.5 + sq, 1e-10 * sq) << "n=" << n;
+      EXPECT_NEAR(got[1], -2.0 + 0.25 * sum, 1e-9 * (1.0 + std::fabs(sum))) << "n=" << n;
     }
   }
 }
@@ -317,8 +341,8 @@ TEST_F(SimtKernels, SoftmaxCrossEntropy) {
     for (bool grad : {false, true}) {
       Buf cl(cpu(), logits), ct(cpu(), targets), closs(cpu(), N * 4);
       Buf sl(simt(), logits), st(simt(), targets), sloss(simt(), N * 4);
-      cpu()->SoftmaxCrossEntropy(cl.f(), closs.f(), ct.as<int32_t>(), N, V, Vp, 0.5f, grad);
-      simt()->SoftmaxCrossEntropy(sl.f(), sloss.f(), st.as<int32_t>(), N, V, Vp, 0.5f, grad);
+      cpu()->SoftmaxCrossEntropy(cl.f(), closs.f(), ct.as<int32_t>(), N, V, Vp, 0.5f, grad, nullptr);
+      simt()->SoftmaxCrossEntropy(sl.f(), sloss.f(), st.as<int32_t>(), N, V, Vp, 0.5f, grad, nullptr);
       const std::string tag = " V=" + std::to_string(V) + (grad ? " grad" : "");
       ExpectClose(sloss.get(), closs.get(), 1e-5f, 1e-5f, "CE losses" + tag);
       ExpectClose(sl.get(), cl.get(), 1e-6f, 1e-4f, "CE logits/dlogits" + tag);
@@ -342,6 +366,73 @@ TEST_F(SimtKernels, AdamW) {
     ExpectClose(sp.get(), cp.get(), 1e-6f, 1e-5f, "AdamW param");
     ExpectClose(sm.get(), cm.get(), 1e-6f, 1e-5f, "AdamW m");
     ExpectClose(sv.get(), cv.get(), 1e-7f, 1e-5f, "AdamW v");
+  }
+}
+
+// The cross-entropy gradient scale may come from device memory: grad_scale * *device_scale.
+TEST_F(SimtKernels, SoftmaxCrossEntropyDeviceScale) {
+  const int64_t N = 5, V = 300, Vp = 320;
+  const auto logits = Random(N * Vp, 11, -8, 8);
+  std::vector<int32_t> targets = {3, -1, 299, 0, 150};
+  const std::vector<float> scale = {0.125f};
+  Buf cl(cpu(), logits), ct(cpu(), targets), closs(cpu(), N * 4);
+  cpu()->SoftmaxCrossEntropy(cl.f(), closs.f(), ct.as<int32_t>(), N, V, Vp, 0.5f * 0.125f, true,
+                             nullptr);
+  for (Backend* be : {cpu(), simt()}) {
+    SCOPED_TRACE(be->name());
+    Buf l(be, logits), t(be, targets), loss(be, N * 4), s(be, scale);
+    be->SoftmaxCrossEntropy(l.f(), loss.f(), t.as<int32_t>(), N, V, Vp, 0.5f, true, s.f());
+    ExpectClose(loss.get(), closs.get(), 1e-5f, 1e-5f, "CE losses");
+    ExpectClose(l.get(), cl.get(), 1e-7f, 1e-4f, "CE dlogits with a device scale");
+  }
+}
+
+// AdamW from device scalars equals the host-driven AdamW with the multiplier the host-side
+// trainer computes (clip_grad_norm_'s coefficient / loss scale), clipping active or not, and
+// leaves everything untouched when an fp16 overflow (non-finite grad_sq) must skip the step.
+TEST_F(SimtKernels, AdamWFromScalarsMatchesHostScalars) {
+  const int64_t n = 3001;
+  const auto p = Random(n, 1), g = Random(n, 2), m = Random(n, 3, -0.1f, 0.1f),
+             v = Random(n, 4, 0, 0.01f);
+  double grad_sq = 0.0;
+  for (float x : g) grad_sq += double{x} * x;
+  struct Case {
+    float loss_scale, max_norm;
+    double grad_sq;
+    int skip;
+  };
+  for (const Case c : {Case{1.0f, 1.0f, grad_sq, 0}, Case{1.0f, 0.0f, grad_sq, 0},
+                       Case{1024.0f, 1e9f, grad_sq, 1}, Case{1.0f, 1.0f, INFINITY, 1}}) {
+    StepScalars sc;
+    sc.grad_sq = c.grad_sq;
+    sc.lr = 1e-3f;
+    sc.bias_correction1 = 1.0f - 0.9f;
+    sc.bias_correction2 = 1.0f - 0.999f;
+    sc.loss_scale = c.loss_scale;
+    sc.max_grad_norm = c.max_norm;
+    sc.skip_nonfinite = c.skip;
+    const bool skipped = c.skip != 0 && !std::isfinite(c.grad_sq);
+    // The host path: norm, clip coefficient, multiplier as the trainer computed them.
+    const double norm = std::sqrt(c.grad_sq) / c.loss_scale;
+    const float clip = ClipCoefficient(norm, c.max_norm);
+    EXPECT_EQ(StepGradMultiplier(c.grad_sq, c.loss_scale, c.max_norm), clip / c.loss_scale);
+    Buf cp(cpu(), p), cg(cpu(), g), cm(cpu(), m), cv(cpu(), v);
+    if (!skipped) {
+      cpu()->AdamW(cp.f(), cg.f(), cm.f(), cv.f(), n, sc.lr, 0.9f, 0.999f, 1e-8f, 0.1f,
+                   sc.bias_correction1, sc.bias_correction2, clip / c.loss_scale);
+    }
+    for (Backend* be : {cpu(), simt()}) {
+      SCOPED_TRACE(be->name() + " loss_scale " + std::to_string(c.loss_scale) + " max_norm " +
+                   std::to_string(c.max_norm) + (skipped ? " skipped" : ""));
+      Buf bp(be, p), bg(be, g), bm(be, m), bv(be, v), bs(be, sizeof(sc));
+      be->CopyHostToDevice(bs.as<void>(), &sc, sizeof(sc));
+      be->AdamWFromScalars(bp.f(), bg.f(), bm.f(), bv.f(), n, bs.as<StepScalars>(), 0.9f, 0.999f,
+                           1e-8f, 0.1f);
+      const float tol = be == cpu() ? 0.0f : 1e-6f;
+      ExpectClose(bp.get(), cp.get(), tol, be == cpu() ? 0.0f : 1e-5f, "param");
+      ExpectClose(bm.get(), cm.get(), tol, be == cpu() ? 0.0f : 1e-5f, "m");
+      ExpectClose(bv.get(), cv.get(), tol * 0.1f, be == cpu() ? 0.0f : 1e-5f, "v");
+    }
   }
 }
 
@@ -386,37 +477,48 @@ TEST_F(SimtKernels, GraphCaptureReplayMatchesDirectRun) {
   simt()->Memset0(y.f(), N * OC * 4);
   ASSERT_TRUE(gpu->BeginCapture().ok());
   sequence();
-  ASSERT_TRUE(gpu->EndCapture().ok());
+  const Result<int> graph = gpu->EndCapture();
+  ASSERT_TRUE(graph.ok()) << graph.status().ToString();
   EXPECT_EQ(y.get(), std::vector<float>(N * OC, 0.0f)) << "capture must not run the work";
   for (int i = 0; i < 2; ++i) {
     simt()->CopyHostToDevice(x.f(), i == 0 ? x1.data() : x2.data(), x1.size() * 4);
-    ASSERT_TRUE(gpu->Replay().ok());
+    ASSERT_TRUE(gpu->Replay(*graph).ok());
     EXPECT_EQ(y.get(), direct[i]) << "replay " << i;
   }
 }
 
-// The double-buffered pinned upload path delivers each batch intact to alternating destinations,
-// and rejects uploads larger than its slots.
-TEST_F(SimtKernels, BatchUploaderDoubleBuffers) {
+// The double-buffered upload path (pinned slots and a copy stream on CUDA) delivers each batch
+// intact to alternating destinations on both the simt backend and the CPU backend's default, with
+// a consumer between uploads as the trainer runs it, and rejects bad slots and oversized uploads.
+TEST_F(SimtKernels, BatchUploadDoubleBuffers) {
+  const size_t n = 1000;
+  for (Backend* be : {simt(), cpu()}) {
+    SCOPED_TRACE(be->name());
+    auto up = be->MakeBatchUpload(n * sizeof(int32_t));
+    ASSERT_TRUE(up.ok()) << up.status().ToString();
+    Buf dst0(be, n * 4), dst1(be, n * 4), sum(be, n * 4);
+    be->Memset0(sum.f(), n * 4);
+    std::vector<float> expect(n, 0.0f);
+    for (int step = 0; step < 5; ++step) {
+      const int slot = step % 2;
+      auto host = (*up)->HostSlot(slot);
+      ASSERT_TRUE(host.ok());
+      auto* p = static_cast<float*>(host.value());
+      for (size_t i = 0; i < n; ++i) p[i] = static_cast<float>(step * 1000 + static_cast<int>(i));
+      Buf& dst = slot == 0 ? dst0 : dst1;
+      ASSERT_TRUE((*up)->Upload(slot, dst.as<void>(), n * 4).ok());
+      be->Add(sum.f(), sum.f(), dst.f(), static_cast<int64_t>(n));  // the consumer
+      ASSERT_TRUE((*up)->Consumed(slot).ok());
+      for (size_t i = 0; i < n; ++i) expect[i] += static_cast<float>(step * 1000 + static_cast<int>(i));
+    }
+    be->Synchronize();
+    EXPECT_EQ(sum.get(), expect);
+    ASSERT_TRUE((*up)->HostSlot(0).ok());
+    EXPECT_EQ((*up)->Upload(0, dst0.as<void>(), n * 4 + 4).code(), Status::Code::kInvalidArgument);
+    EXPECT_EQ((*up)->HostSlot(2).status().code(), Status::Code::kInvalidArgument);
+  }
   auto* gpu = dynamic_cast<gpu::GpuBackend*>(simt());
   ASSERT_NE(gpu, nullptr);
-  const size_t n = 1000;
-  auto up = gpu::BatchUploader::Create(n * sizeof(int32_t), gpu->stream());
-  ASSERT_TRUE(up.ok()) << up.status().ToString();
-  Buf dst0(simt(), n * 4), dst1(simt(), n * 4);
-  for (int step = 0; step < 5; ++step) {
-    auto slot = (*up)->NextSlot();
-    ASSERT_TRUE(slot.ok());
-    auto* p = static_cast<int32_t*>(slot.value());
-    for (size_t i = 0; i < n; ++i) p[i] = static_cast<int32_t>(step * 10000 + i);
-    Buf& dst = step % 2 == 0 ? dst0 : dst1;
-    ASSERT_TRUE((*up)->Upload(dst.as<void>(), n * 4).ok());
-    simt()->Synchronize();
-    const auto got = dst.get<int32_t>();
-    for (size_t i = 0; i < n; ++i) ASSERT_EQ(got[i], static_cast<int32_t>(step * 10000 + i));
-  }
-  ASSERT_TRUE((*up)->NextSlot().ok());
-  EXPECT_EQ((*up)->Upload(dst0.as<void>(), n * 4 + 4).code(), Status::Code::kInvalidArgument);
   size_t free_bytes = 0, total_bytes = 0;
   EXPECT_TRUE(gpu->MemoryInfo(&free_bytes, &total_bytes).ok());
   EXPECT_GT(total_bytes, 0u);

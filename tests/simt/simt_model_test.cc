@@ -1,8 +1,9 @@
 // A full training step (ZeroGrad, Forward, Backward) of tiny gpt2 and llama (GQA) models on the
 // simt-emulated CUDA backend against the CPU backend, from the same weights and batch: the loss
 // within 1e-5 relative, and each parameter's gradient within 1e-5 relative in the 2-norm
-// (||g_simt - g_cpu|| <= 1e-5 * ||g_cpu||), fp32. Then the backward pass captured as a graph and
-// replayed gives the same gradients again.
+// (||g_simt - g_cpu|| <= 1e-5 * ||g_cpu||), fp32. Then the micro-batch on the device (forward
+// with device-resident loss scalars, backward) captured as a graph and replayed gives the same
+// loss and gradients again, and follows a gradient scale changed in device memory.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -121,22 +122,44 @@ TEST_P(SimtModelStep, MatchesCpuBackend) {
   EXPECT_GT(loss[0], 3.0);  // ~ln(67) at init: the model really ran
   ExpectGradsMatch(*cpu.model, grads[1], grads[0], "direct step");
 
-  // The backward pass (ZeroGrad + Backward: no host round trips) captured once, replayed twice.
+  // The whole micro-batch on the device (ZeroGrad, ForwardOnDevice with its loss scalars in
+  // device memory, Backward: no host round trips) captured once, replayed twice; the second
+  // replay with a doubled gradient scale written into device memory between replays.
   auto* gpu = dynamic_cast<gpu::GpuBackend*>(simt.backend.get());
   ASSERT_NE(gpu, nullptr);
-  EXPECT_NEAR(simt.model->Forward(true, 1.0f), loss[1], 1e-12 * loss[1]);
-  simt.backend->Scale(simt.model->grad_data(), 0.0f, simt.model->num_params());
+  int64_t valid = 0;
+  for (int32_t t : targets) valid += t != -1 ? 1 : 0;
+  struct {
+    float grad_scale, loss_weight;
+    double loss_sum;
+  } host = {1.0f / static_cast<float>(valid), 1.0f / static_cast<float>(valid), 0.0};
+  void* dev = simt.backend->Alloc(sizeof(host));
+  auto* dscalars = static_cast<float*>(dev);
+  auto* dloss = reinterpret_cast<double*>(static_cast<char*>(dev) + 8);
+  simt.backend->Memset0(simt.model->grad_data(), simt.model->num_params() * 4);
   ASSERT_TRUE(gpu->BeginCapture().ok());
   simt.model->ZeroGrad();
+  simt.model->ForwardOnDevice(&dscalars[0], &dscalars[1], dloss);
   simt.model->Backward();
-  ASSERT_TRUE(gpu->EndCapture().ok());
+  const Result<int> graph = gpu->EndCapture();
+  ASSERT_TRUE(graph.ok()) << graph.status().ToString();
   const std::vector<float> before = Grads(simt);
   EXPECT_EQ(before, std::vector<float>(before.size(), 0.0f)) << "capture must not run the work";
   for (int rep = 0; rep < 2; ++rep) {
-    ASSERT_TRUE(gpu->Replay().ok());
+    const float mult = rep == 0 ? 1.0f : 2.0f;
+    host.grad_scale = mult / static_cast<float>(valid);
+    host.loss_sum = 0.0;
+    simt.backend->CopyHostToDevice(dev, &host, sizeof(host));
+    ASSERT_TRUE(gpu->Replay(*graph).ok());
     simt.backend->Synchronize();
-    ExpectGradsMatch(*cpu.model, Grads(simt), grads[0], "graph replay " + std::to_string(rep));
+    double loss_sum = 0.0;
+    simt.backend->CopyDeviceToHost(&loss_sum, dloss, sizeof(double));
+    EXPECT_NEAR(loss_sum, loss[0], 1e-5 * loss[0]) << "replay " << rep;
+    std::vector<float> want = grads[0];
+    for (float& g : want) g *= mult;
+    ExpectGradsMatch(*cpu.model, Grads(simt), want, "graph replay " + std::to_string(rep));
   }
+  simt.backend->Free(dev);
   EXPECT_TRUE(gpu->status().ok()) << gpu->status().ToString();
 }
 

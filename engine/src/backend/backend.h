@@ -20,10 +20,29 @@
 #include <memory>
 #include <string>
 
+#include "backend/step_scalars.h"
 #include "core/dtype.h"
 #include "traind/engine/status.h"
 
 namespace traind::engine {
+
+// Double-buffered host-to-device transfer of training batches. Two host staging slots (pinned
+// memory on CUDA); each Upload is issued on a copy stream, so it overlaps the work already
+// queued, and work issued afterwards sees its data. The CPU backend copies synchronously.
+// One thread drives it; the backend must outlive it.
+class BatchUpload {
+ public:
+  virtual ~BatchUpload() = default;
+  // Host staging buffer of slot 0 or 1 (slot_bytes long). Blocks until the slot's previous copy
+  // has finished, so the caller may overwrite it.
+  virtual Result<void*> HostSlot(int slot) = 0;
+  // Copies the first `bytes` of host slot `slot` to device memory `dst`. The copy waits for the
+  // work that was issued before this slot's last Consumed() (the previous readers of `dst`),
+  // not for work issued later. INVALID_ARGUMENT when bytes > slot_bytes or slot is not 0 or 1.
+  virtual Status Upload(int slot, void* dst, size_t bytes) = 0;
+  // Marks the work issued so far as the last reader of what slot `slot` uploaded.
+  virtual Status Consumed(int slot) = 0;
+};
 
 class Backend {
  public:
@@ -49,6 +68,14 @@ class Backend {
                     const void* A, int64_t lda, const void* B, int64_t ldb, float beta, void* C,
                     int64_t ldc, DType ab_type = DType::kF32, DType c_type = DType::kF32) = 0;
 
+  // ---- linear layer forward, with the GEMM epilogues of cuBLASLt where the device has them ----
+  // pre(N,OC) = inp(N,C) * weight(OC,C)^T (+ bias(OC) when bias is not null), fp32;
+  // when act is not null, also act(N,OC) = GELU(pre) (tanh approximation, as GeluForward), fp32.
+  // inp and weight have `type`. Default (CPU, simt): Gemm, AddBias, GeluForward. The CUDA backend
+  // fuses the bias add and the GELU into the GEMM (cuBLASLt epilogues BIAS / GELU_AUX(_BIAS)).
+  virtual void LinearForward(float* pre, float* act, const void* inp, const void* weight,
+                             const float* bias, int64_t N, int64_t C, int64_t OC, DType type);
+
   // ---- elementwise / small ops ----
   // out[n, :] (=, or += when accumulate) table[ids[n], :]. out (N,C), table (V,C).
   virtual void EmbeddingForward(float* out, const int32_t* ids, const float* table, int64_t N,
@@ -66,6 +93,10 @@ class Backend {
   virtual void Scale(float* x, float s, int64_t n) = 0;
   // Sum of squares of x, accumulated in double; synchronizes.
   virtual double SumSquares(const float* x, int64_t n) = 0;
+  // *acc (device double) += sum of squares of x, accumulated in double; asynchronous.
+  virtual void AccumulateSumSquares(double* acc, const float* x, int64_t n) = 0;
+  // *acc (device double) += (*weight) * sum of x (weight: a device float); asynchronous.
+  virtual void AccumulateSum(double* acc, const float* x, int64_t n, const float* weight) = 0;
   // True when some x is NaN or infinite (the fp16 loss-scaler's overflow check); synchronizes.
   // Default: through SumSquares (a non-finite element makes the double sum non-finite; finite
   // floats cannot overflow it). Backends may override with a cheaper flag kernel.
@@ -129,9 +160,11 @@ class Backend {
   // losses (N) = -log softmax(logits[n, :V])[targets[n]] (0 for ignored rows).
   // When compute_grad: logits are overwritten in place with
   // dlogits = (softmax - onehot) * grad_scale (0 in padded columns and ignored rows), so no
-  // second logits-sized buffer exists.
+  // second logits-sized buffer exists. `device_scale`, when not null, is a device float that
+  // multiplies grad_scale (so a captured step can change it between replays).
   virtual void SoftmaxCrossEntropy(float* logits, float* losses, const int32_t* targets, int64_t N,
-                                   int64_t V, int64_t Vp, float grad_scale, bool compute_grad) = 0;
+                                   int64_t V, int64_t Vp, float grad_scale, bool compute_grad,
+                                   const float* device_scale) = 0;
 
   // ---- optimizer ----
   // AdamW (torch.optim.AdamW semantics), in place on n elements:
@@ -141,6 +174,12 @@ class Backend {
   virtual void AdamW(float* param, const float* grad, float* m, float* v, int64_t n, float lr,
                      float beta1, float beta2, float eps, float weight_decay,
                      float bias_correction1, float bias_correction2, float grad_scale) = 0;
+  // The same update with lr, the bias corrections and the gradient multiplier taken from device
+  // memory: grad_scale = StepGradMultiplier(s->grad_sq, s->loss_scale, s->max_grad_norm); nothing
+  // is changed when s->skip_nonfinite and grad_sq is not finite. Capturable.
+  virtual void AdamWFromScalars(float* param, const float* grad, float* m, float* v, int64_t n,
+                                const StepScalars* s, float beta1, float beta2, float eps,
+                                float weight_decay) = 0;
 
   // ---- device capabilities (defaults: none; the GPU backends override) ----
   // The first error an op hit (OK when none). Ops do not abort on bad input on the GPU backends;
@@ -155,12 +194,21 @@ class Backend {
     return Status::Unimplemented("MemoryInfo: " + name() + " has no device memory of its own");
   }
   // Graph capture: when SupportsGraphs(), the ops issued between BeginCapture and EndCapture are
-  // recorded, not run, and Replay() runs the last captured sequence again (same pointers, same
-  // scalar arguments). Ops that return values to the host must not be issued while capturing.
+  // recorded, not run; EndCapture returns the graph's id and Replay(id) runs that sequence again
+  // (same pointers, same scalar arguments; values the ops read from device memory may change).
+  // A backend keeps every graph until it is destroyed. Ops that return values to the host
+  // (SumSquares, HasNonFinite, copies to the host) must not be issued while capturing.
   virtual bool SupportsGraphs() const { return false; }
   virtual Status BeginCapture() { return Status::Unimplemented("graph capture on " + name()); }
-  virtual Status EndCapture() { return Status::Unimplemented("graph capture on " + name()); }
-  virtual Status Replay() { return Status::Unimplemented("graph replay on " + name()); }
+  virtual Result<int> EndCapture() { return Status::Unimplemented("graph capture on " + name()); }
+  virtual Status Replay(int graph) {
+    return Status::Unimplemented("graph replay " + std::to_string(graph) + " on " + name());
+  }
+
+  // ---- batch uploads ----
+  // A double-buffered uploader with slots of `slot_bytes`. Default: plain host slots copied with
+  // CopyHostToDevice (synchronous); the GPU backends use pinned slots and a copy stream.
+  virtual Result<std::unique_ptr<BatchUpload>> MakeBatchUpload(size_t slot_bytes);
 };
 
 // The CPU backend (always available; the reference). threads = 0: all cores.

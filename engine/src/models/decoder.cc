@@ -245,24 +245,40 @@ void DecoderModel::BlockBackward(int64_t l) {
                    a.ln1_rstd);
 }
 
-double DecoderModel::Forward(bool for_backward, float grad_scale) {
+void DecoderModel::ParamsChanged() {
+  if (!mixed_) return;
+  be_->Cast(bufs_.params16, options_.compute_type, bufs_.params, DType::kF32, table_.total);
+  weights16_stale_ = false;
+}
+
+void DecoderModel::ForwardToLogits() {
   Backend& be = *be_;
-  const int64_t n_valid = nn::CountValidTargets(be, bufs_.targets, N_, &host_targets_);
-  if (mixed_ && weights16_stale_) {
-    be.Cast(bufs_.params16, options_.compute_type, bufs_.params, DType::kF32, table_.total);
-    weights16_stale_ = false;
-  }
+  if (mixed_ && weights16_stale_) ParamsChanged();
   nn::EmbeddingForward(be, bufs_.res[0], bufs_.inputs, bufs_.positions, P(table_.wte),
                        P(table_.wpe), N_, d_.C);
   for (int64_t l = 0; l < d_.L; ++l) BlockForward(l);
   NormInto(bufs_.lnf, bufs_.lnf_mean, bufs_.lnf_rstd, bufs_.res[d_.L], table_.lnf_w, table_.lnf_b);
   nn::LinearForward(be, bufs_.logits, bufs_.lnf, W(table_.lm_head), nullptr, N_, d_.C, d_.Vp,
                     options_.compute_type);
+}
+
+double DecoderModel::Forward(bool for_backward, float grad_scale) {
+  const int64_t n_valid = nn::CountValidTargets(*be_, bufs_.targets, N_, &host_targets_);
+  ForwardToLogits();
   const double loss =
-      nn::CrossEntropyForward(be, bufs_.logits, bufs_.losses, bufs_.targets, N_, d_.V, d_.Vp,
+      nn::CrossEntropyForward(*be_, bufs_.logits, bufs_.losses, bufs_.targets, N_, d_.V, d_.Vp,
                               n_valid, grad_scale, for_backward, &host_losses_);
   ready_for_backward_ = for_backward;
   return loss;
+}
+
+void DecoderModel::ForwardOnDevice(const float* grad_scale, const float* loss_weight,
+                                   double* loss_sum) {
+  ForwardToLogits();
+  be_->SoftmaxCrossEntropy(bufs_.logits, bufs_.losses, bufs_.targets, N_, d_.V, d_.Vp, 1.0f,
+                           /*compute_grad=*/true, grad_scale);
+  be_->AccumulateSum(loss_sum, bufs_.losses, N_, loss_weight);
+  ready_for_backward_ = true;
 }
 
 void DecoderModel::Backward() {

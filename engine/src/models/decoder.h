@@ -31,9 +31,11 @@ class DecoderModel : public Model {
   void InitRandom(uint64_t seed) override;
   Status LoadHf(const SafetensorsFile& file) override;
   SafetensorsFile ExportHf() override;
-  void ParamsChanged() override { weights16_stale_ = true; }
+  void ParamsChanged() override;
   void ZeroGrad() override;
   double Forward(bool for_backward, float grad_scale) override;
+  void ForwardOnDevice(const float* grad_scale, const float* loss_weight,
+                       double* loss_sum) override;
   void Backward() override;
 
  private:
@@ -44,6 +46,8 @@ class DecoderModel : public Model {
   const void* W(int64_t offset) const;
   // Norm output -> `dst` (a GEMM input in the compute type) through an fp32 buffer.
   void NormInto(void* dst, float* mean, float* rstd, const float* inp, int64_t w, int64_t b);
+  // Embeddings, blocks, final norm and lm_head: bufs_.logits hold the logits.
+  void ForwardToLogits();
   void BlockForward(int64_t l);
   void BlockBackward(int64_t l);  // bufs_.dres: d(block output) in, d(block input) out
 

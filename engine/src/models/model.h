@@ -74,13 +74,19 @@ class Model {
   virtual SafetensorsFile ExportHf() = 0;
 
   // Call after writing param_data() other than through InitRandom / LoadHf (e.g. after an
-  // optimizer step): with a 16-bit compute_type the model's 16-bit copy of the weights is
-  // refreshed (one Cast over the flat buffer) before the next Forward. No effect in fp32.
+  // optimizer step): with a 16-bit compute_type it issues the Cast that refreshes the model's
+  // 16-bit copy of the weights (capturable in a graph). No effect in fp32.
   virtual void ParamsChanged() = 0;
   virtual void ZeroGrad() = 0;
   // Runs forward on inputs()/targets(); returns the mean loss over non-ignored positions.
   // When `for_backward`, keeps what Backward() needs and leaves d(loss*grad_scale)/dlogits in place.
   virtual double Forward(bool for_backward, float grad_scale) = 0;
+  // Forward for a training step that reads nothing back to the host (capturable in a graph):
+  // d(loss)/dlogits is scaled by *grad_scale and *loss_sum += *loss_weight * (sum of the
+  // per-position losses), all three device pointers. The caller folds 1/(valid targets) into
+  // both scalars. Then Backward() as after Forward(true, ...).
+  virtual void ForwardOnDevice(const float* grad_scale, const float* loss_weight,
+                               double* loss_sum) = 0;
   // Accumulates (+=) parameter gradients of grad_scale * mean loss into grad_data().
   virtual void Backward() = 0;
 };

@@ -8,9 +8,8 @@ namespace traind::engine::nn {
 
 void LinearForward(Backend& be, float* out, const void* inp, const void* weight, const float* bias,
                    int64_t N, int64_t C, int64_t OC, DType type) {
-  // out(N,OC) = inp(N,C) * weight(OC,C)^T
-  be.Gemm(false, true, N, OC, C, 1.0f, inp, C, weight, C, 0.0f, out, OC, type, DType::kF32);
-  if (bias != nullptr) be.AddBias(out, bias, N, OC);
+  // out(N,OC) = inp(N,C) * weight(OC,C)^T + bias (fused into the GEMM where the device can)
+  be.LinearForward(out, nullptr, inp, weight, bias, N, C, OC, type);
 }
 
 void LinearBackward(Backend& be, float* dinp, float* dweight, float* dbias, const float* dout,

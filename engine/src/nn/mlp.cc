@@ -5,12 +5,13 @@ namespace traind::engine::nn {
 
 void MlpForward(Backend& be, const MlpShape& s, const MlpWeights& w, float* out, float* h, void* a,
                 const void* inp, DType type, float* act_scratch) {
-  LinearForward(be, h, inp, w.w_up, w.b_up, s.N, s.C, s.up_width(), type);
   float* af = type == DType::kF32 ? static_cast<float*>(a) : act_scratch;  // fp32 activation
   if (s.swiglu) {
+    LinearForward(be, h, inp, w.w_up, w.b_up, s.N, s.C, s.up_width(), type);
     be.SwiGluForward(af, h, s.N, s.H);
   } else {
-    be.GeluForward(af, h, s.N * s.H);
+    // h = pre-activation (kept for backward), af = GELU(h): one fused GEMM on CUDA.
+    be.LinearForward(h, af, inp, w.w_up, w.b_up, s.N, s.C, s.H, type);
   }
   if (type != DType::kF32) be.Cast(a, type, af, DType::kF32, s.N * s.H);
   LinearForward(be, out, a, w.w_down, w.b_down, s.N, s.H, s.C, type);

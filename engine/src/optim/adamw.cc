@@ -6,19 +6,38 @@
 
 namespace traind::engine {
 
-double GlobalGradNorm(Backend* backend, const float* grads, const std::vector<ParamInfo>& params) {
-  double sum = 0.0;
-  // Contiguous params are summed in one call; gaps between views (if any) are skipped.
+namespace {
+
+// Calls fn(begin, end) for each maximal run of parameters that are contiguous in the flat buffer
+// (gaps between views, if any, are skipped).
+template <typename Fn>
+void ForEachContiguousRun(const std::vector<ParamInfo>& params, Fn fn) {
   size_t i = 0;
   while (i < params.size()) {
-    int64_t begin = params[i].offset;
+    const int64_t begin = params[i].offset;
     int64_t end = begin + params[i].numel;
     size_t j = i + 1;
     while (j < params.size() && params[j].offset == end) end += params[j++].numel;
-    sum += backend->SumSquares(grads + begin, end - begin);
+    fn(begin, end);
     i = j;
   }
+}
+
+}  // namespace
+
+double GlobalGradNorm(Backend* backend, const float* grads, const std::vector<ParamInfo>& params) {
+  double sum = 0.0;
+  ForEachContiguousRun(params, [&](int64_t begin, int64_t end) {
+    sum += backend->SumSquares(grads + begin, end - begin);
+  });
   return std::sqrt(sum);
+}
+
+void AccumulateGradSquares(Backend* backend, const float* grads,
+                           const std::vector<ParamInfo>& params, double* acc) {
+  ForEachContiguousRun(params, [&](int64_t begin, int64_t end) {
+    backend->AccumulateSumSquares(acc, grads + begin, end - begin);
+  });
 }
 
 float ClipCoefficient(double total_norm, double max_norm) {
@@ -73,6 +92,23 @@ void AdamWOptimizer::Step(float* params, const float* grads, double lr, float gr
                    static_cast<float>(options_.beta2), static_cast<float>(options_.eps),
                    r.decay ? static_cast<float>(options_.weight_decay) : 0.0f,
                    static_cast<float>(bc1), static_cast<float>(bc2), grad_scale);
+  }
+}
+
+void AdamWOptimizer::FillNextStep(StepScalars* s) const {
+  const double next = static_cast<double>(step_ + 1);
+  s->bias_correction1 = static_cast<float>(1.0 - std::pow(options_.beta1, next));
+  s->bias_correction2 = static_cast<float>(1.0 - std::pow(options_.beta2, next));
+}
+
+void AdamWOptimizer::IssueStep(float* params, const float* grads,
+                               const StepScalars* device_scalars) {
+  Backend* backend = arena_->backend();
+  for (const Run& r : runs_) {
+    backend->AdamWFromScalars(params + r.offset, grads + r.offset, m_ + r.offset, v_ + r.offset,
+                              r.numel, device_scalars, static_cast<float>(options_.beta1),
+                              static_cast<float>(options_.beta2), static_cast<float>(options_.eps),
+                              r.decay ? static_cast<float>(options_.weight_decay) : 0.0f);
   }
 }
 

@@ -27,6 +27,11 @@ struct AdamWOptions {
 // accumulated in double). Synchronizes.
 double GlobalGradNorm(Backend* backend, const float* grads, const std::vector<ParamInfo>& params);
 
+// Issues *acc (device double) += the sum of squares of the gradients of `params`, without
+// reading anything back (the device-side half of GlobalGradNorm; capturable).
+void AccumulateGradSquares(Backend* backend, const float* grads,
+                           const std::vector<ParamInfo>& params, double* acc);
+
 // torch.nn.utils.clip_grad_norm_'s factor: max_norm / (total_norm + 1e-6) when that is < 1, else 1
 // (also 1 when max_norm <= 0, i.e. clipping disabled). Pass it as AdamW's grad_scale so the
 // gradients themselves are never rewritten.
@@ -53,6 +58,15 @@ class AdamWOptimizer {
   void Step(float* params, const float* grads, double lr, float grad_scale);
 
   int64_t step() const { return step_; }
+
+  // The step with its scalars in device memory (capturable; the trainer's path): FillNextStep
+  // writes the bias corrections of step() + 1 into a host StepScalars the caller then copies to
+  // the device; IssueStep issues the update of every parameter from the device copy
+  // (Backend::AdamWFromScalars, gradient multiplier from its grad_sq); CountStep counts the step
+  // once it is known to have been applied (not skipped for an fp16 overflow).
+  void FillNextStep(StepScalars* s) const;
+  void IssueStep(float* params, const float* grads, const StepScalars* device_scalars);
+  void CountStep() { ++step_; }
 
   // The state as tensors "<hf_name>.exp_avg" / "<hf_name>.exp_avg_sq" (fp32, our layout shape)
   // and metadata {"step": N, "format": "traind-adamw-v1"}.

@@ -2,6 +2,7 @@
 // running anything, so estimates, admission and the allocator all see the same numbers.
 #include "train/planner.h"
 
+#include "train/step_runner.h"
 #include <unistd.h>
 
 #include <algorithm>
@@ -11,6 +12,7 @@
 #include "backend/device_registry.h"
 #include "models/hf_config.h"
 #include "optim/adamw.h"
+#include "train/step_runner.h"
 
 namespace traind::engine {
 namespace {
@@ -89,6 +91,8 @@ MemoryBytes JobBytes(const ModelConfig& config, const ModelOptions& options) {
   MemoryBytes b = Model::PlanBytes(config, options);
   // Gradients are fp32 whatever the compute type (weights may hold a 16-bit copy too).
   b.optimizer += AdamWOptimizer::PlanBytes(b.gradients / 4);
+  // The trainer's double-buffered micro-batch uploads and step scalars.
+  b.activations += StepRunner::PlanBytes(options.micro_batch, options.seq_len);
   return b;
 }
 

@@ -21,6 +21,7 @@
 #include "train/checkpoint.h"
 #include "train/planner.h"
 #include "train/safetensors.h"
+#include "train/step_runner.h"
 
 namespace traind::engine {
 namespace {
@@ -72,26 +73,6 @@ Result<double> Evaluate(Backend* backend, Model* model, const std::vector<int32_
     weighted += model->Forward(/*for_backward=*/false, 1.0f) * static_cast<double>(count);
   }
   return weighted / static_cast<double>(windows);
-}
-
-// One micro-batch's backward pass; `calls` counts them. With `use_graph` (backends with graph
-// support) the first call runs directly (the backend sizes its scratch buffers), the second is
-// captured, and it and every later one replay the graph: the backward pass issues the same ops on
-// the same buffers every micro-batch and reads nothing back. Forward is not captured (it reads
-// the loss back to the host).
-Status RunBackward(Backend* backend, Model* model, bool use_graph, int64_t* calls) {
-  const int64_t call = (*calls)++;
-  if (!use_graph || call == 0) {
-    model->Backward();
-    return backend->status();
-  }
-  if (call == 1) {
-    TRAIND_RETURN_IF_ERROR(backend->BeginCapture());
-    model->Backward();
-    TRAIND_RETURN_IF_ERROR(backend->EndCapture());
-  }
-  TRAIND_RETURN_IF_ERROR(backend->Replay());
-  return backend->status();
 }
 
 // Writes output_dir's final config.json, model.safetensors and trainer_state.json.
@@ -191,7 +172,6 @@ Result<RunSummary> RunJob(const JobSpec& spec, const RunOptions& options,
   BatchLoader loader(train_tokens, B, T, spec.data.shuffle, static_cast<uint64_t>(t.seed),
                      state.loader);
   const int64_t wpe = loader.windows_per_epoch();
-  std::vector<int32_t> inputs(static_cast<size_t>(B * T)), targets(static_cast<size_t>(B * T));
   const double step_flops = Model::TrainingFlops(config, B, T) * static_cast<double>(accum);
   const int64_t step_tokens = B * T * accum;
   const int64_t first_step = state.global_step;
@@ -218,43 +198,39 @@ Result<RunSummary> RunJob(const JobSpec& spec, const RunOptions& options,
   double window_seconds = 0.0;
   int64_t window_tokens = 0;
   double last_lr = 0.0, last_norm = 0.0;
-  const float micro_scale = 1.0f / static_cast<float>(accum);
   // fp16: dynamic loss scaling, restored from the checkpoint on resume (a fresh scaler when the
   // checkpoint has none); skipped steps still count as steps.
   LossScaler scaler;
   if (t.fp16 && state.loss_scaler.has_value()) scaler.Restore(*state.loss_scaler);
-  // CUDA graphs for the backward pass (fp32 only until 16-bit capture is verified under simt).
-  const bool use_graph = options.device.cuda_graphs && backend->SupportsGraphs() && !t.fp16 && !t.bf16;
-  int64_t backward_calls = 0;
+  StepRunner::Options step_options;
+  step_options.accumulation_steps = accum;
+  step_options.fp16 = t.fp16;
+  step_options.max_grad_norm = t.max_grad_norm;
+  step_options.use_graphs = options.device.cuda_graphs;
+  TRAIND_ASSIGN_OR_RETURN(std::unique_ptr<StepRunner> runner,
+                          StepRunner::Create(step_options, model.get(), optimizer.get(), &arena));
+  // Each micro-batch of a step comes from the loader; cancellation is checked before each.
+  auto next_batch = [&](int32_t* in, int32_t* tg, double* wait) -> Status {
+    if (IsCancelled(options)) {
+      return Status::Cancelled("job cancelled at step " + std::to_string(state.global_step + 1));
+    }
+    *wait += loader.Next(in, tg);
+    return Status::Ok();
+  };
   while (state.global_step < t.max_steps) {
     const Clock::time_point step_start = Clock::now();
-    double wait = 0.0, loss_sum = 0.0;
+    double wait = 0.0;
     const float loss_scale = t.fp16 ? scaler.scale() : 1.0f;
-    model->ZeroGrad();
-    for (int64_t a = 0; a < accum; ++a) {
-      if (IsCancelled(options)) {
-        return Status::Cancelled("job cancelled at step " + std::to_string(state.global_step + 1));
-      }
-      wait += loader.Next(inputs.data(), targets.data());
-      CopyBatch(backend.get(), model.get(), inputs, targets);
-      loss_sum += model->Forward(/*for_backward=*/true, micro_scale * loss_scale);
-      TRAIND_RETURN_IF_ERROR(RunBackward(backend.get(), model.get(), use_graph, &backward_calls));
-      if (use_graph && backward_calls == 2) {
-        message(device.device + ": backward pass captured as a graph, replayed every micro-batch");
-      }
-    }
-    const bool skipped = t.fp16 && scaler.Update(LossScaler::FoundInf(
-                                       backend.get(), model->grad_data(), model->num_params()));
     const double lr = t.learning_rate * LrLambda(schedule, t.warmup_steps, t.max_steps, state.global_step);
-    double norm = std::numeric_limits<double>::infinity();
-    if (!skipped) {
-      norm = GlobalGradNorm(backend.get(), model->grad_data(), model->params()) / loss_scale;
-      const float clip = ClipCoefficient(norm, t.max_grad_norm);
-      optimizer->Step(model->param_data(), model->grad_data(), lr, clip / loss_scale);
-      model->ParamsChanged();
+    TRAIND_ASSIGN_OR_RETURN(StepRunner::Outcome outcome,
+                            runner->Run(next_batch, lr, loss_scale, &wait));
+    if (runner->replaying() && state.global_step == first_step) {
+      message(device.device + ": training step captured as CUDA graphs (one per upload slot and "
+              "one for the optimizer), replayed every step");
     }
-    backend->Synchronize();
-    const double loss = loss_sum / static_cast<double>(accum);
+    const bool skipped = t.fp16 && scaler.Update(outcome.skipped);
+    const double norm = outcome.grad_norm;
+    const double loss = outcome.loss;
     state.global_step += 1;
     state.loader = loader.position();
     state.train_loss_sum += loss;

@@ -20,8 +20,9 @@ struct DeviceOptions {
   std::string device = "cpu";
   int64_t memory_budget_bytes = 0;  // 0 = the device's capacity (host RAM on the CPU backend)
   int threads = 0;                  // CPU threads; 0 = all cores
-  // GPU backends: capture the backward pass as a CUDA graph once and replay it on later
-  // micro-batches (fp32 jobs). Off: every op is launched one by one.
+  // GPU backends: after the first step, capture the training step as CUDA graphs (one per
+  // micro-batch upload slot, one for the optimizer) and replay them on every later step, all
+  // precisions. Off: every op is launched one by one.
   bool cuda_graphs = true;
 };
 

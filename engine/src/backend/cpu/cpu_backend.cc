@@ -2,6 +2,7 @@
 // cpu_*.cc threaded with OpenMP over `threads` threads (GEMM libraries too; see cpu_gemm.cc).
 #include <omp.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -66,6 +67,14 @@ class CpuBackend final : public Backend {
   void Scale(float* x, float s, int64_t n) override { cpu::Scale(x, s, n, nt_); }
   double SumSquares(const float* x, int64_t n) override { return cpu::SumSquares(x, n, nt_); }
   bool HasNonFinite(const float* x, int64_t n) override { return cpu::HasNonFinite(x, n, nt_); }
+  void AccumulateSumSquares(double* acc, const float* x, int64_t n) override {
+    *acc += cpu::SumSquares(x, n, nt_);
+  }
+  void AccumulateSum(double* acc, const float* x, int64_t n, const float* weight) override {
+    double sum = 0.0;  // in order, as the host-side loss mean sums the per-position losses
+    for (int64_t i = 0; i < n; ++i) sum += x[i];
+    *acc += static_cast<double>(*weight) * sum;
+  }
   void Cast(void* dst, DType dst_type, const void* src, DType src_type, int64_t n) override {
     cpu::Cast(dst, dst_type, src, src_type, n, nt_);
   }
@@ -121,8 +130,10 @@ class CpuBackend final : public Backend {
   }
 
   void SoftmaxCrossEntropy(float* logits, float* losses, const int32_t* targets, int64_t N,
-                           int64_t V, int64_t Vp, float grad_scale, bool compute_grad) override {
-    cpu::SoftmaxCrossEntropy(logits, losses, targets, N, V, Vp, grad_scale, compute_grad, nt_);
+                           int64_t V, int64_t Vp, float grad_scale, bool compute_grad,
+                           const float* device_scale) override {
+    const float scale = device_scale != nullptr ? grad_scale * *device_scale : grad_scale;
+    cpu::SoftmaxCrossEntropy(logits, losses, targets, N, V, Vp, scale, compute_grad, nt_);
   }
 
   void AdamW(float* param, const float* grad, float* m, float* v, int64_t n, float lr, float beta1,
@@ -130,6 +141,14 @@ class CpuBackend final : public Backend {
              float bias_correction2, float grad_scale) override {
     cpu::AdamW(param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, bias_correction1,
                bias_correction2, grad_scale, nt_);
+  }
+  void AdamWFromScalars(float* param, const float* grad, float* m, float* v, int64_t n,
+                        const StepScalars* s, float beta1, float beta2, float eps,
+                        float weight_decay) override {
+    if (s->skip_nonfinite != 0 && !std::isfinite(s->grad_sq)) return;
+    cpu::AdamW(param, grad, m, v, n, s->lr, beta1, beta2, eps, weight_decay, s->bias_correction1,
+               s->bias_correction2, StepGradMultiplier(s->grad_sq, s->loss_scale, s->max_grad_norm),
+               nt_);
   }
 
  private:

@@ -1,10 +1,15 @@
 // cuBLASLt GEMM: the row-major problem is solved as its column-major transpose,
 // C^T(N,M) = op(B)^T(N,K) * op(A)^T(K,M), so A and B swap places and keep their leading dimensions.
+// Epilogues (bias, GELU with its input saved) are applied by the same kernel: one pass over C
+// instead of three (GEMM, bias add, GELU). cuBLASLt's GELU is the tanh approximation (the form
+// llm.c relies on for GPT-2's gelu_new); nothing here has run on a device yet, so the first GPU
+// run must compare it with the unfused path (TRAIND_CUBLASLT_EPILOGUES=0 turns fusion off).
 #include "backend/cuda/cublaslt_gemm.h"
 
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
 
+#include <cstdint>
 #include <string>
 
 TRAIND_GPU_BEGIN
@@ -67,13 +72,24 @@ CublasLtGemm::~CublasLtGemm() {
   if (handle_ != nullptr) cublasLtDestroy(static_cast<cublasLtHandle_t>(handle_));
 }
 
+bool CublasLtGemm::CanFuse(const GemmEpilogue& e, int64_t ldc) {
+  auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  if (e.bias != nullptr && !aligned(e.bias)) return false;
+  if (e.gelu_input != nullptr && (!aligned(e.gelu_input) || ldc % 8 != 0)) return false;
+  return true;
+}
+
 Status CublasLtGemm::Run(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                          const void* A, int64_t lda, const void* B, int64_t ldb, float beta,
-                         void* C, int64_t ldc, DType ab_type, DType c_type, cudaStream_t stream) {
+                         void* C, int64_t ldc, DType ab_type, DType c_type, cudaStream_t stream,
+                         const GemmEpilogue& epilogue) {
   if (M < 0 || N < 0 || K < 0) return Status::InvalidArgument("Gemm: negative size");
   if (c_type != DType::kF32 && c_type != ab_type)
     return Status::InvalidArgument(std::string("Gemm: C type ") + DTypeName(c_type) +
                                    " must be f32 or the A/B type " + DTypeName(ab_type));
+  const bool fused = epilogue.bias != nullptr || epilogue.gelu_input != nullptr;
+  if (fused && (c_type != DType::kF32 || !CanFuse(epilogue, ldc)))
+    return Status::InvalidArgument("Gemm: this epilogue needs an fp32 C and aligned pointers");
   if (M == 0 || N == 0) return Status::Ok();
   const cublasComputeType_t compute =
       ab_type == DType::kF32 && allow_tf32_ ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
@@ -89,6 +105,33 @@ Status CublasLtGemm::Run(bool trans_a, bool trans_b, int64_t M, int64_t N, int64
   TRAIND_RETURN_IF_ERROR(Check(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSB,
                                                               &op_second, sizeof(op_second)),
                                "TRANSB"));
+  if (fused) {
+    // Column-major, C^T is (N, M): cuBLASLt's bias runs along its rows, i.e. our columns n.
+    const cublasLtEpilogue_t ep = epilogue.gelu_input == nullptr ? CUBLASLT_EPILOGUE_BIAS
+                                  : epilogue.bias == nullptr     ? CUBLASLT_EPILOGUE_GELU_AUX
+                                                                 : CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+    TRAIND_RETURN_IF_ERROR(Check(
+        cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &ep, sizeof(ep)),
+        "EPILOGUE"));
+    if (epilogue.bias != nullptr) {
+      const void* bias = epilogue.bias;
+      TRAIND_RETURN_IF_ERROR(Check(cublasLtMatmulDescSetAttribute(
+                                       d.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)),
+                                   "BIAS_POINTER"));
+    }
+    if (epilogue.gelu_input != nullptr) {
+      void* aux = epilogue.gelu_input;
+      const int64_t aux_ld = ldc;
+      TRAIND_RETURN_IF_ERROR(Check(cublasLtMatmulDescSetAttribute(
+                                       d.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux,
+                                       sizeof(aux)),
+                                   "EPILOGUE_AUX_POINTER"));
+      TRAIND_RETURN_IF_ERROR(Check(cublasLtMatmulDescSetAttribute(
+                                       d.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld,
+                                       sizeof(aux_ld)),
+                                   "EPILOGUE_AUX_LD"));
+    }
+  }
   const cudaDataType_t ab = CudaType(ab_type), ct = CudaType(c_type);
   // Stored shapes (rows, cols) in column-major terms.
   const uint64_t first_rows = trans_b ? K : N, first_cols = trans_b ? N : K;

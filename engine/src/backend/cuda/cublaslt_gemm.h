@@ -13,6 +13,14 @@
 
 TRAIND_GPU_BEGIN
 
+// What cuBLASLt applies to the product before it stores C (an fp32 C only).
+struct GemmEpilogue {
+  const float* bias = nullptr;  // + bias[n] on every row of the row-major C(M,N)
+  // GELU (tanh approximation): C = GELU(product + bias), and gelu_input(M,N), row stride ldc,
+  // receives product + bias (cuBLASLt's GELU_AUX / GELU_AUX_BIAS).
+  float* gelu_input = nullptr;
+};
+
 class CublasLtGemm {
  public:
   // UNAVAILABLE when cuBLASLt cannot start (no device, no driver).
@@ -21,9 +29,15 @@ class CublasLtGemm {
   CublasLtGemm(const CublasLtGemm&) = delete;
   CublasLtGemm& operator=(const CublasLtGemm&) = delete;
 
+  // Whether Run can apply `epilogue` to a row-major C(M,N) with row stride ldc: cuBLASLt wants
+  // 16-byte aligned bias and GELU-input pointers and an auxiliary row stride divisible by 8.
+  // Otherwise the caller applies them as separate kernels.
+  static bool CanFuse(const GemmEpilogue& epilogue, int64_t ldc);
+
   Status Run(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
              const void* A, int64_t lda, const void* B, int64_t ldb, float beta, void* C,
-             int64_t ldc, DType ab_type, DType c_type, cudaStream_t stream);
+             int64_t ldc, DType ab_type, DType c_type, cudaStream_t stream,
+             const GemmEpilogue& epilogue = GemmEpilogue());
 
  private:
   CublasLtGemm() = default;

@@ -2,6 +2,7 @@
 // fails cleanly (no abort, no exception) where there is no driver or no device.
 #include "backend/cuda/cuda_backend.h"
 
+#include <cstdlib>
 #include <memory>
 #include <string>
 
@@ -18,7 +19,29 @@ class CudaBackend final : public GpuBackend {
   Status Start(const CudaBackendOptions& options) {
     TRAIND_RETURN_IF_ERROR(Init());
     TRAIND_ASSIGN_OR_RETURN(gemm_, CublasLtGemm::Create(options.allow_tf32));
+    const char* env = std::getenv("TRAIND_CUBLASLT_EPILOGUES");
+    fuse_epilogues_ = env == nullptr || std::string(env) != "0";
     return Status::Ok();
+  }
+
+  // Bias and GELU in the GEMM's epilogue when cuBLASLt can take them; the separate kernels
+  // otherwise (unaligned views, odd widths, or no algorithm for the fused form).
+  void LinearForward(float* pre, float* act, const void* inp, const void* weight,
+                     const float* bias, int64_t N, int64_t C, int64_t OC, DType type) override {
+    GemmEpilogue ep;
+    ep.bias = bias;
+    ep.gelu_input = act != nullptr ? pre : nullptr;
+    float* out = act != nullptr ? act : pre;
+    if (fuse_epilogues_ && (bias != nullptr || act != nullptr) && CublasLtGemm::CanFuse(ep, OC)) {
+      const Status s = gemm_->Run(false, true, N, OC, C, 1.0f, inp, C, weight, C, 0.0f, out, OC,
+                                  type, DType::kF32, stream(), ep);
+      if (s.ok()) return;
+      if (s.code() != Status::Code::kUnimplemented) {
+        Record(s);
+        return;
+      }
+    }
+    GpuBackend::LinearForward(pre, act, inp, weight, bias, N, C, OC, type);
   }
 
   void Gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const void* A,
@@ -30,6 +53,7 @@ class CudaBackend final : public GpuBackend {
 
  private:
   std::unique_ptr<CublasLtGemm> gemm_;
+  bool fuse_epilogues_ = true;
 };
 
 }  // namespace

@@ -5,10 +5,11 @@
 //   EmbeddingBackward  dtable[ids] += dout (atomics): 12*N*C bytes                 -> 4M: 16 us
 //   AddBias            out(N,OC) += bias: 8*N*OC bytes, N*OC FLOPs                  -> 4M: 11 us
 //   BiasBackward       dbias(OC) += colsum dout: 4*N*OC bytes, N*OC FLOPs           -> 4M: 5.6 us
-//   Add / Scale        12n / 8n bytes, n FLOPs                                      -> 4M: 16 / 11
-//   us SumSquares         4n bytes, 2n FLOPs                                           -> 124M: 165
-//   us Cast               (src+dst bytes) * n                                          -> 4M
-//   f32->bf16: 8 us FlagNonFinite      4n bytes -> 124M: 165 us
+//   Add / Scale        12n / 8n bytes, n FLOPs                                      -> 4M: 16 / 11 us
+//   SumSquares         4n bytes, 2n FLOPs (one double atomic per block)            -> 124M: 165 us
+//   WeightedSum        4n bytes, n FLOPs (the loss sum; n = N = B*T)               -> 8K: ~3 us (launch)
+//   Cast               (src+dst bytes) * n                                         -> 4M f32->bf16: 8 us
+//   FlagNonFinite      4n bytes                                                     -> 124M: 165 us
 // Gradient contract (backend.h): parameter gradients +=, activation gradients =.
 #include <string>
 #include <type_traits>
@@ -86,6 +87,17 @@ __global__ void sum_squares_kernel(double* result, const float* x, int64_t n) {
     s += double{x[i]} * x[i];
   s = BlockSum(s, scratch);
   if (threadIdx.x == 0) atomicAdd(result, s);
+}
+
+__global__ void weighted_sum_kernel(double* result, const float* x, int64_t n,
+                                    const float* weight) {
+  __shared__ double scratch[32];
+  double s = 0.0;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x)
+    s += double{x[i]};
+  s = BlockSum(s, scratch);
+  if (threadIdx.x == 0) atomicAdd(result, double{*weight} * s);
 }
 
 template <typename T>
@@ -193,6 +205,15 @@ Status SumSquares(double* result, const float* x, int64_t n, cudaStream_t stream
   if (n == 0) return Status::Ok();
   return GPU_LAUNCH(sum_squares_kernel, GridFor(n, kThreads, 1024), kThreads, 0, stream, result, x,
                     n);
+}
+
+Status WeightedSum(double* result, const float* x, int64_t n, const float* weight,
+                   cudaStream_t stream) {
+  TRAIND_RETURN_IF_ERROR(CheckCount("WeightedSum", n));
+  if (weight == nullptr) return Status::InvalidArgument("WeightedSum: null weight");
+  if (n == 0) return Status::Ok();
+  return GPU_LAUNCH(weighted_sum_kernel, GridFor(n, kThreads, 1024), kThreads, 0, stream, result,
+                    x, n, weight);
 }
 
 Status Cast(void* dst, DType dst_type, const void* src, DType src_type, int64_t n,

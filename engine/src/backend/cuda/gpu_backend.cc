@@ -3,14 +3,16 @@
 #include "backend/cuda/gpu_backend.h"
 
 #include <cstdio>
+#include <string>
 
+#include "backend/cuda/batch_uploader.h"
 #include "backend/cuda/device.h"
 #include "backend/cuda/kernels.h"
 
 TRAIND_GPU_BEGIN
 
 GpuBackend::~GpuBackend() {
-  if (graph_ != nullptr) (void)dev::GraphDestroy(graph_);
+  for (cudaGraphExec_t g : graphs_) (void)dev::GraphDestroy(g);
   if (scratch_ != nullptr) (void)dev::Free(scratch_);
   if (sumsq_ != nullptr) (void)dev::Free(sumsq_);
   if (flag_ != nullptr) (void)dev::Free(flag_);
@@ -44,19 +46,26 @@ Status GpuBackend::BeginCapture() {
   return Status::Ok();
 }
 
-Status GpuBackend::EndCapture() {
+Result<int> GpuBackend::EndCapture() {
   if (!capturing_) return Status::FailedPrecondition("EndCapture without BeginCapture");
   capturing_ = false;
-  if (graph_ != nullptr) {
-    TRAIND_RETURN_IF_ERROR(dev::GraphDestroy(graph_));
-    graph_ = nullptr;
-  }
-  return dev::EndCapture(stream_, &graph_);
+  cudaGraphExec_t graph = nullptr;
+  TRAIND_RETURN_IF_ERROR(dev::EndCapture(stream_, &graph));
+  graphs_.push_back(graph);
+  return static_cast<int>(graphs_.size()) - 1;
 }
 
-Status GpuBackend::Replay() {
-  if (graph_ == nullptr) return Status::FailedPrecondition("Replay: no captured graph");
-  return dev::GraphLaunch(graph_, stream_);
+Status GpuBackend::Replay(int graph) {
+  if (graph < 0 || graph >= static_cast<int>(graphs_.size())) {
+    return Status::FailedPrecondition("Replay: no captured graph " + std::to_string(graph));
+  }
+  return dev::GraphLaunch(graphs_[static_cast<size_t>(graph)], stream_);
+}
+
+Result<std::unique_ptr<BatchUpload>> GpuBackend::MakeBatchUpload(size_t slot_bytes) {
+  TRAIND_ASSIGN_OR_RETURN(std::unique_ptr<BatchUploader> u,
+                          BatchUploader::Create(slot_bytes, stream_));
+  return std::unique_ptr<BatchUpload>(std::move(u));
 }
 
 void* GpuBackend::Alloc(size_t bytes) {
@@ -122,6 +131,14 @@ bool GpuBackend::HasNonFinite(const float* x, int64_t n) {
   int flag = 0;
   CopyDeviceToHost(&flag, flag_, sizeof(int));
   return flag != 0;
+}
+
+void GpuBackend::AccumulateSumSquares(double* acc, const float* x, int64_t n) {
+  Record(gpu::SumSquares(acc, x, n, stream_));
+}
+
+void GpuBackend::AccumulateSum(double* acc, const float* x, int64_t n, const float* weight) {
+  Record(gpu::WeightedSum(acc, x, n, weight, stream_));
 }
 
 void GpuBackend::Cast(void* dst, DType dst_type, const void* src, DType src_type, int64_t n) {
@@ -198,15 +215,21 @@ void GpuBackend::AttentionBackward(float* dq, float* dk, float* dv, const float*
 }
 void GpuBackend::SoftmaxCrossEntropy(float* logits, float* losses, const int32_t* targets,
                                      int64_t N, int64_t V, int64_t Vp, float grad_scale,
-                                     bool compute_grad) {
+                                     bool compute_grad, const float* device_scale) {
   Record(gpu::SoftmaxCrossEntropy(logits, losses, targets, N, V, Vp, grad_scale, compute_grad,
-                                  stream_));
+                                  device_scale, stream_));
 }
 void GpuBackend::AdamW(float* param, const float* grad, float* m, float* v, int64_t n, float lr,
                        float beta1, float beta2, float eps, float weight_decay,
                        float bias_correction1, float bias_correction2, float grad_scale) {
   Record(gpu::AdamW(param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, bias_correction1,
                     bias_correction2, grad_scale, stream_));
+}
+
+void GpuBackend::AdamWFromScalars(float* param, const float* grad, float* m, float* v, int64_t n,
+                                  const StepScalars* s, float beta1, float beta2, float eps,
+                                  float weight_decay) {
+  Record(gpu::AdamWFromScalars(param, grad, m, v, n, s, beta1, beta2, eps, weight_decay, stream_));
 }
 
 TRAIND_GPU_END

@@ -6,7 +6,9 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "backend/backend.h"
 #include "backend/cuda/gpu_ns.h"
@@ -27,12 +29,14 @@ class GpuBackend : public Backend {
   cudaStream_t stream() const { return stream_; }
 
   // Graph capture of the ops issued between BeginCapture and EndCapture (they are recorded, not
-  // run); Replay() runs the captured sequence again. Ops that return values to the host
+  // run); Replay(id) runs a captured sequence again. Ops that return values to the host
   // (SumSquares, HasNonFinite, copies to the host) must not be issued while capturing.
   bool SupportsGraphs() const override { return true; }
   Status BeginCapture() override;
-  Status EndCapture() override;
-  Status Replay() override;
+  Result<int> EndCapture() override;
+  Status Replay(int graph) override;
+  // Pinned slots and a copy stream (BatchUploader).
+  Result<std::unique_ptr<BatchUpload>> MakeBatchUpload(size_t slot_bytes) override;
 
   void* Alloc(size_t bytes) override;
   void Free(void* ptr) override;
@@ -52,6 +56,8 @@ class GpuBackend : public Backend {
   void Scale(float* x, float s, int64_t n) override;
   double SumSquares(const float* x, int64_t n) override;
   bool HasNonFinite(const float* x, int64_t n) override;
+  void AccumulateSumSquares(double* acc, const float* x, int64_t n) override;
+  void AccumulateSum(double* acc, const float* x, int64_t n, const float* weight) override;
   void Cast(void* dst, DType dst_type, const void* src, DType src_type, int64_t n) override;
   void LayerNormForward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
                         const float* bias, int64_t N, int64_t C, float eps) override;
@@ -77,10 +83,14 @@ class GpuBackend : public Backend {
                          int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS,
                          int64_t q_stride, int64_t kv_stride) override;
   void SoftmaxCrossEntropy(float* logits, float* losses, const int32_t* targets, int64_t N,
-                           int64_t V, int64_t Vp, float grad_scale, bool compute_grad) override;
+                           int64_t V, int64_t Vp, float grad_scale, bool compute_grad,
+                           const float* device_scale) override;
   void AdamW(float* param, const float* grad, float* m, float* v, int64_t n, float lr, float beta1,
              float beta2, float eps, float weight_decay, float bias_correction1,
              float bias_correction2, float grad_scale) override;
+  void AdamWFromScalars(float* param, const float* grad, float* m, float* v, int64_t n,
+                        const StepScalars* s, float beta1, float beta2, float eps,
+                        float weight_decay) override;
 
  protected:
   explicit GpuBackend(std::string name) : name_(std::move(name)) {}
@@ -97,7 +107,7 @@ class GpuBackend : public Backend {
   int* flag_ = nullptr;       // device flag for HasNonFinite
   float* scratch_ = nullptr;  // attention backward: B*NH*T floats, grown on demand
   int64_t scratch_floats_ = 0;
-  cudaGraphExec_t graph_ = nullptr;
+  std::vector<cudaGraphExec_t> graphs_;  // by id
   bool capturing_ = false;
 };
 

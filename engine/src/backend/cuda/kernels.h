@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "backend/cuda/gpu_ns.h"
+#include "backend/step_scalars.h"
 #include "core/dtype.h"
 #include "traind/engine/status.h"
 
@@ -23,6 +24,9 @@ Status Add(float* out, const float* a, const float* b, int64_t n, cudaStream_t s
 Status Scale(float* x, float s, int64_t n, cudaStream_t stream);
 // *result (device) += sum of x^2 in double. The caller zeroes *result.
 Status SumSquares(double* result, const float* x, int64_t n, cudaStream_t stream);
+// *result (device) += (*weight) * sum of x in double (weight: a device float).
+Status WeightedSum(double* result, const float* x, int64_t n, const float* weight,
+                   cudaStream_t stream);
 Status Cast(void* dst, DType dst_type, const void* src, DType src_type, int64_t n,
             cudaStream_t stream);
 // *flag (device) = 1 when some x is NaN or infinite; untouched otherwise. The caller zeroes it.
@@ -66,11 +70,16 @@ Status AttentionBackward(float* dq, float* dk, float* dv, const float* dout, con
 // ---- softmax_ce.cu ----
 Status SoftmaxCrossEntropy(float* logits, float* losses, const int32_t* targets, int64_t N,
                            int64_t V, int64_t Vp, float grad_scale, bool compute_grad,
-                           cudaStream_t stream);
+                           const float* device_scale, cudaStream_t stream);
 
 // ---- adamw.cu ----
 Status AdamW(float* param, const float* grad, float* m, float* v, int64_t n, float lr, float beta1,
              float beta2, float eps, float weight_decay, float bias_correction1,
              float bias_correction2, float grad_scale, cudaStream_t stream);
+// AdamW with lr, bias corrections and the gradient multiplier read from `scalars` (device):
+// Backend::AdamWFromScalars.
+Status AdamWFromScalars(float* param, const float* grad, float* m, float* v, int64_t n,
+                        const StepScalars* scalars, float beta1, float beta2, float eps,
+                        float weight_decay, cudaStream_t stream);
 
 TRAIND_GPU_END

@@ -1,6 +1,7 @@
 // Fused softmax + cross-entropy of the GPU backend: one block per row of logits (N, Vp); the
 // gradient (softmax - onehot) * grad_scale overwrites the logits in place (0 in the padded columns
-// [V, Vp) and in ignored rows, target -1), so no second logits-sized buffer exists.
+// [V, Vp) and in ignored rows, target -1), so no second logits-sized buffer exists. grad_scale may
+// be multiplied by a device float (`device_scale`) that a captured step changes between replays.
 // Memory-bound: reads the row twice (max, sum of exp) and writes it once: 12*N*Vp bytes,
 // ~5*N*V FLOPs + N*V exp -> N = 8K rows, Vp = 50304: 4.9 GB: 1.6 ms on an H100 (3.0 TB/s).
 #include <string>
@@ -15,7 +16,8 @@ namespace {
 constexpr int kThreads = 256;
 
 __global__ void softmax_ce_kernel(float* logits, float* losses, const int32_t* targets, int64_t V,
-                                  int64_t Vp, float grad_scale, bool compute_grad) {
+                                  int64_t Vp, float grad_scale, bool compute_grad,
+                                  const float* device_scale) {
   __shared__ float scratch[32];
   const int64_t row = blockIdx.x;
   float* x = logits + row * Vp;
@@ -36,6 +38,7 @@ __global__ void softmax_ce_kernel(float* logits, float* losses, const int32_t* t
   if (threadIdx.x == 0) losses[row] = m + logf(s) - x_target;
   if (!compute_grad) return;
   const float inv = 1.0f / s;
+  if (device_scale != nullptr) grad_scale *= *device_scale;
   for (int64_t c = threadIdx.x; c < Vp; c += blockDim.x) {
     float g = 0.0f;
     if (c < V) g = (expf(x[c] - m) * inv - (c == target ? 1.0f : 0.0f)) * grad_scale;
@@ -47,14 +50,14 @@ __global__ void softmax_ce_kernel(float* logits, float* losses, const int32_t* t
 
 Status SoftmaxCrossEntropy(float* logits, float* losses, const int32_t* targets, int64_t N,
                            int64_t V, int64_t Vp, float grad_scale, bool compute_grad,
-                           cudaStream_t stream) {
+                           const float* device_scale, cudaStream_t stream) {
   if (N < 0 || V <= 0 || Vp < V)
     return Status::InvalidArgument("SoftmaxCrossEntropy: bad shape N=" + std::to_string(N) +
                                    " V=" + std::to_string(V) + " Vp=" + std::to_string(Vp));
   if (N > 2147483647) return Status::InvalidArgument("SoftmaxCrossEntropy: N over 2^31-1 rows");
   if (N == 0) return Status::Ok();
   return GPU_LAUNCH(softmax_ce_kernel, static_cast<unsigned>(N), kThreads, 0, stream, logits,
-                    losses, targets, V, Vp, grad_scale, compute_grad);
+                    losses, targets, V, Vp, grad_scale, compute_grad, device_scale);
 }
 
 TRAIND_GPU_END

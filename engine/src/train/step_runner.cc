@@ -1,0 +1,158 @@
+// StepRunner: see step_runner.h.
+#include "train/step_runner.h"
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+
+namespace traind::engine {
+namespace {
+
+// A slot's payload: inputs (B*T int32), targets (B*T int32), then two floats: the micro-batch's
+// cross-entropy gradient scale and its loss weight.
+size_t SlotBytes(int64_t tokens) { return static_cast<size_t>(tokens) * 8 + 2 * sizeof(float); }
+
+}  // namespace
+
+int64_t StepRunner::PlanBytes(int64_t B, int64_t T) {
+  return 2 * static_cast<int64_t>(SlotBytes(B * T)) + static_cast<int64_t>(sizeof(StepScalars));
+}
+
+StepRunner::StepRunner(const Options& options, Model* model, AdamWOptimizer* optimizer,
+                       DeviceArena* arena)
+    : options_(options),
+      model_(model),
+      optimizer_(optimizer),
+      arena_(arena),
+      backend_(arena->backend()),
+      tokens_(model->options().micro_batch * model->options().seq_len) {}
+
+StepRunner::~StepRunner() {
+  backend_->Synchronize();  // no upload or step may still use the buffers
+  upload_.reset();
+  for (unsigned char* s : slots_) {
+    if (s != nullptr) arena_->Release(s);
+  }
+  if (scalars_ != nullptr) arena_->Release(scalars_);
+}
+
+Result<std::unique_ptr<StepRunner>> StepRunner::Create(const Options& options, Model* model,
+                                                       AdamWOptimizer* optimizer,
+                                                       DeviceArena* arena) {
+  if (options.accumulation_steps < 1) {
+    return Status::InvalidArgument("training.gradient_accumulation_steps: must be >= 1, got " +
+                                   std::to_string(options.accumulation_steps));
+  }
+  std::unique_ptr<StepRunner> r(new StepRunner(options, model, optimizer, arena));
+  const size_t bytes = SlotBytes(r->tokens_);
+  for (int i = 0; i < 2; ++i) {
+    TRAIND_ASSIGN_OR_RETURN(void* p, arena->Allocate(MemoryCategory::kActivations,
+                                                     static_cast<int64_t>(bytes),
+                                                     "micro-batch upload slot " + std::to_string(i)));
+    r->slots_[i] = static_cast<unsigned char*>(p);
+  }
+  TRAIND_ASSIGN_OR_RETURN(void* s, arena->Allocate(MemoryCategory::kActivations,
+                                                   sizeof(StepScalars), "step scalars"));
+  r->scalars_ = static_cast<StepScalars*>(s);
+  TRAIND_ASSIGN_OR_RETURN(r->upload_, r->backend_->MakeBatchUpload(bytes));
+  model->ZeroGrad();
+  return r;
+}
+
+Status StepRunner::Stage(int slot, const NextBatch& next_batch, float loss_scale, double* wait) {
+  TRAIND_ASSIGN_OR_RETURN(void* host, upload_->HostSlot(slot));
+  auto* inputs = static_cast<int32_t*>(host);
+  int32_t* targets = inputs + tokens_;
+  TRAIND_RETURN_IF_ERROR(next_batch(inputs, targets, wait));
+  int64_t valid = 0;
+  for (int64_t i = 0; i < tokens_; ++i) valid += targets[i] != -1 ? 1 : 0;
+  // As the host-side loss: d(mean over micro-batches of the mean loss)/dlogits, times the scale.
+  const float micro_scale = 1.0f / static_cast<float>(options_.accumulation_steps);
+  const float grad_scale = micro_scale * loss_scale;
+  const float scalars[2] = {valid > 0 ? grad_scale / static_cast<float>(valid) : 0.0f,
+                            valid > 0 ? 1.0f / static_cast<float>(valid) : 0.0f};
+  std::memcpy(targets + tokens_, scalars, sizeof(scalars));
+  return upload_->Upload(slot, slots_[slot], SlotBytes(tokens_));
+}
+
+void StepRunner::IssueMicroBatch(int slot) {
+  const auto* inputs = reinterpret_cast<const int32_t*>(slots_[slot]);
+  const int32_t* targets = inputs + tokens_;
+  const auto* scalars = reinterpret_cast<const float*>(targets + tokens_);
+  const size_t bytes = static_cast<size_t>(tokens_) * sizeof(int32_t);
+  backend_->CopyDeviceToDevice(model_->inputs(), inputs, bytes);
+  backend_->CopyDeviceToDevice(model_->targets(), targets, bytes);
+  model_->ForwardOnDevice(&scalars[0], &scalars[1], &scalars_->loss_sum);
+  model_->Backward();
+}
+
+void StepRunner::IssueOptimizer() {
+  AccumulateGradSquares(backend_, model_->grad_data(), model_->params(), &scalars_->grad_sq);
+  optimizer_->IssueStep(model_->param_data(), model_->grad_data(), scalars_);
+  model_->ParamsChanged();  // 16-bit weights follow the update
+  model_->ZeroGrad();       // ready for the next step's accumulation
+}
+
+Status StepRunner::Capture() {
+  for (int slot = 0; slot < 2; ++slot) {
+    TRAIND_RETURN_IF_ERROR(backend_->BeginCapture());
+    IssueMicroBatch(slot);
+    TRAIND_ASSIGN_OR_RETURN(micro_graph_[slot], backend_->EndCapture());
+  }
+  TRAIND_RETURN_IF_ERROR(backend_->BeginCapture());
+  IssueOptimizer();
+  TRAIND_ASSIGN_OR_RETURN(optimizer_graph_, backend_->EndCapture());
+  TRAIND_RETURN_IF_ERROR(backend_->status());
+  captured_ = true;
+  return Status::Ok();
+}
+
+Result<StepRunner::Outcome> StepRunner::Run(const NextBatch& next_batch, double lr,
+                                            float loss_scale, double* wait) {
+  StepScalars host;
+  host.lr = static_cast<float>(lr);
+  host.loss_scale = loss_scale;
+  host.max_grad_norm = static_cast<float>(options_.max_grad_norm);
+  host.skip_nonfinite = options_.fp16 ? 1 : 0;
+  optimizer_->FillNextStep(&host);
+  // Nothing of the previous step is in flight (its end read the scalars back).
+  backend_->CopyHostToDevice(scalars_, &host, sizeof(host));
+
+  const int64_t accum = options_.accumulation_steps;
+  int slot = next_slot_;
+  TRAIND_RETURN_IF_ERROR(Stage(slot, next_batch, loss_scale, wait));
+  for (int64_t a = 0; a < accum; ++a) {
+    if (captured_) {
+      TRAIND_RETURN_IF_ERROR(backend_->Replay(micro_graph_[slot]));
+    } else {
+      IssueMicroBatch(slot);
+    }
+    TRAIND_RETURN_IF_ERROR(upload_->Consumed(slot));
+    slot = 1 - slot;
+    // The next micro-batch loads and uploads while this one computes.
+    if (a + 1 < accum) TRAIND_RETURN_IF_ERROR(Stage(slot, next_batch, loss_scale, wait));
+  }
+  next_slot_ = slot;
+  if (captured_) {
+    TRAIND_RETURN_IF_ERROR(backend_->Replay(optimizer_graph_));
+  } else {
+    IssueOptimizer();
+  }
+  backend_->CopyDeviceToHost(&host, scalars_, sizeof(host));
+  backend_->Synchronize();
+  TRAIND_RETURN_IF_ERROR(backend_->status());
+
+  Outcome out;
+  out.loss = host.loss_sum / static_cast<double>(accum);
+  out.skipped = options_.fp16 && !std::isfinite(host.grad_sq);
+  out.grad_norm = out.skipped ? std::numeric_limits<double>::infinity()
+                              : std::sqrt(host.grad_sq) / static_cast<double>(loss_scale);
+  if (!out.skipped) optimizer_->CountStep();
+  if (options_.use_graphs && !captured_ && backend_->SupportsGraphs()) {
+    TRAIND_RETURN_IF_ERROR(Capture());
+  }
+  return out;
+}
+
+}  // namespace traind::engine

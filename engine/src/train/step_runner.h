@@ -1,0 +1,88 @@
+// StepRunner: one optimizer step of a training run, issued on the device without reading anything
+// back to the host until the step ends. The trainer's only step path, on every backend.
+//
+// - Data: micro-batches go through the backend's BatchUpload (double-buffered; pinned host slots
+//   and a copy stream on CUDA): micro-batch a+1 is loaded straight into the other host slot and
+//   its copy issued while micro-batch a computes. Each slot's payload carries the micro-batch's
+//   loss scalars too (its 1/valid-targets factors), so nothing else is copied per micro-batch.
+// - Scalars: the step's learning rate, bias corrections, loss scale and clip threshold are one
+//   StepScalars copy before the step; the loss and the gradients' sum of squares accumulate in it
+//   on the device; AdamW derives its clip factor there (Backend::AdamWFromScalars); one read at
+//   the end of the step returns loss, norm and whether an fp16 overflow skipped the update.
+// - Graphs: on backends with graph support the first step runs directly (sizing scratch buffers),
+//   then three graphs are captured: the micro-batch (copy into the model, forward, backward) for
+//   each upload slot, and the optimizer (grad norm, AdamW, 16-bit weight refresh, zeroed
+//   gradients). Every later step replays them: accumulation_steps + 1 launches per step.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+
+#include "backend/backend.h"
+#include "core/arena.h"
+#include "models/model.h"
+#include "optim/adamw.h"
+#include "traind/engine/status.h"
+
+namespace traind::engine {
+
+class StepRunner {
+ public:
+  struct Options {
+    int64_t accumulation_steps = 1;
+    bool fp16 = false;           // gradients carry a loss scale; an overflow skips the update
+    double max_grad_norm = 0.0;  // <= 0: no clipping
+    bool use_graphs = true;      // capture and replay where the backend supports graphs
+  };
+  struct Outcome {
+    double loss = 0.0;       // mean over the micro-batches of their mean loss
+    double grad_norm = 0.0;  // unscaled global norm; +inf when skipped
+    bool skipped = false;    // fp16: non-finite gradients, no update applied
+  };
+  // Fills one micro-batch (B*T inputs and targets, host memory) and adds the seconds it waited for
+  // data to *wait; a non-OK status (e.g. CANCELLED) ends the step with it.
+  using NextBatch = std::function<Status(int32_t* inputs, int32_t* targets, double* wait)>;
+
+  // The device bytes Create() allocates for a model with micro-batch B and sequence length T.
+  static int64_t PlanBytes(int64_t B, int64_t T);
+  // `model`, `optimizer` and `arena` (and its backend) must outlive the runner. Zeroes the
+  // model's gradients. RESOURCE_EXHAUSTED when the buffers do not fit.
+  static Result<std::unique_ptr<StepRunner>> Create(const Options& options, Model* model,
+                                                    AdamWOptimizer* optimizer, DeviceArena* arena);
+  ~StepRunner();
+  StepRunner(const StepRunner&) = delete;
+  StepRunner& operator=(const StepRunner&) = delete;
+
+  // One optimizer step at learning rate `lr` with fp16 loss scale `loss_scale` (1 otherwise).
+  // Counts the optimizer's step unless it was skipped. A failing backend op or graph call ends it
+  // with that error; after an error the model and optimizer state are unspecified.
+  Result<Outcome> Run(const NextBatch& next_batch, double lr, float loss_scale, double* wait);
+
+  // True once the step is replayed from graphs.
+  bool replaying() const { return captured_; }
+
+ private:
+  StepRunner(const Options& options, Model* model, AdamWOptimizer* optimizer, DeviceArena* arena);
+  // Loads micro-batch into host slot `slot` and issues its upload.
+  Status Stage(int slot, const NextBatch& next_batch, float loss_scale, double* wait);
+  void IssueMicroBatch(int slot);
+  void IssueOptimizer();
+  Status Capture();
+
+  Options options_;
+  Model* model_;
+  AdamWOptimizer* optimizer_;
+  DeviceArena* arena_;
+  Backend* backend_;
+  int64_t tokens_ = 0;  // B*T
+  std::unique_ptr<BatchUpload> upload_;
+  unsigned char* slots_[2] = {nullptr, nullptr};  // device: inputs, targets, grad scale, weight
+  StepScalars* scalars_ = nullptr;                 // device
+  int next_slot_ = 0;
+  bool captured_ = false;
+  int micro_graph_[2] = {-1, -1};
+  int optimizer_graph_ = -1;
+};
+
+}  // namespace traind::engine
