@@ -1,5 +1,6 @@
-// gpt2_step_bench: tokens/s of full fp32 training steps (ZeroGrad, Forward, Backward, AdamW) of
-// GPT-2 configs on the CPU backend, plus the sgemm rate measured in the same process, for MFU.
+// gpt2_step_bench: tokens/s of full fp32 training steps of GPT-2 configs on the CPU backend, run
+// as the trainer runs them (StepRunner: upload, Forward, Backward, grad norm, AdamW), plus the
+// sgemm rate measured in the same process, for MFU.
 // bench/run_all.sh runs it beside the PyTorch peer (bench/torch_gpt2_step.py) and prints ratios.
 // Usage: gpt2_step_bench [--config tiny|small|all] [--steps N] [--warmup N] [--threads N]
 //                        [--profile | --profile-cpu]   (per-op wall / process CPU time)
@@ -19,6 +20,7 @@
 #include "core/arena.h"
 #include "models/model.h"
 #include "optim/adamw.h"
+#include "train/step_runner.h"
 #include "profiling_backend.h"
 
 namespace traind::bench {
@@ -104,12 +106,21 @@ int Run(const BenchConfig& bc, int steps, int warmup, int threads, bool profile,
     std::fprintf(stderr, "AdamWOptimizer::Create: %s\n", opt.status().ToString().c_str());
     return 1;
   }
+  // The trainer's step path: StepRunner (batch upload, forward, backward, grad norm, AdamW).
+  auto runner = engine::StepRunner::Create(engine::StepRunner::Options{}, &m, opt->get(), &arena);
+  if (!runner.ok()) {
+    std::fprintf(stderr, "StepRunner::Create: %s\n", runner.status().ToString().c_str());
+    return 1;
+  }
   const int64_t N = bc.batch * bc.seq_len;
   std::vector<int32_t> ids(static_cast<size_t>(N + 1));
   std::mt19937 rng(42);
   for (auto& t : ids) t = static_cast<int32_t>(rng() % static_cast<uint32_t>(bc.vocab));
-  be->CopyHostToDevice(m.inputs(), ids.data(), N * sizeof(int32_t));
-  be->CopyHostToDevice(m.targets(), ids.data() + 1, N * sizeof(int32_t));
+  auto next_batch = [&](int32_t* in, int32_t* tg, double*) {
+    std::copy(ids.begin(), ids.begin() + N, in);
+    std::copy(ids.begin() + 1, ids.end(), tg);
+    return Status::Ok();
+  };
 
   double first_loss = 0.0, loss = 0.0, cpu0 = 0.0;
   std::vector<double> times;
@@ -119,11 +130,13 @@ int Run(const BenchConfig& bc, int steps, int warmup, int threads, bool profile,
       cpu0 = ProcessCpuSeconds();
     }
     auto t0 = Clock::now();
-    m.ZeroGrad();
-    loss = m.Forward(/*for_backward=*/true, 1.0f);
-    m.Backward();
-    (*opt)->Step(m.param_data(), m.grad_data(), 1e-4, 1.0f);
-    be->Synchronize();
+    double wait = 0.0;
+    auto out = (*runner)->Run(next_batch, 1e-4, 1.0f, &wait);
+    if (!out.ok()) {
+      std::fprintf(stderr, "step: %s\n", out.status().ToString().c_str());
+      return 1;
+    }
+    loss = out->loss;
     if (s >= warmup) times.push_back(Seconds(t0, Clock::now()));
     if (s == 0) first_loss = loss;
   }

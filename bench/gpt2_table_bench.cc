@@ -1,6 +1,7 @@
 // gpt2_table_bench: one row of the memory/speed techniques table (issue 4) on the CPU backend:
-// full GPT-2 training steps (ZeroGrad, k x (Forward, Backward), AdamW) with or without gradient
-// accumulation, gradient checkpointing and bf16 compute; prints time per sample, samples/s and
+// full GPT-2 training steps as the trainer runs them (StepRunner: k x (upload, Forward,
+// Backward), grad norm, AdamW) with or without gradient accumulation, gradient checkpointing and
+// bf16 compute; prints time per sample, samples/s and
 // peak memory (arena high-water and process RSS growth). bench/run_all.sh --table runs every row
 // beside its PyTorch peer (bench/torch_gpt2_table.py) and prints the table with the ratios.
 // Usage: gpt2_table_bench --row baseline|accum|ckpt|bf16|all [--model tiny|small] [--batch B]
@@ -22,6 +23,7 @@
 #include "core/arena.h"
 #include "models/model.h"
 #include "optim/adamw.h"
+#include "train/step_runner.h"
 #include "profiling_backend.h"
 
 namespace traind::bench {
@@ -144,14 +146,29 @@ int Run(const ModelShape& ms, const std::string& row_name, const Row& row, int64
     return 1;
   }
   const int64_t plan = engine::Model::PlanBytes(mc, mo).total() +
-                       engine::AdamWOptimizer::PlanBytes(m.num_params());
+                       engine::AdamWOptimizer::PlanBytes(m.num_params()) +
+                       engine::StepRunner::PlanBytes(B, ms.seq_len);
+  // The trainer's step path: StepRunner (uploads, k micro-batches, grad norm, AdamW, 16-bit copy).
+  engine::StepRunner::Options so;
+  so.accumulation_steps = k;
+  auto runner = engine::StepRunner::Create(so, &m, opt->get(), &arena);
+  if (!runner.ok()) {
+    std::fprintf(stderr, "StepRunner::Create: %s\n", runner.status().ToString().c_str());
+    return 1;
+  }
   // One step's tokens: batch sequences of T (+1 for the shifted targets) in k micro-batches.
   const int64_t N = B * ms.seq_len;
   std::vector<int32_t> ids(static_cast<size_t>(k * N + 1));
   std::mt19937 rng(42);
   for (auto& t : ids) t = static_cast<int32_t>(rng() % static_cast<uint32_t>(ms.vocab));
 
-  const float micro_scale = 1.0f / static_cast<float>(k);
+  int64_t micro = 0;  // micro-batches handed out this step
+  auto next_batch = [&](int32_t* in, int32_t* tg, double*) {
+    const int32_t* src = ids.data() + (micro++ % k) * N;
+    std::copy(src, src + N, in);
+    std::copy(src + 1, src + N + 1, tg);
+    return Status::Ok();
+  };
   double loss = 0.0, first_loss = 0.0, cpu0 = 0.0;
   std::vector<double> times;
   for (int s = 0; s < warmup + steps; ++s) {
@@ -160,19 +177,14 @@ int Run(const ModelShape& ms, const std::string& row_name, const Row& row, int64
       cpu0 = ProcessCpuSeconds();
     }
     auto t0 = Clock::now();
-    m.ZeroGrad();
-    double loss_sum = 0.0;
-    for (int64_t a = 0; a < k; ++a) {
-      be->CopyHostToDevice(m.inputs(), ids.data() + a * N, N * sizeof(int32_t));
-      be->CopyHostToDevice(m.targets(), ids.data() + a * N + 1, N * sizeof(int32_t));
-      loss_sum += m.Forward(/*for_backward=*/true, micro_scale);
-      m.Backward();
+    double wait = 0.0;
+    auto out = (*runner)->Run(next_batch, 1e-4, 1.0f, &wait);
+    if (!out.ok()) {
+      std::fprintf(stderr, "step: %s\n", out.status().ToString().c_str());
+      return 1;
     }
-    (*opt)->Step(m.param_data(), m.grad_data(), 1e-4, 1.0f);
-    m.ParamsChanged();
-    be->Synchronize();
     if (s >= warmup) times.push_back(Seconds(t0, Clock::now()));
-    loss = loss_sum / static_cast<double>(k);
+    loss = out->loss;
     if (s == 0) first_loss = loss;
   }
   const double cpu_s = ProcessCpuSeconds() - cpu0;
