@@ -16,6 +16,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/gpu_backend.h"
 #include "optim/adamw.h"
+#include "device_under_test.h"
 
 namespace traind::engine {
 namespace {
@@ -77,7 +78,7 @@ class SimtKernels : public ::testing::Test {
  protected:
   void SetUp() override {
     cpu_ = MakeCpuBackend(1);
-    auto simt = MakeSimtBackend(1);
+    auto simt = testing::MakeDeviceUnderTest();
     ASSERT_TRUE(simt.ok()) << simt.status().ToString();
     simt_ = std::move(simt).value();
   }
@@ -437,7 +438,7 @@ TEST_F(SimtKernels, AdamWFromScalarsMatchesHostScalars) {
 }
 
 TEST(SimtBackend, BadShapesAreReportedNotFatal) {
-  auto made = MakeSimtBackend(1);
+  auto made = testing::MakeDeviceUnderTest();
   ASSERT_TRUE(made.ok());
   std::unique_ptr<Backend> simt = std::move(made).value();
   auto* gpu = dynamic_cast<gpu::GpuBackend*>(simt.get());

@@ -17,6 +17,7 @@
 #include "backend/cuda/gpu_backend.h"
 #include "core/arena.h"
 #include "models/model.h"
+#include "device_under_test.h"
 
 namespace traind::engine {
 namespace {
@@ -88,7 +89,7 @@ TEST_P(SimtModelStep, MatchesCpuBackend) {
   options.micro_batch = 2;
   options.seq_len = 13;  // ragged against every block size
   ModelRun cpu = Make(MakeCpuBackend(1), config, options);
-  auto simt_backend = MakeSimtBackend(1);
+  auto simt_backend = testing::MakeDeviceUnderTest();
   ASSERT_TRUE(simt_backend.ok()) << simt_backend.status().ToString();
   ModelRun simt = Make(std::move(simt_backend).value(), config, options);
   ASSERT_TRUE(cpu.model && simt.model);

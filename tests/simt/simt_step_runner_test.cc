@@ -25,6 +25,7 @@
 #include "models/model.h"
 #include "optim/adamw.h"
 #include "train/step_runner.h"
+#include "device_under_test.h"
 
 namespace traind::engine {
 namespace {
@@ -87,7 +88,7 @@ TEST(SimtStepRunner, GraphReplayedStepsMatchCpuAndSkipOverflowOnDevice) {
   Training cpu = Make(MakeCpuBackend(1), nullptr);
   ASSERT_TRUE(cpu.runner);
   const std::vector<float> init = Params(cpu);
-  auto simt_backend = MakeSimtBackend(1);
+  auto simt_backend = testing::MakeDeviceUnderTest();
   ASSERT_TRUE(simt_backend.ok()) << simt_backend.status().ToString();
   Training simt = Make(std::move(simt_backend).value(), &init);
   ASSERT_TRUE(simt.runner);
