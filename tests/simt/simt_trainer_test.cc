@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -177,6 +178,21 @@ TEST_P(SimtTrainer, RunJobMatchesCpu) {
   EXPECT_TRUE(Mentions(graph.notes, "training step captured as CUDA graphs")) << "capture not used";
   EXPECT_FALSE(Mentions(plain.notes, "captured")) << "cuda_graphs=false still captured";
   EXPECT_FALSE(Mentions(cpu.notes, "captured")) << "the CPU backend has no graphs";
+}
+
+// TRAIND_CUDA_GRAPHS=0 turns capture off (the escape hatch for a device where it misbehaves),
+// with the same results as cuda_graphs=false.
+TEST(SimtTrainerGraphs, EnvironmentSwitchTurnsCaptureOff) {
+  RegisterGpuBackends();
+  const std::string dir = testing::MakeTempDir("simt_graphs_env");
+  const JobSpec spec = Spec("gpt2", dir);
+  setenv("TRAIND_CUDA_GRAPHS", "0", 1);
+  const Outcome off = Train(spec, testing::kDeviceUnderTest, true, "env_off");
+  unsetenv("TRAIND_CUDA_GRAPHS");
+  const Outcome on = Train(spec, testing::kDeviceUnderTest, true, "env_unset");
+  EXPECT_FALSE(Mentions(off.notes, "captured")) << "TRAIND_CUDA_GRAPHS=0 still captured";
+  EXPECT_TRUE(Mentions(on.notes, "training step captured as CUDA graphs"));
+  ExpectSame(off, on, 1e-6, 1e-6, "TRAIND_CUDA_GRAPHS=0 vs graphs");
 }
 
 INSTANTIATE_TEST_SUITE_P(Tiny, SimtTrainer,

@@ -149,8 +149,12 @@ Result<StepRunner::Outcome> StepRunner::Run(const NextBatch& next_batch, double 
   out.grad_norm = out.skipped ? std::numeric_limits<double>::infinity()
                               : std::sqrt(host.grad_sq) / static_cast<double>(loss_scale);
   if (!out.skipped) optimizer_->CountStep();
-  if (options_.use_graphs && !captured_ && backend_->SupportsGraphs()) {
-    TRAIND_RETURN_IF_ERROR(Capture());
+  if (options_.use_graphs && !captured_ && capture_error_.ok() && backend_->SupportsGraphs()) {
+    const Status captured = Capture();
+    if (!captured.ok()) {
+      TRAIND_RETURN_IF_ERROR(backend_->status());  // an op failed: the backend is unusable
+      capture_error_ = captured;                     // the capture alone failed: run op by op
+    }
   }
   return out;
 }

@@ -61,6 +61,9 @@ class StepRunner {
 
   // True once the step is replayed from graphs.
   bool replaying() const { return captured_; }
+  // Why graph capture failed (OK when it did not). A failed capture is not fatal when the backend
+  // is still healthy: the steps keep running op by op.
+  const Status& capture_error() const { return capture_error_; }
 
  private:
   StepRunner(const Options& options, Model* model, AdamWOptimizer* optimizer, DeviceArena* arena);
@@ -81,6 +84,7 @@ class StepRunner {
   StepScalars* scalars_ = nullptr;                 // device
   int next_slot_ = 0;
   bool captured_ = false;
+  Status capture_error_;
   int micro_graph_[2] = {-1, -1};
   int optimizer_graph_ = -1;
 };

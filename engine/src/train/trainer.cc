@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <limits>
 #include <memory>
@@ -206,7 +207,11 @@ Result<RunSummary> RunJob(const JobSpec& spec, const RunOptions& options,
   step_options.accumulation_steps = accum;
   step_options.fp16 = t.fp16;
   step_options.max_grad_norm = t.max_grad_norm;
-  step_options.use_graphs = options.device.cuda_graphs;
+  // TRAIND_CUDA_GRAPHS=0 turns capture off without a rebuild (the escape hatch for a device where
+  // capture misbehaves; docs/simt.md).
+  const char* graphs_env = std::getenv("TRAIND_CUDA_GRAPHS");
+  step_options.use_graphs =
+      options.device.cuda_graphs && !(graphs_env != nullptr && std::string(graphs_env) == "0");
   TRAIND_ASSIGN_OR_RETURN(std::unique_ptr<StepRunner> runner,
                           StepRunner::Create(step_options, model.get(), optimizer.get(), &arena));
   // Each micro-batch of a step comes from the loader; cancellation is checked before each.
@@ -224,9 +229,14 @@ Result<RunSummary> RunJob(const JobSpec& spec, const RunOptions& options,
     const double lr = t.learning_rate * LrLambda(schedule, t.warmup_steps, t.max_steps, state.global_step);
     TRAIND_ASSIGN_OR_RETURN(StepRunner::Outcome outcome,
                             runner->Run(next_batch, lr, loss_scale, &wait));
-    if (runner->replaying() && state.global_step == first_step) {
-      message(device.device + ": training step captured as CUDA graphs (one per upload slot and "
-              "one for the optimizer), replayed every step");
+    if (state.global_step == first_step) {
+      if (runner->replaying()) {
+        message(device.device + ": training step captured as CUDA graphs (one per upload slot and "
+                "one for the optimizer), replayed every step");
+      } else if (!runner->capture_error().ok()) {
+        message(device.device + ": CUDA graph capture failed (" +
+                runner->capture_error().ToString() + "); running the steps op by op");
+      }
     }
     const bool skipped = t.fp16 && scaler.Update(outcome.skipped);
     const double norm = outcome.grad_norm;
