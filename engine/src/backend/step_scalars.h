@@ -27,19 +27,21 @@ struct StepScalars {
   int32_t skip_nonfinite = 0;     // 1: no update when grad_sq is inf/NaN (fp16 overflow)
 };
 
+// torch.nn.utils.clip_grad_norm_'s coefficient, in fp32 as torch computes it:
+// max_norm / (total_norm + 1e-6) when that is < 1, else 1 (also 1 when max_norm <= 0: no clipping).
+TRAIND_HOST_DEVICE inline float ClipGradCoefficient(float total_norm, float max_norm) {
+  if (!(max_norm > 0.0f)) return 1.0f;
+  const float c = max_norm / (total_norm + 1e-6f);
+  return c < 1.0f ? c : 1.0f;
+}
+
 // AdamW's gradient multiplier from a step's scalars, exactly as the host-side code computes it:
-// norm = sqrt(grad_sq) / loss_scale in double; clip = torch.nn.utils.clip_grad_norm_'s
-// coefficient in fp32, max_norm / (norm + 1e-6) when that is < 1, else 1; the multiplier is
-// clip / loss_scale. Every backend's AdamWFromScalars uses this function (device code too).
+// norm = sqrt(grad_sq) / loss_scale in double, the clip coefficient of that norm, divided by
+// loss_scale. Every backend's AdamWFromScalars uses this function (device code too).
 TRAIND_HOST_DEVICE inline float StepGradMultiplier(double grad_sq, float loss_scale,
                                                    float max_grad_norm) {
   const double norm = sqrt(grad_sq) / static_cast<double>(loss_scale);
-  float clip = 1.0f;
-  if (max_grad_norm > 0.0f) {
-    const float c = max_grad_norm / (static_cast<float>(norm) + 1e-6f);
-    clip = c < 1.0f ? c : 1.0f;
-  }
-  return clip / loss_scale;
+  return ClipGradCoefficient(static_cast<float>(norm), max_grad_norm) / loss_scale;
 }
 
 }  // namespace traind::engine

@@ -42,9 +42,7 @@ void AccumulateGradSquares(Backend* backend, const float* grads,
 
 float ClipCoefficient(double total_norm, double max_norm) {
   if (!(max_norm > 0.0)) return 1.0f;
-  // torch evaluates this in fp32 tensors: clip_coef = max_norm / (total_norm + 1e-6).
-  const float coef = static_cast<float>(max_norm) / (static_cast<float>(total_norm) + 1e-6f);
-  return coef < 1.0f ? coef : 1.0f;
+  return ClipGradCoefficient(static_cast<float>(total_norm), static_cast<float>(max_norm));
 }
 
 Result<std::unique_ptr<AdamWOptimizer>> AdamWOptimizer::Create(const std::vector<ParamInfo>& params,
