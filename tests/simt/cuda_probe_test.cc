@@ -5,6 +5,7 @@
 
 #include <vector>
 
+#include "backend/cuda/cublaslt_gemm.h"
 #include "backend/cuda/cuda_backend.h"
 
 namespace traind::engine {
@@ -42,6 +43,27 @@ TEST(CudaBackend, BadDeviceIndexIsAnError) {
   EXPECT_TRUE(made.status().code() == Status::Code::kFailedPrecondition ||
               made.status().code() == Status::Code::kInvalidArgument)
       << made.status().ToString();
+}
+
+// When the cuBLASLt epilogues may be used (host-side rule, no device needed): bias and GELU-input
+// pointers 16-byte aligned and, with GELU, a row stride divisible by 8; otherwise the CUDA
+// backend's LinearForward falls back to the separate kernels.
+TEST(CublasLtEpilogue, FusionRules) {
+  alignas(16) float buf[64] = {};
+  gpu::GemmEpilogue none;
+  EXPECT_TRUE(gpu::CublasLtGemm::CanFuse(none, 7));
+  gpu::GemmEpilogue bias;
+  bias.bias = buf;
+  EXPECT_TRUE(gpu::CublasLtGemm::CanFuse(bias, 7));  // a bias alone has no stride rule
+  bias.bias = buf + 1;                                // a view 4 bytes into the buffer
+  EXPECT_FALSE(gpu::CublasLtGemm::CanFuse(bias, 8));
+  gpu::GemmEpilogue gelu;
+  gelu.bias = buf;
+  gelu.gelu_input = buf + 4;
+  EXPECT_TRUE(gpu::CublasLtGemm::CanFuse(gelu, 1024));
+  EXPECT_FALSE(gpu::CublasLtGemm::CanFuse(gelu, 1020));  // stride not a multiple of 8
+  gelu.gelu_input = buf + 2;
+  EXPECT_FALSE(gpu::CublasLtGemm::CanFuse(gelu, 1024));  // GELU input not 16-byte aligned
 }
 
 }  // namespace
