@@ -20,14 +20,13 @@
 #include "core/arena.h"
 #include "models/model.h"
 #include "optim/adamw.h"
-#include "train/step_runner.h"
+#include "bench_util.h"
 #include "profiling_backend.h"
 
 namespace traind::bench {
 namespace {
 
 using engine::Backend;
-using Clock = std::chrono::steady_clock;
 
 struct BenchConfig {
   std::string name;
@@ -39,17 +38,6 @@ const BenchConfig kConfigs[] = {
     {"tiny", 4, 256, 4, 128, 8, 256, 30},
     {"small", 6, 384, 6, 256, 8, 50304, 6},
 };
-
-double Seconds(Clock::time_point a, Clock::time_point b) {
-  return std::chrono::duration<double>(b - a).count();
-}
-
-// CPU seconds used by this process (all threads): a load-robust second measure of the work.
-double ProcessCpuSeconds() {
-  timespec ts;
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
-}
 
 // fp32 GEMM rate through the backend, C(1024,1024) = A(1024,1024) B(1024,1024), 10 timed runs:
 // `wall` = best wall-clock GFLOP/s (the least disturbed run), `per_cpu_s` = GFLOP per process
@@ -106,12 +94,6 @@ int Run(const BenchConfig& bc, int steps, int warmup, int threads, bool profile,
     std::fprintf(stderr, "AdamWOptimizer::Create: %s\n", opt.status().ToString().c_str());
     return 1;
   }
-  // The trainer's step path: StepRunner (batch upload, forward, backward, grad norm, AdamW).
-  auto runner = engine::StepRunner::Create(engine::StepRunner::Options{}, &m, opt->get(), &arena);
-  if (!runner.ok()) {
-    std::fprintf(stderr, "StepRunner::Create: %s\n", runner.status().ToString().c_str());
-    return 1;
-  }
   const int64_t N = bc.batch * bc.seq_len;
   std::vector<int32_t> ids(static_cast<size_t>(N + 1));
   std::mt19937 rng(42);
@@ -121,25 +103,15 @@ int Run(const BenchConfig& bc, int steps, int warmup, int threads, bool profile,
     std::copy(ids.begin() + 1, ids.end(), tg);
     return Status::Ok();
   };
-
-  double first_loss = 0.0, loss = 0.0, cpu0 = 0.0;
-  std::vector<double> times;
-  for (int s = 0; s < warmup + steps; ++s) {
-    if (s == warmup) {
-      prof.Reset();
-      cpu0 = ProcessCpuSeconds();
-    }
-    auto t0 = Clock::now();
-    double wait = 0.0;
-    auto out = (*runner)->Run(next_batch, 1e-4, 1.0f, &wait);
-    if (!out.ok()) {
-      std::fprintf(stderr, "step: %s\n", out.status().ToString().c_str());
-      return 1;
-    }
-    loss = out->loss;
-    if (s >= warmup) times.push_back(Seconds(t0, Clock::now()));
-    if (s == 0) first_loss = loss;
+  // The trainer's step path (StepRunner: batch upload, Forward, Backward, grad norm, AdamW).
+  auto run = RunTimedSteps(&m, opt->get(), &arena, 1, next_batch, warmup, steps,
+                           [&] { prof.Reset(); });
+  if (!run.ok()) {
+    std::fprintf(stderr, "steps: %s\n", run.status().ToString().c_str());
+    return 1;
   }
+  const std::vector<double>& times = run->seconds;
+  const double first_loss = run->first_loss, loss = run->last_loss;
   if (times.empty()) {
     std::printf("traind %s: loss %.4f (no timed steps)\n", bc.name.c_str(), loss);
     return 0;
@@ -149,7 +121,7 @@ int Run(const BenchConfig& bc, int steps, int warmup, int threads, bool profile,
   double total = 0.0;
   for (double t : times) total += t;
   const double median = sorted[sorted.size() / 2];
-  const double cpu_per_step = (ProcessCpuSeconds() - cpu0) / static_cast<double>(times.size());
+  const double cpu_per_step = run->cpu_seconds / static_cast<double>(times.size());
   const double tok_s = static_cast<double>(N) / median;
   const double flops = engine::Model::TrainingFlops(mc, bc.batch, bc.seq_len);
   const double achieved = flops / median / 1e9;

@@ -23,7 +23,7 @@
 #include "core/arena.h"
 #include "models/model.h"
 #include "optim/adamw.h"
-#include "train/step_runner.h"
+#include "bench_util.h"
 #include "profiling_backend.h"
 
 namespace traind::bench {
@@ -31,7 +31,6 @@ namespace {
 
 using engine::Backend;
 using engine::DType;
-using Clock = std::chrono::steady_clock;
 
 struct ModelShape {
   std::string name;
@@ -71,17 +70,6 @@ bool ResetPeakRss() {
   f << "5";
   f.flush();
   return static_cast<bool>(f);
-}
-
-double Seconds(Clock::time_point a, Clock::time_point b) {
-  return std::chrono::duration<double>(b - a).count();
-}
-
-// CPU seconds used by this process (all threads): a load-robust second measure of the work.
-double ProcessCpuSeconds() {
-  timespec ts;
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
 }
 
 // Whether 16-bit GEMMs run as native bf16 kernels (oneDNN) rather than widened to fp32.
@@ -148,14 +136,6 @@ int Run(const ModelShape& ms, const std::string& row_name, const Row& row, int64
   const int64_t plan = engine::Model::PlanBytes(mc, mo).total() +
                        engine::AdamWOptimizer::PlanBytes(m.num_params()) +
                        engine::StepRunner::PlanBytes(B, ms.seq_len);
-  // The trainer's step path: StepRunner (uploads, k micro-batches, grad norm, AdamW, 16-bit copy).
-  engine::StepRunner::Options so;
-  so.accumulation_steps = k;
-  auto runner = engine::StepRunner::Create(so, &m, opt->get(), &arena);
-  if (!runner.ok()) {
-    std::fprintf(stderr, "StepRunner::Create: %s\n", runner.status().ToString().c_str());
-    return 1;
-  }
   // One step's tokens: batch sequences of T (+1 for the shifted targets) in k micro-batches.
   const int64_t N = B * ms.seq_len;
   std::vector<int32_t> ids(static_cast<size_t>(k * N + 1));
@@ -169,25 +149,15 @@ int Run(const ModelShape& ms, const std::string& row_name, const Row& row, int64
     std::copy(src + 1, src + N + 1, tg);
     return Status::Ok();
   };
-  double loss = 0.0, first_loss = 0.0, cpu0 = 0.0;
-  std::vector<double> times;
-  for (int s = 0; s < warmup + steps; ++s) {
-    if (s == warmup) {
-      prof.Reset();
-      cpu0 = ProcessCpuSeconds();
-    }
-    auto t0 = Clock::now();
-    double wait = 0.0;
-    auto out = (*runner)->Run(next_batch, 1e-4, 1.0f, &wait);
-    if (!out.ok()) {
-      std::fprintf(stderr, "step: %s\n", out.status().ToString().c_str());
-      return 1;
-    }
-    if (s >= warmup) times.push_back(Seconds(t0, Clock::now()));
-    loss = out->loss;
-    if (s == 0) first_loss = loss;
+  // The trainer's step path (StepRunner: uploads, k micro-batches, grad norm, AdamW, 16-bit copy).
+  auto run = RunTimedSteps(&m, opt->get(), &arena, k, next_batch, warmup, steps,
+                           [&] { prof.Reset(); });
+  if (!run.ok()) {
+    std::fprintf(stderr, "steps: %s\n", run.status().ToString().c_str());
+    return 1;
   }
-  const double cpu_s = ProcessCpuSeconds() - cpu0;
+  const std::vector<double>& times = run->seconds;
+  const double first_loss = run->first_loss, loss = run->last_loss, cpu_s = run->cpu_seconds;
   const int64_t hwm = ProcStatusBytes("VmHWM");
   if (times.empty()) {
     std::printf("traind %s row=%s: loss %.4f (no timed steps)\n", ms.name.c_str(),
