@@ -73,15 +73,6 @@ class Fp16Resume : public ::testing::Test {
   std::string dir_, data_;
 };
 
-nlohmann::json LogWithoutSummary(const std::string& path) {
-  nlohmann::json st = nlohmann::json::parse(testing::ReadFile(path));
-  nlohmann::json out = nlohmann::json::array();
-  for (auto& e : st["log_history"]) {
-    if (!e.contains("train_runtime")) out.push_back(e);
-  }
-  return out;
-}
-
 TEST_F(Fp16Resume, CancelledAfterOverflowAndResumedIsBitIdentical) {
   const JobSpec a = Spec("a");
   std::vector<StepReport> steps_a;
@@ -129,8 +120,8 @@ TEST_F(Fp16Resume, CancelledAfterOverflowAndResumedIsBitIdentical) {
     EXPECT_EQ(testing::ReadFile(a.output_dir + "/" + f), testing::ReadFile(b.output_dir + "/" + f))
         << f;
   }
-  const nlohmann::json log_a = LogWithoutSummary(a.output_dir + "/trainer_state.json");
-  EXPECT_EQ(log_a, LogWithoutSummary(b.output_dir + "/trainer_state.json"));
+  const nlohmann::json log_a = testing::LogWithoutSummary(a.output_dir + "/trainer_state.json");
+  EXPECT_EQ(log_a, testing::LogWithoutSummary(b.output_dir + "/trainer_state.json"));
   EXPECT_EQ(rb->train_loss, ra->train_loss);
   EXPECT_EQ(rb->eval_loss, ra->eval_loss);
   int64_t logged_skips = 0;

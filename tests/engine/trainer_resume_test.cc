@@ -43,15 +43,6 @@ class TrainerResume : public ::testing::Test {
   std::string dir_, data_;
 };
 
-nlohmann::json LogWithoutSummary(const std::string& path) {
-  nlohmann::json st = nlohmann::json::parse(testing::ReadFile(path));
-  nlohmann::json out = nlohmann::json::array();
-  for (auto& e : st["log_history"]) {
-    if (!e.contains("train_runtime")) out.push_back(e);
-  }
-  return out;
-}
-
 TEST_F(TrainerResume, CancelledAndResumedRunIsBitIdentical) {
   const JobSpec a = Spec("a");
   std::vector<double> losses_a;
@@ -105,8 +96,8 @@ TEST_F(TrainerResume, CancelledAndResumedRunIsBitIdentical) {
     EXPECT_EQ(testing::ReadFile(a.output_dir + "/" + f), testing::ReadFile(b.output_dir + "/" + f))
         << f;
   }
-  EXPECT_EQ(LogWithoutSummary(a.output_dir + "/trainer_state.json"),
-            LogWithoutSummary(b.output_dir + "/trainer_state.json"));
+  EXPECT_EQ(testing::LogWithoutSummary(a.output_dir + "/trainer_state.json"),
+            testing::LogWithoutSummary(b.output_dir + "/trainer_state.json"));
 }
 
 TEST_F(TrainerResume, SaveLoadSaveIsByteIdentical) {

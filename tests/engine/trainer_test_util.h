@@ -18,6 +18,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "train/safetensors.h"
 #include "traind/engine/job_spec.h"
 #include "traind/engine/trainer.h"
@@ -178,6 +180,17 @@ inline double MaxRelDiff(const HostTensor& a, const HostTensor& b) {
     den = std::max(den, std::abs(static_cast<double>((*fb)[i])));
   }
   return den > 0 ? num / den : num;
+}
+
+// trainer_state.json's log_history without the final summary entry (its train_runtime and
+// throughput differ between otherwise identical runs).
+inline nlohmann::json LogWithoutSummary(const std::string& path) {
+  nlohmann::json st = nlohmann::json::parse(ReadFile(path));
+  nlohmann::json out = nlohmann::json::array();
+  for (auto& e : st["log_history"]) {
+    if (!e.contains("train_runtime")) out.push_back(e);
+  }
+  return out;
 }
 
 }  // namespace traind::engine::testing
