@@ -3,6 +3,8 @@
 #pragma once
 
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <functional>
 #include <memory>
@@ -26,6 +28,16 @@ inline double ProcessCpuSeconds() {
   timespec ts;
   clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
   return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+// The value of the command-line flag argv[*i], advancing *i past it; exits with status 2 naming
+// the flag when the value is missing.
+inline const char* FlagValue(int argc, char** argv, int* i) {
+  if (*i + 1 >= argc) {
+    std::fprintf(stderr, "%s needs a value\n", argv[*i]);
+    std::exit(2);
+  }
+  return argv[++*i];
 }
 
 struct StepTimes {

@@ -161,13 +161,7 @@ int main(int argc, char** argv) {
   bool profile = false, cpu_time = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    auto next = [&]() -> const char* {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "%s needs a value\n", a.c_str());
-        std::exit(2);
-      }
-      return argv[++i];
-    };
+    auto next = [&] { return traind::bench::FlagValue(argc, argv, &i); };
     if (a == "--config")
       config = next();
     else if (a == "--steps")
