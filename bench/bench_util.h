@@ -10,7 +10,7 @@
 #include <memory>
 #include <vector>
 
-#include "core/arena.h"
+#include "backend/arena.h"
 #include "models/model.h"
 #include "optim/adamw.h"
 #include "train/step_runner.h"

@@ -20,7 +20,7 @@
 
 #include "backend/backend.h"
 #include "backend/cpu/cpu_kernels.h"
-#include "core/arena.h"
+#include "backend/arena.h"
 #include "models/model.h"
 #include "optim/adamw.h"
 #include "bench_util.h"

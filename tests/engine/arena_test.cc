@@ -1,6 +1,6 @@
 // DeviceArena: byte accounting by category, the high-water mark, zeroed memory, release, and
 // RESOURCE_EXHAUSTED errors that name what was being allocated.
-#include "core/arena.h"
+#include "backend/arena.h"
 
 #include <gtest/gtest.h>
 

@@ -15,9 +15,9 @@
 #include <vector>
 
 #include "backend/backend.h"
-#include "core/arena.h"
+#include "backend/arena.h"
 #include "models/model.h"
-#include "train/safetensors.h"
+#include "core/safetensors.h"
 
 namespace traind::engine::testing {
 

@@ -1,7 +1,7 @@
 // safetensors reader/writer tests: round trips (byte-identical), a numpy cross-check of what we
 // write, every lying-header case as DATA_LOSS, sharded HF folders, disk-full behaviour, and the
 // fp32 <-> bf16/f16 conversions against independent references.
-#include "train/safetensors.h"
+#include "core/safetensors.h"
 
 #include <signal.h>
 #include <sys/resource.h>

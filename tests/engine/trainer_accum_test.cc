@@ -6,7 +6,7 @@
 #include <cmath>
 #include <cstdio>
 
-#include "train/safetensors.h"
+#include "core/safetensors.h"
 #include "trainer_test_util.h"
 
 namespace traind::engine {

@@ -8,7 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "core/arena.h"
+#include "backend/arena.h"
 #include "models/hf_config.h"
 #include "models/model.h"
 #include "train/checkpoint.h"

@@ -9,11 +9,11 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
-#include "core/arena.h"
+#include "backend/arena.h"
 #include "data/window_order.h"
 #include "models/hf_config.h"
 #include "models/model.h"
-#include "train/safetensors.h"
+#include "core/safetensors.h"
 #include "trainer_test_util.h"
 
 namespace traind::engine {

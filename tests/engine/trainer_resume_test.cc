@@ -8,7 +8,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
-#include "core/arena.h"
+#include "backend/arena.h"
 #include "data/window_order.h"
 #include "models/model.h"
 #include "optim/adamw.h"

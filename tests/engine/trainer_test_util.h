@@ -20,7 +20,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "train/safetensors.h"
+#include "core/safetensors.h"
 #include "traind/engine/job_spec.h"
 #include "traind/engine/trainer.h"
 

@@ -15,7 +15,7 @@
 #include "backend/backend.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/gpu_backend.h"
-#include "core/arena.h"
+#include "backend/arena.h"
 #include "models/model.h"
 #include "device_under_test.h"
 

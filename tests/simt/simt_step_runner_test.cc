@@ -21,7 +21,7 @@
 
 #include "backend/backend.h"
 #include "backend/cuda/cuda_backend.h"
-#include "core/arena.h"
+#include "backend/arena.h"
 #include "models/model.h"
 #include "optim/adamw.h"
 #include "train/step_runner.h"

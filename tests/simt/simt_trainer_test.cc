@@ -17,7 +17,7 @@
 
 #include "../engine/trainer_test_util.h"
 #include "backend/device_registry.h"
-#include "train/safetensors.h"
+#include "core/safetensors.h"
 #include "traind/engine/devices.h"
 #include "traind/engine/trainer.h"
 #include "device_under_test.h"

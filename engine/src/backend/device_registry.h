@@ -11,7 +11,6 @@
 #include "backend/backend.h"
 #include "traind/engine/devices.h"
 #include "traind/engine/status.h"
-#include "traind/engine/trainer.h"
 
 namespace traind::engine {
 

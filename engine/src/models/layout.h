@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "core/arena.h"
+#include "backend/arena.h"
 #include "core/dtype.h"
 #include "models/model.h"
 

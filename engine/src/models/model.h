@@ -10,23 +10,14 @@
 #include <vector>
 
 #include "backend/backend.h"
-#include "core/arena.h"
-#include "train/safetensors.h"
+#include "backend/arena.h"
+#include "core/param_info.h"
+#include "core/safetensors.h"
 #include "traind/engine/job_spec.h"
 #include "traind/engine/plan.h"
 #include "traind/engine/status.h"
 
 namespace traind::engine {
-
-// One parameter tensor: a view into the flat parameter (and gradient) buffer.
-struct ParamInfo {
-  std::string hf_name;          // the HF tensor name ("transformer.h.0.attn.c_attn.weight")
-  std::vector<int64_t> shape;   // our layout (Linear weights (OC, C))
-  std::vector<int64_t> hf_shape;  // the shape in HF files (GPT-2 Conv1D: transposed)
-  int64_t offset = 0;           // element offset into the flat buffers
-  int64_t numel = 0;
-  bool weight_decay = false;    // >= 2-D weights only; never biases, norm weights
-};
 
 struct ModelOptions {
   int64_t micro_batch = 8;   // B

@@ -9,9 +9,9 @@
 #include <vector>
 
 #include "backend/backend.h"
-#include "core/arena.h"
-#include "models/model.h"
-#include "train/safetensors.h"
+#include "backend/arena.h"
+#include "core/param_info.h"
+#include "core/safetensors.h"
 #include "traind/engine/status.h"
 
 namespace traind::engine {

@@ -11,7 +11,7 @@
 #include <system_error>
 
 #include "models/hf_config.h"
-#include "train/safetensors.h"
+#include "core/safetensors.h"
 
 namespace traind::engine {
 namespace fs = std::filesystem;

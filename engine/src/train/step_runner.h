@@ -20,7 +20,7 @@
 #include <memory>
 
 #include "backend/backend.h"
-#include "core/arena.h"
+#include "backend/arena.h"
 #include "models/model.h"
 #include "optim/adamw.h"
 #include "traind/engine/status.h"

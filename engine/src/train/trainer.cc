@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "backend/device_registry.h"
-#include "core/arena.h"
+#include "backend/arena.h"
 #include "data/token_data.h"
 #include "models/hf_config.h"
 #include "models/model.h"
@@ -21,7 +21,7 @@
 #include "optim/schedule.h"
 #include "train/checkpoint.h"
 #include "train/planner.h"
-#include "train/safetensors.h"
+#include "core/safetensors.h"
 #include "train/step_runner.h"
 
 namespace traind::engine {

@@ -13,6 +13,19 @@
 
 namespace traind::engine {
 
+// How a job uses its device (RunOptions::device; EstimateJob).
+struct DeviceOptions {
+  // "cpu" | "cuda:N" | "auto" | "simt" (a development/test device); see devices.h. "cuda:N" and
+  // "simt" need RegisterGpuBackends() at start; "auto" without a GPU uses the CPU with one note.
+  std::string device = "cpu";
+  int64_t memory_budget_bytes = 0;  // 0 = the device's capacity (host RAM on the CPU backend)
+  int threads = 0;                  // CPU threads; 0 = all cores
+  // GPU backends: after the first step, capture the training step as CUDA graphs (one per
+  // micro-batch upload slot, one for the optimizer) and replay them on every later step, all
+  // precisions. Off: every op is launched one by one.
+  bool cuda_graphs = true;
+};
+
 struct DeviceInfo {
   std::string device;        // the resolved device: "cpu", "cuda:0", "simt" ("auto" resolved)
   std::string name;          // "NVIDIA H100 80GB HBM3", the CPU model, "simt emulator"

@@ -8,23 +8,12 @@
 #include <functional>
 #include <string>
 
+#include "traind/engine/devices.h"
 #include "traind/engine/job_spec.h"
 #include "traind/engine/plan.h"
 #include "traind/engine/status.h"
 
 namespace traind::engine {
-
-struct DeviceOptions {
-  // "cpu" | "cuda:N" | "auto" | "simt" (a development/test device); see devices.h. "cuda:N" and
-  // "simt" need RegisterGpuBackends() at start; "auto" without a GPU uses the CPU with one note.
-  std::string device = "cpu";
-  int64_t memory_budget_bytes = 0;  // 0 = the device's capacity (host RAM on the CPU backend)
-  int threads = 0;                  // CPU threads; 0 = all cores
-  // GPU backends: after the first step, capture the training step as CUDA graphs (one per
-  // micro-batch upload slot, one for the optimizer) and replay them on every later step, all
-  // precisions. Off: every op is launched one by one.
-  bool cuda_graphs = true;
-};
 
 // Plans memory for `spec` on the device: resolves per_device_train_batch_size "auto" (the largest
 // micro-batch that fits, rounded down to a multiple of 8), accumulation for effective_batch_size,

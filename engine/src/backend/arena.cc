@@ -1,6 +1,6 @@
 // DeviceArena: budgeted, per-category device allocations with a measured high-water mark.
 // Bytes are counted exactly as requested, so the peak is directly comparable with a MemoryPlan.
-#include "core/arena.h"
+#include "backend/arena.h"
 
 #include <algorithm>
 #include <cassert>

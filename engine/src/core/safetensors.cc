@@ -1,7 +1,7 @@
 // safetensors read/write, HF sharded weight folders, and fp32 <-> bf16/f16 conversion.
 // The reader trusts nothing in the header: every check below turns a lying file into DATA_LOSS.
 // Format and rules: docs/checkpoint-format.md.
-#include "train/safetensors.h"
+#include "core/safetensors.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
