@@ -1,0 +1,63 @@
+// offload/: the two OptimizerStateStore implementations behind the job spec's `offload:` field.
+//   offload: cpu   -> MakeHostStore: chunks in host RAM (no files, nothing survives the process)
+//   offload: nvme  -> MakeRocksDbStore: chunks in a RocksDB database (integrated BlobDB) in a
+//                     directory on a local NVMe drive, crash-consistent per committed step.
+// The on-disk format and the RocksDB tuning are specified in offload/README.md.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "traind/engine/optimizer_state_store.h"
+#include "traind/engine/status.h"
+
+namespace traind::offload {
+
+// Options for both stores; fields a store does not use are ignored. Validated once by the
+// factories (INVALID_ARGUMENT naming the field).
+struct StoreOptions {
+  // Largest payload of one chunk, bytes. Default 256 MiB. Writes over it are INVALID_ARGUMENT.
+  size_t max_chunk_bytes = size_t{256} << 20;
+  // Write-behind budget: bytes copied by Write and not yet handed to RocksDB. Write blocks while
+  // a new chunk would go over it (a chunk larger than the budget waits for an empty queue).
+  // Default 128 MiB. nvme only.
+  size_t max_pending_write_bytes = size_t{128} << 20;
+  // Read-ahead budget: bytes of prefetched chunks held for Read. Hints over it are dropped.
+  // Default 128 MiB. nvme only.
+  size_t max_prefetch_bytes = size_t{128} << 20;
+  // Worker threads: background readers (read-ahead) and writers (write-behind). Defaults 2 and 1
+  // (the machines have 2 cores; RocksDB's own flush/compaction threads come on top). nvme only.
+  int read_threads = 2;
+  int write_threads = 1;
+
+  // ---- RocksDB tuning (nvme only; README.md "Why these options") ----
+  // Memtable size, bytes (RocksDB write_buffer_size). Chunks sit here until a flush writes them
+  // to blob files. Default 64 MiB.
+  size_t write_buffer_bytes = size_t{64} << 20;
+  // Memtables (the one being filled + ones being flushed). Default 3: RAM use of RocksDB's write
+  // side is at most write_buffer_bytes * max_write_buffers.
+  int max_write_buffers = 3;
+  // Values of at least this many bytes go to blob files, smaller ones stay in SST files.
+  // Default 4 KiB.
+  uint64_t min_blob_bytes = 4096;
+  // Size at which a new blob file is started. Default 256 MiB.
+  uint64_t blob_file_bytes = uint64_t{256} << 20;
+  // RocksDB background jobs (flushes + compactions). Default 2.
+  int max_background_jobs = 2;
+  // Create the directory if it does not exist (its parent must exist). Default true.
+  bool create_if_missing = true;
+};
+
+// offload: cpu. Never fails for valid options.
+Result<std::unique_ptr<engine::OptimizerStateStore>> MakeHostStore(const StoreOptions& options = {});
+
+// offload: nvme. Opens (or creates) the store in `dir`, recovering the last committed step and
+// removing what a crash left of an uncommitted one. Errors name `dir`: NOT_FOUND (dir or its parent
+// missing), FAILED_PRECONDITION (not a directory, not writable, read-only file system, opened by
+// another process), RESOURCE_EXHAUSTED (disk full), DATA_LOSS (damaged files or commit record).
+Result<std::unique_ptr<engine::OptimizerStateStore>> MakeRocksDbStore(const std::string& dir,
+                                                                      const StoreOptions& options = {});
+
+}  // namespace traind::offload

@@ -1,0 +1,588 @@
+// offload: nvme. Chunks as versioned records in RocksDB with integrated BlobDB (README.md has the
+// format and the reasons for each option). Write-behind and read-ahead run on small worker pools;
+// per-step data goes in without WAL and is made durable by a flush before the (synced, WAL-logged)
+// commit record names its epoch.
+#include <fcntl.h>
+#include <rocksdb/db.h>
+#include <rocksdb/metadata.h>
+#include <rocksdb/options.h>
+#include <rocksdb/sst_file_reader.h>
+#include <rocksdb/statistics.h>
+#include <rocksdb/write_batch.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <deque>
+#include <filesystem>
+#include <map>
+#include <thread>
+#include <vector>
+
+#include "format.h"
+#include "mutex.h"
+#include "options.h"
+#include "rocksdb_status.h"
+#include "traind/offload/offload.h"
+
+namespace traind::offload {
+namespace {
+
+namespace fs = std::filesystem;
+using engine::OptimizerStateStoreStats;
+using engine::StateChunkInfo;
+using Clock = std::chrono::steady_clock;
+
+// Decodes a varint64 (RocksDB's encoding); false at the end of the input.
+bool GetVarint64(std::string_view* in, uint64_t* v) {
+  *v = 0;
+  for (int shift = 0; shift <= 63 && !in->empty(); shift += 7) {
+    const uint8_t b = static_cast<uint8_t>(in->front());
+    in->remove_prefix(1);
+    *v |= static_cast<uint64_t>(b & 0x7f) << shift;
+    if (!(b & 0x80)) return true;
+  }
+  return false;
+}
+
+// Which file holds the record `record_key`, for DATA_LOSS messages: the SST files that may hold
+// the key are searched with SstFileReader, which shows a blob reference as RocksDB's BlobIndex
+// (type 1, varint64 file number, offset, size); our inline values start with "TOD1" instead.
+// Slow (opens SST files); only used on the error path.
+std::string LocateRecord(rocksdb::DB* db, const std::string& dir, const std::string& record_key) {
+  std::vector<rocksdb::LiveFileMetaData> files;
+  db->GetLiveFilesMetaData(&files);
+  for (const auto& f : files) {
+    if (record_key < f.smallestkey || record_key > f.largestkey) continue;
+    const std::string sst = f.db_path + "/" + f.relative_filename;
+    rocksdb::SstFileReader reader{rocksdb::Options()};
+    if (!reader.Open(sst).ok()) continue;
+    std::unique_ptr<rocksdb::Iterator> it(reader.NewIterator(rocksdb::ReadOptions()));
+    it->Seek(record_key);
+    if (!it->Valid() || it->key().ToStringView() != record_key) continue;
+    std::string_view v = it->value().ToStringView();
+    if (!v.empty() && v.front() == 1) {
+      v.remove_prefix(1);
+      uint64_t number = 0, offset = 0, size = 0;
+      if (GetVarint64(&v, &number) && GetVarint64(&v, &offset) && GetVarint64(&v, &size)) {
+        char name[32];
+        std::snprintf(name, sizeof(name), "/%06llu.blob", static_cast<unsigned long long>(number));
+        return "blob file " + dir + name + " at offset " + std::to_string(offset) + " (" +
+               std::to_string(size) + " bytes; referenced from " + sst + ")";
+      }
+    }
+    return "SST file " + sst;
+  }
+  return "an unknown file of " + dir;
+}
+
+double Since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// Where a chunk version lives: its epoch (the commit counter it was written for) and size.
+struct Version {
+  uint64_t epoch = 0;
+  uint64_t bytes = 0;
+};
+
+struct WriteTask {
+  StateKey key;
+  uint64_t epoch = 0;
+  std::unique_ptr<char[]> buf;  // kValueHeaderBytes + payload: the record value, ready to Put
+  size_t bytes = 0;             // payload bytes
+};
+
+// A read-ahead in progress or done. Owned by the prefetch map until Read takes it.
+struct Slot {
+  Version version;
+  bool started = false;
+  bool done = false;
+  Status status;
+  std::vector<char> data;
+};
+
+rocksdb::Options MakeRocksOptions(const StoreOptions& o) {
+  rocksdb::Options r;
+  r.create_if_missing = true;
+  r.paranoid_checks = true;
+  r.info_log_level = rocksdb::InfoLogLevel::WARN_LEVEL;
+  r.keep_log_file_num = 2;
+  r.max_background_jobs = o.max_background_jobs;
+  // Memtables: chunks are copied in once and written out once by a flush.
+  r.write_buffer_size = o.write_buffer_bytes;
+  r.max_write_buffer_number = o.max_write_buffers;
+  r.min_write_buffer_number_to_merge = 1;
+  // Float data does not compress; the SST side holds only small index records and blob references.
+  r.compression = rocksdb::kNoCompression;
+  r.bottommost_compression = rocksdb::kNoCompression;
+  // Integrated BlobDB: large values go to blob files, written sequentially at flush and never
+  // rewritten by compaction (only blob GC relocates still-live blobs of the oldest files).
+  r.enable_blob_files = true;
+  r.min_blob_size = o.min_blob_bytes;
+  r.blob_file_size = o.blob_file_bytes;
+  r.blob_compression_type = rocksdb::kNoCompression;
+  r.enable_blob_garbage_collection = true;
+  r.blob_garbage_collection_age_cutoff = 0.25;
+  r.blob_garbage_collection_force_threshold = 0.5;
+  r.blob_compaction_readahead_size = 2 << 20;
+  // Every commit flushes one small L0 file; compacting early drops the references to the
+  // previous steps' blobs, which is what frees their blob files (disk stays bounded).
+  r.level0_file_num_compaction_trigger = 2;
+  r.bytes_per_sync = 1 << 20;  // smooth write-back instead of one big sync per flush
+  r.statistics = rocksdb::CreateDBStatistics();
+  return r;
+}
+
+class RocksDbStore final : public engine::OptimizerStateStore {
+ public:
+  RocksDbStore(std::string dir, const StoreOptions& o, std::unique_ptr<rocksdb::DB> db,
+               std::shared_ptr<rocksdb::Statistics> statistics)
+      : dir_(std::move(dir)),
+        options_(o),
+        db_(std::move(db)),
+        statistics_(std::move(statistics)),
+        work_cv_(&mu_),
+        state_cv_(&mu_),
+        write_queues_(o.write_threads) {}
+
+  ~RocksDbStore() override {
+    {
+      MutexLock l(&mu_);
+      shutdown_ = true;
+      work_cv_.SignalAll();
+      state_cv_.SignalAll();
+    }
+    for (auto& t : threads_) t.join();
+    // Close flushes what is in the memtables (uncommitted data too: it is garbage a reopen removes).
+    db_->Close();
+  }
+
+  // Reads the commit record and the index, removes what an interrupted step left behind.
+  Status Recover() {
+    std::string v;
+    rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), kCommitKey, &v);
+    if (s.ok()) {
+      if (!DecodeCommit(v, &committed_epoch_, &step_))
+        return Status::DataLoss("offload nvme " + dir_ + ": the commit record is damaged");
+    } else if (!s.IsNotFound()) {
+      return FromRocksDb(s, "reading the commit record in " + dir_);
+    }
+    next_epoch_ = committed_epoch_ + 1;
+    rocksdb::WriteBatch cleanup;
+    rocksdb::ReadOptions ro;
+    ro.fill_cache = false;
+    const std::string upper = "j";
+    rocksdb::Slice upper_slice(upper);
+    ro.iterate_upper_bound = &upper_slice;
+    std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(ro));
+    for (it->Seek("i"); it->Valid(); it->Next()) {
+      StateKey key;
+      uint64_t epoch = 0, bytes = 0;
+      uint32_t crc = 0;
+      if (!ParseRecordKey(it->key().ToStringView(), &key, &epoch) ||
+          !DecodeIndexValue(it->value().ToStringView(), &bytes, &crc))
+        return Status::DataLoss("offload nvme " + dir_ + ": a damaged index record");
+      if (epoch > committed_epoch_) {  // written for a step that never committed
+        cleanup.Delete(DataKey(key, epoch));
+        cleanup.Delete(IndexKey(key, epoch));
+        continue;
+      }
+      auto [pos, inserted] = committed_.try_emplace(key, Version{epoch, bytes});
+      if (!inserted) {  // an older version whose deletion a crash interrupted
+        cleanup.Delete(DataKey(key, pos->second.epoch));
+        cleanup.Delete(IndexKey(key, pos->second.epoch));
+        pos->second = Version{epoch, bytes};
+      }
+    }
+    TRAIND_RETURN_IF_ERROR(FromRocksDb(it->status(), "reading the index of " + dir_));
+    if (cleanup.Count() > 0) {
+      rocksdb::WriteOptions wo;
+      wo.disableWAL = true;
+      TRAIND_RETURN_IF_ERROR(FromRocksDb(db_->Write(wo, &cleanup), "cleaning up " + dir_));
+      TRAIND_RETURN_IF_ERROR(FromRocksDb(db_->Flush(rocksdb::FlushOptions()), "cleaning up " + dir_));
+    }
+    return Status::Ok();
+  }
+
+  void Start() {
+    for (int i = 0; i < options_.write_threads; ++i) threads_.emplace_back([this, i] { WriterLoop(i); });
+    for (int i = 0; i < options_.read_threads; ++i) threads_.emplace_back([this] { ReaderLoop(); });
+  }
+
+  void Prefetch(const StateKey& key) override {
+    if (!ValidateKey(key).ok()) return;
+    MutexLock l(&mu_);
+    auto it = committed_.find(key);
+    if (it == committed_.end() || prefetch_.count(key) ||
+        prefetch_bytes_ + it->second.bytes > options_.max_prefetch_bytes) {
+      if (!prefetch_.count(key)) ++stats_.prefetch_dropped;
+      return;
+    }
+    auto slot = std::make_shared<Slot>();
+    slot->version = it->second;
+    prefetch_.emplace(key, slot);
+    prefetch_bytes_ += it->second.bytes;
+    read_queue_.push_back(key);
+    work_cv_.SignalAll();
+  }
+
+  Status Read(const StateKey& key, void* dst, size_t bytes) override {
+    TRAIND_RETURN_IF_ERROR(ValidateKey(key));
+    const auto t0 = Clock::now();
+    Version version;
+    std::shared_ptr<Slot> slot;
+    {
+      MutexLock l(&mu_);
+      auto it = committed_.find(key);
+      if (it == committed_.end())
+        return Status::NotFound("offload nvme " + dir_ + ": no committed chunk " + key.ToString() +
+                                " (committed step " + std::to_string(step_) + ")");
+      version = it->second;
+      if (version.bytes != bytes)
+        return Status::InvalidArgument("offload nvme " + dir_ + ": chunk " + key.ToString() + " holds " +
+                                       std::to_string(version.bytes) + " bytes, Read asked for " +
+                                       std::to_string(bytes));
+      auto p = prefetch_.find(key);
+      if (p != prefetch_.end()) {
+        if (p->second->started) {
+          slot = p->second;
+          while (!slot->done) state_cv_.Wait();
+        }
+        // Not started yet: take it off the queue's hands and read here (the reader skips it).
+        prefetch_bytes_ -= p->second->version.bytes;
+        prefetch_.erase(p);
+      }
+      if (slot) ++stats_.prefetch_hits;
+      else ++stats_.prefetch_misses;
+    }
+    Status st;
+    if (slot) {
+      st = slot->status;
+      if (st.ok()) std::memcpy(dst, slot->data.data(), bytes);
+    } else {
+      st = ReadVersion(key, version, dst);
+    }
+    MutexLock l(&mu_);
+    stats_.io_wait_seconds += Since(t0);
+    if (st.ok()) stats_.read_bytes += bytes;
+    return st;
+  }
+
+  Status Write(const StateKey& key, const void* src, size_t bytes) override {
+    TRAIND_RETURN_IF_ERROR(ValidateKey(key));
+    if (bytes > options_.max_chunk_bytes)
+      return Status::InvalidArgument("offload nvme " + dir_ + ": chunk " + key.ToString() + " is " +
+                                     std::to_string(bytes) + " bytes, max_chunk_bytes is " +
+                                     std::to_string(options_.max_chunk_bytes));
+    WriteTask task;
+    task.key = key;
+    task.bytes = bytes;
+    task.buf.reset(new char[kValueHeaderBytes + bytes]);
+    std::memcpy(task.buf.get() + kValueHeaderBytes, src, bytes);
+    const size_t queue = std::hash<std::string>{}(KeyId(key)) % write_queues_.size();
+    const auto t0 = Clock::now();
+    MutexLock l(&mu_);
+    TRAIND_RETURN_IF_ERROR(CheckFailedLocked());
+    bool waited = false;
+    while (!shutdown_ && pending_write_bytes_ > 0 &&
+           pending_write_bytes_ + bytes > options_.max_pending_write_bytes) {
+      waited = true;
+      state_cv_.Wait();
+    }
+    if (waited) stats_.io_wait_seconds += Since(t0);
+    TRAIND_RETURN_IF_ERROR(CheckFailedLocked());
+    task.epoch = next_epoch_;
+    pending_[key] = Version{next_epoch_, bytes};
+    pending_write_bytes_ += bytes;
+    stats_.written_bytes += bytes;
+    write_queues_[queue].push_back(std::move(task));
+    work_cv_.SignalAll();
+    return Status::Ok();
+  }
+
+  Status Commit(int64_t step) override {
+    if (step < 0)
+      return Status::InvalidArgument("offload nvme " + dir_ + ": Commit step must be >= 0, got " +
+                                     std::to_string(step));
+    const auto t0 = Clock::now();
+    uint64_t epoch = 0;
+    {
+      MutexLock l(&mu_);
+      // Drain write-behind and read-ahead; cached read-aheads are of the version about to go.
+      while (!shutdown_ && (pending_write_bytes_ > 0 || reads_in_flight_ > 0)) state_cv_.Wait();
+      read_queue_.clear();
+      prefetch_.clear();
+      prefetch_bytes_ = 0;
+      Status failed = CheckFailedLocked();
+      if (!failed.ok()) {
+        AccountCommitLocked(t0);
+        return failed;
+      }
+      epoch = next_epoch_;
+    }
+    const std::string what = "committing step " + std::to_string(step) + " in " + dir_;
+    // 1. The step's data (written without WAL) becomes durable in SST and blob files.
+    rocksdb::FlushOptions fo;
+    fo.wait = true;
+    Status st = FromRocksDb(db_->Flush(fo), what + " (flushing the step's data)");
+    // 2. Then the commit record, synced: the step exists only once this is on disk.
+    if (st.ok()) {
+      rocksdb::WriteOptions wo;
+      wo.sync = true;
+      st = FromRocksDb(db_->Put(wo, kCommitKey, EncodeCommit(epoch, step)), what + " (commit record)");
+    }
+    rocksdb::WriteBatch old_versions;
+    {
+      MutexLock l(&mu_);
+      if (!st.ok()) {
+        if (failed_.ok()) failed_ = st;
+        AccountCommitLocked(t0);
+        return st;
+      }
+      for (auto& [key, version] : pending_) {
+        auto [pos, inserted] = committed_.try_emplace(key, version);
+        if (!inserted) {
+          old_versions.Delete(DataKey(key, pos->second.epoch));
+          old_versions.Delete(IndexKey(key, pos->second.epoch));
+          pos->second = version;
+        }
+      }
+      pending_.clear();
+      committed_epoch_ = epoch;
+      next_epoch_ = epoch + 1;
+      step_ = step;
+      ++stats_.commits;
+    }
+    // 3. The previous versions go (no WAL: the next commit's flush makes it durable, and a reopen
+    // repeats it if a crash loses it).
+    if (old_versions.Count() > 0) {
+      rocksdb::WriteOptions wo;
+      wo.disableWAL = true;
+      Status del = FromRocksDb(db_->Write(wo, &old_versions), "deleting old versions in " + dir_);
+      MutexLock l(&mu_);
+      if (!del.ok() && failed_.ok()) failed_ = del;  // step `step` is committed; later calls fail
+    }
+    MutexLock l(&mu_);
+    AccountCommitLocked(t0);
+    return Status::Ok();
+  }
+
+  int64_t CommittedStep() const override {
+    MutexLock l(&mu_);
+    return step_;
+  }
+
+  Result<std::vector<StateChunkInfo>> List() const override {
+    MutexLock l(&mu_);
+    std::vector<StateChunkInfo> out;
+    out.reserve(committed_.size());
+    for (const auto& [k, v] : committed_) out.push_back({k, v.bytes});
+    return out;
+  }
+
+  OptimizerStateStoreStats Stats() const override {
+    OptimizerStateStoreStats s;
+    {
+      MutexLock l(&mu_);
+      s = stats_;
+      s.pending_write_bytes = pending_write_bytes_;
+    }
+    s.device_written_bytes = statistics_->getTickerCount(rocksdb::FLUSH_WRITE_BYTES) +
+                             statistics_->getTickerCount(rocksdb::COMPACT_WRITE_BYTES) +
+                             statistics_->getTickerCount(rocksdb::WAL_FILE_BYTES);
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(dir_, ec))
+      if (e.is_regular_file(ec)) s.store_bytes += e.file_size(ec);
+    return s;
+  }
+
+  std::string Describe() const override { return "nvme:" + dir_; }
+
+ private:
+  Status CheckFailedLocked() EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (failed_.ok() && !write_error_.ok()) failed_ = write_error_;
+    if (failed_.ok()) return Status::Ok();
+    return Status(failed_.code(), failed_.message() + " [the store stopped accepting writes; reopen it]");
+  }
+
+  void AccountCommitLocked(Clock::time_point t0) EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const double s = Since(t0);
+    stats_.commit_seconds += s;
+    stats_.io_wait_seconds += s;
+  }
+
+  // Reads one committed version into dst (version.bytes long) and checks it.
+  Status ReadVersion(const StateKey& key, const Version& version, void* dst) {
+    const auto t0 = Clock::now();
+    rocksdb::ReadOptions ro;
+    ro.verify_checksums = true;
+    ro.fill_cache = false;
+    rocksdb::PinnableSlice value;
+    const std::string what = "offload nvme " + dir_ + ": chunk " + key.ToString() + " (epoch " +
+                             std::to_string(version.epoch) + ")";
+    rocksdb::Status s = db_->Get(ro, db_->DefaultColumnFamily(), DataKey(key, version.epoch), &value);
+    Status st;
+    if (s.IsNotFound())
+      st = Status::DataLoss(what + ": its record is missing from the database (index says it exists)");
+    else
+      st = FromRocksDb(s, what);
+    if (st.ok()) {
+      st = CheckValue(KeyId(key), value.ToStringView(), version.bytes, what);
+      if (st.ok()) std::memcpy(dst, value.data() + kValueHeaderBytes, version.bytes);
+    }
+    if (st.code() == Status::Code::kDataLoss)
+      st = Status::DataLoss(st.message() + " [record in " +
+                            LocateRecord(db_.get(), dir_, DataKey(key, version.epoch)) + "]");
+    MutexLock l(&mu_);
+    stats_.background_io_seconds += Since(t0);
+    return st;
+  }
+
+  void WriterLoop(int index) {
+    auto& queue = write_queues_[index];
+    for (;;) {
+      WriteTask task;
+      {
+        MutexLock l(&mu_);
+        while (!shutdown_ && queue.empty()) work_cv_.Wait();
+        if (shutdown_) return;
+        task = std::move(queue.front());
+        queue.pop_front();
+      }
+      const auto t0 = Clock::now();
+      const std::string id = KeyId(task.key);
+      EncodeValueHeader(id, task.buf.get(), task.bytes);
+      const uint32_t crc = GetFixed32(task.buf.get() + 4);
+      rocksdb::WriteBatch batch;
+      batch.Put(DataKey(task.key, task.epoch),
+                rocksdb::Slice(task.buf.get(), kValueHeaderBytes + task.bytes));
+      batch.Put(IndexKey(task.key, task.epoch), EncodeIndexValue(task.bytes, crc));
+      rocksdb::WriteOptions wo;
+      wo.disableWAL = true;  // durability comes from the flush in Commit
+      Status st = FromRocksDb(db_->Write(wo, &batch), "writing chunk " + task.key.ToString() + " to " + dir_);
+      task.buf.reset();
+      MutexLock l(&mu_);
+      stats_.background_io_seconds += Since(t0);
+      if (!st.ok() && write_error_.ok()) write_error_ = st;
+      pending_write_bytes_ -= task.bytes;
+      state_cv_.SignalAll();
+    }
+  }
+
+  void ReaderLoop() {
+    for (;;) {
+      std::shared_ptr<Slot> slot;
+      StateKey key;
+      {
+        MutexLock l(&mu_);
+        while (!shutdown_ && slot == nullptr) {
+          while (!shutdown_ && read_queue_.empty()) work_cv_.Wait();
+          if (shutdown_) return;
+          key = std::move(read_queue_.front());
+          read_queue_.pop_front();
+          auto it = prefetch_.find(key);
+          if (it != prefetch_.end() && !it->second->started) slot = it->second;
+        }
+        if (shutdown_) return;
+        slot->started = true;
+        ++reads_in_flight_;
+      }
+      std::vector<char> data(slot->version.bytes);
+      Status st = ReadVersion(key, slot->version, data.data());
+      MutexLock l(&mu_);
+      slot->status = st;
+      slot->data = std::move(data);
+      slot->done = true;
+      --reads_in_flight_;
+      state_cv_.SignalAll();
+    }
+  }
+
+  const std::string dir_;
+  const StoreOptions options_;
+  const std::unique_ptr<rocksdb::DB> db_;
+  const std::shared_ptr<rocksdb::Statistics> statistics_;
+
+  mutable Mutex mu_;
+  CondVar work_cv_;   // workers: new work or shutdown
+  CondVar state_cv_;  // callers: queue room, a read-ahead done, writes drained
+  bool shutdown_ GUARDED_BY(mu_) = false;
+  std::map<StateKey, Version> committed_ GUARDED_BY(mu_);
+  std::map<StateKey, Version> pending_ GUARDED_BY(mu_);
+  uint64_t committed_epoch_ GUARDED_BY(mu_) = 0;  // 0: nothing committed
+  uint64_t next_epoch_ GUARDED_BY(mu_) = 1;
+  int64_t step_ GUARDED_BY(mu_) = -1;
+  std::vector<std::deque<WriteTask>> write_queues_ GUARDED_BY(mu_);
+  size_t pending_write_bytes_ GUARDED_BY(mu_) = 0;
+  std::deque<StateKey> read_queue_ GUARDED_BY(mu_);
+  std::map<StateKey, std::shared_ptr<Slot>> prefetch_ GUARDED_BY(mu_);
+  uint64_t prefetch_bytes_ GUARDED_BY(mu_) = 0;
+  int reads_in_flight_ GUARDED_BY(mu_) = 0;
+  Status write_error_ GUARDED_BY(mu_);  // first error of a write-behind task
+  Status failed_ GUARDED_BY(mu_);       // sticky: writes and commits return it
+  OptimizerStateStoreStats stats_ GUARDED_BY(mu_);
+  std::vector<std::thread> threads_;
+};
+
+// The directory checks RocksDB would report less clearly: missing, not a directory, not writable.
+Status PrepareDir(const std::string& dir, bool create_if_missing) {
+  struct stat st;
+  if (::stat(dir.c_str(), &st) != 0) {
+    if (errno != ENOENT)
+      return Status::FailedPrecondition("offload dir " + dir + ": " + std::strerror(errno));
+    const fs::path parent = fs::path(dir).parent_path();
+    std::error_code ec;
+    if (!parent.empty() && !fs::is_directory(parent, ec))
+      return Status::NotFound("offload dir " + dir + ": its parent " + parent.string() +
+                              " does not exist (create it, or point offload_dir elsewhere)");
+    if (!create_if_missing) return Status::NotFound("offload dir " + dir + " does not exist");
+    if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
+      const int e = errno;
+      if (e == ENOSPC) return Status::ResourceExhausted("offload dir " + dir + ": cannot create it: " + std::strerror(e));
+      return Status::FailedPrecondition("offload dir " + dir + ": cannot create it: " + std::strerror(e));
+    }
+  } else if (!S_ISDIR(st.st_mode)) {
+    return Status::FailedPrecondition("offload dir " + dir + " is not a directory");
+  }
+  // A probe file: the only check that sees read-only mounts and permissions the same way as
+  // RocksDB will (root ignores mode bits, not read-only file systems).
+  const std::string probe = dir + "/.offload_write_probe";
+  const int fd = ::open(probe.c_str(), O_CREAT | O_WRONLY | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    const int e = errno;
+    if (e == ENOSPC) return Status::ResourceExhausted("offload dir " + dir + " is full: " + std::strerror(e));
+    if (e == ENOTDIR) return Status::FailedPrecondition("offload dir " + dir + " is not a directory");
+    return Status::FailedPrecondition("offload dir " + dir + " is not writable: " + std::strerror(e) +
+                                      (e == EROFS ? " (read-only file system)" : ""));
+  }
+  ::close(fd);
+  ::unlink(probe.c_str());
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<std::unique_ptr<engine::OptimizerStateStore>> MakeRocksDbStore(const std::string& dir_in,
+                                                                      const StoreOptions& options) {
+  TRAIND_RETURN_IF_ERROR(ValidateOptions(options));
+  if (dir_in.empty()) return Status::InvalidArgument("offload dir is empty");
+  std::string dir = dir_in;
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  TRAIND_RETURN_IF_ERROR(PrepareDir(dir, options.create_if_missing));
+  rocksdb::Options ropts = MakeRocksOptions(options);
+  rocksdb::DB* raw = nullptr;
+  rocksdb::Status s = rocksdb::DB::Open(ropts, dir, &raw);
+  if (!s.ok()) {
+    Status st = FromRocksDb(s, "opening the offload store " + dir);
+    if (s.IsIOError() && st.message().find("lock") != std::string::npos)
+      return Status::FailedPrecondition(st.message() + " (is another process using this offload dir?)");
+    return st;
+  }
+  auto store = std::make_unique<RocksDbStore>(dir, options, std::unique_ptr<rocksdb::DB>(raw), ropts.statistics);
+  TRAIND_RETURN_IF_ERROR(store->Recover());
+  store->Start();
+  return std::unique_ptr<engine::OptimizerStateStore>(std::move(store));
+}
+
+}  // namespace traind::offload

@@ -1,0 +1,218 @@
+// Faults of the nvme store: missing, unwritable and read-only directories, a disk that fills up in
+// the middle of a step, a damaged blob file. Errors must name the directory (or key) and keep the
+// last committed step intact; damaged data must never be returned as data.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "offload_test_util.h"
+#include "traind/offload/offload.h"
+
+namespace traind::offload {
+namespace {
+
+namespace fs = std::filesystem;
+using engine::StateKey;
+using testing::ChunkData;
+using testing::TempDir;
+
+std::vector<StateKey> Keys(int n, const std::string& kind = "master") {
+  std::vector<StateKey> keys;
+  for (int c = 0; c < n; ++c) keys.push_back({"g0", c, kind});
+  return keys;
+}
+
+Status WriteStep(engine::OptimizerStateStore& s, int64_t step, const std::vector<StateKey>& keys, size_t bytes) {
+  for (const auto& k : keys) {
+    auto d = ChunkData(k, step, bytes);
+    TRAIND_RETURN_IF_ERROR(s.Write(k, d.data(), d.size()));
+  }
+  return s.Commit(step);
+}
+
+void ExpectStep(engine::OptimizerStateStore& s, int64_t step, const std::vector<StateKey>& keys, size_t bytes) {
+  std::vector<char> got(bytes);
+  for (const auto& k : keys) {
+    Status st = s.Read(k, got.data(), bytes);
+    ASSERT_TRUE(st.ok()) << k.ToString() << ": " << st.ToString();
+    ASSERT_TRUE(got == ChunkData(k, step, bytes)) << k.ToString();
+  }
+}
+
+TEST(FaultTest, MissingDirectories) {
+  TempDir tmp;
+  auto r = MakeRocksDbStore(tmp.Sub("no/such/parent"));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), Status::Code::kNotFound);
+  EXPECT_NE(r.status().message().find(tmp.Sub("no/such/parent")), std::string::npos) << r.status().message();
+  StoreOptions o;
+  o.create_if_missing = false;
+  r = MakeRocksDbStore(tmp.Sub("missing"), o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), Status::Code::kNotFound);
+  EXPECT_FALSE(fs::exists(tmp.Sub("missing")));
+}
+
+// Unwritable paths that stay unwritable for root too: a regular file where the directory should
+// be, and a directory below a regular file (ENOTDIR).
+TEST(FaultTest, PathsThatCannotBeDirectories) {
+  TempDir tmp;
+  std::ofstream(tmp.Sub("file")) << "x";
+  auto r = MakeRocksDbStore(tmp.Sub("file"));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), Status::Code::kFailedPrecondition);
+  EXPECT_NE(r.status().message().find("not a directory"), std::string::npos) << r.status().message();
+  r = MakeRocksDbStore(tmp.Sub("file/store"));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), Status::Code::kFailedPrecondition) << r.status().ToString();
+  EXPECT_NE(r.status().message().find(tmp.Sub("file/store")), std::string::npos) << r.status().message();
+}
+
+TEST(FaultTest, SecondOpenOfTheSameDirectoryIsRefused) {
+  TempDir tmp;
+  auto a = MakeRocksDbStore(tmp.Sub("store"));
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  auto b = MakeRocksDbStore(tmp.Sub("store"));
+  ASSERT_FALSE(b.ok());
+  EXPECT_EQ(b.status().code(), Status::Code::kFailedPrecondition) << b.status().ToString();
+}
+
+// Root ignores mode bits, so chmod alone proves nothing here: the directory is a tmpfs remounted
+// read-only (root or CAP_SYS_ADMIN). As a non-root user chmod 0555 is used instead.
+TEST(FaultTest, ReadOnlyDirectory) {
+  TempDir tmp;
+  const bool root = ::geteuid() == 0;
+  if (root && !tmp.MountTmpfs(16 << 20)) {
+    GTEST_SKIP() << "running as root without mount permission (" << std::strerror(errno)
+                 << "): root bypasses chmod, so no read-only directory can be made here";
+  }
+  const std::string dir = tmp.Sub("store");
+  const auto keys = Keys(4);
+  {
+    auto s = MakeRocksDbStore(dir);
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    ASSERT_TRUE(WriteStep(**s, 0, keys, 8192).ok());
+  }
+  if (root) {
+    ASSERT_TRUE(tmp.RemountReadOnly()) << std::strerror(errno);
+  } else {
+    ASSERT_EQ(::chmod(dir.c_str(), 0555), 0);
+  }
+  auto r = MakeRocksDbStore(dir);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), Status::Code::kFailedPrecondition) << r.status().ToString();
+  EXPECT_NE(r.status().message().find(dir), std::string::npos) << r.status().message();
+  if (root) {
+    EXPECT_NE(r.status().message().find("read-only"), std::string::npos) << r.status().message();
+  }
+  std::printf("[ ro ] %s\n", r.status().ToString().c_str());
+  if (!root) ::chmod(dir.c_str(), 0755);
+}
+
+// A 24 MiB tmpfs: step 0 (2 MiB) commits, a filler file leaves about 3 MiB free, step 1 (16 MiB)
+// runs out of space. The error is RESOURCE_EXHAUSTED naming the directory; step 0 stays readable;
+// once the filler is removed (the operator frees space) a reopen finds step 0 and step 1 commits.
+TEST(FaultTest, DiskFullMidStep) {
+  TempDir tmp;
+  if (!tmp.MountTmpfs(24 << 20)) {
+    GTEST_SKIP() << "cannot mount a tmpfs here (" << std::strerror(errno)
+                 << "; needs root or CAP_SYS_ADMIN): the disk-full path is not exercised";
+  }
+  const std::string dir = tmp.Sub("store");
+  StoreOptions o;
+  o.write_buffer_bytes = 2 << 20;
+  o.blob_file_bytes = 2 << 20;
+  o.max_pending_write_bytes = 1 << 20;
+  const auto keys0 = Keys(8);
+  const size_t bytes = 256 << 10;
+  auto s = MakeRocksDbStore(dir, o);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  ASSERT_TRUE(WriteStep(**s, 0, keys0, bytes).ok());
+  {
+    const auto space = fs::space(tmp.path());
+    const uint64_t fill = space.available > (3 << 20) ? space.available - (3 << 20) : 0;
+    std::ofstream filler(tmp.Sub("filler"), std::ios::binary);
+    std::vector<char> zeros(1 << 20, 1);
+    for (uint64_t done = 0; done < fill; done += zeros.size())
+      filler.write(zeros.data(), static_cast<std::streamsize>(std::min<uint64_t>(zeros.size(), fill - done)));
+  }
+  const auto keys1 = Keys(64);  // 16 MiB
+  Status st;
+  for (const auto& k : keys1) {
+    auto d = ChunkData(k, 1, bytes);
+    st = (*s)->Write(k, d.data(), d.size());
+    if (!st.ok()) break;
+  }
+  if (st.ok()) st = (*s)->Commit(1);
+  ASSERT_FALSE(st.ok()) << "16 MiB fit into about 3 MiB of free space?";
+  EXPECT_EQ(st.code(), Status::Code::kResourceExhausted) << st.ToString();
+  EXPECT_NE(st.message().find(dir), std::string::npos) << st.message();
+  std::printf("[ full ] %s\n", st.ToString().c_str());
+  EXPECT_EQ((*s)->CommittedStep(), 0);
+  ExpectStep(**s, 0, keys0, bytes);
+  EXPECT_FALSE((*s)->Commit(1).ok()) << "a failed store must keep failing until reopened";
+  s = Status::Internal("closed");
+  fs::remove(tmp.Sub("filler"));
+  auto again = MakeRocksDbStore(dir, o);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ((*again)->CommittedStep(), 0);
+  ExpectStep(**again, 0, keys0, bytes);
+  ASSERT_TRUE(WriteStep(**again, 1, Keys(16), bytes).ok());
+  ExpectStep(**again, 1, Keys(16), bytes);
+}
+
+// Bytes overwritten in the middle of a blob file: every read of a damaged chunk is DATA_LOSS naming
+// the key, undamaged chunks still read back exactly, nothing wrong is ever returned as data.
+TEST(FaultTest, DamagedBlobFileIsDataLossNeverWrongData) {
+  TempDir tmp;
+  const std::string dir = tmp.Sub("store");
+  const auto keys = Keys(8);
+  const size_t bytes = 64 << 10;
+  {
+    auto s = MakeRocksDbStore(dir);
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    ASSERT_TRUE(WriteStep(**s, 0, keys, bytes).ok());
+  }
+  std::string blob;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.path().extension() == ".blob") blob = e.path().string();
+  ASSERT_FALSE(blob.empty()) << "no .blob file in " << dir;
+  const auto size = fs::file_size(blob);
+  ASSERT_GT(size, keys.size() * bytes);
+  {
+    const int fd = ::open(blob.c_str(), O_WRONLY);
+    ASSERT_GE(fd, 0);
+    std::vector<char> junk(4096, '\x5a');
+    ASSERT_EQ(::pwrite(fd, junk.data(), junk.size(), static_cast<off_t>(size / 2)), 4096);
+    ::close(fd);
+  }
+  auto s = MakeRocksDbStore(dir);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  int damaged = 0, intact = 0;
+  std::vector<char> got(bytes);
+  for (const auto& k : keys) {
+    std::fill(got.begin(), got.end(), 0);
+    Status st = (*s)->Read(k, got.data(), bytes);
+    if (st.ok()) {
+      ASSERT_TRUE(got == ChunkData(k, 0, bytes)) << k.ToString() << ": wrong data returned as OK";
+      ++intact;
+    } else {
+      EXPECT_EQ(st.code(), Status::Code::kDataLoss) << st.ToString();
+      EXPECT_NE(st.message().find(k.ToString()), std::string::npos) << st.message();
+      EXPECT_NE(st.message().find(blob), std::string::npos) << "names the damaged file: " << st.message();
+      if (damaged == 0) std::printf("[ damaged ] %s\n", st.ToString().c_str());
+      ++damaged;
+    }
+  }
+  EXPECT_GE(damaged, 1);
+  EXPECT_GE(intact, 1);
+}
+
+}  // namespace
+}  // namespace traind::offload

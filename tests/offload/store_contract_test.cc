@@ -1,0 +1,313 @@
+// The OptimizerStateStore contract (engine/include/traind/engine/optimizer_state_store.h), run
+// against both stores: MakeHostStore (offload: cpu) and MakeRocksDbStore (offload: nvme).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <thread>
+
+#include "offload_test_util.h"
+#include "traind/offload/offload.h"
+
+namespace traind::offload {
+namespace {
+
+using engine::OptimizerStateStore;
+using engine::StateKey;
+using testing::ChunkData;
+using testing::TempDir;
+
+// Small memtables and blob files so flushes, compactions and blob GC all happen within a test.
+StoreOptions SmallOptions() {
+  StoreOptions o;
+  o.write_buffer_bytes = 4 << 20;
+  o.blob_file_bytes = 8 << 20;
+  o.max_pending_write_bytes = 2 << 20;
+  o.max_prefetch_bytes = 4 << 20;
+  return o;
+}
+
+struct HostFactory {
+  static constexpr bool kPersistent = false;
+  Result<std::unique_ptr<OptimizerStateStore>> Open(const StoreOptions& o) { return MakeHostStore(o); }
+};
+struct RocksDbFactory {
+  static constexpr bool kPersistent = true;
+  TempDir tmp;
+  Result<std::unique_ptr<OptimizerStateStore>> Open(const StoreOptions& o) {
+    return MakeRocksDbStore(tmp.Sub("store"), o);
+  }
+};
+
+template <typename F>
+class StoreContractTest : public ::testing::Test {
+ protected:
+  void SetUp() override { store_ = OpenStore(SmallOptions()); }
+  std::unique_ptr<OptimizerStateStore> OpenStore(const StoreOptions& o) {
+    auto r = factory_.Open(o);
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    return r.ok() ? std::move(r).value() : nullptr;
+  }
+  void WriteStep(int64_t step, const std::vector<StateKey>& keys, size_t bytes) {
+    for (const auto& k : keys) {
+      auto d = ChunkData(k, step, bytes);
+      ASSERT_TRUE(store_->Write(k, d.data(), d.size()).ok());
+    }
+  }
+  void ExpectStep(int64_t step, const std::vector<StateKey>& keys, size_t bytes) {
+    std::vector<char> got(bytes);
+    for (const auto& k : keys) {
+      Status st = store_->Read(k, got.data(), bytes);
+      ASSERT_TRUE(st.ok()) << k.ToString() << ": " << st.ToString();
+      ASSERT_TRUE(got == ChunkData(k, step, bytes)) << k.ToString() << " is not step " << step << "'s data";
+    }
+  }
+  F factory_;
+  std::unique_ptr<OptimizerStateStore> store_;
+};
+
+using Factories = ::testing::Types<HostFactory, RocksDbFactory>;
+class FactoryNames {
+ public:
+  template <typename T>
+  static std::string GetName(int) {
+    return std::is_same_v<T, HostFactory> ? "cpu" : "nvme";
+  }
+};
+TYPED_TEST_SUITE(StoreContractTest, Factories, FactoryNames);
+
+std::vector<StateKey> Keys(int groups, int chunks, std::vector<std::string> kinds = {"master", "exp_avg", "exp_avg_sq"}) {
+  std::vector<StateKey> keys;
+  for (int g = 0; g < groups; ++g)
+    for (int c = 0; c < chunks; ++c)
+      for (const auto& k : kinds) keys.push_back({"g" + std::to_string(g), c, k});
+  return keys;
+}
+
+TYPED_TEST(StoreContractTest, EmptyStore) {
+  ASSERT_NE(this->store_, nullptr);
+  EXPECT_EQ(this->store_->CommittedStep(), -1);
+  char buf[8];
+  EXPECT_EQ(this->store_->Read({"g0", 0, "master"}, buf, 8).code(), Status::Code::kNotFound);
+  auto list = this->store_->List();
+  ASSERT_TRUE(list.ok());
+  EXPECT_TRUE(list->empty());
+}
+
+TYPED_TEST(StoreContractTest, WriteCommitRead) {
+  const auto keys = Keys(2, 3);
+  this->WriteStep(0, keys, 10000);
+  ASSERT_TRUE(this->store_->Commit(0).ok());
+  EXPECT_EQ(this->store_->CommittedStep(), 0);
+  this->ExpectStep(0, keys, 10000);
+  auto list = this->store_->List();
+  ASSERT_TRUE(list.ok());
+  ASSERT_EQ(list->size(), keys.size());
+  for (const auto& info : *list) EXPECT_EQ(info.bytes, 10000u);
+  EXPECT_TRUE(std::is_sorted(list->begin(), list->end(),
+                             [](const auto& a, const auto& b) { return a.key < b.key; }));
+  const auto s = this->store_->Stats();
+  EXPECT_EQ(s.written_bytes, keys.size() * 10000);
+  EXPECT_EQ(s.read_bytes, keys.size() * 10000);
+  EXPECT_EQ(s.commits, 1u);
+  EXPECT_GE(s.store_bytes, keys.size() * 10000);
+}
+
+TYPED_TEST(StoreContractTest, UncommittedWritesAreInvisible) {
+  const StateKey a{"g0", 0, "master"}, b{"g0", 1, "master"};
+  auto a0 = ChunkData(a, 0, 5000);
+  ASSERT_TRUE(this->store_->Write(a, a0.data(), a0.size()).ok());
+  ASSERT_TRUE(this->store_->Commit(0).ok());
+  auto a1 = ChunkData(a, 1, 5000), b1 = ChunkData(b, 1, 5000);
+  ASSERT_TRUE(this->store_->Write(a, a1.data(), a1.size()).ok());
+  ASSERT_TRUE(this->store_->Write(b, b1.data(), b1.size()).ok());
+  std::vector<char> got(5000);
+  ASSERT_TRUE(this->store_->Read(a, got.data(), got.size()).ok());
+  EXPECT_TRUE(got == a0) << "a read before Commit must see the committed step";
+  EXPECT_EQ(this->store_->Read(b, got.data(), got.size()).code(), Status::Code::kNotFound);
+  EXPECT_EQ(this->store_->CommittedStep(), 0);
+  ASSERT_TRUE(this->store_->Commit(1).ok());
+  ASSERT_TRUE(this->store_->Read(a, got.data(), got.size()).ok());
+  EXPECT_TRUE(got == a1);
+  ASSERT_TRUE(this->store_->Read(b, got.data(), got.size()).ok());
+  EXPECT_TRUE(got == b1);
+}
+
+TYPED_TEST(StoreContractTest, ChunksNotRewrittenKeepTheirData) {
+  const StateKey a{"g0", 0, "master"}, b{"g0", 1, "master"};
+  auto a0 = ChunkData(a, 0, 6000), b0 = ChunkData(b, 0, 6000);
+  ASSERT_TRUE(this->store_->Write(a, a0.data(), a0.size()).ok());
+  ASSERT_TRUE(this->store_->Write(b, b0.data(), b0.size()).ok());
+  ASSERT_TRUE(this->store_->Commit(0).ok());
+  for (int64_t step = 1; step <= 3; ++step) {
+    auto a1 = ChunkData(a, step, 6000);
+    ASSERT_TRUE(this->store_->Write(a, a1.data(), a1.size()).ok());
+    ASSERT_TRUE(this->store_->Commit(step).ok());
+  }
+  this->ExpectStep(3, {a}, 6000);
+  this->ExpectStep(0, {b}, 6000);
+}
+
+TYPED_TEST(StoreContractTest, RejectsBadKeysAndSizes) {
+  char buf[16] = {};
+  EXPECT_EQ(this->store_->Write({"", 0, "master"}, buf, 16).code(), Status::Code::kInvalidArgument);
+  EXPECT_EQ(this->store_->Write({"g", -1, "master"}, buf, 16).code(), Status::Code::kInvalidArgument);
+  EXPECT_EQ(this->store_->Write({"g", 0, ""}, buf, 16).code(), Status::Code::kInvalidArgument);
+  EXPECT_EQ(this->store_->Write({std::string("a\0b", 3), 0, "m"}, buf, 16).code(), Status::Code::kInvalidArgument);
+  ASSERT_TRUE(this->store_->Write({"g", 0, "m"}, buf, 16).ok());
+  ASSERT_TRUE(this->store_->Commit(0).ok());
+  Status st = this->store_->Read({"g", 0, "m"}, buf, 8);
+  EXPECT_EQ(st.code(), Status::Code::kInvalidArgument);
+  EXPECT_NE(st.message().find("16 bytes"), std::string::npos) << st.message();
+  EXPECT_EQ(this->store_->Commit(-1).code(), Status::Code::kInvalidArgument);
+  StoreOptions o = SmallOptions();
+  o.max_chunk_bytes = 1024;
+  this->store_.reset();  // (RocksDB: one open store per directory)
+  auto small = this->OpenStore(o);
+  ASSERT_NE(small, nullptr);
+  std::vector<char> big(2048);
+  EXPECT_EQ(small->Write({"g", 0, "m"}, big.data(), big.size()).code(), Status::Code::kInvalidArgument);
+}
+
+TYPED_TEST(StoreContractTest, PrefetchThenRead) {
+  const auto keys = Keys(1, 16, {"exp_avg"});
+  this->WriteStep(0, keys, 64 << 10);
+  ASSERT_TRUE(this->store_->Commit(0).ok());
+  for (const auto& k : keys) this->store_->Prefetch(k);
+  this->store_->Prefetch({"nope", 0, "x"});  // unknown key: dropped, no error
+  this->ExpectStep(0, keys, 64 << 10);
+  const auto s = this->store_->Stats();
+  EXPECT_EQ(s.read_bytes, keys.size() * (64 << 10));
+  if constexpr (TypeParam::kPersistent) {
+    EXPECT_GT(s.prefetch_hits, 0u) << "no Read was served by a read-ahead";
+    EXPECT_EQ(s.prefetch_hits + s.prefetch_misses, keys.size());
+    EXPECT_GE(s.prefetch_dropped, 1u);
+    EXPECT_GT(s.background_io_seconds, 0.0);
+  }
+  // Read-ahead then a commit: the next reads see the new step, not the cached old one.
+  for (const auto& k : keys) this->store_->Prefetch(k);
+  this->WriteStep(1, keys, 64 << 10);
+  ASSERT_TRUE(this->store_->Commit(1).ok());
+  this->ExpectStep(1, keys, 64 << 10);
+}
+
+// Every key overwritten every step, as an optimizer does: what the store holds must stay bounded.
+TYPED_TEST(StoreContractTest, OverwriteEveryStepKeepsStorageBounded) {
+  const auto keys = Keys(2, 4, {"master", "exp_avg"});  // 16 chunks of 128 KiB = 2 MiB a step
+  const size_t bytes = 128 << 10;
+  const uint64_t state = keys.size() * bytes;
+  uint64_t peak_late = 0;
+  const int steps = 40;
+  for (int64_t step = 0; step < steps; ++step) {
+    this->WriteStep(step, keys, bytes);
+    ASSERT_TRUE(this->store_->Commit(step).ok());
+    const uint64_t held = this->store_->Stats().store_bytes;
+    if (step >= steps / 2) peak_late = std::max(peak_late, held);
+  }
+  this->ExpectStep(steps - 1, keys, bytes);
+  const auto s = this->store_->Stats();
+  std::printf("[ %s ] state %.1f MiB, %d steps written (%.1f MiB), held after the first half at most "
+              "%.2f MiB (%.2fx state), now %.2f MiB; device writes %.1f MiB (%.3fx)\n",
+              this->store_->Describe().c_str(), state / 1048576.0, steps, s.written_bytes / 1048576.0,
+              peak_late / 1048576.0, double(peak_late) / state, s.store_bytes / 1048576.0,
+              s.device_written_bytes / 1048576.0, double(s.device_written_bytes) / s.written_bytes);
+  if constexpr (TypeParam::kPersistent) {
+    // Committed + pending versions, plus blob files awaiting the compaction that frees them.
+    EXPECT_LE(peak_late, 5 * state + (2 << 20)) << "disk use grows with the number of steps";
+    EXPECT_LE(s.device_written_bytes, 1.3 * s.written_bytes) << "write amplification";
+  } else {
+    EXPECT_LE(peak_late, 2 * state);  // committed + spare buffers of the replaced versions
+  }
+}
+
+TYPED_TEST(StoreContractTest, LargeAndManyChunks) {
+  // One chunk bigger than a memtable, and 2000 small ones (below min_blob_bytes: SST-resident).
+  const StateKey big{"embed", 0, "master"};
+  const size_t big_bytes = 12 << 20;
+  auto d = ChunkData(big, 0, big_bytes);
+  ASSERT_TRUE(this->store_->Write(big, d.data(), d.size()).ok());
+  const auto many = Keys(1, 1000, {"exp_avg", "exp_avg_sq"});
+  this->WriteStep(0, many, 512);
+  ASSERT_TRUE(this->store_->Commit(0).ok());
+  this->ExpectStep(0, {big}, big_bytes);
+  this->ExpectStep(0, many, 512);
+  auto list = this->store_->List();
+  ASSERT_TRUE(list.ok());
+  EXPECT_EQ(list->size(), many.size() + 1);
+}
+
+TYPED_TEST(StoreContractTest, ConcurrentWritersAndReaders) {
+  const size_t bytes = 32 << 10;
+  auto keys_of = [](int t) { return Keys(1, 32, {"k" + std::to_string(t)}); };
+  auto write_all = [&](int64_t step) {
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 4; ++t)
+      threads.emplace_back([&, t] {
+        for (const auto& k : keys_of(t)) {
+          auto d = ChunkData(k, step, bytes);
+          EXPECT_TRUE(this->store_->Write(k, d.data(), d.size()).ok());
+        }
+      });
+    for (auto& th : threads) th.join();
+  };
+  write_all(0);
+  ASSERT_TRUE(this->store_->Commit(0).ok());
+  write_all(1);  // pending while readers read step 0 concurrently
+  std::vector<std::thread> readers;
+  for (int t = 0; t < 4; ++t)
+    readers.emplace_back([&, t] {
+      std::vector<char> got(bytes);
+      for (const auto& k : keys_of(t)) {
+        this->store_->Prefetch(k);
+        ASSERT_TRUE(this->store_->Read(k, got.data(), bytes).ok());
+        EXPECT_TRUE(got == ChunkData(k, 0, bytes));
+      }
+    });
+  for (auto& th : readers) th.join();
+  ASSERT_TRUE(this->store_->Commit(1).ok());
+  for (int t = 0; t < 4; ++t) this->ExpectStep(1, keys_of(t), bytes);
+}
+
+// The checkpoint recipe of the header: stream the committed state out chunk by chunk (one buffer)
+// into another store, and back.
+TYPED_TEST(StoreContractTest, StreamCheckpointOutAndBack) {
+  const auto keys = Keys(3, 5);
+  this->WriteStep(7, keys, 20000);
+  ASSERT_TRUE(this->store_->Commit(7).ok());
+  auto copy = MakeHostStore();
+  ASSERT_TRUE(copy.ok());
+  auto list = this->store_->List();
+  ASSERT_TRUE(list.ok());
+  std::vector<char> buf;
+  for (const auto& info : *list) {
+    buf.resize(info.bytes);
+    ASSERT_TRUE(this->store_->Read(info.key, buf.data(), buf.size()).ok());
+    ASSERT_TRUE((*copy)->Write(info.key, buf.data(), buf.size()).ok());
+  }
+  ASSERT_TRUE((*copy)->Commit(this->store_->CommittedStep()).ok());
+  EXPECT_EQ((*copy)->CommittedStep(), 7);
+  std::vector<char> got(20000);
+  for (const auto& k : keys) {
+    ASSERT_TRUE((*copy)->Read(k, got.data(), got.size()).ok());
+    EXPECT_TRUE(got == ChunkData(k, 7, 20000));
+  }
+}
+
+TYPED_TEST(StoreContractTest, ReopenKeepsTheCommittedStep) {
+  if constexpr (!TypeParam::kPersistent) {
+    SUCCEED() << "the cpu store holds nothing across processes by design";
+    return;
+  } else {
+    const auto keys = Keys(2, 2);
+    this->WriteStep(3, keys, 9000);
+    ASSERT_TRUE(this->store_->Commit(3).ok());
+    this->WriteStep(4, keys, 9000);  // never committed
+    this->store_.reset();
+    this->store_ = this->OpenStore(SmallOptions());
+    ASSERT_NE(this->store_, nullptr);
+    EXPECT_EQ(this->store_->CommittedStep(), 3);
+    this->ExpectStep(3, keys, 9000);
+  }
+}
+
+}  // namespace
+}  // namespace traind::offload
