@@ -15,6 +15,7 @@ PACKAGES=(
   librocksdb-dev prometheus-cpp-dev libspdlog-dev libgtest-dev libgmock-dev libbenchmark-dev
   libopenblas-dev libdnnl-dev libyaml-cpp-dev nlohmann-json3-dev libcli11-dev
   python3 python3-torch python3-numpy python3-grpcio prometheus
+  libsentencepiece-dev sentencepiece nodejs
 )
 
 log() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
@@ -24,6 +25,9 @@ deps() {
   for p in "${PACKAGES[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
   done
+  # npm (the tokenizer tests' reference, HF tokenizers for Node): Debian's package, unless the
+  # installed nodejs already brings npm (NodeSource's does, and conflicts with Debian's npm).
+  command -v npm >/dev/null 2>&1 || missing+=(npm)
   if [ ${#missing[@]} -eq 0 ]; then return 0; fi
   log "installing ${#missing[@]} Debian packages: ${missing[*]}"
   local SUDO=""

@@ -1,0 +1,72 @@
+// Tokenizers: text <-> token ids for training data, `trainctl tokenize` and generation.
+// Kinds: "byte" (each UTF-8 byte is its id, vocab 256), "bpe" (Hugging Face tokenizer.json with a
+// byte-level BPE model, or GPT-2's vocab.json + merges.txt), "wordpiece" (tokenizer.json with a
+// BERT WordPiece model) and "sentencepiece" (a SentencePiece .model). How `data.tokenizer` names
+// one: ../shared/contracts/JOBSPEC.md. Implementations: engine/src/data/tokenizers/.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "traind/engine/status.h"
+
+namespace traind::engine {
+
+// A loaded tokenizer. Immutable after construction: Encode and Decode may be called from many
+// threads at once.
+class Tokenizer {
+ public:
+  virtual ~Tokenizer() = default;
+  // "byte" | "bpe" | "wordpiece" | "sentencepiece"
+  virtual std::string kind() const = 0;
+  // Ids are in [0, vocab_size), added and special tokens included.
+  virtual int64_t vocab_size() const = 0;
+  // The ids of `text` (UTF-8; invalid sequences are encoded as their bytes by byte-level
+  // tokenizers and as U+FFFD by the others). add_special_tokens: apply the tokenizer's
+  // post-processor (BERT: [CLS] ... [SEP]; SentencePiece: <s> first when the model has one;
+  // GPT-2 adds nothing). Special tokens written in the text are matched, never split.
+  virtual Result<std::vector<int32_t>> Encode(std::string_view text,
+                                              bool add_special_tokens = false) const = 0;
+  // The text of `ids`. INVALID_ARGUMENT naming the position for an id outside [0, vocab_size).
+  // skip_special_tokens: special tokens (eos, [CLS], ...) are left out of the text.
+  virtual Result<std::string> Decode(const std::vector<int32_t>& ids,
+                                     bool skip_special_tokens = false) const = 0;
+  // The end-of-text / begin / padding ids where the tokenizer has them.
+  virtual std::optional<int32_t> eos_id() const = 0;
+  virtual std::optional<int32_t> bos_id() const { return std::nullopt; }
+  virtual std::optional<int32_t> pad_id() const { return std::nullopt; }
+  // A stable hash of everything that affects the ids ("<kind>:<16 hex digits>"): equal
+  // fingerprints give equal ids, so token caches can be keyed by it.
+  virtual std::string fingerprint() const = 0;
+
+  // Encode(text, false) of a large text with up to `threads` threads; the same ids as Encode.
+  // The default runs Encode; tokenizers whose pre-tokens never cross a line start split the text
+  // there and encode the parts in parallel.
+  virtual Result<std::vector<int32_t>> EncodeLarge(std::string_view text, int threads) const {
+    (void)threads;
+    return Encode(text, false);
+  }
+};
+
+class TokenizerFactory {
+ public:
+  virtual ~TokenizerFactory() = default;
+  // `tokenizer`: data.tokenizer as written in a job spec: "byte", a file (HF tokenizer.json or a
+  // SentencePiece .model) or a folder holding tokenizer.json, tokenizer.model, or vocab.json +
+  // merges.txt, looked for in that order. `init_from`: model.init_from or ""; when `tokenizer` is
+  // empty, the init_from folder's tokenizer files are used (and "byte" without init_from).
+  // NOT_FOUND for missing files, INVALID_ARGUMENT for malformed ones (naming the file and where),
+  // UNIMPLEMENTED for a model/normalizer/pre-tokenizer type we do not implement. Messages start
+  // with "data.tokenizer: ".
+  virtual Result<std::unique_ptr<Tokenizer>> Open(const std::string& tokenizer,
+                                                  const std::string& init_from) const = 0;
+};
+
+// The factory for every kind above.
+const TokenizerFactory& DefaultTokenizerFactory();
+
+}  // namespace traind::engine
