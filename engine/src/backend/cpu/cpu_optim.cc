@@ -1,0 +1,294 @@
+// CPU kernels of the SGD, Adafactor and blockwise 8-bit AdamW updates (cpu_optim.h). Element loops
+// are OpenMP-threaded over contiguous chunks and compiled per ISA (TRAIND_CPU_CLONES); reductions
+// keep per-thread partials combined in thread order, so results depend on nt only.
+#include "backend/cpu/cpu_optim.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <vector>
+
+#include "backend/cpu/cpu_kernels.h"
+#include "backend/optim_math.h"
+
+namespace traind::engine::cpu {
+namespace {
+
+constexpr int64_t kMinParallel = 1 << 14;
+
+int ThreadsFor(int64_t work, int nt) { return work < kMinParallel ? 1 : nt; }
+
+void Chunk(int64_t n, int nt, int t, int64_t* b, int64_t* e) {
+  int64_t per = ((n + nt - 1) / nt + 15) / 16 * 16;
+  *b = std::min(n, per * t);
+  *e = std::min(n, *b + per);
+}
+
+TRAIND_CPU_CLONES void SgdSpan(float* p, const float* grad, float* buf, int64_t n, float neg_lr,
+                               float momentum, float one_minus_damp, float wd, bool nesterov,
+                               bool first, float gs) {
+  if (momentum == 0.0f) {
+    for (int64_t i = 0; i < n; ++i) {
+      const float g = grad[i] * gs + wd * p[i];
+      p[i] = p[i] + neg_lr * g;
+    }
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    float g = grad[i] * gs + wd * p[i];
+    const float b = first ? g : buf[i] * momentum + one_minus_damp * g;
+    buf[i] = b;
+    g = nesterov ? g + momentum * b : b;
+    p[i] = p[i] + neg_lr * g;
+  }
+}
+
+// Row r of a factored tensor: the row statistic's mean over C and the column sums of (g^2+eps1).
+TRAIND_CPU_CLONES double RowSquares(const float* g, double* col_acc, int64_t C, float eps1,
+                                    float gs) {
+  double s = 0.0;
+  for (int64_t c = 0; c < C; ++c) {
+    const float x = g[c] * gs;
+    const float u = x * x + eps1;
+    s += u;
+    col_acc[c] += u;
+  }
+  return s;
+}
+
+TRAIND_CPU_CLONES void SecondMomentSpan(const float* g, float* v, int64_t n, float b2t,
+                                        float one_minus_b2t, float eps1, float gs) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float x = g[i] * gs;
+    v[i] = v[i] * b2t + one_minus_b2t * (x * x + eps1);
+  }
+}
+
+TRAIND_CPU_CLONES double FactoredSquaresRow(const float* g, const float* col, float rf, int64_t C,
+                                            float gs) {
+  double s = 0.0;
+  for (int64_t c = 0; c < C; ++c) {
+    const float u = (rf * (1.0f / std::sqrt(col[c]))) * (g[c] * gs);
+    s += static_cast<double>(u) * u;
+  }
+  return s;
+}
+
+TRAIND_CPU_CLONES double UnfactoredSquaresSpan(const float* g, const float* v, int64_t n, float gs) {
+  double s = 0.0;
+  for (int64_t i = 0; i < n; ++i) {
+    const float u = (1.0f / std::sqrt(v[i])) * (g[i] * gs);
+    s += static_cast<double>(u) * u;
+  }
+  return s;
+}
+
+// p and m updated from the raw update u[i] = f(i) * g[i] over a span; `rf` is 1 and `den` is v
+// (unfactored) or rf the row factor and `den` the column statistics (factored).
+TRAIND_CPU_CLONES void ApplySpan(float* p, float* m, const float* g, const float* den, float rf,
+                                 int64_t n, float gs, float step, float div, float beta1,
+                                 float one_minus_beta1, float neg_decay) {
+  for (int64_t i = 0; i < n; ++i) {
+    float u = (rf * (1.0f / std::sqrt(den[i]))) * (g[i] * gs);
+    u = u / div;
+    u = u * step;
+    if (m != nullptr) {
+      u = m[i] * beta1 + one_minus_beta1 * u;
+      m[i] = u;
+    }
+    float pi = p[i];
+    pi = pi + neg_decay * pi;
+    p[i] = pi - u;
+  }
+}
+
+void AdamW8bitBlock(float* p, const float* grad, uint8_t* mc, uint8_t* vc, float* m_absmax,
+                    float* v_absmax, const float* code_m, const float* code_v, int64_t n, float lr,
+                    float b1, float b2, float eps, float wd, float c1, float c2, float gs) {
+  float m[kQuant8Block], v[kQuant8Block];
+  bool ok[kQuant8Block];
+  const float am = *m_absmax, av = *v_absmax;
+  float max_m = -FLT_MAX, max_v = -FLT_MAX;
+  for (int64_t j = 0; j < n; ++j) {
+    const float g0 = grad[j];
+    ok[j] = std::isfinite(g0);
+    if (ok[j]) {
+      const float g = g0 * gs;
+      v[j] = code_v[vc[j]] * av * b2 + (1.0f - b2) * g * g;
+      m[j] = code_m[mc[j]] * am * b1 + (1.0f - b1) * g;
+    } else {
+      m[j] = 0.0f;
+      v[j] = 0.0f;
+    }
+    max_m = std::max(max_m, std::fabs(m[j]));
+    max_v = std::max(max_v, std::fabs(v[j]));
+  }
+  const float step_size = -lr * c2 / c1;
+  for (int64_t j = 0; j < n; ++j) {
+    if (!ok[j]) continue;
+    float pj = p[j] + step_size * (m[j] / (std::sqrt(v[j]) + c2 * eps));
+    if (wd > 0.0f) pj = pj * (1.0f - lr * wd);
+    p[j] = pj;
+  }
+  *m_absmax = max_m;
+  *v_absmax = max_v;
+  for (int64_t j = 0; j < n; ++j) {
+    mc[j] = QuantizeToCode(code_m, max_m > 0.0f ? m[j] / max_m : m[j], true);
+    vc[j] = QuantizeToCode(code_v, max_v > 0.0f ? v[j] / max_v : 0.0f, false);
+  }
+}
+
+}  // namespace
+
+void SgdUpdate(float* param, const float* grad, float* buf, int64_t n, float lr, float momentum,
+               float dampening, float weight_decay, bool nesterov, bool first_step,
+               float grad_scale, int nt) {
+  const float neg_lr = static_cast<float>(-static_cast<double>(lr));
+  const float one_minus_damp = static_cast<float>(1.0 - static_cast<double>(dampening));
+#pragma omp parallel num_threads(ThreadsFor(n * 3, nt))
+  {
+    int64_t lo, hi;
+    Chunk(n, omp_get_num_threads(), omp_get_thread_num(), &lo, &hi);
+    if (hi > lo) {
+      SgdSpan(param + lo, grad + lo, buf == nullptr ? nullptr : buf + lo, hi - lo, neg_lr,
+              momentum, one_minus_damp, weight_decay, nesterov, first_step, grad_scale);
+    }
+  }
+}
+
+void AdafactorFactoredStats(const float* grad, float* row, float* col, double* row_sum, int64_t B,
+                            int64_t R, int64_t C, float beta2t, float eps1, float grad_scale,
+                            int nt) {
+  const float one_minus = static_cast<float>(1.0 - static_cast<double>(beta2t));
+  const int threads = static_cast<int>(std::min<int64_t>(ThreadsFor(R * C, nt), std::max<int64_t>(R, 1)));
+  std::vector<double> col_acc(static_cast<size_t>(threads) * C);
+  for (int64_t b = 0; b < B; ++b) {
+    const float* g = grad + b * R * C;
+    std::fill(col_acc.begin(), col_acc.end(), 0.0);
+#pragma omp parallel num_threads(threads)
+    {
+      const int t = omp_get_thread_num();
+      double* acc = col_acc.data() + static_cast<int64_t>(t) * C;
+#pragma omp for schedule(static)
+      for (int64_t r = 0; r < R; ++r) {
+        const double mean = RowSquares(g + r * C, acc, C, eps1, grad_scale) / static_cast<double>(C);
+        float& x = row[b * R + r];
+        x = x * beta2t + one_minus * static_cast<float>(mean);
+      }
+    }
+    double rs = 0.0;
+    for (int64_t r = 0; r < R; ++r) rs += row[b * R + r];
+    row_sum[b] = rs;
+    for (int64_t c = 0; c < C; ++c) {
+      double s = 0.0;
+      for (int t = 0; t < threads; ++t) s += col_acc[static_cast<size_t>(t) * C + c];
+      float& x = col[b * C + c];
+      x = x * beta2t + one_minus * static_cast<float>(s / static_cast<double>(R));
+    }
+  }
+}
+
+void AdafactorSecondMoment(const float* grad, float* v, int64_t n, float beta2t, float eps1,
+                           float grad_scale, int nt) {
+  const float one_minus = static_cast<float>(1.0 - static_cast<double>(beta2t));
+#pragma omp parallel num_threads(ThreadsFor(n * 2, nt))
+  {
+    int64_t lo, hi;
+    Chunk(n, omp_get_num_threads(), omp_get_thread_num(), &lo, &hi);
+    if (hi > lo) SecondMomentSpan(grad + lo, v + lo, hi - lo, beta2t, one_minus, eps1, grad_scale);
+  }
+}
+
+void AdafactorUpdateSumSquares(double* acc, const float* grad, const float* row, const float* col,
+                               const double* row_sum, const float* v, int64_t B, int64_t R,
+                               int64_t C, float grad_scale, int nt) {
+  if (v != nullptr) {
+    const int64_t n = B * R * C;
+    const int threads = ThreadsFor(n, nt);
+    std::vector<double> part(static_cast<size_t>(threads), 0.0);
+#pragma omp parallel num_threads(threads)
+    {
+      int64_t lo, hi;
+      Chunk(n, omp_get_num_threads(), omp_get_thread_num(), &lo, &hi);
+      if (hi > lo) part[omp_get_thread_num()] = UnfactoredSquaresSpan(grad + lo, v + lo, hi - lo, grad_scale);
+    }
+    double s = 0.0;
+    for (double x : part) s += x;
+    *acc += s;
+    return;
+  }
+  const int threads = ThreadsFor(B * R * C, nt);
+  std::vector<double> part(static_cast<size_t>(threads), 0.0);
+  for (int64_t b = 0; b < B; ++b) {
+    const float mean = static_cast<float>(row_sum[b] / static_cast<double>(R));
+#pragma omp parallel num_threads(threads)
+    {
+      double s = 0.0;
+#pragma omp for schedule(static)
+      for (int64_t r = 0; r < R; ++r) {
+        const float rf = 1.0f / std::sqrt(row[b * R + r] / mean);
+        s += FactoredSquaresRow(grad + (b * R + r) * C, col + b * C, rf, C, grad_scale);
+      }
+      part[omp_get_thread_num()] += s;
+    }
+  }
+  double s = 0.0;
+  for (double x : part) s += x;
+  *acc += s;
+}
+
+void AdafactorApply(float* param, float* m, const float* grad, const float* row, const float* col,
+                    const double* row_sum, const float* v, const double* sums, int64_t B,
+                    int64_t R, int64_t C, float grad_scale, float rel_step, float eps2,
+                    bool scale_parameter, float clip_threshold, float beta1, float weight_decay,
+                    int nt) {
+  const int64_t numel = B * R * C;
+  const float step_size = AdafactorStepSize(sums[0], numel, rel_step, eps2, scale_parameter);
+  const float divisor = AdafactorUpdateDivisor(sums[1], numel, clip_threshold);
+  const float one_minus_beta1 = static_cast<float>(1.0 - static_cast<double>(beta1));
+  const float neg_decay =
+      static_cast<float>(-static_cast<double>(weight_decay) * static_cast<double>(step_size));
+  if (v != nullptr) {
+    const int64_t n = B * R * C;
+#pragma omp parallel num_threads(ThreadsFor(n * 3, nt))
+    {
+      int64_t lo, hi;
+      Chunk(n, omp_get_num_threads(), omp_get_thread_num(), &lo, &hi);
+      if (hi > lo) {
+        ApplySpan(param + lo, m == nullptr ? nullptr : m + lo, grad + lo, v + lo, 1.0f, hi - lo,
+                  grad_scale, step_size, divisor, beta1, one_minus_beta1, neg_decay);
+      }
+    }
+    return;
+  }
+  for (int64_t b = 0; b < B; ++b) {
+    const float mean = static_cast<float>(row_sum[b] / static_cast<double>(R));
+#pragma omp parallel for num_threads(ThreadsFor(R * C * 3, nt)) schedule(static)
+    for (int64_t r = 0; r < R; ++r) {
+      const int64_t off = (b * R + r) * C;
+      const float rf = 1.0f / std::sqrt(row[b * R + r] / mean);
+      ApplySpan(param + off, m == nullptr ? nullptr : m + off, grad + off, col + b * C, rf, C,
+                grad_scale, step_size, divisor, beta1, one_minus_beta1, neg_decay);
+    }
+  }
+}
+
+void AdamW8bitBlockwise(float* param, const float* grad, uint8_t* m_codes, uint8_t* v_codes,
+                        float* m_absmax, float* v_absmax, const float* code_m,
+                        const float* code_v, int64_t n, float lr, float beta1, float beta2,
+                        float eps, float weight_decay, float bias_correction1,
+                        float bias_correction2, float grad_scale, int nt) {
+  const int64_t blocks = (n + kQuant8Block - 1) / kQuant8Block;
+  const float c2 = std::sqrt(bias_correction2);
+#pragma omp parallel for num_threads(ThreadsFor(n * 2, nt)) schedule(static)
+  for (int64_t b = 0; b < blocks; ++b) {
+    const int64_t o = b * kQuant8Block;
+    AdamW8bitBlock(param + o, grad + o, m_codes + o, v_codes + o, m_absmax + b, v_absmax + b,
+                   code_m, code_v, std::min(kQuant8Block, n - o), lr, beta1, beta2, eps,
+                   weight_decay, bias_correction1, c2, grad_scale);
+  }
+}
+
+}  // namespace traind::engine::cpu

@@ -1,0 +1,178 @@
+// 8-bit AdamW: per-parameter update calls (blockwise 8-bit or fp32 AdamW), state layout and
+// (de)serialisation.
+#include "optim/adamw_8bit.h"
+
+#include <cmath>
+#include <string>
+
+#include "optim/optim_ops.h"
+#include "optim/quant8.h"
+#include "optim/state_io.h"
+
+namespace traind::engine {
+
+namespace {
+constexpr const char* kFormat = "traind-adamw8bit-v1";
+constexpr int64_t kTableBytes = 2 * 256 * 4;
+}  // namespace
+
+int64_t AdamW8bitOptimizer::PlanBytes(const std::vector<ParamInfo>& params,
+                                      const AdamW8bitOptions& options) {
+  int64_t bytes = 0;
+  bool any8 = false;
+  for (const ParamInfo& p : params) {
+    if (p.numel >= options.min_8bit_size && p.numel > 0) {
+      bytes += 2 * p.numel + 2 * 4 * Quant8Blocks(p.numel);
+      any8 = true;
+    } else {
+      bytes += 2 * 4 * p.numel;
+    }
+  }
+  return bytes + (any8 ? kTableBytes : 0);
+}
+
+Result<std::unique_ptr<AdamW8bitOptimizer>> AdamW8bitOptimizer::Create(
+    const std::vector<ParamInfo>& params, int64_t num_params, const AdamW8bitOptions& o,
+    DeviceArena* arena) {
+  if (!(o.beta1 >= 0.0 && o.beta1 < 1.0) || !(o.beta2 >= 0.0 && o.beta2 < 1.0) || !(o.eps > 0.0) ||
+      !(o.weight_decay >= 0.0)) {
+    return Status::InvalidArgument("adamw_8bit: need 0 <= betas < 1 (" + std::to_string(o.beta1) +
+                                   ", " + std::to_string(o.beta2) + "), eps > 0, weight_decay >= 0");
+  }
+  for (const ParamInfo& p : params) {
+    if (p.offset < 0 || p.numel < 0 || p.offset + p.numel > num_params) {
+      return Status::Internal("optimizer: parameter " + p.hf_name + " lies outside the flat buffer");
+    }
+  }
+  std::unique_ptr<AdamW8bitOptimizer> opt(new AdamW8bitOptimizer(params, o, arena));
+  for (const ParamInfo& p : opt->params_) {
+    Slot s;
+    s.quantized = p.numel >= o.min_8bit_size && p.numel > 0;
+    s.decay = p.weight_decay && o.weight_decay != 0.0;
+    if (s.quantized) {
+      s.off = opt->n8_;
+      s.block = opt->blocks_;
+      opt->n8_ += p.numel;
+      opt->blocks_ += Quant8Blocks(p.numel);
+    } else {
+      s.off = opt->n32_;
+      s.block = 0;
+      opt->n32_ += p.numel;
+    }
+    opt->slots_.push_back(s);
+  }
+  if (opt->n8_ > 0) {
+    TRAIND_ASSIGN_OR_RETURN(void* c, arena->Allocate(MemoryCategory::kOptimizer, 2 * opt->n8_,
+                                                     "AdamW8bit codes"));
+    opt->codes_ = static_cast<uint8_t*>(c);
+    TRAIND_ASSIGN_OR_RETURN(void* a, arena->Allocate(MemoryCategory::kOptimizer,
+                                                     2 * 4 * opt->blocks_, "AdamW8bit absmax"));
+    opt->absmax_ = static_cast<float*>(a);
+    TRAIND_ASSIGN_OR_RETURN(void* t, arena->Allocate(MemoryCategory::kOptimizer, kTableBytes,
+                                                     "AdamW8bit code tables"));
+    opt->tables_ = static_cast<float*>(t);
+    arena->backend()->CopyHostToDevice(opt->tables_, DynamicCodeSigned(), 256 * 4);
+    arena->backend()->CopyHostToDevice(opt->tables_ + 256, DynamicCodeUnsigned(), 256 * 4);
+  }
+  if (opt->n32_ > 0) {
+    TRAIND_ASSIGN_OR_RETURN(void* f, arena->Allocate(MemoryCategory::kOptimizer, 2 * 4 * opt->n32_,
+                                                     "AdamW8bit fp32 moments"));
+    opt->f32_ = static_cast<float*>(f);
+  }
+  return opt;
+}
+
+AdamW8bitOptimizer::~AdamW8bitOptimizer() {
+  for (void* p : {static_cast<void*>(codes_), static_cast<void*>(absmax_),
+                  static_cast<void*>(f32_), static_cast<void*>(tables_)}) {
+    if (p != nullptr) arena_->Release(p);
+  }
+}
+
+void AdamW8bitOptimizer::Step(float* params, const float* grads, double lr, float grad_scale) {
+  ++step_;
+  const double bc1 = 1.0 - std::pow(options_.beta1, static_cast<double>(step_));
+  const double bc2 = 1.0 - std::pow(options_.beta2, static_cast<double>(step_));
+  Backend* backend = arena_->backend();
+  const float b1 = static_cast<float>(options_.beta1), b2 = static_cast<float>(options_.beta2);
+  const float eps = static_cast<float>(options_.eps);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const ParamInfo& p = params_[i];
+    const Slot& s = slots_[i];
+    if (p.numel == 0) continue;
+    const float wd = s.decay ? static_cast<float>(options_.weight_decay) : 0.0f;
+    if (s.quantized) {
+      optim_ops::AdamW8bitBlockwise(backend, params + p.offset, grads + p.offset, codes_ + s.off,
+                                    codes_ + n8_ + s.off, absmax_ + s.block,
+                                    absmax_ + blocks_ + s.block, tables_, tables_ + 256, p.numel,
+                                    static_cast<float>(lr), b1, b2, eps, wd,
+                                    static_cast<float>(bc1), static_cast<float>(bc2), grad_scale);
+    } else {
+      backend->AdamW(params + p.offset, grads + p.offset, f32_ + s.off, f32_ + n32_ + s.off,
+                     p.numel, static_cast<float>(lr), b1, b2, eps, wd, static_cast<float>(bc1),
+                     static_cast<float>(bc2), grad_scale);
+    }
+  }
+}
+
+SafetensorsFile AdamW8bitOptimizer::SaveState() const {
+  SafetensorsFile file;
+  state_io::SetHeader(&file, kFormat, step_);
+  Backend* backend = arena_->backend();
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const ParamInfo& p = params_[i];
+    const Slot& s = slots_[i];
+    for (int which = 0; which < 2; ++which) {
+      const std::string name = p.hf_name + (which == 0 ? ".exp_avg" : ".exp_avg_sq");
+      HostTensor t;
+      t.shape = p.shape;
+      if (s.quantized) {
+        t.dtype = "U8";
+        t.data.resize(static_cast<size_t>(p.numel));
+        backend->CopyDeviceToHost(t.data.data(), codes_ + which * n8_ + s.off, t.data.size());
+        HostTensor a;
+        a.shape = {Quant8Blocks(p.numel)};
+        a.data.resize(static_cast<size_t>(a.shape[0]) * 4);
+        backend->CopyDeviceToHost(a.data.data(), absmax_ + which * blocks_ + s.block, a.data.size());
+        file.tensors[name + "_absmax"] = std::move(a);
+      } else {
+        t.data.resize(static_cast<size_t>(p.numel) * 4);
+        backend->CopyDeviceToHost(t.data.data(), f32_ + which * n32_ + s.off, t.data.size());
+      }
+      file.tensors[name] = std::move(t);
+    }
+  }
+  return file;
+}
+
+Status AdamW8bitOptimizer::LoadState(const SafetensorsFile& file) {
+  TRAIND_ASSIGN_OR_RETURN(int64_t step, state_io::ReadStep(file, kFormat));
+  struct Write {
+    const HostTensor* t;
+    void* dst;
+  };
+  std::vector<Write> writes;  // all checked before any is applied
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const ParamInfo& p = params_[i];
+    const Slot& s = slots_[i];
+    for (int which = 0; which < 2; ++which) {
+      const std::string name = p.hf_name + (which == 0 ? ".exp_avg" : ".exp_avg_sq");
+      if (s.quantized) {
+        TRAIND_ASSIGN_OR_RETURN(const HostTensor* t, state_io::Find(file, name, "U8", p.shape));
+        writes.push_back({t, codes_ + which * n8_ + s.off});
+        TRAIND_ASSIGN_OR_RETURN(const HostTensor* a, state_io::Find(file, name + "_absmax", "F32",
+                                                                    {Quant8Blocks(p.numel)}));
+        writes.push_back({a, absmax_ + which * blocks_ + s.block});
+      } else {
+        TRAIND_ASSIGN_OR_RETURN(const HostTensor* t, state_io::Find(file, name, "F32", p.shape));
+        writes.push_back({t, f32_ + which * n32_ + s.off});
+      }
+    }
+  }
+  Backend* backend = arena_->backend();
+  for (const Write& w : writes) backend->CopyHostToDevice(w.dst, w.t->data.data(), w.t->data.size());
+  step_ = step;
+  return Status::Ok();
+}
+
+}  // namespace traind::engine

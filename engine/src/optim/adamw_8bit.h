@@ -1,0 +1,88 @@
+// 8-bit AdamW over a model's flat parameter buffer, with bitsandbytes' AdamW8bit semantics
+// (optim_bits=8, block-wise): a tensor of at least min_8bit_size elements keeps both moments as
+// uint8 codes of the block-wise dynamic quantization of optim/quant8.h (blocks of 256, fp32
+// absmax per block; the signed dynamic map for exp_avg, the unsigned one for exp_avg_sq). Each step
+// dequantizes a block, updates it in fp32, and requantizes it with the block's new absmax:
+//   g = grad_scale * grad; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
+//   p -= lr * (m / bc1) / (sqrt(v) / sqrt(bc2) + eps); p *= 1 - lr * weight_decay
+// (bitsandbytes decays after the Adam step; only where ParamInfo::weight_decay); an element
+// whose gradient is not finite keeps its parameter and gets m = v = 0. Smaller tensors (biases,
+// norm weights) keep fp32 moments and the fp32 AdamW update (Backend::AdamW, torch's order:
+// decay first; they never decay under the JOBSPEC rule, so the orders agree there).
+// State bytes: 2 + 8/256 per element of the 8-bit tensors, 8 per element of the others, plus the
+// two 256-entry code tables (2 KiB) on the device.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "backend/arena.h"
+#include "backend/backend.h"
+#include "core/param_info.h"
+#include "core/safetensors.h"
+#include "traind/engine/status.h"
+
+namespace traind::engine {
+
+// bitsandbytes.optim.AdamW8bit's arguments (lr is Step()'s).
+struct AdamW8bitOptions {
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;      // where ParamInfo::weight_decay (bitsandbytes' default: 1e-2)
+  int64_t min_8bit_size = 4096;   // smaller tensors keep fp32 moments
+};
+
+class AdamW8bitOptimizer {
+ public:
+  // INVALID_ARGUMENT for betas outside [0, 1), eps <= 0 or negative weight decay; INTERNAL when a
+  // parameter lies outside the flat buffer of `num_params` floats; RESOURCE_EXHAUSTED when the
+  // state does not fit the arena.
+  static Result<std::unique_ptr<AdamW8bitOptimizer>> Create(const std::vector<ParamInfo>& params,
+                                                            int64_t num_params,
+                                                            const AdamW8bitOptions& options,
+                                                            DeviceArena* arena);
+  // The bytes Create() allocates (see the header comment).
+  static int64_t PlanBytes(const std::vector<ParamInfo>& params, const AdamW8bitOptions& options);
+
+  ~AdamW8bitOptimizer();
+  AdamW8bitOptimizer(const AdamW8bitOptimizer&) = delete;
+  AdamW8bitOptimizer& operator=(const AdamW8bitOptimizer&) = delete;
+
+  // One step at rate `lr` with gradient grad_scale * grads; increments step() first (bias
+  // corrections 1 - beta^step from 1, computed in double as AdamWOptimizer does).
+  void Step(float* params, const float* grads, double lr, float grad_scale);
+  int64_t step() const { return step_; }
+
+  // Per parameter: 8-bit tensors "<hf_name>.exp_avg" and ".exp_avg_sq" (U8 codes, the parameter's
+  // shape) with ".exp_avg_absmax" / ".exp_avg_sq_absmax" (F32, one per block); fp32 tensors
+  // ".exp_avg" / ".exp_avg_sq" (F32). Metadata {"format": "traind-adamw8bit-v1", "step": N}.
+  SafetensorsFile SaveState() const;
+  // DATA_LOSS naming the tensor when one is missing or differs in dtype/shape, or bad metadata.
+  Status LoadState(const SafetensorsFile& file);
+
+ private:
+  struct Slot {
+    bool quantized;
+    bool decay;
+    int64_t off;     // quantized: into the code buffers; else into the fp32 buffers
+    int64_t block;   // quantized: first absmax index
+  };
+  AdamW8bitOptimizer(std::vector<ParamInfo> params, const AdamW8bitOptions& options,
+                     DeviceArena* arena)
+      : params_(std::move(params)), options_(options), arena_(arena) {}
+
+  std::vector<ParamInfo> params_;
+  std::vector<Slot> slots_;
+  AdamW8bitOptions options_;
+  DeviceArena* arena_;
+  int64_t n8_ = 0, blocks_ = 0, n32_ = 0;
+  uint8_t* codes_ = nullptr;   // device: m codes [0, n8), v codes [n8, 2 n8)
+  float* absmax_ = nullptr;    // device: m [0, blocks), v [blocks, 2 blocks)
+  float* f32_ = nullptr;       // device: m [0, n32), v [n32, 2 n32)
+  float* tables_ = nullptr;    // device: signed map [0, 256), unsigned [256, 512)
+  int64_t step_ = 0;
+};
+
+}  // namespace traind::engine

@@ -1,0 +1,23 @@
+// Helpers shared by the optimizers' SaveState/LoadState: the versioned {"format", "step"} metadata
+// and a checked lookup of one named state tensor.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/safetensors.h"
+#include "traind/engine/status.h"
+
+namespace traind::engine::state_io {
+
+void SetHeader(SafetensorsFile* file, const std::string& format, int64_t step);
+// The step of a state file written with `format`. DATA_LOSS when the format differs, the step is
+// missing, not a number or negative.
+Result<int64_t> ReadStep(const SafetensorsFile& file, const std::string& format);
+// The tensor `name`, checked to have `dtype` ("F32", "U8") and `shape`. DATA_LOSS naming it when
+// it is missing or differs.
+Result<const HostTensor*> Find(const SafetensorsFile& file, const std::string& name,
+                               const std::string& dtype, const std::vector<int64_t>& shape);
+
+}  // namespace traind::engine::state_io
