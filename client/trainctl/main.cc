@@ -14,6 +14,7 @@
 #include "format.h"
 #include "job_state.h"
 #include "traind/client/client.h"
+#include "traind/engine/tokenizer.h"
 
 namespace {
 
@@ -103,13 +104,13 @@ Result<std::string> ResolveToken(const Globals& g) {
   return t;
 }
 
-// `tokenize`: local, no traind. The byte tokenizer maps each byte of the text to its value (the
-// ids the engine trains on with `data.tokenizer: byte`).
+// `tokenize`: local, no traind. The engine's tokenizers (byte, a tokenizer.json, a SentencePiece
+// .model, or a folder holding one; JOBSPEC.md data.tokenizer) give the ids the engine trains on.
 int Tokenize(const std::string& tokenizer, const std::string& text, const std::string& file,
              bool from_file, bool json) {
-  if (tokenizer != "byte") {
-    std::fprintf(stderr, "trainctl: --tokenizer %s is not supported yet (supported: byte)\n",
-                 tokenizer.c_str());
+  auto tok = traind::engine::DefaultTokenizerFactory().Open(tokenizer, "");
+  if (!tok.ok()) {
+    std::fprintf(stderr, "trainctl: %s\n", tok.status().message().c_str());
     return 2;
   }
   std::string input = text;
@@ -121,14 +122,20 @@ int Tokenize(const std::string& tokenizer, const std::string& text, const std::s
     }
     input.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
   }
-  std::vector<int> ids;
-  ids.reserve(input.size());
-  for (unsigned char ch : input) ids.push_back(ch);
+  auto ids = (*tok)->EncodeLarge(input, 2);
+  if (!ids.ok()) {
+    std::fprintf(stderr, "trainctl: %s\n", ids.status().message().c_str());
+    return 2;
+  }
   if (json) {
-    PrintJson({{"ids", ids}});
+    PrintJson({{"ids", *ids}});
   } else {
-    for (size_t i = 0; i < ids.size(); ++i) std::cout << (i ? " " : "") << ids[i];
-    std::cout << "\n";
+    std::string line;
+    for (size_t i = 0; i < ids->size(); ++i) {
+      if (i) line += ' ';
+      line += std::to_string((*ids)[i]);
+    }
+    std::cout << line << "\n";
   }
   return 0;
 }
@@ -172,7 +179,9 @@ int main(int argc, char** argv) {
   auto* health = app.add_subcommand("health", "is traind serving?");
   std::string tokenizer, tok_text, tok_file;
   auto* tokenize = app.add_subcommand("tokenize", "token ids of a text, computed locally");
-  tokenize->add_option("--tokenizer", tokenizer, "byte (HF tokenizer.json: later)")->required();
+  tokenize->add_option("--tokenizer", tokenizer,
+                       "byte | tokenizer.json | a .model | a folder (as data.tokenizer)")
+      ->required();
   auto* tok_text_opt = tokenize->add_option("text", tok_text, "TEXT");
   tokenize->add_option("--file", tok_file, "read the text from F")->excludes(tok_text_opt);
 

@@ -1,7 +1,10 @@
-// `trainctl tokenize`: local (no traind), byte tokenizer ids in text and JSON, and a clear usage
-// error (exit 2) for tokenizers that are not built yet.
+// `trainctl tokenize`: local (no traind) for every tokenizer kind (byte, GPT-2 BPE from
+// vocab.json + merges.txt, a WordPiece tokenizer.json, a SentencePiece .model trained here and
+// checked against spm_encode), ids in text and JSON, and one clear sentence with exit 2 for bad
+// tokenizer files and missing input.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -11,6 +14,7 @@
 namespace traind::testing {
 namespace {
 
+using ::testing::EndsWith;
 using ::testing::HasSubstr;
 
 TEST(TrainctlTokenize, ByteIdsAsTextAndJson) {
@@ -26,10 +30,93 @@ TEST(TrainctlTokenize, ByteIdsAsTextAndJson) {
   EXPECT_EQ(nlohmann::json::parse(json.out)["ids"], nlohmann::json::array({97, 98, 10}));
 }
 
-TEST(TrainctlTokenize, UnsupportedTokenizerAndMissingFileExitTwo) {
-  CmdResult bpe = Trainctl({"tokenize", "--tokenizer", "/x/tokenizer.json", "hi"});
-  EXPECT_EQ(bpe.exit_code, 2);
-  EXPECT_THAT(bpe.err, HasSubstr("not supported yet"));
+TEST(TrainctlTokenize, Gpt2BpeFolder) {
+  const std::string gpt2 = std::string(TRAIND_SHARED_DATA) + "/gpt2";
+  struct stat st;
+  if (::stat((gpt2 + "/vocab.json").c_str(), &st) != 0) {
+    GTEST_SKIP() << "GPT-2 vocab.json not found in " << gpt2 << " (../shared/data)";
+  }
+  // GPT-2's published ids: "Hello" 15496, " world" 995, "!" 0, "<|endoftext|>" 50256.
+  CmdResult text = Trainctl({"tokenize", "--tokenizer", gpt2, "Hello world!<|endoftext|>"});
+  ASSERT_EQ(text.exit_code, 0) << text.err;
+  EXPECT_EQ(text.out, "15496 995 0 50256\n");
+  const std::string dir = MakeTempDir("traind-tokenize");
+  WriteAll(dir + "/in.txt", "Hello world");
+  CmdResult json = Trainctl({"-o", "json", "tokenize", "--tokenizer", gpt2, "--file", dir + "/in.txt"});
+  ASSERT_EQ(json.exit_code, 0) << json.err;
+  EXPECT_EQ(nlohmann::json::parse(json.out)["ids"], nlohmann::json::array({15496, 995}));
+}
+
+TEST(TrainctlTokenize, WordPieceTokenizerJson) {
+  const std::string dir = MakeTempDir("traind-tokenize");
+  nlohmann::json j = {
+      {"added_tokens", nlohmann::json::array()},
+      {"normalizer", {{"type", "BertNormalizer"}, {"clean_text", true},
+                      {"handle_chinese_chars", true}, {"strip_accents", nullptr},
+                      {"lowercase", true}}},
+      {"pre_tokenizer", {{"type", "BertPreTokenizer"}}},
+      {"post_processor", nullptr},
+      {"decoder", {{"type", "WordPiece"}, {"prefix", "##"}, {"cleanup", true}}},
+      {"model", {{"type", "WordPiece"}, {"unk_token", "[UNK]"},
+                 {"continuing_subword_prefix", "##"}, {"max_input_chars_per_word", 100},
+                 {"vocab", {{"[PAD]", 0}, {"[UNK]", 1}, {"[CLS]", 2}, {"[SEP]", 3},
+                            {"hello", 4}, {"world", 5}, {"##s", 6}, {",", 7}}}}}};
+  WriteAll(dir + "/tokenizer.json", j.dump());
+  // Lowercased, accent-free, "," isolated, "worlds" = world ##s, "xyz" unknown.
+  CmdResult r = Trainctl({"tokenize", "--tokenizer", dir + "/tokenizer.json", "HÉLLO, Worlds xyz"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, "4 7 5 6 1\n");
+  CmdResult folder = Trainctl({"-o", "json", "tokenize", "--tokenizer", dir, "hello"});
+  ASSERT_EQ(folder.exit_code, 0) << folder.err;
+  EXPECT_EQ(nlohmann::json::parse(folder.out)["ids"], nlohmann::json::array({4}));
+}
+
+TEST(TrainctlTokenize, SentencePieceModelMatchesSpmEncode) {
+  const std::string dir = MakeTempDir("traind-tokenize");
+  // Words of 1-3 syllables in a fixed pseudo-random order: enough variety for 300 pieces.
+  static const char* kSyllables[] = {"ka", "lo", "mi", "ne", "ru", "sa", "to", "vi", "ze", "po",
+                                     "qua", "rin", "dor", "fel", "gim", "hap", "jus", "lek",
+                                     "mon", "nix"};
+  std::string corpus;
+  uint32_t x = 12345;
+  auto next = [&x](uint32_t k) { x = x * 1103515245u + 12345u; return (x >> 16) % k; };
+  for (int line = 0; line < 3000; ++line) {
+    for (uint32_t w = 3 + next(10); w > 0; --w) {
+      for (uint32_t s = 1 + next(3); s > 0; --s) corpus += kSyllables[next(20)];
+      corpus += w > 1 ? " " : "\n";
+    }
+  }
+  WriteAll(dir + "/corpus.txt", corpus);
+  CmdResult train = RunCommand({"/usr/bin/spm_train", "--input=" + dir + "/corpus.txt",
+                                "--model_prefix=" + dir + "/sp", "--vocab_size=300",
+                                "--model_type=unigram", "--minloglevel=2"});
+  ASSERT_EQ(train.exit_code, 0) << "/usr/bin/spm_train (Debian package sentencepiece, installed by run.sh) failed or is missing: " << train.err;
+  const std::string text = "kalo mine rusa 42 tovi zepo, the quick fox";
+  WriteAll(dir + "/in.txt", text + "\n");
+  CmdResult spm = RunCommand({"/usr/bin/spm_encode", "--model=" + dir + "/sp.model",
+                              "--output_format=id", "--input=" + dir + "/in.txt"});
+  ASSERT_EQ(spm.exit_code, 0) << spm.err;
+  CmdResult ours = Trainctl({"tokenize", "--tokenizer", dir + "/sp.model", text});
+  ASSERT_EQ(ours.exit_code, 0) << ours.err;
+  EXPECT_EQ(ours.out, spm.out);
+  EXPECT_GT(ours.out.size(), 4u);
+}
+
+TEST(TrainctlTokenize, BadTokenizerFileAndMissingInputExitTwo) {
+  const std::string dir = MakeTempDir("traind-tokenize");
+  WriteAll(dir + "/tokenizer.json", "{\"model\": {\"type\": \"BPE\", \"vocab\": {");
+  CmdResult bad = Trainctl({"tokenize", "--tokenizer", dir + "/tokenizer.json", "hi"});
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_THAT(bad.err, HasSubstr(dir + "/tokenizer.json: not valid JSON"));
+  EXPECT_THAT(bad.err, EndsWith("\n"));
+  EXPECT_EQ(std::count(bad.err.begin(), bad.err.end(), '\n'), 1) << bad.err;  // one sentence
+  WriteAll(dir + "/u.json", R"({"model": {"type": "Unigram", "vocab": []}})");
+  CmdResult uni = Trainctl({"tokenize", "--tokenizer", dir + "/u.json", "hi"});
+  EXPECT_EQ(uni.exit_code, 2);
+  EXPECT_THAT(uni.err, HasSubstr("model type Unigram in " + dir + "/u.json is not supported"));
+  CmdResult none = Trainctl({"tokenize", "--tokenizer", dir + "/nope", "hi"});
+  EXPECT_EQ(none.exit_code, 2);
+  EXPECT_THAT(none.err, HasSubstr(dir + "/nope: no such file or folder"));
   CmdResult missing = Trainctl({"tokenize", "--tokenizer", "byte", "--file", "/nonexistent/f"});
   EXPECT_EQ(missing.exit_code, 2);
   EXPECT_THAT(missing.err, HasSubstr("/nonexistent/f"));
