@@ -16,6 +16,7 @@ PACKAGES=(
   libopenblas-dev libdnnl-dev libyaml-cpp-dev nlohmann-json3-dev libcli11-dev
   python3 python3-torch python3-numpy python3-grpcio prometheus
   libsentencepiece-dev sentencepiece nodejs
+  fio  # bench/offload_bench: raw sequential bandwidth of the offload directory
 )
 
 log() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }

@@ -211,8 +211,11 @@ TYPED_TEST(StoreContractTest, OverwriteEveryStepKeepsStorageBounded) {
               peak_late / 1048576.0, double(peak_late) / state, s.store_bytes / 1048576.0,
               s.device_written_bytes / 1048576.0, double(s.device_written_bytes) / s.written_bytes);
   if constexpr (TypeParam::kPersistent) {
-    // Committed + pending versions, plus blob files awaiting the compaction that frees them.
-    EXPECT_LE(peak_late, 5 * state + (2 << 20)) << "disk use grows with the number of steps";
+    // The committed version plus blob files of replaced versions awaiting the compaction that
+    // frees them: with this tiny state every step is 2 L0 files and compaction runs every 4
+    // (offload/README.md), so a few steps' worth at commit time (measured 3.0x-5.0x on the
+    // development machine). 40 steps of writes would be 40x if nothing were freed.
+    EXPECT_LE(peak_late, 6 * state + (2 << 20)) << "disk use grows with the number of steps";
     EXPECT_LE(s.device_written_bytes, 1.3 * s.written_bytes) << "write amplification";
   } else {
     EXPECT_LE(peak_late, 2 * state);  // committed + spare buffers of the replaced versions

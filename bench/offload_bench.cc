@@ -1,0 +1,223 @@
+// offload_bench: throughput of the nvme OptimizerStateStore (write + commit, read with read-ahead,
+// a read-update-write optimizer pass) beside the raw sequential bandwidth of the same directory
+// measured by fio in the same run, and the store's write amplification from RocksDB's statistics.
+//   offload_bench --dir /nvme/tmp [--state-mib 1024] [--chunk-mib 16] [--steps 3] [--no-fio]
+// Prints one RESULT line; bench/README.md ("offload") has the numbers and how to read them.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "traind/offload/offload.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using traind::engine::StateKey;
+using Clock = std::chrono::steady_clock;
+
+double Since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+struct Flags {
+  std::string dir;
+  size_t state_mib = 1024;
+  size_t chunk_mib = 16;
+  int steps = 3;
+  int depth = 4;  // read-ahead depth in chunks
+  bool fio = true;
+  size_t write_buffer_mib = 64;
+};
+
+[[noreturn]] void Usage(const char* why) {
+  std::fprintf(stderr,
+               "offload_bench: %s\nusage: offload_bench [--dir DIR] [--state-mib N] [--chunk-mib N] "
+               "[--steps N] [--depth N] [--write-buffer-mib N] [--no-fio]\n",
+               why);
+  std::exit(2);
+}
+
+Flags Parse(int argc, char** argv) {
+  Flags f;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) Usage(("missing value for " + a).c_str());
+      return argv[++i];
+    };
+    if (a == "--dir") f.dir = next();
+    else if (a == "--state-mib") f.state_mib = std::stoul(next());
+    else if (a == "--chunk-mib") f.chunk_mib = std::stoul(next());
+    else if (a == "--steps") f.steps = std::stoi(next());
+    else if (a == "--depth") f.depth = std::stoi(next());
+    else if (a == "--write-buffer-mib") f.write_buffer_mib = std::stoul(next());
+    else if (a == "--no-fio") f.fio = false;
+    else Usage(("unknown flag " + a).c_str());
+  }
+  if (f.chunk_mib == 0 || f.state_mib < f.chunk_mib || f.steps < 1 || f.depth < 1) Usage("bad sizes");
+  return f;
+}
+
+// Writes back and drops the page cache of every file in dir, so reads come from the drive.
+void EvictPageCache(const std::string& dir) {
+  for (const auto& e : fs::recursive_directory_iterator(dir)) {
+    if (!e.is_regular_file()) continue;
+    const int fd = ::open(e.path().c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) continue;
+    ::fdatasync(fd);
+    ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    ::close(fd);
+  }
+}
+
+// fio's bandwidth (bytes/s) of one sequential job on `file`, or -1. Buffered I/O, 1 MiB blocks,
+// fsync at the end of the write job (the store's Commit is durable too); fio drops the file's
+// page cache before the read job (invalidate=1).
+double Fio(const std::string& rw, const std::string& file, size_t mib) {
+  const std::string cmd = "fio --name=raw --filename=" + file + " --rw=" + rw + " --bs=1M --size=" +
+                          std::to_string(mib) + "M --ioengine=psync --end_fsync=1 --invalidate=1 " +
+                          "--output-format=terse --terse-version=3 2>/dev/null";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (!p) return -1;
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
+  if (::pclose(p) != 0) return -1;
+  // Terse v3: field 7 is read bandwidth (KiB/s), field 48 write bandwidth (KiB/s) (1-based).
+  std::vector<std::string> fields;
+  size_t start = 0;
+  for (size_t pos; (pos = out.find(';', start)) != std::string::npos; start = pos + 1)
+    fields.push_back(out.substr(start, pos - start));
+  const size_t idx = rw == "read" ? 6 : 47;
+  if (fields.size() <= idx) return -1;
+  return std::stod(fields[idx]) * 1024.0;
+}
+
+void Check(const traind::Status& st, const char* what) {
+  if (st.ok()) return;
+  std::fprintf(stderr, "offload_bench: %s: %s\n", what, st.ToString().c_str());
+  std::exit(1);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Flags f = Parse(argc, argv);
+  bool own_dir = false;
+  if (f.dir.empty()) {
+    const char* base = std::getenv("TMPDIR");
+    std::string tmpl = std::string(base && *base ? base : "/tmp") + "/offload_bench_XXXXXX";
+    if (!::mkdtemp(tmpl.data())) Usage("cannot create a temporary directory");
+    f.dir = tmpl;
+    own_dir = true;
+  }
+  fs::create_directories(f.dir);
+  const std::string store_dir = f.dir + "/offload_bench_store";
+  const std::string fio_file = f.dir + "/offload_bench_fio.tmp";
+  fs::remove_all(store_dir);
+  const size_t chunk = f.chunk_mib << 20;
+  const size_t nchunks = f.state_mib / f.chunk_mib;
+  const double state = double(nchunks * chunk);
+  const double mb = 1e6;
+
+  // 1. Raw sequential bandwidth of the directory, same run, same sizes.
+  double fio_write = -1, fio_read = -1;
+  if (f.fio) {
+    fio_write = Fio("write", fio_file, nchunks * f.chunk_mib);
+    fio_read = Fio("read", fio_file, nchunks * f.chunk_mib);
+    fs::remove(fio_file);
+    if (fio_write < 0 || fio_read < 0) std::fprintf(stderr, "offload_bench: fio did not run (is it installed?)\n");
+  }
+
+  traind::offload::StoreOptions o;
+  o.write_buffer_bytes = f.write_buffer_mib << 20;
+  o.max_chunk_bytes = std::max(o.max_chunk_bytes, chunk);
+  o.max_pending_write_bytes = std::max(o.max_pending_write_bytes, 4 * chunk);
+  o.max_prefetch_bytes = std::max(o.max_prefetch_bytes, static_cast<size_t>(f.depth + 1) * chunk);
+  auto opened = traind::offload::MakeRocksDbStore(store_dir, o);
+  Check(opened.status(), "open");
+  auto& store = *opened;
+
+  std::vector<StateKey> keys;
+  for (size_t i = 0; i < nchunks; ++i) keys.push_back({"g0", static_cast<int64_t>(i / 3), i % 3 == 0 ? "master" : i % 3 == 1 ? "exp_avg" : "exp_avg_sq"});
+  std::vector<char> buf(chunk);
+  for (size_t i = 0; i < chunk; ++i) buf[i] = static_cast<char>(i * 2654435761u >> 13);
+
+  // 2. Write + commit: every chunk every step (steady state = steps after the first).
+  double write_s = 0, commit_s = 0;
+  int timed_steps = 0;
+  for (int step = 0; step < f.steps; ++step) {
+    const auto t0 = Clock::now();
+    for (const auto& k : keys) {
+      buf[0] = static_cast<char>(step);
+      Check(store->Write(k, buf.data(), chunk), "write");
+    }
+    const auto t1 = Clock::now();
+    Check(store->Commit(step), "commit");
+    if (step > 0 || f.steps == 1) {
+      write_s += Since(t0);
+      commit_s += Since(t1);
+      ++timed_steps;
+    }
+  }
+  const double write_bw = state * timed_steps / write_s;
+
+  // 3. Read with read-ahead, page cache dropped first.
+  EvictPageCache(store_dir);
+  auto t0 = Clock::now();
+  for (size_t i = 0; i < std::min<size_t>(f.depth, keys.size()); ++i) store->Prefetch(keys[i]);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (i + f.depth < keys.size()) store->Prefetch(keys[i + f.depth]);
+    Check(store->Read(keys[i], buf.data(), chunk), "read");
+  }
+  const double read_bw = state / Since(t0);
+
+  // 4. One optimizer-like pass: read-ahead, update, write-behind, commit (page cache dropped).
+  EvictPageCache(store_dir);
+  t0 = Clock::now();
+  for (size_t i = 0; i < std::min<size_t>(f.depth, keys.size()); ++i) store->Prefetch(keys[i]);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (i + f.depth < keys.size()) store->Prefetch(keys[i + f.depth]);
+    Check(store->Read(keys[i], buf.data(), chunk), "read");
+    buf[1] ^= 1;  // the "update"
+    Check(store->Write(keys[i], buf.data(), chunk), "write");
+  }
+  Check(store->Commit(f.steps), "commit");
+  const double pass_s = Since(t0);
+
+  const auto s = store->Stats();
+  const double wa = double(s.device_written_bytes) / double(s.written_bytes);
+  std::printf("offload_bench dir=%s state=%.0f MiB chunk=%zu MiB steps=%d\n", f.dir.c_str(), state / 1048576.0,
+              f.chunk_mib, f.steps);
+  if (fio_write > 0)
+    std::printf("  fio seq write (1 MiB, buffered, fsync at end): %8.1f MB/s\n"
+                "  fio seq read  (1 MiB, page cache dropped):     %8.1f MB/s\n",
+                fio_write / mb, fio_read / mb);
+  std::printf("  store write+commit: %8.1f MB/s%s  (commit %.0f ms/step of %.0f ms)\n", write_bw / mb,
+              fio_write > 0 ? (" = " + std::to_string(int(100 * write_bw / fio_write)) + "% of fio").c_str() : "",
+              1000 * commit_s / timed_steps, 1000 * write_s / timed_steps);
+  std::printf("  store read (read-ahead %d chunks): %8.1f MB/s%s\n", f.depth, read_bw / mb,
+              fio_read > 0 ? (" = " + std::to_string(int(100 * read_bw / fio_read)) + "% of fio").c_str() : "");
+  std::printf("  optimizer pass (read+update+write+commit): %.2f s for %.0f MiB each way (%.1f MB/s each way)\n",
+              pass_s, state / 1048576.0, state / pass_s / mb);
+  std::printf("  write amplification: %.3f (%.1f MiB to files for %.1f MiB of state; RocksDB flush+compaction+WAL bytes)\n",
+              wa, s.device_written_bytes / 1048576.0, s.written_bytes / 1048576.0);
+  std::printf("  caller wait %.2f s, background I/O %.2f s, prefetch hits %llu misses %llu, on disk %.1f MiB\n",
+              s.io_wait_seconds, s.background_io_seconds, static_cast<unsigned long long>(s.prefetch_hits),
+              static_cast<unsigned long long>(s.prefetch_misses), s.store_bytes / 1048576.0);
+  std::printf("RESULT side=offload write_mbps=%.1f read_mbps=%.1f fio_write_mbps=%.1f fio_read_mbps=%.1f "
+              "write_ratio=%.2f read_ratio=%.2f write_amp=%.3f\n",
+              write_bw / mb, read_bw / mb, fio_write / mb, fio_read / mb,
+              fio_write > 0 ? write_bw / fio_write : 0.0, fio_read > 0 ? read_bw / fio_read : 0.0, wa);
+  store.reset();
+  fs::remove_all(store_dir);
+  if (own_dir) fs::remove_all(f.dir);
+  return 0;
+}
