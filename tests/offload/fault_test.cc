@@ -190,11 +190,13 @@ TEST(FaultTest, DamagedBlobFileIsDataLossNeverWrongData) {
     ASSERT_GE(fd, 0);
     std::vector<char> junk(4096, '\x5a');
     ASSERT_EQ(::pwrite(fd, junk.data(), junk.size(), static_cast<off_t>(size / 2)), 4096);
+    // And 64 bytes well inside an earlier record's payload: only a payload checksum sees that.
+    ASSERT_EQ(::pwrite(fd, junk.data(), 64, static_cast<off_t>(size / 4 + 20000)), 64);
     ::close(fd);
   }
   auto s = MakeRocksDbStore(dir);
   ASSERT_TRUE(s.ok()) << s.status().ToString();
-  int damaged = 0, intact = 0;
+  int damaged = 0, intact = 0, crc_mismatches = 0;
   std::vector<char> got(bytes);
   for (const auto& k : keys) {
     std::fill(got.begin(), got.end(), 0);
@@ -206,11 +208,13 @@ TEST(FaultTest, DamagedBlobFileIsDataLossNeverWrongData) {
       EXPECT_EQ(st.code(), Status::Code::kDataLoss) << st.ToString();
       EXPECT_NE(st.message().find(k.ToString()), std::string::npos) << st.message();
       EXPECT_NE(st.message().find(blob), std::string::npos) << "names the damaged file: " << st.message();
-      if (damaged == 0) std::printf("[ damaged ] %s\n", st.ToString().c_str());
+      std::printf("[ damaged ] %s\n", st.ToString().c_str());
+      if (st.message().find("crc32c mismatch") != std::string::npos) ++crc_mismatches;
       ++damaged;
     }
   }
-  EXPECT_GE(damaged, 1);
+  EXPECT_GE(damaged, 2);
+  EXPECT_GE(crc_mismatches, 1) << "the payload damage was not caught by the chunk checksum";
   EXPECT_GE(intact, 1);
 }
 
