@@ -9,9 +9,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <random>
 #include <sstream>
 
 #include "backend/arena.h"
+#include "backend/cpu/cpu_optim.h"
 #include "optim/adamw.h"
 #include "optim/adamw_8bit.h"
 #include "optim/quant8.h"
@@ -103,6 +105,46 @@ TEST(Quant8, BlockwiseErrorWithinHalfCodeSpacing) {
       std::printf("[quant8] dist %d %s: worst error / bound %.3f\n", dist,
                   is_signed ? "signed" : "unsigned", worst_ratio);
     }
+  }
+}
+
+// The CPU update's table-driven nearest-code search gives QuantizeToCode's codes: on every code,
+// every midpoint between neighbours and the floats next to them, and 2M random values per map.
+TEST(Quant8, FastSearchMatchesBinarySearch) {
+  for (int is_signed = 0; is_signed < 2; ++is_signed) {
+    const float* code = is_signed ? DynamicCodeSigned() : DynamicCodeUnsigned();
+    std::vector<float> x;
+    for (int c = 0; c < 256; ++c) {
+      std::vector<float> centres = {code[c]};
+      if (c > 0) centres.push_back((code[c - 1] + code[c]) * 0.5f);
+      for (float v : centres) {
+        float lo = v, hi = v;
+        for (int k = 0; k < 4; ++k) {
+          x.push_back(lo);
+          x.push_back(hi);
+          lo = std::nextafter(lo, -2.0f);
+          hi = std::nextafter(hi, 2.0f);
+        }
+      }
+    }
+    for (float v : {0.0f, -0.0f, 1.0f, -1.0f, 1e-30f, -1e-30f, 1e-45f, -1e-45f}) x.push_back(v);
+    std::mt19937 rng(3);
+    std::uniform_real_distribution<float> u(is_signed ? -1.0f : 0.0f, 1.0f);
+    std::uniform_real_distribution<float> e(-40.0f, 0.0f);
+    for (int i = 0; i < 1000000; ++i) {
+      x.push_back(u(rng));
+      const float m = std::pow(10.0f, e(rng));  // every decade of the dynamic map
+      x.push_back(is_signed && (i & 1) ? -m : m);
+    }
+    std::vector<uint8_t> fast(x.size());
+    cpu::QuantizeCodes(code, is_signed != 0, x.data(), static_cast<int64_t>(x.size()), fast.data());
+    int64_t mismatches = 0;
+    for (size_t i = 0; i < x.size(); ++i) {
+      if (fast[i] != QuantizeToCode(code, x[i], is_signed != 0)) {
+        if (++mismatches < 10) ADD_FAILURE() << "x " << x[i] << " signed " << is_signed;
+      }
+    }
+    EXPECT_EQ(mismatches, 0);
   }
 }
 

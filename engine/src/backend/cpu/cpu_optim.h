@@ -52,4 +52,8 @@ void AdamW8bitBlockwise(float* param, const float* grad, uint8_t* m_codes, uint8
                         float eps, float weight_decay, float bias_correction1,
                         float bias_correction2, float grad_scale, int nt);
 
+// out[i] = QuantizeToCode(code, x[i], is_signed) (optim_math.h), by the table-driven search the
+// 8-bit update uses (identical codes; exposed for its test).
+void QuantizeCodes(const float* code, bool is_signed, const float* x, int64_t n, uint8_t* out);
+
 }  // namespace traind::engine::cpu
