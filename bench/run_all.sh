@@ -2,6 +2,7 @@
 # bench/run_all.sh BUILD_DIR [--coretype SkylakeX|Haswell|env] [--rounds N] [--config tiny|small|all]
 # bench/run_all.sh BUILD_DIR --table [--model tiny|small] [--batch B] [--accum K] [--steps N]
 #                                    [--rounds N] [--coretype ...]
+# bench/run_all.sh BUILD_DIR [--rounds N] --tokenize   # GPT-2 BPE MB/s vs HF tokenizers, 2 threads
 # Default: the traind GPT-2 training-step bench and its PyTorch peer in the same run, alternating the
 # two sides for N rounds (default 2; the best round of each side counts, which damps noise from
 # other processes), and prints tokens/s, the traind/torch ratio and each side's MFU against the
@@ -33,6 +34,7 @@ while [ $# -gt 0 ]; do
     --batch) BATCH=$2; shift 2 ;;
     --accum) ACCUM=$2; shift 2 ;;
     --steps) STEPS=$2; shift 2 ;;
+    --tokenize) exec "$BUILD_DIR/bench/tokenize_bench" --threads 2 --rounds "$ROUNDS" ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
 done
