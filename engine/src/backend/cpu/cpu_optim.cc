@@ -117,7 +117,8 @@ TRAIND_CPU_CLONES void ApplySpan(float* p, float* m, const float* g, const float
 // (tests/engine/optim_adamw8bit_test.cc compares them on every midpoint and random values).
 class FastQuantizer {
  public:
-  FastQuantizer(const float* code, bool is_signed) : is_signed_(is_signed) {
+  FastQuantizer(const float* code, bool is_signed)
+      : is_signed_(is_signed), lowest_(is_signed ? -1.0f : 0.0f) {
     std::copy(code, code + 256, code_);
     for (uint32_t h = 0; h < 65536; ++h) {
       const bool neg = (h & 0x8000u) != 0;
@@ -137,24 +138,26 @@ class FastQuantizer {
   uint8_t operator()(float x) const {
     const uint16_t cell = cell_[std::bit_cast<uint32_t>(x) >> 16];
     if ((cell & kSlow) != 0 || !std::isfinite(x)) return QuantizeToCode(code_, x, is_signed_);
+    // Selects instead of branches (the comparisons are data-dependent and would mispredict).
     const int t = cell;
-    int p = 2 * (t + (t < 128 && code_[2 * t + 1] < x));
+    int p = 2 * (t + (t < 128 && code_[t < 128 ? 2 * t + 1 : 255] < x));
     p = p > 254 ? 254 : p;
     const float val = code_[p];
-    int c;
-    if (x > val) {
-      c = x > (code_[p + 1] + val) * 0.5f ? p + 1 : p;
-    } else {
-      const float lower = p == 0 ? (is_signed_ ? -1.0f : 0.0f) : code_[p - 1];
-      c = x < (lower + val) * 0.5f ? (p == 0 ? 0 : p - 1) : p;
-    }
-    if (is_signed_ && std::signbit(code_[c]) != std::signbit(x)) c += x > 0.0f ? 1 : -1;
+    const float upper = code_[p + 1];
+    const float lower = p == 0 ? lowest_ : code_[p == 0 ? 0 : p - 1];
+    const int down = p == 0 ? 0 : p - 1;
+    const int above = x > (upper + val) * 0.5f ? p + 1 : p;
+    const int below = x < (lower + val) * 0.5f ? down : p;
+    int c = x > val ? above : below;
+    const int step = x > 0.0f ? 1 : -1;
+    c += (is_signed_ && std::signbit(code_[c]) != std::signbit(x)) ? step : 0;
     return static_cast<uint8_t>(c);
   }
 
  private:
   static constexpr uint16_t kSlow = 0x8000;
   bool is_signed_;
+  float lowest_;  // QuantizeToCode's lower bound below code 0
   float code_[256];
   uint16_t cell_[65536];
 };
