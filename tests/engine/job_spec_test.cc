@@ -252,10 +252,15 @@ TEST(JobSpecTest, FeaturesNotBuiltYet) {
   ExpectInvalid(With(kBase, "training", "offload: cpu"), "training.offload: cpu is not supported yet");
   ExpectInvalid(With(kBase, "training", "offload: disk"), "training.offload: expected one of none, cpu, nvme");
   ExpectInvalid(With(kBase, "training", "peft: {type: lora, r: 8}"), "training.peft: PEFT (LoRA) is not supported yet");
-  ExpectInvalid(With(kBase, "data", "tokenizer: /m/tokenizer.json"),
-                "data.tokenizer: /m/tokenizer.json is not supported yet");
   ExpectInvalid(With(kBase, "data", "format: jsonl"), "data.format: jsonl is not supported yet (text | tokens)");
   ExpectInvalid(Replace(kBase, "arch: gpt2", "arch: bert"), "model.arch: bert is not supported yet");
+}
+
+TEST(JobSpecTest, TokenizerPathsAreAcceptedAndResolved) {
+  Result<JobSpec> r = ParseJobSpec(With(kBase, "data", "tokenizer: m/tokenizer.json"), "/base");
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->data.tokenizer, "/base/m/tokenizer.json");
+  ExpectInvalid(With(kBase, "data", "tokenizer: \"\""), "data.tokenizer: must be byte or a path");
 }
 
 TEST(JobSpecTest, ExtensionsAndNullsAreAccepted) {

@@ -1,6 +1,7 @@
 // Token data tests: loading text/tokens files and their errors, the train/validation split, and the
 // exact batching semantics of JOBSPEC.md on a synthetic stream whose token i has id i (so every
-// window is identified by its first token): order, wrap, shuffle, and position save/restore.
+// window is identified by its first token): order, wrap, shuffle, and position save/restore;
+// text through a BPE tokenizer and the token cache (hits, staleness, corruption).
 #include "data/token_data.h"
 
 #include <unistd.h>
@@ -17,7 +18,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "data/token_cache.h"
 #include "data/window_order.h"
+#include "traind/engine/tokenizer.h"
 
 namespace traind::engine {
 namespace {
@@ -147,6 +150,82 @@ std::vector<int64_t> TakeWindows(BatchLoader* l, int64_t B, int64_t T, int count
     }
   }
   return windows;
+}
+
+TEST_F(TokenDataTest, TextThroughABpeTokenizerAndTheTokenCache) {
+  const std::string gpt2 = std::string(TRAIND_SHARED_DATA) + "/gpt2";
+  if (!fs::exists(gpt2 + "/vocab.json")) GTEST_SKIP() << "no GPT-2 files in " << gpt2;
+  ::setenv("TRAIND_TOKEN_CACHE_DIR", (dir_ / "cache").c_str(), 1);
+  std::string text;
+  for (int i = 0; i < 200; ++i) text += "To be, or not to be, that is the question " + std::to_string(i) + ".\n";
+  DataSpec spec;
+  spec.train_file = Write("t.txt", text);
+  spec.tokenizer = gpt2;
+  spec.seq_len = 16;
+  auto tok = DefaultTokenizerFactory().Open(gpt2, "");
+  ASSERT_TRUE(tok.ok());
+  const std::vector<int32_t> want = *(*tok)->Encode(text);
+  const int64_t n_train = TrainTokenCount(static_cast<int64_t>(want.size()), spec.validation_split);
+
+  Result<TokenData> first = LoadTokenData(spec);
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  EXPECT_EQ(first->train, std::vector<int32_t>(want.begin(), want.begin() + n_train));
+  EXPECT_EQ(first->validation, std::vector<int32_t>(want.begin() + n_train, want.end()));
+  EXPECT_EQ(first->vocab_size_needed, *std::max_element(want.begin(), want.end()) + 1);
+
+  // The cache now holds the ids (uint16: GPT-2's ids are < 65536) under this file's key.
+  const std::string cache = TokenCachePath(spec.train_file, (*tok)->fingerprint());
+  ASSERT_TRUE(fs::exists(cache)) << cache;
+  EXPECT_EQ(fs::file_size(cache), 40 + ((*tok)->fingerprint().size() + 7) / 8 * 8 + 2 * want.size());
+  auto key = TokenCacheKeyFor(spec.train_file, (*tok)->fingerprint());
+  ASSERT_TRUE(key.ok());
+  auto cached = ReadTokenCache(cache, *key);
+  ASSERT_TRUE(cached.has_value());
+  EXPECT_EQ(*cached, want);
+
+  // A second load reads the cache: prove it by planting different ids under the same key.
+  std::vector<int32_t> planted(want.size(), 7);
+  ASSERT_TRUE(WriteTokenCache(cache, *key, planted).ok());
+  Result<TokenData> second = LoadTokenData(spec);
+  ASSERT_TRUE(second.ok());
+  EXPECT_EQ(second->train, std::vector<int32_t>(n_train, 7));
+
+  // Another key (fingerprint, size or mtime) misses; a truncated or garbage file misses.
+  TokenCacheKey other = *key;
+  other.fingerprint = "bpe:0000000000000000";
+  EXPECT_FALSE(ReadTokenCache(cache, other).has_value());
+  other = *key;
+  other.source_mtime_ns += 1;
+  EXPECT_FALSE(ReadTokenCache(cache, other).has_value());
+  fs::resize_file(cache, fs::file_size(cache) - 1);
+  EXPECT_FALSE(ReadTokenCache(cache, *key).has_value());
+  std::ofstream(cache, std::ios::binary) << "garbage";
+  EXPECT_FALSE(ReadTokenCache(cache, *key).has_value());
+  // ... and the loader then tokenizes again and rewrites it.
+  Result<TokenData> third = LoadTokenData(spec);
+  ASSERT_TRUE(third.ok());
+  EXPECT_EQ(third->train, first->train);
+  EXPECT_EQ(*ReadTokenCache(cache, *key), want);
+
+  // Editing the data file changes its key: no stale ids.
+  text += "Whether 'tis nobler in the mind to suffer\n";
+  Write("t.txt", text);
+  Result<TokenData> edited = LoadTokenData(spec);
+  ASSERT_TRUE(edited.ok());
+  const std::vector<int32_t> want2 = *(*tok)->Encode(text);
+  EXPECT_EQ(edited->train.size() + edited->validation.size(), want2.size());
+
+  // Large ids are stored as uint32.
+  std::vector<int32_t> big = {1, 70000, 3};
+  ASSERT_TRUE(WriteTokenCache((dir_ / "big.tokens").string(), *key, big).ok());
+  EXPECT_EQ(*ReadTokenCache((dir_ / "big.tokens").string(), *key), big);
+
+  // A tokenizer that cannot be opened is named.
+  spec.tokenizer = (dir_ / "nope.json").string();
+  Result<TokenData> bad = LoadTokenData(spec);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(bad.status().message(), HasSubstr("data.tokenizer: " + spec.tokenizer));
+  ::unsetenv("TRAIND_TOKEN_CACHE_DIR");
 }
 
 TEST(BatchLoaderTest, InOrderWindowsWrapToWindowZero) {

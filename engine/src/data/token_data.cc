@@ -17,9 +17,12 @@
 #include <limits>
 #include <mutex>
 #include <random>
+#include <string_view>
 #include <thread>
 
+#include "data/token_cache.h"
 #include "data/window_order.h"
+#include "traind/engine/tokenizer.h"
 
 namespace traind::engine {
 namespace {
@@ -54,6 +57,26 @@ Result<std::vector<uint8_t>> ReadWholeFile(const std::string& path) {
   }
   ::close(fd);
   return bytes;
+}
+
+// The ids of a text file: the byte tokenizer's are the bytes; others come from the token cache
+// when it holds this file and tokenizer, else from the tokenizer (2 threads), and are cached.
+// The cache is an optimisation: when it cannot be written, the ids are still returned.
+Result<std::vector<int32_t>> TokenizeText(const Tokenizer& tok, const std::string& path,
+                                          const std::vector<uint8_t>& bytes) {
+  if (tok.kind() == "byte") return std::vector<int32_t>(bytes.begin(), bytes.end());
+  const std::string cache = TokenCachePath(path, tok.fingerprint());
+  Result<TokenCacheKey> key = TokenCacheKeyFor(path, tok.fingerprint());
+  if (key.ok()) {
+    if (auto cached = ReadTokenCache(cache, *key)) return std::move(*cached);
+  }
+  const std::string_view text(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+  Result<std::vector<int32_t>> ids = tok.EncodeLarge(text, 2);
+  if (!ids.ok()) {
+    return Status(ids.status().code(), "data.train_file: " + path + ": " + ids.status().message());
+  }
+  if (key.ok() && !cache.empty()) (void)WriteTokenCache(cache, *key, *ids);
+  return ids;
 }
 
 }  // namespace
@@ -93,11 +116,9 @@ Result<TokenData> LoadTokenData(const DataSpec& spec) {
   TokenData out;
   std::vector<int32_t> all;
   if (spec.format == "text") {
-    if (spec.tokenizer != "byte") {
-      return Status::Unimplemented("data.tokenizer: " + spec.tokenizer +
-                                   " is not supported yet (byte)");
-    }
-    all.assign(bytes.begin(), bytes.end());
+    TRAIND_ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tok,
+                            DefaultTokenizerFactory().Open(spec.tokenizer, ""));
+    TRAIND_ASSIGN_OR_RETURN(all, TokenizeText(*tok, spec.train_file, bytes));
   } else if (spec.format == "tokens") {
     size_t w = 0;
     if (spec.token_dtype == "uint16") w = 2;

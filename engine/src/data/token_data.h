@@ -19,9 +19,11 @@ struct TokenData {
   int64_t vocab_size_needed = 0;    // max token id + 1 (the model's vocab must be at least this)
 };
 
-// Reads data.train_file per data.format / token_dtype / tokenizer ("byte": each byte is a token).
+// Reads data.train_file per data.format / token_dtype / tokenizer ("byte": each byte is a token;
+// a tokenizer file or folder: its ids, through the token cache of token_cache.h).
 // NOT_FOUND for a missing file, INVALID_ARGUMENT (naming the field) for a file too short for one
-// window of seq_len + 1 tokens or a tokens file whose size is not a multiple of the dtype size.
+// window of seq_len + 1 tokens or a tokens file whose size is not a multiple of the dtype size;
+// the tokenizer's errors (data.tokenizer: ...) for a tokenizer that cannot be opened.
 Result<TokenData> LoadTokenData(const DataSpec& spec);
 
 // Where the loader is in the stream; saved in checkpoints so a resumed run sees the same batches.

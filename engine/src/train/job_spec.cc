@@ -129,10 +129,10 @@ Status ParseData(const YAML::Node& node, DataSpec* d, const std::string& base_di
   }
   TRAIND_RETURN_IF_ERROR(r.Enum("token_dtype", &d->token_dtype, {"uint16", "uint32"}));
   TRAIND_RETURN_IF_ERROR(r.String("tokenizer", &d->tokenizer));
-  if (d->tokenizer != "byte") {
-    return r.Error("tokenizer", d->tokenizer +
-                                    " is not supported yet (byte; HF tokenizer.json comes later)");
-  }
+  // byte, or a tokenizer file or folder (JOBSPEC.md): resolved here, opened (and its errors
+  // reported) when the data is loaded (engine/src/data/tokenizers/).
+  if (d->tokenizer.empty()) return r.Error("tokenizer", "must be byte or a path, got ''");
+  if (d->tokenizer != "byte") d->tokenizer = Resolve(base_dir, d->tokenizer);
   TRAIND_RETURN_IF_ERROR(r.Int("seq_len", &d->seq_len, 1));
   TRAIND_RETURN_IF_ERROR(r.Double("validation_split", &d->validation_split));
   if (!(d->validation_split >= 0.0 && d->validation_split < 1.0)) {

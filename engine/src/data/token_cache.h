@@ -1,0 +1,47 @@
+// The token cache: a data file's token ids, stored once per (file, tokenizer) so a job that
+// restarts, resumes or reruns does not tokenize again. On-disk format (little-endian):
+//   0  char[8]  "TRDTOKC1"
+//   8  uint32   dtype bytes: 2 (uint16 ids, vocab <= 65536) or 4 (uint32)
+//  12  uint32   fingerprint length F
+//  16  uint64   source file size in bytes
+//  24  int64    source file mtime, nanoseconds since the epoch
+//  32  uint64   token count N
+//  40  char[F]  the tokenizer's fingerprint(), then zero padding to a multiple of 8
+//   .. ids      N * dtype bytes
+// A cache is used only when every header field matches the data file and tokenizer; it is read
+// through mmap. Inspect one with `od -A d -t x1 -N 64 FILE`.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "traind/engine/status.h"
+
+namespace traind::engine {
+
+struct TokenCacheKey {
+  std::string fingerprint;  // Tokenizer::fingerprint()
+  uint64_t source_size = 0;
+  int64_t source_mtime_ns = 0;
+};
+
+// The key of `source` for this tokenizer fingerprint (NOT_FOUND if the file is missing).
+Result<TokenCacheKey> TokenCacheKeyFor(const std::string& source, const std::string& fingerprint);
+
+// Where the cache of `source` lives: $TRAIND_TOKEN_CACHE_DIR, else $XDG_CACHE_HOME/traind/tokens,
+// else $HOME/.cache/traind/tokens; "" when none of them is set. The name hashes the source's
+// absolute path and the fingerprint.
+std::string TokenCachePath(const std::string& source, const std::string& fingerprint);
+
+// The cached ids, or nullopt when the file is absent, for another key, truncated or malformed
+// (then the caller tokenizes again and rewrites it).
+std::optional<std::vector<int32_t>> ReadTokenCache(const std::string& path, const TokenCacheKey& key);
+
+// Writes the cache atomically (a temporary file renamed over `path`), creating its folder.
+// Ids must be >= 0; uint16 storage when all are < 65536.
+Status WriteTokenCache(const std::string& path, const TokenCacheKey& key,
+                       const std::vector<int32_t>& ids);
+
+}  // namespace traind::engine
