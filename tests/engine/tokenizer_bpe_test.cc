@@ -4,6 +4,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <thread>
+
 #include "tokenizer_test_util.h"
 
 namespace traind::engine::testing {
@@ -241,6 +244,32 @@ TEST_F(Gpt2Bpe, BadInputsSayWhatAndWhere) {
   EXPECT_THAT(dec.status().message(),
               HasSubstr("token id 50257 at position 1 is outside the vocabulary [0, 50257)"));
   EXPECT_FALSE(tok->Decode({-1}).ok());
+}
+
+TEST_F(Gpt2Bpe, ConcurrentEncodeAndDecodeAgreeWithSequential) {
+  auto tok = Open(json_path_);
+  ASSERT_TRUE(tok);
+  const std::vector<std::string> texts = GeneratedStrings(800, 3);
+  std::vector<std::vector<int32_t>> want;
+  {
+    auto fresh = Open(json_path_);  // its own (cold) cache
+    for (const auto& t : texts) want.push_back(*fresh->Encode(t));
+  }
+  std::vector<std::thread> threads;
+  std::atomic<int> bad{0};
+  for (int th = 0; th < 4; ++th) {
+    threads.emplace_back([&, th] {
+      for (int round = 0; round < 3; ++round) {
+        for (size_t i = static_cast<size_t>(th); i < texts.size(); i += 2) {
+          auto ids = tok->Encode(texts[i]);
+          auto back = tok->Decode(*ids);
+          if (!ids.ok() || *ids != want[i] || !back.ok() || *back != texts[i]) ++bad;
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(bad.load(), 0);
 }
 
 TEST(ByteTokenizer, BytesAreIds) {
