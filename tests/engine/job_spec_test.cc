@@ -252,7 +252,8 @@ TEST(JobSpecTest, FeaturesNotBuiltYet) {
   ExpectInvalid(With(kBase, "training", "offload: cpu"), "training.offload: cpu is not supported yet");
   ExpectInvalid(With(kBase, "training", "offload: disk"), "training.offload: expected one of none, cpu, nvme");
   ExpectInvalid(With(kBase, "training", "peft: {type: lora, r: 8}"), "training.peft: PEFT (LoRA) is not supported yet");
-  ExpectInvalid(With(kBase, "data", "format: jsonl"), "data.format: jsonl is not supported yet (text | tokens)");
+  ExpectInvalid(With(kBase, "data", "format: csv"), "data.format: expected text, tokens or jsonl, got 'csv'");
+  ExpectInvalid(With(kBase, "data", "label_field: label"), "data.label_field: is not supported yet");
   ExpectInvalid(Replace(kBase, "arch: gpt2", "arch: bert"), "model.arch: bert is not supported yet");
 }
 
@@ -261,6 +262,11 @@ TEST(JobSpecTest, TokenizerPathsAreAcceptedAndResolved) {
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(r->data.tokenizer, "/base/m/tokenizer.json");
   ExpectInvalid(With(kBase, "data", "tokenizer: \"\""), "data.tokenizer: must be byte or a path");
+  r = ParseJobSpec(With(With(kBase, "data", "format: jsonl"), "data", "text_field: body"));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->data.format, "jsonl");
+  EXPECT_EQ(r->data.text_field, "body");
+  EXPECT_EQ(ParseJobSpec(With(kBase, "data", "label_field: null"))->data.text_field, "text");
 }
 
 TEST(JobSpecTest, ExtensionsAndNullsAreAccepted) {

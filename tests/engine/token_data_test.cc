@@ -16,6 +16,7 @@
 #include <tuple>
 
 #include <gmock/gmock.h>
+#include <nlohmann/json.hpp>
 #include <gtest/gtest.h>
 
 #include "data/token_cache.h"
@@ -225,6 +226,59 @@ TEST_F(TokenDataTest, TextThroughABpeTokenizerAndTheTokenCache) {
   Result<TokenData> bad = LoadTokenData(spec);
   ASSERT_FALSE(bad.ok());
   EXPECT_THAT(bad.status().message(), HasSubstr("data.tokenizer: " + spec.tokenizer));
+  ::unsetenv("TRAIND_TOKEN_CACHE_DIR");
+}
+
+TEST_F(TokenDataTest, JsonlDocumentsEndWithEos) {
+  const std::string gpt2 = std::string(TRAIND_SHARED_DATA) + "/gpt2";
+  if (!fs::exists(gpt2 + "/vocab.json")) GTEST_SKIP() << "no GPT-2 files in " << gpt2;
+  ::setenv("TRAIND_TOKEN_CACHE_DIR", (dir_ / "cache").c_str(), 1);
+  std::vector<std::string> docs;
+  std::string file;
+  for (int i = 0; i < 60; ++i) {
+    docs.push_back("Document " + std::to_string(i) + ": caf\u00e9 \"quoted\"\nsecond line");
+    file += "{\"id\": " + std::to_string(i) + ", \"body\": " + nlohmann::json(docs.back()).dump() + "}\n";
+    if (i % 7 == 0) file += "\n";  // blank lines are skipped
+  }
+  DataSpec spec;
+  spec.format = "jsonl";
+  spec.text_field = "body";
+  spec.tokenizer = gpt2;
+  spec.seq_len = 8;
+  spec.validation_split = 0;
+  spec.train_file = Write("d.jsonl", file);
+  auto tok = DefaultTokenizerFactory().Open(gpt2, "");
+  ASSERT_TRUE(tok.ok());
+  std::vector<int32_t> want;
+  for (const auto& d : docs) {
+    auto ids = *(*tok)->Encode(d);
+    want.insert(want.end(), ids.begin(), ids.end());
+    want.push_back(50256);  // <|endoftext|> after every document
+  }
+  Result<TokenData> d = LoadTokenData(spec);
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_EQ(d->train, want);
+  EXPECT_EQ(LoadTokenData(spec)->train, want);  // again, from the cache
+
+  // byte: no eos, so documents end with a newline.
+  spec.tokenizer = "byte";
+  spec.text_field = "t";
+  spec.train_file = Write("b.jsonl", "{\"t\": \"ab\"}\n{\"t\": \"cd\"}\n{\"t\": \"efgh\"}\n{\"t\": \"ijkl\"}\n");
+  d = LoadTokenData(spec);
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_EQ(d->train, (std::vector<int32_t>{'a', 'b', 10, 'c', 'd', 10, 'e', 'f', 'g', 'h', 10,
+                                             'i', 'j', 'k', 'l', 10}));
+
+  // Errors name the file and the line.
+  spec.train_file = Write("bad.jsonl", "{\"t\": \"ok\"}\n{\"x\": 1}\n");
+  d = LoadTokenData(spec);
+  ASSERT_FALSE(d.ok());
+  EXPECT_THAT(d.status().message(), HasSubstr(spec.train_file + " line 2: expected an object with a "
+                                              "string field 't' (data.text_field)"));
+  spec.train_file = Write("broken.jsonl", "{\"t\": \"ok\"}\n\n{\"t\": \n");
+  d = LoadTokenData(spec);
+  ASSERT_FALSE(d.ok());
+  EXPECT_THAT(d.status().message(), HasSubstr(spec.train_file + " line 3: not valid JSON"));
   ::unsetenv("TRAIND_TOKEN_CACHE_DIR");
 }
 

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <condition_variable>
@@ -19,6 +20,8 @@
 #include <random>
 #include <string_view>
 #include <thread>
+
+#include <nlohmann/json.hpp>
 
 #include "data/token_cache.h"
 #include "data/window_order.h"
@@ -79,6 +82,61 @@ Result<std::vector<int32_t>> TokenizeText(const Tokenizer& tok, const std::strin
   return ids;
 }
 
+// The ids of a JSON-lines file: each non-empty line an object whose `field` holds a document's
+// text; documents are encoded in parallel and joined with the tokenizer's eos after each one
+// (tokenizers without an eos, such as byte, join them with a newline). Cached like text files,
+// under the fingerprint plus "jsonl:<field>".
+Result<std::vector<int32_t>> TokenizeJsonl(const Tokenizer& tok, const std::string& path,
+                                           const std::string& field,
+                                           const std::vector<uint8_t>& bytes) {
+  const std::string fp = tok.fingerprint() + "|jsonl:" + field;
+  const std::string cache = TokenCachePath(path, fp);
+  Result<TokenCacheKey> key = TokenCacheKeyFor(path, fp);
+  if (key.ok()) {
+    if (auto cached = ReadTokenCache(cache, *key)) return std::move(*cached);
+  }
+  const std::string_view all(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+  std::vector<std::string> docs;
+  size_t pos = 0, line_no = 0;
+  while (pos < all.size()) {
+    size_t nl = all.find('\n', pos);
+    if (nl == std::string_view::npos) nl = all.size();
+    std::string_view line = all.substr(pos, nl - pos);
+    pos = nl + 1;
+    ++line_no;
+    if (line.find_first_not_of(" \t\r") == std::string_view::npos) continue;
+    const std::string where = "data.train_file: " + path + " line " + std::to_string(line_no);
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(line);
+    } catch (const nlohmann::json::parse_error& e) {
+      return Status::InvalidArgument(where + ": not valid JSON (" + e.what() + ")");
+    }
+    if (!j.is_object() || !j.contains(field) || !j[field].is_string()) {
+      return Status::InvalidArgument(where + ": expected an object with a string field '" +
+                                     field + "' (data.text_field)");
+    }
+    docs.push_back(j[field].get<std::string>());
+  }
+  std::vector<Result<std::vector<int32_t>>> parts(docs.size(), Status::Internal("not encoded"));
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t i; (i = next.fetch_add(1)) < docs.size();) parts[i] = tok.Encode(docs[i], false);
+  };
+  std::thread helper(work);
+  work();
+  helper.join();
+  const std::optional<int32_t> eos = tok.eos_id();
+  std::vector<int32_t> ids;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    if (!parts[i].ok()) return parts[i].status();
+    ids.insert(ids.end(), parts[i]->begin(), parts[i]->end());
+    ids.push_back(eos ? *eos : int32_t{'\n'});
+  }
+  if (key.ok() && !cache.empty()) (void)WriteTokenCache(cache, *key, ids);
+  return ids;
+}
+
 }  // namespace
 
 uint64_t EpochSeed(uint64_t seed, int64_t epoch) {
@@ -119,6 +177,10 @@ Result<TokenData> LoadTokenData(const DataSpec& spec) {
     TRAIND_ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tok,
                             DefaultTokenizerFactory().Open(spec.tokenizer, ""));
     TRAIND_ASSIGN_OR_RETURN(all, TokenizeText(*tok, spec.train_file, bytes));
+  } else if (spec.format == "jsonl") {
+    TRAIND_ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tok,
+                            DefaultTokenizerFactory().Open(spec.tokenizer, ""));
+    TRAIND_ASSIGN_OR_RETURN(all, TokenizeJsonl(*tok, spec.train_file, spec.text_field, bytes));
   } else if (spec.format == "tokens") {
     size_t w = 0;
     if (spec.token_dtype == "uint16") w = 2;
@@ -143,7 +205,8 @@ Result<TokenData> LoadTokenData(const DataSpec& spec) {
       all[i] = static_cast<int32_t>(v);
     }
   } else {
-    return Status::InvalidArgument("data.format: expected text or tokens, got '" + spec.format + "'");
+    return Status::InvalidArgument("data.format: expected text, tokens or jsonl, got '" + spec.format +
+                                   "'");
   }
   std::vector<uint8_t>().swap(bytes);
   const int64_t n = static_cast<int64_t>(all.size());

@@ -20,7 +20,9 @@ struct TokenData {
 };
 
 // Reads data.train_file per data.format / token_dtype / tokenizer ("byte": each byte is a token;
-// a tokenizer file or folder: its ids, through the token cache of token_cache.h).
+// a tokenizer file or folder: its ids, through the token cache of token_cache.h). format jsonl:
+// one JSON object per line, data.text_field its text, each document followed by the tokenizer's
+// eos (a newline for tokenizers without one, such as byte).
 // NOT_FOUND for a missing file, INVALID_ARGUMENT (naming the field) for a file too short for one
 // window of seq_len + 1 tokens or a tokens file whose size is not a multiple of the dtype size;
 // the tokenizer's errors (data.tokenizer: ...) for a tokenizer that cannot be opened.

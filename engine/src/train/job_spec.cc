@@ -26,7 +26,7 @@ const std::vector<std::string> kRootKeys = {"name", "model", "data", "training",
 const std::vector<std::string> kModelKeys = {"arch", "config", "init_from"};
 const std::vector<std::string> kDataKeys = {"train_file", "format",           "token_dtype",
                                             "tokenizer",  "seq_len",          "validation_split",
-                                            "shuffle"};
+                                            "shuffle",    "text_field",       "label_field"};
 const std::vector<std::string> kTrainingKeys = {
     "max_steps",     "per_device_train_batch_size", "gradient_accumulation_steps",
     "effective_batch_size", "learning_rate",        "lr_scheduler_type",
@@ -124,8 +124,15 @@ Status ParseData(const YAML::Node& node, DataSpec* d, const std::string& base_di
   if (d->train_file.empty()) return r.Error("train_file", "must not be empty");
   d->train_file = Resolve(base_dir, d->train_file);
   TRAIND_RETURN_IF_ERROR(r.String("format", &d->format));
-  if (d->format != "text" && d->format != "tokens") {
-    return r.Error("format", d->format + " is not supported yet (text | tokens)");
+  if (d->format != "text" && d->format != "tokens" && d->format != "jsonl") {
+    return r.Error("format", "expected text, tokens or jsonl, got '" + d->format + "'");
+  }
+  TRAIND_RETURN_IF_ERROR(r.String("text_field", &d->text_field));
+  if (d->text_field.empty()) return r.Error("text_field", "must not be empty");
+  std::optional<std::string> label_field;
+  TRAIND_RETURN_IF_ERROR(r.OptionalString("label_field", &label_field));
+  if (label_field) {
+    return r.Error("label_field", "is not supported yet (sequence classification comes later)");
   }
   TRAIND_RETURN_IF_ERROR(r.Enum("token_dtype", &d->token_dtype, {"uint16", "uint32"}));
   TRAIND_RETURN_IF_ERROR(r.String("tokenizer", &d->tokenizer));
@@ -442,7 +449,7 @@ std::string JobSpecToJson(const JobSpec& s) {
   j["data"] = {{"train_file", d.train_file},     {"format", d.format},
                {"token_dtype", d.token_dtype},   {"tokenizer", d.tokenizer},
                {"seq_len", d.seq_len},           {"validation_split", d.validation_split},
-               {"shuffle", d.shuffle}};
+               {"shuffle", d.shuffle},           {"text_field", d.text_field}};
   const TrainingSpec& t = s.training;
   oj tr;
   tr["max_steps"] = t.max_steps;

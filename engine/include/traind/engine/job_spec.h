@@ -57,9 +57,10 @@ struct ModelSpec {
 
 struct DataSpec {
   std::string train_file;           // required; resolved against the spec's base directory
-  std::string format = "text";      // "text" | "tokens"
+  std::string format = "text";      // "text" | "tokens" | "jsonl"
   std::string token_dtype = "uint16";  // "uint16" | "uint32" (format: tokens)
-  std::string tokenizer = "byte";   // "byte" (HF tokenizer.json: later)
+  std::string tokenizer = "byte";   // "byte", or a tokenizer file or folder (JOBSPEC.md)
+  std::string text_field = "text";  // format: jsonl: the field of each line's object with the text
   int64_t seq_len = 128;
   double validation_split = 0.1;    // last fraction of the token stream held out for eval, [0, 1)
   bool shuffle = true;
