@@ -31,8 +31,18 @@ using engine::ParamInfo;
 std::vector<ParamInfo> Gpt2Params(int L, int64_t C, int64_t V, int64_t* n) {
   std::vector<std::vector<int64_t>> shapes = {{V, C}, {1024, C}};
   for (int l = 0; l < L; ++l) {
-    for (auto s : std::vector<std::vector<int64_t>>{{C}, {C}, {3 * C, C}, {3 * C}, {C, C}, {C},
-                                                    {C}, {C}, {4 * C, C}, {4 * C}, {C, 4 * C}, {C}}) {
+    for (auto s : std::vector<std::vector<int64_t>>{{C},
+                                                    {C},
+                                                    {3 * C, C},
+                                                    {3 * C},
+                                                    {C, C},
+                                                    {C},
+                                                    {C},
+                                                    {C},
+                                                    {4 * C, C},
+                                                    {4 * C},
+                                                    {C, 4 * C},
+                                                    {C}}) {
       shapes.push_back(s);
     }
   }
@@ -112,11 +122,16 @@ int Main(int argc, char** argv) {
   bool peer = true;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--model") model = FlagValue(argc, argv, &i);
-    else if (a == "--threads") threads = std::atoi(FlagValue(argc, argv, &i));
-    else if (a == "--steps") steps = std::atoi(FlagValue(argc, argv, &i));
-    else if (a == "--warmup") warmup = std::atoi(FlagValue(argc, argv, &i));
-    else if (a == "--no-peer") peer = false;
+    if (a == "--model")
+      model = FlagValue(argc, argv, &i);
+    else if (a == "--threads")
+      threads = std::atoi(FlagValue(argc, argv, &i));
+    else if (a == "--steps")
+      steps = std::atoi(FlagValue(argc, argv, &i));
+    else if (a == "--warmup")
+      warmup = std::atoi(FlagValue(argc, argv, &i));
+    else if (a == "--no-peer")
+      peer = false;
     else {
       std::fprintf(stderr, "unknown flag %s\n", argv[i]);
       return 2;
@@ -141,8 +156,9 @@ int Main(int argc, char** argv) {
   std::map<std::string, double> ns;  // ns per parameter
   auto report = [&](const std::string& name, double sec, int64_t state_bytes) {
     ns[name] = 1e9 * sec / static_cast<double>(n);
-    std::printf("RESULT side=traind opt=%s ns_per_param=%.4f step_ms=%.3f state_bytes_per_param=%.3f\n",
-                name.c_str(), ns[name], 1e3 * sec, static_cast<double>(state_bytes) / n);
+    std::printf(
+        "RESULT side=traind opt=%s ns_per_param=%.4f step_ms=%.3f state_bytes_per_param=%.3f\n",
+        name.c_str(), ns[name], 1e3 * sec, static_cast<double>(state_bytes) / n);
   };
   {
     engine::DeviceArena arena(backend.get(), 0);
@@ -150,7 +166,8 @@ int Main(int argc, char** argv) {
     o.beta2 = 0.95;
     o.weight_decay = 0.1;
     auto opt = engine::AdamWOptimizer::Create(params, n, o, &arena).value();
-    report("adamw", MedianStepSeconds(warmup, steps, [&] { opt->Step(p.data(), g.data(), 1e-4, 1.0f); }),
+    report("adamw",
+           MedianStepSeconds(warmup, steps, [&] { opt->Step(p.data(), g.data(), 1e-4, 1.0f); }),
            engine::AdamWOptimizer::PlanBytes(n));
   }
   {
@@ -159,7 +176,8 @@ int Main(int argc, char** argv) {
     o.momentum = 0.9;
     o.weight_decay = 0.1;
     auto opt = engine::SgdOptimizer::Create(params, n, o, &arena).value();
-    report("sgd", MedianStepSeconds(warmup, steps, [&] { opt->Step(p.data(), g.data(), 1e-4, 1.0f); }),
+    report("sgd",
+           MedianStepSeconds(warmup, steps, [&] { opt->Step(p.data(), g.data(), 1e-4, 1.0f); }),
            engine::SgdOptimizer::PlanBytes(params, o));
   }
   {
@@ -185,16 +203,18 @@ int Main(int argc, char** argv) {
   const double inplace_bw = InPlaceBandwidth(size_t{512} << 20, threads);
   const double bw = std::max(memcpy_bw, inplace_bw);
   const double floor_ns = 1e9 * 28.0 / bw;
-  std::printf("RESULT side=traind memcpy_GBps=%.2f inplace_GBps=%.2f adamw_floor_ns_per_param=%.4f "
-              "adamw_over_floor=%.2f\n",
-              memcpy_bw / 1e9, inplace_bw / 1e9, floor_ns, ns["adamw"] / floor_ns);
+  std::printf(
+      "RESULT side=traind memcpy_GBps=%.2f inplace_GBps=%.2f adamw_floor_ns_per_param=%.4f "
+      "adamw_over_floor=%.2f\n",
+      memcpy_bw / 1e9, inplace_bw / 1e9, floor_ns, ns["adamw"] / floor_ns);
 
   std::map<std::string, double> torch_ns;
   if (peer) {
     const std::string cmd = std::string("OMP_NUM_THREADS=") + std::to_string(threads) + " " +
-                            TRAIND_BENCH_PYTHON + " " + TRAIND_BENCH_DIR + "/torch_optim_bench.py --model " +
-                            model + " --threads " + std::to_string(threads) + " --steps " +
-                            std::to_string(steps) + " --warmup " + std::to_string(warmup) + " 2>&1";
+                            TRAIND_BENCH_PYTHON + " " + TRAIND_BENCH_DIR +
+                            "/torch_optim_bench.py --model " + model + " --threads " +
+                            std::to_string(threads) + " --steps " + std::to_string(steps) +
+                            " --warmup " + std::to_string(warmup) + " 2>&1";
     FILE* f = ::popen(cmd.c_str(), "r");
     char line[512];
     while (f != nullptr && std::fgets(line, sizeof(line), f) != nullptr) {
@@ -209,20 +229,22 @@ int Main(int argc, char** argv) {
     }
     if (f != nullptr) ::pclose(f);
   }
-  std::printf("\n| optimizer | traind ns/param | torch ns/param (best variant) | speed ratio |\n"
-              "|---|---|---|---|\n");
+  std::printf(
+      "\n| optimizer | traind ns/param | torch ns/param (best variant) | speed ratio |\n"
+      "|---|---|---|---|\n");
   for (const char* name : {"adamw", "sgd", "adafactor", "adamw_8bit"}) {
     auto it = torch_ns.find(name);
     if (it != torch_ns.end()) {
-      std::printf("| %s | %.3f | %.3f | %.2fx |\n", name, ns[name], it->second, it->second / ns[name]);
+      std::printf("| %s | %.3f | %.3f | %.2fx |\n", name, ns[name], it->second,
+                  it->second / ns[name]);
     } else {
       std::printf("| %s | %.3f | (no peer) | - |\n", name, ns[name]);
     }
   }
-  std::printf("AdamW: %.3f ns/param vs the bandwidth floor %.3f (28 B/param at %.2f GB/s, the faster "
-              "of memcpy %.2f and in-place %.2f GB/s): %.2fx the floor\n",
-              ns["adamw"], floor_ns, bw / 1e9, memcpy_bw / 1e9, inplace_bw / 1e9,
-              ns["adamw"] / floor_ns);
+  std::printf(
+      "AdamW: %.3f ns/param vs the bandwidth floor %.3f (28 B/param at %.2f GB/s, the faster "
+      "of memcpy %.2f and in-place %.2f GB/s): %.2fx the floor\n",
+      ns["adamw"], floor_ns, bw / 1e9, memcpy_bw / 1e9, inplace_bw / 1e9, ns["adamw"] / floor_ns);
   return 0;
 }
 

@@ -33,12 +33,12 @@ AdafactorOptions ToOptions(const Config& c) {
 TEST(Adafactor, TenStepsMatchHfAlgorithm) {
   if (!testing::HaveTorch()) GTEST_SKIP() << "SKIPPED: " << TRAIND_TEST_PYTHON << " has no torch";
   const std::vector<Config> configs = {
-      {true, true, false, std::nullopt, 0.0, 1.0},   // HF defaults
-      {true, false, false, std::nullopt, 0.0, 1.0},  // no parameter scale
-      {true, true, true, std::nullopt, 0.0, 1.0},    // warmup_init
-      {false, false, false, std::nullopt, 0.0, 1.0}, // external lr (T5 fine-tuning settings)
-      {false, true, false, 0.9, 0.01, 1.0},          // external lr x scale, beta1, decay
-      {true, true, false, 0.8, 0.1, 0.5},            // beta1, decay, tighter clipping
+      {true, true, false, std::nullopt, 0.0, 1.0},    // HF defaults
+      {true, false, false, std::nullopt, 0.0, 1.0},   // no parameter scale
+      {true, true, true, std::nullopt, 0.0, 1.0},     // warmup_init
+      {false, false, false, std::nullopt, 0.0, 1.0},  // external lr (T5 fine-tuning settings)
+      {false, true, false, 0.9, 0.01, 1.0},           // external lr x scale, beta1, decay
+      {true, true, false, 0.8, 0.1, 0.5},             // beta1, decay, tighter clipping
   };
   int64_t n = 0;
   std::vector<ParamInfo> params =
@@ -55,11 +55,15 @@ TEST(Adafactor, TenStepsMatchHfAlgorithm) {
   }
   nlohmann::json cj = nlohmann::json::array();
   for (const Config& c : configs) {
-    cj.push_back({{"relative_step", c.relative_step}, {"scale_parameter", c.scale_parameter},
+    cj.push_back({{"relative_step", c.relative_step},
+                  {"scale_parameter", c.scale_parameter},
                   {"warmup_init", c.warmup_init},
                   {"beta1", c.beta1.has_value() ? nlohmann::json(*c.beta1) : nlohmann::json()},
-                  {"weight_decay", c.weight_decay}, {"clip_threshold", c.clip_threshold},
-                  {"eps1", 1e-30}, {"eps2", 1e-3}, {"decay_rate", -0.8}});
+                  {"weight_decay", c.weight_decay},
+                  {"clip_threshold", c.clip_threshold},
+                  {"eps1", 1e-30},
+                  {"eps2", 1e-3},
+                  {"decay_rate", -0.8}});
   }
   const std::string dir = testing::MakeTempDir("adafactor_parity");
   testing::WriteOptimCase(dir, params, n, init, grads, lrs, scales, cj);

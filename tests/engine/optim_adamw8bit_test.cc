@@ -60,9 +60,9 @@ TEST(Quant8, BlockwiseErrorWithinHalfCodeSpacing) {
       std::vector<float> x = testing::RandomVector(n, 11 + dist, 1.0f);
       for (int64_t i = 0; i < n; ++i) {
         float v = x[i];
-        if (dist == 1) v = v * v * v * 1e-3f;                                // heavy tails
+        if (dist == 1) v = v * v * v * 1e-3f;                                    // heavy tails
         if (dist == 2) v = std::exp(6.0f * v) * (v < 0 ? -1.0f : 1.0f) * 1e-4f;  // log-normal
-        if (dist == 3 && (i / kQuant8Block) == 1) v = 0.0f;                 // an all-zero block
+        if (dist == 3 && (i / kQuant8Block) == 1) v = 0.0f;  // an all-zero block
         x[i] = is_signed ? v : v * v;
       }
       std::vector<uint8_t> codes(n);
@@ -152,9 +152,18 @@ TEST(Quant8, FastSearchMatchesBinarySearch) {
 std::vector<ParamInfo> Gpt2Shaped(int64_t* n) {
   std::vector<std::vector<int64_t>> shapes = {{8192, 256}, {1024, 256}};
   for (int l = 0; l < 6; ++l) {
-    for (auto s : std::vector<std::vector<int64_t>>{{256}, {256}, {768, 256}, {768}, {256, 256},
-                                                    {256}, {256}, {256}, {1024, 256}, {1024},
-                                                    {256, 1024}, {256}}) {
+    for (auto s : std::vector<std::vector<int64_t>>{{256},
+                                                    {256},
+                                                    {768, 256},
+                                                    {768},
+                                                    {256, 256},
+                                                    {256},
+                                                    {256},
+                                                    {256},
+                                                    {1024, 256},
+                                                    {1024},
+                                                    {256, 1024},
+                                                    {256}}) {
       shapes.push_back(s);
     }
   }
@@ -174,8 +183,9 @@ TEST(AdamW8bit, StateBytesPerParameter) {
   const int64_t bytes = arena.used_by_category().optimizer;
   EXPECT_EQ(bytes, AdamW8bitOptimizer::PlanBytes(params, o));
   const double per = static_cast<double>(bytes) / static_cast<double>(n);
-  std::printf("[adamw8bit] %lld parameters, %lld state bytes: %.4f bytes/parameter (fp32 AdamW: 8)\n",
-              static_cast<long long>(n), static_cast<long long>(bytes), per);
+  std::printf(
+      "[adamw8bit] %lld parameters, %lld state bytes: %.4f bytes/parameter (fp32 AdamW: 8)\n",
+      static_cast<long long>(n), static_cast<long long>(bytes), per);
   EXPECT_LE(per, 2.1);
   EXPECT_GT(n, 5000000);
 }
@@ -187,7 +197,8 @@ struct LeastSquares {
   std::vector<float> X, Y;
   LeastSquares() {
     X = testing::RandomVector(N * K, 5, 1.0f);
-    std::vector<float> Wt = testing::RandomVector(M * K, 6, 0.3f), noise = testing::RandomVector(N * M, 8, 0.3f);
+    std::vector<float> Wt = testing::RandomVector(M * K, 6, 0.3f),
+                       noise = testing::RandomVector(N * M, 8, 0.3f);
     Y.resize(N * M);
     for (int64_t i = 0; i < N; ++i)
       for (int64_t j = 0; j < M; ++j) {
@@ -219,7 +230,8 @@ struct LeastSquares {
 TEST(AdamW8bit, LeastSquaresTracksFp32AdamW) {
   LeastSquares ls;
   int64_t n = 0;
-  std::vector<ParamInfo> params = testing::MakeParams({{LeastSquares::M, LeastSquares::K}, {LeastSquares::M}}, &n);
+  std::vector<ParamInfo> params =
+      testing::MakeParams({{LeastSquares::M, LeastSquares::K}, {LeastSquares::M}}, &n);
   std::unique_ptr<Backend> backend = MakeCpuBackend(2);
   DeviceArena arena(backend.get(), 0);
   AdamWOptions o32;
@@ -241,8 +253,10 @@ TEST(AdamW8bit, LeastSquaresTracksFp32AdamW) {
   }
   l32 = ls.LossAndGrad(p32, &g);
   l8 = ls.LossAndGrad(p8, &g);
-  std::printf("[adamw8bit] least squares, 200 steps: loss %.5f -> fp32 AdamW %.5f, 8-bit %.5f "
-              "(%+.3f%%)\n", first, l32, l8, 100.0 * (l8 - l32) / l32);
+  std::printf(
+      "[adamw8bit] least squares, 200 steps: loss %.5f -> fp32 AdamW %.5f, 8-bit %.5f "
+      "(%+.3f%%)\n",
+      first, l32, l8, 100.0 * (l8 - l32) / l32);
   EXPECT_LT(l32, 0.2 * first);  // it did optimise
   EXPECT_LE(std::fabs(l8 - l32), 0.02 * l32);
 }

@@ -18,12 +18,13 @@ struct Config {
 
 TEST(Sgd, TenStepsMatchTorch) {
   if (!testing::HaveTorch()) GTEST_SKIP() << "SKIPPED: " << TRAIND_TEST_PYTHON << " has no torch";
-  const std::vector<Config> configs = {{0.0, 0.0, 0.0, false},  {0.0, 0.0, 0.01, false},
-                                       {0.9, 0.0, 0.0, false},  {0.9, 0.1, 0.0, false},
-                                       {0.9, 0.0, 0.05, true},  {0.5, 0.5, 0.02, false},
+  const std::vector<Config> configs = {{0.0, 0.0, 0.0, false}, {0.0, 0.0, 0.01, false},
+                                       {0.9, 0.0, 0.0, false}, {0.9, 0.1, 0.0, false},
+                                       {0.9, 0.0, 0.05, true}, {0.5, 0.5, 0.02, false},
                                        {0.99, 0.0, 0.0, true}};
   int64_t n = 0;
-  std::vector<ParamInfo> params = testing::MakeParams({{7, 13}, {13}, {3, 4, 5}, {128, 160}, {1}}, &n);
+  std::vector<ParamInfo> params =
+      testing::MakeParams({{7, 13}, {13}, {3, 4, 5}, {128, 160}, {1}}, &n);
   const int steps = 10;
   std::vector<float> init = testing::RandomVector(n, 1, 0.5f);
   std::vector<std::vector<float>> grads;
@@ -36,8 +37,10 @@ TEST(Sgd, TenStepsMatchTorch) {
   }
   nlohmann::json cj = nlohmann::json::array();
   for (const Config& c : configs) {
-    cj.push_back({{"momentum", c.momentum}, {"dampening", c.dampening},
-                  {"weight_decay", c.weight_decay}, {"nesterov", c.nesterov}});
+    cj.push_back({{"momentum", c.momentum},
+                  {"dampening", c.dampening},
+                  {"weight_decay", c.weight_decay},
+                  {"nesterov", c.nesterov}});
   }
   const std::string dir = testing::MakeTempDir("sgd_parity");
   testing::WriteOptimCase(dir, params, n, init, grads, lrs, scales, cj);

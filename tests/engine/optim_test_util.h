@@ -72,8 +72,11 @@ inline void WriteOptimCase(const std::string& dir, const std::vector<ParamInfo>&
   c["grad_scales"] = grad_scales;
   c["configs"] = configs;
   for (const ParamInfo& p : params) {
-    c["params"].push_back({{"name", p.hf_name}, {"shape", p.shape}, {"offset", p.offset},
-                           {"numel", p.numel}, {"decay", p.weight_decay}});
+    c["params"].push_back({{"name", p.hf_name},
+                           {"shape", p.shape},
+                           {"offset", p.offset},
+                           {"numel", p.numel},
+                           {"decay", p.weight_decay}});
   }
   WriteFile(dir + "/case.json", c.dump());
   WriteFloats(dir + "/init.bin", init);

@@ -107,7 +107,8 @@ TEST_F(SimtOptim, AdafactorPhases) {
     for (int with_m = 0; with_m < 2; ++with_m) {
       std::vector<float> p = Random(n, 10 + n, 0.3f), g = Random(n, 11 + n, 0.5f, 0.01f);
       std::vector<float> m = Random(n, 12 + n, 0.01f);
-      std::vector<float> row = Random(s.B * s.R, 13, 0.0f, 0.2f), col = Random(s.B * s.C, 14, 0.0f, 0.3f);
+      std::vector<float> row = Random(s.B * s.R, 13, 0.0f, 0.2f),
+                         col = Random(s.B * s.C, 14, 0.0f, 0.3f);
       std::vector<float> v = Random(n, 15, 0.0f, 0.25f);
       std::vector<double> cpu_scr(2 + s.B, 0.0), zero(2 + s.B, 0.0);
       std::vector<float> cp = p, cm = m, crow = row, ccol = col, cv = v;
@@ -121,7 +122,8 @@ TEST_F(SimtOptim, AdafactorPhases) {
       backend_->AccumulateSumSquares(dscr.p(), dp.p(), n);
       if (s.factored) {
         ASSERT_TRUE(gpu::AdafactorFactoredStats(dg.p(), drow.p(), dcol.p(), dscr.p() + 2, s.B, s.R,
-                                                s.C, beta2t, eps1, gs, nullptr).ok());
+                                                s.C, beta2t, eps1, gs, nullptr)
+                        .ok());
         cpu::AdafactorFactoredStats(g.data(), crow.data(), ccol.data(), cpu_scr.data() + 2, s.B,
                                     s.R, s.C, beta2t, eps1, gs, 2);
       } else {
@@ -132,13 +134,15 @@ TEST_F(SimtOptim, AdafactorPhases) {
       const float* gcol = s.factored ? dcol.p() : nullptr;
       const float* gv = s.factored ? nullptr : dv.p();
       ASSERT_TRUE(gpu::AdafactorUpdateSumSquares(dscr.p() + 1, dg.p(), grow, gcol, dscr.p() + 2, gv,
-                                                 s.B, s.R, s.C, gs, nullptr).ok());
+                                                 s.B, s.R, s.C, gs, nullptr)
+                      .ok());
       cpu::AdafactorUpdateSumSquares(cpu_scr.data() + 1, g.data(), crow.data(), ccol.data(),
                                      cpu_scr.data() + 2, s.factored ? nullptr : cv.data(), s.B, s.R,
                                      s.C, gs, 2);
       ASSERT_TRUE(gpu::AdafactorApply(dp.p(), mptr, dg.p(), grow, gcol, dscr.p() + 2, gv, dscr.p(),
                                       s.B, s.R, s.C, gs, 1e-2f, 1e-3f, true, 1.0f, 0.9f, 0.1f,
-                                      nullptr).ok());
+                                      nullptr)
+                      .ok());
       cpu::AdafactorApply(cp.data(), with_m ? cm.data() : nullptr, g.data(), crow.data(),
                           ccol.data(), cpu_scr.data() + 2, s.factored ? nullptr : cv.data(),
                           cpu_scr.data(), s.B, s.R, s.C, gs, 1e-2f, 1e-3f, true, 1.0f, 0.9f, 0.1f,
@@ -186,10 +190,12 @@ TEST_F(SimtOptim, AdamW8bitBlockwise) {
         dva(backend_.get(), va);
     Dev<uint8_t> dmc(backend_.get(), mc), dvc(backend_.get(), vc);
     for (int step = 1; step <= 3; ++step) {
-      const float bc1 = 1.0f - std::pow(0.9f, float(step)), bc2 = 1.0f - std::pow(0.999f, float(step));
+      const float bc1 = 1.0f - std::pow(0.9f, float(step)),
+                  bc2 = 1.0f - std::pow(0.999f, float(step));
       ASSERT_TRUE(gpu::AdamW8bitBlockwise(dp.p(), dg.p(), dmc.p(), dvc.p(), dma.p(), dva.p(),
                                           dtm.p(), dtv.p(), n, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f,
-                                          bc1, bc2, 1.0f, nullptr).ok());
+                                          bc1, bc2, 1.0f, nullptr)
+                      .ok());
       cpu::AdamW8bitBlockwise(cp.data(), g.data(), cmc.data(), cvc.data(), cma.data(), cva.data(),
                               table_m.data(), table_v.data(), n, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f,
                               bc1, bc2, 1.0f, 2);
@@ -216,15 +222,18 @@ TEST_F(SimtOptim, AdamW8bitBlockwise) {
 }
 
 TEST_F(SimtOptim, BadShapesAreErrors) {
-  EXPECT_EQ(gpu::SgdUpdate(nullptr, nullptr, nullptr, -1, 0.1f, 0.0f, 0.0f, 0.0f, false, true,
-                           1.0f, nullptr).code(),
+  EXPECT_EQ(gpu::SgdUpdate(nullptr, nullptr, nullptr, -1, 0.1f, 0.0f, 0.0f, 0.0f, false, true, 1.0f,
+                           nullptr)
+                .code(),
             Status::Code::kInvalidArgument);
   EXPECT_EQ(gpu::AdafactorFactoredStats(nullptr, nullptr, nullptr, nullptr, 1, 0, 4, 0.5f, 1e-30f,
-                                        1.0f, nullptr).code(),
+                                        1.0f, nullptr)
+                .code(),
             Status::Code::kInvalidArgument);
   EXPECT_EQ(gpu::AdamW8bitBlockwise(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
-                                    nullptr, 10, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.0f, 0.1f, 0.1f,
-                                    1.0f, nullptr).code(),
+                                    nullptr, 10, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.0f, 0.1f, 0.1f, 1.0f,
+                                    nullptr)
+                .code(),
             Status::Code::kInvalidArgument);
 }
 

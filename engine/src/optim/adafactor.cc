@@ -57,7 +57,8 @@ Result<std::unique_ptr<AdafactorOptimizer>> AdafactorOptimizer::Create(
   }
   for (const ParamInfo& p : params) {
     if (p.offset < 0 || p.numel < 0 || p.offset + p.numel > num_params) {
-      return Status::Internal("optimizer: parameter " + p.hf_name + " lies outside the flat buffer");
+      return Status::Internal("optimizer: parameter " + p.hf_name +
+                              " lies outside the flat buffer");
     }
   }
   std::unique_ptr<AdafactorOptimizer> opt(new AdafactorOptimizer(params, o, arena));
@@ -90,11 +91,11 @@ Result<std::unique_ptr<AdafactorOptimizer>> AdafactorOptimizer::Create(
     opt->slots_.push_back(s);
   }
   const int64_t scratch_bytes = PlanBytes(params, o) - off * 4;
-  TRAIND_ASSIGN_OR_RETURN(void* st, arena->Allocate(MemoryCategory::kOptimizer, off * 4,
-                                                    "Adafactor state"));
+  TRAIND_ASSIGN_OR_RETURN(void* st,
+                          arena->Allocate(MemoryCategory::kOptimizer, off * 4, "Adafactor state"));
   opt->state_ = static_cast<float*>(st);
-  TRAIND_ASSIGN_OR_RETURN(void* sc, arena->Allocate(MemoryCategory::kOptimizer, scratch_bytes,
-                                                    "Adafactor scratch"));
+  TRAIND_ASSIGN_OR_RETURN(
+      void* sc, arena->Allocate(MemoryCategory::kOptimizer, scratch_bytes, "Adafactor scratch"));
   opt->scratch_ = static_cast<double*>(sc);
   return opt;
 }
@@ -141,9 +142,8 @@ void AdafactorOptimizer::Step(float* params, const float* grads, double lr, floa
                                          s.R, s.C, grad_scale);
     optim_ops::AdafactorApply(backend, param, m, grad, row, col, row_sum, v, scratch_, s.B, s.R,
                               s.C, grad_scale, rel_step, static_cast<float>(options_.eps2),
-                              options_.scale_parameter,
-                              static_cast<float>(options_.clip_threshold), beta1,
-                              s.decay ? static_cast<float>(options_.weight_decay) : 0.0f);
+                              options_.scale_parameter, static_cast<float>(options_.clip_threshold),
+                              beta1, s.decay ? static_cast<float>(options_.weight_decay) : 0.0f);
   }
 }
 
@@ -206,7 +206,8 @@ Status AdafactorOptimizer::LoadState(const SafetensorsFile& file) {
       writes.push_back({t, offs[k]});
     }
   }
-  for (const auto& [t, off] : writes) backend->CopyHostToDevice(state_ + off, t->data.data(), t->data.size());
+  for (const auto& [t, off] : writes)
+    backend->CopyHostToDevice(state_ + off, t->data.data(), t->data.size());
   step_ = step;
   return Status::Ok();
 }

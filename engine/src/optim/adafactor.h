@@ -74,18 +74,18 @@ class AdafactorOptimizer {
   Status LoadState(const SafetensorsFile& file);
 
  private:
-  struct Slot {           // one parameter
-    int64_t B, R, C;      // factored: (B, R, C); unfactored: (1, 1, numel)
+  struct Slot {       // one parameter
+    int64_t B, R, C;  // factored: (B, R, C); unfactored: (1, 1, numel)
     bool factored;
     bool decay;
-    int64_t m = -1;       // offsets into state_ (-1: none)
+    int64_t m = -1;  // offsets into state_ (-1: none)
     int64_t row = -1, col = -1, v = -1;
   };
   AdafactorOptimizer(std::vector<ParamInfo> params, const AdafactorOptions& options,
                      DeviceArena* arena)
       : params_(std::move(params)), options_(options), arena_(arena) {}
-  std::vector<std::pair<std::string, std::vector<int64_t>>> StateTensors(size_t i,
-                                                                         std::vector<int64_t>* offs) const;
+  std::vector<std::pair<std::string, std::vector<int64_t>>> StateTensors(
+      size_t i, std::vector<int64_t>* offs) const;
 
   std::vector<ParamInfo> params_;
   std::vector<Slot> slots_;

@@ -37,11 +37,13 @@ Result<std::unique_ptr<AdamW8bitOptimizer>> AdamW8bitOptimizer::Create(
   if (!(o.beta1 >= 0.0 && o.beta1 < 1.0) || !(o.beta2 >= 0.0 && o.beta2 < 1.0) || !(o.eps > 0.0) ||
       !(o.weight_decay >= 0.0)) {
     return Status::InvalidArgument("adamw_8bit: need 0 <= betas < 1 (" + std::to_string(o.beta1) +
-                                   ", " + std::to_string(o.beta2) + "), eps > 0, weight_decay >= 0");
+                                   ", " + std::to_string(o.beta2) +
+                                   "), eps > 0, weight_decay >= 0");
   }
   for (const ParamInfo& p : params) {
     if (p.offset < 0 || p.numel < 0 || p.offset + p.numel > num_params) {
-      return Status::Internal("optimizer: parameter " + p.hf_name + " lies outside the flat buffer");
+      return Status::Internal("optimizer: parameter " + p.hf_name +
+                              " lies outside the flat buffer");
     }
   }
   std::unique_ptr<AdamW8bitOptimizer> opt(new AdamW8bitOptimizer(params, o, arena));
@@ -62,14 +64,14 @@ Result<std::unique_ptr<AdamW8bitOptimizer>> AdamW8bitOptimizer::Create(
     opt->slots_.push_back(s);
   }
   if (opt->n8_ > 0) {
-    TRAIND_ASSIGN_OR_RETURN(void* c, arena->Allocate(MemoryCategory::kOptimizer, 2 * opt->n8_,
-                                                     "AdamW8bit codes"));
+    TRAIND_ASSIGN_OR_RETURN(
+        void* c, arena->Allocate(MemoryCategory::kOptimizer, 2 * opt->n8_, "AdamW8bit codes"));
     opt->codes_ = static_cast<uint8_t*>(c);
     TRAIND_ASSIGN_OR_RETURN(void* a, arena->Allocate(MemoryCategory::kOptimizer,
                                                      2 * 4 * opt->blocks_, "AdamW8bit absmax"));
     opt->absmax_ = static_cast<float*>(a);
-    TRAIND_ASSIGN_OR_RETURN(void* t, arena->Allocate(MemoryCategory::kOptimizer, kTableBytes,
-                                                     "AdamW8bit code tables"));
+    TRAIND_ASSIGN_OR_RETURN(
+        void* t, arena->Allocate(MemoryCategory::kOptimizer, kTableBytes, "AdamW8bit code tables"));
     opt->tables_ = static_cast<float*>(t);
     arena->backend()->CopyHostToDevice(opt->tables_, DynamicCodeSigned(), 256 * 4);
     arena->backend()->CopyHostToDevice(opt->tables_ + 256, DynamicCodeUnsigned(), 256 * 4);
@@ -83,8 +85,8 @@ Result<std::unique_ptr<AdamW8bitOptimizer>> AdamW8bitOptimizer::Create(
 }
 
 AdamW8bitOptimizer::~AdamW8bitOptimizer() {
-  for (void* p : {static_cast<void*>(codes_), static_cast<void*>(absmax_),
-                  static_cast<void*>(f32_), static_cast<void*>(tables_)}) {
+  for (void* p : {static_cast<void*>(codes_), static_cast<void*>(absmax_), static_cast<void*>(f32_),
+                  static_cast<void*>(tables_)}) {
     if (p != nullptr) arena_->Release(p);
   }
 }
@@ -133,7 +135,8 @@ SafetensorsFile AdamW8bitOptimizer::SaveState() const {
         HostTensor a;
         a.shape = {Quant8Blocks(p.numel)};
         a.data.resize(static_cast<size_t>(a.shape[0]) * 4);
-        backend->CopyDeviceToHost(a.data.data(), absmax_ + which * blocks_ + s.block, a.data.size());
+        backend->CopyDeviceToHost(a.data.data(), absmax_ + which * blocks_ + s.block,
+                                  a.data.size());
         file.tensors[name + "_absmax"] = std::move(a);
       } else {
         t.data.resize(static_cast<size_t>(p.numel) * 4);
@@ -170,7 +173,8 @@ Status AdamW8bitOptimizer::LoadState(const SafetensorsFile& file) {
     }
   }
   Backend* backend = arena_->backend();
-  for (const Write& w : writes) backend->CopyHostToDevice(w.dst, w.t->data.data(), w.t->data.size());
+  for (const Write& w : writes)
+    backend->CopyHostToDevice(w.dst, w.t->data.data(), w.t->data.size());
   step_ = step;
   return Status::Ok();
 }

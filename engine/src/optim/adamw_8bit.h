@@ -30,8 +30,8 @@ struct AdamW8bitOptions {
   double beta1 = 0.9;
   double beta2 = 0.999;
   double eps = 1e-8;
-  double weight_decay = 0.0;      // where ParamInfo::weight_decay (bitsandbytes' default: 1e-2)
-  int64_t min_8bit_size = 4096;   // smaller tensors keep fp32 moments
+  double weight_decay = 0.0;     // where ParamInfo::weight_decay (bitsandbytes' default: 1e-2)
+  int64_t min_8bit_size = 4096;  // smaller tensors keep fp32 moments
 };
 
 class AdamW8bitOptimizer {
@@ -66,8 +66,8 @@ class AdamW8bitOptimizer {
   struct Slot {
     bool quantized;
     bool decay;
-    int64_t off;     // quantized: into the code buffers; else into the fp32 buffers
-    int64_t block;   // quantized: first absmax index
+    int64_t off;    // quantized: into the code buffers; else into the fp32 buffers
+    int64_t block;  // quantized: first absmax index
   };
   AdamW8bitOptimizer(std::vector<ParamInfo> params, const AdamW8bitOptions& options,
                      DeviceArena* arena)
@@ -78,10 +78,10 @@ class AdamW8bitOptimizer {
   AdamW8bitOptions options_;
   DeviceArena* arena_;
   int64_t n8_ = 0, blocks_ = 0, n32_ = 0;
-  uint8_t* codes_ = nullptr;   // device: m codes [0, n8), v codes [n8, 2 n8)
-  float* absmax_ = nullptr;    // device: m [0, blocks), v [blocks, 2 blocks)
-  float* f32_ = nullptr;       // device: m [0, n32), v [n32, 2 n32)
-  float* tables_ = nullptr;    // device: signed map [0, 256), unsigned [256, 512)
+  uint8_t* codes_ = nullptr;  // device: m codes [0, n8), v codes [n8, 2 n8)
+  float* absmax_ = nullptr;   // device: m [0, blocks), v [blocks, 2 blocks)
+  float* f32_ = nullptr;      // device: m [0, n32), v [n32, 2 n32)
+  float* tables_ = nullptr;   // device: signed map [0, 256), unsigned [256, 512)
   int64_t step_ = 0;
 };
 

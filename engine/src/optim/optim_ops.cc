@@ -12,8 +12,8 @@ int Threads() { return omp_get_max_threads(); }
 }  // namespace
 
 void SgdUpdate(Backend*, float* param, const float* grad, float* buf, int64_t n, float lr,
-               float momentum, float dampening, float weight_decay, bool nesterov,
-               bool first_step, float grad_scale) {
+               float momentum, float dampening, float weight_decay, bool nesterov, bool first_step,
+               float grad_scale) {
   cpu::SgdUpdate(param, grad, buf, n, lr, momentum, dampening, weight_decay, nesterov, first_step,
                  grad_scale, Threads());
 }

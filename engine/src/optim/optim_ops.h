@@ -11,8 +11,8 @@
 namespace traind::engine::optim_ops {
 
 void SgdUpdate(Backend* backend, float* param, const float* grad, float* buf, int64_t n, float lr,
-               float momentum, float dampening, float weight_decay, bool nesterov,
-               bool first_step, float grad_scale);
+               float momentum, float dampening, float weight_decay, bool nesterov, bool first_step,
+               float grad_scale);
 void AdafactorFactoredStats(Backend* backend, const float* grad, float* row, float* col,
                             double* row_sum, int64_t B, int64_t R, int64_t C, float beta2t,
                             float eps1, float grad_scale);

@@ -27,13 +27,14 @@ Result<std::unique_ptr<SgdOptimizer>> SgdOptimizer::Create(const std::vector<Par
                                    " must be >= 0");
   }
   if (options.nesterov && (options.momentum <= 0.0 || options.dampening != 0.0)) {
-    return Status::InvalidArgument(
-        "sgd: nesterov needs momentum > 0 and dampening 0 (momentum " +
-        std::to_string(options.momentum) + ", dampening " + std::to_string(options.dampening) + ")");
+    return Status::InvalidArgument("sgd: nesterov needs momentum > 0 and dampening 0 (momentum " +
+                                   std::to_string(options.momentum) + ", dampening " +
+                                   std::to_string(options.dampening) + ")");
   }
   for (const ParamInfo& p : params) {
     if (p.offset < 0 || p.numel < 0 || p.offset + p.numel > num_params) {
-      return Status::Internal("optimizer: parameter " + p.hf_name + " lies outside the flat buffer");
+      return Status::Internal("optimizer: parameter " + p.hf_name +
+                              " lies outside the flat buffer");
     }
   }
   std::unique_ptr<SgdOptimizer> opt(new SgdOptimizer(params, options, arena));
@@ -52,8 +53,8 @@ Result<std::unique_ptr<SgdOptimizer>> SgdOptimizer::Create(const std::vector<Par
   }
   const int64_t bytes = PlanBytes(params, options);
   if (bytes > 0) {
-    TRAIND_ASSIGN_OR_RETURN(void* b, arena->Allocate(MemoryCategory::kOptimizer, bytes,
-                                                     "SGD momentum_buffer"));
+    TRAIND_ASSIGN_OR_RETURN(
+        void* b, arena->Allocate(MemoryCategory::kOptimizer, bytes, "SGD momentum_buffer"));
     opt->buf_ = static_cast<float*>(b);
   }
   return opt;

@@ -31,8 +31,7 @@ class SgdOptimizer {
   // `num_params` floats; RESOURCE_EXHAUSTED when the state does not fit the arena. The arena (and
   // its backend) must outlive the optimizer.
   static Result<std::unique_ptr<SgdOptimizer>> Create(const std::vector<ParamInfo>& params,
-                                                      int64_t num_params,
-                                                      const SgdOptions& options,
+                                                      int64_t num_params, const SgdOptions& options,
                                                       DeviceArena* arena);
   // The bytes Create() allocates: 4 per parameter element with momentum, else 0.
   static int64_t PlanBytes(const std::vector<ParamInfo>& params, const SgdOptions& options);

@@ -36,7 +36,8 @@ Result<const HostTensor*> Find(const SafetensorsFile& file, const std::string& n
   int64_t numel = 1;
   for (int64_t d : shape) numel *= d;
   if (t.dtype != dtype || t.shape != shape ||
-      static_cast<int64_t>(t.data.size()) != numel * static_cast<int64_t>(SafetensorsDTypeSize(dtype))) {
+      static_cast<int64_t>(t.data.size()) !=
+          numel * static_cast<int64_t>(SafetensorsDTypeSize(dtype))) {
     return Status::DataLoss("optimizer state: tensor " + name + " has dtype " + t.dtype +
                             " and a shape other than this model's (expected " + dtype + ")");
   }

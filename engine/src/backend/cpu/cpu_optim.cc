@@ -69,17 +69,30 @@ TRAIND_CPU_CLONES void SecondMomentSpan(const float* g, float* v, int64_t n, flo
   }
 }
 
-TRAIND_CPU_CLONES double FactoredSquaresRow(const float* g, const float* col, float rf, int64_t C,
-                                            float gs) {
+// inv_col[c] = 1 / sqrt(col[c]), computed once per tensor (the same float values as inline).
+TRAIND_CPU_CLONES double FactoredSquaresRow(const float* g, const float* inv_col, float rf,
+                                            int64_t C, float gs) {
   double s = 0.0;
   for (int64_t c = 0; c < C; ++c) {
-    const float u = (rf * (1.0f / std::sqrt(col[c]))) * (g[c] * gs);
+    const float u = (rf * inv_col[c]) * (g[c] * gs);
     s += static_cast<double>(u) * u;
   }
   return s;
 }
 
-TRAIND_CPU_CLONES double UnfactoredSquaresSpan(const float* g, const float* v, int64_t n, float gs) {
+TRAIND_CPU_CLONES void InverseSqrt(const float* x, float* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = 1.0f / std::sqrt(x[i]);
+}
+
+// A per-thread host scratch of n floats that only grows (no allocation once warm).
+float* Scratch(int64_t n) {
+  static thread_local std::vector<float> buf;
+  if (static_cast<int64_t>(buf.size()) < n) buf.resize(static_cast<size_t>(n));
+  return buf.data();
+}
+
+TRAIND_CPU_CLONES double UnfactoredSquaresSpan(const float* g, const float* v, int64_t n,
+                                               float gs) {
   double s = 0.0;
   for (int64_t i = 0; i < n; ++i) {
     const float u = (1.0f / std::sqrt(v[i])) * (g[i] * gs);
@@ -88,13 +101,16 @@ TRAIND_CPU_CLONES double UnfactoredSquaresSpan(const float* g, const float* v, i
   return s;
 }
 
-// p and m updated from the raw update u[i] = f(i) * g[i] over a span; `rf` is 1 and `den` is v
-// (unfactored) or rf the row factor and `den` the column statistics (factored).
+// p and m updated from the raw update u[i] = (rf * inv[i]) * g[i] over a span: rf = 1 and
+// inv = 1 / sqrt(v) (unfactored, computed here when `inv_given` is false), or rf the row factor
+// and inv the precomputed inverse column factors (factored).
+template <bool inv_given>
 TRAIND_CPU_CLONES void ApplySpan(float* p, float* m, const float* g, const float* den, float rf,
                                  int64_t n, float gs, float step, float div, float beta1,
                                  float one_minus_beta1, float neg_decay) {
   for (int64_t i = 0; i < n; ++i) {
-    float u = (rf * (1.0f / std::sqrt(den[i]))) * (g[i] * gs);
+    const float inv = inv_given ? den[i] : 1.0f / std::sqrt(den[i]);
+    float u = (rf * inv) * (g[i] * gs);
     u = u / div;
     u = u * step;
     if (m != nullptr) {
@@ -222,8 +238,8 @@ void SgdUpdate(float* param, const float* grad, float* buf, int64_t n, float lr,
     int64_t lo, hi;
     Chunk(n, omp_get_num_threads(), omp_get_thread_num(), &lo, &hi);
     if (hi > lo) {
-      SgdSpan(param + lo, grad + lo, buf == nullptr ? nullptr : buf + lo, hi - lo, neg_lr,
-              momentum, one_minus_damp, weight_decay, nesterov, first_step, grad_scale);
+      SgdSpan(param + lo, grad + lo, buf == nullptr ? nullptr : buf + lo, hi - lo, neg_lr, momentum,
+              one_minus_damp, weight_decay, nesterov, first_step, grad_scale);
     }
   }
 }
@@ -232,7 +248,8 @@ void AdafactorFactoredStats(const float* grad, float* row, float* col, double* r
                             int64_t R, int64_t C, float beta2t, float eps1, float grad_scale,
                             int nt) {
   const float one_minus = static_cast<float>(1.0 - static_cast<double>(beta2t));
-  const int threads = static_cast<int>(std::min<int64_t>(ThreadsFor(R * C, nt), std::max<int64_t>(R, 1)));
+  const int threads =
+      static_cast<int>(std::min<int64_t>(ThreadsFor(R * C, nt), std::max<int64_t>(R, 1)));
   std::vector<double> col_acc(static_cast<size_t>(threads) * C);
   for (int64_t b = 0; b < B; ++b) {
     const float* g = grad + b * R * C;
@@ -243,7 +260,8 @@ void AdafactorFactoredStats(const float* grad, float* row, float* col, double* r
       double* acc = col_acc.data() + static_cast<int64_t>(t) * C;
 #pragma omp for schedule(static)
       for (int64_t r = 0; r < R; ++r) {
-        const double mean = RowSquares(g + r * C, acc, C, eps1, grad_scale) / static_cast<double>(C);
+        const double mean =
+            RowSquares(g + r * C, acc, C, eps1, grad_scale) / static_cast<double>(C);
         float& x = row[b * R + r];
         x = x * beta2t + one_minus * static_cast<float>(mean);
       }
@@ -282,7 +300,8 @@ void AdafactorUpdateSumSquares(double* acc, const float* grad, const float* row,
     {
       int64_t lo, hi;
       Chunk(n, omp_get_num_threads(), omp_get_thread_num(), &lo, &hi);
-      if (hi > lo) part[omp_get_thread_num()] = UnfactoredSquaresSpan(grad + lo, v + lo, hi - lo, grad_scale);
+      if (hi > lo)
+        part[omp_get_thread_num()] = UnfactoredSquaresSpan(grad + lo, v + lo, hi - lo, grad_scale);
     }
     double s = 0.0;
     for (double x : part) s += x;
@@ -291,15 +310,17 @@ void AdafactorUpdateSumSquares(double* acc, const float* grad, const float* row,
   }
   const int threads = ThreadsFor(B * R * C, nt);
   std::vector<double> part(static_cast<size_t>(threads), 0.0);
+  float* inv_col = Scratch(C);
   for (int64_t b = 0; b < B; ++b) {
     const float mean = static_cast<float>(row_sum[b] / static_cast<double>(R));
+    InverseSqrt(col + b * C, inv_col, C);
 #pragma omp parallel num_threads(threads)
     {
       double s = 0.0;
 #pragma omp for schedule(static)
       for (int64_t r = 0; r < R; ++r) {
         const float rf = 1.0f / std::sqrt(row[b * R + r] / mean);
-        s += FactoredSquaresRow(grad + (b * R + r) * C, col + b * C, rf, C, grad_scale);
+        s += FactoredSquaresRow(grad + (b * R + r) * C, inv_col, rf, C, grad_scale);
       }
       part[omp_get_thread_num()] += s;
     }
@@ -310,10 +331,9 @@ void AdafactorUpdateSumSquares(double* acc, const float* grad, const float* row,
 }
 
 void AdafactorApply(float* param, float* m, const float* grad, const float* row, const float* col,
-                    const double* row_sum, const float* v, const double* sums, int64_t B,
-                    int64_t R, int64_t C, float grad_scale, float rel_step, float eps2,
-                    bool scale_parameter, float clip_threshold, float beta1, float weight_decay,
-                    int nt) {
+                    const double* row_sum, const float* v, const double* sums, int64_t B, int64_t R,
+                    int64_t C, float grad_scale, float rel_step, float eps2, bool scale_parameter,
+                    float clip_threshold, float beta1, float weight_decay, int nt) {
   const int64_t numel = B * R * C;
   const float step_size = AdafactorStepSize(sums[0], numel, rel_step, eps2, scale_parameter);
   const float divisor = AdafactorUpdateDivisor(sums[1], numel, clip_threshold);
@@ -327,29 +347,32 @@ void AdafactorApply(float* param, float* m, const float* grad, const float* row,
       int64_t lo, hi;
       Chunk(n, omp_get_num_threads(), omp_get_thread_num(), &lo, &hi);
       if (hi > lo) {
-        ApplySpan(param + lo, m == nullptr ? nullptr : m + lo, grad + lo, v + lo, 1.0f, hi - lo,
-                  grad_scale, step_size, divisor, beta1, one_minus_beta1, neg_decay);
+        ApplySpan<false>(param + lo, m == nullptr ? nullptr : m + lo, grad + lo, v + lo, 1.0f,
+                         hi - lo, grad_scale, step_size, divisor, beta1, one_minus_beta1,
+                         neg_decay);
       }
     }
     return;
   }
+  float* inv_col = Scratch(C);
   for (int64_t b = 0; b < B; ++b) {
     const float mean = static_cast<float>(row_sum[b] / static_cast<double>(R));
-#pragma omp parallel for num_threads(ThreadsFor(R * C * 3, nt)) schedule(static)
+    InverseSqrt(col + b * C, inv_col, C);
+#pragma omp parallel for num_threads(ThreadsFor(R* C * 3, nt)) schedule(static)
     for (int64_t r = 0; r < R; ++r) {
       const int64_t off = (b * R + r) * C;
       const float rf = 1.0f / std::sqrt(row[b * R + r] / mean);
-      ApplySpan(param + off, m == nullptr ? nullptr : m + off, grad + off, col + b * C, rf, C,
-                grad_scale, step_size, divisor, beta1, one_minus_beta1, neg_decay);
+      ApplySpan<true>(param + off, m == nullptr ? nullptr : m + off, grad + off, inv_col, rf, C,
+                      grad_scale, step_size, divisor, beta1, one_minus_beta1, neg_decay);
     }
   }
 }
 
 void AdamW8bitBlockwise(float* param, const float* grad, uint8_t* m_codes, uint8_t* v_codes,
-                        float* m_absmax, float* v_absmax, const float* code_m,
-                        const float* code_v, int64_t n, float lr, float beta1, float beta2,
-                        float eps, float weight_decay, float bias_correction1,
-                        float bias_correction2, float grad_scale, int nt) {
+                        float* m_absmax, float* v_absmax, const float* code_m, const float* code_v,
+                        int64_t n, float lr, float beta1, float beta2, float eps,
+                        float weight_decay, float bias_correction1, float bias_correction2,
+                        float grad_scale, int nt) {
   const int64_t blocks = (n + kQuant8Block - 1) / kQuant8Block;
   const float c2 = std::sqrt(bias_correction2);
   const FastQuantizer& qm = QuantizerFor(code_m, true);

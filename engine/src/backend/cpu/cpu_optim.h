@@ -36,10 +36,9 @@ void AdafactorUpdateSumSquares(double* acc, const float* grad, const float* row,
 // AdafactorUpdateDivisor(sums[1], n, clip_threshold); u = update / div * step; with m (beta1
 // set): m = beta1 * m + (1 - beta1) * u, u = m; p -= weight_decay * step * p; p -= u.
 void AdafactorApply(float* param, float* m, const float* grad, const float* row, const float* col,
-                    const double* row_sum, const float* v, const double* sums, int64_t B,
-                    int64_t R, int64_t C, float grad_scale, float rel_step, float eps2,
-                    bool scale_parameter, float clip_threshold, float beta1, float weight_decay,
-                    int nt);
+                    const double* row_sum, const float* v, const double* sums, int64_t B, int64_t R,
+                    int64_t C, float grad_scale, float rel_step, float eps2, bool scale_parameter,
+                    float clip_threshold, float beta1, float weight_decay, int nt);
 
 // bitsandbytes' blockwise 8-bit Adam(W) on n elements (blocks of kQuant8Block): per block,
 // dequantize m = code_m[m_codes] * m_absmax[b] and v = code_v[v_codes] * v_absmax[b], update them
@@ -47,10 +46,10 @@ void AdafactorApply(float* param, float* m, const float* grad, const float* row,
 // p += -lr / bc1 * m / (sqrt(v) / sqrt(bc2) + eps), then p *= 1 - lr * weight_decay, and
 // requantize with the new absmax of the block.
 void AdamW8bitBlockwise(float* param, const float* grad, uint8_t* m_codes, uint8_t* v_codes,
-                        float* m_absmax, float* v_absmax, const float* code_m,
-                        const float* code_v, int64_t n, float lr, float beta1, float beta2,
-                        float eps, float weight_decay, float bias_correction1,
-                        float bias_correction2, float grad_scale, int nt);
+                        float* m_absmax, float* v_absmax, const float* code_m, const float* code_v,
+                        int64_t n, float lr, float beta1, float beta2, float eps,
+                        float weight_decay, float bias_correction1, float bias_correction2,
+                        float grad_scale, int nt);
 
 // out[i] = QuantizeToCode(code, x[i], is_signed) (optim_math.h), by the table-driven search the
 // 8-bit update uses (identical codes; exposed for its test).

@@ -84,9 +84,8 @@ __device__ __forceinline__ float RawUpdate(const float* grad, const float* row, 
 }
 
 __global__ void adafactor_update_sq_kernel(double* acc, const float* grad, const float* row,
-                                           const float* col, const double* row_sum,
-                                           const float* v, int64_t n, int64_t R, int64_t C,
-                                           float gs) {
+                                           const float* col, const double* row_sum, const float* v,
+                                           int64_t n, int64_t R, int64_t C, float gs) {
   __shared__ double scratch[32];
   double s = 0.0;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
@@ -134,16 +133,16 @@ Status CheckDims(const char* op, int64_t B, int64_t R, int64_t C) {
 
 }  // namespace
 
-Status AdafactorFactoredStats(const float* grad, float* row, float* col, double* row_sum,
-                              int64_t B, int64_t R, int64_t C, float beta2t, float eps1,
-                              float grad_scale, cudaStream_t stream) {
+Status AdafactorFactoredStats(const float* grad, float* row, float* col, double* row_sum, int64_t B,
+                              int64_t R, int64_t C, float beta2t, float eps1, float grad_scale,
+                              cudaStream_t stream) {
   TRAIND_RETURN_IF_ERROR(CheckDims("AdafactorFactoredStats", B, R, C));
   if (B * R > (int64_t{1} << 31) - 1)
     return Status::InvalidArgument("AdafactorFactoredStats: " + std::to_string(B * R) +
                                    " rows exceed the grid");
   const float one_minus = static_cast<float>(1.0 - static_cast<double>(beta2t));
-  TRAIND_RETURN_IF_ERROR(GPU_LAUNCH(adafactor_row_kernel, static_cast<unsigned>(B * R), kThreads,
-                                    0, stream, grad, row, C, beta2t, one_minus, eps1, grad_scale));
+  TRAIND_RETURN_IF_ERROR(GPU_LAUNCH(adafactor_row_kernel, static_cast<unsigned>(B * R), kThreads, 0,
+                                    stream, grad, row, C, beta2t, one_minus, eps1, grad_scale));
   const dim3 col_grid(static_cast<unsigned>((C + kThreads - 1) / kThreads),
                       static_cast<unsigned>(B));
   TRAIND_RETURN_IF_ERROR(GPU_LAUNCH(adafactor_col_kernel, col_grid, kThreads, 0, stream, grad, col,
@@ -154,28 +153,28 @@ Status AdafactorFactoredStats(const float* grad, float* row, float* col, double*
 
 Status AdafactorSecondMoment(const float* grad, float* v, int64_t n, float beta2t, float eps1,
                              float grad_scale, cudaStream_t stream) {
-  if (n < 0) return Status::InvalidArgument("AdafactorSecondMoment: negative size " + std::to_string(n));
+  if (n < 0)
+    return Status::InvalidArgument("AdafactorSecondMoment: negative size " + std::to_string(n));
   if (n == 0) return Status::Ok();
   const float one_minus = static_cast<float>(1.0 - static_cast<double>(beta2t));
   return GPU_LAUNCH(adafactor_v_kernel, GridFor(n, kThreads), kThreads, 0, stream, grad, v, n,
                     beta2t, one_minus, eps1, grad_scale);
 }
 
-Status AdafactorUpdateSumSquares(double* acc, const float* grad, const float* row,
-                                 const float* col, const double* row_sum, const float* v,
-                                 int64_t B, int64_t R, int64_t C, float grad_scale,
-                                 cudaStream_t stream) {
+Status AdafactorUpdateSumSquares(double* acc, const float* grad, const float* row, const float* col,
+                                 const double* row_sum, const float* v, int64_t B, int64_t R,
+                                 int64_t C, float grad_scale, cudaStream_t stream) {
   TRAIND_RETURN_IF_ERROR(CheckDims("AdafactorUpdateSumSquares", B, R, C));
   const int64_t n = B * R * C;
   return GPU_LAUNCH(adafactor_update_sq_kernel, GridFor(n, kThreads, 1024), kThreads, 0, stream,
                     acc, grad, row, col, row_sum, v, n, R, C, grad_scale);
 }
 
-Status AdafactorApply(float* param, float* m, const float* grad, const float* row,
-                      const float* col, const double* row_sum, const float* v,
-                      const double* sums, int64_t B, int64_t R, int64_t C, float grad_scale,
-                      float rel_step, float eps2, bool scale_parameter, float clip_threshold,
-                      float beta1, float weight_decay, cudaStream_t stream) {
+Status AdafactorApply(float* param, float* m, const float* grad, const float* row, const float* col,
+                      const double* row_sum, const float* v, const double* sums, int64_t B,
+                      int64_t R, int64_t C, float grad_scale, float rel_step, float eps2,
+                      bool scale_parameter, float clip_threshold, float beta1, float weight_decay,
+                      cudaStream_t stream) {
   TRAIND_RETURN_IF_ERROR(CheckDims("AdafactorApply", B, R, C));
   const int64_t n = B * R * C;
   const float one_minus_beta1 = static_cast<float>(1.0 - static_cast<double>(beta1));

@@ -72,7 +72,8 @@ Status AdamW8bitBlockwise(float* param, const float* grad, uint8_t* m_codes, uin
                           const float* code_v, int64_t n, float lr, float beta1, float beta2,
                           float eps, float weight_decay, float bias_correction1,
                           float bias_correction2, float grad_scale, cudaStream_t stream) {
-  if (n < 0) return Status::InvalidArgument("AdamW8bitBlockwise: negative size " + std::to_string(n));
+  if (n < 0)
+    return Status::InvalidArgument("AdamW8bitBlockwise: negative size " + std::to_string(n));
   if (!(bias_correction1 > 0.0f) || !(bias_correction2 > 0.0f))
     return Status::InvalidArgument("AdamW8bitBlockwise: bias corrections must be > 0 (step >= 1)");
   if (code_m == nullptr || code_v == nullptr)

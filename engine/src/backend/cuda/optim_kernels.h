@@ -17,21 +17,20 @@ Status SgdUpdate(float* param, const float* grad, float* buf, int64_t n, float l
                  float grad_scale, cudaStream_t stream);
 
 // ---- optim_adafactor.cu ----
-Status AdafactorFactoredStats(const float* grad, float* row, float* col, double* row_sum,
-                              int64_t B, int64_t R, int64_t C, float beta2t, float eps1,
-                              float grad_scale, cudaStream_t stream);
+Status AdafactorFactoredStats(const float* grad, float* row, float* col, double* row_sum, int64_t B,
+                              int64_t R, int64_t C, float beta2t, float eps1, float grad_scale,
+                              cudaStream_t stream);
 Status AdafactorSecondMoment(const float* grad, float* v, int64_t n, float beta2t, float eps1,
                              float grad_scale, cudaStream_t stream);
 // *acc += sum of update^2 (the caller zeroes it first).
-Status AdafactorUpdateSumSquares(double* acc, const float* grad, const float* row,
-                                 const float* col, const double* row_sum, const float* v,
-                                 int64_t B, int64_t R, int64_t C, float grad_scale,
-                                 cudaStream_t stream);
-Status AdafactorApply(float* param, float* m, const float* grad, const float* row,
-                      const float* col, const double* row_sum, const float* v,
-                      const double* sums, int64_t B, int64_t R, int64_t C, float grad_scale,
-                      float rel_step, float eps2, bool scale_parameter, float clip_threshold,
-                      float beta1, float weight_decay, cudaStream_t stream);
+Status AdafactorUpdateSumSquares(double* acc, const float* grad, const float* row, const float* col,
+                                 const double* row_sum, const float* v, int64_t B, int64_t R,
+                                 int64_t C, float grad_scale, cudaStream_t stream);
+Status AdafactorApply(float* param, float* m, const float* grad, const float* row, const float* col,
+                      const double* row_sum, const float* v, const double* sums, int64_t B,
+                      int64_t R, int64_t C, float grad_scale, float rel_step, float eps2,
+                      bool scale_parameter, float clip_threshold, float beta1, float weight_decay,
+                      cudaStream_t stream);
 
 // ---- optim_adamw8bit.cu ----
 // code_m / code_v: the 256-entry code tables in device memory.
