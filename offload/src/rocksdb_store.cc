@@ -216,6 +216,7 @@ class RocksDbStore final : public engine::OptimizerStateStore {
 
   // Reads the commit record and the index, removes what an interrupted step left behind.
   Status Recover() {
+    MutexLock l(&mu_);  // no other thread yet; taken so the analysis can check the fields
     std::string v;
     rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), kCommitKey, &v);
     if (s.ok()) {
@@ -340,7 +341,7 @@ class RocksDbStore final : public engine::OptimizerStateStore {
     task.bytes = bytes;
     task.buf = pool_.Get(kValueHeaderBytes + bytes);
     std::memcpy(task.buf->data() + kValueHeaderBytes, src, bytes);
-    const size_t queue = std::hash<std::string>{}(KeyId(key)) % write_queues_.size();
+    const size_t queue = std::hash<std::string>{}(KeyId(key)) % static_cast<size_t>(options_.write_threads);
     const auto t0 = Clock::now();
     MutexLock l(&mu_);
     TRAIND_RETURN_IF_ERROR(CheckFailedLocked());
@@ -509,15 +510,14 @@ class RocksDbStore final : public engine::OptimizerStateStore {
   }
 
   void WriterLoop(int index) {
-    auto& queue = write_queues_[index];
     for (;;) {
       WriteTask task;
       {
         MutexLock l(&mu_);
-        while (!shutdown_ && queue.empty()) work_cv_.Wait();
+        while (!shutdown_ && write_queues_[index].empty()) work_cv_.Wait();
         if (shutdown_) return;
-        task = std::move(queue.front());
-        queue.pop_front();
+        task = std::move(write_queues_[index].front());
+        write_queues_[index].pop_front();
       }
       const auto t0 = Clock::now();
       const std::string id = KeyId(task.key);
