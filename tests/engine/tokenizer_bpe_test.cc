@@ -140,6 +140,31 @@ TEST_F(Gpt2Bpe, Llama3PreTokenizerMatchesReference) {
   EXPECT_EQ(mismatches, 0);
 }
 
+TEST_F(Gpt2Bpe, AddPrefixSpaceMatchesReference) {
+  // RoBERTa-style: ByteLevel with add_prefix_space (a space before each piece of plain text).
+  nlohmann::json j = Gpt2TokenizerJson(gpt2_dir_);
+  j["pre_tokenizer"]["add_prefix_space"] = true;
+  const std::string path = dir_ + "/prefix.json";
+  WriteAll(path, j.dump());
+  std::vector<std::string> texts = GeneratedStrings(1000, 41);
+  texts.insert(texts.end(), {"Hello", " Hello", "a<|endoftext|>b", "<|endoftext|> x", ""});
+  ReferenceResult ref;
+  ASSERT_TRUE(RunReference(path, texts, false, {}, false, &ref));
+  auto tok = Open(path);
+  ASSERT_TRUE(tok);
+  int mismatches = 0;
+  for (size_t i = 0; i < texts.size(); ++i) {
+    auto ids = tok->Encode(texts[i]);
+    ASSERT_TRUE(ids.ok());
+    if (*ids != ref.ids[i] && ++mismatches <= 5) {
+      ADD_FAILURE() << "'" << texts[i] << "': " << ::testing::PrintToString(*ids) << " vs "
+                    << ::testing::PrintToString(ref.ids[i]);
+    }
+  }
+  EXPECT_EQ(mismatches, 0);
+  EXPECT_EQ(*tok->Encode("Hello"), (std::vector<int32_t>{18435}));  // "ĠHello"
+}
+
 TEST_F(Gpt2Bpe, AddedAndSpecialTokensAreNeverSplit) {
   nlohmann::json j = Gpt2TokenizerJson(gpt2_dir_);
   j["added_tokens"].push_back({{"id", 50257}, {"content", "<|im_start|>"}, {"single_word", false},
