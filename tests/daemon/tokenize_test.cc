@@ -1,7 +1,7 @@
 // `trainctl tokenize`: local (no traind) for every tokenizer kind (byte, GPT-2 BPE from
 // vocab.json + merges.txt, a WordPiece tokenizer.json, a SentencePiece .model trained here and
 // checked against spm_encode), ids in text and JSON, and one clear sentence with exit 2 for bad
-// tokenizer files and missing input.
+// tokenizer files and missing input; `traind run` on BPE and SentencePiece ids.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
@@ -100,6 +100,49 @@ TEST(TrainctlTokenize, SentencePieceModelMatchesSpmEncode) {
   ASSERT_EQ(ours.exit_code, 0) << ours.err;
   EXPECT_EQ(ours.out, spm.out);
   EXPECT_GT(ours.out.size(), 4u);
+}
+
+// `traind run` trains on a tokenizer's ids: GPT-2 BPE (vocab 50257) and a SentencePiece model
+// (through the dlopen shim, in a binary that also links gRPC's protobuf), and caches the ids.
+TEST(TraindRunTokenizers, TrainsOnBpeAndSentencePieceIds) {
+  const std::string gpt2 = std::string(TRAIND_SHARED_DATA) + "/gpt2";
+  struct stat st;
+  if (::stat((gpt2 + "/vocab.json").c_str(), &st) != 0) {
+    GTEST_SKIP() << "GPT-2 vocab.json not found in " << gpt2 << " (../shared/data)";
+  }
+  const std::string dir = MakeTempDir("traind-run-tok");
+  ::setenv("TRAIND_TOKEN_CACHE_DIR", (dir + "/cache").c_str(), 1);
+  std::string corpus;
+  for (int i = 0; i < 400; ++i) {
+    corpus += "ROMEO: But soft, what light through yonder window breaks? It is the east " +
+              std::to_string(i) + ".\n";
+  }
+  WriteAll(dir + "/data.txt", corpus);
+  CmdResult train = RunCommand({"/usr/bin/spm_train", "--input=" + dir + "/data.txt",
+                                "--model_prefix=" + dir + "/sp", "--vocab_size=80",
+                                "--model_type=bpe", "--minloglevel=2"});
+  ASSERT_EQ(train.exit_code, 0) << "/usr/bin/spm_train: " << train.err;
+  struct Case {
+    std::string tokenizer;
+    int vocab;
+  };
+  for (const Case& c : {Case{gpt2, 50257}, Case{dir + "/sp.model", 80}}) {
+    const std::string spec =
+        "model:\n  arch: gpt2\n  config: {vocab_size: " + std::to_string(c.vocab) +
+        ", n_positions: 32, n_embd: 16, n_layer: 1, n_head: 2}\n"
+        "data:\n  train_file: " + dir + "/data.txt\n  tokenizer: " + c.tokenizer +
+        "\n  seq_len: 16\n  validation_split: 0.1\n"
+        "training: {max_steps: 3, per_device_train_batch_size: 2, logging_steps: 1, eval_steps: 3, "
+        "save_steps: 100}\noutput_dir: " + dir + "/out-" + std::to_string(c.vocab) + "\n";
+    WriteAll(dir + "/job.yaml", spec);
+    CmdResult run = RunCommand({TRAIND_BIN, "run", dir + "/job.yaml"}, 300);
+    ASSERT_EQ(run.exit_code, 0) << c.tokenizer << "\n" << run.out << run.err;
+    EXPECT_THAT(run.out + run.err, HasSubstr("done: 3 steps")) << c.tokenizer;
+  }
+  // One cache file per tokenizer.
+  CmdResult ls = RunCommand({"/bin/ls", dir + "/cache"});
+  EXPECT_EQ(std::count(ls.out.begin(), ls.out.end(), '\n'), 2) << ls.out;
+  ::unsetenv("TRAIND_TOKEN_CACHE_DIR");
 }
 
 TEST(TrainctlTokenize, BadTokenizerFileAndMissingInputExitTwo) {
