@@ -83,6 +83,32 @@ TEST_F(Gpt2Bpe, GeneratedUnicodeMatchesReferenceAndRoundTrips) {
   EXPECT_EQ(mismatches, 0);
 }
 
+TEST_F(Gpt2Bpe, DecodingArbitraryIdsMatchesReference) {
+  // Random id sequences cut UTF-8 characters anywhere: invalid sequences must become U+FFFD
+  // exactly as HF's from_utf8_lossy does.
+  std::mt19937 rng(5);
+  std::vector<std::vector<int32_t>> seqs;
+  for (int i = 0; i < 400; ++i) {
+    std::vector<int32_t> ids(1 + rng() % 12);
+    for (auto& id : ids) id = static_cast<int32_t>(rng() % (i % 2 ? 256 : 50257));
+    seqs.push_back(ids);
+  }
+  ReferenceResult ref;
+  ASSERT_TRUE(RunReference(json_path_, {}, false, seqs, false, &ref));
+  auto tok = Open(json_path_);
+  ASSERT_TRUE(tok);
+  int bad = 0;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    auto text = tok->Decode(seqs[i]);
+    ASSERT_TRUE(text.ok());
+    if (*text != ref.decoded[i] && ++bad <= 5) {
+      ADD_FAILURE() << ::testing::PrintToString(seqs[i]) << ": '" << *text << "' vs '"
+                    << ref.decoded[i] << "'";
+    }
+  }
+  EXPECT_EQ(bad, 0);
+}
+
 TEST_F(Gpt2Bpe, Llama3PreTokenizerMatchesReference) {
   // LLaMA-3's tokenizer.json shape (Split with its pattern, then ByteLevel without regex,
   // ignore_merges, <|begin_of_text|> added by a TemplateProcessing), on GPT-2's vocabulary.
