@@ -230,6 +230,48 @@ TYPED_TEST(StoreContractTest, OverwriteEveryStepKeepsStorageBounded) {
   }
 }
 
+// A chunk written once (a frozen group) while everything else is overwritten for 40 steps: blob GC
+// may relocate it, it must come back bit-exact, and storage must still stay bounded.
+TYPED_TEST(StoreContractTest, ChunkWrittenOnceSurvivesManyOverwrites) {
+  const StateKey frozen{"frozen", 0, "master"};
+  const auto keys = Keys(1, 8, {"master"});
+  const size_t bytes = 128 << 10;
+  auto d = ChunkData(frozen, 0, bytes);
+  ASSERT_TRUE(this->store_->Write(frozen, d.data(), d.size()).ok());
+  uint64_t peak_late = 0;
+  for (int64_t step = 0; step < 40; ++step) {
+    this->WriteStep(step, keys, bytes);
+    ASSERT_TRUE(this->store_->Commit(step).ok());
+    if (step >= 20) peak_late = std::max(peak_late, this->store_->Stats().store_bytes);
+  }
+  this->ExpectStep(0, {frozen}, bytes);
+  this->ExpectStep(39, keys, bytes);
+  const uint64_t state = (keys.size() + 1) * bytes;
+  EXPECT_LE(peak_late, 6 * state + (2 << 20)) << "disk use grows with the number of steps";
+}
+
+// Write-behind is bounded: however fast chunks come, no more than the budget (plus the chunk
+// being queued) waits in memory.
+TYPED_TEST(StoreContractTest, WriteBehindQueueStaysBounded) {
+  StoreOptions o = SmallOptions();
+  o.max_pending_write_bytes = 1 << 20;
+  this->store_.reset();
+  this->store_ = this->OpenStore(o);
+  ASSERT_NE(this->store_, nullptr);
+  const auto keys = Keys(1, 64, {"exp_avg"});
+  const size_t bytes = 256 << 10;
+  uint64_t peak = 0;
+  for (const auto& k : keys) {
+    auto d = ChunkData(k, 0, bytes);
+    ASSERT_TRUE(this->store_->Write(k, d.data(), d.size()).ok());
+    peak = std::max(peak, this->store_->Stats().pending_write_bytes);
+  }
+  EXPECT_LE(peak, o.max_pending_write_bytes);
+  ASSERT_TRUE(this->store_->Commit(0).ok());
+  EXPECT_EQ(this->store_->Stats().pending_write_bytes, 0u);
+  this->ExpectStep(0, keys, bytes);
+}
+
 TYPED_TEST(StoreContractTest, LargeAndManyChunks) {
   // One chunk bigger than a memtable, and 2000 small ones (below min_blob_bytes: SST-resident).
   const StateKey big{"embed", 0, "master"};
