@@ -443,6 +443,15 @@ TEST_F(ValidateInputsTest, DataFile) {
   EXPECT_THAT(st.message(), HasSubstr("33 bytes is not a multiple of 2"));
 }
 
+TEST_F(ValidateInputsTest, InitFromFolderTokenizerIsTheDefault) {
+  const std::string base = With(Replace(kBase, "/data/x.txt", "data.txt"), "model", "init_from: hf");
+  fs::create_directories(dir_ / "hf");
+  EXPECT_EQ(Parse(base).data.tokenizer, "byte");  // no tokenizer files there
+  std::ofstream(dir_ / "hf/tokenizer.json") << "{}";
+  EXPECT_EQ(Parse(base).data.tokenizer, (dir_ / "hf").string());
+  EXPECT_EQ(Parse(With(base, "data", "tokenizer: byte")).data.tokenizer, "byte");  // explicit wins
+}
+
 TEST_F(ValidateInputsTest, InitFromFolder) {
   const std::string base = Replace(kBase, "/data/x.txt", "data.txt");
   // gpt2 spec config: vocab 256, n_positions 64, n_embd 32, n_layer 2, n_head 4.

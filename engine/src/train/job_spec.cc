@@ -2,6 +2,7 @@
 // canonical JSON form. The contract is ../shared/contracts/JOBSPEC.md; field reading and error
 // wording live in spec_reader.h.
 #include "traind/engine/job_spec.h"
+#include "traind/engine/tokenizer.h"
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -270,6 +271,12 @@ Result<JobSpec> ParseRoot(const YAML::Node& root, const std::string& base_dir) {
   if (r.Has("name") && !r.Child("name").IsNull()) TRAIND_RETURN_IF_ERROR(r.String("name", &s.name));
   TRAIND_RETURN_IF_ERROR(ParseModel(r.Child("model"), &s.model, base_dir));
   TRAIND_RETURN_IF_ERROR(ParseData(r.Child("data"), &s.data, base_dir));
+  // JOBSPEC.md: with init_from and no data.tokenizer, the init_from folder's tokenizer files
+  // (byte when it has none).
+  if (s.model.init_from && !(r.Child("data").IsMap() && r.Child("data")["tokenizer"]) &&
+      HasTokenizerFiles(*s.model.init_from)) {
+    s.data.tokenizer = *s.model.init_from;
+  }
   TRAIND_RETURN_IF_ERROR(ParseTraining(r.Child("training"), &s.training, base_dir));
   TRAIND_RETURN_IF_ERROR(r.String("output_dir", &s.output_dir));
   if (s.output_dir.empty()) return r.Error("output_dir", "must not be empty");

@@ -69,4 +69,8 @@ class TokenizerFactory {
 // The factory for every kind above.
 const TokenizerFactory& DefaultTokenizerFactory();
 
+// Whether `folder` holds tokenizer files the factory would open (tokenizer.json, tokenizer.model,
+// or vocab.json + merges.txt). The job spec uses it for init_from's default tokenizer.
+bool HasTokenizerFiles(const std::string& folder);
+
 }  // namespace traind::engine

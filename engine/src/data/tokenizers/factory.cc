@@ -6,7 +6,6 @@
 #include "data/tokenizers/internal.h"
 
 namespace traind::engine::tokenizers {
-namespace {
 
 bool IsDir(const std::string& p) {
   struct stat st;
@@ -16,6 +15,8 @@ bool Exists(const std::string& p) {
   struct stat st;
   return ::stat(p.c_str(), &st) == 0;
 }
+
+namespace {
 bool EndsWith(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
@@ -102,6 +103,13 @@ class DefaultFactory final : public TokenizerFactory {
 }  // namespace traind::engine::tokenizers
 
 namespace traind::engine {
+
+bool HasTokenizerFiles(const std::string& folder) {
+  return tokenizers::IsDir(folder) &&
+         (tokenizers::Exists(folder + "/tokenizer.json") ||
+          tokenizers::Exists(folder + "/tokenizer.model") ||
+          (tokenizers::Exists(folder + "/vocab.json") && tokenizers::Exists(folder + "/merges.txt")));
+}
 
 const TokenizerFactory& DefaultTokenizerFactory() {
   static const tokenizers::DefaultFactory* f = new tokenizers::DefaultFactory();

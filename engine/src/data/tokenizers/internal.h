@@ -23,6 +23,9 @@ std::string Hex16(uint64_t v);
 // The whole file, or NOT_FOUND / FAILED_PRECONDITION naming `what` (e.g. "data.tokenizer") and path.
 Result<std::string> ReadFileBytes(const std::string& path, const std::string& what);
 
+bool IsDir(const std::string& path);
+bool Exists(const std::string& path);
+
 // "data.tokenizer: <path>: <msg>"
 Status Malformed(const std::string& path, const std::string& msg);
 
