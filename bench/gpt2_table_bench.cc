@@ -75,7 +75,7 @@ bool ResetPeakRss() {
 // Whether 16-bit GEMMs run as native bf16 kernels (oneDNN) rather than widened to fp32.
 bool NativeBf16Gemm(int threads) {
   const int64_t n = 64;
-  std::vector<uint16_t> a(n * n, engine::cpu::FloatToBf16(0.5f));
+  std::vector<uint16_t> a(n * n, engine::F32ToBF16(0.5f));
   std::vector<float> c(n * n, 0.0f);
   return engine::cpu::DnnlGemm16(false, false, n, n, n, 1.0f, a.data(), n, a.data(), n, 0.0f,
                                  c.data(), n, DType::kBF16, DType::kF32, threads) &&

@@ -169,10 +169,10 @@ TEST(ModelHf, BadConfigsAreInvalidArgumentsNamingTheField) {
   std::vector<Bad> bad;
   ModelConfig c = TinyGpt2();
   c.arch = "bert";
-  bad.push_back({c, TinyOptions(), "model.config.arch"});
+  bad.push_back({c, TinyOptions(), "model.arch"});
   c = TinyGpt2();
   c.n_head = 5;
-  bad.push_back({c, TinyOptions(), "model.config.n_embd"});
+  bad.push_back({c, TinyOptions(), "model.config.n_head"});
   c = TinyLlama(false);
   c.num_key_value_heads = 3;
   bad.push_back({c, TinyOptions(), "model.config.num_key_value_heads"});

@@ -17,34 +17,15 @@
 #include "backend/cuda/gpu_backend.h"
 #include "backend/arena.h"
 #include "models/model.h"
+#include "../engine/model_test_util.h"
 #include "device_under_test.h"
 
 namespace traind::engine {
 namespace {
 
-ModelConfig TinyGpt2() {
-  ModelConfig c;
-  c.arch = "gpt2";
-  c.vocab_size = 67;  // padded vocabulary
-  c.n_positions = 24;
-  c.n_embd = 32;
-  c.n_layer = 2;
-  c.n_head = 4;
-  return c;
-}
+using testing::TinyGpt2;
 
-ModelConfig TinyLlama() {
-  ModelConfig c;
-  c.arch = "llama";
-  c.vocab_size = 67;
-  c.hidden_size = 32;
-  c.intermediate_size = 48;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;  // GQA
-  c.max_position_embeddings = 32;
-  return c;
-}
+ModelConfig TinyLlama() { return testing::TinyLlama(/*tied=*/false); }
 
 struct ModelRun {
   std::unique_ptr<Backend> backend;

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "../engine/model_test_util.h"
 #include "../engine/trainer_test_util.h"
 #include "backend/device_registry.h"
 #include "core/safetensors.h"
@@ -35,15 +36,8 @@ JobSpec Spec(const std::string& arch, const std::string& dir) {
   testing::WriteSyntheticTokens(dir + "/tokens.bin", 1500, 64, 3);
   JobSpec s = testing::TinySpec(dir, dir + "/tokens.bin");
   if (arch == "llama") {
-    ModelConfig c;
-    c.arch = "llama";
-    c.vocab_size = 64;
-    c.hidden_size = 32;
-    c.intermediate_size = 48;
-    c.num_hidden_layers = 2;
-    c.num_attention_heads = 4;
-    c.num_key_value_heads = 2;  // GQA
-    c.max_position_embeddings = 32;
+    ModelConfig c = testing::TinyLlama(/*tied=*/false);  // GQA
+    c.vocab_size = 64;  // the synthetic tokens' vocabulary
     s.model.config = c;
   }
   s.data.seq_len = 13;  // ragged against every block size

@@ -12,6 +12,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "fd_io.h"
+#include "traind/engine/local_run.h"
 #include "traind/v1/runner.pb.h"
 #include "traind/worker/admission.h"
 
@@ -29,13 +31,7 @@ void Emit(int fd, const v1::RunnerEvent& ev) {
     google::protobuf::io::StringOutputStream out(&buf);
     google::protobuf::util::SerializeDelimitedToZeroCopyStream(ev, &out);
   }
-  size_t off = 0;
-  while (off < buf.size()) {
-    ssize_t n = ::write(fd, buf.data() + off, buf.size() - off);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) _exit(3);
-    off += static_cast<size_t>(n);
-  }
+  if (!WriteAll(fd, buf)) _exit(3);
 }
 
 v1::StepEvent ToProto(const engine::StepReport& r) {
@@ -151,54 +147,10 @@ int JobRunnerMain() {
 }
 
 int RunLocal(const std::string& spec_path, const engine::DeviceOptions& device, bool resume) {
-  std::ifstream f(spec_path);
-  if (!f) {
-    std::fprintf(stderr, "cannot read %s\n", spec_path.c_str());
-    return 2;
-  }
-  std::stringstream ss;
-  ss << f.rdbuf();
-  const std::string base = std::filesystem::current_path().string();  // as trainctl does
-  auto admitted = Admit(ss.str(), base, device);
-  if (!admitted.ok()) {
-    std::fprintf(stderr, "%s\n", admitted.status().ToString().c_str());
-    return 2;
-  }
-  struct sigaction sa {};
-  sa.sa_handler = OnTerm;
-  sigaction(SIGINT, &sa, nullptr);
-  sigaction(SIGTERM, &sa, nullptr);
   engine::RunOptions opts;
   opts.device = device;
   opts.resume = resume;
-  opts.cancel = &g_cancel;
-  engine::RunCallbacks cb;
-  cb.on_plan = [](const engine::MemoryPlan& p) {
-    std::printf("plan: micro_batch %lld x %lld accumulation, %.1f MiB (%s)\n",
-                static_cast<long long>(p.micro_batch), static_cast<long long>(p.gradient_accumulation_steps),
-                static_cast<double>(p.bytes.total()) / (1 << 20), p.reason.c_str());
-  };
-  cb.on_log = [](const engine::LogReport& r) {
-    std::printf("step %lld  loss %.4f  lr %.3g  grad_norm %.3f  %.0f tokens/s\n", static_cast<long long>(r.step),
-                r.loss, r.learning_rate, r.grad_norm, r.tokens_per_second);
-    std::fflush(stdout);
-  };
-  cb.on_eval = [](const engine::EvalReport& r) {
-    std::printf("step %lld  eval_loss %.4f\n", static_cast<long long>(r.step), r.eval_loss);
-  };
-  cb.on_checkpoint = [](int64_t step, const std::string& dir) {
-    std::printf("checkpoint step %lld -> %s\n", static_cast<long long>(step), dir.c_str());
-  };
-  cb.on_message = [](const std::string& line) { std::printf("%s\n", line.c_str()); };
-  auto run = engine::RunJob(admitted->spec, opts, cb);
-  if (!run.ok()) {
-    std::fprintf(stderr, "%s\n", run.status().ToString().c_str());
-    return 1;
-  }
-  std::printf("done: %lld steps, train_loss %.4f, eval_loss %.4f, %.0f tokens/s; model in %s\n",
-              static_cast<long long>(run->global_step), run->train_loss, run->eval_loss,
-              run->train_tokens_per_second, run->output_dir.c_str());
-  return 0;
+  return engine::RunJobFileWithConsole(spec_path, opts);
 }
 
 }  // namespace traind::worker

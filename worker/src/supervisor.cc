@@ -13,6 +13,8 @@
 #include <algorithm>
 #include <chrono>
 
+#include "fd_io.h"
+
 namespace traind::worker {
 namespace {
 
@@ -31,17 +33,6 @@ std::string DescribeExit(int status) {
            " without a result";
   }
   return "the job-runner process ended abnormally";
-}
-
-bool WriteAll(int fd, const std::string& buf) {
-  size_t off = 0;
-  while (off < buf.size()) {
-    ssize_t n = ::write(fd, buf.data() + off, buf.size() - off);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    off += static_cast<size_t>(n);
-  }
-  return true;
 }
 
 }  // namespace

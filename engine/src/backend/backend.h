@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "backend/step_scalars.h"
 #include "core/dtype.h"
@@ -44,10 +45,61 @@ class BatchUpload {
   virtual Status Consumed(int slot) = 0;
 };
 
+// The compute ops of the Backend interface, one entry per virtual method below (a new op: add it
+// here and see README.md beside this file for the other places it touches). Memory, copies,
+// synchronisation, graphs and batch uploads are not ops: every backend has them.
+#define TRAIND_BACKEND_OPS(X) \
+  X(Gemm) \
+  X(LinearForward) \
+  X(EmbeddingForward) \
+  X(EmbeddingBackward) \
+  X(AddBias) \
+  X(BiasBackward) \
+  X(Add) \
+  X(Scale) \
+  X(SumSquares) \
+  X(AccumulateSumSquares) \
+  X(AccumulateSum) \
+  X(HasNonFinite) \
+  X(Cast) \
+  X(LayerNormForward) \
+  X(LayerNormBackward) \
+  X(RmsNormForward) \
+  X(RmsNormBackward) \
+  X(GeluForward) \
+  X(GeluBackward) \
+  X(SwiGluForward) \
+  X(SwiGluBackward) \
+  X(Rope) \
+  X(AttentionForward) \
+  X(AttentionBackward) \
+  X(SoftmaxCrossEntropy) \
+  X(AdamW) \
+  X(AdamWFromScalars)
+
+enum class Op : int {
+#define TRAIND_OP_ENUM(name) k##name,
+  TRAIND_BACKEND_OPS(TRAIND_OP_ENUM)
+#undef TRAIND_OP_ENUM
+      kCount
+};
+inline constexpr int kOpCount = static_cast<int>(Op::kCount);
+// "Gemm", "LayerNormForward", ... (the method's name).
+const char* OpName(Op op);
+
 class Backend {
  public:
   virtual ~Backend() = default;
   virtual std::string name() const = 0;  // "cpu", "cuda:0", "simt"
+
+  // ---- what the backend implements ----
+  // True when `op` is implemented. Default: false for every op except LinearForward, whose default
+  // is composed of Gemm, AddBias and GeluForward; so a new backend can start partial and say which
+  // ops it has. Calling an op that is not supported does nothing and records UNIMPLEMENTED naming
+  // the op and the backend in status() (SumSquares then returns NaN, HasNonFinite true). The CPU
+  // backend (the reference) and the GPU backends support every op. The trainer checks the ops a
+  // model needs before its first step (CheckSupports).
+  virtual bool Supports(Op op) const;
 
   // ---- memory ----
   // Returns nullptr when the device is out of memory. Alignment: 64 bytes at least.
@@ -66,7 +118,7 @@ class Backend {
   // A and B share `ab_type`; C has `c_type` (f32, or equal to ab_type).
   virtual void Gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                     const void* A, int64_t lda, const void* B, int64_t ldb, float beta, void* C,
-                    int64_t ldc, DType ab_type = DType::kF32, DType c_type = DType::kF32) = 0;
+                    int64_t ldc, DType ab_type = DType::kF32, DType c_type = DType::kF32);
 
   // ---- linear layer forward, with the GEMM epilogues of cuBLASLt where the device has them ----
   // pre(N,OC) = inp(N,C) * weight(OC,C)^T (+ bias(OC) when bias is not null), fp32;
@@ -79,57 +131,57 @@ class Backend {
   // ---- elementwise / small ops ----
   // out[n, :] (=, or += when accumulate) table[ids[n], :]. out (N,C), table (V,C).
   virtual void EmbeddingForward(float* out, const int32_t* ids, const float* table, int64_t N,
-                                int64_t C, bool accumulate) = 0;
+                                int64_t C, bool accumulate);
   // dtable[ids[n], :] += dout[n, :].
   virtual void EmbeddingBackward(float* dtable, const float* dout, const int32_t* ids, int64_t N,
-                                 int64_t C) = 0;
+                                 int64_t C);
   // out(N,OC) += bias(OC) broadcast over rows.
-  virtual void AddBias(float* out, const float* bias, int64_t N, int64_t OC) = 0;
+  virtual void AddBias(float* out, const float* bias, int64_t N, int64_t OC);
   // dbias(OC) += sum over rows of dout(N,OC).
-  virtual void BiasBackward(float* dbias, const float* dout, int64_t N, int64_t OC) = 0;
+  virtual void BiasBackward(float* dbias, const float* dout, int64_t N, int64_t OC);
   // out = a + b, n elements (out may alias a or b).
-  virtual void Add(float* out, const float* a, const float* b, int64_t n) = 0;
+  virtual void Add(float* out, const float* a, const float* b, int64_t n);
   // x *= s.
-  virtual void Scale(float* x, float s, int64_t n) = 0;
+  virtual void Scale(float* x, float s, int64_t n);
   // Sum of squares of x, accumulated in double; synchronizes.
-  virtual double SumSquares(const float* x, int64_t n) = 0;
+  virtual double SumSquares(const float* x, int64_t n);
   // *acc (device double) += sum of squares of x, accumulated in double; asynchronous.
-  virtual void AccumulateSumSquares(double* acc, const float* x, int64_t n) = 0;
+  virtual void AccumulateSumSquares(double* acc, const float* x, int64_t n);
   // *acc (device double) += (*weight) * sum of x (weight: a device float); asynchronous.
-  virtual void AccumulateSum(double* acc, const float* x, int64_t n, const float* weight) = 0;
+  virtual void AccumulateSum(double* acc, const float* x, int64_t n, const float* weight);
   // True when some x is NaN or infinite (the fp16 loss-scaler's overflow check); synchronizes.
   // Default: through SumSquares (a non-finite element makes the double sum non-finite; finite
   // floats cannot overflow it). Backends may override with a cheaper flag kernel.
   virtual bool HasNonFinite(const float* x, int64_t n) { return !std::isfinite(SumSquares(x, n)); }
   // dst = src converted (round to nearest even), n elements.
-  virtual void Cast(void* dst, DType dst_type, const void* src, DType src_type, int64_t n) = 0;
+  virtual void Cast(void* dst, DType dst_type, const void* src, DType src_type, int64_t n);
 
   // ---- norms ----
   // LayerNorm over C: out (N,C), mean (N), rstd (N), inp (N,C), weight (C), bias (C).
   virtual void LayerNormForward(float* out, float* mean, float* rstd, const float* inp,
                                 const float* weight, const float* bias, int64_t N, int64_t C,
-                                float eps) = 0;
+                                float eps);
   // dinp +=, dweight +=, dbias +=.
   virtual void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,
                                  const float* inp, const float* weight, const float* mean,
-                                 const float* rstd, int64_t N, int64_t C) = 0;
+                                 const float* rstd, int64_t N, int64_t C);
   // RMSNorm (HF LlamaRMSNorm): out = inp * rsqrt(mean(inp^2) + eps) * weight. rstd (N).
   virtual void RmsNormForward(float* out, float* rstd, const float* inp, const float* weight,
-                              int64_t N, int64_t C, float eps) = 0;
+                              int64_t N, int64_t C, float eps);
   // dinp +=, dweight +=.
   virtual void RmsNormBackward(float* dinp, float* dweight, const float* dout, const float* inp,
-                               const float* weight, const float* rstd, int64_t N, int64_t C) = 0;
+                               const float* weight, const float* rstd, int64_t N, int64_t C);
 
   // ---- activations ----
   // GELU, tanh approximation (HF "gelu_new"). out may alias inp.
-  virtual void GeluForward(float* out, const float* inp, int64_t n) = 0;
+  virtual void GeluForward(float* out, const float* inp, int64_t n);
   // dinp = dout * gelu'(inp). dinp may alias dout.
-  virtual void GeluBackward(float* dinp, const float* inp, const float* dout, int64_t n) = 0;
+  virtual void GeluBackward(float* dinp, const float* inp, const float* dout, int64_t n);
   // SwiGLU: inp (N, 2H) holds [gate | up] per row; out (N,H) = silu(gate) * up.
-  virtual void SwiGluForward(float* out, const float* inp, int64_t N, int64_t H) = 0;
+  virtual void SwiGluForward(float* out, const float* inp, int64_t N, int64_t H);
   // dinp (N, 2H) = d/d[gate|up] given dout (N,H).
   virtual void SwiGluBackward(float* dinp, const float* inp, const float* dout, int64_t N,
-                              int64_t H) = 0;
+                              int64_t H);
 
   // ---- rotary position embedding (HF rotate-half convention) ----
   // x: B*T rows of `row_stride` floats; each row holds `n_heads` heads of HS floats starting at
@@ -137,7 +189,7 @@ class Backend {
   // angle = t * inv_freq[i] in fp32; x[i], x[i+HS/2] rotated by angle. In place.
   // inverse=true applies the transpose rotation (the backward of the forward rotation).
   virtual void Rope(float* x, int64_t B, int64_t T, int64_t n_heads, int64_t HS, int64_t row_stride,
-                    float theta, bool inverse) = 0;
+                    float theta, bool inverse);
 
   // ---- causal self-attention (flash-style contract: no (T,T) buffer is kept) ----
   // q: B*T rows, stride q_stride, NH heads of HS. k, v: B*T rows, stride kv_stride, NKV heads of HS
@@ -146,14 +198,14 @@ class Backend {
   // scale = 1/sqrt(HS).
   virtual void AttentionForward(float* out, float* lse, const float* q, const float* k,
                                 const float* v, int64_t B, int64_t T, int64_t NH, int64_t NKV,
-                                int64_t HS, int64_t q_stride, int64_t kv_stride) = 0;
+                                int64_t HS, int64_t q_stride, int64_t kv_stride);
   // dq, dk, dv (=; same layouts and strides as q, k, v; GQA sums over the heads of a group).
   // Parts of a row outside the heads (e.g. the k,v thirds of a fused qkv row when dq points at
   // it) are not touched.
   virtual void AttentionBackward(float* dq, float* dk, float* dv, const float* dout,
                                  const float* out, const float* lse, const float* q,
                                  const float* k, const float* v, int64_t B, int64_t T, int64_t NH,
-                                 int64_t NKV, int64_t HS, int64_t q_stride, int64_t kv_stride) = 0;
+                                 int64_t NKV, int64_t HS, int64_t q_stride, int64_t kv_stride);
 
   // ---- fused softmax + cross-entropy over the logits ----
   // logits (N, Vp); only columns [0, V) are real. targets (N): -1 = ignored row.
@@ -164,7 +216,7 @@ class Backend {
   // multiplies grad_scale (so a captured step can change it between replays).
   virtual void SoftmaxCrossEntropy(float* logits, float* losses, const int32_t* targets, int64_t N,
                                    int64_t V, int64_t Vp, float grad_scale, bool compute_grad,
-                                   const float* device_scale) = 0;
+                                   const float* device_scale);
 
   // ---- optimizer ----
   // AdamW (torch.optim.AdamW semantics), in place on n elements:
@@ -173,21 +225,18 @@ class Backend {
   // with bias_correction{1,2} = 1 - b{1,2}^step given by the caller. g is read as grad_scale * grad.
   virtual void AdamW(float* param, const float* grad, float* m, float* v, int64_t n, float lr,
                      float beta1, float beta2, float eps, float weight_decay,
-                     float bias_correction1, float bias_correction2, float grad_scale) = 0;
+                     float bias_correction1, float bias_correction2, float grad_scale);
   // The same update with lr, the bias corrections and the gradient multiplier taken from device
   // memory: grad_scale = StepGradMultiplier(s->grad_sq, s->loss_scale, s->max_grad_norm); nothing
   // is changed when s->skip_nonfinite and grad_sq is not finite. Capturable.
   virtual void AdamWFromScalars(float* param, const float* grad, float* m, float* v, int64_t n,
                                 const StepScalars* s, float beta1, float beta2, float eps,
-                                float weight_decay) = 0;
+                                float weight_decay);
 
   // ---- device capabilities (defaults: none; the GPU backends override) ----
   // The first error an op hit (OK when none). Ops do not abort on bad input on the GPU backends;
   // they do nothing and report here. The CPU backend's ops do not fail.
-  virtual const Status& status() const {
-    static const Status kOk;
-    return kOk;
-  }
+  virtual const Status& status() const { return unsupported_; }
   // Free and total device memory in bytes. UNIMPLEMENTED on backends without a device memory of
   // their own (the CPU backend: the planner uses host RAM).
   virtual Status MemoryInfo(size_t* free_bytes, size_t* total_bytes) const {
@@ -209,7 +258,18 @@ class Backend {
   // A double-buffered uploader with slots of `slot_bytes`. Default: plain host slots copied with
   // CopyHostToDevice (synchronous); the GPU backends use pinned slots and a copy stream.
   virtual Result<std::unique_ptr<BatchUpload>> MakeBatchUpload(size_t slot_bytes);
+
+ protected:
+  // What the default op bodies call: records UNIMPLEMENTED for `op` (the first one) in status().
+  void Unsupported(Op op);
+
+ private:
+  Status unsupported_;
 };
+
+// OK when `backend` supports every op in `ops`, else FAILED_PRECONDITION naming the first missing
+// op and the backend ("backend simt does not implement op Rope, which this model needs").
+Status CheckSupports(const Backend& backend, const std::vector<Op>& ops);
 
 // The CPU backend (always available; the reference). threads = 0: all cores.
 std::unique_ptr<Backend> MakeCpuBackend(int threads = 0);

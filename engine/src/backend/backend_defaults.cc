@@ -1,6 +1,8 @@
-// The Backend methods with a default implementation: LinearForward as separate ops, and
-// MakeBatchUpload as two plain host slots copied with CopyHostToDevice, which is synchronous on
+// The Backend methods with a default implementation: the op names, Supports (nothing but the
+// composed ops), an unsupported op's body (records UNIMPLEMENTED), LinearForward as separate ops,
+// and MakeBatchUpload as two plain host slots copied with CopyHostToDevice, which is synchronous on
 // the backends that use it (the CPU backend), so Consumed() has nothing to order.
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -40,6 +42,149 @@ class HostBatchUpload final : public BatchUpload {
 };
 
 }  // namespace
+
+const char* OpName(Op op) {
+  switch (op) {
+#define TRAIND_OP_NAME(name) \
+  case Op::k##name:          \
+    return #name;
+    TRAIND_BACKEND_OPS(TRAIND_OP_NAME)
+#undef TRAIND_OP_NAME
+    case Op::kCount:
+      break;
+  }
+  return "unknown op";
+}
+
+bool Backend::Supports(Op op) const {
+  switch (op) {
+    case Op::kLinearForward:
+      return Supports(Op::kGemm) && Supports(Op::kAddBias) && Supports(Op::kGeluForward);
+    case Op::kHasNonFinite:
+      return Supports(Op::kSumSquares);
+    default:
+      return false;
+  }
+}
+
+void Backend::Unsupported(Op op) {
+  if (unsupported_.ok()) {
+    unsupported_ = Status::Unimplemented("backend " + name() + " does not implement op " +
+                                         OpName(op));
+  }
+}
+
+Status CheckSupports(const Backend& backend, const std::vector<Op>& ops) {
+  for (Op op : ops) {
+    if (!backend.Supports(op)) {
+      return Status::FailedPrecondition("backend " + backend.name() + " does not implement op " +
+                                        OpName(op) + ", which this job needs");
+    }
+  }
+  return Status::Ok();
+}
+
+// ---- an unsupported op does nothing but record it ----
+void Backend::Gemm(bool /*trans_a*/, bool /*trans_b*/, int64_t /*M*/, int64_t /*N*/, int64_t /*K*/, float /*alpha*/, const void* /*A*/, int64_t /*lda*/, const void* /*B*/, int64_t /*ldb*/, float /*beta*/, void* /*C*/, int64_t /*ldc*/, DType /*ab_type*/, DType /*c_type*/) {
+  Unsupported(Op::kGemm);
+}
+
+void Backend::EmbeddingForward(float* /*out*/, const int32_t* /*ids*/, const float* /*table*/, int64_t /*N*/, int64_t /*C*/, bool /*accumulate*/) {
+  Unsupported(Op::kEmbeddingForward);
+}
+
+void Backend::EmbeddingBackward(float* /*dtable*/, const float* /*dout*/, const int32_t* /*ids*/, int64_t /*N*/, int64_t /*C*/) {
+  Unsupported(Op::kEmbeddingBackward);
+}
+
+void Backend::AddBias(float* /*out*/, const float* /*bias*/, int64_t /*N*/, int64_t /*OC*/) {
+  Unsupported(Op::kAddBias);
+}
+
+void Backend::BiasBackward(float* /*dbias*/, const float* /*dout*/, int64_t /*N*/, int64_t /*OC*/) {
+  Unsupported(Op::kBiasBackward);
+}
+
+void Backend::Add(float* /*out*/, const float* /*a*/, const float* /*b*/, int64_t /*n*/) {
+  Unsupported(Op::kAdd);
+}
+
+void Backend::Scale(float* /*x*/, float /*s*/, int64_t /*n*/) {
+  Unsupported(Op::kScale);
+}
+
+double Backend::SumSquares(const float* /*x*/, int64_t /*n*/) {
+  Unsupported(Op::kSumSquares);
+  return std::numeric_limits<double>::quiet_NaN();
+}
+
+void Backend::AccumulateSumSquares(double* /*acc*/, const float* /*x*/, int64_t /*n*/) {
+  Unsupported(Op::kAccumulateSumSquares);
+}
+
+void Backend::AccumulateSum(double* /*acc*/, const float* /*x*/, int64_t /*n*/, const float* /*weight*/) {
+  Unsupported(Op::kAccumulateSum);
+}
+
+void Backend::Cast(void* /*dst*/, DType /*dst_type*/, const void* /*src*/, DType /*src_type*/, int64_t /*n*/) {
+  Unsupported(Op::kCast);
+}
+
+void Backend::LayerNormForward(float* /*out*/, float* /*mean*/, float* /*rstd*/, const float* /*inp*/, const float* /*weight*/, const float* /*bias*/, int64_t /*N*/, int64_t /*C*/, float /*eps*/) {
+  Unsupported(Op::kLayerNormForward);
+}
+
+void Backend::LayerNormBackward(float* /*dinp*/, float* /*dweight*/, float* /*dbias*/, const float* /*dout*/, const float* /*inp*/, const float* /*weight*/, const float* /*mean*/, const float* /*rstd*/, int64_t /*N*/, int64_t /*C*/) {
+  Unsupported(Op::kLayerNormBackward);
+}
+
+void Backend::RmsNormForward(float* /*out*/, float* /*rstd*/, const float* /*inp*/, const float* /*weight*/, int64_t /*N*/, int64_t /*C*/, float /*eps*/) {
+  Unsupported(Op::kRmsNormForward);
+}
+
+void Backend::RmsNormBackward(float* /*dinp*/, float* /*dweight*/, const float* /*dout*/, const float* /*inp*/, const float* /*weight*/, const float* /*rstd*/, int64_t /*N*/, int64_t /*C*/) {
+  Unsupported(Op::kRmsNormBackward);
+}
+
+void Backend::GeluForward(float* /*out*/, const float* /*inp*/, int64_t /*n*/) {
+  Unsupported(Op::kGeluForward);
+}
+
+void Backend::GeluBackward(float* /*dinp*/, const float* /*inp*/, const float* /*dout*/, int64_t /*n*/) {
+  Unsupported(Op::kGeluBackward);
+}
+
+void Backend::SwiGluForward(float* /*out*/, const float* /*inp*/, int64_t /*N*/, int64_t /*H*/) {
+  Unsupported(Op::kSwiGluForward);
+}
+
+void Backend::SwiGluBackward(float* /*dinp*/, const float* /*inp*/, const float* /*dout*/, int64_t /*N*/, int64_t /*H*/) {
+  Unsupported(Op::kSwiGluBackward);
+}
+
+void Backend::Rope(float* /*x*/, int64_t /*B*/, int64_t /*T*/, int64_t /*n_heads*/, int64_t /*HS*/, int64_t /*row_stride*/, float /*theta*/, bool /*inverse*/) {
+  Unsupported(Op::kRope);
+}
+
+void Backend::AttentionForward(float* /*out*/, float* /*lse*/, const float* /*q*/, const float* /*k*/, const float* /*v*/, int64_t /*B*/, int64_t /*T*/, int64_t /*NH*/, int64_t /*NKV*/, int64_t /*HS*/, int64_t /*q_stride*/, int64_t /*kv_stride*/) {
+  Unsupported(Op::kAttentionForward);
+}
+
+void Backend::AttentionBackward(float* /*dq*/, float* /*dk*/, float* /*dv*/, const float* /*dout*/, const float* /*out*/, const float* /*lse*/, const float* /*q*/, const float* /*k*/, const float* /*v*/, int64_t /*B*/, int64_t /*T*/, int64_t /*NH*/, int64_t /*NKV*/, int64_t /*HS*/, int64_t /*q_stride*/, int64_t /*kv_stride*/) {
+  Unsupported(Op::kAttentionBackward);
+}
+
+void Backend::SoftmaxCrossEntropy(float* /*logits*/, float* /*losses*/, const int32_t* /*targets*/, int64_t /*N*/, int64_t /*V*/, int64_t /*Vp*/, float /*grad_scale*/, bool /*compute_grad*/, const float* /*device_scale*/) {
+  Unsupported(Op::kSoftmaxCrossEntropy);
+}
+
+void Backend::AdamW(float* /*param*/, const float* /*grad*/, float* /*m*/, float* /*v*/, int64_t /*n*/, float /*lr*/, float /*beta1*/, float /*beta2*/, float /*eps*/, float /*weight_decay*/, float /*bias_correction1*/, float /*bias_correction2*/, float /*grad_scale*/) {
+  Unsupported(Op::kAdamW);
+}
+
+void Backend::AdamWFromScalars(float* /*param*/, const float* /*grad*/, float* /*m*/, float* /*v*/, int64_t /*n*/, const StepScalars* /*s*/, float /*beta1*/, float /*beta2*/, float /*eps*/, float /*weight_decay*/) {
+  Unsupported(Op::kAdamWFromScalars);
+}
 
 void Backend::LinearForward(float* pre, float* act, const void* inp, const void* weight,
                             const float* bias, int64_t N, int64_t C, int64_t OC, DType type) {

@@ -25,17 +25,6 @@ using nlohmann::json;
 
 constexpr uint64_t kMaxHeaderBytes = 100ull << 20;  // HF's own limit is 100 MB as well
 
-uint32_t FloatBits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-}
-float BitsFloat(uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
 // Closes a file descriptor on scope exit.
 struct Fd {
   int fd = -1;
@@ -172,48 +161,6 @@ Status ParseEntry(const std::string& file, const std::string& name, const json& 
 std::string ShapeJson(const std::vector<int64_t>& shape) { return json(shape).dump(); }
 
 }  // namespace
-
-uint16_t F32ToBF16(float x) {
-  const uint32_t u = FloatBits(x);
-  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<uint16_t>((u >> 16) | 0x0040u);  // NaN
-  // Round to nearest even on the 16 dropped bits; a carry correctly bumps the exponent (to inf).
-  return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
-}
-
-float BF16ToF32(uint16_t x) { return BitsFloat(static_cast<uint32_t>(x) << 16); }
-
-uint16_t F32ToF16(float x) {
-  const uint32_t u = FloatBits(x);
-  const uint32_t sign = (u >> 16) & 0x8000u;
-  const uint32_t a = u & 0x7FFFFFFFu;
-  if (a > 0x7F800000u) return static_cast<uint16_t>(sign | 0x7E00u | ((a >> 13) & 0x3FFu));
-  if (a >= 0x477FF000u) return static_cast<uint16_t>(sign | 0x7C00u);  // >= 65520 rounds to inf
-  if (a >= 0x38800000u) {  // normal f16: rebias exponent 127 -> 15, round 13 dropped bits
-    return static_cast<uint16_t>(sign | ((a - 0x38000000u + 0xFFFu + ((a >> 13) & 1u)) >> 13));
-  }
-  const uint32_t e = a >> 23;
-  if (e < 102) return static_cast<uint16_t>(sign);  // below half the smallest subnormal: +-0
-  // Subnormal f16 (units of 2^-24): value = m * 2^(e-150), so q = m >> (126 - e), rounded.
-  const uint32_t m = (a & 0x7FFFFFu) | 0x800000u;
-  const uint32_t s = 126 - e;  // 14..24
-  uint32_t q = m >> s;
-  const uint32_t rem = m & ((1u << s) - 1u);
-  const uint32_t half = 1u << (s - 1);
-  if (rem > half || (rem == half && (q & 1u))) ++q;
-  return static_cast<uint16_t>(sign | q);
-}
-
-float F16ToF32(uint16_t x) {
-  const uint32_t sign = static_cast<uint32_t>(x & 0x8000u) << 16;
-  const uint32_t exp = (x >> 10) & 0x1Fu;
-  const uint32_t mant = x & 0x3FFu;
-  if (exp == 0) {
-    const float v = std::ldexp(static_cast<float>(mant), -24);
-    return sign ? -v : v;
-  }
-  if (exp == 31) return BitsFloat(sign | 0x7F800000u | (mant << 13));
-  return BitsFloat(sign | ((exp + 112u) << 23) | (mant << 13));
-}
 
 size_t SafetensorsDTypeSize(const std::string& d) {
   if (d == "F64" || d == "I64" || d == "U64") return 8;

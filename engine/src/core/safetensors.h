@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "core/half.h"  // F32ToBF16 ... for the float dtypes
 #include "traind/engine/status.h"
 
 namespace traind::engine {
@@ -31,12 +32,6 @@ struct SafetensorsFile {
   std::map<std::string, std::string> metadata;
 };
 
-// Scalar conversions between fp32 and the 16-bit float formats, rounding to nearest even.
-// NaN stays NaN (quiet), infinities stay infinite; f16 overflow gives +-inf, underflow subnormals/0.
-uint16_t F32ToBF16(float x);
-float BF16ToF32(uint16_t x);
-uint16_t F32ToF16(float x);
-float F16ToF32(uint16_t x);
 // The bytes of one element of a safetensors dtype ("F32" -> 4), or 0 for an unknown name.
 size_t SafetensorsDTypeSize(const std::string& dtype);
 // `t` converted to the float dtype "F32", "BF16" or "F16" (from any of those); INVALID_ARGUMENT

@@ -175,7 +175,7 @@ const void* DecoderModel::W(int64_t offset) const {
 
 void DecoderModel::NormInto(void* dst, float* mean, float* rstd, const float* inp, int64_t w,
                             int64_t b) {
-  const nn::NormShape ns{N_, d_.C, d_.llama, d_.eps};
+  const nn::NormShape ns{N_, d_.C, d_.rms_norm(), d_.eps};
   // 16-bit: normalise in fp32 into tmp_c (free between the block's uses), then round.
   float* out = mixed_ ? bufs_.tmp_c : static_cast<float*>(dst);
   nn::NormForward(*be_, ns, out, mean, rstd, inp, P(w), P(b));
@@ -191,8 +191,8 @@ void DecoderModel::BlockForward(int64_t l) {
   float* y = bufs_.res[l + 1];
   const int64_t C = d_.C;
   const nn::AttentionShape as{
-      options_.micro_batch, options_.seq_len, d_.NH, d_.NKV, d_.HS, d_.llama, d_.rope_theta};
-  const nn::MlpShape ms{N_, C, d_.H, d_.llama};
+      options_.micro_batch, options_.seq_len, d_.NH, d_.NKV, d_.HS, d_.rotary(), d_.rope_theta};
+  const nn::MlpShape ms{N_, C, d_.H, d_.swiglu()};
   const nn::MlpWeights mw{W(p.up_w), P(p.up_b), W(p.down_w), P(p.down_b)};
 
   NormInto(a.ln1, a.ln1_mean, a.ln1_rstd, x, p.ln1_w, p.ln1_b);
@@ -215,17 +215,17 @@ void DecoderModel::BlockBackward(int64_t l) {
   const BlockActs& a = bufs_.blocks[l];
   const float* x = bufs_.res[l];
   const int64_t C = d_.C;
-  const nn::NormShape ns{N_, C, d_.llama, d_.eps};
+  const nn::NormShape ns{N_, C, d_.rms_norm(), d_.eps};
   const nn::AttentionShape as{
-      options_.micro_batch, options_.seq_len, d_.NH, d_.NKV, d_.HS, d_.llama, d_.rope_theta};
-  const nn::MlpShape ms{N_, C, d_.H, d_.llama};
+      options_.micro_batch, options_.seq_len, d_.NH, d_.NKV, d_.HS, d_.rotary(), d_.rope_theta};
+  const nn::MlpShape ms{N_, C, d_.H, d_.swiglu()};
   const nn::MlpWeights mw{W(p.up_w), P(p.up_b), W(p.down_w), P(p.down_b)};
   const nn::MlpGrads mg{G(p.up_w), G(p.up_b), G(p.down_w), G(p.down_b)};
   float* dres = bufs_.dres;   // d(block output) = d(res2) through the residual add
   float* dtmp = bufs_.tmp_c;  // reused: d(ln2), then d(atty), then d(ln1)
   float* dbig = bufs_.scratch_big;
 
-  nn::MlpBackward(be, ms, mw, mg, dtmp, dres, a.h, a.a, a.ln2, d_.llama ? bufs_.scratch_a : dbig,
+  nn::MlpBackward(be, ms, mw, mg, dtmp, dres, a.h, a.a, a.ln2, d_.swiglu() ? bufs_.scratch_a : dbig,
                   dbig, gp_);
   nn::NormBackward(be, ns, dres, G(p.ln2_w), G(p.ln2_b), dtmp, a.res2, P(p.ln2_w), a.ln2_mean,
                    a.ln2_rstd);
@@ -291,7 +291,7 @@ void DecoderModel::Backward() {
   nn::LinearBackward(be, bufs_.tmp_c, G(table_.lm_head), nullptr, bufs_.logits, bufs_.lnf,
                      W(table_.lm_head), N_, C, d_.Vp, gp_);
   be.Memset0(bufs_.dres, static_cast<size_t>(N_ * C) * sizeof(float));
-  const nn::NormShape ns{N_, C, d_.llama, d_.eps};
+  const nn::NormShape ns{N_, C, d_.rms_norm(), d_.eps};
   nn::NormBackward(be, ns, bufs_.dres, G(table_.lnf_w), G(table_.lnf_b), bufs_.tmp_c,
                    bufs_.res[d_.L], P(table_.lnf_w), bufs_.lnf_mean, bufs_.lnf_rstd);
   const bool ckpt = options_.gradient_checkpointing;

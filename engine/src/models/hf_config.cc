@@ -1,6 +1,7 @@
 // HF config.json reading and writing for gpt2 and llama, and ModelConfig sanity checks.
 // Reading tolerates bookkeeping keys and rejects keys that would change the math we implement.
 #include "models/hf_config.h"
+#include "models/layout.h"
 
 #include <fstream>
 #include <set>
@@ -114,7 +115,20 @@ Status Positive(const std::string& prefix, const char* key, int64_t v) {
 }  // namespace
 
 Status ValidateModelConfig(const ModelConfig& c, const std::string& p) {
+  const ModelFamily* family = FindFamily(c.arch);
+  if (family == nullptr) {
+    return Status::InvalidArgument("model.arch: unknown architecture '" + c.arch +
+                                   "' (supported: " + KnownFamilies() + ")");
+  }
+  if (!family->features.causal || !family->features.pre_ln) {
+    return Status::Unimplemented("model.arch: " + c.arch +
+                                 " needs bidirectional or post-LN blocks, not built yet");
+  }
   TRAIND_RETURN_IF_ERROR(Positive(p, "vocab_size", c.vocab_size));
+  if (c.vocab_size > (int64_t{1} << 31) - 64) {
+    return Status::InvalidArgument(p + "vocab_size: " + std::to_string(c.vocab_size) +
+                                   " does not fit int32 token ids");
+  }
   if (c.arch == "gpt2") {
     TRAIND_RETURN_IF_ERROR(Positive(p, "n_positions", c.n_positions));
     TRAIND_RETURN_IF_ERROR(Positive(p, "n_embd", c.n_embd));
@@ -128,9 +142,6 @@ Status ValidateModelConfig(const ModelConfig& c, const std::string& p) {
       return Status::InvalidArgument(p + "layer_norm_epsilon: must be > 0");
     }
     return Status::Ok();
-  }
-  if (c.arch != "llama") {
-    return Status::InvalidArgument("model.arch: expected gpt2 or llama, got '" + c.arch + "'");
   }
   TRAIND_RETURN_IF_ERROR(Positive(p, "hidden_size", c.hidden_size));
   TRAIND_RETURN_IF_ERROR(Positive(p, "intermediate_size", c.intermediate_size));

@@ -14,11 +14,37 @@ const char* CategoryName(int c) {
   return kNames[c];
 }
 
+// The families: GPT-2 (LayerNorm, learned positions, GELU-tanh MLP, biases) and LLaMA (RMSNorm,
+// rotary positions, SwiGLU MLP, no biases); both causal and pre-LN.
+const ModelFamily kFamilies[] = {
+    {"gpt2",
+     {FamilyFeatures::Norm::kLayerNorm, FamilyFeatures::Positions::kLearned,
+      FamilyFeatures::Mlp::kGeluTanh, /*bias=*/true, /*causal=*/true, /*pre_ln=*/true},
+     Gpt2Params},
+    {"llama",
+     {FamilyFeatures::Norm::kRmsNorm, FamilyFeatures::Positions::kRotary,
+      FamilyFeatures::Mlp::kSwiGlu, /*bias=*/false, /*causal=*/true, /*pre_ln=*/true},
+     LlamaParams},
+};
+
 }  // namespace
+
+const ModelFamily* FindFamily(const std::string& arch) {
+  for (const ModelFamily& f : kFamilies) {
+    if (arch == f.arch) return &f;
+  }
+  return nullptr;
+}
+
+std::string KnownFamilies() {
+  std::string s;
+  for (const ModelFamily& f : kFamilies) s += (s.empty() ? "" : ", ") + std::string(f.arch);
+  return s;
+}
 
 ArchDims MakeArchDims(const ModelConfig& config) {
   ArchDims d;
-  d.llama = config.arch == "llama";
+  d.family = FindFamily(config.arch);
   d.V = config.vocab_size;
   d.Vp = AlignUp(config.vocab_size, 64);
   d.C = config.channels();
@@ -26,9 +52,9 @@ ArchDims MakeArchDims(const ModelConfig& config) {
   d.NH = config.num_heads();
   d.NKV = config.num_kv_heads();
   d.HS = d.NH > 0 ? d.C / d.NH : 0;
-  d.H = d.llama ? config.intermediate_size : 4 * config.n_embd;
+  d.H = d.swiglu() ? config.intermediate_size : 4 * config.n_embd;
   d.max_T = config.max_positions();
-  d.eps = static_cast<float>(d.llama ? config.rms_norm_eps : config.layer_norm_epsilon);
+  d.eps = static_cast<float>(d.rms_norm() ? config.rms_norm_eps : config.layer_norm_epsilon);
   d.rope_theta = static_cast<float>(config.rope_theta);
   d.tied = config.tied_embeddings();
   return d;
@@ -100,27 +126,27 @@ void PlanBuffers(const ArchDims& d, const ModelOptions& o, int64_t num_params, B
 
   p->Add(MC::kActivations, N, &b->inputs);
   p->Add(MC::kActivations, N, &b->targets);
-  if (!d.llama) p->Add(MC::kActivations, N, &b->positions);
+  if (!d.rotary()) p->Add(MC::kActivations, N, &b->positions);
   // Residual stream: kept block inputs, k-1 working residuals (checkpointing), the final residual.
   b->res_store.assign(static_cast<size_t>(n_ckpt + (k - 1) + 1), nullptr);
   for (float*& r : b->res_store) p->Add(MC::kActivations, N * C, &r);
   b->block_store.assign(static_cast<size_t>(n_sets), BlockActs{});
   for (BlockActs& a : b->block_store) {
     p->Add(MC::kActivations, N * C, t, &a.ln1);
-    if (!d.llama) p->Add(MC::kActivations, N, &a.ln1_mean);
+    if (!d.rms_norm()) p->Add(MC::kActivations, N, &a.ln1_mean);
     p->Add(MC::kActivations, N, &a.ln1_rstd);
     p->Add(MC::kActivations, N * d.qkv_width(), &a.qkv);
     p->Add(MC::kActivations, N * C, t, &a.atty);
     p->Add(MC::kActivations, o.micro_batch * d.NH * o.seq_len, &a.lse);
     p->Add(MC::kActivations, N * C, &a.res2);
     p->Add(MC::kActivations, N * C, t, &a.ln2);
-    if (!d.llama) p->Add(MC::kActivations, N, &a.ln2_mean);
+    if (!d.rms_norm()) p->Add(MC::kActivations, N, &a.ln2_mean);
     p->Add(MC::kActivations, N, &a.ln2_rstd);
     p->Add(MC::kActivations, N * d.up_width(), &a.h);
     p->Add(MC::kActivations, N * d.H, t, &a.a);
   }
   p->Add(MC::kActivations, N * C, t, &b->lnf);
-  if (!d.llama) p->Add(MC::kActivations, N, &b->lnf_mean);
+  if (!d.rms_norm()) p->Add(MC::kActivations, N, &b->lnf_mean);
   p->Add(MC::kActivations, N, &b->lnf_rstd);
   p->Add(MC::kActivations, N * d.Vp, &b->logits);
   p->Add(MC::kActivations, N, &b->losses);
@@ -128,7 +154,7 @@ void PlanBuffers(const ArchDims& d, const ModelOptions& o, int64_t num_params, B
   p->Add(MC::kTemporary, N * C, &b->dres);
   p->Add(MC::kTemporary, N * C, &b->tmp_c);
   p->Add(MC::kTemporary, N * std::max(d.qkv_width(), d.up_width()), &b->scratch_big);
-  if (d.llama) p->Add(MC::kTemporary, N * d.H, &b->scratch_a);
+  if (d.swiglu()) p->Add(MC::kTemporary, N * d.H, &b->scratch_a);
   if (mixed) {
     // Every gradient entering a GEMM fits whole (N rows of C, qkv_width or up_width), and so do
     // N*C floats (2*N*C 16-bit elements). The logits gradient (N,Vp) goes through in chunks of at

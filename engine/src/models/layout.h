@@ -14,15 +14,48 @@
 
 namespace traind::engine {
 
+struct ArchDims;
+struct ParamTable;
+
+// A model family as the features its blocks are built from (HF semantics), not an arch switch:
+// the decoder, the buffer plan and the required ops read these, so a new family is a new row in
+// the family table (layout.cc) plus its parameter table (its HF tensor names). docs/engine.md,
+// "A new model family", lists the steps.
+struct FamilyFeatures {
+  enum class Norm { kLayerNorm, kRmsNorm };
+  enum class Positions { kLearned, kRotary };  // learned table (wpe) or rotary (q, k)
+  enum class Mlp { kGeluTanh, kSwiGlu };       // activation (and gating) of the MLP
+  Norm norm = Norm::kLayerNorm;
+  Positions positions = Positions::kLearned;
+  Mlp mlp = Mlp::kGeluTanh;
+  bool bias = true;    // linear layers and norms carry biases
+  bool causal = true;  // causal self-attention (false: bidirectional, with a padding mask)
+  bool pre_ln = true;  // norm before each sub-block (false: after the residual add, as BERT)
+};
+
+struct ModelFamily {
+  const char* arch;  // model.arch and HF model_type: "gpt2", "llama"
+  FamilyFeatures features;
+  ParamTable (*params)(const ArchDims& d);  // names, shapes, HF layout, init of every tensor
+};
+// The family of `arch`, or null when there is none (the config validator names the known ones).
+const ModelFamily* FindFamily(const std::string& arch);
+// "gpt2, llama": for messages.
+std::string KnownFamilies();
+
 // Letters as in backend.h. H is the MLP hidden size (4C for gpt2, intermediate_size for llama).
 struct ArchDims {
-  bool llama = false;
+  const ModelFamily* family = nullptr;
+  const FamilyFeatures& f() const { return family->features; }
+  bool rms_norm() const { return f().norm == FamilyFeatures::Norm::kRmsNorm; }
+  bool rotary() const { return f().positions == FamilyFeatures::Positions::kRotary; }
+  bool swiglu() const { return f().mlp == FamilyFeatures::Mlp::kSwiGlu; }
   int64_t V = 0, Vp = 0, C = 0, L = 0, NH = 0, NKV = 0, HS = 0, H = 0, max_T = 0;
   float eps = 1e-5f;
   float rope_theta = 10000.0f;
   bool tied = true;
   int64_t qkv_width() const { return (NH + 2 * NKV) * HS; }
-  int64_t up_width() const { return llama ? 2 * H : H; }
+  int64_t up_width() const { return swiglu() ? 2 * H : H; }
 };
 // Vp: the vocabulary rounded up to a multiple of 64 for the logits GEMM.
 ArchDims MakeArchDims(const ModelConfig& config);
@@ -58,9 +91,7 @@ struct ParamTable {
 
 ParamTable Gpt2Params(const ArchDims& d);   // models/gpt2.cc
 ParamTable LlamaParams(const ArchDims& d);  // models/llama.cc
-inline ParamTable BuildParams(const ArchDims& d) {
-  return d.llama ? LlamaParams(d) : Gpt2Params(d);
-}
+inline ParamTable BuildParams(const ArchDims& d) { return d.family->params(d); }
 
 // One block's saved activations (N = B*T rows). Unused fields stay null for an arch.
 // The four GEMM inputs (ln1, atty, ln2, a) are stored in the compute type (fp32, bf16 or f16:

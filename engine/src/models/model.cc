@@ -4,63 +4,17 @@
 #include <string>
 
 #include "models/decoder.h"
+#include "models/hf_config.h"
 #include "models/layout.h"
 
 namespace traind::engine {
 namespace {
 
-Status Positive(const char* field, int64_t v) {
-  if (v >= 1) return Status::Ok();
-  return Status::InvalidArgument(std::string("model.config.") + field + ": must be >= 1, got " +
-                                 std::to_string(v));
-}
-
+// The options half of the validation (the config half is ValidateModelConfig, the one validator
+// of model configs, shared with the job-spec parser and init_from's config.json).
 Status ValidateConfig(const ModelConfig& c, const ModelOptions& o) {
-  if (c.arch != "gpt2" && c.arch != "llama") {
-    return Status::InvalidArgument("model.config.arch: unknown architecture '" + c.arch +
-                                   "' (supported: gpt2, llama)");
-  }
-  const bool llama = c.arch == "llama";
-  TRAIND_RETURN_IF_ERROR(Positive("vocab_size", c.vocab_size));
-  if (c.vocab_size > (int64_t{1} << 31) - 64) {
-    return Status::InvalidArgument("model.config.vocab_size: " + std::to_string(c.vocab_size) +
-                                   " does not fit int32 token ids");
-  }
-  const char* f_c = llama ? "hidden_size" : "n_embd";
-  const char* f_l = llama ? "num_hidden_layers" : "n_layer";
-  const char* f_h = llama ? "num_attention_heads" : "n_head";
-  const char* f_p = llama ? "max_position_embeddings" : "n_positions";
-  TRAIND_RETURN_IF_ERROR(Positive(f_c, c.channels()));
-  TRAIND_RETURN_IF_ERROR(Positive(f_l, c.num_layers()));
-  TRAIND_RETURN_IF_ERROR(Positive(f_h, c.num_heads()));
-  TRAIND_RETURN_IF_ERROR(Positive(f_p, c.max_positions()));
-  if (c.channels() % c.num_heads() != 0) {
-    return Status::InvalidArgument(std::string("model.config.") + f_c + ": " +
-                                   std::to_string(c.channels()) + " is not divisible by " + f_h +
-                                   " = " + std::to_string(c.num_heads()));
-  }
-  if (llama) {
-    TRAIND_RETURN_IF_ERROR(Positive("intermediate_size", c.intermediate_size));
-    TRAIND_RETURN_IF_ERROR(Positive("num_key_value_heads", c.num_key_value_heads));
-    if (c.num_attention_heads % c.num_key_value_heads != 0) {
-      return Status::InvalidArgument(
-          "model.config.num_key_value_heads: " + std::to_string(c.num_key_value_heads) +
-          " must divide num_attention_heads = " + std::to_string(c.num_attention_heads));
-    }
-    if ((c.hidden_size / c.num_attention_heads) % 2 != 0) {
-      return Status::InvalidArgument("model.config.hidden_size: the head size " +
-                                     std::to_string(c.hidden_size / c.num_attention_heads) +
-                                     " must be even for rotary embeddings");
-    }
-    if (!(c.rope_theta > 0)) {
-      return Status::InvalidArgument("model.config.rope_theta: must be > 0");
-    }
-    if (!(c.rms_norm_eps > 0)) {
-      return Status::InvalidArgument("model.config.rms_norm_eps: must be > 0");
-    }
-  } else if (!(c.layer_norm_epsilon > 0)) {
-    return Status::InvalidArgument("model.config.layer_norm_epsilon: must be > 0");
-  }
+  TRAIND_RETURN_IF_ERROR(ValidateModelConfig(c, "model.config."));
+  const char* f_p = c.arch == "gpt2" ? "n_positions" : "max_position_embeddings";
   if (o.micro_batch < 1) {
     return Status::InvalidArgument("training.per_device_train_batch_size: must be >= 1, got " +
                                    std::to_string(o.micro_batch));
@@ -91,6 +45,28 @@ Result<std::unique_ptr<Model>> Model::Create(const ModelConfig& config, const Mo
   TRAIND_ASSIGN_OR_RETURN(std::unique_ptr<DecoderModel> m,
                           DecoderModel::Make(config, options, arena));
   return std::unique_ptr<Model>(std::move(m));
+}
+
+std::vector<Op> Model::RequiredOps(const ModelConfig& config) {
+  const FamilyFeatures f = FindFamily(config.arch) != nullptr ? FindFamily(config.arch)->features
+                                                              : FamilyFeatures{};
+  std::vector<Op> ops = {Op::kGemm, Op::kLinearForward, Op::kEmbeddingForward,
+                         Op::kEmbeddingBackward, Op::kAdd, Op::kCast, Op::kAttentionForward,
+                         Op::kAttentionBackward, Op::kSoftmaxCrossEntropy, Op::kAccumulateSum,
+                         Op::kAccumulateSumSquares, Op::kAdamWFromScalars};
+  if (f.bias) ops.insert(ops.end(), {Op::kAddBias, Op::kBiasBackward});
+  if (f.norm == FamilyFeatures::Norm::kRmsNorm) {
+    ops.insert(ops.end(), {Op::kRmsNormForward, Op::kRmsNormBackward});
+  } else {
+    ops.insert(ops.end(), {Op::kLayerNormForward, Op::kLayerNormBackward});
+  }
+  if (f.positions == FamilyFeatures::Positions::kRotary) ops.push_back(Op::kRope);
+  if (f.mlp == FamilyFeatures::Mlp::kSwiGlu) {
+    ops.insert(ops.end(), {Op::kSwiGluForward, Op::kSwiGluBackward});
+  } else {
+    ops.insert(ops.end(), {Op::kGeluForward, Op::kGeluBackward});
+  }
+  return ops;
 }
 
 MemoryBytes Model::PlanBytes(const ModelConfig& config, const ModelOptions& options) {

@@ -42,6 +42,9 @@ class Model {
                                                const ModelOptions& options, DeviceArena* arena);
   // The bytes Create() will allocate, by category (optimizer stays 0: the optimizer plans that).
   static MemoryBytes PlanBytes(const ModelConfig& config, const ModelOptions& options);
+  // The backend ops a model of `config`'s family runs (a training step included), for
+  // CheckSupports before anything is allocated.
+  static std::vector<Op> RequiredOps(const ModelConfig& config);
   // Model FLOPs of one forward+backward over B*T tokens (6*N*tokens + attention), for MFU.
   static double TrainingFlops(const ModelConfig& config, int64_t B, int64_t T);
 

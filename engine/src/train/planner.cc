@@ -2,9 +2,6 @@
 // running anything, so estimates, admission and the allocator all see the same numbers.
 #include "train/planner.h"
 
-#include "train/step_runner.h"
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -63,16 +60,6 @@ Result<ModelConfig> ResolveModelConfig(const JobSpec& spec) {
   if (!spec.model.init_from.has_value()) return spec.model.config;
   const std::string path = (std::filesystem::path(*spec.model.init_from) / "config.json").string();
   return ReadHfConfig(path);
-}
-
-Status CheckDevice(const std::string& device) { return CheckDeviceAvailable(device); }
-
-int64_t DeviceBudgetBytes(const DeviceOptions& device) {
-  if (device.memory_budget_bytes > 0) return device.memory_budget_bytes;
-  const long pages = sysconf(_SC_PHYS_PAGES);
-  const long page_size = sysconf(_SC_PAGE_SIZE);
-  if (pages <= 0 || page_size <= 0) return int64_t{1} << 32;  // unknown: assume 4 GiB
-  return static_cast<int64_t>(pages) * static_cast<int64_t>(page_size);
 }
 
 ModelOptions JobModelOptions(const JobSpec& spec, int64_t micro_batch, bool gradient_checkpointing) {

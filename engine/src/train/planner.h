@@ -10,28 +10,19 @@
 #include "traind/engine/job_spec.h"
 #include "traind/engine/plan.h"
 #include "traind/engine/status.h"
-#include "traind/engine/trainer.h"
+#include "traind/engine/trainer.h"  // DeviceOptions, EstimateJob
 
 namespace traind::engine {
 
 // The model config of the job: spec.model.config, or init_from's config.json when init_from is set.
 Result<ModelConfig> ResolveModelConfig(const JobSpec& spec);
 
-// OK when the device can be opened now (CheckDeviceAvailable in backend/device_registry.h): "cpu",
-// "auto"; "cuda:N" and "simt" when registered (and the CUDA device exists); FAILED_PRECONDITION
-// with the reason otherwise; INVALID_ARGUMENT for a name that is not a device.
-Status CheckDevice(const std::string& device);
-
-// The CPU budget: memory_budget_bytes, or host RAM (sysconf) when that is 0. (GPU devices: see
-// DeviceBudget in backend/device_registry.h, which EstimateJob and RunJob use.)
-int64_t DeviceBudgetBytes(const DeviceOptions& device);
-
 // The model options a job runs its model with at micro-batch `micro_batch`.
 ModelOptions JobModelOptions(const JobSpec& spec, int64_t micro_batch, bool gradient_checkpointing);
 
-// Every byte RunJob allocates in the arena for `config` with `options`: Model::PlanBytes plus
-// AdamW's state (2 * params * 4 bytes). The trainer itself keeps no device buffers: batches are
-// staged on the host and copied into the model's inputs()/targets().
+// Every byte RunJob allocates in the arena for `config` with `options`: Model::PlanBytes, AdamW's
+// state (2 * params * 4 bytes) and the step runner's device buffers (StepRunner::PlanBytes: two
+// micro-batch upload slots and the step scalars, counted as activations).
 MemoryBytes JobBytes(const ModelConfig& config, const ModelOptions& options);
 
 // Plans `spec` (with model config `config`) against `budget_bytes` (> 0). With a fixed

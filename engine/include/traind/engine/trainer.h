@@ -15,6 +15,13 @@
 
 namespace traind::engine {
 
+// What the daemon side provides, through narrow interfaces the engine defines (each in its own
+// header) and never the concrete type: the optimizer-state store (offload/: host RAM or RocksDB),
+// the communicator (data parallel: Gloo, NCCL), and the tokenizers (data/).
+class OptimizerStateStore;  // traind/engine/optimizer_state_store.h
+class Communicator;         // traind/engine/communicator.h
+class TokenizerFactory;     // traind/engine/tokenizer.h
+
 // Plans memory for `spec` on the device: resolves per_device_train_batch_size "auto" (the largest
 // micro-batch that fits, rounded down to a multiple of 8), accumulation for effective_batch_size,
 // and gradient checkpointing when needed. FAILED_PRECONDITION when even the smallest configuration
@@ -82,6 +89,17 @@ struct RunOptions {
   bool resume = false;
   // Checked between micro-batches; when it becomes true RunJob returns CANCELLED within one step.
   const std::atomic<bool>* cancel = nullptr;
+
+  // ---- injection points (not owned; each must outlive RunJob) ----
+  // Where optimizer state and fp32 master weights live with training.offload cpu/nvme (the job
+  // runner opens it on offload_dir). Null: in device memory, the only mode built so far; a spec
+  // asking for offload without a store is rejected.
+  OptimizerStateStore* optimizer_state_store = nullptr;
+  // The ranks of a data-parallel run. Null, or a world of one: training alone. Worlds larger than
+  // one are not built yet (UNIMPLEMENTED).
+  Communicator* communicator = nullptr;
+  // Opens data.tokenizer. Null: the engine's own factory (byte; the HF formats as they land).
+  const TokenizerFactory* tokenizers = nullptr;
 };
 
 // Runs the job to max_steps, writing output_dir as JOBSPEC.md says (checkpoints per save_steps,

@@ -19,6 +19,7 @@ class CpuBackend final : public Backend {
     cpu::SetGemmThreads(nt_);
   }
   std::string name() const override { return "cpu"; }
+  bool Supports(Op /*op*/) const override { return true; }  // the reference: every op
 
   void* Alloc(size_t bytes) override {
     void* p = nullptr;

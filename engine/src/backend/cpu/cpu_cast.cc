@@ -10,54 +10,9 @@
 
 namespace traind::engine::cpu {
 
-uint16_t FloatToBf16(float f) {
-  uint32_t u = std::bit_cast<uint32_t>(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u)
-    return static_cast<uint16_t>((u >> 16) | 0x0040u);  // quiet NaN
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
-}
-
-float Bf16ToFloat(uint16_t h) { return std::bit_cast<float>(static_cast<uint32_t>(h) << 16); }
-
-uint16_t FloatToF16(float f) {
-  uint32_t u = std::bit_cast<uint32_t>(f);
-  uint32_t sign = (u >> 16) & 0x8000u;
-  uint32_t a = u & 0x7fffffffu;
-  if (a > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u | ((a >> 13) & 0x3ffu));  // NaN
-  if (a >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // rounds to >= 65520: inf
-  if (a >= 0x38800000u) {  // normal half: rebias exponent 127 -> 15, round mantissa 23 -> 10 bits
-    uint32_t r = a - 0x38000000u;  // (127-15) << 23
-    r += 0xfffu + ((r >> 13) & 1u);
-    return static_cast<uint16_t>(sign | (r >> 13));
-  }
-  if (a < 0x33000000u) return static_cast<uint16_t>(sign);  // < 2^-25: rounds to zero
-  // Subnormal half: value = m * 2^-24 with m = a_mantissa_with_hidden_bit >> shift.
-  uint32_t e = a >> 23;
-  uint32_t mant = (a & 0x7fffffu) | 0x800000u;
-  uint32_t shift = 126u - e;  // 14..24 (e in 102..112)
-  uint32_t m = mant >> shift;
-  uint32_t rem = mant & ((1u << shift) - 1u);
-  uint32_t half = 1u << (shift - 1u);
-  if (rem > half || (rem == half && (m & 1u))) ++m;
-  return static_cast<uint16_t>(sign | m);
-}
-
-float F16ToFloat(uint16_t h) {
-  uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  uint32_t e = (h >> 10) & 0x1fu;
-  uint32_t m = h & 0x3ffu;
-  if (e == 0x1f) return std::bit_cast<float>(sign | 0x7f800000u | (m << 13));
-  if (e == 0) {
-    float v = static_cast<float>(m) * 5.9604644775390625e-8f;  // m * 2^-24, exact
-    return sign ? -v : v;
-  }
-  return std::bit_cast<float>(sign | ((e + 112u) << 23) | (m << 13));
-}
-
 namespace {
 
-// Same bits as FloatToBf16, as selects.
+// Same bits as F32ToBF16, as selects.
 TRAIND_CPU_CLONES void F32ToBf16Span(uint16_t* dst, const float* src, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     uint32_t u = std::bit_cast<uint32_t>(src[i]);
@@ -72,7 +27,7 @@ TRAIND_CPU_CLONES void Bf16ToF32Span(float* dst, const uint16_t* src, int64_t n)
     dst[i] = std::bit_cast<float>(static_cast<uint32_t>(src[i]) << 16);
 }
 
-// Same bits as FloatToF16. The subnormal branch is done in floating point: for |f| < 2^-14,
+// Same bits as F32ToF16. The subnormal branch is done in floating point: for |f| < 2^-14,
 // |f| + 0.5f lies in [0.5, 0.5 + 2^-14] where one ulp is 2^-24, so the IEEE add (default rounding,
 // round to nearest even) rounds |f| to a multiple of 2^-24 exactly as the integer code does, and
 // bits(sum) - bits(0.5f) is the half's mantissa (0x400 when it rounds up to the smallest normal).
@@ -93,7 +48,7 @@ TRAIND_CPU_CLONES void F32ToF16Span(uint16_t* dst, const float* src, int64_t n) 
   }
 }
 
-// Same bits as F16ToFloat (signalling NaNs stay signalling, unlike vcvtph2ps).
+// Same bits as F16ToF32 (signalling NaNs stay signalling, unlike vcvtph2ps).
 TRAIND_CPU_CLONES void F16ToF32Span(float* dst, const uint16_t* src, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     uint32_t h = src[i];

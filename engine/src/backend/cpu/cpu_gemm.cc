@@ -133,7 +133,7 @@ void Gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alp
       const float* row = c + i * ldc;
       uint16_t* dst = out + i * ldc;
       for (int64_t j = 0; j < N; ++j) {
-        dst[j] = c_type == DType::kBF16 ? FloatToBf16(row[j]) : FloatToF16(row[j]);
+        dst[j] = c_type == DType::kBF16 ? F32ToBF16(row[j]) : F32ToF16(row[j]);
       }
     }
   }

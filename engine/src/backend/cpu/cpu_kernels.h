@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "core/dtype.h"
+#include "core/half.h"  // the scalar conversions the array casts must match
 
 // Hot inner loops are compiled for AVX-512, AVX2+FMA and baseline x86-64, picked at load time.
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
@@ -19,10 +20,6 @@
 namespace traind::engine::cpu {
 
 // ---- numeric helpers (cpu_cast.cc) ----
-uint16_t FloatToBf16(float f);  // round to nearest even; NaN stays NaN
-float Bf16ToFloat(uint16_t h);
-uint16_t FloatToF16(float f);  // round to nearest even; overflow to inf
-float F16ToFloat(uint16_t h);
 void Cast(void* dst, DType dst_type, const void* src, DType src_type, int64_t n, int nt);
 
 // ---- GEMM (cpu_gemm.cc) ----

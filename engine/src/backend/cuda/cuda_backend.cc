@@ -61,7 +61,7 @@ TRAIND_GPU_END
 
 namespace traind::engine {
 
-Result<std::unique_ptr<Backend>> MakeCudaBackend(int device, const CudaBackendOptions& options) {
+Status SelectCudaDevice(int device) {
   std::string why;
   const int count = gpu::dev::DeviceCount(&why);
   if (count == 0)
@@ -70,7 +70,11 @@ Result<std::unique_ptr<Backend>> MakeCudaBackend(int device, const CudaBackendOp
   if (device < 0 || device >= count)
     return Status::InvalidArgument("CUDA device " + std::to_string(device) + " does not exist (" +
                                    std::to_string(count) + " found)");
-  TRAIND_RETURN_IF_ERROR(gpu::dev::SetDevice(device));
+  return gpu::dev::SetDevice(device);
+}
+
+Result<std::unique_ptr<Backend>> MakeCudaBackend(int device, const CudaBackendOptions& options) {
+  TRAIND_RETURN_IF_ERROR(SelectCudaDevice(device));
   auto backend = std::make_unique<gpu::CudaBackend>(device);
   TRAIND_RETURN_IF_ERROR(backend->Start(options));
   return std::unique_ptr<Backend>(std::move(backend));

@@ -20,6 +20,11 @@ struct CudaBackendOptions {
 Result<std::unique_ptr<Backend>> MakeCudaBackend(int device,
                                                  const CudaBackendOptions& options = {});
 
+// Makes CUDA device `device` current: the one check behind MakeCudaBackend and QueryDevice.
+// FAILED_PRECONDITION "no CUDA device (<reason>); run with --device cpu ..." without a driver or a
+// device; INVALID_ARGUMENT when `device` is out of range. (traind_cuda only.)
+Status SelectCudaDevice(int device);
+
 // The CUDA kernels under the simt emulator (host memory; GEMMs by the CPU backend with
 // `cpu_threads` threads, 0 = all cores).
 Result<std::unique_ptr<Backend>> MakeSimtBackend(int cpu_threads = 0);

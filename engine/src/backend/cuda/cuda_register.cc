@@ -19,15 +19,7 @@ double PeakBf16Flops(const std::string& name) {
 }
 
 Result<DeviceInfo> QueryCuda(int device) {
-  std::string why;
-  const int count = gpu::dev::DeviceCount(&why);
-  if (count == 0)  // the same words as MakeCudaBackend
-    return Status::FailedPrecondition("no CUDA device (" + why +
-                                      "); run with --device cpu or on a machine with a GPU");
-  if (device < 0 || device >= count)
-    return Status::InvalidArgument("CUDA device " + std::to_string(device) + " does not exist (" +
-                                   std::to_string(count) + " found)");
-  TRAIND_RETURN_IF_ERROR(gpu::dev::SetDevice(device));
+  TRAIND_RETURN_IF_ERROR(SelectCudaDevice(device));
   DeviceInfo info;
   info.device = "cuda:" + std::to_string(device);
   size_t total = 0, free_bytes = 0;

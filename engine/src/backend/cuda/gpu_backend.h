@@ -20,6 +20,7 @@ class GpuBackend : public Backend {
  public:
   ~GpuBackend() override;
   std::string name() const override { return name_; }
+  bool Supports(Op /*op*/) const override { return true; }  // every op has a kernel
 
   // The first error an op hit (OK when none).
   const Status& status() const override { return status_; }

@@ -1,0 +1,167 @@
+// ops_bench: microbenchmarks of single engine pieces on this CPU (no peer: tools for profiling,
+// not claims; the claims come from gpt2_step_bench / gpt2_table_bench beside PyTorch).
+//   ops_bench cast   [--quick]   Cast throughput f32<->bf16/f16 at 1 and 2 threads
+//   ops_bench step   [--small] [--quick]   model step time fp32 vs bf16 vs f16 (ZeroGrad, Forward,
+//                                Backward, AdamW, weight refresh), median after 2 warm-up steps
+//   ops_bench gemm   [--quick]   the lm_head-shaped GEMM (2048 x 50304 x 384) with fp32/bf16/f16
+//                                inputs, and the Cast of its (N, Vp) gradient to bf16
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/arena.h"
+#include "backend/backend.h"
+#include "backend/cpu/cpu_kernels.h"
+#include "models/model.h"
+#include "optim/adamw.h"
+
+namespace traind::bench {
+namespace {
+
+using engine::DType;
+using Clock = std::chrono::steady_clock;
+
+double Since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+template <typename F>
+double Best(int reps, F&& f) {
+  double t = 1e30;
+  for (int i = 0; i < reps; ++i) {
+    const auto t0 = Clock::now();
+    f();
+    t = std::min(t, Since(t0));
+  }
+  return t;
+}
+
+int Cast(bool quick) {
+  const int64_t n = quick ? (1 << 16) : (1 << 24);
+  std::vector<float> f(n), g(n);
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> d(-100.0f, 100.0f);
+  for (float& x : f) x = d(rng);
+  std::vector<uint16_t> h(n);
+  for (int nt : {1, 2}) {
+    auto time = [&](const char* name, auto fn) {
+      const double s = Best(quick ? 2 : 10, fn);
+      std::printf("RESULT cast nt=%d %-10s %.2f G elements/s\n", nt, name, n / s / 1e9);
+    };
+    time("f32->bf16", [&] { engine::cpu::Cast(h.data(), DType::kBF16, f.data(), DType::kF32, n, nt); });
+    time("bf16->f32", [&] { engine::cpu::Cast(g.data(), DType::kF32, h.data(), DType::kBF16, n, nt); });
+    time("f32->f16", [&] { engine::cpu::Cast(h.data(), DType::kF16, f.data(), DType::kF32, n, nt); });
+    time("f16->f32", [&] { engine::cpu::Cast(g.data(), DType::kF32, h.data(), DType::kF16, n, nt); });
+  }
+  return 0;
+}
+
+int Step(bool small, bool quick) {
+  engine::ModelConfig c;
+  c.arch = "gpt2";
+  c.vocab_size = small ? 50304 : 256;
+  c.n_positions = 1024;
+  c.n_embd = small ? 384 : (quick ? 64 : 256);
+  c.n_layer = small ? 6 : (quick ? 2 : 4);
+  c.n_head = small ? 6 : 4;
+  const int64_t B = quick ? 2 : 8, T = small ? 256 : (quick ? 32 : 128);
+  const int steps = quick ? 1 : (small ? 5 : 10);
+  double fp32_median = 0;
+  for (DType t : {DType::kF32, DType::kBF16, DType::kF16}) {
+    std::unique_ptr<engine::Backend> be = engine::MakeCpuBackend(2);
+    engine::DeviceArena arena(be.get(), 0);
+    engine::ModelOptions o;
+    o.micro_batch = B;
+    o.seq_len = T;
+    o.compute_type = t;
+    auto model = engine::Model::Create(c, o, &arena);
+    auto opt = model.ok() ? engine::AdamWOptimizer::Create((*model)->params(), (*model)->num_params(),
+                                                           engine::AdamWOptions{}, &arena)
+                          : Result<std::unique_ptr<engine::AdamWOptimizer>>(model.status());
+    if (!opt.ok()) {
+      std::fprintf(stderr, "%s\n", opt.status().ToString().c_str());
+      return 1;
+    }
+    engine::Model& m = **model;
+    m.InitRandom(1);
+    std::mt19937 rng(1);
+    std::vector<int32_t> ids(B * T), targets(B * T);
+    for (int64_t i = 0; i < B * T; ++i) {
+      ids[i] = static_cast<int32_t>(rng() % c.vocab_size);
+      targets[i] = static_cast<int32_t>(rng() % c.vocab_size);
+    }
+    be->CopyHostToDevice(m.inputs(), ids.data(), ids.size() * 4);
+    be->CopyHostToDevice(m.targets(), targets.data(), targets.size() * 4);
+    std::vector<double> times;
+    double loss = 0;
+    for (int s = 0; s < steps + 2; ++s) {
+      const auto t0 = Clock::now();
+      m.ZeroGrad();
+      loss = m.Forward(true, 1.0f);
+      m.Backward();
+      (*opt)->Step(m.param_data(), m.grad_data(), 1e-4, 1.0f);
+      m.ParamsChanged();
+      be->Synchronize();
+      if (s >= 2) times.push_back(Since(t0));
+    }
+    std::sort(times.begin(), times.end());
+    const double median = times[times.size() / 2];
+    if (t == DType::kF32) fp32_median = median;
+    std::printf("RESULT step %s L=%lld C=%lld T=%lld B=%lld V=%lld %s: %.1f ms median, %.0f tok/s, "
+                "%.0f GFLOP/s, %.2fx fp32, loss %.4f, peak %.1f MiB\n",
+                small ? "small" : "tiny", static_cast<long long>(c.n_layer),
+                static_cast<long long>(c.n_embd), static_cast<long long>(T), static_cast<long long>(B),
+                static_cast<long long>(c.vocab_size), engine::DTypeName(t), 1e3 * median,
+                B * T / median, engine::Model::TrainingFlops(c, B, T) / median / 1e9,
+                fp32_median / median, loss, arena.peak_bytes() / 1048576.0);
+  }
+  return 0;
+}
+
+int Gemm(bool quick) {
+  std::unique_ptr<engine::Backend> be = engine::MakeCpuBackend(2);
+  const int64_t M = quick ? 64 : 2048, K = 384, N = quick ? 1024 : 50304;
+  std::vector<float> a(M * K, 0.01f), b(N * K, 0.02f), c(M * N);
+  std::vector<uint16_t> a16(M * K), b16(N * K), c16(M * N);
+  const int reps = quick ? 1 : 5;
+  for (DType t : {DType::kF32, DType::kBF16, DType::kF16}) {
+    const void* A = a.data();
+    const void* B = b.data();
+    if (t != DType::kF32) {
+      be->Cast(a16.data(), t, a.data(), DType::kF32, M * K);
+      be->Cast(b16.data(), t, b.data(), DType::kF32, N * K);
+      A = a16.data();
+      B = b16.data();
+    }
+    const double s = Best(reps, [&] {
+      be->Gemm(false, true, M, N, K, 1.0f, A, K, B, K, 0.0f, c.data(), N, t, DType::kF32);
+    });
+    std::printf("RESULT gemm %lldx%lldx%lld %s inputs: %.1f ms, %.0f GFLOP/s\n",
+                static_cast<long long>(M), static_cast<long long>(N), static_cast<long long>(K),
+                engine::DTypeName(t), 1e3 * s, 2.0 * M * N * K / s / 1e9);
+  }
+  const double cs = Best(reps, [&] { be->Cast(c16.data(), DType::kBF16, c.data(), DType::kF32, M * N); });
+  std::printf("RESULT cast f32->bf16 of %lld elements: %.1f ms, %.2f Gelem/s\n",
+              static_cast<long long>(M * N), 1e3 * cs, M * N / cs / 1e9);
+  return 0;
+}
+
+}  // namespace
+}  // namespace traind::bench
+
+int main(int argc, char** argv) {
+  const std::string what = argc > 1 ? argv[1] : "";
+  bool quick = false, small = false;
+  for (int i = 2; i < argc; ++i) {
+    quick |= std::strcmp(argv[i], "--quick") == 0;
+    small |= std::strcmp(argv[i], "--small") == 0;
+  }
+  if (what == "cast") return traind::bench::Cast(quick);
+  if (what == "step") return traind::bench::Step(small, quick);
+  if (what == "gemm") return traind::bench::Gemm(quick);
+  std::fprintf(stderr, "usage: ops_bench cast|step|gemm [--quick] [--small]\n");
+  return 2;
+}

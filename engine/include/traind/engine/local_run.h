@@ -1,0 +1,20 @@
+// Running one job spec file in this process with progress on the console: the one in-process job
+// runner behind `traind run JOB.yaml` (worker/) and the engine's development tool `traind-run`.
+#pragma once
+
+#include <string>
+
+#include "traind/engine/trainer.h"
+
+namespace traind::engine {
+
+// Reads, parses (relative paths against the working directory, as trainctl does), validates and
+// plans the spec at `spec_path`, then runs it with `options` (its `cancel` is replaced by a flag
+// that SIGINT and SIGTERM set). Prints to stdout: "plan: ..." once, "step S/N  loss ..." per
+// logging window, "step S  eval_loss ..." per evaluation, "checkpoint DIR", "note: ..." for the
+// engine's notes, and at the end "done: N steps, ..." followed by "output: DIR". Errors go to
+// stderr as one line. Returns 0 on success, 1 when the run fails or is cancelled, 2 when the spec
+// cannot be read, is invalid or does not fit the device.
+int RunJobFileWithConsole(const std::string& spec_path, RunOptions options);
+
+}  // namespace traind::engine

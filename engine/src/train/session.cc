@@ -1,0 +1,161 @@
+// The set-up stages of a training session (session.h), each a function of its own.
+#include "train/session.h"
+
+#include <filesystem>
+#include <utility>
+
+#include "backend/device_registry.h"
+#include "train/planner.h"
+#include "core/safetensors.h"
+#include "traind/engine/communicator.h"
+
+namespace traind::engine {
+namespace {
+
+namespace fs = std::filesystem;
+
+// What the spec asks that this build or these RunOptions cannot do, before anything is opened.
+Status ValidateRun(const TrainingSession& s) {
+  const TrainingSpec& t = s.spec.training;
+  if (t.fp16 && t.bf16) {
+    return Status::InvalidArgument("training.bf16: fp16 and bf16 are both true; choose one");
+  }
+  if (t.optim != "adamw") {
+    return Status::Unimplemented("training.optim: " + t.optim + " is not supported yet");
+  }
+  if (t.offload != "none") {
+    return Status::Unimplemented("training.offload: " + t.offload + " is not supported yet");
+  }
+  if (s.options->optimizer_state_store != nullptr) {
+    return Status::InvalidArgument(
+        "an optimizer-state store was given but training.offload is none: set training.offload");
+  }
+  if (s.options->communicator != nullptr && s.options->communicator->world_size() > 1) {
+    return Status::Unimplemented("data-parallel training (world size " +
+                                 std::to_string(s.options->communicator->world_size()) +
+                                 ") is not supported yet");
+  }
+  return Status::Ok();
+}
+
+// Opens the device, resolves the model config and plans memory (on_plan is called with it).
+Status OpenDeviceAndPlan(TrainingSession* s) {
+  const TrainingSpec& t = s->spec.training;
+  auto note = [s](const std::string& line) { s->Message(line); };
+  TRAIND_ASSIGN_OR_RETURN(s->schedule, ParseLrScheduleType(t.lr_scheduler_type));
+  TRAIND_ASSIGN_OR_RETURN(OpenedDevice device, OpenDevice(s->options->device, t.tf32, note));
+  s->device = device.device;
+  s->backend = std::move(device.backend);
+  TRAIND_RETURN_IF_ERROR(ValidateJobInputs(s->spec));
+  TRAIND_ASSIGN_OR_RETURN(s->config, ResolveModelConfig(s->spec));
+  TRAIND_RETURN_IF_ERROR(CheckSupports(*s->backend, Model::RequiredOps(s->config)));
+  TRAIND_ASSIGN_OR_RETURN(s->plan, PlanJob(s->spec, s->config, device.budget_bytes,
+                                           s->device.rfind("cuda:", 0) == 0));
+  if (s->callbacks->on_plan) s->callbacks->on_plan(s->plan);
+  if (t.tf32 && s->device.rfind("cuda:", 0) != 0) {
+    s->Message("training.tf32 has no effect on the " + s->device + " backend");
+  }
+  s->B = s->plan.micro_batch;
+  s->T = s->spec.data.seq_len;
+  s->accum = s->plan.gradient_accumulation_steps;
+  return Status::Ok();
+}
+
+// Tokenizes (or maps) the training and validation streams; every id must fit the model's vocab.
+Status LoadData(TrainingSession* s) {
+  TRAIND_ASSIGN_OR_RETURN(TokenData data, LoadTokenData(s->spec.data));
+  if (data.vocab_size_needed > s->config.vocab_size) {
+    return Status::InvalidArgument("data.train_file: holds token id " +
+                                   std::to_string(data.vocab_size_needed - 1) +
+                                   ", beyond the model's vocab_size " +
+                                   std::to_string(s->config.vocab_size));
+  }
+  s->train_tokens = std::make_shared<const std::vector<int32_t>>(std::move(data.train));
+  s->validation_tokens = std::move(data.validation);
+  return Status::Ok();
+}
+
+// Allocates the model and the optimizer state in the arena (plan == what is allocated).
+Status BuildModelAndOptimizer(TrainingSession* s) {
+  const TrainingSpec& t = s->spec.training;
+  s->arena = std::make_unique<DeviceArena>(s->backend.get(), s->plan.budget_bytes);
+  TRAIND_ASSIGN_OR_RETURN(
+      s->model, Model::Create(s->config, JobModelOptions(s->spec, s->B, s->plan.gradient_checkpointing),
+                              s->arena.get()));
+  AdamWOptions adam;
+  adam.beta1 = t.adam_beta1;
+  adam.beta2 = t.adam_beta2;
+  adam.eps = t.adam_epsilon;
+  adam.weight_decay = t.weight_decay;
+  TRAIND_ASSIGN_OR_RETURN(s->optimizer, AdamWOptimizer::Create(s->model->params(),
+                                                               s->model->num_params(), adam,
+                                                               s->arena.get()));
+  return Status::Ok();
+}
+
+// The initial state: the newest checkpoint on resume, else a fresh run (random or init_from).
+Status RestoreOrInitialize(TrainingSession* s) {
+  const JobSpec& spec = s->spec;
+  std::error_code ec;
+  fs::create_directories(spec.output_dir, ec);
+  if (ec) return Status::FailedPrecondition("output_dir " + spec.output_dir + ": " + ec.message());
+
+  TrainerState& state = s->state;
+  state.micro_batch = s->B;
+  state.gradient_accumulation_steps = s->accum;
+  const int64_t resume_step = s->options->resume ? FindLatestCheckpoint(spec.output_dir) : -1;
+  if (resume_step >= 0) {
+    const std::string dir = CheckpointDir(spec.output_dir, resume_step);
+    TRAIND_RETURN_IF_ERROR(LoadCheckpoint(dir, s->model.get(), s->optimizer.get(), &state));
+    if (state.micro_batch != s->B || state.gradient_accumulation_steps != s->accum) {
+      return Status::FailedPrecondition(
+          "checkpoint " + dir + " was trained with micro-batch " + std::to_string(state.micro_batch) +
+          " x " + std::to_string(state.gradient_accumulation_steps) + " accumulation, this run plans " +
+          std::to_string(s->B) + " x " + std::to_string(s->accum) +
+          ": set per_device_train_batch_size and gradient_accumulation_steps to match");
+    }
+    if (state.global_step > spec.training.max_steps) {
+      return Status::FailedPrecondition("checkpoint " + dir + " is past training.max_steps " +
+                                        std::to_string(spec.training.max_steps));
+    }
+    s->Message("resuming from " + dir);
+  } else {
+    if (s->options->resume) s->Message("no checkpoint in " + spec.output_dir + ": starting a fresh run");
+    TRAIND_RETURN_IF_ERROR(RemoveCheckpoints(spec.output_dir));
+    if (spec.model.init_from.has_value()) {
+      TRAIND_ASSIGN_OR_RETURN(SafetensorsFile weights, ReadHfWeights(*spec.model.init_from));
+      TRAIND_RETURN_IF_ERROR(s->model->LoadHf(weights));
+    } else {
+      s->model->InitRandom(static_cast<uint64_t>(spec.training.seed));
+    }
+  }
+  s->first_step = state.global_step;
+  return Status::Ok();
+}
+
+}  // namespace
+
+void TrainingSession::Message(const std::string& line) const {
+  if (callbacks->on_message) callbacks->on_message(line);
+}
+
+bool TrainingSession::Cancelled() const {
+  return options->cancel != nullptr && options->cancel->load(std::memory_order_relaxed);
+}
+
+Result<std::unique_ptr<TrainingSession>> SetUpSession(const JobSpec& spec, const RunOptions& options,
+                                                      const RunCallbacks& callbacks) {
+  auto s = std::make_unique<TrainingSession>();
+  s->spec = spec;
+  s->options = &options;
+  s->callbacks = &callbacks;
+  s->start = std::chrono::steady_clock::now();
+  TRAIND_RETURN_IF_ERROR(ValidateRun(*s));
+  TRAIND_RETURN_IF_ERROR(OpenDeviceAndPlan(s.get()));
+  TRAIND_RETURN_IF_ERROR(LoadData(s.get()));
+  TRAIND_RETURN_IF_ERROR(BuildModelAndOptimizer(s.get()));
+  TRAIND_RETURN_IF_ERROR(RestoreOrInitialize(s.get()));
+  return s;
+}
+
+}  // namespace traind::engine

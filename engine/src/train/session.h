@@ -1,0 +1,62 @@
+// A training session: everything RunJob sets up before its first step, built in named stages
+// (validate the run, open the device and plan memory, load the data, build the model and the
+// optimizer, restore the newest checkpoint or initialise), then driven by the step loop
+// (step_loop.h) and finished by RunJob (final outputs and summary).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/arena.h"
+#include "backend/backend.h"
+#include "data/token_data.h"
+#include "models/hf_config.h"
+#include "models/model.h"
+#include "optim/adamw.h"
+#include "optim/schedule.h"
+#include "train/checkpoint.h"
+#include "traind/engine/trainer.h"
+
+namespace traind::engine {
+
+struct TrainingSession {
+  // What the run was asked for.
+  JobSpec spec;
+  const RunOptions* options = nullptr;      // not owned
+  const RunCallbacks* callbacks = nullptr;  // not owned
+  std::chrono::steady_clock::time_point start;
+
+  // Device and plan.
+  std::string device;  // resolved: "cpu", "cuda:0", "simt"
+  ModelConfig config;
+  MemoryPlan plan;
+  LrScheduleType schedule = LrScheduleType::kConstant;
+  int64_t B = 0, T = 0, accum = 1;  // micro-batch, sequence length, accumulation steps
+
+  // Data.
+  std::shared_ptr<const std::vector<int32_t>> train_tokens;
+  std::vector<int32_t> validation_tokens;
+  int64_t windows_per_epoch = 0;  // set by the step loop's batch loader
+
+  // Device objects, in construction order (destroyed in reverse: the arena outlives what it holds).
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<DeviceArena> arena;
+  std::unique_ptr<Model> model;
+  std::unique_ptr<AdamWOptimizer> optimizer;
+
+  // Where the run stands (restored on resume).
+  TrainerState state;
+  int64_t first_step = 0;  // state.global_step when this process started
+
+  void Message(const std::string& line) const;
+  bool Cancelled() const;
+};
+
+// Runs the set-up stages in order; the first failing stage's error is returned.
+Result<std::unique_ptr<TrainingSession>> SetUpSession(const JobSpec& spec, const RunOptions& options,
+                                                      const RunCallbacks& callbacks);
+
+}  // namespace traind::engine

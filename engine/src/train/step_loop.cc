@@ -1,0 +1,207 @@
+// The step loop (step_loop.h): StepRunner steps, the fp16 loss scaler, reports, logging windows
+// (LogHistory), evaluation and checkpoints.
+#include "train/step_loop.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "optim/loss_scaler.h"
+#include "train/log_history.h"
+#include "train/step_runner.h"
+
+namespace traind::engine {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+// The open logging window's throughput (this process's steps only; not checkpointed).
+struct WindowTiming {
+  double seconds = 0.0;
+  int64_t tokens = 0;
+};
+
+}  // namespace
+
+Result<double> Evaluate(TrainingSession* s) {
+  const std::vector<int32_t>& tokens = s->validation_tokens;
+  const int64_t B = s->B, T = s->T;
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  const int64_t windows = n > 0 ? (n - 1) / T : 0;
+  if (windows <= 0) return std::numeric_limits<double>::quiet_NaN();
+  std::vector<int32_t> inputs(static_cast<size_t>(B * T)), targets(static_cast<size_t>(B * T));
+  double weighted = 0.0;
+  for (int64_t first = 0; first < windows; first += B) {
+    if (s->Cancelled()) return Status::Cancelled("job cancelled during evaluation");
+    const int64_t count = std::min(B, windows - first);
+    for (int64_t b = 0; b < B; ++b) {
+      int32_t* in = inputs.data() + b * T;
+      int32_t* tg = targets.data() + b * T;
+      if (b < count) {
+        const int32_t* w = tokens.data() + (first + b) * T;
+        std::copy(w, w + T, in);
+        std::copy(w + 1, w + T + 1, tg);
+      } else {
+        std::fill(in, in + T, 0);
+        std::fill(tg, tg + T, -1);
+      }
+    }
+    s->backend->CopyHostToDevice(s->model->inputs(), inputs.data(), inputs.size() * sizeof(int32_t));
+    s->backend->CopyHostToDevice(s->model->targets(), targets.data(), targets.size() * sizeof(int32_t));
+    // Forward's loss is the mean over the pass's real positions (count * T of them).
+    weighted += s->model->Forward(/*for_backward=*/false, 1.0f) * static_cast<double>(count);
+  }
+  return weighted / static_cast<double>(windows);
+}
+
+Status RunStepLoop(TrainingSession* s, double* last_eval) {
+  const TrainingSpec& t = s->spec.training;
+  const RunCallbacks& callbacks = *s->callbacks;
+  TrainerState& state = s->state;
+  const int64_t B = s->B, T = s->T, accum = s->accum;
+  BatchLoader loader(s->train_tokens, B, T, s->spec.data.shuffle, static_cast<uint64_t>(t.seed),
+                     state.loader);
+  s->windows_per_epoch = loader.windows_per_epoch();
+  LogHistory history(&state.log_history, B * accum, s->windows_per_epoch);
+  const double step_flops = Model::TrainingFlops(s->config, B, T) * static_cast<double>(accum);
+  const int64_t step_tokens = B * T * accum;
+  *last_eval = std::numeric_limits<double>::quiet_NaN();
+
+  auto run_eval = [&]() -> Status {
+    TRAIND_ASSIGN_OR_RETURN(double loss, Evaluate(s));
+    *last_eval = loss;
+    if (std::isnan(loss)) return Status::Ok();
+    history.AddEval(state.global_step, loss);
+    if (callbacks.on_eval) callbacks.on_eval(EvalReport{state.global_step, loss});
+    return Status::Ok();
+  };
+  auto save = [&]() -> Status {
+    TRAIND_ASSIGN_OR_RETURN(std::string dir,
+                            SaveCheckpoint(s->spec.output_dir, s->spec, s->model.get(), *s->optimizer,
+                                           state, loader.windows_per_epoch()));
+    if (callbacks.on_checkpoint) callbacks.on_checkpoint(state.global_step, dir);
+    return Status::Ok();
+  };
+
+  WindowTiming window;
+  double last_lr = 0.0, last_norm = 0.0;
+  // fp16: dynamic loss scaling, restored from the checkpoint on resume (a fresh scaler when the
+  // checkpoint has none); skipped steps still count as steps.
+  LossScaler scaler;
+  if (t.fp16 && state.loss_scaler.has_value()) scaler.Restore(*state.loss_scaler);
+  StepRunner::Options step_options;
+  step_options.accumulation_steps = accum;
+  step_options.fp16 = t.fp16;
+  step_options.max_grad_norm = t.max_grad_norm;
+  // TRAIND_CUDA_GRAPHS=0 turns capture off without a rebuild (the escape hatch for a device where
+  // capture misbehaves; docs/simt.md).
+  const char* graphs_env = std::getenv("TRAIND_CUDA_GRAPHS");
+  step_options.use_graphs =
+      s->options->device.cuda_graphs && !(graphs_env != nullptr && std::string(graphs_env) == "0");
+  TRAIND_ASSIGN_OR_RETURN(std::unique_ptr<StepRunner> runner,
+                          StepRunner::Create(step_options, s->model.get(), s->optimizer.get(),
+                                             s->arena.get()));
+  // Each micro-batch of a step comes from the loader; cancellation is checked before each.
+  auto next_batch = [&](int32_t* in, int32_t* tg, double* wait) -> Status {
+    if (s->Cancelled()) {
+      return Status::Cancelled("job cancelled at step " + std::to_string(state.global_step + 1));
+    }
+    *wait += loader.Next(in, tg);
+    return Status::Ok();
+  };
+  while (state.global_step < t.max_steps) {
+    const Clock::time_point step_start = Clock::now();
+    double wait = 0.0;
+    const float loss_scale = t.fp16 ? scaler.scale() : 1.0f;
+    const double lr =
+        t.learning_rate * LrLambda(s->schedule, t.warmup_steps, t.max_steps, state.global_step);
+    TRAIND_ASSIGN_OR_RETURN(StepRunner::Outcome outcome, runner->Run(next_batch, lr, loss_scale, &wait));
+    if (state.global_step == s->first_step) {
+      if (runner->replaying()) {
+        s->Message(s->device + ": training step captured as CUDA graphs (one per upload slot and "
+                   "one for the optimizer), replayed every step");
+      } else if (!runner->capture_error().ok()) {
+        s->Message(s->device + ": CUDA graph capture failed (" + runner->capture_error().ToString() +
+                   "); running the steps op by op");
+      }
+    }
+    const bool skipped = t.fp16 && scaler.Update(outcome.skipped);
+    state.global_step += 1;
+    state.loader = loader.position();
+    state.train_loss_sum += outcome.loss;
+    state.window_loss_sum += outcome.loss;
+    state.window_steps += 1;
+    last_lr = lr;
+    if (!skipped) last_norm = outcome.grad_norm;  // a skipped step's norm is not finite: logs keep the last
+    if (t.fp16) {
+      state.window_skipped += skipped ? 1 : 0;
+      state.loss_scaler = scaler.state();
+    }
+    const double step_seconds = Seconds(step_start, Clock::now());
+    window.seconds += step_seconds;
+    window.tokens += step_tokens;
+
+    if (callbacks.on_step) {
+      StepReport r;
+      r.step = state.global_step;
+      r.max_steps = t.max_steps;
+      r.loss = outcome.loss;
+      r.learning_rate = lr;
+      r.grad_norm = outcome.grad_norm;
+      r.skipped = skipped;
+      r.step_seconds = step_seconds;
+      r.dataloader_wait_seconds = wait;
+      r.tokens = step_tokens;
+      r.samples = B * accum;
+      r.memory_used_bytes = s->arena->used_bytes();
+      r.memory_peak_bytes = s->arena->peak_bytes();
+      r.model_flops = step_flops;
+      callbacks.on_step(r);
+    }
+    const bool last = state.global_step == t.max_steps;
+    if ((t.logging_steps > 0 && state.global_step % t.logging_steps == 0) ||
+        (last && state.window_steps > 0)) {
+      const double window_loss = state.window_loss_sum / static_cast<double>(state.window_steps);
+      std::optional<LogHistory::LossScaleWindow> fp16;
+      if (t.fp16) fp16 = LogHistory::LossScaleWindow{state.window_skipped, scaler.scale()};
+      history.AddTrainWindow(state.global_step, window_loss, last_lr, last_norm, fp16);
+      state.window_skipped = 0;
+      if (callbacks.on_log) {
+        LogReport r;
+        r.step = state.global_step;
+        r.loss = window_loss;
+        r.learning_rate = last_lr;
+        r.grad_norm = last_norm;
+        r.tokens_per_second = window.seconds > 0 ? window.tokens / window.seconds : 0.0;
+        r.samples_per_second = window.seconds > 0 ? window.tokens / T / window.seconds : 0.0;
+        callbacks.on_log(r);
+      }
+      state.window_loss_sum = 0.0;
+      state.window_steps = 0;
+      window = WindowTiming{};
+    }
+    if ((t.eval_steps > 0 && state.global_step % t.eval_steps == 0) || last) {
+      TRAIND_RETURN_IF_ERROR(run_eval());
+    }
+    if ((t.save_steps > 0 && state.global_step % t.save_steps == 0) || last) {
+      TRAIND_RETURN_IF_ERROR(save());
+    }
+  }
+  if (s->first_step == t.max_steps) {
+    // Resumed from the final checkpoint: nothing left to train; report its evaluation again.
+    TRAIND_ASSIGN_OR_RETURN(*last_eval, Evaluate(s));
+  }
+  return Status::Ok();
+}
+
+}  // namespace traind::engine

@@ -1,0 +1,20 @@
+// The step loop of a training session: optimizer steps until max_steps, with step reports, the
+// logging windows, evaluation and checkpoints at their intervals; and the evaluation pass itself.
+#pragma once
+
+#include "train/session.h"
+#include "traind/engine/status.h"
+
+namespace traind::engine {
+
+// Trains `s` from s->state.global_step to max_steps. Sets *last_eval to the last evaluation loss
+// (NaN without validation windows). CANCELLED when asked between micro-batches; any error leaves
+// every checkpoint already written intact.
+Status RunStepLoop(TrainingSession* s, double* last_eval);
+
+// Mean loss over every validation window (stride T, in order), B windows per forward pass; the
+// last partial pass is padded with ignored targets (-1). NaN when there is no window. CANCELLED
+// when cancellation is asked between passes.
+Result<double> Evaluate(TrainingSession* s);
+
+}  // namespace traind::engine

@@ -1,0 +1,551 @@
+// The op table: every compute op of the Backend interface (backend.h's TRAIND_BACKEND_OPS), as
+// cases with shapes, dtypes and ragged sizes (not multiples of any block size), run on every device
+// present against the CPU reference (the CPU backend with one thread):
+//   - "cpu" (2 threads): threading must not change results beyond reassociation;
+//   - the device under test: "simt" (the CUDA kernels on the CPU; CI), or "cuda:0" in the gpu_*
+//     build of this file (device_under_test.h).
+// Tolerances per case (absolute + relative, per element): fp32 elementwise 1e-6 + 1e-5;
+// reductions and norms 1e-5 + 1e-4; attention 2e-5 + 2e-4 (different summation orders over T);
+// casts exact to the bit (NaN payloads aside); sums of squares 1e-10 relative.
+// The CPU backend's own correctness is tested against independent references elsewhere
+// (cpu_ops_test and cpu_attention_test: hand computations; model_gradcheck_test: finite differences;
+// model_parity_test: PyTorch).
+// A new op: a row in TRAIND_BACKEND_OPS, then a case here (EveryOpHasACase fails until it has one).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <random>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "backend/backend.h"
+#include "core/half.h"
+#include "device_under_test.h"
+#include "random_inputs.h"
+
+namespace traind::engine {
+namespace {
+
+using testing::Random;
+
+std::vector<int32_t> RandomIds(size_t n, int32_t below, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<int32_t> v(n);
+  for (auto& x : v) x = static_cast<int32_t>(rng() % static_cast<uint64_t>(below));
+  return v;
+}
+
+std::vector<uint16_t> To16(const std::vector<float>& v, DType t) {
+  std::vector<uint16_t> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = t == DType::kBF16 ? F32ToBF16(v[i]) : F32ToF16(v[i]);
+  return out;
+}
+
+// Named outputs of one case run on one backend, as doubles (16-bit codes as their integer value).
+using Outputs = std::vector<std::pair<std::string, std::vector<double>>>;
+
+// Buffers on one backend for one case run; freed at the end of the run.
+class Dev {
+ public:
+  explicit Dev(Backend* be) : be_(be) {}
+  ~Dev() {
+    be_->Synchronize();
+    for (void* p : allocs_) be_->Free(p);
+  }
+  Dev(const Dev&) = delete;
+  Dev& operator=(const Dev&) = delete;
+  Backend* operator->() const { return be_; }
+
+  template <typename T>
+  T* Up(const std::vector<T>& v) {
+    T* p = static_cast<T*>(Alloc(v.size() * sizeof(T)));
+    be_->CopyHostToDevice(p, v.data(), v.size() * sizeof(T));
+    return p;
+  }
+  template <typename T = float>
+  T* Zeros(size_t n) {
+    T* p = static_cast<T*>(Alloc(n * sizeof(T)));
+    be_->Memset0(p, n * sizeof(T));
+    return p;
+  }
+  template <typename T>
+  std::vector<double> Get(const T* p, size_t n) {
+    std::vector<T> host(n);
+    be_->CopyDeviceToHost(host.data(), p, n * sizeof(T));
+    return std::vector<double>(host.begin(), host.end());
+  }
+
+ private:
+  void* Alloc(size_t bytes) {
+    void* p = be_->Alloc(bytes == 0 ? 4 : bytes);
+    allocs_.push_back(p);
+    return p;
+  }
+  Backend* be_;
+  std::vector<void*> allocs_;
+};
+
+struct OpCase {
+  Op op;
+  std::string label;  // shapes and variant
+  double atol, rtol;
+  std::function<Outputs(Dev&)> run;
+};
+
+constexpr double kElem[2] = {1e-6, 1e-5};
+constexpr double kReduce[2] = {1e-5, 1e-4};
+constexpr double kAttn[2] = {2e-5, 2e-4};
+
+void Add(std::vector<OpCase>* cases, Op op, std::string label, const double* tol,
+         std::function<Outputs(Dev&)> run) {
+  cases->push_back({op, std::move(label), tol[0], tol[1], std::move(run)});
+}
+
+std::string Dims(std::initializer_list<int64_t> d) {
+  std::string s;
+  for (int64_t x : d) {
+    if (!s.empty()) s += 'x';
+    s += std::to_string(x);
+  }
+  return s;
+}
+
+std::vector<OpCase> AllCases() {
+  std::vector<OpCase> c;
+  // ---- GEMM: every transpose pair, padded leading dimensions, fp32 and 16-bit inputs ----
+  for (DType t : {DType::kF32, DType::kBF16, DType::kF16}) {
+    for (auto [M, N, K] : {std::tuple<int64_t, int64_t, int64_t>{13, 37, 29}, {64, 48, 96}, {1, 5, 1}}) {
+      for (int tr = 0; tr < 4; ++tr) {
+        const bool ta = tr & 1, tb = tr & 2;
+        Add(&c, Op::kGemm, Dims({M, N, K}) + " " + DTypeName(t) + (ta ? " At" : "") + (tb ? " Bt" : ""),
+            kReduce, [=](Dev& d) {
+              const int64_t lda = (ta ? M : K) + 3, ldb = (tb ? K : N) + 1, ldc = N + 2;
+              const int64_t arows = ta ? K : M, brows = tb ? N : K;
+              const auto a = Random(arows * lda, 1), b = Random(brows * ldb, 2),
+                         c0 = Random(M * ldc, 3);
+              const void* A = t == DType::kF32 ? static_cast<const void*>(d.Up(a))
+                                               : static_cast<const void*>(d.Up(To16(a, t)));
+              const void* B = t == DType::kF32 ? static_cast<const void*>(d.Up(b))
+                                               : static_cast<const void*>(d.Up(To16(b, t)));
+              float* C = d.Up(c0);
+              d->Gemm(ta, tb, M, N, K, 0.75f, A, lda, B, ldb, 0.5f, C, ldc, t, DType::kF32);
+              return Outputs{{"C", d.Get(C, M * ldc)}};
+            });
+      }
+    }
+  }
+  // ---- linear layer forward (GEMM + bias (+ GELU)) ----
+  for (DType t : {DType::kF32, DType::kBF16}) {
+    for (int variant = 0; variant < 3; ++variant) {  // 0: no bias; 1: bias; 2: bias + GELU
+      const int64_t N = 19, C = 40, OC = 24;
+      Add(&c, Op::kLinearForward, Dims({N, C, OC}) + " " + DTypeName(t) + " variant " + std::to_string(variant),
+          kReduce, [=](Dev& d) {
+            const auto inp = Random(N * C, 4), w = Random(OC * C, 5), bias = Random(OC, 6);
+            const void* I = t == DType::kF32 ? static_cast<const void*>(d.Up(inp))
+                                             : static_cast<const void*>(d.Up(To16(inp, t)));
+            const void* W = t == DType::kF32 ? static_cast<const void*>(d.Up(w))
+                                             : static_cast<const void*>(d.Up(To16(w, t)));
+            float* pre = d.Zeros(N * OC);
+            float* act = variant == 2 ? d.Zeros(N * OC) : nullptr;
+            d->LinearForward(pre, act, I, W, variant > 0 ? d.Up(bias) : nullptr, N, C, OC, t);
+            Outputs o{{"pre", d.Get(pre, N * OC)}};
+            if (act != nullptr) o.push_back({"act", d.Get(act, N * OC)});
+            return o;
+          });
+    }
+  }
+  // ---- embedding ----
+  for (auto [N, C, V] : {std::tuple<int64_t, int64_t, int64_t>{13, 37, 50}, {64, 256, 9}, {1, 1, 1}}) {
+    for (bool acc : {false, true}) {
+      Add(&c, Op::kEmbeddingForward, Dims({N, C, V}) + (acc ? " accumulate" : ""), kElem, [=](Dev& d) {
+        float* out = d.Up(Random(N * C, 7));
+        d->EmbeddingForward(out, d.Up(RandomIds(N, static_cast<int32_t>(V), 8)), d.Up(Random(V * C, 9)),
+                            N, C, acc);
+        return Outputs{{"out", d.Get(out, N * C)}};
+      });
+    }
+    Add(&c, Op::kEmbeddingBackward, Dims({N, C, V}), kReduce, [=](Dev& d) {
+      float* dtable = d.Up(Random(V * C, 10));
+      d->EmbeddingBackward(dtable, d.Up(Random(N * C, 11)),
+                           d.Up(RandomIds(N, static_cast<int32_t>(V), 12)), N, C);
+      return Outputs{{"dtable", d.Get(dtable, V * C)}};
+    });
+  }
+  // ---- bias, add, scale ----
+  for (auto [N, OC] : {std::pair<int64_t, int64_t>{7, 33}, {130, 64}, {1, 1}}) {
+    Add(&c, Op::kAddBias, Dims({N, OC}), kElem, [=](Dev& d) {
+      float* out = d.Up(Random(N * OC, 13));
+      d->AddBias(out, d.Up(Random(OC, 14)), N, OC);
+      return Outputs{{"out", d.Get(out, N * OC)}};
+    });
+    Add(&c, Op::kBiasBackward, Dims({N, OC}), kReduce, [=](Dev& d) {
+      float* db = d.Up(Random(OC, 15));
+      d->BiasBackward(db, d.Up(Random(N * OC, 16)), N, OC);
+      return Outputs{{"dbias", d.Get(db, OC)}};
+    });
+  }
+  for (int64_t n : {1, 1000, 70001}) {
+    Add(&c, Op::kAdd, Dims({n}) + " aliasing a", kElem, [=](Dev& d) {
+      float* a = d.Up(Random(n, 17));
+      d->Add(a, a, d.Up(Random(n, 18)), n);
+      return Outputs{{"out", d.Get(a, n)}};
+    });
+    Add(&c, Op::kScale, Dims({n}), kElem, [=](Dev& d) {
+      float* x = d.Up(Random(n, 19));
+      d->Scale(x, -1.25f, n);
+      return Outputs{{"x", d.Get(x, n)}};
+    });
+    const double sq[2] = {0.0, 1e-10};
+    Add(&c, Op::kSumSquares, Dims({n}), sq, [=](Dev& d) {
+      return Outputs{{"sum", {d->SumSquares(d.Up(Random(n, 20)), n)}}};
+    });
+    Add(&c, Op::kAccumulateSumSquares, Dims({n}), sq, [=](Dev& d) {
+      double* acc = d.Up(std::vector<double>{0.5});
+      d->AccumulateSumSquares(acc, d.Up(Random(n, 21)), n);
+      d->AccumulateSumSquares(acc, d.Up(Random(n, 22)), n);
+      return Outputs{{"acc", d.Get(acc, 1)}};
+    });
+    Add(&c, Op::kAccumulateSum, Dims({n}), sq, [=](Dev& d) {
+      double* acc = d.Up(std::vector<double>{-2.0});
+      d->AccumulateSum(acc, d.Up(Random(n, 23)), n, d.Up(std::vector<float>{0.25f}));
+      return Outputs{{"acc", d.Get(acc, 1)}};
+    });
+    for (int where : {-1, 0, static_cast<int>(n - 1)}) {  // -1: all finite
+      for (float bad : {NAN, INFINITY}) {
+        if (where < 0 && std::isinf(bad)) continue;
+        const double exact[2] = {0.0, 0.0};
+        Add(&c, Op::kHasNonFinite, Dims({n}) + " at " + std::to_string(where) + " " + std::to_string(bad),
+            exact, [=](Dev& d) {
+              auto x = Random(n, 24);
+              if (where >= 0) x[static_cast<size_t>(where)] = bad;
+              return Outputs{{"flag", {d->HasNonFinite(d.Up(x), n) ? 1.0 : 0.0}}};
+            });
+      }
+    }
+  }
+  // ---- casts: every pair, exact (round to nearest even), specials included ----
+  for (DType from : {DType::kF32, DType::kBF16, DType::kF16}) {
+    for (DType to : {DType::kF32, DType::kBF16, DType::kF16}) {
+      const double exact[2] = {0.0, 0.0};
+      Add(&c, Op::kCast, std::string(DTypeName(from)) + "->" + DTypeName(to), exact, [=](Dev& d) {
+        auto x = Random(5003, 25, -70000.0f, 70000.0f);
+        const auto small = Random(1000, 26, -1e-6f, 1e-6f);
+        std::copy(small.begin(), small.end(), x.begin());
+        x[1000] = NAN;
+        x[1001] = INFINITY;
+        x[1002] = -0.0f;
+        const int64_t n = static_cast<int64_t>(x.size());
+        const void* src = from == DType::kF32 ? static_cast<const void*>(d.Up(x))
+                                              : static_cast<const void*>(d.Up(To16(x, from)));
+        void* dst = to == DType::kF32 ? static_cast<void*>(d.Zeros<float>(n))
+                                      : static_cast<void*>(d.Zeros<uint16_t>(n));
+        d->Cast(dst, to, src, from, n);
+        // Bit patterns, exactly; every NaN as one NaN (payloads may differ: CUDA's canonical NaN
+        // is 0x7FFF where the CPU keeps the input's quieted payload).
+        std::vector<double> bits(n);
+        if (to != DType::kF32) {
+          const std::vector<double> codes = d.Get(static_cast<uint16_t*>(dst), n);
+          const uint32_t inf = to == DType::kBF16 ? 0x7F80u : 0x7C00u;
+          for (int64_t i = 0; i < n; ++i) {
+            const uint32_t c = static_cast<uint32_t>(codes[i]);
+            bits[i] = (c & 0x7FFFu) > inf ? std::nan("") : codes[i];
+          }
+          return Outputs{{"codes", bits}};
+        }
+        std::vector<float> f(n);
+        d->CopyDeviceToHost(f.data(), dst, n * 4);
+        for (int64_t i = 0; i < n; ++i) {
+          uint32_t u;
+          std::memcpy(&u, &f[i], 4);
+          bits[i] = std::isnan(f[i]) ? std::nan("") : u;
+        }
+        return Outputs{{"bits", bits}};
+      });
+    }
+  }
+  // ---- norms ----
+  for (auto [N, C] : {std::pair<int64_t, int64_t>{7, 33}, {64, 768}, {3, 1}}) {
+    Add(&c, Op::kLayerNormForward, Dims({N, C}), kReduce, [=](Dev& d) {
+      float *out = d.Zeros(N * C), *mean = d.Zeros(N), *rstd = d.Zeros(N);
+      d->LayerNormForward(out, mean, rstd, d.Up(Random(N * C, 27, -2, 3)), d.Up(Random(C, 28)),
+                          d.Up(Random(C, 29)), N, C, 1e-5f);
+      return Outputs{{"out", d.Get(out, N * C)}, {"mean", d.Get(mean, N)}, {"rstd", d.Get(rstd, N)}};
+    });
+    Add(&c, Op::kLayerNormBackward, Dims({N, C}), kReduce, [=](Dev& d) {
+      const auto inp = Random(N * C, 30, -2, 3), w = Random(C, 31), b = Random(C, 32);
+      float *out = d.Zeros(N * C), *mean = d.Zeros(N), *rstd = d.Zeros(N);
+      float *I = d.Up(inp), *W = d.Up(w);
+      d->LayerNormForward(out, mean, rstd, I, W, d.Up(b), N, C, 1e-5f);  // this backend's statistics
+      float *dinp = d.Up(Random(N * C, 33)), *dw = d.Up(Random(C, 34)), *db = d.Up(Random(C, 35));
+      d->LayerNormBackward(dinp, dw, db, d.Up(Random(N * C, 36)), I, W, mean, rstd, N, C);
+      return Outputs{{"dinp", d.Get(dinp, N * C)}, {"dweight", d.Get(dw, C)}, {"dbias", d.Get(db, C)}};
+    });
+    Add(&c, Op::kRmsNormForward, Dims({N, C}), kReduce, [=](Dev& d) {
+      float *out = d.Zeros(N * C), *rstd = d.Zeros(N);
+      d->RmsNormForward(out, rstd, d.Up(Random(N * C, 37, -2, 3)), d.Up(Random(C, 38)), N, C, 1e-6f);
+      return Outputs{{"out", d.Get(out, N * C)}, {"rstd", d.Get(rstd, N)}};
+    });
+    Add(&c, Op::kRmsNormBackward, Dims({N, C}), kReduce, [=](Dev& d) {
+      float *out = d.Zeros(N * C), *rstd = d.Zeros(N);
+      float *I = d.Up(Random(N * C, 39, -2, 3)), *W = d.Up(Random(C, 40));
+      d->RmsNormForward(out, rstd, I, W, N, C, 1e-6f);
+      float *dinp = d.Up(Random(N * C, 41)), *dw = d.Up(Random(C, 42));
+      d->RmsNormBackward(dinp, dw, d.Up(Random(N * C, 43)), I, W, rstd, N, C);
+      return Outputs{{"dinp", d.Get(dinp, N * C)}, {"dweight", d.Get(dw, C)}};
+    });
+  }
+  // ---- activations ----
+  for (int64_t n : {1, 1001, 65536 + 7}) {
+    Add(&c, Op::kGeluForward, Dims({n}) + " in place", kElem, [=](Dev& d) {
+      float* x = d.Up(Random(n, 44, -6, 6));
+      d->GeluForward(x, x, n);
+      return Outputs{{"out", d.Get(x, n)}};
+    });
+    Add(&c, Op::kGeluBackward, Dims({n}) + " in place", kElem, [=](Dev& d) {
+      float* g = d.Up(Random(n, 45));
+      d->GeluBackward(g, d.Up(Random(n, 46, -6, 6)), g, n);
+      return Outputs{{"dinp", d.Get(g, n)}};
+    });
+  }
+  for (auto [N, H] : {std::pair<int64_t, int64_t>{5, 37}, {64, 172}, {1, 1}}) {
+    Add(&c, Op::kSwiGluForward, Dims({N, H}), kElem, [=](Dev& d) {
+      float* out = d.Zeros(N * H);
+      d->SwiGluForward(out, d.Up(Random(N * 2 * H, 47, -5, 5)), N, H);
+      return Outputs{{"out", d.Get(out, N * H)}};
+    });
+    Add(&c, Op::kSwiGluBackward, Dims({N, H}), kElem, [=](Dev& d) {
+      float* dinp = d.Zeros(N * 2 * H);
+      d->SwiGluBackward(dinp, d.Up(Random(N * 2 * H, 48, -5, 5)), d.Up(Random(N * H, 49)), N, H);
+      return Outputs{{"dinp", d.Get(dinp, N * 2 * H)}};
+    });
+  }
+  // ---- rotary embedding: a strided fused row, forward and inverse ----
+  for (auto [B, T, NH, HS] : {std::tuple<int64_t, int64_t, int64_t, int64_t>{2, 13, 3, 8}, {1, 70, 2, 64}}) {
+    for (bool inverse : {false, true}) {
+      Add(&c, Op::kRope, Dims({B, T, NH, HS}) + (inverse ? " inverse" : ""), kElem, [=](Dev& d) {
+        const int64_t stride = NH * HS + 5;
+        float* x = d.Up(Random(B * T * stride, 50));
+        d->Rope(x, B, T, NH, HS, stride, 10000.0f, inverse);
+        return Outputs{{"x", d.Get(x, B * T * stride)}};
+      });
+    }
+  }
+  // ---- attention: GQA, fused qkv rows and separate strided ones ----
+  struct AttnCase {
+    int64_t B, T, NH, NKV, HS;
+    bool fused;
+  };
+  for (const AttnCase a : {AttnCase{2, 37, 4, 2, 16, true}, AttnCase{1, 70, 2, 1, 40, false},
+                           AttnCase{1, 5, 1, 1, 160, false}, AttnCase{1, 1, 3, 3, 8, true},
+                           AttnCase{1, 130, 4, 1, 64, true}}) {
+    const std::string label = Dims({a.B, a.T, a.NH, a.NKV, a.HS}) + (a.fused ? " fused" : "");
+    const int64_t rows = a.B * a.T;
+    const int64_t qs = a.fused ? (a.NH + 2 * a.NKV) * a.HS : a.NH * a.HS + 3;  // +3: a gap
+    const int64_t kvs = a.fused ? qs : a.NKV * a.HS + 5;
+    const int64_t koff = a.fused ? a.NH * a.HS : 0, voff = a.fused ? (a.NH + a.NKV) * a.HS : 0;
+    auto forward = [=](Dev& d, float** q, const float** k, const float** v, float** out, float** lse) {
+      *q = d.Up(Random(rows * qs, 51));
+      float* kb = a.fused ? *q : d.Up(Random(rows * kvs, 52));
+      float* vb = a.fused ? *q : d.Up(Random(rows * kvs, 53));
+      *k = kb + koff;
+      *v = vb + voff;
+      *out = d.Zeros(rows * a.NH * a.HS);
+      *lse = d.Zeros(a.B * a.NH * a.T);
+      d->AttentionForward(*out, *lse, *q, *k, *v, a.B, a.T, a.NH, a.NKV, a.HS, qs, kvs);
+    };
+    Add(&c, Op::kAttentionForward, label, kAttn, [=](Dev& d) {
+      float *q, *out, *lse;
+      const float *k, *v;
+      forward(d, &q, &k, &v, &out, &lse);
+      return Outputs{{"out", d.Get(out, rows * a.NH * a.HS)}, {"lse", d.Get(lse, a.B * a.NH * a.T)}};
+    });
+    Add(&c, Op::kAttentionBackward, label, kAttn, [=](Dev& d) {
+      float *q, *out, *lse;
+      const float *k, *v;
+      forward(d, &q, &k, &v, &out, &lse);
+      // Sentinels: parts of a row outside the heads must stay untouched.
+      float* dq = d.Up(std::vector<float>(rows * qs, 7.0f));
+      float* dk = a.fused ? dq + koff : d.Up(std::vector<float>(rows * kvs, 7.0f));
+      float* dv = a.fused ? dq + voff : d.Up(std::vector<float>(rows * kvs, 7.0f));
+      d->AttentionBackward(dq, dk, dv, d.Up(Random(rows * a.NH * a.HS, 54)), out, lse, q, k, v, a.B,
+                           a.T, a.NH, a.NKV, a.HS, qs, kvs);
+      Outputs o{{"dq", d.Get(dq, rows * qs)}};
+      if (!a.fused) o.push_back({"dk", d.Get(dk, rows * kvs)}), o.push_back({"dv", d.Get(dv, rows * kvs)});
+      return o;
+    });
+  }
+  // ---- softmax + cross-entropy (padded vocab, an ignored row, a device-side scale) ----
+  for (auto [N, V, Vp] : {std::tuple<int64_t, int64_t, int64_t>{6, 37, 48}, {3, 1000, 1000}, {1, 1, 8}}) {
+    for (int variant = 0; variant < 3; ++variant) {  // 0: loss only; 1: grad; 2: grad, device scale
+      const double ce[2] = {1e-6, 1e-4};
+      Add(&c, Op::kSoftmaxCrossEntropy, Dims({N, V, Vp}) + " variant " + std::to_string(variant), ce,
+          [=](Dev& d) {
+            float* logits = d.Up(Random(N * Vp, 55, -8, 8));
+            auto targets = RandomIds(N, static_cast<int32_t>(V), 56);
+            if (N > 1) targets[1] = -1;
+            float* losses = d.Zeros(N);
+            const float* scale = variant == 2 ? d.Up(std::vector<float>{0.125f}) : nullptr;
+            d->SoftmaxCrossEntropy(logits, losses, d.Up(targets), N, V, Vp, 0.5f, variant > 0, scale);
+            return Outputs{{"losses", d.Get(losses, N)}, {"logits", d.Get(logits, N * Vp)}};
+          });
+    }
+  }
+  // ---- AdamW, host scalars (3 steps) and device scalars (clip, loss scale, fp16 skip) ----
+  for (int64_t n : {1, 1000, 5003}) {
+    Add(&c, Op::kAdamW, Dims({n}) + " 3 steps", kElem, [=](Dev& d) {
+      float *p = d.Up(Random(n, 57)), *g = d.Up(Random(n, 58)), *m = d.Up(Random(n, 59, -0.1f, 0.1f)),
+            *v = d.Up(Random(n, 60, 0, 0.01f));
+      for (int step = 1; step <= 3; ++step) {
+        const float bc1 = 1.0f - std::pow(0.9f, step), bc2 = 1.0f - std::pow(0.999f, step);
+        d->AdamW(p, g, m, v, n, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.1f, bc1, bc2, 0.5f);
+      }
+      return Outputs{{"param", d.Get(p, n)}, {"m", d.Get(m, n)}, {"v", d.Get(v, n)}};
+    });
+  }
+  struct ScalarCase {
+    float loss_scale, max_norm;
+    bool overflow;
+  };
+  for (const ScalarCase s : {ScalarCase{1.0f, 1.0f, false}, ScalarCase{1.0f, 0.0f, false},
+                             ScalarCase{1024.0f, 1e9f, false}, ScalarCase{1.0f, 1.0f, true}}) {
+    const int64_t n = 3001;
+    Add(&c, Op::kAdamWFromScalars,
+        std::string("loss_scale ") + std::to_string(s.loss_scale) + " max_norm " + std::to_string(s.max_norm) +
+            (s.overflow ? " overflow" : ""),
+        kElem, [=](Dev& d) {
+          const auto grad = Random(n, 61);
+          StepScalars sc;
+          for (float x : grad) sc.grad_sq += double{x} * x;
+          if (s.overflow) sc.grad_sq = INFINITY;
+          sc.lr = 1e-3f;
+          sc.bias_correction1 = 0.1f;
+          sc.bias_correction2 = 0.001f;
+          sc.loss_scale = s.loss_scale;
+          sc.max_grad_norm = s.max_norm;
+          sc.skip_nonfinite = 1;
+          float *p = d.Up(Random(n, 62)), *m = d.Up(Random(n, 63, -0.1f, 0.1f)),
+                *v = d.Up(Random(n, 64, 0, 0.01f));
+          auto* dev_sc = static_cast<StepScalars*>(static_cast<void*>(d.Zeros<unsigned char>(sizeof(sc))));
+          d->CopyHostToDevice(dev_sc, &sc, sizeof(sc));
+          d->AdamWFromScalars(p, d.Up(grad), m, v, n, dev_sc, 0.9f, 0.999f, 1e-8f, 0.1f);
+          return Outputs{{"param", d.Get(p, n)}, {"m", d.Get(m, n)}, {"v", d.Get(v, n)}};
+        });
+  }
+  return c;
+}
+
+Outputs RunCase(Backend* be, const OpCase& c) {
+  Dev d(be);
+  Outputs o = c.run(d);
+  be->Synchronize();
+  return o;
+}
+
+// Compares `got` with `want` element by element; NaN matches NaN, infinities match themselves.
+void ExpectClose(const Outputs& got, const Outputs& want, const OpCase& c, const std::string& device) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t t = 0; t < got.size(); ++t) {
+    const auto& g = got[t].second;
+    const auto& w = want[t].second;
+    ASSERT_EQ(g.size(), w.size()) << got[t].first;
+    int bad = 0;
+    for (size_t i = 0; i < g.size(); ++i) {
+      const bool same = (std::isnan(g[i]) && std::isnan(w[i])) || g[i] == w[i];
+      if (same || std::fabs(g[i] - w[i]) <= c.atol + c.rtol * std::fabs(w[i])) continue;
+      if (++bad <= 3) {
+        ADD_FAILURE() << device << " " << OpName(c.op) << " [" << c.label << "] " << got[t].first
+                      << "[" << i << "] = " << g[i] << ", cpu reference " << w[i];
+      }
+    }
+    EXPECT_EQ(bad, 0) << device << " " << OpName(c.op) << " [" << c.label << "] " << got[t].first
+                      << ": " << bad << " of " << g.size() << " elements differ";
+  }
+}
+
+TEST(BackendOps, EveryOpHasACase) {
+  std::set<Op> covered;
+  for (const OpCase& c : AllCases()) covered.insert(c.op);
+  for (int i = 0; i < kOpCount; ++i) {
+    EXPECT_TRUE(covered.count(static_cast<Op>(i)) > 0)
+        << "op " << OpName(static_cast<Op>(i)) << " has no case in backend_ops_test.cc";
+  }
+}
+
+class BackendOpsOnDevice : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    reference_ = MakeCpuBackend(1);
+    if (GetParam() == "cpu") {
+      device_ = MakeCpuBackend(2);
+    } else {
+      auto made = testing::MakeDeviceUnderTest();
+      ASSERT_TRUE(made.ok()) << made.status().ToString();
+      device_ = std::move(made).value();
+    }
+  }
+  std::unique_ptr<Backend> reference_, device_;
+};
+
+TEST_P(BackendOpsOnDevice, EveryOpMatchesTheCpuReference) {
+  int cases = 0;
+  for (const OpCase& c : AllCases()) {
+    ASSERT_TRUE(device_->Supports(c.op)) << device_->name() << " lacks " << OpName(c.op);
+    const Outputs want = RunCase(reference_.get(), c);
+    const Outputs got = RunCase(device_.get(), c);
+    ASSERT_TRUE(device_->status().ok()) << OpName(c.op) << " [" << c.label << "]: "
+                                        << device_->status().ToString();
+    ExpectClose(got, want, c, device_->name());
+    ++cases;
+  }
+  std::printf("%s: %d op cases over %d ops match the CPU reference\n", device_->name().c_str(),
+              cases, kOpCount);
+}
+
+INSTANTIATE_TEST_SUITE_P(Devices, BackendOpsOnDevice,
+                         ::testing::Values(std::string("cpu"), std::string(testing::kDeviceUnderTest)),
+                         [](const auto& info) {
+                           std::string s = info.param;
+                           for (char& ch : s) ch = (ch == ':' ? '_' : ch);
+                           return s;
+                         });
+
+// A backend that implements nothing but memory: Supports() says so, CheckSupports names the first
+// missing op, and calling an op does nothing but record UNIMPLEMENTED.
+class MemoryOnlyBackend final : public Backend {
+ public:
+  std::string name() const override { return "memory-only"; }
+  void* Alloc(size_t bytes) override { return cpu_->Alloc(bytes); }
+  void Free(void* p) override { cpu_->Free(p); }
+  void CopyHostToDevice(void* d, const void* s, size_t n) override { cpu_->CopyHostToDevice(d, s, n); }
+  void CopyDeviceToHost(void* d, const void* s, size_t n) override { cpu_->CopyDeviceToHost(d, s, n); }
+  void CopyDeviceToDevice(void* d, const void* s, size_t n) override { cpu_->CopyDeviceToDevice(d, s, n); }
+  void Memset0(void* d, size_t n) override { cpu_->Memset0(d, n); }
+  void Synchronize() override {}
+
+ private:
+  std::unique_ptr<Backend> cpu_ = MakeCpuBackend(1);
+};
+
+TEST(BackendOps, PartialBackendReportsWhatItLacks) {
+  MemoryOnlyBackend be;
+  for (int i = 0; i < kOpCount; ++i) EXPECT_FALSE(be.Supports(static_cast<Op>(i))) << OpName(static_cast<Op>(i));
+  const Status s = CheckSupports(be, {Op::kRope});
+  EXPECT_EQ(s.code(), Status::Code::kFailedPrecondition);
+  EXPECT_NE(s.message().find("memory-only does not implement op Rope"), std::string::npos) << s.message();
+  EXPECT_TRUE(CheckSupports(*MakeCpuBackend(1), {Op::kRope, Op::kGemm}).ok());
+
+  std::vector<float> x = {1.0f, 2.0f};
+  be.Scale(x.data(), 3.0f, 2);
+  EXPECT_EQ(x[0], 1.0f);  // nothing done
+  EXPECT_TRUE(std::isnan(be.SumSquares(x.data(), 2)));
+  EXPECT_EQ(be.status().code(), Status::Code::kUnimplemented);
+  EXPECT_NE(be.status().message().find("op Scale"), std::string::npos) << be.status().message();
+}
+
+}  // namespace
+}  // namespace traind::engine
