@@ -14,6 +14,7 @@
 
 #include "backend/arena.h"
 #include "backend/cpu/cpu_optim.h"
+#include "backend/step_scalars.h"
 #include "optim/adamw.h"
 #include "optim/adamw_8bit.h"
 #include "optim/quant8.h"
@@ -259,6 +260,41 @@ TEST(AdamW8bit, LeastSquaresTracksFp32AdamW) {
       first, l32, l8, 100.0 * (l8 - l32) / l32);
   EXPECT_LT(l32, 0.2 * first);  // it did optimise
   EXPECT_LE(std::fabs(l8 - l32), 0.02 * l32);
+}
+
+// The StepRunner's device-scalar protocol gives Step's result (8-bit and fp32-state tensors; CPU
+// backend: device memory is host memory), and an overflowed fp16 step changes nothing.
+TEST(AdamW8bit, IssueStepFromScalarsMatchesStep) {
+  std::unique_ptr<Backend> backend = MakeCpuBackend(2);
+  DeviceArena arena(backend.get(), 0);
+  int64_t n = 0;
+  std::vector<ParamInfo> params = testing::MakeParams({{64, 80}, {80}}, &n);
+  AdamW8bitOptions o;
+  o.weight_decay = 0.1;
+  auto a = AdamW8bitOptimizer::Create(params, n, o, &arena);
+  auto b = AdamW8bitOptimizer::Create(params, n, o, &arena);
+  ASSERT_TRUE(a.ok() && b.ok());
+  std::vector<float> pa = testing::RandomVector(n, 5, 1.0f), pb = pa;
+  for (int step = 0; step < 3; ++step) {
+    const std::vector<float> g = testing::RandomVector(n, 6 + step, 50.0f);
+    StepScalars s;
+    s.lr = 0.01f;
+    s.loss_scale = 8.0f;
+    s.max_grad_norm = 1.0f;
+    s.skip_nonfinite = 1;
+    for (float x : g) s.grad_sq += double{x} * x;
+    (*b)->FillNextStep(&s);
+    (*a)->Step(pa.data(), g.data(), s.lr,
+               StepGradMultiplier(s.grad_sq, s.loss_scale, s.max_grad_norm));
+    (*b)->IssueStep(pb.data(), g.data(), &s);
+    (*b)->CountStep();
+    EXPECT_EQ(pa, pb) << "step " << step;
+    s.grad_sq = INFINITY;  // an overflowed step: no change
+    (*b)->IssueStep(pb.data(), g.data(), &s);
+    EXPECT_EQ(pa, pb) << "step " << step;
+  }
+  EXPECT_EQ((*a)->SaveState().tensors["p0.exp_avg"].data,
+            (*b)->SaveState().tensors["p0.exp_avg"].data);
 }
 
 TEST(AdamW8bit, StateRoundTripAndNonFiniteGradient) {

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "backend/arena.h"
+#include "backend/step_scalars.h"
 #include "optim/sgd.h"
 #include "optim_test_util.h"
 
@@ -69,6 +70,42 @@ TEST(Sgd, TenStepsMatchTorch) {
   }
   std::printf("[sgd] worst relative error vs torch.optim.SGD over %zu configs: %.3g\n",
               configs.size(), worst_all);
+}
+
+// The StepRunner's device-scalar protocol gives Step's result (CPU backend: device memory is host
+// memory), and an overflowed fp16 step changes nothing.
+TEST(Sgd, IssueStepFromScalarsMatchesStep) {
+  std::unique_ptr<Backend> backend = MakeCpuBackend(2);
+  DeviceArena arena(backend.get(), 0);
+  int64_t n = 0;
+  std::vector<ParamInfo> params = testing::MakeParams({{40, 50}, {7}}, &n);
+  SgdOptions o;
+  o.momentum = 0.9;
+  o.dampening = 0.2;
+  o.weight_decay = 0.01;
+  auto a = SgdOptimizer::Create(params, n, o, &arena);
+  auto b = SgdOptimizer::Create(params, n, o, &arena);
+  ASSERT_TRUE(a.ok() && b.ok());
+  std::vector<float> pa = testing::RandomVector(n, 5, 1.0f), pb = pa;
+  for (int step = 0; step < 3; ++step) {
+    const std::vector<float> g = testing::RandomVector(n, 6 + step, 50.0f);
+    StepScalars s;
+    s.lr = 0.01f;
+    s.loss_scale = 8.0f;
+    s.max_grad_norm = 1.0f;
+    s.skip_nonfinite = 1;
+    for (float x : g) s.grad_sq += double{x} * x;
+    (*b)->FillNextStep(&s);
+    (*a)->Step(pa.data(), g.data(), s.lr,
+               StepGradMultiplier(s.grad_sq, s.loss_scale, s.max_grad_norm));
+    (*b)->IssueStep(pb.data(), g.data(), &s);
+    (*b)->CountStep();
+    EXPECT_EQ(pa, pb) << "step " << step;
+    s.grad_sq = INFINITY;  // an overflowed step: no change
+    (*b)->IssueStep(pb.data(), g.data(), &s);
+    EXPECT_EQ(pa, pb) << "step " << step;
+  }
+  EXPECT_EQ((*b)->step(), 3);
 }
 
 TEST(Sgd, StateRoundTripAndValidation) {

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <memory>
 #include <random>
 #include <vector>
@@ -15,6 +16,7 @@
 #include "backend/backend.h"
 #include "backend/cpu/cpu_optim.h"
 #include "backend/cuda/optim_kernels.h"
+#include "backend/step_scalars.h"
 #include "device_under_test.h"
 #include "optim/quant8.h"
 
@@ -83,10 +85,11 @@ TEST_F(SimtOptim, SgdUpdate) {
       Dev<float> dp(backend_.get(), p), dg(backend_.get(), g), db(backend_.get(), buf);
       for (int step = 0; step < 2; ++step) {
         ASSERT_TRUE(gpu::SgdUpdate(dp.p(), dg.p(), db.p(), n, 0.05f, momentum, damp,
-                                   wd_on ? 0.01f : 0.0f, nesterov, step == 0, 0.5f, nullptr)
+                                   wd_on ? 0.01f : 0.0f, nesterov, step == 0, 0.5f, nullptr,
+                                   nullptr)
                         .ok());
         cpu::SgdUpdate(cp.data(), g.data(), cbuf.data(), n, 0.05f, momentum, damp,
-                       wd_on ? 0.01f : 0.0f, nesterov, step == 0, 0.5f, 2);
+                       wd_on ? 0.01f : 0.0f, nesterov, step == 0, 0.5f, nullptr, 2);
       }
       EXPECT_LE(ScaledDiff(dp.get(), cp), 1e-6) << "n " << n << " cfg " << cfg;
       if (momentum != 0.0f) {
@@ -194,11 +197,11 @@ TEST_F(SimtOptim, AdamW8bitBlockwise) {
                   bc2 = 1.0f - std::pow(0.999f, float(step));
       ASSERT_TRUE(gpu::AdamW8bitBlockwise(dp.p(), dg.p(), dmc.p(), dvc.p(), dma.p(), dva.p(),
                                           dtm.p(), dtv.p(), n, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f,
-                                          bc1, bc2, 1.0f, nullptr)
+                                          bc1, bc2, 1.0f, nullptr, nullptr)
                       .ok());
       cpu::AdamW8bitBlockwise(cp.data(), g.data(), cmc.data(), cvc.data(), cma.data(), cva.data(),
                               table_m.data(), table_v.data(), n, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f,
-                              bc1, bc2, 1.0f, 2);
+                              bc1, bc2, 1.0f, nullptr, 2);
     }
     const std::vector<float> gp = dp.get();
     EXPECT_LE(ScaledDiff(gp, cp), 1e-6) << "n " << n;
@@ -221,9 +224,87 @@ TEST_F(SimtOptim, AdamW8bitBlockwise) {
   }
 }
 
+// The StepScalars forms (the StepRunner's capturable path): lr, bias corrections, the gradient
+// multiplier (clip coefficient / loss scale) and the fp16 skip read from device memory, against
+// the CPU kernels given the same host scalars; and against the plain forms given the values the
+// scalars stand for (bit-identical on the device under test).
+TEST_F(SimtOptim, StepScalarsForms) {
+  const std::vector<float> table_m(DynamicCodeSigned(), DynamicCodeSigned() + 256);
+  const std::vector<float> table_v(DynamicCodeUnsigned(), DynamicCodeUnsigned() + 256);
+  Dev<float> dtm(backend_.get(), table_m), dtv(backend_.get(), table_v);
+  const int64_t n = 5000;
+  for (int overflow = 0; overflow < 2; ++overflow) {
+    StepScalars sc;
+    sc.lr = 2e-3f;
+    sc.bias_correction1 = 0.19f;
+    sc.bias_correction2 = 0.002f;
+    sc.loss_scale = 1024.0f;
+    sc.max_grad_norm = 1.0f;
+    sc.skip_nonfinite = 1;
+    const std::vector<float> g = Random(n, 31, 100.0f);
+    for (float x : g) sc.grad_sq += double{x} * x;
+    if (overflow) sc.grad_sq = INFINITY;
+    const float mult = StepGradMultiplier(sc.grad_sq, sc.loss_scale, sc.max_grad_norm);
+    std::vector<unsigned char> raw(sizeof(sc));
+    std::memcpy(raw.data(), &sc, sizeof(sc));
+    Dev<unsigned char> dsc(backend_.get(), raw);
+    const auto* ds = reinterpret_cast<const StepScalars*>(dsc.p());
+    const std::vector<float> p0 = Random(n, 32), buf0 = Random(n, 33);
+    // SGD.
+    std::vector<float> cp = p0, cbuf = buf0, pp = p0, pbuf = buf0;
+    Dev<float> dp(backend_.get(), p0), dg(backend_.get(), g), db(backend_.get(), buf0);
+    ASSERT_TRUE(gpu::SgdUpdate(dp.p(), dg.p(), db.p(), n, 0.0f, 0.9f, 0.1f, 0.01f, false, false,
+                               1.0f, ds, nullptr)
+                    .ok());
+    cpu::SgdUpdate(cp.data(), g.data(), cbuf.data(), n, 0.0f, 0.9f, 0.1f, 0.01f, false, false, 1.0f,
+                   &sc, 2);
+    if (!overflow) {
+      cpu::SgdUpdate(pp.data(), g.data(), pbuf.data(), n, sc.lr, 0.9f, 0.1f, 0.01f, false, false,
+                     mult, nullptr, 2);
+      EXPECT_EQ(cp, pp);
+      EXPECT_GT(ScaledDiff(cp, p0), 1e-5);
+    } else {
+      EXPECT_EQ(cp, p0);
+    }
+    EXPECT_LE(ScaledDiff(dp.get(), cp), 1e-6) << "sgd overflow " << overflow;
+    EXPECT_LE(ScaledDiff(db.get(), cbuf), 1e-6) << "sgd overflow " << overflow;
+    // 8-bit AdamW.
+    std::vector<float> m0 = Random(n, 34, 0.01f), v0 = Random(n, 35, 0.001f);
+    for (float& x : v0) x = x * x;
+    std::vector<uint8_t> mc(n), vc(n);
+    std::vector<float> ma(Quant8Blocks(n)), va(Quant8Blocks(n));
+    QuantizeBlockwise(m0.data(), n, true, mc.data(), ma.data());
+    QuantizeBlockwise(v0.data(), n, false, vc.data(), va.data());
+    std::vector<float> c8 = p0, cma = ma, cva = va, q8 = p0, qma = ma, qva = va;
+    std::vector<uint8_t> cmc = mc, cvc = vc, qmc = mc, qvc = vc;
+    Dev<float> d8(backend_.get(), p0), dma(backend_.get(), ma), dva(backend_.get(), va);
+    Dev<uint8_t> dmc(backend_.get(), mc), dvc(backend_.get(), vc);
+    ASSERT_TRUE(gpu::AdamW8bitBlockwise(d8.p(), dg.p(), dmc.p(), dvc.p(), dma.p(), dva.p(), dtm.p(),
+                                        dtv.p(), n, 0.0f, 0.9f, 0.999f, 1e-8f, 0.01f, 1.0f, 1.0f,
+                                        1.0f, ds, nullptr)
+                    .ok());
+    cpu::AdamW8bitBlockwise(c8.data(), g.data(), cmc.data(), cvc.data(), cma.data(), cva.data(),
+                            table_m.data(), table_v.data(), n, 0.0f, 0.9f, 0.999f, 1e-8f, 0.01f,
+                            1.0f, 1.0f, 1.0f, &sc, 2);
+    if (!overflow) {
+      cpu::AdamW8bitBlockwise(q8.data(), g.data(), qmc.data(), qvc.data(), qma.data(), qva.data(),
+                              table_m.data(), table_v.data(), n, sc.lr, 0.9f, 0.999f, 1e-8f, 0.01f,
+                              sc.bias_correction1, sc.bias_correction2, mult, nullptr, 2);
+      EXPECT_EQ(c8, q8);
+      EXPECT_EQ(cmc, qmc);
+    } else {
+      EXPECT_EQ(c8, p0);
+      EXPECT_EQ(cmc, mc);
+    }
+    EXPECT_LE(ScaledDiff(d8.get(), c8), 1e-6) << "8-bit overflow " << overflow;
+    EXPECT_EQ(dmc.get(), cmc) << "8-bit overflow " << overflow;
+    EXPECT_EQ(dvc.get(), cvc) << "8-bit overflow " << overflow;
+  }
+}
+
 TEST_F(SimtOptim, BadShapesAreErrors) {
   EXPECT_EQ(gpu::SgdUpdate(nullptr, nullptr, nullptr, -1, 0.1f, 0.0f, 0.0f, 0.0f, false, true, 1.0f,
-                           nullptr)
+                           nullptr, nullptr)
                 .code(),
             Status::Code::kInvalidArgument);
   EXPECT_EQ(gpu::AdafactorFactoredStats(nullptr, nullptr, nullptr, nullptr, 1, 0, 4, 0.5f, 1e-30f,
@@ -232,7 +313,7 @@ TEST_F(SimtOptim, BadShapesAreErrors) {
             Status::Code::kInvalidArgument);
   EXPECT_EQ(gpu::AdamW8bitBlockwise(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
                                     nullptr, 10, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.0f, 0.1f, 0.1f, 1.0f,
-                                    nullptr)
+                                    nullptr, nullptr)
                 .code(),
             Status::Code::kInvalidArgument);
 }

@@ -95,24 +95,42 @@ void AdamW8bitOptimizer::Step(float* params, const float* grads, double lr, floa
   ++step_;
   const double bc1 = 1.0 - std::pow(options_.beta1, static_cast<double>(step_));
   const double bc2 = 1.0 - std::pow(options_.beta2, static_cast<double>(step_));
+  Issue(params, grads, static_cast<float>(lr), static_cast<float>(bc1), static_cast<float>(bc2),
+        grad_scale, nullptr);
+}
+
+void AdamW8bitOptimizer::FillNextStep(StepScalars* s) const {
+  const double next = static_cast<double>(step_ + 1);
+  s->bias_correction1 = static_cast<float>(1.0 - std::pow(options_.beta1, next));
+  s->bias_correction2 = static_cast<float>(1.0 - std::pow(options_.beta2, next));
+}
+
+void AdamW8bitOptimizer::IssueStep(float* params, const float* grads,
+                                   const StepScalars* device_scalars) {
+  Issue(params, grads, 0.0f, 1.0f, 1.0f, 1.0f, device_scalars);
+}
+
+void AdamW8bitOptimizer::Issue(float* params, const float* grads, float lr, float bc1, float bc2,
+                               float grad_scale, const StepScalars* s) {
   Backend* backend = arena_->backend();
   const float b1 = static_cast<float>(options_.beta1), b2 = static_cast<float>(options_.beta2);
   const float eps = static_cast<float>(options_.eps);
   for (size_t i = 0; i < params_.size(); ++i) {
     const ParamInfo& p = params_[i];
-    const Slot& s = slots_[i];
+    const Slot& slot = slots_[i];
     if (p.numel == 0) continue;
-    const float wd = s.decay ? static_cast<float>(options_.weight_decay) : 0.0f;
-    if (s.quantized) {
-      optim_ops::AdamW8bitBlockwise(backend, params + p.offset, grads + p.offset, codes_ + s.off,
-                                    codes_ + n8_ + s.off, absmax_ + s.block,
-                                    absmax_ + blocks_ + s.block, tables_, tables_ + 256, p.numel,
-                                    static_cast<float>(lr), b1, b2, eps, wd,
-                                    static_cast<float>(bc1), static_cast<float>(bc2), grad_scale);
+    const float wd = slot.decay ? static_cast<float>(options_.weight_decay) : 0.0f;
+    if (slot.quantized) {
+      optim_ops::AdamW8bitBlockwise(backend, params + p.offset, grads + p.offset, codes_ + slot.off,
+                                    codes_ + n8_ + slot.off, absmax_ + slot.block,
+                                    absmax_ + blocks_ + slot.block, tables_, tables_ + 256, p.numel,
+                                    lr, b1, b2, eps, wd, bc1, bc2, grad_scale, s);
+    } else if (s != nullptr) {
+      backend->AdamWFromScalars(params + p.offset, grads + p.offset, f32_ + slot.off,
+                                f32_ + n32_ + slot.off, p.numel, s, b1, b2, eps, wd);
     } else {
-      backend->AdamW(params + p.offset, grads + p.offset, f32_ + s.off, f32_ + n32_ + s.off,
-                     p.numel, static_cast<float>(lr), b1, b2, eps, wd, static_cast<float>(bc1),
-                     static_cast<float>(bc2), grad_scale);
+      backend->AdamW(params + p.offset, grads + p.offset, f32_ + slot.off, f32_ + n32_ + slot.off,
+                     p.numel, lr, b1, b2, eps, wd, bc1, bc2, grad_scale);
     }
   }
 }

@@ -19,6 +19,7 @@
 
 #include "backend/arena.h"
 #include "backend/backend.h"
+#include "backend/step_scalars.h"
 #include "core/param_info.h"
 #include "core/safetensors.h"
 #include "traind/engine/status.h"
@@ -55,6 +56,15 @@ class AdamW8bitOptimizer {
   void Step(float* params, const float* grads, double lr, float grad_scale);
   int64_t step() const { return step_; }
 
+  // The step with its scalars in device memory (capturable; AdamWOptimizer's protocol for the
+  // StepRunner): FillNextStep writes the bias corrections of step() + 1 into a host StepScalars
+  // the caller copies to the device; IssueStep issues the update reading lr, the bias corrections
+  // and the gradient multiplier from `device_scalars` (nothing when s->skip_nonfinite and grad_sq
+  // is not finite); CountStep counts the step once it is known to have been applied.
+  void FillNextStep(StepScalars* s) const;
+  void IssueStep(float* params, const float* grads, const StepScalars* device_scalars);
+  void CountStep() { ++step_; }
+
   // Per parameter: 8-bit tensors "<hf_name>.exp_avg" and ".exp_avg_sq" (U8 codes, the parameter's
   // shape) with ".exp_avg_absmax" / ".exp_avg_sq_absmax" (F32, one per block); fp32 tensors
   // ".exp_avg" / ".exp_avg_sq" (F32). Metadata {"format": "traind-adamw8bit-v1", "step": N}.
@@ -69,6 +79,9 @@ class AdamW8bitOptimizer {
     int64_t off;    // quantized: into the code buffers; else into the fp32 buffers
     int64_t block;  // quantized: first absmax index
   };
+  // One update call per parameter; `s` (device scalars) or null for the arguments as given.
+  void Issue(float* params, const float* grads, float lr, float bc1, float bc2, float grad_scale,
+             const StepScalars* s);
   AdamW8bitOptimizer(std::vector<ParamInfo> params, const AdamW8bitOptions& options,
                      DeviceArena* arena)
       : params_(std::move(params)), options_(options), arena_(arena) {}

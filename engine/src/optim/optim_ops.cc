@@ -13,9 +13,9 @@ int Threads() { return omp_get_max_threads(); }
 
 void SgdUpdate(Backend*, float* param, const float* grad, float* buf, int64_t n, float lr,
                float momentum, float dampening, float weight_decay, bool nesterov, bool first_step,
-               float grad_scale) {
+               float grad_scale, const StepScalars* s) {
   cpu::SgdUpdate(param, grad, buf, n, lr, momentum, dampening, weight_decay, nesterov, first_step,
-                 grad_scale, Threads());
+                 grad_scale, s, Threads());
 }
 void AdafactorFactoredStats(Backend*, const float* grad, float* row, float* col, double* row_sum,
                             int64_t B, int64_t R, int64_t C, float beta2t, float eps1,
@@ -43,10 +43,10 @@ void AdamW8bitBlockwise(Backend*, float* param, const float* grad, uint8_t* m_co
                         uint8_t* v_codes, float* m_absmax, float* v_absmax, const float* code_m,
                         const float* code_v, int64_t n, float lr, float beta1, float beta2,
                         float eps, float weight_decay, float bias_correction1,
-                        float bias_correction2, float grad_scale) {
+                        float bias_correction2, float grad_scale, const StepScalars* s) {
   cpu::AdamW8bitBlockwise(param, grad, m_codes, v_codes, m_absmax, v_absmax, code_m, code_v, n, lr,
                           beta1, beta2, eps, weight_decay, bias_correction1, bias_correction2,
-                          grad_scale, Threads());
+                          grad_scale, s, Threads());
 }
 
 }  // namespace traind::engine::optim_ops

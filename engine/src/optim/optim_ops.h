@@ -6,13 +6,14 @@
 #include <cstdint>
 
 #include "backend/backend.h"
+#include "backend/step_scalars.h"
 #include "traind/engine/status.h"
 
 namespace traind::engine::optim_ops {
 
 void SgdUpdate(Backend* backend, float* param, const float* grad, float* buf, int64_t n, float lr,
                float momentum, float dampening, float weight_decay, bool nesterov, bool first_step,
-               float grad_scale);
+               float grad_scale, const StepScalars* s);
 void AdafactorFactoredStats(Backend* backend, const float* grad, float* row, float* col,
                             double* row_sum, int64_t B, int64_t R, int64_t C, float beta2t,
                             float eps1, float grad_scale);
@@ -29,6 +30,6 @@ void AdamW8bitBlockwise(Backend* backend, float* param, const float* grad, uint8
                         uint8_t* v_codes, float* m_absmax, float* v_absmax, const float* code_m,
                         const float* code_v, int64_t n, float lr, float beta1, float beta2,
                         float eps, float weight_decay, float bias_correction1,
-                        float bias_correction2, float grad_scale);
+                        float bias_correction2, float grad_scale, const StepScalars* s);
 
 }  // namespace traind::engine::optim_ops

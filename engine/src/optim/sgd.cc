@@ -67,14 +67,28 @@ SgdOptimizer::~SgdOptimizer() {
 void SgdOptimizer::Step(float* params, const float* grads, double lr, float grad_scale) {
   const bool first = step_ == 0;
   ++step_;
+  Issue(params, grads, static_cast<float>(lr), grad_scale, first, nullptr);
+}
+
+void SgdOptimizer::FillNextStep(StepScalars* s) const {
+  s->bias_correction1 = 1.0f;
+  s->bias_correction2 = 1.0f;
+}
+
+void SgdOptimizer::IssueStep(float* params, const float* grads, const StepScalars* device_scalars) {
+  Issue(params, grads, 0.0f, 1.0f, step_ == 0, device_scalars);
+}
+
+void SgdOptimizer::Issue(float* params, const float* grads, float lr, float grad_scale, bool first,
+                         const StepScalars* s) {
   Backend* backend = arena_->backend();
   for (const Run& r : runs_) {
     optim_ops::SgdUpdate(backend, params + r.offset, grads + r.offset,
-                         buf_ == nullptr ? nullptr : buf_ + r.state_offset, r.numel,
-                         static_cast<float>(lr), static_cast<float>(options_.momentum),
+                         buf_ == nullptr ? nullptr : buf_ + r.state_offset, r.numel, lr,
+                         static_cast<float>(options_.momentum),
                          static_cast<float>(options_.dampening),
                          r.decay ? static_cast<float>(options_.weight_decay) : 0.0f,
-                         options_.nesterov, first, grad_scale);
+                         options_.nesterov, first, grad_scale, s);
   }
 }
 

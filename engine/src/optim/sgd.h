@@ -11,6 +11,7 @@
 
 #include "backend/arena.h"
 #include "backend/backend.h"
+#include "backend/step_scalars.h"
 #include "core/param_info.h"
 #include "core/safetensors.h"
 #include "traind/engine/status.h"
@@ -44,6 +45,17 @@ class SgdOptimizer {
   void Step(float* params, const float* grads, double lr, float grad_scale);
   int64_t step() const { return step_; }
 
+  // The step with its scalars in device memory (capturable; AdamWOptimizer's protocol for the
+  // StepRunner): FillNextStep sets the bias corrections (unused by SGD) to 1; IssueStep issues the
+  // update with lr = s->lr and the gradient multiplier StepGradMultiplier(s->grad_sq,
+  // s->loss_scale, s->max_grad_norm) read on the device, nothing when s->skip_nonfinite and
+  // grad_sq is not finite; CountStep counts the step once it is known to have been applied. The
+  // first counted step copies the gradient into the momentum buffer (torch), so a graph captured
+  // before step() > 0 must not be replayed for later steps when dampening != 0.
+  void FillNextStep(StepScalars* s) const;
+  void IssueStep(float* params, const float* grads, const StepScalars* device_scalars);
+  void CountStep() { ++step_; }
+
   // "<hf_name>.momentum_buffer" (fp32, the parameter's shape) per parameter when momentum != 0
   // and step() > 0; metadata {"format": "traind-sgd-v1", "step": N}.
   SafetensorsFile SaveState() const;
@@ -58,6 +70,9 @@ class SgdOptimizer {
     int64_t numel;
     bool decay;
   };
+  // One update call per run; `s` (device scalars) or null for lr / grad_scale as given.
+  void Issue(float* params, const float* grads, float lr, float grad_scale, bool first,
+             const StepScalars* s);
   SgdOptimizer(std::vector<ParamInfo> params, const SgdOptions& options, DeviceArena* arena)
       : params_(std::move(params)), options_(options), arena_(arena) {}
 

@@ -230,7 +230,12 @@ TRAIND_CPU_CLONES void AdamW8bitBlock(float* p, const float* grad, uint8_t* mc, 
 
 void SgdUpdate(float* param, const float* grad, float* buf, int64_t n, float lr, float momentum,
                float dampening, float weight_decay, bool nesterov, bool first_step,
-               float grad_scale, int nt) {
+               float grad_scale, const StepScalars* s, int nt) {
+  if (s != nullptr) {
+    if (s->skip_nonfinite != 0 && !std::isfinite(s->grad_sq)) return;
+    lr = s->lr;
+    grad_scale *= StepGradMultiplier(s->grad_sq, s->loss_scale, s->max_grad_norm);
+  }
   const float neg_lr = static_cast<float>(-static_cast<double>(lr));
   const float one_minus_damp = static_cast<float>(1.0 - static_cast<double>(dampening));
 #pragma omp parallel num_threads(ThreadsFor(n * 3, nt))
@@ -372,7 +377,14 @@ void AdamW8bitBlockwise(float* param, const float* grad, uint8_t* m_codes, uint8
                         float* m_absmax, float* v_absmax, const float* code_m, const float* code_v,
                         int64_t n, float lr, float beta1, float beta2, float eps,
                         float weight_decay, float bias_correction1, float bias_correction2,
-                        float grad_scale, int nt) {
+                        float grad_scale, const StepScalars* s, int nt) {
+  if (s != nullptr) {
+    if (s->skip_nonfinite != 0 && !std::isfinite(s->grad_sq)) return;
+    lr = s->lr;
+    bias_correction1 = s->bias_correction1;
+    bias_correction2 = s->bias_correction2;
+    grad_scale *= StepGradMultiplier(s->grad_sq, s->loss_scale, s->max_grad_norm);
+  }
   const int64_t blocks = (n + kQuant8Block - 1) / kQuant8Block;
   const float c2 = std::sqrt(bias_correction2);
   const FastQuantizer& qm = QuantizerFor(code_m, true);

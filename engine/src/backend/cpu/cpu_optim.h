@@ -5,15 +5,21 @@
 
 #include <cstdint>
 
+#include "backend/step_scalars.h"
+
 namespace traind::engine::cpu {
 
 // torch.optim.SGD on n elements, g = grad_scale * grad:
 //   g += weight_decay * p;  buf = first_step ? g : momentum * buf + (1 - dampening) * g;
 //   g = nesterov ? g + momentum * buf : buf;  p -= lr * g.
 // buf is neither read nor written when momentum == 0 (may be null then).
+// `s` (nullable; device memory on a device, here host memory): the step's scalars, as
+// AdamWFromScalars reads them: lr = s->lr, grad_scale *= StepGradMultiplier(s->grad_sq,
+// s->loss_scale, s->max_grad_norm), and nothing changes when s->skip_nonfinite and grad_sq is not
+// finite. Null: the arguments as given.
 void SgdUpdate(float* param, const float* grad, float* buf, int64_t n, float lr, float momentum,
                float dampening, float weight_decay, bool nesterov, bool first_step,
-               float grad_scale, int nt);
+               float grad_scale, const StepScalars* s, int nt);
 
 // Adafactor, factored second moment of a (B, R, C) tensor (g = grad_scale * grad):
 //   row(B,R) = beta2t * row + (1 - beta2t) * mean over C of (g^2 + eps1)
@@ -44,12 +50,13 @@ void AdafactorApply(float* param, float* m, const float* grad, const float* row,
 // dequantize m = code_m[m_codes] * m_absmax[b] and v = code_v[v_codes] * v_absmax[b], update them
 // with g = grad_scale * grad (elements with a non-finite g: m = v = 0, p unchanged),
 // p += -lr / bc1 * m / (sqrt(v) / sqrt(bc2) + eps), then p *= 1 - lr * weight_decay, and
-// requantize with the new absmax of the block.
+// requantize with the new absmax of the block. `s` (nullable) as SgdUpdate's; the bias
+// corrections then come from s->bias_correction{1,2} too.
 void AdamW8bitBlockwise(float* param, const float* grad, uint8_t* m_codes, uint8_t* v_codes,
                         float* m_absmax, float* v_absmax, const float* code_m, const float* code_v,
                         int64_t n, float lr, float beta1, float beta2, float eps,
                         float weight_decay, float bias_correction1, float bias_correction2,
-                        float grad_scale, int nt);
+                        float grad_scale, const StepScalars* s, int nt);
 
 // out[i] = QuantizeToCode(code, x[i], is_signed) (optim_math.h), by the table-driven search the
 // 8-bit update uses (identical codes; exposed for its test).

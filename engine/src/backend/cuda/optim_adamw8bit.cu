@@ -22,7 +22,14 @@ __global__ void adamw8bit_kernel(float* param, const float* grad, uint8_t* m_cod
                                  uint8_t* v_codes, float* m_absmax, float* v_absmax,
                                  const float* code_m, const float* code_v, int64_t n, float lr,
                                  float b1, float b2, float eps, float wd, float c1, float c2,
-                                 float gs) {
+                                 float gs, const StepScalars* s) {
+  if (s != nullptr) {  // uniform across the grid, before any barrier
+    if (s->skip_nonfinite != 0 && !isfinite(s->grad_sq)) return;
+    lr = s->lr;
+    c1 = s->bias_correction1;
+    c2 = sqrtf(s->bias_correction2);
+    gs *= StepGradMultiplier(s->grad_sq, s->loss_scale, s->max_grad_norm);
+  }
   __shared__ float qm[256];
   __shared__ float qv[256];
   __shared__ float scratch[32];
@@ -71,10 +78,11 @@ Status AdamW8bitBlockwise(float* param, const float* grad, uint8_t* m_codes, uin
                           float* m_absmax, float* v_absmax, const float* code_m,
                           const float* code_v, int64_t n, float lr, float beta1, float beta2,
                           float eps, float weight_decay, float bias_correction1,
-                          float bias_correction2, float grad_scale, cudaStream_t stream) {
+                          float bias_correction2, float grad_scale, const StepScalars* s,
+                          cudaStream_t stream) {
   if (n < 0)
     return Status::InvalidArgument("AdamW8bitBlockwise: negative size " + std::to_string(n));
-  if (!(bias_correction1 > 0.0f) || !(bias_correction2 > 0.0f))
+  if (s == nullptr && (!(bias_correction1 > 0.0f) || !(bias_correction2 > 0.0f)))
     return Status::InvalidArgument("AdamW8bitBlockwise: bias corrections must be > 0 (step >= 1)");
   if (code_m == nullptr || code_v == nullptr)
     return Status::InvalidArgument("AdamW8bitBlockwise: null code tables");
@@ -83,7 +91,7 @@ Status AdamW8bitBlockwise(float* param, const float* grad, uint8_t* m_codes, uin
   const unsigned grid = static_cast<unsigned>(blocks < 8192 ? blocks : 8192);
   return GPU_LAUNCH(adamw8bit_kernel, grid, kThreads, 0, stream, param, grad, m_codes, v_codes,
                     m_absmax, v_absmax, code_m, code_v, n, lr, beta1, beta2, eps, weight_decay,
-                    bias_correction1, sqrtf(bias_correction2), grad_scale);
+                    bias_correction1, sqrtf(bias_correction2), grad_scale, s);
 }
 
 TRAIND_GPU_END

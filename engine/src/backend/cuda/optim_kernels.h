@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "backend/cuda/gpu_ns.h"
+#include "backend/step_scalars.h"
 #include "traind/engine/status.h"
 
 TRAIND_GPU_BEGIN
@@ -14,7 +15,7 @@ TRAIND_GPU_BEGIN
 // ---- optim_sgd.cu ----
 Status SgdUpdate(float* param, const float* grad, float* buf, int64_t n, float lr, float momentum,
                  float dampening, float weight_decay, bool nesterov, bool first_step,
-                 float grad_scale, cudaStream_t stream);
+                 float grad_scale, const StepScalars* s, cudaStream_t stream);
 
 // ---- optim_adafactor.cu ----
 Status AdafactorFactoredStats(const float* grad, float* row, float* col, double* row_sum, int64_t B,
@@ -33,11 +34,13 @@ Status AdafactorApply(float* param, float* m, const float* grad, const float* ro
                       cudaStream_t stream);
 
 // ---- optim_adamw8bit.cu ----
-// code_m / code_v: the 256-entry code tables in device memory.
+// code_m / code_v: the 256-entry code tables in device memory. `s` (nullable, device memory): the
+// step's scalars as in cpu_optim.h (lr, bias corrections, gradient multiplier, fp16 skip).
 Status AdamW8bitBlockwise(float* param, const float* grad, uint8_t* m_codes, uint8_t* v_codes,
                           float* m_absmax, float* v_absmax, const float* code_m,
                           const float* code_v, int64_t n, float lr, float beta1, float beta2,
                           float eps, float weight_decay, float bias_correction1,
-                          float bias_correction2, float grad_scale, cudaStream_t stream);
+                          float bias_correction2, float grad_scale, const StepScalars* s,
+                          cudaStream_t stream);
 
 TRAIND_GPU_END
