@@ -26,6 +26,7 @@
 #include "backend/backend.h"
 #include "core/half.h"
 #include "device_under_test.h"
+#include "optim/quant8.h"
 #include "random_inputs.h"
 
 namespace traind::engine {
@@ -435,6 +436,105 @@ std::vector<OpCase> AllCases() {
           d->AdamWFromScalars(p, d.Up(grad), m, v, n, dev_sc, 0.9f, 0.999f, 1e-8f, 0.1f);
           return Outputs{{"param", d.Get(p, n)}, {"m", d.Get(m, n)}, {"v", d.Get(v, n)}};
         });
+  }
+  // ---- SGD, Adafactor, 8-bit AdamW (semantics: cpu/cpu_optim.h) ----
+  for (int64_t n : {1, 1001, 70001}) {
+    for (int cfg = 0; cfg < 3; ++cfg) {  // plain + decay; momentum + dampening; nesterov
+      Add(&c, Op::kSgdUpdate, Dims({n}) + " cfg " + std::to_string(cfg) + " 2 steps", kElem,
+          [=](Dev& d) {
+            float *p = d.Up(Random(n, 65)), *g = d.Up(Random(n, 66)), *buf = d.Zeros(n);
+            const float momentum = cfg == 0 ? 0.0f : 0.9f, damp = cfg == 1 ? 0.1f : 0.0f;
+            for (int step = 0; step < 2; ++step) {
+              d->SgdUpdate(p, g, buf, n, 0.05f, momentum, damp, 0.01f, cfg == 2, step == 0, 0.5f,
+                           nullptr);
+            }
+            return Outputs{{"param", d.Get(p, n)}, {"buf", d.Get(buf, n)}};
+          });
+    }
+  }
+  for (auto [B, R, C] :
+       {std::tuple<int64_t, int64_t, int64_t>{1, 7, 13}, {3, 5, 33}, {1, 300, 257}}) {
+    const int64_t n = B * R * C;
+    Add(&c, Op::kAdafactorFactoredStats, Dims({B, R, C}), kReduce, [=](Dev& d) {
+      float *row = d.Up(Random(B * R, 67, 0.1f, 0.3f)), *col = d.Up(Random(B * C, 68, 0.1f, 0.3f));
+      double* row_sum = d.Zeros<double>(B);
+      d->AdafactorFactoredStats(d.Up(Random(n, 69)), row, col, row_sum, B, R, C, 0.3f, 1e-30f,
+                                0.75f);
+      return Outputs{
+          {"row", d.Get(row, B * R)}, {"col", d.Get(col, B * C)}, {"row_sum", d.Get(row_sum, B)}};
+    });
+    for (int with_m = 0; with_m < 2; ++with_m) {
+      // The sums and the update of a factored tensor from given statistics.
+      Add(&c, Op::kAdafactorUpdateSumSquares, Dims({B, R, C}) + " factored", kReduce, [=](Dev& d) {
+        const auto row = Random(B * R, 70, 0.1f, 0.3f);
+        std::vector<double> rs(B, 0.0);
+        for (int64_t i = 0; i < B * R; ++i) rs[i / R] += row[i];
+        double* acc = d.Zeros<double>(1);
+        d->AdafactorUpdateSumSquares(acc, d.Up(Random(n, 71)), d.Up(row),
+                                     d.Up(Random(B * C, 72, 0.1f, 0.3f)), d.Up(rs), nullptr, B, R,
+                                     C, 0.75f);
+        return Outputs{{"acc", d.Get(acc, 1)}};
+      });
+      Add(&c, Op::kAdafactorApply, Dims({B, R, C}) + (with_m ? " beta1" : ""), kElem, [=](Dev& d) {
+        const auto row = Random(B * R, 73, 0.1f, 0.3f), p0 = Random(n, 74);
+        std::vector<double> rs(B, 0.0), sums = {0.0, 0.7 * n};
+        for (int64_t i = 0; i < B * R; ++i) rs[i / R] += row[i];
+        for (float x : p0) sums[0] += double{x} * x;
+        float *p = d.Up(p0), *m = with_m ? d.Up(Random(n, 75, -0.01f, 0.01f)) : nullptr;
+        d->AdafactorApply(p, m, d.Up(Random(n, 76)), d.Up(row), d.Up(Random(B * C, 77, 0.1f, 0.3f)),
+                          d.Up(rs), nullptr, d.Up(sums), B, R, C, 0.75f, 1e-2f, 1e-3f, true, 1.0f,
+                          0.9f, 0.1f);
+        Outputs o{{"param", d.Get(p, n)}};
+        if (with_m) o.push_back({"m", d.Get(m, n)});
+        return o;
+      });
+    }
+  }
+  for (int64_t n : {1, 1001, 70001}) {
+    Add(&c, Op::kAdafactorSecondMoment, Dims({n}), kElem, [=](Dev& d) {
+      float* v = d.Up(Random(n, 78, 0.1f, 0.3f));
+      d->AdafactorSecondMoment(d.Up(Random(n, 79)), v, n, 0.3f, 1e-30f, 0.75f);
+      return Outputs{{"v", d.Get(v, n)}};
+    });
+    Add(&c, Op::kAdafactorUpdateSumSquares, Dims({n}) + " unfactored", kReduce, [=](Dev& d) {
+      double* acc = d.Zeros<double>(1);
+      d->AdafactorUpdateSumSquares(acc, d.Up(Random(n, 80)), nullptr, nullptr, nullptr,
+                                   d.Up(Random(n, 81, 0.1f, 0.3f)), 1, 1, n, 0.75f);
+      return Outputs{{"acc", d.Get(acc, 1)}};
+    });
+    Add(&c, Op::kAdafactorApply, Dims({n}) + " unfactored", kElem, [=](Dev& d) {
+      const auto p0 = Random(n, 82);
+      std::vector<double> sums = {0.0, 2.0 * n};
+      for (float x : p0) sums[0] += double{x} * x;
+      float* p = d.Up(p0);
+      d->AdafactorApply(p, nullptr, d.Up(Random(n, 83)), nullptr, nullptr, nullptr,
+                        d.Up(Random(n, 84, 0.1f, 0.3f)), d.Up(sums), 1, 1, n, 0.75f, 1e-2f, 1e-3f,
+                        false, 1.0f, 0.0f, 0.0f);
+      return Outputs{{"param", d.Get(p, n)}};
+    });
+  }
+  // 8-bit: codes must agree exactly (a code is a bucket: off by one is a different value).
+  for (int64_t n : {1, 256, 4097, 70001}) {
+    Add(&c, Op::kAdamW8bitBlockwise, Dims({n}) + " 3 steps", kElem, [=](Dev& d) {
+      const int64_t blocks = (n + 255) / 256;
+      const std::vector<float> code_m(DynamicCodeSigned(), DynamicCodeSigned() + 256);
+      const std::vector<float> code_v(DynamicCodeUnsigned(), DynamicCodeUnsigned() + 256);
+      float *p = d.Up(Random(n, 85)), *g = d.Up(Random(n, 86, -0.1f, 0.1f));
+      uint8_t *mc = d.Zeros<uint8_t>(n), *vc = d.Zeros<uint8_t>(n);
+      float *ma = d.Zeros(blocks), *va = d.Zeros(blocks);
+      const float* tm = d.Up(code_m);
+      const float* tv = d.Up(code_v);
+      for (int step = 1; step <= 3; ++step) {
+        const float bc1 = 1.0f - std::pow(0.9f, step), bc2 = 1.0f - std::pow(0.999f, step);
+        d->AdamW8bitBlockwise(p, g, mc, vc, ma, va, tm, tv, n, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f,
+                              bc1, bc2, 1.0f, nullptr);
+      }
+      return Outputs{{"param", d.Get(p, n)},
+                     {"m_codes", d.Get(mc, n)},
+                     {"v_codes", d.Get(vc, n)},
+                     {"m_absmax", d.Get(ma, blocks)},
+                     {"v_absmax", d.Get(va, blocks)}};
+    });
   }
   return c;
 }

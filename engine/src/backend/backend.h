@@ -75,7 +75,13 @@ class BatchUpload {
   X(AttentionBackward) \
   X(SoftmaxCrossEntropy) \
   X(AdamW) \
-  X(AdamWFromScalars)
+  X(AdamWFromScalars) \
+  X(SgdUpdate) \
+  X(AdafactorFactoredStats) \
+  X(AdafactorSecondMoment) \
+  X(AdafactorUpdateSumSquares) \
+  X(AdafactorApply) \
+  X(AdamW8bitBlockwise)
 
 enum class Op : int {
 #define TRAIND_OP_ENUM(name) k##name,
@@ -232,6 +238,46 @@ class Backend {
   virtual void AdamWFromScalars(float* param, const float* grad, float* m, float* v, int64_t n,
                                 const StepScalars* s, float beta1, float beta2, float eps,
                                 float weight_decay);
+
+  // ---- SGD, Adafactor, 8-bit AdamW (engine/src/optim/; the CPU kernels of cpu/cpu_optim.h are the
+  // reference semantics, each contract in full there). In place, asynchronous; device scalars
+  // (row_sum, acc, sums) are doubles in device memory, so nothing is read back to the host. ----
+  // torch.optim.SGD, g = grad_scale * grad: g += weight_decay * p; with momentum (buf may be null
+  // when momentum == 0): buf = first_step ? g : momentum * buf + (1 - dampening) * g, g = nesterov
+  // ? g + momentum * buf : buf; p -= lr * g. `s` (nullable, device): lr = s->lr, grad_scale *=
+  // StepGradMultiplier(...) and the fp16 skip, as AdamWFromScalars (capturable).
+  virtual void SgdUpdate(float* param, const float* grad, float* buf, int64_t n, float lr,
+                         float momentum, float dampening, float weight_decay, bool nesterov,
+                         bool first_step, float grad_scale, const StepScalars* s);
+  // Adafactor (HF), factored second moment of a (B, R, C) tensor: row (B,R) and col (B,C) moving
+  // averages of the means of g^2 + eps1 over C and over R; row_sum (B) = sum over R of the new row.
+  virtual void AdafactorFactoredStats(const float* grad, float* row, float* col, double* row_sum,
+                                      int64_t B, int64_t R, int64_t C, float beta2t, float eps1,
+                                      float grad_scale);
+  // Adafactor, unfactored: v = beta2t * v + (1 - beta2t) * (g^2 + eps1).
+  virtual void AdafactorSecondMoment(const float* grad, float* v, int64_t n, float beta2t,
+                                     float eps1, float grad_scale);
+  // *acc += sum of update^2, update = g * rsqrt(row / mean_R(row)) * rsqrt(col) (v null), else
+  // g * rsqrt(v) (B = R = 1, C = n).
+  virtual void AdafactorUpdateSumSquares(double* acc, const float* grad, const float* row,
+                                         const float* col, const double* row_sum, const float* v,
+                                         int64_t B, int64_t R, int64_t C, float grad_scale);
+  // Applies the update; sums = {sum of p^2 before the step, sum of update^2}; step size, clipping,
+  // first moment (m may be null) and weight decay as cpu_optim.h's AdafactorApply.
+  virtual void AdafactorApply(float* param, float* m, const float* grad, const float* row,
+                              const float* col, const double* row_sum, const float* v,
+                              const double* sums, int64_t B, int64_t R, int64_t C, float grad_scale,
+                              float rel_step, float eps2, bool scale_parameter,
+                              float clip_threshold, float beta1, float weight_decay);
+  // bitsandbytes' blockwise 8-bit AdamW over n elements (blocks of 256; codes uint8, absmax fp32
+  // per block; code_m/code_v: the 256-entry code tables in device memory). `s` as SgdUpdate's; the
+  // bias corrections then come from it too.
+  virtual void AdamW8bitBlockwise(float* param, const float* grad, uint8_t* m_codes,
+                                  uint8_t* v_codes, float* m_absmax, float* v_absmax,
+                                  const float* code_m, const float* code_v, int64_t n, float lr,
+                                  float beta1, float beta2, float eps, float weight_decay,
+                                  float bias_correction1, float bias_correction2, float grad_scale,
+                                  const StepScalars* s);
 
   // ---- device capabilities (defaults: none; the GPU backends override) ----
   // The first error an op hit (OK when none). Ops do not abort on bad input on the GPU backends;

@@ -186,6 +186,52 @@ void Backend::AdamWFromScalars(float* /*param*/, const float* /*grad*/, float* /
   Unsupported(Op::kAdamWFromScalars);
 }
 
+void Backend::SgdUpdate(float* /*param*/, const float* /*grad*/, float* /*buf*/, int64_t /*n*/,
+                        float /*lr*/, float /*momentum*/, float /*dampening*/,
+                        float /*weight_decay*/, bool /*nesterov*/, bool /*first_step*/,
+                        float /*grad_scale*/, const StepScalars* /*s*/) {
+  Unsupported(Op::kSgdUpdate);
+}
+
+void Backend::AdafactorFactoredStats(const float* /*grad*/, float* /*row*/, float* /*col*/,
+                                     double* /*row_sum*/, int64_t /*B*/, int64_t /*R*/,
+                                     int64_t /*C*/, float /*beta2t*/, float /*eps1*/,
+                                     float /*grad_scale*/) {
+  Unsupported(Op::kAdafactorFactoredStats);
+}
+
+void Backend::AdafactorSecondMoment(const float* /*grad*/, float* /*v*/, int64_t /*n*/,
+                                    float /*beta2t*/, float /*eps1*/, float /*grad_scale*/) {
+  Unsupported(Op::kAdafactorSecondMoment);
+}
+
+void Backend::AdafactorUpdateSumSquares(double* /*acc*/, const float* /*grad*/,
+                                        const float* /*row*/, const float* /*col*/,
+                                        const double* /*row_sum*/, const float* /*v*/,
+                                        int64_t /*B*/, int64_t /*R*/, int64_t /*C*/,
+                                        float /*grad_scale*/) {
+  Unsupported(Op::kAdafactorUpdateSumSquares);
+}
+
+void Backend::AdafactorApply(float* /*param*/, float* /*m*/, const float* /*grad*/,
+                             const float* /*row*/, const float* /*col*/, const double* /*row_sum*/,
+                             const float* /*v*/, const double* /*sums*/, int64_t /*B*/,
+                             int64_t /*R*/, int64_t /*C*/, float /*grad_scale*/, float /*rel_step*/,
+                             float /*eps2*/, bool /*scale_parameter*/, float /*clip_threshold*/,
+                             float /*beta1*/, float /*weight_decay*/) {
+  Unsupported(Op::kAdafactorApply);
+}
+
+void Backend::AdamW8bitBlockwise(float* /*param*/, const float* /*grad*/, uint8_t* /*m_codes*/,
+                                 uint8_t* /*v_codes*/, float* /*m_absmax*/, float* /*v_absmax*/,
+                                 const float* /*code_m*/, const float* /*code_v*/, int64_t /*n*/,
+                                 float /*lr*/, float /*beta1*/, float /*beta2*/, float /*eps*/,
+                                 float /*weight_decay*/, float /*bias_correction1*/,
+                                 float /*bias_correction2*/, float /*grad_scale*/,
+                                 const StepScalars* /*s*/) {
+  Unsupported(Op::kAdamW8bitBlockwise);
+}
+
 void Backend::LinearForward(float* pre, float* act, const void* inp, const void* weight,
                             const float* bias, int64_t N, int64_t C, int64_t OC, DType type) {
   Gemm(false, true, N, OC, C, 1.0f, inp, C, weight, C, 0.0f, pre, OC, type, DType::kF32);

@@ -92,6 +92,27 @@ class GpuBackend : public Backend {
   void AdamWFromScalars(float* param, const float* grad, float* m, float* v, int64_t n,
                         const StepScalars* s, float beta1, float beta2, float eps,
                         float weight_decay) override;
+  void SgdUpdate(float* param, const float* grad, float* buf, int64_t n, float lr, float momentum,
+                 float dampening, float weight_decay, bool nesterov, bool first_step,
+                 float grad_scale, const StepScalars* s) override;
+  void AdafactorFactoredStats(const float* grad, float* row, float* col, double* row_sum, int64_t B,
+                              int64_t R, int64_t C, float beta2t, float eps1,
+                              float grad_scale) override;
+  void AdafactorSecondMoment(const float* grad, float* v, int64_t n, float beta2t, float eps1,
+                             float grad_scale) override;
+  void AdafactorUpdateSumSquares(double* acc, const float* grad, const float* row, const float* col,
+                                 const double* row_sum, const float* v, int64_t B, int64_t R,
+                                 int64_t C, float grad_scale) override;
+  void AdafactorApply(float* param, float* m, const float* grad, const float* row, const float* col,
+                      const double* row_sum, const float* v, const double* sums, int64_t B,
+                      int64_t R, int64_t C, float grad_scale, float rel_step, float eps2,
+                      bool scale_parameter, float clip_threshold, float beta1,
+                      float weight_decay) override;
+  void AdamW8bitBlockwise(float* param, const float* grad, uint8_t* m_codes, uint8_t* v_codes,
+                          float* m_absmax, float* v_absmax, const float* code_m,
+                          const float* code_v, int64_t n, float lr, float beta1, float beta2,
+                          float eps, float weight_decay, float bias_correction1,
+                          float bias_correction2, float grad_scale, const StepScalars* s) override;
 
  protected:
   explicit GpuBackend(std::string name) : name_(std::move(name)) {}

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "backend/cuda/gpu_ns.h"
+#include "backend/cuda/optim_kernels.h"  // SGD, Adafactor, 8-bit AdamW launchers
 #include "backend/step_scalars.h"
 #include "core/dtype.h"
 #include "traind/engine/status.h"
