@@ -3,7 +3,8 @@
 // random inputs, ragged sizes included. Tolerances: parameters and fp32 state within 1e-6 of the
 // tensor's scale (max |diff| / max |cpu|; the two compilers may contract to FMAs differently),
 // Adafactor's double sums within 1e-9 relative; 8-bit codes equal except where the fp32 value
-// sits within rounding of a code midpoint (at most 1 code apart, on <= 0.2% of elements).
+// sits within rounding of a code midpoint (at most 1 code apart, on <= 0.2% of elements). And the
+// optimizer classes run on the device under test against the same classes on the CPU backend.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -13,12 +14,16 @@
 #include <random>
 #include <vector>
 
+#include "backend/arena.h"
 #include "backend/backend.h"
 #include "backend/cpu/cpu_optim.h"
 #include "backend/cuda/optim_kernels.h"
 #include "backend/step_scalars.h"
 #include "device_under_test.h"
+#include "optim/adafactor.h"
+#include "optim/adamw_8bit.h"
 #include "optim/quant8.h"
+#include "optim/sgd.h"
 
 namespace traind::engine {
 namespace {
@@ -299,6 +304,76 @@ TEST_F(SimtOptim, StepScalarsForms) {
     EXPECT_LE(ScaledDiff(d8.get(), c8), 1e-6) << "8-bit overflow " << overflow;
     EXPECT_EQ(dmc.get(), cmc) << "8-bit overflow " << overflow;
     EXPECT_EQ(dvc.get(), cvc) << "8-bit overflow " << overflow;
+  }
+}
+
+// The optimizer classes on the device under test (their updates are Backend ops) against the same
+// classes on the CPU backend: 5 steps over matrices, a 3-D tensor and vectors (8-bit with a tensor
+// above min_8bit_size), parameters within 1e-6 of scale and the saved state equal in name, shape
+// and dtype (values within 1e-5 of scale; 8-bit codes exact).
+TEST_F(SimtOptim, OptimizerClassesMatchTheCpuBackend) {
+  std::vector<ParamInfo> params;
+  int64_t n = 0;
+  for (std::vector<int64_t> shape :
+       std::vector<std::vector<int64_t>>{{70, 90}, {90}, {2, 3, 5}, {7}}) {
+    ParamInfo p;
+    p.hf_name = std::to_string(params.size());
+    p.hf_name.insert(p.hf_name.begin(), 'w');
+    p.shape = p.hf_shape = shape;
+    p.numel = 1;
+    for (int64_t d : shape) p.numel *= d;
+    p.offset = n;
+    p.weight_decay = shape.size() >= 2;
+    n += p.numel;
+    params.push_back(p);
+  }
+  std::unique_ptr<Backend> cpu = MakeCpuBackend(2);
+  const std::vector<float> p0 = Random(n, 41, 0.5f);
+  for (int which = 0; which < 3; ++which) {
+    std::vector<float> results[2];
+    SafetensorsFile states[2];
+    for (int side = 0; side < 2; ++side) {
+      Backend* be = side == 0 ? cpu.get() : backend_.get();
+      DeviceArena arena(be, 0);
+      Dev<float> dp(be, p0);
+      Dev<float> dg(be, Random(n, 42, 0.1f));
+      auto run = [&](auto opt) {
+        ASSERT_TRUE(opt.ok()) << opt.status().ToString();
+        for (int step = 0; step < 5; ++step) (*opt)->Step(dp.p(), dg.p(), 1e-2, 0.5f);
+        states[side] = (*opt)->SaveState();
+      };
+      if (which == 0) {
+        SgdOptions o;
+        o.momentum = 0.9;
+        o.weight_decay = 0.01;
+        run(SgdOptimizer::Create(params, n, o, &arena));
+      } else if (which == 1) {
+        AdafactorOptions o;
+        o.beta1 = 0.9;
+        o.weight_decay = 0.01;
+        run(AdafactorOptimizer::Create(params, n, o, &arena));
+      } else {
+        AdamW8bitOptions o;
+        o.weight_decay = 0.01;
+        o.min_8bit_size = 1000;
+        run(AdamW8bitOptimizer::Create(params, n, o, &arena));
+      }
+      ASSERT_TRUE(be->status().ok()) << be->status().ToString();
+      results[side] = dp.get();
+    }
+    EXPECT_GT(ScaledDiff(results[0], p0), 1e-4) << "optimizer " << which;
+    EXPECT_LE(ScaledDiff(results[1], results[0]), 1e-6) << "optimizer " << which;
+    ASSERT_EQ(states[0].tensors.size(), states[1].tensors.size());
+    for (const auto& [name, t] : states[0].tensors) {
+      const HostTensor& u = states[1].tensors[name];
+      ASSERT_EQ(t.dtype, u.dtype) << name;
+      ASSERT_EQ(t.shape, u.shape) << name;
+      if (t.dtype == "U8") {
+        EXPECT_EQ(t.data, u.data) << name;
+      } else {
+        EXPECT_LE(ScaledDiff(u.ToF32().value(), t.ToF32().value()), 1e-5) << name;
+      }
+    }
   }
 }
 
