@@ -310,10 +310,16 @@ class RocksDbStore final : public engine::OptimizerStateStore {
         if (p->second->started) {
           slot = p->second;
           while (!slot->done) state_cv_.Wait();
+          // The map may have changed while waiting (a concurrent Read of the same key may have
+          // taken the slot and its buffer): only the Read that removes the slot uses it.
+          p = prefetch_.find(key);
+          if (p == prefetch_.end() || p->second != slot) slot = nullptr;
         }
         // Not started yet: take it off the queue's hands and read here (the reader skips it).
-        prefetch_bytes_ -= p->second->version.bytes;
-        prefetch_.erase(p);
+        if (p != prefetch_.end()) {
+          prefetch_bytes_ -= p->second->version.bytes;
+          prefetch_.erase(p);
+        }
       }
       if (slot) ++stats_.prefetch_hits;
       else ++stats_.prefetch_misses;

@@ -320,6 +320,28 @@ TYPED_TEST(StoreContractTest, ConcurrentWritersAndReaders) {
   for (int t = 0; t < 4; ++t) this->ExpectStep(1, keys_of(t), bytes);
 }
 
+// Several threads prefetching and reading the same chunks at once (a read-ahead is used by one
+// Read only; the others read for themselves).
+TYPED_TEST(StoreContractTest, ConcurrentReadsOfTheSameChunk) {
+  const auto keys = Keys(1, 4, {"master"});
+  const size_t bytes = 48 << 10;
+  this->WriteStep(0, keys, bytes);
+  ASSERT_TRUE(this->store_->Commit(0).ok());
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([&] {
+      std::vector<char> got(bytes);
+      for (int round = 0; round < 25; ++round)
+        for (const auto& k : keys) {
+          this->store_->Prefetch(k);
+          ASSERT_TRUE(this->store_->Read(k, got.data(), bytes).ok());
+          ASSERT_TRUE(got == ChunkData(k, 0, bytes));
+        }
+    });
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(this->store_->Stats().read_bytes, 4u * 25 * keys.size() * bytes);
+}
+
 // The checkpoint recipe of the header: stream the committed state out chunk by chunk (one buffer)
 // into another store, and back.
 TYPED_TEST(StoreContractTest, StreamCheckpointOutAndBack) {
