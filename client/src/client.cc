@@ -75,10 +75,7 @@ Result<std::unique_ptr<Client>> Client::Create(const ClientOptions& options) {
   }
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(64 << 20);
-  // A Client of its own connection: gRPC's global subchannel pool would hand a new Client the
-  // subchannel of an earlier one to the same address, still in connect backoff after traind
-  // restarted, and its first call would fail with "Connection refused" although traind is up.
-  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  if (options.own_connection) args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   impl->channel = grpc::CreateCustomChannel(options.addr, creds, args);
   impl->stub = v1::JobService::NewStub(impl->channel);
   impl->health = grpc::health::v1::Health::NewStub(impl->channel);

@@ -53,7 +53,7 @@ training:
   adam_beta2: 0.999
   adam_epsilon: 1.0e-8
   max_grad_norm: 1.0              # global L2 clip as torch.nn.utils.clip_grad_norm_; 0 disables
-  optim: adamw                    # adamw | adafactor, adamw_8bit, sgd (later)
+  optim: adamw                    # adamw | adafactor | adamw_8bit | sgd
   fp16: false                     # mixed precision with dynamic loss scaling
   bf16: false                     # mixed precision in bfloat16
   tf32: false                     # TF32 matmuls (CUDA); accepted and reported as no-op on CPU
@@ -243,9 +243,7 @@ TEST(JobSpecTest, MixedPrecisionAccepted) {
 }
 
 TEST(JobSpecTest, FeaturesNotBuiltYet) {
-  ExpectInvalid(With(kBase, "training", "optim: adafactor"), "training.optim: adafactor is not supported yet");
-  ExpectInvalid(With(kBase, "training", "optim: sgd"), "training.optim: sgd is not supported yet");
-  ExpectInvalid(With(kBase, "training", "optim: lion"), "training.optim: expected adamw, got 'lion'");
+  ExpectInvalid(With(kBase, "training", "optim: lion"), "training.optim: expected one of adamw, adafactor, adamw_8bit, sgd, got 'lion'");
   ExpectInvalid(With(With(kBase, "training", "fp16: true"), "training", "bf16: true"),
                 "training.bf16: fp16 and bf16 are both true");
   ExpectInvalid(With(kBase, "training", "offload: nvme"), "training.offload: nvme is not supported yet");
@@ -255,6 +253,41 @@ TEST(JobSpecTest, FeaturesNotBuiltYet) {
   ExpectInvalid(With(kBase, "data", "format: csv"), "data.format: expected text, tokens or jsonl, got 'csv'");
   ExpectInvalid(With(kBase, "data", "label_field: label"), "data.label_field: is not supported yet");
   ExpectInvalid(Replace(kBase, "arch: gpt2", "arch: bert"), "model.arch: bert is not supported yet");
+}
+
+TEST(JobSpecTest, OptimizersAndTheirArgs) {
+  for (const char* optim : {"adamw", "adafactor", "adamw_8bit", "sgd"}) {
+    Result<JobSpec> r = ParseJobSpec(With(kBase, "training", std::string("optim: ") + optim));
+    ASSERT_TRUE(r.ok()) << optim << ": " << r.status().ToString();
+    EXPECT_EQ(r->training.optim, optim);
+  }
+  Result<JobSpec> sgd = ParseJobSpec(With(With(kBase, "training", "optim: sgd"), "training",
+                                          "optim_args: {momentum: 0.9, nesterov: true}"));
+  ASSERT_TRUE(sgd.ok()) << sgd.status().ToString();
+  EXPECT_EQ(sgd->training.optim_args.momentum, 0.9);
+  EXPECT_TRUE(sgd->training.optim_args.nesterov);
+  Result<JobSpec> af = ParseJobSpec(With(With(kBase, "training", "optim: adafactor"), "training",
+                                         "optim_args: {relative_step: true, warmup_init: true, beta1: 0.9}"));
+  ASSERT_TRUE(af.ok()) << af.status().ToString();
+  EXPECT_TRUE(af->training.optim_args.relative_step);
+  EXPECT_EQ(af->training.optim_args.beta1, 0.9);
+  EXPECT_FALSE(ParseJobSpec(With(kBase, "training", "optim: adafactor"))->training.optim_args.scale_parameter)
+      << "the HF Trainer's adafactor default";
+  // Round trip through the JSON the daemon hands to the job runner.
+  Result<JobSpec> back = ParseJobSpec(JobSpecToJson(*af));
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->training.optim_args.beta1, 0.9);
+  EXPECT_TRUE(back->training.optim_args.warmup_init);
+  ExpectInvalid(With(With(kBase, "training", "optim: adafactor"), "training", "optim_args: {momentum: 0.9}"),
+                "training.optim_args.momentum: not an option of optim adafactor");
+  ExpectInvalid(With(kBase, "training", "optim_args: {nesterov: true}"),
+                "training.optim_args.nesterov: not an option of optim adamw (its options: none)");
+  ExpectInvalid(With(With(kBase, "training", "optim: sgd"), "training", "optim_args: {nesterov: true}"),
+                "training.optim_args.nesterov: needs momentum > 0");
+  ExpectInvalid(With(With(kBase, "training", "optim: adafactor"), "training", "optim_args: {warmup_init: true}"),
+                "training.optim_args.warmup_init: needs relative_step: true");
+  ExpectInvalid(With(With(kBase, "training", "optim: sgd"), "training", "optim_args: {mommentum: 0.9}"),
+                "training.optim_args.mommentum");
 }
 
 TEST(JobSpecTest, TokenizerPathsAreAcceptedAndResolved) {

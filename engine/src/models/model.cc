@@ -47,6 +47,11 @@ Result<std::unique_ptr<Model>> Model::Create(const ModelConfig& config, const Mo
   return std::unique_ptr<Model>(std::move(m));
 }
 
+std::vector<ParamInfo> Model::ParamsOf(const ModelConfig& config) {
+  if (!ValidateModelConfig(config, "model.config.").ok()) return {};
+  return BuildParams(MakeArchDims(config)).infos;
+}
+
 std::vector<Op> Model::RequiredOps(const ModelConfig& config) {
   const FamilyFeatures f = FindFamily(config.arch) != nullptr ? FindFamily(config.arch)->features
                                                               : FamilyFeatures{};

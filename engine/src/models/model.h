@@ -42,6 +42,8 @@ class Model {
                                                const ModelOptions& options, DeviceArena* arena);
   // The bytes Create() will allocate, by category (optimizer stays 0: the optimizer plans that).
   static MemoryBytes PlanBytes(const ModelConfig& config, const ModelOptions& options);
+  // The parameter table of `config` (empty when the config is invalid), without allocating.
+  static std::vector<ParamInfo> ParamsOf(const ModelConfig& config);
   // The backend ops a model of `config`'s family runs (a training step included), for
   // CheckSupports before anything is allocated.
   static std::vector<Op> RequiredOps(const ModelConfig& config);

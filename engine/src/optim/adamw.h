@@ -12,6 +12,7 @@
 #include "backend/arena.h"
 #include "core/param_info.h"
 #include "core/safetensors.h"
+#include "optim/optimizer.h"
 #include "traind/engine/status.h"
 
 namespace traind::engine {
@@ -37,7 +38,7 @@ void AccumulateGradSquares(Backend* backend, const float* grads,
 // gradients themselves are never rewritten.
 float ClipCoefficient(double total_norm, double max_norm);
 
-class AdamWOptimizer {
+class AdamWOptimizer final : public Optimizer {
  public:
   // Allocates m and v (2 * num_params floats, zeroed) from `arena` under kOptimizer.
   // RESOURCE_EXHAUSTED when they do not fit. `params` must describe views into buffers of
@@ -49,31 +50,33 @@ class AdamWOptimizer {
   // The bytes Create() allocates.
   static int64_t PlanBytes(int64_t num_params) { return 2 * num_params * 4; }
 
-  ~AdamWOptimizer();
+  ~AdamWOptimizer() override;
   AdamWOptimizer(const AdamWOptimizer&) = delete;
   AdamWOptimizer& operator=(const AdamWOptimizer&) = delete;
 
   // One step at rate `lr` on every parameter: the gradient used is grad_scale * grads.
   // Increments step() first (torch counts steps from 1 for the bias corrections).
-  void Step(float* params, const float* grads, double lr, float grad_scale);
+  void Step(float* params, const float* grads, double lr, float grad_scale) override;
 
-  int64_t step() const { return step_; }
+  std::string name() const override { return "adamw"; }
+  int64_t step() const override { return step_; }
+  bool issues_from_device_scalars() const override { return true; }
 
   // The step with its scalars in device memory (capturable; the trainer's path): FillNextStep
   // writes the bias corrections of step() + 1 into a host StepScalars the caller then copies to
   // the device; IssueStep issues the update of every parameter from the device copy
   // (Backend::AdamWFromScalars, gradient multiplier from its grad_sq); CountStep counts the step
   // once it is known to have been applied (not skipped for an fp16 overflow).
-  void FillNextStep(StepScalars* s) const;
-  void IssueStep(float* params, const float* grads, const StepScalars* device_scalars);
-  void CountStep() { ++step_; }
+  void FillNextStep(StepScalars* s) const override;
+  void IssueStep(float* params, const float* grads, const StepScalars* device_scalars) override;
+  void CountStep() override { ++step_; }
 
   // The state as tensors "<hf_name>.exp_avg" / "<hf_name>.exp_avg_sq" (fp32, our layout shape)
   // and metadata {"step": N, "format": "traind-adamw-v1"}.
-  SafetensorsFile SaveState() const;
+  SafetensorsFile SaveState() const override;
   // Restores what SaveState() wrote. DATA_LOSS naming the tensor when one is missing or has the
   // wrong shape or dtype, or the metadata is bad.
-  Status LoadState(const SafetensorsFile& file);
+  Status LoadState(const SafetensorsFile& file) override;
 
  private:
   // A run of parameters that are contiguous in the flat buffer and share the decay flag: one

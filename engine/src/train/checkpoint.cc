@@ -112,7 +112,7 @@ std::string TrainerStateJson(const JobSpec& spec, const TrainerState& state,
 }
 
 Result<std::string> SaveCheckpoint(const std::string& output_dir, const JobSpec& spec,
-                                   Model* model, const AdamWOptimizer& optimizer,
+                                   Model* model, const Optimizer& optimizer,
                                    const TrainerState& state, int64_t windows_per_epoch) {
   const std::string final_dir = CheckpointDir(output_dir, state.global_step);
   const std::string tmp_dir = final_dir + ".tmp";
@@ -162,7 +162,7 @@ int64_t FindLatestCheckpoint(const std::string& output_dir) {
   return best;
 }
 
-Status LoadCheckpoint(const std::string& dir, Model* model, AdamWOptimizer* optimizer,
+Status LoadCheckpoint(const std::string& dir, Model* model, Optimizer* optimizer,
                       TrainerState* state) {
   const fs::path d(dir);
   TRAIND_ASSIGN_OR_RETURN(ModelConfig config, ReadHfConfig((d / kConfigFile).string()));

@@ -12,7 +12,7 @@
 
 #include "data/token_data.h"
 #include "models/model.h"
-#include "optim/adamw.h"
+#include "optim/optimizer.h"
 #include "optim/loss_scaler.h"
 #include "traind/engine/job_spec.h"
 #include "traind/engine/status.h"
@@ -55,7 +55,7 @@ std::string TrainerStateJson(const JobSpec& spec, const TrainerState& state,
 // atomically: into checkpoint-<step>.tmp/, fsynced, then renamed (an existing checkpoint-<step>
 // is replaced). Returns the folder. RESOURCE_EXHAUSTED / INTERNAL on I/O errors.
 Result<std::string> SaveCheckpoint(const std::string& output_dir, const JobSpec& spec,
-                                   Model* model, const AdamWOptimizer& optimizer,
+                                   Model* model, const Optimizer& optimizer,
                                    const TrainerState& state, int64_t windows_per_epoch);
 
 // The step of the newest complete checkpoint-<step>/ in output_dir (all five files present), or
@@ -65,7 +65,7 @@ int64_t FindLatestCheckpoint(const std::string& output_dir);
 // Loads weights, optimizer state and trainer state from checkpoint folder `dir`. DATA_LOSS naming
 // the file for missing or corrupt parts; INVALID_ARGUMENT when the checkpoint's model does not
 // match `model`.
-Status LoadCheckpoint(const std::string& dir, Model* model, AdamWOptimizer* optimizer,
+Status LoadCheckpoint(const std::string& dir, Model* model, Optimizer* optimizer,
                       TrainerState* state);
 
 // Removes every checkpoint-*/ folder (complete or temporary) under output_dir: a fresh run must

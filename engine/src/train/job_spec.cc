@@ -11,6 +11,8 @@
 #include <cstring>
 #include <exception>
 #include <filesystem>
+#include <map>
+#include <set>
 
 #include <nlohmann/json.hpp>
 
@@ -33,7 +35,7 @@ const std::vector<std::string> kTrainingKeys = {
     "effective_batch_size", "learning_rate",        "lr_scheduler_type",
     "warmup_steps",  "weight_decay",                "adam_beta1",
     "adam_beta2",    "adam_epsilon",                "max_grad_norm",
-    "optim",         "fp16",                        "bf16",
+    "optim",         "optim_args",                  "fp16",                        "bf16",
     "tf32",          "gradient_checkpointing",      "gradient_checkpointing_every",
     "offload",       "offload_dir",                 "peft",
     "seed",          "logging_steps",               "eval_steps",
@@ -204,6 +206,54 @@ Status ParseBatch(const SpecReader& r, TrainingSpec* t) {
   return Status::Ok();
 }
 
+// training.optim_args: a mapping (or null) holding only the chosen optimizer's options.
+Status ParseOptimArgs(const SpecReader& training, TrainingSpec* t) {
+  const YAML::Node node = training.Child("optim_args");
+  if (!node || node.IsNull()) return Status::Ok();
+  if (!node.IsMap()) return training.Error("optim_args", "expected a mapping, got " + spec::Describe(node));
+  const std::map<std::string, std::vector<std::string>> kOptions = {
+      {"adamw", {}},
+      {"adamw_8bit", {}},
+      {"sgd", {"momentum", "dampening", "nesterov"}},
+      {"adafactor",
+       {"scale_parameter", "relative_step", "warmup_init", "beta1", "clip_threshold", "decay_rate"}}};
+  const std::vector<std::string>& known = kOptions.at(t->optim);
+  std::set<std::string> foreign;
+  for (const auto& [name, keys] : kOptions) foreign.insert(keys.begin(), keys.end());
+  for (const std::string& k : known) foreign.erase(k);
+  std::string list;
+  for (const std::string& k : known) list += (list.empty() ? "" : ", ") + k;
+  TRAIND_ASSIGN_OR_RETURN(SpecReader r, SpecReader::Open(node, "training.optim_args"));
+  TRAIND_RETURN_IF_ERROR(r.CheckKeys(known, foreign,
+                                     "not an option of optim " + t->optim + " (its options: " +
+                                         (list.empty() ? std::string("none") : list) + ")"));
+  OptimArgs& a = t->optim_args;
+  TRAIND_RETURN_IF_ERROR(r.Double("momentum", &a.momentum));
+  if (a.momentum < 0) return r.Error("momentum", "must be >= 0");
+  TRAIND_RETURN_IF_ERROR(r.Double("dampening", &a.dampening));
+  TRAIND_RETURN_IF_ERROR(r.Bool("nesterov", &a.nesterov));
+  if (a.nesterov && (a.momentum <= 0 || a.dampening != 0)) {
+    return r.Error("nesterov", "needs momentum > 0 and dampening 0 (as torch.optim.SGD)");
+  }
+  TRAIND_RETURN_IF_ERROR(r.Bool("scale_parameter", &a.scale_parameter));
+  TRAIND_RETURN_IF_ERROR(r.Bool("relative_step", &a.relative_step));
+  TRAIND_RETURN_IF_ERROR(r.Bool("warmup_init", &a.warmup_init));
+  if (a.warmup_init && !a.relative_step) {
+    return r.Error("warmup_init", "needs relative_step: true (as HF's Adafactor)");
+  }
+  if (r.Has("beta1") && !r.Child("beta1").IsNull()) {
+    double b1 = 0;
+    TRAIND_RETURN_IF_ERROR(r.Double("beta1", &b1));
+    if (!(b1 >= 0 && b1 < 1)) return r.Error("beta1", "must be in [0, 1) or null");
+    a.beta1 = b1;
+  }
+  TRAIND_RETURN_IF_ERROR(r.Double("clip_threshold", &a.clip_threshold));
+  if (!(a.clip_threshold > 0)) return r.Error("clip_threshold", "must be > 0");
+  TRAIND_RETURN_IF_ERROR(r.Double("decay_rate", &a.decay_rate));
+  if (!(a.decay_rate < 0)) return r.Error("decay_rate", "must be < 0 (beta2 = 1 - t^decay_rate)");
+  return Status::Ok();
+}
+
 Status ParseTraining(const YAML::Node& node, TrainingSpec* t, const std::string& base_dir) {
   if (!node) return Status::Ok();  // every training field has a default
   TRAIND_ASSIGN_OR_RETURN(SpecReader r, SpecReader::Open(node, "training"));
@@ -225,14 +275,9 @@ Status ParseTraining(const YAML::Node& node, TrainingSpec* t, const std::string&
   if (!(t->adam_epsilon > 0)) return r.Error("adam_epsilon", "must be > 0");
   TRAIND_RETURN_IF_ERROR(r.Double("max_grad_norm", &t->max_grad_norm));
   if (t->max_grad_norm < 0) return r.Error("max_grad_norm", "must be >= 0 (0 disables clipping)");
-  TRAIND_RETURN_IF_ERROR(r.String("optim", &t->optim));
-  if (t->optim == "adafactor" || t->optim == "adamw_8bit" || t->optim == "sgd") {
-    return NotYet(r, "optim", t->optim, "adamw");
-  }
-  if (t->optim != "adamw") {
-    return r.Error("optim", "expected adamw, got '" + t->optim +
-                                "' (adafactor, adamw_8bit and sgd come later)");
-  }
+  TRAIND_RETURN_IF_ERROR(
+      r.Enum("optim", &t->optim, {"adamw", "adafactor", "adamw_8bit", "sgd"}));
+  TRAIND_RETURN_IF_ERROR(ParseOptimArgs(r, t));
   TRAIND_RETURN_IF_ERROR(r.Bool("fp16", &t->fp16));
   TRAIND_RETURN_IF_ERROR(r.Bool("bf16", &t->bf16));
   if (t->fp16 && t->bf16) {
@@ -473,6 +518,18 @@ std::string JobSpecToJson(const JobSpec& s) {
   tr["adam_epsilon"] = t.adam_epsilon;
   tr["max_grad_norm"] = t.max_grad_norm;
   tr["optim"] = t.optim;
+  {
+    const OptimArgs& a = t.optim_args;
+    if (t.optim == "sgd") {
+      tr["optim_args"] = {{"momentum", a.momentum}, {"dampening", a.dampening}, {"nesterov", a.nesterov}};
+    } else if (t.optim == "adafactor") {
+      tr["optim_args"] = {{"scale_parameter", a.scale_parameter}, {"relative_step", a.relative_step},
+                          {"warmup_init", a.warmup_init}, {"beta1", a.beta1 ? oj(*a.beta1) : oj(nullptr)},
+                          {"clip_threshold", a.clip_threshold}, {"decay_rate", a.decay_rate}};
+    } else {
+      tr["optim_args"] = nullptr;
+    }
+  }
   tr["fp16"] = t.fp16;
   tr["bf16"] = t.bf16;
   tr["tf32"] = t.tf32;

@@ -8,7 +8,7 @@
 
 #include "backend/device_registry.h"
 #include "models/hf_config.h"
-#include "optim/adamw.h"
+#include "optim/optimizer.h"
 #include "train/step_runner.h"
 
 namespace traind::engine {
@@ -27,7 +27,7 @@ std::string Breakdown(const MemoryBytes& b) {
 int64_t LargestFitting(const JobSpec& spec, const ModelConfig& config, int64_t cap, bool ckpt,
                        int64_t budget) {
   auto fits = [&](int64_t b) {
-    return JobBytes(config, JobModelOptions(spec, b, ckpt)).total() <= budget;
+    return JobBytes(config, JobModelOptions(spec, b, ckpt), spec.training).total() <= budget;
   };
   if (!fits(1)) return 0;
   int64_t lo = 1, hi = cap;  // fits(lo) holds
@@ -74,10 +74,12 @@ ModelOptions JobModelOptions(const JobSpec& spec, int64_t micro_batch, bool grad
   return o;
 }
 
-MemoryBytes JobBytes(const ModelConfig& config, const ModelOptions& options) {
+MemoryBytes JobBytes(const ModelConfig& config, const ModelOptions& options,
+                     const TrainingSpec& training) {
   MemoryBytes b = Model::PlanBytes(config, options);
-  // Gradients are fp32 whatever the compute type (weights may hold a 16-bit copy too).
-  b.optimizer += AdamWOptimizer::PlanBytes(b.gradients / 4);
+  // Gradients are fp32 whatever the compute type (weights may hold a 16-bit copy too), one per
+  // element of the flat buffer.
+  b.optimizer += OptimizerPlanBytes(training, Model::ParamsOf(config), b.gradients / 4);
   // The trainer's double-buffered micro-batch uploads and step scalars.
   b.activations += StepRunner::PlanBytes(options.micro_batch, options.seq_len);
   return b;
@@ -99,7 +101,7 @@ Result<MemoryPlan> PlanJob(const JobSpec& spec, const ModelConfig& config, int64
   bool ckpt = t.gradient_checkpointing;
 
   auto too_big = [&](int64_t b, bool c) {
-    const MemoryBytes bytes = JobBytes(config, JobModelOptions(spec, b, c));
+    const MemoryBytes bytes = JobBytes(config, JobModelOptions(spec, b, c), spec.training);
     return Status::FailedPrecondition(
         "needs " + FormatGiB(bytes.total()) + ", budget " + FormatGiB(budget_bytes) +
         " at micro-batch " + std::to_string(b) + (c ? " with" : " without") +
@@ -109,7 +111,7 @@ Result<MemoryPlan> PlanJob(const JobSpec& spec, const ModelConfig& config, int64
 
   if (!t.auto_batch()) {
     plan.micro_batch = t.per_device_train_batch_size;
-    plan.bytes = JobBytes(config, JobModelOptions(spec, plan.micro_batch, ckpt));
+    plan.bytes = JobBytes(config, JobModelOptions(spec, plan.micro_batch, ckpt), spec.training);
     if (plan.bytes.total() > budget_bytes) return too_big(plan.micro_batch, ckpt);
     plan.gradient_checkpointing = ckpt;
     plan.reason = "micro-batch " + std::to_string(plan.micro_batch) + " as given" +
@@ -147,7 +149,7 @@ Result<MemoryPlan> PlanJob(const JobSpec& spec, const ModelConfig& config, int64
   if (eff.has_value()) {
     plan.gradient_accumulation_steps = (*eff + plan.micro_batch - 1) / plan.micro_batch;
   }
-  plan.bytes = JobBytes(config, JobModelOptions(spec, plan.micro_batch, ckpt));
+  plan.bytes = JobBytes(config, JobModelOptions(spec, plan.micro_batch, ckpt), spec.training);
   plan.reason = "auto: largest micro-batch that fits " + FormatGiB(budget_bytes) + " is " +
                 std::to_string(raw) + ", using " + std::to_string(plan.micro_batch) + " x " +
                 std::to_string(plan.gradient_accumulation_steps) + " accumulation" +

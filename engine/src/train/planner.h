@@ -20,10 +20,12 @@ Result<ModelConfig> ResolveModelConfig(const JobSpec& spec);
 // The model options a job runs its model with at micro-batch `micro_batch`.
 ModelOptions JobModelOptions(const JobSpec& spec, int64_t micro_batch, bool gradient_checkpointing);
 
-// Every byte RunJob allocates in the arena for `config` with `options`: Model::PlanBytes, AdamW's
-// state (2 * params * 4 bytes) and the step runner's device buffers (StepRunner::PlanBytes: two
+// Every byte RunJob allocates in the arena for `config` with `options`: Model::PlanBytes, the
+// optimizer's state (AdamW: 2 * params * 4 bytes) and the step runner's device buffers (StepRunner::PlanBytes: two
 // micro-batch upload slots and the step scalars, counted as activations).
-MemoryBytes JobBytes(const ModelConfig& config, const ModelOptions& options);
+// `training` names the optimizer (its state bytes: OptimizerPlanBytes); the default is AdamW.
+MemoryBytes JobBytes(const ModelConfig& config, const ModelOptions& options,
+                     const TrainingSpec& training = TrainingSpec{});
 
 // Plans `spec` (with model config `config`) against `budget_bytes` (> 0). With a fixed
 // per_device_train_batch_size: that batch, FAILED_PRECONDITION when it does not fit. With "auto":

@@ -20,9 +20,6 @@ Status ValidateRun(const TrainingSession& s) {
   if (t.fp16 && t.bf16) {
     return Status::InvalidArgument("training.bf16: fp16 and bf16 are both true; choose one");
   }
-  if (t.optim != "adamw") {
-    return Status::Unimplemented("training.optim: " + t.optim + " is not supported yet");
-  }
   if (t.offload != "none") {
     return Status::Unimplemented("training.offload: " + t.offload + " is not supported yet");
   }
@@ -82,14 +79,8 @@ Status BuildModelAndOptimizer(TrainingSession* s) {
   TRAIND_ASSIGN_OR_RETURN(
       s->model, Model::Create(s->config, JobModelOptions(s->spec, s->B, s->plan.gradient_checkpointing),
                               s->arena.get()));
-  AdamWOptions adam;
-  adam.beta1 = t.adam_beta1;
-  adam.beta2 = t.adam_beta2;
-  adam.eps = t.adam_epsilon;
-  adam.weight_decay = t.weight_decay;
-  TRAIND_ASSIGN_OR_RETURN(s->optimizer, AdamWOptimizer::Create(s->model->params(),
-                                                               s->model->num_params(), adam,
-                                                               s->arena.get()));
+  TRAIND_ASSIGN_OR_RETURN(s->optimizer, MakeOptimizer(t, s->model->params(),
+                                                      s->model->num_params(), s->arena.get()));
   return Status::Ok();
 }
 

@@ -15,7 +15,7 @@
 #include "data/token_data.h"
 #include "models/hf_config.h"
 #include "models/model.h"
-#include "optim/adamw.h"
+#include "optim/optimizer.h"
 #include "optim/schedule.h"
 #include "train/checkpoint.h"
 #include "traind/engine/trainer.h"
@@ -45,7 +45,7 @@ struct TrainingSession {
   std::unique_ptr<Backend> backend;
   std::unique_ptr<DeviceArena> arena;
   std::unique_ptr<Model> model;
-  std::unique_ptr<AdamWOptimizer> optimizer;
+  std::unique_ptr<Optimizer> optimizer;  // training.optim
 
   // Where the run stands (restored on resume).
   TrainerState state;

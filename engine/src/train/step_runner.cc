@@ -6,6 +6,8 @@
 #include <limits>
 #include <string>
 
+#include "optim/adamw.h"  // AccumulateGradSquares: the global gradient norm, shared by all optimizers
+
 namespace traind::engine {
 namespace {
 
@@ -19,7 +21,7 @@ int64_t StepRunner::PlanBytes(int64_t B, int64_t T) {
   return 2 * static_cast<int64_t>(SlotBytes(B * T)) + static_cast<int64_t>(sizeof(StepScalars));
 }
 
-StepRunner::StepRunner(const Options& options, Model* model, AdamWOptimizer* optimizer,
+StepRunner::StepRunner(const Options& options, Model* model, Optimizer* optimizer,
                        DeviceArena* arena)
     : options_(options),
       model_(model),
@@ -38,7 +40,7 @@ StepRunner::~StepRunner() {
 }
 
 Result<std::unique_ptr<StepRunner>> StepRunner::Create(const Options& options, Model* model,
-                                                       AdamWOptimizer* optimizer,
+                                                       Optimizer* optimizer,
                                                        DeviceArena* arena) {
   if (options.accumulation_steps < 1) {
     return Status::InvalidArgument("training.gradient_accumulation_steps: must be >= 1, got " +
@@ -94,11 +96,29 @@ void StepRunner::IssueOptimizer() {
   model_->ZeroGrad();       // ready for the next step's accumulation
 }
 
+Status StepRunner::HostDrivenOptimizer(double lr, StepScalars* host) {
+  AccumulateGradSquares(backend_, model_->grad_data(), model_->params(), &scalars_->grad_sq);
+  backend_->CopyDeviceToHost(host, scalars_, sizeof(*host));
+  backend_->Synchronize();
+  TRAIND_RETURN_IF_ERROR(backend_->status());
+  if (!(host->skip_nonfinite != 0 && !std::isfinite(host->grad_sq))) {
+    const float multiplier = StepGradMultiplier(host->grad_sq, host->loss_scale, host->max_grad_norm);
+    optimizer_->Step(model_->param_data(), model_->grad_data(), lr, multiplier);
+    model_->ParamsChanged();
+  }
+  model_->ZeroGrad();
+  return Status::Ok();
+}
+
 Status StepRunner::Capture() {
   for (int slot = 0; slot < 2; ++slot) {
     TRAIND_RETURN_IF_ERROR(backend_->BeginCapture());
     IssueMicroBatch(slot);
     TRAIND_ASSIGN_OR_RETURN(micro_graph_[slot], backend_->EndCapture());
+  }
+  if (!optimizer_->issues_from_device_scalars()) {  // the optimizer step runs from the host
+    captured_ = true;
+    return backend_->status();
   }
   TRAIND_RETURN_IF_ERROR(backend_->BeginCapture());
   IssueOptimizer();
@@ -134,10 +154,12 @@ Result<StepRunner::Outcome> StepRunner::Run(const NextBatch& next_batch, double 
     if (a + 1 < accum) TRAIND_RETURN_IF_ERROR(Stage(slot, next_batch, loss_scale, wait));
   }
   next_slot_ = slot;
-  if (captured_) {
+  if (captured_ && optimizer_graph_ >= 0) {
     TRAIND_RETURN_IF_ERROR(backend_->Replay(optimizer_graph_));
-  } else {
+  } else if (optimizer_->issues_from_device_scalars()) {
     IssueOptimizer();
+  } else {
+    TRAIND_RETURN_IF_ERROR(HostDrivenOptimizer(lr, &host));
   }
   backend_->CopyDeviceToHost(&host, scalars_, sizeof(host));
   backend_->Synchronize();
@@ -148,7 +170,7 @@ Result<StepRunner::Outcome> StepRunner::Run(const NextBatch& next_batch, double 
   out.skipped = options_.fp16 && !std::isfinite(host.grad_sq);
   out.grad_norm = out.skipped ? std::numeric_limits<double>::infinity()
                               : std::sqrt(host.grad_sq) / static_cast<double>(loss_scale);
-  if (!out.skipped) optimizer_->CountStep();
+  if (!out.skipped && optimizer_->issues_from_device_scalars()) optimizer_->CountStep();
   if (options_.use_graphs && !captured_ && capture_error_.ok() && backend_->SupportsGraphs()) {
     const Status captured = Capture();
     if (!captured.ok()) {

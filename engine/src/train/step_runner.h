@@ -13,6 +13,10 @@
 //   then three graphs are captured: the micro-batch (copy into the model, forward, backward) for
 //   each upload slot, and the optimizer (grad norm, AdamW, 16-bit weight refresh, zeroed
 //   gradients). Every later step replays them: accumulation_steps + 1 launches per step.
+// - Host-driven optimizers (Optimizer::issues_from_device_scalars() false: SGD, Adafactor): the
+//   step reads the gradient norm back after the micro-batches and calls Optimizer::Step with the
+//   clip / loss-scale multiplier (no update when an fp16 step overflowed); only the micro-batch
+//   graphs are captured.
 #pragma once
 
 #include <cstdint>
@@ -22,7 +26,7 @@
 #include "backend/backend.h"
 #include "backend/arena.h"
 #include "models/model.h"
-#include "optim/adamw.h"
+#include "optim/optimizer.h"
 #include "traind/engine/status.h"
 
 namespace traind::engine {
@@ -49,7 +53,7 @@ class StepRunner {
   // `model`, `optimizer` and `arena` (and its backend) must outlive the runner. Zeroes the
   // model's gradients. RESOURCE_EXHAUSTED when the buffers do not fit.
   static Result<std::unique_ptr<StepRunner>> Create(const Options& options, Model* model,
-                                                    AdamWOptimizer* optimizer, DeviceArena* arena);
+                                                    Optimizer* optimizer, DeviceArena* arena);
   ~StepRunner();
   StepRunner(const StepRunner&) = delete;
   StepRunner& operator=(const StepRunner&) = delete;
@@ -66,16 +70,18 @@ class StepRunner {
   const Status& capture_error() const { return capture_error_; }
 
  private:
-  StepRunner(const Options& options, Model* model, AdamWOptimizer* optimizer, DeviceArena* arena);
+  StepRunner(const Options& options, Model* model, Optimizer* optimizer, DeviceArena* arena);
   // Loads micro-batch into host slot `slot` and issues its upload.
   Status Stage(int slot, const NextBatch& next_batch, float loss_scale, double* wait);
   void IssueMicroBatch(int slot);
   void IssueOptimizer();
+  // Host-driven optimizers: reads the norm back, steps from the host (see the header comment).
+  Status HostDrivenOptimizer(double lr, StepScalars* host);
   Status Capture();
 
   Options options_;
   Model* model_;
-  AdamWOptimizer* optimizer_;
+  Optimizer* optimizer_;
   DeviceArena* arena_;
   Backend* backend_;
   int64_t tokens_ = 0;  // B*T

@@ -21,6 +21,10 @@ struct ClientOptions {
   bool tls = false;                      // connect with TLS
   std::string tls_ca_file;               // PEM roots for TLS; "" = the system's
   double timeout_seconds = 30;           // deadline of each unary call
+  // A connection of this Client's own. By default gRPC shares one connection per address within a
+  // process, so a Client made right after traind restarted may inherit a connection still in
+  // reconnect backoff (its first calls fail UNAVAILABLE for up to a second or so).
+  bool own_connection = false;
 };
 
 class Client {

@@ -66,6 +66,23 @@ struct DataSpec {
   bool shuffle = true;
 };
 
+// training.optim_args: per-optimizer options under their HF / torch names (JOBSPEC.md). Only the
+// options of the chosen optimizer may be given; absent ones keep these defaults.
+struct OptimArgs {
+  // sgd (torch.optim.SGD)
+  double momentum = 0.0;
+  double dampening = 0.0;
+  bool nesterov = false;
+  // adafactor (transformers.optimization.Adafactor). Defaults as the HF Trainer's
+  // optim="adafactor": the scheduled learning_rate, no relative step, no parameter scaling.
+  bool scale_parameter = false;
+  bool relative_step = false;
+  bool warmup_init = false;
+  std::optional<double> beta1;  // first moment only when set
+  double clip_threshold = 1.0;
+  double decay_rate = -0.8;
+};
+
 struct TrainingSpec {
   int64_t max_steps = 200;                   // optimizer steps, >= 1
   int64_t per_device_train_batch_size = 8;   // sequences per micro-batch; 0 means "auto"
@@ -79,7 +96,8 @@ struct TrainingSpec {
   double adam_beta2 = 0.999;
   double adam_epsilon = 1e-8;
   double max_grad_norm = 1.0;                // 0 disables clipping
-  std::string optim = "adamw";
+  std::string optim = "adamw";               // "adamw" | "adafactor" | "adamw_8bit" | "sgd"
+  OptimArgs optim_args;
   bool fp16 = false;
   bool bf16 = false;
   bool tf32 = false;

@@ -1,0 +1,122 @@
+// MakeOptimizer and OptimizerPlanBytes: training.optim to a concrete optimizer behind Optimizer.
+#include "optim/optimizer.h"
+
+#include <utility>
+
+#include "optim/adafactor.h"
+#include "optim/adamw.h"
+#include "optim/adamw_8bit.h"
+#include "optim/sgd.h"
+
+namespace traind::engine {
+namespace {
+
+// One concrete optimizer class behind the interface. kDevice: it has the device-scalar protocol
+// (FillNextStep / IssueStep / CountStep); otherwise the step runner drives Step from the host.
+template <class Impl, bool kDevice>
+class Adapter final : public Optimizer {
+ public:
+  Adapter(std::string name, std::unique_ptr<Impl> impl)
+      : name_(std::move(name)), impl_(std::move(impl)) {}
+  std::string name() const override { return name_; }
+  int64_t step() const override { return impl_->step(); }
+  bool issues_from_device_scalars() const override { return kDevice; }
+  void FillNextStep(StepScalars* s) const override {
+    if constexpr (kDevice) impl_->FillNextStep(s);
+  }
+  void IssueStep(float* params, const float* grads, const StepScalars* device_scalars) override {
+    if constexpr (kDevice) impl_->IssueStep(params, grads, device_scalars);
+  }
+  void CountStep() override {
+    if constexpr (kDevice) impl_->CountStep();
+  }
+  void Step(float* params, const float* grads, double lr, float grad_scale) override {
+    impl_->Step(params, grads, lr, grad_scale);
+  }
+  SafetensorsFile SaveState() const override { return impl_->SaveState(); }
+  Status LoadState(const SafetensorsFile& file) override { return impl_->LoadState(file); }
+
+ private:
+  std::string name_;
+  std::unique_ptr<Impl> impl_;
+};
+
+AdamWOptions AdamWFrom(const TrainingSpec& t) {
+  AdamWOptions o;
+  o.beta1 = t.adam_beta1;
+  o.beta2 = t.adam_beta2;
+  o.eps = t.adam_epsilon;
+  o.weight_decay = t.weight_decay;
+  return o;
+}
+
+AdamW8bitOptions AdamW8bitFrom(const TrainingSpec& t) {
+  AdamW8bitOptions o;
+  o.beta1 = t.adam_beta1;
+  o.beta2 = t.adam_beta2;
+  o.eps = t.adam_epsilon;
+  o.weight_decay = t.weight_decay;
+  return o;
+}
+
+SgdOptions SgdFrom(const TrainingSpec& t) {
+  SgdOptions o;
+  o.momentum = t.optim_args.momentum;
+  o.dampening = t.optim_args.dampening;
+  o.nesterov = t.optim_args.nesterov;
+  o.weight_decay = t.weight_decay;
+  return o;
+}
+
+AdafactorOptions AdafactorFrom(const TrainingSpec& t) {
+  const OptimArgs& a = t.optim_args;
+  AdafactorOptions o;
+  if (!a.relative_step) o.lr = t.learning_rate;  // the scheduled rate reaches Step() each step
+  o.clip_threshold = a.clip_threshold;
+  o.decay_rate = a.decay_rate;
+  o.beta1 = a.beta1;
+  o.weight_decay = t.weight_decay;
+  o.scale_parameter = a.scale_parameter;
+  o.relative_step = a.relative_step;
+  o.warmup_init = a.warmup_init;
+  return o;
+}
+
+template <class Impl, bool kDevice, class Options>
+Result<std::unique_ptr<Optimizer>> Make(const std::string& name, const std::vector<ParamInfo>& params,
+                                        int64_t num_params, const Options& options,
+                                        DeviceArena* arena) {
+  TRAIND_ASSIGN_OR_RETURN(std::unique_ptr<Impl> impl, Impl::Create(params, num_params, options, arena));
+  return std::unique_ptr<Optimizer>(new Adapter<Impl, kDevice>(name, std::move(impl)));
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Optimizer>> MakeOptimizer(const TrainingSpec& t,
+                                                 const std::vector<ParamInfo>& params,
+                                                 int64_t num_params, DeviceArena* arena) {
+  if (t.optim == "adamw") {  // implements Optimizer itself
+    TRAIND_ASSIGN_OR_RETURN(std::unique_ptr<AdamWOptimizer> adamw,
+                            AdamWOptimizer::Create(params, num_params, AdamWFrom(t), arena));
+    return std::unique_ptr<Optimizer>(std::move(adamw));
+  }
+  if (t.optim == "adamw_8bit") {
+    return Make<AdamW8bitOptimizer, true>(t.optim, params, num_params, AdamW8bitFrom(t), arena);
+  }
+  if (t.optim == "sgd") return Make<SgdOptimizer, true>(t.optim, params, num_params, SgdFrom(t), arena);
+  if (t.optim == "adafactor") {
+    return Make<AdafactorOptimizer, false>(t.optim, params, num_params, AdafactorFrom(t), arena);
+  }
+  return Status::InvalidArgument("training.optim: unknown optimizer '" + t.optim +
+                                 "' (adamw, adafactor, adamw_8bit, sgd)");
+}
+
+int64_t OptimizerPlanBytes(const TrainingSpec& t, const std::vector<ParamInfo>& params,
+                           int64_t num_params) {
+  if (t.optim == "adamw_8bit") return AdamW8bitOptimizer::PlanBytes(params, AdamW8bitFrom(t));
+  if (t.optim == "sgd") return SgdOptimizer::PlanBytes(params, SgdFrom(t));
+  if (t.optim == "adafactor") return AdafactorOptimizer::PlanBytes(params, AdafactorFrom(t));
+  return AdamWOptimizer::PlanBytes(num_params);
+}
+
+}  // namespace traind::engine

@@ -1,0 +1,61 @@
+// Optimizer: the one interface the step runner, checkpoints, the planner and the trainer use, for
+// every optimizer over a model's flat parameter buffer (training.optim: adamw, adafactor,
+// adamw_8bit, sgd). Gradient norm and clipping stay shared (the step runner computes the global
+// norm; an optimizer receives the combined multiplier clip_coefficient / loss_scale).
+//
+// Two ways to issue a step:
+// - from device scalars (AdamW, 8-bit AdamW): FillNextStep writes the optimizer's per-step values
+//   (bias corrections) into the host StepScalars the runner then copies to the device; IssueStep
+//   issues the update reading lr, the multiplier and the fp16 skip from device memory, so the
+//   optimizer step is captured in the CUDA graph; CountStep counts it once it was applied.
+// - host-driven (SGD, Adafactor): the runner reads the step's gradient norm back, and calls Step
+//   with the learning rate and the multiplier (not at all when an fp16 step overflowed).
+// State lives in the DeviceArena under kOptimizer; SaveState/LoadState give it as named tensors
+// ("<hf_name>.<state>") with versioned "format" and "step" metadata (checkpoints).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/arena.h"
+#include "backend/step_scalars.h"
+#include "core/param_info.h"
+#include "core/safetensors.h"
+#include "traind/engine/job_spec.h"
+#include "traind/engine/status.h"
+
+namespace traind::engine {
+
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+  virtual std::string name() const = 0;  // the training.optim value
+  // Steps applied so far (fp16-skipped steps not counted).
+  virtual int64_t step() const = 0;
+
+  virtual bool issues_from_device_scalars() const = 0;
+  virtual void FillNextStep(StepScalars* s) const = 0;
+  virtual void IssueStep(float* params, const float* grads, const StepScalars* device_scalars) = 0;
+  virtual void CountStep() = 0;
+  // One step at `lr` with gradient grad_scale * grads; counts it.
+  virtual void Step(float* params, const float* grads, double lr, float grad_scale) = 0;
+
+  virtual SafetensorsFile SaveState() const = 0;
+  // DATA_LOSS naming the tensor or the metadata that does not match this optimizer and model.
+  virtual Status LoadState(const SafetensorsFile& file) = 0;
+};
+
+// The optimizer `training.optim` names, with its options from `training` (adam_*, weight_decay,
+// optim_args), over `params` (views into buffers of `num_params` floats). INVALID_ARGUMENT for
+// options it rejects; RESOURCE_EXHAUSTED when its state does not fit the arena.
+Result<std::unique_ptr<Optimizer>> MakeOptimizer(const TrainingSpec& training,
+                                                 const std::vector<ParamInfo>& params,
+                                                 int64_t num_params, DeviceArena* arena);
+
+// The bytes MakeOptimizer allocates (exactly) for `params` in a flat buffer of `num_params`.
+int64_t OptimizerPlanBytes(const TrainingSpec& training, const std::vector<ParamInfo>& params,
+                           int64_t num_params);
+
+}  // namespace traind::engine
