@@ -61,6 +61,7 @@ nlohmann::json PlanJson(const v1::Plan& p) {
           {"gradient_accumulation_steps", p.gradient_accumulation_steps()},
           {"gradient_checkpointing", p.gradient_checkpointing()},
           {"precision", p.precision()},
+          {"optimizer", p.optimizer().empty() ? "adamw" : p.optimizer()},
           {"budget_bytes", p.budget_bytes()},
           {"bytes", {{"weights", b.weights()}, {"gradients", b.gradients()}, {"optimizer", b.optimizer()},
                      {"activations", b.activations()}, {"temporary", b.temporary()}, {"total", b.total()}}}};
@@ -201,7 +202,8 @@ std::string EstimateText(const v1::EstimateJobResponse& r) {
   if (p.budget_bytes() > 0) row("budget", p.budget_bytes());
   o << "\nmicro_batch " << p.micro_batch() << ", gradient_accumulation_steps " << p.gradient_accumulation_steps()
     << ", gradient_checkpointing " << (p.gradient_checkpointing() ? "on" : "off") << ", precision "
-    << (p.precision().empty() ? "fp32" : p.precision()) << "\n";
+    << (p.precision().empty() ? "fp32" : p.precision()) << ", optimizer "
+    << (p.optimizer().empty() ? "adamw" : p.optimizer()) << "\n";
   if (!r.reason().empty()) o << "reason: " << r.reason() << "\n";
   return o.str();
 }

@@ -158,11 +158,13 @@ TEST_F(LifecycleTest, SubmitAsJobSpecMessageAndEstimate) {
   auto j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["plan"]["micro_batch"], 4);
   EXPECT_GT(j["plan"]["bytes"]["total"].get<int64_t>(), 0);
+  EXPECT_EQ(j["plan"]["optimizer"], "adamw");
   EXPECT_TRUE(j["reason"].is_string());
   r = Trainctl({"--addr", daemon_->addr(), "--state-dir", daemon_->state_dir(), "estimate", Spec("est", 5)});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_THAT(r.out, ::testing::HasSubstr("activations"));
   EXPECT_THAT(r.out, ::testing::HasSubstr("micro_batch 4"));
+  EXPECT_THAT(r.out, ::testing::HasSubstr("optimizer adamw"));
 }
 
 TEST_F(LifecycleTest, HealthAndReflection) {

@@ -78,6 +78,11 @@ TEST_P(TrainerOptim, PlansItsStateLearnsAndResumesBitIdentical) {
   ASSERT_TRUE(ra.ok()) << ra.status().ToString();
   ASSERT_EQ(losses_a.size(), 6u);
   EXPECT_EQ(seen.bytes.optimizer, planned);
+  EXPECT_EQ(seen.optimizer, a.training.optim);
+  auto estimate = EstimateJob(a, testing::TestRunOptions(2).device);
+  ASSERT_TRUE(estimate.ok()) << estimate.status().ToString();
+  EXPECT_EQ(estimate->optimizer, a.training.optim);
+  EXPECT_EQ(estimate->bytes.optimizer, planned) << "estimate shows the optimizer's state bytes";
   EXPECT_EQ(ra->peak_memory_bytes, ra->plan.bytes.total()) << "plan == measured peak";
   EXPECT_LT(losses_a.back(), losses_a.front()) << "the loss must fall";
   const int64_t params = seen.bytes.gradients / 4;

@@ -74,6 +74,7 @@ v1::Plan PlanToProto(const engine::MemoryPlan& p) {
   out.set_gradient_accumulation_steps(p.gradient_accumulation_steps);
   out.set_gradient_checkpointing(p.gradient_checkpointing);
   out.set_precision(p.precision);
+  out.set_optimizer(p.optimizer);
   auto* b = out.mutable_bytes();
   b->set_weights(p.bytes.weights);
   b->set_gradients(p.bytes.gradients);

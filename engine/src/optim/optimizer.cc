@@ -41,23 +41,18 @@ class Adapter final : public Optimizer {
   std::unique_ptr<Impl> impl_;
 };
 
-AdamWOptions AdamWFrom(const TrainingSpec& t) {
-  AdamWOptions o;
+// AdamW and 8-bit AdamW take the same training.adam_* fields and weight_decay.
+template <class Options>
+Options AdamFrom(const TrainingSpec& t) {
+  Options o;
   o.beta1 = t.adam_beta1;
   o.beta2 = t.adam_beta2;
   o.eps = t.adam_epsilon;
   o.weight_decay = t.weight_decay;
   return o;
 }
-
-AdamW8bitOptions AdamW8bitFrom(const TrainingSpec& t) {
-  AdamW8bitOptions o;
-  o.beta1 = t.adam_beta1;
-  o.beta2 = t.adam_beta2;
-  o.eps = t.adam_epsilon;
-  o.weight_decay = t.weight_decay;
-  return o;
-}
+AdamWOptions AdamWFrom(const TrainingSpec& t) { return AdamFrom<AdamWOptions>(t); }
+AdamW8bitOptions AdamW8bitFrom(const TrainingSpec& t) { return AdamFrom<AdamW8bitOptions>(t); }
 
 SgdOptions SgdFrom(const TrainingSpec& t) {
   SgdOptions o;

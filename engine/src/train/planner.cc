@@ -96,6 +96,7 @@ Result<MemoryPlan> PlanJob(const JobSpec& spec, const ModelConfig& config, int64
   }
   MemoryPlan plan;
   plan.precision = t.bf16 ? "bf16" : (t.fp16 ? "fp16" : "fp32");
+  plan.optimizer = t.optim;
   plan.budget_bytes = budget_bytes;
   plan.gradient_accumulation_steps = t.gradient_accumulation_steps;
   bool ckpt = t.gradient_checkpointing;

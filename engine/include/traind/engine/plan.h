@@ -11,7 +11,7 @@ namespace traind::engine {
 struct MemoryBytes {
   int64_t weights = 0;      // parameters (and fp32 master copies with mixed precision)
   int64_t gradients = 0;    // parameter gradients
-  int64_t optimizer = 0;    // optimizer state (AdamW: m and v)
+  int64_t optimizer = 0;    // optimizer state (AdamW: m and v; MemoryPlan::optimizer names it)
   int64_t activations = 0;  // forward activations kept for backward
   int64_t temporary = 0;    // scratch buffers live only within a layer or op
   int64_t total() const { return weights + gradients + optimizer + activations + temporary; }
@@ -22,6 +22,7 @@ struct MemoryPlan {
   int64_t gradient_accumulation_steps = 1;  // micro-batches per optimizer step
   bool gradient_checkpointing = false;
   std::string precision = "fp32";           // "fp32" | "bf16" | "fp16"
+  std::string optimizer = "adamw";          // training.optim, whose state is bytes.optimizer
   MemoryBytes bytes;
   int64_t budget_bytes = 0;                 // the budget it was planned against (0 = unlimited)
   std::string reason;                       // one line: why this batch and these techniques
