@@ -128,8 +128,11 @@ Status RunStepLoop(TrainingSession* s, double* last_eval) {
     TRAIND_ASSIGN_OR_RETURN(StepRunner::Outcome outcome, runner->Run(next_batch, lr, loss_scale, &wait));
     if (state.global_step == s->first_step) {
       if (runner->replaying()) {
-        s->Message(s->device + ": training step captured as CUDA graphs (one per upload slot and "
-                   "one for the optimizer), replayed every step");
+        s->Message(s->device + ": training step captured as CUDA graphs (one per upload slot" +
+                   (s->optimizer->issues_from_device_scalars()
+                        ? std::string(" and one for the optimizer), replayed every step")
+                        : std::string("; " + s->optimizer->name() +
+                                      " steps from the host between them), replayed every step")));
       } else if (!runner->capture_error().ok()) {
         s->Message(s->device + ": CUDA graph capture failed (" + runner->capture_error().ToString() +
                    "); running the steps op by op");
