@@ -274,25 +274,7 @@ TEST(AdamW8bit, IssueStepFromScalarsMatchesStep) {
   auto a = AdamW8bitOptimizer::Create(params, n, o, &arena);
   auto b = AdamW8bitOptimizer::Create(params, n, o, &arena);
   ASSERT_TRUE(a.ok() && b.ok());
-  std::vector<float> pa = testing::RandomVector(n, 5, 1.0f), pb = pa;
-  for (int step = 0; step < 3; ++step) {
-    const std::vector<float> g = testing::RandomVector(n, 6 + step, 50.0f);
-    StepScalars s;
-    s.lr = 0.01f;
-    s.loss_scale = 8.0f;
-    s.max_grad_norm = 1.0f;
-    s.skip_nonfinite = 1;
-    for (float x : g) s.grad_sq += double{x} * x;
-    (*b)->FillNextStep(&s);
-    (*a)->Step(pa.data(), g.data(), s.lr,
-               StepGradMultiplier(s.grad_sq, s.loss_scale, s.max_grad_norm));
-    (*b)->IssueStep(pb.data(), g.data(), &s);
-    (*b)->CountStep();
-    EXPECT_EQ(pa, pb) << "step " << step;
-    s.grad_sq = INFINITY;  // an overflowed step: no change
-    (*b)->IssueStep(pb.data(), g.data(), &s);
-    EXPECT_EQ(pa, pb) << "step " << step;
-  }
+  testing::ExpectIssueStepMatchesStep(a->get(), b->get(), n);
   EXPECT_EQ((*a)->SaveState().tensors["p0.exp_avg"].data,
             (*b)->SaveState().tensors["p0.exp_avg"].data);
 }

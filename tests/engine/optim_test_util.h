@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/step_scalars.h"
 #include "core/param_info.h"
 #include "trainer_test_util.h"
 
@@ -101,6 +102,33 @@ inline double MaxRelError(const std::vector<float>& a, const std::vector<float>&
     worst = std::max(worst, scale > 0.0 ? diff / scale : diff);
   }
   return worst;
+}
+
+// The StepRunner's device-scalar protocol (FillNextStep / IssueStep / CountStep) against Step:
+// two optimizers `a` and `b` of one kind on the CPU backend (device memory is host memory) take 3
+// steps with the same gradients, `a` through Step with the multiplier the runner would compute,
+// `b` from StepScalars: parameters equal after every step, and an overflowed fp16 step (grad_sq
+// infinite, skip_nonfinite) changes nothing.
+template <class Optimizer>
+void ExpectIssueStepMatchesStep(Optimizer* a, Optimizer* b, int64_t n) {
+  std::vector<float> pa = RandomVector(n, 5, 1.0f), pb = pa;
+  for (int step = 0; step < 3; ++step) {
+    const std::vector<float> g = RandomVector(n, 6 + step, 50.0f);
+    StepScalars s;
+    s.lr = 0.01f;
+    s.loss_scale = 8.0f;
+    s.max_grad_norm = 1.0f;
+    s.skip_nonfinite = 1;
+    for (float x : g) s.grad_sq += double{x} * x;
+    b->FillNextStep(&s);
+    a->Step(pa.data(), g.data(), s.lr, StepGradMultiplier(s.grad_sq, s.loss_scale, s.max_grad_norm));
+    b->IssueStep(pb.data(), g.data(), &s);
+    b->CountStep();
+    EXPECT_EQ(pa, pb) << "step " << step;
+    s.grad_sq = INFINITY;  // an overflowed step: no change
+    b->IssueStep(pb.data(), g.data(), &s);
+    EXPECT_EQ(pa, pb) << "step " << step;
+  }
 }
 
 }  // namespace traind::engine::testing
