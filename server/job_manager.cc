@@ -312,6 +312,11 @@ void JobManager::OnRunnerEvent(const std::string& id, const v1::RunnerEvent& rev
     case v1::RunnerEvent::kMessage:
       ev.set_message(rev.message());
       break;
+    case v1::RunnerEvent::kTokenize:
+      *job.mutable_tokenize() = rev.tokenize();
+      *ev.mutable_tokenize() = rev.tokenize();
+      metrics_->OnTokenize(id, rev.tokenize());
+      break;
     default:
       return;
   }

@@ -117,6 +117,9 @@ int main(int argc, char** argv) {
     return 1;
   }
   SetUpLogging(opts);
+  // The job runners' token caches (engine token_cache.h) live under the state dir unless the
+  // environment names another folder; children inherit it.
+  setenv("TRAIND_TOKEN_CACHE_DIR", (opts.state_dir + "/token-cache").c_str(), /*overwrite=*/0);
   auto auth = server::TokenAuth::Load(opts.state_dir, opts.tokens_file);
   if (!auth.ok()) return Fail(auth.status());
   auto store = server::JobStore::Open(opts.state_dir + "/db");

@@ -27,6 +27,8 @@ struct Metrics::JobSeries {
   prometheus::Counter* offload_read;
   prometheus::Counter* offload_written;
   prometheus::Counter* offload_io;
+  prometheus::Counter* tokenize_bytes;
+  int64_t tokenize_bytes_counted = 0;  // bytes_done of the current tokenization already counted
 };
 
 Metrics::~Metrics() = default;
@@ -69,6 +71,8 @@ Result<std::unique_ptr<Metrics>> Metrics::Start(const std::string& listen, doubl
                              .Help("Offloaded optimizer-state bytes written").Register(r);
   m->offload_io_ = &BuildCounter().Name("traind_offload_io_seconds_total")
                         .Help("Time spent waiting on offload I/O").Register(r);
+  m->tokenize_bytes_ = &BuildCounter().Name("traind_tokenize_bytes_total")
+                            .Help("Source bytes tokenized (cache misses only)").Register(r);
   m->requests_ = &BuildCounter().Name("traind_grpc_requests_total").Help("Control-plane calls by method and code").Register(r);
   m->memory_total_->Set(static_cast<double>(device_total_bytes));
   for (const char* s : {"QUEUED", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED"}) m->jobs_->Add({{"state", s}});
@@ -131,6 +135,7 @@ void Metrics::JobStarted(const std::string& id, const std::string& name, const v
     s->offload_read = &offload_read_->Add(l);
     s->offload_written = &offload_written_->Add(l);
     s->offload_io = &offload_io_->Add(l);
+    s->tokenize_bytes = &tokenize_bytes_->Add(l);
   }
   const auto& b = plan.bytes();
   s->planned["weights"]->Set(static_cast<double>(b.weights()));
@@ -182,6 +187,18 @@ void Metrics::OnEval(const std::string& id, const v1::EvalEvent& e) {
   it->second->eval_loss->Set(e.eval_loss());
 }
 
+void Metrics::OnTokenize(const std::string& id, const v1::TokenizeEvent& e) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = series_.find(id);
+  if (it == series_.end() || e.cache_hit()) return;
+  JobSeries& s = *it->second;
+  // A new tokenization (another attempt, another file) starts from 0.
+  if (e.bytes_done() == 0 || e.bytes_done() < s.tokenize_bytes_counted) s.tokenize_bytes_counted = 0;
+  const int64_t add = e.bytes_done() - s.tokenize_bytes_counted;
+  if (add > 0) s.tokenize_bytes->Increment(static_cast<double>(add));
+  s.tokenize_bytes_counted = e.bytes_done();
+}
+
 void Metrics::JobEnded(const std::string& id) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = series_.find(id);
@@ -204,6 +221,7 @@ void Metrics::JobEnded(const std::string& id) {
   offload_read_->Remove(s.offload_read);
   offload_written_->Remove(s.offload_written);
   offload_io_->Remove(s.offload_io);
+  tokenize_bytes_->Remove(s.tokenize_bytes);
   series_.erase(it);
   memory_used_->Set(0);
 }

@@ -42,6 +42,9 @@ class Metrics {
   void OnStep(const std::string& id, const v1::StepEvent& e);
   void OnLog(const std::string& id, const v1::LogEvent& e);
   void OnEval(const std::string& id, const v1::EvalEvent& e);
+  // traind_tokenize_bytes_total: adds the bytes encoded since the previous event of a cache miss
+  // (a first event, bytes_done 0, starts a new count; cache hits add nothing).
+  void OnTokenize(const std::string& id, const v1::TokenizeEvent& e);
   void JobEnded(const std::string& id);
 
  private:
@@ -75,6 +78,7 @@ class Metrics {
   prometheus::Family<prometheus::Counter>* offload_read_ = nullptr;
   prometheus::Family<prometheus::Counter>* offload_written_ = nullptr;
   prometheus::Family<prometheus::Counter>* offload_io_ = nullptr;
+  prometheus::Family<prometheus::Counter>* tokenize_bytes_ = nullptr;
   prometheus::Family<prometheus::Counter>* requests_ = nullptr;
 
   std::mutex mu_;

@@ -67,6 +67,26 @@ nlohmann::json PlanJson(const v1::Plan& p) {
                      {"activations", b.activations()}, {"temporary", b.temporary()}, {"total", b.total()}}}};
 }
 
+nlohmann::json TokenizeJson(const v1::TokenizeEvent& t) {
+  return {{"file", t.file()},           {"tokenizer", t.tokenizer()}, {"bytes_done", t.bytes_done()},
+          {"bytes_total", t.bytes_total()}, {"tokens", t.tokens()},   {"seconds", Num(t.seconds())},
+          {"cache_hit", t.cache_hit()}, {"done", t.done()}};
+}
+
+// "tokenizing F: 45% (0.5 MiB of 1.1 MiB, 12.0 MiB/s)", "tokenized F: 1.1 MiB -> 338025 tokens in
+// 0.05 s (22.1 MiB/s)", "tokens of F from the cache (338025 tokens)".
+std::string TokenizeText(const v1::TokenizeEvent& t) {
+  if (t.cache_hit()) return "tokens of " + t.file() + " from the cache (" + std::to_string(t.tokens()) + " tokens)";
+  const double mib = t.seconds() > 0 ? static_cast<double>(t.bytes_done()) / t.seconds() / (1 << 20) : 0;
+  if (t.done()) {
+    return "tokenized " + t.file() + ": " + HumanBytes(t.bytes_total()) + " -> " + std::to_string(t.tokens()) +
+           " tokens in " + Fmt("%.2f", t.seconds()) + " s" + (mib > 0 ? " (" + Fmt("%.1f", mib) + " MiB/s)" : "");
+  }
+  const double pct = t.bytes_total() > 0 ? 100.0 * static_cast<double>(t.bytes_done()) / static_cast<double>(t.bytes_total()) : 0;
+  return "tokenizing " + t.file() + ": " + Fmt("%.0f", pct) + "% (" + HumanBytes(t.bytes_done()) + " of " +
+         HumanBytes(t.bytes_total()) + (mib > 0 ? ", " + Fmt("%.1f", mib) + " MiB/s" : "") + ")";
+}
+
 nlohmann::json JobJson(const v1::Job& j) {
   nlohmann::json metrics = {{"train_loss", nullptr}, {"eval_loss", nullptr}, {"train_runtime", nullptr},
                             {"train_samples_per_second", nullptr}, {"train_tokens_per_second", nullptr},
@@ -93,7 +113,11 @@ nlohmann::json JobJson(const v1::Job& j) {
           {"started_at", Time(j.started_unix_ms())},
           {"finished_at", Time(j.finished_unix_ms())},
           {"metrics", metrics},
-          {"plan", PlanJson(j.plan())}};
+          {"plan", PlanJson(j.plan())},
+          // Tokenization of the training data (null until it started): tokenizing is true while
+          // the running job encodes its data into the token cache.
+          {"tokenize", j.has_tokenize() ? TokenizeJson(j.tokenize()) : nlohmann::json(nullptr)},
+          {"tokenizing", j.state() == v1::JOB_STATE_RUNNING && j.has_tokenize() && !j.tokenize().done()}};
 }
 
 nlohmann::json EventJson(const v1::JobEvent& ev) {
@@ -140,6 +164,10 @@ nlohmann::json EventJson(const v1::JobEvent& ev) {
       j["type"] = "plan";
       j["plan"] = PlanJson(ev.plan());
       break;
+    case v1::JobEvent::kTokenize:
+      j["type"] = "tokenize";
+      j.update(TokenizeJson(ev.tokenize()));
+      break;
     default:
       j["type"] = "unknown";
   }
@@ -166,6 +194,11 @@ std::string StatusText(const v1::Job& j) {
     row("peak_memory", HumanBytes(s.peak_memory_bytes()));
   } else if (j.step() > 0) {
     row("loss", Fmt("%.4f", j.last_loss()));
+  }
+  if (j.has_tokenize()) {
+    row("phase", j.state() == v1::JOB_STATE_RUNNING && !j.tokenize().done() ? "tokenizing" :
+                 j.state() == v1::JOB_STATE_RUNNING ? "training" : "-");
+    row("tokenize", TokenizeText(j.tokenize()));
   }
   row("plan", "micro_batch " + std::to_string(j.plan().micro_batch()) + " x " +
                   std::to_string(j.plan().gradient_accumulation_steps()) + " accumulation, " +
@@ -237,6 +270,8 @@ std::string EventText(const v1::JobEvent& ev) {
       return t + "checkpoint step " + std::to_string(ev.checkpoint().step()) + " -> " + ev.checkpoint().dir();
     case v1::JobEvent::kMessage:
       return t + ev.message();
+    case v1::JobEvent::kTokenize:
+      return t + TokenizeText(ev.tokenize());
     case v1::JobEvent::kPlan:
       return t + "plan micro_batch " + std::to_string(ev.plan().micro_batch()) + " x " +
              std::to_string(ev.plan().gradient_accumulation_steps()) + ", " + HumanBytes(ev.plan().bytes().total()) +

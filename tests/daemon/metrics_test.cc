@@ -84,7 +84,8 @@ TEST_F(MetricsTest, EverySeriesPresentAndMovingDuringAJob) {
       "traind_train_step_seconds_sum", "traind_train_step_seconds_bucket", "traind_train_loss", "traind_eval_loss",
       "traind_train_learning_rate", "traind_train_grad_norm", "traind_train_skipped_steps_total",
       "traind_model_flops_utilization", "traind_device_memory_bytes", "traind_dataloader_wait_seconds_total",
-      "traind_offload_read_bytes_total", "traind_offload_written_bytes_total", "traind_offload_io_seconds_total"};
+      "traind_offload_read_bytes_total", "traind_offload_written_bytes_total", "traind_offload_io_seconds_total",
+      "traind_tokenize_bytes_total"};
   for (const auto& name : per_job) {
     EXPECT_FALSE(std::isnan(Find(second, name, label))) << name << " missing for " << job->id() << "\n" << text;
   }
@@ -127,6 +128,80 @@ TEST_F(MetricsTest, EverySeriesPresentAndMovingDuringAJob) {
   EXPECT_THAT(after, ::testing::Not(::testing::HasSubstr(label)));
   EXPECT_EQ(Find(Parse(after), "traind_jobs", "state=\"CANCELLED\""), 1);
   EXPECT_EQ(Find(Parse(after), "traind_jobs", "state=\"SUCCEEDED\""), 1);
+}
+
+// traind_tokenize_bytes_total counts the source bytes a job tokenized: a GPT-2 BPE job whose text
+// misses the token cache counts the file's size; a second job on the same file hits the cache
+// (under <state-dir>/token-cache) and counts 0. Both jobs' tokenization shows in `trainctl logs`
+// and `trainctl status` (text and -o json).
+TEST_F(MetricsTest, TokenizeBytesCountCacheMissesOnly) {
+  const std::string gpt2 = std::string(TRAIND_SHARED_DATA) + "/gpt2";
+  if (!std::filesystem::exists(gpt2 + "/vocab.json")) GTEST_SKIP() << "no GPT-2 files in " << gpt2;
+  ::unsetenv("TRAIND_TOKEN_CACHE_DIR");  // the daemon's default: under its state dir
+  std::filesystem::create_directories(dir_ + "/bpe");
+  const std::string corpus = WriteTextData(dir_ + "/bpe", 200000);
+  const auto corpus_bytes = static_cast<double>(std::filesystem::file_size(corpus));
+  auto spec = [&](const std::string& name) {
+    const std::string path = dir_ + "/" + name + ".yaml";
+    WriteAll(path, "name: " + name + "\nmodel:\n  arch: gpt2\n  config: {vocab_size: 50257, n_positions: 16, "
+                   "n_embd: 16, n_layer: 1, n_head: 2}\ndata:\n  train_file: " + corpus + "\n  tokenizer: " + gpt2 +
+                   "\n  seq_len: 16\n  validation_split: 0.05\ntraining: {max_steps: 100000, "
+                   "per_device_train_batch_size: 2, logging_steps: 10, save_steps: 0}\noutput_dir: " + dir_ +
+                   "/runs/" + name + "\n");
+    return path;
+  };
+  Daemon d(dir_ + "/state");
+  ASSERT_TRUE(d.Start());
+  auto c = d.Connect();
+  const std::vector<std::string> ctl = {"--addr", d.addr(), "--token", d.token()};
+  auto trainctl = [&](std::vector<std::string> args) {
+    args.insert(args.begin(), ctl.begin(), ctl.end());
+    return Trainctl(args);
+  };
+  double counted[2] = {0, 0};
+  std::string logs[2];
+  for (int run = 0; run < 2; ++run) {
+    auto job = c->SubmitFile(spec(run == 0 ? "tokenize-miss" : "tokenize-hit"));
+    ASSERT_TRUE(job.ok()) << job.status().ToString();
+    // Tokenization ends before the first step, so a step means its count is final.
+    v1::Job last;
+    ASSERT_TRUE(WaitFor(*c, job->id(), [](const v1::Job& j) { return j.step() >= 2 || IsDone(j); }, 120, &last));
+    ASSERT_EQ(last.state(), v1::JOB_STATE_RUNNING) << last.error();
+    const std::string label = "job_id=\"" + job->id() + "\"";
+    const std::string text = HttpGet(d.metrics_port(), "/metrics");
+    counted[run] = Find(Parse(text), "traind_tokenize_bytes_total", label);
+    ASSERT_FALSE(std::isnan(counted[run])) << "traind_tokenize_bytes_total missing\n" << text;
+    // status: the last tokenization event, and the job no longer tokenizing.
+    CmdResult st = trainctl({"-o", "json", "status", job->id()});
+    ASSERT_EQ(st.exit_code, 0) << st.err;
+    const auto j = nlohmann::json::parse(st.out);
+    ASSERT_TRUE(j["tokenize"].is_object()) << st.out;
+    EXPECT_EQ(j["tokenize"]["file"], corpus);
+    EXPECT_EQ(j["tokenize"]["bytes_total"].get<double>(), corpus_bytes);
+    EXPECT_EQ(j["tokenize"]["done"], true);
+    EXPECT_EQ(j["tokenize"]["cache_hit"], run == 1);
+    EXPECT_GT(j["tokenize"]["tokens"].get<int64_t>(), 0);
+    EXPECT_EQ(j["tokenizing"], false);
+    CmdResult st_text = trainctl({"status", job->id()});
+    EXPECT_THAT(st_text.out, ::testing::ContainsRegex("phase: +training"));
+    EXPECT_THAT(st_text.out, ::testing::HasSubstr(run == 0 ? "tokenized " + corpus : "tokens of " + corpus));
+    ASSERT_TRUE(c->Cancel(job->id()).ok());
+    ASSERT_TRUE(WaitFor(*c, job->id(), IsDone, 60));
+    CmdResult lg = trainctl({"logs", job->id()});
+    ASSERT_EQ(lg.exit_code, 0) << lg.err;
+    logs[run] = lg.out;
+  }
+  EXPECT_EQ(counted[0], corpus_bytes) << "a cache miss counts the whole file";
+  EXPECT_EQ(counted[1], 0) << "a cache hit tokenizes nothing";
+  // The miss: a first progress line at 0%, then the final line; the hit: one cache line.
+  EXPECT_THAT(logs[0], ::testing::HasSubstr("tokenizing " + corpus + ": 0% (0 B of "));
+  EXPECT_THAT(logs[0], ::testing::ContainsRegex("tokenized " + corpus + ": [0-9.]+ KiB -> [0-9]+ tokens in"));
+  EXPECT_THAT(logs[0], ::testing::Not(::testing::HasSubstr("from the cache")));
+  EXPECT_THAT(logs[1], ::testing::HasSubstr("tokens of " + corpus + " from the cache ("));
+  EXPECT_THAT(logs[1], ::testing::Not(::testing::HasSubstr("tokenizing ")));
+  // The cache lives under the daemon's state dir.
+  EXPECT_TRUE(std::filesystem::exists(dir_ + "/state/token-cache"));
+  EXPECT_FALSE(std::filesystem::is_empty(dir_ + "/state/token-cache"));
 }
 
 int FreePort() {

@@ -229,6 +229,93 @@ TEST_F(TokenDataTest, TextThroughABpeTokenizerAndTheTokenCache) {
   ::unsetenv("TRAIND_TOKEN_CACHE_DIR");
 }
 
+// Tokenizing into the cache reports progress on the calling thread: a first report (0 bytes), reports
+// while the worker threads encode (interval 0: whenever the count moved), byte counts that only
+// grow, and a last one with done, all bytes and the token count. A cache hit reports once with
+// cache_hit; the byte tokenizer (ids are the bytes, no cache) reports nothing.
+TEST_F(TokenDataTest, TokenizingReportsProgressAndCacheHits) {
+  const std::string gpt2 = std::string(TRAIND_SHARED_DATA) + "/gpt2";
+  const std::string shakespeare = std::string(TRAIND_SHARED_DATA) + "/tinyshakespeare.txt";
+  if (!fs::exists(gpt2 + "/vocab.json") || !fs::exists(shakespeare)) {
+    GTEST_SKIP() << "no GPT-2 files or tinyshakespeare in " << TRAIND_SHARED_DATA;
+  }
+  ::setenv("TRAIND_TOKEN_CACHE_DIR", (dir_ / "cache").c_str(), 1);
+  std::stringstream one;
+  one << std::ifstream(shakespeare, std::ios::binary).rdbuf();
+  std::string text;
+  for (int i = 0; i < 4; ++i) text += one.str();  // ~4.4 MB: 16+ parts of at most 1 MiB
+  DataSpec spec;
+  spec.train_file = Write("corpus.txt", text);
+  spec.tokenizer = gpt2;
+  spec.seq_len = 64;
+  std::vector<TokenizeReport> reports;
+  std::vector<std::thread::id> threads;
+  TokenizeProgress progress;
+  progress.interval_seconds = 0;
+  progress.report = [&](const TokenizeReport& r) {
+    reports.push_back(r);
+    threads.push_back(std::this_thread::get_id());
+  };
+  Result<TokenData> d = LoadTokenData(spec, progress);
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  const int64_t total = static_cast<int64_t>(text.size());
+  const int64_t tokens = static_cast<int64_t>(d->train.size() + d->validation.size());
+  ASSERT_GE(reports.size(), 3u) << "first, at least one in progress, last";
+  EXPECT_EQ(reports.front().bytes_done, 0);
+  EXPECT_FALSE(reports.front().done);
+  int in_between = 0;
+  for (size_t i = 0; i < reports.size(); ++i) {
+    EXPECT_EQ(reports[i].file, spec.train_file);
+    EXPECT_THAT(reports[i].tokenizer, ::testing::StartsWith("bpe:"));
+    EXPECT_EQ(reports[i].bytes_total, total);
+    EXPECT_FALSE(reports[i].cache_hit);
+    EXPECT_EQ(threads[i], std::this_thread::get_id()) << "reports come on the loading thread";
+    if (i > 0) {
+      EXPECT_GE(reports[i].bytes_done, reports[i - 1].bytes_done) << "report " << i;
+    }
+    if (i + 1 < reports.size()) {
+      EXPECT_FALSE(reports[i].done) << "report " << i;
+    }
+    if (reports[i].bytes_done > 0 && reports[i].bytes_done < total) ++in_between;
+  }
+  EXPECT_GE(in_between, 1) << "no report while the worker threads were encoding";
+  EXPECT_TRUE(reports.back().done);
+  EXPECT_EQ(reports.back().bytes_done, total);
+  EXPECT_EQ(reports.back().tokens, tokens);
+  EXPECT_GT(reports.back().seconds, 0);
+
+  // Again: the cache holds it; one report, nothing tokenized.
+  reports.clear();
+  d = LoadTokenData(spec, progress);
+  ASSERT_TRUE(d.ok());
+  ASSERT_EQ(reports.size(), 1u);
+  EXPECT_TRUE(reports[0].cache_hit);
+  EXPECT_TRUE(reports[0].done);
+  EXPECT_EQ(reports[0].bytes_done, 0);
+  EXPECT_EQ(reports[0].tokens, tokens);
+
+  // jsonl tokenizes (and reports) too, ending at the file's size.
+  reports.clear();
+  spec.train_file = Write("docs.jsonl", "{\"text\": \"" + std::string(3000, 'a') + " b\"}\n{\"text\": \"c d e\"}\n");
+  spec.format = "jsonl";
+  spec.seq_len = 4;
+  d = LoadTokenData(spec, progress);
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  ASSERT_GE(reports.size(), 2u);
+  EXPECT_EQ(reports.front().bytes_done, 0);
+  EXPECT_TRUE(reports.back().done);
+  EXPECT_EQ(reports.back().bytes_done, static_cast<int64_t>(fs::file_size(spec.train_file)));
+
+  // The byte tokenizer's ids are the bytes: nothing to tokenize, nothing reported.
+  reports.clear();
+  spec.format = "text";
+  spec.tokenizer = "byte";
+  spec.train_file = Write("bytes.txt", std::string(1000, 'x'));
+  ASSERT_TRUE(LoadTokenData(spec, progress).ok());
+  EXPECT_TRUE(reports.empty());
+  ::unsetenv("TRAIND_TOKEN_CACHE_DIR");
+}
+
 TEST_F(TokenDataTest, JsonlDocumentsEndWithEos) {
   const std::string gpt2 = std::string(TRAIND_SHARED_DATA) + "/gpt2";
   if (!fs::exists(gpt2 + "/vocab.json")) GTEST_SKIP() << "no GPT-2 files in " << gpt2;

@@ -52,6 +52,19 @@ v1::StepEvent ToProto(const engine::StepReport& r) {
   return e;
 }
 
+v1::TokenizeEvent TokenizeToProto(const engine::TokenizeReport& r) {
+  v1::TokenizeEvent e;
+  e.set_file(r.file);
+  e.set_tokenizer(r.tokenizer);
+  e.set_bytes_done(r.bytes_done);
+  e.set_bytes_total(r.bytes_total);
+  e.set_tokens(r.tokens);
+  e.set_seconds(r.seconds);
+  e.set_cache_hit(r.cache_hit);
+  e.set_done(r.done);
+  return e;
+}
+
 }  // namespace
 
 int JobRunnerMain() {
@@ -126,6 +139,11 @@ int JobRunnerMain() {
     v1::RunnerEvent ev;
     ev.mutable_checkpoint()->set_step(step);
     ev.mutable_checkpoint()->set_dir(dir);
+    Emit(proto_fd, ev);
+  };
+  cb.on_tokenize = [&](const engine::TokenizeReport& r) {
+    v1::RunnerEvent ev;
+    *ev.mutable_tokenize() = TokenizeToProto(r);
     Emit(proto_fd, ev);
   };
   cb.on_message = [&](const std::string& line) {

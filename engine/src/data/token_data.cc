@@ -15,6 +15,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <limits>
 #include <mutex>
 #include <random>
@@ -62,19 +63,96 @@ Result<std::vector<uint8_t>> ReadWholeFile(const std::string& path) {
   return bytes;
 }
 
+// Runs `encode` (which adds the source bytes it has encoded to its argument) on a worker thread
+// while this thread reports progress to `progress.report`: a first report, one per interval while
+// the count moves, and a last one (done) when `encode` succeeded. Without a report callback it
+// runs `encode` here.
+Result<std::vector<int32_t>> EncodeWithProgress(
+    const TokenizeProgress& progress, TokenizeReport report,
+    const std::function<Result<std::vector<int32_t>>(std::atomic<int64_t>*)>& encode) {
+  std::atomic<int64_t> done{0};
+  if (!progress.report) return encode(&done);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto since = [&] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  progress.report(report);
+  std::mutex mu;
+  std::condition_variable cv;
+  bool finished = false;  // guarded by mu
+  Result<std::vector<int32_t>> result = Status::Internal("tokenization did not finish");
+  std::thread worker([&] {
+    Result<std::vector<int32_t>> r = encode(&done);
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      result = std::move(r);
+      finished = true;
+    }
+    cv.notify_all();
+  });
+  const auto wait = std::chrono::duration<double>(
+      progress.interval_seconds > 0 ? progress.interval_seconds : 0.002);
+  int64_t reported = 0;
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    while (!cv.wait_for(lock, wait, [&] { return finished; })) {
+      const int64_t now_done = done.load();
+      if (now_done == reported) continue;
+      reported = now_done;
+      report.bytes_done = std::min(now_done, report.bytes_total);
+      report.seconds = since();
+      lock.unlock();
+      progress.report(report);
+      lock.lock();
+    }
+  }
+  worker.join();
+  if (result.ok()) {
+    report.bytes_done = report.bytes_total;
+    report.tokens = static_cast<int64_t>(result->size());
+    report.seconds = since();
+    report.done = true;
+    progress.report(report);
+  }
+  return result;
+}
+
+// The report of a cache hit.
+void ReportCacheHit(const TokenizeProgress& progress, TokenizeReport report, size_t tokens) {
+  if (!progress.report) return;
+  report.cache_hit = true;
+  report.done = true;
+  report.tokens = static_cast<int64_t>(tokens);
+  progress.report(report);
+}
+
+TokenizeReport FirstReport(const std::string& path, const std::string& fingerprint, size_t bytes) {
+  TokenizeReport r;
+  r.file = path;
+  r.tokenizer = fingerprint;
+  r.bytes_total = static_cast<int64_t>(bytes);
+  return r;
+}
+
 // The ids of a text file: the byte tokenizer's are the bytes; others come from the token cache
 // when it holds this file and tokenizer, else from the tokenizer (2 threads), and are cached.
 // The cache is an optimisation: when it cannot be written, the ids are still returned.
 Result<std::vector<int32_t>> TokenizeText(const Tokenizer& tok, const std::string& path,
-                                          const std::vector<uint8_t>& bytes) {
+                                          const std::vector<uint8_t>& bytes,
+                                          const TokenizeProgress& progress) {
   if (tok.kind() == "byte") return std::vector<int32_t>(bytes.begin(), bytes.end());
   const std::string cache = TokenCachePath(path, tok.fingerprint());
+  const TokenizeReport first = FirstReport(path, tok.fingerprint(), bytes.size());
   Result<TokenCacheKey> key = TokenCacheKeyFor(path, tok.fingerprint());
   if (key.ok()) {
-    if (auto cached = ReadTokenCache(cache, *key)) return std::move(*cached);
+    if (auto cached = ReadTokenCache(cache, *key)) {
+      ReportCacheHit(progress, first, cached->size());
+      return std::move(*cached);
+    }
   }
   const std::string_view text(reinterpret_cast<const char*>(bytes.data()), bytes.size());
-  Result<std::vector<int32_t>> ids = tok.EncodeLarge(text, 2);
+  Result<std::vector<int32_t>> ids = EncodeWithProgress(
+      progress, first, [&](std::atomic<int64_t>* done) { return tok.EncodeLarge(text, 2, done); });
   if (!ids.ok()) {
     return Status(ids.status().code(), "data.train_file: " + path + ": " + ids.status().message());
   }
@@ -85,18 +163,24 @@ Result<std::vector<int32_t>> TokenizeText(const Tokenizer& tok, const std::strin
 // The ids of a JSON-lines file: each non-empty line an object whose `field` holds a document's
 // text; documents are encoded in parallel and joined with the tokenizer's eos after each one
 // (tokenizers without an eos, such as byte, join them with a newline). Cached like text files,
-// under the fingerprint plus "jsonl:<field>".
+// under the fingerprint plus "jsonl:<field>". Progress counts each document's whole line.
 Result<std::vector<int32_t>> TokenizeJsonl(const Tokenizer& tok, const std::string& path,
                                            const std::string& field,
-                                           const std::vector<uint8_t>& bytes) {
+                                           const std::vector<uint8_t>& bytes,
+                                           const TokenizeProgress& progress) {
   const std::string fp = tok.fingerprint() + "|jsonl:" + field;
   const std::string cache = TokenCachePath(path, fp);
+  const TokenizeReport first = FirstReport(path, fp, bytes.size());
   Result<TokenCacheKey> key = TokenCacheKeyFor(path, fp);
   if (key.ok()) {
-    if (auto cached = ReadTokenCache(cache, *key)) return std::move(*cached);
+    if (auto cached = ReadTokenCache(cache, *key)) {
+      ReportCacheHit(progress, first, cached->size());
+      return std::move(*cached);
+    }
   }
   const std::string_view all(reinterpret_cast<const char*>(bytes.data()), bytes.size());
   std::vector<std::string> docs;
+  std::vector<int64_t> line_bytes;  // of each document's line, its newline included
   size_t pos = 0, line_no = 0;
   while (pos < all.size()) {
     size_t nl = all.find('\n', pos);
@@ -117,22 +201,30 @@ Result<std::vector<int32_t>> TokenizeJsonl(const Tokenizer& tok, const std::stri
                                      field + "' (data.text_field)");
     }
     docs.push_back(j[field].get<std::string>());
+    line_bytes.push_back(static_cast<int64_t>(line.size()) + 1);
   }
-  std::vector<Result<std::vector<int32_t>>> parts(docs.size(), Status::Internal("not encoded"));
-  std::atomic<size_t> next{0};
-  auto work = [&] {
-    for (size_t i; (i = next.fetch_add(1)) < docs.size();) parts[i] = tok.Encode(docs[i], false);
+  auto encode_all = [&](std::atomic<int64_t>* done) -> Result<std::vector<int32_t>> {
+    std::vector<Result<std::vector<int32_t>>> parts(docs.size(), Status::Internal("not encoded"));
+    std::atomic<size_t> next{0};
+    auto work = [&] {
+      for (size_t i; (i = next.fetch_add(1)) < docs.size();) {
+        parts[i] = tok.Encode(docs[i], false);
+        done->fetch_add(line_bytes[i]);
+      }
+    };
+    std::thread helper(work);
+    work();
+    helper.join();
+    const std::optional<int32_t> eos = tok.eos_id();
+    std::vector<int32_t> ids;
+    for (size_t i = 0; i < parts.size(); ++i) {
+      if (!parts[i].ok()) return parts[i].status();
+      ids.insert(ids.end(), parts[i]->begin(), parts[i]->end());
+      ids.push_back(eos ? *eos : int32_t{'\n'});
+    }
+    return ids;
   };
-  std::thread helper(work);
-  work();
-  helper.join();
-  const std::optional<int32_t> eos = tok.eos_id();
-  std::vector<int32_t> ids;
-  for (size_t i = 0; i < parts.size(); ++i) {
-    if (!parts[i].ok()) return parts[i].status();
-    ids.insert(ids.end(), parts[i]->begin(), parts[i]->end());
-    ids.push_back(eos ? *eos : int32_t{'\n'});
-  }
+  TRAIND_ASSIGN_OR_RETURN(std::vector<int32_t> ids, EncodeWithProgress(progress, first, encode_all));
   if (key.ok() && !cache.empty()) (void)WriteTokenCache(cache, *key, ids);
   return ids;
 }
@@ -169,18 +261,18 @@ std::vector<int64_t> WindowOrder(int64_t windows, bool shuffle, uint64_t seed, i
   return order;
 }
 
-Result<TokenData> LoadTokenData(const DataSpec& spec) {
+Result<TokenData> LoadTokenData(const DataSpec& spec, const TokenizeProgress& progress) {
   TRAIND_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, ReadWholeFile(spec.train_file));
   TokenData out;
   std::vector<int32_t> all;
   if (spec.format == "text") {
     TRAIND_ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tok,
                             DefaultTokenizerFactory().Open(spec.tokenizer, ""));
-    TRAIND_ASSIGN_OR_RETURN(all, TokenizeText(*tok, spec.train_file, bytes));
+    TRAIND_ASSIGN_OR_RETURN(all, TokenizeText(*tok, spec.train_file, bytes, progress));
   } else if (spec.format == "jsonl") {
     TRAIND_ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tok,
                             DefaultTokenizerFactory().Open(spec.tokenizer, ""));
-    TRAIND_ASSIGN_OR_RETURN(all, TokenizeJsonl(*tok, spec.train_file, spec.text_field, bytes));
+    TRAIND_ASSIGN_OR_RETURN(all, TokenizeJsonl(*tok, spec.train_file, spec.text_field, bytes, progress));
   } else if (spec.format == "tokens") {
     size_t w = 0;
     if (spec.token_dtype == "uint16") w = 2;

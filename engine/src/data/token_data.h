@@ -3,12 +3,14 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "traind/engine/job_spec.h"
 #include "traind/engine/status.h"
+#include "traind/engine/trainer.h"
 
 namespace traind::engine {
 
@@ -26,7 +28,15 @@ struct TokenData {
 // NOT_FOUND for a missing file, INVALID_ARGUMENT (naming the field) for a file too short for one
 // window of seq_len + 1 tokens or a tokens file whose size is not a multiple of the dtype size;
 // the tokenizer's errors (data.tokenizer: ...) for a tokenizer that cannot be opened.
-Result<TokenData> LoadTokenData(const DataSpec& spec);
+// `progress.report` (optional) receives TokenizeReports (trainer.h) on the calling thread while a
+// text or jsonl file is tokenized with a tokenizer other than byte: one for a cache hit; for a
+// miss a first one, one per `interval_seconds` (0: whenever the encoded byte count moved) while
+// the worker threads encode, and a last one with done set.
+struct TokenizeProgress {
+  std::function<void(const TokenizeReport&)> report;
+  double interval_seconds = 1.0;
+};
+Result<TokenData> LoadTokenData(const DataSpec& spec, const TokenizeProgress& progress = {});
 
 // Where the loader is in the stream; saved in checkpoints so a resumed run sees the same batches.
 struct LoaderPosition {

@@ -66,6 +66,22 @@ int RunJobFileWithConsole(const std::string& spec_path, RunOptions options) {
     std::printf("checkpoint %s\n", dir.c_str());
     std::fflush(stdout);
   };
+  cb.on_tokenize = [](const TokenizeReport& t) {
+    const double mib = static_cast<double>(t.bytes_done) / 1048576.0;
+    if (t.cache_hit) {
+      std::printf("tokens of %s from the cache (%lld tokens)\n", t.file.c_str(),
+                  static_cast<long long>(t.tokens));
+    } else if (t.done) {
+      std::printf("tokenized %s: %.1f MiB -> %lld tokens in %.2f s\n", t.file.c_str(), mib,
+                  static_cast<long long>(t.tokens), t.seconds);
+    } else {
+      std::printf("tokenizing %s: %.0f%% (%.1f of %.1f MiB)\n", t.file.c_str(),
+                  t.bytes_total > 0 ? 100.0 * static_cast<double>(t.bytes_done) /
+                                          static_cast<double>(t.bytes_total) : 0.0,
+                  mib, static_cast<double>(t.bytes_total) / 1048576.0);
+    }
+    std::fflush(stdout);
+  };
   cb.on_message = [](const std::string& line) {
     std::printf("note: %s\n", line.c_str());
     std::fflush(stdout);

@@ -60,7 +60,9 @@ Status OpenDeviceAndPlan(TrainingSession* s) {
 
 // Tokenizes (or maps) the training and validation streams; every id must fit the model's vocab.
 Status LoadData(TrainingSession* s) {
-  TRAIND_ASSIGN_OR_RETURN(TokenData data, LoadTokenData(s->spec.data));
+  TokenizeProgress progress;
+  if (s->callbacks->on_tokenize) progress.report = s->callbacks->on_tokenize;
+  TRAIND_ASSIGN_OR_RETURN(TokenData data, LoadTokenData(s->spec.data, progress));
   if (data.vocab_size_needed > s->config.vocab_size) {
     return Status::InvalidArgument("data.train_file: holds token id " +
                                    std::to_string(data.vocab_size_needed - 1) +

@@ -5,6 +5,7 @@
 // one: ../shared/contracts/JOBSPEC.md. Implementations: engine/src/data/tokenizers/.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -45,10 +46,14 @@ class Tokenizer {
 
   // Encode(text, false) of a large text with up to `threads` threads; the same ids as Encode.
   // The default runs Encode; tokenizers whose pre-tokens never cross a line start split the text
-  // there and encode the parts in parallel.
-  virtual Result<std::vector<int32_t>> EncodeLarge(std::string_view text, int threads) const {
+  // there and encode the parts in parallel. `bytes_done` (optional): increased by each part's
+  // size as soon as it is encoded, so another thread can show progress; text.size() in the end.
+  virtual Result<std::vector<int32_t>> EncodeLarge(std::string_view text, int threads,
+                                                   std::atomic<int64_t>* bytes_done = nullptr) const {
     (void)threads;
-    return Encode(text, false);
+    Result<std::vector<int32_t>> ids = Encode(text, false);
+    if (bytes_done != nullptr) bytes_done->fetch_add(static_cast<int64_t>(text.size()));
+    return ids;
   }
 };
 

@@ -73,6 +73,22 @@ struct RunSummary {
   std::string output_dir;
 };
 
+// Progress of tokenizing data.train_file into the token cache (data.format jsonl, or text with a
+// tokenizer other than byte: byte ids of a text file are its bytes, never cached). While LoadData runs:
+// a cache hit sends one report (cache_hit and done set, bytes_done 0); a miss sends a first
+// report (bytes_done 0), one about every progress interval (1 s) while the worker threads encode,
+// and a last one with done set (bytes_done == bytes_total, tokens the ids produced).
+struct TokenizeReport {
+  std::string file;         // data.train_file as in the spec
+  std::string tokenizer;    // the tokenizer's fingerprint ("bpe:0123...")
+  int64_t bytes_done = 0;   // source bytes encoded so far (cache misses only)
+  int64_t bytes_total = 0;  // the source file's size
+  int64_t tokens = 0;       // ids produced (set when done)
+  double seconds = 0;       // since tokenization started
+  bool cache_hit = false;   // the ids came from the token cache: nothing was tokenized
+  bool done = false;
+};
+
 struct RunCallbacks {
   std::function<void(const MemoryPlan&)> on_plan;        // once, before the first step
   std::function<void(const StepReport&)> on_step;        // every optimizer step
@@ -80,6 +96,7 @@ struct RunCallbacks {
   std::function<void(const EvalReport&)> on_eval;        // every eval_steps and at the end
   std::function<void(int64_t step, const std::string& dir)> on_checkpoint;  // after it is durable
   std::function<void(const std::string& line)> on_message;  // human-readable notes
+  std::function<void(const TokenizeReport&)> on_tokenize;   // while the data is tokenized
 };
 
 struct RunOptions {

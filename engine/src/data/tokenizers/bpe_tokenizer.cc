@@ -168,12 +168,13 @@ class BpeTokenizer final : public Tokenizer {
     return out;
   }
 
-  Result<std::vector<int32_t>> EncodeLarge(std::string_view text, int threads) const override {
+  Result<std::vector<int32_t>> EncodeLarge(std::string_view text, int threads,
+                                           std::atomic<int64_t>* bytes_done) const override {
     if (cfg_.add_prefix_space || added_.any_contains_newline() || cfg_.pretok == PreTok::kNone) {
-      return Encode(text, false);
+      return Tokenizer::EncodeLarge(text, 1, bytes_done);
     }
-    return EncodeSplitAtLines(text, threads,
-                              [this](std::string_view part) { return Encode(part, false); });
+    return EncodeSplitAtLines(
+        text, threads, [this](std::string_view part) { return Encode(part, false); }, bytes_done);
   }
 
   Result<std::string> Decode(const std::vector<int32_t>& ids,

@@ -15,8 +15,11 @@ class ByteTokenizer final : public Tokenizer {
     for (size_t i = 0; i < text.size(); ++i) ids[i] = static_cast<unsigned char>(text[i]);
     return ids;
   }
-  Result<std::vector<int32_t>> EncodeLarge(std::string_view text, int) const override {
-    return Encode(text, false);
+  Result<std::vector<int32_t>> EncodeLarge(std::string_view text, int,
+                                           std::atomic<int64_t>* bytes_done) const override {
+    Result<std::vector<int32_t>> ids = Encode(text, false);
+    if (bytes_done != nullptr) bytes_done->fetch_add(static_cast<int64_t>(text.size()));
+    return ids;
   }
   Result<std::string> Decode(const std::vector<int32_t>& ids, bool) const override {
     TRAIND_RETURN_IF_ERROR(CheckIds(ids, 256));

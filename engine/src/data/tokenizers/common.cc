@@ -302,11 +302,19 @@ Result<PostProcessor> ParsePostProcessor(const nlohmann::json& pp, const std::st
 
 Result<std::vector<int32_t>> EncodeSplitAtLines(
     std::string_view text, int threads,
-    const std::function<Result<std::vector<int32_t>>(std::string_view)>& encode) {
+    const std::function<Result<std::vector<int32_t>>(std::string_view)>& encode,
+    std::atomic<int64_t>* bytes_done) {
   const size_t n = text.size();
   if (threads < 1) threads = 1;
-  const size_t parts_wanted = threads == 1 ? 1 : static_cast<size_t>(threads) * 8;
-  if (parts_wanted == 1 || n < (1u << 16)) return encode(text);
+  // With one thread, parts still bound the progress granularity (1 MiB); with more, at least 8
+  // parts per thread balance the load.
+  const size_t parts_wanted =
+      std::max(threads == 1 ? size_t{1} : static_cast<size_t>(threads) * 8, n >> 20);
+  if (parts_wanted == 1 || n < (1u << 16)) {
+    Result<std::vector<int32_t>> ids = encode(text);
+    if (bytes_done != nullptr) bytes_done->fetch_add(static_cast<int64_t>(n));
+    return ids;
+  }
   // p is safe when text[p-2 .. p] is "X\nY" with X and Y ASCII non-whitespace: the single '\n'
   // is then one whole piece both in the full text and at the end of the left part.
   auto ascii_non_ws = [&](size_t p) {
@@ -328,6 +336,7 @@ Result<std::vector<int32_t>> EncodeSplitAtLines(
   auto work = [&] {
     for (size_t i; (i = next.fetch_add(1)) < parts;) {
       results[i] = encode(text.substr(cuts[i], cuts[i + 1] - cuts[i]));
+      if (bytes_done != nullptr) bytes_done->fetch_add(static_cast<int64_t>(cuts[i + 1] - cuts[i]));
     }
   };
   std::vector<std::thread> pool;

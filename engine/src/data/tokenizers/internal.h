@@ -80,10 +80,12 @@ Result<std::vector<AddedToken>> ParseAddedTokens(const nlohmann::json& root,
 
 // Encodes `text` in parallel on `threads` threads, split after single newlines ("X\nY", X and Y
 // ASCII non-whitespace), with `encode` called per part. Only for tokenizers whose
-// pre-tokens never cross such a point.
+// pre-tokens never cross such a point. Parts are at most ~1 MiB (at least 8 per thread), and
+// each adds its size to `bytes_done` (when given) as soon as it is encoded.
 Result<std::vector<int32_t>> EncodeSplitAtLines(
     std::string_view text, int threads,
-    const std::function<Result<std::vector<int32_t>>(std::string_view)>& encode);
+    const std::function<Result<std::vector<int32_t>>(std::string_view)>& encode,
+    std::atomic<int64_t>* bytes_done = nullptr);
 
 std::unique_ptr<Tokenizer> MakeByteTokenizer();
 Result<std::unique_ptr<Tokenizer>> MakeBpeFromJson(const nlohmann::json& root,

@@ -104,10 +104,11 @@ class WordPieceTokenizer final : public Tokenizer {
     return out;
   }
 
-  Result<std::vector<int32_t>> EncodeLarge(std::string_view text, int threads) const override {
-    if (added_.any_contains_newline()) return Encode(text, false);
-    return EncodeSplitAtLines(text, threads,
-                              [this](std::string_view part) { return Encode(part, false); });
+  Result<std::vector<int32_t>> EncodeLarge(std::string_view text, int threads,
+                                           std::atomic<int64_t>* bytes_done) const override {
+    if (added_.any_contains_newline()) return Tokenizer::EncodeLarge(text, 1, bytes_done);
+    return EncodeSplitAtLines(
+        text, threads, [this](std::string_view part) { return Encode(part, false); }, bytes_done);
   }
 
   Result<std::string> Decode(const std::vector<int32_t>& ids,
