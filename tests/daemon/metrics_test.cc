@@ -10,9 +10,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <regex>
 #include <sstream>
 #include <thread>
@@ -202,6 +204,96 @@ TEST_F(MetricsTest, TokenizeBytesCountCacheMissesOnly) {
   // The cache lives under the daemon's state dir.
   EXPECT_TRUE(std::filesystem::exists(dir_ + "/state/token-cache"));
   EXPECT_FALSE(std::filesystem::is_empty(dir_ + "/state/token-cache"));
+}
+
+// While a job tokenizes a large file (16 MiB of random letter words, which BPE encodes at ~5 MB/s
+// here: ~3 s), `trainctl status` says so (text: phase
+// tokenizing; -o json: "tokenizing": true, bytes_done < bytes_total) and, once a progress event
+// past the first has come (they come about once a second), traind_tokenize_bytes_total holds the
+// partial count; `trainctl logs` then has the 0% line, at least one line in between, and the last.
+TEST_F(MetricsTest, TokenizingShowsInStatusLogsAndMetricsWhileItRuns) {
+  const std::string gpt2 = std::string(TRAIND_SHARED_DATA) + "/gpt2";
+  if (!std::filesystem::exists(gpt2 + "/vocab.json")) GTEST_SKIP() << "no GPT-2 files in " << gpt2;
+  ::unsetenv("TRAIND_TOKEN_CACHE_DIR");
+  const std::string corpus = dir_ + "/big.txt";
+  {
+    std::mt19937 rng(7);
+    std::string text;
+    text.reserve((size_t{16} << 20) + 16);
+    while (text.size() < (size_t{16} << 20)) {
+      for (uint32_t i = 0, n = 3 + rng() % 7; i < n; ++i) text += static_cast<char>('a' + rng() % 26);
+      text += (rng() % 9 == 0) ? ".\n" : " ";
+    }
+    WriteAll(corpus, text);
+  }
+  const auto total = static_cast<double>(std::filesystem::file_size(corpus));
+  const std::string spec = dir_ + "/big.yaml";
+  WriteAll(spec, "name: big\nmodel:\n  arch: gpt2\n  config: {vocab_size: 50257, n_positions: 16, n_embd: 16, "
+                 "n_layer: 1, n_head: 2}\ndata:\n  train_file: " + corpus + "\n  tokenizer: " + gpt2 +
+                 "\n  seq_len: 16\n  validation_split: 0.01\ntraining: {max_steps: 100000, "
+                 "per_device_train_batch_size: 2, logging_steps: 10, save_steps: 0}\noutput_dir: " + dir_ +
+                 "/runs/big\n");
+  Daemon d(dir_ + "/state");
+  ASSERT_TRUE(d.Start());
+  auto c = d.Connect();
+  const std::vector<std::string> ctl = {"--addr", d.addr(), "--token", d.token()};
+  auto trainctl = [&](std::vector<std::string> args) {
+    args.insert(args.begin(), ctl.begin(), ctl.end());
+    return Trainctl(args);
+  };
+  auto job = c->SubmitFile(spec);
+  ASSERT_TRUE(job.ok()) << job.status().ToString();
+  const std::string label = "job_id=\"" + job->id() + "\"";
+  bool json_tokenizing = false, text_tokenizing = false;
+  double partial_metric = 0;
+  v1::Job last;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(180);
+  while (std::chrono::steady_clock::now() < deadline) {
+    auto j = c->Get(job->id());
+    ASSERT_TRUE(j.ok());
+    last = *j;
+    if (IsDone(last) || (last.has_tokenize() && last.tokenize().done())) break;
+    if (!last.has_tokenize()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      continue;
+    }
+    if (!json_tokenizing) {
+      CmdResult st = trainctl({"-o", "json", "status", job->id()});
+      const auto js = nlohmann::json::parse(st.out);
+      if (js["tokenizing"] == true) {
+        json_tokenizing = true;
+        EXPECT_EQ(js["tokenize"]["done"], false);
+        EXPECT_LT(js["tokenize"]["bytes_done"].get<double>(), total);
+        EXPECT_EQ(js["tokenize"]["bytes_total"].get<double>(), total);
+      }
+    } else if (!text_tokenizing) {
+      CmdResult st = trainctl({"status", job->id()});
+      if (std::regex_search(st.out, std::regex("phase: +tokenizing"))) {
+        text_tokenizing = true;
+        EXPECT_THAT(st.out, ::testing::ContainsRegex("tokenizing " + corpus + ": [0-9]+% \\("));
+      }
+    }
+    const double v = Find(Parse(HttpGet(d.metrics_port(), "/metrics")), "traind_tokenize_bytes_total", label);
+    if (v > 0 && v < total) partial_metric = v;
+  }
+  ASSERT_TRUE(last.has_tokenize() && last.tokenize().done()) << "tokenization did not finish: " << last.error();
+  EXPECT_TRUE(json_tokenizing) << "status -o json never showed \"tokenizing\": true";
+  EXPECT_TRUE(text_tokenizing) << "status never showed phase: tokenizing";
+  ASSERT_TRUE(WaitFor(*c, job->id(), [](const v1::Job& j) { return j.step() >= 1 || IsDone(j); }, 120, &last));
+  EXPECT_EQ(Find(Parse(HttpGet(d.metrics_port(), "/metrics")), "traind_tokenize_bytes_total", label), total);
+  ASSERT_TRUE(c->Cancel(job->id()).ok());
+  ASSERT_TRUE(WaitFor(*c, job->id(), IsDone, 60, &last));
+  const double seconds = last.tokenize().seconds();
+  CmdResult lg = trainctl({"logs", job->id()});
+  ASSERT_EQ(lg.exit_code, 0) << lg.err;
+  EXPECT_THAT(lg.out, ::testing::HasSubstr("tokenizing " + corpus + ": 0% (0 B of 16.0 MiB)"));
+  EXPECT_THAT(lg.out, ::testing::HasSubstr("tokenized " + corpus + ": 16.0 MiB -> "));
+  if (seconds < 1.5) {
+    GTEST_SKIP() << "tokenizing took " << seconds << " s: too fast for a progress event in between";
+  }
+  EXPECT_THAT(lg.out, ::testing::ContainsRegex("tokenizing " + corpus + ": [1-9][0-9]?% \\([0-9.]+ MiB of 16.0 MiB, "
+                                               "[0-9.]+ MiB/s\\)"));
+  EXPECT_GT(partial_metric, 0) << "no scrape saw a partial traind_tokenize_bytes_total";
 }
 
 int FreePort() {
