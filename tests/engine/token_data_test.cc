@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <numeric>
@@ -283,6 +284,19 @@ TEST_F(TokenDataTest, TokenizingReportsProgressAndCacheHits) {
   EXPECT_EQ(reports.back().bytes_done, total);
   EXPECT_EQ(reports.back().tokens, tokens);
   EXPECT_GT(reports.back().seconds, 0);
+  // The ids are Encode's; so are EncodeLarge's on one thread, which still cuts the ~4.4 MB into
+  // 1 MiB parts (for progress), and it counts every byte.
+  auto tok = DefaultTokenizerFactory().Open(gpt2, "");
+  ASSERT_TRUE(tok.ok());
+  const std::vector<int32_t> want = *(*tok)->Encode(text);
+  std::vector<int32_t> got = d->train;
+  got.insert(got.end(), d->validation.begin(), d->validation.end());
+  EXPECT_TRUE(got == want) << "loader ids differ from Encode";
+  std::atomic<int64_t> counted{0};
+  auto one_thread = (*tok)->EncodeLarge(text, 1, &counted);
+  ASSERT_TRUE(one_thread.ok());
+  EXPECT_TRUE(*one_thread == want) << "EncodeLarge on 1 thread differs from Encode";
+  EXPECT_EQ(counted.load(), total);
 
   // Again: the cache holds it; one report, nothing tokenized.
   reports.clear();
