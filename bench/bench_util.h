@@ -54,9 +54,11 @@ inline Result<StepTimes> RunTimedSteps(engine::Model* model, engine::AdamWOptimi
                                        engine::DeviceArena* arena, int64_t accumulation_steps,
                                        const engine::StepRunner::NextBatch& next_batch,
                                        int warmup, int steps,
-                                       const std::function<void()>& timed_start) {
+                                       const std::function<void()>& timed_start,
+                                       bool use_graphs = true) {
   engine::StepRunner::Options options;
   options.accumulation_steps = accumulation_steps;
+  options.use_graphs = use_graphs;
   TRAIND_ASSIGN_OR_RETURN(std::unique_ptr<engine::StepRunner> runner,
                           engine::StepRunner::Create(options, model, optimizer, arena));
   StepTimes t;

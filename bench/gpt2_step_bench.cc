@@ -1,8 +1,11 @@
-// gpt2_step_bench: tokens/s of full fp32 training steps of GPT-2 configs on the CPU backend, run
-// as the trainer runs them (StepRunner: upload, Forward, Backward, grad norm, AdamW), plus the
-// sgemm rate measured in the same process, for MFU.
+// gpt2_step_bench: tokens/s of full training steps of GPT-2 configs, run as the trainer runs them
+// (StepRunner: upload, Forward, Backward, grad norm, AdamW), plus the fp32 GEMM rate measured in
+// the same process, for MFU. CPU backend by default; `--device cuda:0` runs the CUDA backend
+// (bench/gpu_run.sh runs it beside the PyTorch CUDA peer, bench/torch_gpu_step.py).
 // bench/run_all.sh runs it beside the PyTorch peer (bench/torch_gpt2_step.py) and prints ratios.
-// Usage: gpt2_step_bench [--config tiny|small|all] [--steps N] [--warmup N] [--threads N]
+// Usage: gpt2_step_bench [--config tiny|small|gpt2|all] [--steps N] [--warmup N] [--threads N]
+//                        [--device cpu|cuda:N|simt] [--dtype fp32|bf16] [--tf32]
+//                        [--batch B] [--seq T] [--no-graphs]
 //                        [--profile | --profile-cpu]   (per-op wall / process CPU time)
 #include <algorithm>
 #include <chrono>
@@ -18,6 +21,9 @@
 #include "backend/backend.h"
 #include "backend/cpu/cpu_kernels.h"
 #include "backend/arena.h"
+#include "backend/device_registry.h"
+#include "core/dtype.h"
+#include "traind/engine/devices.h"
 #include "models/model.h"
 #include "optim/adamw.h"
 #include "bench_util.h"
@@ -37,6 +43,17 @@ struct BenchConfig {
 const BenchConfig kConfigs[] = {
     {"tiny", 4, 256, 4, 128, 8, 256, 30},
     {"small", 6, 384, 6, 256, 8, 50304, 6},
+    // GPT-2 124M at its full context: the GPU size (all: only with --device cuda:N).
+    {"gpt2", 12, 768, 12, 1024, 8, 50304, 20},
+};
+
+struct RunFlags {
+  int steps = -1, warmup = 2, threads = 2;
+  bool profile = false, cpu_time = false;
+  std::string device = "cpu";
+  engine::DType dtype = engine::DType::kF32;
+  bool tf32 = false, graphs = true;
+  int64_t batch = 0, seq = 0;  // 0: the config's
 };
 
 // fp32 GEMM rate through the backend, C(1024,1024) = A(1024,1024) B(1024,1024), 10 timed runs:
@@ -46,26 +63,60 @@ struct SgemmRate {
   double wall = 0.0;
   double per_cpu_s = 0.0;
 };
+// The operands live in the backend's memory (device memory on CUDA; synchronised per run).
 SgemmRate MeasureSgemm(Backend* be) {
   const int64_t n = 1024;
   const double flops = 2.0 * n * n * n;
-  std::vector<float> a(n * n, 0.5f), b(n * n, 0.25f), c(n * n);
-  be->Gemm(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);  // warm-up
+  const size_t bytes = sizeof(float) * n * n;
+  std::vector<float> ha(n * n, 0.5f), hb(n * n, 0.25f);
+  float* a = static_cast<float*>(be->Alloc(bytes));
+  float* b = static_cast<float*>(be->Alloc(bytes));
+  float* c = static_cast<float*>(be->Alloc(bytes));
+  be->CopyHostToDevice(a, ha.data(), bytes);
+  be->CopyHostToDevice(b, hb.data(), bytes);
+  be->Gemm(false, false, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);  // warm-up
+  be->Synchronize();
   double best = 1e30;
   const double cpu0 = ProcessCpuSeconds();
   for (int i = 0; i < 10; ++i) {
     auto t0 = Clock::now();
-    be->Gemm(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+    be->Gemm(false, false, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
+    be->Synchronize();
     best = std::min(best, Seconds(t0, Clock::now()));
   }
-  return {flops / best / 1e9, 10 * flops / (ProcessCpuSeconds() - cpu0) / 1e9};
+  const double cpu_s = ProcessCpuSeconds() - cpu0;
+  be->Free(a);
+  be->Free(b);
+  be->Free(c);
+  return {flops / best / 1e9, 10 * flops / cpu_s / 1e9};
 }
 
-int Run(const BenchConfig& bc, int steps, int warmup, int threads, bool profile, bool cpu_time) {
-  std::unique_ptr<Backend> cpu = engine::MakeCpuBackend(threads);
-  ProfilingBackend prof(cpu.get(), cpu_time);
-  Backend* be = profile ? static_cast<Backend*>(&prof) : cpu.get();
-  const SgemmRate sgemm = MeasureSgemm(cpu.get());
+int Run(BenchConfig bc, const RunFlags& f) {
+  const int steps = f.steps >= 0 ? f.steps : bc.default_steps, warmup = f.warmup;
+  const int threads = f.threads;
+  const bool profile = f.profile, cpu_time = f.cpu_time;
+  if (f.batch > 0) bc.batch = f.batch;
+  if (f.seq > 0) bc.seq_len = f.seq;
+  std::unique_ptr<Backend> device;
+  if (f.device == "cpu") {
+    device = engine::MakeCpuBackend(threads);
+  } else {
+    engine::DeviceOptions dopt;
+    dopt.device = f.device;
+    dopt.threads = threads;
+    auto opened = engine::OpenDevice(dopt, f.tf32, [](const std::string& note) {
+      std::fprintf(stderr, "%s\n", note.c_str());
+    });
+    if (!opened.ok()) {
+      std::fprintf(stderr, "--device %s: %s\n", f.device.c_str(),
+                   opened.status().ToString().c_str());
+      return 1;
+    }
+    device = std::move(opened->backend);
+  }
+  ProfilingBackend prof(device.get(), cpu_time, /*sync_each_op=*/f.device != "cpu");
+  Backend* be = profile ? static_cast<Backend*>(&prof) : device.get();
+  const SgemmRate sgemm = MeasureSgemm(device.get());
   const double sgemm_gflops = sgemm.wall;
 
   engine::ModelConfig mc;
@@ -78,6 +129,7 @@ int Run(const BenchConfig& bc, int steps, int warmup, int threads, bool profile,
   engine::ModelOptions mo;
   mo.micro_batch = bc.batch;
   mo.seq_len = bc.seq_len;
+  mo.compute_type = f.dtype;
   engine::DeviceArena arena(be, 0);
   auto model = engine::Model::Create(mc, mo, &arena);
   if (!model.ok()) {
@@ -105,7 +157,7 @@ int Run(const BenchConfig& bc, int steps, int warmup, int threads, bool profile,
   };
   // The trainer's step path (StepRunner: batch upload, Forward, Backward, grad norm, AdamW).
   auto run = RunTimedSteps(&m, opt->get(), &arena, 1, next_batch, warmup, steps,
-                           [&] { prof.Reset(); });
+                           [&] { prof.Reset(); }, f.graphs);
   if (!run.ok()) {
     std::fprintf(stderr, "steps: %s\n", run.status().ToString().c_str());
     return 1;
@@ -128,11 +180,17 @@ int Run(const BenchConfig& bc, int steps, int warmup, int threads, bool profile,
   // Model FLOPs per CPU-second over sgemm FLOPs per CPU-second: MFU with the load factored out.
   const double mfu_cpu = flops / cpu_per_step / 1e9 / sgemm.per_cpu_s;
   std::printf(
-      "traind %s: L=%lld C=%lld NH=%lld T=%lld B=%lld V=%lld params=%lld threads=%d gemm=%s\n",
+      "traind %s: L=%lld C=%lld NH=%lld T=%lld B=%lld V=%lld params=%lld threads=%d gemm=%s "
+      "device=%s dtype=%s tf32=%d graphs=%d epilogues=%s arena_peak=%lld\n",
       bc.name.c_str(), static_cast<long long>(bc.layers), static_cast<long long>(bc.channels),
       static_cast<long long>(bc.heads), static_cast<long long>(bc.seq_len),
       static_cast<long long>(bc.batch), static_cast<long long>(bc.vocab),
-      static_cast<long long>(m.num_params()), threads, engine::cpu::GemmLibrary());
+      static_cast<long long>(m.num_params()), threads,
+      f.device == "cpu" ? engine::cpu::GemmLibrary() : "device", f.device.c_str(),
+      engine::DTypeName(f.dtype), f.tf32 ? 1 : 0, f.graphs ? 1 : 0,
+      std::getenv("TRAIND_CUBLASLT_EPILOGUES") != nullptr ? std::getenv("TRAIND_CUBLASLT_EPILOGUES")
+                                                          : "default",
+      static_cast<long long>(arena.peak_bytes()));
   std::printf(
       "  step median %.2f ms (min %.2f, max %.2f, %zu steps), %.0f tok/s, loss %.4f -> %.4f\n"
       "  process CPU time %.2f s/step: %.0f tokens per CPU-second\n",
@@ -145,9 +203,9 @@ int Run(const BenchConfig& bc, int steps, int warmup, int threads, bool profile,
       sgemm.per_cpu_s, 100.0 * mfu_cpu);
   std::printf(
       "RESULT side=traind config=%s tok_s=%.1f step_ms=%.3f sgemm_gflops=%.1f mfu=%.4f "
-      "tok_per_cpu_s=%.1f mfu_cpu=%.4f\n",
+      "tok_per_cpu_s=%.1f mfu_cpu=%.4f model_tflops=%.2f loss=%.4f\n",
       bc.name.c_str(), tok_s, 1e3 * median, sgemm_gflops, achieved / sgemm_gflops,
-      static_cast<double>(N) / cpu_per_step, mfu_cpu);
+      static_cast<double>(N) / cpu_per_step, mfu_cpu, achieved / 1e3, loss);
   if (profile) prof.Print(total, static_cast<int>(times.size()));
   return 0;
 }
@@ -157,40 +215,62 @@ int Run(const BenchConfig& bc, int steps, int warmup, int threads, bool profile,
 
 int main(int argc, char** argv) {
   std::string config = "all";
-  int steps = -1, warmup = 2, threads = 2;
-  bool profile = false, cpu_time = false;
+  traind::bench::RunFlags f;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&] { return traind::bench::FlagValue(argc, argv, &i); };
-    if (a == "--config")
+    if (a == "--config") {
       config = next();
-    else if (a == "--steps")
-      steps = std::atoi(next());
-    else if (a == "--warmup")
-      warmup = std::atoi(next());
-    else if (a == "--threads")
-      threads = std::atoi(next());
-    else if (a == "--profile")
-      profile = true;
-    else if (a == "--profile-cpu")
-      profile = cpu_time = true;
-    else {
+    } else if (a == "--steps") {
+      f.steps = std::atoi(next());
+    } else if (a == "--warmup") {
+      f.warmup = std::atoi(next());
+    } else if (a == "--threads") {
+      f.threads = std::atoi(next());
+    } else if (a == "--device") {
+      f.device = next();
+    } else if (a == "--dtype") {
+      const std::string d = next();
+      if (d == "fp32") {
+        f.dtype = traind::engine::DType::kF32;
+      } else if (d == "bf16") {
+        f.dtype = traind::engine::DType::kBF16;
+      } else {
+        std::fprintf(stderr, "--dtype %s: expected fp32 or bf16\n", d.c_str());
+        return 2;
+      }
+    } else if (a == "--tf32") {
+      f.tf32 = true;
+    } else if (a == "--no-graphs") {
+      f.graphs = false;
+    } else if (a == "--batch") {
+      f.batch = std::atoll(next());
+    } else if (a == "--seq") {
+      f.seq = std::atoll(next());
+    } else if (a == "--profile") {
+      f.profile = true;
+    } else if (a == "--profile-cpu") {
+      f.profile = f.cpu_time = true;
+    } else {
       std::fprintf(stderr,
-                   "unknown argument %s\nusage: %s [--config tiny|small|all] [--steps N] "
-                   "[--warmup N] [--threads N] [--profile | --profile-cpu]\n",
+                   "unknown argument %s\nusage: %s [--config tiny|small|gpt2|all] [--steps N] "
+                   "[--warmup N] [--threads N] [--device cpu|cuda:N|simt] "
+                   "[--dtype fp32|bf16] [--tf32] [--batch B] [--seq T] [--no-graphs] "
+                   "[--profile | --profile-cpu]\n",
                    a.c_str(), argv[0]);
       return 2;
     }
   }
+  if (f.device != "cpu") traind::engine::RegisterGpuBackends();
   int rc = 0, matched = 0;
   for (const auto& bc : traind::bench::kConfigs) {
-    if (config != "all" && config != bc.name) continue;
+    // "all" keeps the CPU run to the two small configs; name gpt2 to run it.
+    if (config == "all" ? (bc.name == "gpt2" && f.device == "cpu") : config != bc.name) continue;
     ++matched;
-    rc |= traind::bench::Run(bc, steps >= 0 ? steps : bc.default_steps, warmup, threads, profile,
-                             cpu_time);
+    rc |= traind::bench::Run(bc, f);
   }
   if (matched == 0) {
-    std::fprintf(stderr, "unknown config %s (tiny, small, all)\n", config.c_str());
+    std::fprintf(stderr, "unknown config %s (tiny, small, gpt2, all)\n", config.c_str());
     return 2;
   }
   return rc;

@@ -1,7 +1,10 @@
 // ProfilingBackend: a Backend decorator for the benchmarks that times every op (wall clock,
 // synchronous CPU ops) and sums the time per op name, GEMMs per shape. Not for production use:
 // it adds a clock read around each call. With cpu_time, ops are timed in process CPU seconds
-// (all threads), which other processes' load does not inflate as much as wall time.
+// (all threads), which other processes' load does not inflate as much as wall time. On an
+// asynchronous device (CUDA) pass sync_each_op: every op then ends with Synchronize() inside its
+// timed region (so times are the op's device time plus one launch; graphs and fused epilogues are
+// not used through the decorator).
 #pragma once
 
 #include <algorithm>
@@ -21,8 +24,8 @@ using engine::DType;
 
 class ProfilingBackend final : public Backend {
  public:
-  explicit ProfilingBackend(Backend* inner, bool cpu_time = false)
-      : in_(inner), cpu_time_(cpu_time) {}
+  explicit ProfilingBackend(Backend* inner, bool cpu_time = false, bool sync_each_op = false)
+      : in_(inner), cpu_time_(cpu_time), sync_(sync_each_op) {}
 
   // Prints ops by total time, with calls and the share of `total_s` (seconds).
   void Print(double total_s, int steps) const {
@@ -199,6 +202,7 @@ class ProfilingBackend final : public Backend {
     T(ProfilingBackend* p, const std::string& n, double f = 0.0)
         : pb(p), name(n), flops(f), t0(pb->Now()) {}
     ~T() {
+      if (pb->sync_) pb->in_->Synchronize();
       Stat& s = pb->stats_[name];
       s.s += pb->Now() - t0;
       s.flops += flops;
@@ -220,6 +224,7 @@ class ProfilingBackend final : public Backend {
   }
   Backend* in_;
   bool cpu_time_;
+  bool sync_;
   std::map<std::string, Stat> stats_;
 };
 

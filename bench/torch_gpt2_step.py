@@ -60,9 +60,13 @@ def block(l, x, B, T, C, NH, mask):
     q = q.view(B, T, NH, HS).transpose(1, 2)
     k = k.view(B, T, NH, HS).transpose(1, 2)
     v = v.view(B, T, NH, HS).transpose(1, 2)
-    att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(HS))
-    att = F.softmax(att.masked_fill(mask, float("-inf")), dim=-1)
-    y = (att @ v).transpose(1, 2).reshape(B, T, C)
+    if mask is None:  # fused causal attention (torch >= 2.0; the CUDA peer, torch_gpu_step.py)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    else:
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(HS))
+        att = F.softmax(att.masked_fill(mask, float("-inf")), dim=-1)
+        y = att @ v
+    y = y.transpose(1, 2).reshape(B, T, C)
     x = x + F.linear(y, l["proj_w"], l["proj_b"])
     h = F.layer_norm(x, (C,), l["ln2_w"], l["ln2_b"], 1e-5)
     h = F.gelu(F.linear(h, l["fc_w"], l["fc_b"]), approximate="tanh")
@@ -76,7 +80,7 @@ def forward(p, cfg, idx, tgt, mask):
         x = block(l, x, B, T, C, NH, mask)
     x = F.layer_norm(x, (C,), p["lnf_w"], p["lnf_b"], 1e-5)
     logits = F.linear(x, p["wte"])  # tied lm_head
-    return F.cross_entropy(logits.view(-1, cfg["V"]), tgt.view(-1))
+    return F.cross_entropy(logits.view(-1, cfg["V"]).float(), tgt.view(-1))
 
 
 def training_flops(p, cfg):

@@ -61,6 +61,15 @@ class Dev {
   void* p_;
 };
 
+// The double sums of squares: simt runs the CPU's order of float terms (1e-9); on a GPU nvcc
+// contracts the float products into FMAs and the blocks add in another order, so each float term
+// may differ by an ulp (seen: 1.5e-8 relative on an H100), hence 1e-6 there.
+#if defined(TRAIND_TEST_ON_CUDA)
+constexpr double kSumTolerance = 1e-6;
+#else
+constexpr double kSumTolerance = 1e-9;
+#endif
+
 double ScaledDiff(const std::vector<float>& got, const std::vector<float>& want) {
   double diff = 0.0, scale = 0.0;
   for (size_t i = 0; i < want.size(); ++i) {
@@ -159,7 +168,8 @@ TEST_F(SimtOptim, AdafactorPhases) {
                                 std::to_string(s.C) + ") m " + std::to_string(with_m);
       const std::vector<double> scr = dscr.get();
       for (int k = 0; k < 2 + (s.factored ? s.B : 0); ++k) {
-        EXPECT_NEAR(scr[k], cpu_scr[k], 1e-9 * std::fabs(cpu_scr[k])) << where << " sum " << k;
+        EXPECT_NEAR(scr[k], cpu_scr[k], kSumTolerance * std::fabs(cpu_scr[k]))
+            << where << " sum " << k;
       }
       if (s.factored) {
         EXPECT_LE(ScaledDiff(drow.get(), crow), 1e-6) << where;

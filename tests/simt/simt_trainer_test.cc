@@ -121,6 +121,15 @@ void ExpectSame(const Outcome& got, const Outcome& want, double loss_tol, double
               worst_loss, worst_weight);
 }
 
+// Two fp32 runs on the same device differ only by the order of the atomics (LayerNorm weight/bias
+// and embedding gradients): none under simt, which runs blocks in order, so 1e-6 there; on a GPU
+// the order changes from run to run (seen: 1.07e-6 relative on an H100 after 3 AdamW steps).
+#if defined(TRAIND_TEST_ON_CUDA)
+constexpr double kSameDeviceTolerance = 1e-5;
+#else
+constexpr double kSameDeviceTolerance = 1e-6;
+#endif
+
 struct Case {
   std::string arch;
   std::string precision;  // fp32 | bf16 | fp16
@@ -168,8 +177,8 @@ TEST_P(SimtTrainer, RunJobMatchesCpu) {
   ExpectSame(graph, cpu, tol.loss, tol.weight, "simt with graphs vs cpu" + p);
   ExpectSame(plain, cpu, tol.loss, tol.weight, "simt without graphs vs cpu" + p);
   // Same kernels in the same order: only the atomics' order differs between the two runs.
-  const double same = c.precision == "fp32" ? 1e-6 : tol.loss;
-  ExpectSame(graph, plain, same, c.precision == "fp32" ? 1e-6 : tol.weight,
+  const double same = c.precision == "fp32" ? kSameDeviceTolerance : tol.loss;
+  ExpectSame(graph, plain, same, c.precision == "fp32" ? kSameDeviceTolerance : tol.weight,
              "simt with vs without graphs" + p);
   EXPECT_TRUE(Mentions(graph.notes, "training step captured as CUDA graphs")) << "capture not used";
   EXPECT_FALSE(Mentions(plain.notes, "captured")) << "cuda_graphs=false still captured";
@@ -222,7 +231,8 @@ TEST(SimtTrainerGraphs, EnvironmentSwitchTurnsCaptureOff) {
   const Outcome on = Train(spec, testing::kDeviceUnderTest, true, "env_unset");
   EXPECT_FALSE(Mentions(off.notes, "captured")) << "TRAIND_CUDA_GRAPHS=0 still captured";
   EXPECT_TRUE(Mentions(on.notes, "training step captured as CUDA graphs"));
-  ExpectSame(off, on, 1e-6, 1e-6, "TRAIND_CUDA_GRAPHS=0 vs graphs");
+  ExpectSame(off, on, kSameDeviceTolerance, kSameDeviceTolerance,
+             "TRAIND_CUDA_GRAPHS=0 vs graphs");
 }
 
 INSTANTIATE_TEST_SUITE_P(Tiny, SimtTrainer,
