@@ -109,6 +109,9 @@ if has bench; then
   torchpeer fp32-sdpa --precision fp32 --attn sdpa
   traind fp32-noepilogue "TRAIND_CUBLASLT_EPILOGUES=0" --dtype fp32
   traind bf16-again "TRAIND_CUBLASLT_EPILOGUES=1" --dtype bf16
+  # The same tokens per step at T=256 (B=32): attention's share is a quarter.
+  traind bf16-T256-B32 "TRAIND_CUBLASLT_EPILOGUES=1" --dtype bf16 --seq 256 --batch 32
+  torchpeer bf16-sdpa-T256-B32 --precision bf16 --attn sdpa --seq 256 --batch 32
   {
     echo "config=$CONFIG steps=$STEPS bf16 peak ${peak:-?} TFLOP/s (torch.matmul 8192^3, same run)"
     printf '%-8s %-20s %12s %10s %12s %8s %8s\n' side row tok/s step_ms model_TFLOP/s MFU loss

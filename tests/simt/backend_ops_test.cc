@@ -343,7 +343,8 @@ std::vector<OpCase> AllCases() {
   };
   for (const AttnCase a : {AttnCase{2, 37, 4, 2, 16, true}, AttnCase{1, 70, 2, 1, 40, false},
                            AttnCase{1, 5, 1, 1, 160, false}, AttnCase{1, 1, 3, 3, 8, true},
-                           AttnCase{1, 130, 4, 1, 64, true}}) {
+                           AttnCase{1, 130, 4, 1, 64, true}, AttnCase{1, 75, 4, 2, 128, true},
+                           AttnCase{2, 33, 2, 1, 100, false}}) {
     const std::string label = Dims({a.B, a.T, a.NH, a.NKV, a.HS}) + (a.fused ? " fused" : "");
     const int64_t rows = a.B * a.T;
     const int64_t qs = a.fused ? (a.NH + 2 * a.NKV) * a.HS : a.NH * a.HS + 3;  // +3: a gap

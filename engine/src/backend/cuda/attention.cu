@@ -1,16 +1,25 @@
 // Causal self-attention of the GPU backend: our own tiled flash-style kernels (online softmax, no
 // (T,T) buffer), GQA (query head h reads kv head h / (NH/NKV)), strided q/k/v rows.
-//   forward : one thread per query, K/V tiles of BK rows staged in shared memory; writes out and
-//             lse (B, NH, T).
-//   backward: D = rowsum(dout * out) (B, NH, T) into scratch; dk/dv with one thread per key over
-//             the query tiles of every head of its group (sums the group, writes =); dq with one
-//             thread per query over the key tiles (writes =). No atomics: deterministic.
+//
+// Head sizes up to 128 (every GPT-2 / LLaMA config) take the lane-group kernels: TPQ = 1, 2 or 4
+// lanes share one query (or key) row, each holding 32 of its head elements in registers
+// (interleaved 16-byte groups, so the lanes of a row read different shared-memory banks), with
+// dot products summed across the group by warp shuffles; K/V (or Q/dout) tiles staged in shared
+// memory and read as 16-byte vectors; the forward updates its online softmax once per chunk of 8
+// keys. Loop bounds are block-uniform (the causal mask is a predicate), so the shuffles never
+// diverge.
+//   forward : writes out and lse (B, NH, T).
+//   backward: D = rowsum(dout * out) (B, NH, T) into scratch; dk/dv with one lane group per key
+//             over the query tiles of every head of its group (sums the group, writes =); dq with
+//             one lane group per query over the key tiles (writes =). No atomics: deterministic.
+// Wider heads (129..256) take the first kernels (one thread per row, runtime-length loops).
+//
 // FLOPs (causal halves the square): forward 2*B*NH*T^2*HS, backward 5*B*NH*T^2*HS (recomputes P
 // twice). Bytes: q,k,v,out,lse read/written once per call plus re-reads through L2 (compute-bound
-// at T >= 512). Roofline on an H100 at 790 TFLOP/s (bf16 tensor cores; these fp32 kernels do not
-// use them yet, so the fp32 SIMT bound of ~67 TFLOP/s is the honest target today):
-//   B=8, NH=12, T=1024, HS=64: forward 12.9 GFLOP -> 16 us @790T / 190 us @67T;
-//   backward 32 GFLOP -> 41 us @790T / 480 us @67T.
+// at T >= 512). These fp32 kernels do not use tensor cores, so the fp32 SIMT rate (~60 TFLOP/s on
+// an H100) bounds them: B=8, NH=12, T=1024, HS=64: forward 12.9 GFLOP -> >= 0.2 ms, backward
+// 32 GFLOP -> >= 0.5 ms. Measured on an H100 (bench/gpu_run.sh profile): forward 10.7 ms, backward
+// 34.1 ms (11-15 TFLOP/s; the first kernels: 83 and 446 ms); docs/gpu.md.
 #include <string>
 
 #include "backend/cuda/gpu_compat.h"
@@ -212,6 +221,302 @@ __global__ void attention_dq_kernel(float* dq, const float* dout, const float* l
   for (int64_t e = 0; e < d.HS; ++e) dq[(b * d.T + i) * d.q_stride + h * d.HS + e] = dqi[e];
 }
 
+// ---- lane-group kernels (HS <= 128) ----
+
+constexpr int kRows = 64;   // queries (forward, dq) or keys (dk/dv) per block
+constexpr int kQuads = 8;   // 16-byte groups of head elements per lane: 32 floats
+constexpr int kChunk = 8;   // forward: keys per online-softmax update (independent dot products)
+// Backward rows whose dot products run together: keys of dq (2: 210 registers; 4 spills) and
+// queries of dk/dv (1: 232 registers; 2 spills, 4 spills heavily), per ptxas -v for sm_90.
+constexpr int kDqChunk = 2;
+constexpr int kDkDvChunk = 1;
+
+struct alignas(16) Quad {
+  float x, y, z, w;
+};
+
+template <int TPQ>
+struct Group {
+  static constexpr int kHSP = 32 * TPQ;                 // head size padded with zeros
+  static constexpr int kTile = TPQ == 4 ? 32 : 64;      // rows per shared tile (2 tiles <= 32 KiB)
+  static constexpr int kThreads = kRows * TPQ;
+  // Element t (0..3) of lane group-member `sub`'s quad `q`: the head element it holds.
+  static __device__ __forceinline__ int Elem(int sub, int q, int t) { return 4 * (sub + TPQ * q) + t; }
+  // The sum of x over the TPQ lanes of a row (consecutive lanes); every lane gets it.
+  static __device__ __forceinline__ float Sum(float x) {
+    GPU_UNROLL
+    for (int o = 1; o < TPQ; o <<= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+    return x;
+  }
+  // Loads this lane's 32 elements of a row of HS floats (zeros past HS), times `mul`.
+  static __device__ __forceinline__ void Load(float (&r)[4 * kQuads], const float* row, int64_t HS,
+                                              int sub, float mul) {
+    GPU_UNROLL
+    for (int q = 0; q < kQuads; ++q)
+      GPU_UNROLL
+      for (int t = 0; t < 4; ++t) {
+        const int e = Elem(sub, q, t);
+        r[4 * q + t] = e < HS ? row[e] * mul : 0.0f;
+      }
+  }
+  static __device__ __forceinline__ void Store(float* row, const float (&r)[4 * kQuads], int64_t HS,
+                                               int sub, float mul) {
+    GPU_UNROLL
+    for (int q = 0; q < kQuads; ++q)
+      GPU_UNROLL
+      for (int t = 0; t < 4; ++t) {
+        const int e = Elem(sub, q, t);
+        if (e < HS) row[e] = r[4 * q + t] * mul;
+      }
+  }
+  // This lane's part of dot(r, shared row `s` of kHSP floats).
+  static __device__ __forceinline__ float Dot(const float (&r)[4 * kQuads], const float* s, int sub) {
+    const Quad* s4 = reinterpret_cast<const Quad*>(s);
+    float acc = 0.0f;
+    GPU_UNROLL
+    for (int q = 0; q < kQuads; ++q) {
+      const Quad w = s4[sub + TPQ * q];
+      acc += r[4 * q] * w.x + r[4 * q + 1] * w.y + r[4 * q + 2] * w.z + r[4 * q + 3] * w.w;
+    }
+    return acc;
+  }
+  // r += a * (shared row `s`), this lane's elements.
+  static __device__ __forceinline__ void Axpy(float (&r)[4 * kQuads], float a, const float* s,
+                                              int sub) {
+    const Quad* s4 = reinterpret_cast<const Quad*>(s);
+    GPU_UNROLL
+    for (int q = 0; q < kQuads; ++q) {
+      const Quad w = s4[sub + TPQ * q];
+      r[4 * q] += a * w.x;
+      r[4 * q + 1] += a * w.y;
+      r[4 * q + 2] += a * w.z;
+      r[4 * q + 3] += a * w.w;
+    }
+  }
+  // Stages rows r0 .. r0+kTile-1 (head `head`, row stride `stride`) of `src` into `dst`
+  // (kTile x kHSP, zeros past T and past HS); all threads of the block call it.
+  static __device__ __forceinline__ void Stage(float* dst, const float* src, int64_t b, int64_t r0,
+                                               int64_t head, int64_t stride, const Dims& d) {
+    for (int idx = threadIdx.x; idx < kTile * kHSP; idx += kThreads) {
+      const int r = idx / kHSP, c = idx % kHSP;
+      const int64_t row = r0 + r;
+      dst[idx] = row < d.T && c < d.HS ? src[(b * d.T + row) * stride + head * d.HS + c] : 0.0f;
+    }
+  }
+};
+
+template <int TPQ>
+__global__ void __launch_bounds__(kRows * TPQ)
+    attention_forward_group_kernel(float* out, float* lse, const float* q, const float* k,
+                                   const float* v, Dims d) {
+  using G = Group<TPQ>;
+  GPU_DYNAMIC_SHARED(float, ks);  // (kTile, kHSP) keys, then values
+  float* vs = ks + G::kTile * G::kHSP;
+  const int64_t b = blockIdx.z, h = blockIdx.y, kvh = h / (d.NH / d.NKV);
+  const int sub = static_cast<int>(threadIdx.x) % TPQ;
+  // Longest first: the last query block sees the most keys, so it is scheduled first.
+  const int64_t qblock = gridDim.x - 1 - blockIdx.x;
+  const int64_t i = qblock * kRows + threadIdx.x / TPQ;
+  const bool active = i < d.T;  // inactive lanes still stage tiles and join the shuffles
+  float qi[4 * kQuads], acc[4 * kQuads];
+  if (active) {
+    G::Load(qi, q + (b * d.T + i) * d.q_stride + h * d.HS, d.HS, sub, d.scale);
+  } else {
+    GPU_UNROLL
+    for (float& x : qi) x = 0.0f;
+  }
+  GPU_UNROLL
+  for (float& x : acc) x = 0.0f;
+  float m = -INFINITY, l = 0.0f;
+  const int64_t block_last = (qblock + 1) * kRows - 1;
+  const int64_t last = block_last < d.T - 1 ? block_last : d.T - 1;  // causal: keys <= last query
+  for (int64_t j0 = 0; j0 <= last; j0 += G::kTile) {
+    __syncthreads();  // the previous tile is no longer read
+    G::Stage(ks, k, b, j0, kvh, d.kv_stride, d);
+    G::Stage(vs, v, b, j0, kvh, d.kv_stride, d);
+    __syncthreads();
+    const int n = static_cast<int>(last - j0 + 1 < G::kTile ? last - j0 + 1 : G::kTile);
+    for (int c0 = 0; c0 < n; c0 += kChunk) {
+      // All kChunk rows exist in the tile (kTile is a multiple of kChunk): the dot products run
+      // without branches, as independent chains; rows past n or the query are masked after.
+      float sc[kChunk];
+      GPU_UNROLL
+      for (int c = 0; c < kChunk; ++c) sc[c] = G::Dot(qi, ks + (c0 + c) * G::kHSP, sub);
+      float chunk_max = -INFINITY;
+      GPU_UNROLL
+      for (int c = 0; c < kChunk; ++c) {
+        const int jj = c0 + c;
+        const float s = G::Sum(sc[c]);
+        sc[c] = active && jj < n && j0 + jj <= i ? s : -INFINITY;
+        chunk_max = fmaxf(chunk_max, sc[c]);
+      }
+      const float m_new = fmaxf(m, chunk_max);
+      if (m_new == -INFINITY) continue;  // no visible key yet (thread-local; no shuffles below)
+      const float corr = expf(m - m_new);  // 0 while m is -inf
+      l *= corr;
+      GPU_UNROLL
+      for (float& x : acc) x *= corr;
+      GPU_UNROLL
+      for (int c = 0; c < kChunk; ++c) {
+        if (sc[c] == -INFINITY) continue;
+        const float p = expf(sc[c] - m_new);
+        l += p;
+        G::Axpy(acc, p, vs + (c0 + c) * G::kHSP, sub);
+      }
+      m = m_new;
+    }
+  }
+  if (!active) return;
+  G::Store(out + (b * d.T + i) * d.NH * d.HS + h * d.HS, acc, d.HS, sub, 1.0f / l);
+  if (sub == 0) lse[(b * d.NH + h) * d.T + i] = m + logf(l);
+}
+
+template <int TPQ>
+__global__ void __launch_bounds__(kRows * TPQ)
+    attention_dq_group_kernel(float* dq, const float* dout, const float* lse, const float* D,
+                              const float* q, const float* k, const float* v, Dims d) {
+  using G = Group<TPQ>;
+  GPU_DYNAMIC_SHARED(float, ks);  // (kTile, kHSP) keys, then values
+  float* vs = ks + G::kTile * G::kHSP;
+  const int64_t b = blockIdx.z, h = blockIdx.y, kvh = h / (d.NH / d.NKV);
+  const int sub = static_cast<int>(threadIdx.x) % TPQ;
+  // Longest first: the last query block sees the most keys, so it is scheduled first.
+  const int64_t qblock = gridDim.x - 1 - blockIdx.x;
+  const int64_t i = qblock * kRows + threadIdx.x / TPQ;
+  const bool active = i < d.T;
+  float qi[4 * kQuads], doi[4 * kQuads], dqi[4 * kQuads];
+  float li = 0.0f, Di = 0.0f;
+  if (active) {
+    G::Load(qi, q + (b * d.T + i) * d.q_stride + h * d.HS, d.HS, sub, 1.0f);
+    G::Load(doi, dout + (b * d.T + i) * d.NH * d.HS + h * d.HS, d.HS, sub, 1.0f);
+    li = lse[(b * d.NH + h) * d.T + i];
+    Di = D[(b * d.NH + h) * d.T + i];
+  } else {
+    GPU_UNROLL
+    for (int e = 0; e < 4 * kQuads; ++e) qi[e] = doi[e] = 0.0f;
+  }
+  GPU_UNROLL
+  for (float& x : dqi) x = 0.0f;
+  const int64_t block_last = (qblock + 1) * kRows - 1;
+  const int64_t last = block_last < d.T - 1 ? block_last : d.T - 1;
+  for (int64_t j0 = 0; j0 <= last; j0 += G::kTile) {
+    __syncthreads();
+    G::Stage(ks, k, b, j0, kvh, d.kv_stride, d);
+    G::Stage(vs, v, b, j0, kvh, d.kv_stride, d);
+    __syncthreads();
+    const int n = static_cast<int>(last - j0 + 1 < G::kTile ? last - j0 + 1 : G::kTile);
+    for (int c0 = 0; c0 < n; c0 += kDqChunk) {  // block-uniform; rows past n are masked
+      float s[kDqChunk], dp[kDqChunk];
+      GPU_UNROLL
+      for (int c = 0; c < kDqChunk; ++c) {
+        s[c] = G::Dot(qi, ks + (c0 + c) * G::kHSP, sub);
+        dp[c] = G::Dot(doi, vs + (c0 + c) * G::kHSP, sub);
+      }
+      GPU_UNROLL
+      for (int c = 0; c < kDqChunk; ++c) {
+        const int jj = c0 + c;
+        const float sv = G::Sum(s[c]) * d.scale, dpv = G::Sum(dp[c]);
+        const float p = active && jj < n && j0 + jj <= i ? expf(sv - li) : 0.0f;
+        G::Axpy(dqi, p * (dpv - Di) * d.scale, ks + jj * G::kHSP, sub);
+      }
+    }
+  }
+  if (!active) return;
+  G::Store(dq + (b * d.T + i) * d.q_stride + h * d.HS, dqi, d.HS, sub, 1.0f);
+}
+
+template <int TPQ>
+__global__ void __launch_bounds__(kRows * TPQ)
+    attention_dkdv_group_kernel(float* dk, float* dv, const float* dout, const float* lse,
+                                const float* D, const float* q, const float* k, const float* v,
+                                Dims d) {
+  using G = Group<TPQ>;
+  GPU_DYNAMIC_SHARED(float, qs);  // (kTile, kHSP) queries, (kTile, kHSP) dout, (kTile) lse, D
+  float* dos = qs + G::kTile * G::kHSP;
+  float* ls = dos + G::kTile * G::kHSP;
+  float* Ds = ls + G::kTile;
+  const int64_t b = blockIdx.z, kvh = blockIdx.y, group = d.NH / d.NKV;
+  const int sub = static_cast<int>(threadIdx.x) % TPQ;
+  const int64_t j = blockIdx.x * int64_t{kRows} + threadIdx.x / TPQ;
+  const bool active = j < d.T;
+  float kj[4 * kQuads], vj[4 * kQuads], dkj[4 * kQuads], dvj[4 * kQuads];
+  if (active) {
+    G::Load(kj, k + (b * d.T + j) * d.kv_stride + kvh * d.HS, d.HS, sub, 1.0f);
+    G::Load(vj, v + (b * d.T + j) * d.kv_stride + kvh * d.HS, d.HS, sub, 1.0f);
+  } else {
+    GPU_UNROLL
+    for (int e = 0; e < 4 * kQuads; ++e) kj[e] = vj[e] = 0.0f;
+  }
+  GPU_UNROLL
+  for (int e = 0; e < 4 * kQuads; ++e) dkj[e] = dvj[e] = 0.0f;
+  // Block 0 (the first keys, seen by every later query) has the most work and starts first.
+  const int64_t i_begin = blockIdx.x * int64_t{kRows};  // earlier queries see no key here
+  for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
+    for (int64_t i0 = i_begin; i0 < d.T; i0 += G::kTile) {
+      __syncthreads();
+      G::Stage(qs, q, b, i0, h, d.q_stride, d);
+      G::Stage(dos, dout, b, i0, h, d.NH * d.HS, d);
+      for (int e = threadIdx.x; e < G::kTile; e += G::kThreads) {
+        const int64_t i = i0 + e;
+        ls[e] = i < d.T ? lse[(b * d.NH + h) * d.T + i] : 0.0f;
+        Ds[e] = i < d.T ? D[(b * d.NH + h) * d.T + i] : 0.0f;
+      }
+      __syncthreads();
+      const int n = static_cast<int>(d.T - i0 < G::kTile ? d.T - i0 : G::kTile);
+      for (int c0 = 0; c0 < n; c0 += kDkDvChunk) {  // block-uniform; rows past n are masked
+        float s[kDkDvChunk], dp[kDkDvChunk];
+        GPU_UNROLL
+        for (int c = 0; c < kDkDvChunk; ++c) {
+          s[c] = G::Dot(kj, qs + (c0 + c) * G::kHSP, sub);
+          dp[c] = G::Dot(vj, dos + (c0 + c) * G::kHSP, sub);
+        }
+        GPU_UNROLL
+        for (int c = 0; c < kDkDvChunk; ++c) {
+          const int ii = c0 + c;
+          const float sv = G::Sum(s[c]) * d.scale, dpv = G::Sum(dp[c]);
+          const float p = active && ii < n && i0 + ii >= j ? expf(sv - ls[ii]) : 0.0f;
+          G::Axpy(dvj, p, dos + ii * G::kHSP, sub);
+          G::Axpy(dkj, p * (dpv - Ds[ii]) * d.scale, qs + ii * G::kHSP, sub);
+        }
+      }
+    }
+  }
+  if (!active) return;
+  G::Store(dk + (b * d.T + j) * d.kv_stride + kvh * d.HS, dkj, d.HS, sub, 1.0f);
+  G::Store(dv + (b * d.T + j) * d.kv_stride + kvh * d.HS, dvj, d.HS, sub, 1.0f);
+}
+
+// Lanes per row for head size HS: 1, 2 or 4; 0 when HS > 128 (the one-thread-per-row kernels).
+int LanesPerRow(int64_t HS) { return HS <= 32 ? 1 : HS <= 64 ? 2 : HS <= 128 ? 4 : 0; }
+
+template <int TPQ>
+Status ForwardGroup(float* out, float* lse, const float* q, const float* k, const float* v,
+                    int64_t B, const Dims& d, cudaStream_t stream) {
+  using G = Group<TPQ>;
+  const dim3 grid(static_cast<unsigned>((d.T + kRows - 1) / kRows), static_cast<unsigned>(d.NH),
+                  static_cast<unsigned>(B));
+  const size_t shmem = 2 * size_t{G::kTile} * G::kHSP * sizeof(float);
+  return GPU_LAUNCH(attention_forward_group_kernel<TPQ>, grid, G::kThreads, shmem, stream, out,
+                    lse, q, k, v, d);
+}
+
+template <int TPQ>
+Status BackwardGroup(float* dq, float* dk, float* dv, const float* dout, const float* lse,
+                     const float* D, const float* q, const float* k, const float* v, int64_t B,
+                     const Dims& d, cudaStream_t stream) {
+  using G = Group<TPQ>;
+  const dim3 kv_grid(static_cast<unsigned>((d.T + kRows - 1) / kRows),
+                     static_cast<unsigned>(d.NKV), static_cast<unsigned>(B));
+  const size_t kv_shmem = (2 * size_t{G::kTile} * G::kHSP + 2 * G::kTile) * sizeof(float);
+  TRAIND_RETURN_IF_ERROR(GPU_LAUNCH(attention_dkdv_group_kernel<TPQ>, kv_grid, G::kThreads,
+                                    kv_shmem, stream, dk, dv, dout, lse, D, q, k, v, d));
+  const dim3 q_grid(static_cast<unsigned>((d.T + kRows - 1) / kRows),
+                    static_cast<unsigned>(d.NH), static_cast<unsigned>(B));
+  const size_t q_shmem = 2 * size_t{G::kTile} * G::kHSP * sizeof(float);
+  return GPU_LAUNCH(attention_dq_group_kernel<TPQ>, q_grid, G::kThreads, q_shmem, stream, dq, dout,
+                    lse, D, q, k, v, d);
+}
+
 Status CheckDims(const char* op, int64_t B, const Dims& d) {
   if (B < 0 || d.T < 0 || d.NH <= 0 || d.NKV <= 0 || d.NH % d.NKV != 0)
     return Status::InvalidArgument(std::string(op) + ": NH=" + std::to_string(d.NH) +
@@ -240,6 +545,12 @@ Status AttentionForward(float* out, float* lse, const float* q, const float* k, 
   const Dims d = MakeDims(T, NH, NKV, HS, q_stride, kv_stride);
   TRAIND_RETURN_IF_ERROR(CheckDims("AttentionForward", B, d));
   if (B == 0 || T == 0) return Status::Ok();
+  switch (LanesPerRow(HS)) {
+    case 1: return ForwardGroup<1>(out, lse, q, k, v, B, d, stream);
+    case 2: return ForwardGroup<2>(out, lse, q, k, v, B, d, stream);
+    case 4: return ForwardGroup<4>(out, lse, q, k, v, B, d, stream);
+    default: break;
+  }
   const int tile = TileRows(HS);
   const dim3 grid(static_cast<unsigned>((T + kQueriesPerBlock - 1) / kQueriesPerBlock),
                   static_cast<unsigned>(NH), static_cast<unsigned>(B));
@@ -258,6 +569,12 @@ Status AttentionBackward(float* dq, float* dk, float* dv, const float* dout, con
   const int tile = TileRows(HS);
   TRAIND_RETURN_IF_ERROR(GPU_LAUNCH(attention_delta_kernel, GridFor(B * T * NH, 256), 256, 0,
                                     stream, scratch, dout, out, B, d));
+  switch (LanesPerRow(HS)) {
+    case 1: return BackwardGroup<1>(dq, dk, dv, dout, lse, scratch, q, k, v, B, d, stream);
+    case 2: return BackwardGroup<2>(dq, dk, dv, dout, lse, scratch, q, k, v, B, d, stream);
+    case 4: return BackwardGroup<4>(dq, dk, dv, dout, lse, scratch, q, k, v, B, d, stream);
+    default: break;
+  }
   const dim3 kv_grid(static_cast<unsigned>((T + kKeysPerBlock - 1) / kKeysPerBlock),
                      static_cast<unsigned>(NKV), static_cast<unsigned>(B));
   const size_t kv_shmem = (2 * static_cast<size_t>(tile * HS) + 2 * tile) * sizeof(float);

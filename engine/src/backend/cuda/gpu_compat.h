@@ -14,6 +14,8 @@
 #include "backend/simt/simt.h"
 // T* name = the block's dynamic shared memory (the launch's `shmem` bytes).
 #define GPU_DYNAMIC_SHARED(T, name) T* name = reinterpret_cast<T*>(::simt::detail::DynamicShared())
+// Full unrolling of a loop over a register array (nvcc; g++ unrolls or not, the result is the same).
+#define GPU_UNROLL
 #else
 #if !defined(__CUDACC__)
 #error "kernel sources compile with nvcc, or with a host compiler and TRAIND_SIMT defined"
@@ -24,6 +26,7 @@
 #define GPU_DYNAMIC_SHARED(T, name)                           \
   extern __shared__ __align__(16) unsigned char name##_raw[]; \
   T* name = reinterpret_cast<T*>(name##_raw)
+#define GPU_UNROLL _Pragma("unroll")
 #endif
 
 TRAIND_GPU_BEGIN
