@@ -15,6 +15,7 @@ PACKAGES=(
   librocksdb-dev prometheus-cpp-dev libspdlog-dev libgtest-dev libgmock-dev libbenchmark-dev
   libopenblas-dev libdnnl-dev libyaml-cpp-dev nlohmann-json3-dev libcli11-dev
   python3 python3-torch python3-numpy python3-grpcio prometheus
+  python3-protobuf python3-yaml  # the Python client (client/python) and tests/deploy (prometheus: its e2e test)
   libsentencepiece-dev sentencepiece nodejs
   fio  # bench/offload_bench: raw sequential bandwidth of the offload directory
 )
