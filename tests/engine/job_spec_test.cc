@@ -249,10 +249,50 @@ TEST(JobSpecTest, FeaturesNotBuiltYet) {
   ExpectInvalid(With(kBase, "training", "offload: nvme"), "training.offload: nvme is not supported yet");
   ExpectInvalid(With(kBase, "training", "offload: cpu"), "training.offload: cpu is not supported yet");
   ExpectInvalid(With(kBase, "training", "offload: disk"), "training.offload: expected one of none, cpu, nvme");
-  ExpectInvalid(With(kBase, "training", "peft: {type: lora, r: 8}"), "training.peft: PEFT (LoRA) is not supported yet");
+  ExpectInvalid(With(kBase, "training", "peft: {type: lora, r: 8, lora_dropout: 0.1}"),
+                "training.peft.lora_dropout: 0.1 is not supported yet (supported: 0.0)");
   ExpectInvalid(With(kBase, "data", "format: csv"), "data.format: expected text, tokens or jsonl, got 'csv'");
   ExpectInvalid(With(kBase, "data", "label_field: label"), "data.label_field: is not supported yet");
   ExpectInvalid(Replace(kBase, "arch: gpt2", "arch: bert"), "model.arch: bert is not supported yet");
+}
+
+TEST(JobSpecTest, PeftLora) {
+  Result<JobSpec> r = ParseJobSpec(With(kBase, "training",
+      "peft: {type: lora, r: 4, lora_alpha: 16, lora_dropout: 0.0, target_modules: [c_attn, c_fc], merge: true}"));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_TRUE(r->training.peft.has_value());
+  EXPECT_EQ(r->training.peft->type, "lora");
+  EXPECT_EQ(r->training.peft->r, 4);
+  EXPECT_EQ(r->training.peft->lora_alpha, 16.0);
+  EXPECT_EQ(r->training.peft->lora_dropout, 0.0);
+  EXPECT_EQ(r->training.peft->target_modules, (std::vector<std::string>{"c_attn", "c_fc"}));
+  EXPECT_TRUE(r->training.peft->merge);
+  // Defaults (PEFT's LoraConfig): r 8, alpha 8, no merge, the family's default modules later.
+  r = ParseJobSpec(With(kBase, "training", "peft: {type: lora}"));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->training.peft->r, 8);
+  EXPECT_EQ(r->training.peft->lora_alpha, 8.0);
+  EXPECT_TRUE(r->training.peft->target_modules.empty());
+  EXPECT_FALSE(r->training.peft->merge);
+  r = ParseJobSpec(With(kBase, "training", "peft: null"));
+  ASSERT_TRUE(r.ok());
+  EXPECT_FALSE(r->training.peft.has_value());
+
+  ExpectInvalid(With(kBase, "training", "peft: lora"), "training.peft: expected a mapping");
+  ExpectInvalid(With(kBase, "training", "peft: {r: 8}"), "training.peft.type: missing (expected lora)");
+  ExpectInvalid(With(kBase, "training", "peft: {type: ia3}"), "training.peft.type: expected one of lora");
+  ExpectInvalid(With(kBase, "training", "peft: {type: lora, r: 0}"), "training.peft.r:");
+  ExpectInvalid(With(kBase, "training", "peft: {type: lora, lora_alpha: 0}"), "training.peft.lora_alpha: must be > 0");
+  ExpectInvalid(With(kBase, "training", "peft: {type: lora, lora_dropout: 1.5}"), "training.peft.lora_dropout: must be in [0, 1)");
+  ExpectInvalid(With(kBase, "training", "peft: {type: lora, rank: 8}"), "training.peft.rank: unknown field");
+  ExpectInvalid(With(kBase, "training", "peft: {type: lora, target_modules: []}"), "training.peft.target_modules: expected a non-empty list");
+  ExpectInvalid(With(kBase, "training", "peft: {type: lora, target_modules: [c_attn, q_proj]}"),
+                "training.peft.target_modules[1]: 'q_proj' is not a gpt2 module (known: c_attn, c_proj, c_fc)");
+  ExpectInvalid(With(kBase, "training", "peft: {type: lora, target_modules: [c_fc, c_fc]}"),
+                "training.peft.target_modules[1]: 'c_fc' is listed twice");
+  ExpectInvalid(With(kBase, "training", "peft: {type: lora, merge: 1}"), "training.peft.merge:");
+  ExpectInvalid(With(With(kBase, "training", "peft: {type: lora}"), "training", "bf16: true"),
+                "training.peft: LoRA with bf16/fp16 is not supported yet");
 }
 
 TEST(JobSpecTest, OptimizersAndTheirArgs) {

@@ -1,6 +1,7 @@
 // DecoderModel: forward, backward (with optional block recomputation), init and HF conversion.
 #include "models/decoder.h"
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <sstream>
@@ -9,6 +10,7 @@
 #include "nn/cross_entropy.h"
 #include "nn/embedding.h"
 #include "nn/linear.h"
+#include "nn/lora.h"
 #include "nn/mlp.h"
 #include "nn/norm.h"
 
@@ -60,6 +62,7 @@ DecoderModel::DecoderModel(const ModelConfig& config, const ModelOptions& option
       d_(MakeArchDims(config)),
       table_(BuildParams(d_)),
       be_(arena->backend()),
+      lora_(BuildLoraTable(d_, table_, options.lora)),
       N_(options.micro_batch * options.seq_len) {}
 
 Result<std::unique_ptr<DecoderModel>> DecoderModel::Make(const ModelConfig& config,
@@ -67,9 +70,29 @@ Result<std::unique_ptr<DecoderModel>> DecoderModel::Make(const ModelConfig& conf
                                                          DeviceArena* arena) {
   std::unique_ptr<DecoderModel> m(new DecoderModel(config, options, arena));
   BufferPlanner planner;
-  PlanBuffers(m->d_, options, m->table_.total, &planner, &m->bufs_);
+  PlanBuffers(m->d_, options, m->table_.total, &planner, &m->bufs_, m->lora_.total,
+              m->lora_.per_layer);
   TRAIND_RETURN_IF_ERROR(planner.Allocate(arena));
   ResolveViews(m->d_, options, &m->bufs_);
+  if (m->lora()) {
+    const int64_t k = options.gradient_checkpointing
+                          ? std::min(options.checkpoint_every, m->d_.L) : 1;
+    for (size_t i = 0; i < m->lora_.adapters.size(); ++i) {
+      const LoraAdapterEntry& e = m->lora_.adapters[i];
+      const int64_t set = options.gradient_checkpointing ? e.layer % k : e.layer;
+      const int64_t in_layer = static_cast<int64_t>(i) - e.layer * m->lora_.per_layer;
+      nn::LoraAdapter a;
+      a.A = m->bufs_.lora_params + e.a_off;
+      a.B = m->bufs_.lora_params + e.b_off;
+      a.dA = m->bufs_.grads + e.a_off;
+      a.dB = m->bufs_.grads + e.b_off;
+      a.u = m->bufs_.lora_u_store + (set * m->lora_.per_layer + in_layer) * m->N_ * m->lora_.r;
+      a.in = e.in;
+      a.out = e.out;
+      a.col = e.col;
+      m->lora_ops_.push_back(a);
+    }
+  }
   m->mixed_ = options.compute_type != DType::kF32;
   m->gp_ = nn::GemmPrecision{options.compute_type, m->bufs_.scratch16, m->bufs_.scratch16_elems};
   if (m->bufs_.positions != nullptr) {
@@ -153,6 +176,10 @@ SafetensorsFile DecoderModel::ExportHf() {
   std::vector<float> host(static_cast<size_t>(table_.total));
   be_->CopyDeviceToHost(host.data(), bufs_.params, host.size() * sizeof(float));
   be_->Synchronize();
+  return ExportFrom(host);
+}
+
+SafetensorsFile DecoderModel::ExportFrom(const std::vector<float>& host) const {
   SafetensorsFile out;
   out.metadata["format"] = "pt";
   for (size_t i = 0; i < table_.infos.size(); ++i) {
@@ -163,8 +190,109 @@ SafetensorsFile DecoderModel::ExportHf() {
   return out;
 }
 
+void DecoderModel::InitAdapters(uint64_t seed) {
+  if (!lora()) return;
+  std::vector<float> host(static_cast<size_t>(lora_.total), 0.0f);
+  // A: U(-1/sqrt(in), 1/sqrt(in)) (torch's kaiming_uniform_(a=sqrt(5)), PEFT's default), from
+  // its own stream so the base init is the same with and without LoRA. B: zeros.
+  std::mt19937_64 rng(seed ^ 0x4c6f5241ull);
+  for (const LoraAdapterEntry& e : lora_.adapters) {
+    const double bound = 1.0 / std::sqrt(static_cast<double>(e.in));
+    for (int64_t j = 0; j < lora_.r * e.in; ++j) {
+      const double u = (static_cast<double>(rng() >> 11) + 0.5) * 0x1.0p-53;
+      host[e.a_off + j] = static_cast<float>((2.0 * u - 1.0) * bound);
+    }
+  }
+  be_->CopyHostToDevice(bufs_.lora_params, host.data(), host.size() * sizeof(float));
+  be_->Synchronize();
+}
+
+SafetensorsFile DecoderModel::ExportAdapters() {
+  SafetensorsFile out;
+  out.metadata["format"] = "pt";
+  if (!lora()) return out;
+  std::vector<float> host(static_cast<size_t>(lora_.total));
+  be_->CopyDeviceToHost(host.data(), bufs_.lora_params, host.size() * sizeof(float));
+  be_->Synchronize();
+  for (const ParamInfo& info : lora_.infos) {
+    out.tensors[info.hf_name] = HostTensor::FromF32(host.data() + info.offset, info.hf_shape);
+  }
+  return out;
+}
+
+Status DecoderModel::LoadAdapters(const SafetensorsFile& file) {
+  if (!lora()) return Status::FailedPrecondition("LoadAdapters: the model has no LoRA adapters");
+  std::vector<float> host(static_cast<size_t>(lora_.total), 0.0f);
+  for (const ParamInfo& info : lora_.infos) {
+    auto it = file.tensors.find(info.hf_name);
+    if (it == file.tensors.end()) {
+      return Status::InvalidArgument("adapter file is missing tensor '" + info.hf_name +
+                                     "' (expected shape " + ShapeStr(info.hf_shape) +
+                                     "): check training.peft (r, target_modules) against it");
+    }
+    if (it->second.shape != info.hf_shape) {
+      return Status::InvalidArgument("adapter tensor '" + info.hf_name + "' has shape " +
+                                     ShapeStr(it->second.shape) + ", this job expects " +
+                                     ShapeStr(info.hf_shape) + " (training.peft.r)");
+    }
+    auto data = it->second.ToF32();
+    if (!data.ok()) {
+      return Status::InvalidArgument("tensor '" + info.hf_name + "': " + data.status().message());
+    }
+    std::copy(data->begin(), data->end(), host.begin() + info.offset);
+  }
+  be_->CopyHostToDevice(bufs_.lora_params, host.data(), host.size() * sizeof(float));
+  be_->Synchronize();
+  return Status::Ok();
+}
+
+SafetensorsFile DecoderModel::ExportMerged() {
+  std::vector<float> host(static_cast<size_t>(table_.total));
+  be_->CopyDeviceToHost(host.data(), bufs_.params, host.size() * sizeof(float));
+  std::vector<float> ad(static_cast<size_t>(lora_.total));
+  if (lora()) be_->CopyDeviceToHost(ad.data(), bufs_.lora_params, ad.size() * sizeof(float));
+  be_->Synchronize();
+  // W[col + o, c] += scale * sum_k B[o, k] A[k, c], in double, on the engine's (OC, C) layout.
+  for (const LoraAdapterEntry& e : lora_.adapters) {
+    const float* A = ad.data() + e.a_off;
+    const float* B = ad.data() + e.b_off;
+    float* W = host.data() + e.base_w + e.col * e.base_in;
+    for (int64_t o = 0; o < e.out; ++o) {
+      for (int64_t c = 0; c < e.in; ++c) {
+        double acc = 0.0;
+        for (int64_t k = 0; k < lora_.r; ++k) {
+          acc += static_cast<double>(B[o * lora_.r + k]) * A[k * e.in + c];
+        }
+        W[o * e.base_in + c] += static_cast<float>(lora_.scale * acc);
+      }
+    }
+  }
+  return ExportFrom(host);
+}
+
+nn::LoraSite DecoderModel::Site(int64_t l, LoraSiteKind site) const {
+  nn::LoraSite s;
+  if (!lora()) return s;
+  const int64_t first = l * lora_.per_layer;
+  for (int64_t i = first; i < first + lora_.per_layer; ++i) {
+    if (lora_.adapters[i].site != site) continue;
+    if (s.adapters == nullptr) s.adapters = &lora_ops_[i];
+    ++s.n;
+  }
+  s.r = lora_.r;
+  s.scale = lora_.scale;
+  s.du = bufs_.lora_du;
+  switch (site) {
+    case LoraSiteKind::kQkv: s.ld_out = d_.qkv_width(); break;
+    case LoraSiteKind::kProj: s.ld_out = d_.C; break;
+    case LoraSiteKind::kUp: s.ld_out = d_.up_width(); break;
+    case LoraSiteKind::kDown: s.ld_out = d_.C; break;
+  }
+  return s;
+}
+
 void DecoderModel::ZeroGrad() {
-  be_->Memset0(bufs_.grads, static_cast<size_t>(table_.total) * sizeof(float));
+  be_->Memset0(bufs_.grads, static_cast<size_t>(num_trainable()) * sizeof(float));
 }
 
 const void* DecoderModel::W(int64_t offset) const {
@@ -197,15 +325,22 @@ void DecoderModel::BlockForward(int64_t l) {
 
   NormInto(a.ln1, a.ln1_mean, a.ln1_rstd, x, p.ln1_w, p.ln1_b);
   nn::LinearForward(be, a.qkv, a.ln1, W(p.qkv_w), P(p.qkv_b), N_, C, as.width(), ct);
+  const nn::LoraSite qkv_lora = Site(l, LoraSiteKind::kQkv);
+  if (qkv_lora.active()) nn::LoraForward(be, qkv_lora, a.qkv, static_cast<const float*>(a.ln1), N_);
   // Attention runs in fp32; with 16 bits its output goes through tmp_c and is rounded into atty.
   float* att = mixed_ ? bufs_.tmp_c : static_cast<float*>(a.atty);
   nn::AttentionForward(be, as, att, a.lse, a.qkv);
   if (mixed_) be.Cast(a.atty, ct, att, DType::kF32, N_ * C);
   nn::LinearForward(be, bufs_.tmp_c, a.atty, W(p.proj_w), P(p.proj_b), N_, d_.NH * d_.HS, C, ct);
+  const nn::LoraSite proj_lora = Site(l, LoraSiteKind::kProj);
+  if (proj_lora.active()) {
+    nn::LoraForward(be, proj_lora, bufs_.tmp_c, static_cast<const float*>(a.atty), N_);
+  }
   be.Add(a.res2, x, bufs_.tmp_c, N_ * C);
   NormInto(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p.ln2_w, p.ln2_b);
   // scratch_big (free in forward) holds the fp32 MLP activation before rounding.
-  nn::MlpForward(be, ms, mw, bufs_.tmp_c, a.h, a.a, a.ln2, ct, bufs_.scratch_big);
+  const nn::MlpLora ml{Site(l, LoraSiteKind::kUp), Site(l, LoraSiteKind::kDown)};
+  nn::MlpForward(be, ms, mw, bufs_.tmp_c, a.h, a.a, a.ln2, ct, bufs_.scratch_big, &ml);
   be.Add(y, a.res2, bufs_.tmp_c, N_ * C);
 }
 
@@ -225,12 +360,17 @@ void DecoderModel::BlockBackward(int64_t l) {
   float* dtmp = bufs_.tmp_c;  // reused: d(ln2), then d(atty), then d(ln1)
   float* dbig = bufs_.scratch_big;
 
+  const nn::MlpLora ml{Site(l, LoraSiteKind::kUp), Site(l, LoraSiteKind::kDown)};
   nn::MlpBackward(be, ms, mw, mg, dtmp, dres, a.h, a.a, a.ln2, d_.swiglu() ? bufs_.scratch_a : dbig,
-                  dbig, gp_);
-  nn::NormBackward(be, ns, dres, G(p.ln2_w), G(p.ln2_b), dtmp, a.res2, P(p.ln2_w), a.ln2_mean,
-                   a.ln2_rstd);
+                  dbig, gp_, &ml);
+  nn::NormBackward(be, ns, dres, GNorm(p.ln2_w, 0), GNorm(p.ln2_b, 1), dtmp, a.res2, P(p.ln2_w),
+                   a.ln2_mean, a.ln2_rstd);
   nn::LinearBackward(be, dtmp, G(p.proj_w), G(p.proj_b), dres, a.atty, W(p.proj_w), N_,
                      d_.NH * d_.HS, C, gp_);
+  const nn::LoraSite proj_lora = Site(l, LoraSiteKind::kProj);
+  if (proj_lora.active()) {
+    nn::LoraBackward(be, proj_lora, dtmp, dres, static_cast<const float*>(a.atty), N_);
+  }
   // The attention backward reads its fp32 output: with 16 bits, atty widened into scratch16
   // (free until the qkv backward below rounds dqkv into it).
   const float* att = static_cast<const float*>(a.atty);
@@ -241,8 +381,12 @@ void DecoderModel::BlockBackward(int64_t l) {
   nn::AttentionBackward(be, as, dbig, dtmp, att, a.lse, a.qkv);
   nn::LinearBackward(be, dtmp, G(p.qkv_w), G(p.qkv_b), dbig, a.ln1, W(p.qkv_w), N_, C, as.width(),
                      gp_);
-  nn::NormBackward(be, ns, dres, G(p.ln1_w), G(p.ln1_b), dtmp, x, P(p.ln1_w), a.ln1_mean,
-                   a.ln1_rstd);
+  const nn::LoraSite qkv_lora = Site(l, LoraSiteKind::kQkv);
+  if (qkv_lora.active()) {
+    nn::LoraBackward(be, qkv_lora, dtmp, dbig, static_cast<const float*>(a.ln1), N_);
+  }
+  nn::NormBackward(be, ns, dres, GNorm(p.ln1_w, 0), GNorm(p.ln1_b, 1), dtmp, x, P(p.ln1_w),
+                   a.ln1_mean, a.ln1_rstd);
 }
 
 void DecoderModel::ParamsChanged() {
@@ -292,7 +436,7 @@ void DecoderModel::Backward() {
                      W(table_.lm_head), N_, C, d_.Vp, gp_);
   be.Memset0(bufs_.dres, static_cast<size_t>(N_ * C) * sizeof(float));
   const nn::NormShape ns{N_, C, d_.rms_norm(), d_.eps};
-  nn::NormBackward(be, ns, bufs_.dres, G(table_.lnf_w), G(table_.lnf_b), bufs_.tmp_c,
+  nn::NormBackward(be, ns, bufs_.dres, GNorm(table_.lnf_w, 0), GNorm(table_.lnf_b, 1), bufs_.tmp_c,
                    bufs_.res[d_.L], P(table_.lnf_w), bufs_.lnf_mean, bufs_.lnf_rstd);
   const bool ckpt = options_.gradient_checkpointing;
   const int64_t k = ckpt ? std::min(options_.checkpoint_every, d_.L) : d_.L;
@@ -306,6 +450,7 @@ void DecoderModel::Backward() {
     }
     for (int64_t l = last - 1; l >= first; --l) BlockBackward(l);
   }
+  if (lora()) return;  // frozen embeddings
   nn::EmbeddingBackward(be, G(table_.wte), G(table_.wpe), bufs_.dres, bufs_.inputs, bufs_.positions,
                         N_, C);
 }

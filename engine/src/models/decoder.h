@@ -7,8 +7,10 @@
 #include <vector>
 
 #include "models/layout.h"
+#include "models/lora.h"
 #include "models/model.h"
 #include "nn/linear.h"
+#include "nn/lora.h"
 
 namespace traind::engine {
 
@@ -24,6 +26,12 @@ class DecoderModel : public Model {
   const std::vector<ParamInfo>& params() const override { return table_.infos; }
   int64_t num_params() const override { return table_.total; }
   float* param_data() override { return bufs_.params; }
+  const std::vector<ParamInfo>& trainable_params() const override {
+    return lora() ? lora_.infos : table_.infos;
+  }
+  int64_t num_trainable() const override { return lora() ? lora_.total : table_.total; }
+  float* trainable_data() override { return lora() ? bufs_.lora_params : bufs_.params; }
+  bool lora() const override { return lora_.r > 0; }
   float* grad_data() override { return bufs_.grads; }
   int32_t* inputs() override { return bufs_.inputs; }
   int32_t* targets() override { return bufs_.targets; }
@@ -31,6 +39,13 @@ class DecoderModel : public Model {
   void InitRandom(uint64_t seed) override;
   Status LoadHf(const SafetensorsFile& file) override;
   SafetensorsFile ExportHf() override;
+  void InitAdapters(uint64_t seed) override;
+  SafetensorsFile ExportAdapters() override;
+  Status LoadAdapters(const SafetensorsFile& file) override;
+  SafetensorsFile ExportMerged() override;
+  std::vector<std::string> lora_targets() const override { return lora_.targets; }
+  const float* logits() const override { return bufs_.logits; }
+  int64_t logits_stride() const override { return d_.Vp; }
   void ParamsChanged() override;
   void ZeroGrad() override;
   double Forward(bool for_backward, float grad_scale) override;
@@ -41,7 +56,18 @@ class DecoderModel : public Model {
  private:
   DecoderModel(const ModelConfig& config, const ModelOptions& options, DeviceArena* arena);
   float* P(int64_t offset) const { return offset < 0 ? nullptr : bufs_.params + offset; }
-  float* G(int64_t offset) const { return offset < 0 ? nullptr : bufs_.grads + offset; }
+  // A base parameter's gradient; null for a frozen base (LoRA).
+  float* G(int64_t offset) const {
+    return offset < 0 || lora() ? nullptr : bufs_.grads + offset;
+  }
+  // A norm's weight/bias gradient: with LoRA into the discard scratch (frozen).
+  float* GNorm(int64_t offset, int64_t which) const {
+    if (offset < 0) return nullptr;
+    return lora() ? bufs_.norm_discard + which * d_.C : bufs_.grads + offset;
+  }
+  // Layer l's adapters at `site` (inactive without any).
+  nn::LoraSite Site(int64_t l, LoraSiteKind site) const;
+  SafetensorsFile ExportFrom(const std::vector<float>& host) const;
   // A GEMM weight in the compute type: the 16-bit copy, or the fp32 master weights.
   const void* W(int64_t offset) const;
   // Norm output -> `dst` (a GEMM input in the compute type) through an fp32 buffer.
@@ -57,6 +83,8 @@ class DecoderModel : public Model {
   ParamTable table_;
   Backend* be_;
   ModelBuffers bufs_;
+  LoraTable lora_;
+  std::vector<nn::LoraAdapter> lora_ops_;  // lora_.adapters with device pointers
   int64_t N_;
   bool mixed_ = false;           // compute type is 16-bit
   bool weights16_stale_ = true;  // params16 must be refreshed before the next Forward

@@ -108,7 +108,7 @@ Status BufferPlanner::Allocate(DeviceArena* arena) {
 }
 
 void PlanBuffers(const ArchDims& d, const ModelOptions& o, int64_t num_params, BufferPlanner* p,
-                 ModelBuffers* b) {
+                 ModelBuffers* b, int64_t lora_trainable, int64_t lora_per_layer) {
   using MC = MemoryCategory;
   const int64_t N = o.micro_batch * o.seq_len;
   const int64_t C = d.C;
@@ -122,7 +122,13 @@ void PlanBuffers(const ArchDims& d, const ModelOptions& o, int64_t num_params, B
 
   p->Add(MC::kWeights, num_params, &b->params);
   if (mixed) p->Add(MC::kWeights, num_params, t, &b->params16);
-  p->Add(MC::kGradients, num_params, &b->grads);
+  const bool lora = lora_trainable > 0;
+  if (lora) {
+    p->Add(MC::kWeights, lora_trainable, &b->lora_params);
+    p->Add(MC::kGradients, lora_trainable, &b->grads);
+  } else {
+    p->Add(MC::kGradients, num_params, &b->grads);
+  }
 
   p->Add(MC::kActivations, N, &b->inputs);
   p->Add(MC::kActivations, N, &b->targets);
@@ -151,6 +157,11 @@ void PlanBuffers(const ArchDims& d, const ModelOptions& o, int64_t num_params, B
   p->Add(MC::kActivations, N * d.Vp, &b->logits);
   p->Add(MC::kActivations, N, &b->losses);
 
+  if (lora) {
+    p->Add(MC::kActivations, n_sets * lora_per_layer * N * o.lora.r, &b->lora_u_store);
+    p->Add(MC::kTemporary, N * o.lora.r, &b->lora_du);
+    p->Add(MC::kTemporary, 2 * C, &b->norm_discard);
+  }
   p->Add(MC::kTemporary, N * C, &b->dres);
   p->Add(MC::kTemporary, N * C, &b->tmp_c);
   p->Add(MC::kTemporary, N * std::max(d.qkv_width(), d.up_width()), &b->scratch_big);

@@ -140,6 +140,15 @@ struct ModelBuffers {
   // fp32 (it is sized for N*C floats too).
   void* scratch16 = nullptr;
   int64_t scratch16_elems = 0;
+  // LoRA only (else null): the adapters (weights) and their gradients (`grads` then holds only
+  // those: the frozen base has none); per block set, `lora_per_layer` (N, r) adapter
+  // activations x A^T (lora_u_store, (N*r) floats each, set-major); the backward's (N, r)
+  // scratch; and a 2*C scratch that the frozen norms' weight gradients are written to and
+  // dropped from (the norm kernels always produce them; no GEMM).
+  float* lora_params = nullptr;
+  float* lora_u_store = nullptr;
+  float* lora_du = nullptr;
+  float* norm_discard = nullptr;
 
   // Views: res[l] is block l's input (res[L] the final residual), blocks[l] its activations.
   std::vector<float*> res;
@@ -174,8 +183,11 @@ class BufferPlanner {
 
 // Plans all buffers of the model into `planner`, with slots in `bufs` (sized here). Call
 // ResolveViews after allocation.
+// `lora_trainable` > 0: a LoRA model with that many adapter floats and `lora_per_layer` adapters
+// per block (gradients are then planned for the adapters only).
 void PlanBuffers(const ArchDims& d, const ModelOptions& o, int64_t num_params,
-                 BufferPlanner* planner, ModelBuffers* bufs);
+                 BufferPlanner* planner, ModelBuffers* bufs, int64_t lora_trainable = 0,
+                 int64_t lora_per_layer = 0);
 void ResolveViews(const ArchDims& d, const ModelOptions& o, ModelBuffers* bufs);
 
 }  // namespace traind::engine

@@ -6,6 +6,7 @@
 #include "models/decoder.h"
 #include "models/hf_config.h"
 #include "models/layout.h"
+#include "models/lora.h"
 
 namespace traind::engine {
 namespace {
@@ -34,7 +35,7 @@ Status ValidateConfig(const ModelConfig& c, const ModelOptions& o) {
                                    std::to_string(static_cast<int>(o.compute_type)) +
                                    " is not one of f32, bf16, f16");
   }
-  return Status::Ok();
+  return ValidateLora(c.arch, o.lora, o.compute_type);
 }
 
 }  // namespace
@@ -80,8 +81,18 @@ MemoryBytes Model::PlanBytes(const ModelConfig& config, const ModelOptions& opti
   const ParamTable table = BuildParams(d);
   BufferPlanner planner;
   ModelBuffers bufs;
-  PlanBuffers(d, options, table.total, &planner, &bufs);
+  const LoraTable lora = BuildLoraTable(d, table, options.lora);
+  PlanBuffers(d, options, table.total, &planner, &bufs, lora.total, lora.per_layer);
   return planner.bytes();
+}
+
+std::vector<ParamInfo> Model::TrainableParamsOf(const ModelConfig& config,
+                                                const ModelOptions& options) {
+  if (!ValidateConfig(config, options).ok()) return {};
+  const ArchDims d = MakeArchDims(config);
+  ParamTable table = BuildParams(d);
+  if (!options.lora.enabled()) return std::move(table.infos);
+  return BuildLoraTable(d, table, options.lora).infos;
 }
 
 // FLOPs = (6 * P + 12 * L * T * C) * B * T, the standard (PaLM appendix B) count:

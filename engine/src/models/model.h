@@ -19,6 +19,17 @@
 
 namespace traind::engine {
 
+// LoRA (training.peft): r == 0 is full fine-tuning. With r >= 1 every base parameter is frozen
+// (no gradient buffer, no optimizer state, no weight-gradient GEMM) and the trainable parameters
+// are the adapters' A (r, in) and B (out, r) on `targets` (HF module names; empty: PEFT's
+// default for the family). fp32 compute only.
+struct LoraOptions {
+  int64_t r = 0;
+  double alpha = 8.0;
+  std::vector<std::string> targets;
+  bool enabled() const { return r > 0; }
+};
+
 struct ModelOptions {
   int64_t micro_batch = 8;   // B
   int64_t seq_len = 128;     // T (<= max positions)
@@ -30,6 +41,7 @@ struct ModelOptions {
   // accumulate in fp32; norms, attention, softmax/cross-entropy, the residual stream, gradients
   // and the parameters' update stay fp32.
   DType compute_type = DType::kF32;
+  LoraOptions lora;
 };
 
 class Model {
@@ -44,6 +56,10 @@ class Model {
   static MemoryBytes PlanBytes(const ModelConfig& config, const ModelOptions& options);
   // The parameter table of `config` (empty when the config is invalid), without allocating.
   static std::vector<ParamInfo> ParamsOf(const ModelConfig& config);
+  // The parameters the optimizer trains, as views into one flat buffer (offsets from 0): the
+  // whole table, or with LoRA the adapters under PEFT's tensor names. Empty when invalid.
+  static std::vector<ParamInfo> TrainableParamsOf(const ModelConfig& config,
+                                                  const ModelOptions& options);
   // The backend ops a model of `config`'s family runs (a training step included), for
   // CheckSupports before anything is allocated.
   static std::vector<Op> RequiredOps(const ModelConfig& config);
@@ -55,7 +71,13 @@ class Model {
   virtual const std::vector<ParamInfo>& params() const = 0;
   virtual int64_t num_params() const = 0;
   virtual float* param_data() = 0;  // device, num_params() floats
-  virtual float* grad_data() = 0;   // device, num_params() floats
+  // What the optimizer updates: without LoRA the same as params()/param_data(); with LoRA the
+  // adapters (PEFT names, offsets into trainable_data()).
+  virtual const std::vector<ParamInfo>& trainable_params() const = 0;
+  virtual int64_t num_trainable() const = 0;
+  virtual float* trainable_data() = 0;  // device, num_trainable() floats
+  virtual float* grad_data() = 0;       // device, num_trainable() floats
+  virtual bool lora() const = 0;
   virtual int32_t* inputs() = 0;    // device, B*T
   virtual int32_t* targets() = 0;   // device, B*T (-1 = ignored position)
 
@@ -68,6 +90,20 @@ class Model {
   virtual Status LoadHf(const SafetensorsFile& file) = 0;
   // The parameters under HF names and layouts, F32 (tied lm_head omitted as HF does).
   virtual SafetensorsFile ExportHf() = 0;
+  // LoRA only. InitAdapters: A Kaiming-uniform (PEFT's default: bound 1/sqrt(in)) from `seed`,
+  // B zeros. ExportAdapters / LoadAdapters: the adapters under PEFT's names
+  // (base_model.model.<module>.lora_A.weight (r, in), .lora_B.weight (out, r)); LoadAdapters
+  // gives INVALID_ARGUMENT naming a missing or misshapen tensor. ExportMerged: the full model in
+  // HF layout with W + (alpha/r) B A folded in (as PEFT's merge_and_unload).
+  virtual void InitAdapters(uint64_t seed) = 0;
+  virtual SafetensorsFile ExportAdapters() = 0;
+  virtual Status LoadAdapters(const SafetensorsFile& file) = 0;
+  virtual SafetensorsFile ExportMerged() = 0;
+  // The target modules in effect (the option's, or the family default); empty without LoRA.
+  virtual std::vector<std::string> lora_targets() const = 0;
+  // Device pointer to the last Forward's logits (N, padded vocab), rows of `logits_stride()`.
+  virtual const float* logits() const = 0;
+  virtual int64_t logits_stride() const = 0;
 
   // Call after writing param_data() other than through InitRandom / LoadHf (e.g. after an
   // optimizer step): with a 16-bit compute_type it issues the Cast that refreshes the model's

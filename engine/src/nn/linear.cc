@@ -19,8 +19,8 @@ void LinearBackward(Backend& be, float* dinp, float* dweight, float* dbias, cons
   if (gp.type == DType::kF32) {
     // dinp(N,C) = dout(N,OC) * weight(OC,C)
     if (dinp != nullptr) be.Gemm(false, false, N, C, OC, 1.0f, dout, OC, weight, C, 0.0f, dinp, C);
-    // dweight(OC,C) += dout(N,OC)^T * inp(N,C)
-    be.Gemm(true, false, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight, C);
+    // dweight(OC,C) += dout(N,OC)^T * inp(N,C); a frozen weight (null dweight) has none
+    if (dweight != nullptr) be.Gemm(true, false, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight, C);
     return;
   }
   // 16-bit: round dout into the scratch, a chunk of rows at a time (one chunk unless the scratch
@@ -37,6 +37,7 @@ void LinearBackward(Backend& be, float* dinp, float* dweight, float* dbias, cons
       be.Gemm(false, false, n, C, OC, 1.0f, gp.scratch, OC, weight, C, 0.0f, dinp + r0 * C, C,
               gp.type, DType::kF32);
     }
+    if (dweight == nullptr) continue;  // frozen weight
     be.Gemm(true, false, OC, C, n, 1.0f, gp.scratch, OC, inp_bytes + r0 * C * esize, C, 1.0f,
             dweight, C, gp.type, DType::kF32);
   }

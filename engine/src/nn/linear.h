@@ -1,6 +1,7 @@
 // Linear layer: out (N,OC) = inp (N,C) @ weight^T + bias, weight (OC,C) like torch.nn.Linear.
 // Gradient contract: dweight and dbias use += (micro-batch accumulation); dinp uses = and is
-// skipped when null. bias / dbias may be null (no bias, e.g. llama).
+// skipped when null. bias / dbias may be null (no bias, e.g. llama). dweight null: a frozen
+// weight (LoRA's base), no weight-gradient GEMM.
 // Precision: inp and weight are stored in GemmPrecision::type (fp32, bf16 or f16), the GEMMs
 // accumulate in fp32, and out, dinp, dweight, bias and dbias are always fp32. With a 16-bit type
 // the incoming gradient dout is rounded to that type (in GemmPrecision::scratch) before its GEMMs,

@@ -4,24 +4,36 @@
 namespace traind::engine::nn {
 
 void MlpForward(Backend& be, const MlpShape& s, const MlpWeights& w, float* out, float* h, void* a,
-                const void* inp, DType type, float* act_scratch) {
+                const void* inp, DType type, float* act_scratch, const MlpLora* lora) {
+  const bool up_lora = lora != nullptr && lora->up.active();
+  const bool down_lora = lora != nullptr && lora->down.active();
   float* af = type == DType::kF32 ? static_cast<float*>(a) : act_scratch;  // fp32 activation
   if (s.swiglu) {
     LinearForward(be, h, inp, w.w_up, w.b_up, s.N, s.C, s.up_width(), type);
+    if (up_lora) LoraForward(be, lora->up, h, static_cast<const float*>(inp), s.N);
     be.SwiGluForward(af, h, s.N, s.H);
+  } else if (up_lora) {
+    be.LinearForward(h, nullptr, inp, w.w_up, w.b_up, s.N, s.C, s.H, type);
+    LoraForward(be, lora->up, h, static_cast<const float*>(inp), s.N);
+    be.GeluForward(af, h, s.N * s.H);
   } else {
     // h = pre-activation (kept for backward), af = GELU(h): one fused GEMM on CUDA.
     be.LinearForward(h, af, inp, w.w_up, w.b_up, s.N, s.C, s.H, type);
   }
   if (type != DType::kF32) be.Cast(a, type, af, DType::kF32, s.N * s.H);
   LinearForward(be, out, a, w.w_down, w.b_down, s.N, s.H, s.C, type);
+  if (down_lora) LoraForward(be, lora->down, out, static_cast<const float*>(a), s.N);
 }
 
 void MlpBackward(Backend& be, const MlpShape& s, const MlpWeights& w, const MlpGrads& g,
                  float* dinp, const float* dout, const float* h, const void* a, const void* inp,
-                 float* scratch_a, float* scratch_h, const GemmPrecision& gp) {
+                 float* scratch_a, float* scratch_h, const GemmPrecision& gp,
+                 const MlpLora* lora) {
   float* da = scratch_a;  // (N,H)
   LinearBackward(be, da, g.w_down, g.b_down, dout, a, w.w_down, s.N, s.H, s.C, gp);
+  if (lora != nullptr && lora->down.active()) {
+    LoraBackward(be, lora->down, da, dout, static_cast<const float*>(a), s.N);
+  }
   float* dh = scratch_h;  // (N, up_width); may alias da for GELU
   if (s.swiglu) {
     be.SwiGluBackward(dh, h, da, s.N, s.H);
@@ -29,6 +41,9 @@ void MlpBackward(Backend& be, const MlpShape& s, const MlpWeights& w, const MlpG
     be.GeluBackward(dh, h, da, s.N * s.H);
   }
   LinearBackward(be, dinp, g.w_up, g.b_up, dh, inp, w.w_up, s.N, s.C, s.up_width(), gp);
+  if (lora != nullptr && lora->up.active()) {
+    LoraBackward(be, lora->up, dinp, dh, static_cast<const float*>(inp), s.N);
+  }
 }
 
 }  // namespace traind::engine::nn

@@ -11,6 +11,7 @@
 
 #include "backend/backend.h"
 #include "nn/linear.h"
+#include "nn/lora.h"
 
 namespace traind::engine::nn {
 
@@ -38,12 +39,19 @@ struct MlpGrads {
 
 // h (N, up_width) and a (N, H) are kept for backward; out (N,C). With a 16-bit `type` the
 // activation is computed into act_scratch (N,H floats, overwritten) and rounded into a.
+// LoRA (fp32 only): `up` adapters add into h before the activation, `down` adapters into out.
+struct MlpLora {
+  LoraSite up;
+  LoraSite down;
+};
 void MlpForward(Backend& be, const MlpShape& s, const MlpWeights& w, float* out, float* h, void* a,
-                const void* inp, DType type = DType::kF32, float* act_scratch = nullptr);
+                const void* inp, DType type = DType::kF32, float* act_scratch = nullptr,
+                const MlpLora* lora = nullptr);
 // scratch_a (N,H) and scratch_h (N,up_width) are overwritten. For GELU they may be the same
 // buffer (the activation backward runs in place). gp.scratch is overwritten (16-bit types).
 void MlpBackward(Backend& be, const MlpShape& s, const MlpWeights& w, const MlpGrads& g,
                  float* dinp, const float* dout, const float* h, const void* a, const void* inp,
-                 float* scratch_a, float* scratch_h, const GemmPrecision& gp = {});
+                 float* scratch_a, float* scratch_h, const GemmPrecision& gp = {},
+                 const MlpLora* lora = nullptr);
 
 }  // namespace traind::engine::nn

@@ -111,6 +111,37 @@ std::string TrainerStateJson(const JobSpec& spec, const TrainerState& state,
   return j.dump(2) + "\n";
 }
 
+std::string AdapterConfigJson(const JobSpec& spec, const Model& model) {
+  const PeftSpec p = spec.training.peft.value_or(PeftSpec{});
+  nlohmann::json j;
+  j["alpha_pattern"] = nlohmann::json::object();
+  j["auto_mapping"] = nullptr;
+  j["base_model_name_or_path"] =
+      spec.model.init_from ? nlohmann::json(*spec.model.init_from) : nlohmann::json(nullptr);
+  j["bias"] = "none";
+  j["fan_in_fan_out"] = model.config().arch == "gpt2";
+  j["inference_mode"] = true;
+  j["init_lora_weights"] = true;
+  j["layer_replication"] = nullptr;
+  j["layers_pattern"] = nullptr;
+  j["layers_to_transform"] = nullptr;
+  j["loftq_config"] = nlohmann::json::object();
+  j["lora_alpha"] = p.lora_alpha;
+  j["lora_dropout"] = p.lora_dropout;
+  j["megatron_config"] = nullptr;
+  j["megatron_core"] = "megatron.core";
+  j["modules_to_save"] = nullptr;
+  j["peft_type"] = "LORA";
+  j["r"] = p.r;
+  j["rank_pattern"] = nlohmann::json::object();
+  j["revision"] = nullptr;
+  j["target_modules"] = model.lora_targets();
+  j["task_type"] = "CAUSAL_LM";
+  j["use_dora"] = false;
+  j["use_rslora"] = false;
+  return j.dump(2) + "\n";
+}
+
 Result<std::string> SaveCheckpoint(const std::string& output_dir, const JobSpec& spec,
                                    Model* model, const Optimizer& optimizer,
                                    const TrainerState& state, int64_t windows_per_epoch) {
@@ -123,7 +154,14 @@ Result<std::string> SaveCheckpoint(const std::string& output_dir, const JobSpec&
   const fs::path tmp(tmp_dir);
   TRAIND_RETURN_IF_ERROR(
       WriteFileAtomic((tmp / kConfigFile).string(), WriteHfConfigJson(model->config())));
-  TRAIND_RETURN_IF_ERROR(WriteSafetensors((tmp / kModelFile).string(), model->ExportHf()));
+  if (model->lora()) {  // only the adapters: the frozen base comes from init_from or the seed
+    TRAIND_RETURN_IF_ERROR(
+        WriteSafetensors((tmp / kAdapterModelFile).string(), model->ExportAdapters()));
+    TRAIND_RETURN_IF_ERROR(
+        WriteFileAtomic((tmp / kAdapterConfigFile).string(), AdapterConfigJson(spec, *model)));
+  } else {
+    TRAIND_RETURN_IF_ERROR(WriteSafetensors((tmp / kModelFile).string(), model->ExportHf()));
+  }
   TRAIND_RETURN_IF_ERROR(WriteSafetensors((tmp / kOptimizerFile).string(), optimizer.SaveState()));
   TRAIND_RETURN_IF_ERROR(WriteFileAtomic((tmp / kTrainerStateFile).string(),
                                          TrainerStateJson(spec, state, windows_per_epoch, nullptr)));
@@ -153,9 +191,13 @@ int64_t FindLatestCheckpoint(const std::string& output_dir) {
     const int64_t step = StepOfName(it->path().filename().string());
     if (step <= best) continue;
     bool complete = true;
-    for (const char* f : {kConfigFile, kModelFile, kTrainerStateFile, kOptimizerFile,
-                          kTrainerExtraFile}) {
+    for (const char* f : {kConfigFile, kTrainerStateFile, kOptimizerFile, kTrainerExtraFile}) {
       if (!fs::is_regular_file(it->path() / f, ec)) complete = false;
+    }
+    // The weights: the full model, or (LoRA) the adapters.
+    if (!fs::is_regular_file(it->path() / kModelFile, ec) &&
+        !fs::is_regular_file(it->path() / kAdapterModelFile, ec)) {
+      complete = false;
     }
     if (complete) best = step;
   }
@@ -171,8 +213,22 @@ Status LoadCheckpoint(const std::string& dir, Model* model, Optimizer* optimizer
     return Status::InvalidArgument("checkpoint " + dir +
                                    ": its config.json does not match the job's model config");
   }
-  TRAIND_ASSIGN_OR_RETURN(SafetensorsFile weights, ReadSafetensors((d / kModelFile).string()));
-  TRAIND_RETURN_IF_ERROR(model->LoadHf(weights));
+  if (model->lora()) {
+    if (!fs::is_regular_file(d / kAdapterModelFile)) {
+      return Status::InvalidArgument("checkpoint " + dir + " holds no " + kAdapterModelFile +
+                                     ": it is not of a LoRA job (training.peft)");
+    }
+    TRAIND_ASSIGN_OR_RETURN(SafetensorsFile adapters,
+                            ReadSafetensors((d / kAdapterModelFile).string()));
+    TRAIND_RETURN_IF_ERROR(model->LoadAdapters(adapters));
+  } else {
+    if (!fs::is_regular_file(d / kModelFile)) {
+      return Status::InvalidArgument("checkpoint " + dir + " holds no " + kModelFile +
+                                     " (a LoRA checkpoint?): set training.peft to resume it");
+    }
+    TRAIND_ASSIGN_OR_RETURN(SafetensorsFile weights, ReadSafetensors((d / kModelFile).string()));
+    TRAIND_RETURN_IF_ERROR(model->LoadHf(weights));
+  }
   TRAIND_ASSIGN_OR_RETURN(SafetensorsFile opt, ReadSafetensors((d / kOptimizerFile).string()));
   TRAIND_RETURN_IF_ERROR(optimizer->LoadState(opt));
 

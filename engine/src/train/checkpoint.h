@@ -41,6 +41,13 @@ inline constexpr const char* kModelFile = "model.safetensors";
 inline constexpr const char* kTrainerStateFile = "trainer_state.json";
 inline constexpr const char* kOptimizerFile = "optimizer.safetensors";
 inline constexpr const char* kTrainerExtraFile = "trainer_extra.json";
+// LoRA (training.peft): HF PEFT's files, in output_dir and in checkpoints instead of the model.
+inline constexpr const char* kAdapterConfigFile = "adapter_config.json";
+inline constexpr const char* kAdapterModelFile = "adapter_model.safetensors";
+
+// PEFT's adapter_config.json for a LoRA job (LoraConfig's keys; fan_in_fan_out true for gpt2's
+// Conv1D; base_model_name_or_path = model.init_from, null for a seeded base).
+std::string AdapterConfigJson(const JobSpec& spec, const Model& model);
 
 // The folder of the checkpoint at `step`: output_dir/checkpoint-<step>.
 std::string CheckpointDir(const std::string& output_dir, int64_t step);
@@ -62,7 +69,8 @@ Result<std::string> SaveCheckpoint(const std::string& output_dir, const JobSpec&
 // -1 when there is none. Temporary folders are never picked.
 int64_t FindLatestCheckpoint(const std::string& output_dir);
 
-// Loads weights, optimizer state and trainer state from checkpoint folder `dir`. DATA_LOSS naming
+// Loads weights, optimizer state and trainer state from checkpoint folder `dir` (LoRA: only the
+// adapters; the frozen base must already be in place from init_from or the seed). DATA_LOSS naming
 // the file for missing or corrupt parts; INVALID_ARGUMENT when the checkpoint's model does not
 // match `model`.
 Status LoadCheckpoint(const std::string& dir, Model* model, Optimizer* optimizer,

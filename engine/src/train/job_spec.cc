@@ -18,6 +18,7 @@
 
 #include "data/window_order.h"
 #include "models/hf_config.h"
+#include "models/lora.h"
 #include "train/spec_reader.h"
 
 namespace traind::engine {
@@ -206,6 +207,53 @@ Status ParseBatch(const SpecReader& r, TrainingSpec* t) {
   return Status::Ok();
 }
 
+// training.peft: null or a LoRA mapping (PEFT's LoraConfig names). Module names are checked
+// against the model family later (ValidateLora), where the arch is known.
+Status ParsePeft(const SpecReader& training, TrainingSpec* t) {
+  const YAML::Node node = training.Child("peft");
+  if (!node || node.IsNull()) return Status::Ok();
+  if (!node.IsMap()) {
+    return training.Error("peft", "expected a mapping {type: lora, r: ...} or null, got " +
+                                      spec::Describe(node));
+  }
+  TRAIND_ASSIGN_OR_RETURN(SpecReader r, SpecReader::Open(node, "training.peft"));
+  TRAIND_RETURN_IF_ERROR(
+      r.CheckKeys({"type", "r", "lora_alpha", "lora_dropout", "target_modules", "merge"}));
+  PeftSpec p;
+  if (!r.Has("type")) return r.Error("type", "missing (expected lora)");
+  TRAIND_RETURN_IF_ERROR(r.Enum("type", &p.type, {"lora"}));
+  TRAIND_RETURN_IF_ERROR(r.Int("r", &p.r, 1));
+  TRAIND_RETURN_IF_ERROR(r.Double("lora_alpha", &p.lora_alpha));
+  if (!(p.lora_alpha > 0)) return r.Error("lora_alpha", "must be > 0");
+  TRAIND_RETURN_IF_ERROR(r.Double("lora_dropout", &p.lora_dropout));
+  if (p.lora_dropout < 0 || p.lora_dropout >= 1) {
+    return r.Error("lora_dropout", "must be in [0, 1)");
+  }
+  if (p.lora_dropout != 0) {
+    return NotYet(r, "lora_dropout", r.Child("lora_dropout").Scalar(), "0.0");
+  }
+  const YAML::Node tm = r.Child("target_modules");
+  if (tm && !tm.IsNull()) {
+    if (!tm.IsSequence() || tm.size() == 0) {
+      return r.Error("target_modules",
+                     "expected a non-empty list of module names, got " + spec::Describe(tm));
+    }
+    for (size_t i = 0; i < tm.size(); ++i) {
+      const std::string path = "target_modules[" + std::to_string(i) + "]";
+      if (!tm[i].IsScalar() || tm[i].Scalar().empty()) {
+        return r.Error(path, "expected a module name, got " + spec::Describe(tm[i]));
+      }
+      for (const std::string& seen : p.target_modules) {
+        if (seen == tm[i].Scalar()) return r.Error(path, "'" + seen + "' is listed twice");
+      }
+      p.target_modules.push_back(tm[i].Scalar());
+    }
+  }
+  TRAIND_RETURN_IF_ERROR(r.Bool("merge", &p.merge));
+  t->peft = std::move(p);
+  return Status::Ok();
+}
+
 // training.optim_args: a mapping (or null) holding only the chosen optimizer's options.
 Status ParseOptimArgs(const SpecReader& training, TrainingSpec* t) {
   const YAML::Node node = training.Child("optim_args");
@@ -294,10 +342,7 @@ Status ParseTraining(const YAML::Node& node, TrainingSpec* t, const std::string&
   }
   TRAIND_RETURN_IF_ERROR(r.OptionalString("offload_dir", &t->offload_dir));
   if (t->offload_dir) t->offload_dir = Resolve(base_dir, *t->offload_dir);
-  const YAML::Node peft = r.Child("peft");
-  if (peft && !peft.IsNull()) {
-    return r.Error("peft", "PEFT (LoRA) is not supported yet (supported: null)");
-  }
+  TRAIND_RETURN_IF_ERROR(ParsePeft(r, t));
   TRAIND_RETURN_IF_ERROR(r.Int("seed", &t->seed, 0));
   TRAIND_RETURN_IF_ERROR(r.Int("logging_steps", &t->logging_steps, 1));
   TRAIND_RETURN_IF_ERROR(r.Int("eval_steps", &t->eval_steps, 0));
@@ -323,6 +368,16 @@ Result<JobSpec> ParseRoot(const YAML::Node& root, const std::string& base_dir) {
     s.data.tokenizer = *s.model.init_from;
   }
   TRAIND_RETURN_IF_ERROR(ParseTraining(r.Child("training"), &s.training, base_dir));
+  if (s.training.peft) {  // target modules of this arch; LoRA is fp32 only for now
+    LoraOptions lo;
+    lo.r = s.training.peft->r;
+    lo.alpha = s.training.peft->lora_alpha;
+    lo.targets = s.training.peft->target_modules;
+    TRAIND_RETURN_IF_ERROR(ValidateLora(s.model.config.arch, lo,
+                                        s.training.bf16   ? DType::kBF16
+                                        : s.training.fp16 ? DType::kF16
+                                                          : DType::kF32));
+  }
   TRAIND_RETURN_IF_ERROR(r.String("output_dir", &s.output_dir));
   if (s.output_dir.empty()) return r.Error("output_dir", "must not be empty");
   s.output_dir = Resolve(base_dir, s.output_dir);
@@ -537,7 +592,14 @@ std::string JobSpecToJson(const JobSpec& s) {
   tr["gradient_checkpointing_every"] = t.gradient_checkpointing_every;
   tr["offload"] = t.offload;
   tr["offload_dir"] = opt(t.offload_dir);
-  tr["peft"] = nullptr;
+  if (t.peft) {
+    const PeftSpec& p = *t.peft;
+    tr["peft"] = {{"type", p.type}, {"r", p.r}, {"lora_alpha", p.lora_alpha},
+                  {"lora_dropout", p.lora_dropout}, {"target_modules", p.target_modules},
+                  {"merge", p.merge}};
+  } else {
+    tr["peft"] = nullptr;
+  }
   tr["seed"] = t.seed;
   tr["logging_steps"] = t.logging_steps;
   tr["eval_steps"] = t.eval_steps;

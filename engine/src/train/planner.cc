@@ -71,6 +71,11 @@ ModelOptions JobModelOptions(const JobSpec& spec, int64_t micro_batch, bool grad
   o.compute_type = spec.training.bf16   ? DType::kBF16
                    : spec.training.fp16 ? DType::kF16
                                         : DType::kF32;
+  if (spec.training.peft) {
+    o.lora.r = spec.training.peft->r;
+    o.lora.alpha = spec.training.peft->lora_alpha;
+    o.lora.targets = spec.training.peft->target_modules;
+  }
   return o;
 }
 
@@ -78,8 +83,11 @@ MemoryBytes JobBytes(const ModelConfig& config, const ModelOptions& options,
                      const TrainingSpec& training) {
   MemoryBytes b = Model::PlanBytes(config, options);
   // Gradients are fp32 whatever the compute type (weights may hold a 16-bit copy too), one per
-  // element of the flat buffer.
-  b.optimizer += OptimizerPlanBytes(training, Model::ParamsOf(config), b.gradients / 4);
+  // trainable element (with LoRA only the adapters: the frozen base has no gradient or state).
+  const std::vector<ParamInfo> trainable = Model::TrainableParamsOf(config, options);
+  int64_t n_trainable = 0;
+  for (const ParamInfo& p : trainable) n_trainable = std::max(n_trainable, p.offset + p.numel);
+  b.optimizer += OptimizerPlanBytes(training, trainable, n_trainable);
   // The trainer's double-buffered micro-batch uploads and step scalars.
   b.activations += StepRunner::PlanBytes(options.micro_batch, options.seq_len);
   return b;

@@ -81,8 +81,8 @@ Status BuildModelAndOptimizer(TrainingSession* s) {
   TRAIND_ASSIGN_OR_RETURN(
       s->model, Model::Create(s->config, JobModelOptions(s->spec, s->B, s->plan.gradient_checkpointing),
                               s->arena.get()));
-  TRAIND_ASSIGN_OR_RETURN(s->optimizer, MakeOptimizer(t, s->model->params(),
-                                                      s->model->num_params(), s->arena.get()));
+  TRAIND_ASSIGN_OR_RETURN(s->optimizer, MakeOptimizer(t, s->model->trainable_params(),
+                                                      s->model->num_trainable(), s->arena.get()));
   return Status::Ok();
 }
 
@@ -97,8 +97,19 @@ Status RestoreOrInitialize(TrainingSession* s) {
   state.micro_batch = s->B;
   state.gradient_accumulation_steps = s->accum;
   const int64_t resume_step = s->options->resume ? FindLatestCheckpoint(spec.output_dir) : -1;
+  // The base weights: init_from, or the seeded init (LoRA checkpoints hold only the adapters, so
+  // a LoRA resume rebuilds its frozen base the same way).
+  auto init_base = [&]() -> Status {
+    if (spec.model.init_from.has_value()) {
+      TRAIND_ASSIGN_OR_RETURN(SafetensorsFile weights, ReadHfWeights(*spec.model.init_from));
+      return s->model->LoadHf(weights);
+    }
+    s->model->InitRandom(static_cast<uint64_t>(spec.training.seed));
+    return Status::Ok();
+  };
   if (resume_step >= 0) {
     const std::string dir = CheckpointDir(spec.output_dir, resume_step);
+    if (s->model->lora()) TRAIND_RETURN_IF_ERROR(init_base());
     TRAIND_RETURN_IF_ERROR(LoadCheckpoint(dir, s->model.get(), s->optimizer.get(), &state));
     if (state.micro_batch != s->B || state.gradient_accumulation_steps != s->accum) {
       return Status::FailedPrecondition(
@@ -115,12 +126,8 @@ Status RestoreOrInitialize(TrainingSession* s) {
   } else {
     if (s->options->resume) s->Message("no checkpoint in " + spec.output_dir + ": starting a fresh run");
     TRAIND_RETURN_IF_ERROR(RemoveCheckpoints(spec.output_dir));
-    if (spec.model.init_from.has_value()) {
-      TRAIND_ASSIGN_OR_RETURN(SafetensorsFile weights, ReadHfWeights(*spec.model.init_from));
-      TRAIND_RETURN_IF_ERROR(s->model->LoadHf(weights));
-    } else {
-      s->model->InitRandom(static_cast<uint64_t>(spec.training.seed));
-    }
+    TRAIND_RETURN_IF_ERROR(init_base());
+    s->model->InitAdapters(static_cast<uint64_t>(spec.training.seed));
   }
   s->first_step = state.global_step;
   return Status::Ok();

@@ -90,20 +90,20 @@ void StepRunner::IssueMicroBatch(int slot) {
 }
 
 void StepRunner::IssueOptimizer() {
-  AccumulateGradSquares(backend_, model_->grad_data(), model_->params(), &scalars_->grad_sq);
-  optimizer_->IssueStep(model_->param_data(), model_->grad_data(), scalars_);
+  AccumulateGradSquares(backend_, model_->grad_data(), model_->trainable_params(), &scalars_->grad_sq);
+  optimizer_->IssueStep(model_->trainable_data(), model_->grad_data(), scalars_);
   model_->ParamsChanged();  // 16-bit weights follow the update
   model_->ZeroGrad();       // ready for the next step's accumulation
 }
 
 Status StepRunner::HostDrivenOptimizer(double lr, StepScalars* host) {
-  AccumulateGradSquares(backend_, model_->grad_data(), model_->params(), &scalars_->grad_sq);
+  AccumulateGradSquares(backend_, model_->grad_data(), model_->trainable_params(), &scalars_->grad_sq);
   backend_->CopyDeviceToHost(host, scalars_, sizeof(*host));
   backend_->Synchronize();
   TRAIND_RETURN_IF_ERROR(backend_->status());
   if (!(host->skip_nonfinite != 0 && !std::isfinite(host->grad_sq))) {
     const float multiplier = StepGradMultiplier(host->grad_sq, host->loss_scale, host->max_grad_norm);
-    optimizer_->Step(model_->param_data(), model_->grad_data(), lr, multiplier);
+    optimizer_->Step(model_->trainable_data(), model_->grad_data(), lr, multiplier);
     model_->ParamsChanged();
   }
   model_->ZeroGrad();

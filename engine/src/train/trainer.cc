@@ -53,9 +53,19 @@ Status WriteFinalOutputs(TrainingSession* s, const RunSummary& summary) {
   f.train_samples_per_second = summary.train_samples_per_second;
   f.train_tokens_per_second = summary.train_tokens_per_second;
   const nlohmann::json final_entry = history.FinalEntry(f);
-  TRAIND_RETURN_IF_ERROR(
-      WriteFileAtomic((out / kConfigFile).string(), WriteHfConfigJson(s->model->config())));
-  TRAIND_RETURN_IF_ERROR(WriteSafetensors((out / kModelFile).string(), s->model->ExportHf()));
+  const bool lora = s->model->lora();
+  if (lora) {  // HF PEFT's layout; with peft.merge also the merged full model
+    TRAIND_RETURN_IF_ERROR(WriteSafetensors((out / kAdapterModelFile).string(),
+                                            s->model->ExportAdapters()));
+    TRAIND_RETURN_IF_ERROR(WriteFileAtomic((out / kAdapterConfigFile).string(),
+                                           AdapterConfigJson(s->spec, *s->model)));
+  }
+  if (!lora || s->spec.training.peft->merge) {
+    TRAIND_RETURN_IF_ERROR(
+        WriteFileAtomic((out / kConfigFile).string(), WriteHfConfigJson(s->model->config())));
+    TRAIND_RETURN_IF_ERROR(WriteSafetensors((out / kModelFile).string(),
+                                            lora ? s->model->ExportMerged() : s->model->ExportHf()));
+  }
   return WriteFileAtomic((out / kTrainerStateFile).string(),
                          TrainerStateJson(s->spec, s->state, s->windows_per_epoch, &final_entry));
 }

@@ -83,6 +83,16 @@ struct OptimArgs {
   double decay_rate = -0.8;
 };
 
+// training.peft: LoRA adapters (HF PEFT's LoraConfig names and defaults).
+struct PeftSpec {
+  std::string type = "lora";                 // the only type
+  int64_t r = 8;                             // adapter rank, >= 1
+  double lora_alpha = 8.0;                   // scaling = lora_alpha / r
+  double lora_dropout = 0.0;                 // only 0.0 is built
+  std::vector<std::string> target_modules;   // empty: PEFT's default for the family
+  bool merge = false;                        // also write the merged full model
+};
+
 struct TrainingSpec {
   int64_t max_steps = 200;                   // optimizer steps, >= 1
   int64_t per_device_train_batch_size = 8;   // sequences per micro-batch; 0 means "auto"
@@ -105,6 +115,7 @@ struct TrainingSpec {
   int64_t gradient_checkpointing_every = 1;  // checkpoint every k-th block (extension)
   std::string offload = "none";
   std::optional<std::string> offload_dir;
+  std::optional<PeftSpec> peft;              // null: full fine-tuning
   int64_t seed = 42;
   int64_t logging_steps = 10;
   int64_t eval_steps = 0;                    // 0 = only at the end

@@ -1,0 +1,425 @@
+// LoRA (training.peft): only the adapters are trainable (no base gradients, optimizer state or
+// weight-gradient GEMMs, and the planner counts that); adapter gradients against a PyTorch LoRA
+// reference written from torch primitives (tests/engine/reference/lora_reference.py, float64);
+// the merged model's logits against the adapter model's; the output files in HF PEFT's layout
+// (tensor names and adapter_config.json keys listed here); plan == measured peak; optimizer and
+// gradient memory in proportion to the trainable fraction; bit-identical resume.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "model_test_util.h"
+#include "models/hf_config.h"
+#include "train/planner.h"
+#include "trainer_test_util.h"
+
+namespace traind::engine {
+namespace {
+
+using nlohmann::json;
+namespace fs = std::filesystem;
+using testing::MakeBatch;
+using testing::TestModel;
+using testing::ToHost;
+
+// Norm-wise ||ours - ref|| / ||ref|| per tensor, against float64 torch.
+constexpr double kGradRelTol = 1e-5;
+// max |merged - adapter| / max |adapter| over the logits.
+constexpr double kLogitsRelTol = 1e-5;
+
+const std::vector<std::string> kGpt2All = {"c_attn", "c_proj", "c_fc"};
+const std::vector<std::string> kLlamaAll = {"q_proj", "k_proj",    "v_proj",   "o_proj",
+                                            "gate_proj", "up_proj", "down_proj"};
+
+ModelOptions LoraOptionsFor(const std::vector<std::string>& targets, int64_t r = 4,
+                            double alpha = 8.0) {
+  ModelOptions o = testing::TinyOptions(3, 16);
+  o.lora.r = r;
+  o.lora.alpha = alpha;
+  o.lora.targets = targets;
+  return o;
+}
+
+// Base at 4x the 0.02 init (nonlinear ranges), Kaiming A, and B random (PEFT starts B at zero,
+// which would make dA zero and the check weak).
+void InitForCheck(TestModel& t, uint64_t seed) {
+  Model& m = *t.model;
+  m.InitRandom(seed);
+  t.backend->Scale(m.param_data(), 4.0f, m.num_params());
+  m.InitAdapters(seed + 1);
+  std::vector<float> ad = ToHost(*t.backend, m.trainable_data(), m.num_trainable());
+  std::mt19937 rng(static_cast<uint32_t>(seed));
+  std::normal_distribution<float> nd(0.0f, 0.05f);
+  for (const ParamInfo& p : m.trainable_params()) {
+    if (p.hf_name.find("lora_B") == std::string::npos) continue;
+    for (int64_t i = 0; i < p.numel; ++i) ad[p.offset + i] = nd(rng);
+  }
+  t.backend->CopyHostToDevice(m.trainable_data(), ad.data(), ad.size() * sizeof(float));
+  t.backend->Synchronize();
+}
+
+TEST(Lora, OnlyAdaptersAreTrainable) {
+  const ModelConfig c = testing::TinyGpt2();
+  TestModel t = TestModel::Make(c, LoraOptionsFor(kGpt2All));
+  ASSERT_NE(t.model, nullptr);
+  Model& m = *t.model;
+  // 2 layers x 4 sites (c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj) x (A, B).
+  ASSERT_EQ(m.trainable_params().size(), 16u);
+  int64_t n = 0;
+  for (const ParamInfo& p : m.trainable_params()) {
+    EXPECT_TRUE(p.hf_name.find(".lora_A.weight") != std::string::npos ||
+                p.hf_name.find(".lora_B.weight") != std::string::npos)
+        << p.hf_name;
+    n += p.numel;
+  }
+  EXPECT_EQ(m.num_trainable(), n);
+  const int64_t C = 32, H = 128, r = 4;
+  EXPECT_EQ(n, 2 * (r * C + 3 * C * r + r * C + C * r + r * C + H * r + r * H + C * r));
+  // The gradient buffer holds the adapters only: the frozen base has none.
+  const MemoryBytes full = Model::PlanBytes(c, testing::TinyOptions(3, 16));
+  const MemoryBytes lora = Model::PlanBytes(c, LoraOptionsFor(kGpt2All));
+  EXPECT_EQ(lora.gradients, n * 4);
+  EXPECT_EQ(full.gradients, m.num_params() * 4);
+  EXPECT_EQ(lora.weights, full.weights + 64 * ((m.num_params() * 4 + 63) / 64) -
+                              m.num_params() * 4 + n * 4);
+
+  // A step's forward/backward leaves the base weights untouched and fills adapter gradients.
+  InitForCheck(t, 11);
+  const std::vector<float> base_before = ToHost(*t.backend, m.param_data(), m.num_params());
+  testing::SetBatch(t, MakeBatch(3 * 16, c.vocab_size, 5));
+  m.ZeroGrad();
+  m.Forward(true, 1.0f);
+  m.Backward();
+  const std::vector<float> g = ToHost(*t.backend, m.grad_data(), m.num_trainable());
+  for (const ParamInfo& p : m.trainable_params()) {
+    double s = 0;
+    for (int64_t i = 0; i < p.numel; ++i) s += std::abs(g[p.offset + i]);
+    EXPECT_GT(s, 0.0) << p.hf_name << " got no gradient";
+  }
+  EXPECT_EQ(ToHost(*t.backend, m.param_data(), m.num_params()), base_before);
+}
+
+struct GradCase {
+  const char* name;
+  ModelConfig config;
+  std::vector<std::string> targets;
+};
+
+TEST(Lora, GradientsMatchTorchLoraReference) {
+  if (!testing::PythonTorchAvailable()) GTEST_SKIP() << "no torch for " TRAIND_TEST_PYTHON;
+  const std::vector<GradCase> cases = {
+      {"gpt2 all modules", testing::TinyGpt2(), kGpt2All},
+      {"gpt2 c_attn", testing::TinyGpt2(), {"c_attn"}},
+      {"llama all modules", testing::TinyLlama(false), kLlamaAll},
+      {"llama k_proj,up_proj", testing::TinyLlama(true), {"k_proj", "up_proj"}},
+  };
+  for (const GradCase& gc : cases) {
+    SCOPED_TRACE(gc.name);
+    const ModelOptions o = LoraOptionsFor(gc.targets, 4, 12.0);
+    TestModel t = TestModel::Make(gc.config, o);
+    ASSERT_NE(t.model, nullptr);
+    Model& m = *t.model;
+    InitForCheck(t, 21);
+    const testing::Batch batch = MakeBatch(o.micro_batch * o.seq_len, gc.config.vocab_size, 77);
+    testing::SetBatch(t, batch);
+    m.ZeroGrad();
+    const double loss = m.Forward(true, 1.0f);
+    m.Backward();
+    testing::TempDir dir;
+    ASSERT_TRUE(WriteSafetensors(dir.path + "/model.safetensors", m.ExportHf()).ok());
+    ASSERT_TRUE(WriteSafetensors(dir.path + "/adapters.safetensors", m.ExportAdapters()).ok());
+    json cfg = json::parse(WriteHfConfigJson(gc.config));
+    json c = {{"arch", gc.config.arch}, {"config", cfg}, {"B", o.micro_batch}, {"T", o.seq_len},
+              {"ids", batch.ids}, {"targets", batch.targets}, {"r", o.lora.r},
+              {"alpha", o.lora.alpha}, {"target_modules", gc.targets}};
+    std::ofstream(dir.path + "/case.json") << c.dump();
+    ASSERT_TRUE(testing::RunReference("lora_reference.py", dir.path));
+    json ref;
+    std::ifstream(dir.path + "/ref.json") >> ref;
+    EXPECT_NEAR(loss, ref["loss_f64"].get<double>(), 1e-5 * ref["loss_f64"].get<double>());
+    auto ref_grads = ReadSafetensors(dir.path + "/ref_grads.safetensors");
+    ASSERT_TRUE(ref_grads.ok()) << ref_grads.status().ToString();
+    const std::vector<float> g = ToHost(*t.backend, m.grad_data(), m.num_trainable());
+    ASSERT_EQ(ref_grads->tensors.size(), m.trainable_params().size());
+    double worst = 0;
+    for (const ParamInfo& p : m.trainable_params()) {
+      auto it = ref_grads->tensors.find(p.hf_name);
+      ASSERT_NE(it, ref_grads->tensors.end()) << p.hf_name;
+      auto want = it->second.ToF32();
+      ASSERT_TRUE(want.ok());
+      const std::vector<float> ours(g.begin() + p.offset, g.begin() + p.offset + p.numel);
+      const double rel = testing::RelErr(ours, *want);
+      worst = std::max(worst, rel);
+      EXPECT_LE(rel, kGradRelTol) << p.hf_name;
+    }
+    std::printf("[%s] %zu adapter tensors, worst relative gradient error %.2e (tol %.0e)\n",
+                gc.name, m.trainable_params().size(), worst, kGradRelTol);
+  }
+}
+
+TEST(Lora, MergedLogitsEqualAdapterLogits) {
+  for (const GradCase& gc : std::vector<GradCase>{{"gpt2", testing::TinyGpt2(), kGpt2All},
+                                                  {"llama", testing::TinyLlama(false), kLlamaAll}}) {
+    SCOPED_TRACE(gc.name);
+    const ModelOptions o = LoraOptionsFor(gc.targets, 4, 16.0);
+    TestModel t = TestModel::Make(gc.config, o);
+    ASSERT_NE(t.model, nullptr);
+    InitForCheck(t, 31);
+    const testing::Batch batch = MakeBatch(o.micro_batch * o.seq_len, gc.config.vocab_size, 9);
+    testing::SetBatch(t, batch);
+    t.model->Forward(false, 1.0f);
+    const int64_t n = o.micro_batch * o.seq_len * t.model->logits_stride();
+    const std::vector<float> lora_logits = ToHost(*t.backend, t.model->logits(), n);
+
+    TestModel merged = TestModel::Make(gc.config, testing::TinyOptions(3, 16));
+    ASSERT_NE(merged.model, nullptr);
+    ASSERT_TRUE(merged.model->LoadHf(t.model->ExportMerged()).ok());
+    testing::SetBatch(merged, batch);
+    merged.model->Forward(false, 1.0f);
+    const std::vector<float> merged_logits = ToHost(*merged.backend, merged.model->logits(), n);
+    // The merge changed the weights (else the comparison would be empty) ...
+    TestModel base = TestModel::Make(gc.config, testing::TinyOptions(3, 16));
+    ASSERT_TRUE(base.model->LoadHf(t.model->ExportHf()).ok());
+    testing::SetBatch(base, batch);
+    base.model->Forward(false, 1.0f);
+    const std::vector<float> base_logits = ToHost(*base.backend, base.model->logits(), n);
+    double max_ref = 0, max_diff = 0, max_base_diff = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      max_ref = std::max(max_ref, std::abs(double(lora_logits[i])));
+      max_diff = std::max(max_diff, std::abs(double(lora_logits[i]) - merged_logits[i]));
+      max_base_diff = std::max(max_base_diff, std::abs(double(lora_logits[i]) - base_logits[i]));
+    }
+    EXPECT_GT(max_base_diff / max_ref, 1e-2) << "the adapters must change the logits";
+    // ... and the merged model reproduces the adapter model's logits.
+    EXPECT_LE(max_diff / max_ref, kLogitsRelTol);
+    std::printf("[%s] merged vs adapter logits: max rel diff %.2e (tol %.0e); adapters moved them by %.2e\n",
+                gc.name, max_diff / max_ref, kLogitsRelTol, max_base_diff / max_ref);
+  }
+}
+
+class LoraJob : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = testing::MakeTempDir("lora");
+    data_ = dir_ + "/tokens.bin";
+    testing::WriteSyntheticTokens(data_, 600, 64, 5);
+  }
+  JobSpec Spec(const std::string& sub, bool merge) {
+    JobSpec s = testing::TinySpec(dir_ + "/" + sub, data_);
+    PeftSpec p;
+    p.r = 4;
+    p.lora_alpha = 8;
+    p.target_modules = kGpt2All;
+    p.merge = merge;
+    s.training.peft = p;
+    return s;
+  }
+  std::string dir_, data_;
+};
+
+TEST_F(LoraJob, WritesPeftLayoutAndMergedModel) {
+  JobSpec spec = Spec("out", /*merge=*/true);
+  // init_from a saved base, the common case (PEFT's base_model_name_or_path points at it).
+  const std::string base_dir = dir_ + "/base";
+  {
+    TestModel b = TestModel::Make(
+        spec.model.config, testing::TinyOptions(4, 16));
+    ASSERT_NE(b.model, nullptr);
+    b.model->InitRandom(99);
+    fs::create_directories(base_dir);
+    ASSERT_TRUE(WriteSafetensors(base_dir + "/model.safetensors", b.model->ExportHf()).ok());
+    testing::WriteFile(base_dir + "/config.json", WriteHfConfigJson(spec.model.config));
+  }
+  spec.model.init_from = base_dir;
+  auto r = RunJob(spec, testing::TestRunOptions(), {});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  const std::string out = spec.output_dir;
+
+  // adapter_config.json: PEFT's LoraConfig keys.
+  json cfg;
+  std::ifstream(out + "/adapter_config.json") >> cfg;
+  const std::vector<std::string> kKeys = {
+      "alpha_pattern", "auto_mapping", "base_model_name_or_path", "bias", "fan_in_fan_out",
+      "inference_mode", "init_lora_weights", "layer_replication", "layers_pattern",
+      "layers_to_transform", "loftq_config", "lora_alpha", "lora_dropout", "megatron_config",
+      "megatron_core", "modules_to_save", "peft_type", "r", "rank_pattern", "revision",
+      "target_modules", "task_type", "use_dora", "use_rslora"};
+  std::vector<std::string> keys;
+  for (auto it = cfg.begin(); it != cfg.end(); ++it) keys.push_back(it.key());
+  EXPECT_EQ(keys, kKeys);
+  EXPECT_EQ(cfg["peft_type"], "LORA");
+  EXPECT_EQ(cfg["task_type"], "CAUSAL_LM");
+  EXPECT_EQ(cfg["bias"], "none");
+  EXPECT_EQ(cfg["r"], 4);
+  EXPECT_EQ(cfg["lora_alpha"], 8.0);
+  EXPECT_EQ(cfg["lora_dropout"], 0.0);
+  EXPECT_EQ(cfg["fan_in_fan_out"], true);  // GPT-2 Conv1D
+  EXPECT_EQ(cfg["inference_mode"], true);
+  EXPECT_EQ(cfg["base_model_name_or_path"], base_dir);
+  EXPECT_EQ(cfg["target_modules"], json(kGpt2All));
+
+  // adapter_model.safetensors: PEFT's tensor names and shapes, nothing else.
+  auto ad = ReadSafetensors(out + "/adapter_model.safetensors");
+  ASSERT_TRUE(ad.ok()) << ad.status().ToString();
+  std::map<std::string, std::vector<int64_t>> want;
+  for (int l = 0; l < 2; ++l) {
+    const std::string p = "base_model.model.transformer.h." + std::to_string(l) + ".";
+    want[p + "attn.c_attn.lora_A.weight"] = {4, 32};
+    want[p + "attn.c_attn.lora_B.weight"] = {96, 4};
+    want[p + "attn.c_proj.lora_A.weight"] = {4, 32};
+    want[p + "attn.c_proj.lora_B.weight"] = {32, 4};
+    want[p + "mlp.c_fc.lora_A.weight"] = {4, 32};
+    want[p + "mlp.c_fc.lora_B.weight"] = {128, 4};
+    want[p + "mlp.c_proj.lora_A.weight"] = {4, 128};
+    want[p + "mlp.c_proj.lora_B.weight"] = {32, 4};
+  }
+  std::map<std::string, std::vector<int64_t>> got;
+  for (const auto& [name, t] : ad->tensors) got[name] = t.shape;
+  EXPECT_EQ(got, want);
+  EXPECT_EQ(ad->tensors.begin()->second.dtype, "F32");
+
+  // The merged model: frozen tensors byte-identical to the base, target weights moved.
+  auto merged = ReadSafetensors(out + "/model.safetensors");
+  auto base = ReadSafetensors(base_dir + "/model.safetensors");
+  ASSERT_TRUE(merged.ok() && base.ok());
+  EXPECT_TRUE(fs::exists(out + "/config.json"));
+  ASSERT_EQ(merged->tensors.size(), base->tensors.size());
+  int moved = 0;
+  for (const auto& [name, t] : base->tensors) {
+    const auto m = merged->tensors.at(name).ToF32();
+    const auto b = t.ToF32();
+    const bool target = name.find("c_attn.weight") != std::string::npos ||
+                        name.find("c_proj.weight") != std::string::npos ||
+                        name.find("c_fc.weight") != std::string::npos;
+    if (target) {
+      moved += *m != *b;
+    } else {
+      EXPECT_EQ(*m, *b) << name << " is frozen but changed";
+    }
+  }
+  EXPECT_EQ(moved, 8);  // every adapter trained (B left zero)
+  // No full checkpoint weights: checkpoints hold the adapters only.
+  EXPECT_TRUE(fs::exists(out + "/checkpoint-6/adapter_model.safetensors"));
+  EXPECT_TRUE(fs::exists(out + "/checkpoint-6/adapter_config.json"));
+  EXPECT_FALSE(fs::exists(out + "/checkpoint-6/model.safetensors"));
+}
+
+TEST_F(LoraJob, PlanEqualsPeakAndMemoryFollowsTheTrainableFraction) {
+  const JobSpec spec = Spec("plan", false);
+  RunOptions o = testing::TestRunOptions();
+  auto est = EstimateJob(spec, o.device);
+  ASSERT_TRUE(est.ok()) << est.status().ToString();
+  auto r = RunJob(spec, o, {});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->plan.bytes.total(), est->bytes.total());
+  EXPECT_EQ(r->peak_memory_bytes, est->bytes.total()) << "planned " << est->bytes.total();
+  std::printf("[lora plan] planned %lld measured peak %lld\n",
+              static_cast<long long>(est->bytes.total()),
+              static_cast<long long>(r->peak_memory_bytes));
+
+  // The small gpt2 (GPT-2 124M: 12 layers, d768, vocab 50257, T 1024, B 1): optimizer and
+  // gradient bytes of LoRA r=8 on c_attn over full fine-tuning = trainable / total parameters.
+  ModelConfig c;
+  c.arch = "gpt2";
+  c.vocab_size = 50257;
+  c.n_positions = 1024;
+  c.n_embd = 768;
+  c.n_layer = 12;
+  c.n_head = 12;
+  ModelOptions full;
+  full.micro_batch = 1;
+  full.seq_len = 1024;
+  ModelOptions lora = full;
+  lora.lora.r = 8;
+  lora.lora.alpha = 16;
+  lora.lora.targets = {"c_attn"};
+  const MemoryBytes bf = JobBytes(c, full);
+  const MemoryBytes bl = JobBytes(c, lora);
+  int64_t trainable = 0, total = 0;
+  for (const ParamInfo& p : Model::TrainableParamsOf(c, lora)) trainable += p.numel;
+  for (const ParamInfo& p : Model::TrainableParamsOf(c, full)) total += p.numel;
+  EXPECT_EQ(trainable, 12 * 8 * (768 + 3 * 768));  // 294,912 (PEFT prints the same)
+  const double frac = static_cast<double>(trainable) / static_cast<double>(total);
+  EXPECT_NEAR(static_cast<double>(bl.gradients) / bf.gradients, frac, 1e-12);
+  EXPECT_NEAR(static_cast<double>(bl.optimizer) / bf.optimizer, frac, 1e-12);
+  std::printf("[lora memory] gpt2-124M r8 c_attn: trainable %lld of %lld (%.3f%%); gradients "
+              "%lld -> %lld bytes, optimizer %lld -> %lld bytes; total %.1f -> %.1f MiB\n",
+              static_cast<long long>(trainable), static_cast<long long>(total), 100 * frac,
+              static_cast<long long>(bf.gradients), static_cast<long long>(bl.gradients),
+              static_cast<long long>(bf.optimizer), static_cast<long long>(bl.optimizer),
+              bf.total() / 1048576.0, bl.total() / 1048576.0);
+}
+
+TEST_F(LoraJob, ResumeIsBitIdentical) {
+  auto spec = [&](const std::string& sub) {
+    JobSpec s = Spec(sub, /*merge=*/true);
+    s.training.save_steps = 2;
+    s.training.logging_steps = 3;
+    s.training.eval_steps = 4;
+    return s;
+  };
+  const JobSpec a = spec("a");
+  std::vector<double> losses_a;
+  RunCallbacks cb_a;
+  cb_a.on_step = [&](const StepReport& r) { losses_a.push_back(r.loss); };
+  auto ra = RunJob(a, testing::TestRunOptions(2), cb_a);
+  ASSERT_TRUE(ra.ok()) << ra.status().ToString();
+  ASSERT_EQ(losses_a.size(), 6u);
+
+  const JobSpec b = spec("b");
+  std::atomic<bool> cancel{false};
+  RunOptions ob = testing::TestRunOptions(2);
+  ob.cancel = &cancel;
+  std::vector<double> losses_b;
+  RunCallbacks cb_b;
+  cb_b.on_step = [&](const StepReport& r) {
+    losses_b.push_back(r.loss);
+    if (r.step == 3) cancel.store(true);
+  };
+  auto rb = RunJob(b, ob, cb_b);
+  ASSERT_FALSE(rb.ok());
+  EXPECT_EQ(rb.status().code(), Status::Code::kCancelled);
+  ASSERT_TRUE(fs::exists(b.output_dir + "/checkpoint-2/adapter_model.safetensors"));
+  EXPECT_FALSE(fs::exists(b.output_dir + "/checkpoint-2/model.safetensors"));
+
+  RunOptions oc = testing::TestRunOptions(2);
+  oc.resume = true;
+  RunCallbacks cb_c;
+  cb_c.on_step = [&](const StepReport& r) { losses_b.push_back(r.loss); };
+  auto rc = RunJob(b, oc, cb_c);
+  ASSERT_TRUE(rc.ok()) << rc.status().ToString();
+  ASSERT_EQ(losses_b.size(), 7u);
+  for (int s = 0; s < 6; ++s) {
+    EXPECT_EQ(s < 2 ? losses_b[s] : losses_b[s + 1], losses_a[s]) << "step " << s + 1;
+  }
+  EXPECT_EQ(rc->eval_loss, ra->eval_loss);
+  for (const char* f : {"adapter_model.safetensors", "adapter_config.json", "model.safetensors",
+                        "checkpoint-6/adapter_model.safetensors",
+                        "checkpoint-6/optimizer.safetensors", "checkpoint-4/optimizer.safetensors"}) {
+    const std::string fa = testing::ReadFile(a.output_dir + "/" + f);
+    EXPECT_FALSE(fa.empty()) << f;
+    EXPECT_EQ(fa, testing::ReadFile(b.output_dir + "/" + f)) << f;
+  }
+  // The optimizer state covers the adapters only.
+  auto opt = ReadSafetensors(a.output_dir + "/checkpoint-6/optimizer.safetensors");
+  ASSERT_TRUE(opt.ok());
+  int64_t state = 0;
+  for (const auto& [name, t] : opt->tensors) {
+    int64_t n = 1;
+    for (int64_t s : t.shape) n *= s;
+    if (t.dtype == "F32") state += n;
+  }
+  const int64_t adapters = 2 * (4 * 32 + 96 * 4 + 4 * 32 + 32 * 4 + 4 * 32 + 128 * 4 + 4 * 128 + 32 * 4);
+  EXPECT_LE(state, 2 * adapters + 16) << "optimizer state beyond the adapters' m and v";
+  EXPECT_GE(state, 2 * adapters);
+}
+
+}  // namespace
+}  // namespace traind::engine

@@ -1,0 +1,116 @@
+# PyTorch reference for LoRA on the engine's gpt2 and llama models, written from torch primitives:
+# every target Linear computes  y = x W^T (+ b) + (alpha / r) * (x A^T) B^T  (PEFT's LoraLayer
+# with lora_dropout 0; GPT-2's Conv1D stores W as (in, out), A and B are still (r, in), (out, r)).
+# Base weights are constants; the loss's gradient w.r.t. every A and B is computed in float64.
+# Usage: /usr/bin/python3 lora_reference.py CASE_DIR
+#   reads  CASE_DIR/case.json (arch, config, B, T, ids, targets, r, alpha, targets_modules),
+#          CASE_DIR/model.safetensors (base, HF names) and CASE_DIR/adapters.safetensors (PEFT names)
+#   writes CASE_DIR/ref_grads.safetensors (d loss / d adapter, PEFT names) and CASE_DIR/ref.json
+import json
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from model_reference import (causal_attention, read_safetensors, rms_norm, rotate_half,  # noqa: E402
+                             write_safetensors)
+
+
+class Lora:
+    def __init__(self, w, ad, r, alpha, targets):
+        self.w, self.ad, self.scale, self.targets = w, ad, alpha / r, set(targets)
+
+    def linear(self, x, module, conv1d, bias=True):
+        W = self.w[module + ".weight"]
+        y = x @ W if conv1d else x @ W.t()
+        if bias:
+            y = y + self.w[module + ".bias"]
+        if module.split(".")[-1] in self.targets:
+            A = self.ad["base_model.model." + module + ".lora_A.weight"]
+            B = self.ad["base_model.model." + module + ".lora_B.weight"]
+            y = y + self.scale * ((x @ A.t()) @ B.t())
+        return y
+
+
+def gpt2_loss(m, cfg, ids, targets):
+    w = m.w
+    B, T = ids.shape
+    C, NH, L = cfg["n_embd"], cfg["n_head"], cfg["n_layer"]
+    eps = cfg.get("layer_norm_epsilon", 1e-5)
+    HS = C // NH
+    x = w["transformer.wte.weight"][ids] + w["transformer.wpe.weight"][torch.arange(T)]
+    for l in range(L):
+        p = "transformer.h.%d." % l
+        h = F.layer_norm(x, (C,), w[p + "ln_1.weight"], w[p + "ln_1.bias"], eps)
+        qkv = m.linear(h, p + "attn.c_attn", True)
+        q, k, v = qkv.split(C, dim=2)
+        q, k, v = [t.view(B, T, NH, HS).transpose(1, 2) for t in (q, k, v)]
+        y = causal_attention(q, k, v).transpose(1, 2).reshape(B, T, C)
+        x = x + m.linear(y, p + "attn.c_proj", True)
+        h = F.layer_norm(x, (C,), w[p + "ln_2.weight"], w[p + "ln_2.bias"], eps)
+        h = F.gelu(m.linear(h, p + "mlp.c_fc", True), approximate="tanh")
+        x = x + m.linear(h, p + "mlp.c_proj", True)
+    x = F.layer_norm(x, (C,), w["transformer.ln_f.weight"], w["transformer.ln_f.bias"], eps)
+    logits = x @ w["transformer.wte.weight"].t()
+    return F.cross_entropy(logits.reshape(B * T, -1), targets.reshape(-1), ignore_index=-1)
+
+
+def llama_loss(m, cfg, ids, targets):
+    w = m.w
+    B, T = ids.shape
+    C, NH, NKV = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    L, eps, theta = cfg["num_hidden_layers"], cfg["rms_norm_eps"], cfg["rope_theta"]
+    HS = C // NH
+    dt = w["model.embed_tokens.weight"].dtype
+    inv_freq = 1.0 / (theta ** (torch.arange(0, HS, 2, dtype=torch.int64).float() / HS))
+    ang = torch.arange(T, dtype=torch.float32)[:, None] * inv_freq[None, :]
+    ang = torch.cat((ang, ang), dim=-1).to(dt)
+    cos, sin = ang.cos(), ang.sin()
+    x = w["model.embed_tokens.weight"][ids]
+    for l in range(L):
+        p = "model.layers.%d." % l
+        lin = lambda t, name: m.linear(t, p + name, False, bias=False)  # noqa: E731
+        h = rms_norm(x, w[p + "input_layernorm.weight"], eps)
+        q = lin(h, "self_attn.q_proj").view(B, T, NH, HS).transpose(1, 2)
+        k = lin(h, "self_attn.k_proj").view(B, T, NKV, HS).transpose(1, 2)
+        v = lin(h, "self_attn.v_proj").view(B, T, NKV, HS).transpose(1, 2)
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        k = k.repeat_interleave(NH // NKV, dim=1)
+        v = v.repeat_interleave(NH // NKV, dim=1)
+        y = causal_attention(q, k, v).transpose(1, 2).reshape(B, T, C)
+        x = x + lin(y, "self_attn.o_proj")
+        h = rms_norm(x, w[p + "post_attention_layernorm.weight"], eps)
+        g = F.silu(lin(h, "mlp.gate_proj")) * lin(h, "mlp.up_proj")
+        x = x + lin(g, "mlp.down_proj")
+    x = rms_norm(x, w["model.norm.weight"], eps)
+    head = w["model.embed_tokens.weight"] if cfg.get("tie_word_embeddings") else w["lm_head.weight"]
+    logits = x @ head.t()
+    return F.cross_entropy(logits.reshape(B * T, -1), targets.reshape(-1), ignore_index=-1)
+
+
+def main():
+    d = sys.argv[1]
+    with open(d + "/case.json") as f:
+        case = json.load(f)
+    dtype = torch.float64
+    w = {k: v.to(dtype) for k, v in read_safetensors(d + "/model.safetensors").items()}
+    ad = {k: v.to(dtype).requires_grad_(True)
+          for k, v in read_safetensors(d + "/adapters.safetensors").items()}
+    m = Lora(w, ad, case["r"], case["alpha"], case["target_modules"])
+    B, T = case["B"], case["T"]
+    ids = torch.tensor(case["ids"], dtype=torch.int64).view(B, T)
+    targets = torch.tensor(case["targets"], dtype=torch.int64).view(B, T)
+    fn = gpt2_loss if case["arch"] == "gpt2" else llama_loss
+    loss = fn(m, case["config"], ids, targets)
+    loss.backward()
+    grads = {k: (v.grad if v.grad is not None else torch.zeros_like(v)) for k, v in ad.items()}
+    write_safetensors(d + "/ref_grads.safetensors", grads)
+    with open(d + "/ref.json", "w") as f:
+        json.dump({"loss_f64": loss.item()}, f)
+
+
+if __name__ == "__main__":
+    main()
