@@ -18,8 +18,10 @@
 // twice). Bytes: q,k,v,out,lse read/written once per call plus re-reads through L2 (compute-bound
 // at T >= 512). These fp32 kernels do not use tensor cores, so the fp32 SIMT rate (~60 TFLOP/s on
 // an H100) bounds them: B=8, NH=12, T=1024, HS=64: forward 12.9 GFLOP -> >= 0.2 ms, backward
-// 32 GFLOP -> >= 0.5 ms. Measured on an H100 (bench/gpu_run.sh profile): forward 10.7 ms, backward
-// 34.1 ms (11-15 TFLOP/s; the first kernels: 83 and 446 ms); docs/gpu.md.
+// 32 GFLOP -> >= 0.5 ms per call. Measured on an H100 (bench/gpu_run.sh profile, 12 layers):
+// 0.89 ms forward and 2.8 ms backward per call (11-15 TFLOP/s; the first kernels took 6.9 and
+// 37 ms). Tried and measured slower there: 16 head elements per lane (twice the lanes and warps per
+// SM, half the registers): 83 ms per step against 75; docs/gpu.md.
 #include <string>
 
 #include "backend/cuda/gpu_compat.h"
