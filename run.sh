@@ -18,6 +18,7 @@ PACKAGES=(
   python3-protobuf python3-yaml  # the Python client (client/python) and tests/deploy (prometheus: its e2e test)
   libsentencepiece-dev sentencepiece nodejs
   fio  # bench/offload_bench: raw sequential bandwidth of the offload directory
+  zsh  # tests/daemon/completion_test.sh parses client/trainctl/completion/_trainctl
 )
 
 log() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
