@@ -320,6 +320,18 @@ TEST_F(LoraJob, PlanEqualsPeakAndMemoryFollowsTheTrainableFraction) {
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(r->plan.bytes.total(), est->bytes.total());
   EXPECT_EQ(r->peak_memory_bytes, est->bytes.total()) << "planned " << est->bytes.total();
+  // The parameter counts status shows (HF counting: vocabulary 64, tied, n_positions 32).
+  const int64_t adapters =
+      2 * (4 * 32 + 96 * 4 + 4 * 32 + 32 * 4 + 4 * 32 + 128 * 4 + 4 * 128 + 32 * 4);
+  const int64_t base = 64 * 32 + 32 * 32 + 2 * (12 * 32 * 32 + 13 * 32) + 2 * 32;
+  EXPECT_EQ(est->trainable_params, adapters);
+  EXPECT_EQ(est->total_params, base + adapters);
+  JobSpec full_spec = spec;
+  full_spec.training.peft.reset();
+  auto full_est = EstimateJob(full_spec, o.device);
+  ASSERT_TRUE(full_est.ok());
+  EXPECT_EQ(full_est->trainable_params, base);
+  EXPECT_EQ(full_est->total_params, base);
   std::printf("[lora plan] planned %lld measured peak %lld\n",
               static_cast<long long>(est->bytes.total()),
               static_cast<long long>(r->peak_memory_bytes));

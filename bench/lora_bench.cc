@@ -1,0 +1,174 @@
+// lora_bench: LoRA against full fine-tuning on the CPU backend (issue 10), in one run: the same
+// GPT-2 (`small` by default: 6 layers, d384, 6 heads, T256, vocab 50304; `tiny`: 4 layers, d256,
+// 4 heads, T128, vocab 256), the same batches, the trainer's step path (StepRunner: upload,
+// Forward, Backward, grad norm, AdamW), once training every parameter and once LoRA (r, alpha,
+// target modules as flags; the base frozen). Prints the median step time, the arena peak
+// (= the plan) and its gradient and optimizer bytes for each, and the ratios.
+// Usage: lora_bench [--model tiny|small] [--batch B] [--steps N] [--warmup N] [--threads N]
+//                   [--r R] [--alpha A] [--targets c_attn,c_proj,c_fc]
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "backend/arena.h"
+#include "backend/backend.h"
+#include "bench_util.h"
+#include "models/model.h"
+#include "optim/optimizer.h"
+#include "train/planner.h"
+#include "train/step_runner.h"
+
+namespace traind::bench {
+namespace {
+
+struct Shape {
+  std::string name;
+  int64_t layers, channels, heads, seq_len, vocab;
+};
+const Shape kShapes[] = {{"tiny", 4, 256, 4, 128, 256}, {"small", 6, 384, 6, 256, 50304}};
+
+struct Result1 {
+  double median_ms = 0, first_loss = 0, last_loss = 0;
+  int64_t trainable = 0, peak = 0, plan = 0;
+  engine::MemoryBytes bytes;
+};
+
+int Run(const Shape& s, int64_t B, int steps, int warmup, int threads,
+        const engine::LoraOptions& lora, Result1* out) {
+  std::unique_ptr<engine::Backend> be = engine::MakeCpuBackend(threads);
+  engine::ModelConfig mc;
+  mc.arch = "gpt2";
+  mc.vocab_size = s.vocab;
+  mc.n_positions = 1024;
+  mc.n_embd = s.channels;
+  mc.n_layer = s.layers;
+  mc.n_head = s.heads;
+  engine::ModelOptions mo;
+  mo.micro_batch = B;
+  mo.seq_len = s.seq_len;
+  mo.lora = lora;
+  engine::DeviceArena arena(be.get(), 0);
+  auto model = engine::Model::Create(mc, mo, &arena);
+  if (!model.ok()) {
+    std::fprintf(stderr, "Model::Create: %s\n", model.status().ToString().c_str());
+    return 1;
+  }
+  engine::Model& m = **model;
+  m.InitRandom(1234);
+  m.InitAdapters(1234);
+  engine::TrainingSpec ts;  // AdamW
+  ts.weight_decay = 0.1;
+  auto opt = engine::MakeOptimizer(ts, m.trainable_params(), m.num_trainable(), &arena);
+  if (!opt.ok()) {
+    std::fprintf(stderr, "MakeOptimizer: %s\n", opt.status().ToString().c_str());
+    return 1;
+  }
+  out->bytes = engine::JobBytes(mc, mo, ts);
+  out->plan = out->bytes.total();
+  out->trainable = m.num_trainable();
+  const int64_t N = B * s.seq_len;
+  std::vector<int32_t> ids(static_cast<size_t>(N + 1));
+  std::mt19937 rng(42);
+  for (auto& t : ids) t = static_cast<int32_t>(rng() % static_cast<uint32_t>(s.vocab));
+  auto next_batch = [&](int32_t* in, int32_t* tg, double*) {
+    std::copy(ids.begin(), ids.begin() + N, in);
+    std::copy(ids.begin() + 1, ids.begin() + N + 1, tg);
+    return Status::Ok();
+  };
+  auto runner = engine::StepRunner::Create({}, &m, opt->get(), &arena);
+  if (!runner.ok()) {
+    std::fprintf(stderr, "StepRunner: %s\n", runner.status().ToString().c_str());
+    return 1;
+  }
+  std::vector<double> times;
+  for (int i = 0; i < warmup + steps; ++i) {
+    const Clock::time_point t0 = Clock::now();
+    double wait = 0;
+    auto o = (*runner)->Run(next_batch, 1e-3, 1.0f, &wait);
+    if (!o.ok()) {
+      std::fprintf(stderr, "step: %s\n", o.status().ToString().c_str());
+      return 1;
+    }
+    if (i >= warmup) times.push_back(Seconds(t0, Clock::now()));
+    if (i == 0) out->first_loss = o->loss;
+    out->last_loss = o->loss;
+  }
+  std::sort(times.begin(), times.end());
+  out->median_ms = times.empty() ? 0 : 1e3 * times[times.size() / 2];
+  out->peak = arena.peak_bytes();
+  return 0;
+}
+
+}  // namespace
+}  // namespace traind::bench
+
+int main(int argc, char** argv) {
+  using namespace traind;
+  std::string model = "small", targets = "c_attn,c_proj,c_fc";
+  int64_t batch = 4, r = 8;
+  double alpha = 16;
+  int steps = 3, warmup = 1, threads = 2;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--model") model = bench::FlagValue(argc, argv, &i);
+    else if (a == "--batch") batch = std::atoll(bench::FlagValue(argc, argv, &i));
+    else if (a == "--steps") steps = std::atoi(bench::FlagValue(argc, argv, &i));
+    else if (a == "--warmup") warmup = std::atoi(bench::FlagValue(argc, argv, &i));
+    else if (a == "--threads") threads = std::atoi(bench::FlagValue(argc, argv, &i));
+    else if (a == "--r") r = std::atoll(bench::FlagValue(argc, argv, &i));
+    else if (a == "--alpha") alpha = std::atof(bench::FlagValue(argc, argv, &i));
+    else if (a == "--targets") targets = bench::FlagValue(argc, argv, &i);
+    else {
+      std::fprintf(stderr, "unknown flag %s (see the usage at the top of lora_bench.cc)\n", a.c_str());
+      return 2;
+    }
+  }
+  const bench::Shape* shape = nullptr;
+  for (const auto& s : bench::kShapes) {
+    if (s.name == model) shape = &s;
+  }
+  if (shape == nullptr || batch < 1 || steps < 1 || r < 1) {
+    std::fprintf(stderr, "--model tiny|small, --batch >= 1, --steps >= 1, --r >= 1\n");
+    return 2;
+  }
+  engine::LoraOptions lora;
+  lora.r = r;
+  lora.alpha = alpha;
+  std::stringstream ss(targets);
+  for (std::string t; std::getline(ss, t, ',');) lora.targets.push_back(t);
+  std::printf("lora_bench: gpt2 %s (%lld layers, d%lld, T%lld, vocab %lld), B%lld, %d threads, "
+              "AdamW; LoRA r=%lld alpha=%g targets=%s\n",
+              shape->name.c_str(), static_cast<long long>(shape->layers),
+              static_cast<long long>(shape->channels), static_cast<long long>(shape->seq_len),
+              static_cast<long long>(shape->vocab), static_cast<long long>(batch), threads,
+              static_cast<long long>(r), alpha, targets.c_str());
+  bench::Result1 full, lo;
+  if (bench::Run(*shape, batch, steps, warmup, threads, {}, &full) != 0) return 1;
+  if (bench::Run(*shape, batch, steps, warmup, threads, lora, &lo) != 0) return 1;
+  auto print = [&](const char* mode, const bench::Result1& x) {
+    std::printf("RESULT lora_bench model=%s mode=%s trainable=%lld step_ms=%.1f tok_s=%.0f "
+                "peak_bytes=%lld plan_bytes=%lld gradients_bytes=%lld optimizer_bytes=%lld "
+                "loss=%.4f->%.4f\n",
+                shape->name.c_str(), mode, static_cast<long long>(x.trainable), x.median_ms,
+                1e3 * static_cast<double>(batch * shape->seq_len) / x.median_ms,
+                static_cast<long long>(x.peak), static_cast<long long>(x.plan),
+                static_cast<long long>(x.bytes.gradients), static_cast<long long>(x.bytes.optimizer),
+                x.first_loss, x.last_loss);
+  };
+  print("full", full);
+  print("lora", lo);
+  std::printf("RESULT lora_bench model=%s lora_over_full step_time=%.3f peak=%.3f "
+              "gradients+optimizer=%.5f trainable_fraction=%.5f\n",
+              shape->name.c_str(), lo.median_ms / full.median_ms,
+              static_cast<double>(lo.peak) / static_cast<double>(full.peak),
+              static_cast<double>(lo.bytes.gradients + lo.bytes.optimizer) /
+                  static_cast<double>(full.bytes.gradients + full.bytes.optimizer),
+              static_cast<double>(lo.trainable) / static_cast<double>(full.trainable));
+  return 0;
+}
