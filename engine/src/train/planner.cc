@@ -105,6 +105,21 @@ Result<MemoryPlan> PlanJob(const JobSpec& spec, const ModelConfig& config, int64
   MemoryPlan plan;
   plan.precision = t.bf16 ? "bf16" : (t.fp16 ? "fp16" : "fp32");
   plan.optimizer = t.optim;
+  {
+    const ModelOptions mo = JobModelOptions(spec, 1, false);
+    auto hf_numel = [](const ParamInfo& p) {
+      int64_t n = 1;
+      for (int64_t d : p.hf_shape) n *= d;
+      return n;
+    };
+    int64_t base = 0, adapters = 0;
+    for (const ParamInfo& p : Model::ParamsOf(config)) base += hf_numel(p);
+    if (mo.lora.enabled()) {
+      for (const ParamInfo& p : Model::TrainableParamsOf(config, mo)) adapters += hf_numel(p);
+    }
+    plan.trainable_params = mo.lora.enabled() ? adapters : base;
+    plan.total_params = base + adapters;
+  }
   plan.budget_bytes = budget_bytes;
   plan.gradient_accumulation_steps = t.gradient_accumulation_steps;
   bool ckpt = t.gradient_checkpointing;

@@ -23,6 +23,10 @@ struct MemoryPlan {
   bool gradient_checkpointing = false;
   std::string precision = "fp32";           // "fp32" | "bf16" | "fp16"
   std::string optimizer = "adamw";          // training.optim, whose state is bytes.optimizer
+  // Parameters as HF counts them (unpadded vocabulary, tied embeddings once): the trainable ones
+  // (all, or with training.peft the LoRA adapters) and the total (base + adapters).
+  int64_t trainable_params = 0;
+  int64_t total_params = 0;
   MemoryBytes bytes;
   int64_t budget_bytes = 0;                 // the budget it was planned against (0 = unlimited)
   std::string reason;                       // one line: why this batch and these techniques
