@@ -62,6 +62,8 @@ nlohmann::json PlanJson(const v1::Plan& p) {
           {"gradient_checkpointing", p.gradient_checkpointing()},
           {"precision", p.precision()},
           {"optimizer", p.optimizer().empty() ? "adamw" : p.optimizer()},
+          {"trainable_params", p.trainable_params()},
+          {"total_params", p.total_params()},
           {"budget_bytes", p.budget_bytes()},
           {"bytes", {{"weights", b.weights()}, {"gradients", b.gradients()}, {"optimizer", b.optimizer()},
                      {"activations", b.activations()}, {"temporary", b.temporary()}, {"total", b.total()}}}};
@@ -113,6 +115,8 @@ nlohmann::json JobJson(const v1::Job& j) {
           {"started_at", Time(j.started_unix_ms())},
           {"finished_at", Time(j.finished_unix_ms())},
           {"metrics", metrics},
+          {"trainable_params", j.plan().trainable_params()},
+          {"total_params", j.plan().total_params()},
           {"plan", PlanJson(j.plan())},
           // Tokenization of the training data (null until it started): tokenizing is true while
           // the running job encodes its data into the token cache.
@@ -203,6 +207,12 @@ std::string StatusText(const v1::Job& j) {
   row("plan", "micro_batch " + std::to_string(j.plan().micro_batch()) + " x " +
                   std::to_string(j.plan().gradient_accumulation_steps()) + " accumulation, " +
                   HumanBytes(j.plan().bytes().total()));
+  if (j.plan().total_params() > 0) {
+    row("parameters", "trainable " + std::to_string(j.plan().trainable_params()) + " of " +
+                          std::to_string(j.plan().total_params()) + " total" +
+                          Fmt(" (%.2f%%)", 100.0 * static_cast<double>(j.plan().trainable_params()) /
+                                               static_cast<double>(j.plan().total_params())));
+  }
   return o.str();
 }
 

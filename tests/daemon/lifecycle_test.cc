@@ -71,6 +71,15 @@ TEST_F(LifecycleTest, TrainctlSubmitWaitAndStatusJson) {
                                            b["optimizer"].get<int64_t>() + b["activations"].get<int64_t>() +
                                            b["temporary"].get<int64_t>());
   EXPECT_GT(b["weights"].get<int64_t>(), 0);
+  // Parameter counts (issue 10): full fine-tuning trains every parameter.
+  EXPECT_GT(j["total_params"].get<int64_t>(), 0) << r.out;
+  EXPECT_EQ(j["trainable_params"], j["total_params"]);
+  EXPECT_EQ(j["plan"]["trainable_params"], j["total_params"]);
+  EXPECT_EQ(j["plan"]["total_params"], j["total_params"]);
+  r = Trainctl({"--addr", daemon_->addr(), "--state-dir", daemon_->state_dir(), "status", id});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::string total = std::to_string(j["total_params"].get<int64_t>());
+  EXPECT_THAT(r.out, ::testing::HasSubstr("trainable " + total + " of " + total + " total (100.00%)"));
   EXPECT_TRUE(std::filesystem::exists(dir_ + "/runs/viactl/model.safetensors"));
   EXPECT_TRUE(std::filesystem::exists(dir_ + "/runs/viactl/trainer_state.json"));
 

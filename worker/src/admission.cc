@@ -75,6 +75,8 @@ v1::Plan PlanToProto(const engine::MemoryPlan& p) {
   out.set_gradient_checkpointing(p.gradient_checkpointing);
   out.set_precision(p.precision);
   out.set_optimizer(p.optimizer);
+  out.set_trainable_params(p.trainable_params);
+  out.set_total_params(p.total_params);
   auto* b = out.mutable_bytes();
   b->set_weights(p.bytes.weights);
   b->set_gradients(p.bytes.gradients);
