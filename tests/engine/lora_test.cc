@@ -241,6 +241,8 @@ TEST_F(LoraJob, WritesPeftLayoutAndMergedModel) {
   auto r = RunJob(spec, testing::TestRunOptions(), {});
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   const std::string out = spec.output_dir;
+  // A LoRA fine-tune of an init_from model uses exactly the planned memory.
+  EXPECT_EQ(r->peak_memory_bytes, r->plan.bytes.total());
 
   // adapter_config.json: PEFT's LoraConfig keys.
   json cfg;
