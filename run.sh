@@ -17,6 +17,8 @@ PACKAGES=(
   python3 python3-torch python3-numpy python3-grpcio prometheus
   python3-protobuf python3-yaml  # the Python client (client/python) and tests/deploy (prometheus: its e2e test)
   libsentencepiece-dev sentencepiece nodejs
+  libcpp-httplib-dev  # traind's web page (server/http)
+  chromium python3-websocket tmux  # tests/web: the page in headless Chromium (DevTools over a websocket), trainctl top under tmux
   fio  # bench/offload_bench: raw sequential bandwidth of the offload directory
   zsh  # tests/daemon/completion_test.sh parses client/trainctl/completion/_trainctl
 )

@@ -22,6 +22,7 @@
 
 #include "auth.h"
 #include "device_probe.h"
+#include "http/web_server.h"
 #include "job_manager.h"
 #include "job_service.h"
 #include "job_store.h"
@@ -183,12 +184,35 @@ int main(int argc, char** argv) {
     return Fail(Status::Unavailable("cannot listen on " + opts.listen + " (in use, or not an address of this host)"));
   }
   grpc_server->GetHealthCheckService()->SetServingStatus("traind.v1.JobService", true);
+  // The web page: same job manager, same tokens, same certificate (server/http/web_server.h).
+  std::unique_ptr<server::http::WebServer> web;
+  if (opts.http_listen != "off") {
+    server::http::WebOptions wo;
+    wo.listen = opts.http_listen;
+    wo.tls_cert = opts.tls_cert;
+    wo.tls_key = opts.tls_key;
+    wo.peak_flops = peak;
+    auto started = server::http::WebServer::Start(wo, &jobs, &*auth);
+    if (started.ok()) {
+      web = std::move(*started);
+    } else if (opts.http_listen_given) {
+      grpc_server->Shutdown();
+      jobs.Stop();
+      return Fail(started.status());
+    } else {
+      spdlog::warn("web page off: {} (set --http-listen to another address)", started.status().message());
+    }
+  }
+  const int http_port = web ? web->port() : 0;
   {
     std::ofstream ports(opts.state_dir + "/ports.json");
-    ports << "{\"grpc\":" << grpc_port << ",\"metrics\":" << (*metrics)->port() << ",\"pid\":" << getpid() << "}\n";
+    ports << "{\"grpc\":" << grpc_port << ",\"metrics\":" << (*metrics)->port() << ",\"http\":" << http_port
+          << ",\"pid\":" << getpid() << "}\n";
   }
-  spdlog::info("traind serving gRPC on port {} ({}), metrics on port {}, state in {}", grpc_port,
-               opts.tls_cert.empty() ? "plaintext" : "TLS", (*metrics)->port(), opts.state_dir);
+  spdlog::info("traind serving gRPC on port {} ({}), metrics on port {}, web page {}, state in {}", grpc_port,
+               opts.tls_cert.empty() ? "plaintext" : "TLS", (*metrics)->port(),
+               web ? fmt::format("on port {} ({})", http_port, opts.tls_cert.empty() ? "http" : "https") : std::string("off"),
+               opts.state_dir);
 
   // 4. Serve until SIGINT/SIGTERM.
   int sig = 0;
@@ -197,6 +221,7 @@ int main(int argc, char** argv) {
 
   // 5. Graceful stop: no new jobs start and watchers end; in-flight RPCs get the timeout.
   grpc_server->GetHealthCheckService()->SetServingStatus(false);
+  if (web) web->Stop();
   jobs.Stop();
   const auto deadline = std::chrono::system_clock::now() +
                         std::chrono::milliseconds(static_cast<int64_t>(opts.shutdown_timeout_seconds * 1000));

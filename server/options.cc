@@ -55,6 +55,7 @@ Result<ServerOptions> ParseServerOptions(int argc, char** argv, bool* help) {
   app.add_option("--memory-budget", o.memory_budget, "bytes the planner may use, or auto");
   app.add_option("--tls-cert", o.tls_cert, "PEM certificate: serve TLS");
   app.add_option("--tls-key", o.tls_key, "PEM private key of --tls-cert");
+  app.add_option("--http-listen", o.http_listen, "web page host:port (same tokens and TLS); off = none");
   app.add_option("--tokens-file", o.tokens_file, "file of `user token` lines");
   app.add_flag("--allow-insecure-remote", o.allow_insecure_remote, "allow plaintext on a non-loopback address");
   app.add_option("--max-attempts", o.max_attempts, "job-runner attempts per job");
@@ -118,6 +119,11 @@ Result<ServerOptions> ParseServerOptions(int argc, char** argv, bool* help) {
     return Status::InvalidArgument("--tls-cert and --tls-key go together; give both or neither");
   if (o.tls_cert.empty() && !o.allow_insecure_remote && !IsLoopbackAddress(o.listen))
     return Status::InvalidArgument("refusing plaintext gRPC on non-loopback address " + o.listen +
+                                   ": give --tls-cert/--tls-key, or --allow-insecure-remote");
+  o.http_listen_given = app.count("--http-listen") > 0;
+  if (o.http_listen.empty()) o.http_listen = "off";
+  if (o.http_listen != "off" && o.tls_cert.empty() && !o.allow_insecure_remote && !IsLoopbackAddress(o.http_listen))
+    return Status::InvalidArgument("refusing plaintext HTTP on non-loopback address " + o.http_listen +
                                    ": give --tls-cert/--tls-key, or --allow-insecure-remote");
   if (o.max_attempts < 1) return Status::InvalidArgument("--max-attempts must be at least 1");
   static const std::set<std::string> kLevels{"trace", "debug", "info", "warn", "error"};

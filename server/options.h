@@ -19,6 +19,11 @@ struct ServerOptions {
   std::string memory_budget = "auto";             // bytes (suffixes K M G, KiB MiB GiB) or auto
   int64_t memory_budget_bytes = 0;                // parsed memory_budget; 0 = device capacity
   std::string tls_cert, tls_key;                  // PEM files: serve TLS (both or neither)
+  // The web page (server/http): host:port, port 0 picks one; "off" = none. When the default
+  // address is taken (another traind), traind logs a warning and serves without the page; an
+  // address given by flag or config must bind or traind stops.
+  std::string http_listen = "127.0.0.1:8080";
+  bool http_listen_given = false;
   std::string tokens_file;                        // `user token` lines (beside <state-dir>/token)
   bool allow_insecure_remote = false;  // plaintext on a non-loopback address (default: refused)
   int max_attempts = 3;                // job-runner attempts per job before FAILED
