@@ -12,6 +12,7 @@
 #include <iostream>
 
 #include "format.h"
+#include "top.h"
 #include "job_state.h"
 #include "traind/client/client.h"
 #include "traind/engine/tokenizer.h"
@@ -177,6 +178,10 @@ int main(int argc, char** argv) {
   auto* estimate = app.add_subcommand("estimate", "memory plan by category and the batch it would choose");
   estimate->add_option("spec", spec, "JOB.yaml")->required();
   auto* health = app.add_subcommand("health", "is traind serving?");
+  TopOptions top_opts;
+  auto* top = app.add_subcommand("top", "live view of all your jobs (q quits); one frame when stdout is not a terminal");
+  top->add_option("-n,--interval", top_opts.interval_seconds, "seconds between refreshes (default 2)");
+  top->add_flag("--once", top_opts.once, "print one frame and exit");
   std::string tokenizer, tok_text, tok_file;
   auto* tokenize = app.add_subcommand("tokenize", "token ids of a text, computed locally");
   tokenize->add_option("--tokenizer", tokenizer,
@@ -214,6 +219,13 @@ int main(int argc, char** argv) {
     if (!s.ok()) return Error(g, s);
     if (json) PrintJson({{"status", "SERVING"}});
     else std::cout << "SERVING\n";
+    return 0;
+  }
+  if (*top) {
+    top_opts.json = json;
+    top_opts.addr = g.addr;
+    Status s = RunTop(c, top_opts);
+    if (!s.ok()) return Error(g, s);
     return 0;
   }
   if (*submit) {

@@ -1,6 +1,8 @@
 // JSON views of jobs and events for the web page (see job_json.h).
 #include "http/job_json.h"
 
+#include "job_state.h"
+
 #include <algorithm>
 #include <cmath>
 
@@ -12,17 +14,6 @@ namespace {
 nlohmann::json Num(double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr); }
 
 }  // namespace
-
-const char* StateName(v1::JobState s) {
-  switch (s) {
-    case v1::JOB_STATE_QUEUED: return "QUEUED";
-    case v1::JOB_STATE_RUNNING: return "RUNNING";
-    case v1::JOB_STATE_SUCCEEDED: return "SUCCEEDED";
-    case v1::JOB_STATE_FAILED: return "FAILED";
-    case v1::JOB_STATE_CANCELLED: return "CANCELLED";
-    default: return "UNSPECIFIED";
-  }
-}
 
 JobStats ComputeStats(const v1::Job& job, const std::vector<v1::JobEvent>& recent, double peak_flops) {
   JobStats st;
@@ -70,7 +61,7 @@ nlohmann::json PlanJson(const v1::Plan& p) {
 
 nlohmann::json JobRowJson(const v1::Job& job, const JobStats& st) {
   nlohmann::json j = {
-      {"id", job.id()}, {"name", job.name()}, {"owner", job.owner()}, {"state", StateName(job.state())},
+      {"id", job.id()}, {"name", job.name()}, {"owner", job.owner()}, {"state", v1::JobStateName(job.state())},
       {"step", job.step()}, {"max_steps", job.max_steps()}, {"priority", job.priority()},
       {"attempts", job.attempts()}, {"error", job.error()}, {"output_dir", job.output_dir()},
       {"created_unix_ms", job.created_unix_ms()}, {"started_unix_ms", job.started_unix_ms()},
@@ -136,7 +127,7 @@ nlohmann::json EventJson(const v1::JobEvent& ev) {
       break;
     case v1::JobEvent::kState:
       j["kind"] = "state";
-      j.update({{"state", StateName(ev.state().state())}, {"error", ev.state().error()},
+      j.update({{"state", v1::JobStateName(ev.state().state())}, {"error", ev.state().error()},
                 {"attempt", ev.state().attempt()}, {"reason", ev.state().reason()}});
       break;
     case v1::JobEvent::kMessage:

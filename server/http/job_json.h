@@ -21,7 +21,6 @@ struct JobStats {
 };
 JobStats ComputeStats(const v1::Job& job, const std::vector<v1::JobEvent>& recent, double peak_flops);
 
-const char* StateName(v1::JobState s);  // "RUNNING", ...
 nlohmann::json PlanJson(const v1::Plan& plan);
 // One row of the job list: id name owner state step max_steps priority attempts times, last
 // loss, error, output_dir and the stats.
