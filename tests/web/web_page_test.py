@@ -10,10 +10,13 @@
   token typed into the login form shows the login error and is not kept; the right token shows the
   job row with its state and a loss chart with one point per step; the token is in sessionStorage
   and in no URL. A screenshot is written to OUT_PNG (docs/web-page.png is a copy of one).
+- HTTPS: a traind with --tls-cert/--tls-key serves the endpoints over TLS only (200 with the
+  token, 401 with a wrong one; plaintext HTTP gets no answer).
 
   web_page_test.py TRAIND TRAINCTL DEPLOY_TESTS_DIR OUT_PNG
 """
 import base64
+import http.client
 import json
 import os
 import shutil
@@ -143,6 +146,8 @@ def main():
         check(st == "CANCELLED", f"the cancelled job ends CANCELLED ({st})")
 
         browser_checks(chromium, base, token, job_id, tmp, out_png, check)
+        daemon.stop()
+        tls_checks(Traind, tmp, check)
     except Exception as e:  # noqa: BLE001
         failures.append(f"exception: {e!r}")
         print(f"FAIL exception: {e!r}", flush=True)
@@ -154,6 +159,46 @@ def main():
     shutil.rmtree(tmp, ignore_errors=True)
     print("PASS")
     return 0
+
+
+def tls_checks(Traind, tmp, check):
+    """--tls-cert/--tls-key (the gRPC flags) make the web page HTTPS only, with the same tokens."""
+    import ssl
+    key, cert = os.path.join(tmp, "key.pem"), os.path.join(tmp, "cert.pem")
+    r = subprocess.run(["/usr/bin/openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key,
+                        "-out", cert, "-days", "1", "-subj", "/CN=localhost", "-addext",
+                        "subjectAltName=DNS:localhost,IP:127.0.0.1"], capture_output=True, text=True, timeout=60)
+    check(r.returncode == 0, f"openssl makes a self-signed certificate {r.stderr[-200:]}")
+    state = os.path.join(tmp, "tls-state")
+    d = Traind(sys.argv[1], state, ["--http-listen", "127.0.0.1:0", "--tls-cert", cert, "--tls-key", key])
+    try:
+        d.start()
+        with open(os.path.join(state, "ports.json")) as f:
+            port = json.load(f)["http"]
+        ctx = ssl.create_default_context(cafile=cert)
+
+        def get(url, tok, context=None):
+            req = urllib.request.Request(url)
+            if tok:
+                req.add_header("Authorization", "Bearer " + tok)
+            try:
+                with urllib.request.urlopen(req, timeout=10, context=context) as resp:
+                    return resp.status, resp.read().decode()
+            except urllib.error.HTTPError as e:
+                return e.code, ""
+
+        code, body = get(f"https://127.0.0.1:{port}/api/jobs", d.token(), ctx)
+        check(code == 200 and json.loads(body) == {"jobs": []}, f"HTTPS with the token: {code} {body[:60]}")
+        code, _ = get(f"https://127.0.0.1:{port}/api/jobs", "wrong", ctx)
+        check(code == 401, f"HTTPS with a wrong token: {code} (want 401)")
+        try:
+            code, _ = get(f"http://127.0.0.1:{port}/api/jobs", d.token())
+            plain = f"answered {code}"
+        except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
+            plain = f"refused ({e.__class__.__name__})"
+        check(plain.startswith("refused"), f"plaintext HTTP on the TLS port is {plain}")
+    finally:
+        d.stop()
 
 
 class DevTools:
