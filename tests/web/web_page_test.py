@@ -10,6 +10,8 @@
   token typed into the login form shows the login error and is not kept; the right token shows the
   job row with its state and a loss chart with one point per step; the token is in sessionStorage
   and in no URL. A screenshot is written to OUT_PNG (docs/web-page.png is a copy of one).
+- A job submitted while the page is open appears, its loss curve grows while it runs, and the
+  page's cancel button cancels it (the row says CANCELLED).
 - HTTPS: a traind with --tls-cert/--tls-key serves the endpoints over TLS only (200 with the
   token, 401 with a wrong one; plaintext HTTP gets no answer).
 
@@ -145,7 +147,11 @@ def main():
             time.sleep(0.3)
         check(st == "CANCELLED", f"the cancelled job ends CANCELLED ({st})")
 
-        browser_checks(chromium, base, token, job_id, tmp, out_png, check)
+        live_spec = os.path.join(tmp, "live.yaml")
+        with open(live_spec, "w") as f:
+            f.write(tiny_spec("web-live", os.path.join(tmp, "data.txt"), os.path.join(tmp, "runs", "live"),
+                              max_steps=100000, logging_steps=20))
+        browser_checks(chromium, base, token, job_id, tmp, out_png, check, ctl + ["submit", live_spec])
         daemon.stop()
         tls_checks(Traind, tmp, check)
     except Exception as e:  # noqa: BLE001
@@ -236,7 +242,7 @@ class DevTools:
         return value
 
 
-def browser_checks(chromium, base, token, job_id, tmp, out_png, check):
+def browser_checks(chromium, base, token, job_id, tmp, out_png, check, submit_live):
     profile = os.path.join(tmp, "chromium-profile")
     os.makedirs(profile)
     log = open(os.path.join(tmp, "chromium.log"), "wb")
@@ -308,6 +314,22 @@ def browser_checks(chromium, base, token, job_id, tmp, out_png, check):
         with open(out_png, "wb") as f:
             f.write(base64.b64decode(shot["data"]))
         check(os.path.getsize(out_png) > 10_000, f"screenshot {out_png} ({os.path.getsize(out_png)} bytes)")
+
+        # A running job: its curves grow while the page polls, and its cancel button stops it.
+        live_id = subprocess.run(submit_live, capture_output=True, text=True, timeout=60).stdout.strip()
+        live_sel = json.dumps(f"#jobs tbody tr[data-job-id={json.dumps(live_id)}]")
+        check(bool(dt.wait(f"!!document.querySelector({live_sel})", 20)), f"the new job {live_id} appears in the list")
+        dt.eval(f"document.querySelector({live_sel}).click(); true")
+        loss_pts = "Number((document.querySelector('#chart-loss polyline.series-loss') || {dataset: {}}).dataset.points || 0)"
+        first = dt.wait(f"document.getElementById('d-state').textContent === 'RUNNING' && {loss_pts} > 0 && {loss_pts}", 30)
+        later = dt.wait(f"{loss_pts} > {int(first or 0)} && {loss_pts}", 20)
+        check(bool(first) and bool(later) and later > first, f"the running job's loss curve grows: {first} then {later} points")
+        check(bool(dt.eval("!document.getElementById('cancel').hidden")), "a running job shows the cancel button")
+        dt.eval("document.getElementById('cancel').click(); true")
+        st = dt.wait(f"document.querySelector({json.dumps(f'#jobs tbody tr[data-job-id={json.dumps(live_id)}] td.state')}).textContent"
+                     " === 'CANCELLED' && 'CANCELLED'", 30)
+        check(st == "CANCELLED", f"the page's cancel button cancels {live_id}: row state {st!r}")
+        check(bool(dt.eval("document.getElementById('cancel').hidden")), "a cancelled job has no cancel button")
     finally:
         proc.terminate()
         try:
