@@ -14,6 +14,8 @@
   page's cancel button cancels it (the row says CANCELLED).
 - HTTPS: a traind with --tls-cert/--tls-key serves the endpoints over TLS only (200 with the
   token, 401 with a wrong one; plaintext HTTP gets no answer).
+- A given --http-listen address that is taken stops traind with the reason; a plaintext
+  non-loopback one is refused (exit 2).
 
   web_page_test.py TRAIND TRAINCTL DEPLOY_TESTS_DIR OUT_PNG
 """
@@ -154,6 +156,7 @@ def main():
         browser_checks(chromium, base, token, job_id, tmp, out_png, check, ctl + ["submit", live_spec])
         daemon.stop()
         tls_checks(Traind, tmp, check)
+        flag_checks(traind_bin, tmp, check)
     except Exception as e:  # noqa: BLE001
         failures.append(f"exception: {e!r}")
         print(f"FAIL exception: {e!r}", flush=True)
@@ -205,6 +208,27 @@ def tls_checks(Traind, tmp, check):
         check(plain.startswith("refused"), f"plaintext HTTP on the TLS port is {plain}")
     finally:
         d.stop()
+
+
+def flag_checks(traind_bin, tmp, check):
+    """A given --http-listen that cannot bind stops traind; a plaintext non-loopback one is refused."""
+    import socket
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))
+    held.listen(1)
+    port = held.getsockname()[1]
+    base = [traind_bin, "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"]
+    try:
+        r = subprocess.run(base + ["--state-dir", os.path.join(tmp, "taken"), "--http-listen", f"127.0.0.1:{port}"],
+                           capture_output=True, text=True, timeout=60)
+        check(r.returncode != 0 and f"cannot listen on 127.0.0.1:{port} for the web page" in r.stderr,
+              f"a taken --http-listen port stops traind: exit {r.returncode}, {r.stderr.strip()[-160:]!r}")
+    finally:
+        held.close()
+    r = subprocess.run(base + ["--state-dir", os.path.join(tmp, "remote"), "--http-listen", "0.0.0.0:0"],
+                       capture_output=True, text=True, timeout=60)
+    check(r.returncode == 2 and "refusing plaintext HTTP on non-loopback address 0.0.0.0:0" in r.stderr,
+          f"a plaintext non-loopback --http-listen is refused: exit {r.returncode}, {r.stderr.strip()[-160:]!r}")
 
 
 class DevTools:
