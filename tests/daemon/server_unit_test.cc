@@ -70,6 +70,40 @@ TEST(Options, ConfigFileAndFlagsWin) {
   std::filesystem::remove_all(dir);
 }
 
+// --http-listen (CLI.md): default 127.0.0.1:8080 (not "given", so a taken default only warns),
+// "off", from the config file, and the same loopback/TLS rule as --listen.
+TEST(Options, HttpListen) {
+  auto parse = [](std::vector<std::string> args) {
+    args.insert(args.begin(), "traind");
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    bool help = false;
+    return ParseServerOptions(static_cast<int>(argv.size()), argv.data(), &help);
+  };
+  auto d = parse({});
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_EQ(d->http_listen, "127.0.0.1:8080");
+  EXPECT_FALSE(d->http_listen_given);
+  auto off = parse({"--http-listen", "off"});
+  ASSERT_TRUE(off.ok());
+  EXPECT_EQ(off->http_listen, "off");
+  auto given = parse({"--http-listen", "127.0.0.1:0"});
+  ASSERT_TRUE(given.ok());
+  EXPECT_TRUE(given->http_listen_given);
+  const std::string dir = traind::testing::MakeTempDir("traind-options-http");
+  traind::testing::WriteAll(dir + "/c.yaml", "http_listen: 127.0.0.1:9999\n");
+  auto cfg = parse({"--config", dir + "/c.yaml"});
+  ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
+  EXPECT_EQ(cfg->http_listen, "127.0.0.1:9999");
+  EXPECT_TRUE(cfg->http_listen_given);
+  auto remote = parse({"--http-listen", "0.0.0.0:8080"});
+  EXPECT_EQ(remote.status().code(), Status::Code::kInvalidArgument);
+  EXPECT_NE(remote.status().message().find("non-loopback"), std::string::npos);
+  auto remote_ok = parse({"--http-listen", "0.0.0.0:8080", "--allow-insecure-remote"});
+  EXPECT_TRUE(remote_ok.ok());
+  std::filesystem::remove_all(dir);
+}
+
 TEST(TokenAuth, CreatesTokenFile0600AndChecksTokens) {
   const std::string dir = traind::testing::MakeTempDir("traind-auth");
   traind::testing::WriteAll(dir + "/users", "carol c-token\n\n# comment\n");
