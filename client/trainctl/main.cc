@@ -190,6 +190,24 @@ int main(int argc, char** argv) {
   auto* tok_text_opt = tokenize->add_option("text", tok_text, "TEXT");
   tokenize->add_option("--file", tok_file, "read the text from F")->excludes(tok_text_opt);
 
+  // One example per command in its --help (tests/daemon/help_test.sh checks every command has one).
+  app.footer(
+      "examples:\n"
+      "  trainctl submit examples/tiny-shakespeare.yaml --follow\n"
+      "  trainctl -o json status job-000001\n"
+      "Exit codes: 0 ok; 1 the job failed or was cancelled (--wait); 2 usage or invalid spec;\n"
+      "3 cannot reach or authenticate to traind.");
+  submit->footer(
+      "example: trainctl submit examples/tiny-shakespeare.yaml --wait   # exits 0 when it succeeds");
+  list->footer("example: trainctl -o json list");
+  status->footer("example: trainctl status job-000001   (-o json: state, metrics, plan)");
+  logs->footer("example: trainctl logs job-000001 -f   # progress bar and ETA until the job ends");
+  cancel->footer("example: trainctl cancel job-000001");
+  estimate->footer("example: trainctl estimate examples/tiny-shakespeare.yaml   # before submitting");
+  health->footer("example: trainctl --addr 127.0.0.1:50051 health");
+  top->footer("example: trainctl top -n 1   # q quits; trainctl top --once | grep RUNNING");
+  tokenize->footer("example: trainctl tokenize --tokenizer byte 'To be, or not to be'");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

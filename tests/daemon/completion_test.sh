@@ -13,7 +13,7 @@ check() {  # what, got, want
 }
 sorted() { tr ' ' '\n' | grep -v '^$' | sort -u | tr '\n' ' '; }
 
-help_cmds=$("$TRAINCTL" --help | sed -n '/^Subcommands:/,$p' | awk 'NR > 1 && /^  [a-z]/ {print $1}' | sorted)
+help_cmds=$("$TRAINCTL" --help | sed -n '/^Subcommands:/,/^$/p' | awk 'NR > 1 && /^  [a-z]/ {print $1}' | sorted)
 [ -n "$help_cmds" ] || { echo "FAIL: no subcommands in trainctl --help"; exit 1; }
 
 # ---- bash ----
@@ -21,7 +21,7 @@ help_cmds=$("$TRAINCTL" --help | sed -n '/^Subcommands:/,$p' | awk 'NR > 1 && /^
 source "$DIR/trainctl.bash"
 check "bash command list = trainctl --help" "$(echo "$_trainctl_commands" | sorted)" "$help_cmds"
 for cmd in $help_cmds; do
-  want=$("$TRAINCTL" "$cmd" --help 2>&1 | sed -n '/^Options:/,$p' | grep -o -- '--[a-z][a-z-]*' | sorted)
+  want=$("$TRAINCTL" "$cmd" --help 2>&1 | sed -n '/^Options:/,/^$/p' | grep -o -- '--[a-z][a-z-]*' | sorted)
   have=$(_trainctl_flags_of "$cmd" | sorted)
   missing=$(comm -23 <(echo "$want" | tr ' ' '\n' | grep -v '^$') <(echo "$have" | tr ' ' '\n' | grep -v '^$') | tr '\n' ' ')
   check "bash flags of $cmd cover trainctl $cmd --help" "$missing" ""
