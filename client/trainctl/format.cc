@@ -10,7 +10,8 @@
 namespace traind::trainctl {
 namespace {
 
-nlohmann::json Num(double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr); }
+using v1::JsonNumber;
+using v1::TokenizeJson;
 
 std::string Fmt(const char* fmt, double v) {
   char buf[64];
@@ -21,15 +22,7 @@ std::string Fmt(const char* fmt, double v) {
 std::string Pad(const std::string& s, size_t w) { return s.size() >= w ? s : s + std::string(w - s.size(), ' '); }
 std::string PadLeft(const std::string& s, size_t w) { return s.size() >= w ? s : std::string(w - s.size(), ' ') + s; }
 
-std::string Time(int64_t ms) {
-  if (ms <= 0) return "-";
-  std::time_t t = static_cast<std::time_t>(ms / 1000);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
-}
+std::string Time(int64_t ms) { return v1::UtcTime(ms); }
 
 }  // namespace
 
@@ -55,26 +48,6 @@ std::string HumanDuration(double seconds) {
   return buf;
 }
 
-nlohmann::json PlanJson(const v1::Plan& p) {
-  const auto& b = p.bytes();
-  return {{"micro_batch", p.micro_batch()},
-          {"gradient_accumulation_steps", p.gradient_accumulation_steps()},
-          {"gradient_checkpointing", p.gradient_checkpointing()},
-          {"precision", p.precision()},
-          {"optimizer", p.optimizer().empty() ? "adamw" : p.optimizer()},
-          {"trainable_params", p.trainable_params()},
-          {"total_params", p.total_params()},
-          {"budget_bytes", p.budget_bytes()},
-          {"bytes", {{"weights", b.weights()}, {"gradients", b.gradients()}, {"optimizer", b.optimizer()},
-                     {"activations", b.activations()}, {"temporary", b.temporary()}, {"total", b.total()}}}};
-}
-
-nlohmann::json TokenizeJson(const v1::TokenizeEvent& t) {
-  return {{"file", t.file()},           {"tokenizer", t.tokenizer()}, {"bytes_done", t.bytes_done()},
-          {"bytes_total", t.bytes_total()}, {"tokens", t.tokens()},   {"seconds", Num(t.seconds())},
-          {"cache_hit", t.cache_hit()}, {"done", t.done()}};
-}
-
 // "tokenizing F: 45% (0.5 MiB of 1.1 MiB, 12.0 MiB/s)", "tokenized F: 1.1 MiB -> 338025 tokens in
 // 0.05 s (22.1 MiB/s)", "tokens of F from the cache (338025 tokens)".
 std::string TokenizeText(const v1::TokenizeEvent& t) {
@@ -95,10 +68,10 @@ nlohmann::json JobJson(const v1::Job& j) {
                             {"peak_memory_bytes", nullptr}};
   if (j.has_summary()) {
     const auto& s = j.summary();
-    metrics = {{"train_loss", Num(s.train_loss())}, {"eval_loss", Num(s.eval_loss())},
-               {"train_runtime", Num(s.train_runtime())},
-               {"train_samples_per_second", Num(s.train_samples_per_second())},
-               {"train_tokens_per_second", Num(s.train_tokens_per_second())},
+    metrics = {{"train_loss", JsonNumber(s.train_loss())}, {"eval_loss", JsonNumber(s.eval_loss())},
+               {"train_runtime", JsonNumber(s.train_runtime())},
+               {"train_samples_per_second", JsonNumber(s.train_samples_per_second())},
+               {"train_tokens_per_second", JsonNumber(s.train_tokens_per_second())},
                {"peak_memory_bytes", s.peak_memory_bytes()}};
   }
   return {{"id", j.id()},
@@ -122,60 +95,6 @@ nlohmann::json JobJson(const v1::Job& j) {
           // the running job encodes its data into the token cache.
           {"tokenize", j.has_tokenize() ? TokenizeJson(j.tokenize()) : nlohmann::json(nullptr)},
           {"tokenizing", j.state() == v1::JOB_STATE_RUNNING && j.has_tokenize() && !j.tokenize().done()}};
-}
-
-nlohmann::json EventJson(const v1::JobEvent& ev) {
-  nlohmann::json j = {{"sequence", ev.sequence()}, {"time", Time(ev.time_unix_ms())}};
-  switch (ev.kind_case()) {
-    case v1::JobEvent::kState:
-      j["type"] = "state";
-      j["state"] = v1::JobStateName(ev.state().state());
-      j["error"] = ev.state().error();
-      j["attempt"] = ev.state().attempt();
-      j["reason"] = ev.state().reason();
-      break;
-    case v1::JobEvent::kStep: {
-      const auto& s = ev.step();
-      j["type"] = "step";
-      j.update({{"step", s.step()}, {"max_steps", s.max_steps()}, {"loss", Num(s.loss())},
-                {"learning_rate", Num(s.learning_rate())}, {"grad_norm", Num(s.grad_norm())},
-                {"step_seconds", Num(s.step_seconds())}, {"tokens", s.tokens()}, {"samples", s.samples()}});
-      break;
-    }
-    case v1::JobEvent::kLog: {
-      const auto& l = ev.log();
-      j["type"] = "log";
-      j.update({{"step", l.step()}, {"loss", Num(l.loss())}, {"learning_rate", Num(l.learning_rate())},
-                {"grad_norm", Num(l.grad_norm())}, {"tokens_per_second", Num(l.tokens_per_second())},
-                {"samples_per_second", Num(l.samples_per_second())}});
-      break;
-    }
-    case v1::JobEvent::kEval:
-      j["type"] = "eval";
-      j["step"] = ev.eval().step();
-      j["eval_loss"] = Num(ev.eval().eval_loss());
-      break;
-    case v1::JobEvent::kCheckpoint:
-      j["type"] = "checkpoint";
-      j["step"] = ev.checkpoint().step();
-      j["dir"] = ev.checkpoint().dir();
-      break;
-    case v1::JobEvent::kMessage:
-      j["type"] = "message";
-      j["message"] = ev.message();
-      break;
-    case v1::JobEvent::kPlan:
-      j["type"] = "plan";
-      j["plan"] = PlanJson(ev.plan());
-      break;
-    case v1::JobEvent::kTokenize:
-      j["type"] = "tokenize";
-      j.update(TokenizeJson(ev.tokenize()));
-      break;
-    default:
-      j["type"] = "unknown";
-  }
-  return j;
 }
 
 std::string StatusText(const v1::Job& j) {

@@ -5,16 +5,17 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "v1_json.h"
 #include "traind/v1/job_service.pb.h"
 
 namespace traind::trainctl {
 
-
-nlohmann::json PlanJson(const v1::Plan& plan);
+// The plan and event objects are shared with traind's web page (proto/v1_json.h).
+using v1::EventJson;
+using v1::PlanJson;
 // CLI.md's status object: id name state step max_steps error output_dir metrics{} plan{}, plus
 // owner, priority, attempts, created/started/finished times.
 nlohmann::json JobJson(const v1::Job& job);
-nlohmann::json EventJson(const v1::JobEvent& ev);
 
 std::string StatusText(const v1::Job& job);      // `status` in text: aligned key/value lines
 std::string ListText(const std::vector<v1::Job>& jobs);  // `list` in text: an aligned table

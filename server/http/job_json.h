@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "v1_json.h"
 #include "traind/v1/job_service.pb.h"
 
 namespace traind::server::http {
@@ -21,13 +22,14 @@ struct JobStats {
 };
 JobStats ComputeStats(const v1::Job& job, const std::vector<v1::JobEvent>& recent, double peak_flops);
 
-nlohmann::json PlanJson(const v1::Plan& plan);
+// Plans and events have trainctl's JSON shapes (proto/v1_json.h): one rendering for both.
+using v1::EventJson;
+using v1::PlanJson;
+
 // One row of the job list: id name owner state step max_steps priority attempts times, last
 // loss, error, output_dir and the stats.
 nlohmann::json JobRowJson(const v1::Job& job, const JobStats& stats);
 // The row plus the spec (as submitted and canonical), the plan, the summary and the output paths.
 nlohmann::json JobDetailJson(const v1::Job& job, const JobStats& stats);
-// {"seq","time_ms","kind", ...the kind's fields}
-nlohmann::json EventJson(const v1::JobEvent& ev);
 
 }  // namespace traind::server::http
