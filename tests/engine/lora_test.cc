@@ -379,41 +379,19 @@ TEST_F(LoraJob, ResumeIsBitIdentical) {
     s.training.eval_steps = 4;
     return s;
   };
-  const JobSpec a = spec("a");
-  std::vector<double> losses_a;
-  RunCallbacks cb_a;
-  cb_a.on_step = [&](const StepReport& r) { losses_a.push_back(r.loss); };
-  auto ra = RunJob(a, testing::TestRunOptions(2), cb_a);
-  ASSERT_TRUE(ra.ok()) << ra.status().ToString();
-  ASSERT_EQ(losses_a.size(), 6u);
-
-  const JobSpec b = spec("b");
-  std::atomic<bool> cancel{false};
-  RunOptions ob = testing::TestRunOptions(2);
-  ob.cancel = &cancel;
-  std::vector<double> losses_b;
-  RunCallbacks cb_b;
-  cb_b.on_step = [&](const StepReport& r) {
-    losses_b.push_back(r.loss);
-    if (r.step == 3) cancel.store(true);
-  };
-  auto rb = RunJob(b, ob, cb_b);
-  ASSERT_FALSE(rb.ok());
-  EXPECT_EQ(rb.status().code(), Status::Code::kCancelled);
-  ASSERT_TRUE(fs::exists(b.output_dir + "/checkpoint-2/adapter_model.safetensors"));
-  EXPECT_FALSE(fs::exists(b.output_dir + "/checkpoint-2/model.safetensors"));
-
-  RunOptions oc = testing::TestRunOptions(2);
-  oc.resume = true;
-  RunCallbacks cb_c;
-  cb_c.on_step = [&](const StepReport& r) { losses_b.push_back(r.loss); };
-  auto rc = RunJob(b, oc, cb_c);
-  ASSERT_TRUE(rc.ok()) << rc.status().ToString();
-  ASSERT_EQ(losses_b.size(), 7u);
-  for (int s = 0; s < 6; ++s) {
-    EXPECT_EQ(s < 2 ? losses_b[s] : losses_b[s + 1], losses_a[s]) << "step " << s + 1;
-  }
-  EXPECT_EQ(rc->eval_loss, ra->eval_loss);
+  const JobSpec a = spec("a"), b = spec("b");
+  const testing::CancelResumeRuns r = testing::RunCancelledAndResumed(a, b, [&] {
+    EXPECT_TRUE(fs::exists(b.output_dir + "/checkpoint-2/adapter_model.safetensors"));
+    EXPECT_FALSE(fs::exists(b.output_dir + "/checkpoint-2/model.safetensors"));
+  });
+  ASSERT_TRUE(r.a && r.a->ok()) << (r.a ? r.a->status().ToString() : "not run");
+  ASSERT_TRUE(r.b_cancelled);
+  ASSERT_FALSE(r.b_cancelled->ok());
+  EXPECT_EQ(r.b_cancelled->status().code(), Status::Code::kCancelled);
+  ASSERT_TRUE(r.b_resumed && r.b_resumed->ok())
+      << (r.b_resumed ? r.b_resumed->status().ToString() : "not run");
+  testing::ExpectResumedLossesIdentical(r);
+  EXPECT_EQ((*r.b_resumed)->eval_loss, (*r.a)->eval_loss);
   for (const char* f : {"adapter_model.safetensors", "adapter_config.json", "model.safetensors",
                         "checkpoint-6/adapter_model.safetensors",
                         "checkpoint-6/optimizer.safetensors", "checkpoint-4/optimizer.safetensors"}) {

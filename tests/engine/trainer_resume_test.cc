@@ -44,51 +44,28 @@ class TrainerResume : public ::testing::Test {
 };
 
 TEST_F(TrainerResume, CancelledAndResumedRunIsBitIdentical) {
-  const JobSpec a = Spec("a");
-  std::vector<double> losses_a;
-  RunCallbacks cb_a;
-  cb_a.on_step = [&](const StepReport& r) { losses_a.push_back(r.loss); };
-  auto ra = RunJob(a, testing::TestRunOptions(2), cb_a);
-  ASSERT_TRUE(ra.ok()) << ra.status().ToString();
-  ASSERT_EQ(losses_a.size(), 6u);
-
-  // The same job, cancelled from inside step 3's report: CANCELLED before step 4 runs.
-  const JobSpec b = Spec("b");
-  std::atomic<bool> cancel{false};
-  RunOptions ob = testing::TestRunOptions(2);
-  ob.cancel = &cancel;
-  std::vector<double> losses_b;
-  RunCallbacks cb_b;
-  cb_b.on_step = [&](const StepReport& r) {
-    losses_b.push_back(r.loss);
-    if (r.step == 3) cancel.store(true);
-  };
-  auto rb = RunJob(b, ob, cb_b);
-  ASSERT_FALSE(rb.ok());
-  EXPECT_EQ(rb.status().code(), Status::Code::kCancelled);
-  EXPECT_EQ(losses_b.size(), 3u);
-  EXPECT_TRUE(fs::exists(b.output_dir + "/checkpoint-2"));
-  EXPECT_FALSE(fs::exists(b.output_dir + "/checkpoint-4"));
-  EXPECT_FALSE(fs::exists(b.output_dir + "/model.safetensors"));
-
+  const JobSpec a = Spec("a"), b = Spec("b");
+  const testing::CancelResumeRuns r = testing::RunCancelledAndResumed(a, b, [&] {
+    EXPECT_TRUE(fs::exists(b.output_dir + "/checkpoint-2"));
+    EXPECT_FALSE(fs::exists(b.output_dir + "/checkpoint-4"));
+    EXPECT_FALSE(fs::exists(b.output_dir + "/model.safetensors"));
+  });
+  ASSERT_TRUE(r.a && r.a->ok()) << (r.a ? r.a->status().ToString() : "not run");
+  // Cancelled from inside step 3's report: CANCELLED before step 4 runs.
+  ASSERT_TRUE(r.b_cancelled);
+  ASSERT_FALSE(r.b_cancelled->ok());
+  EXPECT_EQ(r.b_cancelled->status().code(), Status::Code::kCancelled);
+  EXPECT_EQ(r.steps_before_resume, 3u);
   // Resume: continues from checkpoint-2 (steps 3..6).
-  RunOptions oc = testing::TestRunOptions(2);
-  oc.resume = true;
-  std::vector<std::string> notes;
-  RunCallbacks cb_c;
-  cb_c.on_step = [&](const StepReport& r) { losses_b.push_back(r.loss); };
-  cb_c.on_message = [&](const std::string& m) { notes.push_back(m); };
-  auto rc = RunJob(b, oc, cb_c);
-  ASSERT_TRUE(rc.ok()) << rc.status().ToString();
-  ASSERT_EQ(losses_b.size(), 7u);  // 1..3 before, 3..6 after the resume from step 2
-  for (int s = 0; s < 6; ++s) {
-    const double got = s < 2 ? losses_b[s] : losses_b[s + 1];
-    EXPECT_EQ(got, losses_a[s]) << "step " << s + 1;  // bit-identical, not just close
-  }
-  ASSERT_FALSE(notes.empty());
-  EXPECT_NE(notes[0].find("checkpoint-2"), std::string::npos);
-  EXPECT_EQ(rc->train_loss, ra->train_loss);
-  EXPECT_EQ(rc->eval_loss, ra->eval_loss);
+  ASSERT_TRUE(r.b_resumed && r.b_resumed->ok())
+      << (r.b_resumed ? r.b_resumed->status().ToString() : "not run");
+  testing::ExpectResumedLossesIdentical(r);
+  ASSERT_FALSE(r.resume_notes.empty());
+  EXPECT_NE(r.resume_notes[0].find("checkpoint-2"), std::string::npos);
+  const RunSummary& ra = **r.a;
+  const RunSummary& rc = **r.b_resumed;
+  EXPECT_EQ(rc.train_loss, ra.train_loss);
+  EXPECT_EQ(rc.eval_loss, ra.eval_loss);
 
   for (const char* f : {"model.safetensors", "config.json", "checkpoint-6/model.safetensors",
                         "checkpoint-6/optimizer.safetensors", "checkpoint-6/trainer_state.json",

@@ -7,12 +7,15 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <string>
@@ -129,6 +132,53 @@ inline RunOptions TestRunOptions(int threads = 1) {
   o.device.device = "cpu";
   o.device.threads = threads;
   return o;
+}
+
+// The resume check shared by the trainer and LoRA tests, for 6-step specs with save_steps 2: `a`
+// runs uninterrupted; `b` (another output_dir) is cancelled from step 3's report, so its newest
+// checkpoint is checkpoint-2, and then resumed; `after_cancel` runs between the two (for checks of
+// what the cancelled run left). Each result is nullopt when that run was not made.
+struct CancelResumeRuns {
+  std::vector<double> losses_a;  // steps 1..6
+  std::vector<double> losses_b;  // steps 1..3, then 3..6 after the resume from step 2
+  size_t steps_before_resume = 0;
+  std::optional<Result<RunSummary>> a, b_cancelled, b_resumed;
+  std::vector<std::string> resume_notes;  // the resumed run's messages
+};
+inline CancelResumeRuns RunCancelledAndResumed(const JobSpec& a, const JobSpec& b,
+                                               const std::function<void()>& after_cancel = {}) {
+  CancelResumeRuns r;
+  RunCallbacks cb_a;
+  cb_a.on_step = [&](const StepReport& s) { r.losses_a.push_back(s.loss); };
+  r.a = RunJob(a, TestRunOptions(2), cb_a);
+  if (!r.a->ok()) return r;
+  std::atomic<bool> cancel{false};
+  RunOptions ob = TestRunOptions(2);
+  ob.cancel = &cancel;
+  RunCallbacks cb_b;
+  cb_b.on_step = [&](const StepReport& s) {
+    r.losses_b.push_back(s.loss);
+    if (s.step == 3) cancel.store(true);
+  };
+  r.b_cancelled = RunJob(b, ob, cb_b);
+  r.steps_before_resume = r.losses_b.size();
+  if (after_cancel) after_cancel();
+  RunOptions oc = TestRunOptions(2);
+  oc.resume = true;
+  RunCallbacks cb_c;
+  cb_c.on_step = [&](const StepReport& s) { r.losses_b.push_back(s.loss); };
+  cb_c.on_message = [&](const std::string& m) { r.resume_notes.push_back(m); };
+  r.b_resumed = RunJob(b, oc, cb_c);
+  return r;
+}
+
+// Every step loss of the resumed run equals the uninterrupted run's, bit for bit.
+inline void ExpectResumedLossesIdentical(const CancelResumeRuns& r) {
+  ASSERT_EQ(r.losses_a.size(), 6u);
+  ASSERT_EQ(r.losses_b.size(), 7u);
+  for (int s = 0; s < 6; ++s) {
+    EXPECT_EQ(s < 2 ? r.losses_b[s] : r.losses_b[s + 1], r.losses_a[s]) << "step " << s + 1;
+  }
 }
 
 inline std::string ReadFile(const std::string& path) {

@@ -228,10 +228,9 @@ __global__ void attention_dq_kernel(float* dq, const float* dout, const float* l
 constexpr int kRows = 64;   // queries (forward, dq) or keys (dk/dv) per block
 constexpr int kQuads = 8;   // 16-byte groups of head elements per lane: 32 floats
 constexpr int kChunk = 8;   // forward: keys per online-softmax update (independent dot products)
-// Backward rows whose dot products run together: keys of dq (2: 210 registers; 4 spills) and
-// queries of dk/dv (1: 232 registers; 2 spills, 4 spills heavily), per ptxas -v for sm_90.
+// dq: keys whose dot products run together (2: 210 registers; 4 spills, per ptxas -v for sm_90).
+// dk/dv take one query at a time (232 registers; 2 at a time spills).
 constexpr int kDqChunk = 2;
-constexpr int kDkDvChunk = 1;
 
 struct alignas(16) Quad {
   float x, y, z, w;
@@ -465,21 +464,14 @@ __global__ void __launch_bounds__(kRows * TPQ)
       }
       __syncthreads();
       const int n = static_cast<int>(d.T - i0 < G::kTile ? d.T - i0 : G::kTile);
-      for (int c0 = 0; c0 < n; c0 += kDkDvChunk) {  // block-uniform; rows past n are masked
-        float s[kDkDvChunk], dp[kDkDvChunk];
-        GPU_UNROLL
-        for (int c = 0; c < kDkDvChunk; ++c) {
-          s[c] = G::Dot(kj, qs + (c0 + c) * G::kHSP, sub);
-          dp[c] = G::Dot(vj, dos + (c0 + c) * G::kHSP, sub);
-        }
-        GPU_UNROLL
-        for (int c = 0; c < kDkDvChunk; ++c) {
-          const int ii = c0 + c;
-          const float sv = G::Sum(s[c]) * d.scale, dpv = G::Sum(dp[c]);
-          const float p = active && ii < n && i0 + ii >= j ? expf(sv - ls[ii]) : 0.0f;
-          G::Axpy(dvj, p, dos + ii * G::kHSP, sub);
-          G::Axpy(dkj, p * (dpv - Ds[ii]) * d.scale, qs + ii * G::kHSP, sub);
-        }
+      for (int ii = 0; ii < n; ++ii) {  // block-uniform; the causal mask is a predicate
+        const float* qr = qs + ii * G::kHSP;
+        const float* dor = dos + ii * G::kHSP;
+        const float s = G::Sum(G::Dot(kj, qr, sub)) * d.scale;
+        const float dp = G::Sum(G::Dot(vj, dor, sub));
+        const float p = active && i0 + ii >= j ? expf(s - ls[ii]) : 0.0f;
+        G::Axpy(dvj, p, dor, sub);
+        G::Axpy(dkj, p * (dp - Ds[ii]) * d.scale, qr, sub);
       }
     }
   }
