@@ -149,10 +149,12 @@ def main():
             time.sleep(0.3)
         check(st == "CANCELLED", f"the cancelled job ends CANCELLED ({st})")
 
+        # The live job steps at a real job's pace (tens of steps/s here, not the 1000/s of the
+        # tiny model), so a loaded CI machine's browser sees its curve grow between polls.
         live_spec = os.path.join(tmp, "live.yaml")
         with open(live_spec, "w") as f:
             f.write(tiny_spec("web-live", os.path.join(tmp, "data.txt"), os.path.join(tmp, "runs", "live"),
-                              max_steps=100000, logging_steps=20))
+                              max_steps=100000, logging_steps=20, n_embd=128, n_layer=4, seq_len=128, batch=8))
         browser_checks(chromium, base, token, job_id, tmp, out_png, check, ctl + ["submit", live_spec])
         daemon.stop()
         tls_checks(Traind, tmp, check)
@@ -347,7 +349,19 @@ def browser_checks(chromium, base, token, job_id, tmp, out_png, check, submit_li
         loss_pts = "Number((document.querySelector('#chart-loss polyline.series-loss') || {dataset: {}}).dataset.points || 0)"
         first = dt.wait(f"document.getElementById('d-state').textContent === 'RUNNING' && {loss_pts} > 0 && {loss_pts}", 30)
         later = dt.wait(f"{loss_pts} > {int(first or 0)} && {loss_pts}", 20)
-        check(bool(first) and bool(later) and later > first, f"the running job's loss curve grows: {first} then {later} points")
+        msg = dt.eval("document.getElementById('d-msg').textContent")
+        check(bool(first) and bool(later) and later > first,
+              f"the running job's loss curve grows: {first} then {later} points (page message: {msg!r})")
+        # A long job's curve is thinned for drawing (50,000 points -> at most 1,201), keeping its
+        # first and last points and its extremes (a spike at step 31,337).
+        th = dt.eval("(() => { const p = Array.from({length: 50000}, (_, i) => [i + 1, 2 + Math.sin(i / 500)]);"
+                     " p[31336][1] = 40; const t = thin(p, 1200);"
+                     " return JSON.stringify({n: t.length, first: t[0][0], last: t[t.length - 1][0],"
+                     " spike: t.some((q) => q[0] === 31337 && q[1] === 40),"
+                     " sorted: t.every((q, k) => k === 0 || q[0] > t[k - 1][0])}); })()")
+        th = json.loads(th or "{}")
+        check(0 < th.get("n", 0) <= 1201 and th.get("first") == 1 and th.get("last") == 50000 and th.get("spike")
+              and th.get("sorted"), f"a 50,000-point curve is thinned for drawing, ends and spike kept: {th}")
         check(bool(dt.eval("!document.getElementById('cancel').hidden")), "a running job shows the cancel button")
         dt.eval("document.getElementById('cancel').click(); true")
         st = dt.wait(f"document.querySelector({json.dumps(f'#jobs tbody tr[data-job-id={json.dumps(live_id)}] td.state')}).textContent"
@@ -367,3 +381,4 @@ def browser_checks(chromium, base, token, job_id, tmp, out_png, check, submit_li
 
 if __name__ == "__main__":
     sys.exit(main())
+
