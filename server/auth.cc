@@ -60,14 +60,38 @@ Result<TokenAuth> TokenAuth::Load(const std::string& state_dir, const std::strin
     std::ifstream tf(tokens_file);
     if (!tf) return Status::Unavailable("cannot read the tokens file " + tokens_file);
     std::string line;
+    std::map<std::string, int> roots_line;  // user → the line that gave their roots
     for (int n = 1; std::getline(tf, line); ++n) {
       line = Trim(line);
       if (line.empty() || line[0] == '#') continue;
+      const std::string where = tokens_file + ":" + std::to_string(n) + ": ";
       std::istringstream ls(line);
-      std::string user, tok, extra;
+      std::string user, tok, field;
       ls >> user >> tok;
-      if (user.empty() || tok.empty() || (ls >> extra))
-        return Status::InvalidArgument(tokens_file + ":" + std::to_string(n) + ": expected `user token`");
+      if (user.empty() || tok.empty() || tok.find('=') != std::string::npos)
+        return Status::InvalidArgument(where + "expected `user token [data=DIR,...] [output=DIR,...]`");
+      UserRoots roots;
+      bool has_roots = false;
+      while (ls >> field) {
+        const auto eq = field.find('=');
+        const std::string key = eq == std::string::npos ? field : field.substr(0, eq);
+        if (eq == std::string::npos || (key != "data" && key != "output"))
+          return Status::InvalidArgument(where + "unexpected '" + field +
+                                         "': expected `user token [data=DIR,...] [output=DIR,...]`");
+        std::optional<RootList>& slot = key == "data" ? roots.data : roots.output;
+        if (slot) return Status::InvalidArgument(where + key + "= given twice");
+        auto parsed = ParseRoots(field.substr(eq + 1), key + "=", /*allow_relative=*/false);
+        if (!parsed.ok()) return Status::InvalidArgument(where + parsed.status().message());
+        slot = std::move(*parsed);
+        has_roots = true;
+      }
+      if (has_roots) {
+        auto [it, inserted] = auth.user_roots_.emplace(user, roots);
+        if (!inserted && (it->second.data != roots.data || it->second.output != roots.output))
+          return Status::InvalidArgument(where + "user " + user + " already has other roots on line " +
+                                         std::to_string(roots_line[user]) + "; roots belong to the user, give them once");
+        roots_line.emplace(user, n);
+      }
       auth.tokens_.emplace_back(tok, user);
     }
   }

@@ -47,6 +47,10 @@ Status JobManager::Start() {
   last_order_ = last_order;
   for (auto& job : jobs) {
     last_order_ = std::max(last_order_, job.submit_order());
+    if (!v1::IsTerminal(job.state())) {
+      auto resolved = ResolvePath(job.output_dir());
+      resolved_output_[job.id()] = resolved.ok() ? *resolved : job.output_dir();
+    }
     jobs_[job.id()] = job;
   }
   // Queue in submit order; the job that was running goes first.
@@ -115,12 +119,41 @@ Result<std::string> JobManager::SpecText(const v1::SubmitJobRequest& req) const 
   return req.spec_yaml();
 }
 
+Status JobManager::CheckPaths(const std::string& user, const std::string& text, const std::string& base_dir) const {
+  if (!options_.paths.Confines(user)) return Status::Ok();
+  auto spec = engine::ParseJobSpec(text, base_dir);
+  if (!spec.ok()) return Status::Ok();
+  return options_.paths.CheckSpec(user, *spec);
+}
+
+Status JobManager::CheckOutputDirFreeLocked(const std::string& output_dir) const {
+  for (const auto& [id, other] : jobs_) {
+    if (v1::IsTerminal(other.state())) continue;
+    auto it = resolved_output_.find(id);
+    const std::string& theirs = it != resolved_output_.end() ? it->second : other.output_dir();
+    std::string relation;
+    if (output_dir == theirs) relation = " is the output_dir of ";
+    else if (IsWithin(output_dir, theirs)) relation = " is inside " + theirs + ", the output_dir of ";
+    else if (IsWithin(theirs, output_dir)) relation = " holds " + theirs + ", the output_dir of ";
+    else continue;
+    return Status::FailedPrecondition("output_dir: " + output_dir + relation + id + " (" +
+                                      v1::JobStateName(other.state()) +
+                                      "); submit again after it ends, or choose another output_dir");
+  }
+  return Status::Ok();
+}
+
 Result<v1::Job> JobManager::Submit(const std::string& user, const v1::SubmitJobRequest& req) {
   TRAIND_ASSIGN_OR_RETURN(std::string text, SpecText(req));
+  // Confinement first: admission opens the input files.
+  TRAIND_RETURN_IF_ERROR(CheckPaths(user, text, req.base_dir()));
   TRAIND_ASSIGN_OR_RETURN(worker::Admitted admitted,
                           worker::Admit(text, req.base_dir(), options_.admission_device));
+  auto resolved = ResolvePath(admitted.spec.output_dir);
+  const std::string output_dir = resolved.ok() ? *resolved : admitted.spec.output_dir;
   std::lock_guard<std::mutex> lock(mu_);
   if (stopping_) return Status::Unavailable("traind is shutting down; submit again after it restarts");
+  TRAIND_RETURN_IF_ERROR(CheckOutputDirFreeLocked(output_dir));
   const int64_t order = last_order_ + 1;
   char id[32];
   std::snprintf(id, sizeof(id), "job-%06lld", static_cast<long long>(order));
@@ -145,6 +178,7 @@ Result<v1::Job> JobManager::Submit(const std::string& user, const v1::SubmitJobR
   TRAIND_RETURN_IF_ERROR(store_->Write(job, &ev, /*sync=*/true, order));
   last_order_ = order;
   jobs_[job.id()] = job;
+  resolved_output_[job.id()] = output_dir;
   worker::QueuedJob q;
   q.id = job.id();
   q.priority = job.priority();
@@ -157,12 +191,13 @@ Result<v1::Job> JobManager::Submit(const std::string& user, const v1::SubmitJobR
   return job;
 }
 
-Result<v1::EstimateJobResponse> JobManager::Estimate(const v1::EstimateJobRequest& req) {
+Result<v1::EstimateJobResponse> JobManager::Estimate(const std::string& user, const v1::EstimateJobRequest& req) {
   v1::SubmitJobRequest as_submit;
   if (req.has_spec()) *as_submit.mutable_spec() = req.spec();
   else as_submit.set_spec_yaml(req.spec_yaml());
   as_submit.set_base_dir(req.base_dir());
   TRAIND_ASSIGN_OR_RETURN(std::string text, SpecText(as_submit));
+  TRAIND_RETURN_IF_ERROR(CheckPaths(user, text, req.base_dir()));
   TRAIND_ASSIGN_OR_RETURN(engine::MemoryPlan plan, worker::Estimate(text, req.base_dir(), options_.admission_device));
   v1::EstimateJobResponse resp;
   *resp.mutable_plan() = worker::PlanToProto(plan);

@@ -17,6 +17,7 @@
 
 #include "job_store.h"
 #include "metrics.h"
+#include "path_policy.h"
 #include "traind/engine/status.h"
 #include "traind/v1/job_service.pb.h"
 #include "traind/worker/supervisor.h"
@@ -26,6 +27,7 @@ namespace traind::server {
 struct JobManagerOptions {
   worker::SupervisorOptions supervisor;  // runner path, device, attempts, cancel grace, log dir
   engine::DeviceOptions admission_device;  // what SubmitJob/EstimateJob plan against
+  PathPolicy paths;                        // where each user's jobs may read and write
 };
 
 class JobManager : public worker::SupervisorListener {
@@ -41,10 +43,14 @@ class JobManager : public worker::SupervisorListener {
   // every WatchJob stream. Idempotent.
   void Stop();
 
-  // Admission (parse, inputs, plan vs budget) then a durable QUEUED record. Errors are the
-  // engine's (INVALID_ARGUMENT with the field path, NOT_FOUND / FAILED_PRECONDITION).
+  // Path confinement of `user` (INVALID_ARGUMENT naming the field, before any input is opened),
+  // admission (parse, inputs, plan vs budget), then a durable QUEUED record. Errors are the
+  // engine's (INVALID_ARGUMENT with the field path, NOT_FOUND / FAILED_PRECONDITION), and
+  // FAILED_PRECONDITION naming the other job when the resolved output_dir is, holds or lies
+  // inside the output_dir of a QUEUED or RUNNING job (of any user).
   Result<v1::Job> Submit(const std::string& user, const v1::SubmitJobRequest& req);
-  Result<v1::EstimateJobResponse> Estimate(const v1::EstimateJobRequest& req);
+  // The memory plan; the spec's paths are confined as for Submit.
+  Result<v1::EstimateJobResponse> Estimate(const std::string& user, const v1::EstimateJobRequest& req);
   // NOT_FOUND for an unknown id and for another user's job alike.
   Result<v1::Job> Get(const std::string& user, const std::string& id);
   std::vector<v1::Job> List(const std::string& user, int limit);  // newest first
@@ -71,6 +77,11 @@ class JobManager : public worker::SupervisorListener {
   Status AppendLocked(v1::Job* job, v1::JobEvent ev, bool sync);
   void UpdateGaugesLocked();
   Result<std::string> SpecText(const v1::SubmitJobRequest& req) const;
+  // The path policy's verdict on `text` for `user` (OK for a spec that does not parse: admission
+  // reports that).
+  Status CheckPaths(const std::string& user, const std::string& text, const std::string& base_dir) const;
+  // FAILED_PRECONDITION when `output_dir` (resolved) collides with a QUEUED or RUNNING job's.
+  Status CheckOutputDirFreeLocked(const std::string& output_dir) const;
 
   const JobManagerOptions options_;
   JobStore* const store_;
@@ -80,6 +91,9 @@ class JobManager : public worker::SupervisorListener {
   mutable std::mutex mu_;
   std::condition_variable changed_;          // any event appended, or stopping
   std::map<std::string, v1::Job> jobs_;      // guarded by mu_
+  // Job id → its output_dir resolved (symlinks, `..`) at submit or at Start; consulted for the
+  // jobs that are not terminal. Guarded by mu_.
+  std::map<std::string, std::string> resolved_output_;
   int64_t last_order_ = 0;                   // guarded by mu_
   bool stopping_ = false;                    // guarded by mu_
 };

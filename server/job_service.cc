@@ -63,8 +63,8 @@ grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* ctx, const v1::WatchJ
 
 grpc::Status JobServiceImpl::EstimateJob(grpc::ServerContext* ctx, const v1::EstimateJobRequest* req,
                                          v1::EstimateJobResponse* resp) {
-  return Handle("EstimateJob", ctx, [&](const std::string&) -> Status {
-    TRAIND_ASSIGN_OR_RETURN(*resp, jobs_->Estimate(*req));
+  return Handle("EstimateJob", ctx, [&](const std::string& user) -> Status {
+    TRAIND_ASSIGN_OR_RETURN(*resp, jobs_->Estimate(user, *req));
     return Status::Ok();
   });
 }

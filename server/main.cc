@@ -28,6 +28,7 @@
 #include "job_store.h"
 #include "metrics.h"
 #include "options.h"
+#include "path_policy.h"
 #include "run_command.h"
 #include "traind/worker/job_runner.h"
 
@@ -161,6 +162,15 @@ int main(int argc, char** argv) {
   jm.supervisor.max_attempts = opts.max_attempts;
   jm.supervisor.cancel_grace_seconds = opts.cancel_grace_seconds;
   jm.supervisor.log_dir = opts.state_dir + "/jobs";
+  // Where submitted jobs may read and write: the flags' roots, replaced per user by the tokens
+  // file's (server/path_policy.h). `traind run` never gets here: it is not confined.
+  auto paths = server::PathPolicy::Create(opts.data_root_dirs, opts.output_root_dirs, auth->user_roots());
+  if (!paths.ok()) return Fail(paths.status());
+  jm.paths = std::move(*paths);
+  if (!opts.data_root_dirs.empty() || !opts.output_root_dirs.empty() || !auth->user_roots().empty()) {
+    spdlog::info("paths: jobs read in --data-roots [{}] and write in --output-roots [{}]; {} user(s) with own roots",
+                 opts.data_roots, opts.output_roots, auth->user_roots().size());
+  }
   server::JobManager jobs(jm, store->get(), metrics->get());
   if (Status s = jobs.Start(); !s.ok()) return Fail(s);
 

@@ -1,6 +1,8 @@
 // Flag and config-file parsing for traind (see options.h).
 #include "options.h"
 
+#include "path_policy.h"
+
 #include <yaml-cpp/yaml.h>
 
 #include <CLI/CLI.hpp>
@@ -56,7 +58,9 @@ Result<ServerOptions> ParseServerOptions(int argc, char** argv, bool* help) {
   app.add_option("--tls-cert", o.tls_cert, "PEM certificate: serve TLS");
   app.add_option("--tls-key", o.tls_key, "PEM private key of --tls-cert");
   app.add_option("--http-listen", o.http_listen, "web page host:port (same tokens and TLS); off = none");
-  app.add_option("--tokens-file", o.tokens_file, "file of `user token` lines");
+  app.add_option("--tokens-file", o.tokens_file, "file of `user token [data=DIR,..] [output=DIR,..]` lines");
+  app.add_option("--data-roots", o.data_roots, "DIR,...: where submitted jobs may read (default: anywhere)");
+  app.add_option("--output-roots", o.output_roots, "DIR,...: where submitted jobs may write (default: anywhere)");
   app.add_flag("--allow-insecure-remote", o.allow_insecure_remote, "allow plaintext on a non-loopback address");
   app.add_option("--max-attempts", o.max_attempts, "job-runner attempts per job");
   app.add_option("--cancel-grace-seconds", o.cancel_grace_seconds, "SIGTERM to SIGKILL for a cancelled job");
@@ -93,6 +97,16 @@ Result<ServerOptions> ParseServerOptions(int argc, char** argv, bool* help) {
         if (key == "config" || !app.get_option_no_throw("--" + key))
           return Status::InvalidArgument("--config " + config_path + ": " + kv.first.as<std::string>() + ": unknown key");
         if (given.count(key)) continue;
+        if ((key == "data-roots" || key == "output-roots") && kv.second.IsSequence()) {
+          std::string joined;
+          for (const auto& item : kv.second) {
+            if (!item.IsScalar())
+              return Status::InvalidArgument("--config " + config_path + ": " + key + ": must be a list of directories");
+            joined += (joined.empty() ? "" : ",") + item.as<std::string>();
+          }
+          merged.push_back("--" + key + "=" + joined);
+          continue;
+        }
         if (!kv.second.IsScalar())
           return Status::InvalidArgument("--config " + config_path + ": " + key + ": must be a scalar");
         const std::string value = kv.second.as<std::string>();
@@ -125,6 +139,15 @@ Result<ServerOptions> ParseServerOptions(int argc, char** argv, bool* help) {
   if (o.http_listen != "off" && o.tls_cert.empty() && !o.allow_insecure_remote && !IsLoopbackAddress(o.http_listen))
     return Status::InvalidArgument("refusing plaintext HTTP on non-loopback address " + o.http_listen +
                                    ": give --tls-cert/--tls-key, or --allow-insecure-remote");
+  if (!o.data_roots.empty()) {
+    TRAIND_ASSIGN_OR_RETURN(o.data_root_dirs, ParseRoots(o.data_roots, "--data-roots", /*allow_relative=*/true));
+  }
+  if (!o.output_roots.empty()) {
+    TRAIND_ASSIGN_OR_RETURN(o.output_root_dirs, ParseRoots(o.output_roots, "--output-roots", /*allow_relative=*/true));
+  }
+  if (!o.data_root_dirs.empty() && o.output_root_dirs.empty())
+    return Status::InvalidArgument(
+        "--data-roots needs --output-roots too: jobs would have nowhere to write their output_dir");
   if (o.max_attempts < 1) return Status::InvalidArgument("--max-attempts must be at least 1");
   static const std::set<std::string> kLevels{"trace", "debug", "info", "warn", "error"};
   if (!kLevels.count(o.log_level)) return Status::InvalidArgument("--log-level: unknown level " + o.log_level);

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "traind/engine/status.h"
 
@@ -24,7 +25,13 @@ struct ServerOptions {
   // address given by flag or config must bind or traind stops.
   std::string http_listen = "127.0.0.1:8080";
   bool http_listen_given = false;
-  std::string tokens_file;                        // `user token` lines (beside <state-dir>/token)
+  std::string tokens_file;  // `user token [data=DIR,..] [output=DIR,..]` lines (beside <state-dir>/token)
+  // Path confinement (path_policy.h): comma-separated directories where submitted jobs may read
+  // (data; outputs count too) and write (output). "" = none: not confined, unless the tokens file
+  // gives the user roots. Relative entries resolve against traind's working directory; each must
+  // be an existing directory; data roots need output roots. In a --config file also a YAML list.
+  std::string data_roots, output_roots;
+  std::vector<std::string> data_root_dirs, output_root_dirs;  // parsed, resolved (symlinks, `..`)
   bool allow_insecure_remote = false;  // plaintext on a non-loopback address (default: refused)
   int max_attempts = 3;                // job-runner attempts per job before FAILED
   double cancel_grace_seconds = 10;    // SIGTERM → SIGKILL for a cancelled job's child
