@@ -31,6 +31,8 @@ nlohmann::json PlanJson(const Plan& p) {
           {"optimizer", p.optimizer().empty() ? "adamw" : p.optimizer()},
           {"trainable_params", p.trainable_params()},
           {"total_params", p.total_params()},
+          {"offload", p.offload().empty() ? "none" : p.offload()},
+          {"offload_state_bytes", p.offload_state_bytes()},
           {"budget_bytes", p.budget_bytes()},
           {"reason", p.reason()},
           {"bytes", {{"weights", b.weights()}, {"gradients", b.gradients()}, {"optimizer", b.optimizer()},

@@ -331,6 +331,13 @@ void JobManager::OnRunnerEvent(const std::string& id, const v1::RunnerEvent& rev
       job.set_max_steps(rev.step().max_steps());
       job.set_last_loss(rev.step().loss());
       *ev.mutable_step() = rev.step();
+      if (rev.step().offload_written_bytes() > 0 || rev.step().offload_read_bytes() > 0) {
+        v1::OffloadTotals* o = job.mutable_offload();
+        o->set_read_bytes(o->read_bytes() + rev.step().offload_read_bytes());
+        o->set_written_bytes(o->written_bytes() + rev.step().offload_written_bytes());
+        o->set_io_seconds(o->io_seconds() + rev.step().offload_io_seconds());
+        o->set_store_bytes(rev.step().offload_store_bytes());
+      }
       metrics_->OnStep(id, rev.step());
       break;
     case v1::RunnerEvent::kLog:

@@ -27,6 +27,7 @@ struct Metrics::JobSeries {
   prometheus::Counter* offload_read;
   prometheus::Counter* offload_written;
   prometheus::Counter* offload_io;
+  prometheus::Gauge* offload_store;
   prometheus::Counter* tokenize_bytes;
   int64_t tokenize_bytes_counted = 0;  // bytes_done of the current tokenization already counted
 };
@@ -71,6 +72,8 @@ Result<std::unique_ptr<Metrics>> Metrics::Start(const std::string& listen, doubl
                              .Help("Offloaded optimizer-state bytes written").Register(r);
   m->offload_io_ = &BuildCounter().Name("traind_offload_io_seconds_total")
                         .Help("Time spent waiting on offload I/O").Register(r);
+  m->offload_store_ = &BuildGauge().Name("traind_offload_store_bytes")
+                           .Help("Bytes the offload store holds (disk for nvme, RAM for cpu)").Register(r);
   m->tokenize_bytes_ = &BuildCounter().Name("traind_tokenize_bytes_total")
                             .Help("Source bytes tokenized (cache misses only)").Register(r);
   m->requests_ = &BuildCounter().Name("traind_grpc_requests_total").Help("Control-plane calls by method and code").Register(r);
@@ -135,6 +138,7 @@ void Metrics::JobStarted(const std::string& id, const std::string& name, const v
     s->offload_read = &offload_read_->Add(l);
     s->offload_written = &offload_written_->Add(l);
     s->offload_io = &offload_io_->Add(l);
+    s->offload_store = &offload_store_->Add(l);
     s->tokenize_bytes = &tokenize_bytes_->Add(l);
   }
   const auto& b = plan.bytes();
@@ -158,6 +162,10 @@ void Metrics::OnStep(const std::string& id, const v1::StepEvent& e) {
   s.learning_rate->Set(e.learning_rate());
   s.grad_norm->Set(e.grad_norm());
   if (e.skipped()) s.skipped->Increment();
+  s.offload_read->Increment(static_cast<double>(std::max<int64_t>(0, e.offload_read_bytes())));
+  s.offload_written->Increment(static_cast<double>(std::max<int64_t>(0, e.offload_written_bytes())));
+  s.offload_io->Increment(std::max(0.0, e.offload_io_seconds()));
+  s.offload_store->Set(static_cast<double>(e.offload_store_bytes()));
   s.dataloader_wait->Increment(std::max(0.0, e.dataloader_wait_seconds()));
   if (e.step_seconds() > 0) {
     if (peak_flops_ > 0) s.mfu->Set(e.model_flops() / e.step_seconds() / peak_flops_);
@@ -221,6 +229,7 @@ void Metrics::JobEnded(const std::string& id) {
   offload_read_->Remove(s.offload_read);
   offload_written_->Remove(s.offload_written);
   offload_io_->Remove(s.offload_io);
+  offload_store_->Remove(s.offload_store);
   tokenize_bytes_->Remove(s.tokenize_bytes);
   series_.erase(it);
   memory_used_->Set(0);

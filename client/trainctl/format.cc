@@ -91,6 +91,12 @@ nlohmann::json JobJson(const v1::Job& j) {
           {"trainable_params", j.plan().trainable_params()},
           {"total_params", j.plan().total_params()},
           {"plan", PlanJson(j.plan())},
+          // training.offload I/O so far (null without offload or before the first step).
+          {"offload", j.has_offload() ? nlohmann::json{{"read_bytes", j.offload().read_bytes()},
+                                                       {"written_bytes", j.offload().written_bytes()},
+                                                       {"io_seconds", JsonNumber(j.offload().io_seconds())},
+                                                       {"store_bytes", j.offload().store_bytes()}}
+                                      : nlohmann::json(nullptr)},
           // Tokenization of the training data (null until it started): tokenizing is true while
           // the running job encodes its data into the token cache.
           {"tokenize", j.has_tokenize() ? TokenizeJson(j.tokenize()) : nlohmann::json(nullptr)},
@@ -126,6 +132,17 @@ std::string StatusText(const v1::Job& j) {
   row("plan", "micro_batch " + std::to_string(j.plan().micro_batch()) + " x " +
                   std::to_string(j.plan().gradient_accumulation_steps()) + " accumulation, " +
                   HumanBytes(j.plan().bytes().total()));
+  if (!j.plan().offload().empty() && j.plan().offload() != "none") {
+    row("offload", j.plan().offload() + ": " + HumanBytes(j.plan().offload_state_bytes()) +
+                       " optimizer state off the device, " + HumanBytes(j.plan().bytes().optimizer()) +
+                       " window on it");
+    if (j.has_offload()) {
+      row("offload_io", "read " + HumanBytes(j.offload().read_bytes()) + ", written " +
+                            HumanBytes(j.offload().written_bytes()) + ", waited " +
+                            Fmt("%.2f s", j.offload().io_seconds()) + ", store " +
+                            HumanBytes(j.offload().store_bytes()));
+    }
+  }
   if (j.plan().total_params() > 0) {
     row("parameters", "trainable " + std::to_string(j.plan().trainable_params()) + " of " +
                           std::to_string(j.plan().total_params()) + " total" +
@@ -166,6 +183,10 @@ std::string EstimateText(const v1::EstimateJobResponse& r) {
     << ", gradient_checkpointing " << (p.gradient_checkpointing() ? "on" : "off") << ", precision "
     << (p.precision().empty() ? "fp32" : p.precision()) << ", optimizer "
     << (p.optimizer().empty() ? "adamw" : p.optimizer()) << "\n";
+  if (!p.offload().empty() && p.offload() != "none") {
+    o << "offload " << p.offload() << ": optimizer state " << HumanBytes(p.offload_state_bytes())
+      << " off the device (optimizer row: the window of one group on it)\n";
+  }
   if (!r.reason().empty()) o << "reason: " << r.reason() << "\n";
   return o.str();
 }

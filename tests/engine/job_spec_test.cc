@@ -246,8 +246,7 @@ TEST(JobSpecTest, FeaturesNotBuiltYet) {
   ExpectInvalid(With(kBase, "training", "optim: lion"), "training.optim: expected one of adamw, adafactor, adamw_8bit, sgd, got 'lion'");
   ExpectInvalid(With(With(kBase, "training", "fp16: true"), "training", "bf16: true"),
                 "training.bf16: fp16 and bf16 are both true");
-  ExpectInvalid(With(kBase, "training", "offload: nvme"), "training.offload: nvme is not supported yet");
-  ExpectInvalid(With(kBase, "training", "offload: cpu"), "training.offload: cpu is not supported yet");
+  ExpectInvalid(With(kBase, "training", "offload: nvme"), "training.offload_dir: offload: nvme needs offload_dir");
   ExpectInvalid(With(kBase, "training", "offload: disk"), "training.offload: expected one of none, cpu, nvme");
   ExpectInvalid(With(kBase, "training", "peft: {type: lora, r: 8, lora_dropout: 0.1}"),
                 "training.peft.lora_dropout: 0.1 is not supported yet (supported: 0.0)");

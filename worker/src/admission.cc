@@ -77,6 +77,8 @@ v1::Plan PlanToProto(const engine::MemoryPlan& p) {
   out.set_optimizer(p.optimizer);
   out.set_trainable_params(p.trainable_params);
   out.set_total_params(p.total_params);
+  out.set_offload(p.offload);
+  out.set_offload_state_bytes(p.offload_state_bytes);
   auto* b = out.mutable_bytes();
   b->set_weights(p.bytes.weights);
   b->set_gradients(p.bytes.gradients);

@@ -14,6 +14,7 @@
 
 #include "fd_io.h"
 #include "traind/engine/local_run.h"
+#include "traind/offload/offload.h"
 #include "traind/v1/runner.pb.h"
 #include "traind/worker/admission.h"
 
@@ -49,6 +50,10 @@ v1::StepEvent ToProto(const engine::StepReport& r) {
   e.set_memory_used_bytes(r.memory_used_bytes);
   e.set_memory_peak_bytes(r.memory_peak_bytes);
   e.set_model_flops(r.model_flops);
+  e.set_offload_read_bytes(r.offload_read_bytes);
+  e.set_offload_written_bytes(r.offload_written_bytes);
+  e.set_offload_io_seconds(r.offload_io_seconds);
+  e.set_offload_store_bytes(r.offload_store_bytes);
   return e;
 }
 
@@ -63,6 +68,14 @@ v1::TokenizeEvent TokenizeToProto(const engine::TokenizeReport& r) {
   e.set_cache_hit(r.cache_hit);
   e.set_done(r.done);
   return e;
+}
+
+// training.offload's store: host RAM for cpu, RocksDB in offload_dir for nvme (offload/).
+Result<std::unique_ptr<engine::OptimizerStateStore>> OpenOffloadStore(const engine::TrainingSpec& t) {
+  offload::StoreOptions o;
+  if (t.offload == "cpu") return offload::MakeHostStore(o);
+  if (t.offload == "nvme" && t.offload_dir) return offload::MakeRocksDbStore(*t.offload_dir, o);
+  return Status::InvalidArgument("training.offload: " + t.offload + " has no store (nvme needs offload_dir)");
 }
 
 }  // namespace
@@ -107,6 +120,7 @@ int JobRunnerMain() {
   opts.device.threads = req.threads();
   opts.resume = req.resume();
   opts.cancel = &g_cancel;
+  opts.open_optimizer_state_store = OpenOffloadStore;
   engine::RunCallbacks cb;
   cb.on_plan = [&](const engine::MemoryPlan& p) {
     v1::RunnerEvent ev;
@@ -168,6 +182,7 @@ int RunLocal(const std::string& spec_path, const engine::DeviceOptions& device, 
   engine::RunOptions opts;
   opts.device = device;
   opts.resume = resume;
+  opts.open_optimizer_state_store = OpenOffloadStore;
   return engine::RunJobFileWithConsole(spec_path, opts);
 }
 

@@ -42,6 +42,10 @@ class Optimizer {
   // One step at `lr` with gradient grad_scale * grads; counts it.
   virtual void Step(float* params, const float* grads, double lr, float grad_scale) = 0;
 
+  // The first error the optimizer hit outside the device (its offload store: a full disk, a
+  // damaged chunk), sticky; Ok for in-memory optimizers. Checked after Step and SaveState.
+  virtual Status status() const { return Status::Ok(); }
+
   virtual SafetensorsFile SaveState() const = 0;
   // DATA_LOSS naming the tensor or the metadata that does not match this optimizer and model.
   virtual Status LoadState(const SafetensorsFile& file) = 0;

@@ -336,12 +336,15 @@ Status ParseTraining(const YAML::Node& node, TrainingSpec* t, const std::string&
   TRAIND_RETURN_IF_ERROR(
       r.Int("gradient_checkpointing_every", &t->gradient_checkpointing_every, 1));
   TRAIND_RETURN_IF_ERROR(r.String("offload", &t->offload));
-  if (t->offload == "cpu" || t->offload == "nvme") return NotYet(r, "offload", t->offload, "none");
-  if (t->offload != "none") {
+  if (t->offload != "none" && t->offload != "cpu" && t->offload != "nvme") {
     return r.Error("offload", "expected one of none, cpu, nvme, got '" + t->offload + "'");
   }
   TRAIND_RETURN_IF_ERROR(r.OptionalString("offload_dir", &t->offload_dir));
   if (t->offload_dir) t->offload_dir = Resolve(base_dir, *t->offload_dir);
+  if (t->offload == "nvme" && (!t->offload_dir || t->offload_dir->empty())) {
+    return r.Error("offload_dir", "offload: nvme needs offload_dir, a directory on a local drive "
+                                  "for the optimizer state");
+  }
   TRAIND_RETURN_IF_ERROR(ParsePeft(r, t));
   TRAIND_RETURN_IF_ERROR(r.Int("seed", &t->seed, 0));
   TRAIND_RETURN_IF_ERROR(r.Int("logging_steps", &t->logging_steps, 1));

@@ -8,6 +8,7 @@
 
 #include "backend/device_registry.h"
 #include "models/hf_config.h"
+#include "optim/offloaded_optimizer.h"
 #include "optim/optimizer.h"
 #include "train/step_runner.h"
 
@@ -87,7 +88,10 @@ MemoryBytes JobBytes(const ModelConfig& config, const ModelOptions& options,
   const std::vector<ParamInfo> trainable = Model::TrainableParamsOf(config, options);
   int64_t n_trainable = 0;
   for (const ParamInfo& p : trainable) n_trainable = std::max(n_trainable, p.offset + p.numel);
-  b.optimizer += OptimizerPlanBytes(training, trainable, n_trainable);
+  // With offload only the window of the group being updated is on the device.
+  b.optimizer += training.offload != "none"
+                     ? OffloadedOptimizerDeviceBytes(training, trainable, n_trainable)
+                     : OptimizerPlanBytes(training, trainable, n_trainable);
   // The trainer's double-buffered micro-batch uploads and step scalars.
   b.activations += StepRunner::PlanBytes(options.micro_batch, options.seq_len);
   return b;
@@ -105,6 +109,14 @@ Result<MemoryPlan> PlanJob(const JobSpec& spec, const ModelConfig& config, int64
   MemoryPlan plan;
   plan.precision = t.bf16 ? "bf16" : (t.fp16 ? "fp16" : "fp32");
   plan.optimizer = t.optim;
+  plan.offload = t.offload;
+  if (t.offload != "none") {
+    const ModelOptions mo = JobModelOptions(spec, 1, false);
+    const std::vector<ParamInfo> trainable = Model::TrainableParamsOf(config, mo);
+    int64_t n = 0;
+    for (const ParamInfo& p : trainable) n = std::max(n, p.offset + p.numel);
+    plan.offload_state_bytes = OptimizerPlanBytes(t, trainable, n);
+  }
   {
     const ModelOptions mo = JobModelOptions(spec, 1, false);
     auto hf_numel = [](const ParamInfo& p) {

@@ -1,6 +1,7 @@
 // The set-up stages of a training session (session.h), each a function of its own.
 #include "train/session.h"
 
+#include <cstdio>
 #include <filesystem>
 #include <utility>
 
@@ -8,6 +9,8 @@
 #include "train/planner.h"
 #include "core/safetensors.h"
 #include "traind/engine/communicator.h"
+#include "optim/offloaded_optimizer.h"
+#include "traind/engine/optimizer_state_store.h"
 
 namespace traind::engine {
 namespace {
@@ -20,10 +23,13 @@ Status ValidateRun(const TrainingSession& s) {
   if (t.fp16 && t.bf16) {
     return Status::InvalidArgument("training.bf16: fp16 and bf16 are both true; choose one");
   }
-  if (t.offload != "none") {
-    return Status::Unimplemented("training.offload: " + t.offload + " is not supported yet");
+  if (t.offload != "none" && s.options->optimizer_state_store == nullptr &&
+      !s.options->open_optimizer_state_store) {
+    return Status::FailedPrecondition("training.offload: " + t.offload +
+                                      " needs an optimizer-state store, which the job runner opens; "
+                                      "this caller gave none");
   }
-  if (s.options->optimizer_state_store != nullptr) {
+  if (t.offload == "none" && s.options->optimizer_state_store != nullptr) {
     return Status::InvalidArgument(
         "an optimizer-state store was given but training.offload is none: set training.offload");
   }
@@ -81,8 +87,26 @@ Status BuildModelAndOptimizer(TrainingSession* s) {
   TRAIND_ASSIGN_OR_RETURN(
       s->model, Model::Create(s->config, JobModelOptions(s->spec, s->B, s->plan.gradient_checkpointing),
                               s->arena.get()));
-  TRAIND_ASSIGN_OR_RETURN(s->optimizer, MakeOptimizer(t, s->model->trainable_params(),
-                                                      s->model->num_trainable(), s->arena.get()));
+  if (t.offload != "none") {
+    s->store = s->options->optimizer_state_store;
+    if (s->store == nullptr) {
+      TRAIND_ASSIGN_OR_RETURN(s->owned_store, s->options->open_optimizer_state_store(t));
+      s->store = s->owned_store.get();
+    }
+    TRAIND_ASSIGN_OR_RETURN(s->optimizer,
+                            MakeOffloadedOptimizer(t, s->model->trainable_params(),
+                                                   s->model->num_trainable(), s->arena.get(),
+                                                   s->store));
+    const int64_t state = OptimizerPlanBytes(t, s->model->trainable_params(), s->model->num_trainable());
+    char line[160];
+    std::snprintf(line, sizeof(line), ": %.2f MiB of %s state off the device, %.2f MiB window on it",
+                  static_cast<double>(state) / 1048576.0, t.optim.c_str(),
+                  static_cast<double>(s->plan.bytes.optimizer) / 1048576.0);
+    s->Message("training.offload " + t.offload + ": optimizer state in " + s->store->Describe() + line);
+  } else {
+    TRAIND_ASSIGN_OR_RETURN(s->optimizer, MakeOptimizer(t, s->model->trainable_params(),
+                                                        s->model->num_trainable(), s->arena.get()));
+  }
   return Status::Ok();
 }
 

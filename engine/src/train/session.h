@@ -43,6 +43,8 @@ struct TrainingSession {
 
   // Device objects, in construction order (destroyed in reverse: the arena outlives what it holds).
   std::unique_ptr<Backend> backend;
+  std::unique_ptr<OptimizerStateStore> owned_store;  // opened for training.offload (else null)
+  OptimizerStateStore* store = nullptr;              // owned_store or RunOptions' store
   std::unique_ptr<DeviceArena> arena;
   std::unique_ptr<Model> model;
   std::unique_ptr<Optimizer> optimizer;  // training.optim

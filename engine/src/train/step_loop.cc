@@ -125,6 +125,7 @@ Status RunStepLoop(TrainingSession* s, double* last_eval) {
     const float loss_scale = t.fp16 ? scaler.scale() : 1.0f;
     const double lr =
         t.learning_rate * LrLambda(s->schedule, t.warmup_steps, t.max_steps, state.global_step);
+    const OptimizerStateStoreStats io_before = s->store ? s->store->Stats() : OptimizerStateStoreStats{};
     TRAIND_ASSIGN_OR_RETURN(StepRunner::Outcome outcome, runner->Run(next_batch, lr, loss_scale, &wait));
     if (state.global_step == s->first_step) {
       if (runner->replaying()) {
@@ -169,6 +170,13 @@ Status RunStepLoop(TrainingSession* s, double* last_eval) {
       r.memory_used_bytes = s->arena->used_bytes();
       r.memory_peak_bytes = s->arena->peak_bytes();
       r.model_flops = step_flops;
+      if (s->store != nullptr) {
+        const OptimizerStateStoreStats io = s->store->Stats();
+        r.offload_read_bytes = static_cast<int64_t>(io.read_bytes - io_before.read_bytes);
+        r.offload_written_bytes = static_cast<int64_t>(io.written_bytes - io_before.written_bytes);
+        r.offload_io_seconds = io.io_wait_seconds - io_before.io_wait_seconds;
+        r.offload_store_bytes = static_cast<int64_t>(io.store_bytes);
+      }
       callbacks.on_step(r);
     }
     const bool last = state.global_step == t.max_steps;

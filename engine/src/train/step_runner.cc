@@ -104,6 +104,7 @@ Status StepRunner::HostDrivenOptimizer(double lr, StepScalars* host) {
   if (!(host->skip_nonfinite != 0 && !std::isfinite(host->grad_sq))) {
     const float multiplier = StepGradMultiplier(host->grad_sq, host->loss_scale, host->max_grad_norm);
     optimizer_->Step(model_->trainable_data(), model_->grad_data(), lr, multiplier);
+    TRAIND_RETURN_IF_ERROR(optimizer_->status());
     model_->ParamsChanged();
   }
   model_->ZeroGrad();

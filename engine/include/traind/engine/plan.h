@@ -27,6 +27,10 @@ struct MemoryPlan {
   // (all, or with training.peft the LoRA adapters) and the total (base + adapters).
   int64_t trainable_params = 0;
   int64_t total_params = 0;
+  // training.offload: none | cpu | nvme. With offload, bytes.optimizer is the device window (one
+  // group's state) and offload_state_bytes what the store holds (host RAM or disk).
+  std::string offload = "none";
+  int64_t offload_state_bytes = 0;
   MemoryBytes bytes;
   int64_t budget_bytes = 0;                 // the budget it was planned against (0 = unlimited)
   std::string reason;                       // one line: why this batch and these techniques

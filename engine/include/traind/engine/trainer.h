@@ -6,10 +6,12 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 
 #include "traind/engine/devices.h"
 #include "traind/engine/job_spec.h"
+#include "traind/engine/optimizer_state_store.h"
 #include "traind/engine/plan.h"
 #include "traind/engine/status.h"
 
@@ -43,6 +45,11 @@ struct StepReport {
   int64_t memory_used_bytes = 0;
   int64_t memory_peak_bytes = 0;
   double model_flops = 0;      // model FLOPs of this step (6 * params * tokens + attention)
+  // training.offload: this step's optimizer-state I/O (0 without offload) and the store's size.
+  int64_t offload_read_bytes = 0;
+  int64_t offload_written_bytes = 0;
+  double offload_io_seconds = 0;      // time the step waited on the store (I/O not hidden)
+  int64_t offload_store_bytes = 0;    // bytes the store holds now (disk, or RAM for cpu)
 };
 
 // What a `logging_steps` window reports (the log_history entry).
@@ -108,10 +115,13 @@ struct RunOptions {
   const std::atomic<bool>* cancel = nullptr;
 
   // ---- injection points (not owned; each must outlive RunJob) ----
-  // Where optimizer state and fp32 master weights live with training.offload cpu/nvme (the job
-  // runner opens it on offload_dir). Null: in device memory, the only mode built so far; a spec
-  // asking for offload without a store is rejected.
+  // Where optimizer state lives with training.offload cpu/nvme. A store given here is used as is;
+  // otherwise open_optimizer_state_store opens one for the spec (the job runner passes offload/'s
+  // factories: host RAM for cpu, RocksDB on offload_dir for nvme). Neither: an offload spec is
+  // rejected (FAILED_PRECONDITION).
   OptimizerStateStore* optimizer_state_store = nullptr;
+  std::function<Result<std::unique_ptr<OptimizerStateStore>>(const TrainingSpec&)>
+      open_optimizer_state_store;
   // The ranks of a data-parallel run. Null, or a world of one: training alone. Worlds larger than
   // one are not built yet (UNIMPLEMENTED).
   Communicator* communicator = nullptr;

@@ -1,0 +1,329 @@
+// OffloadedOptimizer: see offloaded_optimizer.h.
+#include "optim/offloaded_optimizer.h"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+namespace traind::engine {
+namespace {
+
+constexpr char kMagic[4] = {'T', 'O', 'S', '1'};
+constexpr const char* kKind = "state";
+
+void PutU32(std::string* out, uint32_t v) {
+  for (int i = 0; i < 4; ++i) out->push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+}
+void PutU64(std::string* out, uint64_t v) {
+  for (int i = 0; i < 8; ++i) out->push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+}
+void PutStr(std::string* out, const std::string& s) {
+  PutU32(out, static_cast<uint32_t>(s.size()));
+  out->append(s);
+}
+
+// A bounds-checked reader over a payload; the first failure sticks.
+class Reader {
+ public:
+  explicit Reader(const std::string& s) : s_(s) {}
+  bool ok() const { return ok_; }
+  bool done() const { return pos_ == s_.size(); }
+  uint64_t U(int bytes) {
+    if (!Need(static_cast<size_t>(bytes))) return 0;
+    uint64_t v = 0;
+    for (int i = 0; i < bytes; ++i) v |= static_cast<uint64_t>(static_cast<unsigned char>(s_[pos_ + i])) << (8 * i);
+    pos_ += static_cast<size_t>(bytes);
+    return v;
+  }
+  std::string Bytes(uint64_t n) {
+    if (!Need(n)) return {};
+    std::string out = s_.substr(pos_, static_cast<size_t>(n));
+    pos_ += static_cast<size_t>(n);
+    return out;
+  }
+  std::string Str() { return Bytes(U(4)); }
+
+ private:
+  bool Need(uint64_t n) {
+    if (!ok_ || n > s_.size() - pos_) ok_ = false;
+    return ok_;
+  }
+  const std::string& s_;
+  size_t pos_ = 0;
+  bool ok_ = true;
+};
+
+struct Group {
+  std::string name;                // the store's group key: "<index> <first tensor's name>"
+  int64_t begin = 0;               // element range of the flat buffers
+  int64_t end = 0;
+  std::vector<ParamInfo> params;   // offsets relative to begin
+};
+
+std::vector<Group> MakeGroups(const TrainingSpec& t, std::vector<ParamInfo> params,
+                              const OffloadOptions& o) {
+  std::sort(params.begin(), params.end(),
+            [](const ParamInfo& a, const ParamInfo& b) { return a.offset < b.offset; });
+  std::vector<int64_t> param_bytes;
+  int64_t total = 0;
+  for (const ParamInfo& p : params) {
+    ParamInfo alone = p;
+    alone.offset = 0;
+    param_bytes.push_back(OptimizerPlanBytes(t, {alone}, p.numel));
+    total += param_bytes.back();
+  }
+  // About 16 groups (so reads, updates and writes overlap), none over the configured size, none
+  // under 16 KiB (per-group overhead).
+  const int64_t target = std::min(o.group_state_bytes, std::max<int64_t>(total / 16, 16 << 10));
+  std::vector<Group> groups;
+  Group cur;
+  int64_t cur_bytes = 0;
+  auto flush = [&] {
+    if (cur.params.empty()) return;
+    cur.begin = cur.params.front().offset;
+    cur.end = cur.begin;
+    for (ParamInfo& p : cur.params) {
+      cur.end = std::max(cur.end, p.offset + p.numel);
+      p.offset -= cur.begin;
+    }
+    std::string first = cur.params.front().hf_name.substr(0, 200);
+    cur.name = std::to_string(groups.size()) + " " + first;
+    groups.push_back(std::move(cur));
+    cur = Group();
+    cur_bytes = 0;
+  };
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (!cur.params.empty() && cur_bytes + param_bytes[i] > target) flush();
+    cur.params.push_back(params[i]);
+    cur_bytes += param_bytes[i];
+  }
+  flush();
+  return groups;
+}
+
+class OffloadedOptimizer final : public Optimizer {
+ public:
+  OffloadedOptimizer(const TrainingSpec& t, std::vector<Group> groups, DeviceArena* arena,
+                     OptimizerStateStore* store, const OffloadOptions& o)
+      : t_(t), groups_(std::move(groups)), arena_(arena), store_(store), options_(o),
+        committed_(groups_.size()), pending_(groups_.size()) {}
+
+  std::string name() const override { return t_.optim; }
+  int64_t step() const override { return step_; }
+  bool issues_from_device_scalars() const override { return false; }
+  void FillNextStep(StepScalars*) const override {}
+  void IssueStep(float*, const float*, const StepScalars*) override {}
+  void CountStep() override {}
+  Status status() const override { return status_; }
+
+  void Step(float* params, const float* grads, double lr, float grad_scale) override {
+    if (!status_.ok()) return;  // a failed store stays failed: the job ends with status_
+    status_ = RunStep(params, grads, lr, grad_scale);
+  }
+
+  SafetensorsFile SaveState() const override {
+    SafetensorsFile out;
+    for (size_t g = 0; g < groups_.size() && status_.ok(); ++g) {
+      Result<SafetensorsFile> f = GroupState(g);
+      if (!f.ok()) {
+        status_ = f.status();
+        return {};
+      }
+      if (out.metadata.empty()) out.metadata = f->metadata;
+      for (auto& [name, tensor] : f->tensors) out.tensors[name] = std::move(tensor);
+    }
+    out.metadata["step"] = std::to_string(step_);
+    return out;
+  }
+
+  Status LoadState(const SafetensorsFile& file) override {
+    TRAIND_RETURN_IF_ERROR(status_);
+    auto it = file.metadata.find("step");
+    int64_t step = -1;
+    if (it != file.metadata.end()) {
+      try {
+        step = std::stoll(it->second);
+      } catch (...) {
+      }
+    }
+    if (step < 0) return Status::DataLoss("optimizer state: metadata lacks a valid step");
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      TRAIND_ASSIGN_OR_RETURN(std::unique_ptr<Optimizer> inner, Window(g));
+      TRAIND_RETURN_IF_ERROR(inner->LoadState(file));  // checks format, names, shapes
+      TRAIND_RETURN_IF_ERROR(WriteGroup(g, inner->SaveState()));
+    }
+    TRAIND_RETURN_IF_ERROR(CommitAs(step));
+    step_ = step;
+    return Status::Ok();
+  }
+
+ private:
+  // A transient instance of the real optimizer over group g (its state in the arena).
+  Result<std::unique_ptr<Optimizer>> Window(size_t g) const {
+    const Group& gr = groups_[g];
+    return MakeOptimizer(t_, gr.params, gr.end - gr.begin, arena_);
+  }
+
+  StateKey Key(size_t g, size_t piece) const {
+    return StateKey{groups_[g].name, static_cast<int64_t>(piece), kKind};
+  }
+
+  void Prefetch(size_t g) const {
+    if (g >= groups_.size()) return;
+    for (size_t i = 0; i < committed_[g].size(); ++i) store_->Prefetch(Key(g, i));
+  }
+
+  // Group g's committed state (a fresh instance's at step 0: zeros, nothing stored yet).
+  Result<SafetensorsFile> GroupState(size_t g) const {
+    if (step_ == 0) {
+      TRAIND_ASSIGN_OR_RETURN(std::unique_ptr<Optimizer> inner, Window(g));
+      return inner->SaveState();
+    }
+    std::string payload;
+    for (size_t i = 0; i < committed_[g].size(); ++i) {
+      const size_t at = payload.size();
+      payload.resize(at + committed_[g][i]);
+      TRAIND_RETURN_IF_ERROR(store_->Read(Key(g, i), payload.data() + at, committed_[g][i]));
+    }
+    return ParseOptimizerState(payload, store_->Describe() + " group '" + groups_[g].name + "'");
+  }
+
+  Status WriteGroup(size_t g, const SafetensorsFile& state) {
+    const std::string payload = SerializeOptimizerState(state);
+    std::vector<size_t>& sizes = pending_[g];
+    sizes.clear();
+    for (size_t at = 0; at < payload.size(); at += options_.piece_bytes) {
+      const size_t n = std::min(options_.piece_bytes, payload.size() - at);
+      TRAIND_RETURN_IF_ERROR(store_->Write(Key(g, sizes.size()), payload.data() + at, n));
+      sizes.push_back(n);
+    }
+    return Status::Ok();
+  }
+
+  Status CommitAs(int64_t step) {
+    TRAIND_RETURN_IF_ERROR(store_->Commit(step));
+    committed_ = pending_;
+    return Status::Ok();
+  }
+
+  Status RunStep(float* params, const float* grads, double lr, float grad_scale) {
+    Prefetch(0);
+    Prefetch(1);
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      Prefetch(g + 2);  // read-ahead two groups in front; writes go behind in the store
+      const Group& gr = groups_[g];
+      TRAIND_ASSIGN_OR_RETURN(std::unique_ptr<Optimizer> inner, Window(g));
+      if (step_ > 0) {
+        TRAIND_ASSIGN_OR_RETURN(SafetensorsFile state, GroupState(g));
+        TRAIND_RETURN_IF_ERROR(inner->LoadState(state));
+      }
+      inner->Step(params + gr.begin, grads + gr.begin, lr, grad_scale);
+      TRAIND_RETURN_IF_ERROR(inner->status());
+      TRAIND_RETURN_IF_ERROR(WriteGroup(g, inner->SaveState()));
+    }
+    TRAIND_RETURN_IF_ERROR(CommitAs(step_ + 1));
+    ++step_;
+    return Status::Ok();
+  }
+
+  TrainingSpec t_;
+  std::vector<Group> groups_;
+  DeviceArena* arena_;
+  OptimizerStateStore* store_;
+  OffloadOptions options_;
+  std::vector<std::vector<size_t>> committed_;  // per group: sizes of its committed pieces
+  std::vector<std::vector<size_t>> pending_;    // per group: sizes written since the commit
+  int64_t step_ = 0;
+  mutable Status status_;
+};
+
+}  // namespace
+
+std::string SerializeOptimizerState(const SafetensorsFile& file) {
+  std::string out(kMagic, 4);
+  PutU32(&out, static_cast<uint32_t>(file.metadata.size()));
+  for (const auto& [k, v] : file.metadata) {
+    PutStr(&out, k);
+    PutStr(&out, v);
+  }
+  PutU32(&out, static_cast<uint32_t>(file.tensors.size()));
+  for (const auto& [name, t] : file.tensors) {
+    PutStr(&out, name);
+    PutStr(&out, t.dtype);
+    PutU32(&out, static_cast<uint32_t>(t.shape.size()));
+    for (int64_t d : t.shape) PutU64(&out, static_cast<uint64_t>(d));
+    PutU64(&out, t.data.size());
+    out.append(reinterpret_cast<const char*>(t.data.data()), t.data.size());
+  }
+  return out;
+}
+
+Result<SafetensorsFile> ParseOptimizerState(const std::string& payload, const std::string& where) {
+  auto bad = [&](const std::string& what) {
+    return Status::DataLoss("optimizer state in " + where + ": " + what);
+  };
+  if (payload.size() < 4 || std::memcmp(payload.data(), kMagic, 4) != 0) return bad("bad magic");
+  Reader r(payload);
+  r.Bytes(4);
+  SafetensorsFile file;
+  const uint64_t n_meta = r.U(4);
+  for (uint64_t i = 0; i < n_meta && r.ok(); ++i) {
+    std::string k = r.Str();
+    file.metadata[k] = r.Str();
+  }
+  const uint64_t n_tensors = r.U(4);
+  for (uint64_t i = 0; i < n_tensors && r.ok(); ++i) {
+    const std::string name = r.Str();
+    HostTensor t;
+    t.dtype = r.Str();
+    const uint64_t ndim = r.U(4);
+    if (ndim > 8) return bad("tensor " + name + " has " + std::to_string(ndim) + " dimensions");
+    for (uint64_t d = 0; d < ndim; ++d) t.shape.push_back(static_cast<int64_t>(r.U(8)));
+    const std::string data = r.Bytes(r.U(8));
+    t.data.assign(data.begin(), data.end());
+    if (r.ok() && static_cast<int64_t>(t.data.size()) !=
+                      t.numel() * static_cast<int64_t>(SafetensorsDTypeSize(t.dtype))) {
+      return bad("tensor " + name + " has " + std::to_string(t.data.size()) +
+                 " bytes for its dtype and shape");
+    }
+    file.tensors[name] = std::move(t);
+  }
+  if (!r.ok()) return bad("truncated");
+  if (!r.done()) return bad("trailing bytes");
+  return file;
+}
+
+Result<std::unique_ptr<Optimizer>> MakeOffloadedOptimizer(const TrainingSpec& training,
+                                                          const std::vector<ParamInfo>& params,
+                                                          int64_t num_params, DeviceArena* arena,
+                                                          OptimizerStateStore* store,
+                                                          const OffloadOptions& options) {
+  if (store == nullptr) return Status::Internal("offloaded optimizer without a store");
+  for (const ParamInfo& p : params) {
+    if (p.offset < 0 || p.numel < 0 || p.offset + p.numel > num_params) {
+      return Status::Internal("optimizer: parameter " + p.hf_name + " lies outside the flat buffer");
+    }
+  }
+  std::vector<Group> groups = MakeGroups(training, params, options);
+  // Reject what the real optimizer rejects (options) before the first step.
+  if (!groups.empty()) {
+    TRAIND_ASSIGN_OR_RETURN(std::unique_ptr<Optimizer> probe,
+                            MakeOptimizer(training, groups[0].params,
+                                          groups[0].end - groups[0].begin, arena));
+  }
+  return std::unique_ptr<Optimizer>(
+      new OffloadedOptimizer(training, std::move(groups), arena, store, options));
+}
+
+int64_t OffloadedOptimizerDeviceBytes(const TrainingSpec& training,
+                                      const std::vector<ParamInfo>& params, int64_t num_params,
+                                      const OffloadOptions& options) {
+  (void)num_params;
+  int64_t most = 0;
+  for (const Group& g : MakeGroups(training, params, options)) {
+    most = std::max(most, OptimizerPlanBytes(training, g.params, g.end - g.begin));
+  }
+  return most;
+}
+
+}  // namespace traind::engine

@@ -1,0 +1,62 @@
+// OffloadedOptimizer: training.offload cpu | nvme. Any optimizer of training.optim, with its state
+// kept in an OptimizerStateStore (offload/: host RAM or RocksDB) instead of device memory.
+//
+// The trainable parameters are cut into groups of whole, consecutive tensors (a group's optimizer
+// state about 1/16 of the total, at least 16 KiB, at most `group_state_bytes`; one tensor larger than that is a
+// group by itself). A step runs
+// group by group: the group's state is read from the store (the next group's read-ahead already
+// started), staged into a transient instance of the real optimizer over just that group's
+// tensors (its state in the device arena: the "window"), updated with the very same kernels as
+// without offload, saved and written back behind (write-behind), and the window freed; after the
+// last group the store commits the step. Device memory for optimizer state is therefore the
+// largest group's state, not the model's; every optimizer's per-tensor math is unchanged, so the
+// weights are bit-identical to the in-memory run.
+//
+// A group's state is stored as one payload (the instance's SaveState tensors and metadata in the
+// format below), split into pieces of at most `piece_bytes`: StateKey{group name, piece, "state"}.
+// Checkpoints hold exactly what the in-memory optimizer writes (same tensor names, same format
+// metadata), so a run saved with offload resumes without it and the other way round.
+//
+// Not offloaded (yet): the fp32 master weights (the model's trainable buffer stays on the device).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/arena.h"
+#include "core/param_info.h"
+#include "optim/optimizer.h"
+#include "traind/engine/job_spec.h"
+#include "traind/engine/optimizer_state_store.h"
+#include "traind/engine/status.h"
+
+namespace traind::engine {
+
+struct OffloadOptions {
+  // Largest target optimizer-state bytes per group (the target is total / 16, at least 16 KiB).
+  int64_t group_state_bytes = int64_t{64} << 20;
+  size_t piece_bytes = size_t{16} << 20;          // largest store value (<= the store's max)
+};
+
+// The optimizer `training.optim` names, its state in `store` (not owned; must outlive it).
+Result<std::unique_ptr<Optimizer>> MakeOffloadedOptimizer(const TrainingSpec& training,
+                                                          const std::vector<ParamInfo>& params,
+                                                          int64_t num_params, DeviceArena* arena,
+                                                          OptimizerStateStore* store,
+                                                          const OffloadOptions& options = {});
+
+// Device bytes an OffloadedOptimizer needs at most (the largest group's state: its window).
+int64_t OffloadedOptimizerDeviceBytes(const TrainingSpec& training,
+                                      const std::vector<ParamInfo>& params, int64_t num_params,
+                                      const OffloadOptions& options = {});
+
+// The state payload of one group (exposed for tests): magic "TOS1", then u32 count of metadata
+// pairs, each (string key, string value); u32 count of tensors, each (string name, string dtype,
+// u32 ndim, i64 dims[ndim], u64 bytes, bytes). Strings are u32 length + bytes; little-endian.
+std::string SerializeOptimizerState(const SafetensorsFile& file);
+// DATA_LOSS naming `where` when the payload is truncated or malformed.
+Result<SafetensorsFile> ParseOptimizerState(const std::string& payload, const std::string& where);
+
+}  // namespace traind::engine

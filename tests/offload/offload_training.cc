@@ -1,0 +1,266 @@
+// training.offload through the whole trainer (engine RunJob with offload/'s stores):
+// - the weights after N steps are bit-identical to the in-memory optimizer's, for `cpu` (host RAM)
+//   and `nvme` (RocksDB), fp32 and bf16, and for every optimizer (AdamW, 8-bit AdamW, SGD,
+//   Adafactor): the optimizer state leaves the device, the update math does not change;
+// - the plan's optimizer bytes are the largest group's window, not the whole state, and the
+//   measured peak equals the plan;
+// - checkpoints are in the in-memory format: a run saved with offload resumes without it and the
+//   other way round, bit-identical to an uninterrupted run;
+// - errors: an offload_dir that cannot be used, and a store damaged between steps, end the job
+//   with one clear error naming the directory, never a silent wrong update;
+// - each step reports its offload I/O (the daemon's traind_offload_* metrics come from it).
+#include <gtest/gtest.h>
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "optim/offloaded_optimizer.h"
+#include "train/planner.h"
+#include "trainer_test_util.h"
+#include "traind/engine/trainer.h"
+#include "traind/offload/offload.h"
+
+namespace traind::engine {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Opens the store the job runner would open for the spec (offload/'s factories).
+Result<std::unique_ptr<OptimizerStateStore>> OpenStore(const TrainingSpec& t) {
+  if (t.offload == "cpu") return offload::MakeHostStore();
+  return offload::MakeRocksDbStore(*t.offload_dir);
+}
+
+RunOptions Options(bool offload) {
+  RunOptions o = testing::TestRunOptions(2);
+  if (offload) o.open_optimizer_state_store = OpenStore;
+  return o;
+}
+
+struct Case {
+  const char* optim;
+  const char* offload;  // cpu | nvme
+  const char* precision;  // fp32 | bf16
+  int steps;
+};
+
+std::string Name(const Case& c) {
+  return std::string(c.optim) + "_" + c.offload + "_" + c.precision;
+}
+
+class OffloadTraining : public ::testing::TestWithParam<Case> {
+ protected:
+  void SetUp() override {
+    dir_ = testing::MakeTempDir("offload-train");
+    data_ = dir_ + "/tokens.bin";
+    testing::WriteSyntheticTokens(data_, 1200, 64, 11);
+  }
+  JobSpec Spec(const std::string& sub, bool offload) const {
+    const Case c = GetParam();
+    JobSpec s = testing::TinySpec(dir_ + "/" + sub, data_);
+    s.training.optim = c.optim;
+    if (std::string(c.optim) == "sgd") {
+      s.training.optim_args.momentum = 0.9;
+      s.training.learning_rate = 0.05;
+    }
+    if (std::string(c.optim) == "adafactor") s.training.optim_args.beta1 = 0.9;
+    s.training.bf16 = std::string(c.precision) == "bf16";
+    s.training.max_steps = c.steps;
+    s.training.gradient_accumulation_steps = 2;
+    if (offload) {
+      s.training.offload = c.offload;
+      if (std::string(c.offload) == "nvme") s.training.offload_dir = dir_ + "/" + sub + "-store";
+    }
+    return s;
+  }
+  std::string dir_, data_;
+};
+
+TEST_P(OffloadTraining, WeightsBitIdenticalToInMemoryAndPlanIsTheWindow) {
+  const JobSpec mem = Spec("mem", false);
+  const JobSpec off = Spec("off", true);
+  auto rm = RunJob(mem, Options(false), {});
+  ASSERT_TRUE(rm.ok()) << rm.status().ToString();
+
+  std::vector<StepReport> steps;
+  std::vector<std::string> notes;
+  RunCallbacks cb;
+  cb.on_step = [&](const StepReport& r) { steps.push_back(r); };
+  cb.on_message = [&](const std::string& m) { notes.push_back(m); };
+  auto ro = RunJob(off, Options(true), cb);
+  ASSERT_TRUE(ro.ok()) << ro.status().ToString();
+
+  EXPECT_EQ(testing::ReadFile(mem.output_dir + "/model.safetensors"),
+            testing::ReadFile(off.output_dir + "/model.safetensors"))
+      << "weights after " << GetParam().steps << " steps differ from the in-memory optimizer's";
+  EXPECT_EQ(rm->train_loss, ro->train_loss);
+
+  // The device holds one group's window, a fraction of the state; the plan is exact.
+  const int64_t state = rm->plan.bytes.optimizer;
+  const int64_t window = ro->plan.bytes.optimizer;
+  EXPECT_GT(window, 0);
+  EXPECT_LE(window * 4, state) << "the window must be a fraction of the whole state";
+  EXPECT_EQ(ro->peak_memory_bytes, ro->plan.bytes.total()) << "plan == measured peak";
+  EXPECT_EQ(ro->plan.bytes.total() + state - window, rm->plan.bytes.total());
+
+  ASSERT_EQ(steps.size(), static_cast<size_t>(GetParam().steps));
+  EXPECT_EQ(steps[0].offload_read_bytes, 0) << "step 1 starts from zero state: nothing to read";
+  EXPECT_GT(steps[0].offload_written_bytes, state / 2);
+  EXPECT_GT(steps[1].offload_read_bytes, state / 2);
+  EXPECT_GT(steps.back().offload_store_bytes, 0);
+  bool noted = false;
+  for (const std::string& n : notes) noted = noted || n.find("training.offload") != std::string::npos;
+  EXPECT_TRUE(noted) << "the job says where its optimizer state is";
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Stores, OffloadTraining,
+    ::testing::Values(Case{"adamw", "cpu", "fp32", 20}, Case{"adamw", "nvme", "fp32", 20},
+                      Case{"adamw", "cpu", "bf16", 20}, Case{"adamw", "nvme", "bf16", 20},
+                      Case{"adamw_8bit", "nvme", "fp32", 8}, Case{"sgd", "cpu", "fp32", 8},
+                      Case{"adafactor", "nvme", "fp32", 8}),
+    [](const auto& info) { return Name(info.param); });
+
+// Saved with offload, resumed without it, and the other way round: both end bit-identical to an
+// uninterrupted in-memory run (the checkpoint's optimizer state has one format).
+TEST(OffloadResume, CheckpointsCrossBetweenOffloadAndInMemory) {
+  const std::string dir = testing::MakeTempDir("offload-resume");
+  testing::WriteSyntheticTokens(dir + "/tokens.bin", 1200, 64, 5);
+  auto spec = [&](const std::string& sub, const std::string& offload) {
+    JobSpec s = testing::TinySpec(dir + "/" + sub, dir + "/tokens.bin");
+    s.training.max_steps = 6;
+    s.training.save_steps = 2;
+    s.training.offload = offload;
+    if (offload == "nvme") s.training.offload_dir = dir + "/" + sub + "-store";
+    return s;
+  };
+  const JobSpec a = spec("a", "none");
+  ASSERT_TRUE(RunJob(a, Options(false), {}).ok());
+  const std::string want = testing::ReadFile(a.output_dir + "/model.safetensors");
+
+  for (const auto& [first, second] : {std::pair<std::string, std::string>{"nvme", "none"},
+                                      std::pair<std::string, std::string>{"none", "nvme"},
+                                      std::pair<std::string, std::string>{"cpu", "nvme"}}) {
+    SCOPED_TRACE(first + " then " + second);
+    const std::string sub = "b-" + first + "-" + second;
+    std::atomic<bool> cancel{false};
+    RunOptions o1 = Options(first != "none");
+    o1.cancel = &cancel;
+    RunCallbacks cb;
+    cb.on_step = [&](const StepReport& r) {
+      if (r.step == 3) cancel.store(true);
+    };
+    ASSERT_EQ(RunJob(spec(sub, first), o1, cb).status().code(), Status::Code::kCancelled);
+    ASSERT_TRUE(fs::exists(dir + "/" + sub + "/out/checkpoint-2/optimizer.safetensors"));
+    RunOptions o2 = Options(second != "none");
+    o2.resume = true;
+    JobSpec b2 = spec(sub, second);
+    if (second == "nvme") b2.training.offload_dir = dir + "/" + sub + "-store2";
+    auto r = RunJob(b2, o2, {});
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(testing::ReadFile(b2.output_dir + "/model.safetensors"), want);
+    EXPECT_EQ(testing::ReadFile(b2.output_dir + "/checkpoint-6/optimizer.safetensors"),
+              testing::ReadFile(a.output_dir + "/checkpoint-6/optimizer.safetensors"));
+  }
+}
+
+// An offload_dir that is a file, or in a read-only directory: the job fails before its first step
+// with one error naming the directory; nothing of output_dir's earlier checkpoints is touched.
+TEST(OffloadErrors, UnusableOffloadDirIsOneClearError) {
+  const std::string dir = testing::MakeTempDir("offload-bad-dir");
+  testing::WriteSyntheticTokens(dir + "/tokens.bin", 600, 64, 5);
+  JobSpec s = testing::TinySpec(dir + "/run", dir + "/tokens.bin");
+  s.training.max_steps = 2;
+  s.training.offload = "nvme";
+  { std::ofstream(dir + "/a-file") << "x"; }
+  s.training.offload_dir = dir + "/a-file";
+  auto r = RunJob(s, Options(true), {});
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find(dir + "/a-file"), std::string::npos) << r.status().ToString();
+
+  if (geteuid() != 0) {  // root writes through a read-only mode
+    fs::create_directories(dir + "/ro");
+    chmod((dir + "/ro").c_str(), 0555);
+    s.training.offload_dir = dir + "/ro/store";
+    auto r2 = RunJob(s, Options(true), {});
+    chmod((dir + "/ro").c_str(), 0755);
+    ASSERT_FALSE(r2.ok());
+    EXPECT_NE(r2.status().message().find(dir + "/ro"), std::string::npos) << r2.status().ToString();
+  }
+  // Without a store factory (an embedding program that did not wire offload/): FAILED_PRECONDITION.
+  s.training.offload = "cpu";
+  auto r3 = RunJob(s, testing::TestRunOptions(1), {});
+  ASSERT_FALSE(r3.ok());
+  EXPECT_EQ(r3.status().code(), Status::Code::kFailedPrecondition) << r3.status().ToString();
+}
+
+// The nvme store's blob files damaged on disk between steps (bytes overwritten in place): the next
+// step fails with DATA_LOSS naming the store's directory; it never trains on wrong state, and the
+// checkpoint written before stays intact.
+TEST(OffloadErrors, BlobFileDamagedBetweenStepsFailsTheJobWithDataLoss) {
+  const std::string dir = testing::MakeTempDir("offload-damaged");
+  testing::WriteSyntheticTokens(dir + "/tokens.bin", 600, 64, 5);
+  JobSpec s = testing::TinySpec(dir + "/run", dir + "/tokens.bin");
+  s.training.max_steps = 6;
+  s.training.save_steps = 2;
+  s.training.offload = "nvme";
+  s.training.offload_dir = dir + "/store";
+  int damaged = 0;
+  RunCallbacks cb;
+  cb.on_step = [&](const StepReport& r) {
+    if (r.step != 3) return;
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(dir + "/store", ec)) {
+      if (e.path().extension() != ".blob") continue;
+      const auto size = static_cast<std::streamoff>(fs::file_size(e.path(), ec));
+      if (ec) continue;  // garbage-collected meanwhile
+      std::fstream f(e.path(), std::ios::in | std::ios::out | std::ios::binary);
+      for (std::streamoff at = 64; at < size; at += 97) {
+        f.seekp(at);
+        f.put(static_cast<char>(0xA5));
+      }
+      ++damaged;
+    }
+  };
+  auto r = RunJob(s, Options(true), cb);
+  ASSERT_GT(damaged, 0) << "the store wrote no blob files";
+  ASSERT_FALSE(r.ok()) << "a damaged store must fail the job";
+  std::printf("the job's error: %s\n", r.status().ToString().c_str());
+  EXPECT_EQ(r.status().code(), Status::Code::kDataLoss) << r.status().ToString();
+  EXPECT_NE(r.status().message().find(dir + "/store"), std::string::npos) << r.status().ToString();
+  EXPECT_TRUE(fs::exists(s.output_dir + "/checkpoint-2/optimizer.safetensors"));
+  EXPECT_FALSE(fs::exists(s.output_dir + "/checkpoint-4")) << "no checkpoint after the damage";
+}
+
+// The group payload format: a round trip, and truncation or trailing bytes are DATA_LOSS naming
+// where the payload came from.
+TEST(OffloadFormat, StatePayloadRoundTripsAndRejectsTruncation) {
+  SafetensorsFile f;
+  f.metadata["format"] = "traind-adamw-v1";
+  f.metadata["step"] = "3";
+  const std::vector<float> v = {1, 2, 3};
+  f.tensors["w.exp_avg"] = HostTensor::FromF32(v.data(), {3});
+  const std::string payload = SerializeOptimizerState(f);
+  auto back = ParseOptimizerState(payload, "test");
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->tensors.at("w.exp_avg").data, f.tensors.at("w.exp_avg").data);
+  EXPECT_EQ(back->tensors.at("w.exp_avg").shape, f.tensors.at("w.exp_avg").shape);
+  EXPECT_EQ(back->metadata, f.metadata);
+  for (size_t cut : {size_t{0}, size_t{3}, payload.size() / 2, payload.size() - 1}) {
+    auto bad = ParseOptimizerState(payload.substr(0, cut), "group x of test");
+    ASSERT_FALSE(bad.ok()) << "truncated at " << cut;
+    EXPECT_EQ(bad.status().code(), Status::Code::kDataLoss);
+    EXPECT_NE(bad.status().message().find("group x of test"), std::string::npos);
+  }
+  EXPECT_FALSE(ParseOptimizerState(payload + "x", "t").ok()) << "trailing bytes";
+}
+
+}  // namespace
+}  // namespace traind::engine
