@@ -13,6 +13,8 @@
 #include <chrono>
 #include <filesystem>
 #include <map>
+
+#include <nlohmann/json.hpp>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <regex>
@@ -130,6 +132,52 @@ TEST_F(MetricsTest, EverySeriesPresentAndMovingDuringAJob) {
   EXPECT_THAT(after, ::testing::Not(::testing::HasSubstr(label)));
   EXPECT_EQ(Find(Parse(after), "traind_jobs", "state=\"CANCELLED\""), 1);
   EXPECT_EQ(Find(Parse(after), "traind_jobs", "state=\"SUCCEEDED\""), 1);
+}
+
+// A job with training.offload: nvme through the daemon: the traind_offload_* series of METRICS.md
+// move with its steps (bytes read and written per step = its optimizer state, the store's bytes on
+// disk), and `trainctl status` (text and -o json) shows the offload plan and its I/O so far.
+TEST_F(MetricsTest, OffloadSeriesMoveAndStatusShowsThem) {
+  const std::string path = dir_ + "/offload.yaml";
+  WriteAll(path, "name: offloaded\nmodel:\n  arch: gpt2\n  config: {vocab_size: 256, n_positions: 32, "
+                 "n_embd: 32, n_layer: 2, n_head: 2}\ndata:\n  train_file: " + data_ +
+                 "\n  seq_len: 32\ntraining:\n  max_steps: 100000\n  per_device_train_batch_size: 4\n"
+                 "  logging_steps: 5\n  offload: nvme\n  offload_dir: " + dir_ + "/offload-store\n"
+                 "output_dir: " + dir_ + "/runs/offloaded\n");
+  Daemon d(dir_ + "/state");
+  ASSERT_TRUE(d.Start());
+  auto c = d.Connect();
+  auto job = c->SubmitFile(path);
+  ASSERT_TRUE(job.ok()) << job.status().ToString();
+  ASSERT_TRUE(WaitFor(*c, job->id(), [](const v1::Job& j) { return j.step() >= 3; }, 90));
+  const std::string label = "job_id=\"" + job->id() + "\"";
+  const auto first = Parse(HttpGet(d.metrics_port(), "/metrics"));
+  ASSERT_TRUE(WaitFor(*c, job->id(), [](const v1::Job& j) { return j.step() >= 8; }, 90));
+  const std::string text = HttpGet(d.metrics_port(), "/metrics");
+  const auto second = Parse(text);
+  for (const char* name : {"traind_offload_read_bytes_total", "traind_offload_written_bytes_total"}) {
+    EXPECT_GT(Find(second, name, label), Find(first, name, label)) << name << "\n" << text;
+  }
+  EXPECT_GE(Find(second, "traind_offload_io_seconds_total", label), 0);
+  EXPECT_GT(Find(second, "traind_offload_store_bytes", label), 0) << text;
+  // Each step writes the whole optimizer state (AdamW: 8 bytes per trainable parameter).
+  const double steps = Find(second, "traind_train_steps_total", label);
+  const double written = Find(second, "traind_offload_written_bytes_total", label);
+  auto status = Trainctl({"--addr", d.addr(), "--token", d.token(), "-o", "json", "status", job->id()});
+  ASSERT_EQ(status.exit_code, 0) << status.err;
+  const auto j = nlohmann::json::parse(status.out);
+  EXPECT_EQ(j["plan"]["offload"], "nvme");
+  const double state = j["plan"]["offload_state_bytes"].get<double>();
+  EXPECT_GT(state, 8.0 * 10000);
+  EXPECT_LT(state * steps * 0.99, written * 1.3) << "written per step ~ the state";
+  EXPECT_GT(state * steps * 1.01, written * 0.7);
+  EXPECT_LT(j["plan"]["bytes"]["optimizer"].get<double>(), state) << "only a window on the device";
+  EXPECT_GT(j["offload"]["written_bytes"].get<double>(), 0);
+  auto text_status = Trainctl({"--addr", d.addr(), "--token", d.token(), "status", job->id()});
+  EXPECT_THAT(text_status.out, ::testing::HasSubstr("offload:"));
+  EXPECT_THAT(text_status.out, ::testing::HasSubstr("offload_io:"));
+  ASSERT_TRUE(c->Cancel(job->id()).ok());
+  ASSERT_TRUE(WaitFor(*c, job->id(), IsDone, 60));
 }
 
 // traind_tokenize_bytes_total counts the source bytes a job tokenized: a GPT-2 BPE job whose text
