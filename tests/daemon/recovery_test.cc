@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <random>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -165,6 +166,52 @@ TEST_F(RecoveryTest, KillRunnerChildRestartsFromCheckpoint) {
   }).ok());
   EXPECT_THAT(crash_note, ::testing::HasSubstr("signal 9"));
   EXPECT_TRUE(ReadFinal("ref").weights == ReadFinal("crash").weights);
+}
+
+// training.offload nvme: the job runner killed with SIGKILL at seeded random moments (mid-step,
+// with optimizer-state writes and RocksDB commits in flight), twice (traind gives a job three
+// attempts); each restart reopens the
+// store in offload_dir and resumes from the newest checkpoint. The job ends with weights
+// bit-identical to the same run without offload and without kills.
+TEST_F(RecoveryTest, KillRunnerDuringOffloadWritesResumesBitIdentical) {
+  Daemon d(dir_ + "/state");
+  ASSERT_TRUE(d.Start());
+  auto c = d.Connect();
+  auto ref = c->SubmitFile(Spec("ref-mem", 40));
+  ASSERT_TRUE(ref.ok());
+  ASSERT_TRUE(WaitFor(*c, ref->id(), IsDone, 180));
+  const std::string path = Spec("crash-offload", 40);
+  std::string yaml = ReadAll(path);
+  const size_t at = yaml.find("training:\n");
+  ASSERT_NE(at, std::string::npos) << yaml;
+  yaml.insert(at + 10, "  offload: nvme\n  offload_dir: " + dir_ + "/offload-store\n");
+  WriteAll(path, yaml);
+  auto job = c->SubmitFile(path);
+  ASSERT_TRUE(job.ok()) << job.status().ToString();
+  std::mt19937 rng(20261123);
+  int kills = 0;
+  for (int k = 0; k < 2; ++k) {
+    const int64_t at_step = 8 + 14 * k + static_cast<int64_t>(rng() % 8);
+    v1::Job seen;
+    ASSERT_TRUE(WaitFor(*c, job->id(), [&](const v1::Job& j) { return j.step() >= at_step || IsDone(j); },
+                        180, &seen));
+    if (IsDone(seen)) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(rng() % 40));  // somewhere inside a step
+    const pid_t runner = d.RunnerPid();
+    if (runner <= 0) continue;
+    if (::kill(runner, SIGKILL) == 0) ++kills;
+    // Wait for the next attempt to be running before the next kill.
+    ASSERT_TRUE(WaitFor(*c, job->id(), [&](const v1::Job& j) { return j.attempts() >= kills + 1 || IsDone(j); },
+                        120));
+  }
+  EXPECT_EQ(kills, 2) << "the kills landed after the end; make the job longer";
+  v1::Job done;
+  ASSERT_TRUE(WaitFor(*c, job->id(), IsDone, 300, &done));
+  EXPECT_EQ(done.state(), v1::JOB_STATE_SUCCEEDED) << done.error();
+  EXPECT_EQ(done.attempts(), kills + 1);
+  EXPECT_TRUE(ReadFinal("ref-mem").weights == ReadFinal("crash-offload").weights)
+      << "offloaded, killed and resumed run differs from the uninterrupted in-memory run";
+  EXPECT_EQ(ReadFinal("crash-offload").global_step, 40);
 }
 
 TEST_F(RecoveryTest, RunnerKilledEveryAttemptFailsWithReasonAndNextJobRuns) {
