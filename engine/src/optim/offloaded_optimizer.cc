@@ -2,6 +2,7 @@
 #include "optim/offloaded_optimizer.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <utility>
 
@@ -237,6 +238,217 @@ class OffloadedOptimizer final : public Optimizer {
   mutable Status status_;
 };
 
+// AdamW, the common case, without a transient instance or a payload format: the flat state
+// arrays m and v are cut into fixed chunks (StateKey{"adamw", chunk, "exp_avg" | "exp_avg_sq"},
+// raw fp32), and a step streams them through one persistent device window (m and v of one chunk)
+// with the in-memory AdamW's kernel. Large tensors (a 50K-token embedding) span several chunks,
+// so the window stays one chunk whatever the model.
+class OffloadedAdamW final : public Optimizer {
+ public:
+  static int64_t ChunkElems(int64_t num_params, const OffloadOptions& o) {
+    const int64_t most = std::max<int64_t>(4096, o.group_state_bytes / 8);
+    return std::min(most, std::max<int64_t>(4096, (num_params + 15) / 16));
+  }
+  static int64_t PlanBytes(int64_t num_params, const OffloadOptions& o) {
+    return num_params > 0 ? 2 * 4 * std::min(num_params, ChunkElems(num_params, o)) : 0;
+  }
+
+  static Result<std::unique_ptr<Optimizer>> Create(const TrainingSpec& t,
+                                                   const std::vector<ParamInfo>& params,
+                                                   int64_t num_params, DeviceArena* arena,
+                                                   OptimizerStateStore* store,
+                                                   const OffloadOptions& o) {
+    std::unique_ptr<OffloadedAdamW> opt(new OffloadedAdamW(t, params, num_params, arena, store));
+    opt->chunk_ = std::min(num_params, ChunkElems(num_params, o));
+    if (opt->chunk_ > 0) {
+      const int64_t bytes = opt->chunk_ * 4;
+      TRAIND_ASSIGN_OR_RETURN(void* m, arena->Allocate(MemoryCategory::kOptimizer, bytes,
+                                                       "offload window exp_avg"));
+      opt->win_m_ = static_cast<float*>(m);
+      TRAIND_ASSIGN_OR_RETURN(void* v, arena->Allocate(MemoryCategory::kOptimizer, bytes,
+                                                       "offload window exp_avg_sq"));
+      opt->win_v_ = static_cast<float*>(v);
+      opt->host_m_.resize(static_cast<size_t>(opt->chunk_));
+      opt->host_v_.resize(static_cast<size_t>(opt->chunk_));
+    }
+    return std::unique_ptr<Optimizer>(std::move(opt));
+  }
+
+  ~OffloadedAdamW() override {
+    if (win_m_ != nullptr) arena_->Release(win_m_);
+    if (win_v_ != nullptr) arena_->Release(win_v_);
+  }
+
+  std::string name() const override { return "adamw"; }
+  int64_t step() const override { return step_; }
+  bool issues_from_device_scalars() const override { return false; }
+  void FillNextStep(StepScalars*) const override {}
+  void IssueStep(float*, const float*, const StepScalars*) override {}
+  void CountStep() override {}
+  Status status() const override { return status_; }
+
+  void Step(float* params, const float* grads, double lr, float grad_scale) override {
+    if (!status_.ok()) return;
+    status_ = RunStep(params, grads, lr, grad_scale);
+  }
+
+  SafetensorsFile SaveState() const override {
+    std::vector<float> m, v;
+    SafetensorsFile file;
+    if (Status s = ReadAll(&m, &v); !s.ok()) {
+      status_ = s;
+      return file;
+    }
+    for (const ParamInfo& p : params_) {
+      file.tensors[p.hf_name + ".exp_avg"] = HostTensor::FromF32(m.data() + p.offset, p.shape);
+      file.tensors[p.hf_name + ".exp_avg_sq"] = HostTensor::FromF32(v.data() + p.offset, p.shape);
+    }
+    file.metadata["format"] = "traind-adamw-v1";
+    file.metadata["step"] = std::to_string(step_);
+    return file;
+  }
+
+  Status LoadState(const SafetensorsFile& file) override {
+    TRAIND_RETURN_IF_ERROR(status_);
+    auto fmt = file.metadata.find("format");
+    auto st = file.metadata.find("step");
+    int64_t step = -1;
+    if (fmt != file.metadata.end() && fmt->second == "traind-adamw-v1" && st != file.metadata.end()) {
+      try {
+        step = std::stoll(st->second);
+      } catch (...) {
+      }
+    }
+    if (step < 0) return Status::DataLoss("optimizer state: metadata lacks format traind-adamw-v1 and step");
+    std::vector<float> all[2] = {std::vector<float>(static_cast<size_t>(num_params_)),
+                                 std::vector<float>(static_cast<size_t>(num_params_))};
+    for (const ParamInfo& p : params_) {
+      for (int which = 0; which < 2; ++which) {
+        const std::string name = p.hf_name + (which == 0 ? ".exp_avg" : ".exp_avg_sq");
+        auto it = file.tensors.find(name);
+        if (it == file.tensors.end()) return Status::DataLoss("optimizer state: missing tensor " + name);
+        const HostTensor& t = it->second;
+        if (t.dtype != "F32" || t.shape != p.shape || static_cast<int64_t>(t.data.size()) != p.numel * 4) {
+          return Status::DataLoss("optimizer state: tensor " + name +
+                                  " has the wrong dtype or shape for this model");
+        }
+        std::memcpy(all[which].data() + p.offset, t.data.data(), t.data.size());
+      }
+    }
+    for (int64_t c = 0; c * chunk_ < num_params_; ++c) {
+      const int64_t lo = c * chunk_, n = std::min(chunk_, num_params_ - lo);
+      for (int which = 0; which < 2; ++which) {
+        TRAIND_RETURN_IF_ERROR(store_->Write(Key(c, which), all[which].data() + lo, static_cast<size_t>(n) * 4));
+      }
+    }
+    TRAIND_RETURN_IF_ERROR(store_->Commit(step));
+    step_ = step;
+    return Status::Ok();
+  }
+
+ private:
+  struct Run {
+    int64_t offset, numel;
+    bool decay;
+  };
+  OffloadedAdamW(const TrainingSpec& t, const std::vector<ParamInfo>& params, int64_t num_params,
+                 DeviceArena* arena, OptimizerStateStore* store)
+      : t_(t), params_(params), num_params_(num_params), arena_(arena), store_(store) {
+    std::vector<ParamInfo> sorted = params;
+    std::sort(sorted.begin(), sorted.end(),
+              [](const ParamInfo& a, const ParamInfo& b) { return a.offset < b.offset; });
+    for (const ParamInfo& p : sorted) {  // as AdamWOptimizer: decay runs over contiguous tensors
+      const bool decay = p.weight_decay && t.weight_decay != 0.0;
+      if (!runs_.empty() && runs_.back().decay == decay && runs_.back().offset + runs_.back().numel == p.offset) {
+        runs_.back().numel += p.numel;
+      } else {
+        runs_.push_back({p.offset, p.numel, decay});
+      }
+    }
+  }
+
+  StateKey Key(int64_t chunk, int which) const {
+    return StateKey{"adamw", chunk, which == 0 ? "exp_avg" : "exp_avg_sq"};
+  }
+  int64_t NumChunks() const { return chunk_ > 0 ? (num_params_ + chunk_ - 1) / chunk_ : 0; }
+  void Prefetch(int64_t c) const {
+    if (c >= NumChunks()) return;
+    store_->Prefetch(Key(c, 0));
+    store_->Prefetch(Key(c, 1));
+  }
+
+  // The whole committed state as flat arrays (zeros before the first step).
+  Status ReadAll(std::vector<float>* m, std::vector<float>* v) const {
+    m->assign(static_cast<size_t>(num_params_), 0.0f);
+    v->assign(static_cast<size_t>(num_params_), 0.0f);
+    if (step_ == 0) return Status::Ok();
+    for (int64_t c = 0; c < NumChunks(); ++c) {
+      Prefetch(c + 1);
+      const int64_t lo = c * chunk_, n = std::min(chunk_, num_params_ - lo);
+      TRAIND_RETURN_IF_ERROR(store_->Read(Key(c, 0), m->data() + lo, static_cast<size_t>(n) * 4));
+      TRAIND_RETURN_IF_ERROR(store_->Read(Key(c, 1), v->data() + lo, static_cast<size_t>(n) * 4));
+    }
+    return Status::Ok();
+  }
+
+  Status RunStep(float* params, const float* grads, double lr, float grad_scale) {
+    const int64_t step = step_ + 1;
+    // As AdamWOptimizer::Step: 1 - beta ** step in double, handed to the kernel in fp32.
+    const double bc1 = 1.0 - std::pow(t_.adam_beta1, static_cast<double>(step));
+    const double bc2 = 1.0 - std::pow(t_.adam_beta2, static_cast<double>(step));
+    Backend* backend = arena_->backend();
+    const bool fresh = step_ == 0;
+    if (!fresh) {
+      Prefetch(0);
+      Prefetch(1);
+    }
+    for (int64_t c = 0; c < NumChunks(); ++c) {
+      const int64_t lo = c * chunk_, n = std::min(chunk_, num_params_ - lo), hi = lo + n;
+      const size_t bytes = static_cast<size_t>(n) * 4;
+      if (fresh) {
+        backend->Memset0(win_m_, bytes);
+        backend->Memset0(win_v_, bytes);
+      } else {
+        Prefetch(c + 2);
+        TRAIND_RETURN_IF_ERROR(store_->Read(Key(c, 0), host_m_.data(), bytes));
+        TRAIND_RETURN_IF_ERROR(store_->Read(Key(c, 1), host_v_.data(), bytes));
+        backend->CopyHostToDevice(win_m_, host_m_.data(), bytes);
+        backend->CopyHostToDevice(win_v_, host_v_.data(), bytes);
+      }
+      for (const Run& r : runs_) {
+        const int64_t a = std::max(lo, r.offset), b = std::min(hi, r.offset + r.numel);
+        if (a >= b) continue;
+        backend->AdamW(params + a, grads + a, win_m_ + (a - lo), win_v_ + (a - lo), b - a,
+                       static_cast<float>(lr), static_cast<float>(t_.adam_beta1),
+                       static_cast<float>(t_.adam_beta2), static_cast<float>(t_.adam_epsilon),
+                       r.decay ? static_cast<float>(t_.weight_decay) : 0.0f,
+                       static_cast<float>(bc1), static_cast<float>(bc2), grad_scale);
+      }
+      backend->CopyDeviceToHost(host_m_.data(), win_m_, bytes);
+      backend->CopyDeviceToHost(host_v_.data(), win_v_, bytes);
+      backend->Synchronize();
+      TRAIND_RETURN_IF_ERROR(store_->Write(Key(c, 0), host_m_.data(), bytes));
+      TRAIND_RETURN_IF_ERROR(store_->Write(Key(c, 1), host_v_.data(), bytes));
+    }
+    TRAIND_RETURN_IF_ERROR(store_->Commit(step));
+    step_ = step;
+    return Status::Ok();
+  }
+
+  TrainingSpec t_;
+  std::vector<ParamInfo> params_;
+  int64_t num_params_;
+  DeviceArena* arena_;
+  OptimizerStateStore* store_;
+  std::vector<Run> runs_;
+  int64_t chunk_ = 0;  // elements per chunk
+  float* win_m_ = nullptr;
+  float* win_v_ = nullptr;
+  std::vector<float> host_m_, host_v_;
+  int64_t step_ = 0;
+  mutable Status status_;
+};
+
 }  // namespace
 
 std::string SerializeOptimizerState(const SafetensorsFile& file) {
@@ -304,6 +516,9 @@ Result<std::unique_ptr<Optimizer>> MakeOffloadedOptimizer(const TrainingSpec& tr
       return Status::Internal("optimizer: parameter " + p.hf_name + " lies outside the flat buffer");
     }
   }
+  if (training.optim == "adamw") {
+    return OffloadedAdamW::Create(training, params, num_params, arena, store, options);
+  }
   std::vector<Group> groups = MakeGroups(training, params, options);
   // Reject what the real optimizer rejects (options) before the first step.
   if (!groups.empty()) {
@@ -318,7 +533,7 @@ Result<std::unique_ptr<Optimizer>> MakeOffloadedOptimizer(const TrainingSpec& tr
 int64_t OffloadedOptimizerDeviceBytes(const TrainingSpec& training,
                                       const std::vector<ParamInfo>& params, int64_t num_params,
                                       const OffloadOptions& options) {
-  (void)num_params;
+  if (training.optim == "adamw") return OffloadedAdamW::PlanBytes(num_params, options);
   int64_t most = 0;
   for (const Group& g : MakeGroups(training, params, options)) {
     most = std::max(most, OptimizerPlanBytes(training, g.params, g.end - g.begin));

@@ -17,6 +17,12 @@
 // Checkpoints hold exactly what the in-memory optimizer writes (same tensor names, same format
 // metadata), so a run saved with offload resumes without it and the other way round.
 //
+// AdamW (training.optim adamw) has its own path: no transient instance and no payload; the flat
+// exp_avg / exp_avg_sq arrays are cut into fixed chunks (StateKey{"adamw", chunk, kind}, raw fp32,
+// about 1/16 of the parameters each, at most group_state_bytes / 8 elements) streamed through one
+// persistent device window (m and v of one chunk) with the same kernel, so even one huge tensor
+// (an embedding) never needs more than a chunk on the device.
+//
 // Not offloaded (yet): the fp32 master weights (the model's trainable buffer stays on the device).
 #pragma once
 
