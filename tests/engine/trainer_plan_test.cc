@@ -178,9 +178,27 @@ TEST(TrainerPlan, TooSmallBudgetIsAClearError) {
   EXPECT_EQ(p.status().code(), Status::Code::kFailedPrecondition);
   const std::string& m = p.status().message();
   for (const char* part : {"needs", "budget", "GiB", "weights", "activations", "optimizer",
-                           "set gradient_checkpointing or lower per_device_train_batch_size"}) {
+                           "no single change fits; together, micro-batch 1 with gradient "
+                           "checkpointing, offload nvme and LoRA need"}) {
     EXPECT_NE(m.find(part), std::string::npos) << part << " in: " << m;
   }
+  // The levers named are exactly those that fit, each with its bytes: with room for checkpointing
+  // (and for micro-batch 1) but not for the job as given, both are named; a lever already set
+  // (gradient_checkpointing) is never suggested.
+  d.memory_budget_bytes = std::max(Bytes(s, 4, true), Bytes(s, 1, false));
+  p = EstimateJob(s, d);
+  ASSERT_FALSE(p.ok());
+  EXPECT_NE(p.status().message().find("any one of these fits: gradient_checkpointing: true ("),
+            std::string::npos) << p.status().message();
+  EXPECT_NE(p.status().message().find("per_device_train_batch_size: 1 with gradient_accumulation_steps: 4 ("),
+            std::string::npos) << p.status().message();
+  s.training.gradient_checkpointing = true;
+  d.memory_budget_bytes = Bytes(s, 4, true) - 1;
+  p = EstimateJob(s, d);
+  ASSERT_FALSE(p.ok());
+  EXPECT_EQ(p.status().message().find("gradient_checkpointing: true ("), std::string::npos)
+      << p.status().message();
+  s.training.gradient_checkpointing = false;
   s.training.per_device_train_batch_size = 0;
   d.memory_budget_bytes = 1000;
   p = EstimateJob(s, d);

@@ -97,6 +97,66 @@ MemoryBytes JobBytes(const ModelConfig& config, const ModelOptions& options,
   return b;
 }
 
+namespace {
+
+// For a job that does not fit: each single change of the spec that makes it fit, with the bytes it
+// would need (only those that fit), or, when none alone does, all of them together if that fits.
+std::string FittingLevers(const JobSpec& spec, const ModelConfig& config, int64_t b, bool c,
+                          int64_t budget) {
+  struct Lever {
+    std::string what;
+    JobSpec spec;
+    int64_t micro_batch;
+    bool ckpt;
+  };
+  std::vector<Lever> levers;
+  const TrainingSpec& t = spec.training;
+  if (!c) levers.push_back({"gradient_checkpointing: true", spec, b, true});
+  if (b > 1) {
+    levers.push_back({"per_device_train_batch_size: 1 with gradient_accumulation_steps: " +
+                          std::to_string(b * t.gradient_accumulation_steps),
+                      spec, 1, c});
+  }
+  if (t.offload == "none") {
+    for (const char* where : {"cpu", "nvme"}) {
+      JobSpec s = spec;
+      s.training.offload = where;
+      levers.push_back({std::string("offload: ") + where + (std::string(where) == "nvme" ? " (with offload_dir)" : ""),
+                        s, b, c});
+    }
+  }
+  if (t.optim == "adamw") {
+    for (const char* optim : {"adamw_8bit", "adafactor"}) {
+      JobSpec s = spec;
+      s.training.optim = optim;
+      levers.push_back({std::string("optim: ") + optim, s, b, c});
+    }
+  }
+  if (!t.peft && (config.arch == "gpt2" || config.arch == "llama")) {
+    JobSpec s = spec;
+    s.training.peft = PeftSpec{};
+    levers.push_back({"peft: {type: lora, r: 8}", s, b, c});
+  }
+  std::string fits;
+  JobSpec all = spec;
+  for (const Lever& l : levers) {
+    const int64_t need = JobBytes(config, JobModelOptions(l.spec, l.micro_batch, l.ckpt), l.spec.training).total();
+    if (need <= budget) fits += (fits.empty() ? "" : "; ") + l.what + " (" + FormatGiB(need) + ")";
+  }
+  if (!fits.empty()) return "any one of these fits: " + fits;
+  all.training.offload = t.offload == "none" ? "nvme" : t.offload;
+  if (!all.training.peft && (config.arch == "gpt2" || config.arch == "llama")) all.training.peft = PeftSpec{};
+  const int64_t together = JobBytes(config, JobModelOptions(all, 1, true), all.training).total();
+  if (together <= budget) {
+    return "no single change fits; together, micro-batch 1 with gradient checkpointing, offload nvme"
+           " and LoRA need " + FormatGiB(together);
+  }
+  return "even micro-batch 1 with gradient checkpointing, offload nvme and LoRA needs " +
+         FormatGiB(together) + ": use a device with more memory or a smaller model";
+}
+
+}  // namespace
+
 Result<MemoryPlan> PlanJob(const JobSpec& spec, const ModelConfig& config, int64_t budget_bytes,
                            bool tensor_cores) {
   const TrainingSpec& t = spec.training;
@@ -141,8 +201,8 @@ Result<MemoryPlan> PlanJob(const JobSpec& spec, const ModelConfig& config, int64
     return Status::FailedPrecondition(
         "needs " + FormatGiB(bytes.total()) + ", budget " + FormatGiB(budget_bytes) +
         " at micro-batch " + std::to_string(b) + (c ? " with" : " without") +
-        " gradient checkpointing (" + Breakdown(bytes) +
-        "): set gradient_checkpointing or lower per_device_train_batch_size");
+        " gradient checkpointing (" + Breakdown(bytes) + "): " +
+        FittingLevers(spec, config, b, c, budget_bytes));
   };
 
   if (!t.auto_batch()) {
