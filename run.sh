@@ -2,7 +2,7 @@
 # traind's two entry points on a fresh Debian 12 machine:
 #   ./run.sh demo   install what is missing, build, start traind on loopback, train the example job
 #   ./run.sh test   install what is missing, build, run the whole test suite with ctest
-# Also: ./run.sh deps | build | bench
+# Also: ./run.sh deps | build | bench | fuzz [SECONDS]
 set -euo pipefail
 cd "$(dirname "$0")"
 ROOT=$(pwd)
@@ -73,6 +73,79 @@ demo() {
   "$ROOT/scripts/demo.sh" "$BUILD_DIR"
 }
 
+# ./run.sh fuzz [SECONDS]: the libFuzzer targets of fuzz/ (fuzz/README.md), built with clang and
+# ASan+UBSan in build-fuzz/, each run for SECONDS (default 60) from fuzz/corpus/<target> and
+# fuzz/regressions/<target>. New interesting inputs stay in build-fuzz/corpus/<target>; a crash
+# input is copied into fuzz/regressions/<target>/ and the command fails.
+FUZZ_PACKAGES=(clang libclang-rt-14-dev libomp-dev llvm)  # llvm: llvm-symbolizer for the traces
+fuzz() {
+  local seconds=${1:-60}
+  local dir=${TRAIND_FUZZ_BUILD_DIR:-$ROOT/build-fuzz}
+  local missing=()
+  for p in "${FUZZ_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  if [ ${#missing[@]} -gt 0 ]; then
+    log "installing ${#missing[@]} Debian packages for fuzzing: ${missing[*]}"
+    local SUDO=""
+    if [ "$(id -u)" != 0 ]; then SUDO=sudo; fi
+    $SUDO apt-get -o DPkg::Lock::Timeout=300 update -q
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get -o DPkg::Lock::Timeout=300 install -y -q \
+      --no-install-recommends "${missing[@]}"
+  fi
+  local san="-fsanitize=address,undefined,fuzzer-no-link -fno-sanitize-recover=undefined"
+  san+=" -fno-omit-frame-pointer -gline-tables-only"
+  log "configuring the clang fuzz build in $dir"
+  mkdir -p "$dir"
+  cmake -S "$ROOT" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
+    -DCMAKE_C_COMPILER_LAUNCHER="$ROOT/fuzz/clang_launcher.sh" \
+    -DCMAKE_CXX_COMPILER_LAUNCHER="$ROOT/fuzz/clang_launcher.sh" \
+    -DCMAKE_C_FLAGS="$san" -DCMAKE_CXX_FLAGS="$san" -DTRAIND_FUZZ_LIBFUZZER=ON \
+    -DTRAIND_BUILD_SERVICES=OFF -DTRAIND_BUILD_CUDA=OFF -DTRAIND_BUILD_SIMT=OFF \
+    -DTRAIND_BUILD_TESTS=OFF -DTRAIND_BUILD_BENCH=OFF >"$dir.configure.log" 2>&1 \
+    || { cat "$dir.configure.log"; exit 1; }
+  local targets=()
+  for f in "$ROOT"/fuzz/*_fuzzer.cc; do
+    f=${f##*/}
+    targets+=("${f%_fuzzer.cc}")
+  done
+  log "building ${#targets[@]} fuzz targets with $JOBS jobs"
+  cmake --build "$dir" -j "$JOBS" --target "${targets[@]/#/fuzz_}"
+  local failed=() t
+  export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0}
+  export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1}
+  for t in "${targets[@]}"; do
+    local work="$dir/corpus/$t" art="$dir/artifacts/$t" out="$dir/fuzz-$t.log"
+    mkdir -p "$work" "$art" "$ROOT/fuzz/regressions/$t"
+    rm -f "$art"/*
+    log "fuzzing $t for ${seconds}s"
+    # The first folder is the writable working corpus; the repo's seeds and regressions are read.
+    local rc=0
+    "$dir/fuzz/fuzz_$t" -max_total_time="$seconds" -print_final_stats=1 -timeout=25 \
+      -rss_limit_mb=2560 -max_len=16384 -artifact_prefix="$art/" \
+      "$work" "$ROOT/fuzz/corpus/$t" "$ROOT/fuzz/regressions/$t" >"$out" 2>&1 || rc=$?
+    if [ $rc -ne 0 ]; then
+      grep -v -E '^(#[0-9]|INFO:)' "$out" | head -n 40 >&2
+      failed+=("$t")
+    fi
+    grep -E '^stat::(number_of_executed_units|average_exec_per_sec|new_units_added|peak_rss_mb)' \
+      "$out" | sed "s/^/  $t /" >&2
+    local a
+    for a in "$art"/*; do
+      [ -e "$a" ] || continue
+      cp "$a" "$ROOT/fuzz/regressions/$t/"
+      log "$t: kept $(basename "$a") in fuzz/regressions/$t/ (log: $out)"
+      [[ " ${failed[*]} " == *" $t "* ]] || failed+=("$t")
+    done
+  done
+  if [ ${#failed[@]} -gt 0 ]; then
+    log "fuzzing found crashes in: ${failed[*]}"
+    return 1
+  fi
+  log "fuzzing: no crash in ${#targets[@]} targets (${seconds}s each)"
+}
+
 cmd=${1:-}
 shift || true
 case "$cmd" in
@@ -81,5 +154,6 @@ case "$cmd" in
   test) deps; build; run_tests "$@" ;;
   demo) deps; build traind traind-job-runner trainctl; demo ;;
   bench) deps; build; "$ROOT/bench/run_all.sh" "$BUILD_DIR" "$@" ;;
-  *) echo "usage: ./run.sh demo | test | build | deps | bench" >&2; exit 2 ;;
+  fuzz) deps; fuzz "$@" ;;
+  *) echo "usage: ./run.sh demo | test | build | deps | bench | fuzz [SECONDS]" >&2; exit 2 ;;
 esac

@@ -121,6 +121,10 @@ Status ParseEntry(const std::string& file, const std::string& name, const json& 
   const size_t esize = SafetensorsDTypeSize(t->dtype);
   if (esize == 0) return bad("unknown dtype '" + t->dtype + "'");
   uint64_t numel = 1;
+  // The product of the non-zero dimensions must fit int64 too, even when a 0 makes the count 0:
+  // HostTensor::numel() multiplies in int64 (fuzz/: [3, 2^62, 0] overflowed it).
+  uint64_t nonzero = 1;
+  constexpr uint64_t kMaxCount = static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
   t->shape.clear();
   for (const auto& d : e["shape"]) {
     if (!d.is_number_integer()) return bad("shape has a non-integer dimension");
@@ -128,11 +132,11 @@ Status ParseEntry(const std::string& file, const std::string& name, const json& 
       return bad("shape has a negative dimension " + d.dump());
     }
     const uint64_t dim = d.get<uint64_t>();
-    if (dim > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) ||
-        (dim != 0 && numel > std::numeric_limits<uint64_t>::max() / dim)) {
+    if (dim > kMaxCount || (dim != 0 && nonzero > kMaxCount / dim)) {
       return bad("shape " + e["shape"].dump() + " overflows the element count");
     }
     numel *= dim;
+    if (dim != 0) nonzero *= dim;
     t->shape.push_back(static_cast<int64_t>(dim));
   }
   if (numel > std::numeric_limits<uint64_t>::max() / esize) {

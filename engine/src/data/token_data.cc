@@ -193,7 +193,7 @@ Result<std::vector<int32_t>> TokenizeJsonl(const Tokenizer& tok, const std::stri
     nlohmann::json j;
     try {
       j = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::parse_error& e) {
+    } catch (const nlohmann::json::exception& e) {  // parse_error, or out_of_range for 1e999
       return Status::InvalidArgument(where + ": not valid JSON (" + e.what() + ")");
     }
     if (!j.is_object() || !j.contains(field) || !j[field].is_string()) {

@@ -422,10 +422,12 @@ Result<std::unique_ptr<Tokenizer>> MakeBpeFromJson(const nlohmann::json& root,
   std::vector<std::pair<std::string, int32_t>> vocab;
   vocab.reserve(model["vocab"].size());
   for (auto it = model["vocab"].begin(); it != model["vocab"].end(); ++it) {
-    if (!it.value().is_number_integer()) {
-      return Malformed(path, "model.vocab['" + it.key() + "']: expected an integer id");
+    int32_t id = 0;
+    if (!ParseTokenId(it.value(), &id)) {
+      return Malformed(path, "model.vocab['" + it.key() + "']: expected an integer id in [0, " +
+                                 std::to_string(kMaxTokenId) + ")");
     }
-    vocab.emplace_back(it.key(), it.value().get<int32_t>());
+    vocab.emplace_back(it.key(), id);
   }
   if (!model.contains("merges") || !model["merges"].is_array()) {
     return Malformed(path, "model.merges: expected a list");
@@ -462,17 +464,19 @@ Result<std::unique_ptr<Tokenizer>> MakeBpeFromVocabMerges(const std::string& voc
   nlohmann::json vj;
   try {
     vj = nlohmann::json::parse(vocab_text);
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {  // parse_error, or out_of_range for 1e999
     return Malformed(vocab_path, std::string("not valid JSON: ") + e.what());
   }
   if (!vj.is_object()) return Malformed(vocab_path, "expected a JSON object of token: id");
   std::vector<std::pair<std::string, int32_t>> vocab;
   vocab.reserve(vj.size());
   for (auto it = vj.begin(); it != vj.end(); ++it) {
-    if (!it.value().is_number_integer()) {
-      return Malformed(vocab_path, "'" + it.key() + "': expected an integer id");
+    int32_t id = 0;
+    if (!ParseTokenId(it.value(), &id)) {
+      return Malformed(vocab_path, "'" + it.key() + "': expected an integer id in [0, " +
+                                       std::to_string(kMaxTokenId) + ")");
     }
-    vocab.emplace_back(it.key(), it.value().get<int32_t>());
+    vocab.emplace_back(it.key(), id);
   }
   std::vector<std::pair<std::string, std::string>> merges;
   size_t line_no = 0, pos = 0;

@@ -65,6 +65,14 @@ Status Malformed(const std::string& path, const std::string& msg) {
   return Status::InvalidArgument("data.tokenizer: " + path + ": " + msg);
 }
 
+bool ParseTokenId(const nlohmann::json& v, int32_t* out) {
+  if (!v.is_number_integer()) return false;
+  const bool ok = v.is_number_unsigned() ? v.get<uint64_t>() < static_cast<uint64_t>(kMaxTokenId)
+                                         : v.get<int64_t>() >= 0 && v.get<int64_t>() < kMaxTokenId;
+  if (ok) *out = static_cast<int32_t>(v.get<int64_t>());
+  return ok;
+}
+
 Status CheckIds(const std::vector<int32_t>& ids, int64_t vocab) {
   for (size_t i = 0; i < ids.size(); ++i) {
     if (ids[i] < 0 || ids[i] >= vocab) {
@@ -190,15 +198,13 @@ Result<std::vector<AddedToken>> ParseAddedTokens(const nlohmann::json& root,
   for (size_t i = 0; i < list.size(); ++i) {
     const nlohmann::json& t = list[i];
     const std::string where = "added_tokens[" + std::to_string(i) + "]";
-    if (!t.is_object() || !t.contains("id") || !t["id"].is_number_integer() ||
-        !t.contains("content") || !t["content"].is_string()) {
-      return Malformed(path, where + ": expected an object with an integer \"id\" and a string "
-                             "\"content\"");
-    }
     AddedToken a;
+    if (!t.is_object() || !t.contains("id") || !ParseTokenId(t["id"], &a.id) ||
+        !t.contains("content") || !t["content"].is_string()) {
+      return Malformed(path, where + ": expected an object with an integer \"id\" in [0, " +
+                             std::to_string(kMaxTokenId) + ") and a string \"content\"");
+    }
     a.content = t["content"].get<std::string>();
-    a.id = t["id"].get<int32_t>();
-    if (a.id < 0) return Malformed(path, where + ": negative id " + std::to_string(a.id));
     a.special = t.value("special", false);
     a.lstrip = t.value("lstrip", false);
     a.rstrip = t.value("rstrip", false);

@@ -26,7 +26,7 @@ Result<std::unique_ptr<Tokenizer>> OpenTokenizerJson(const std::string& path) {
   nlohmann::json root;
   try {
     root = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {  // parse_error, or out_of_range for 1e999
     // e.what() names the line and column ("... at line 3, column 7: syntax error ...").
     std::string what = e.what();
     const size_t bracket = what.find("] ");
@@ -48,8 +48,18 @@ Result<std::unique_ptr<Tokenizer>> OpenTokenizerJson(const std::string& path) {
   }
   const std::string fp_kind = type == "BPE" ? "bpe" : type == "WordPiece" ? "wordpiece" : type;
   const std::string fp = fp_kind + ":" + Hex16(Fnv1a(text, Fnv1a("tokenizer.json")));
-  if (type == "BPE") return MakeBpeFromJson(root, path, fp);
-  if (type == "WordPiece") return MakeWordPieceFromJson(root, path, fp);
+  // The readers check the shapes they rely on, but some optional fields are read with
+  // json::value(key, default), which throws when the key holds another type (fuzz/: an uncaught
+  // type_error terminated the process).
+  try {
+    if (type == "BPE") return MakeBpeFromJson(root, path, fp);
+    if (type == "WordPiece") return MakeWordPieceFromJson(root, path, fp);
+  } catch (const nlohmann::json::exception& e) {
+    std::string what = e.what();
+    const size_t bracket = what.find("] ");
+    if (bracket != std::string::npos) what = what.substr(bracket + 2);
+    return Malformed(path, "a field has the wrong type: " + what);
+  }
   return Status::Unimplemented("data.tokenizer: model type " + type + " in " + path +
                                " is not supported (BPE, WordPiece; SentencePiece models as "
                                "tokenizer.model)");

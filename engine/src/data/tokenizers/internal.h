@@ -29,6 +29,13 @@ bool Exists(const std::string& path);
 // "data.tokenizer: <path>: <msg>"
 Status Malformed(const std::string& path, const std::string& msg);
 
+// Token ids in tokenizer files must lie in [0, kMaxTokenId): the id tables are sized by the
+// largest id, so one token claiming id 2000000000 would otherwise ask for tens of GB (published
+// vocabularies hold at most ~256K tokens).
+inline constexpr int64_t kMaxTokenId = int64_t{1} << 22;
+// The id a JSON value holds: an integer in [0, kMaxTokenId); false for anything else.
+bool ParseTokenId(const nlohmann::json& v, int32_t* out);
+
 // An HF added token ("added_tokens" in tokenizer.json).
 struct AddedToken {
   std::string content;

@@ -293,10 +293,12 @@ Result<std::unique_ptr<Tokenizer>> MakeWordPieceFromJson(const nlohmann::json& r
   }
   std::unordered_map<std::string, int32_t> vocab;
   for (auto it = model["vocab"].begin(); it != model["vocab"].end(); ++it) {
-    if (!it.value().is_number_integer() || it.value().get<int64_t>() < 0) {
-      return Malformed(path, "model.vocab['" + it.key() + "']: expected a non-negative integer id");
+    int32_t id = 0;
+    if (!ParseTokenId(it.value(), &id)) {
+      return Malformed(path, "model.vocab['" + it.key() + "']: expected an integer id in [0, " +
+                                 std::to_string(kMaxTokenId) + ")");
     }
-    vocab.emplace(it.key(), it.value().get<int32_t>());
+    vocab.emplace(it.key(), id);
   }
   const std::string unk = model.value("unk_token", std::string("[UNK]"));
   if (!vocab.count(unk)) {
