@@ -70,16 +70,18 @@ Status FsyncDirOf(const std::string& path) {
   return Status::Ok();
 }
 
-// Writes the given pieces to path.tmp, fsyncs, renames over path, fsyncs the directory.
-Status WritePiecesAtomic(const std::string& path,
-                         const std::vector<std::pair<const uint8_t*, size_t>>& pieces) {
+// Writes what `produce` puts into its sink to path.tmp, fsyncs, renames over path, fsyncs the
+// directory. A failed write or a producer error removes path.tmp and leaves path as it was.
+Status WriteStreamAtomic(const std::string& path, const SafetensorsProducer& produce) {
   const std::string tmp = path + ".tmp";
   int err = 0;
+  Status produced;
   {
     Fd f;
     f.fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (f.fd < 0) return WriteErrorStatus(tmp, errno);
-    for (const auto& [data, size] : pieces) {
+    const SafetensorsSink sink = [&](const void* p, size_t size) {
+      const auto* data = static_cast<const uint8_t*>(p);
       size_t done = 0;
       while (done < size && err == 0) {
         ssize_t w = ::write(f.fd, data + done, size - done);
@@ -87,18 +89,29 @@ Status WritePiecesAtomic(const std::string& path,
         if (w < 0) err = errno;
         else done += static_cast<size_t>(w);
       }
-      if (err != 0) break;
-    }
-    if (err == 0 && ::fsync(f.fd) != 0) err = errno;
+      return err == 0;
+    };
+    produced = produce(sink);
+    if (err == 0 && produced.ok() && ::fsync(f.fd) != 0) err = errno;
     if (::close(f.fd) != 0 && err == 0) err = errno;
     f.fd = -1;
   }
-  if (err == 0 && ::rename(tmp.c_str(), path.c_str()) != 0) err = errno;
-  if (err != 0) {
+  if (err == 0 && produced.ok() && ::rename(tmp.c_str(), path.c_str()) != 0) err = errno;
+  if (err != 0 || !produced.ok()) {
     ::unlink(tmp.c_str());
-    return WriteErrorStatus(path, err);
+    return err != 0 ? WriteErrorStatus(path, err) : produced;
   }
   return FsyncDirOf(path);
+}
+
+Status WritePiecesAtomic(const std::string& path,
+                         const std::vector<std::pair<const uint8_t*, size_t>>& pieces) {
+  return WriteStreamAtomic(path, [&](const SafetensorsSink& sink) {
+    for (const auto& [data, size] : pieces) {
+      if (!sink(data, size)) break;  // the error is reported by WriteStreamAtomic
+    }
+    return Status::Ok();
+  });
 }
 
 // Parses one tensor entry of the header; `data_bytes` is the size of the data section.
@@ -314,34 +327,40 @@ Result<SafetensorsFile> ReadSafetensors(const std::string& path) {
   return out;
 }
 
-Status WriteSafetensors(const std::string& path, const SafetensorsFile& file) {
-  // Header built by hand so the key order is fixed: __metadata__, then tensors by name
-  // (std::map order), each {"dtype","shape","data_offsets"} as the HF writer orders them.
+Status WriteSafetensorsStreamed(const std::string& path,
+                                const std::map<std::string, std::string>& metadata,
+                                std::vector<StreamedTensor> tensors, const StreamedTensorData& data) {
+  // Header built by hand so the key order is fixed: __metadata__, then tensors by name, each
+  // {"dtype","shape","data_offsets"} as the HF writer orders them.
+  std::vector<size_t> order(tensors.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(),
+            [&](size_t a, size_t b) { return tensors[a].name < tensors[b].name; });
   std::string header = "{";
   bool first = true;
-  if (!file.metadata.empty()) {
-    header += "\"__metadata__\":" + json(file.metadata).dump();
+  if (!metadata.empty()) {
+    header += "\"__metadata__\":" + json(metadata).dump();
     first = false;
   }
   uint64_t offset = 0;
-  for (const auto& [name, t] : file.tensors) {
+  std::vector<uint64_t> bytes(tensors.size());
+  for (size_t i : order) {
+    const StreamedTensor& t = tensors[i];
     const size_t esize = SafetensorsDTypeSize(t.dtype);
-    if (esize == 0) return Status::InvalidArgument(path + ": tensor '" + name + "': unknown dtype '" + t.dtype + "'");
+    if (esize == 0) return Status::InvalidArgument(path + ": tensor '" + t.name + "': unknown dtype '" + t.dtype + "'");
+    uint64_t numel = 1;
     for (int64_t d : t.shape) {
-      if (d < 0) return Status::InvalidArgument(path + ": tensor '" + name + "': negative dimension");
+      if (d < 0) return Status::InvalidArgument(path + ": tensor '" + t.name + "': negative dimension");
+      numel *= static_cast<uint64_t>(d);
     }
-    if (t.data.size() != static_cast<uint64_t>(t.numel()) * esize) {
-      return Status::InvalidArgument(path + ": tensor '" + name + "': " +
-                                     std::to_string(t.data.size()) + " bytes for shape " +
-                                     ShapeJson(t.shape) + " of " + t.dtype);
-    }
-    if (name == "__metadata__") {
+    if (t.name == "__metadata__") {
       return Status::InvalidArgument(path + ": '__metadata__' is reserved, not a tensor name");
     }
+    bytes[i] = numel * esize;
     if (!first) header += ",";
     first = false;
-    const uint64_t end = offset + t.data.size();
-    header += json(name).dump() + ":{\"dtype\":" + json(t.dtype).dump() +
+    const uint64_t end = offset + bytes[i];
+    header += json(t.name).dump() + ":{\"dtype\":" + json(t.dtype).dump() +
               ",\"shape\":" + ShapeJson(t.shape) + ",\"data_offsets\":[" +
               std::to_string(offset) + "," + std::to_string(end) + "]}";
     offset = end;
@@ -349,13 +368,43 @@ Status WriteSafetensors(const std::string& path, const SafetensorsFile& file) {
   header += "}";
   header.append((8 - header.size() % 8) % 8, ' ');  // data starts 8-byte aligned, as HF pads
   uint8_t len_bytes[8];
-  uint64_t n = header.size();
+  const uint64_t n = header.size();
   for (int i = 0; i < 8; ++i) len_bytes[i] = static_cast<uint8_t>((n >> (8 * i)) & 0xFF);
-  std::vector<std::pair<const uint8_t*, size_t>> pieces;
-  pieces.emplace_back(len_bytes, 8);
-  pieces.emplace_back(reinterpret_cast<const uint8_t*>(header.data()), header.size());
-  for (const auto& [name, t] : file.tensors) pieces.emplace_back(t.data.data(), t.data.size());
-  return WritePiecesAtomic(path, pieces);
+  return WriteStreamAtomic(path, [&](const SafetensorsSink& sink) -> Status {
+    if (!sink(len_bytes, 8) || !sink(header.data(), header.size())) return Status::Ok();
+    for (size_t i : order) {
+      uint64_t put = 0;
+      const SafetensorsSink counted = [&](const void* p, size_t size) {
+        put += size;
+        return put <= bytes[i] && sink(p, size);
+      };
+      TRAIND_RETURN_IF_ERROR(data(i, counted));
+      if (put != bytes[i]) {
+        return Status::Internal(path + ": tensor '" + tensors[i].name + "': " + std::to_string(put) +
+                                " bytes written for " + std::to_string(bytes[i]));
+      }
+    }
+    return Status::Ok();
+  });
+}
+
+Status WriteSafetensors(const std::string& path, const SafetensorsFile& file) {
+  std::vector<StreamedTensor> specs;
+  std::vector<const HostTensor*> tensors;
+  for (const auto& [name, t] : file.tensors) {
+    if (SafetensorsDTypeSize(t.dtype) != 0 && t.data.size() != static_cast<uint64_t>(t.numel()) * SafetensorsDTypeSize(t.dtype)) {
+      return Status::InvalidArgument(path + ": tensor '" + name + "': " +
+                                     std::to_string(t.data.size()) + " bytes for shape " +
+                                     ShapeJson(t.shape) + " of " + t.dtype);
+    }
+    specs.push_back({name, t.dtype, t.shape});
+    tensors.push_back(&t);
+  }
+  return WriteSafetensorsStreamed(path, file.metadata, std::move(specs),
+                                  [&](size_t i, const SafetensorsSink& sink) {
+                                    sink(tensors[i]->data.data(), tensors[i]->data.size());
+                                    return Status::Ok();
+                                  });
 }
 
 Status WriteFileAtomic(const std::string& path, const std::string& content) {

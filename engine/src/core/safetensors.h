@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -46,6 +47,22 @@ Result<SafetensorsFile> ReadSafetensors(const std::string& path);
 // then fsync + rename, so a crash never leaves a half-written file under `path`.
 // RESOURCE_EXHAUSTED when the disk is full (the old file, if any, is kept).
 Status WriteSafetensors(const std::string& path, const SafetensorsFile& file);
+
+// The same file written without holding the tensors: the header from `tensors` (names, dtypes,
+// shapes; written in name order like WriteSafetensors), then `data(i, sink)` is called once per
+// tensor in that order and must put exactly the tensor's bytes into `sink` (false: the write
+// failed; stop). A data error or a wrong byte count removes the partial file (path is untouched).
+using SafetensorsSink = std::function<bool(const void* data, size_t bytes)>;
+using SafetensorsProducer = std::function<Status(const SafetensorsSink& sink)>;
+struct StreamedTensor {
+  std::string name;
+  std::string dtype;
+  std::vector<int64_t> shape;
+};
+using StreamedTensorData = std::function<Status(size_t index, const SafetensorsSink& sink)>;
+Status WriteSafetensorsStreamed(const std::string& path,
+                                const std::map<std::string, std::string>& metadata,
+                                std::vector<StreamedTensor> tensors, const StreamedTensorData& data);
 
 // Reads an HF model folder's weights: model.safetensors, or the shards listed in
 // model.safetensors.index.json ("weight_map"). NOT_FOUND when neither exists.

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <utility>
 
 namespace traind::engine {
@@ -306,6 +307,41 @@ class OffloadedAdamW final : public Optimizer {
     file.metadata["format"] = "traind-adamw-v1";
     file.metadata["step"] = std::to_string(step_);
     return file;
+  }
+
+  // Streamed: one chunk of each kind in memory at a time, never the whole state.
+  Status WriteState(const std::string& path) const override {
+    TRAIND_RETURN_IF_ERROR(status_);
+    std::vector<StreamedTensor> specs;
+    for (const ParamInfo& p : params_) {
+      specs.push_back({p.hf_name + ".exp_avg", "F32", p.shape});
+      specs.push_back({p.hf_name + ".exp_avg_sq", "F32", p.shape});
+    }
+    std::vector<float> buf[2] = {std::vector<float>(static_cast<size_t>(chunk_)),
+                                 std::vector<float>(static_cast<size_t>(chunk_))};
+    int64_t cached[2] = {-1, -1};
+    const std::map<std::string, std::string> metadata = {{"format", "traind-adamw-v1"},
+                                                         {"step", std::to_string(step_)}};
+    return WriteSafetensorsStreamed(path, metadata, specs, [&](size_t i, const SafetensorsSink& sink) -> Status {
+      const ParamInfo& p = params_[i / 2];
+      const int which = static_cast<int>(i % 2);
+      for (int64_t at = p.offset; at < p.offset + p.numel;) {
+        const int64_t c = at / chunk_, lo = c * chunk_, n = std::min(chunk_, num_params_ - lo);
+        if (cached[which] != c) {
+          if (step_ == 0) {
+            std::fill(buf[which].begin(), buf[which].end(), 0.0f);
+          } else {
+            Prefetch(c + 1);
+            TRAIND_RETURN_IF_ERROR(store_->Read(Key(c, which), buf[which].data(), static_cast<size_t>(n) * 4));
+          }
+          cached[which] = c;
+        }
+        const int64_t end = std::min(p.offset + p.numel, lo + n);
+        if (!sink(buf[which].data() + (at - lo), static_cast<size_t>(end - at) * 4)) return Status::Ok();
+        at = end;
+      }
+      return Status::Ok();
+    });
   }
 
   Status LoadState(const SafetensorsFile& file) override {

@@ -47,6 +47,13 @@ class Optimizer {
   virtual Status status() const { return Status::Ok(); }
 
   virtual SafetensorsFile SaveState() const = 0;
+  // SaveState() written to `path` (a checkpoint's optimizer.safetensors). Optimizers whose state
+  // is not in memory (offload) stream it instead of assembling it; the bytes are the same.
+  virtual Status WriteState(const std::string& path) const {
+    const SafetensorsFile state = SaveState();
+    TRAIND_RETURN_IF_ERROR(status());
+    return WriteSafetensors(path, state);
+  }
   // DATA_LOSS naming the tensor or the metadata that does not match this optimizer and model.
   virtual Status LoadState(const SafetensorsFile& file) = 0;
 };

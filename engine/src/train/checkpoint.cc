@@ -162,11 +162,7 @@ Result<std::string> SaveCheckpoint(const std::string& output_dir, const JobSpec&
   } else {
     TRAIND_RETURN_IF_ERROR(WriteSafetensors((tmp / kModelFile).string(), model->ExportHf()));
   }
-  {
-    const SafetensorsFile opt_state = optimizer.SaveState();
-    TRAIND_RETURN_IF_ERROR(optimizer.status());  // an offload store that could not be read
-    TRAIND_RETURN_IF_ERROR(WriteSafetensors((tmp / kOptimizerFile).string(), opt_state));
-  }
+  TRAIND_RETURN_IF_ERROR(optimizer.WriteState((tmp / kOptimizerFile).string()));
   TRAIND_RETURN_IF_ERROR(WriteFileAtomic((tmp / kTrainerStateFile).string(),
                                          TrainerStateJson(spec, state, windows_per_epoch, nullptr)));
   TRAIND_RETURN_IF_ERROR(WriteFileAtomic((tmp / kTrainerExtraFile).string(), ExtraJson(state)));
