@@ -92,29 +92,13 @@ void JobManager::Stop() {
   supervisor_->Stop();
 }
 
-namespace {
-// Offset of the first byte that breaks UTF-8, or npos.
-size_t FirstInvalidUtf8(const std::string& s) {
-  size_t i = 0;
-  while (i < s.size()) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
-    if (n == 0 || i + n > s.size()) return i;
-    for (size_t k = 1; k < n; ++k) {
-      if ((static_cast<unsigned char>(s[i + k]) >> 6) != 0x2) return i;
-    }
-    i += n;
-  }
-  return std::string::npos;
-}
-}  // namespace
 
 Result<std::string> JobManager::SpecText(const v1::SubmitJobRequest& req) const {
   if (!req.base_dir().empty() && !std::filesystem::path(req.base_dir()).is_absolute())
     return Status::InvalidArgument("base_dir: must be an absolute path, got " + req.base_dir());
   if (req.has_spec()) return worker::SpecMessageToText(req.spec());
   if (req.spec_yaml().empty()) return Status::InvalidArgument("spec: empty; send spec_yaml or spec");
-  if (const size_t bad = FirstInvalidUtf8(req.spec_yaml()); bad != std::string::npos)
+  if (const size_t bad = engine::FirstInvalidUtf8(req.spec_yaml()); bad != std::string::npos)
     return Status::InvalidArgument("spec: not UTF-8 text (bad byte at offset " + std::to_string(bad) + ")");
   return req.spec_yaml();
 }

@@ -468,6 +468,48 @@ Status ValidateInitFrom(const JobSpec& spec) {
 
 }  // namespace
 
+size_t FirstInvalidUtf8(std::string_view s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    const size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
+    if (n == 0 || i + n > s.size()) return i;
+    for (size_t k = 1; k < n; ++k) {
+      if ((static_cast<unsigned char>(s[i + k]) >> 6) != 0x2) return i;
+    }
+    i += n;
+  }
+  return std::string_view::npos;
+}
+
+namespace {
+
+// The dotted path of the first key or scalar that is not UTF-8 (YAML escapes such as "\xd3" make
+// such strings out of ASCII text), or empty.
+std::string FirstNonUtf8Path(const YAML::Node& n, const std::string& path) {
+  if (n.IsScalar()) {
+    return FirstInvalidUtf8(n.Scalar()) == std::string_view::npos ? "" : (path.empty() ? "job spec" : path);
+  }
+  if (n.IsSequence()) {
+    for (size_t i = 0; i < n.size(); ++i) {
+      std::string bad = FirstNonUtf8Path(n[i], path + "[" + std::to_string(i) + "]");
+      if (!bad.empty()) return bad;
+    }
+  }
+  if (n.IsMap()) {
+    for (const auto& kv : n) {
+      const std::string key = kv.first.IsScalar() ? kv.first.Scalar() : "?";
+      const std::string sub = path.empty() ? key : path + "." + key;
+      if (FirstInvalidUtf8(key) != std::string_view::npos) return path.empty() ? "a key" : path + " (a key)";
+      std::string bad = FirstNonUtf8Path(kv.second, sub);
+      if (!bad.empty()) return bad;
+    }
+  }
+  return "";
+}
+
+}  // namespace
+
 Result<JobSpec> ParseJobSpec(std::string_view text, const std::string& base_dir) {
   YAML::Node root;
   try {
@@ -478,6 +520,9 @@ Result<JobSpec> ParseJobSpec(std::string_view text, const std::string& base_dir)
                                    std::to_string(e.mark.column + 1) + ": " + e.msg);
   } catch (const std::exception& e) {
     return Status::InvalidArgument(std::string("job spec: cannot parse: ") + e.what());
+  }
+  if (const std::string bad = FirstNonUtf8Path(root, ""); !bad.empty()) {
+    return Status::InvalidArgument(bad + ": not valid UTF-8 text");
   }
   try {
     return ParseRoot(root, base_dir);

@@ -132,6 +132,10 @@ struct JobSpec {
   std::string output_dir = "./runs/job";
 };
 
+// Offset of the first byte of `s` that breaks UTF-8, or npos (every string of a spec must be UTF-8:
+// specs are printed as JSON).
+size_t FirstInvalidUtf8(std::string_view s);
+
 // Parses a YAML (or JSON, a subset of YAML) job spec. Relative paths (data.train_file,
 // model.init_from, output_dir, training.offload_dir) are resolved against `base_dir` when it is not
 // empty. Validates every field; does not touch the file system (see ValidateJobInputs).
