@@ -484,8 +484,8 @@ size_t FirstInvalidUtf8(std::string_view s) {
 
 namespace {
 
-// The dotted path of the first key or scalar that is not UTF-8 (YAML escapes such as "\xd3" make
-// such strings out of ASCII text), or empty.
+// The dotted path of the first key or scalar that is not UTF-8 (yaml-cpp passes raw bytes
+// through unchecked), or empty.
 std::string FirstNonUtf8Path(const YAML::Node& n, const std::string& path) {
   if (n.IsScalar()) {
     return FirstInvalidUtf8(n.Scalar()) == std::string_view::npos ? "" : (path.empty() ? "job spec" : path);
