@@ -121,7 +121,7 @@ SafetensorsFile AdamWOptimizer::SaveState() const {
     backend->CopyDeviceToHost(host.data(), v_ + p.offset, host.size() * 4);
     file.tensors[p.hf_name + ".exp_avg_sq"] = HostTensor::FromF32(host.data(), p.shape);
   }
-  file.metadata["format"] = "traind-adamw-v1";
+  file.metadata["format"] = kStateFormat;
   file.metadata["step"] = std::to_string(step_);
   return file;
 }
@@ -129,7 +129,7 @@ SafetensorsFile AdamWOptimizer::SaveState() const {
 Status AdamWOptimizer::LoadState(const SafetensorsFile& file) {
   auto fmt = file.metadata.find("format");
   auto st = file.metadata.find("step");
-  if (fmt == file.metadata.end() || fmt->second != "traind-adamw-v1" || st == file.metadata.end()) {
+  if (fmt == file.metadata.end() || fmt->second != kStateFormat || st == file.metadata.end()) {
     return Status::DataLoss("optimizer state: metadata lacks format traind-adamw-v1 and step");
   }
   int64_t step = 0;

@@ -72,7 +72,8 @@ class AdamWOptimizer final : public Optimizer {
   void CountStep() override { ++step_; }
 
   // The state as tensors "<hf_name>.exp_avg" / "<hf_name>.exp_avg_sq" (fp32, our layout shape)
-  // and metadata {"step": N, "format": "traind-adamw-v1"}.
+  // and metadata {"step": N, "format": kStateFormat}.
+  static constexpr const char* kStateFormat = "traind-adamw-v1";
   SafetensorsFile SaveState() const override;
   // Restores what SaveState() wrote. DATA_LOSS naming the tensor when one is missing or has the
   // wrong shape or dtype, or the metadata is bad.

@@ -7,11 +7,15 @@
 #include <map>
 #include <utility>
 
+#include "optim/adamw.h"
+#include "optim/state_io.h"
+
 namespace traind::engine {
 namespace {
 
 constexpr char kMagic[4] = {'T', 'O', 'S', '1'};
 constexpr const char* kKind = "state";
+constexpr const char* kAdamWFormat = AdamWOptimizer::kStateFormat;  // the same checkpoints
 
 void PutU32(std::string* out, uint32_t v) {
   for (int i = 0; i < 4; ++i) out->push_back(static_cast<char>((v >> (8 * i)) & 0xff));
@@ -304,8 +308,7 @@ class OffloadedAdamW final : public Optimizer {
       file.tensors[p.hf_name + ".exp_avg"] = HostTensor::FromF32(m.data() + p.offset, p.shape);
       file.tensors[p.hf_name + ".exp_avg_sq"] = HostTensor::FromF32(v.data() + p.offset, p.shape);
     }
-    file.metadata["format"] = "traind-adamw-v1";
-    file.metadata["step"] = std::to_string(step_);
+    state_io::SetHeader(&file, kAdamWFormat, step_);
     return file;
   }
 
@@ -320,8 +323,9 @@ class OffloadedAdamW final : public Optimizer {
     std::vector<float> buf[2] = {std::vector<float>(static_cast<size_t>(chunk_)),
                                  std::vector<float>(static_cast<size_t>(chunk_))};
     int64_t cached[2] = {-1, -1};
-    const std::map<std::string, std::string> metadata = {{"format", "traind-adamw-v1"},
-                                                         {"step", std::to_string(step_)}};
+    SafetensorsFile header;  // the metadata only
+    state_io::SetHeader(&header, kAdamWFormat, step_);
+    const std::map<std::string, std::string>& metadata = header.metadata;
     return WriteSafetensorsStreamed(path, metadata, specs, [&](size_t i, const SafetensorsSink& sink) -> Status {
       const ParamInfo& p = params_[i / 2];
       const int which = static_cast<int>(i % 2);
@@ -346,29 +350,15 @@ class OffloadedAdamW final : public Optimizer {
 
   Status LoadState(const SafetensorsFile& file) override {
     TRAIND_RETURN_IF_ERROR(status_);
-    auto fmt = file.metadata.find("format");
-    auto st = file.metadata.find("step");
-    int64_t step = -1;
-    if (fmt != file.metadata.end() && fmt->second == "traind-adamw-v1" && st != file.metadata.end()) {
-      try {
-        step = std::stoll(st->second);
-      } catch (...) {
-      }
-    }
-    if (step < 0) return Status::DataLoss("optimizer state: metadata lacks format traind-adamw-v1 and step");
+    TRAIND_ASSIGN_OR_RETURN(const int64_t step, state_io::ReadStep(file, kAdamWFormat));
     std::vector<float> all[2] = {std::vector<float>(static_cast<size_t>(num_params_)),
                                  std::vector<float>(static_cast<size_t>(num_params_))};
     for (const ParamInfo& p : params_) {
       for (int which = 0; which < 2; ++which) {
-        const std::string name = p.hf_name + (which == 0 ? ".exp_avg" : ".exp_avg_sq");
-        auto it = file.tensors.find(name);
-        if (it == file.tensors.end()) return Status::DataLoss("optimizer state: missing tensor " + name);
-        const HostTensor& t = it->second;
-        if (t.dtype != "F32" || t.shape != p.shape || static_cast<int64_t>(t.data.size()) != p.numel * 4) {
-          return Status::DataLoss("optimizer state: tensor " + name +
-                                  " has the wrong dtype or shape for this model");
-        }
-        std::memcpy(all[which].data() + p.offset, t.data.data(), t.data.size());
+        TRAIND_ASSIGN_OR_RETURN(
+            const HostTensor* t,
+            state_io::Find(file, p.hf_name + (which == 0 ? ".exp_avg" : ".exp_avg_sq"), "F32", p.shape));
+        std::memcpy(all[which].data() + p.offset, t->data.data(), t->data.size());
       }
     }
     for (int64_t c = 0; c * chunk_ < num_params_; ++c) {
