@@ -97,7 +97,7 @@ Status BuildModelAndOptimizer(TrainingSession* s) {
                             MakeOffloadedOptimizer(t, s->model->trainable_params(),
                                                    s->model->num_trainable(), s->arena.get(),
                                                    s->store));
-    const int64_t state = OptimizerPlanBytes(t, s->model->trainable_params(), s->model->num_trainable());
+    const int64_t state = s->plan.offload_state_bytes;
     char line[160];
     std::snprintf(line, sizeof(line), ": %.2f MiB of %s state off the device, %.2f MiB window on it",
                   static_cast<double>(state) / 1048576.0, t.optim.c_str(),
