@@ -103,6 +103,18 @@ nlohmann::json JobJson(const v1::Job& j) {
           {"tokenizing", j.state() == v1::JOB_STATE_RUNNING && j.has_tokenize() && !j.tokenize().done()}};
 }
 
+namespace {
+
+// "trainable 294912 of 124734720 total (0.24%)" (status and estimate; plans from daemons that
+// count parameters).
+std::string ParamsText(const v1::Plan& p) {
+  return "trainable " + std::to_string(p.trainable_params()) + " of " + std::to_string(p.total_params()) +
+         " total" + Fmt(" (%.2f%%)", 100.0 * static_cast<double>(p.trainable_params()) /
+                                        static_cast<double>(p.total_params()));
+}
+
+}  // namespace
+
 std::string StatusText(const v1::Job& j) {
   std::ostringstream o;
   auto row = [&](const std::string& k, const std::string& v) { o << Pad(k + ":", 26) << v << "\n"; };
@@ -143,12 +155,7 @@ std::string StatusText(const v1::Job& j) {
                             HumanBytes(j.offload().store_bytes()));
     }
   }
-  if (j.plan().total_params() > 0) {
-    row("parameters", "trainable " + std::to_string(j.plan().trainable_params()) + " of " +
-                          std::to_string(j.plan().total_params()) + " total" +
-                          Fmt(" (%.2f%%)", 100.0 * static_cast<double>(j.plan().trainable_params()) /
-                                               static_cast<double>(j.plan().total_params())));
-  }
+  if (j.plan().total_params() > 0) row("parameters", ParamsText(j.plan()));
   return o.str();
 }
 
@@ -183,6 +190,7 @@ std::string EstimateText(const v1::EstimateJobResponse& r) {
     << ", gradient_checkpointing " << (p.gradient_checkpointing() ? "on" : "off") << ", precision "
     << (p.precision().empty() ? "fp32" : p.precision()) << ", optimizer "
     << (p.optimizer().empty() ? "adamw" : p.optimizer()) << "\n";
+  if (p.total_params() > 0) o << "parameters: " << ParamsText(p) << "\n";
   if (!p.offload().empty() && p.offload() != "none") {
     o << "offload " << p.offload() << ": optimizer state " << HumanBytes(p.offload_state_bytes())
       << " off the device (optimizer row: the window of one group on it)\n";

@@ -168,12 +168,17 @@ TEST_F(LifecycleTest, SubmitAsJobSpecMessageAndEstimate) {
   EXPECT_EQ(j["plan"]["micro_batch"], 4);
   EXPECT_GT(j["plan"]["bytes"]["total"].get<int64_t>(), 0);
   EXPECT_EQ(j["plan"]["optimizer"], "adamw");
+  EXPECT_GT(j["plan"]["trainable_params"].get<int64_t>(), 0);
+  EXPECT_EQ(j["plan"]["trainable_params"], j["plan"]["total_params"]) << "no LoRA: every parameter trains";
   EXPECT_TRUE(j["reason"].is_string());
   r = Trainctl({"--addr", daemon_->addr(), "--state-dir", daemon_->state_dir(), "estimate", Spec("est", 5)});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_THAT(r.out, ::testing::HasSubstr("activations"));
   EXPECT_THAT(r.out, ::testing::HasSubstr("micro_batch 4"));
   EXPECT_THAT(r.out, ::testing::HasSubstr("optimizer adamw"));
+  EXPECT_THAT(r.out, ::testing::HasSubstr("parameters: trainable " + std::to_string(j["plan"]["trainable_params"].get<int64_t>()) +
+                                              " of " + std::to_string(j["plan"]["total_params"].get<int64_t>()) +
+                                              " total (100.00%)"));
 }
 
 TEST_F(LifecycleTest, HealthAndReflection) {
