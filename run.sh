@@ -25,21 +25,34 @@ PACKAGES=(
 
 log() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
 
-deps() {
-  local missing=()
-  for p in "${PACKAGES[@]}"; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+# Appends to the array named $1 each later argument that dpkg does not list as installed.
+add_missing() {
+  local -n into=$1; shift
+  local p
+  for p in "$@"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || into+=("$p")
   done
-  # npm (the tokenizer tests' reference, HF tokenizers for Node): Debian's package, unless the
-  # installed nodejs already brings npm (NodeSource's does, and conflicts with Debian's npm).
-  command -v npm >/dev/null 2>&1 || missing+=(npm)
-  if [ ${#missing[@]} -eq 0 ]; then return 0; fi
-  log "installing ${#missing[@]} Debian packages: ${missing[*]}"
+}
+
+# apt-get installs the packages given ($1: what they are for, for the log line).
+apt_install() {
+  local why=$1; shift
+  log "installing $# Debian packages$why: $*"
   local SUDO=""
   if [ "$(id -u)" != 0 ]; then SUDO=sudo; fi
   $SUDO apt-get -o DPkg::Lock::Timeout=300 update -q
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get -o DPkg::Lock::Timeout=300 install -y -q \
-    --no-install-recommends "${missing[@]}"
+    --no-install-recommends "$@"
+}
+
+deps() {
+  local missing=()
+  add_missing missing "${PACKAGES[@]}"
+  # npm (the tokenizer tests' reference, HF tokenizers for Node): Debian's package, unless the
+  # installed nodejs already brings npm (NodeSource's does, and conflicts with Debian's npm).
+  command -v npm >/dev/null 2>&1 || missing+=(npm)
+  if [ ${#missing[@]} -eq 0 ]; then return 0; fi
+  apt_install "" "${missing[@]}"
 }
 
 build() {
@@ -82,17 +95,8 @@ fuzz() {
   local seconds=${1:-60}
   local dir=${TRAIND_FUZZ_BUILD_DIR:-$ROOT/build-fuzz}
   local missing=()
-  for p in "${FUZZ_PACKAGES[@]}"; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-  done
-  if [ ${#missing[@]} -gt 0 ]; then
-    log "installing ${#missing[@]} Debian packages for fuzzing: ${missing[*]}"
-    local SUDO=""
-    if [ "$(id -u)" != 0 ]; then SUDO=sudo; fi
-    $SUDO apt-get -o DPkg::Lock::Timeout=300 update -q
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get -o DPkg::Lock::Timeout=300 install -y -q \
-      --no-install-recommends "${missing[@]}"
-  fi
+  add_missing missing "${FUZZ_PACKAGES[@]}"
+  if [ ${#missing[@]} -gt 0 ]; then apt_install " for fuzzing" "${missing[@]}"; fi
   local san="-fsanitize=address,undefined,fuzzer-no-link -fno-sanitize-recover=undefined"
   san+=" -fno-omit-frame-pointer -gline-tables-only"
   log "configuring the clang fuzz build in $dir"

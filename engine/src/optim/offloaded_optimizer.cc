@@ -107,25 +107,40 @@ std::vector<Group> MakeGroups(const TrainingSpec& t, std::vector<ParamInfo> para
   return groups;
 }
 
-class OffloadedOptimizer final : public Optimizer {
+// What both offloaded optimizers share: steps are driven from the host (the state is not in
+// device memory, so nothing is captured in the optimizer's CUDA graph), and the first store error
+// sticks: later steps do nothing and the job ends with it.
+class HostDrivenOffload : public Optimizer {
  public:
-  OffloadedOptimizer(const TrainingSpec& t, std::vector<Group> groups, DeviceArena* arena,
-                     OptimizerStateStore* store, const OffloadOptions& o)
-      : t_(t), groups_(std::move(groups)), arena_(arena), store_(store), options_(o),
-        committed_(groups_.size()), pending_(groups_.size()) {}
-
-  std::string name() const override { return t_.optim; }
+  explicit HostDrivenOffload(std::string name) : name_(std::move(name)) {}
+  std::string name() const override { return name_; }
   int64_t step() const override { return step_; }
   bool issues_from_device_scalars() const override { return false; }
   void FillNextStep(StepScalars*) const override {}
   void IssueStep(float*, const float*, const StepScalars*) override {}
   void CountStep() override {}
   Status status() const override { return status_; }
-
   void Step(float* params, const float* grads, double lr, float grad_scale) override {
-    if (!status_.ok()) return;  // a failed store stays failed: the job ends with status_
+    if (!status_.ok()) return;
     status_ = RunStep(params, grads, lr, grad_scale);
   }
+
+ protected:
+  // One step, committed to the store; advances step_ only when it succeeded.
+  virtual Status RunStep(float* params, const float* grads, double lr, float grad_scale) = 0;
+  int64_t step_ = 0;         // steps applied (committed)
+  mutable Status status_;    // the first store error (SaveState is const and may hit one)
+
+ private:
+  std::string name_;
+};
+
+class OffloadedOptimizer final : public HostDrivenOffload {
+ public:
+  OffloadedOptimizer(const TrainingSpec& t, std::vector<Group> groups, DeviceArena* arena,
+                     OptimizerStateStore* store, const OffloadOptions& o)
+      : HostDrivenOffload(t.optim), t_(t), groups_(std::move(groups)), arena_(arena), store_(store),
+        options_(o), committed_(groups_.size()), pending_(groups_.size()) {}
 
   SafetensorsFile SaveState() const override {
     SafetensorsFile out;
@@ -212,7 +227,7 @@ class OffloadedOptimizer final : public Optimizer {
     return Status::Ok();
   }
 
-  Status RunStep(float* params, const float* grads, double lr, float grad_scale) {
+  Status RunStep(float* params, const float* grads, double lr, float grad_scale) override {
     Prefetch(0);
     Prefetch(1);
     for (size_t g = 0; g < groups_.size(); ++g) {
@@ -239,8 +254,6 @@ class OffloadedOptimizer final : public Optimizer {
   OffloadOptions options_;
   std::vector<std::vector<size_t>> committed_;  // per group: sizes of its committed pieces
   std::vector<std::vector<size_t>> pending_;    // per group: sizes written since the commit
-  int64_t step_ = 0;
-  mutable Status status_;
 };
 
 // AdamW, the common case, without a transient instance or a payload format: the flat state
@@ -248,7 +261,7 @@ class OffloadedOptimizer final : public Optimizer {
 // raw fp32), and a step streams them through one persistent device window (m and v of one chunk)
 // with the in-memory AdamW's kernel. Large tensors (a 50K-token embedding) span several chunks,
 // so the window stays one chunk whatever the model.
-class OffloadedAdamW final : public Optimizer {
+class OffloadedAdamW final : public HostDrivenOffload {
  public:
   static int64_t ChunkElems(int64_t num_params, const OffloadOptions& o) {
     const int64_t most = std::max<int64_t>(4096, o.group_state_bytes / 8);
@@ -284,18 +297,6 @@ class OffloadedAdamW final : public Optimizer {
     if (win_v_ != nullptr) arena_->Release(win_v_);
   }
 
-  std::string name() const override { return "adamw"; }
-  int64_t step() const override { return step_; }
-  bool issues_from_device_scalars() const override { return false; }
-  void FillNextStep(StepScalars*) const override {}
-  void IssueStep(float*, const float*, const StepScalars*) override {}
-  void CountStep() override {}
-  Status status() const override { return status_; }
-
-  void Step(float* params, const float* grads, double lr, float grad_scale) override {
-    if (!status_.ok()) return;
-    status_ = RunStep(params, grads, lr, grad_scale);
-  }
 
   SafetensorsFile SaveState() const override {
     std::vector<float> m, v;
@@ -379,7 +380,7 @@ class OffloadedAdamW final : public Optimizer {
   };
   OffloadedAdamW(const TrainingSpec& t, const std::vector<ParamInfo>& params, int64_t num_params,
                  DeviceArena* arena, OptimizerStateStore* store)
-      : t_(t), params_(params), num_params_(num_params), arena_(arena), store_(store) {
+      : HostDrivenOffload("adamw"), t_(t), params_(params), num_params_(num_params), arena_(arena), store_(store) {
     std::vector<ParamInfo> sorted = params;
     std::sort(sorted.begin(), sorted.end(),
               [](const ParamInfo& a, const ParamInfo& b) { return a.offset < b.offset; });
@@ -417,7 +418,7 @@ class OffloadedAdamW final : public Optimizer {
     return Status::Ok();
   }
 
-  Status RunStep(float* params, const float* grads, double lr, float grad_scale) {
+  Status RunStep(float* params, const float* grads, double lr, float grad_scale) override {
     const int64_t step = step_ + 1;
     // As AdamWOptimizer::Step: 1 - beta ** step in double, handed to the kernel in fp32.
     const double bc1 = 1.0 - std::pow(t_.adam_beta1, static_cast<double>(step));
@@ -471,8 +472,6 @@ class OffloadedAdamW final : public Optimizer {
   float* win_m_ = nullptr;
   float* win_v_ = nullptr;
   std::vector<float> host_m_, host_v_;
-  int64_t step_ = 0;
-  mutable Status status_;
 };
 
 }  // namespace
