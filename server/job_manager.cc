@@ -71,7 +71,10 @@ Status JobManager::Start() {
       q.recovered = true;
       q.priority = INT32_MAX;
       v1::JobEvent ev;
-      ev.set_message("traind restarted while this job was running; it resumes from its last checkpoint");
+      ev.set_message(job->interruptions() > 0 && job->interrupted_step() == job->step()
+                         ? "traind restarted; this job was interrupted at step " +
+                               std::to_string(job->interrupted_step()) + " and resumes from its last checkpoint"
+                         : "traind restarted while this job was running; it resumes from its last checkpoint");
       TRAIND_RETURN_IF_ERROR(AppendLocked(job, std::move(ev), true));
       spdlog::info("job {}: was running when traind stopped; resuming from its last checkpoint", job->id());
     }
@@ -359,6 +362,24 @@ void JobManager::OnAttemptCrashed(const std::string& id, int32_t attempt, const 
                  (will_retry ? "; restarting from the last checkpoint" : ""));
   spdlog::warn("job {}: {}", id, ev.message());
   (void)AppendLocked(&it->second, std::move(ev), true);
+}
+
+void JobManager::OnJobInterrupted(const std::string& id, int32_t attempt, const v1::RunnerResult& result,
+                                  bool resumes_now) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = jobs_.find(id);
+  if (it == jobs_.end()) return;
+  v1::Job& job = it->second;
+  // The newest checkpoint: the one the runner wrote on SIGTERM, or (preempted right after a
+  // resume, before a new step) the one it resumed from.
+  const int64_t step = result.checkpoint_step() > 0 ? result.checkpoint_step() : job.step();
+  job.set_interruptions(job.interruptions() + 1);
+  job.set_interrupted_step(step);
+  v1::JobEvent ev;
+  ev.set_message("attempt " + std::to_string(attempt) + " interrupted by SIGTERM: " + result.message() +
+                 (resumes_now ? "; resuming from it now" : "; the job resumes from it at the next start"));
+  spdlog::info("job {}: {}", id, ev.message());
+  (void)AppendLocked(&job, std::move(ev), true);
 }
 
 void JobManager::OnJobEnd(const std::string& id, v1::JobState state, const std::string& error,

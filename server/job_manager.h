@@ -69,6 +69,8 @@ class JobManager : public worker::SupervisorListener {
   void OnRunnerEvent(const std::string& id, const v1::RunnerEvent& ev) override;
   void OnAttemptCrashed(const std::string& id, int32_t attempt, const std::string& reason,
                         bool will_retry) override;
+  void OnJobInterrupted(const std::string& id, int32_t attempt, const v1::RunnerResult& result,
+                        bool resumes_now) override;
   void OnJobEnd(const std::string& id, v1::JobState state, const std::string& error,
                 const v1::RunnerResult* result) override;
 

@@ -29,6 +29,7 @@ grpc::Status ToGrpc(const Status& s) {
     case Status::Code::kPermissionDenied: c = grpc::StatusCode::PERMISSION_DENIED; break;
     case Status::Code::kUnavailable: c = grpc::StatusCode::UNAVAILABLE; break;
     case Status::Code::kInternal: c = grpc::StatusCode::INTERNAL; break;
+    case Status::Code::kAborted: c = grpc::StatusCode::ABORTED; break;
   }
   return grpc::Status(c, s.message());
 }

@@ -84,6 +84,9 @@ nlohmann::json JobJson(const v1::Job& j) {
           {"owner", j.owner()},
           {"priority", j.priority()},
           {"attempts", j.attempts()},
+          // Preemptions (SIGTERM): how many, and the step of the newest preemption checkpoint.
+          {"interruptions", j.interruptions()},
+          {"interrupted_step", j.interrupted_step()},
           {"created_at", Time(j.created_unix_ms())},
           {"started_at", Time(j.started_unix_ms())},
           {"finished_at", Time(j.finished_unix_ms())},
@@ -125,6 +128,14 @@ std::string StatusText(const v1::Job& j) {
   if (!j.error().empty()) row("error", j.error());
   row("output_dir", j.output_dir());
   row("attempts", std::to_string(j.attempts()));
+  if (j.interruptions() > 0) {
+    const int64_t at = j.interrupted_step();
+    row("interrupted", std::to_string(j.interruptions()) + (j.interruptions() == 1 ? " time" : " times") +
+                           " by SIGTERM, last " +
+                           (at > 0 ? "at step " + std::to_string(at) + " (resumes from checkpoint-" +
+                                         std::to_string(at) + ")"
+                                   : std::string("before its first step (starts again)")));
+  }
   row("created", Time(j.created_unix_ms()));
   if (j.has_summary()) {
     const auto& s = j.summary();

@@ -22,8 +22,12 @@ namespace traind::worker {
 namespace {
 
 std::atomic<bool> g_cancel{false};
+std::atomic<bool> g_preempt{false};
 
-void OnTerm(int) { g_cancel.store(true); }
+// SIGTERM/SIGINT: preemption (a checkpoint at the next step boundary, then a result that says so).
+// SIGUSR1: the supervisor's cancel (the job ends CANCELLED within one step).
+void OnTerm(int) { g_preempt.store(true); }
+void OnCancel(int) { g_cancel.store(true); }
 
 // Writes one delimited event to `fd` in full; a closed pipe (traind died) ends the process.
 void Emit(int fd, const v1::RunnerEvent& ev) {
@@ -92,6 +96,9 @@ int JobRunnerMain() {
   sa.sa_handler = OnTerm;
   sigaction(SIGTERM, &sa, nullptr);
   sigaction(SIGINT, &sa, nullptr);
+  struct sigaction cancel_sa {};
+  cancel_sa.sa_handler = OnCancel;
+  sigaction(SIGUSR1, &cancel_sa, nullptr);
   // The protocol owns the original stdout; stray prints from below go to stderr.
   const int proto_fd = ::dup(STDOUT_FILENO);
   ::dup2(STDERR_FILENO, STDOUT_FILENO);
@@ -120,6 +127,7 @@ int JobRunnerMain() {
   opts.device.threads = req.threads();
   opts.resume = req.resume();
   opts.cancel = &g_cancel;
+  opts.preempt = &g_preempt;
   opts.open_optimizer_state_store = OpenOffloadStore;
   engine::RunCallbacks cb;
   cb.on_plan = [&](const engine::MemoryPlan& p) {
@@ -149,7 +157,9 @@ int JobRunnerMain() {
     ev.mutable_eval()->set_eval_loss(r.eval_loss);
     Emit(proto_fd, ev);
   };
+  int64_t last_checkpoint_step = 0;
   cb.on_checkpoint = [&](int64_t step, const std::string& dir) {
+    last_checkpoint_step = step;
     v1::RunnerEvent ev;
     ev.mutable_checkpoint()->set_step(step);
     ev.mutable_checkpoint()->set_dir(dir);
@@ -173,6 +183,10 @@ int JobRunnerMain() {
   } else {
     result->set_code(static_cast<int>(run.status().code()));
     result->set_message(run.status().message());
+    if (run.status().code() == Status::Code::kAborted && g_preempt.load()) {
+      result->set_preempted(true);
+      result->set_checkpoint_step(last_checkpoint_step);
+    }
   }
   Emit(proto_fd, result_ev);
   return 0;

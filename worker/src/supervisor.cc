@@ -52,10 +52,25 @@ void Supervisor::Stop() {
     std::lock_guard<std::mutex> lock(mu_);
     if (stopping_ && !thread_.joinable()) return;
     stopping_ = true;
-    if (child_ > 0) ::kill(child_, SIGKILL);
+    if (child_ > 0) {
+      // Preemption: the child checkpoints at its next step boundary; the watchdog SIGKILLs it
+      // when the grace period ends first (or sooner, when a cancel's deadline is nearer).
+      if (options_.stop_grace_seconds <= 0) {
+        ::kill(child_, SIGKILL);
+      } else {
+        ::kill(child_, SIGTERM);
+        const double deadline = NowSeconds() + options_.stop_grace_seconds;
+        kill_deadline_ = kill_deadline_ > 0 ? std::min(kill_deadline_, deadline) : deadline;
+      }
+    }
   }
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    watchdog_exit_ = true;
+  }
+  cv_.notify_all();
   if (watchdog_.joinable()) watchdog_.join();
 }
 
@@ -77,7 +92,7 @@ Supervisor::CancelOutcome Supervisor::Cancel(const std::string& id) {
   if (running_ == id) {
     if (!cancel_requested_) {
       cancel_requested_ = true;
-      if (child_ > 0) ::kill(child_, SIGTERM);
+      if (child_ > 0) ::kill(child_, SIGUSR1);
       kill_deadline_ = NowSeconds() + options_.cancel_grace_seconds;
     }
     return CancelOutcome::kSignalled;
@@ -103,7 +118,7 @@ pid_t Supervisor::RunningPid() const {
 
 void Supervisor::Watchdog() {
   std::unique_lock<std::mutex> lock(mu_);
-  while (!stopping_) {
+  while (!watchdog_exit_) {
     cv_.wait_for(lock, std::chrono::milliseconds(100));
     if (kill_deadline_ > 0 && NowSeconds() >= kill_deadline_ && child_ > 0) {
       ::kill(child_, SIGKILL);
@@ -137,9 +152,9 @@ void Supervisor::Loop() {
 
 void Supervisor::RunJob(const QueuedJob& job) {
   int32_t attempt = job.attempts_before;
-  for (int crashes = 0;;) {
+  for (int crashes = 0, preemptions = 0;;) {
     ++attempt;
-    const bool resume = job.recovered || crashes > 0;
+    const bool resume = job.recovered || crashes > 0 || preemptions > 0;
     listener_->OnAttemptStart(job.id, attempt, resume);
     Outcome out = RunAttempt(job, resume);
     bool cancelled, stopping;
@@ -147,6 +162,18 @@ void Supervisor::RunJob(const QueuedJob& job) {
       std::lock_guard<std::mutex> lock(mu_);
       cancelled = cancel_requested_;
       stopping = stopping_;
+    }
+    if (out.has_result && out.result.preempted()) {
+      // SIGTERM: a checkpoint at a step boundary. From Stop() the job resumes at the next start;
+      // from anyone else (the child alone was signalled) it resumes now, as a crash would.
+      ++preemptions;
+      listener_->OnJobInterrupted(job.id, attempt, out.result, /*resumes_now=*/!stopping && !cancelled);
+      if (stopping) return;
+      if (cancelled) {
+        listener_->OnJobEnd(job.id, v1::JOB_STATE_CANCELLED, "", nullptr);
+        return;
+      }
+      continue;
     }
     if (out.has_result) {
       const auto code = static_cast<Status::Code>(out.result.code());
@@ -213,7 +240,7 @@ Supervisor::Outcome Supervisor::RunAttempt(const QueuedJob& job, bool resume) {
       _exit(127);
     }
     child_ = pid > 0 ? pid : 0;
-    if (cancel_requested_ && pid > 0) ::kill(pid, SIGTERM);
+    if (cancel_requested_ && pid > 0) ::kill(pid, SIGUSR1);
   }
   ::close(in_pipe[0]);
   ::close(out_pipe[1]);

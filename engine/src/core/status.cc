@@ -17,6 +17,7 @@ const char* StatusCodeName(Status::Code code) {
     case Status::Code::kPermissionDenied: return "PERMISSION_DENIED";
     case Status::Code::kUnavailable: return "UNAVAILABLE";
     case Status::Code::kInternal: return "INTERNAL";
+    case Status::Code::kAborted: return "ABORTED";
   }
   return "UNKNOWN";
 }

@@ -14,8 +14,13 @@ namespace traind::engine {
 namespace {
 
 std::atomic<bool> g_cancel{false};
+std::atomic<bool> g_preempt{false};
 
-void OnSignal(int) { g_cancel.store(true); }
+// The first SIGINT/SIGTERM preempts (a checkpoint at the next step boundary, then exit); a second
+// one cancels without waiting for it.
+void OnSignal(int) {
+  if (g_preempt.exchange(true)) g_cancel.store(true);
+}
 
 }  // namespace
 
@@ -42,6 +47,7 @@ int RunJobFileWithConsole(const std::string& spec_path, RunOptions options) {
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
   options.cancel = &g_cancel;
+  options.preempt = &g_preempt;
   RunCallbacks cb;
   cb.on_plan = [](const MemoryPlan& p) {
     std::printf("plan: micro_batch %lld x %lld accumulation, checkpointing %s, %.1f MiB (%s)\n",
@@ -88,6 +94,11 @@ int RunJobFileWithConsole(const std::string& spec_path, RunOptions options) {
   };
 
   Result<RunSummary> r = RunJob(*spec, options, cb);
+  if (!r.ok() && r.status().code() == Status::Code::kAborted) {
+    std::fprintf(stderr, "interrupted: %s; run it again with --resume to continue\n",
+                 r.status().message().c_str());
+    return 1;
+  }
   if (!r.ok()) {
     std::fprintf(stderr, "%s\n", r.status().ToString().c_str());
     return 1;

@@ -167,6 +167,10 @@ bool TrainingSession::Cancelled() const {
   return options->cancel != nullptr && options->cancel->load(std::memory_order_relaxed);
 }
 
+bool TrainingSession::Preempted() const {
+  return options->preempt != nullptr && options->preempt->load(std::memory_order_relaxed);
+}
+
 Result<std::unique_ptr<TrainingSession>> SetUpSession(const JobSpec& spec, const RunOptions& options,
                                                       const RunCallbacks& callbacks) {
   auto s = std::make_unique<TrainingSession>();

@@ -55,6 +55,7 @@ struct TrainingSession {
 
   void Message(const std::string& line) const;
   bool Cancelled() const;
+  bool Preempted() const;
 };
 
 // Runs the set-up stages in order; the first failing stage's error is returned.

@@ -85,10 +85,13 @@ Status RunStepLoop(TrainingSession* s, double* last_eval) {
     if (callbacks.on_eval) callbacks.on_eval(EvalReport{state.global_step, loss});
     return Status::Ok();
   };
+  // The newest step with a checkpoint in output_dir (the resumed one, or none for a fresh run).
+  int64_t saved_step = s->first_step;
   auto save = [&]() -> Status {
     TRAIND_ASSIGN_OR_RETURN(std::string dir,
                             SaveCheckpoint(s->spec.output_dir, s->spec, s->model.get(), *s->optimizer,
                                            state, loader.windows_per_epoch()));
+    saved_step = state.global_step;
     if (callbacks.on_checkpoint) callbacks.on_checkpoint(state.global_step, dir);
     return Status::Ok();
   };
@@ -120,6 +123,15 @@ Status RunStepLoop(TrainingSession* s, double* last_eval) {
     return Status::Ok();
   };
   while (state.global_step < t.max_steps) {
+    // Preemption lands on a step boundary: the last finished step is made durable, then the run
+    // stops resumable (every report of that step has gone out, so nothing logged is lost).
+    if (s->Preempted()) {
+      const int64_t step = state.global_step;
+      if (step == 0) return Status::Aborted("preempted before the first step; nothing to save");
+      if (saved_step != step) TRAIND_RETURN_IF_ERROR(save());
+      return Status::Aborted("preempted at step " + std::to_string(step) + "; checkpoint-" +
+                             std::to_string(step) + " written");
+    }
     const Clock::time_point step_start = Clock::now();
     double wait = 0.0;
     const float loss_scale = t.fp16 ? scaler.scale() : 1.0f;

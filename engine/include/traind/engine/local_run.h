@@ -9,12 +9,14 @@
 namespace traind::engine {
 
 // Reads, parses (relative paths against the working directory, as trainctl does), validates and
-// plans the spec at `spec_path`, then runs it with `options` (its `cancel` is replaced by a flag
-// that SIGINT and SIGTERM set). Prints to stdout: "plan: ..." once, "step S/N  loss ..." per
-// logging window, "step S  eval_loss ..." per evaluation, "checkpoint DIR", "note: ..." for the
-// engine's notes, and at the end "done: N steps, ..." followed by "output: DIR". Errors go to
-// stderr as one line. Returns 0 on success, 1 when the run fails or is cancelled, 2 when the spec
-// cannot be read, is invalid or does not fit the device.
+// plans the spec at `spec_path`, then runs it with `options` (its `preempt` and `cancel` are
+// replaced: the first SIGINT or SIGTERM preempts, writing a checkpoint at the next step boundary
+// and saying to run again with --resume; a second one cancels at once). Prints to stdout: "plan:
+// ..." once, "step S/N  loss ..." per logging window, "step S  eval_loss ..." per evaluation,
+// "checkpoint DIR", "note: ..." for the engine's notes, and at the end "done: N steps, ..."
+// followed by "output: DIR". Errors go to stderr as one line. Returns 0 on success, 1 when the run
+// fails, is cancelled or preempted, 2 when the spec cannot be read, is invalid or does not fit the
+// device.
 int RunJobFileWithConsole(const std::string& spec_path, RunOptions options);
 
 }  // namespace traind::engine

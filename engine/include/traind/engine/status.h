@@ -26,6 +26,7 @@ class Status {
     kPermissionDenied,    // authenticated but not allowed
     kUnavailable,         // a dependency (daemon, device) cannot be reached
     kInternal,            // a bug: an invariant did not hold
+    kAborted,             // stopped early on request (preemption) and resumable from its checkpoint
   };
 
   Status() = default;  // OK
@@ -43,6 +44,7 @@ class Status {
   static Status PermissionDenied(std::string m) { return {Code::kPermissionDenied, std::move(m)}; }
   static Status Unavailable(std::string m) { return {Code::kUnavailable, std::move(m)}; }
   static Status Internal(std::string m) { return {Code::kInternal, std::move(m)}; }
+  static Status Aborted(std::string m) { return {Code::kAborted, std::move(m)}; }
 
   bool ok() const { return code_ == Code::kOk; }
   Code code() const { return code_; }

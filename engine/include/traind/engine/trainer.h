@@ -113,6 +113,12 @@ struct RunOptions {
   bool resume = false;
   // Checked between micro-batches; when it becomes true RunJob returns CANCELLED within one step.
   const std::atomic<bool>* cancel = nullptr;
+  // Preemption (SIGTERM to the job runner): checked at each step boundary. When it becomes true,
+  // RunJob writes a checkpoint of the step just finished (unless that step's was just written) and
+  // returns ABORTED ("preempted at step N; checkpoint-N written"); a later run with resume = true
+  // continues from it, bit-identical to an uninterrupted run. Before the first step: ABORTED, no
+  // checkpoint (the resume starts from the newest one already there).
+  const std::atomic<bool>* preempt = nullptr;
 
   // ---- injection points (not owned; each must outlive RunJob) ----
   // Where optimizer state lives with training.offload cpu/nvme. A store given here is used as is;

@@ -10,8 +10,10 @@ namespace traind::worker {
 
 // The job-runner child's main. Protocol (traind/v1/runner.proto): reads one length-delimited
 // RunnerRequest from stdin, then writes length-delimited RunnerEvents to the original stdout, the
-// last one `result`; anything the engine prints goes to stderr. SIGTERM (or SIGINT) sets the
-// engine's cancel flag, so the run ends CANCELLED within one step. Returns the process exit code:
+// last one `result`; anything the engine prints goes to stderr. SIGTERM (or SIGINT) preempts: the
+// engine writes a checkpoint at the next step boundary and the result says `preempted` (resume
+// continues from it). SIGUSR1 sets the engine's cancel flag, so the run ends CANCELLED within one
+// step (the supervisor's cancel). Returns the process exit code:
 // 0 when a result was written (whatever its status), 2 when the request could not be read.
 int JobRunnerMain();
 

@@ -30,6 +30,9 @@ struct SupervisorOptions {
   int max_attempts = 3;
   // After a cancel, seconds the child gets to stop on its own before SIGKILL. Default 10.
   double cancel_grace_seconds = 10;
+  // Stop(): seconds a running child gets, after SIGTERM, to write its preemption checkpoint at the
+  // next step boundary and end before SIGKILL (traind's --shutdown-timeout-seconds). Default 25.
+  double stop_grace_seconds = 25;
   // Folder for the children's stderr, one file per job (<log_dir>/<job_id>.log); "" = inherit.
   std::string log_dir;
 };
@@ -55,6 +58,11 @@ class SupervisorListener {
   // The child died without a result: `reason` says how; `will_retry` false means OnJobEnd follows.
   virtual void OnAttemptCrashed(const std::string& id, int32_t attempt, const std::string& reason,
                                 bool will_retry) = 0;
+  // The child was preempted (SIGTERM): `result` says where its checkpoint is. When `resumes_now`
+  // the supervisor starts it again at once (someone signalled the child alone); otherwise it
+  // stays where the caller records it and resumes at the next start.
+  virtual void OnJobInterrupted(const std::string& id, int32_t attempt, const v1::RunnerResult& result,
+                                bool resumes_now) = 0;
   // The job ended: SUCCEEDED (result set), FAILED (error), or CANCELLED.
   virtual void OnJobEnd(const std::string& id, v1::JobState state, const std::string& error,
                         const v1::RunnerResult* result) = 0;
@@ -69,14 +77,16 @@ class Supervisor {
   Supervisor& operator=(const Supervisor&) = delete;
 
   void Start();
-  // Stops taking jobs and kills a running child (SIGKILL, no result: the job stays RUNNING in the
-  // caller's records and resumes from its checkpoint at the next start). Idempotent.
+  // Stops taking jobs and preempts a running child: SIGTERM, so it checkpoints at its next step
+  // boundary (OnJobInterrupted follows), then SIGKILL after stop_grace_seconds. Either way the job
+  // stays RUNNING in the caller's records and resumes from its newest checkpoint at the next start.
+  // Blocks until the child is gone. Idempotent.
   void Stop();
 
   void Enqueue(QueuedJob job);
 
   enum class CancelOutcome { kRemovedFromQueue, kSignalled, kNotHere };
-  // Queued: removed (the caller records CANCELLED; no listener call). Running: SIGTERM now,
+  // Queued: removed (the caller records CANCELLED; no listener call). Running: SIGUSR1 now,
   // SIGKILL after the grace period; OnJobEnd(CANCELLED) follows. Otherwise kNotHere.
   CancelOutcome Cancel(const std::string& id);
 
@@ -106,6 +116,7 @@ class Supervisor {
   bool cancel_requested_ = false;      // guarded by mu_: for the running job
   double kill_deadline_ = 0;           // guarded by mu_: monotonic seconds, 0 = none
   bool stopping_ = false;              // guarded by mu_
+  bool watchdog_exit_ = false;         // guarded by mu_: set once the loop thread has ended
   std::thread thread_;
   std::thread watchdog_;
 };
