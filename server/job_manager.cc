@@ -43,7 +43,7 @@ JobManager::~JobManager() { Stop(); }
 Status JobManager::Start() {
   TRAIND_ASSIGN_OR_RETURN(std::vector<v1::Job> jobs, store_->LoadJobs());
   TRAIND_ASSIGN_OR_RETURN(int64_t last_order, store_->LastSubmitOrder());
-  std::lock_guard<std::mutex> lock(mu_);
+  worker::MutexLock lock(&mu_);
   last_order_ = last_order;
   for (auto& job : jobs) {
     last_order_ = std::max(last_order_, job.submit_order());
@@ -88,10 +88,10 @@ Status JobManager::Start() {
 
 void JobManager::Stop() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    worker::MutexLock lock(&mu_);
     stopping_ = true;
   }
-  changed_.notify_all();
+  changed_.NotifyAll();
   supervisor_->Stop();
 }
 
@@ -138,7 +138,7 @@ Result<v1::Job> JobManager::Submit(const std::string& user, const v1::SubmitJobR
                           worker::Admit(text, req.base_dir(), options_.admission_device));
   auto resolved = ResolvePath(admitted.spec.output_dir);
   const std::string output_dir = resolved.ok() ? *resolved : admitted.spec.output_dir;
-  std::lock_guard<std::mutex> lock(mu_);
+  worker::MutexLock lock(&mu_);
   if (stopping_) return Status::Unavailable("traind is shutting down; submit again after it restarts");
   TRAIND_RETURN_IF_ERROR(CheckOutputDirFreeLocked(output_dir));
   const int64_t order = last_order_ + 1;
@@ -193,7 +193,7 @@ Result<v1::EstimateJobResponse> JobManager::Estimate(const std::string& user, co
 }
 
 Result<v1::Job> JobManager::Get(const std::string& user, const std::string& id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  worker::MutexLock lock(&mu_);
   auto it = jobs_.find(id);
   if (it == jobs_.end() || it->second.owner() != user) return Status::NotFound("no job " + id);
   return it->second;
@@ -201,7 +201,7 @@ Result<v1::Job> JobManager::Get(const std::string& user, const std::string& id) 
 
 std::vector<v1::Job> JobManager::List(const std::string& user, int limit) {
   std::vector<v1::Job> out;
-  std::lock_guard<std::mutex> lock(mu_);
+  worker::MutexLock lock(&mu_);
   for (const auto& [id, job] : jobs_) {
     if (job.owner() == user) out.push_back(job);
   }
@@ -212,7 +212,7 @@ std::vector<v1::Job> JobManager::List(const std::string& user, int limit) {
 }
 
 Result<v1::Job> JobManager::Cancel(const std::string& user, const std::string& id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  worker::MutexLock lock(&mu_);
   auto it = jobs_.find(id);
   if (it == jobs_.end() || it->second.owner() != user) return Status::NotFound("no job " + id);
   v1::Job& job = it->second;
@@ -241,7 +241,7 @@ Status JobManager::Watch(const std::string& user, const v1::WatchJobRequest& req
     int64_t last = 0;
     bool ended = false;
     {
-      std::unique_lock<std::mutex> lock(mu_);
+      worker::MutexLock lock(&mu_);
       auto it = jobs_.find(req.id());
       if (it == jobs_.end() || it->second.owner() != user) return Status::NotFound("no job " + req.id());
       last = it->second.last_sequence();
@@ -250,7 +250,7 @@ Status JobManager::Watch(const std::string& user, const v1::WatchJobRequest& req
         if (!req.follow() || ended) return Status::Ok();
         if (stopping_) return Status::Unavailable("traind is shutting down; watch again after it restarts");
         if (client_gone()) return Status::Cancelled("the client went away");
-        changed_.wait_for(lock, std::chrono::milliseconds(500));
+        changed_.WaitFor(&mu_, std::chrono::milliseconds(500));
         continue;
       }
     }
@@ -274,7 +274,7 @@ Status JobManager::AppendLocked(v1::Job* job, v1::JobEvent ev, bool sync) {
     return s;
   }
   *job = std::move(updated);
-  changed_.notify_all();
+  changed_.NotifyAll();
   return Status::Ok();
 }
 
@@ -286,7 +286,7 @@ void JobManager::UpdateGaugesLocked() {
 }
 
 void JobManager::OnAttemptStart(const std::string& id, int32_t attempt, bool resume) {
-  std::lock_guard<std::mutex> lock(mu_);
+  worker::MutexLock lock(&mu_);
   auto it = jobs_.find(id);
   if (it == jobs_.end()) return;
   v1::Job& job = it->second;
@@ -302,7 +302,7 @@ void JobManager::OnAttemptStart(const std::string& id, int32_t attempt, bool res
 }
 
 void JobManager::OnRunnerEvent(const std::string& id, const v1::RunnerEvent& rev) {
-  std::lock_guard<std::mutex> lock(mu_);
+  worker::MutexLock lock(&mu_);
   auto it = jobs_.find(id);
   if (it == jobs_.end()) return;
   v1::Job& job = it->second;
@@ -354,7 +354,7 @@ void JobManager::OnRunnerEvent(const std::string& id, const v1::RunnerEvent& rev
 
 void JobManager::OnAttemptCrashed(const std::string& id, int32_t attempt, const std::string& reason,
                                   bool will_retry) {
-  std::lock_guard<std::mutex> lock(mu_);
+  worker::MutexLock lock(&mu_);
   auto it = jobs_.find(id);
   if (it == jobs_.end()) return;
   v1::JobEvent ev;
@@ -366,7 +366,7 @@ void JobManager::OnAttemptCrashed(const std::string& id, int32_t attempt, const 
 
 void JobManager::OnJobInterrupted(const std::string& id, int32_t attempt, const v1::RunnerResult& result,
                                   bool resumes_now) {
-  std::lock_guard<std::mutex> lock(mu_);
+  worker::MutexLock lock(&mu_);
   auto it = jobs_.find(id);
   if (it == jobs_.end()) return;
   v1::Job& job = it->second;
@@ -384,7 +384,7 @@ void JobManager::OnJobInterrupted(const std::string& id, int32_t attempt, const 
 
 void JobManager::OnJobEnd(const std::string& id, v1::JobState state, const std::string& error,
                           const v1::RunnerResult* result) {
-  std::lock_guard<std::mutex> lock(mu_);
+  worker::MutexLock lock(&mu_);
   auto it = jobs_.find(id);
   if (it == jobs_.end()) return;
   v1::Job& job = it->second;

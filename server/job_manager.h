@@ -7,11 +7,9 @@
 
 #include <sys/types.h>
 
-#include <condition_variable>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
@@ -20,6 +18,7 @@
 #include "path_policy.h"
 #include "traind/engine/status.h"
 #include "traind/v1/job_service.pb.h"
+#include "traind/worker/mutex.h"
 #include "traind/worker/supervisor.h"
 
 namespace traind::server {
@@ -76,28 +75,28 @@ class JobManager : public worker::SupervisorListener {
 
  private:
   // Appends `ev` (sequence and time filled in here) to `job`'s log and writes both. Caller holds mu_.
-  Status AppendLocked(v1::Job* job, v1::JobEvent ev, bool sync);
-  void UpdateGaugesLocked();
+  Status AppendLocked(v1::Job* job, v1::JobEvent ev, bool sync) TRAIND_REQUIRES(mu_);
+  void UpdateGaugesLocked() TRAIND_REQUIRES(mu_);
   Result<std::string> SpecText(const v1::SubmitJobRequest& req) const;
   // The path policy's verdict on `text` for `user` (OK for a spec that does not parse: admission
   // reports that).
   Status CheckPaths(const std::string& user, const std::string& text, const std::string& base_dir) const;
   // FAILED_PRECONDITION when `output_dir` (resolved) collides with a QUEUED or RUNNING job's.
-  Status CheckOutputDirFreeLocked(const std::string& output_dir) const;
+  Status CheckOutputDirFreeLocked(const std::string& output_dir) const TRAIND_REQUIRES(mu_);
 
   const JobManagerOptions options_;
   JobStore* const store_;
   Metrics* const metrics_;
   std::unique_ptr<worker::Supervisor> supervisor_;
 
-  mutable std::mutex mu_;
-  std::condition_variable changed_;          // any event appended, or stopping
-  std::map<std::string, v1::Job> jobs_;      // guarded by mu_
+  mutable worker::Mutex mu_;
+  worker::CondVar changed_;  // any event appended, or stopping
+  std::map<std::string, v1::Job> jobs_ TRAIND_GUARDED_BY(mu_);
   // Job id → its output_dir resolved (symlinks, `..`) at submit or at Start; consulted for the
-  // jobs that are not terminal. Guarded by mu_.
-  std::map<std::string, std::string> resolved_output_;
-  int64_t last_order_ = 0;                   // guarded by mu_
-  bool stopping_ = false;                    // guarded by mu_
+  // jobs that are not terminal.
+  std::map<std::string, std::string> resolved_output_ TRAIND_GUARDED_BY(mu_);
+  int64_t last_order_ TRAIND_GUARDED_BY(mu_) = 0;
+  bool stopping_ TRAIND_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace traind::server

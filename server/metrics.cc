@@ -103,14 +103,14 @@ void Metrics::SetJobCounts(const std::map<v1::JobState, int>& counts) {
 void Metrics::SetQueueLength(size_t n) { queue_length_->Set(static_cast<double>(n)); }
 
 void Metrics::CountRequest(const std::string& method, const std::string& code) {
-  std::lock_guard<std::mutex> lock(mu_);
+  worker::MutexLock lock(&mu_);
   auto& c = request_counters_[{method, code}];
   if (!c) c = &requests_->Add({{"method", method}, {"code", code}});
   c->Increment();
 }
 
 void Metrics::JobStarted(const std::string& id, const std::string& name, const v1::Plan& plan) {
-  std::lock_guard<std::mutex> lock(mu_);
+  worker::MutexLock lock(&mu_);
   auto& s = series_[id];
   if (!s) {
     s = std::make_unique<JobSeries>();
@@ -150,7 +150,7 @@ void Metrics::JobStarted(const std::string& id, const std::string& name, const v
 }
 
 void Metrics::OnStep(const std::string& id, const v1::StepEvent& e) {
-  std::lock_guard<std::mutex> lock(mu_);
+  worker::MutexLock lock(&mu_);
   auto it = series_.find(id);
   if (it == series_.end()) return;
   JobSeries& s = *it->second;
@@ -180,7 +180,7 @@ void Metrics::OnStep(const std::string& id, const v1::StepEvent& e) {
 }
 
 void Metrics::OnLog(const std::string& id, const v1::LogEvent& e) {
-  std::lock_guard<std::mutex> lock(mu_);
+  worker::MutexLock lock(&mu_);
   auto it = series_.find(id);
   if (it == series_.end()) return;
   it->second->tokens_per_second->Set(e.tokens_per_second());
@@ -189,14 +189,14 @@ void Metrics::OnLog(const std::string& id, const v1::LogEvent& e) {
 }
 
 void Metrics::OnEval(const std::string& id, const v1::EvalEvent& e) {
-  std::lock_guard<std::mutex> lock(mu_);
+  worker::MutexLock lock(&mu_);
   auto it = series_.find(id);
   if (it == series_.end()) return;
   it->second->eval_loss->Set(e.eval_loss());
 }
 
 void Metrics::OnTokenize(const std::string& id, const v1::TokenizeEvent& e) {
-  std::lock_guard<std::mutex> lock(mu_);
+  worker::MutexLock lock(&mu_);
   auto it = series_.find(id);
   if (it == series_.end() || e.cache_hit()) return;
   JobSeries& s = *it->second;
@@ -208,7 +208,7 @@ void Metrics::OnTokenize(const std::string& id, const v1::TokenizeEvent& e) {
 }
 
 void Metrics::JobEnded(const std::string& id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  worker::MutexLock lock(&mu_);
   auto it = series_.find(id);
   if (it == series_.end()) return;
   JobSeries& s = *it->second;

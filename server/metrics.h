@@ -13,11 +13,11 @@
 
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 
 #include "traind/engine/status.h"
 #include "traind/v1/job.pb.h"
+#include "traind/worker/mutex.h"
 
 namespace traind::server {
 
@@ -82,8 +82,8 @@ class Metrics {
   prometheus::Family<prometheus::Counter>* tokenize_bytes_ = nullptr;
   prometheus::Family<prometheus::Counter>* requests_ = nullptr;
 
-  std::mutex mu_;
-  std::map<std::string, std::unique_ptr<JobSeries>> series_;  // guarded by mu_
+  worker::Mutex mu_;
+  std::map<std::string, std::unique_ptr<JobSeries>> series_ TRAIND_GUARDED_BY(mu_);
   std::map<std::pair<std::string, std::string>, prometheus::Counter*> request_counters_;  // mu_
 };
 

@@ -49,7 +49,7 @@ void Supervisor::Start() {
 
 void Supervisor::Stop() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (stopping_ && !thread_.joinable()) return;
     stopping_ = true;
     if (child_ > 0) {
@@ -64,26 +64,26 @@ void Supervisor::Stop() {
       }
     }
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
   if (thread_.joinable()) thread_.join();
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     watchdog_exit_ = true;
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
   if (watchdog_.joinable()) watchdog_.join();
 }
 
 void Supervisor::Enqueue(QueuedJob job) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     queue_.push_back(std::move(job));
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
 }
 
 Supervisor::CancelOutcome Supervisor::Cancel(const std::string& id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = std::find_if(queue_.begin(), queue_.end(), [&](const QueuedJob& j) { return j.id == id; });
   if (it != queue_.end()) {
     queue_.erase(it);
@@ -101,25 +101,25 @@ Supervisor::CancelOutcome Supervisor::Cancel(const std::string& id) {
 }
 
 size_t Supervisor::QueueLength() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return queue_.size();
 }
 
 std::optional<std::string> Supervisor::RunningJob() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (running_.empty()) return std::nullopt;
   return running_;
 }
 
 pid_t Supervisor::RunningPid() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return child_;
 }
 
 void Supervisor::Watchdog() {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   while (!watchdog_exit_) {
-    cv_.wait_for(lock, std::chrono::milliseconds(100));
+    cv_.WaitFor(&mu_, std::chrono::milliseconds(100));
     if (kill_deadline_ > 0 && NowSeconds() >= kill_deadline_ && child_ > 0) {
       ::kill(child_, SIGKILL);
       kill_deadline_ = 0;
@@ -131,8 +131,8 @@ void Supervisor::Loop() {
   while (true) {
     QueuedJob job;
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      MutexLock lock(&mu_);
+      while (!stopping_ && queue_.empty()) cv_.Wait(&mu_);
       if (stopping_) return;
       // Highest priority first, then the oldest.
       auto best = std::min_element(queue_.begin(), queue_.end(), [](const QueuedJob& a, const QueuedJob& b) {
@@ -144,7 +144,7 @@ void Supervisor::Loop() {
       cancel_requested_ = false;
     }
     RunJob(job);
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     running_.clear();
     kill_deadline_ = 0;
   }
@@ -159,7 +159,7 @@ void Supervisor::RunJob(const QueuedJob& job) {
     Outcome out = RunAttempt(job, resume);
     bool cancelled, stopping;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       cancelled = cancel_requested_;
       stopping = stopping_;
     }
@@ -221,7 +221,7 @@ Supervisor::Outcome Supervisor::RunAttempt(const QueuedJob& job, bool resume) {
   const pid_t parent = ::getpid();
   pid_t pid;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (stopping_) {
       out.crash_reason = "stopping";
       ::close(in_pipe[0]); ::close(in_pipe[1]); ::close(out_pipe[0]); ::close(out_pipe[1]);
@@ -286,7 +286,7 @@ Supervisor::Outcome Supervisor::RunAttempt(const QueuedJob& job, bool resume) {
   while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     child_ = 0;
   }
   if (!out.has_result) out.crash_reason = DescribeExit(status);

@@ -8,15 +8,14 @@
 
 #include <sys/types.h>
 
-#include <condition_variable>
 #include <cstdint>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "traind/engine/trainer.h"
+#include "traind/worker/mutex.h"
 #include "traind/v1/job.pb.h"
 #include "traind/v1/runner.pb.h"
 
@@ -108,15 +107,15 @@ class Supervisor {
   const SupervisorOptions options_;
   SupervisorListener* const listener_;
 
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<QueuedJob> queue_;       // guarded by mu_
-  std::string running_;                // guarded by mu_
-  pid_t child_ = 0;                    // guarded by mu_
-  bool cancel_requested_ = false;      // guarded by mu_: for the running job
-  double kill_deadline_ = 0;           // guarded by mu_: monotonic seconds, 0 = none
-  bool stopping_ = false;              // guarded by mu_
-  bool watchdog_exit_ = false;         // guarded by mu_: set once the loop thread has ended
+  mutable Mutex mu_;
+  CondVar cv_;
+  std::vector<QueuedJob> queue_ TRAIND_GUARDED_BY(mu_);
+  std::string running_ TRAIND_GUARDED_BY(mu_);
+  pid_t child_ TRAIND_GUARDED_BY(mu_) = 0;
+  bool cancel_requested_ TRAIND_GUARDED_BY(mu_) = false;  // for the running job
+  double kill_deadline_ TRAIND_GUARDED_BY(mu_) = 0;        // monotonic seconds, 0 = none
+  bool stopping_ TRAIND_GUARDED_BY(mu_) = false;
+  bool watchdog_exit_ TRAIND_GUARDED_BY(mu_) = false;      // set once the loop thread has ended
   std::thread thread_;
   std::thread watchdog_;
 };
