@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstdio>
@@ -118,6 +119,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "cannot create the state dir %s: %s\n", opts.state_dir.c_str(), ec.message().c_str());
     return 1;
   }
+  // `traind --repair-store`: repair the job store and exit, before anything else starts.
+  if (opts.repair_store) return server::RepairStoreMain(opts.state_dir);
   SetUpLogging(opts);
   // The job runners' token caches (engine token_cache.h) live under the state dir unless the
   // environment names another folder; children inherit it.
@@ -125,6 +128,15 @@ int main(int argc, char** argv) {
   auto auth = server::TokenAuth::Load(opts.state_dir, opts.tokens_file);
   if (!auth.ok()) return Fail(auth.status());
   auto store = server::JobStore::Open(opts.state_dir + "/db");
+  if (!store.ok() && store.status().code() == Status::Code::kDataLoss) {
+    // Exit 4, not a crash: restarting would only fail again (a service manager should not restart
+    // on it: RestartPreventExitStatus=4); the operator repairs (docs/daemon.md, "Job store damage").
+    spdlog::error("{}. traind does not start on a damaged job store. Stop here and run `traind --state-dir {} "
+                  "--repair-store`: it backs the store up to {}/db.backup-<time>, repairs it and keeps every job "
+                  "that can be read",
+                  store.status().message(), opts.state_dir, opts.state_dir);
+    return 4;
+  }
   if (!store.ok()) return Fail(store.status());
   // The device: a named device that is not there (cuda:0 without a GPU) stops traind here, with
   // the reason; "auto" without a GPU says so once and trains on the CPU.
@@ -161,6 +173,7 @@ int main(int argc, char** argv) {
   jm.admission_device.threads = opts.threads;
   jm.supervisor.max_attempts = opts.max_attempts;
   jm.supervisor.cancel_grace_seconds = opts.cancel_grace_seconds;
+  jm.supervisor.stop_grace_seconds = opts.shutdown_timeout_seconds;
   jm.supervisor.log_dir = opts.state_dir + "/jobs";
   // Where submitted jobs may read and write: the flags' roots, replaced per user by the tokens
   // file's (server/path_policy.h). `traind run` never gets here: it is not confined.
@@ -229,13 +242,15 @@ int main(int argc, char** argv) {
   sigwait(&stop_signals, &sig);
   spdlog::info("signal {}: stopping (timeout {} s)", sig, opts.shutdown_timeout_seconds);
 
-  // 5. Graceful stop: no new jobs start and watchers end; in-flight RPCs get the timeout.
+  // 5. Graceful stop: no new jobs start, the running job writes a checkpoint at its next step
+  // boundary (preemption, within the timeout) and resumes from it at the next start; watchers end;
+  // in-flight RPCs get what is left of the timeout (a second at least).
   grpc_server->GetHealthCheckService()->SetServingStatus(false);
   if (web) web->Stop();
-  jobs.Stop();
   const auto deadline = std::chrono::system_clock::now() +
                         std::chrono::milliseconds(static_cast<int64_t>(opts.shutdown_timeout_seconds * 1000));
-  grpc_server->Shutdown(deadline);
+  jobs.Stop();
+  grpc_server->Shutdown(std::max(deadline, std::chrono::system_clock::now() + std::chrono::seconds(1)));
   grpc_server->Wait();
   spdlog::info("traind stopped");
   return 0;

@@ -63,11 +63,15 @@ Result<ServerOptions> ParseServerOptions(int argc, char** argv, bool* help) {
   app.add_option("--output-roots", o.output_roots, "DIR,...: where submitted jobs may write (default: anywhere)");
   app.add_flag("--allow-insecure-remote", o.allow_insecure_remote, "allow plaintext on a non-loopback address");
   app.add_option("--max-attempts", o.max_attempts, "job-runner attempts per job");
-  app.add_option("--cancel-grace-seconds", o.cancel_grace_seconds, "SIGTERM to SIGKILL for a cancelled job");
+  app.add_option("--cancel-grace-seconds", o.cancel_grace_seconds, "seconds a cancelled job gets to stop before SIGKILL");
   app.add_option("--threads", o.threads, "CPU threads per job; 0 = all");
   app.add_option("--device-peak-flops", o.device_peak_flops, "peak FLOP/s for the MFU metric; 0 = estimate");
-  app.add_option("--shutdown-timeout-seconds", o.shutdown_timeout_seconds, "graceful stop timeout");
+  app.add_option("--shutdown-timeout-seconds", o.shutdown_timeout_seconds,
+                 "on SIGTERM: seconds the running job gets to checkpoint at its next step boundary "
+                 "(it resumes there at the next start)");
   app.add_option("--log-level", o.log_level, "trace|debug|info|warn|error");
+  app.add_flag("--repair-store", o.repair_store,
+               "repair a damaged job store (<state-dir>/db; backed up first to db.backup-<time>), then exit");
 
   // Flags given on the command line (they win over the config file).
   std::vector<std::string> args(argv + 1, argv + argc);
@@ -110,7 +114,7 @@ Result<ServerOptions> ParseServerOptions(int argc, char** argv, bool* help) {
         if (!kv.second.IsScalar())
           return Status::InvalidArgument("--config " + config_path + ": " + key + ": must be a scalar");
         const std::string value = kv.second.as<std::string>();
-        if (key == "allow-insecure-remote") {
+        if (key == "allow-insecure-remote" || key == "repair-store") {
           if (value == "true") merged.push_back("--" + key);
           continue;
         }

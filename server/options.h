@@ -34,13 +34,19 @@ struct ServerOptions {
   std::vector<std::string> data_root_dirs, output_root_dirs;  // parsed, resolved (symlinks, `..`)
   bool allow_insecure_remote = false;  // plaintext on a non-loopback address (default: refused)
   int max_attempts = 3;                // job-runner attempts per job before FAILED
-  double cancel_grace_seconds = 10;    // SIGTERM → SIGKILL for a cancelled job's child
+  double cancel_grace_seconds = 10;    // cancel signal → SIGKILL for a cancelled job's child
   int threads = 0;                     // CPU threads per job; 0 = all cores
   // Denominator of traind_model_flops_utilization in FLOP/s; 0 = on CPU, cores x 3 GHz x 32
   // (two 8-wide fp32 FMA units); on CUDA it must be set.
   double device_peak_flops = 0;
-  double shutdown_timeout_seconds = 10;  // graceful stop: in-flight RPCs get this long
+  // Graceful stop (SIGTERM/SIGINT): the running job gets this long to write its preemption
+  // checkpoint at its next step boundary (then SIGKILL); in-flight RPCs get what is left of it
+  // (a second at least).
+  double shutdown_timeout_seconds = 25;
   std::string log_level = "info";        // trace | debug | info | warn | error
+  // Repair the job store (<state-dir>/db) instead of serving: back it up, rocksdb::RepairDB, keep
+  // every job that can be read, summary on stdout, exit (JobStore::Repair, docs/daemon.md).
+  bool repair_store = false;
 };
 
 // Parses argv (the daemon's, without a subcommand). INVALID_ARGUMENT with one sentence for bad
