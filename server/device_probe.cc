@@ -1,6 +1,8 @@
 // Device probing through the job runner (see device_probe.h).
 #include "device_probe.h"
 
+#include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -40,6 +42,7 @@ Result<engine::DeviceInfo> ProbeDevice(const std::string& device) {
   if (runner.find("traind-job-runner") == std::string::npos) return engine::QueryDevice(device);
   int out[2];
   if (::pipe(out) != 0) return Status::Internal("cannot create a pipe to probe the device");
+  const pid_t parent = ::getpid();
   const pid_t pid = ::fork();
   if (pid < 0) {
     ::close(out[0]);
@@ -47,6 +50,9 @@ Result<engine::DeviceInfo> ProbeDevice(const std::string& device) {
     return Status::Internal("cannot start " + runner + " to probe the device");
   }
   if (pid == 0) {
+    // Dies with traind (like the job runners): a traind killed mid-probe leaves no orphan behind.
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) _exit(1);
     ::dup2(out[1], STDOUT_FILENO);
     ::close(out[0]);
     ::close(out[1]);

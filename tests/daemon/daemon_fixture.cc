@@ -74,8 +74,10 @@ std::string TinySpec(const SpecOptions& o) {
     << "data:\n  train_file: " << o.train_file << "\n  seq_len: " << o.seq_len
     << "\n  validation_split: " << o.validation_split << "\n"
     << "training:\n  max_steps: " << o.max_steps << "\n  per_device_train_batch_size: " << o.batch
-    << "\n  logging_steps: " << o.logging_steps << "\n  save_steps: " << o.save_steps << "\n  learning_rate: 1.0e-3\n"
-    << "output_dir: " << o.output_dir << "\n";
+    << "\n  logging_steps: " << o.logging_steps << "\n  save_steps: " << o.save_steps << "\n  learning_rate: 1.0e-3\n";
+  if (o.seed >= 0) s << "  seed: " << o.seed << "\n";
+  s << o.training_extra;
+  s << "output_dir: " << o.output_dir << "\n";
   return s.str();
 }
 
@@ -84,6 +86,25 @@ Daemon::~Daemon() {
 }
 
 bool Daemon::Start(const std::vector<std::string>& extra) {
+  if (!Spawn(extra)) return false;
+  const std::string ports = state_dir_ + "/ports.json";
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (!Alive()) break;
+    const std::string text = ReadAll(ports);
+    auto j = nlohmann::json::parse(text, nullptr, false);
+    if (!j.is_discarded() && j.value("pid", 0) == pid_) {
+      grpc_port_ = j["grpc"];
+      metrics_port_ = j["metrics"];
+      return true;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  std::fprintf(stderr, "traind did not start; its log:\n%s\n", ReadAll(state_dir_ + "/stderr.log").c_str());
+  return false;
+}
+
+bool Daemon::Spawn(const std::vector<std::string>& extra) {
   const std::string ports = state_dir_ + "/ports.json";
   ::unlink(ports.c_str());
   std::vector<std::string> args = {TRAIND_BIN, "--state-dir", state_dir_, "--metrics-listen", "127.0.0.1:0"};
@@ -105,20 +126,7 @@ bool Daemon::Start(const std::vector<std::string>& extra) {
     ::execv(argv[0], argv.data());
     _exit(127);
   }
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (!Alive()) break;
-    const std::string text = ReadAll(ports);
-    auto j = nlohmann::json::parse(text, nullptr, false);
-    if (!j.is_discarded() && j.value("pid", 0) == pid_) {
-      grpc_port_ = j["grpc"];
-      metrics_port_ = j["metrics"];
-      return true;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  std::fprintf(stderr, "traind did not start; its log:\n%s\n", ReadAll(log).c_str());
-  return false;
+  return pid_ > 0;
 }
 
 bool Daemon::Alive() const {
@@ -238,6 +246,58 @@ bool WaitFor(client::Client& c, const std::string& id, const std::function<bool(
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   return false;
+}
+
+std::vector<DaemonProcess> DaemonProcesses(const std::string& state_dir) {
+  std::vector<DaemonProcess> out;
+  DIR* d = ::opendir("/proc");
+  if (!d) return out;
+  const std::string under = state_dir + "/";
+  while (dirent* e = ::readdir(d)) {
+    const char* name = e->d_name;
+    if (*name < '0' || *name > '9') continue;
+    const std::string proc = std::string("/proc/") + name;
+    // stat: "pid (comm) S ppid ..."; comm may hold spaces and parentheses, so parse after the last ')'.
+    const std::string stat = ReadAll(proc + "/stat");
+    const size_t paren = stat.rfind(')');
+    if (paren == std::string::npos) continue;
+    char state = '?';
+    long ppid = 0, pgrp = 0, session = 0, tty = 0, tpgid = 0;
+    unsigned long flags = 0;
+    if (std::sscanf(stat.c_str() + paren + 1, " %c %ld %ld %ld %ld %ld %lu", &state, &ppid, &pgrp, &session, &tty,
+                    &tpgid, &flags) != 7)
+      continue;
+    if (state == 'Z' || state == 'X') continue;  // dead, waiting to be reaped
+    const std::string cmdline = ReadAll(proc + "/cmdline");
+    char target[4096];
+    const ssize_t n = ::readlink((proc + "/fd/2").c_str(), target, sizeof(target) - 1);
+    const std::string err = n > 0 ? std::string(target, static_cast<size_t>(n)) : std::string();
+    DaemonProcess p;
+    p.pid = static_cast<pid_t>(std::atol(name));
+    p.ppid = static_cast<pid_t>(ppid);
+    for (size_t at = 0; at < cmdline.size();) {
+      const size_t end = cmdline.find('\0', at);
+      p.argv.push_back(cmdline.substr(at, end == std::string::npos ? std::string::npos : end - at));
+      if (end == std::string::npos) break;
+      at = end + 1;
+    }
+    const bool names_it = std::any_of(p.argv.begin(), p.argv.end(), [&](const std::string& a) {
+      return a == state_dir || a.rfind(under, 0) == 0;
+    });
+    if (!names_it && err.rfind(under, 0) != 0) continue;
+    constexpr unsigned long kPfExiting = 0x4;  // PF_EXITING
+    p.dying = (flags & kPfExiting) != 0;
+    std::istringstream status(ReadAll(proc + "/status"));
+    for (std::string line; std::getline(status, line);) {
+      if (line.rfind("SigPnd:", 0) == 0 || line.rfind("ShdPnd:", 0) == 0) {
+        const unsigned long long pending = std::strtoull(line.c_str() + 7, nullptr, 16);
+        if (pending & (1ull << (SIGKILL - 1))) p.dying = true;
+      }
+    }
+    out.push_back(std::move(p));
+  }
+  ::closedir(d);
+  return out;
 }
 
 std::string HttpGet(int port, const std::string& path) {

@@ -34,6 +34,9 @@ struct SpecOptions {
   int64_t save_steps = 0;
   int64_t logging_steps = 5;
   double validation_split = 0.05;
+  int64_t seed = -1;  // >= 0: training.seed (else the spec's default)
+  // Extra lines under `training:` (each "  key: value\n"), e.g. overwrite_output_dir.
+  std::string training_extra;
 };
 std::string TinySpec(const SpecOptions& o);  // a YAML job spec (gpt2, byte vocab)
 // Writes TinySpec(o) for job `name` to <dir>/<name>.yaml, with o.name = name and o.output_dir =
@@ -49,6 +52,8 @@ class Daemon {
   // its own --listen) plus `extra`, and
   // waits (up to 20 s) until it serves. Returns false (with the log on stderr) when it does not.
   bool Start(const std::vector<std::string>& extra = {});
+  // Starts traind as Start does, without waiting for it to serve (e.g. to kill it mid-start).
+  bool Spawn(const std::vector<std::string>& extra = {});
   void Kill9();
   int Stop();  // SIGTERM, then waits; returns the exit status (or -1)
   bool Alive() const;
@@ -82,6 +87,20 @@ CmdResult RunCommand(const std::vector<std::string>& argv, double timeout_second
 bool WaitFor(client::Client& c, const std::string& id, const std::function<bool(const v1::Job&)>& pred,
              double timeout_seconds, v1::Job* last = nullptr);
 bool IsDone(const v1::Job& j);
+
+// A live process (not a zombie) that belongs to the daemon on `state_dir`: its command line names
+// the state dir (traind itself, or a child forked but not yet exec'd) or its stderr is a file under
+// it (traind sends each job runner's stderr to <state-dir>/jobs/<id>.log; Daemon sends traind's
+// own, which the device probe `traind-job-runner query-device` inherits, to <state-dir>/stderr.log).
+struct DaemonProcess {
+  pid_t pid = 0;
+  pid_t ppid = 0;
+  std::vector<std::string> argv;
+  bool dying = false;  // SIGKILL pending, or exiting
+  bool IsJobRunner() const { return argv.size() >= 2 && argv[1] == "job-runner"; }
+};
+// Scans /proc for them (any parent: orphans included).
+std::vector<DaemonProcess> DaemonProcesses(const std::string& state_dir);
 
 // GET http://127.0.0.1:port/path; the body ("" on failure).
 std::string HttpGet(int port, const std::string& path);
