@@ -134,6 +134,13 @@ Result<v1::Job> JobManager::Submit(const std::string& user, const v1::SubmitJobR
   TRAIND_ASSIGN_OR_RETURN(std::string text, SpecText(req));
   // Confinement first: admission opens the input files.
   TRAIND_RETURN_IF_ERROR(CheckPaths(user, text, req.base_dir()));
+  // An output_dir a queued or running job owns is refused with that job's id before admission
+  // looks inside it (where it would find that job's files); checked again below, under the lock.
+  if (auto parsed = engine::ParseJobSpec(text, req.base_dir()); parsed.ok()) {
+    auto resolved = ResolvePath(parsed->output_dir);
+    worker::MutexLock lock(&mu_);
+    TRAIND_RETURN_IF_ERROR(CheckOutputDirFreeLocked(resolved.ok() ? *resolved : parsed->output_dir));
+  }
   TRAIND_ASSIGN_OR_RETURN(worker::Admitted admitted,
                           worker::Admit(text, req.base_dir(), options_.admission_device));
   auto resolved = ResolvePath(admitted.spec.output_dir);

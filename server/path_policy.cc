@@ -148,6 +148,9 @@ Status PathPolicy::CheckSpec(const std::string& user, const engine::JobSpec& spe
   std::vector<Field> fields = {{"data.train_file", spec.data.train_file, false}};
   if (spec.model.init_from) fields.push_back({"model.init_from", *spec.model.init_from, false});
   if (spec.data.tokenizer != "byte") fields.push_back({"data.tokenizer", spec.data.tokenizer, false});
+  if (spec.training.resume_from_checkpoint) {
+    fields.push_back({"training.resume_from_checkpoint", *spec.training.resume_from_checkpoint, false});
+  }
   fields.push_back({"output_dir", spec.output_dir, true});
   if (spec.training.offload_dir) fields.push_back({"training.offload_dir", *spec.training.offload_dir, true});
 

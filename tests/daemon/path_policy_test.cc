@@ -136,6 +136,14 @@ TEST_F(PathPolicyTest, OutputsOnlyInOutputRoots) {
   // The tokenizer when it is a path; "byte" is none.
   spec.data.tokenizer = elsewhere_ + "/tokenizer.json";
   EXPECT_THAT(p.CheckSpec("alice", spec).message(), StartsWith("data.tokenizer: "));
+  // resume_from_checkpoint is an input: in a data or output root.
+  spec.data.tokenizer = "byte";
+  spec.training.resume_from_checkpoint = elsewhere_ + "/checkpoint-4";
+  EXPECT_THAT(p.CheckSpec("alice", spec).message(),
+              StartsWith("training.resume_from_checkpoint: " + elsewhere_ + "/checkpoint-4 is outside the data and "
+                         "output roots"));
+  spec.training.resume_from_checkpoint = out_ + "/run/checkpoint-4";
+  EXPECT_TRUE(p.CheckSpec("alice", spec).ok());
 }
 
 TEST_F(PathPolicyTest, PerUserRootsReplaceTheGlobalOnesForThatUserOnly) {
@@ -277,8 +285,11 @@ class ConfinedDaemonTest : public ::testing::Test {
   }
   // Writes a spec to <dir>/specs/<name>.yaml and submits it with trainctl as `token` ("" = local).
   CmdResult Submit(const std::string& name, const std::string& train, const std::string& out,
-                   const std::string& token = "", int64_t steps = 2) {
+                   const std::string& token = "", int64_t steps = 2, const std::string& training_extra = "",
+                   int64_t save_steps = 0) {
     SpecOptions o;
+    o.training_extra = training_extra;
+    o.save_steps = save_steps;
     o.name = name;
     o.train_file = train;
     o.output_dir = out;
@@ -360,6 +371,58 @@ TEST_F(ConfinedDaemonTest, BusyOutputDirIsRefusedWithTheFirstJobId) {
   ASSERT_TRUE(WaitFor(*c, id, IsDone, 60));
   second = Submit("again", data_, dir_ + "/out/shared");
   EXPECT_EQ(second.exit_code, 0) << second.err;
+}
+
+// JOBSPEC.md: a new job refuses an output_dir holding another run's results (exit 2, the files
+// named, nothing touched) unless training.overwrite_output_dir; resume_from_checkpoint continues.
+TEST_F(ConfinedDaemonTest, FinishedRunsOutputDirIsRefusedUnlessOverwriteOrResume) {
+  auto c = daemon_->Connect();
+  CmdResult first = Submit("first", data_, dir_ + "/out/kept", "", 4, "", 2);
+  ASSERT_EQ(first.exit_code, 0) << first.err;
+  const std::string id = first.out.substr(0, first.out.find('\n'));
+  v1::Job done;
+  ASSERT_TRUE(WaitFor(*c, id, IsDone, 120, &done));
+  ASSERT_EQ(done.state(), v1::JOB_STATE_SUCCEEDED) << done.error();
+  const std::string weights = ReadAll(dir_ + "/out/kept/model.safetensors");
+  ASSERT_FALSE(weights.empty());
+
+  CmdResult again = Submit("again", data_, dir_ + "/out/kept");
+  EXPECT_EQ(again.exit_code, 2) << again.out;
+  EXPECT_EQ(again.err, "trainctl: output_dir: " + *server::ResolvePath(dir_ + "/out/kept") +
+                           " holds another run's files (checkpoint-2, checkpoint-4, model.safetensors and 1 more); "
+                           "set training.overwrite_output_dir: true to replace them, "
+                           "training.resume_from_checkpoint: true to continue that run, or choose another "
+                           "output_dir\n");
+  EXPECT_TRUE(again.out.empty()) << "nothing was queued";
+  EXPECT_EQ(ReadAll(dir_ + "/out/kept/model.safetensors"), weights);
+
+  // Continuing it to 6 steps from its newest checkpoint: accepted, ends at step 6.
+  CmdResult more = Submit("more", data_, dir_ + "/out/kept", "", 6, "  resume_from_checkpoint: true\n", 2);
+  ASSERT_EQ(more.exit_code, 0) << more.err;
+  const std::string more_id = more.out.substr(0, more.out.find('\n'));
+  ASSERT_TRUE(WaitFor(*c, more_id, IsDone, 120, &done));
+  ASSERT_EQ(done.state(), v1::JOB_STATE_SUCCEEDED) << done.error();
+  EXPECT_EQ(done.summary().global_step(), 6);
+  bool resumed = false;
+  ASSERT_TRUE(c->Watch(more_id, 1, false, [&](const v1::JobEvent& ev) {
+    if (ev.has_message() && ev.message().find("resuming from") != std::string::npos &&
+        ev.message().find("checkpoint-4") != std::string::npos) resumed = true;
+    return true;
+  }).ok());
+  EXPECT_TRUE(resumed) << "the run continued from checkpoint-4";
+
+  // Replacing it: accepted.
+  CmdResult replace = Submit("replace", data_, dir_ + "/out/kept", "", 2, "  overwrite_output_dir: true\n");
+  ASSERT_EQ(replace.exit_code, 0) << replace.err;
+  const std::string replace_id = replace.out.substr(0, replace.out.find('\n'));
+  ASSERT_TRUE(WaitFor(*c, replace_id, IsDone, 120, &done));
+  EXPECT_EQ(done.state(), v1::JOB_STATE_SUCCEEDED) << done.error();
+  EXPECT_FALSE(fs::exists(dir_ + "/out/kept/checkpoint-6")) << "the replaced run's checkpoints are gone";
+
+  // resume_from_checkpoint: true where there is nothing to continue: exit 2, named.
+  CmdResult nothing = Submit("nothing", data_, dir_ + "/out/empty", "", 2, "  resume_from_checkpoint: true\n");
+  EXPECT_EQ(nothing.exit_code, 2);
+  EXPECT_THAT(nothing.err, HasSubstr("training.resume_from_checkpoint: true, but output_dir"));
 }
 
 }  // namespace

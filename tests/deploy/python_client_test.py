@@ -54,7 +54,8 @@ def main():
         write_text(data, 60_000)
         spec = os.path.join(tmp, "py.yaml")
         with open(spec, "w") as f:
-            f.write(tiny_spec("py-client", "data.txt", "runs/py", max_steps=12, logging_steps=4, eval_steps=6))
+            f.write(tiny_spec("py-client", "data.txt", "runs/py", max_steps=12, logging_steps=4, eval_steps=6,
+                              overwrite_output_dir=True))
 
         r = run(["--token", alice, spec])
         check(r.returncode == 0, f"alice: exit {r.returncode}, want 0")

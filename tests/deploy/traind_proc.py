@@ -26,7 +26,7 @@ def write_text(path, nbytes=200_000, seed=7):
 
 
 def tiny_spec(name, train_file, output_dir, max_steps=20, batch=4, seq_len=32, n_embd=32, n_layer=2,
-              logging_steps=5, eval_steps=0, validation_split=0.05):
+              logging_steps=5, eval_steps=0, validation_split=0.05, overwrite_output_dir=False):
     s = (f"name: {name}\n"
          f"model:\n  arch: gpt2\n  config: {{vocab_size: 256, n_positions: {seq_len}, n_embd: {n_embd}, "
          f"n_layer: {n_layer}, n_head: 2}}\n"
@@ -35,6 +35,8 @@ def tiny_spec(name, train_file, output_dir, max_steps=20, batch=4, seq_len=32, n
          f"  logging_steps: {logging_steps}\n  save_steps: 0\n  learning_rate: 1.0e-3\n")
     if eval_steps:
         s += f"  eval_steps: {eval_steps}\n"
+    if overwrite_output_dir:  # the same spec submitted again replaces the earlier run's results
+        s += "  overwrite_output_dir: true\n"
     return s + f"output_dir: {output_dir}\n"
 
 

@@ -134,9 +134,11 @@ TEST_F(TrainerResume, IgnoresIncompleteCheckpointsAndChecksTheBatch) {
   EXPECT_EQ(r.status().code(), Status::Code::kFailedPrecondition);
   EXPECT_NE(r.status().message().find("micro-batch"), std::string::npos) << r.status().message();
 
-  // A fresh run (resume false) clears the earlier run's checkpoints.
+  // A fresh run (resume false) that may overwrite the output_dir clears the earlier run's
+  // checkpoints (without overwrite_output_dir it is refused: trainer_output_dir_test).
   JobSpec shorter = a;
   shorter.training.max_steps = 1;
+  shorter.training.overwrite_output_dir = true;
   ASSERT_TRUE(RunJob(shorter, testing::TestRunOptions(2), {}).ok());
   EXPECT_EQ(FindLatestCheckpoint(a.output_dir), 1);
   EXPECT_FALSE(fs::exists(a.output_dir + "/checkpoint-9.tmp"));

@@ -54,6 +54,7 @@ training:
   max_steps: 2
   per_device_train_batch_size: 2
   logging_steps: 1
+  overwrite_output_dir: true  # the test runs the spec several times
 output_dir: )" + dir + R"(/out
 )");
   return dir + "/job.yaml";

@@ -55,6 +55,8 @@ Result<Admitted> Admit(const std::string& text, const std::string& base_dir,
   TRAIND_ASSIGN_OR_RETURN(engine::JobSpec spec, engine::ParseJobSpec(text, base_dir));
   TRAIND_RETURN_IF_ERROR(engine::ValidateJobInputs(spec));
   TRAIND_ASSIGN_OR_RETURN(engine::MemoryPlan plan, engine::EstimateJob(spec, device));
+  // A new job never replaces another run's results silently (overwrite_output_dir says it may).
+  TRAIND_RETURN_IF_ERROR(engine::CheckOutputDirFree(spec));
   Admitted a;
   a.spec_json = engine::JobSpecToJson(spec);
   a.spec = std::move(spec);

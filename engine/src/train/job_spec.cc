@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <exception>
@@ -19,6 +20,7 @@
 #include "data/window_order.h"
 #include "models/hf_config.h"
 #include "models/lora.h"
+#include "train/checkpoint.h"
 #include "train/spec_reader.h"
 
 namespace traind::engine {
@@ -40,7 +42,7 @@ const std::vector<std::string> kTrainingKeys = {
     "tf32",          "gradient_checkpointing",      "gradient_checkpointing_every",
     "offload",       "offload_dir",                 "peft",
     "seed",          "logging_steps",               "eval_steps",
-    "save_steps"};
+    "save_steps",    "overwrite_output_dir",        "resume_from_checkpoint"};
 const std::vector<std::string> kGpt2Keys = {"vocab_size", "n_positions", "n_embd",
                                             "n_layer",    "n_head",      "layer_norm_epsilon"};
 const std::vector<std::string> kLlamaKeys = {
@@ -350,6 +352,21 @@ Status ParseTraining(const YAML::Node& node, TrainingSpec* t, const std::string&
   TRAIND_RETURN_IF_ERROR(r.Int("logging_steps", &t->logging_steps, 1));
   TRAIND_RETURN_IF_ERROR(r.Int("eval_steps", &t->eval_steps, 0));
   TRAIND_RETURN_IF_ERROR(r.Int("save_steps", &t->save_steps, 0));
+  TRAIND_RETURN_IF_ERROR(r.Bool("overwrite_output_dir", &t->overwrite_output_dir));
+  // resume_from_checkpoint: null | false | true | a checkpoint folder's path.
+  if (r.Has("resume_from_checkpoint") && !r.Child("resume_from_checkpoint").IsNull()) {
+    const YAML::Node n = r.Child("resume_from_checkpoint");
+    if (!n.IsScalar()) {
+      return r.Error("resume_from_checkpoint", "expected true, false or a checkpoint folder's path");
+    }
+    const std::string v = n.Scalar();
+    if (v == "true" || v == "True") {
+      t->resume_from_last_checkpoint = true;
+    } else if (v != "false" && v != "False") {
+      if (v.empty()) return r.Error("resume_from_checkpoint", "must not be empty (true, false or a path)");
+      t->resume_from_checkpoint = Resolve(base_dir, v);
+    }
+  }
   return Status::Ok();
 }
 
@@ -571,7 +588,45 @@ Status ValidateJobInputs(const JobSpec& spec) {
         "data.seq_len");
   }
   if (spec.model.init_from) TRAIND_RETURN_IF_ERROR(ValidateInitFrom(spec));
+  const TrainingSpec& t = spec.training;
+  if (t.resume_from_checkpoint) {
+    const std::string& dir = *t.resume_from_checkpoint;
+    if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+      return Status::NotFound("training.resume_from_checkpoint: " + dir + ": no such folder");
+    }
+    if (::stat((dir + "/" + kTrainerStateFile).c_str(), &st) != 0) {
+      return Status::FailedPrecondition("training.resume_from_checkpoint: " + dir +
+                                        " is not a checkpoint (no " + kTrainerStateFile + ")");
+    }
+  }
+  if (t.resume_from_last_checkpoint && FindLatestCheckpoint(spec.output_dir) < 0) {
+    return Status::FailedPrecondition("training.resume_from_checkpoint: true, but output_dir " + spec.output_dir +
+                                      " holds no complete checkpoint-<step>/ to continue from");
+  }
   return Status::Ok();
+}
+
+Status CheckOutputDirFree(const JobSpec& spec) {
+  const TrainingSpec& t = spec.training;
+  if (t.overwrite_output_dir || t.resume_from_last_checkpoint || t.resume_from_checkpoint) return Status::Ok();
+  std::error_code ec;
+  std::vector<std::string> found;
+  for (const auto& e : std::filesystem::directory_iterator(spec.output_dir, ec)) {
+    const std::string f = e.path().filename().string();
+    if (f == kModelFile || f == kAdapterModelFile || f == kTrainerStateFile ||
+        (f.rfind("checkpoint-", 0) == 0 && e.is_directory(ec))) {
+      found.push_back(f);
+    }
+  }
+  if (found.empty()) return Status::Ok();  // also a missing output_dir (ec set)
+  std::sort(found.begin(), found.end());
+  std::string names;
+  for (size_t i = 0; i < found.size() && i < 3; ++i) names += (i ? ", " : "") + found[i];
+  if (found.size() > 3) names += " and " + std::to_string(found.size() - 3) + " more";
+  return Status::FailedPrecondition(
+      "output_dir: " + spec.output_dir + " holds another run's files (" + names +
+      "); set training.overwrite_output_dir: true to replace them, training.resume_from_checkpoint: "
+      "true to continue that run, or choose another output_dir");
 }
 
 std::string JobSpecToJson(const JobSpec& s) {
@@ -652,6 +707,10 @@ std::string JobSpecToJson(const JobSpec& s) {
   tr["logging_steps"] = t.logging_steps;
   tr["eval_steps"] = t.eval_steps;
   tr["save_steps"] = t.save_steps;
+  tr["overwrite_output_dir"] = t.overwrite_output_dir;
+  tr["resume_from_checkpoint"] = t.resume_from_checkpoint ? oj(*t.resume_from_checkpoint)
+                                 : t.resume_from_last_checkpoint ? oj(true)
+                                                                 : oj(nullptr);
   j["training"] = tr;
   j["output_dir"] = s.output_dir;
   return j.dump(2);

@@ -37,6 +37,7 @@ int RunJobFileWithConsole(const std::string& spec_path, RunOptions options) {
   Status admitted = spec.status();
   if (admitted.ok()) admitted = ValidateJobInputs(*spec);
   if (admitted.ok()) admitted = EstimateJob(*spec, options.device).status();
+  if (admitted.ok() && !options.resume) admitted = CheckOutputDirFree(*spec);
   if (!admitted.ok()) {
     std::fprintf(stderr, "%s\n", admitted.ToString().c_str());
     return 2;

@@ -120,7 +120,21 @@ Status RestoreOrInitialize(TrainingSession* s) {
   TrainerState& state = s->state;
   state.micro_batch = s->B;
   state.gradient_accumulation_steps = s->accum;
-  const int64_t resume_step = s->options->resume ? FindLatestCheckpoint(spec.output_dir) : -1;
+  // Where the run continues from: output_dir's newest checkpoint on a restart of the same job or
+  // with resume_from_checkpoint: true; else a resume_from_checkpoint folder; else nowhere (fresh).
+  const TrainingSpec& t = spec.training;
+  const int64_t latest = s->options->resume || t.resume_from_last_checkpoint ? FindLatestCheckpoint(spec.output_dir) : -1;
+  std::string resume_dir;
+  if (latest >= 0) {
+    resume_dir = CheckpointDir(spec.output_dir, latest);
+  } else if (t.resume_from_checkpoint) {
+    resume_dir = *t.resume_from_checkpoint;
+  } else if (t.resume_from_last_checkpoint) {
+    return Status::FailedPrecondition("training.resume_from_checkpoint: true, but output_dir " + spec.output_dir +
+                                      " holds no complete checkpoint-<step>/ to continue from");
+  } else if (!s->options->resume) {
+    TRAIND_RETURN_IF_ERROR(CheckOutputDirFree(spec));
+  }
   // The base weights: init_from, or the seeded init (LoRA checkpoints hold only the adapters, so
   // a LoRA resume rebuilds its frozen base the same way).
   auto init_base = [&]() -> Status {
@@ -131,8 +145,8 @@ Status RestoreOrInitialize(TrainingSession* s) {
     s->model->InitRandom(static_cast<uint64_t>(spec.training.seed));
     return Status::Ok();
   };
-  if (resume_step >= 0) {
-    const std::string dir = CheckpointDir(spec.output_dir, resume_step);
+  if (!resume_dir.empty()) {
+    const std::string& dir = resume_dir;
     if (s->model->lora()) TRAIND_RETURN_IF_ERROR(init_base());
     TRAIND_RETURN_IF_ERROR(LoadCheckpoint(dir, s->model.get(), s->optimizer.get(), &state));
     if (state.micro_batch != s->B || state.gradient_accumulation_steps != s->accum) {

@@ -120,6 +120,14 @@ struct TrainingSpec {
   int64_t logging_steps = 10;
   int64_t eval_steps = 0;                    // 0 = only at the end
   int64_t save_steps = 0;                    // 0 = only at the end
+  // A fresh run refuses an output_dir holding another run's files (model.safetensors,
+  // adapter_model.safetensors, trainer_state.json, checkpoint-<step>/) unless this is true.
+  bool overwrite_output_dir = false;
+  // resume_from_checkpoint (HF's name): true = continue from the newest checkpoint-<step>/ in
+  // output_dir; a path = continue from that checkpoint folder (resolved against base_dir). A
+  // restart of the same job (RunOptions::resume) prefers output_dir's newest checkpoint.
+  bool resume_from_last_checkpoint = false;
+  std::optional<std::string> resume_from_checkpoint;
 
   bool auto_batch() const { return per_device_train_batch_size == 0; }
 };
@@ -142,8 +150,15 @@ size_t FirstInvalidUtf8(std::string_view s);
 Result<JobSpec> ParseJobSpec(std::string_view text, const std::string& base_dir = "");
 
 // Checks what needs the file system: the data file exists and is readable and long enough for one
-// window, init_from holds a loadable config.json. FAILED_PRECONDITION / NOT_FOUND with the path.
+// window, init_from holds a loadable config.json, resume_from_checkpoint names a checkpoint (a
+// path) or output_dir holds one (true). FAILED_PRECONDITION / NOT_FOUND with the path.
 Status ValidateJobInputs(const JobSpec& spec);
+
+// For a fresh run (not a restart or resume of the same job): FAILED_PRECONDITION naming output_dir
+// and the files when it holds another run's results (model.safetensors, adapter_model.safetensors,
+// trainer_state.json, checkpoint-<step>/) and the spec neither sets training.overwrite_output_dir
+// nor training.resume_from_checkpoint. OK for a missing or empty output_dir.
+Status CheckOutputDirFree(const JobSpec& spec);
 
 // The spec as a canonical JSON document (every field, resolved values), parseable by ParseJobSpec.
 std::string JobSpecToJson(const JobSpec& spec);
