@@ -2,6 +2,7 @@
 // cpu_*.cc threaded with OpenMP over `threads` threads (GEMM libraries too; see cpu_gemm.cc).
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -14,9 +15,17 @@
 namespace traind::engine {
 namespace {
 
+// The threads the kernels ask for: the job's (0 = every processor), never more than
+// OMP_THREAD_LIMIT lets a parallel region have. Asking oneDNN for more threads than run made its
+// results depend on the process's history, so a resumed run was no longer bit-identical.
+int UsableThreads(int threads) {
+  const int want = threads > 0 ? threads : omp_get_num_procs();
+  return std::max(1, std::min(want, omp_get_thread_limit()));
+}
+
 class CpuBackend final : public Backend {
  public:
-  explicit CpuBackend(int threads) : nt_(threads > 0 ? threads : omp_get_num_procs()) {
+  explicit CpuBackend(int threads) : nt_(UsableThreads(threads)) {
     cpu::SetGemmThreads(nt_);
   }
   std::string name() const override { return "cpu"; }

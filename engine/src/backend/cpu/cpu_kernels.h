@@ -10,7 +10,9 @@
 #include "core/half.h"  // the scalar conversions the array casts must match
 
 // Hot inner loops are compiled for AVX-512, AVX2+FMA and baseline x86-64, picked at load time.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+// Not under ThreadSanitizer: gcc instruments the ifunc resolvers, which the dynamic loader runs
+// before TSan's runtime is initialised, so every binary crashed at load (./run.sh sanitize tsan).
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_THREAD__)
 #define TRAIND_CPU_CLONES \
   __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
