@@ -1,6 +1,7 @@
 // JobManager: the daemon's job lifecycle between the gRPC handlers, the job store and the worker's
 // Supervisor. Owns the in-memory view of every job (written through to the JobStore first), the
-// per-job event log (dense sequence numbers) and the watchers waiting on it.
+// per-job event log (increasing sequence numbers, never reused: docs/daemon.md) and the watchers
+// waiting on it.
 // Thread-safe: every public method may be called from any gRPC thread; the Supervisor calls the
 // listener methods from its own thread.
 #pragma once
