@@ -28,8 +28,8 @@ namespace {
 
 using spec::SpecReader;
 
-const std::vector<std::string> kRootKeys = {"name", "model", "data", "training", "output_dir"};
-const std::vector<std::string> kModelKeys = {"arch", "config", "init_from"};
+const std::vector<std::string> kRootKeys = {"name", "model", "data", "training", "output_dir", "distributed"};
+const std::vector<std::string> kModelKeys = {"arch", "config", "init_from", "head", "num_labels"};
 const std::vector<std::string> kDataKeys = {"train_file", "format",           "token_dtype",
                                             "tokenizer",  "seq_len",          "validation_split",
                                             "shuffle",    "text_field",       "label_field"};
@@ -42,7 +42,8 @@ const std::vector<std::string> kTrainingKeys = {
     "tf32",          "gradient_checkpointing",      "gradient_checkpointing_every",
     "offload",       "offload_dir",                 "peft",
     "seed",          "logging_steps",               "eval_steps",
-    "save_steps",    "overwrite_output_dir",        "resume_from_checkpoint"};
+    "save_steps",    "overwrite_output_dir",        "resume_from_checkpoint",
+    "sample_every"};
 const std::vector<std::string> kGpt2Keys = {"vocab_size", "n_positions", "n_embd",
                                             "n_layer",    "n_head",      "layer_norm_epsilon"};
 const std::vector<std::string> kLlamaKeys = {
@@ -106,9 +107,27 @@ Status ParseModel(const YAML::Node& node, ModelSpec* m, const std::string& base_
   if (!r.Has("arch")) return r.Error("arch", "required (gpt2 | llama)");
   std::string arch;
   TRAIND_RETURN_IF_ERROR(r.String("arch", &arch));
-  if (arch == "bert") return r.Error("arch", "bert is not supported yet (gpt2 | llama)");
+  if (arch == "bert" || arch == "mixtral") {
+    return r.Error("arch", arch + " is not supported yet (supported: gpt2, llama)");
+  }
   if (arch != "gpt2" && arch != "llama") {
     return r.Error("arch", "expected one of gpt2, llama, got '" + arch + "'");
+  }
+  // JOBSPEC.md's head (bert's task heads) and num_labels (HF's config key, 2 by default for every
+  // model; it matters only with head sequence_classification): causal families have no head.
+  if (r.Has("head") && !r.Child("head").IsNull()) {
+    std::string head;
+    TRAIND_RETURN_IF_ERROR(r.String("head", &head));
+    if (head == "sequence_classification" || head == "masked_lm") {
+      return r.Error("head", head + " is not supported yet (supported: none, for " + arch + ")");
+    }
+    if (head != "none") {
+      return r.Error("head", "expected none, sequence_classification or masked_lm, got '" + head + "'");
+    }
+  }
+  if (r.Has("num_labels")) {
+    int64_t labels = 2;
+    TRAIND_RETURN_IF_ERROR(r.Int("num_labels", &labels, 1));
   }
   m->config = ArchDefaults(arch);
   TRAIND_RETURN_IF_ERROR(ParseModelConfig(r.Child("config"), &m->config));
@@ -352,6 +371,11 @@ Status ParseTraining(const YAML::Node& node, TrainingSpec* t, const std::string&
   TRAIND_RETURN_IF_ERROR(r.Int("logging_steps", &t->logging_steps, 1));
   TRAIND_RETURN_IF_ERROR(r.Int("eval_steps", &t->eval_steps, 0));
   TRAIND_RETURN_IF_ERROR(r.Int("save_steps", &t->save_steps, 0));
+  {
+    int64_t sample_every = 0;  // JOBSPEC.md: generated samples in the log (issue 13's generate)
+    TRAIND_RETURN_IF_ERROR(r.Int("sample_every", &sample_every, 0));
+    if (sample_every != 0) return NotYet(r, "sample_every", std::to_string(sample_every), "0");
+  }
   TRAIND_RETURN_IF_ERROR(r.Bool("overwrite_output_dir", &t->overwrite_output_dir));
   // resume_from_checkpoint: null | false | true | a checkpoint folder's path.
   if (r.Has("resume_from_checkpoint") && !r.Child("resume_from_checkpoint").IsNull()) {
@@ -377,6 +401,9 @@ Result<JobSpec> ParseRoot(const YAML::Node& root, const std::string& base_dir) {
   }
   TRAIND_ASSIGN_OR_RETURN(SpecReader r, SpecReader::Open(root, ""));
   TRAIND_RETURN_IF_ERROR(r.CheckKeys(kRootKeys));
+  if (r.Has("distributed") && !r.Child("distributed").IsNull()) {
+    return r.Error("distributed", "data-parallel training is not supported yet (supported: null)");
+  }
   JobSpec s;
   if (r.Has("name") && !r.Child("name").IsNull()) TRAIND_RETURN_IF_ERROR(r.String("name", &s.name));
   TRAIND_RETURN_IF_ERROR(ParseModel(r.Child("model"), &s.model, base_dir));
