@@ -111,6 +111,11 @@ class ProfilingBackend final : public Backend {
     T x(this, "cast");
     in_->Cast(d, dt, s, st, n);
   }
+  void Dropout(float* o, const void* i, DType it, int64_t n, float p, const uint64_t* key,
+               uint64_t stream, bool acc) override {
+    T x(this, "dropout");
+    in_->Dropout(o, i, it, n, p, key, stream, acc);
+  }
   void LayerNormForward(float* o, float* m, float* r, const float* i, const float* w,
                         const float* b, int64_t N, int64_t C, float eps) override {
     T x(this, "layernorm_fwd");

@@ -255,8 +255,6 @@ TEST(JobSpecTest, FeaturesNotBuiltYet) {
   }
   ExpectInvalid(With(kBase, "training", "offload: nvme"), "training.offload_dir: offload: nvme needs offload_dir");
   ExpectInvalid(With(kBase, "training", "offload: disk"), "training.offload: expected one of none, cpu, nvme");
-  ExpectInvalid(With(kBase, "training", "peft: {type: lora, r: 8, lora_dropout: 0.1}"),
-                "training.peft.lora_dropout: 0.1 is not supported yet (supported: 0.0)");
   ExpectInvalid(With(kBase, "data", "format: csv"), "data.format: expected text, tokens or jsonl, got 'csv'");
   ExpectInvalid(With(kBase, "data", "label_field: label"), "data.label_field: is not supported yet");
   ExpectInvalid(Replace(kBase, "arch: gpt2", "arch: bert"), "model.arch: bert is not supported yet");
@@ -318,8 +316,17 @@ TEST(JobSpecTest, PeftLora) {
   ExpectInvalid(With(kBase, "training", "peft: {type: lora, target_modules: [c_fc, c_fc]}"),
                 "training.peft.target_modules[1]: 'c_fc' is listed twice");
   ExpectInvalid(With(kBase, "training", "peft: {type: lora, merge: 1}"), "training.peft.merge:");
-  ExpectInvalid(With(With(kBase, "training", "peft: {type: lora}"), "training", "bf16: true"),
-                "training.peft: LoRA with bf16/fp16 is not supported yet");
+  ExpectInvalid(With(kBase, "training", "peft: {type: lora, lora_dropout: 1.0}"), "training.peft.lora_dropout: must be in [0, 1)");
+  ExpectInvalid(With(kBase, "training", "peft: {type: lora, lora_dropout: -0.1}"), "training.peft.lora_dropout: must be in [0, 1)");
+  // lora_dropout in [0, 1) and LoRA in bf16 / fp16 are built (they were 'not supported yet').
+  r = ParseJobSpec(With(kBase, "training", "peft: {type: lora, r: 8, lora_dropout: 0.1}"));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->training.peft->lora_dropout, 0.1);
+  for (const char* mp : {"bf16: true", "fp16: true"}) {
+    r = ParseJobSpec(With(With(kBase, "training", "peft: {type: lora, lora_dropout: 0.05}"), "training", mp));
+    ASSERT_TRUE(r.ok()) << mp << ": " << r.status().ToString();
+    EXPECT_TRUE(r->training.peft.has_value());
+  }
 }
 
 TEST(JobSpecTest, OptimizersAndTheirArgs) {

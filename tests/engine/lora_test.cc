@@ -110,8 +110,29 @@ struct GradCase {
   const char* name;
   ModelConfig config;
   std::vector<std::string> targets;
+  double dropout = 0.0;
 };
 
+// The dropout key the reference cases write into the model (any value: the reference recomputes
+// the masks from it).
+constexpr uint64_t kRefKey = 0x0123456789ABCDEFull;
+
+// PEFT module name ("base_model.model.<module>") -> the adapter's dropout stream: its index in the
+// model's adapter order (trainable_params() holds A then B per adapter, in that order).
+json DropoutStreams(const Model& m) {
+  json s = json::object();
+  const std::vector<ParamInfo>& ps = m.trainable_params();
+  for (size_t i = 0; i + 1 < ps.size(); i += 2) {
+    const std::string& a = ps[i].hf_name;  // base_model.model.<module>.lora_A.weight
+    s[a.substr(0, a.size() - std::string(".lora_A.weight").size())] = i / 2;
+  }
+  return s;
+}
+
+// With lora_dropout > 0 the masks are a function of the key (dropout_rng.h), so the training loss
+// is a deterministic function of the adapters and its gradient is checked exactly as without:
+// the reference draws the same masks (its own implementation of the hash) and applies
+// x * mask / (1 - p) on each adapter's input only (the base layer reads x undropped).
 TEST(Lora, GradientsMatchTorchLoraReference) {
   if (!testing::PythonTorchAvailable()) GTEST_SKIP() << "no torch for " TRAIND_TEST_PYTHON;
   const std::vector<GradCase> cases = {
@@ -119,19 +140,34 @@ TEST(Lora, GradientsMatchTorchLoraReference) {
       {"gpt2 c_attn", testing::TinyGpt2(), {"c_attn"}},
       {"llama all modules", testing::TinyLlama(false), kLlamaAll},
       {"llama k_proj,up_proj", testing::TinyLlama(true), {"k_proj", "up_proj"}},
+      {"gpt2 all modules, lora_dropout 0.25", testing::TinyGpt2(), kGpt2All, 0.25},
+      {"llama all modules, lora_dropout 0.3", testing::TinyLlama(false), kLlamaAll, 0.3},
+      {"llama q_proj,v_proj (GQA), lora_dropout 0.1", testing::TinyLlama(true), {"q_proj", "v_proj"}, 0.1},
   };
   for (const GradCase& gc : cases) {
     SCOPED_TRACE(gc.name);
-    const ModelOptions o = LoraOptionsFor(gc.targets, 4, 12.0);
+    ModelOptions o = LoraOptionsFor(gc.targets, 4, 12.0);
+    o.lora.dropout = gc.dropout;
     TestModel t = TestModel::Make(gc.config, o);
     ASSERT_NE(t.model, nullptr);
     Model& m = *t.model;
     InitForCheck(t, 21);
     const testing::Batch batch = MakeBatch(o.micro_batch * o.seq_len, gc.config.vocab_size, 77);
     testing::SetBatch(t, batch);
+    double eval_loss = 0;
+    if (gc.dropout > 0) {
+      ASSERT_NE(m.dropout_key(), nullptr);
+      t.backend->CopyHostToDevice(m.dropout_key(), &kRefKey, sizeof(kRefKey));
+      eval_loss = m.Forward(false, 1.0f);
+    } else {
+      EXPECT_EQ(m.dropout_key(), nullptr);
+    }
     m.ZeroGrad();
     const double loss = m.Forward(true, 1.0f);
     m.Backward();
+    if (gc.dropout > 0) {
+      EXPECT_GT(std::abs(loss - eval_loss), 1e-4 * eval_loss) << "dropout had no effect";
+    }
     testing::TempDir dir;
     ASSERT_TRUE(WriteSafetensors(dir.path + "/model.safetensors", m.ExportHf()).ok());
     ASSERT_TRUE(WriteSafetensors(dir.path + "/adapters.safetensors", m.ExportAdapters()).ok());
@@ -139,6 +175,10 @@ TEST(Lora, GradientsMatchTorchLoraReference) {
     json c = {{"arch", gc.config.arch}, {"config", cfg}, {"B", o.micro_batch}, {"T", o.seq_len},
               {"ids", batch.ids}, {"targets", batch.targets}, {"r", o.lora.r},
               {"alpha", o.lora.alpha}, {"target_modules", gc.targets}};
+    if (gc.dropout > 0) {
+      c["dropout"] = {{"p", gc.dropout}, {"key", std::to_string(kRefKey)},
+                      {"streams", DropoutStreams(m)}};
+    }
     std::ofstream(dir.path + "/case.json") << c.dump();
     ASSERT_TRUE(testing::RunReference("lora_reference.py", dir.path));
     json ref;
@@ -159,8 +199,9 @@ TEST(Lora, GradientsMatchTorchLoraReference) {
       worst = std::max(worst, rel);
       EXPECT_LE(rel, kGradRelTol) << p.hf_name;
     }
-    std::printf("[%s] %zu adapter tensors, worst relative gradient error %.2e (tol %.0e)\n",
-                gc.name, m.trainable_params().size(), worst, kGradRelTol);
+    std::printf("[%s] loss %.6f (torch f64 %.6f), %zu adapter tensors, worst relative gradient "
+                "error %.2e (tol %.0e)\n", gc.name, loss, ref["loss_f64"].get<double>(),
+                m.trainable_params().size(), worst, kGradRelTol);
   }
 }
 
@@ -411,6 +452,225 @@ TEST_F(LoraJob, ResumeIsBitIdentical) {
   const int64_t adapters = 2 * (4 * 32 + 96 * 4 + 4 * 32 + 32 * 4 + 4 * 32 + 128 * 4 + 4 * 128 + 32 * 4);
   EXPECT_LE(state, 2 * adapters + 16) << "optimizer state beyond the adapters' m and v";
   EXPECT_GE(state, 2 * adapters);
+}
+
+// ---- lora_dropout ----
+
+// The op itself (CPU backend, the reference): over 2^20 elements the kept fraction is 1 - p within
+// 5 standard deviations, every kept element is exactly x * (1 / (1 - p)) (fp32), bf16 inputs are
+// widened first, the mask depends on (key, stream) only (not on the thread count), and masks of
+// two streams are independent (they agree on p^2 + (1-p)^2 of the elements).
+TEST(LoraDropout, OpKeepsOneMinusPAndScalesKeptValues) {
+  const int64_t n = int64_t{1} << 20;
+  std::vector<float> x(static_cast<size_t>(n));
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> ud(0.5f, 2.0f);
+  for (float& v : x) v = (rng() & 1) ? ud(rng) : -ud(rng);  // never zero: zero output = dropped
+  for (float p : {0.1f, 0.5f, 0.9f}) {
+    SCOPED_TRACE(p);
+    auto run = [&](int threads, uint64_t key, uint64_t stream, DType t) {
+      auto be = MakeCpuBackend(threads);
+      std::vector<float> out(static_cast<size_t>(n));
+      if (t == DType::kF32) {
+        be->Dropout(out.data(), x.data(), t, n, p, &key, stream, false);
+      } else {
+        std::vector<uint16_t> x16(x.size());
+        be->Cast(x16.data(), t, x.data(), DType::kF32, n);
+        be->Dropout(out.data(), x16.data(), t, n, p, &key, stream, false);
+      }
+      return out;
+    };
+    const std::vector<float> a = run(1, 42, 3, DType::kF32);
+    const float scale = 1.0f / (1.0f - p);
+    int64_t kept = 0;
+    bool exact = true;
+    for (int64_t i = 0; i < n; ++i) {
+      if (a[i] == 0.0f) continue;
+      ++kept;
+      exact = exact && a[i] == x[i] * scale;
+    }
+    EXPECT_TRUE(exact) << "kept values are x / (1 - p)";
+    const double frac = static_cast<double>(kept) / n;
+    const double sd = std::sqrt(p * (1.0 - p) / n);
+    EXPECT_NEAR(frac, 1.0 - p, 5 * sd);
+    std::printf("[lora dropout op] p %.1f: kept %.5f of 2^20 (1-p = %.1f, 5 sd = %.5f)\n", p, frac,
+                1.0 - p, 5 * sd);
+    EXPECT_EQ(run(2, 42, 3, DType::kF32), a) << "threads must not change the mask";
+    const std::vector<float> b = run(1, 42, 4, DType::kF32);
+    const std::vector<float> c = run(1, 43, 3, DType::kF32);
+    int64_t agree_stream = 0, agree_key = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      agree_stream += (a[i] == 0.0f) == (b[i] == 0.0f);
+      agree_key += (a[i] == 0.0f) == (c[i] == 0.0f);
+    }
+    const double indep = p * p + (1.0 - p) * (1.0 - p);
+    EXPECT_NEAR(static_cast<double>(agree_stream) / n, indep, 0.005);
+    EXPECT_NEAR(static_cast<double>(agree_key) / n, indep, 0.005);
+    // bf16 input: the same mask, the kept values are the widened bf16 times the scale.
+    const std::vector<float> h = run(1, 42, 3, DType::kBF16);
+    for (int64_t i = 0; i < n; i += 997) {
+      EXPECT_EQ(h[i], a[i] == 0.0f ? 0.0f : BF16ToF32(F32ToBF16(x[i])) * scale) << i;
+    }
+    // accumulate: out += the same.
+    auto be = MakeCpuBackend(1);
+    std::vector<float> acc(x.begin(), x.end());
+    const uint64_t key = 42;
+    be->Dropout(acc.data(), x.data(), DType::kF32, n, p, &key, 3, true);
+    for (int64_t i = 0; i < n; i += 991) EXPECT_EQ(acc[i], x[i] + a[i]) << i;
+  }
+}
+
+// No dropout outside a forward for backward: the eval loss (Forward(false)) of a lora_dropout 0.3
+// model equals the loss of the same adapters without dropout bit for bit, whatever the key; the
+// training forward's differs; and the merged export (no dropout in a merge) reproduces the eval
+// logits.
+TEST(LoraDropout, EvalAndMergedModelHaveNoDropout) {
+  for (const GradCase& gc : std::vector<GradCase>{{"gpt2", testing::TinyGpt2(), kGpt2All},
+                                                  {"llama", testing::TinyLlama(false), kLlamaAll}}) {
+    SCOPED_TRACE(gc.name);
+    ModelOptions o = LoraOptionsFor(gc.targets, 4, 16.0);
+    ModelOptions od = o;
+    od.lora.dropout = 0.3;
+    TestModel plain = TestModel::Make(gc.config, o);
+    TestModel drop = TestModel::Make(gc.config, od);
+    ASSERT_TRUE(plain.model && drop.model);
+    InitForCheck(plain, 41);
+    InitForCheck(drop, 41);
+    const testing::Batch batch = MakeBatch(o.micro_batch * o.seq_len, gc.config.vocab_size, 3);
+    testing::SetBatch(plain, batch);
+    testing::SetBatch(drop, batch);
+    const double want = plain.model->Forward(false, 1.0f);
+    for (uint64_t key : {uint64_t{1}, uint64_t{977}}) {
+      drop.backend->CopyHostToDevice(drop.model->dropout_key(), &key, sizeof(key));
+      EXPECT_EQ(drop.model->Forward(false, 1.0f), want) << "eval with key " << key;
+    }
+    const double train = drop.model->Forward(true, 1.0f);
+    EXPECT_GT(std::abs(train - want), 1e-4 * want) << "the training forward drops";
+    drop.model->Backward();
+    const int64_t n = o.micro_batch * o.seq_len * drop.model->logits_stride();
+    drop.model->Forward(false, 1.0f);
+    const std::vector<float> eval_logits = ToHost(*drop.backend, drop.model->logits(), n);
+    TestModel merged = TestModel::Make(gc.config, testing::TinyOptions(3, 16));
+    ASSERT_TRUE(merged.model->LoadHf(drop.model->ExportMerged()).ok());
+    testing::SetBatch(merged, batch);
+    merged.model->Forward(false, 1.0f);
+    const std::vector<float> merged_logits = ToHost(*merged.backend, merged.model->logits(), n);
+    double max_ref = 0, max_diff = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      max_ref = std::max(max_ref, std::abs(double(eval_logits[i])));
+      max_diff = std::max(max_diff, std::abs(double(eval_logits[i]) - merged_logits[i]));
+    }
+    EXPECT_LE(max_diff / max_ref, kLogitsRelTol);
+    std::printf("[%s lora_dropout 0.3] eval loss %.6f (= no-dropout %.6f), training forward %.6f; "
+                "merged vs eval logits %.2e\n", gc.name, want, want, train, max_diff / max_ref);
+  }
+}
+
+// Resume through RunJob with lora_dropout 0.1 (the masks of micro-batch a of step s come from
+// (seed, s * accumulation + a), so the resumed run draws the uninterrupted run's masks): every
+// step loss, the eval loss and the output files bit-identical; in fp32 and in fp16 (loss scaler
+// restored too). Dropout really acts in the step runner's path: the losses differ from the
+// lora_dropout 0 run's after step 1 (B starts at zero, so step 1's loss cannot).
+TEST_F(LoraJob, ResumeWithDropoutIsBitIdentical) {
+  for (const char* precision : {"fp32", "fp16"}) {
+    SCOPED_TRACE(precision);
+    auto spec = [&](const std::string& sub, double p) {
+      JobSpec s = Spec(std::string(precision) + sub, /*merge=*/true);
+      s.training.peft->lora_dropout = p;
+      s.training.fp16 = std::string(precision) == "fp16";
+      s.training.gradient_accumulation_steps = 2;
+      s.training.save_steps = 2;
+      s.training.eval_steps = 3;
+      return s;
+    };
+    const JobSpec a = spec("a", 0.1), b = spec("b", 0.1);
+    const testing::CancelResumeRuns r = testing::RunCancelledAndResumed(a, b);
+    ASSERT_TRUE(r.a && r.a->ok()) << (r.a ? r.a->status().ToString() : "not run");
+    ASSERT_TRUE(r.b_resumed && r.b_resumed->ok())
+        << (r.b_resumed ? r.b_resumed->status().ToString() : "not run");
+    testing::ExpectResumedLossesIdentical(r);
+    EXPECT_EQ((*r.b_resumed)->eval_loss, (*r.a)->eval_loss);
+    for (const char* f : {"adapter_model.safetensors", "model.safetensors",
+                          "checkpoint-6/optimizer.safetensors"}) {
+      const std::string fa = testing::ReadFile(a.output_dir + "/" + f);
+      EXPECT_FALSE(fa.empty()) << f;
+      EXPECT_EQ(fa, testing::ReadFile(b.output_dir + "/" + f)) << f;
+    }
+    // lora_dropout 0: B starts at zero and step 1's learning rate is 0 (warmup 2), so steps 1
+    // and 2 add nothing through the adapters; from step 3 on dropout changes every loss.
+    std::vector<double> no_drop;
+    RunCallbacks cb;
+    cb.on_step = [&](const StepReport& s) { no_drop.push_back(s.loss); };
+    ASSERT_TRUE(RunJob(spec("c", 0.0), testing::TestRunOptions(2), cb).ok());
+    ASSERT_EQ(no_drop.size(), r.losses_a.size());
+    EXPECT_EQ(no_drop[0], r.losses_a[0]) << "step 1: B = 0, the adapters add nothing yet";
+    EXPECT_EQ(no_drop[1], r.losses_a[1]) << "step 2: B = 0 still (lr 0 at step 1)";
+    int differ = 0;
+    for (size_t i = 2; i < no_drop.size(); ++i) differ += no_drop[i] != r.losses_a[i];
+    EXPECT_EQ(differ, 4) << "lora_dropout 0.1 must change steps 3..6";
+  }
+}
+
+// ---- LoRA in bf16 / fp16 ----
+
+// The same LoRA job (tiny gpt2, every module, r 4, 30 steps) in fp32, bf16 and fp16 from the same
+// base and batches: every step loss of the 16-bit runs within kMixedLossTol (relative) of the fp32
+// run's, the final eval loss too, the loss really falls, and the arena's peak is the plan (the
+// adapters' fp32 input scratch included). The base is first trained (full fine-tuning, fp32, 60
+// steps) so that its logits are far from uniform: at the 0.02 init every precision gives nearly
+// ln(64) and the comparison would be empty. (Measured: bf16 within 2.7e-4, fp16 within 3.9e-5.)
+constexpr double kMixedLossTol[2] = {2e-3, 5e-4};  // bf16, fp16: per-step relative
+TEST_F(LoraJob, Bf16AndFp16TrackFp32) {
+  JobSpec pre = testing::TinySpec(dir_ + "/pretrain", data_);
+  pre.training.max_steps = 60;
+  pre.training.warmup_steps = 5;
+  pre.training.learning_rate = 1e-2;
+  auto base = RunJob(pre, testing::TestRunOptions(), {});
+  ASSERT_TRUE(base.ok()) << base.status().ToString();
+  ASSERT_TRUE(fs::exists(pre.output_dir + "/model.safetensors"));
+  std::printf("[lora mixed precision] base pretrained to eval loss %.4f\n", base->eval_loss);
+  for (double p : {0.0, 0.1}) {
+    std::map<std::string, std::vector<double>> losses;
+    std::map<std::string, double> eval;
+    for (const char* precision : {"fp32", "bf16", "fp16"}) {
+      JobSpec s = Spec(std::string("mp_") + precision + (p > 0 ? "_drop" : ""), false);
+      s.training.peft->lora_dropout = p;
+      s.model.init_from = pre.output_dir;
+      s.training.max_steps = 30;
+      s.training.warmup_steps = 3;
+      s.training.learning_rate = 1e-2;
+      s.training.bf16 = std::string(precision) == "bf16";
+      s.training.fp16 = std::string(precision) == "fp16";
+      RunCallbacks cb;
+      cb.on_step = [&](const StepReport& st) { losses[precision].push_back(st.loss); };
+      auto est = EstimateJob(s, testing::TestRunOptions().device);
+      ASSERT_TRUE(est.ok()) << est.status().ToString();
+      auto r = RunJob(s, testing::TestRunOptions(), cb);
+      ASSERT_TRUE(r.ok()) << precision << ": " << r.status().ToString();
+      EXPECT_EQ(r->peak_memory_bytes, r->plan.bytes.total()) << precision;
+      EXPECT_EQ(r->plan.bytes.total(), est->bytes.total()) << precision;
+      eval[precision] = r->eval_loss;
+      std::printf("[lora %s lora_dropout %.1f] plan %lld = peak %lld bytes; loss %.4f -> %.4f, "
+                  "eval %.4f\n", precision, p, static_cast<long long>(est->bytes.total()),
+                  static_cast<long long>(r->peak_memory_bytes), losses[precision].front(),
+                  losses[precision].back(), r->eval_loss);
+    }
+    const std::vector<double>& f = losses["fp32"];
+    ASSERT_EQ(f.size(), 30u);
+    EXPECT_LT(f.back(), f.front() - 0.1) << "the adapters must learn";
+    for (int k = 0; k < 2; ++k) {
+      const char* name = k == 0 ? "bf16" : "fp16";
+      const std::vector<double>& g = losses[name];
+      ASSERT_EQ(g.size(), f.size()) << name;
+      double worst = 0;
+      for (size_t i = 0; i < f.size(); ++i) worst = std::max(worst, std::abs(g[i] - f[i]) / f[i]);
+      EXPECT_LE(worst, kMixedLossTol[k]) << name;
+      const double eval_rel = std::abs(eval[name] - eval["fp32"]) / eval["fp32"];
+      EXPECT_LE(eval_rel, kMixedLossTol[k]) << name << " eval";
+      std::printf("[lora %s vs fp32, lora_dropout %.1f] worst per-step loss rel diff %.2e, eval "
+                  "%.2e (tol %.0e)\n", name, p, worst, eval_rel, kMixedLossTol[k]);
+    }
+  }
 }
 
 }  // namespace

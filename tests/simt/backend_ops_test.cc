@@ -269,6 +269,24 @@ std::vector<OpCase> AllCases() {
       });
     }
   }
+  // ---- dropout (LoRA): the mask is a hash of (key, stream, index), so the outputs are exact ----
+  for (DType t : {DType::kF32, DType::kBF16, DType::kF16}) {
+    for (auto [n, p, acc] : {std::tuple<int64_t, float, bool>{1, 0.5f, false}, {70001, 0.1f, false},
+                             {4099, 0.3f, true}, {1000, 0.0f, false}}) {
+      if (acc && t != DType::kF32) continue;
+      const double exact[2] = {0.0, 0.0};
+      Add(&c, Op::kDropout, Dims({n}) + " " + DTypeName(t) + " p " + std::to_string(p) +
+          (acc ? " accumulate" : ""), exact, [=](Dev& d) {
+            const auto x = Random(n, 200);
+            const void* I = t == DType::kF32 ? static_cast<const void*>(d.Up(x))
+                                             : static_cast<const void*>(d.Up(To16(x, t)));
+            float* out = d.Up(Random(n, 201));
+            const uint64_t* key = d.Up(std::vector<uint64_t>{0x123456789abcdefull + n});
+            d->Dropout(out, I, t, n, p, key, /*stream=*/7, acc);
+            return Outputs{{"out", d.Get(out, n)}};
+          });
+    }
+  }
   // ---- norms ----
   for (auto [N, C] : {std::pair<int64_t, int64_t>{7, 33}, {64, 768}, {3, 1}}) {
     Add(&c, Op::kLayerNormForward, Dims({N, C}), kReduce, [=](Dev& d) {

@@ -62,6 +62,7 @@ class BatchUpload {
   X(AccumulateSum) \
   X(HasNonFinite) \
   X(Cast) \
+  X(Dropout) \
   X(LayerNormForward) \
   X(LayerNormBackward) \
   X(RmsNormForward) \
@@ -161,6 +162,14 @@ class Backend {
   virtual bool HasNonFinite(const float* x, int64_t n) { return !std::isfinite(SumSquares(x, n)); }
   // dst = src converted (round to nearest even), n elements.
   virtual void Cast(void* dst, DType dst_type, const void* src, DType src_type, int64_t n);
+  // Inverted dropout (LoRA's lora_dropout): out (=, or += when accumulate) keep(i) * inp[i] *
+  // (1 / (1 - p)) over n elements, inp of `inp_type` (f32, bf16, f16), out fp32. keep(i) is the
+  // counter-based hash of dropout_rng.h: DropoutKeep(DropoutBase(*key, stream), i, p), key a
+  // device uint64 (so a captured graph draws a fresh mask when the key changes between replays),
+  // stream a per-call constant (layer, adapter). The same (key, stream) gives the same mask: a
+  // backward regenerates the forward's mask. 0 <= p < 1; out must not alias inp unless both fp32.
+  virtual void Dropout(float* out, const void* inp, DType inp_type, int64_t n, float p,
+                       const uint64_t* key, uint64_t stream, bool accumulate);
 
   // ---- norms ----
   // LayerNorm over C: out (N,C), mean (N), rstd (N), inp (N,C), weight (C), bias (C).

@@ -130,6 +130,10 @@ void Backend::Cast(void* /*dst*/, DType /*dst_type*/, const void* /*src*/, DType
   Unsupported(Op::kCast);
 }
 
+void Backend::Dropout(float* /*out*/, const void* /*inp*/, DType /*inp_type*/, int64_t /*n*/, float /*p*/, const uint64_t* /*key*/, uint64_t /*stream*/, bool /*accumulate*/) {
+  Unsupported(Op::kDropout);
+}
+
 void Backend::LayerNormForward(float* /*out*/, float* /*mean*/, float* /*rstd*/, const float* /*inp*/, const float* /*weight*/, const float* /*bias*/, int64_t /*N*/, int64_t /*C*/, float /*eps*/) {
   Unsupported(Op::kLayerNormForward);
 }

@@ -71,7 +71,7 @@ Result<std::unique_ptr<DecoderModel>> DecoderModel::Make(const ModelConfig& conf
   std::unique_ptr<DecoderModel> m(new DecoderModel(config, options, arena));
   BufferPlanner planner;
   PlanBuffers(m->d_, options, m->table_.total, &planner, &m->bufs_, m->lora_.total,
-              m->lora_.per_layer);
+              m->lora_.per_layer, m->lora_.max_in);
   TRAIND_RETURN_IF_ERROR(planner.Allocate(arena));
   ResolveViews(m->d_, options, &m->bufs_);
   if (m->lora()) {
@@ -90,8 +90,13 @@ Result<std::unique_ptr<DecoderModel>> DecoderModel::Make(const ModelConfig& conf
       a.in = e.in;
       a.out = e.out;
       a.col = e.col;
+      a.stream = static_cast<uint64_t>(i);  // adapter i of the model (layer-major)
       m->lora_ops_.push_back(a);
     }
+  }
+  if (m->bufs_.dropout_key != nullptr) {
+    const uint64_t zero = 0;
+    m->be_->CopyHostToDevice(m->bufs_.dropout_key, &zero, sizeof(zero));
   }
   m->mixed_ = options.compute_type != DType::kF32;
   m->gp_ = nn::GemmPrecision{options.compute_type, m->bufs_.scratch16, m->bufs_.scratch16_elems};
@@ -282,6 +287,10 @@ nn::LoraSite DecoderModel::Site(int64_t l, LoraSiteKind site) const {
   s.r = lora_.r;
   s.scale = lora_.scale;
   s.du = bufs_.lora_du;
+  s.x_type = options_.compute_type;
+  s.dropout = training_ ? static_cast<float>(options_.lora.dropout) : 0.0f;
+  s.key = bufs_.dropout_key;
+  s.xs = bufs_.lora_xs;
   switch (site) {
     case LoraSiteKind::kQkv: s.ld_out = d_.qkv_width(); break;
     case LoraSiteKind::kProj: s.ld_out = d_.C; break;
@@ -326,7 +335,7 @@ void DecoderModel::BlockForward(int64_t l) {
   NormInto(a.ln1, a.ln1_mean, a.ln1_rstd, x, p.ln1_w, p.ln1_b);
   nn::LinearForward(be, a.qkv, a.ln1, W(p.qkv_w), P(p.qkv_b), N_, C, as.width(), ct);
   const nn::LoraSite qkv_lora = Site(l, LoraSiteKind::kQkv);
-  if (qkv_lora.active()) nn::LoraForward(be, qkv_lora, a.qkv, static_cast<const float*>(a.ln1), N_);
+  if (qkv_lora.active()) nn::LoraForward(be, qkv_lora, a.qkv, a.ln1, N_);
   // Attention runs in fp32; with 16 bits its output goes through tmp_c and is rounded into atty.
   float* att = mixed_ ? bufs_.tmp_c : static_cast<float*>(a.atty);
   nn::AttentionForward(be, as, att, a.lse, a.qkv);
@@ -334,7 +343,7 @@ void DecoderModel::BlockForward(int64_t l) {
   nn::LinearForward(be, bufs_.tmp_c, a.atty, W(p.proj_w), P(p.proj_b), N_, d_.NH * d_.HS, C, ct);
   const nn::LoraSite proj_lora = Site(l, LoraSiteKind::kProj);
   if (proj_lora.active()) {
-    nn::LoraForward(be, proj_lora, bufs_.tmp_c, static_cast<const float*>(a.atty), N_);
+    nn::LoraForward(be, proj_lora, bufs_.tmp_c, a.atty, N_);
   }
   be.Add(a.res2, x, bufs_.tmp_c, N_ * C);
   NormInto(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p.ln2_w, p.ln2_b);
@@ -369,7 +378,7 @@ void DecoderModel::BlockBackward(int64_t l) {
                      d_.NH * d_.HS, C, gp_);
   const nn::LoraSite proj_lora = Site(l, LoraSiteKind::kProj);
   if (proj_lora.active()) {
-    nn::LoraBackward(be, proj_lora, dtmp, dres, static_cast<const float*>(a.atty), N_);
+    nn::LoraBackward(be, proj_lora, dtmp, dres, a.atty, N_);
   }
   // The attention backward reads its fp32 output: with 16 bits, atty widened into scratch16
   // (free until the qkv backward below rounds dqkv into it).
@@ -383,7 +392,7 @@ void DecoderModel::BlockBackward(int64_t l) {
                      gp_);
   const nn::LoraSite qkv_lora = Site(l, LoraSiteKind::kQkv);
   if (qkv_lora.active()) {
-    nn::LoraBackward(be, qkv_lora, dtmp, dbig, static_cast<const float*>(a.ln1), N_);
+    nn::LoraBackward(be, qkv_lora, dtmp, dbig, a.ln1, N_);
   }
   nn::NormBackward(be, ns, dres, GNorm(p.ln1_w, 0), GNorm(p.ln1_b, 1), dtmp, x, P(p.ln1_w),
                    a.ln1_mean, a.ln1_rstd);
@@ -408,6 +417,7 @@ void DecoderModel::ForwardToLogits() {
 
 double DecoderModel::Forward(bool for_backward, float grad_scale) {
   const int64_t n_valid = nn::CountValidTargets(*be_, bufs_.targets, N_, &host_targets_);
+  training_ = for_backward;  // LoRA dropout only in a forward for backward (not in eval)
   ForwardToLogits();
   const double loss =
       nn::CrossEntropyForward(*be_, bufs_.logits, bufs_.losses, bufs_.targets, N_, d_.V, d_.Vp,
@@ -418,6 +428,7 @@ double DecoderModel::Forward(bool for_backward, float grad_scale) {
 
 void DecoderModel::ForwardOnDevice(const float* grad_scale, const float* loss_weight,
                                    double* loss_sum) {
+  training_ = true;
   ForwardToLogits();
   be_->SoftmaxCrossEntropy(bufs_.logits, bufs_.losses, bufs_.targets, N_, d_.V, d_.Vp, 1.0f,
                            /*compute_grad=*/true, grad_scale);
@@ -450,6 +461,7 @@ void DecoderModel::Backward() {
     }
     for (int64_t l = last - 1; l >= first; --l) BlockBackward(l);
   }
+  training_ = false;
   if (lora()) return;  // frozen embeddings
   nn::EmbeddingBackward(be, G(table_.wte), G(table_.wpe), bufs_.dres, bufs_.inputs, bufs_.positions,
                         N_, C);

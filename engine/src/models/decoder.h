@@ -32,6 +32,7 @@ class DecoderModel : public Model {
   int64_t num_trainable() const override { return lora() ? lora_.total : table_.total; }
   float* trainable_data() override { return lora() ? bufs_.lora_params : bufs_.params; }
   bool lora() const override { return lora_.r > 0; }
+  uint64_t* dropout_key() override { return bufs_.dropout_key; }
   float* grad_data() override { return bufs_.grads; }
   int32_t* inputs() override { return bufs_.inputs; }
   int32_t* targets() override { return bufs_.targets; }
@@ -90,6 +91,7 @@ class DecoderModel : public Model {
   bool weights16_stale_ = true;  // params16 must be refreshed before the next Forward
   nn::GemmPrecision gp_;         // compute type + scratch16, for the backward GEMMs
   bool ready_for_backward_ = false;
+  bool training_ = false;  // the current forward is for backward: LoRA dropout on
   std::vector<int32_t> host_targets_;
   std::vector<float> host_losses_;
 };

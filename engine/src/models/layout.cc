@@ -108,7 +108,8 @@ Status BufferPlanner::Allocate(DeviceArena* arena) {
 }
 
 void PlanBuffers(const ArchDims& d, const ModelOptions& o, int64_t num_params, BufferPlanner* p,
-                 ModelBuffers* b, int64_t lora_trainable, int64_t lora_per_layer) {
+                 ModelBuffers* b, int64_t lora_trainable, int64_t lora_per_layer,
+                 int64_t lora_max_in) {
   using MC = MemoryCategory;
   const int64_t N = o.micro_batch * o.seq_len;
   const int64_t C = d.C;
@@ -161,6 +162,8 @@ void PlanBuffers(const ArchDims& d, const ModelOptions& o, int64_t num_params, B
     p->Add(MC::kActivations, n_sets * lora_per_layer * N * o.lora.r, &b->lora_u_store);
     p->Add(MC::kTemporary, N * o.lora.r, &b->lora_du);
     p->Add(MC::kTemporary, 2 * C, &b->norm_discard);
+    if (mixed || o.lora.dropout > 0) p->Add(MC::kTemporary, N * lora_max_in, &b->lora_xs);
+    if (o.lora.dropout > 0) p->Add(MC::kActivations, 1, &b->dropout_key);
   }
   p->Add(MC::kTemporary, N * C, &b->dres);
   p->Add(MC::kTemporary, N * C, &b->tmp_c);

@@ -145,10 +145,15 @@ struct ModelBuffers {
   // activations x A^T (lora_u_store, (N*r) floats each, set-major); the backward's (N, r)
   // scratch; and a 2*C scratch that the frozen norms' weight gradients are written to and
   // dropped from (the norm kernels always produce them; no GEMM).
+  // With a 16-bit compute type or lora_dropout > 0 also lora_xs, the adapters' fp32 input scratch
+  // (N, widest adapter input: x widened, or dropout(x), nn/lora.h), and with dropout the device
+  // dropout key (one uint64, the micro-batch's: Model::dropout_key()).
   float* lora_params = nullptr;
   float* lora_u_store = nullptr;
   float* lora_du = nullptr;
   float* norm_discard = nullptr;
+  float* lora_xs = nullptr;
+  uint64_t* dropout_key = nullptr;
 
   // Views: res[l] is block l's input (res[L] the final residual), blocks[l] its activations.
   std::vector<float*> res;
@@ -184,10 +189,11 @@ class BufferPlanner {
 // Plans all buffers of the model into `planner`, with slots in `bufs` (sized here). Call
 // ResolveViews after allocation.
 // `lora_trainable` > 0: a LoRA model with that many adapter floats and `lora_per_layer` adapters
-// per block (gradients are then planned for the adapters only).
+// per block (gradients are then planned for the adapters only), the widest of them reading
+// `lora_max_in` inputs.
 void PlanBuffers(const ArchDims& d, const ModelOptions& o, int64_t num_params,
                  BufferPlanner* planner, ModelBuffers* bufs, int64_t lora_trainable = 0,
-                 int64_t lora_per_layer = 0);
+                 int64_t lora_per_layer = 0, int64_t lora_max_in = 0);
 void ResolveViews(const ArchDims& d, const ModelOptions& o, ModelBuffers* bufs);
 
 }  // namespace traind::engine

@@ -50,9 +50,11 @@ Status ValidateLora(const std::string& arch, const LoraOptions& o, DType compute
     }
   }
   if (!(o.alpha > 0)) return Status::InvalidArgument("training.peft.lora_alpha: must be > 0");
-  if (compute_type != DType::kF32) {
-    return Status::InvalidArgument(
-        "training.peft: LoRA with bf16/fp16 is not supported yet (supported: fp32)");
+  if (!(o.dropout >= 0 && o.dropout < 1)) {
+    return Status::InvalidArgument("training.peft.lora_dropout: must be in [0, 1)");
+  }
+  if (compute_type != DType::kF32 && compute_type != DType::kBF16 && compute_type != DType::kF16) {
+    return Status::InvalidArgument("training.peft: LoRA needs an fp32, bf16 or fp16 compute type");
   }
   return Status::Ok();
 }
@@ -107,6 +109,7 @@ LoraTable BuildLoraTable(const ArchDims& d, const ParamTable& base, const LoraOp
         e.a_off = add("base_model.model." + module + ".lora_A.weight", {t.r, e.in});
         e.b_off = add("base_model.model." + module + ".lora_B.weight", {e.out, t.r});
         t.adapters.push_back(e);
+        t.max_in = std::max(t.max_in, e.in);
         ++n_layer;
       }
     }

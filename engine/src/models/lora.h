@@ -32,14 +32,15 @@ struct LoraTable {
   std::vector<LoraAdapterEntry> adapters;  // layer-major, site order, then column order
   int64_t per_layer = 0;                   // adapters per block (the same for every block)
   int64_t total = 0;                       // floats in the trainable buffer
+  int64_t max_in = 0;                      // the widest adapter input (the lora_xs scratch)
 };
 
 // PEFT's default target modules of a family (TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING).
 std::vector<std::string> DefaultLoraTargets(const std::string& arch);
 // The module names a family's LoRA can target (for messages and validation).
 std::vector<std::string> LoraModuleNames(const std::string& arch);
-// INVALID_ARGUMENT naming training.peft.<field> for an unknown target module, and (not built
-// yet) for LoRA with a 16-bit compute type.
+// INVALID_ARGUMENT naming training.peft.<field> for an unknown target module, lora_alpha <= 0 or
+// lora_dropout outside [0, 1). Every compute type is supported.
 Status ValidateLora(const std::string& arch, const LoraOptions& o, DType compute_type);
 LoraTable BuildLoraTable(const ArchDims& d, const ParamTable& base, const LoraOptions& o);
 

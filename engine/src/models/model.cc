@@ -59,7 +59,7 @@ std::vector<Op> Model::RequiredOps(const ModelConfig& config) {
   std::vector<Op> ops = {Op::kGemm, Op::kLinearForward, Op::kEmbeddingForward,
                          Op::kEmbeddingBackward, Op::kAdd, Op::kCast, Op::kAttentionForward,
                          Op::kAttentionBackward, Op::kSoftmaxCrossEntropy, Op::kAccumulateSum,
-                         Op::kAccumulateSumSquares, Op::kAdamWFromScalars};
+                         Op::kAccumulateSumSquares, Op::kAdamWFromScalars, Op::kDropout};
   if (f.bias) ops.insert(ops.end(), {Op::kAddBias, Op::kBiasBackward});
   if (f.norm == FamilyFeatures::Norm::kRmsNorm) {
     ops.insert(ops.end(), {Op::kRmsNormForward, Op::kRmsNormBackward});
@@ -82,7 +82,8 @@ MemoryBytes Model::PlanBytes(const ModelConfig& config, const ModelOptions& opti
   BufferPlanner planner;
   ModelBuffers bufs;
   const LoraTable lora = BuildLoraTable(d, table, options.lora);
-  PlanBuffers(d, options, table.total, &planner, &bufs, lora.total, lora.per_layer);
+  PlanBuffers(d, options, table.total, &planner, &bufs, lora.total, lora.per_layer,
+              lora.max_in);
   return planner.bytes();
 }
 

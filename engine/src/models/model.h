@@ -22,10 +22,14 @@ namespace traind::engine {
 // LoRA (training.peft): r == 0 is full fine-tuning. With r >= 1 every base parameter is frozen
 // (no gradient buffer, no optimizer state, no weight-gradient GEMM) and the trainable parameters
 // are the adapters' A (r, in) and B (out, r) on `targets` (HF module names; empty: PEFT's
-// default for the family). fp32 compute only.
+// default for the family). Any compute type: the adapters' weights, gradients and GEMMs are fp32
+// (nn/lora.h). `dropout` (lora_dropout, PEFT semantics): inverted dropout on the adapters' input
+// in training forwards only (Forward(true), ForwardOnDevice), its mask drawn from the device key
+// dropout_key() (the step runner writes one per micro-batch).
 struct LoraOptions {
   int64_t r = 0;
   double alpha = 8.0;
+  double dropout = 0.0;  // [0, 1)
   std::vector<std::string> targets;
   bool enabled() const { return r > 0; }
 };
@@ -78,6 +82,10 @@ class Model {
   virtual float* trainable_data() = 0;  // device, num_trainable() floats
   virtual float* grad_data() = 0;       // device, num_trainable() floats
   virtual bool lora() const = 0;
+  // Device uint64 from which the training forward's LoRA dropout masks are drawn (write it before
+  // Forward(true) / ForwardOnDevice; the same value in a later step redraws the same masks); null
+  // when the model has no dropout.
+  virtual uint64_t* dropout_key() { return nullptr; }
   virtual int32_t* inputs() = 0;    // device, B*T
   virtual int32_t* targets() = 0;   // device, B*T (-1 = ignored position)
 

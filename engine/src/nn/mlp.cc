@@ -10,11 +10,11 @@ void MlpForward(Backend& be, const MlpShape& s, const MlpWeights& w, float* out,
   float* af = type == DType::kF32 ? static_cast<float*>(a) : act_scratch;  // fp32 activation
   if (s.swiglu) {
     LinearForward(be, h, inp, w.w_up, w.b_up, s.N, s.C, s.up_width(), type);
-    if (up_lora) LoraForward(be, lora->up, h, static_cast<const float*>(inp), s.N);
+    if (up_lora) LoraForward(be, lora->up, h, inp, s.N);
     be.SwiGluForward(af, h, s.N, s.H);
   } else if (up_lora) {
     be.LinearForward(h, nullptr, inp, w.w_up, w.b_up, s.N, s.C, s.H, type);
-    LoraForward(be, lora->up, h, static_cast<const float*>(inp), s.N);
+    LoraForward(be, lora->up, h, inp, s.N);
     be.GeluForward(af, h, s.N * s.H);
   } else {
     // h = pre-activation (kept for backward), af = GELU(h): one fused GEMM on CUDA.
@@ -22,7 +22,7 @@ void MlpForward(Backend& be, const MlpShape& s, const MlpWeights& w, float* out,
   }
   if (type != DType::kF32) be.Cast(a, type, af, DType::kF32, s.N * s.H);
   LinearForward(be, out, a, w.w_down, w.b_down, s.N, s.H, s.C, type);
-  if (down_lora) LoraForward(be, lora->down, out, static_cast<const float*>(a), s.N);
+  if (down_lora) LoraForward(be, lora->down, out, a, s.N);
 }
 
 void MlpBackward(Backend& be, const MlpShape& s, const MlpWeights& w, const MlpGrads& g,
@@ -32,7 +32,7 @@ void MlpBackward(Backend& be, const MlpShape& s, const MlpWeights& w, const MlpG
   float* da = scratch_a;  // (N,H)
   LinearBackward(be, da, g.w_down, g.b_down, dout, a, w.w_down, s.N, s.H, s.C, gp);
   if (lora != nullptr && lora->down.active()) {
-    LoraBackward(be, lora->down, da, dout, static_cast<const float*>(a), s.N);
+    LoraBackward(be, lora->down, da, dout, a, s.N);
   }
   float* dh = scratch_h;  // (N, up_width); may alias da for GELU
   if (s.swiglu) {
@@ -42,7 +42,7 @@ void MlpBackward(Backend& be, const MlpShape& s, const MlpWeights& w, const MlpG
   }
   LinearBackward(be, dinp, g.w_up, g.b_up, dh, inp, w.w_up, s.N, s.C, s.up_width(), gp);
   if (lora != nullptr && lora->up.active()) {
-    LoraBackward(be, lora->up, dinp, dh, static_cast<const float*>(inp), s.N);
+    LoraBackward(be, lora->up, dinp, dh, inp, s.N);
   }
 }
 

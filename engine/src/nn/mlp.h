@@ -39,7 +39,8 @@ struct MlpGrads {
 
 // h (N, up_width) and a (N, H) are kept for backward; out (N,C). With a 16-bit `type` the
 // activation is computed into act_scratch (N,H floats, overwritten) and rounded into a.
-// LoRA (fp32 only): `up` adapters add into h before the activation, `down` adapters into out.
+// LoRA: `up` adapters add into h before the activation, `down` adapters into out (they read inp
+// and a, the 16-bit ones included, see lora.h).
 struct MlpLora {
   LoraSite up;
   LoraSite down;

@@ -250,9 +250,6 @@ Status ParsePeft(const SpecReader& training, TrainingSpec* t) {
   if (p.lora_dropout < 0 || p.lora_dropout >= 1) {
     return r.Error("lora_dropout", "must be in [0, 1)");
   }
-  if (p.lora_dropout != 0) {
-    return NotYet(r, "lora_dropout", r.Child("lora_dropout").Scalar(), "0.0");
-  }
   const YAML::Node tm = r.Child("target_modules");
   if (tm && !tm.IsNull()) {
     if (!tm.IsSequence() || tm.size() == 0) {
@@ -415,10 +412,11 @@ Result<JobSpec> ParseRoot(const YAML::Node& root, const std::string& base_dir) {
     s.data.tokenizer = *s.model.init_from;
   }
   TRAIND_RETURN_IF_ERROR(ParseTraining(r.Child("training"), &s.training, base_dir));
-  if (s.training.peft) {  // target modules of this arch; LoRA is fp32 only for now
+  if (s.training.peft) {  // target modules of this arch
     LoraOptions lo;
     lo.r = s.training.peft->r;
     lo.alpha = s.training.peft->lora_alpha;
+    lo.dropout = s.training.peft->lora_dropout;
     lo.targets = s.training.peft->target_modules;
     TRAIND_RETURN_IF_ERROR(ValidateLora(s.model.config.arch, lo,
                                         s.training.bf16   ? DType::kBF16

@@ -75,6 +75,7 @@ ModelOptions JobModelOptions(const JobSpec& spec, int64_t micro_batch, bool grad
   if (spec.training.peft) {
     o.lora.r = spec.training.peft->r;
     o.lora.alpha = spec.training.peft->lora_alpha;
+    o.lora.dropout = spec.training.peft->lora_dropout;
     o.lora.targets = spec.training.peft->target_modules;
   }
   return o;

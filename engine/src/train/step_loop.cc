@@ -106,6 +106,8 @@ Status RunStepLoop(TrainingSession* s, double* last_eval) {
   step_options.accumulation_steps = accum;
   step_options.fp16 = t.fp16;
   step_options.max_grad_norm = t.max_grad_norm;
+  step_options.dropout_seed = static_cast<uint64_t>(t.seed);
+  step_options.first_step = state.global_step;
   // TRAIND_CUDA_GRAPHS=0 turns capture off without a rebuild (the escape hatch for a device where
   // capture misbehaves; docs/simt.md).
   const char* graphs_env = std::getenv("TRAIND_CUDA_GRAPHS");

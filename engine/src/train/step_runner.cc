@@ -6,14 +6,19 @@
 #include <limits>
 #include <string>
 
+#include "backend/dropout_rng.h"
 #include "optim/adamw.h"  // AccumulateGradSquares: the global gradient norm, shared by all optimizers
 
 namespace traind::engine {
 namespace {
 
 // A slot's payload: inputs (B*T int32), targets (B*T int32), then two floats: the micro-batch's
-// cross-entropy gradient scale and its loss weight.
-size_t SlotBytes(int64_t tokens) { return static_cast<size_t>(tokens) * 8 + 2 * sizeof(float); }
+// cross-entropy gradient scale and its loss weight, then the micro-batch's LoRA dropout key (a
+// uint64, 8-byte aligned: B*T*8 + 8 bytes precede it).
+size_t SlotBytes(int64_t tokens) {
+  return static_cast<size_t>(tokens) * 8 + 2 * sizeof(float) + sizeof(uint64_t);
+}
+size_t KeyOffset(int64_t tokens) { return static_cast<size_t>(tokens) * 8 + 2 * sizeof(float); }
 
 }  // namespace
 
@@ -47,6 +52,8 @@ Result<std::unique_ptr<StepRunner>> StepRunner::Create(const Options& options, M
                                    std::to_string(options.accumulation_steps));
   }
   std::unique_ptr<StepRunner> r(new StepRunner(options, model, optimizer, arena));
+  r->micro_index_ = static_cast<uint64_t>(options.first_step) *
+                    static_cast<uint64_t>(options.accumulation_steps);
   const size_t bytes = SlotBytes(r->tokens_);
   for (int i = 0; i < 2; ++i) {
     TRAIND_ASSIGN_OR_RETURN(void* p, arena->Allocate(MemoryCategory::kActivations,
@@ -75,6 +82,8 @@ Status StepRunner::Stage(int slot, const NextBatch& next_batch, float loss_scale
   const float scalars[2] = {valid > 0 ? grad_scale / static_cast<float>(valid) : 0.0f,
                             valid > 0 ? 1.0f / static_cast<float>(valid) : 0.0f};
   std::memcpy(targets + tokens_, scalars, sizeof(scalars));
+  const uint64_t key = DropoutMicroBatchKey(options_.dropout_seed, micro_index_++);
+  std::memcpy(static_cast<unsigned char*>(host) + KeyOffset(tokens_), &key, sizeof(key));
   return upload_->Upload(slot, slots_[slot], SlotBytes(tokens_));
 }
 
@@ -85,6 +94,9 @@ void StepRunner::IssueMicroBatch(int slot) {
   const size_t bytes = static_cast<size_t>(tokens_) * sizeof(int32_t);
   backend_->CopyDeviceToDevice(model_->inputs(), inputs, bytes);
   backend_->CopyDeviceToDevice(model_->targets(), targets, bytes);
+  if (uint64_t* key = model_->dropout_key(); key != nullptr) {
+    backend_->CopyDeviceToDevice(key, slots_[slot] + KeyOffset(tokens_), sizeof(uint64_t));
+  }
   model_->ForwardOnDevice(&scalars[0], &scalars[1], &scalars_->loss_sum);
   model_->Backward();
 }
@@ -92,7 +104,7 @@ void StepRunner::IssueMicroBatch(int slot) {
 void StepRunner::IssueOptimizer() {
   AccumulateGradSquares(backend_, model_->grad_data(), model_->trainable_params(), &scalars_->grad_sq);
   optimizer_->IssueStep(model_->trainable_data(), model_->grad_data(), scalars_);
-  model_->ParamsChanged();  // 16-bit weights follow the update
+  if (!model_->lora()) model_->ParamsChanged();  // 16-bit weights follow the update (LoRA: frozen)
   model_->ZeroGrad();       // ready for the next step's accumulation
 }
 
@@ -105,7 +117,7 @@ Status StepRunner::HostDrivenOptimizer(double lr, StepScalars* host) {
     const float multiplier = StepGradMultiplier(host->grad_sq, host->loss_scale, host->max_grad_norm);
     optimizer_->Step(model_->trainable_data(), model_->grad_data(), lr, multiplier);
     TRAIND_RETURN_IF_ERROR(optimizer_->status());
-    model_->ParamsChanged();
+    if (!model_->lora()) model_->ParamsChanged();
   }
   model_->ZeroGrad();
   return Status::Ok();

@@ -38,6 +38,12 @@ class StepRunner {
     bool fp16 = false;           // gradients carry a loss scale; an overflow skips the update
     double max_grad_norm = 0.0;  // <= 0: no clipping
     bool use_graphs = true;      // capture and replay where the backend supports graphs
+    // LoRA dropout: micro-batch a of step s (counting from first_step, the step this runner
+    // starts at) draws its masks from DropoutMicroBatchKey(dropout_seed, s * accumulation_steps
+    // + a), carried in its upload slot into Model::dropout_key(); so a resumed run draws the
+    // masks of the uninterrupted one, and graph replays a fresh key per micro-batch.
+    uint64_t dropout_seed = 0;
+    int64_t first_step = 0;
   };
   struct Outcome {
     double loss = 0.0;       // mean over the micro-batches of their mean loss
@@ -89,6 +95,7 @@ class StepRunner {
   unsigned char* slots_[2] = {nullptr, nullptr};  // device: inputs, targets, grad scale, weight
   StepScalars* scalars_ = nullptr;                 // device
   int next_slot_ = 0;
+  uint64_t micro_index_ = 0;  // global index of the next micro-batch staged
   bool captured_ = false;
   Status capture_error_;
   int micro_graph_[2] = {-1, -1};

@@ -1,15 +1,20 @@
 # PyTorch reference for LoRA on the engine's gpt2 and llama models, written from torch primitives:
-# every target Linear computes  y = x W^T (+ b) + (alpha / r) * (x A^T) B^T  (PEFT's LoraLayer
-# with lora_dropout 0; GPT-2's Conv1D stores W as (in, out), A and B are still (r, in), (out, r)).
+# every target Linear computes  y = x W^T (+ b) + (alpha / r) * (dropout(x) A^T) B^T  (PEFT's
+# LoraLayer; GPT-2's Conv1D stores W as (in, out), A and B are still (r, in), (out, r)).
+# dropout (case "dropout": {p, key, streams}): inverted dropout, x * mask / (1 - p), with the mask
+# recomputed here from the engine's counter-based hash (backend/dropout_rng.h, reimplemented in
+# numpy uint64 arithmetic) of (key, the adapter's stream, flat index into x (B*T, in)).
 # Base weights are constants; the loss's gradient w.r.t. every A and B is computed in float64.
 # Usage: /usr/bin/python3 lora_reference.py CASE_DIR
-#   reads  CASE_DIR/case.json (arch, config, B, T, ids, targets, r, alpha, targets_modules),
+#   reads  CASE_DIR/case.json (arch, config, B, T, ids, targets, r, alpha, targets_modules,
+#          optional dropout),
 #          CASE_DIR/model.safetensors (base, HF names) and CASE_DIR/adapters.safetensors (PEFT names)
 #   writes CASE_DIR/ref_grads.safetensors (d loss / d adapter, PEFT names) and CASE_DIR/ref.json
 import json
 import os
 import sys
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -18,9 +23,31 @@ from model_reference import (causal_attention, read_safetensors, rms_norm, rotat
                              write_safetensors)
 
 
+M64 = np.uint64(0xFFFFFFFFFFFFFFFF)
+
+
+def mix64(z):
+    z = np.asarray(z, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+def dropout_mask(key, stream, n, p):
+    """dropout_rng.h: DropoutKeep(DropoutBase(key, stream), i, p) for i < n, as 0/1."""
+    with np.errstate(over="ignore"):
+        base = mix64(np.uint64(key) ^ mix64(np.uint64(stream) + np.uint64(0x632BE59BD9B4E019)))
+        i = np.arange(n, dtype=np.uint64)
+        r = mix64(base + (i + np.uint64(1)) * np.uint64(0x9E3779B97F4A7C15))
+    u = (r >> np.uint64(40)).astype(np.float32) * np.float32(2.0 ** -24)
+    return u >= np.float32(p)
+
+
 class Lora:
-    def __init__(self, w, ad, r, alpha, targets):
+    def __init__(self, w, ad, r, alpha, targets, dropout=None):
         self.w, self.ad, self.scale, self.targets = w, ad, alpha / r, set(targets)
+        self.dropout = dropout
 
     def linear(self, x, module, conv1d, bias=True):
         W = self.w[module + ".weight"]
@@ -30,6 +57,12 @@ class Lora:
         if module.split(".")[-1] in self.targets:
             A = self.ad["base_model.model." + module + ".lora_A.weight"]
             B = self.ad["base_model.model." + module + ".lora_B.weight"]
+            if self.dropout is not None and self.dropout["p"] > 0:
+                d = self.dropout
+                stream = d["streams"]["base_model.model." + module]
+                keep = dropout_mask(int(d["key"]), stream, x.numel(), d["p"])
+                mask = torch.from_numpy(keep.reshape(x.shape)).to(x.dtype)
+                x = x * mask / (1.0 - d["p"])
             y = y + self.scale * ((x @ A.t()) @ B.t())
         return y
 
@@ -99,7 +132,7 @@ def main():
     w = {k: v.to(dtype) for k, v in read_safetensors(d + "/model.safetensors").items()}
     ad = {k: v.to(dtype).requires_grad_(True)
           for k, v in read_safetensors(d + "/adapters.safetensors").items()}
-    m = Lora(w, ad, case["r"], case["alpha"], case["target_modules"])
+    m = Lora(w, ad, case["r"], case["alpha"], case["target_modules"], case.get("dropout"))
     B, T = case["B"], case["T"]
     ids = torch.tensor(case["ids"], dtype=torch.int64).view(B, T)
     targets = torch.tensor(case["targets"], dtype=torch.int64).view(B, T)

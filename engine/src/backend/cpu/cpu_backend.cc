@@ -89,6 +89,10 @@ class CpuBackend final : public Backend {
   void Cast(void* dst, DType dst_type, const void* src, DType src_type, int64_t n) override {
     cpu::Cast(dst, dst_type, src, src_type, n, nt_);
   }
+  void Dropout(float* out, const void* inp, DType inp_type, int64_t n, float p,
+               const uint64_t* key, uint64_t stream, bool accumulate) override {
+    cpu::Dropout(out, inp, inp_type, n, p, *key, stream, accumulate, nt_);
+  }
 
   void LayerNormForward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
                         const float* bias, int64_t N, int64_t C, float eps) override {

@@ -23,6 +23,9 @@ namespace traind::engine::cpu {
 
 // ---- numeric helpers (cpu_cast.cc) ----
 void Cast(void* dst, DType dst_type, const void* src, DType src_type, int64_t n, int nt);
+// backend.h's Dropout with the key's value (cpu_dropout.cc).
+void Dropout(float* out, const void* inp, DType inp_type, int64_t n, float p, uint64_t key,
+             uint64_t stream, bool accumulate, int nt);
 
 // ---- GEMM (cpu_gemm.cc) ----
 // backend.h's Gemm: C(M,N) = alpha op(A) op(B) + beta C, row-major. f32 goes to OpenBLAS sgemm;

@@ -145,6 +145,11 @@ void GpuBackend::Cast(void* dst, DType dst_type, const void* src, DType src_type
   Record(gpu::Cast(dst, dst_type, src, src_type, n, stream_));
 }
 
+void GpuBackend::Dropout(float* out, const void* inp, DType inp_type, int64_t n, float p,
+                         const uint64_t* key, uint64_t stream, bool accumulate) {
+  Record(gpu::Dropout(out, inp, inp_type, n, p, key, stream, accumulate, stream_));
+}
+
 void GpuBackend::LayerNormForward(float* out, float* mean, float* rstd, const float* inp,
                                   const float* weight, const float* bias, int64_t N, int64_t C,
                                   float eps) {

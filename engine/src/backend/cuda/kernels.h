@@ -33,6 +33,11 @@ Status Cast(void* dst, DType dst_type, const void* src, DType src_type, int64_t 
 // *flag (device) = 1 when some x is NaN or infinite; untouched otherwise. The caller zeroes it.
 Status FlagNonFinite(int* flag, const float* x, int64_t n, cudaStream_t stream);
 
+// ---- dropout.cu ----
+// backend.h's Dropout; `key` is a device pointer.
+Status Dropout(float* out, const void* inp, DType inp_type, int64_t n, float p,
+               const uint64_t* key, uint64_t stream, bool accumulate, cudaStream_t s);
+
 // ---- activation.cu ----
 Status GeluForward(float* out, const float* inp, int64_t n, cudaStream_t stream);
 Status GeluBackward(float* dinp, const float* inp, const float* dout, int64_t n,
