@@ -154,9 +154,9 @@ class ProfilingBackend final : public Backend {
     in_->SwiGluBackward(di, i, d, N, H);
   }
   void Rope(float* p, int64_t B, int64_t T_, int64_t nh, int64_t HS, int64_t rs, float theta,
-            bool inv) override {
+            bool inv, int64_t pos_offset = 0) override {
     T x(this, "rope");
-    in_->Rope(p, B, T_, nh, HS, rs, theta, inv);
+    in_->Rope(p, B, T_, nh, HS, rs, theta, inv, pos_offset);
   }
   void AttentionForward(float* o, float* l, const float* q, const float* k, const float* v,
                         int64_t B, int64_t T_, int64_t NH, int64_t NKV, int64_t HS, int64_t qs,

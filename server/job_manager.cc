@@ -10,7 +10,9 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "traind/engine/generate.h"
 #include "traind/worker/admission.h"
+#include "traind/worker/generate_runner.h"
 
 namespace traind::server {
 namespace {
@@ -197,6 +199,33 @@ Result<v1::EstimateJobResponse> JobManager::Estimate(const std::string& user, co
   *resp.mutable_plan() = worker::PlanToProto(plan);
   resp.set_reason(plan.reason);
   return resp;
+}
+
+Result<v1::GenerateResponse> JobManager::Generate(const std::string& user,
+                                                  const v1::GenerateRequest& req) {
+  TRAIND_RETURN_IF_ERROR(engine::ValidateGenerateOptions(worker::GenerateOptionsOf(req)));
+  TRAIND_RETURN_IF_ERROR(options_.paths.CheckInput(user, "output_dir", req.output_dir()));
+  if (!req.tokenizer().empty() && req.tokenizer() != "byte") {
+    TRAIND_RETURN_IF_ERROR(options_.paths.CheckInput(user, "tokenizer", req.tokenizer()));
+  }
+  // Each generation is a process holding the model on the device: a few at a time.
+  constexpr int kMaxConcurrent = 4;
+  if (generating_.fetch_add(1) >= kMaxConcurrent) {
+    generating_.fetch_sub(1);
+    return Status::ResourceExhausted("generate: " + std::to_string(kMaxConcurrent) +
+                                     " generations are running; try again when one ends");
+  }
+  const std::string log = options_.supervisor.log_dir.empty()
+                              ? std::string()
+                              : options_.supervisor.log_dir + "/generate.log";
+  Result<v1::GenerateResponse> r = worker::RunGenerate(
+      options_.supervisor.runner_path, options_.supervisor.device, req, kGenerateTimeoutSeconds, log);
+  generating_.fetch_sub(1);
+  if (r.ok()) {
+    spdlog::info("user {} generated {} tokens from {} on {} in {:.2f} s", user, r->ids_size(),
+                 req.output_dir(), r->device(), r->seconds());
+  }
+  return r;
 }
 
 Result<v1::Job> JobManager::Get(const std::string& user, const std::string& id) {

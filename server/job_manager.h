@@ -8,6 +8,7 @@
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <functional>
 #include <map>
 #include <memory>
@@ -62,6 +63,10 @@ class JobManager : public worker::SupervisorListener {
                const std::function<bool(const v1::JobEvent&)>& send,
                const std::function<bool()>& client_gone);
 
+  // Text from a model folder (trainctl generate), run in a job-runner child on traind's device
+  // (worker/generate_runner.h); the folder is confined like a spec input for `user`.
+  Result<v1::GenerateResponse> Generate(const std::string& user, const v1::GenerateRequest& req);
+
   pid_t RunnerPid() const { return supervisor_->RunningPid(); }
 
   // worker::SupervisorListener
@@ -97,6 +102,8 @@ class JobManager : public worker::SupervisorListener {
   // jobs that are not terminal.
   std::map<std::string, std::string> resolved_output_ TRAIND_GUARDED_BY(mu_);
   int64_t last_order_ TRAIND_GUARDED_BY(mu_) = 0;
+  std::atomic<int> generating_{0};  // Generate calls in progress
+  static constexpr double kGenerateTimeoutSeconds = 600;
   bool stopping_ TRAIND_GUARDED_BY(mu_) = false;
 };
 

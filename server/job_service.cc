@@ -69,4 +69,12 @@ grpc::Status JobServiceImpl::EstimateJob(grpc::ServerContext* ctx, const v1::Est
   });
 }
 
+grpc::Status JobServiceImpl::Generate(grpc::ServerContext* ctx, const v1::GenerateRequest* req,
+                                      v1::GenerateResponse* resp) {
+  return Handle("Generate", ctx, [&](const std::string& user) -> Status {
+    TRAIND_ASSIGN_OR_RETURN(*resp, jobs_->Generate(user, *req));
+    return Status::Ok();
+  });
+}
+
 }  // namespace traind::server

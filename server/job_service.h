@@ -26,6 +26,8 @@ class JobServiceImpl final : public v1::JobService::Service {
                         grpc::ServerWriter<v1::JobEvent>* writer) override;
   grpc::Status EstimateJob(grpc::ServerContext* ctx, const v1::EstimateJobRequest* req,
                            v1::EstimateJobResponse* resp) override;
+  grpc::Status Generate(grpc::ServerContext* ctx, const v1::GenerateRequest* req,
+                        v1::GenerateResponse* resp) override;
 
  private:
   // Authenticates, runs body(user) -> Status, maps and counts.

@@ -133,18 +133,6 @@ bool PathPolicy::Confines(const std::string& user) const {
 }
 
 Status PathPolicy::CheckSpec(const std::string& user, const engine::JobSpec& spec) const {
-  const Effective e = RootsOf(user);
-  if (e.data.empty() && e.output.empty()) return Status::Ok();
-  RootList inputs = e.data;
-  inputs.insert(inputs.end(), e.output.begin(), e.output.end());
-  const std::string input_desc = "the data and output roots of user " + user + " (" + Join(inputs) + ")";
-  const std::string output_desc = "the output roots of user " + user + " (" + Join(e.output) + ")";
-
-  struct Field {
-    const char* name;
-    std::string path;
-    bool output;
-  };
   std::vector<Field> fields = {{"data.train_file", spec.data.train_file, false}};
   if (spec.model.init_from) fields.push_back({"model.init_from", *spec.model.init_from, false});
   if (spec.data.tokenizer != "byte") fields.push_back({"data.tokenizer", spec.data.tokenizer, false});
@@ -153,7 +141,21 @@ Status PathPolicy::CheckSpec(const std::string& user, const engine::JobSpec& spe
   }
   fields.push_back({"output_dir", spec.output_dir, true});
   if (spec.training.offload_dir) fields.push_back({"training.offload_dir", *spec.training.offload_dir, true});
+  return CheckFields(user, fields);
+}
 
+Status PathPolicy::CheckInput(const std::string& user, const std::string& field,
+                              const std::string& path) const {
+  return CheckFields(user, {{field, path, false}});
+}
+
+Status PathPolicy::CheckFields(const std::string& user, const std::vector<Field>& fields) const {
+  const Effective e = RootsOf(user);
+  if (e.data.empty() && e.output.empty()) return Status::Ok();
+  RootList inputs = e.data;
+  inputs.insert(inputs.end(), e.output.begin(), e.output.end());
+  const std::string input_desc = "the data and output roots of user " + user + " (" + Join(inputs) + ")";
+  const std::string output_desc = "the output roots of user " + user + " (" + Join(e.output) + ")";
   for (const Field& f : fields) {
     const RootList& allowed = f.output ? e.output : inputs;
     const std::string& desc = f.output ? output_desc : input_desc;

@@ -56,8 +56,17 @@ class PathPolicy {
   // e.g. "data.train_file: /etc/passwd is outside the data and output roots of user alice
   // (/srv/data, /srv/out)". Touches the file system (stat, readlink, directory listings) only.
   Status CheckSpec(const std::string& user, const engine::JobSpec& spec) const;
+  // The same check for one input path outside a spec (`trainctl generate`'s OUTPUT_DIR), the
+  // sentence starting with `field`.
+  Status CheckInput(const std::string& user, const std::string& field, const std::string& path) const;
 
  private:
+  struct Field {
+    std::string name;
+    std::string path;
+    bool output;
+  };
+  Status CheckFields(const std::string& user, const std::vector<Field>& fields) const;
   struct Effective {
     RootList data, output;
   };

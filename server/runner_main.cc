@@ -8,16 +8,19 @@
 #include "device_probe.h"
 #include "run_command.h"
 #include "traind/engine/devices.h"
+#include "traind/worker/generate_runner.h"
 #include "traind/worker/job_runner.h"
 
 int main(int argc, char** argv) {
   traind::engine::RegisterGpuBackends();  // cuda:N and simt, when this build has them
   const std::string cmd = argc >= 2 ? argv[1] : "";
   if (cmd == "job-runner") return traind::worker::JobRunnerMain();
+  if (cmd == "generate") return traind::worker::GenerateRunnerMain();
   if (cmd == "query-device" && argc == 3) return traind::server::QueryDeviceMain(argv[2]);
   if (cmd == "run") return traind::server::RunCommandMain(argc - 1, argv + 1);
   std::fprintf(stderr,
-               "usage: traind-job-runner job-runner | query-device DEVICE | run JOB.yaml [flags]\n"
+               "usage: traind-job-runner job-runner | generate | query-device DEVICE | "
+               "run JOB.yaml [flags]\n"
                "(started by traind; use `traind run` to train a spec by hand)\n");
   return 2;
 }

@@ -145,6 +145,24 @@ Result<v1::EstimateJobResponse> Client::Estimate(const v1::EstimateJobRequest& r
   return resp;
 }
 
+Result<v1::GenerateResponse> Client::Generate(v1::GenerateRequest request) {
+  if (!request.output_dir().empty() && request.output_dir()[0] != '/') {
+    request.set_output_dir((std::filesystem::current_path() / request.output_dir()).string());
+  }
+  const std::string& tok = request.tokenizer();
+  if (!tok.empty() && tok != "byte" && tok[0] != '/') {
+    request.set_tokenizer((std::filesystem::current_path() / tok).string());
+  }
+  grpc::ClientContext ctx;
+  impl_->Prepare(&ctx, false);
+  const double seconds = std::max(impl_->options.timeout_seconds, 660.0);
+  ctx.set_deadline(std::chrono::system_clock::now() +
+                   std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000)));
+  v1::GenerateResponse resp;
+  TRAIND_RETURN_IF_ERROR(FromGrpc(impl_->stub->Generate(&ctx, request, &resp)));
+  return resp;
+}
+
 Status Client::Watch(const std::string& id, int64_t from_sequence, bool follow,
                      const std::function<bool(const v1::JobEvent&)>& on_event, double reconnect_seconds) {
   int64_t next = from_sequence;

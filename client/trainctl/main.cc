@@ -188,6 +188,22 @@ int main(int argc, char** argv) {
                        "byte | tokenizer.json | a .model | a folder (as data.tokenizer)")
       ->required();
   auto* tok_text_opt = tokenize->add_option("text", tok_text, "TEXT");
+  v1::GenerateRequest gen;
+  std::string gen_dir, gen_prompt, gen_tokenizer;
+  int64_t gen_max_new = 64, gen_top_k = 0;
+  double gen_temperature = 1.0, gen_top_p = 1.0;
+  uint64_t gen_seed = 0;
+  auto* generate = app.add_subcommand(
+      "generate", "text from a trained model, run by traind on its device (prompt excluded)");
+  generate->add_option("output_dir", gen_dir, "OUTPUT_DIR: a finished job's output_dir")->required();
+  generate->add_option("--prompt", gen_prompt, "the text to continue")->required();
+  generate->add_option("--max-new-tokens", gen_max_new, "tokens to generate at most (default 64)");
+  generate->add_option("--temperature", gen_temperature, "0 = greedy (default 1.0)");
+  generate->add_option("--top-k", gen_top_k, "sample among the k likeliest; 1 = greedy, 0 = off (default)");
+  generate->add_option("--top-p", gen_top_p, "nucleus sampling mass (default 1.0 = off)");
+  generate->add_option("--seed", gen_seed, "sampling seed (default 0)");
+  generate->add_option("--tokenizer", gen_tokenizer,
+                       "as data.tokenizer (default: OUTPUT_DIR's tokenizer files, else byte)");
   tokenize->add_option("--file", tok_file, "read the text from F")->excludes(tok_text_opt);
 
   // One example per command in its --help (tests/daemon/help_test.sh checks every command has one).
@@ -207,6 +223,9 @@ int main(int argc, char** argv) {
   health->footer("example: trainctl --addr 127.0.0.1:50051 health");
   top->footer("example: trainctl top -n 1   # q quits; trainctl top --once | grep RUNNING");
   tokenize->footer("example: trainctl tokenize --tokenizer byte 'To be, or not to be'");
+  generate->footer(
+      "example: trainctl generate runs/tiny-shakespeare --prompt 'ROMEO:' --max-new-tokens 200\n"
+      "-o json: {\"prompt\":..,\"text\":..,\"prompt_ids\":[..],\"ids\":[..],\"finish_reason\":..}");
 
   try {
     app.parse(argc, argv);
@@ -307,6 +326,30 @@ int main(int argc, char** argv) {
       return true;
     });
     if (!s.ok()) return Error(g, s);
+    return 0;
+  }
+  if (*generate) {
+    gen.set_output_dir(gen_dir);
+    gen.set_prompt(gen_prompt);
+    gen.set_max_new_tokens(gen_max_new);
+    gen.set_temperature(gen_temperature);
+    gen.set_top_k(gen_top_k);
+    gen.set_top_p(gen_top_p);
+    gen.set_seed(gen_seed);
+    gen.set_tokenizer(gen_tokenizer);
+    auto r = c.Generate(gen);
+    if (!r.ok()) return Error(g, r.status());
+    if (json) {
+      PrintJson({{"prompt", r->prompt()},
+                 {"text", r->text()},
+                 {"prompt_ids", std::vector<int32_t>(r->prompt_ids().begin(), r->prompt_ids().end())},
+                 {"ids", std::vector<int32_t>(r->ids().begin(), r->ids().end())},
+                 {"finish_reason", r->finish_reason()},
+                 {"device", r->device()},
+                 {"seconds", r->seconds()}});
+    } else {
+      std::cout << r->text() << std::endl;
+    }
     return 0;
   }
   if (*estimate) {

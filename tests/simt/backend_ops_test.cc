@@ -354,6 +354,13 @@ std::vector<OpCase> AllCases() {
       });
     }
   }
+  // Decoding rows at positions 37.. (the rows after a cached prefix).
+  Add(&c, Op::kRope, "pos_offset 37 " + Dims({1, 3, 4, 16}), kElem, [=](Dev& d) {
+    const int64_t stride = 4 * 16 * 3;
+    float* x = d.Up(Random(3 * stride, 50));
+    d->Rope(x, 1, 3, 4, 16, stride, 500000.0f, false, 37);
+    return Outputs{{"x", d.Get(x, 3 * stride)}};
+  });
   // ---- attention: GQA, fused qkv rows and separate strided ones ----
   struct AttnCase {
     int64_t B, T, NH, NKV, HS;
@@ -398,6 +405,23 @@ std::vector<OpCase> AllCases() {
       if (!a.fused) o.push_back({"dk", d.Get(dk, rows * kvs)}), o.push_back({"dv", d.Get(dv, rows * kvs)});
       return o;
     });
+  }
+  // ---- attention of one new row per sequence against a cache (generation): GQA, k|v rows ----
+  struct DecodeCase {
+    int64_t B, T, cache_rows, NH, NKV, HS;
+  };
+  for (const DecodeCase a : {DecodeCase{1, 1, 4, 2, 2, 8}, DecodeCase{2, 37, 40, 4, 2, 16},
+                             DecodeCase{1, 300, 300, 3, 1, 64}, DecodeCase{3, 9, 64, 2, 1, 100}}) {
+    Add(&c, Op::kAttentionDecode, Dims({a.B, a.T, a.cache_rows, a.NH, a.NKV, a.HS}), kAttn,
+        [=](Dev& d) {
+          const int64_t qs = a.NH * a.HS + 3, kvs = 2 * a.NKV * a.HS;  // cache rows: [k | v]
+          const float* q = d.Up(Random(a.B * qs, 61));
+          const float* kv = d.Up(Random(a.B * a.cache_rows * kvs, 62));
+          float* out = d.Zeros(a.B * a.NH * a.HS);
+          d->AttentionDecode(out, q, kv, kv + a.NKV * a.HS, a.B, a.T, a.cache_rows, a.NH, a.NKV,
+                             a.HS, qs, kvs);
+          return Outputs{{"out", d.Get(out, a.B * a.NH * a.HS)}};
+        });
   }
   // ---- softmax + cross-entropy (padded vocab, an ignored row, a device-side scale) ----
   for (auto [N, V, Vp] : {std::tuple<int64_t, int64_t, int64_t>{6, 37, 48}, {3, 1000, 1000}, {1, 1, 8}}) {

@@ -3,7 +3,7 @@
 # (from `trainctl list -o json`, when traind answers) and spec files.
 # tests/daemon/completion_test.sh checks these lists against `trainctl --help`.
 
-_trainctl_commands="submit list status logs cancel estimate health tokenize top"
+_trainctl_commands="submit list status logs cancel estimate health tokenize generate top"
 _trainctl_global_flags="--addr --token --token-file --state-dir -o --output --tls --tls-ca --timeout -h --help"
 
 _trainctl_flags_of() {
@@ -11,6 +11,7 @@ _trainctl_flags_of() {
     submit) echo "--wait --follow --priority -h --help" ;;
     logs) echo "-f --follow -h --help" ;;
     tokenize) echo "--tokenizer --file -h --help" ;;
+    generate) echo "--prompt --max-new-tokens --temperature --top-k --top-p --seed --tokenizer -h --help" ;;
     top) echo "--interval --once -h --help" ;;
     *) echo "-h --help" ;;
   esac
@@ -45,6 +46,7 @@ _trainctl() {
     -o|--output) COMPREPLY=($(compgen -W "text json" -- "$cur")); return ;;
     --token-file|--tls-ca|--file|--state-dir) COMPREPLY=($(compgen -f -- "$cur")); return ;;
     --addr|--token|--timeout|--priority|--interval) COMPREPLY=(); return ;;
+    --prompt|--max-new-tokens|--temperature|--top-k|--top-p|--seed) COMPREPLY=(); return ;;
     --tokenizer) COMPREPLY=($(compgen -W "byte" -- "$cur") $(compgen -f -- "$cur")); return ;;
   esac
   if [[ -z "$cmd" ]]; then
@@ -66,6 +68,7 @@ _trainctl() {
         [[ -d "$f" || "$f" == *.yaml || "$f" == *.yml || "$f" == *.json ]] && COMPREPLY+=("$f")
       done < <(compgen -f -- "$cur") ;;
     status|logs|cancel) COMPREPLY=($(compgen -W "$(_trainctl_job_ids)" -- "$cur")) ;;
+    generate) COMPREPLY=($(compgen -d -- "$cur")) ;;  # OUTPUT_DIR: a job's output folder
     *) COMPREPLY=() ;;
   esac
 }

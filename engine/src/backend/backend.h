@@ -74,6 +74,7 @@ class BatchUpload {
   X(Rope) \
   X(AttentionForward) \
   X(AttentionBackward) \
+  X(AttentionDecode) \
   X(SoftmaxCrossEntropy) \
   X(AdamW) \
   X(AdamWFromScalars) \
@@ -162,8 +163,9 @@ class Backend {
   virtual bool HasNonFinite(const float* x, int64_t n) { return !std::isfinite(SumSquares(x, n)); }
   // dst = src converted (round to nearest even), n elements.
   virtual void Cast(void* dst, DType dst_type, const void* src, DType src_type, int64_t n);
-  // Inverted dropout (LoRA's lora_dropout): out (=, or += when accumulate) keep(i) * inp[i] *
-  // (1 / (1 - p)) over n elements, inp of `inp_type` (f32, bf16, f16), out fp32. keep(i) is the
+  // Inverted dropout (LoRA's lora_dropout): out (=, or += when accumulate) inp[i] * (keep(i) ?
+  // 1 / (1 - p) : 0) over n elements (a product, as torch: a dropped inf/NaN gives NaN), inp of
+  // `inp_type` (f32, bf16, f16), out fp32. keep(i) is the
   // counter-based hash of dropout_rng.h: DropoutKeep(DropoutBase(*key, stream), i, p), key a
   // device uint64 (so a captured graph draws a fresh mask when the key changes between replays),
   // stream a per-call constant (layer, adapter). The same (key, stream) gives the same mask: a
@@ -200,11 +202,12 @@ class Backend {
 
   // ---- rotary position embedding (HF rotate-half convention) ----
   // x: B*T rows of `row_stride` floats; each row holds `n_heads` heads of HS floats starting at
-  // offset 0. Position of row r is r % T. inv_freq[i] = 1 / theta^(2i/HS) computed in fp32,
-  // angle = t * inv_freq[i] in fp32; x[i], x[i+HS/2] rotated by angle. In place.
-  // inverse=true applies the transpose rotation (the backward of the forward rotation).
+  // offset 0. Position of row r is pos_offset + r % T (pos_offset > 0: decoding rows of a
+  // sequence whose first pos_offset positions are already cached). inv_freq[i] = 1 /
+  // theta^(2i/HS) computed in fp32, angle = t * inv_freq[i] in fp32; x[i], x[i+HS/2] rotated by
+  // angle. In place. inverse=true applies the transpose rotation (the backward of the forward).
   virtual void Rope(float* x, int64_t B, int64_t T, int64_t n_heads, int64_t HS, int64_t row_stride,
-                    float theta, bool inverse);
+                    float theta, bool inverse, int64_t pos_offset = 0);
 
   // ---- causal self-attention (flash-style contract: no (T,T) buffer is kept) ----
   // q: B*T rows, stride q_stride, NH heads of HS. k, v: B*T rows, stride kv_stride, NKV heads of HS
@@ -221,6 +224,15 @@ class Backend {
                                  const float* out, const float* lse, const float* q,
                                  const float* k, const float* v, int64_t B, int64_t T, int64_t NH,
                                  int64_t NKV, int64_t HS, int64_t q_stride, int64_t kv_stride);
+
+  // ---- attention of new tokens against a key/value cache (generation) ----
+  // One query row per sequence: q (B rows, stride q_stride, NH heads of HS). k, v: the caches,
+  // B blocks of `cache_rows` rows each (stride kv_stride, NKV heads of HS; GQA as above); the
+  // first T rows of every block are attended (the new token's own row included: it is written to
+  // the cache first). out (B, NH*HS) contiguous = softmax(q k^T / sqrt(HS)) v over those rows.
+  virtual void AttentionDecode(float* out, const float* q, const float* k, const float* v,
+                               int64_t B, int64_t T, int64_t cache_rows, int64_t NH, int64_t NKV,
+                               int64_t HS, int64_t q_stride, int64_t kv_stride);
 
   // ---- fused softmax + cross-entropy over the logits ----
   // logits (N, Vp); only columns [0, V) are real. targets (N): -1 = ignored row.

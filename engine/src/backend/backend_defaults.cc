@@ -166,7 +166,7 @@ void Backend::SwiGluBackward(float* /*dinp*/, const float* /*inp*/, const float*
   Unsupported(Op::kSwiGluBackward);
 }
 
-void Backend::Rope(float* /*x*/, int64_t /*B*/, int64_t /*T*/, int64_t /*n_heads*/, int64_t /*HS*/, int64_t /*row_stride*/, float /*theta*/, bool /*inverse*/) {
+void Backend::Rope(float* /*x*/, int64_t /*B*/, int64_t /*T*/, int64_t /*n_heads*/, int64_t /*HS*/, int64_t /*row_stride*/, float /*theta*/, bool /*inverse*/, int64_t /*pos_offset*/) {
   Unsupported(Op::kRope);
 }
 
@@ -176,6 +176,10 @@ void Backend::AttentionForward(float* /*out*/, float* /*lse*/, const float* /*q*
 
 void Backend::AttentionBackward(float* /*dq*/, float* /*dk*/, float* /*dv*/, const float* /*dout*/, const float* /*out*/, const float* /*lse*/, const float* /*q*/, const float* /*k*/, const float* /*v*/, int64_t /*B*/, int64_t /*T*/, int64_t /*NH*/, int64_t /*NKV*/, int64_t /*HS*/, int64_t /*q_stride*/, int64_t /*kv_stride*/) {
   Unsupported(Op::kAttentionBackward);
+}
+
+void Backend::AttentionDecode(float* /*out*/, const float* /*q*/, const float* /*k*/, const float* /*v*/, int64_t /*B*/, int64_t /*T*/, int64_t /*cache_rows*/, int64_t /*NH*/, int64_t /*NKV*/, int64_t /*HS*/, int64_t /*q_stride*/, int64_t /*kv_stride*/) {
+  Unsupported(Op::kAttentionDecode);
 }
 
 void Backend::SoftmaxCrossEntropy(float* /*logits*/, float* /*losses*/, const int32_t* /*targets*/, int64_t /*N*/, int64_t /*V*/, int64_t /*Vp*/, float /*grad_scale*/, bool /*compute_grad*/, const float* /*device_scale*/) {

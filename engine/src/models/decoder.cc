@@ -145,8 +145,17 @@ void DecoderModel::InitRandom(uint64_t seed) {
 
 Status DecoderModel::LoadHf(const SafetensorsFile& file) {
   std::vector<float> host(static_cast<size_t>(table_.total), 0.0f);
-  for (size_t i = 0; i < table_.infos.size(); ++i) {
-    const ParamInfo& info = table_.infos[i];
+  TRAIND_RETURN_IF_ERROR(HfToFlat(config_.arch, table_, file, host.data()));
+  be_->CopyHostToDevice(bufs_.params, host.data(), host.size() * sizeof(float));
+  be_->Synchronize();
+  weights16_stale_ = true;
+  return Status::Ok();
+}
+
+Status HfToFlat(const std::string& arch, const ParamTable& table, const SafetensorsFile& file,
+                float* host) {
+  for (size_t i = 0; i < table.infos.size(); ++i) {
+    const ParamInfo& info = table.infos[i];
     auto it = file.tensors.find(info.hf_name);
     const std::string kPrefix = "transformer.";  // GPT2Model files name tensors without it
     if (it == file.tensors.end() && info.hf_name.rfind(kPrefix, 0) == 0) {
@@ -155,7 +164,7 @@ Status DecoderModel::LoadHf(const SafetensorsFile& file) {
     if (it == file.tensors.end()) {
       return Status::InvalidArgument("checkpoint is missing tensor '" + info.hf_name +
                                      "' (expected shape " + ShapeStr(info.hf_shape) + ") for a " +
-                                     config_.arch + " model of this config");
+                                     arch + " model of this config");
     }
     const HostTensor& t = it->second;
     if (t.shape != info.hf_shape) {
@@ -169,11 +178,8 @@ Status DecoderModel::LoadHf(const SafetensorsFile& file) {
     if (!data.ok()) {
       return Status::InvalidArgument("tensor '" + info.hf_name + "': " + data.status().message());
     }
-    FromHfLayout(info, table_.extras[i], data->data(), host.data() + info.offset);
+    FromHfLayout(info, table.extras[i], data->data(), host + info.offset);
   }
-  be_->CopyHostToDevice(bufs_.params, host.data(), host.size() * sizeof(float));
-  be_->Synchronize();
-  weights16_stale_ = true;
   return Status::Ok();
 }
 

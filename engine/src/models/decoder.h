@@ -14,6 +14,11 @@
 
 namespace traind::engine {
 
+// HF tensors (by name, converting dtype, Conv1D transposes and the padded vocabulary) into `host`
+// (table.total floats, laid out as `table`); the errors of Model::LoadHf. `arch` for messages.
+Status HfToFlat(const std::string& arch, const ParamTable& table, const SafetensorsFile& file,
+                float* host);
+
 class DecoderModel : public Model {
  public:
   // Plans and allocates every buffer from `arena`; the config must already be validated.

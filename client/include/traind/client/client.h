@@ -42,6 +42,10 @@ class Client {
   Result<v1::Job> Cancel(const std::string& id);
   Result<v1::EstimateJobResponse> EstimateFile(const std::string& path);
   Result<v1::EstimateJobResponse> Estimate(const v1::EstimateJobRequest& request);
+  // Text from a trained model, run by traind on its device. A relative output_dir is made
+  // absolute against the current working directory here. Its deadline is the larger of
+  // timeout_seconds and 11 minutes (traind stops a generation after 10).
+  Result<v1::GenerateResponse> Generate(v1::GenerateRequest request);
 
   // Streams the job's events from `from_sequence` to `on_event` (return false to stop). With
   // `follow`, until the job ends; when the connection breaks (traind restarting) it reconnects

@@ -141,4 +141,39 @@ void AttentionBackward(float* dq, float* dk, float* dv, const float* dout, const
   }
 }
 
+// One query row per (sequence, head) against the first T cached rows: the scores, their softmax
+// (SoftmaxRow, as the forward) and the weighted sum of the value rows.
+void AttentionDecode(float* out, const float* q, const float* k, const float* v, int64_t B,
+                     int64_t T, int64_t cache_rows, int64_t NH, int64_t NKV, int64_t HS,
+                     int64_t q_stride, int64_t kv_stride, int nt) {
+  const int64_t group = NH / NKV;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
+  const int64_t C = NH * HS;
+  const int64_t items = B * NH;
+  const int threads = T * HS * items < 65536 ? 1 : static_cast<int>(std::min<int64_t>(nt, items));
+#pragma omp parallel num_threads(threads)
+  {
+    static thread_local std::vector<float> scores;
+    scores.resize(static_cast<size_t>(T));
+    float* s = scores.data();
+#pragma omp for schedule(static)
+    for (int64_t it = 0; it < items; ++it) {
+      const int64_t b = it / NH, h = it % NH, kvh = h / group;
+      const float* qh = q + b * q_stride + h * HS;
+      const float* kb = k + b * cache_rows * kv_stride + kvh * HS;
+      const float* vb = v + b * cache_rows * kv_stride + kvh * HS;
+      for (int64_t t = 0; t < T; ++t) s[t] = scale * Dot(qh, kb + t * kv_stride, HS);
+      SoftmaxRow(s, T, T);
+      float* o = out + b * C + h * HS;
+      std::fill_n(o, HS, 0.0f);
+      for (int64_t t = 0; t < T; ++t) {
+        const float p = s[t];
+        const float* vr = vb + t * kv_stride;
+#pragma omp simd
+        for (int64_t e = 0; e < HS; ++e) o[e] += p * vr[e];
+      }
+    }
+  }
+}
+
 }  // namespace traind::engine::cpu

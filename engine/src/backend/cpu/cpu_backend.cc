@@ -127,8 +127,13 @@ class CpuBackend final : public Backend {
   }
 
   void Rope(float* x, int64_t B, int64_t T, int64_t n_heads, int64_t HS, int64_t row_stride,
-            float theta, bool inverse) override {
-    cpu::Rope(x, B, T, n_heads, HS, row_stride, theta, inverse, nt_);
+            float theta, bool inverse, int64_t pos_offset = 0) override {
+    cpu::Rope(x, B, T, n_heads, HS, row_stride, theta, inverse, pos_offset, nt_);
+  }
+  void AttentionDecode(float* out, const float* q, const float* k, const float* v, int64_t B,
+                       int64_t T, int64_t cache_rows, int64_t NH, int64_t NKV, int64_t HS,
+                       int64_t q_stride, int64_t kv_stride) override {
+    cpu::AttentionDecode(out, q, k, v, B, T, cache_rows, NH, NKV, HS, q_stride, kv_stride, nt_);
   }
 
   void AttentionForward(float* out, float* lse, const float* q, const float* k, const float* v,

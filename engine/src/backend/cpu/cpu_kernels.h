@@ -83,7 +83,7 @@ void RmsNormBackward(float* dinp, float* dweight, const float* dout, const float
 
 // ---- rotary embedding (cpu_rope.cc) ----
 void Rope(float* x, int64_t B, int64_t T, int64_t n_heads, int64_t HS, int64_t row_stride,
-          float theta, bool inverse, int nt);
+          float theta, bool inverse, int64_t pos_offset, int nt);
 
 // ---- attention (cpu_attention.cc) ----
 void AttentionForward(float* out, float* lse, const float* q, const float* k, const float* v,
@@ -93,6 +93,9 @@ void AttentionBackward(float* dq, float* dk, float* dv, const float* dout, const
                        const float* lse, const float* q, const float* k, const float* v, int64_t B,
                        int64_t T, int64_t NH, int64_t NKV, int64_t HS, int64_t q_stride,
                        int64_t kv_stride, int nt);
+void AttentionDecode(float* out, const float* q, const float* k, const float* v, int64_t B,
+                     int64_t T, int64_t cache_rows, int64_t NH, int64_t NKV, int64_t HS,
+                     int64_t q_stride, int64_t kv_stride, int nt);
 
 // ---- softmax + cross-entropy (cpu_softmax_ce.cc) ----
 void SoftmaxCrossEntropy(float* logits, float* losses, const int32_t* targets, int64_t N, int64_t V,

@@ -35,7 +35,7 @@ TRAIND_CPU_CLONES void RotateRow(float* x, const float* cs, const float* sn, int
 }  // namespace
 
 void Rope(float* x, int64_t B, int64_t T, int64_t n_heads, int64_t HS, int64_t row_stride,
-          float theta, bool inverse, int nt) {
+          float theta, bool inverse, int64_t pos_offset, int nt) {
   const int64_t half = HS / 2;
   // Table of cos/sin per (t, i): (T, half) each. Reused between calls of the same thread.
   static thread_local std::vector<float> table;
@@ -46,7 +46,7 @@ void Rope(float* x, int64_t B, int64_t T, int64_t n_heads, int64_t HS, int64_t r
     float expo = static_cast<float>(2 * i) / static_cast<float>(HS);
     float inv_freq = 1.0f / std::pow(theta, expo);
     for (int64_t t = 0; t < T; ++t) {
-      float ang = static_cast<float>(t) * inv_freq;
+      float ang = static_cast<float>(pos_offset + t) * inv_freq;
       cs[t * half + i] = std::cos(ang);
       sn[t * half + i] = std::sin(ang);
     }

@@ -183,8 +183,14 @@ void GpuBackend::SwiGluBackward(float* dinp, const float* inp, const float* dout
   Record(gpu::SwiGluBackward(dinp, inp, dout, N, H, stream_));
 }
 void GpuBackend::Rope(float* x, int64_t B, int64_t T, int64_t n_heads, int64_t HS,
-                      int64_t row_stride, float theta, bool inverse) {
-  Record(gpu::Rope(x, B, T, n_heads, HS, row_stride, theta, inverse, stream_));
+                      int64_t row_stride, float theta, bool inverse, int64_t pos_offset) {
+  Record(gpu::Rope(x, B, T, n_heads, HS, row_stride, theta, inverse, pos_offset, stream_));
+}
+void GpuBackend::AttentionDecode(float* out, const float* q, const float* k, const float* v,
+                                 int64_t B, int64_t T, int64_t cache_rows, int64_t NH,
+                                 int64_t NKV, int64_t HS, int64_t q_stride, int64_t kv_stride) {
+  Record(gpu::AttentionDecode(out, q, k, v, B, T, cache_rows, NH, NKV, HS, q_stride, kv_stride,
+                              stream_));
 }
 void GpuBackend::AttentionForward(float* out, float* lse, const float* q, const float* k,
                                   const float* v, int64_t B, int64_t T, int64_t NH, int64_t NKV,

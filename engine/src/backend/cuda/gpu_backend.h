@@ -77,7 +77,10 @@ class GpuBackend : public Backend {
   void SwiGluBackward(float* dinp, const float* inp, const float* dout, int64_t N,
                       int64_t H) override;
   void Rope(float* x, int64_t B, int64_t T, int64_t n_heads, int64_t HS, int64_t row_stride,
-            float theta, bool inverse) override;
+            float theta, bool inverse, int64_t pos_offset = 0) override;
+  void AttentionDecode(float* out, const float* q, const float* k, const float* v, int64_t B,
+                       int64_t T, int64_t cache_rows, int64_t NH, int64_t NKV, int64_t HS,
+                       int64_t q_stride, int64_t kv_stride) override;
   void AttentionForward(float* out, float* lse, const float* q, const float* k, const float* v,
                         int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS, int64_t q_stride,
                         int64_t kv_stride) override;

@@ -60,7 +60,7 @@ Status RmsNormBackward(float* dinp, float* dweight, const float* dout, const flo
 
 // ---- rope.cu ----
 Status Rope(float* x, int64_t B, int64_t T, int64_t n_heads, int64_t HS, int64_t row_stride,
-            float theta, bool inverse, cudaStream_t stream);
+            float theta, bool inverse, int64_t pos_offset, cudaStream_t stream);
 
 // ---- attention.cu ----
 // HS <= kMaxAttentionHeadSize. AttentionBackward needs `scratch` of B*NH*T floats.
@@ -72,6 +72,13 @@ Status AttentionBackward(float* dq, float* dk, float* dv, const float* dout, con
                          const float* lse, const float* q, const float* k, const float* v,
                          int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS,
                          int64_t q_stride, int64_t kv_stride, float* scratch, cudaStream_t stream);
+
+// ---- attention_decode.cu ----
+// T <= kMaxDecodeRows (the scores of one query row live in shared memory).
+constexpr int64_t kMaxDecodeRows = 8192;
+Status AttentionDecode(float* out, const float* q, const float* k, const float* v, int64_t B,
+                       int64_t T, int64_t cache_rows, int64_t NH, int64_t NKV, int64_t HS,
+                       int64_t q_stride, int64_t kv_stride, cudaStream_t stream);
 
 // ---- softmax_ce.cu ----
 Status SoftmaxCrossEntropy(float* logits, float* losses, const int32_t* targets, int64_t N,

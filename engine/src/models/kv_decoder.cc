@@ -1,0 +1,142 @@
+// KvDecoder: one token through the decoder blocks against the key/value cache (see kv_decoder.h).
+#include "models/kv_decoder.h"
+
+#include <string>
+
+#include "nn/embedding.h"
+#include "nn/linear.h"
+#include "nn/mlp.h"
+#include "nn/norm.h"
+
+namespace traind::engine {
+namespace {
+
+struct Sizes {
+  int64_t cache, x, ln, stats, qkv, att, tmp, h, a, logits;
+};
+
+Sizes SizesOf(const ArchDims& d, int64_t max_len) {
+  Sizes s;
+  s.cache = d.L * max_len * 2 * d.NKV * d.HS;
+  s.x = d.C;
+  s.ln = d.C;
+  s.stats = 2;
+  s.qkv = d.qkv_width();
+  s.att = d.NH * d.HS;
+  s.tmp = d.C;
+  s.h = d.up_width();
+  s.a = d.H;
+  s.logits = d.Vp;
+  return s;
+}
+
+// Every buffer rounded to 64 floats, as one allocation per kind (cache: kActivations).
+int64_t Round64(int64_t n) { return (n + 63) / 64 * 64; }
+int64_t WorkFloats(const Sizes& s) {
+  return Round64(s.x) + Round64(s.ln) + Round64(s.stats) + Round64(s.qkv) + Round64(s.att) +
+         Round64(s.tmp) + Round64(s.h) + Round64(s.a) + Round64(s.logits);
+}
+
+}  // namespace
+
+KvDecoder::KvDecoder(const ModelConfig& config, const float* params, int64_t max_len, Backend* be)
+    : d_(MakeArchDims(config)), table_(BuildParams(d_)), params_(params), max_len_(max_len),
+      be_(be) {}
+
+int64_t KvDecoder::PlanBytes(const ModelConfig& config, int64_t max_len) {
+  const ArchDims d = MakeArchDims(config);
+  const Sizes s = SizesOf(d, max_len);
+  return (s.cache + WorkFloats(s) + 64) * static_cast<int64_t>(sizeof(float));
+}
+
+Result<std::unique_ptr<KvDecoder>> KvDecoder::Create(const ModelConfig& config,
+                                                     const float* params, int64_t max_len,
+                                                     DeviceArena* arena) {
+  std::unique_ptr<KvDecoder> k(new KvDecoder(config, params, max_len, arena->backend()));
+  const ArchDims& d = k->d_;
+  if (d.family == nullptr || !d.f().causal || !d.f().pre_ln) {
+    return Status::InvalidArgument("generation needs a causal pre-norm decoder (gpt2, llama); " +
+                                   config.arch + " is not one");
+  }
+  if (max_len < 1 || max_len > d.max_T) {
+    return Status::InvalidArgument("generation length " + std::to_string(max_len) +
+                                   " outside [1, " + std::to_string(d.max_T) +
+                                   "] (the model's max positions)");
+  }
+  const Sizes s = SizesOf(d, max_len);
+  TRAIND_ASSIGN_OR_RETURN(void* cache, arena->Allocate(MemoryCategory::kActivations,
+                                                       s.cache * 4, "key/value cache"));
+  TRAIND_ASSIGN_OR_RETURN(void* work, arena->Allocate(MemoryCategory::kTemporary,
+                                                      (WorkFloats(s) + 64) * 4,
+                                                      "generation buffers"));
+  k->cache_ = static_cast<float*>(cache);
+  float* p = static_cast<float*>(work);
+  auto take = [&p](int64_t n) {
+    float* r = p;
+    p += Round64(n);
+    return r;
+  };
+  k->x_ = take(s.x);
+  k->ln_ = take(s.ln);
+  k->mean_ = take(s.stats);
+  k->rstd_ = k->mean_ + 1;
+  k->qkv_ = take(s.qkv);
+  k->att_ = take(s.att);
+  k->tmp_ = take(s.tmp);
+  k->h_ = take(s.h);
+  k->a_ = take(s.a);
+  k->logits_ = take(s.logits);
+  k->ids_ = reinterpret_cast<int32_t*>(p);  // the 64 floats past the work buffers
+  return k;
+}
+
+Status KvDecoder::Step(int32_t token, std::vector<float>* logits) {
+  if (length_ >= max_len_) {
+    return Status::FailedPrecondition("the key/value cache is full (" + std::to_string(max_len_) +
+                                      " positions)");
+  }
+  if (token < 0 || token >= d_.V) {
+    return Status::InvalidArgument("token id " + std::to_string(token) +
+                                   " outside the model's vocabulary [0, " + std::to_string(d_.V) +
+                                   ")");
+  }
+  Backend& be = *be_;
+  const int64_t t = length_;
+  const int64_t C = d_.C, kvw = 2 * d_.NKV * d_.HS, qkvw = d_.qkv_width();
+  const int32_t ids[2] = {token, static_cast<int32_t>(t)};
+  be.CopyHostToDevice(ids_, ids, sizeof(ids));
+  nn::EmbeddingForward(be, x_, ids_, d_.rotary() ? nullptr : ids_ + 1, P(table_.wte),
+                       P(table_.wpe), 1, C);
+  const nn::NormShape ns{1, C, d_.rms_norm(), d_.eps};
+  const nn::MlpShape ms{1, C, d_.H, d_.swiglu()};
+  for (int64_t l = 0; l < d_.L; ++l) {
+    const LayerParams& lp = table_.layers[l];
+    float* cache = cache_ + l * max_len_ * kvw;
+    nn::NormForward(be, ns, ln_, mean_, rstd_, x_, P(lp.ln1_w), P(lp.ln1_b));
+    nn::LinearForward(be, qkv_, ln_, P(lp.qkv_w), P(lp.qkv_b), 1, C, qkvw);
+    if (d_.rotary()) {
+      be.Rope(qkv_, 1, 1, d_.NH, d_.HS, qkvw, d_.rope_theta, false, t);
+      be.Rope(qkv_ + d_.NH * d_.HS, 1, 1, d_.NKV, d_.HS, qkvw, d_.rope_theta, false, t);
+    }
+    // The row's k | v (contiguous after q) become cache row t.
+    be.CopyDeviceToDevice(cache + t * kvw, qkv_ + d_.NH * d_.HS, kvw * sizeof(float));
+    be.AttentionDecode(att_, qkv_, cache, cache + d_.NKV * d_.HS, 1, t + 1, max_len_, d_.NH,
+                       d_.NKV, d_.HS, qkvw, kvw);
+    nn::LinearForward(be, tmp_, att_, P(lp.proj_w), P(lp.proj_b), 1, d_.NH * d_.HS, C);
+    be.Add(x_, x_, tmp_, C);
+    nn::NormForward(be, ns, ln_, mean_, rstd_, x_, P(lp.ln2_w), P(lp.ln2_b));
+    const nn::MlpWeights mw{P(lp.up_w), P(lp.up_b), P(lp.down_w), P(lp.down_b)};
+    nn::MlpForward(be, ms, mw, tmp_, h_, a_, ln_);
+    be.Add(x_, x_, tmp_, C);
+  }
+  nn::NormForward(be, ns, ln_, mean_, rstd_, x_, P(table_.lnf_w), P(table_.lnf_b));
+  nn::LinearForward(be, logits_, ln_, P(table_.lm_head), nullptr, 1, C, d_.Vp);
+  logits->resize(static_cast<size_t>(d_.V));
+  be.CopyDeviceToHost(logits->data(), logits_, static_cast<size_t>(d_.V) * sizeof(float));
+  be.Synchronize();
+  TRAIND_RETURN_IF_ERROR(be.status());
+  ++length_;
+  return Status::Ok();
+}
+
+}  // namespace traind::engine
