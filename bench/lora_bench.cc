@@ -3,9 +3,12 @@
 // 4 heads, T128, vocab 256), the same batches, the trainer's step path (StepRunner: upload,
 // Forward, Backward, grad norm, AdamW), once training every parameter and once LoRA (r, alpha,
 // target modules as flags; the base frozen). Prints the median step time, the arena peak
-// (= the plan) and its gradient and optimizer bytes for each, and the ratios.
+// (= the plan) and its gradient and optimizer bytes for each, and the ratios. With --dropout P a
+// third run: LoRA with lora_dropout P (its cost over LoRA without). --compute bf16|f16: every run
+// in that compute type (the adapters stay fp32).
 // Usage: lora_bench [--model tiny|small] [--batch B] [--steps N] [--warmup N] [--threads N]
-//                   [--r R] [--alpha A] [--targets c_attn,c_proj,c_fc]
+//                   [--r R] [--alpha A] [--targets c_attn,c_proj,c_fc] [--dropout P]
+//                   [--compute f32|bf16|f16] [--profile]   (per-op wall time of each run)
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -19,6 +22,7 @@
 #include "backend/arena.h"
 #include "backend/backend.h"
 #include "bench_util.h"
+#include "profiling_backend.h"
 #include "models/model.h"
 #include "optim/optimizer.h"
 #include "train/planner.h"
@@ -40,8 +44,10 @@ struct Result1 {
 };
 
 int Run(const Shape& s, int64_t B, int steps, int warmup, int threads,
-        const engine::LoraOptions& lora, Result1* out) {
-  std::unique_ptr<engine::Backend> be = engine::MakeCpuBackend(threads);
+        const engine::LoraOptions& lora, engine::DType compute, bool profile, Result1* out) {
+  std::unique_ptr<engine::Backend> device = engine::MakeCpuBackend(threads);
+  ProfilingBackend prof(device.get());
+  engine::Backend* be = profile ? static_cast<engine::Backend*>(&prof) : device.get();
   engine::ModelConfig mc;
   mc.arch = "gpt2";
   mc.vocab_size = s.vocab;
@@ -53,7 +59,8 @@ int Run(const Shape& s, int64_t B, int steps, int warmup, int threads,
   mo.micro_batch = B;
   mo.seq_len = s.seq_len;
   mo.lora = lora;
-  engine::DeviceArena arena(be.get(), 0);
+  mo.compute_type = compute;
+  engine::DeviceArena arena(be, 0);
   auto model = engine::Model::Create(mc, mo, &arena);
   if (!model.ok()) {
     std::fprintf(stderr, "Model::Create: %s\n", model.status().ToString().c_str());
@@ -64,6 +71,8 @@ int Run(const Shape& s, int64_t B, int steps, int warmup, int threads,
   m.InitAdapters(1234);
   engine::TrainingSpec ts;  // AdamW
   ts.weight_decay = 0.1;
+  ts.bf16 = compute == engine::DType::kBF16;
+  ts.fp16 = compute == engine::DType::kF16;
   auto opt = engine::MakeOptimizer(ts, m.trainable_params(), m.num_trainable(), &arena);
   if (!opt.ok()) {
     std::fprintf(stderr, "MakeOptimizer: %s\n", opt.status().ToString().c_str());
@@ -99,6 +108,11 @@ int Run(const Shape& s, int64_t B, int steps, int warmup, int threads,
     if (i == 0) out->first_loss = o->loss;
     out->last_loss = o->loss;
   }
+  if (profile) {
+    double total = 0;
+    for (double t : times) total += t;
+    prof.Print(total, static_cast<int>(times.size()));
+  }
   std::sort(times.begin(), times.end());
   out->median_ms = times.empty() ? 0 : 1e3 * times[times.size() / 2];
   out->peak = arena.peak_bytes();
@@ -110,10 +124,11 @@ int Run(const Shape& s, int64_t B, int steps, int warmup, int threads,
 
 int main(int argc, char** argv) {
   using namespace traind;
-  std::string model = "small", targets = "c_attn,c_proj,c_fc";
+  std::string model = "small", targets = "c_attn,c_proj,c_fc", compute_name = "f32";
   int64_t batch = 4, r = 8;
-  double alpha = 16;
+  double alpha = 16, dropout = 0;
   int steps = 3, warmup = 1, threads = 2;
+  bool profile = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--model") model = bench::FlagValue(argc, argv, &i);
@@ -124,6 +139,9 @@ int main(int argc, char** argv) {
     else if (a == "--r") r = std::atoll(bench::FlagValue(argc, argv, &i));
     else if (a == "--alpha") alpha = std::atof(bench::FlagValue(argc, argv, &i));
     else if (a == "--targets") targets = bench::FlagValue(argc, argv, &i);
+    else if (a == "--dropout") dropout = std::atof(bench::FlagValue(argc, argv, &i));
+    else if (a == "--compute") compute_name = bench::FlagValue(argc, argv, &i);
+    else if (a == "--profile") profile = true;
     else {
       std::fprintf(stderr, "unknown flag %s (see the usage at the top of lora_bench.cc)\n", a.c_str());
       return 2;
@@ -133,8 +151,13 @@ int main(int argc, char** argv) {
   for (const auto& s : bench::kShapes) {
     if (s.name == model) shape = &s;
   }
-  if (shape == nullptr || batch < 1 || steps < 1 || r < 1) {
-    std::fprintf(stderr, "--model tiny|small, --batch >= 1, --steps >= 1, --r >= 1\n");
+  const engine::DType compute = compute_name == "bf16"  ? engine::DType::kBF16
+                                : compute_name == "f16" ? engine::DType::kF16
+                                                        : engine::DType::kF32;
+  if (shape == nullptr || batch < 1 || steps < 1 || r < 1 || !(dropout >= 0 && dropout < 1) ||
+      (compute == engine::DType::kF32 && compute_name != "f32")) {
+    std::fprintf(stderr, "--model tiny|small, --batch >= 1, --steps >= 1, --r >= 1, "
+                         "--dropout in [0, 1), --compute f32|bf16|f16\n");
     return 2;
   }
   engine::LoraOptions lora;
@@ -143,14 +166,19 @@ int main(int argc, char** argv) {
   std::stringstream ss(targets);
   for (std::string t; std::getline(ss, t, ',');) lora.targets.push_back(t);
   std::printf("lora_bench: gpt2 %s (%lld layers, d%lld, T%lld, vocab %lld), B%lld, %d threads, "
-              "AdamW; LoRA r=%lld alpha=%g targets=%s\n",
+              "AdamW, %s; LoRA r=%lld alpha=%g targets=%s\n",
               shape->name.c_str(), static_cast<long long>(shape->layers),
               static_cast<long long>(shape->channels), static_cast<long long>(shape->seq_len),
               static_cast<long long>(shape->vocab), static_cast<long long>(batch), threads,
-              static_cast<long long>(r), alpha, targets.c_str());
-  bench::Result1 full, lo;
-  if (bench::Run(*shape, batch, steps, warmup, threads, {}, &full) != 0) return 1;
-  if (bench::Run(*shape, batch, steps, warmup, threads, lora, &lo) != 0) return 1;
+              compute_name.c_str(), static_cast<long long>(r), alpha, targets.c_str());
+  bench::Result1 full, lo, lod;
+  if (bench::Run(*shape, batch, steps, warmup, threads, {}, compute, profile, &full) != 0) return 1;
+  if (bench::Run(*shape, batch, steps, warmup, threads, lora, compute, profile, &lo) != 0) return 1;
+  if (dropout > 0) {
+    engine::LoraOptions ld = lora;
+    ld.dropout = dropout;
+    if (bench::Run(*shape, batch, steps, warmup, threads, ld, compute, profile, &lod) != 0) return 1;
+  }
   auto print = [&](const char* mode, const bench::Result1& x) {
     std::printf("RESULT lora_bench model=%s mode=%s trainable=%lld step_ms=%.1f tok_s=%.0f "
                 "peak_bytes=%lld plan_bytes=%lld gradients_bytes=%lld optimizer_bytes=%lld "
@@ -163,6 +191,12 @@ int main(int argc, char** argv) {
   };
   print("full", full);
   print("lora", lo);
+  if (dropout > 0) {
+    print("lora_dropout", lod);
+    std::printf("RESULT lora_bench model=%s lora_dropout_over_lora step_time=%.3f peak=%.3f\n",
+                shape->name.c_str(), lod.median_ms / lo.median_ms,
+                static_cast<double>(lod.peak) / static_cast<double>(lo.peak));
+  }
   std::printf("RESULT lora_bench model=%s lora_over_full step_time=%.3f peak=%.3f "
               "gradients+optimizer=%.5f trainable_fraction=%.5f\n",
               shape->name.c_str(), lo.median_ms / full.median_ms,

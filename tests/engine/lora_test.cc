@@ -566,6 +566,33 @@ TEST(LoraDropout, EvalAndMergedModelHaveNoDropout) {
   }
 }
 
+// Gradient checkpointing recomputes the blocks in backward: the recomputed forward must draw the
+// same masks (same key), so the adapter gradients equal those without checkpointing (bf16 too).
+TEST(LoraDropout, CheckpointingRecomputesTheSameMasks) {
+  for (DType t : {DType::kF32, DType::kBF16}) {
+    SCOPED_TRACE(DTypeName(t));
+    ModelOptions o = LoraOptionsFor(kLlamaAll, 4, 8.0);
+    o.lora.dropout = 0.2;
+    o.compute_type = t;
+    ModelOptions oc = o;
+    oc.gradient_checkpointing = true;
+    oc.checkpoint_every = 1;
+    std::vector<float> g[2];
+    for (int k = 0; k < 2; ++k) {
+      TestModel m = TestModel::Make(testing::TinyLlama(false), k == 0 ? o : oc);
+      ASSERT_NE(m.model, nullptr);
+      InitForCheck(m, 51);
+      testing::SetBatch(m, MakeBatch(o.micro_batch * o.seq_len, 67, 8));
+      m.backend->CopyHostToDevice(m.model->dropout_key(), &kRefKey, sizeof(kRefKey));
+      m.model->ZeroGrad();
+      m.model->Forward(true, 1.0f);
+      m.model->Backward();
+      g[k] = ToHost(*m.backend, m.model->grad_data(), m.model->num_trainable());
+    }
+    EXPECT_LE(testing::RelErr(g[1], g[0]), 1e-6);
+  }
+}
+
 // Resume through RunJob with lora_dropout 0.1 (the masks of micro-batch a of step s come from
 // (seed, s * accumulation + a), so the resumed run draws the uninterrupted run's masks): every
 // step loss, the eval loss and the output files bit-identical; in fp32 and in fp16 (loss scaler

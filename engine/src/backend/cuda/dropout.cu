@@ -32,8 +32,8 @@ __global__ void dropout_kernel(float* out, const void* inp, int64_t n, float p,
   const float scale = 1.0f / (1.0f - p);
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
-    const float v =
-        DropoutKeep(base, static_cast<uint64_t>(i), p) ? DropoutLoad<T>(inp, i) * scale : 0.0f;
+    // x * (kept ? scale : 0), as torch (a dropped inf or NaN gives NaN), as the CPU kernel.
+    const float v = DropoutLoad<T>(inp, i) * (DropoutKeep(base, static_cast<uint64_t>(i), p) ? scale : 0.0f);
     out[i] = accumulate ? out[i] + v : v;
   }
 }
