@@ -58,8 +58,8 @@ TEST_F(TokenDataTest, TextIsBytesSplitAsPython) {
   spec.validation_split = 0.1;
   Result<TokenData> d = LoadTokenData(spec);
   ASSERT_TRUE(d.ok()) << d.status().ToString();
-  EXPECT_EQ(d->train.size(), 900u);  // int(1000 * 0.9)
-  EXPECT_EQ(d->validation.size(), 100u);
+  EXPECT_EQ(d->train.size(), 900);  // int(1000 * 0.9)
+  EXPECT_EQ(d->validation.size(), 100);
   EXPECT_EQ(d->train[3], 255);
   EXPECT_EQ(d->train[0], 'a');
   EXPECT_EQ(d->validation[50], 'z');
@@ -81,14 +81,14 @@ TEST_F(TokenDataTest, TokensFilesAreLittleEndian) {
   spec.train_file = Write("t16.bin", std::string("\x01\x00\x02\x01\xff\xff\x03\x00", 8));
   Result<TokenData> d = LoadTokenData(spec);
   ASSERT_TRUE(d.ok()) << d.status().ToString();
-  EXPECT_EQ(d->train, (std::vector<int32_t>{1, 0x0102, 0xFFFF, 3}));
+  EXPECT_EQ(d->train.ToVector(), (std::vector<int32_t>{1, 0x0102, 0xFFFF, 3}));
   EXPECT_EQ(d->vocab_size_needed, 0x10000);
   spec.token_dtype = "uint32";
   spec.seq_len = 1;
   spec.train_file = Write("t32.bin", std::string("\x05\x00\x01\x00\x07\x00\x00\x00", 8));
   d = LoadTokenData(spec);
   ASSERT_TRUE(d.ok()) << d.status().ToString();
-  EXPECT_EQ(d->train, (std::vector<int32_t>{0x10005, 7}));
+  EXPECT_EQ(d->train.ToVector(), (std::vector<int32_t>{0x10005, 7}));
 }
 
 TEST_F(TokenDataTest, BadFilesAreClearErrors) {
@@ -128,10 +128,10 @@ TEST_F(TokenDataTest, BadFilesAreClearErrors) {
 }
 
 // The stream 0, 1, ..., n-1: window w's inputs start at token w*T.
-std::shared_ptr<const std::vector<int32_t>> Iota(int n) {
-  auto v = std::make_shared<std::vector<int32_t>>(n);
-  std::iota(v->begin(), v->end(), 0);
-  return v;
+TokenStream Iota(int n) {
+  std::vector<int32_t> v(n);
+  std::iota(v.begin(), v.end(), 0);
+  return TokenStream(std::move(v));
 }
 
 // Takes `count` batches and returns the window index of every row, checking each row is exactly
@@ -171,8 +171,8 @@ TEST_F(TokenDataTest, TextThroughABpeTokenizerAndTheTokenCache) {
 
   Result<TokenData> first = LoadTokenData(spec);
   ASSERT_TRUE(first.ok()) << first.status().ToString();
-  EXPECT_EQ(first->train, std::vector<int32_t>(want.begin(), want.begin() + n_train));
-  EXPECT_EQ(first->validation, std::vector<int32_t>(want.begin() + n_train, want.end()));
+  EXPECT_EQ(first->train.ToVector(), std::vector<int32_t>(want.begin(), want.begin() + n_train));
+  EXPECT_EQ(first->validation.ToVector(), std::vector<int32_t>(want.begin() + n_train, want.end()));
   EXPECT_EQ(first->vocab_size_needed, *std::max_element(want.begin(), want.end()) + 1);
 
   // The cache now holds the ids (uint16: GPT-2's ids are < 65536) under this file's key.
@@ -183,14 +183,14 @@ TEST_F(TokenDataTest, TextThroughABpeTokenizerAndTheTokenCache) {
   ASSERT_TRUE(key.ok());
   auto cached = ReadTokenCache(cache, *key);
   ASSERT_TRUE(cached.has_value());
-  EXPECT_EQ(*cached, want);
+  EXPECT_EQ(cached->ToVector(), want);
 
   // A second load reads the cache: prove it by planting different ids under the same key.
   std::vector<int32_t> planted(want.size(), 7);
   ASSERT_TRUE(WriteTokenCache(cache, *key, planted).ok());
   Result<TokenData> second = LoadTokenData(spec);
   ASSERT_TRUE(second.ok());
-  EXPECT_EQ(second->train, std::vector<int32_t>(n_train, 7));
+  EXPECT_EQ(second->train.ToVector(), std::vector<int32_t>(n_train, 7));
 
   // Another key (fingerprint, size or mtime) misses; a truncated or garbage file misses.
   TokenCacheKey other = *key;
@@ -206,8 +206,8 @@ TEST_F(TokenDataTest, TextThroughABpeTokenizerAndTheTokenCache) {
   // ... and the loader then tokenizes again and rewrites it.
   Result<TokenData> third = LoadTokenData(spec);
   ASSERT_TRUE(third.ok());
-  EXPECT_EQ(third->train, first->train);
-  EXPECT_EQ(*ReadTokenCache(cache, *key), want);
+  EXPECT_EQ(third->train.ToVector(), first->train.ToVector());
+  EXPECT_EQ(ReadTokenCache(cache, *key)->ToVector(), want);
 
   // Editing the data file changes its key: no stale ids.
   text += "Whether 'tis nobler in the mind to suffer\n";
@@ -215,12 +215,12 @@ TEST_F(TokenDataTest, TextThroughABpeTokenizerAndTheTokenCache) {
   Result<TokenData> edited = LoadTokenData(spec);
   ASSERT_TRUE(edited.ok());
   const std::vector<int32_t> want2 = *(*tok)->Encode(text);
-  EXPECT_EQ(edited->train.size() + edited->validation.size(), want2.size());
+  EXPECT_EQ(static_cast<size_t>(edited->train.size() + edited->validation.size()), want2.size());
 
   // Large ids are stored as uint32.
   std::vector<int32_t> big = {1, 70000, 3};
   ASSERT_TRUE(WriteTokenCache((dir_ / "big.tokens").string(), *key, big).ok());
-  EXPECT_EQ(*ReadTokenCache((dir_ / "big.tokens").string(), *key), big);
+  EXPECT_EQ(ReadTokenCache((dir_ / "big.tokens").string(), *key)->ToVector(), big);
 
   // A tokenizer that cannot be opened is named.
   spec.tokenizer = (dir_ / "nope.json").string();
@@ -289,8 +289,9 @@ TEST_F(TokenDataTest, TokenizingReportsProgressAndCacheHits) {
   auto tok = DefaultTokenizerFactory().Open(gpt2, "");
   ASSERT_TRUE(tok.ok());
   const std::vector<int32_t> want = *(*tok)->Encode(text);
-  std::vector<int32_t> got = d->train;
-  got.insert(got.end(), d->validation.begin(), d->validation.end());
+  std::vector<int32_t> got = d->train.ToVector();
+  const std::vector<int32_t> validation = d->validation.ToVector();
+  got.insert(got.end(), validation.begin(), validation.end());
   EXPECT_TRUE(got == want) << "loader ids differ from Encode";
   std::atomic<int64_t> counted{0};
   auto one_thread = (*tok)->EncodeLarge(text, 1, &counted);
@@ -358,8 +359,8 @@ TEST_F(TokenDataTest, JsonlDocumentsEndWithEos) {
   }
   Result<TokenData> d = LoadTokenData(spec);
   ASSERT_TRUE(d.ok()) << d.status().ToString();
-  EXPECT_EQ(d->train, want);
-  EXPECT_EQ(LoadTokenData(spec)->train, want);  // again, from the cache
+  EXPECT_EQ(d->train.ToVector(), want);
+  EXPECT_EQ(LoadTokenData(spec)->train.ToVector(), want);  // again, from the cache
 
   // byte: no eos, so documents end with a newline.
   spec.tokenizer = "byte";
@@ -367,7 +368,7 @@ TEST_F(TokenDataTest, JsonlDocumentsEndWithEos) {
   spec.train_file = Write("b.jsonl", "{\"t\": \"ab\"}\n{\"t\": \"cd\"}\n{\"t\": \"efgh\"}\n{\"t\": \"ijkl\"}\n");
   d = LoadTokenData(spec);
   ASSERT_TRUE(d.ok()) << d.status().ToString();
-  EXPECT_EQ(d->train, (std::vector<int32_t>{'a', 'b', 10, 'c', 'd', 10, 'e', 'f', 'g', 'h', 10,
+  EXPECT_EQ(d->train.ToVector(), (std::vector<int32_t>{'a', 'b', 10, 'c', 'd', 10, 'e', 'f', 'g', 'h', 10,
                                              'i', 'j', 'k', 'l', 10}));
 
   // Errors name the file and the line.
@@ -489,7 +490,7 @@ TEST(BatchLoaderTest, DestroysCleanlyWithFullRingAndNeverStarted) {
     }
   }
   // A stream shorter than one window breaks the precondition: all-ignored batches, no crash.
-  BatchLoader empty(nullptr, 2, 4, true, 0);
+  BatchLoader empty(TokenStream(), 2, 4, true, 0);
   EXPECT_EQ(empty.windows_per_epoch(), 0);
   std::vector<int32_t> in(8, 5), tg(8, 5);
   empty.Next(in.data(), tg.data());
@@ -503,8 +504,8 @@ TEST_F(TokenDataTest, LoadsTinyShakespeare) {
   spec.train_file = path;
   Result<TokenData> d = LoadTokenData(spec);
   ASSERT_TRUE(d.ok()) << d.status().ToString();
-  EXPECT_EQ(d->train.size() + d->validation.size(), 1115394u);
-  EXPECT_EQ(d->train.size(), 1003854u);  // int(1115394 * 0.9)
+  EXPECT_EQ(d->train.size() + d->validation.size(), 1115394);
+  EXPECT_EQ(d->train.size(), 1003854);  // int(1115394 * 0.9)
   EXPECT_LE(d->vocab_size_needed, 128);  // ASCII
 }
 

@@ -1,8 +1,7 @@
-// Token cache files (format: token_cache.h): header checks, mmap reads, atomic writes.
+// Token cache files (format: token_cache.h): header checks, mapped reads, streamed atomic writes.
 #include "data/token_cache.h"
 
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -60,22 +59,12 @@ std::string TokenCachePath(const std::string& source, const std::string& fingerp
          tokenizers::Hex16(tokenizers::Fnv1a(fingerprint)) + ".tokens";
 }
 
-std::optional<std::vector<int32_t>> ReadTokenCache(const std::string& path,
-                                                   const TokenCacheKey& key) {
+std::optional<TokenStream> ReadTokenCache(const std::string& path, const TokenCacheKey& key) {
   if (path.empty()) return std::nullopt;
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return std::nullopt;
-  struct stat st;
-  if (::fstat(fd, &st) != 0 || st.st_size < static_cast<off_t>(kFixedHeader)) {
-    ::close(fd);
-    return std::nullopt;
-  }
-  const auto size = static_cast<size_t>(st.st_size);
-  void* map = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
-  ::close(fd);
-  if (map == MAP_FAILED) return std::nullopt;
-  const auto* p = static_cast<const unsigned char*>(map);
-  std::optional<std::vector<int32_t>> out;
+  Result<std::shared_ptr<const MappedFile>> file = MappedFile::Open(path, "token cache");
+  if (!file.ok() || (*file)->size() < kFixedHeader) return std::nullopt;
+  const size_t size = static_cast<size_t>((*file)->size());
+  const unsigned char* p = (*file)->data();
   const uint32_t width = Get<uint32_t>(p + 8);
   const uint32_t fp_len = Get<uint32_t>(p + 12);
   const uint64_t count = Get<uint64_t>(p + 32);
@@ -86,18 +75,12 @@ std::optional<std::vector<int32_t>> ReadTokenCache(const std::string& path,
       std::memcmp(p + kFixedHeader, key.fingerprint.data(), fp_len) == 0 &&
       Get<uint64_t>(p + 16) == key.source_size && Get<int64_t>(p + 24) == key.source_mtime_ns &&
       count <= (size - data_off) / width && data_off + count * width == size;
-  if (header_ok) {
-    std::vector<int32_t> ids(count);
-    const unsigned char* d = p + data_off;
-    if (width == 2) {
-      for (uint64_t i = 0; i < count; ++i) ids[i] = Get<uint16_t>(d + 2 * i);
-    } else {
-      for (uint64_t i = 0; i < count; ++i) ids[i] = static_cast<int32_t>(Get<uint32_t>(d + 4 * i));
-    }
-    out = std::move(ids);
-  }
-  ::munmap(map, size);
-  return out;
+  if (!header_ok) return std::nullopt;
+  Result<TokenStream> ids = TokenStream::OfFile(std::move(*file), data_off,
+                                                static_cast<int64_t>(count),
+                                                static_cast<int>(width));
+  if (!ids.ok()) return std::nullopt;
+  return std::move(*ids);
 }
 
 Status WriteTokenCache(const std::string& path, const TokenCacheKey& key,
@@ -110,7 +93,6 @@ Status WriteTokenCache(const std::string& path, const TokenCacheKey& key,
   }
   const uint32_t width = max_id < 65536 ? 2 : 4;
   std::string buf;
-  buf.reserve(kFixedHeader + Pad8(key.fingerprint.size()) + ids.size() * width);
   buf.append(kMagic, 8);
   Put<uint32_t>(&buf, width);
   Put<uint32_t>(&buf, static_cast<uint32_t>(key.fingerprint.size()));
@@ -119,10 +101,6 @@ Status WriteTokenCache(const std::string& path, const TokenCacheKey& key,
   Put<uint64_t>(&buf, ids.size());
   buf += key.fingerprint;
   buf.append(Pad8(key.fingerprint.size()) - key.fingerprint.size(), '\0');
-  for (int32_t id : ids) {
-    if (width == 2) Put<uint16_t>(&buf, static_cast<uint16_t>(id));
-    else Put<uint32_t>(&buf, static_cast<uint32_t>(id));
-  }
   std::error_code ec;
   std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
@@ -131,18 +109,36 @@ Status WriteTokenCache(const std::string& path, const TokenCacheKey& key,
     return Status::FailedPrecondition("token cache: cannot create " + tmp + ": " +
                                       std::strerror(errno));
   }
-  size_t done = 0;
-  while (done < buf.size()) {
-    const ssize_t w = ::write(fd, buf.data() + done, buf.size() - done);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) {
-      const int err = errno;
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      return Status::ResourceExhausted("token cache: cannot write " + tmp + ": " +
-                                       std::strerror(err));
+  // Writes `buf` out and empties it; false (errno set) on a failed write.
+  auto flush = [&]() -> bool {
+    size_t done = 0;
+    while (done < buf.size()) {
+      const ssize_t w = ::write(fd, buf.data() + done, buf.size() - done);
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) {
+        if (w == 0) errno = ENOSPC;
+        return false;
+      }
+      done += static_cast<size_t>(w);
     }
-    done += static_cast<size_t>(w);
+    buf.clear();
+    return true;
+  };
+  constexpr size_t kChunk = size_t{1} << 20;
+  buf.reserve(std::max(buf.size(), kChunk) + 8);
+  bool ok = true;
+  for (size_t i = 0; ok && i < ids.size(); ++i) {
+    if (width == 2) Put<uint16_t>(&buf, static_cast<uint16_t>(ids[i]));
+    else Put<uint32_t>(&buf, static_cast<uint32_t>(ids[i]));
+    if (buf.size() >= kChunk) ok = flush();
+  }
+  if (ok) ok = flush();
+  if (!ok) {
+    const int err = errno;
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    return Status::ResourceExhausted("token cache: cannot write " + tmp + ": " +
+                                     std::strerror(err));
   }
   if (::close(fd) != 0 || ::rename(tmp.c_str(), path.c_str()) != 0) {
     const int err = errno;

@@ -8,8 +8,10 @@
 //  32  uint64   token count N
 //  40  char[F]  the tokenizer's fingerprint(), then zero padding to a multiple of 8
 //   .. ids      N * dtype bytes
-// A cache is used only when every header field matches the data file and tokenizer; it is read
-// through mmap. Inspect one with `od -A d -t x1 -N 64 FILE`.
+// A cache is used only when every header field matches the data file and tokenizer; its ids are
+// then memory-mapped, not copied (token_stream.h), so training holds only the file's pages. A
+// cache is replaced by rename, never rewritten in place, so a mapping of the old one stays valid.
+// Inspect one with `od -A d -t x1 -N 64 FILE`.
 #pragma once
 
 #include <cstdint>
@@ -17,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "data/token_stream.h"
 #include "traind/engine/status.h"
 
 namespace traind::engine {
@@ -35,11 +38,13 @@ Result<TokenCacheKey> TokenCacheKeyFor(const std::string& source, const std::str
 // absolute path and the fingerprint.
 std::string TokenCachePath(const std::string& source, const std::string& fingerprint);
 
-// The cached ids, or nullopt when the file is absent, for another key, truncated or malformed
-// (then the caller tokenizes again and rewrites it).
-std::optional<std::vector<int32_t>> ReadTokenCache(const std::string& path, const TokenCacheKey& key);
+// The cached ids, mapped (a TokenStream of width 2 or 4 over the file's id area), or nullopt when
+// the file is absent, for another key, truncated or malformed (then the caller tokenizes again
+// and rewrites it).
+std::optional<TokenStream> ReadTokenCache(const std::string& path, const TokenCacheKey& key);
 
-// Writes the cache atomically (a temporary file renamed over `path`), creating its folder.
+// Writes the cache atomically (a temporary file renamed over `path`), creating its folder; the
+// ids are streamed out through a small buffer (no second copy of them in memory).
 // Ids must be >= 0; uint16 storage when all are < 65536.
 Status WriteTokenCache(const std::string& path, const TokenCacheKey& key,
                        const std::vector<int32_t>& ids);

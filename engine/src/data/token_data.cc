@@ -1,16 +1,12 @@
-// Token data: loads a data file into train/validation token streams, and the prefetching
-// BatchLoader that cuts the training stream into micro-batches (batching semantics: JOBSPEC.md).
+// Token data: loads a data file into train/validation token streams (memory-mapped views:
+// token_stream.h), and the prefetching BatchLoader that cuts the training stream into
+// micro-batches (batching semantics: JOBSPEC.md).
 // The shuffle permutation is our own Fisher-Yates over std::mt19937_64, so it is the same with
 // every standard library (std::shuffle and std::uniform_int_distribution are not specified).
 #include "data/token_data.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <atomic>
-#include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
@@ -18,6 +14,7 @@
 #include <functional>
 #include <limits>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <string_view>
 #include <thread>
@@ -30,38 +27,6 @@
 
 namespace traind::engine {
 namespace {
-
-Result<std::vector<uint8_t>> ReadWholeFile(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    const int err = errno;
-    if (err == ENOENT) return Status::NotFound("data.train_file: " + path + ": no such file");
-    return Status::FailedPrecondition("data.train_file: " + path + ": cannot open: " +
-                                      std::strerror(err));
-  }
-  std::vector<uint8_t> bytes;
-  struct stat st;
-  if (::fstat(fd, &st) == 0 && S_ISDIR(st.st_mode)) {
-    ::close(fd);
-    return Status::InvalidArgument("data.train_file: " + path + ": is a directory, not a file");
-  }
-  if (::fstat(fd, &st) == 0 && st.st_size > 0) bytes.reserve(static_cast<size_t>(st.st_size));
-  uint8_t buf[1 << 16];
-  for (;;) {
-    ssize_t r = ::read(fd, buf, sizeof(buf));
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0) {
-      const int err = errno;
-      ::close(fd);
-      return Status::FailedPrecondition("data.train_file: " + path + ": read failed: " +
-                                        std::strerror(err));
-    }
-    if (r == 0) break;
-    bytes.insert(bytes.end(), buf, buf + r);
-  }
-  ::close(fd);
-  return bytes;
-}
 
 // Runs `encode` (which adds the source bytes it has encoded to its argument) on a worker thread
 // while this thread reports progress to `progress.report`: a first report, one per interval while
@@ -134,51 +99,58 @@ TokenizeReport FirstReport(const std::string& path, const std::string& fingerpri
   return r;
 }
 
-// The ids of a text file: the byte tokenizer's are the bytes; others come from the token cache
-// when it holds this file and tokenizer, else from the tokenizer (2 threads), and are cached.
-// The cache is an optimisation: when it cannot be written, the ids are still returned.
-Result<std::vector<int32_t>> TokenizeText(const Tokenizer& tok, const std::string& path,
-                                          const std::vector<uint8_t>& bytes,
-                                          const TokenizeProgress& progress) {
-  if (tok.kind() == "byte") return std::vector<int32_t>(bytes.begin(), bytes.end());
+// The stream of freshly encoded ids: written to the token cache and mapped from there, so the
+// vector is freed when this returns; when the cache cannot be written (no cache folder, a full
+// disk) the stream owns the vector instead. The cache is an optimisation, never an error.
+TokenStream CacheAndMap(const std::string& cache, const Result<TokenCacheKey>& key,
+                        std::vector<int32_t> ids) {
+  if (key.ok() && !cache.empty() && WriteTokenCache(cache, *key, ids).ok()) {
+    if (std::optional<TokenStream> mapped = ReadTokenCache(cache, *key);
+        mapped && mapped->size() == static_cast<int64_t>(ids.size())) {
+      return std::move(*mapped);
+    }
+  }
+  return TokenStream(std::move(ids));
+}
+
+// The ids of a text file through a tokenizer other than byte: from the token cache when it holds
+// this file and tokenizer, else from the tokenizer (2 threads), then cached and mapped.
+Result<TokenStream> TokenizeText(const Tokenizer& tok, const std::string& path,
+                                 std::string_view text, const TokenizeProgress& progress) {
   const std::string cache = TokenCachePath(path, tok.fingerprint());
-  const TokenizeReport first = FirstReport(path, tok.fingerprint(), bytes.size());
+  const TokenizeReport first = FirstReport(path, tok.fingerprint(), text.size());
   Result<TokenCacheKey> key = TokenCacheKeyFor(path, tok.fingerprint());
   if (key.ok()) {
-    if (auto cached = ReadTokenCache(cache, *key)) {
-      ReportCacheHit(progress, first, cached->size());
+    if (std::optional<TokenStream> cached = ReadTokenCache(cache, *key)) {
+      ReportCacheHit(progress, first, static_cast<size_t>(cached->size()));
       return std::move(*cached);
     }
   }
-  const std::string_view text(reinterpret_cast<const char*>(bytes.data()), bytes.size());
   Result<std::vector<int32_t>> ids = EncodeWithProgress(
       progress, first, [&](std::atomic<int64_t>* done) { return tok.EncodeLarge(text, 2, done); });
   if (!ids.ok()) {
     return Status(ids.status().code(), "data.train_file: " + path + ": " + ids.status().message());
   }
-  if (key.ok() && !cache.empty()) (void)WriteTokenCache(cache, *key, *ids);
-  return ids;
+  return CacheAndMap(cache, key, std::move(*ids));
 }
 
 // The ids of a JSON-lines file: each non-empty line an object whose `field` holds a document's
 // text; documents are encoded in parallel and joined with the tokenizer's eos after each one
 // (tokenizers without an eos, such as byte, join them with a newline). Cached like text files,
 // under the fingerprint plus "jsonl:<field>". Progress counts each document's whole line.
-Result<std::vector<int32_t>> TokenizeJsonl(const Tokenizer& tok, const std::string& path,
-                                           const std::string& field,
-                                           const std::vector<uint8_t>& bytes,
-                                           const TokenizeProgress& progress) {
+Result<TokenStream> TokenizeJsonl(const Tokenizer& tok, const std::string& path,
+                                  const std::string& field, std::string_view all,
+                                  const TokenizeProgress& progress) {
   const std::string fp = tok.fingerprint() + "|jsonl:" + field;
   const std::string cache = TokenCachePath(path, fp);
-  const TokenizeReport first = FirstReport(path, fp, bytes.size());
+  const TokenizeReport first = FirstReport(path, fp, all.size());
   Result<TokenCacheKey> key = TokenCacheKeyFor(path, fp);
   if (key.ok()) {
-    if (auto cached = ReadTokenCache(cache, *key)) {
-      ReportCacheHit(progress, first, cached->size());
+    if (std::optional<TokenStream> cached = ReadTokenCache(cache, *key)) {
+      ReportCacheHit(progress, first, static_cast<size_t>(cached->size()));
       return std::move(*cached);
     }
   }
-  const std::string_view all(reinterpret_cast<const char*>(bytes.data()), bytes.size());
   std::vector<std::string> docs;
   std::vector<int64_t> line_bytes;  // of each document's line, its newline included
   size_t pos = 0, line_no = 0;
@@ -225,8 +197,8 @@ Result<std::vector<int32_t>> TokenizeJsonl(const Tokenizer& tok, const std::stri
     return ids;
   };
   TRAIND_ASSIGN_OR_RETURN(std::vector<int32_t> ids, EncodeWithProgress(progress, first, encode_all));
-  if (key.ok() && !cache.empty()) (void)WriteTokenCache(cache, *key, ids);
-  return ids;
+  std::vector<std::string>().swap(docs);
+  return CacheAndMap(cache, key, std::move(ids));
 }
 
 }  // namespace
@@ -262,46 +234,52 @@ std::vector<int64_t> WindowOrder(int64_t windows, bool shuffle, uint64_t seed, i
 }
 
 Result<TokenData> LoadTokenData(const DataSpec& spec, const TokenizeProgress& progress) {
-  TRAIND_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, ReadWholeFile(spec.train_file));
-  TokenData out;
-  std::vector<int32_t> all;
+  TRAIND_ASSIGN_OR_RETURN(std::shared_ptr<const MappedFile> file,
+                          MappedFile::Open(spec.train_file, "data.train_file"));
+  TokenStream all;
   if (spec.format == "text") {
     TRAIND_ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tok,
                             DefaultTokenizerFactory().Open(spec.tokenizer, ""));
-    TRAIND_ASSIGN_OR_RETURN(all, TokenizeText(*tok, spec.train_file, bytes, progress));
+    if (tok->kind() == "byte") {  // the bytes are the ids: map the file itself
+      TRAIND_ASSIGN_OR_RETURN(
+          all, TokenStream::OfFile(file, 0, static_cast<int64_t>(file->size()), /*width=*/1));
+    } else {
+      TRAIND_ASSIGN_OR_RETURN(all, TokenizeText(*tok, spec.train_file, file->bytes(), progress));
+    }
   } else if (spec.format == "jsonl") {
     TRAIND_ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tok,
                             DefaultTokenizerFactory().Open(spec.tokenizer, ""));
-    TRAIND_ASSIGN_OR_RETURN(all, TokenizeJsonl(*tok, spec.train_file, spec.text_field, bytes, progress));
+    TRAIND_ASSIGN_OR_RETURN(
+        all, TokenizeJsonl(*tok, spec.train_file, spec.text_field, file->bytes(), progress));
   } else if (spec.format == "tokens") {
-    size_t w = 0;
+    int w = 0;
     if (spec.token_dtype == "uint16") w = 2;
     else if (spec.token_dtype == "uint32") w = 4;
     else return Status::InvalidArgument("data.token_dtype: expected uint16 or uint32, got '" +
                                         spec.token_dtype + "'");
-    if (bytes.size() % w != 0) {
+    if (file->size() % static_cast<uint64_t>(w) != 0) {
       return Status::InvalidArgument("data.train_file: " + spec.train_file + ": " +
-                                     std::to_string(bytes.size()) +
+                                     std::to_string(file->size()) +
                                      " bytes is not a multiple of " + std::to_string(w) +
                                      " (data.token_dtype " + spec.token_dtype + ")");
     }
-    all.resize(bytes.size() / w);
-    for (size_t i = 0; i < all.size(); ++i) {
-      uint32_t v = 0;
-      for (size_t b = 0; b < w; ++b) v |= static_cast<uint32_t>(bytes[i * w + b]) << (8 * b);
-      if (v > static_cast<uint32_t>(std::numeric_limits<int32_t>::max())) {
-        return Status::InvalidArgument("data.train_file: " + spec.train_file + ": token " +
-                                       std::to_string(i) + " has id " + std::to_string(v) +
-                                       ", above the largest supported id 2147483647");
-      }
-      all[i] = static_cast<int32_t>(v);
-    }
+    const auto count = static_cast<int64_t>(file->size() / static_cast<uint64_t>(w));
+    TRAIND_ASSIGN_OR_RETURN(all, TokenStream::OfFile(file, 0, count, w));
   } else {
     return Status::InvalidArgument("data.format: expected text, tokens or jsonl, got '" + spec.format +
                                    "'");
   }
-  std::vector<uint8_t>().swap(bytes);
-  const int64_t n = static_cast<int64_t>(all.size());
+  file.reset();  // `all` holds the mapping it reads (the source's, or the token cache's)
+  // One pass over the ids (over the mapping: its pages, not a copy): the largest id, and no id
+  // above int32 (only uint32 tokens files can hold one).
+  const TokenStream::Scan scan = all.ScanIds();
+  if (scan.first_too_large >= 0) {
+    const auto id = static_cast<uint32_t>(all[scan.first_too_large]);
+    return Status::InvalidArgument("data.train_file: " + spec.train_file + ": token " +
+                                   std::to_string(scan.first_too_large) + " has id " +
+                                   std::to_string(id) + ", above the largest supported id 2147483647");
+  }
+  const int64_t n = all.size();
   const int64_t n_train = TrainTokenCount(n, spec.validation_split);
   const int64_t window = spec.seq_len + 1;
   if (n_train < window) {
@@ -316,13 +294,10 @@ Result<TokenData> LoadTokenData(const DataSpec& spec, const TokenizeProgress& pr
         " tokens, shorter than one window of seq_len + 1 = " + std::to_string(window) +
         ": raise validation_split, set it to 0, or lower data.seq_len");
   }
-  int32_t max_id = 0;
-  for (int32_t t : all) max_id = t > max_id ? t : max_id;
-  out.vocab_size_needed = static_cast<int64_t>(max_id) + 1;
-  out.validation.assign(all.begin() + n_train, all.end());
-  all.resize(static_cast<size_t>(n_train));
-  all.shrink_to_fit();
-  out.train = std::move(all);
+  TokenData out;
+  out.vocab_size_needed = std::max<int64_t>(scan.max_id, 0) + 1;
+  out.train = all.Slice(0, n_train);
+  out.validation = all.Slice(n_train, n - n_train);
   return out;
 }
 
@@ -334,7 +309,7 @@ int64_t TrainTokenCount(int64_t n, double validation_split) {
 // ---- BatchLoader ----
 
 struct BatchLoader::Impl {
-  std::shared_ptr<const std::vector<int32_t>> tokens;
+  TokenStream tokens;  // shares the storage (a mapping or a vector) with the caller
   int64_t B, T, W;  // W: windows per epoch
   bool shuffle;
   uint64_t seed;
@@ -360,7 +335,6 @@ struct BatchLoader::Impl {
   void Produce(Batch* b) {
     b->inputs.resize(static_cast<size_t>(B * T));
     b->targets.resize(static_cast<size_t>(B * T));
-    const int32_t* tok = W > 0 ? tokens->data() : nullptr;  // W > 0 implies tokens is set
     for (int64_t r = 0; r < B; ++r) {
       int32_t* in = b->inputs.data() + r * T;
       int32_t* tg = b->targets.data() + r * T;
@@ -374,8 +348,8 @@ struct BatchLoader::Impl {
         order_epoch = produced.epoch;
       }
       const int64_t start = order[static_cast<size_t>(produced.next_window)] * T;
-      std::memcpy(in, tok + start, static_cast<size_t>(T) * sizeof(int32_t));
-      std::memcpy(tg, tok + start + 1, static_cast<size_t>(T) * sizeof(int32_t));
+      tokens.CopyWindow(start, T, in);
+      tokens.CopyWindow(start + 1, T, tg);
       if (++produced.next_window == W) {
         produced.next_window = 0;
         ++produced.epoch;
@@ -402,14 +376,14 @@ struct BatchLoader::Impl {
   }
 };
 
-BatchLoader::BatchLoader(std::shared_ptr<const std::vector<int32_t>> tokens, int64_t B, int64_t T,
-                         bool shuffle, uint64_t seed, LoaderPosition start, int prefetch)
+BatchLoader::BatchLoader(TokenStream tokens, int64_t B, int64_t T, bool shuffle, uint64_t seed,
+                         LoaderPosition start, int prefetch)
     : impl_(std::make_unique<Impl>()) {
   Impl& s = *impl_;
   s.tokens = std::move(tokens);
   s.B = B > 0 ? B : 1;
   s.T = T > 0 ? T : 1;
-  const int64_t len = s.tokens ? static_cast<int64_t>(s.tokens->size()) : 0;
+  const int64_t len = s.tokens.size();
   s.W = len > 1 ? (len - 1) / s.T : 0;
   s.shuffle = shuffle;
   s.seed = seed;

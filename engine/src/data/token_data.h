@@ -8,23 +8,30 @@
 #include <string>
 #include <vector>
 
+#include "data/token_stream.h"
 #include "traind/engine/job_spec.h"
 #include "traind/engine/status.h"
 #include "traind/engine/trainer.h"
 
 namespace traind::engine {
 
-// The whole token stream of a data file, split into train and validation parts.
+// The whole token stream of a data file, split into train and validation parts: two views over
+// one storage, normally a read-only mapping (token_stream.h), no copy.
 struct TokenData {
-  std::vector<int32_t> train;       // first (1 - validation_split) of the stream
-  std::vector<int32_t> validation;  // last validation_split of the stream
-  int64_t vocab_size_needed = 0;    // max token id + 1 (the model's vocab must be at least this)
+  TokenStream train;             // first (1 - validation_split) of the stream
+  TokenStream validation;        // last validation_split of the stream
+  int64_t vocab_size_needed = 0;  // max token id + 1 (the model's vocab must be at least this)
 };
 
 // Reads data.train_file per data.format / token_dtype / tokenizer ("byte": each byte is a token;
 // a tokenizer file or folder: its ids, through the token cache of token_cache.h). format jsonl:
 // one JSON object per line, data.text_field its text, each document followed by the tokenizer's
 // eos (a newline for tokenizers without one, such as byte).
+// Memory: the streams are memory-mapped, never copied into RAM: a text file with the byte
+// tokenizer is mapped itself (uint8 ids), a tokens file is mapped with its token_dtype, and other
+// tokenizers' ids are mapped from the token cache. On a cache miss the ids are built in RAM once
+// (the tokenizer's output), written to the cache, and the cache is mapped in their place; only
+// when no cache can be written do the streams own that vector.
 // NOT_FOUND for a missing file, INVALID_ARGUMENT (naming the field) for a file too short for one
 // window of seq_len + 1 tokens or a tokens file whose size is not a multiple of the dtype size;
 // the tokenizer's errors (data.tokenizer: ...) for a tokenizer that cannot be opened.
@@ -51,8 +58,10 @@ struct LoaderPosition {
 // A background thread prepares the next `prefetch` batches while the caller trains.
 class BatchLoader {
  public:
-  BatchLoader(std::shared_ptr<const std::vector<int32_t>> tokens, int64_t B, int64_t T, bool shuffle,
-              uint64_t seed, LoaderPosition start = {}, int prefetch = 2);
+  // `tokens` is shared with the caller (a copy of the view; the storage stays alive while the
+  // prefetch thread reads it).
+  BatchLoader(TokenStream tokens, int64_t B, int64_t T, bool shuffle, uint64_t seed,
+              LoaderPosition start = {}, int prefetch = 2);
   ~BatchLoader();
   BatchLoader(const BatchLoader&) = delete;
   BatchLoader& operator=(const BatchLoader&) = delete;
