@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <limits>
 #include <memory>
 #include <random>
@@ -38,7 +39,9 @@ struct Training {
   std::unique_ptr<StepRunner> runner;
 };
 
-Training Make(std::unique_ptr<Backend> backend, const std::vector<float>* init) {
+Training Make(std::unique_ptr<Backend> backend, const std::vector<float>* init,
+              const LoraOptions* lora = nullptr, DType compute = DType::kF32,
+              uint64_t dropout_seed = 1234) {
   ModelConfig c;
   c.arch = "gpt2";
   c.vocab_size = 67;
@@ -49,6 +52,8 @@ Training Make(std::unique_ptr<Backend> backend, const std::vector<float>* init) 
   ModelOptions o;
   o.micro_batch = 2;
   o.seq_len = 11;  // ragged against every block size
+  if (lora != nullptr) o.lora = *lora;
+  o.compute_type = compute;
   Training r;
   r.backend = std::move(backend);
   r.arena = std::make_unique<DeviceArena>(r.backend.get(), 0);
@@ -61,13 +66,17 @@ Training Make(std::unique_ptr<Backend> backend, const std::vector<float>* init) 
   } else {
     r.backend->CopyHostToDevice(r.model->param_data(), init->data(), init->size() * 4);
   }
+  if (r.model->lora()) r.model->InitAdapters(7);  // the same stream on both backends
   AdamWOptions adam;
   adam.weight_decay = 0.1;
-  auto opt = AdamWOptimizer::Create(r.model->params(), r.model->num_params(), adam, r.arena.get());
+  auto opt = AdamWOptimizer::Create(r.model->trainable_params(), r.model->num_trainable(), adam,
+                                    r.arena.get());
   EXPECT_TRUE(opt.ok()) << opt.status().ToString();
   r.optimizer = std::move(opt).value();
   StepRunner::Options so;
   so.accumulation_steps = 3;
+  so.dropout_seed = dropout_seed;
+  so.first_step = 5;  // as a resumed run: micro-batch keys from (5 * 3 + a) on
   so.fp16 = true;  // skip the update when the gradients overflow
   so.max_grad_norm = 0.5;
   so.use_graphs = true;
@@ -150,6 +159,76 @@ TEST(SimtStepRunner, GraphReplayedStepsMatchCpuAndSkipOverflowOnDevice) {
     const bool key_bias = p.hf_name.find("attn.c_attn.bias") != std::string::npos;
     EXPECT_LE(diff, key_bias ? 3 * 2e-3 : 1e-5 * ref) << p.hf_name;
   }
+  EXPECT_TRUE(simt.backend->status().ok()) << simt.backend->status().ToString();
+}
+
+// LoRA with lora_dropout 0.2 through the StepRunner: each micro-batch's dropout key travels in
+// its upload slot and is copied into the model inside the captured micro-batch graph, so the
+// replayed steps (2-6, 3 micro-batches each, both slot graphs) draw the masks of their own
+// micro-batch, as the CPU runner (no graphs) does: every step loss within 1e-5 and the adapters
+// after 6 steps within 1e-4 of their size of the CPU's, where a CPU run with another seed (other
+// masks, the same data) ends more than 20x further away than that.
+TEST(SimtStepRunner, LoraDropoutReplaysDrawEachMicroBatchsMasks) {
+  LoraOptions lora;
+  lora.r = 4;
+  lora.alpha = 8;
+  lora.dropout = 0.2;
+  lora.targets = {"c_attn", "c_proj", "c_fc"};
+  Training cpu = Make(MakeCpuBackend(1), nullptr, &lora);
+  ASSERT_TRUE(cpu.runner);
+  const std::vector<float> init = Params(cpu);
+  Training other = Make(MakeCpuBackend(1), &init, &lora, DType::kF32, /*dropout_seed=*/4321);
+  auto simt_backend = testing::MakeDeviceUnderTest();
+  ASSERT_TRUE(simt_backend.ok()) << simt_backend.status().ToString();
+  Training simt = Make(std::move(simt_backend).value(), &init, &lora);
+  ASSERT_TRUE(simt.runner && other.runner);
+  const int64_t N = 2 * 11;
+  auto batches = [N](std::mt19937* rng) {
+    return [rng, N](int32_t* in, int32_t* tg, double*) {
+      for (int64_t i = 0; i < N; ++i) {
+        in[i] = static_cast<int32_t>((*rng)() % 67);
+        tg[i] = static_cast<int32_t>((*rng)() % 67);
+      }
+      return Status::Ok();
+    };
+  };
+  std::mt19937 rng_cpu(9), rng_simt(9), rng_other(9);
+  const auto next_cpu = batches(&rng_cpu);
+  const auto next_simt = batches(&rng_simt);
+  const auto next_other = batches(&rng_other);
+  for (int step = 0; step < 6; ++step) {
+    SCOPED_TRACE("step " + std::to_string(step + 1));
+    double wait = 0.0;
+    auto a = cpu.runner->Run(next_cpu, 1e-2, 1.0f, &wait);
+    auto b = simt.runner->Run(next_simt, 1e-2, 1.0f, &wait);
+    ASSERT_TRUE(other.runner->Run(next_other, 1e-2, 1.0f, &wait).ok());
+    ASSERT_TRUE(a.ok()) << a.status().ToString();
+    ASSERT_TRUE(b.ok()) << b.status().ToString();
+    EXPECT_TRUE(simt.runner->replaying());
+    EXPECT_NEAR(b->loss, a->loss, 1e-5 * a->loss);
+  }
+  auto adapters = [](Training& t) {
+    std::vector<float> v(static_cast<size_t>(t.model->num_trainable()));
+    t.backend->CopyDeviceToHost(v.data(), t.model->trainable_data(), v.size() * 4);
+    t.backend->Synchronize();
+    return v;
+  };
+  const std::vector<float> ac = adapters(cpu), as = adapters(simt), ao = adapters(other);
+  double worst = 0.0, worst_other = 0.0;
+  for (const ParamInfo& p : cpu.model->trainable_params()) {
+    double diff = 0.0, diff_other = 0.0, ref = 0.0;
+    for (int64_t i = p.offset; i < p.offset + p.numel; ++i) {
+      diff = std::max(diff, std::fabs(double{as[i]} - ac[i]));
+      diff_other = std::max(diff_other, std::fabs(double{ao[i]} - ac[i]));
+      ref = std::max(ref, std::fabs(double{ac[i]}));
+    }
+    worst = std::max(worst, diff / ref);
+    worst_other = std::max(worst_other, diff_other / ref);
+    EXPECT_LE(diff, 1e-4 * ref) << p.hf_name;
+  }
+  EXPECT_GT(worst_other, 20 * worst) << "another seed's masks must move the adapters visibly";
+  std::printf("[simt step runner, LoRA dropout 0.2] adapters vs CPU: %.2e of their size; another "
+              "seed: %.2e\n", worst, worst_other);
   EXPECT_TRUE(simt.backend->status().ok()) << simt.backend->status().ToString();
 }
 
