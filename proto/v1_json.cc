@@ -78,6 +78,14 @@ nlohmann::json EventJson(const JobEvent& ev) {
       j["type"] = "eval";
       j.update({{"step", ev.eval().step()}, {"eval_loss", JsonNumber(ev.eval().eval_loss())}});
       break;
+    case JobEvent::kSample: {
+      const auto& s = ev.sample();
+      j["type"] = "sample";
+      j.update({{"step", s.step()}, {"prompt", s.prompt()}, {"text", s.text()},
+                {"prompt_ids", std::vector<int32_t>(s.prompt_ids().begin(), s.prompt_ids().end())},
+                {"ids", std::vector<int32_t>(s.ids().begin(), s.ids().end())}});
+      break;
+    }
     case JobEvent::kCheckpoint:
       j["type"] = "checkpoint";
       j.update({{"step", ev.checkpoint().step()}, {"dir", ev.checkpoint().dir()}});

@@ -374,6 +374,9 @@ void JobManager::OnRunnerEvent(const std::string& id, const v1::RunnerEvent& rev
     case v1::RunnerEvent::kCheckpoint:
       *ev.mutable_checkpoint() = rev.checkpoint();
       break;
+    case v1::RunnerEvent::kSample:
+      *ev.mutable_sample() = rev.sample();
+      break;
     case v1::RunnerEvent::kMessage:
       ev.set_message(rev.message());
       break;

@@ -50,6 +50,35 @@ std::string HumanDuration(double seconds) {
 
 // "tokenizing F: 45% (0.5 MiB of 1.1 MiB, 12.0 MiB/s)", "tokenized F: 1.1 MiB -> 338025 tokens in
 // 0.05 s (22.1 MiB/s)", "tokens of F from the cache (338025 tokens)".
+// A sample on one line: the prompt and the continuation, quoted, newlines and tabs escaped; the
+// ids when there is no text (format: tokens).
+std::string SampleText(const v1::SampleEvent& s) {
+  if (s.prompt().empty() && s.text().empty()) {
+    std::string ids = "ids";
+    for (int32_t id : s.ids()) {
+      ids.push_back(' ');
+      ids += std::to_string(id);
+    }
+    return ids;
+  }
+  std::string out = "\"";
+  for (const std::string* part : {&s.prompt(), &s.text()}) {
+    for (char ch : *part) {
+      if (ch == '\n') {
+        out += "\\n";
+      } else if (ch == '\t') {
+        out += "\\t";
+      } else if (ch == '"') {
+        out += "\\\"";
+      } else {
+        out.push_back(ch);
+      }
+    }
+  }
+  out.push_back('"');
+  return out;
+}
+
 std::string TokenizeText(const v1::TokenizeEvent& t) {
   if (t.cache_hit()) return "tokens of " + t.file() + " from the cache (" + std::to_string(t.tokens()) + " tokens)";
   const double mib = t.seconds() > 0 ? static_cast<double>(t.bytes_done()) / t.seconds() / (1 << 20) : 0;
@@ -237,6 +266,8 @@ std::string EventText(const v1::JobEvent& ev) {
       return t + "eval step " + std::to_string(ev.eval().step()) + "  eval_loss " + Fmt("%.4f", ev.eval().eval_loss());
     case v1::JobEvent::kCheckpoint:
       return t + "checkpoint step " + std::to_string(ev.checkpoint().step()) + " -> " + ev.checkpoint().dir();
+    case v1::JobEvent::kSample:
+      return t + "sample step " + std::to_string(ev.sample().step()) + ": " + SampleText(ev.sample());
     case v1::JobEvent::kMessage:
       return t + ev.message();
     case v1::JobEvent::kTokenize:

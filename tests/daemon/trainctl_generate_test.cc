@@ -28,17 +28,20 @@ class TrainctlGenerateTest : public ::testing::Test {
     o.train_file = data;
     o.max_steps = 30;
     o.output_dir = *dir_ + "/out/model";
+    o.training_extra = "  sample_every: 10\n";  // samples in the job's log (JOBSPEC.md)
     const std::string spec = *dir_ + "/model.yaml";
     o.name = "model";
     WriteAll(spec, TinySpec(o));
     CmdResult r = Ctl({"submit", spec, "--wait"});
     ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+    job_ = new std::string(r.out.substr(0, r.out.find('\n')));
   }
   static void TearDownTestSuite() {
     delete daemon_;
     daemon_ = nullptr;
     std::filesystem::remove_all(*dir_);
     delete dir_;
+    delete job_;
   }
   static CmdResult Ctl(std::vector<std::string> args) {
     std::vector<std::string> all = {"--addr", daemon_->addr(), "--state-dir", daemon_->state_dir()};
@@ -48,9 +51,11 @@ class TrainctlGenerateTest : public ::testing::Test {
   static std::string Model() { return *dir_ + "/out/model"; }
 
   static std::string* dir_;
+  static std::string* job_;
   static Daemon* daemon_;
 };
 std::string* TrainctlGenerateTest::dir_ = nullptr;
+std::string* TrainctlGenerateTest::job_ = nullptr;
 Daemon* TrainctlGenerateTest::daemon_ = nullptr;
 
 TEST_F(TrainctlGenerateTest, JsonLayoutGreedyIsRepeatableAndIdsAreTheText) {
@@ -121,6 +126,30 @@ TEST_F(TrainctlGenerateTest, BadInputIsOneClearErrorWithTheContractsExitCodes) {
   r = Trainctl({"--addr", daemon_->addr(), "--token", "wrong", "generate", Model(), "--prompt", "x"});
   EXPECT_EQ(r.exit_code, 3);
   EXPECT_THAT(r.err, HasSubstr("did not accept the token"));
+}
+
+// training.sample_every: the job's log holds a sample at steps 10, 20, 30 (text and JSON).
+TEST_F(TrainctlGenerateTest, SamplesDuringTrainingAreInTheLog) {
+  CmdResult r = Ctl({"logs", *job_});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  for (const char* step : {"sample step 10: \"", "sample step 20: \"", "sample step 30: \""}) {
+    EXPECT_THAT(r.out, HasSubstr(step)) << r.out;
+  }
+  r = Ctl({"-o", "json", "logs", *job_});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  int samples = 0;
+  size_t at = 0;
+  while (at < r.out.size()) {
+    const size_t end = r.out.find('\n', at);
+    auto ev = nlohmann::json::parse(r.out.substr(at, end - at));
+    at = end == std::string::npos ? r.out.size() : end + 1;
+    if (ev["type"] != "sample") continue;
+    ++samples;
+    EXPECT_EQ(ev["step"].get<int>() % 10, 0);
+    EXPECT_FALSE(ev["prompt"].get<std::string>().empty());  // the training text's first bytes
+    EXPECT_GT(ev["ids"].size(), 0u);
+  }
+  EXPECT_EQ(samples, 3);
 }
 
 }  // namespace

@@ -157,6 +157,16 @@ int JobRunnerMain() {
     ev.mutable_eval()->set_eval_loss(r.eval_loss);
     Emit(proto_fd, ev);
   };
+  cb.on_sample = [&](const engine::SampleReport& r) {
+    v1::RunnerEvent ev;
+    v1::SampleEvent* e = ev.mutable_sample();
+    e->set_step(r.step);
+    e->set_prompt(r.prompt);
+    e->set_text(r.text);
+    for (int32_t id : r.prompt_ids) e->add_prompt_ids(id);
+    for (int32_t id : r.ids) e->add_ids(id);
+    Emit(proto_fd, ev);
+  };
   int64_t last_checkpoint_step = 0;
   cb.on_checkpoint = [&](int64_t step, const std::string& dir) {
     last_checkpoint_step = step;

@@ -43,10 +43,13 @@ KvDecoder::KvDecoder(const ModelConfig& config, const float* params, int64_t max
     : d_(MakeArchDims(config)), table_(BuildParams(d_)), params_(params), max_len_(max_len),
       be_(be) {}
 
-int64_t KvDecoder::PlanBytes(const ModelConfig& config, int64_t max_len) {
+MemoryBytes KvDecoder::PlanBytes(const ModelConfig& config, int64_t max_len) {
   const ArchDims d = MakeArchDims(config);
   const Sizes s = SizesOf(d, max_len);
-  return (s.cache + WorkFloats(s) + 64) * static_cast<int64_t>(sizeof(float));
+  MemoryBytes b;
+  b.activations = s.cache * static_cast<int64_t>(sizeof(float));
+  b.temporary = (WorkFloats(s) + 64) * static_cast<int64_t>(sizeof(float));
+  return b;
 }
 
 Result<std::unique_ptr<KvDecoder>> KvDecoder::Create(const ModelConfig& config,

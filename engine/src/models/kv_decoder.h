@@ -15,6 +15,7 @@
 #include "backend/backend.h"
 #include "models/layout.h"
 #include "traind/engine/job_spec.h"
+#include "traind/engine/plan.h"
 #include "traind/engine/status.h"
 
 namespace traind::engine {
@@ -27,8 +28,9 @@ class KvDecoder {
   // that is not a causal pre-norm decoder or max_len out of range.
   static Result<std::unique_ptr<KvDecoder>> Create(const ModelConfig& config, const float* params,
                                                    int64_t max_len, DeviceArena* arena);
-  // The bytes Create() allocates for `max_len` positions.
-  static int64_t PlanBytes(const ModelConfig& config, int64_t max_len);
+  // The bytes Create() allocates for `max_len` positions: the cache as activations, the per-token
+  // buffers as temporary.
+  static MemoryBytes PlanBytes(const ModelConfig& config, int64_t max_len);
 
   // Appends `token` at position length() and writes the next token's logits (vocab_size floats,
   // host memory) into *logits. FAILED_PRECONDITION when the cache is full; the backend's error

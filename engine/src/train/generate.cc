@@ -19,14 +19,12 @@
 #include "models/kv_decoder.h"
 #include "models/layout.h"
 #include "train/checkpoint.h"
+#include "train/sampler.h"
 #include "traind/engine/tokenizer.h"
 
 namespace traind::engine {
 namespace fs = std::filesystem;
-namespace {
 
-// Replaces invalid UTF-8 (a byte-level token cut in the middle of a character) by U+FFFD, as
-// HF's decode(errors="replace") does, so the text can travel in protobuf strings and JSON.
 std::string ValidUtf8(const std::string& s) {
   std::string out;
   out.reserve(s.size());
@@ -57,6 +55,8 @@ std::string ValidUtf8(const std::string& s) {
   }
   return out;
 }
+
+namespace {
 
 Result<nlohmann::json> ReadJson(const fs::path& path) {
   std::ifstream in(path);

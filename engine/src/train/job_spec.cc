@@ -175,11 +175,6 @@ Status ParseData(const YAML::Node& node, DataSpec* d, const std::string& base_di
   return Status::Ok();
 }
 
-Status NotYet(const SpecReader& r, const std::string& key, const std::string& what,
-              const std::string& supported) {
-  return r.Error(key, what + " is not supported yet (supported: " + supported + ")");
-}
-
 Status ParseBatch(const SpecReader& r, TrainingSpec* t) {
   const YAML::Node b = r.Child("per_device_train_batch_size");
   if (b) {
@@ -368,11 +363,7 @@ Status ParseTraining(const YAML::Node& node, TrainingSpec* t, const std::string&
   TRAIND_RETURN_IF_ERROR(r.Int("logging_steps", &t->logging_steps, 1));
   TRAIND_RETURN_IF_ERROR(r.Int("eval_steps", &t->eval_steps, 0));
   TRAIND_RETURN_IF_ERROR(r.Int("save_steps", &t->save_steps, 0));
-  {
-    int64_t sample_every = 0;  // JOBSPEC.md: generated samples in the log (issue 13's generate)
-    TRAIND_RETURN_IF_ERROR(r.Int("sample_every", &sample_every, 0));
-    if (sample_every != 0) return NotYet(r, "sample_every", std::to_string(sample_every), "0");
-  }
+  TRAIND_RETURN_IF_ERROR(r.Int("sample_every", &t->sample_every, 0));
   TRAIND_RETURN_IF_ERROR(r.Bool("overwrite_output_dir", &t->overwrite_output_dir));
   // resume_from_checkpoint: null | false | true | a checkpoint folder's path.
   if (r.Has("resume_from_checkpoint") && !r.Child("resume_from_checkpoint").IsNull()) {
@@ -422,6 +413,11 @@ Result<JobSpec> ParseRoot(const YAML::Node& root, const std::string& base_dir) {
                                         s.training.bf16   ? DType::kBF16
                                         : s.training.fp16 ? DType::kF16
                                                           : DType::kF32));
+  }
+  if (s.training.sample_every > 0 && s.training.peft) {
+    return Status::InvalidArgument(
+        "training.sample_every: samples during a LoRA fine-tune are not supported yet (the "
+        "adapters would have to be merged each time); use trainctl generate on the result");
   }
   TRAIND_RETURN_IF_ERROR(r.String("output_dir", &s.output_dir));
   if (s.output_dir.empty()) return r.Error("output_dir", "must not be empty");
@@ -732,6 +728,7 @@ std::string JobSpecToJson(const JobSpec& s) {
   tr["logging_steps"] = t.logging_steps;
   tr["eval_steps"] = t.eval_steps;
   tr["save_steps"] = t.save_steps;
+  if (t.sample_every > 0) tr["sample_every"] = t.sample_every;
   tr["overwrite_output_dir"] = t.overwrite_output_dir;
   tr["resume_from_checkpoint"] = t.resume_from_checkpoint ? oj(*t.resume_from_checkpoint)
                                  : t.resume_from_last_checkpoint ? oj(true)

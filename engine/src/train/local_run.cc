@@ -16,6 +16,31 @@ namespace {
 std::atomic<bool> g_cancel{false};
 std::atomic<bool> g_preempt{false};
 
+// A sample on one console line: prompt and continuation quoted, newlines escaped (or the ids).
+std::string SampleLine(const std::string& prompt, const std::string& text,
+                       const std::vector<int32_t>& ids) {
+  if (prompt.empty() && text.empty()) {
+    std::string s = "ids";
+    for (int32_t id : ids) {
+      s.push_back(' ');
+      s += std::to_string(id);
+    }
+    return s;
+  }
+  std::string s = "\"";
+  for (const std::string* part : {&prompt, &text}) {
+    for (char ch : *part) {
+      if (ch == '\n') {
+        s += "\\n";
+      } else {
+        s.push_back(ch);
+      }
+    }
+  }
+  s.push_back('"');
+  return s;
+}
+
 // The first SIGINT/SIGTERM preempts (a checkpoint at the next step boundary, then exit); a second
 // one cancels without waiting for it.
 void OnSignal(int) {
@@ -67,6 +92,11 @@ int RunJobFileWithConsole(const std::string& spec_path, RunOptions options) {
   };
   cb.on_eval = [](const EvalReport& r) {
     std::printf("step %lld  eval_loss %.4f\n", static_cast<long long>(r.step), r.eval_loss);
+    std::fflush(stdout);
+  };
+  cb.on_sample = [](const SampleReport& r) {
+    std::printf("step %lld  sample: %s\n", static_cast<long long>(r.step),
+                SampleLine(r.prompt, r.text, r.ids).c_str());
     std::fflush(stdout);
   };
   cb.on_checkpoint = [](int64_t, const std::string& dir) {

@@ -10,6 +10,7 @@
 #include "models/hf_config.h"
 #include "optim/offloaded_optimizer.h"
 #include "optim/optimizer.h"
+#include "train/sampler.h"
 #include "train/step_runner.h"
 
 namespace traind::engine {
@@ -95,6 +96,9 @@ MemoryBytes JobBytes(const ModelConfig& config, const ModelOptions& options,
                      : OptimizerPlanBytes(training, trainable, n_trainable);
   // The trainer's double-buffered micro-batch uploads and step scalars.
   b.activations += StepRunner::PlanBytes(options.micro_batch, options.seq_len);
+  const MemoryBytes sampler = SamplerPlanBytes(config, training);
+  b.activations += sampler.activations;
+  b.temporary += sampler.temporary;
   return b;
 }
 

@@ -75,7 +75,7 @@ Status LoadData(TrainingSession* s) {
                                    ", beyond the model's vocab_size " +
                                    std::to_string(s->config.vocab_size));
   }
-  s->train_tokens = std::make_shared<const std::vector<int32_t>>(std::move(data.train));
+  s->train_tokens = std::move(data.train);
   s->validation_tokens = std::move(data.validation);
   return Status::Ok();
 }
@@ -197,6 +197,7 @@ Result<std::unique_ptr<TrainingSession>> SetUpSession(const JobSpec& spec, const
   TRAIND_RETURN_IF_ERROR(LoadData(s.get()));
   TRAIND_RETURN_IF_ERROR(BuildModelAndOptimizer(s.get()));
   TRAIND_RETURN_IF_ERROR(RestoreOrInitialize(s.get()));
+  TRAIND_RETURN_IF_ERROR(SetUpSampler(s.get()));
   return s;
 }
 

@@ -18,6 +18,7 @@
 #include "optim/optimizer.h"
 #include "optim/schedule.h"
 #include "train/checkpoint.h"
+#include "train/sampler.h"
 #include "traind/engine/trainer.h"
 
 namespace traind::engine {
@@ -37,8 +38,8 @@ struct TrainingSession {
   int64_t B = 0, T = 0, accum = 1;  // micro-batch, sequence length, accumulation steps
 
   // Data.
-  std::shared_ptr<const std::vector<int32_t>> train_tokens;
-  std::vector<int32_t> validation_tokens;
+  TokenStream train_tokens;       // views over one mapping (token_stream.h); shared with the loader
+  TokenStream validation_tokens;
   int64_t windows_per_epoch = 0;  // set by the step loop's batch loader
 
   // Device objects, in construction order (destroyed in reverse: the arena outlives what it holds).
@@ -48,6 +49,7 @@ struct TrainingSession {
   std::unique_ptr<DeviceArena> arena;
   std::unique_ptr<Model> model;
   std::unique_ptr<Optimizer> optimizer;  // training.optim
+  std::unique_ptr<TrainingSampler> sampler;  // training.sample_every (else null)
 
   // Where the run stands (restored on resume).
   TrainerState state;

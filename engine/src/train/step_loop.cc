@@ -14,6 +14,7 @@
 
 #include "optim/loss_scaler.h"
 #include "train/log_history.h"
+#include "train/sampler.h"
 #include "train/step_runner.h"
 
 namespace traind::engine {
@@ -34,9 +35,9 @@ struct WindowTiming {
 }  // namespace
 
 Result<double> Evaluate(TrainingSession* s) {
-  const std::vector<int32_t>& tokens = s->validation_tokens;
+  const TokenStream& tokens = s->validation_tokens;
   const int64_t B = s->B, T = s->T;
-  const int64_t n = static_cast<int64_t>(tokens.size());
+  const int64_t n = tokens.size();
   const int64_t windows = n > 0 ? (n - 1) / T : 0;
   if (windows <= 0) return std::numeric_limits<double>::quiet_NaN();
   std::vector<int32_t> inputs(static_cast<size_t>(B * T)), targets(static_cast<size_t>(B * T));
@@ -48,9 +49,8 @@ Result<double> Evaluate(TrainingSession* s) {
       int32_t* in = inputs.data() + b * T;
       int32_t* tg = targets.data() + b * T;
       if (b < count) {
-        const int32_t* w = tokens.data() + (first + b) * T;
-        std::copy(w, w + T, in);
-        std::copy(w + 1, w + T + 1, tg);
+        tokens.CopyWindow((first + b) * T, T, in);
+        tokens.CopyWindow((first + b) * T + 1, T, tg);
       } else {
         std::fill(in, in + T, 0);
         std::fill(tg, tg + T, -1);
@@ -220,6 +220,9 @@ Status RunStepLoop(TrainingSession* s, double* last_eval) {
     }
     if ((t.save_steps > 0 && state.global_step % t.save_steps == 0) || last) {
       TRAIND_RETURN_IF_ERROR(save());
+    }
+    if (t.sample_every > 0 && state.global_step % t.sample_every == 0) {
+      TRAIND_RETURN_IF_ERROR(SampleNow(s, state.global_step));
     }
   }
   if (s->first_step == t.max_steps) {

@@ -120,6 +120,7 @@ struct TrainingSpec {
   int64_t logging_steps = 10;
   int64_t eval_steps = 0;                    // 0 = only at the end
   int64_t save_steps = 0;                    // 0 = only at the end
+  int64_t sample_every = 0;                  // > 0: a generated sample in the log every N steps
   // A fresh run refuses an output_dir holding another run's files (model.safetensors,
   // adapter_model.safetensors, trainer_state.json, checkpoint-<step>/) unless this is true.
   bool overwrite_output_dir = false;

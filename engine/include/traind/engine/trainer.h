@@ -8,6 +8,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "traind/engine/devices.h"
 #include "traind/engine/job_spec.h"
@@ -62,6 +63,17 @@ struct LogReport {
   double samples_per_second = 0;
 };
 
+// training.sample_every: text generated from the model at `step` (temperature 0.8, seeded from the
+// job's seed and the step), the prompt being the first tokens of the training data. prompt/text
+// are empty for format: tokens (no tokenizer; the ids tell).
+struct SampleReport {
+  int64_t step = 0;
+  std::string prompt;
+  std::string text;
+  std::vector<int32_t> prompt_ids;
+  std::vector<int32_t> ids;
+};
+
 struct EvalReport {
   int64_t step = 0;
   double eval_loss = 0;
@@ -104,6 +116,7 @@ struct RunCallbacks {
   std::function<void(int64_t step, const std::string& dir)> on_checkpoint;  // after it is durable
   std::function<void(const std::string& line)> on_message;  // human-readable notes
   std::function<void(const TokenizeReport&)> on_tokenize;   // while the data is tokenized
+  std::function<void(const SampleReport&)> on_sample;       // every training.sample_every steps
 };
 
 struct RunOptions {
