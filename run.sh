@@ -22,6 +22,7 @@ PACKAGES=(
   fio  # bench/offload_bench: raw sequential bandwidth of the offload directory
   zsh  # tests/daemon/completion_test.sh parses client/trainctl/completion/_trainctl
   clang  # the thread_safety test: clang's -Wthread-safety over server/ and worker/
+  libgloo-dev  # comm/: data-parallel collectives on the CPU backend (Gloo, TCP)
 )
 
 log() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }

@@ -8,7 +8,7 @@ Engine layers, bottom to top; a folder may include its own layer and those below
   nn, optim, data                             (peers: none includes another)
   models   engine/src/models/
   train    engine/src/train/, engine/tools/
-Also: engine/ never includes RocksDB, gRPC or protobuf; server/ never includes engine internals
+Also: engine/ never includes RocksDB, gRPC, protobuf or Gloo; server/ never includes engine internals
 (kernels, backends) - only the engine's public headers.
 Usage: check_layers.py REPO_ROOT    (exit 1 and one line per violation)
 """
@@ -20,7 +20,7 @@ LAYER_OF_FOLDER = {
     "core": 1, "backend": 2, "nn": 3, "optim": 3, "data": 3, "models": 4, "train": 5,
 }
 INCLUDE = re.compile(r'^\s*#\s*include\s*[<"]([^">]+)[">]', re.M)
-FOREIGN = ("rocksdb/", "grpc", "grpcpp/", "google/protobuf/", "prometheus/")
+FOREIGN = ("rocksdb/", "grpc", "grpcpp/", "google/protobuf/", "prometheus/", "gloo/")
 
 
 def layer_of_header(header):
@@ -54,7 +54,7 @@ def check_engine(root, violations):
             for inc in INCLUDE.findall(text):
                 if inc.startswith(FOREIGN):
                     violations.append(f"engine/{rel}: includes <{inc}>: the engine knows nothing of "
-                                      "RocksDB, gRPC, protobuf or Prometheus")
+                                      "RocksDB, gRPC, protobuf, Prometheus or Gloo")
                     continue
                 theirs = layer_of_header(inc)
                 if theirs is None:

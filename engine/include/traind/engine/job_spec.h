@@ -133,12 +133,24 @@ struct TrainingSpec {
   bool auto_batch() const { return per_device_train_batch_size == 0; }
 };
 
+// `distributed:` (data parallel, one rank per process). A field left out stays unset here; the
+// job runner (worker/, `traind run`) fills it from WORLD_SIZE, RANK, MASTER_ADDR, MASTER_PORT as
+// torchrun / PyTorchJob set them, and opens the communicator (RunOptions::open_communicator).
+struct DistributedSpec {
+  std::optional<int64_t> world_size;  // >= 1; 1 = a plain run
+  std::optional<int64_t> rank;        // 0 .. world_size-1
+  std::optional<std::string> master_addr;
+  std::optional<int64_t> master_port;  // 1 .. 65535
+  int64_t zero_stage = 0;              // 0 (1: later)
+};
+
 struct JobSpec {
   std::string name;
   ModelSpec model;
   DataSpec data;
   TrainingSpec training;
   std::string output_dir = "./runs/job";
+  std::optional<DistributedSpec> distributed;  // null / absent: one process (env not read)
 };
 
 // Offset of the first byte of `s` that breaks UTF-8, or npos (every string of a spec must be UTF-8:

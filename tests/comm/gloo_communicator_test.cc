@@ -1,0 +1,280 @@
+// The Gloo communicator's contract (traind/engine/communicator.h) with every rank a thread of this
+// process, over loopback: sums, 16-bit sums with fp32 accumulation, reduce-scatter, all-gather,
+// broadcast, barrier; the rendezvous's errors (a rank that never joins, no rank 0, a rank taken
+// twice, disagreeing world sizes); ResolveDistributed's environment defaults.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tcp_store.h"
+#include "traind/comm/gloo_communicator.h"
+
+namespace traind::comm {
+namespace {
+
+using engine::CommDType;
+using engine::Communicator;
+
+// A port per test (tests of one binary may run in parallel under ctest -j: spread them by pid).
+int NextPort() {
+  static std::atomic<int> n{0};
+  return 20000 + static_cast<int>((::getpid() * 37) % 20000) + n.fetch_add(1) * 1;
+}
+
+GlooOptions Opts(int world, int rank, int port, int timeout_ms = 10000) {
+  GlooOptions o;
+  o.world_size = world;
+  o.rank = rank;
+  o.master_addr = "127.0.0.1";
+  o.master_port = port;
+  o.prefix = "test/" + std::to_string(port) + "/0/";
+  o.rendezvous_timeout = std::chrono::milliseconds(timeout_ms);
+  o.collective_timeout = std::chrono::milliseconds(20000);
+  return o;
+}
+
+// Runs body(rank, comm) on `world` threads, each with its own communicator.
+void RunWorld(int world, const std::function<void(int, Communicator*)>& body) {
+  const int port = NextPort();
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      auto comm = OpenGlooCommunicator(Opts(world, r, port));
+      ASSERT_TRUE(comm.ok()) << comm.status().ToString();
+      ASSERT_EQ((*comm)->rank(), r);
+      ASSERT_EQ((*comm)->world_size(), world);
+      body(r, comm->get());
+    });
+  }
+  for (auto& t : threads) t.join();
+}
+
+uint16_t Bf16(float f) {  // exact for the values used here
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return static_cast<uint16_t>(u >> 16);
+}
+float FromBf16(uint16_t h) {
+  uint32_t u = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+TEST(GlooCommunicator, AllReduceSumF32EveryRankSameBits) {
+  for (int world : {2, 4}) {
+    std::vector<std::vector<float>> results(world);
+    const int64_t n = 300001;  // several ring segments, not a multiple of the world
+    RunWorld(world, [&](int r, Communicator* c) {
+      std::vector<float> x(n);
+      for (int64_t i = 0; i < n; ++i) x[i] = std::sin(0.001f * static_cast<float>(i) * (r + 1)) / 3.0f;
+      ASSERT_TRUE(c->AllReduceSum(x.data(), n, CommDType::kF32).ok());
+      results[r] = x;
+    });
+    for (int64_t i = 0; i < n; i += 997) {
+      double want = 0;
+      for (int r = 0; r < world; ++r) want += std::sin(0.001f * static_cast<float>(i) * (r + 1)) / 3.0f;
+      EXPECT_NEAR(results[0][i], want, 1e-6) << i;
+    }
+    for (int r = 1; r < world; ++r) {
+      EXPECT_EQ(0, std::memcmp(results[0].data(), results[r].data(), n * 4)) << "rank " << r;
+    }
+  }
+}
+
+TEST(GlooCommunicator, SixteenBitSumsAccumulateInF32) {
+  // 4 ranks add 1 + 2^-8 each: in bf16 arithmetic the partial sums would round (bf16 has 8
+  // mantissa bits); accumulated in fp32 the total 4 + 2^-6 is exact in bf16.
+  std::vector<uint16_t> out_bf(4), out_f16(4);
+  RunWorld(4, [&](int r, Communicator* c) {
+    uint16_t b = Bf16(1.0f + 1.0f / 128.0f);  // 1 + 2^-7: exactly representable in bf16
+    ASSERT_TRUE(c->AllReduceSum(&b, 1, CommDType::kBF16).ok());
+    if (r == 0) out_bf[0] = b;
+    uint16_t h = 0x3c00 + 1;  // f16 1 + 2^-10
+    ASSERT_TRUE(c->AllReduceSum(&h, 1, CommDType::kF16).ok());
+    if (r == 0) out_f16[0] = h;
+  });
+  EXPECT_EQ(FromBf16(out_bf[0]), 4.0f + 4.0f / 128.0f);
+  // 4 * (1 + 2^-10) = 4 + 2^-8 is exactly representable in f16 (exponent 2, 10 mantissa bits).
+  EXPECT_EQ(out_f16[0], 0x4400 + 1);  // 4 + 1 ulp(4) = 4 + 2^-8
+}
+
+TEST(GlooCommunicator, ReduceScatterAllGatherBroadcastBarrier) {
+  const int world = 3;
+  const int64_t count = 5;
+  std::vector<std::vector<float>> scattered(world), gathered(world);
+  std::vector<std::string> broadcast(world);
+  RunWorld(world, [&](int r, Communicator* c) {
+    std::vector<float> in(count * world);
+    for (int64_t i = 0; i < count * world; ++i) in[i] = static_cast<float>(i * 10 + r);
+    std::vector<float> out(count);
+    ASSERT_TRUE(c->ReduceScatterSum(in.data(), out.data(), count, CommDType::kF32).ok());
+    scattered[r] = out;
+    std::vector<float> mine(count, static_cast<float>(r + 1)), all(count * world);
+    ASSERT_TRUE(c->AllGather(mine.data(), all.data(), count, CommDType::kF32).ok());
+    gathered[r] = all;
+    char text[16] = {0};
+    if (r == 2) std::strcpy(text, "from rank 2");
+    ASSERT_TRUE(c->Broadcast(text, sizeof(text), 2).ok());
+    broadcast[r] = text;
+    ASSERT_TRUE(c->Barrier().ok());
+    EXPECT_EQ(c->Broadcast(text, sizeof(text), 7).code(), Status::Code::kInvalidArgument);
+  });
+  for (int r = 0; r < world; ++r) {
+    for (int64_t i = 0; i < count; ++i) {
+      const int64_t g = r * count + i;
+      EXPECT_EQ(scattered[r][i], static_cast<float>(g * 10 * world + 0 + 1 + 2));
+    }
+    for (int q = 0; q < world; ++q) {
+      for (int64_t i = 0; i < count; ++i) EXPECT_EQ(gathered[r][q * count + i], q + 1.0f);
+    }
+    EXPECT_EQ(broadcast[r], "from rank 2");
+  }
+}
+
+TEST(GlooRendezvous, ARankThatNeverJoinsIsNamed) {
+  const int port = NextPort();
+  const auto t0 = std::chrono::steady_clock::now();
+  auto comm = OpenGlooCommunicator(Opts(3, 0, port, 1500));  // ranks 1 and 2 never come
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_FALSE(comm.ok());
+  EXPECT_EQ(comm.status().code(), Status::Code::kUnavailable);
+  EXPECT_NE(comm.status().message().find("ranks 1 and 2 never joined within 1.5 s"),
+            std::string::npos)
+      << comm.status().message();
+  EXPECT_LT(s, 5.0);
+
+  // World 2 with rank 1 present but rank 0's peer... rank 1 alone: the store's host never comes.
+  auto lonely = OpenGlooCommunicator(Opts(2, 1, NextPort(), 800));
+  ASSERT_FALSE(lonely.ok());
+  EXPECT_NE(lonely.status().message().find("rank 0 never came"), std::string::npos)
+      << lonely.status().message();
+}
+
+TEST(GlooRendezvous, OneRankMissingOfTwo) {
+  const int port = NextPort();
+  auto comm = OpenGlooCommunicator(Opts(2, 0, port, 1000));
+  ASSERT_FALSE(comm.ok());
+  EXPECT_NE(comm.status().message().find("rank 1 never joined within 1 s"), std::string::npos)
+      << comm.status().message();
+}
+
+TEST(GlooRendezvous, SameRankTwiceAndWorldSizeMismatch) {
+  {
+    const int port = NextPort();
+    Status second;
+    std::thread a([&] { (void)OpenGlooCommunicator(Opts(2, 0, port, 1500)); });
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    std::thread b([&] { second = OpenGlooCommunicator(Opts(2, 0, port, 1500)).status(); });
+    a.join();
+    b.join();
+    // The second "rank 0" cannot host the store (the port is taken) or finds rank 0 claimed.
+    EXPECT_FALSE(second.ok());
+  }
+  {
+    // A second process claiming rank 1 while the world is up (the store lives with rank 0's
+    // communicator): refused, naming the rank.
+    const int port = NextPort();
+    std::unique_ptr<Communicator> c0, c1;
+    std::thread a([&] {
+      auto c = OpenGlooCommunicator(Opts(2, 0, port, 1500));
+      ASSERT_TRUE(c.ok()) << c.status().ToString();
+      c0 = std::move(*c);
+    });
+    std::thread b([&] {
+      auto c = OpenGlooCommunicator(Opts(2, 1, port, 1500));
+      ASSERT_TRUE(c.ok()) << c.status().ToString();
+      c1 = std::move(*c);
+    });
+    a.join();
+    b.join();
+    const Status again = OpenGlooCommunicator(Opts(2, 1, port, 1500)).status();
+    EXPECT_EQ(again.code(), Status::Code::kInvalidArgument);
+    EXPECT_NE(again.message().find("distributed.rank: rank 1 has already joined"), std::string::npos)
+        << again.ToString();
+  }
+  {
+    const int port = NextPort();
+    Status r0, r1;
+    std::thread a([&] { r0 = OpenGlooCommunicator(Opts(2, 0, port, 1500)).status(); });
+    std::thread b([&] { r1 = OpenGlooCommunicator(Opts(3, 1, port, 1500)).status(); });
+    a.join();
+    b.join();
+    EXPECT_FALSE(r0.ok());
+    EXPECT_FALSE(r1.ok());
+    const std::string both = r0.message() + " | " + r1.message();
+    EXPECT_NE(both.find("joined with world_size"), std::string::npos) << both;
+  }
+}
+
+TEST(GlooRendezvous, StaleAttemptKeysAreNotSeen) {
+  // A store holding attempt 0's join keys: attempt 1's ranks do not count them.
+  const int port = NextPort();
+  auto server = TcpStoreServer::Start("127.0.0.1", port);
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  auto old = TcpStoreClient::Connect("127.0.0.1", port, "job/0/", std::chrono::seconds(2), "");
+  ASSERT_TRUE(old.ok());
+  ASSERT_TRUE((*old)->Set("join/1", "2").ok());
+  auto fresh = TcpStoreClient::Connect("127.0.0.1", port, "job/1/", std::chrono::seconds(2), "");
+  ASSERT_TRUE(fresh.ok());
+  std::string v;
+  bool found = true;
+  ASSERT_TRUE((*fresh)->TryGet("join/1", &v, &found).ok());
+  EXPECT_FALSE(found);
+  ASSERT_TRUE((*old)->TryGet("join/1", &v, &found).ok());
+  EXPECT_TRUE(found);
+  EXPECT_EQ(v, "2");
+}
+
+TEST(ResolveDistributed, FieldsWinOverEnvironmentAndErrorsNameTheField) {
+  std::map<std::string, std::string> env = {
+      {"WORLD_SIZE", "4"}, {"RANK", "3"}, {"MASTER_ADDR", "10.0.0.1"}, {"MASTER_PORT", "1234"}};
+  auto getenv = [&](const char* k) -> const char* {
+    auto it = env.find(k);
+    return it == env.end() ? nullptr : it->second.c_str();
+  };
+  engine::JobSpec spec;
+  spec.name = "j";
+  spec.distributed.emplace();
+  auto o = ResolveDistributed(spec, getenv);
+  ASSERT_TRUE(o.ok()) << o.status().ToString();
+  EXPECT_EQ(o->world_size, 4);
+  EXPECT_EQ(o->rank, 3);
+  EXPECT_EQ(o->master_addr, "10.0.0.1");
+  EXPECT_EQ(o->master_port, 1234);
+  EXPECT_EQ(o->prefix, "traind/j/0/");
+  spec.distributed->rank = 1;
+  spec.distributed->master_port = 29500;
+  o = ResolveDistributed(spec, getenv);
+  ASSERT_TRUE(o.ok());
+  EXPECT_EQ(o->rank, 1);
+  EXPECT_EQ(o->master_port, 29500);
+  env["WORLD_SIZE"] = "two";
+  o = ResolveDistributed(spec, getenv);
+  ASSERT_FALSE(o.ok());
+  EXPECT_NE(o.status().message().find("distributed.world_size: WORLD_SIZE='two'"), std::string::npos)
+      << o.status().message();
+  env.erase("RANK");
+  env["WORLD_SIZE"] = "2";
+  spec.distributed->rank.reset();
+  o = ResolveDistributed(spec, getenv);
+  ASSERT_FALSE(o.ok());
+  EXPECT_NE(o.status().message().find("distributed.rank: not set, and RANK is not in the environment"),
+            std::string::npos);
+  env["RANK"] = "2";
+  o = ResolveDistributed(spec, getenv);
+  ASSERT_FALSE(o.ok());
+  EXPECT_NE(o.status().message().find("distributed.rank: 2 must be < world_size 2"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace traind::comm
