@@ -356,7 +356,10 @@ Result<std::vector<int32_t>> EncodeSplitAtLines(
     total += r->size();
   }
   out.reserve(total);
-  for (auto& r : results) out.insert(out.end(), r->begin(), r->end());
+  for (auto& r : results) {
+    out.insert(out.end(), r->begin(), r->end());
+    std::vector<int32_t>().swap(*r);  // free each part once copied: the peak stays near one copy
+  }
   return out;
 }
 
