@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -390,9 +391,12 @@ TEST_F(TokenStreamTest, A200MbCorpusNeedsNoAnonymousMemoryForItsTokens) {
   }
 }
 
-// A cache miss tokenizes into RAM once, writes the cache and maps it: after the load, the
-// anonymous memory the encoded ids took (4 bytes each) is given back. ~32 MB of text: ~10M ids,
-// 40 MB as int32 (above glibc's largest mmap threshold, so freeing them unmaps them).
+// A cache miss streams the tokenizer's parts into the cache in order (EncodeLargeTo) and maps the
+// cache: the ids (~10M from ~32 MB of text, 40 MB as int32) are never all in memory, and the
+// load ends holding only mapped pages. Bounds: the peak RSS during the load beyond the mapped text
+// and the cache's pages (2 bytes an id) stays under 40 MiB (the tokenizer's tables and the parts
+// in flight; the vector path that joined the parts needed ~87 MiB more), and RssAnon afterwards
+// grows by less than half the int32 ids (glibc keeps a few MiB at the top of a thread's heap).
 TEST_F(TokenStreamTest, ACacheMissFreesTheEncodedIds) {
   const std::string gpt2 = std::string(TRAIND_SHARED_DATA) + "/gpt2";
   const std::string shakespeare = std::string(TRAIND_SHARED_DATA) + "/tinyshakespeare.txt";
@@ -418,11 +422,75 @@ TEST_F(TokenStreamTest, ACacheMissFreesTheEncodedIds) {
   const int64_t grew = StatusBytes("RssAnon") - anon0, peak = StatusBytes("VmHWM") - rss0;
   const int64_t ids = d->train.size() + d->validation.size();
   EXPECT_TRUE(d->train.mapped());
-  std::printf("[ memory ] cache miss, %lld MiB text -> %lld ids (%.1f MiB as int32): RssAnon %+.1f MiB "
-              "after the load (peak RSS during it +%.1f MiB, mapped text included)\n",
+  const int64_t beyond_pages = peak - static_cast<int64_t>(fs::file_size(spec.train_file)) - ids * 2;
+  std::printf("[ memory ] cache miss, %lld MiB text -> %lld ids (%.1f MiB as int32): peak RSS during "
+              "the load +%.1f MiB (+%.1f MiB beyond the text's and the cache's pages), RssAnon %+.1f "
+              "MiB after it\n",
               static_cast<long long>(fs::file_size(spec.train_file) >> 20),
-              static_cast<long long>(ids), ids * 4 / 1048576.0, grew / 1048576.0, peak / 1048576.0);
-  EXPECT_LT(grew, ids * 4 / 4) << "the encoded ids were not freed after the cache was mapped";
+              static_cast<long long>(ids), ids * 4 / 1048576.0, peak / 1048576.0,
+              beyond_pages / 1048576.0, grew / 1048576.0);
+  EXPECT_LT(grew, ids * 4 / 2) << "the encoded ids were not freed after the cache was mapped";
+  EXPECT_LT(beyond_pages, int64_t{40} << 20) << "the ids were held in memory while tokenizing";
+}
+
+// EncodeLargeTo hands out EncodeLarge's ids in order, a part at a time (~4.4 MB: 16+ parts), and
+// stops at an emit error; TokenCacheWriter streams ids into a cache ReadTokenCache accepts, and
+// refuses an id its width cannot hold (leaving no file behind).
+TEST_F(TokenStreamTest, PartsStreamInOrderIntoTheCacheWriter) {
+  const std::string gpt2 = std::string(TRAIND_SHARED_DATA) + "/gpt2";
+  const std::string shakespeare = std::string(TRAIND_SHARED_DATA) + "/tinyshakespeare.txt";
+  if (!fs::exists(gpt2 + "/vocab.json") || !fs::exists(shakespeare)) {
+    GTEST_SKIP() << "no GPT-2 files or tinyshakespeare in " << TRAIND_SHARED_DATA;
+  }
+  auto tok = DefaultTokenizerFactory().Open(gpt2, "");
+  ASSERT_TRUE(tok.ok());
+  std::stringstream one;
+  one << std::ifstream(shakespeare, std::ios::binary).rdbuf();
+  std::string text;
+  for (int i = 0; i < 4; ++i) text += one.str();
+  const std::vector<int32_t> want = *(*tok)->EncodeLarge(text, 2);
+  std::vector<int32_t> got;
+  int emits = 0;
+  std::atomic<int64_t> done{0};
+  Status st = (*tok)->EncodeLargeTo(text, 2, &done, [&](const std::vector<int32_t>& part) {
+    ++emits;
+    got.insert(got.end(), part.begin(), part.end());
+    return Status::Ok();
+  });
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_GE(emits, 16);
+  EXPECT_TRUE(got == want) << "the parts in order are not EncodeLarge's ids";
+  EXPECT_EQ(done.load(), static_cast<int64_t>(text.size()));
+  emits = 0;
+  st = (*tok)->EncodeLargeTo(text, 2, nullptr, [&](const std::vector<int32_t>&) {
+    return ++emits == 3 ? Status::ResourceExhausted("disk full") : Status::Ok();
+  });
+  EXPECT_EQ(st.code(), Status::Code::kResourceExhausted);
+  EXPECT_EQ(emits, 3);
+
+  TokenCacheKey key;
+  key.fingerprint = "test:fp";
+  key.source_size = 12;
+  key.source_mtime_ns = 34;
+  const std::string path = (dir_ / "w" / "c.tokens").string();
+  auto w = TokenCacheWriter::Create(path, key, 2);
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  ASSERT_TRUE((*w)->Append(want.data(), want.size() / 2).ok());
+  ASSERT_TRUE((*w)->Append(want.data() + want.size() / 2, want.size() - want.size() / 2).ok());
+  EXPECT_FALSE(fs::exists(path)) << "visible before Commit";
+  ASSERT_TRUE((*w)->Commit().ok());
+  auto back = ReadTokenCache(path, key);
+  ASSERT_TRUE(back.has_value());
+  EXPECT_EQ(back->width(), 2);
+  EXPECT_TRUE(back->ToVector() == want);
+  w = TokenCacheWriter::Create((dir_ / "w" / "big.tokens").string(), key, 2);
+  ASSERT_TRUE(w.ok());
+  const std::vector<int32_t> big = {1, 70000};
+  EXPECT_THAT((*w)->Append(big.data(), big.size()).message(), HasSubstr("id 70000 does not fit 2"));
+  EXPECT_FALSE((*w)->Commit().ok());
+  w->reset();
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir_ / "w"), fs::directory_iterator()), 1)
+      << "a failed writer left a file behind";
 }
 
 }  // namespace

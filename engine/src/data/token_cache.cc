@@ -10,6 +10,7 @@
 #include <cstring>
 #include <algorithm>
 #include <filesystem>
+#include <limits>
 
 #include "data/tokenizers/internal.h"
 
@@ -91,59 +92,100 @@ Status WriteTokenCache(const std::string& path, const TokenCacheKey& key,
     if (id < 0) return Status::InvalidArgument("token cache: negative id " + std::to_string(id));
     max_id = std::max(max_id, id);
   }
-  const uint32_t width = max_id < 65536 ? 2 : 4;
-  std::string buf;
-  buf.append(kMagic, 8);
-  Put<uint32_t>(&buf, width);
-  Put<uint32_t>(&buf, static_cast<uint32_t>(key.fingerprint.size()));
-  Put<uint64_t>(&buf, key.source_size);
-  Put<int64_t>(&buf, key.source_mtime_ns);
-  Put<uint64_t>(&buf, ids.size());
-  buf += key.fingerprint;
-  buf.append(Pad8(key.fingerprint.size()) - key.fingerprint.size(), '\0');
+  TRAIND_ASSIGN_OR_RETURN(std::unique_ptr<TokenCacheWriter> w,
+                          TokenCacheWriter::Create(path, key, max_id < 65536 ? 2 : 4));
+  TRAIND_RETURN_IF_ERROR(w->Append(ids.data(), ids.size()));
+  return w->Commit();
+}
+
+Result<std::unique_ptr<TokenCacheWriter>> TokenCacheWriter::Create(const std::string& path,
+                                                                   const TokenCacheKey& key,
+                                                                   int width) {
+  if (path.empty()) return Status::FailedPrecondition("token cache: no cache folder");
+  if (width != 2 && width != 4) {
+    return Status::InvalidArgument("token cache: width " + std::to_string(width) + " is not 2 or 4");
+  }
   std::error_code ec;
   std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    return Status::FailedPrecondition("token cache: cannot create " + tmp + ": " +
+  std::unique_ptr<TokenCacheWriter> w(new TokenCacheWriter());
+  w->path_ = path;
+  w->tmp_ = path + ".tmp." + std::to_string(::getpid());
+  w->width_ = width;
+  w->fd_ = ::open(w->tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (w->fd_ < 0) {
+    return Status::FailedPrecondition("token cache: cannot create " + w->tmp_ + ": " +
                                       std::strerror(errno));
   }
-  // Writes `buf` out and empties it; false (errno set) on a failed write.
-  auto flush = [&]() -> bool {
-    size_t done = 0;
-    while (done < buf.size()) {
-      const ssize_t w = ::write(fd, buf.data() + done, buf.size() - done);
-      if (w < 0 && errno == EINTR) continue;
-      if (w <= 0) {
-        if (w == 0) errno = ENOSPC;
-        return false;
-      }
-      done += static_cast<size_t>(w);
+  // The header, its count 0 until Commit; a reader never sees the temporary name anyway.
+  w->buf_.reserve((size_t{1} << 20) + 8);
+  w->buf_.append(kMagic, 8);
+  Put<uint32_t>(&w->buf_, static_cast<uint32_t>(width));
+  Put<uint32_t>(&w->buf_, static_cast<uint32_t>(key.fingerprint.size()));
+  Put<uint64_t>(&w->buf_, key.source_size);
+  Put<int64_t>(&w->buf_, key.source_mtime_ns);
+  Put<uint64_t>(&w->buf_, 0);
+  w->buf_ += key.fingerprint;
+  w->buf_.append(Pad8(key.fingerprint.size()) - key.fingerprint.size(), '\0');
+  return w;
+}
+
+TokenCacheWriter::~TokenCacheWriter() {
+  if (fd_ >= 0) {
+    ::close(fd_);
+    ::unlink(tmp_.c_str());
+  }
+}
+
+Status TokenCacheWriter::Flush() {
+  size_t done = 0;
+  while (done < buf_.size()) {
+    const ssize_t w = ::write(fd_, buf_.data() + done, buf_.size() - done);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) {
+      failed_ = true;
+      return Status::ResourceExhausted("token cache: cannot write " + tmp_ + ": " +
+                                       std::strerror(w == 0 ? ENOSPC : errno));
     }
-    buf.clear();
-    return true;
-  };
+    done += static_cast<size_t>(w);
+  }
+  buf_.clear();
+  return Status::Ok();
+}
+
+Status TokenCacheWriter::Append(const int32_t* ids, size_t n) {
+  if (failed_ || fd_ < 0) return Status::FailedPrecondition("token cache: writer already failed");
+  const int64_t limit = width_ == 2 ? 65535 : std::numeric_limits<int32_t>::max();
   constexpr size_t kChunk = size_t{1} << 20;
-  buf.reserve(std::max(buf.size(), kChunk) + 8);
-  bool ok = true;
-  for (size_t i = 0; ok && i < ids.size(); ++i) {
-    if (width == 2) Put<uint16_t>(&buf, static_cast<uint16_t>(ids[i]));
-    else Put<uint32_t>(&buf, static_cast<uint32_t>(ids[i]));
-    if (buf.size() >= kChunk) ok = flush();
+  for (size_t i = 0; i < n; ++i) {
+    const int32_t id = ids[i];
+    if (id < 0 || id > limit) {
+      failed_ = true;
+      return Status::InvalidArgument("token cache: id " + std::to_string(id) + " does not fit " +
+                                     std::to_string(width_) + " bytes");
+    }
+    if (width_ == 2) Put<uint16_t>(&buf_, static_cast<uint16_t>(id));
+    else Put<uint32_t>(&buf_, static_cast<uint32_t>(id));
+    if (buf_.size() >= kChunk) TRAIND_RETURN_IF_ERROR(Flush());
   }
-  if (ok) ok = flush();
-  if (!ok) {
-    const int err = errno;
-    ::close(fd);
-    ::unlink(tmp.c_str());
-    return Status::ResourceExhausted("token cache: cannot write " + tmp + ": " +
-                                     std::strerror(err));
+  count_ += static_cast<int64_t>(n);
+  return Status::Ok();
+}
+
+Status TokenCacheWriter::Commit() {
+  if (failed_ || fd_ < 0) return Status::FailedPrecondition("token cache: writer already failed");
+  TRAIND_RETURN_IF_ERROR(Flush());
+  const uint64_t count = static_cast<uint64_t>(count_);
+  if (::pwrite(fd_, &count, sizeof(count), 32) != static_cast<ssize_t>(sizeof(count))) {
+    failed_ = true;
+    return Status::ResourceExhausted("token cache: cannot write " + tmp_ + ": " +
+                                     std::strerror(errno));
   }
-  if (::close(fd) != 0 || ::rename(tmp.c_str(), path.c_str()) != 0) {
+  const int fd = fd_;
+  fd_ = -1;
+  if (::close(fd) != 0 || ::rename(tmp_.c_str(), path_.c_str()) != 0) {
     const int err = errno;
-    ::unlink(tmp.c_str());
-    return Status::FailedPrecondition("token cache: cannot write " + path + ": " +
+    ::unlink(tmp_.c_str());
+    return Status::FailedPrecondition("token cache: cannot write " + path_ + ": " +
                                       std::strerror(err));
   }
   return Status::Ok();

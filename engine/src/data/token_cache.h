@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -48,5 +49,34 @@ std::optional<TokenStream> ReadTokenCache(const std::string& path, const TokenCa
 // Ids must be >= 0; uint16 storage when all are < 65536.
 Status WriteTokenCache(const std::string& path, const TokenCacheKey& key,
                        const std::vector<int32_t>& ids);
+
+// A cache written as its ids arrive (a tokenizer's parts, in order), for a width chosen up front:
+// Append, then Commit (fills in the count, renames the temporary file over `path`). Destroyed
+// without a Commit, or after a failed Append, it removes the temporary file.
+class TokenCacheWriter {
+ public:
+  // `width` 2 (ids < 65536) or 4. FAILED_PRECONDITION when the folder or file cannot be made.
+  static Result<std::unique_ptr<TokenCacheWriter>> Create(const std::string& path,
+                                                          const TokenCacheKey& key, int width);
+  ~TokenCacheWriter();
+  TokenCacheWriter(const TokenCacheWriter&) = delete;
+  TokenCacheWriter& operator=(const TokenCacheWriter&) = delete;
+
+  // INVALID_ARGUMENT for an id < 0 or too large for the width; RESOURCE_EXHAUSTED for a failed
+  // write. After an error the writer accepts nothing more.
+  Status Append(const int32_t* ids, size_t n);
+  Status Commit();
+  int64_t count() const { return count_; }
+
+ private:
+  TokenCacheWriter() = default;
+  Status Flush();
+  std::string path_, tmp_;
+  int fd_ = -1;
+  int width_ = 2;
+  int64_t count_ = 0;
+  bool failed_ = false;
+  std::string buf_;
+};
 
 }  // namespace traind::engine

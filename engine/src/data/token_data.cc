@@ -32,13 +32,13 @@
 namespace traind::engine {
 namespace {
 
-// Runs `encode` (which adds the source bytes it has encoded to its argument) on a worker thread
-// while this thread reports progress to `progress.report`: a first report, one per interval while
-// the count moves, and a last one (done) when `encode` succeeded. Without a report callback it
-// runs `encode` here.
-Result<std::vector<int32_t>> EncodeWithProgress(
+// Runs `encode` (which adds the source bytes it has encoded to its argument and returns the
+// number of tokens) on a worker thread while this thread reports progress to `progress.report`:
+// a first report, one per interval while the count moves, and a last one (done) when `encode`
+// succeeded. Without a report callback it runs `encode` here.
+Result<int64_t> EncodeWithProgress(
     const TokenizeProgress& progress, TokenizeReport report,
-    const std::function<Result<std::vector<int32_t>>(std::atomic<int64_t>*)>& encode) {
+    const std::function<Result<int64_t>(std::atomic<int64_t>*)>& encode) {
   std::atomic<int64_t> done{0};
   if (!progress.report) return encode(&done);
   const auto t0 = std::chrono::steady_clock::now();
@@ -49,9 +49,9 @@ Result<std::vector<int32_t>> EncodeWithProgress(
   std::mutex mu;
   std::condition_variable cv;
   bool finished = false;  // guarded by mu
-  Result<std::vector<int32_t>> result = Status::Internal("tokenization did not finish");
+  Result<int64_t> result = Status::Internal("tokenization did not finish");
   std::thread worker([&] {
-    Result<std::vector<int32_t>> r = encode(&done);
+    Result<int64_t> r = encode(&done);
     {
       std::lock_guard<std::mutex> lock(mu);
       result = std::move(r);
@@ -78,7 +78,7 @@ Result<std::vector<int32_t>> EncodeWithProgress(
   worker.join();
   if (result.ok()) {
     report.bytes_done = report.bytes_total;
-    report.tokens = static_cast<int64_t>(result->size());
+    report.tokens = *result;
     report.seconds = since();
     report.done = true;
     progress.report(report);
@@ -130,12 +130,47 @@ Result<TokenStream> TokenizeText(const Tokenizer& tok, const std::string& path,
       return std::move(*cached);
     }
   }
-  Result<std::vector<int32_t>> ids = EncodeWithProgress(
-      progress, first, [&](std::atomic<int64_t>* done) { return tok.EncodeLarge(text, 2, done); });
-  if (!ids.ok()) {
-    return Status(ids.status().code(), "data.train_file: " + path + ": " + ids.status().message());
+  auto named = [&](const Status& s) {
+    return Status(s.code(), "data.train_file: " + path + ": " + s.message());
+  };
+  // Stream the ids into the cache part by part as the tokenizer hands them out in order
+  // (EncodeLargeTo), then map it: they are never all in memory at once. uint16 when the vocab
+  // fits (ids are below vocab_size()).
+  if (key.ok() && !cache.empty()) {
+    Result<std::unique_ptr<TokenCacheWriter>> writer =
+        TokenCacheWriter::Create(cache, *key, tok.vocab_size() <= 65536 ? 2 : 4);
+    if (writer.ok()) {
+      bool write_failed = false;  // set by emit (calls never overlap), read after the join
+      Result<int64_t> count = EncodeWithProgress(
+          progress, first, [&](std::atomic<int64_t>* done) -> Result<int64_t> {
+            TRAIND_RETURN_IF_ERROR(
+                tok.EncodeLargeTo(text, 2, done, [&](const std::vector<int32_t>& part) {
+                  Status st = (*writer)->Append(part.data(), part.size());
+                  if (!st.ok()) write_failed = true;
+                  return st;
+                }));
+            return (*writer)->count();
+          });
+      if (!count.ok() && !write_failed) return named(count.status());
+      if (count.ok() && (*writer)->Commit().ok()) {
+        if (std::optional<TokenStream> mapped = ReadTokenCache(cache, *key);
+            mapped && mapped->size() == *count) {
+          return std::move(*mapped);
+        }
+      }
+      // The cache could not be written (a full disk, say): drop the temporary file and encode
+      // again, into memory.
+      writer->reset();
+    }
   }
-  return CacheAndMap(cache, key, std::move(*ids));
+  std::vector<int32_t> ids;
+  Result<int64_t> count = EncodeWithProgress(
+      progress, first, [&](std::atomic<int64_t>* done) -> Result<int64_t> {
+        TRAIND_ASSIGN_OR_RETURN(ids, tok.EncodeLarge(text, 2, done));
+        return static_cast<int64_t>(ids.size());
+      });
+  if (!count.ok()) return named(count.status());
+  return CacheAndMap(cache, key, std::move(ids));
 }
 
 // The ids of a JSON-lines file: each non-empty line an object whose `field` holds a document's
@@ -179,7 +214,8 @@ Result<TokenStream> TokenizeJsonl(const Tokenizer& tok, const std::string& path,
     docs.push_back(j[field].get<std::string>());
     line_bytes.push_back(static_cast<int64_t>(line.size()) + 1);
   }
-  auto encode_all = [&](std::atomic<int64_t>* done) -> Result<std::vector<int32_t>> {
+  std::vector<int32_t> ids;
+  auto encode_all = [&](std::atomic<int64_t>* done) -> Result<int64_t> {
     std::vector<Result<std::vector<int32_t>>> parts(docs.size(), Status::Internal("not encoded"));
     std::atomic<size_t> next{0};
     auto work = [&] {
@@ -192,15 +228,14 @@ Result<TokenStream> TokenizeJsonl(const Tokenizer& tok, const std::string& path,
     work();
     helper.join();
     const std::optional<int32_t> eos = tok.eos_id();
-    std::vector<int32_t> ids;
     for (size_t i = 0; i < parts.size(); ++i) {
       if (!parts[i].ok()) return parts[i].status();
       ids.insert(ids.end(), parts[i]->begin(), parts[i]->end());
       ids.push_back(eos ? *eos : int32_t{'\n'});
     }
-    return ids;
+    return static_cast<int64_t>(ids.size());
   };
-  TRAIND_ASSIGN_OR_RETURN(std::vector<int32_t> ids, EncodeWithProgress(progress, first, encode_all));
+  TRAIND_RETURN_IF_ERROR(EncodeWithProgress(progress, first, encode_all).status());
   std::vector<std::string>().swap(docs);
   return CacheAndMap(cache, key, std::move(ids));
 }

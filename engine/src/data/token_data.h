@@ -29,9 +29,10 @@ struct TokenData {
 // eos (a newline for tokenizers without one, such as byte).
 // Memory: the streams are memory-mapped, never copied into RAM: a text file with the byte
 // tokenizer is mapped itself (uint8 ids), a tokens file is mapped with its token_dtype, and other
-// tokenizers' ids are mapped from the token cache. On a cache miss the ids are built in RAM once
-// (the tokenizer's output), written to the cache, and the cache is mapped in their place; only
-// when no cache can be written do the streams own that vector.
+// tokenizers' ids are mapped from the token cache. On a text's cache miss the tokenizer's parts
+// are streamed into the cache in order (Tokenizer::EncodeLargeTo) and the cache is mapped; jsonl
+// builds its ids in RAM once, caches and maps them; only when no cache can be written do the
+// streams own a vector of the ids.
 // NOT_FOUND for a missing file, INVALID_ARGUMENT (naming the field) for a file too short for one
 // window of seq_len + 1 tokens or a tokens file whose size is not a multiple of the dtype size;
 // the tokenizer's errors (data.tokenizer: ...) for a tokenizer that cannot be opened.

@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -54,6 +55,17 @@ class Tokenizer {
     Result<std::vector<int32_t>> ids = Encode(text, false);
     if (bytes_done != nullptr) bytes_done->fetch_add(static_cast<int64_t>(text.size()));
     return ids;
+  }
+  // EncodeLarge's ids handed out in text order a part at a time, so a caller can write them out
+  // without holding them all (the token cache): `emit` gets each part's ids as soon as that part
+  // and every one before it are encoded; calls never overlap but may come from any of the
+  // threads. An error from `emit` stops the encoding and is returned. The default emits
+  // EncodeLarge's whole result once.
+  virtual Status EncodeLargeTo(std::string_view text, int threads, std::atomic<int64_t>* bytes_done,
+                               const std::function<Status(const std::vector<int32_t>&)>& emit) const {
+    Result<std::vector<int32_t>> ids = EncodeLarge(text, threads, bytes_done);
+    if (!ids.ok()) return ids.status();
+    return emit(*ids);
   }
 };
 

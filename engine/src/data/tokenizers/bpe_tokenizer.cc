@@ -176,6 +176,15 @@ class BpeTokenizer final : public Tokenizer {
     return EncodeSplitAtLines(
         text, threads, [this](std::string_view part) { return Encode(part, false); }, bytes_done);
   }
+  Status EncodeLargeTo(std::string_view text, int threads, std::atomic<int64_t>* bytes_done,
+                       const std::function<Status(const std::vector<int32_t>&)>& emit) const override {
+    if (cfg_.add_prefix_space || added_.any_contains_newline() || cfg_.pretok == PreTok::kNone) {
+      return Tokenizer::EncodeLargeTo(text, 1, bytes_done, emit);
+    }
+    return EncodeSplitAtLinesTo(
+        text, threads, [this](std::string_view part) { return Encode(part, false); }, bytes_done,
+        emit);
+  }
 
   Result<std::string> Decode(const std::vector<int32_t>& ids,
                              bool skip_special_tokens) const override {

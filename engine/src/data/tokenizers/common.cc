@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstring>
 #include <atomic>
+#include <mutex>
 #include <thread>
 
 #include "data/tokenizers/internal.h"
@@ -306,10 +307,11 @@ Result<PostProcessor> ParsePostProcessor(const nlohmann::json& pp, const std::st
 
 // ---- parallel encoding ----
 
-Result<std::vector<int32_t>> EncodeSplitAtLines(
+Status EncodeSplitAtLinesTo(
     std::string_view text, int threads,
     const std::function<Result<std::vector<int32_t>>(std::string_view)>& encode,
-    std::atomic<int64_t>* bytes_done) {
+    std::atomic<int64_t>* bytes_done,
+    const std::function<Status(const std::vector<int32_t>&)>& emit) {
   const size_t n = text.size();
   if (threads < 1) threads = 1;
   // With one thread, parts still bound the progress granularity (1 MiB); with more, at least 8
@@ -319,7 +321,8 @@ Result<std::vector<int32_t>> EncodeSplitAtLines(
   if (parts_wanted == 1 || n < (1u << 16)) {
     Result<std::vector<int32_t>> ids = encode(text);
     if (bytes_done != nullptr) bytes_done->fetch_add(static_cast<int64_t>(n));
-    return ids;
+    if (!ids.ok()) return ids.status();
+    return emit(*ids);
   }
   // p is safe when text[p-2 .. p] is "X\nY" with X and Y ASCII non-whitespace: the single '\n'
   // is then one whole piece both in the full text and at the end of the left part.
@@ -337,29 +340,58 @@ Result<std::vector<int32_t>> EncodeSplitAtLines(
   }
   cuts.push_back(n);
   const size_t parts = cuts.size() - 1;
+  // Parts are taken in order; a finished part waits in `results` until every part before it has
+  // been emitted. The thread that completes the next part in line emits it (and any that waited
+  // behind it) under `mu`, so emits never overlap and come in order.
   std::vector<Result<std::vector<int32_t>>> results(parts, Status::Internal("not encoded"));
+  std::vector<char> ready(parts, 0);  // guarded by mu
+  std::mutex mu;
+  size_t emitted = 0;                 // guarded by mu
+  Status failed = Status::Ok();       // guarded by mu
+  std::atomic<bool> stop{false};
   std::atomic<size_t> next{0};
   auto work = [&] {
-    for (size_t i; (i = next.fetch_add(1)) < parts;) {
-      results[i] = encode(text.substr(cuts[i], cuts[i + 1] - cuts[i]));
+    for (size_t i; !stop.load() && (i = next.fetch_add(1)) < parts;) {
+      Result<std::vector<int32_t>> r = encode(text.substr(cuts[i], cuts[i + 1] - cuts[i]));
       if (bytes_done != nullptr) bytes_done->fetch_add(static_cast<int64_t>(cuts[i + 1] - cuts[i]));
+      std::lock_guard<std::mutex> lock(mu);
+      results[i] = std::move(r);
+      ready[i] = 1;
+      while (failed.ok() && emitted < parts && ready[emitted]) {
+        Result<std::vector<int32_t>>& e = results[emitted];
+        Status st = e.ok() ? emit(*e) : e.status();
+        e = Status::Internal("emitted");  // frees the part's ids
+        ++emitted;
+        if (!st.ok()) {
+          failed = std::move(st);
+          stop = true;
+        }
+      }
     }
   };
   std::vector<std::thread> pool;
   for (int t = 1; t < threads; ++t) pool.emplace_back(work);
   work();
   for (auto& th : pool) th.join();
+  if (!failed.ok()) return failed;
+  if (emitted != parts) return Status::Internal("EncodeSplitAtLinesTo: a part was not emitted");
+  return Status::Ok();
+}
+
+Result<std::vector<int32_t>> EncodeSplitAtLines(
+    std::string_view text, int threads,
+    const std::function<Result<std::vector<int32_t>>(std::string_view)>& encode,
+    std::atomic<int64_t>* bytes_done) {
   std::vector<int32_t> out;
-  size_t total = 0;
-  for (auto& r : results) {
-    if (!r.ok()) return r.status();
-    total += r->size();
-  }
-  out.reserve(total);
-  for (auto& r : results) {
-    out.insert(out.end(), r->begin(), r->end());
-    std::vector<int32_t>().swap(*r);  // free each part once copied: the peak stays near one copy
-  }
+  TRAIND_RETURN_IF_ERROR(EncodeSplitAtLinesTo(
+      text, threads, encode, bytes_done, [&out](const std::vector<int32_t>& part) {
+        if (out.empty()) {
+          out = part;
+        } else {
+          out.insert(out.end(), part.begin(), part.end());
+        }
+        return Status::Ok();
+      }));
   return out;
 }
 

@@ -93,6 +93,13 @@ Result<std::vector<int32_t>> EncodeSplitAtLines(
     std::string_view text, int threads,
     const std::function<Result<std::vector<int32_t>>(std::string_view)>& encode,
     std::atomic<int64_t>* bytes_done = nullptr);
+// The same parts handed to `emit` in text order as soon as each and those before it are encoded
+// (Tokenizer::EncodeLargeTo); a part's ids are freed once emitted, so at most a few parts wait.
+Status EncodeSplitAtLinesTo(
+    std::string_view text, int threads,
+    const std::function<Result<std::vector<int32_t>>(std::string_view)>& encode,
+    std::atomic<int64_t>* bytes_done,
+    const std::function<Status(const std::vector<int32_t>&)>& emit);
 
 std::unique_ptr<Tokenizer> MakeByteTokenizer();
 Result<std::unique_ptr<Tokenizer>> MakeBpeFromJson(const nlohmann::json& root,
