@@ -268,32 +268,41 @@ Result<std::unique_ptr<engine::Communicator>> OpenGlooCommunicator(const GlooOpt
                                    ": two processes were given the same RANK");
   }
   std::vector<int> missing;
+  auto missing_names = [&]() {
+    std::string names;
+    for (size_t i = 0; i < missing.size(); ++i) {
+      names += (i ? (i + 1 == missing.size() ? " and " : ", ") : "") + std::to_string(missing[i]);
+    }
+    return (missing.size() == 1 ? "rank " : "ranks ") + names + " never joined";
+  };
   for (;;) {
-    missing.clear();
+    std::vector<int> now;
     for (int r = 0; r < o.world_size; ++r) {
       std::string v;
       bool found = false;
-      TRAIND_RETURN_IF_ERROR(store->TryGet("join/" + std::to_string(r), &v, &found));
+      const Status got = store->TryGet("join/" + std::to_string(r), &v, &found);
+      if (!got.ok()) {  // rank 0 gave up (its own timeout) and closed the store
+        return Status::Unavailable(
+            "rendezvous at " + where + " (" + o.prefix + "): " +
+            (missing.empty() ? std::string("the store closed") : missing_names()) +
+            "; rank 0 stopped waiting and closed the store (this is " + me + "): " + got.message());
+      }
       if (!found) {
-        missing.push_back(r);
+        now.push_back(r);
       } else if (v != std::to_string(o.world_size)) {
         return Status::InvalidArgument("distributed.world_size: rank " + std::to_string(r) +
                                        " joined with world_size " + v + ", this " + me + " has " +
                                        std::to_string(o.world_size));
       }
     }
+    missing = std::move(now);
     if (missing.empty()) break;
     if (Clock::now() >= deadline) {
-      std::string names;
-      for (size_t i = 0; i < missing.size(); ++i) {
-        names += (i ? (i + 1 == missing.size() ? " and " : ", ") : "") + std::to_string(missing[i]);
-      }
       return Status::Unavailable(
-          "rendezvous at " + where + " (" + o.prefix + "): " +
-          (missing.size() == 1 ? "rank " : "ranks ") + names +
-          (missing.size() == 1 ? " never joined" : " never joined") + " within " +
-          Seconds(o.rendezvous_timeout) + " s (" + std::to_string(o.world_size - static_cast<int>(missing.size())) +
-          " of " + std::to_string(o.world_size) + " ranks came; this is " + me + ")");
+          "rendezvous at " + where + " (" + o.prefix + "): " + missing_names() + " within " +
+          Seconds(o.rendezvous_timeout) + " s (" +
+          std::to_string(o.world_size - static_cast<int>(missing.size())) + " of " +
+          std::to_string(o.world_size) + " ranks came; this is " + me + ")");
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }

@@ -272,8 +272,17 @@ TEST(JobSpecTest, ContractKeysOfLaterFeatures) {
     EXPECT_TRUE(r.ok()) << r.status().ToString() << "\n" << ok;
   }
   ExpectInvalid(With(kBase, "training", "sample_every: -1"), "training.sample_every");
-  ExpectInvalid(With(kBase, "", "distributed: {world_size: 2, rank: 0}"),
-                "distributed: data-parallel training is not supported yet (supported: null)");
+  {  // data parallel (issue 15): the block parses; ZeRO-1 is later
+    Result<JobSpec> r = ParseJobSpec(With(kBase, "", "distributed: {world_size: 2, rank: 0}"));
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    ASSERT_TRUE(r->distributed.has_value());
+    EXPECT_EQ(r->distributed->world_size, 2);
+    EXPECT_FALSE(r->distributed->master_addr.has_value());  // from MASTER_ADDR, by the job runner
+  }
+  ExpectInvalid(With(kBase, "", "distributed: {world_size: 2, zero_stage: 1}"),
+                "distributed.zero_stage: 1 (sharded optimizer state) is not supported yet");
+  ExpectInvalid(With(kBase, "", "distributed: {world_size: 2, rank: 5}"),
+                "distributed.rank: must be < world_size 2, got 5");
   ExpectInvalid(With(kBase, "model", "head: masked_lm"), "model.head: masked_lm is not supported yet");
   ExpectInvalid(With(kBase, "model", "head: tagger"), "model.head: expected none, sequence_classification or masked_lm");
   ExpectInvalid(With(kBase, "model", "num_labels: 0"), "model.num_labels");

@@ -14,6 +14,9 @@
 
 #include "fd_io.h"
 #include "traind/engine/local_run.h"
+#if TRAIND_HAVE_GLOO
+#include "traind/comm/gloo_communicator.h"
+#endif
 #include "traind/offload/offload.h"
 #include "traind/v1/runner.pb.h"
 #include "traind/worker/admission.h"
@@ -207,6 +210,11 @@ int RunLocal(const std::string& spec_path, const engine::DeviceOptions& device, 
   opts.device = device;
   opts.resume = resume;
   opts.open_optimizer_state_store = OpenOffloadStore;
+#if TRAIND_HAVE_GLOO
+  // distributed: one rank per process; the spec's fields, else WORLD_SIZE, RANK, MASTER_ADDR,
+  // MASTER_PORT (docs/distributed.md).
+  opts.open_communicator = comm::OpenCommunicatorForJob;
+#endif
   return engine::RunJobFileWithConsole(spec_path, opts);
 }
 

@@ -382,6 +382,41 @@ Status ParseTraining(const YAML::Node& node, TrainingSpec* t, const std::string&
   return Status::Ok();
 }
 
+// distributed: {world_size, rank, master_addr, master_port, zero_stage}; a field left out stays
+// unset (the job runner fills it from WORLD_SIZE, RANK, MASTER_ADDR, MASTER_PORT).
+Status ParseDistributed(const YAML::Node& node, DistributedSpec* d) {
+  TRAIND_ASSIGN_OR_RETURN(SpecReader r, SpecReader::Open(node, "distributed"));
+  TRAIND_RETURN_IF_ERROR(
+      r.CheckKeys({"world_size", "rank", "master_addr", "master_port", "zero_stage"}));
+  auto opt_int = [&](const char* key, std::optional<int64_t>* out, int64_t min) -> Status {
+    if (!r.Has(key) || r.Child(key).IsNull()) return Status::Ok();
+    int64_t v = 0;
+    TRAIND_RETURN_IF_ERROR(r.Int(key, &v, min));
+    *out = v;
+    return Status::Ok();
+  };
+  TRAIND_RETURN_IF_ERROR(opt_int("world_size", &d->world_size, 1));
+  TRAIND_RETURN_IF_ERROR(opt_int("rank", &d->rank, 0));
+  TRAIND_RETURN_IF_ERROR(opt_int("master_port", &d->master_port, 1));
+  if (d->master_port && *d->master_port > 65535) {
+    return r.Error("master_port", "must be <= 65535, got " + std::to_string(*d->master_port));
+  }
+  if (d->world_size && d->rank && *d->rank >= *d->world_size) {
+    return r.Error("rank", "must be < world_size " + std::to_string(*d->world_size) + ", got " +
+                               std::to_string(*d->rank));
+  }
+  TRAIND_RETURN_IF_ERROR(r.OptionalString("master_addr", &d->master_addr));
+  if (d->master_addr && d->master_addr->empty()) return r.Error("master_addr", "must not be empty");
+  TRAIND_RETURN_IF_ERROR(r.Int("zero_stage", &d->zero_stage, 0));
+  if (d->zero_stage == 1) {
+    return r.Error("zero_stage", "1 (sharded optimizer state) is not supported yet (supported: 0)");
+  }
+  if (d->zero_stage != 0) {
+    return r.Error("zero_stage", "must be 0 or 1, got " + std::to_string(d->zero_stage));
+  }
+  return Status::Ok();
+}
+
 Result<JobSpec> ParseRoot(const YAML::Node& root, const std::string& base_dir) {
   if (!root || root.IsNull()) {
     return Status::InvalidArgument("job spec: empty document (expected a mapping with model, "
@@ -389,10 +424,11 @@ Result<JobSpec> ParseRoot(const YAML::Node& root, const std::string& base_dir) {
   }
   TRAIND_ASSIGN_OR_RETURN(SpecReader r, SpecReader::Open(root, ""));
   TRAIND_RETURN_IF_ERROR(r.CheckKeys(kRootKeys));
-  if (r.Has("distributed") && !r.Child("distributed").IsNull()) {
-    return r.Error("distributed", "data-parallel training is not supported yet (supported: null)");
-  }
   JobSpec s;
+  if (r.Has("distributed") && !r.Child("distributed").IsNull()) {
+    s.distributed.emplace();
+    TRAIND_RETURN_IF_ERROR(ParseDistributed(r.Child("distributed"), &*s.distributed));
+  }
   if (r.Has("name") && !r.Child("name").IsNull()) TRAIND_RETURN_IF_ERROR(r.String("name", &s.name));
   TRAIND_RETURN_IF_ERROR(ParseModel(r.Child("model"), &s.model, base_dir));
   TRAIND_RETURN_IF_ERROR(ParseData(r.Child("data"), &s.data, base_dir));
@@ -735,6 +771,13 @@ std::string JobSpecToJson(const JobSpec& s) {
                                                                  : oj(nullptr);
   j["training"] = tr;
   j["output_dir"] = s.output_dir;
+  if (s.distributed) {
+    const DistributedSpec& ds = *s.distributed;
+    auto opt_int = [](const std::optional<int64_t>& v) { return v ? oj(*v) : oj(nullptr); };
+    j["distributed"] = {{"world_size", opt_int(ds.world_size)}, {"rank", opt_int(ds.rank)},
+                        {"master_addr", opt(ds.master_addr)},
+                        {"master_port", opt_int(ds.master_port)}, {"zero_stage", ds.zero_stage}};
+  }
   return j.dump(2);
 }
 

@@ -33,10 +33,69 @@ Status ValidateRun(const TrainingSession& s) {
     return Status::InvalidArgument(
         "an optimizer-state store was given but training.offload is none: set training.offload");
   }
-  if (s.options->communicator != nullptr && s.options->communicator->world_size() > 1) {
-    return Status::Unimplemented("data-parallel training (world size " +
-                                 std::to_string(s.options->communicator->world_size()) +
+  return Status::Ok();
+}
+
+// Data parallel: the communicator given in RunOptions, or one opened for the spec's
+// distributed: block (the rendezvous with the other ranks happens here); then what a world larger
+// than one cannot do yet.
+Status OpenCommunicator(TrainingSession* s) {
+  const std::optional<DistributedSpec>& d = s->spec.distributed;
+  Communicator* comm = s->options->communicator;
+  if (comm == nullptr && d.has_value() && !(d->world_size.has_value() && *d->world_size == 1)) {
+    if (!s->options->open_communicator) {
+      return Status::FailedPrecondition(
+          "distributed: a data-parallel run needs a communicator, which `traind run` opens; this "
+          "caller gave none (the daemon does not run distributed jobs yet)");
+    }
+    TRAIND_ASSIGN_OR_RETURN(s->owned_comm, s->options->open_communicator(s->spec));
+    comm = s->owned_comm.get();
+  }
+  if (comm == nullptr || comm->world_size() <= 1) return Status::Ok();
+  s->comm = comm;
+  s->world = comm->world_size();
+  s->rank = comm->rank();
+  if (d.has_value() && d->world_size.has_value() && *d->world_size != s->world) {
+    return Status::InvalidArgument("distributed.world_size: " + std::to_string(*d->world_size) +
+                                   ", but the communicator's world has " + std::to_string(s->world) +
+                                   " ranks");
+  }
+  if (d.has_value() && d->rank.has_value() && *d->rank != s->rank) {
+    return Status::InvalidArgument("distributed.rank: " + std::to_string(*d->rank) +
+                                   ", but the communicator says rank " + std::to_string(s->rank));
+  }
+  const TrainingSpec& t = s->spec.training;
+  if (t.offload != "none") {
+    return Status::Unimplemented("training.offload: " + t.offload +
+                                 " with data parallel (world size " + std::to_string(s->world) +
                                  ") is not supported yet");
+  }
+  return Status::Ok();
+}
+
+// Every rank must train the same configuration: the same micro-batch and accumulation (the plan
+// may resolve "auto" per device), the same parameters, the same starting step (a resume reads
+// output_dir's checkpoint, which every rank must see: one machine or a shared file system).
+Status CheckRanksAgree(TrainingSession* s) {
+  if (s->comm == nullptr) return Status::Ok();
+  const int64_t mine[4] = {s->B, s->accum, s->model->num_trainable(), s->state.global_step};
+  std::vector<int64_t> all(static_cast<size_t>(4 * s->world));
+  // Raw bytes: each int64 travels as two f32 lanes (a gather only copies).
+  TRAIND_RETURN_IF_ERROR(s->comm->AllGather(mine, all.data(), 8, CommDType::kF32));
+  const char* what[4] = {"micro-batch (per_device_train_batch_size)", "gradient_accumulation_steps",
+                         "trainable parameter count", "starting step (resumed checkpoint)"};
+  for (int r = 0; r < s->world; ++r) {
+    for (int i = 0; i < 4; ++i) {
+      if (all[static_cast<size_t>(4 * r + i)] != mine[i]) {
+        return Status::FailedPrecondition(
+            "data parallel: rank " + std::to_string(r) + " has " + what[i] + " " +
+            std::to_string(all[static_cast<size_t>(4 * r + i)]) + ", rank " +
+            std::to_string(s->rank) + " has " + std::to_string(mine[i]) +
+            (i == 3 ? ": every rank must see output_dir's checkpoints (one machine or a shared "
+                      "file system)"
+                    : ": every rank must train the same configuration"));
+      }
+    }
   }
   return Status::Ok();
 }
@@ -61,6 +120,10 @@ Status OpenDeviceAndPlan(TrainingSession* s) {
   s->B = s->plan.micro_batch;
   s->T = s->spec.data.seq_len;
   s->accum = s->plan.gradient_accumulation_steps;
+  if (s->comm != nullptr && s->device != "cpu") {
+    return Status::Unimplemented("distributed: data parallel on " + s->device +
+                                 " is not supported yet (Gloo on the cpu backend only; NCCL later)");
+  }
   return Status::Ok();
 }
 
@@ -113,13 +176,17 @@ Status BuildModelAndOptimizer(TrainingSession* s) {
 // The initial state: the newest checkpoint on resume, else a fresh run (random or init_from).
 Status RestoreOrInitialize(TrainingSession* s) {
   const JobSpec& spec = s->spec;
+  const bool writer = s->writes_outputs();  // data parallel: rank 0 alone writes output_dir
   std::error_code ec;
-  fs::create_directories(spec.output_dir, ec);
+  if (writer) fs::create_directories(spec.output_dir, ec);
   if (ec) return Status::FailedPrecondition("output_dir " + spec.output_dir + ": " + ec.message());
 
   TrainerState& state = s->state;
+  // With data parallel, the world's accumulation (micro-batches per step over every rank): what
+  // the batches depend on, so a checkpoint resumes on any world size with the same global batch.
+  const int64_t accum = s->accum * s->world;
   state.micro_batch = s->B;
-  state.gradient_accumulation_steps = s->accum;
+  state.gradient_accumulation_steps = accum;
   // Where the run continues from: output_dir's newest checkpoint on a restart of the same job or
   // with resume_from_checkpoint: true; else a resume_from_checkpoint folder; else nowhere (fresh).
   const TrainingSpec& t = spec.training;
@@ -132,7 +199,7 @@ Status RestoreOrInitialize(TrainingSession* s) {
   } else if (t.resume_from_last_checkpoint) {
     return Status::FailedPrecondition("training.resume_from_checkpoint: true, but output_dir " + spec.output_dir +
                                       " holds no complete checkpoint-<step>/ to continue from");
-  } else if (!s->options->resume) {
+  } else if (!s->options->resume && writer) {
     TRAIND_RETURN_IF_ERROR(CheckOutputDirFree(spec));
   }
   // The base weights: init_from, or the seeded init (LoRA checkpoints hold only the adapters, so
@@ -149,11 +216,14 @@ Status RestoreOrInitialize(TrainingSession* s) {
     const std::string& dir = resume_dir;
     if (s->model->lora()) TRAIND_RETURN_IF_ERROR(init_base());
     TRAIND_RETURN_IF_ERROR(LoadCheckpoint(dir, s->model.get(), s->optimizer.get(), &state));
-    if (state.micro_batch != s->B || state.gradient_accumulation_steps != s->accum) {
+    if (state.micro_batch != s->B || state.gradient_accumulation_steps != accum) {
       return Status::FailedPrecondition(
           "checkpoint " + dir + " was trained with micro-batch " + std::to_string(state.micro_batch) +
           " x " + std::to_string(state.gradient_accumulation_steps) + " accumulation, this run plans " +
-          std::to_string(s->B) + " x " + std::to_string(s->accum) +
+          std::to_string(s->B) + " x " + std::to_string(accum) +
+          (s->world > 1 ? " (" + std::to_string(s->accum) + " x world size " +
+                              std::to_string(s->world) + ")"
+                        : std::string()) +
           ": set per_device_train_batch_size and gradient_accumulation_steps to match");
     }
     if (state.global_step > spec.training.max_steps) {
@@ -163,7 +233,7 @@ Status RestoreOrInitialize(TrainingSession* s) {
     s->Message("resuming from " + dir);
   } else {
     if (s->options->resume) s->Message("no checkpoint in " + spec.output_dir + ": starting a fresh run");
-    TRAIND_RETURN_IF_ERROR(RemoveCheckpoints(spec.output_dir));
+    if (writer) TRAIND_RETURN_IF_ERROR(RemoveCheckpoints(spec.output_dir));
     TRAIND_RETURN_IF_ERROR(init_base());
     s->model->InitAdapters(static_cast<uint64_t>(spec.training.seed));
   }
@@ -193,10 +263,12 @@ Result<std::unique_ptr<TrainingSession>> SetUpSession(const JobSpec& spec, const
   s->callbacks = &callbacks;
   s->start = std::chrono::steady_clock::now();
   TRAIND_RETURN_IF_ERROR(ValidateRun(*s));
+  TRAIND_RETURN_IF_ERROR(OpenCommunicator(s.get()));
   TRAIND_RETURN_IF_ERROR(OpenDeviceAndPlan(s.get()));
   TRAIND_RETURN_IF_ERROR(LoadData(s.get()));
   TRAIND_RETURN_IF_ERROR(BuildModelAndOptimizer(s.get()));
   TRAIND_RETURN_IF_ERROR(RestoreOrInitialize(s.get()));
+  TRAIND_RETURN_IF_ERROR(CheckRanksAgree(s.get()));
   TRAIND_RETURN_IF_ERROR(SetUpSampler(s.get()));
   return s;
 }

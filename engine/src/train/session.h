@@ -19,6 +19,7 @@
 #include "optim/schedule.h"
 #include "train/checkpoint.h"
 #include "train/sampler.h"
+#include "traind/engine/communicator.h"
 #include "traind/engine/trainer.h"
 
 namespace traind::engine {
@@ -50,6 +51,13 @@ struct TrainingSession {
   std::unique_ptr<Model> model;
   std::unique_ptr<Optimizer> optimizer;  // training.optim
   std::unique_ptr<TrainingSampler> sampler;  // training.sample_every (else null)
+
+  // Data parallel (RunOptions::communicator, or one opened for the spec's distributed: block).
+  // Without one: world 1, rank 0, comm null, and nothing below differs from a run alone.
+  std::unique_ptr<Communicator> owned_comm;
+  Communicator* comm = nullptr;  // null when world == 1
+  int world = 1, rank = 0;
+  bool writes_outputs() const { return rank == 0; }  // rank 0 alone writes output_dir
 
   // Where the run stands (restored on resume).
   TrainerState state;

@@ -42,7 +42,10 @@ Result<double> Evaluate(TrainingSession* s) {
   if (windows <= 0) return std::numeric_limits<double>::quiet_NaN();
   std::vector<int32_t> inputs(static_cast<size_t>(B * T)), targets(static_cast<size_t>(B * T));
   double weighted = 0.0;
+  // Data parallel: sharded by pass (rank r runs passes r, r + W, ...), the weighted sums gathered.
+  int64_t pass = -1;
   for (int64_t first = 0; first < windows; first += B) {
+    if (++pass % s->world != s->rank) continue;
     if (s->Cancelled()) return Status::Cancelled("job cancelled during evaluation");
     const int64_t count = std::min(B, windows - first);
     for (int64_t b = 0; b < B; ++b) {
@@ -61,6 +64,12 @@ Result<double> Evaluate(TrainingSession* s) {
     // Forward's loss is the mean over the pass's real positions (count * T of them).
     weighted += s->model->Forward(/*for_backward=*/false, 1.0f) * static_cast<double>(count);
   }
+  if (s->comm != nullptr) {  // every rank's sum (a double as two f32 lanes), added in rank order
+    std::vector<double> sums(static_cast<size_t>(s->world));
+    TRAIND_RETURN_IF_ERROR(s->comm->AllGather(&weighted, sums.data(), 2, CommDType::kF32));
+    weighted = 0.0;
+    for (double v : sums) weighted += v;
+  }
   return weighted / static_cast<double>(windows);
 }
 
@@ -72,9 +81,12 @@ Status RunStepLoop(TrainingSession* s, double* last_eval) {
   BatchLoader loader(s->train_tokens, B, T, s->spec.data.shuffle, static_cast<uint64_t>(t.seed),
                      state.loader);
   s->windows_per_epoch = loader.windows_per_epoch();
-  LogHistory history(&state.log_history, B * accum, s->windows_per_epoch);
-  const double step_flops = Model::TrainingFlops(s->config, B, T) * static_cast<double>(accum);
-  const int64_t step_tokens = B * T * accum;
+  // Data parallel: the step's numbers are the world's (W ranks x B x accum sequences).
+  const int64_t world = s->world;
+  LogHistory history(&state.log_history, B * accum * world, s->windows_per_epoch);
+  const double step_flops =
+      Model::TrainingFlops(s->config, B, T) * static_cast<double>(accum * world);
+  const int64_t step_tokens = B * T * accum * world;
   *last_eval = std::numeric_limits<double>::quiet_NaN();
 
   auto run_eval = [&]() -> Status {
@@ -88,6 +100,10 @@ Status RunStepLoop(TrainingSession* s, double* last_eval) {
   // The newest step with a checkpoint in output_dir (the resumed one, or none for a fresh run).
   int64_t saved_step = s->first_step;
   auto save = [&]() -> Status {
+    if (!s->writes_outputs()) {  // data parallel: rank 0 writes the world's (identical) state
+      saved_step = state.global_step;
+      return Status::Ok();
+    }
     TRAIND_ASSIGN_OR_RETURN(std::string dir,
                             SaveCheckpoint(s->spec.output_dir, s->spec, s->model.get(), *s->optimizer,
                                            state, loader.windows_per_epoch()));
@@ -108,6 +124,7 @@ Status RunStepLoop(TrainingSession* s, double* last_eval) {
   step_options.max_grad_norm = t.max_grad_norm;
   step_options.dropout_seed = static_cast<uint64_t>(t.seed);
   step_options.first_step = state.global_step;
+  step_options.communicator = s->comm;
   // TRAIND_CUDA_GRAPHS=0 turns capture off without a rebuild (the escape hatch for a device where
   // capture misbehaves; docs/simt.md).
   const char* graphs_env = std::getenv("TRAIND_CUDA_GRAPHS");
@@ -116,12 +133,22 @@ Status RunStepLoop(TrainingSession* s, double* last_eval) {
   TRAIND_ASSIGN_OR_RETURN(std::unique_ptr<StepRunner> runner,
                           StepRunner::Create(step_options, s->model.get(), s->optimizer.get(),
                                              s->arena.get()));
-  // Each micro-batch of a step comes from the loader; cancellation is checked before each.
+  // Each micro-batch of a step comes from the loader; cancellation is checked before each. Data
+  // parallel: the loader walks the one-process order and rank r keeps every W-th micro-batch from
+  // the r-th (micro-batch k*W + r of the step), so its position is the world's.
+  std::vector<int32_t> skipped_in, skipped_tg;
+  if (world > 1) {
+    skipped_in.resize(static_cast<size_t>(B * T));
+    skipped_tg.resize(static_cast<size_t>(B * T));
+  }
   auto next_batch = [&](int32_t* in, int32_t* tg, double* wait) -> Status {
     if (s->Cancelled()) {
       return Status::Cancelled("job cancelled at step " + std::to_string(state.global_step + 1));
     }
-    *wait += loader.Next(in, tg);
+    for (int64_t r = 0; r < world; ++r) {
+      const bool mine = r == s->rank;
+      *wait += loader.Next(mine ? in : skipped_in.data(), mine ? tg : skipped_tg.data());
+    }
     return Status::Ok();
   };
   while (state.global_step < t.max_steps) {
@@ -180,7 +207,7 @@ Status RunStepLoop(TrainingSession* s, double* last_eval) {
       r.step_seconds = step_seconds;
       r.dataloader_wait_seconds = wait;
       r.tokens = step_tokens;
-      r.samples = B * accum;
+      r.samples = B * accum * world;
       r.memory_used_bytes = s->arena->used_bytes();
       r.memory_peak_bytes = s->arena->peak_bytes();
       r.model_flops = step_flops;
@@ -221,7 +248,7 @@ Status RunStepLoop(TrainingSession* s, double* last_eval) {
     if ((t.save_steps > 0 && state.global_step % t.save_steps == 0) || last) {
       TRAIND_RETURN_IF_ERROR(save());
     }
-    if (t.sample_every > 0 && state.global_step % t.sample_every == 0) {
+    if (t.sample_every > 0 && state.global_step % t.sample_every == 0 && s->writes_outputs()) {
       TRAIND_RETURN_IF_ERROR(SampleNow(s, state.global_step));
     }
   }

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <vector>
 
 #include "backend/dropout_rng.h"
 #include "optim/adamw.h"  // AccumulateGradSquares: the global gradient norm, shared by all optimizers
@@ -52,6 +53,11 @@ Result<std::unique_ptr<StepRunner>> StepRunner::Create(const Options& options, M
                                    std::to_string(options.accumulation_steps));
   }
   std::unique_ptr<StepRunner> r(new StepRunner(options, model, optimizer, arena));
+  if (options.communicator != nullptr) {
+    r->world_ = options.communicator->world_size();
+    r->rank_ = options.communicator->rank();
+    r->options_.use_graphs = false;  // the all-reduce runs between the micro-batches and the step
+  }
   r->micro_index_ = static_cast<uint64_t>(options.first_step) *
                     static_cast<uint64_t>(options.accumulation_steps);
   const size_t bytes = SlotBytes(r->tokens_);
@@ -77,12 +83,20 @@ Status StepRunner::Stage(int slot, const NextBatch& next_batch, float loss_scale
   int64_t valid = 0;
   for (int64_t i = 0; i < tokens_; ++i) valid += targets[i] != -1 ? 1 : 0;
   // As the host-side loss: d(mean over micro-batches of the mean loss)/dlogits, times the scale.
-  const float micro_scale = 1.0f / static_cast<float>(options_.accumulation_steps);
+  const float micro_scale =
+      1.0f / static_cast<float>(options_.accumulation_steps * static_cast<int64_t>(world_));
   const float grad_scale = micro_scale * loss_scale;
   const float scalars[2] = {valid > 0 ? grad_scale / static_cast<float>(valid) : 0.0f,
                             valid > 0 ? 1.0f / static_cast<float>(valid) : 0.0f};
   std::memcpy(targets + tokens_, scalars, sizeof(scalars));
-  const uint64_t key = DropoutMicroBatchKey(options_.dropout_seed, micro_index_++);
+  // The micro-batch's index in the one-process run (this rank's own index in a world of one).
+  uint64_t index = micro_index_++;
+  if (world_ > 1) {
+    const uint64_t accum = static_cast<uint64_t>(options_.accumulation_steps);
+    const uint64_t w = static_cast<uint64_t>(world_);
+    index = (index / accum) * accum * w + (index % accum) * w + static_cast<uint64_t>(rank_);
+  }
+  const uint64_t key = DropoutMicroBatchKey(options_.dropout_seed, index);
   std::memcpy(static_cast<unsigned char*>(host) + KeyOffset(tokens_), &key, sizeof(key));
   return upload_->Upload(slot, slots_[slot], SlotBytes(tokens_));
 }
@@ -167,6 +181,13 @@ Result<StepRunner::Outcome> StepRunner::Run(const NextBatch& next_batch, double 
     if (a + 1 < accum) TRAIND_RETURN_IF_ERROR(Stage(slot, next_batch, loss_scale, wait));
   }
   next_slot_ = slot;
+  if (options_.communicator != nullptr && world_ > 1) {
+    // Every rank's gradients summed (each micro-batch already carries 1/(accum * world)).
+    backend_->Synchronize();
+    TRAIND_RETURN_IF_ERROR(backend_->status());
+    TRAIND_RETURN_IF_ERROR(options_.communicator->AllReduceSum(
+        model_->grad_data(), model_->num_trainable(), CommDType::kF32));
+  }
   if (captured_ && optimizer_graph_ >= 0) {
     TRAIND_RETURN_IF_ERROR(backend_->Replay(optimizer_graph_));
   } else if (optimizer_->issues_from_device_scalars()) {
@@ -180,6 +201,17 @@ Result<StepRunner::Outcome> StepRunner::Run(const NextBatch& next_batch, double 
 
   Outcome out;
   out.loss = host.loss_sum / static_cast<double>(accum);
+  if (options_.communicator != nullptr && world_ > 1) {
+    // Every rank's loss sum (a double: two f32 lanes of raw bytes), added in rank order, so every
+    // rank holds the same bits.
+    static_assert(sizeof(host.loss_sum) == 2 * sizeof(float));
+    std::vector<double> sums(static_cast<size_t>(world_));
+    TRAIND_RETURN_IF_ERROR(
+        options_.communicator->AllGather(&host.loss_sum, sums.data(), 2, CommDType::kF32));
+    double total = 0.0;
+    for (double v : sums) total += v;
+    out.loss = total / static_cast<double>(accum * world_);
+  }
   out.skipped = options_.fp16 && !std::isfinite(host.grad_sq);
   out.grad_norm = out.skipped ? std::numeric_limits<double>::infinity()
                               : std::sqrt(host.grad_sq) / static_cast<double>(loss_scale);

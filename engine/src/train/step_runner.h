@@ -27,6 +27,7 @@
 #include "backend/arena.h"
 #include "models/model.h"
 #include "optim/optimizer.h"
+#include "traind/engine/communicator.h"
 #include "traind/engine/status.h"
 
 namespace traind::engine {
@@ -44,9 +45,16 @@ class StepRunner {
     // masks of the uninterrupted one, and graph replays a fresh key per micro-batch.
     uint64_t dropout_seed = 0;
     int64_t first_step = 0;
+    // Data parallel (JOBSPEC.md "Batching semantics"): this rank's micro-batch a of a step is
+    // micro-batch a * world + rank of one process accumulating accumulation_steps * world (its
+    // gradient scale and dropout key are that one's); after the micro-batches the gradients are
+    // summed over the world (so the step's gradient is the mean over every rank's micro-batches)
+    // before the norm, clipping and the optimizer step, and the loss is the mean over the world.
+    // Null (world of one): nothing of this happens. Graphs are not captured with a communicator.
+    Communicator* communicator = nullptr;
   };
   struct Outcome {
-    double loss = 0.0;       // mean over the micro-batches of their mean loss
+    double loss = 0.0;       // mean over the micro-batches (every rank's) of their mean loss
     double grad_norm = 0.0;  // unscaled global norm; +inf when skipped
     bool skipped = false;    // fp16: non-finite gradients, no update applied
   };
@@ -95,7 +103,8 @@ class StepRunner {
   unsigned char* slots_[2] = {nullptr, nullptr};  // device: inputs, targets, grad scale, weight
   StepScalars* scalars_ = nullptr;                 // device
   int next_slot_ = 0;
-  uint64_t micro_index_ = 0;  // global index of the next micro-batch staged
+  uint64_t micro_index_ = 0;  // this rank's index of the next micro-batch staged
+  int world_ = 1, rank_ = 0;  // options_.communicator's, else a world of one
   bool captured_ = false;
   Status capture_error_;
   int micro_graph_[2] = {-1, -1};

@@ -28,10 +28,11 @@ RunSummary Summarize(const TrainingSession& s, double last_eval) {
   r.train_runtime =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - s.start).count();
   const double steps_run = static_cast<double>(step - s.first_step);
+  const int64_t accum = s.accum * s.world;  // data parallel: the world's throughput
   r.train_samples_per_second =
-      r.train_runtime > 0 ? steps_run * static_cast<double>(s.B * s.accum) / r.train_runtime : 0.0;
+      r.train_runtime > 0 ? steps_run * static_cast<double>(s.B * accum) / r.train_runtime : 0.0;
   r.train_tokens_per_second =
-      r.train_runtime > 0 ? steps_run * static_cast<double>(s.B * s.T * s.accum) / r.train_runtime
+      r.train_runtime > 0 ? steps_run * static_cast<double>(s.B * s.T * accum) / r.train_runtime
                           : 0.0;
   r.peak_memory_bytes = s.arena->peak_bytes();
   r.plan = s.plan;
@@ -42,11 +43,13 @@ RunSummary Summarize(const TrainingSession& s, double last_eval) {
 // Writes output_dir's final config.json, model.safetensors and trainer_state.json (with HF's final
 // summary entry in its log_history).
 Status WriteFinalOutputs(TrainingSession* s, const RunSummary& summary) {
+  if (!s->writes_outputs()) return Status::Ok();  // data parallel: rank 0 writes output_dir
   const fs::path out(s->spec.output_dir);
-  LogHistory history(&s->state.log_history, s->B * s->accum, s->windows_per_epoch);
+  const int64_t accum = s->accum * s->world;
+  LogHistory history(&s->state.log_history, s->B * accum, s->windows_per_epoch);
   LogHistory::Final f;
   f.step = summary.global_step;
-  f.total_flos = Model::TrainingFlops(s->config, s->B, s->T) * static_cast<double>(s->accum) *
+  f.total_flos = Model::TrainingFlops(s->config, s->B, s->T) * static_cast<double>(accum) *
                  static_cast<double>(summary.global_step);
   f.train_loss = summary.train_loss;
   f.train_runtime = summary.train_runtime;

@@ -141,9 +141,14 @@ struct RunOptions {
   OptimizerStateStore* optimizer_state_store = nullptr;
   std::function<Result<std::unique_ptr<OptimizerStateStore>>(const TrainingSpec&)>
       open_optimizer_state_store;
-  // The ranks of a data-parallel run. Null, or a world of one: training alone. Worlds larger than
-  // one are not built yet (UNIMPLEMENTED).
+  // The ranks of a data-parallel run (JOBSPEC.md "Batching semantics"). Null, or a world of one:
+  // training alone, exactly as without it. A larger world (CPU backend only for now): rank r trains
+  // the micro-batches k*W + r of the global step, gradients and the loss are all-reduced, every
+  // rank takes the same optimizer step, evaluation is sharded by pass, rank 0 alone writes
+  // output_dir. When null and the spec has a `distributed:` block, open_communicator opens one
+  // (the job runner passes comm/'s Gloo factory; it returns null for a world of one).
   Communicator* communicator = nullptr;
+  std::function<Result<std::unique_ptr<Communicator>>(const JobSpec&)> open_communicator;
   // Opens data.tokenizer. Null: the engine's own factory (byte; the HF formats as they land).
   const TokenizerFactory* tokenizers = nullptr;
 };

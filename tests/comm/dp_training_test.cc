@@ -1,0 +1,461 @@
+// Data parallel through `traind run` (one process per rank, 1 thread each, Gloo over loopback):
+// world sizes 2 and 4 train the tiny gpt2 for 20 steps and end where one process with the same
+// global batch (accumulation W x A) ends (JOBSPEC.md "Batching semantics"): per-step losses, the
+// grad norms, the final eval loss and the weights; rank 0 alone writes output_dir. A rank that
+// never joins is named within the (shortened) rendezvous timeout; bad distributed fields are spec
+// errors naming the field.
+#include <gtest/gtest.h>
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/safetensors.h"
+#include "traind/engine/job_spec.h"
+
+namespace traind::engine {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string TempDir(const std::string& tag) {
+  static int n = 0;
+  const std::string d = ::testing::TempDir() + "traind_dp_" + tag + "_" + std::to_string(::getpid()) +
+                        "_" + std::to_string(n++);
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+int Port() {
+  static int n = 0;
+  return 30000 + static_cast<int>((::getpid() * 53) % 20000) + 7 * n++;
+}
+
+// As tests/engine/trainer_test_util.h's WriteSyntheticTokens: learnable uint16 tokens.
+void WriteTokens(const std::string& path, int64_t n, int vocab, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<uint16_t> t(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    const int base = static_cast<int>((i * 7 + (i / 13)) % vocab);
+    t[static_cast<size_t>(i)] =
+        static_cast<uint16_t>(rng() % 5 == 0 ? rng() % static_cast<uint32_t>(vocab) : base);
+  }
+  std::ofstream out(path, std::ios::binary);
+  out.write(reinterpret_cast<const char*>(t.data()), static_cast<std::streamsize>(t.size() * 2));
+}
+
+// The tiny gpt2 (vocab 64, 2 layers, d32, T16), shuffled windows, cosine with warmup, weight
+// decay and clipping: every rule of the step is exercised.
+std::string Spec(const std::string& data, const std::string& out, int64_t B, int64_t accum,
+                 const std::string& distributed) {
+  std::ostringstream s;
+  s << "name: dp-tiny\n"
+       "model: {arch: gpt2, config: {vocab_size: 64, n_positions: 32, n_embd: 32, n_layer: 2, n_head: 2}}\n"
+       "data: {train_file: " << data << ", format: tokens, token_dtype: uint16, seq_len: 16,\n"
+       "       validation_split: 0.1, shuffle: true}\n"
+       "training: {max_steps: 20, per_device_train_batch_size: " << B
+    << ", gradient_accumulation_steps: " << accum
+    << ",\n  learning_rate: 3.0e-3, lr_scheduler_type: cosine, warmup_steps: 2, weight_decay: 0.1,\n"
+       "  max_grad_norm: 1.0, seed: 7, logging_steps: 1, save_steps: 10}\n"
+       "output_dir: " << out << "\n";
+  if (!distributed.empty()) s << "distributed: " << distributed << "\n";
+  return s.str();
+}
+
+struct Proc {
+  pid_t pid = -1;
+  std::string log;  // stdout + stderr
+};
+
+Proc Start(const std::string& spec_path, const std::map<std::string, std::string>& env,
+           const std::string& log) {
+  Proc p;
+  p.log = log;
+  p.pid = ::fork();
+  if (p.pid == 0) {
+    const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ::dup2(fd, 1);
+    ::dup2(fd, 2);
+    for (const char* v : {"WORLD_SIZE", "RANK", "MASTER_ADDR", "MASTER_PORT"}) ::unsetenv(v);
+    for (const auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
+    ::execl(TRAIND_BIN, TRAIND_BIN, "run", spec_path.c_str(), "--device", "cpu", "--threads", "1",
+            static_cast<char*>(nullptr));
+    std::perror("exec traind");
+    ::_exit(127);
+  }
+  return p;
+}
+
+// Exit status, or -1 after killing it at the deadline.
+int Wait(const Proc& p, std::chrono::steady_clock::time_point deadline) {
+  for (;;) {
+    int status = 0;
+    const pid_t r = ::waitpid(p.pid, &status, WNOHANG);
+    if (r == p.pid) return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    if (std::chrono::steady_clock::now() > deadline) {
+      ::kill(p.pid, SIGKILL);
+      ::waitpid(p.pid, &status, 0);
+      return -1;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+std::string Slurp(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+void WriteFile(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
+
+// The train entries' (loss, grad_norm) per step and the last eval_loss of trainer_state.json.
+struct History {
+  std::vector<double> loss, grad_norm;
+  double eval_loss = NAN;
+};
+History ReadHistory(const std::string& out) {
+  History h;
+  const auto j = nlohmann::json::parse(Slurp(out + "/trainer_state.json"));
+  for (const auto& e : j.at("log_history")) {
+    if (e.contains("loss")) {
+      h.loss.push_back(e.at("loss").get<double>());
+      h.grad_norm.push_back(e.at("grad_norm").get<double>());
+    }
+    if (e.contains("eval_loss")) h.eval_loss = e.at("eval_loss").get<double>();
+  }
+  return h;
+}
+
+// How far the weights of run `b` are from run `a`: the whole model's ||b - a|| / ||a||; per
+// tensor the same, and the largest element difference relative to the tensor's largest element.
+// The key third of c_attn.bias has an exactly zero true gradient (softmax ignores a common shift
+// of the scores): both runs see only rounding noise there, which Adam turns into steps of about lr
+// (as in trainer_accum_test): kept apart, bounded by 2 x steps x lr.
+struct WeightDiff {
+  double model_l2 = 0, worst_l2 = 0, worst_max = 0, worst_kbias = 0;
+  std::string worst_name;
+};
+WeightDiff CompareWeights(const std::string& a_out, const std::string& b_out) {
+  WeightDiff w;
+  auto x = ReadSafetensors(a_out + "/model.safetensors");
+  auto y = ReadSafetensors(b_out + "/model.safetensors");
+  EXPECT_TRUE(x.ok() && y.ok());
+  if (!x.ok() || !y.ok()) return w;
+  const int64_t C = 32;
+  double all_num = 0, all_den = 0;
+  for (const auto& [name, t] : x->tensors) {
+    auto p = t.ToF32();
+    auto q = y->tensors.at(name).ToF32();
+    EXPECT_TRUE(p.ok() && q.ok() && p->size() == q->size()) << name;
+    if (!p.ok() || !q.ok() || p->size() != q->size()) continue;
+    const bool qkv_bias = name.find("attn.c_attn.bias") != std::string::npos;
+    double num = 0, den = 0, dmax = 0, rmax = 0;
+    for (size_t i = 0; i < p->size(); ++i) {
+      const double d = std::abs(static_cast<double>((*q)[i]) - (*p)[i]);
+      if (qkv_bias && static_cast<int64_t>(i) >= C && static_cast<int64_t>(i) < 2 * C) {
+        w.worst_kbias = std::max(w.worst_kbias, d);
+        continue;
+      }
+      num += d * d;
+      den += static_cast<double>((*p)[i]) * (*p)[i];
+      dmax = std::max(dmax, d);
+      rmax = std::max(rmax, std::abs(static_cast<double>((*p)[i])));
+    }
+    all_num += num;
+    all_den += den;
+    const double l2 = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+    if (l2 > w.worst_l2) {
+      w.worst_l2 = l2;
+      w.worst_name = name;
+    }
+    w.worst_max = std::max(w.worst_max, rmax > 0 ? dmax / rmax : dmax);
+  }
+  w.model_l2 = std::sqrt(all_num / all_den);
+  return w;
+}
+
+// Trains world `W` (B=2, accum A per rank) and one process (B=2, accum W*A); compares.
+void CompareWorld(int W, int64_t A) {
+  const std::string dir = TempDir("w" + std::to_string(W));
+  WriteTokens(dir + "/tokens.bin", 6000, 64, 4);
+  const std::string ref_out = dir + "/ref", dp_out = dir + "/dp";
+  WriteFile(dir + "/ref.yaml", Spec(dir + "/tokens.bin", ref_out, 2, W * A, ""));
+  // Every rank reads the same spec; rank r > 0 gets its own output_dir, which must stay unwritten
+  // (rank 0 alone writes; with one output_dir they would share it on this machine anyway).
+  for (int r = 0; r < W; ++r) {
+    const std::string out = r == 0 ? dp_out : dp_out + "_rank" + std::to_string(r);
+    WriteFile(dir + "/dp" + std::to_string(r) + ".yaml",
+              Spec(dir + "/tokens.bin", out, 2, A, "{master_addr: 127.0.0.1}"));
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto deadline = t0 + std::chrono::seconds(120);
+  const std::string port = std::to_string(Port());
+  std::vector<Proc> ranks;
+  for (int r = 0; r < W; ++r) {
+    ranks.push_back(Start(dir + "/dp" + std::to_string(r) + ".yaml",
+                          {{"WORLD_SIZE", std::to_string(W)}, {"RANK", std::to_string(r)},
+                           {"MASTER_PORT", port}, {"TRAIND_DIST_TIMEOUT_S", "60"}},
+                          dir + "/rank" + std::to_string(r) + ".log"));
+  }
+  Proc ref = Start(dir + "/ref.yaml", {}, dir + "/ref.log");
+  for (int r = 0; r < W; ++r) {
+    ASSERT_EQ(Wait(ranks[r], deadline), 0) << "rank " << r << ":\n" << Slurp(ranks[r].log);
+  }
+  ASSERT_EQ(Wait(ref, deadline), 0) << Slurp(ref.log);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
+  for (int r = 1; r < W; ++r) {
+    EXPECT_FALSE(fs::exists(dp_out + "_rank" + std::to_string(r)))
+        << "rank " << r << " wrote its output_dir";
+  }
+  EXPECT_TRUE(fs::exists(dp_out + "/checkpoint-10/model.safetensors"));
+  EXPECT_TRUE(fs::exists(dp_out + "/checkpoint-20/trainer_state.json"));
+
+  // The noise floor: the same global batch split differently in one process (B=4 x W*A/2, when
+  // W*A is even) reorders the same additions, as data parallel does.
+  const std::string alt_out = dir + "/alt";
+  WriteFile(dir + "/alt.yaml", Spec(dir + "/tokens.bin", alt_out, 4, W * A / 2, ""));
+  Proc alt = Start(dir + "/alt.yaml", {}, dir + "/alt.log");
+  ASSERT_EQ(Wait(alt, std::chrono::steady_clock::now() + std::chrono::seconds(60)), 0)
+      << Slurp(alt.log);
+
+  const History a = ReadHistory(ref_out), b = ReadHistory(dp_out);
+  ASSERT_EQ(a.loss.size(), 20u);
+  ASSERT_EQ(b.loss.size(), 20u);
+  double max_loss = 0, max_norm = 0;
+  for (size_t s = 0; s < 20; ++s) {
+    max_loss = std::max(max_loss, std::abs(b.loss[s] - a.loss[s]) / a.loss[s]);
+    max_norm = std::max(max_norm, std::abs(b.grad_norm[s] - a.grad_norm[s]) / a.grad_norm[s]);
+    EXPECT_NEAR(b.loss[s], a.loss[s], 1e-6 * a.loss[s]) << "W=" << W << " step " << s + 1;
+  }
+  EXPECT_LE(max_norm, 1e-5);
+  const double eval_rel = std::abs(b.eval_loss - a.eval_loss) / a.eval_loss;
+  EXPECT_LE(eval_rel, 1e-6) << a.eval_loss << " vs " << b.eval_loss;
+
+  const WeightDiff dp = CompareWeights(ref_out, dp_out);
+  const WeightDiff floor = CompareWeights(ref_out, alt_out);
+  std::printf("[dp] world %d x accum %lld vs 1 process x accum %lld, 20 steps (%.1f s for both): "
+              "losses max rel diff %.3g, grad_norm %.3g, eval_loss %.3g\n"
+              "[dp]   weights: model rel L2 %.3g, worst tensor rel L2 %.3g (%s), worst "
+              "max|diff|/max|w| %.3g, c_attn key-bias third max |diff| %.3g\n"
+              "[dp]   noise floor, 1 process B=4 x %lld vs B=2 x %lld: model rel L2 %.3g, worst "
+              "tensor rel L2 %.3g (%s), worst max|diff|/max|w| %.3g\n",
+              W, static_cast<long long>(A), static_cast<long long>(W * A), seconds, max_loss,
+              max_norm, eval_rel, dp.model_l2, dp.worst_l2, dp.worst_name.c_str(), dp.worst_max,
+              dp.worst_kbias, static_cast<long long>(W * A / 2), static_cast<long long>(W * A),
+              floor.model_l2, floor.worst_l2, floor.worst_name.c_str(), floor.worst_max);
+  EXPECT_LE(dp.model_l2, 1e-6);
+  // Per tensor, within the engine's own reordering noise (or 2e-6).
+  EXPECT_LE(dp.worst_l2, std::max(2e-6, 2 * floor.worst_l2));
+  EXPECT_LE(dp.worst_max, std::max(2e-6, 2 * floor.worst_max));
+  EXPECT_LE(dp.worst_kbias, 2.0 * 20 * 3e-3);
+}
+
+TEST(DataParallel, WorldTwoMatchesOneProcessWithTheGlobalBatch) { CompareWorld(2, 1); }
+
+TEST(DataParallel, WorldFourWithAccumulationMatchesOneProcess) { CompareWorld(4, 2); }
+
+// A world-2 checkpoint (2 ranks x accum 2) resumes on world 1 (accum 4) and on world 4 (accum 1):
+// checkpoints record the world's accumulation and the loader's position in the one-process order,
+// so both continue the same run and end where the uninterrupted world-2 run ends.
+TEST(DataParallel, CheckpointResumesOnAnotherWorldSize) {
+  const std::string dir = TempDir("resume");
+  WriteTokens(dir + "/tokens.bin", 6000, 64, 4);
+  const std::string port = std::to_string(Port());
+  auto run_world = [&](int W, int64_t A, const std::string& out, const std::string& extra,
+                       const std::string& port) {
+    std::vector<Proc> ranks;
+    for (int r = 0; r < W; ++r) {
+      std::string spec = Spec(dir + "/tokens.bin", out, 2, A, W > 1 ? "{master_addr: 127.0.0.1}" : "");
+      if (!extra.empty()) {
+        const size_t at = spec.find("save_steps: 10}");
+        spec.replace(at, 15, "save_steps: 10, " + extra + "}");
+      }
+      const std::string path = out + "_spec" + std::to_string(r) + ".yaml";
+      WriteFile(path, spec);
+      std::map<std::string, std::string> env;
+      if (W > 1) {
+        env = {{"WORLD_SIZE", std::to_string(W)}, {"RANK", std::to_string(r)}, {"MASTER_PORT", port}};
+      }
+      ranks.push_back(Start(path, env, out + "_rank" + std::to_string(r) + ".log"));
+    }
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+    for (int r = 0; r < W; ++r) {
+      ASSERT_EQ(Wait(ranks[r], deadline), 0) << out << " rank " << r << ":\n" << Slurp(ranks[r].log);
+    }
+  };
+  run_world(2, 2, dir + "/w2", "", port);
+  const std::string ckpt = "resume_from_checkpoint: " + dir + "/w2/checkpoint-10";
+  run_world(1, 4, dir + "/w1", ckpt, "");
+  run_world(4, 1, dir + "/w4", ckpt, std::to_string(Port()));
+  const History full = ReadHistory(dir + "/w2");
+  for (const char* name : {"w1", "w4"}) {
+    const History h = ReadHistory(dir + "/" + name);
+    ASSERT_EQ(h.loss.size(), 20u) << name;  // steps 1-10 come from the checkpoint's log_history
+    double worst = 0;
+    for (size_t s = 0; s < 20; ++s) {
+      worst = std::max(worst, std::abs(h.loss[s] - full.loss[s]) / full.loss[s]);
+    }
+    const WeightDiff w = CompareWeights(dir + "/w2", dir + "/" + name);
+    std::printf("[dp] world-2 checkpoint-10 resumed on %s: losses max rel diff %.3g, weights model "
+                "rel L2 %.3g, worst tensor rel L2 %.3g (%s)\n",
+                name, worst, w.model_l2, w.worst_l2, w.worst_name.c_str());
+    EXPECT_LE(worst, 1e-6) << name;
+    EXPECT_LE(w.model_l2, 1e-6) << name;
+    EXPECT_LE(w.worst_l2, 5e-6) << name;
+  }
+  // A run that plans another global batch than the checkpoint's is refused, naming both.
+  std::vector<Proc> bad;
+  WriteFile(dir + "/bad.yaml", Spec(dir + "/tokens.bin", dir + "/bad", 2, 1, ""));
+  {
+    std::string spec = Slurp(dir + "/bad.yaml");
+    spec.replace(spec.find("save_steps: 10}"), 15, "save_steps: 10, " + ckpt + "}");
+    WriteFile(dir + "/bad.yaml", spec);
+  }
+  Proc p = Start(dir + "/bad.yaml", {}, dir + "/bad.log");
+  EXPECT_EQ(Wait(p, std::chrono::steady_clock::now() + std::chrono::seconds(30)), 1);
+  EXPECT_NE(Slurp(p.log).find("was trained with micro-batch 2 x 4 accumulation, this run plans 2 x 1"),
+            std::string::npos)
+      << Slurp(p.log);
+}
+
+// distributed: {world_size: 1} is a plain run: the same bytes as no block at all.
+TEST(DataParallel, WorldOfOneIsAPlainRun) {
+  const std::string dir = TempDir("one");
+  WriteTokens(dir + "/tokens.bin", 6000, 64, 4);
+  WriteFile(dir + "/a.yaml", Spec(dir + "/tokens.bin", dir + "/a", 2, 2, ""));
+  WriteFile(dir + "/b.yaml", Spec(dir + "/tokens.bin", dir + "/b", 2, 2, "{world_size: 1}"));
+  Proc a = Start(dir + "/a.yaml", {}, dir + "/a.log");
+  Proc b = Start(dir + "/b.yaml", {{"WORLD_SIZE", "4"}, {"RANK", "3"}}, dir + "/b.log");
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  ASSERT_EQ(Wait(a, deadline), 0) << Slurp(a.log);
+  ASSERT_EQ(Wait(b, deadline), 0) << Slurp(b.log);
+  EXPECT_EQ(Slurp(dir + "/a/model.safetensors"), Slurp(dir + "/b/model.safetensors"));
+  EXPECT_EQ(Slurp(dir + "/a/checkpoint-10/optimizer.safetensors"),
+            Slurp(dir + "/b/checkpoint-10/optimizer.safetensors"));
+}
+
+// kill -9 one rank mid-run: the other stops with an error naming its failed collective (Gloo sees
+// the connection close at once; a hung peer would take the collective timeout), not a hang.
+TEST(DataParallel, AKilledRankStopsTheOthers) {
+  const std::string dir = TempDir("kill");
+  WriteTokens(dir + "/tokens.bin", 6000, 64, 4);
+  std::string spec = Spec(dir + "/tokens.bin", dir + "/out", 2, 1, "{master_addr: 127.0.0.1}");
+  spec.replace(spec.find("max_steps: 20"), 13, "max_steps: 100000");
+  WriteFile(dir + "/dp.yaml", spec);
+  const std::string port = std::to_string(Port());
+  std::vector<Proc> ranks;
+  for (int r = 0; r < 2; ++r) {
+    ranks.push_back(Start(dir + "/dp.yaml",
+                          {{"WORLD_SIZE", "2"}, {"RANK", std::to_string(r)}, {"MASTER_PORT", port},
+                           {"TRAIND_DIST_COLLECTIVE_TIMEOUT_S", "10"}},
+                          dir + "/r" + std::to_string(r) + ".log"));
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  while (Slurp(ranks[0].log).find("step 5/") == std::string::npos) {
+    ASSERT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(60)) << Slurp(ranks[0].log);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ::kill(ranks[1].pid, SIGKILL);
+  const auto killed = std::chrono::steady_clock::now();
+  Wait(ranks[1], killed + std::chrono::seconds(10));
+  const int code = Wait(ranks[0], killed + std::chrono::seconds(30));
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - killed).count();
+  const std::string log = Slurp(ranks[0].log);
+  EXPECT_EQ(code, 1) << log;
+  EXPECT_NE(log.find("on rank 0 of 2 failed"), std::string::npos) << log;
+  std::printf("[dp] rank 1 killed: rank 0 exited %d after %.2f s: %s\n", code, s,
+              log.substr(log.rfind("UNAVAILABLE")).c_str());
+  EXPECT_LT(s, 15.0);
+}
+
+TEST(DataParallel, ARankThatNeverJoinsIsNamed) {
+  const std::string dir = TempDir("missing");
+  WriteTokens(dir + "/tokens.bin", 6000, 64, 4);
+  WriteFile(dir + "/dp.yaml", Spec(dir + "/tokens.bin", dir + "/out", 2, 1,
+                                   "{world_size: 3, master_addr: 127.0.0.1, master_port: " +
+                                       std::to_string(Port()) + "}"));
+  const auto t0 = std::chrono::steady_clock::now();
+  Proc r0 = Start(dir + "/dp.yaml", {{"RANK", "0"}, {"TRAIND_DIST_TIMEOUT_S", "2"}}, dir + "/r0.log");
+  Proc r2 = Start(dir + "/dp.yaml", {{"RANK", "2"}, {"TRAIND_DIST_TIMEOUT_S", "2"}}, dir + "/r2.log");
+  const auto deadline = t0 + std::chrono::seconds(30);
+  const int c0 = Wait(r0, deadline), c2 = Wait(r2, deadline);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(c0, 1);
+  EXPECT_EQ(c2, 1);
+  // Rank 0 times out first ("... within 2 s"); rank 2 sees the store close and says who was
+  // missing when it did.
+  const std::string log0 = Slurp(r0.log), log2 = Slurp(r2.log);
+  EXPECT_NE(log0.find("rank 1 never joined within 2 s (2 of 3 ranks came"), std::string::npos) << log0;
+  EXPECT_NE(log2.find("rank 1 never joined"), std::string::npos) << log2;
+  std::printf("[dp] rank 0: %s[dp] rank 2: %s", log0.c_str(), log2.c_str());
+  std::printf("[dp] missing rank: both ranks failed naming rank 1 after %.1f s\n", s);
+  EXPECT_LT(s, 15.0);
+  EXPECT_FALSE(fs::exists(dir + "/out/model.safetensors"));
+}
+
+TEST(DataParallel, BadDistributedFieldsAreSpecErrors) {
+  const std::string dir = TempDir("bad");
+  WriteTokens(dir + "/tokens.bin", 6000, 64, 4);
+  const std::pair<std::string, std::string> cases[] = {
+      {"{world_size: 2, rank: 2}", "distributed.rank: must be < world_size 2, got 2"},
+      {"{world_size: 0}", "distributed.world_size: must be >= 1, got 0"},
+      {"{master_port: 70000}", "distributed.master_port: must be <= 65535"},
+      {"{zero_stage: 1}", "distributed.zero_stage: 1 (sharded optimizer state) is not supported yet"},
+      {"{wrld_size: 2}", "distributed.wrld_size: unknown field"},
+      {"{world_size: two}", "distributed.world_size: expected an integer"},
+      {"{master_addr: ''}", "distributed.master_addr: must not be empty"},
+  };
+  for (const auto& [block, want] : cases) {
+    auto spec = ParseJobSpec(Spec(dir + "/tokens.bin", dir + "/out", 2, 1, block));
+    ASSERT_FALSE(spec.ok()) << block;
+    EXPECT_EQ(spec.status().code(), Status::Code::kInvalidArgument);
+    EXPECT_NE(spec.status().message().find(want), std::string::npos)
+        << block << ": " << spec.status().message();
+  }
+  // Through traind run: exit 2 (an invalid spec), the message on stderr.
+  WriteFile(dir + "/bad.yaml", Spec(dir + "/tokens.bin", dir + "/out", 2, 1, "{zero_stage: 1}"));
+  Proc p = Start(dir + "/bad.yaml", {}, dir + "/bad.log");
+  EXPECT_EQ(Wait(p, std::chrono::steady_clock::now() + std::chrono::seconds(30)), 2);
+  EXPECT_NE(Slurp(p.log).find("distributed.zero_stage"), std::string::npos) << Slurp(p.log);
+  // An environment field that is not a number names the field and the variable.
+  WriteFile(dir + "/env.yaml", Spec(dir + "/tokens.bin", dir + "/out", 2, 1, "{}"));
+  Proc q = Start(dir + "/env.yaml", {{"WORLD_SIZE", "2"}, {"RANK", "x"}}, dir + "/env.log");
+  EXPECT_NE(Wait(q, std::chrono::steady_clock::now() + std::chrono::seconds(30)), 0);
+  EXPECT_NE(Slurp(q.log).find("distributed.rank: RANK='x' is not an integer"), std::string::npos)
+      << Slurp(q.log);
+  // world_size 1 is a plain run; the block round-trips through the canonical JSON.
+  auto one = ParseJobSpec(Spec(dir + "/tokens.bin", dir + "/out", 2, 1,
+                               "{world_size: 1, rank: 0, master_port: 29500}"));
+  ASSERT_TRUE(one.ok()) << one.status().ToString();
+  auto again = ParseJobSpec(JobSpecToJson(*one));
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  ASSERT_TRUE(again->distributed.has_value());
+  EXPECT_EQ(again->distributed->world_size, 1);
+  EXPECT_EQ(again->distributed->master_port, 29500);
+  EXPECT_FALSE(again->distributed->master_addr.has_value());
+}
+
+}  // namespace
+}  // namespace traind::engine
