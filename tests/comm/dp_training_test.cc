@@ -6,7 +6,10 @@
 // errors naming the field.
 #include <gtest/gtest.h>
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -44,10 +47,26 @@ std::string TempDir(const std::string& tag) {
   return d;
 }
 
-int Port() {
-  static int n = 0;
-  return 30000 + static_cast<int>((::getpid() * 53) % 20000) + 7 * n++;
+// A port the kernel just handed out (bound to port 0, then closed): free unless another process
+// takes it in the moment between, unlike a fixed or pid-derived one under ctest -j.
+int FreePort() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = 0;
+  socklen_t len = sizeof(a);
+  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    if (fd >= 0) ::close(fd);
+    return 29400;
+  }
+  const int port = ntohs(a.sin_port);
+  ::close(fd);
+  return port;
 }
+
+int Port() { return FreePort(); }
 
 // As tests/engine/trainer_test_util.h's WriteSyntheticTokens: learnable uint16 tokens.
 void WriteTokens(const std::string& path, int64_t n, int vocab, uint32_t seed) {
@@ -388,6 +407,42 @@ TEST(DataParallel, AKilledRankStopsTheOthers) {
   std::printf("[dp] rank 1 killed: rank 0 exited %d after %.2f s: %s\n", code, s,
               log.substr(log.rfind("UNAVAILABLE")).c_str());
   EXPECT_LT(s, 15.0);
+}
+
+// A rank that hangs (SIGSTOP): the other's next collective fails after the collective timeout
+// (TRAIND_DIST_COLLECTIVE_TIMEOUT_S, 2 s here), saying it timed out.
+TEST(DataParallel, AHungRankTimesOutTheOthers) {
+  const std::string dir = TempDir("hang");
+  WriteTokens(dir + "/tokens.bin", 6000, 64, 4);
+  std::string spec = Spec(dir + "/tokens.bin", dir + "/out", 2, 1, "{master_addr: 127.0.0.1}");
+  spec.replace(spec.find("max_steps: 20"), 13, "max_steps: 100000");
+  WriteFile(dir + "/dp.yaml", spec);
+  const std::string port = std::to_string(Port());
+  std::vector<Proc> ranks;
+  for (int r = 0; r < 2; ++r) {
+    ranks.push_back(Start(dir + "/dp.yaml",
+                          {{"WORLD_SIZE", "2"}, {"RANK", std::to_string(r)}, {"MASTER_PORT", port},
+                           {"TRAIND_DIST_COLLECTIVE_TIMEOUT_S", "2"}},
+                          dir + "/r" + std::to_string(r) + ".log"));
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  while (Slurp(ranks[0].log).find("step 5/") == std::string::npos) {
+    ASSERT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(60)) << Slurp(ranks[0].log);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ::kill(ranks[1].pid, SIGSTOP);
+  const auto stopped = std::chrono::steady_clock::now();
+  const int code = Wait(ranks[0], stopped + std::chrono::seconds(30));
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - stopped).count();
+  ::kill(ranks[1].pid, SIGKILL);
+  Wait(ranks[1], std::chrono::steady_clock::now() + std::chrono::seconds(10));
+  const std::string log = Slurp(ranks[0].log);
+  EXPECT_EQ(code, 1) << log;
+  EXPECT_NE(log.find("timed out after 2 s"), std::string::npos) << log;
+  std::printf("[dp] rank 1 stopped: rank 0 exited %d after %.2f s: %s\n", code, s,
+              log.substr(log.rfind("UNAVAILABLE")).c_str());
+  EXPECT_GT(s, 1.5);
+  EXPECT_LT(s, 10.0);
 }
 
 TEST(DataParallel, ARankThatNeverJoinsIsNamed) {

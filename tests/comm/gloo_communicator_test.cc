@@ -4,6 +4,11 @@
 // twice, disagreeing world sizes); ResolveDistributed's environment defaults.
 #include <gtest/gtest.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -24,11 +29,26 @@ namespace {
 using engine::CommDType;
 using engine::Communicator;
 
-// A port per test (tests of one binary may run in parallel under ctest -j: spread them by pid).
-int NextPort() {
-  static std::atomic<int> n{0};
-  return 20000 + static_cast<int>((::getpid() * 37) % 20000) + n.fetch_add(1) * 1;
+// A port the kernel just handed out (bound to port 0, then closed): free unless another process
+// takes it in the moment between, unlike a fixed or pid-derived one under ctest -j.
+int FreePort() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = 0;
+  socklen_t len = sizeof(a);
+  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    if (fd >= 0) ::close(fd);
+    return 29400;
+  }
+  const int port = ntohs(a.sin_port);
+  ::close(fd);
+  return port;
 }
+
+int NextPort() { return FreePort(); }
 
 GlooOptions Opts(int world, int rank, int port, int timeout_ms = 10000) {
   GlooOptions o;

@@ -158,6 +158,10 @@ Status RunStepLoop(TrainingSession* s, double* last_eval) {
       const int64_t step = state.global_step;
       if (step == 0) return Status::Aborted("preempted before the first step; nothing to save");
       if (saved_step != step) TRAIND_RETURN_IF_ERROR(save());
+      if (!s->writes_outputs()) {
+        return Status::Aborted("preempted at step " + std::to_string(step) + " on rank " +
+                               std::to_string(s->rank) + " (rank 0 writes the checkpoints)");
+      }
       return Status::Aborted("preempted at step " + std::to_string(step) + "; checkpoint-" +
                              std::to_string(step) + " written");
     }
