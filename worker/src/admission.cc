@@ -53,6 +53,14 @@ std::string SpecMessageToText(const v1::JobSpec& spec) { return ToJson(spec).dum
 Result<Admitted> Admit(const std::string& text, const std::string& base_dir,
                        const engine::DeviceOptions& device) {
   TRAIND_ASSIGN_OR_RETURN(engine::JobSpec spec, engine::ParseJobSpec(text, base_dir));
+  // Data parallel runs through `traind run`, one process per rank (docs/distributed.md); the
+  // daemon's side (trainctl submit --hosts) is not built: refused here, not at the first step.
+  if (spec.distributed.has_value() &&
+      !(spec.distributed->world_size.has_value() && *spec.distributed->world_size == 1)) {
+    return Status::Unimplemented(
+        "distributed: data-parallel jobs run through `traind run` (one process per rank) for now; "
+        "submitting them to the daemon (trainctl submit --hosts) is not supported yet");
+  }
   TRAIND_RETURN_IF_ERROR(engine::ValidateJobInputs(spec));
   TRAIND_ASSIGN_OR_RETURN(engine::MemoryPlan plan, engine::EstimateJob(spec, device));
   // A new job never replaces another run's results silently (overwrite_output_dir says it may).
