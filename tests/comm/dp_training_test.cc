@@ -214,17 +214,23 @@ WeightDiff CompareWeights(const std::string& a_out, const std::string& b_out) {
 }
 
 // Trains world `W` (B=2, accum A per rank) and one process (B=2, accum W*A); compares.
-void CompareWorld(int W, int64_t A) {
+void CompareWorld(int W, int64_t A, const std::string& extra = "") {
   const std::string dir = TempDir("w" + std::to_string(W));
   WriteTokens(dir + "/tokens.bin", 6000, 64, 4);
   const std::string ref_out = dir + "/ref", dp_out = dir + "/dp";
-  WriteFile(dir + "/ref.yaml", Spec(dir + "/tokens.bin", ref_out, 2, W * A, ""));
+  // `extra`: more training keys ("bf16: true").
+  auto spec = [&](const std::string& out, int64_t B, int64_t accum, const std::string& d) {
+    std::string s = Spec(dir + "/tokens.bin", out, B, accum, d);
+    if (!extra.empty()) s.replace(s.find("save_steps: 10}"), 15, "save_steps: 10, " + extra + "}");
+    return s;
+  };
+  WriteFile(dir + "/ref.yaml", spec(ref_out, 2, W * A, ""));
   // Every rank reads the same spec; rank r > 0 gets its own output_dir, which must stay unwritten
   // (rank 0 alone writes; with one output_dir they would share it on this machine anyway).
   for (int r = 0; r < W; ++r) {
     const std::string out = r == 0 ? dp_out : dp_out + "_rank" + std::to_string(r);
     WriteFile(dir + "/dp" + std::to_string(r) + ".yaml",
-              Spec(dir + "/tokens.bin", out, 2, A, "{master_addr: 127.0.0.1}"));
+              spec(out, 2, A, "{master_addr: 127.0.0.1}"));
   }
   const auto t0 = std::chrono::steady_clock::now();
   const auto deadline = t0 + std::chrono::seconds(120);
@@ -254,46 +260,61 @@ void CompareWorld(int W, int64_t A) {
   // The noise floor: the same global batch split differently in one process (B=4 x W*A/2, when
   // W*A is even) reorders the same additions, as data parallel does.
   const std::string alt_out = dir + "/alt";
-  WriteFile(dir + "/alt.yaml", Spec(dir + "/tokens.bin", alt_out, 4, W * A / 2, ""));
+  WriteFile(dir + "/alt.yaml", spec(alt_out, 4, W * A / 2, ""));
   Proc alt = Start(dir + "/alt.yaml", {}, dir + "/alt.log");
   ASSERT_EQ(Wait(alt, std::chrono::steady_clock::now() + std::chrono::seconds(60)), 0)
       << Slurp(alt.log);
 
-  const History a = ReadHistory(ref_out), b = ReadHistory(dp_out);
+  // fp32: the contract's 1e-6 (relative) for losses and weights. Mixed precision (`extra`): the
+  // 16-bit roundings turn any reordering into a larger difference, so the bound is the engine's
+  // own reordering noise (the B=4 run's distance), times 3.
+  const History a = ReadHistory(ref_out), b = ReadHistory(dp_out), c = ReadHistory(alt_out);
   ASSERT_EQ(a.loss.size(), 20u);
   ASSERT_EQ(b.loss.size(), 20u);
-  double max_loss = 0, max_norm = 0;
+  ASSERT_EQ(c.loss.size(), 20u);
+  double max_loss = 0, max_norm = 0, floor_loss = 0, floor_norm = 0;
   for (size_t s = 0; s < 20; ++s) {
     max_loss = std::max(max_loss, std::abs(b.loss[s] - a.loss[s]) / a.loss[s]);
     max_norm = std::max(max_norm, std::abs(b.grad_norm[s] - a.grad_norm[s]) / a.grad_norm[s]);
-    EXPECT_NEAR(b.loss[s], a.loss[s], 1e-6 * a.loss[s]) << "W=" << W << " step " << s + 1;
+    floor_loss = std::max(floor_loss, std::abs(c.loss[s] - a.loss[s]) / a.loss[s]);
+    floor_norm = std::max(floor_norm, std::abs(c.grad_norm[s] - a.grad_norm[s]) / a.grad_norm[s]);
   }
-  EXPECT_LE(max_norm, 1e-5);
+  const bool fp32 = extra.empty();
+  const double k = fp32 ? 0.0 : 3.0;
+  EXPECT_LE(max_loss, std::max(1e-6, k * floor_loss));
+  EXPECT_LE(max_norm, std::max(1e-5, k * floor_norm));
   const double eval_rel = std::abs(b.eval_loss - a.eval_loss) / a.eval_loss;
-  EXPECT_LE(eval_rel, 1e-6) << a.eval_loss << " vs " << b.eval_loss;
+  const double floor_eval = std::abs(c.eval_loss - a.eval_loss) / a.eval_loss;
+  EXPECT_LE(eval_rel, std::max(1e-6, k * floor_eval)) << a.eval_loss << " vs " << b.eval_loss;
 
   const WeightDiff dp = CompareWeights(ref_out, dp_out);
   const WeightDiff floor = CompareWeights(ref_out, alt_out);
-  std::printf("[dp] world %d x accum %lld vs 1 process x accum %lld, 20 steps (%.1f s for both): "
+  std::printf("[dp] %sworld %d x accum %lld vs 1 process x accum %lld, 20 steps (%.1f s for both): "
               "losses max rel diff %.3g, grad_norm %.3g, eval_loss %.3g\n"
               "[dp]   weights: model rel L2 %.3g, worst tensor rel L2 %.3g (%s), worst "
               "max|diff|/max|w| %.3g, c_attn key-bias third max |diff| %.3g\n"
-              "[dp]   noise floor, 1 process B=4 x %lld vs B=2 x %lld: model rel L2 %.3g, worst "
-              "tensor rel L2 %.3g (%s), worst max|diff|/max|w| %.3g\n",
-              W, static_cast<long long>(A), static_cast<long long>(W * A), seconds, max_loss,
-              max_norm, eval_rel, dp.model_l2, dp.worst_l2, dp.worst_name.c_str(), dp.worst_max,
-              dp.worst_kbias, static_cast<long long>(W * A / 2), static_cast<long long>(W * A),
-              floor.model_l2, floor.worst_l2, floor.worst_name.c_str(), floor.worst_max);
-  EXPECT_LE(dp.model_l2, 1e-6);
+              "[dp]   noise floor, 1 process B=4 x %lld vs B=2 x %lld: losses %.3g, grad_norm %.3g, "
+              "eval_loss %.3g, model rel L2 %.3g, worst tensor rel L2 %.3g (%s), worst "
+              "max|diff|/max|w| %.3g\n",
+              fp32 ? "" : (extra + ": ").c_str(), W, static_cast<long long>(A),
+              static_cast<long long>(W * A), seconds, max_loss, max_norm, eval_rel, dp.model_l2,
+              dp.worst_l2, dp.worst_name.c_str(), dp.worst_max, dp.worst_kbias,
+              static_cast<long long>(W * A / 2), static_cast<long long>(W * A), floor_loss,
+              floor_norm, floor_eval, floor.model_l2, floor.worst_l2, floor.worst_name.c_str(),
+              floor.worst_max);
+  EXPECT_LE(dp.model_l2, std::max(1e-6, k * floor.model_l2));
   // Per tensor, within the engine's own reordering noise (or 2e-6).
-  EXPECT_LE(dp.worst_l2, std::max(2e-6, 2 * floor.worst_l2));
-  EXPECT_LE(dp.worst_max, std::max(2e-6, 2 * floor.worst_max));
+  EXPECT_LE(dp.worst_l2, std::max(2e-6, std::max(k, 2.0) * floor.worst_l2));
+  EXPECT_LE(dp.worst_max, std::max(2e-6, std::max(k, 2.0) * floor.worst_max));
+  if (!fp32) return;  // bf16's key-bias noise is bounded by the same floor above
   EXPECT_LE(dp.worst_kbias, 2.0 * 20 * 3e-3);
 }
 
 TEST(DataParallel, WorldTwoMatchesOneProcessWithTheGlobalBatch) { CompareWorld(2, 1); }
 
 TEST(DataParallel, WorldFourWithAccumulationMatchesOneProcess) { CompareWorld(4, 2); }
+
+TEST(DataParallel, Bf16WorldTwoMatchesOneProcess) { CompareWorld(2, 2, "bf16: true"); }
 
 // A world-2 checkpoint (2 ranks x accum 2) resumes on world 1 (accum 4) and on world 4 (accum 1):
 // checkpoints record the world's accumulation and the loader's position in the one-process order,
