@@ -410,34 +410,49 @@ void DecoderModel::ParamsChanged() {
   weights16_stale_ = false;
 }
 
-void DecoderModel::ForwardToLogits() {
+void DecoderModel::ForwardToFinalNorm() {
   Backend& be = *be_;
   if (mixed_ && weights16_stale_) ParamsChanged();
   nn::EmbeddingForward(be, bufs_.res[0], bufs_.inputs, bufs_.positions, P(table_.wte),
                        P(table_.wpe), N_, d_.C);
   for (int64_t l = 0; l < d_.L; ++l) BlockForward(l);
   NormInto(bufs_.lnf, bufs_.lnf_mean, bufs_.lnf_rstd, bufs_.res[d_.L], table_.lnf_w, table_.lnf_b);
-  nn::LinearForward(be, bufs_.logits, bufs_.lnf, W(table_.lm_head), nullptr, N_, d_.C, d_.Vp,
-                    options_.compute_type);
+}
+
+void DecoderModel::LmHeadAndLoss(bool for_backward, float grad_scale, const float* device_scale) {
+  Backend& be = *be_;
+  const DType ct = options_.compute_type;
+  const int64_t C = d_.C, rows = bufs_.logits_rows;
+  for (int64_t r0 = 0; r0 < N_; r0 += rows) {
+    const int64_t n = std::min(rows, N_ - r0);
+    const void* lnf = static_cast<const char*>(bufs_.lnf) + r0 * C * DTypeSize(ct);
+    nn::LinearForward(be, bufs_.logits, lnf, W(table_.lm_head), nullptr, n, C, d_.Vp, ct);
+    be.SoftmaxCrossEntropy(bufs_.logits, bufs_.losses + r0, bufs_.targets + r0, n, d_.V, d_.Vp,
+                           grad_scale, for_backward, device_scale);
+    if (!for_backward) continue;
+    // The chunk's dlogits (in place of its logits) into d(lnf) rows (tmp_c, read by Backward's
+    // final-norm backward) and the lm-head weight gradient (+=; none for a frozen LoRA base).
+    nn::LinearBackward(be, bufs_.tmp_c + r0 * C, G(table_.lm_head), nullptr, bufs_.logits, lnf,
+                       W(table_.lm_head), n, C, d_.Vp, gp_);
+  }
 }
 
 double DecoderModel::Forward(bool for_backward, float grad_scale) {
   const int64_t n_valid = nn::CountValidTargets(*be_, bufs_.targets, N_, &host_targets_);
   training_ = for_backward;  // LoRA dropout only in a forward for backward (not in eval)
-  ForwardToLogits();
-  const double loss =
-      nn::CrossEntropyForward(*be_, bufs_.logits, bufs_.losses, bufs_.targets, N_, d_.V, d_.Vp,
-                              n_valid, grad_scale, for_backward, &host_losses_);
+  ForwardToFinalNorm();
+  // d(mean)/d(loss_n) = 1/n_valid, folded into the op's grad scale.
+  const float scale = n_valid > 0 ? grad_scale / static_cast<float>(n_valid) : 0.0f;
+  LmHeadAndLoss(for_backward, scale, nullptr);
   ready_for_backward_ = for_backward;
-  return loss;
+  return nn::MeanLoss(*be_, bufs_.losses, N_, n_valid, &host_losses_);
 }
 
 void DecoderModel::ForwardOnDevice(const float* grad_scale, const float* loss_weight,
                                    double* loss_sum) {
   training_ = true;
-  ForwardToLogits();
-  be_->SoftmaxCrossEntropy(bufs_.logits, bufs_.losses, bufs_.targets, N_, d_.V, d_.Vp, 1.0f,
-                           /*compute_grad=*/true, grad_scale);
+  ForwardToFinalNorm();
+  LmHeadAndLoss(/*for_backward=*/true, 1.0f, grad_scale);
   be_->AccumulateSum(loss_sum, bufs_.losses, N_, loss_weight);
   ready_for_backward_ = true;
 }
@@ -448,9 +463,8 @@ void DecoderModel::Backward() {
   ready_for_backward_ = false;
   Backend& be = *be_;
   const int64_t C = d_.C;
-  // logits hold dlogits: lm_head backward, then the final norm into a fresh dres.
-  nn::LinearBackward(be, bufs_.tmp_c, G(table_.lm_head), nullptr, bufs_.logits, bufs_.lnf,
-                     W(table_.lm_head), N_, C, d_.Vp, gp_);
+  // The forward left d(lnf) in tmp_c (and the lm-head's weight gradient): the final norm's
+  // backward into a fresh dres.
   be.Memset0(bufs_.dres, static_cast<size_t>(N_ * C) * sizeof(float));
   const nn::NormShape ns{N_, C, d_.rms_norm(), d_.eps};
   nn::NormBackward(be, ns, bufs_.dres, GNorm(table_.lnf_w, 0), GNorm(table_.lnf_b, 1), bufs_.tmp_c,

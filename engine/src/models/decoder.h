@@ -78,8 +78,12 @@ class DecoderModel : public Model {
   const void* W(int64_t offset) const;
   // Norm output -> `dst` (a GEMM input in the compute type) through an fp32 buffer.
   void NormInto(void* dst, float* mean, float* rstd, const float* inp, int64_t w, int64_t b);
-  // Embeddings, blocks, final norm and lm_head: bufs_.logits hold the logits.
-  void ForwardToLogits();
+  // Embeddings, blocks and the final norm (bufs_.lnf).
+  void ForwardToFinalNorm();
+  // The lm-head and the softmax cross-entropy over bufs_.logits_rows rows at a time: losses (N),
+  // and with for_backward each chunk's dlogits (scaled by grad_scale, times *device_scale when
+  // not null) through the lm-head backward into tmp_c (d lnf) and the lm-head weight gradient.
+  void LmHeadAndLoss(bool for_backward, float grad_scale, const float* device_scale);
   void BlockForward(int64_t l);
   void BlockBackward(int64_t l);  // bufs_.dres: d(block output) in, d(block input) out
 

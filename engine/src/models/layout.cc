@@ -107,6 +107,14 @@ Status BufferPlanner::Allocate(DeviceArena* arena) {
   return Status::Ok();
 }
 
+int64_t LogitsChunkRows(const ArchDims& d, const ModelOptions& o) {
+  const int64_t N = o.micro_batch * o.seq_len;
+  if (o.logits_chunk_rows > 0) return std::min(N, o.logits_chunk_rows);
+  constexpr int64_t kMinRows = 512;
+  const int64_t by_bytes = kLogitsChunkBytes / (d.Vp * static_cast<int64_t>(sizeof(float)));
+  return std::min(N, std::max(kMinRows, by_bytes));
+}
+
 void PlanBuffers(const ArchDims& d, const ModelOptions& o, int64_t num_params, BufferPlanner* p,
                  ModelBuffers* b, int64_t lora_trainable, int64_t lora_per_layer,
                  int64_t lora_max_in) {
@@ -155,7 +163,8 @@ void PlanBuffers(const ArchDims& d, const ModelOptions& o, int64_t num_params, B
   p->Add(MC::kActivations, N * C, t, &b->lnf);
   if (!d.rms_norm()) p->Add(MC::kActivations, N, &b->lnf_mean);
   p->Add(MC::kActivations, N, &b->lnf_rstd);
-  p->Add(MC::kActivations, N * d.Vp, &b->logits);
+  b->logits_rows = LogitsChunkRows(d, o);
+  p->Add(MC::kActivations, b->logits_rows * d.Vp, &b->logits);
   p->Add(MC::kActivations, N, &b->losses);
 
   if (lora) {

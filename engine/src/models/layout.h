@@ -58,7 +58,12 @@ struct ArchDims {
   int64_t up_width() const { return swiglu() ? 2 * H : H; }
 };
 // Vp: the vocabulary rounded up to a multiple of 64 for the logits GEMM.
+// Rows per lm-head + cross-entropy chunk: options.logits_chunk_rows when > 0 (at most N), else
+// enough rows for about kLogitsChunkBytes of logits but at least min(N, 512) (fewer rows make
+// the lm-head weight-gradient GEMM, whose K is the rows, slow).
+inline constexpr int64_t kLogitsChunkBytes = 64ll << 20;
 ArchDims MakeArchDims(const ModelConfig& config);
+int64_t LogitsChunkRows(const ArchDims& d, const ModelOptions& options);
 
 enum class InitKind { kNormal, kNormalResidual, kZeros, kOnes };
 
@@ -127,7 +132,8 @@ struct ModelBuffers {
   void* lnf = nullptr;  // (N,C) compute type
   float* lnf_mean = nullptr;
   float* lnf_rstd = nullptr;
-  float* logits = nullptr;  // (N,Vp); dlogits in place after Forward(for_backward)
+  float* logits = nullptr;  // (logits_rows, Vp): one chunk's logits, then its dlogits in place
+  int64_t logits_rows = 0;
   float* losses = nullptr;  // (N)
   // temporaries (live within one block's forward or backward)
   float* dres = nullptr;         // (N,C) gradient of the residual stream

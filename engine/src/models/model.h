@@ -46,6 +46,11 @@ struct ModelOptions {
   // and the parameters' update stay fp32.
   DType compute_type = DType::kF32;
   LoraOptions lora;
+  // Rows of the lm-head + cross-entropy per chunk: the (rows, padded vocab) logits buffer is all
+  // that exists of the logits (forward, loss and its gradient run chunk by chunk, so the
+  // (B*T, vocab) logits are never whole). 0: LogitsChunkRows' choice (layout.h); B*T or more: one
+  // chunk (logits() then holds every row's logits after Forward(false)).
+  int64_t logits_chunk_rows = 0;
 };
 
 class Model {
@@ -109,7 +114,8 @@ class Model {
   virtual SafetensorsFile ExportMerged() = 0;
   // The target modules in effect (the option's, or the family default); empty without LoRA.
   virtual std::vector<std::string> lora_targets() const = 0;
-  // Device pointer to the last Forward's logits (N, padded vocab), rows of `logits_stride()`.
+  // Device pointer to the last chunk's logits (padded vocab wide, rows of `logits_stride()`): all N
+  // rows after Forward(false) when one chunk covers them (ModelOptions::logits_chunk_rows).
   virtual const float* logits() const = 0;
   virtual int64_t logits_stride() const = 0;
 
@@ -119,7 +125,8 @@ class Model {
   virtual void ParamsChanged() = 0;
   virtual void ZeroGrad() = 0;
   // Runs forward on inputs()/targets(); returns the mean loss over non-ignored positions.
-  // When `for_backward`, keeps what Backward() needs and leaves d(loss*grad_scale)/dlogits in place.
+  // When `for_backward`, keeps what Backward() needs; the lm-head's gradients (its weight's and
+  // the final norm output's) are formed here, chunk by chunk with the loss.
   virtual double Forward(bool for_backward, float grad_scale) = 0;
   // Forward for a training step that reads nothing back to the host (capturable in a graph):
   // d(loss)/dlogits is scaled by *grad_scale and *loss_sum += *loss_weight * (sum of the

@@ -19,6 +19,11 @@ double CrossEntropyForward(Backend& be, float* logits, float* losses, const int3
   // d(mean)/d(loss_n) = 1/n_valid, folded into the op's grad scale.
   const float scale = n_valid > 0 ? grad_scale / static_cast<float>(n_valid) : 0.0f;
   be.SoftmaxCrossEntropy(logits, losses, targets, N, V, Vp, scale, compute_grad, nullptr);
+  return MeanLoss(be, losses, N, n_valid, host_losses);
+}
+
+double MeanLoss(Backend& be, const float* losses, int64_t N, int64_t n_valid,
+                std::vector<float>* host_losses) {
   host_losses->resize(static_cast<size_t>(N));
   be.CopyDeviceToHost(host_losses->data(), losses, static_cast<size_t>(N) * sizeof(float));
   be.Synchronize();

@@ -21,4 +21,9 @@ double CrossEntropyForward(Backend& be, float* logits, float* losses, const int3
                            int64_t N, int64_t V, int64_t Vp, int64_t n_valid, float grad_scale,
                            bool compute_grad, std::vector<float>* host_losses);
 
+// The mean of losses[0..N) over n_valid non-ignored rows (0 when n_valid is 0): the losses are
+// read back once (synchronizes).
+double MeanLoss(Backend& be, const float* losses, int64_t N, int64_t n_valid,
+                std::vector<float>* host_losses);
+
 }  // namespace traind::engine::nn
