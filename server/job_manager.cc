@@ -69,6 +69,8 @@ Status JobManager::Start() {
     q.order = job->submit_order();
     q.spec_json = job->spec_json();
     q.attempts_before = job->attempts();
+    q.run_id = job->run_id();
+    q.single_attempt = job->world_size() > 1;
     if (job->state() == v1::JOB_STATE_RUNNING) {
       q.recovered = true;
       q.priority = INT32_MAX;
@@ -145,6 +147,8 @@ Result<v1::Job> JobManager::Submit(const std::string& user, const v1::SubmitJobR
   }
   TRAIND_ASSIGN_OR_RETURN(worker::Admitted admitted,
                           worker::Admit(text, req.base_dir(), options_.admission_device));
+  TRAIND_RETURN_IF_ERROR(worker::CheckDistributedDevice(admitted.spec, options_.run_device));
+  const int64_t world = worker::DistributedWorld(admitted.spec);
   auto resolved = ResolvePath(admitted.spec.output_dir);
   const std::string output_dir = resolved.ok() ? *resolved : admitted.spec.output_dir;
   worker::MutexLock lock(&mu_);
@@ -167,6 +171,11 @@ Result<v1::Job> JobManager::Submit(const std::string& user, const v1::SubmitJobR
   job.set_spec_yaml(req.has_spec() ? "" : text);
   job.set_spec_json(admitted.spec_json);
   job.set_base_dir(req.base_dir());
+  if (world > 0) {
+    job.set_world_size(world);
+    job.set_rank(worker::DistributedRank(admitted.spec));
+    job.set_run_id(req.run_id());
+  }
   v1::JobEvent ev = StateChange(v1::JOB_STATE_QUEUED, "", 0, "submitted by " + user);
   ev.set_sequence(1);
   ev.set_time_unix_ms(job.created_unix_ms());
@@ -180,6 +189,8 @@ Result<v1::Job> JobManager::Submit(const std::string& user, const v1::SubmitJobR
   q.priority = job.priority();
   q.order = order;
   q.spec_json = job.spec_json();
+  q.run_id = job.run_id();
+  q.single_attempt = job.world_size() > 1;
   supervisor_->Enqueue(std::move(q));
   UpdateGaugesLocked();
   spdlog::info("job {} ({}) submitted by {}: {} steps, plan {} bytes", job.id(), job.name(), user,

@@ -28,6 +28,7 @@ namespace traind::server {
 struct JobManagerOptions {
   worker::SupervisorOptions supervisor;  // runner path, device, attempts, cancel grace, log dir
   engine::DeviceOptions admission_device;  // what SubmitJob/EstimateJob plan against
+  std::string run_device = "cpu";          // the device jobs train on (data parallel: cpu only)
   PathPolicy paths;                        // where each user's jobs may read and write
 };
 

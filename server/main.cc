@@ -166,6 +166,7 @@ int main(int argc, char** argv) {
   // device, and the budget is the flag's or what the probe found free on the device (95%, the
   // margin the engine keeps for library workspaces outside its arena).
   jm.admission_device.device = "cpu";
+  jm.run_device = device->device;
   jm.admission_device.memory_budget_bytes = opts.memory_budget_bytes;
   if (opts.memory_budget_bytes <= 0 && device->device != "cpu") {
     jm.admission_device.memory_budget_bytes = static_cast<int64_t>(0.95 * static_cast<double>(device->free_bytes));

@@ -132,7 +132,12 @@ nlohmann::json JobJson(const v1::Job& j) {
           // Tokenization of the training data (null until it started): tokenizing is true while
           // the running job encodes its data into the token cache.
           {"tokenize", j.has_tokenize() ? TokenizeJson(j.tokenize()) : nlohmann::json(nullptr)},
-          {"tokenizing", j.state() == v1::JOB_STATE_RUNNING && j.has_tokenize() && !j.tokenize().done()}};
+          {"tokenizing", j.state() == v1::JOB_STATE_RUNNING && j.has_tokenize() && !j.tokenize().done()},
+          // Data parallel (trainctl submit --hosts): this job's rank of the run; null for a plain job.
+          {"distributed", j.world_size() > 1 ? nlohmann::json{{"world_size", j.world_size()},
+                                                              {"rank", j.rank()},
+                                                              {"run_id", j.run_id()}}
+                                             : nlohmann::json(nullptr)}};
 }
 
 namespace {
@@ -156,6 +161,11 @@ std::string StatusText(const v1::Job& j) {
   row("step", std::to_string(j.step()) + "/" + std::to_string(j.max_steps()));
   if (!j.error().empty()) row("error", j.error());
   row("output_dir", j.output_dir());
+  if (j.world_size() > 1) {
+    row("distributed", "rank " + std::to_string(j.rank()) + " of " + std::to_string(j.world_size()) +
+                           (j.run_id().empty() ? std::string() : " (run " + j.run_id() + ")") +
+                           (j.rank() == 0 ? "; writes output_dir" : "; rank 0 writes output_dir"));
+  }
   row("attempts", std::to_string(j.attempts()));
   if (j.interruptions() > 0) {
     const int64_t at = j.interrupted_step();

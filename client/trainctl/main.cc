@@ -1,13 +1,20 @@
 // trainctl: the command-line client of traind (../shared/contracts/CLI.md). Exit codes: 0 success;
 // 1 the job failed or was cancelled (with --wait/--follow); 2 usage or invalid spec; 3 traind
 // cannot be reached or refused the token. Errors go to stderr as one sentence.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
+#include <yaml-cpp/yaml.h>
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <random>
+#include <set>
 #include <vector>
 #include <iostream>
 
@@ -43,7 +50,8 @@ int ExitCodeFor(const Status& s) {
   }
 }
 
-int Error(const Globals& g, const Status& s) {
+// The error as one sentence (without the "trainctl: " prefix).
+std::string ErrorText(const Globals& g, const Status& s) {
   std::string m = s.message();
   switch (s.code()) {
     case Status::Code::kUnavailable: m = "cannot reach traind at " + g.addr + ": " + m; break;
@@ -51,7 +59,11 @@ int Error(const Globals& g, const Status& s) {
     default: break;
   }
   while (!m.empty() && (m.back() == '\n' || m.back() == ' ')) m.pop_back();
-  std::fprintf(stderr, "trainctl: %s\n", m.c_str());
+  return m;
+}
+
+int Error(const Globals& g, const Status& s) {
+  std::fprintf(stderr, "trainctl: %s\n", ErrorText(g, s).c_str());
   return ExitCodeFor(s);
 }
 
@@ -141,6 +153,211 @@ int Tokenize(const std::string& tokenizer, const std::string& text, const std::s
   return 0;
 }
 
+// `submit JOB.yaml --hosts H1:P,H2:P,...`: one data-parallel run, rank i on the daemon at host i
+// (docs/distributed.md). The spec is read once; each rank's copy gets distributed: {world_size,
+// rank, master_addr (host 0's, unless the spec names one), master_port (the spec's, else a free
+// port of this machine when host 0 is a loopback address, else 29400)} and the run's id.
+struct HostsSubmit {
+  std::string spec_path, hosts;
+  int priority = 0;
+  bool wait = false, follow = false;
+};
+
+bool IsLoopbackHost(const std::string& h) {
+  return h == "localhost" || h == "::1" || h == "[::1]" || h.rfind("127.", 0) == 0;
+}
+
+// A TCP port the kernel has free now (bind :0); 0 when none.
+int FreeLocalPort() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return 0;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = 0;
+  socklen_t len = sizeof(a);
+  int port = 0;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
+    port = ntohs(a.sin_port);
+  }
+  ::close(fd);
+  return port;
+}
+
+std::string NewRunId() {
+  std::random_device rd;
+  const uint64_t v = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "run-%012llx", static_cast<unsigned long long>(v & 0xffffffffffffULL));
+  return buf;
+}
+
+int Usage(const std::string& m) {
+  std::fprintf(stderr, "trainctl: %s\n", m.c_str());
+  return 2;
+}
+
+int SubmitHosts(Globals g, const std::string& token, const HostsSubmit& h) {
+  const bool json = g.output == "json";
+  std::vector<std::string> hosts;
+  std::set<std::string> seen;
+  for (size_t start = 0; start <= h.hosts.size();) {
+    size_t comma = h.hosts.find(',', start);
+    if (comma == std::string::npos) comma = h.hosts.size();
+    std::string one = h.hosts.substr(start, comma - start);
+    while (!one.empty() && one.front() == ' ') one.erase(one.begin());
+    while (!one.empty() && one.back() == ' ') one.pop_back();
+    const size_t colon = one.rfind(':');
+    if (one.empty() || colon == std::string::npos || colon == 0 || colon + 1 == one.size()) {
+      return Usage("--hosts: expected HOST:PORT,HOST:PORT,..., got '" + one + "' in '" + h.hosts + "'");
+    }
+    if (!seen.insert(one).second) {
+      return Usage("--hosts: " + one + " appears twice; each rank needs its own daemon");
+    }
+    hosts.push_back(one);
+    start = comma + 1;
+  }
+  auto text = traind::client::ReadFile(h.spec_path);
+  if (!text.ok()) return Usage(text.status().message());
+  YAML::Node root;
+  try {
+    root = YAML::Load(*text);
+  } catch (const YAML::Exception& e) {
+    return Usage(h.spec_path + ": not valid YAML: " + e.what());
+  }
+  if (!root.IsMap()) return Usage(h.spec_path + ": a job spec is a YAML mapping");
+  YAML::Node dist = root["distributed"];
+  if (dist && !dist.IsNull() && !dist.IsMap()) {
+    return Usage("distributed: expected a mapping {world_size, rank, master_addr, master_port}");
+  }
+  std::string master_addr = hosts[0].substr(0, hosts[0].rfind(':'));
+  if (master_addr.size() > 2 && master_addr.front() == '[' && master_addr.back() == ']') {
+    master_addr = master_addr.substr(1, master_addr.size() - 2);
+  }
+  int64_t master_port = 0;
+  try {
+    if (dist && dist.IsMap() && dist["master_addr"] && !dist["master_addr"].IsNull()) {
+      master_addr = dist["master_addr"].as<std::string>();
+    }
+    if (dist && dist.IsMap() && dist["master_port"] && !dist["master_port"].IsNull()) {
+      master_port = dist["master_port"].as<int64_t>();
+    }
+  } catch (const YAML::Exception& e) {
+    return Usage(std::string("distributed: ") + e.what());
+  }
+  if (master_port == 0) master_port = IsLoopbackHost(master_addr) ? FreeLocalPort() : 29400;
+  if (master_port <= 0) master_port = 29400;
+  const std::string run_id = NewRunId();
+  const std::string base_dir = std::filesystem::current_path().string();
+
+  struct Rank {
+    std::string host, id;
+    std::unique_ptr<traind::client::Client> client;
+  };
+  std::vector<Rank> ranks;
+  // Cancels the ranks already submitted; "; cancelled rank 0 (job-000001 at H)".
+  auto cancel_submitted = [&]() {
+    std::string done;
+    for (size_t r = 0; r < ranks.size(); ++r) {
+      auto c = ranks[r].client->Cancel(ranks[r].id);
+      done += std::string(done.empty() ? "" : ", ") + "rank " + std::to_string(r) + " (" + ranks[r].id +
+              " at " + ranks[r].host + (c.ok() ? ")" : ": the cancel failed: " + c.status().message() + ")");
+    }
+    return done.empty() ? std::string() : "; cancelled " + done;
+  };
+  for (size_t i = 0; i < hosts.size(); ++i) {
+    YAML::Node copy = YAML::Clone(root);
+    YAML::Node d = copy["distributed"];
+    if (!d || !d.IsMap()) d = YAML::Node(YAML::NodeType::Map);
+    d["world_size"] = static_cast<int64_t>(hosts.size());
+    d["rank"] = static_cast<int64_t>(i);
+    d["master_addr"] = master_addr;
+    d["master_port"] = master_port;
+    copy["distributed"] = d;
+    YAML::Emitter out;
+    out << copy;
+    traind::client::ClientOptions co;
+    co.addr = hosts[i];
+    co.token = token;
+    co.tls = g.tls || !g.tls_ca.empty();
+    co.tls_ca_file = g.tls_ca;
+    co.timeout_seconds = g.timeout;
+    g.addr = hosts[i];
+    auto client = traind::client::Client::Create(co);
+    v1::SubmitJobRequest req;
+    req.set_spec_yaml(std::string(out.c_str()));
+    req.set_base_dir(base_dir);
+    req.set_priority(h.priority);
+    req.set_run_id(run_id);
+    Result<v1::Job> job = client.ok() ? (*client)->Submit(req) : Result<v1::Job>(client.status());
+    if (!job.ok()) {
+      std::fprintf(stderr, "trainctl: rank %zu of %zu (%s): %s%s\n", i, hosts.size(), hosts[i].c_str(),
+                   ErrorText(g, job.status()).c_str(), cancel_submitted().c_str());
+      return ExitCodeFor(job.status());
+    }
+    ranks.push_back({hosts[i], job->id(), std::move(*client)});
+  }
+  auto jobs_json = [&](const std::vector<v1::Job>* ends) {
+    nlohmann::json arr = nlohmann::json::array();
+    for (size_t r = 0; r < ranks.size(); ++r) {
+      nlohmann::json o = {{"host", ranks[r].host}, {"id", ranks[r].id}, {"rank", r}};
+      if (ends) {
+        o["state"] = v1::JobStateName((*ends)[r].state());
+        o["error"] = (*ends)[r].error();
+      }
+      arr.push_back(o);
+    }
+    return nlohmann::json{{"jobs", arr}, {"run_id", run_id}, {"world_size", ranks.size()},
+                          {"master", master_addr + ":" + std::to_string(master_port)}};
+  };
+  if (!json || (!h.wait && !h.follow)) {
+    if (json) {
+      PrintJson(jobs_json(nullptr));
+    } else {
+      for (const auto& r : ranks) std::cout << r.host << " " << r.id << "\n";
+      std::cout << std::flush;
+    }
+  }
+  if (!h.wait && !h.follow) return 0;
+  // Rank 0's progress (with --follow), then every rank to its end.
+  std::vector<v1::Job> ends(ranks.size());
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    g.addr = ranks[r].host;
+    Result<v1::Job> end = Follow(*ranks[r].client, g, ranks[r].id, r == 0, /*quiet=*/!(h.follow && r == 0));
+    if (!end.ok()) {
+      std::fprintf(stderr, "trainctl: rank %zu (%s at %s): %s\n", r, ranks[r].id.c_str(), ranks[r].host.c_str(),
+                   ErrorText(g, end.status()).c_str());
+      return ExitCodeFor(end.status());
+    }
+    ends[r] = *end;
+  }
+  bool all_ok = true;
+  std::string failed;
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    if (ends[r].state() == v1::JOB_STATE_SUCCEEDED) continue;
+    all_ok = false;
+    if (failed.empty()) {
+      failed = "rank " + std::to_string(r) + " (" + ranks[r].id + " at " + ranks[r].host + ") " +
+               v1::JobStateName(ends[r].state()) + (ends[r].error().empty() ? "" : ": " + ends[r].error());
+    }
+  }
+  if (json) {
+    PrintJson(jobs_json(&ends));
+  } else {
+    std::ostream& o = h.follow ? std::cout : std::cerr;
+    for (size_t r = 0; r < ranks.size(); ++r) {
+      o << ranks[r].host << " " << ranks[r].id << " rank " << r << " " << v1::JobStateName(ends[r].state());
+      if (!ends[r].error().empty()) o << ": " << ends[r].error();
+      if (r == 0 && ends[r].state() == v1::JOB_STATE_SUCCEEDED) o << "; model in " << ends[r].output_dir();
+      o << "\n";
+    }
+    o << std::flush;
+  }
+  if (!all_ok) std::fprintf(stderr, "trainctl: the run failed: %s\n", failed.c_str());
+  return all_ok ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -167,6 +384,11 @@ int main(int argc, char** argv) {
   submit->add_flag("--wait", wait, "exit when the job ends (1 if it failed or was cancelled)");
   submit->add_flag("--follow", follow, "follow the job's progress to its end");
   submit->add_option("--priority", priority, "higher runs first (default 0)");
+  std::string submit_hosts;
+  submit->add_option("--hosts", submit_hosts,
+                     "H1:P,H2:P,...: one data-parallel job, rank i on the daemon at host i (cpu daemons; "
+                     "replaces the global address); prints 'host job-id' per rank; waiting follows rank 0 "
+                     "and waits for every rank");
   auto* list = app.add_subcommand("list", "your jobs, newest first");
   auto* status = app.add_subcommand("status", "one job's state, metrics and plan");
   status->add_option("job_id", id, "JOB_ID")->required();
@@ -241,6 +463,16 @@ int main(int argc, char** argv) {
 
   auto token = ResolveToken(g);
   if (!token.ok()) return Error(g, token.status());
+  if (*submit && submit->count("--hosts") > 0) {
+    if (app.count("--addr") > 0) return Usage("--addr and --hosts do not combine: --hosts names every daemon");
+    HostsSubmit hs;
+    hs.spec_path = spec;
+    hs.hosts = submit_hosts;
+    hs.priority = priority;
+    hs.wait = wait;
+    hs.follow = follow;
+    return SubmitHosts(g, *token, hs);
+  }
   traind::client::ClientOptions co;
   co.addr = g.addr;
   co.token = *token;

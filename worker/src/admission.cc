@@ -50,21 +50,48 @@ nlohmann::json ToJson(const Message& m) {
 
 std::string SpecMessageToText(const v1::JobSpec& spec) { return ToJson(spec).dump(); }
 
+int64_t DistributedWorld(const engine::JobSpec& spec) {
+  if (!spec.distributed.has_value() || !spec.distributed->world_size.has_value()) return 0;
+  return *spec.distributed->world_size > 1 ? *spec.distributed->world_size : 0;
+}
+
+int64_t DistributedRank(const engine::JobSpec& spec) {
+  if (DistributedWorld(spec) == 0 || !spec.distributed->rank.has_value()) return -1;
+  return *spec.distributed->rank;
+}
+
+Status CheckDistributedDevice(const engine::JobSpec& spec, const std::string& device) {
+  if (DistributedWorld(spec) == 0 || device == "cpu") return Status::Ok();
+  return Status::Unimplemented(
+      "distributed: data parallel on " + device +
+      " is not supported yet (NCCL is not built; Gloo on the cpu backend only: start the daemons "
+      "with --device cpu)");
+}
+
 Result<Admitted> Admit(const std::string& text, const std::string& base_dir,
                        const engine::DeviceOptions& device) {
   TRAIND_ASSIGN_OR_RETURN(engine::JobSpec spec, engine::ParseJobSpec(text, base_dir));
-  // Data parallel runs through `traind run`, one process per rank (docs/distributed.md); the
-  // daemon's side (trainctl submit --hosts) is not built: refused here, not at the first step.
+  // Data parallel through the daemon (trainctl submit --hosts, docs/distributed.md): one job per
+  // daemon, one rank each; the rank and world must be in the spec (a daemon's environment is not
+  // a rank's).
   if (spec.distributed.has_value() &&
       !(spec.distributed->world_size.has_value() && *spec.distributed->world_size == 1)) {
-    return Status::Unimplemented(
-        "distributed: data-parallel jobs run through `traind run` (one process per rank) for now; "
-        "submitting them to the daemon (trainctl submit --hosts) is not supported yet");
+    if (!spec.distributed->world_size.has_value()) {
+      return Status::InvalidArgument(
+          "distributed.world_size: must be set in a job submitted to traind (trainctl submit --hosts "
+          "sets it; WORLD_SIZE is read by `traind run` only)");
+    }
+    if (!spec.distributed->rank.has_value()) {
+      return Status::InvalidArgument(
+          "distributed.rank: must be set in a job submitted to traind (trainctl submit --hosts "
+          "sets it; RANK is read by `traind run` only)");
+    }
   }
   TRAIND_RETURN_IF_ERROR(engine::ValidateJobInputs(spec));
   TRAIND_ASSIGN_OR_RETURN(engine::MemoryPlan plan, engine::EstimateJob(spec, device));
   // A new job never replaces another run's results silently (overwrite_output_dir says it may).
-  TRAIND_RETURN_IF_ERROR(engine::CheckOutputDirFree(spec));
+  // A data-parallel rank other than 0 writes nothing to output_dir: not checked there.
+  if (DistributedRank(spec) <= 0) TRAIND_RETURN_IF_ERROR(engine::CheckOutputDirFree(spec));
   Admitted a;
   a.spec_json = engine::JobSpecToJson(spec);
   a.spec = std::move(spec);

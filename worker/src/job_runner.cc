@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -85,6 +86,19 @@ Result<std::unique_ptr<engine::OptimizerStateStore>> OpenOffloadStore(const engi
   return Status::InvalidArgument("training.offload: " + t.offload + " has no store (nvme needs offload_dir)");
 }
 
+// distributed: one rank per process (`traind run` and the daemon's job runner alike): the spec's
+// fields, else WORLD_SIZE, RANK, MASTER_ADDR, MASTER_PORT (docs/distributed.md). `run_id` (a rank
+// submitted by trainctl submit --hosts) replaces the attempt in the rendezvous keys' prefix, so
+// every daemon's job of the run meets under traind/<name>/<run_id>/ and no other run's keys.
+void UseCommunicator(engine::RunOptions* opts, const std::string& run_id) {
+  if (!run_id.empty()) ::setenv("TRAIND_DIST_ATTEMPT", run_id.c_str(), 1);
+#if TRAIND_HAVE_GLOO
+  opts->open_communicator = comm::OpenCommunicatorForJob;
+#else
+  (void)opts;
+#endif
+}
+
 }  // namespace
 
 int JobRunnerMain() {
@@ -132,6 +146,7 @@ int JobRunnerMain() {
   opts.cancel = &g_cancel;
   opts.preempt = &g_preempt;
   opts.open_optimizer_state_store = OpenOffloadStore;
+  UseCommunicator(&opts, req.run_id());
   engine::RunCallbacks cb;
   cb.on_plan = [&](const engine::MemoryPlan& p) {
     v1::RunnerEvent ev;
@@ -210,11 +225,7 @@ int RunLocal(const std::string& spec_path, const engine::DeviceOptions& device, 
   opts.device = device;
   opts.resume = resume;
   opts.open_optimizer_state_store = OpenOffloadStore;
-#if TRAIND_HAVE_GLOO
-  // distributed: one rank per process; the spec's fields, else WORLD_SIZE, RANK, MASTER_ADDR,
-  // MASTER_PORT (docs/distributed.md).
-  opts.open_communicator = comm::OpenCommunicatorForJob;
-#endif
+  UseCommunicator(&opts, "");
   return engine::RunJobFileWithConsole(spec_path, opts);
 }
 

@@ -179,7 +179,9 @@ void Supervisor::RunJob(const QueuedJob& job) {
       const auto code = static_cast<Status::Code>(out.result.code());
       if (code == Status::Code::kOk) {
         listener_->OnJobEnd(job.id, v1::JOB_STATE_SUCCEEDED, "", &out.result);
-      } else if (code == Status::Code::kCancelled) {
+      } else if (code == Status::Code::kCancelled || cancelled) {
+        // Cancelled where the engine could not stop at a step (a data-parallel rank in its
+        // rendezvous or a collective fails instead): still the user's cancel.
         listener_->OnJobEnd(job.id, v1::JOB_STATE_CANCELLED, "", &out.result);
       } else {
         listener_->OnJobEnd(job.id, v1::JOB_STATE_FAILED,
@@ -193,11 +195,13 @@ void Supervisor::RunJob(const QueuedJob& job) {
       return;
     }
     ++crashes;
-    const bool retry = crashes < options_.max_attempts;
+    const bool retry = !job.single_attempt && crashes < options_.max_attempts;
     listener_->OnAttemptCrashed(job.id, attempt, out.crash_reason, retry);
     if (!retry) {
       listener_->OnJobEnd(job.id, v1::JOB_STATE_FAILED,
-                          out.crash_reason + "; gave up after " + std::to_string(crashes) + " attempts",
+                          job.single_attempt
+                              ? out.crash_reason + "; a data-parallel rank is not restarted"
+                              : out.crash_reason + "; gave up after " + std::to_string(crashes) + " attempts",
                           nullptr);
       return;
     }
@@ -256,6 +260,7 @@ Supervisor::Outcome Supervisor::RunAttempt(const QueuedJob& job, bool resume) {
   req.set_job_id(job.id);
   req.set_spec_json(job.spec_json);
   req.set_resume(resume);
+  req.set_run_id(job.run_id);
   req.set_device(options_.device.device);
   req.set_memory_budget_bytes(options_.device.memory_budget_bytes);
   req.set_threads(options_.device.threads);

@@ -8,7 +8,7 @@ _trainctl_global_flags="--addr --token --token-file --state-dir -o --output --tl
 
 _trainctl_flags_of() {
   case "$1" in
-    submit) echo "--wait --follow --priority -h --help" ;;
+    submit) echo "--wait --follow --priority --hosts -h --help" ;;
     logs) echo "-f --follow -h --help" ;;
     tokenize) echo "--tokenizer --file -h --help" ;;
     generate) echo "--prompt --max-new-tokens --temperature --top-k --top-p --seed --tokenizer -h --help" ;;
@@ -45,7 +45,7 @@ _trainctl() {
   case "$prev" in
     -o|--output) COMPREPLY=($(compgen -W "text json" -- "$cur")); return ;;
     --token-file|--tls-ca|--file|--state-dir) COMPREPLY=($(compgen -f -- "$cur")); return ;;
-    --addr|--token|--timeout|--priority|--interval) COMPREPLY=(); return ;;
+    --addr|--token|--timeout|--priority|--interval|--hosts) COMPREPLY=(); return ;;
     --prompt|--max-new-tokens|--temperature|--top-k|--top-p|--seed) COMPREPLY=(); return ;;
     --tokenizer) COMPREPLY=($(compgen -W "byte" -- "$cur") $(compgen -f -- "$cur")); return ;;
   esac

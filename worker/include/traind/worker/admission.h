@@ -34,6 +34,13 @@ Result<engine::MemoryPlan> Estimate(const std::string& text, const std::string& 
 // field becomes its YAML key; per_device_train_batch_size_auto becomes "auto".
 std::string SpecMessageToText(const v1::JobSpec& spec);
 
+// Data parallel (`distributed:`): the world size (0 for a plain run, world_size 1 included) and
+// this job's rank (-1 for a plain run).
+int64_t DistributedWorld(const engine::JobSpec& spec);
+int64_t DistributedRank(const engine::JobSpec& spec);
+// UNIMPLEMENTED for a world larger than one on a device other than cpu (no NCCL yet).
+Status CheckDistributedDevice(const engine::JobSpec& spec, const std::string& device);
+
 v1::Plan PlanToProto(const engine::MemoryPlan& plan);
 v1::RunSummary SummaryToProto(const engine::RunSummary& summary);
 

@@ -45,6 +45,11 @@ struct QueuedJob {
   // Resume from the output_dir's checkpoints on the first attempt (the job was running when the
   // daemon stopped).
   bool recovered = false;
+  // Data parallel (one rank of a run across daemons): the run's id for the rendezvous keys, and
+  // no restart after a crash (restarting one rank alone cannot rejoin the others; the whole run
+  // fails instead, docs/distributed.md).
+  std::string run_id;
+  bool single_attempt = false;
 };
 
 class SupervisorListener {
