@@ -69,9 +69,9 @@ TEST_F(BadInputTest, EachBadSpecIsRejectedWithItsFieldPath) {
       {Replace(Good(), "per_device_train_batch_size: 4", "per_device_train_batch_size: -8"),
        Status::Code::kInvalidArgument, "training.per_device_train_batch_size"},
       {Replace(Good(), *data_, *dir_ + "/no-such-file.txt"), Status::Code::kNotFound, "no-such-file.txt"},
-      // Data parallel runs through `traind run` only (docs/distributed.md): refused at submit.
-      {Good() + "distributed: {world_size: 2, rank: 0}\n", Status::Code::kUnimplemented,
-       "distributed: data-parallel jobs run through `traind run`"},
+      // Data parallel through the daemon (trainctl submit --hosts, docs/distributed.md): the rank
+      // must be in the spec (a daemon's environment is not a rank's).
+      {Good() + "distributed: {world_size: 2}\n", Status::Code::kInvalidArgument, "distributed.rank: must be set"},
       {Replace(Replace(Good(), "n_embd: 32", "n_embd: 2048"), "n_layer: 2", "n_layer: 24"),
        Status::Code::kFailedPrecondition, ""},
   };

@@ -1,0 +1,149 @@
+// trainctl submit JOB.yaml --hosts A,B: one data-parallel run, one rank per traind daemon (cpu,
+// Gloo on loopback; docs/distributed.md). Rank 0's final weights equal one `traind run` with the
+// same global batch (accumulation doubled); a host that refuses cancels the ranks already submitted.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "daemon_fixture.h"
+
+namespace traind::testing {
+namespace {
+
+using Tensors = std::map<std::string, std::vector<float>>;
+
+// The fp32 tensors of a safetensors file.
+Tensors LoadSafetensors(const std::string& path) {
+  Tensors out;
+  const std::string b = ReadAll(path);
+  if (b.size() < 8) return out;
+  uint64_t n = 0;
+  std::memcpy(&n, b.data(), 8);
+  auto h = nlohmann::json::parse(b.substr(8, n));
+  const char* data = b.data() + 8 + n;
+  for (auto& [k, v] : h.items()) {
+    if (k == "__metadata__" || v["dtype"] != "F32") continue;
+    const size_t s = v["data_offsets"][0], e = v["data_offsets"][1];
+    std::vector<float> t((e - s) / 4);
+    std::memcpy(t.data(), data + s, e - s);
+    out[k] = std::move(t);
+  }
+  return out;
+}
+
+class HostsSubmitTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = MakeTempDir("hosts_submit");
+    data_ = WriteTextData(dir_);
+    a_ = std::make_unique<Daemon>(dir_ + "/state-a");
+    ASSERT_TRUE(a_->Start({"--device", "cpu", "--threads", "1"}));
+    token_ = a_->token();
+    while (!token_.empty() && (token_.back() == '\n' || token_.back() == ' ')) token_.pop_back();
+    // Daemon B serves the same token (the one trainctl sends to every host).
+    std::filesystem::create_directories(dir_ + "/state-b");
+    WriteAll(dir_ + "/state-b/token", token_ + "\n");
+    ::chmod((dir_ + "/state-b/token").c_str(), 0600);
+    b_ = std::make_unique<Daemon>(dir_ + "/state-b");
+    ASSERT_TRUE(b_->Start({"--device", "cpu", "--threads", "1"}));
+  }
+
+  SpecOptions Spec() const {
+    SpecOptions o;
+    o.train_file = data_;
+    o.max_steps = 10;
+    o.batch = 2;
+    o.logging_steps = 1;
+    o.seed = 7;
+    return o;
+  }
+
+  std::string dir_, data_, token_;
+  std::unique_ptr<Daemon> a_, b_;
+};
+
+TEST_F(HostsSubmitTest, TwoDaemonsTrainOneRunLikeOneProcessWithTheGlobalBatch) {
+  const std::string spec = WriteJobSpec(dir_, "dp", Spec());
+  const auto t0 = std::chrono::steady_clock::now();
+  CmdResult r = Trainctl({"--token", token_, "submit", spec, "--hosts", a_->addr() + "," + b_->addr(), "--wait"});
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  std::printf("submit --hosts --wait: %.2f s\n", secs);
+  // One "host job-id" line per rank, in rank order.
+  std::istringstream lines(r.out);
+  std::string host0, id0, host1, id1;
+  lines >> host0 >> id0 >> host1 >> id1;
+  EXPECT_EQ(host0, a_->addr());
+  EXPECT_EQ(host1, b_->addr());
+  auto ca = a_->Connect();
+  auto cb = b_->Connect();
+  auto j0 = ca->Get(id0);
+  auto j1 = cb->Get(id1);
+  ASSERT_TRUE(j0.ok() && j1.ok());
+  EXPECT_EQ(j0->state(), v1::JOB_STATE_SUCCEEDED) << j0->error();
+  EXPECT_EQ(j1->state(), v1::JOB_STATE_SUCCEEDED) << j1->error();
+  EXPECT_EQ(j0->rank(), 0);
+  EXPECT_EQ(j1->rank(), 1);
+  EXPECT_EQ(j1->world_size(), 2);
+  EXPECT_FALSE(j0->run_id().empty());
+  EXPECT_EQ(j0->run_id(), j1->run_id());
+  CmdResult st = Trainctl({"--token", token_, "--addr", b_->addr(), "status", id1});
+  EXPECT_THAT(st.out, ::testing::HasSubstr("rank 1 of 2"));
+  CmdResult sj = Trainctl({"--token", token_, "--addr", b_->addr(), "-o", "json", "status", id1});
+  auto js = nlohmann::json::parse(sj.out, nullptr, false);
+  ASSERT_FALSE(js.is_discarded()) << sj.out;
+  EXPECT_EQ(js["distributed"]["world_size"], 2);
+  EXPECT_EQ(js["distributed"]["rank"], 1);
+
+  // The same run in one process: global batch 2 ranks x 2 = micro-batch 2 x accumulation 2.
+  SpecOptions one = Spec();
+  one.training_extra = "  gradient_accumulation_steps: 2\n";
+  const std::string ref = WriteJobSpec(dir_, "one", one);
+  CmdResult rr = RunCommand({TRAIND_BIN, "run", ref, "--device", "cpu", "--threads", "1"});
+  ASSERT_EQ(rr.exit_code, 0) << rr.out << rr.err;
+  Tensors dp = LoadSafetensors(dir_ + "/runs/dp/model.safetensors");
+  Tensors sp = LoadSafetensors(dir_ + "/runs/one/model.safetensors");
+  ASSERT_FALSE(dp.empty());
+  ASSERT_EQ(dp.size(), sp.size());
+  double num = 0, den = 0;
+  for (const auto& [k, v] : sp) {
+    ASSERT_EQ(dp[k].size(), v.size()) << k;
+    for (size_t i = 0; i < v.size(); ++i) {
+      num += (double(dp[k][i]) - v[i]) * (double(dp[k][i]) - v[i]);
+      den += double(v[i]) * v[i];
+    }
+  }
+  const double rel = std::sqrt(num / den);
+  std::printf("rank 0's weights vs one process x accumulation 2: model rel L2 %.3g\n", rel);
+  EXPECT_LT(rel, 1e-6);
+}
+
+TEST_F(HostsSubmitTest, AHostThatRefusesCancelsTheRanksAlreadySubmitted) {
+  const std::string spec = WriteJobSpec(dir_, "refused", Spec());
+  // Port 1 on loopback: nothing listens there.
+  CmdResult r = Trainctl({"--token", token_, "--timeout", "5", "submit", spec, "--hosts",
+                          a_->addr() + ",127.0.0.1:1", "--wait"});
+  EXPECT_EQ(r.exit_code, 3) << r.out << r.err;
+  EXPECT_THAT(r.err, ::testing::StartsWith("trainctl: rank 1 of 2 (127.0.0.1:1): cannot reach traind"));
+  EXPECT_THAT(r.err, ::testing::HasSubstr("; cancelled rank 0 (job-000001 at " + a_->addr() + ")"));
+  auto ca = a_->Connect();
+  v1::Job last;
+  EXPECT_TRUE(WaitFor(*ca, "job-000001", IsDone, 30, &last));
+  EXPECT_EQ(last.state(), v1::JOB_STATE_CANCELLED) << last.error();
+  // --addr does not combine with --hosts.
+  CmdResult u = Trainctl({"--token", token_, "--addr", a_->addr(), "submit", spec, "--hosts", a_->addr() + "," + b_->addr()});
+  EXPECT_EQ(u.exit_code, 2);
+  EXPECT_THAT(u.err, ::testing::HasSubstr("--addr and --hosts do not combine"));
+}
+
+}  // namespace
+}  // namespace traind::testing
