@@ -236,7 +236,8 @@ TEST_F(PreemptionTest, TraindRunStopsWithACheckpointAndResumes) {
   ASSERT_EQ(::kill(pid, SIGTERM), 0);
   int status = 0;
   ASSERT_EQ(::waitpid(pid, &status, 0), pid);
-  ASSERT_TRUE(WIFEXITED(status));
+  ASSERT_TRUE(WIFEXITED(status)) << "traind run ended by signal " << WTERMSIG(status)
+                                 << "; its stderr:\n" << ReadAll(err_path);
   EXPECT_EQ(WEXITSTATUS(status), 1);
   const std::string err = ReadAll(err_path);
   EXPECT_THAT(err, ::testing::HasSubstr("interrupted: preempted at step"));
