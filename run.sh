@@ -53,6 +53,9 @@ deps() {
   # npm (the tokenizer tests' reference, HF tokenizers for Node): Debian's package, unless the
   # installed nodejs already brings npm (NodeSource's does, and conflicts with Debian's npm).
   command -v npm >/dev/null 2>&1 || missing+=(npm)
+  # kubectl (tests/deploy validates deploy/k8s/ offline): Debian's kubernetes-client, unless one is
+  # installed (Google Cloud SDK's kubectl package owns /usr/bin/kubectl and conflicts with it).
+  command -v kubectl >/dev/null 2>&1 || missing+=(kubernetes-client)
   if [ ${#missing[@]} -eq 0 ]; then return 0; fi
   apt_install "" "${missing[@]}"
 }

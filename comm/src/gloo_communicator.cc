@@ -368,7 +368,19 @@ Result<GlooOptions> ResolveDistributed(const engine::JobSpec& spec, const GetEnv
   };
   int64_t world = 1, rank = 0, port = 29400;
   TRAIND_RETURN_IF_ERROR(env_int(d.world_size, "world_size", "WORLD_SIZE", 1, 1 << 20, false, 1, &world));
-  TRAIND_RETURN_IF_ERROR(env_int(d.rank, "rank", "RANK", 0, 1 << 20, world > 1, 0, &rank));
+  // RANK, else JOB_COMPLETION_INDEX (what a Kubernetes Indexed Job sets in pod i: deploy/k8s/).
+  const char* rank_env = getenv("RANK");
+  const char* index_env = getenv("JOB_COMPLETION_INDEX");
+  const bool use_index = (rank_env == nullptr || *rank_env == '\0') && index_env != nullptr &&
+                         *index_env != '\0';
+  if (Status st = env_int(d.rank, "rank", use_index ? "JOB_COMPLETION_INDEX" : "RANK", 0, 1 << 20,
+                          world > 1, 0, &rank);
+      !st.ok()) {
+    if (!d.rank && !use_index && (rank_env == nullptr || *rank_env == '\0')) {  // neither is set
+      return Status::InvalidArgument(st.message() + " (nor JOB_COMPLETION_INDEX)");
+    }
+    return st;
+  }
   TRAIND_RETURN_IF_ERROR(env_int(d.master_port, "master_port", "MASTER_PORT", 1, 65535, false, 29400, &port));
   if (rank >= world) {
     return Status::InvalidArgument("distributed.rank: " + std::to_string(rank) +

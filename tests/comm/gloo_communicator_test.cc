@@ -296,5 +296,64 @@ TEST(ResolveDistributed, FieldsWinOverEnvironmentAndErrorsNameTheField) {
   EXPECT_NE(o.status().message().find("distributed.rank: 2 must be < world_size 2"), std::string::npos);
 }
 
+// A Kubernetes Indexed Job (deploy/k8s/) sets JOB_COMPLETION_INDEX, not RANK: the rank comes from
+// it when RANK is unset or empty; RANK and the spec's field win over it; its errors name it.
+TEST(ResolveDistributed, RankFallsBackToJobCompletionIndex) {
+  std::map<std::string, std::string> env = {{"WORLD_SIZE", "2"},
+                                            {"JOB_COMPLETION_INDEX", "1"},
+                                            {"MASTER_ADDR", "traind-dp-0.traind-dp"}};
+  auto getenv = [&](const char* k) -> const char* {
+    auto it = env.find(k);
+    return it == env.end() ? nullptr : it->second.c_str();
+  };
+  engine::JobSpec spec;
+  spec.name = "dp";
+  spec.distributed.emplace();
+  auto o = ResolveDistributed(spec, getenv);
+  ASSERT_TRUE(o.ok()) << o.status().ToString();
+  EXPECT_EQ(o->world_size, 2);
+  EXPECT_EQ(o->rank, 1);
+  EXPECT_EQ(o->master_addr, "traind-dp-0.traind-dp");
+  env["RANK"] = "";  // empty counts as unset
+  o = ResolveDistributed(spec, getenv);
+  ASSERT_TRUE(o.ok()) << o.status().ToString();
+  EXPECT_EQ(o->rank, 1);
+  env["RANK"] = "0";  // RANK wins
+  o = ResolveDistributed(spec, getenv);
+  ASSERT_TRUE(o.ok()) << o.status().ToString();
+  EXPECT_EQ(o->rank, 0);
+  env.erase("RANK");
+  spec.distributed->rank = 0;  // the spec's field wins
+  o = ResolveDistributed(spec, getenv);
+  ASSERT_TRUE(o.ok()) << o.status().ToString();
+  EXPECT_EQ(o->rank, 0);
+  spec.distributed->rank.reset();
+  env["JOB_COMPLETION_INDEX"] = "x";
+  o = ResolveDistributed(spec, getenv);
+  ASSERT_FALSE(o.ok());
+  EXPECT_NE(o.status().message().find("distributed.rank: JOB_COMPLETION_INDEX='x' is not an integer"),
+            std::string::npos)
+      << o.status().message();
+  env["JOB_COMPLETION_INDEX"] = "2";
+  o = ResolveDistributed(spec, getenv);
+  ASSERT_FALSE(o.ok());
+  EXPECT_NE(o.status().message().find("distributed.rank: 2 must be < world_size 2"), std::string::npos)
+      << o.status().message();
+  env["RANK"] = "x";  // a bad RANK is named as RANK, with JOB_COMPLETION_INDEX present
+  o = ResolveDistributed(spec, getenv);
+  ASSERT_FALSE(o.ok());
+  EXPECT_NE(o.status().message().find("distributed.rank: RANK='x' is not an integer"), std::string::npos)
+      << o.status().message();
+  EXPECT_EQ(o.status().message().find("nor JOB_COMPLETION_INDEX"), std::string::npos);
+  env.erase("RANK");
+  env.erase("JOB_COMPLETION_INDEX");
+  o = ResolveDistributed(spec, getenv);
+  ASSERT_FALSE(o.ok());
+  EXPECT_NE(o.status().message().find("distributed.rank: not set, and RANK is not in the environment "
+                                      "(nor JOB_COMPLETION_INDEX)"),
+            std::string::npos)
+      << o.status().message();
+}
+
 }  // namespace
 }  // namespace traind::comm
