@@ -15,6 +15,7 @@
 
 #include "fd_io.h"
 #include "traind/engine/local_run.h"
+#include "traind/engine/signal_thread.h"
 #if TRAIND_HAVE_GLOO
 #include "traind/comm/gloo_communicator.h"
 #endif
@@ -116,6 +117,7 @@ int JobRunnerMain() {
   struct sigaction cancel_sa {};
   cancel_sa.sa_handler = OnCancel;
   sigaction(SIGUSR1, &cancel_sa, nullptr);
+  engine::RouteSignalsToOwnThread({SIGTERM, SIGINT, SIGUSR1});
   // The protocol owns the original stdout; stray prints from below go to stderr.
   const int proto_fd = ::dup(STDOUT_FILENO);
   ::dup2(STDERR_FILENO, STDOUT_FILENO);

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "traind/engine/job_spec.h"
+#include "traind/engine/signal_thread.h"
 
 namespace traind::engine {
 namespace {
@@ -72,6 +73,7 @@ int RunJobFileWithConsole(const std::string& spec_path, RunOptions options) {
   sa.sa_handler = OnSignal;
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
+  RouteSignalsToOwnThread({SIGINT, SIGTERM});
   options.cancel = &g_cancel;
   options.preempt = &g_preempt;
   RunCallbacks cb;
