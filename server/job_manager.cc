@@ -343,7 +343,7 @@ void JobManager::OnAttemptStart(const std::string& id, int32_t attempt, bool res
   const std::string reason = resume ? "attempt " + std::to_string(attempt) + ": resuming from the last checkpoint"
                                     : "attempt " + std::to_string(attempt) + ": started";
   (void)AppendLocked(&job, StateChange(v1::JOB_STATE_RUNNING, "", attempt, reason), true);
-  metrics_->JobStarted(id, job.name(), job.plan());
+  metrics_->JobStarted(id, job.name(), job.plan(), job.world_size(), job.rank());
   UpdateGaugesLocked();
   spdlog::info("job {}: {}", id, reason);
 }
@@ -358,7 +358,7 @@ void JobManager::OnRunnerEvent(const std::string& id, const v1::RunnerEvent& rev
     case v1::RunnerEvent::kPlan:
       *job.mutable_plan() = rev.plan();
       *ev.mutable_plan() = rev.plan();
-      metrics_->JobStarted(id, job.name(), rev.plan());
+      metrics_->JobStarted(id, job.name(), rev.plan(), job.world_size(), job.rank());
       break;
     case v1::RunnerEvent::kStep:
       job.set_step(rev.step().step());
@@ -371,6 +371,11 @@ void JobManager::OnRunnerEvent(const std::string& id, const v1::RunnerEvent& rev
         o->set_written_bytes(o->written_bytes() + rev.step().offload_written_bytes());
         o->set_io_seconds(o->io_seconds() + rev.step().offload_io_seconds());
         o->set_store_bytes(rev.step().offload_store_bytes());
+      }
+      if (job.world_size() > 1) {
+        v1::CommTotals* c = job.mutable_comm();
+        c->set_seconds(c->seconds() + rev.step().comm_seconds());
+        c->set_bytes(c->bytes() + rev.step().comm_bytes());
       }
       metrics_->OnStep(id, rev.step());
       break;

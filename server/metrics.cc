@@ -2,6 +2,7 @@
 // metrics.h, its Build* call in Start(), and the update where its value is known.
 #include "metrics.h"
 
+#include <algorithm>
 #include <exception>
 
 namespace traind::server {
@@ -29,6 +30,10 @@ struct Metrics::JobSeries {
   prometheus::Counter* offload_io;
   prometheus::Gauge* offload_store;
   prometheus::Counter* tokenize_bytes;
+  prometheus::Gauge* world_size;
+  // Distributed jobs only (labels + rank); null for a plain job.
+  prometheus::Counter* comm_seconds = nullptr;
+  prometheus::Counter* comm_bytes = nullptr;
   int64_t tokenize_bytes_counted = 0;  // bytes_done of the current tokenization already counted
 };
 
@@ -76,6 +81,11 @@ Result<std::unique_ptr<Metrics>> Metrics::Start(const std::string& listen, doubl
                            .Help("Bytes the offload store holds (disk for nvme, RAM for cpu)").Register(r);
   m->tokenize_bytes_ = &BuildCounter().Name("traind_tokenize_bytes_total")
                             .Help("Source bytes tokenized (cache misses only)").Register(r);
+  m->comm_seconds_ = &BuildCounter().Name("traind_comm_seconds_total")
+                          .Help("Time this rank spent in collectives, not hidden by compute (data parallel)").Register(r);
+  m->comm_bytes_ = &BuildCounter().Name("traind_comm_bytes_total")
+                        .Help("Bytes this rank's collectives sent (data parallel)").Register(r);
+  m->world_size_ = &BuildGauge().Name("traind_world_size").Help("Ranks of a distributed job (1 for a plain job)").Register(r);
   m->requests_ = &BuildCounter().Name("traind_grpc_requests_total").Help("Control-plane calls by method and code").Register(r);
   m->memory_total_->Set(static_cast<double>(device_total_bytes));
   for (const char* s : {"QUEUED", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED"}) m->jobs_->Add({{"state", s}});
@@ -109,7 +119,8 @@ void Metrics::CountRequest(const std::string& method, const std::string& code) {
   c->Increment();
 }
 
-void Metrics::JobStarted(const std::string& id, const std::string& name, const v1::Plan& plan) {
+void Metrics::JobStarted(const std::string& id, const std::string& name, const v1::Plan& plan,
+                         int64_t world_size, int64_t rank) {
   worker::MutexLock lock(&mu_);
   auto& s = series_[id];
   if (!s) {
@@ -140,6 +151,14 @@ void Metrics::JobStarted(const std::string& id, const std::string& name, const v
     s->offload_io = &offload_io_->Add(l);
     s->offload_store = &offload_store_->Add(l);
     s->tokenize_bytes = &tokenize_bytes_->Add(l);
+    s->world_size = &world_size_->Add(l);
+    s->world_size->Set(static_cast<double>(std::max<int64_t>(1, world_size)));
+    if (world_size > 1) {
+      Labels lr = l;
+      lr["rank"] = std::to_string(rank);
+      s->comm_seconds = &comm_seconds_->Add(lr);
+      s->comm_bytes = &comm_bytes_->Add(lr);
+    }
   }
   const auto& b = plan.bytes();
   s->planned["weights"]->Set(static_cast<double>(b.weights()));
@@ -167,6 +186,10 @@ void Metrics::OnStep(const std::string& id, const v1::StepEvent& e) {
   s.offload_io->Increment(std::max(0.0, e.offload_io_seconds()));
   s.offload_store->Set(static_cast<double>(e.offload_store_bytes()));
   s.dataloader_wait->Increment(std::max(0.0, e.dataloader_wait_seconds()));
+  if (s.comm_seconds != nullptr) {
+    s.comm_seconds->Increment(std::max(0.0, e.comm_seconds()));
+    s.comm_bytes->Increment(static_cast<double>(std::max<int64_t>(0, e.comm_bytes())));
+  }
   if (e.step_seconds() > 0) {
     if (peak_flops_ > 0) s.mfu->Set(e.model_flops() / e.step_seconds() / peak_flops_);
     // Until the first logging window reports, throughput is the last step's.
@@ -231,6 +254,11 @@ void Metrics::JobEnded(const std::string& id) {
   offload_io_->Remove(s.offload_io);
   offload_store_->Remove(s.offload_store);
   tokenize_bytes_->Remove(s.tokenize_bytes);
+  world_size_->Remove(s.world_size);
+  if (s.comm_seconds != nullptr) {
+    comm_seconds_->Remove(s.comm_seconds);
+    comm_bytes_->Remove(s.comm_bytes);
+  }
   series_.erase(it);
   memory_used_->Set(0);
 }

@@ -38,7 +38,10 @@ class Metrics {
   void CountRequest(const std::string& method, const std::string& code);
 
   // Per-job series: created by JobStarted (idempotent), updated by the events, removed by JobEnded.
-  void JobStarted(const std::string& id, const std::string& name, const v1::Plan& plan);
+  // `world_size` and `rank`: the job's place in a data-parallel run (world_size <= 1: a plain job;
+  // traind_world_size is 1 and it has no traind_comm_* series).
+  void JobStarted(const std::string& id, const std::string& name, const v1::Plan& plan,
+                  int64_t world_size = 1, int64_t rank = 0);
   void OnStep(const std::string& id, const v1::StepEvent& e);
   void OnLog(const std::string& id, const v1::LogEvent& e);
   void OnEval(const std::string& id, const v1::EvalEvent& e);
@@ -80,6 +83,9 @@ class Metrics {
   prometheus::Family<prometheus::Counter>* offload_io_ = nullptr;
   prometheus::Family<prometheus::Gauge>* offload_store_ = nullptr;
   prometheus::Family<prometheus::Counter>* tokenize_bytes_ = nullptr;
+  prometheus::Family<prometheus::Counter>* comm_seconds_ = nullptr;
+  prometheus::Family<prometheus::Counter>* comm_bytes_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* world_size_ = nullptr;
   prometheus::Family<prometheus::Counter>* requests_ = nullptr;
 
   worker::Mutex mu_;

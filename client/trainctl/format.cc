@@ -134,9 +134,13 @@ nlohmann::json JobJson(const v1::Job& j) {
           {"tokenize", j.has_tokenize() ? TokenizeJson(j.tokenize()) : nlohmann::json(nullptr)},
           {"tokenizing", j.state() == v1::JOB_STATE_RUNNING && j.has_tokenize() && !j.tokenize().done()},
           // Data parallel (trainctl submit --hosts): this job's rank of the run; null for a plain job.
+          // comm_seconds / comm_bytes: this rank's collectives so far (time not hidden by
+          // compute, bytes sent).
           {"distributed", j.world_size() > 1 ? nlohmann::json{{"world_size", j.world_size()},
                                                               {"rank", j.rank()},
-                                                              {"run_id", j.run_id()}}
+                                                              {"run_id", j.run_id()},
+                                                              {"comm_seconds", JsonNumber(j.comm().seconds())},
+                                                              {"comm_bytes", j.comm().bytes()}}
                                              : nlohmann::json(nullptr)}};
 }
 
@@ -165,6 +169,10 @@ std::string StatusText(const v1::Job& j) {
     row("distributed", "rank " + std::to_string(j.rank()) + " of " + std::to_string(j.world_size()) +
                            (j.run_id().empty() ? std::string() : " (run " + j.run_id() + ")") +
                            (j.rank() == 0 ? "; writes output_dir" : "; rank 0 writes output_dir"));
+    if (j.has_comm()) {
+      row("communication", Fmt("%.2f s", j.comm().seconds()) + " in collectives (not hidden by compute), " +
+                               HumanBytes(j.comm().bytes()) + " sent by this rank");
+    }
   }
   row("attempts", std::to_string(j.attempts()));
   if (j.interruptions() > 0) {

@@ -13,9 +13,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
@@ -322,6 +324,27 @@ std::string HttpGet(int port, const std::string& path) {
   ::close(fd);
   const auto body = resp.find("\r\n\r\n");
   return body == std::string::npos ? "" : resp.substr(body + 4);
+}
+
+std::map<std::string, double> ParseMetrics(const std::string& text) {
+  std::map<std::string, double> out;
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.empty() || line[0] == '#') continue;
+    const auto sp = line.rfind(' ');
+    if (sp == std::string::npos) continue;
+    out[line.substr(0, sp)] = std::stod(line.substr(sp + 1));
+  }
+  return out;
+}
+
+double FindMetric(const std::map<std::string, double>& m, const std::string& name, const std::string& label) {
+  for (const auto& [k, v] : m) {
+    const std::string n = k.substr(0, k.find('{'));
+    if (n == name && k.find(label) != std::string::npos) return v;
+  }
+  return std::nan("");
 }
 
 }  // namespace traind::testing

@@ -6,6 +6,7 @@
 #include <sys/types.h>
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -104,5 +105,10 @@ std::vector<DaemonProcess> DaemonProcesses(const std::string& state_dir);
 
 // GET http://127.0.0.1:port/path; the body ("" on failure).
 std::string HttpGet(int port, const std::string& path);
+
+// A Prometheus text exposition as name{labels} -> value (comments skipped).
+std::map<std::string, double> ParseMetrics(const std::string& text);
+// The value of the first series named `name` whose labels include `label` (NaN when none).
+double FindMetric(const std::map<std::string, double>& m, const std::string& name, const std::string& label = "");
 
 }  // namespace traind::testing

@@ -13,6 +13,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <thread>
 
 #include "daemon_fixture.h"
 
@@ -125,6 +126,59 @@ TEST_F(HostsSubmitTest, TwoDaemonsTrainOneRunLikeOneProcessWithTheGlobalBatch) {
   const double rel = std::sqrt(num / den);
   std::printf("rank 0's weights vs one process x accumulation 2: model rel L2 %.3g\n", rel);
   EXPECT_LT(rel, 1e-6);
+}
+
+// Each rank's daemon serves traind_comm_seconds_total / traind_comm_bytes_total {job, rank} and
+// traind_world_size while the run trains; status shows the totals. Bytes: every step all-reduces
+// the fp32 gradient buffer (2 (W-1)/W x 4 x trainable = 4 x trainable bytes at W = 2), plus small
+// collectives (the loss, start-up checks, evaluation sums).
+TEST_F(HostsSubmitTest, EachRanksDaemonServesItsCommunication) {
+  SpecOptions o = Spec();
+  o.max_steps = 300;
+  o.logging_steps = 50;
+  const std::string spec = WriteJobSpec(dir_, "comm", o);
+  CmdResult r = Trainctl({"--token", token_, "submit", spec, "--hosts", a_->addr() + "," + b_->addr()});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  std::istringstream lines(r.out);
+  std::string host0, id0, host1, id1;
+  lines >> host0 >> id0 >> host1 >> id1;
+  // While it trains: both daemons' series, with the rank label, growing.
+  const Daemon* daemons[2] = {a_.get(), b_.get()};
+  double seen[2] = {0, 0};
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while ((seen[0] <= 0 || seen[1] <= 0) && std::chrono::steady_clock::now() < deadline) {
+    for (int rank = 0; rank < 2; ++rank) {
+      const auto m = ParseMetrics(HttpGet(daemons[rank]->metrics_port(), "/metrics"));
+      const std::string label = "rank=\"" + std::to_string(rank) + "\"";
+      const double bytes = FindMetric(m, "traind_comm_bytes_total", label);
+      if (!(bytes > 0)) continue;
+      EXPECT_GE(FindMetric(m, "traind_comm_seconds_total", label), 0.0);
+      EXPECT_EQ(FindMetric(m, "traind_world_size", "job_name=\"comm\""), 2.0);
+      seen[rank] = bytes;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_GT(seen[0], 0) << "rank 0's daemon never served traind_comm_bytes_total";
+  EXPECT_GT(seen[1], 0) << "rank 1's daemon never served traind_comm_bytes_total";
+  auto ca = a_->Connect();
+  auto cb = b_->Connect();
+  v1::Job last0, last1;
+  ASSERT_TRUE(WaitFor(*ca, id0, IsDone, 300, &last0));
+  ASSERT_TRUE(WaitFor(*cb, id1, IsDone, 300, &last1));
+  ASSERT_EQ(last1.state(), v1::JOB_STATE_SUCCEEDED) << last1.error();
+  CmdResult sj = Trainctl({"--token", token_, "--addr", b_->addr(), "-o", "json", "status", id1});
+  auto js = nlohmann::json::parse(sj.out, nullptr, false);
+  ASSERT_FALSE(js.is_discarded()) << sj.out;
+  const double trainable = js["trainable_params"].get<double>();
+  const double bytes = js["distributed"]["comm_bytes"].get<double>();
+  const double grads = 300 * 4 * trainable;
+  std::printf("rank 1: %.0f bytes sent in %.3f s of collectives; gradient all-reduces %.0f bytes\n", bytes,
+              js["distributed"]["comm_seconds"].get<double>(), grads);
+  EXPECT_GE(bytes, grads);
+  EXPECT_LT(bytes, grads + (1 << 20));
+  EXPECT_GT(js["distributed"]["comm_seconds"].get<double>(), 0.0);
+  CmdResult st = Trainctl({"--token", token_, "--addr", b_->addr(), "status", id1});
+  EXPECT_THAT(st.out, ::testing::ContainsRegex("communication: +[0-9.]+ s in collectives"));
 }
 
 TEST_F(HostsSubmitTest, AHostThatRefusesCancelsTheRanksAlreadySubmitted) {

@@ -26,29 +26,6 @@
 namespace traind::testing {
 namespace {
 
-// name{labels} → value, for the series whose labels contain `must_contain` ("" = all).
-std::map<std::string, double> Parse(const std::string& text) {
-  std::map<std::string, double> out;
-  std::istringstream in(text);
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.empty() || line[0] == '#') continue;
-    const auto sp = line.rfind(' ');
-    if (sp == std::string::npos) continue;
-    out[line.substr(0, sp)] = std::stod(line.substr(sp + 1));
-  }
-  return out;
-}
-
-// The value of the first series named `name` whose labels include `label` (or NaN).
-double Find(const std::map<std::string, double>& m, const std::string& name, const std::string& label = "") {
-  for (const auto& [k, v] : m) {
-    const std::string n = k.substr(0, k.find('{'));
-    if (n == name && k.find(label) != std::string::npos) return v;
-  }
-  return std::nan("");
-}
-
 class MetricsTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -77,10 +54,10 @@ TEST_F(MetricsTest, EverySeriesPresentAndMovingDuringAJob) {
   ASSERT_TRUE(job.ok() && queued.ok());
   ASSERT_TRUE(WaitFor(*c, job->id(), [](const v1::Job& j) { return j.step() >= 5; }, 60));
   const std::string label = "job_id=\"" + job->id() + "\"";
-  const auto first = Parse(HttpGet(d.metrics_port(), "/metrics"));
+  const auto first = ParseMetrics(HttpGet(d.metrics_port(), "/metrics"));
   ASSERT_TRUE(WaitFor(*c, job->id(), [](const v1::Job& j) { return j.step() >= 15; }, 60));
   const std::string text = HttpGet(d.metrics_port(), "/metrics");
-  const auto second = Parse(text);
+  const auto second = ParseMetrics(text);
 
   const std::vector<std::string> per_job = {
       "traind_train_steps_total", "traind_train_tokens_total", "traind_train_samples_total",
@@ -91,37 +68,41 @@ TEST_F(MetricsTest, EverySeriesPresentAndMovingDuringAJob) {
       "traind_offload_read_bytes_total", "traind_offload_written_bytes_total", "traind_offload_io_seconds_total",
       "traind_tokenize_bytes_total"};
   for (const auto& name : per_job) {
-    EXPECT_FALSE(std::isnan(Find(second, name, label))) << name << " missing for " << job->id() << "\n" << text;
+    EXPECT_FALSE(std::isnan(FindMetric(second, name, label))) << name << " missing for " << job->id() << "\n" << text;
   }
   EXPECT_THAT(text, ::testing::HasSubstr("job_name=\"metered\""));
+  // A plain job: world size 1 and no communication series (those carry a rank; hosts_submit_test).
+  EXPECT_EQ(FindMetric(second, "traind_world_size", label), 1);
+  EXPECT_TRUE(std::isnan(FindMetric(second, "traind_comm_bytes_total", label)));
+  EXPECT_TRUE(std::isnan(FindMetric(second, "traind_comm_seconds_total", label)));
   for (const char* kind : {"weights", "gradients", "optimizer", "activations", "temporary"}) {
-    EXPECT_GT(Find(second, "traind_device_memory_bytes", std::string("kind=\"") + kind + "\""), 0) << kind;
+    EXPECT_GT(FindMetric(second, "traind_device_memory_bytes", std::string("kind=\"") + kind + "\""), 0) << kind;
   }
   for (const char* name : {"traind_queue_length", "traind_device_memory_used_bytes",
                            "traind_device_memory_peak_bytes", "traind_device_memory_total_bytes"}) {
-    EXPECT_FALSE(std::isnan(Find(second, name))) << name;
+    EXPECT_FALSE(std::isnan(FindMetric(second, name))) << name;
   }
-  EXPECT_EQ(Find(second, "traind_jobs", "state=\"RUNNING\""), 1);
-  EXPECT_EQ(Find(second, "traind_jobs", "state=\"QUEUED\""), 1);
-  EXPECT_EQ(Find(second, "traind_queue_length"), 1);
-  EXPECT_GT(Find(second, "traind_device_memory_total_bytes"), 1e8);
-  EXPECT_GT(Find(second, "traind_device_memory_peak_bytes"), 0);
-  EXPECT_GT(Find(second, "traind_grpc_requests_total", "method=\"SubmitJob\""), 0);
-  EXPECT_GT(Find(second, "traind_grpc_requests_total", "method=\"GetJob\""), 0);
+  EXPECT_EQ(FindMetric(second, "traind_jobs", "state=\"RUNNING\""), 1);
+  EXPECT_EQ(FindMetric(second, "traind_jobs", "state=\"QUEUED\""), 1);
+  EXPECT_EQ(FindMetric(second, "traind_queue_length"), 1);
+  EXPECT_GT(FindMetric(second, "traind_device_memory_total_bytes"), 1e8);
+  EXPECT_GT(FindMetric(second, "traind_device_memory_peak_bytes"), 0);
+  EXPECT_GT(FindMetric(second, "traind_grpc_requests_total", "method=\"SubmitJob\""), 0);
+  EXPECT_GT(FindMetric(second, "traind_grpc_requests_total", "method=\"GetJob\""), 0);
   // Values that move.
   for (const char* name : {"traind_train_steps_total", "traind_train_tokens_total", "traind_train_samples_total",
                            "traind_train_step_seconds_count", "traind_train_step_seconds_sum"}) {
-    EXPECT_GT(Find(second, name, label), Find(first, name, label)) << name;
+    EXPECT_GT(FindMetric(second, name, label), FindMetric(first, name, label)) << name;
   }
-  EXPECT_GE(Find(second, "traind_train_steps_total", label), 15);
-  EXPECT_EQ(Find(second, "traind_train_tokens_total", label), 128 * Find(second, "traind_train_steps_total", label));
-  const double loss = Find(second, "traind_train_loss", label);
+  EXPECT_GE(FindMetric(second, "traind_train_steps_total", label), 15);
+  EXPECT_EQ(FindMetric(second, "traind_train_tokens_total", label), 128 * FindMetric(second, "traind_train_steps_total", label));
+  const double loss = FindMetric(second, "traind_train_loss", label);
   EXPECT_GT(loss, 0.5);
   EXPECT_LT(loss, 6);
-  EXPECT_GT(Find(second, "traind_train_tokens_per_second", label), 0);
-  EXPECT_GT(Find(second, "traind_train_learning_rate", label), 0);
-  EXPECT_GT(Find(second, "traind_train_grad_norm", label), 0);
-  const double mfu = Find(second, "traind_model_flops_utilization", label);
+  EXPECT_GT(FindMetric(second, "traind_train_tokens_per_second", label), 0);
+  EXPECT_GT(FindMetric(second, "traind_train_learning_rate", label), 0);
+  EXPECT_GT(FindMetric(second, "traind_train_grad_norm", label), 0);
+  const double mfu = FindMetric(second, "traind_model_flops_utilization", label);
   EXPECT_GT(mfu, 0);
   EXPECT_LT(mfu, 1);
 
@@ -130,8 +111,8 @@ TEST_F(MetricsTest, EverySeriesPresentAndMovingDuringAJob) {
   ASSERT_TRUE(WaitFor(*c, queued->id(), IsDone, 60));
   const std::string after = HttpGet(d.metrics_port(), "/metrics");
   EXPECT_THAT(after, ::testing::Not(::testing::HasSubstr(label)));
-  EXPECT_EQ(Find(Parse(after), "traind_jobs", "state=\"CANCELLED\""), 1);
-  EXPECT_EQ(Find(Parse(after), "traind_jobs", "state=\"SUCCEEDED\""), 1);
+  EXPECT_EQ(FindMetric(ParseMetrics(after), "traind_jobs", "state=\"CANCELLED\""), 1);
+  EXPECT_EQ(FindMetric(ParseMetrics(after), "traind_jobs", "state=\"SUCCEEDED\""), 1);
 }
 
 // A job with training.offload: nvme through the daemon: the traind_offload_* series of METRICS.md
@@ -151,18 +132,18 @@ TEST_F(MetricsTest, OffloadSeriesMoveAndStatusShowsThem) {
   ASSERT_TRUE(job.ok()) << job.status().ToString();
   ASSERT_TRUE(WaitFor(*c, job->id(), [](const v1::Job& j) { return j.step() >= 3; }, 90));
   const std::string label = "job_id=\"" + job->id() + "\"";
-  const auto first = Parse(HttpGet(d.metrics_port(), "/metrics"));
+  const auto first = ParseMetrics(HttpGet(d.metrics_port(), "/metrics"));
   ASSERT_TRUE(WaitFor(*c, job->id(), [](const v1::Job& j) { return j.step() >= 8; }, 90));
   const std::string text = HttpGet(d.metrics_port(), "/metrics");
-  const auto second = Parse(text);
+  const auto second = ParseMetrics(text);
   for (const char* name : {"traind_offload_read_bytes_total", "traind_offload_written_bytes_total"}) {
-    EXPECT_GT(Find(second, name, label), Find(first, name, label)) << name << "\n" << text;
+    EXPECT_GT(FindMetric(second, name, label), FindMetric(first, name, label)) << name << "\n" << text;
   }
-  EXPECT_GE(Find(second, "traind_offload_io_seconds_total", label), 0);
-  EXPECT_GT(Find(second, "traind_offload_store_bytes", label), 0) << text;
+  EXPECT_GE(FindMetric(second, "traind_offload_io_seconds_total", label), 0);
+  EXPECT_GT(FindMetric(second, "traind_offload_store_bytes", label), 0) << text;
   // Each step writes the whole optimizer state (AdamW: 8 bytes per trainable parameter).
-  const double steps = Find(second, "traind_train_steps_total", label);
-  const double written = Find(second, "traind_offload_written_bytes_total", label);
+  const double steps = FindMetric(second, "traind_train_steps_total", label);
+  const double written = FindMetric(second, "traind_offload_written_bytes_total", label);
   auto status = Trainctl({"--addr", d.addr(), "--token", d.token(), "-o", "json", "status", job->id()});
   ASSERT_EQ(status.exit_code, 0) << status.err;
   const auto j = nlohmann::json::parse(status.out);
@@ -219,7 +200,7 @@ TEST_F(MetricsTest, TokenizeBytesCountCacheMissesOnly) {
     ASSERT_EQ(last.state(), v1::JOB_STATE_RUNNING) << last.error();
     const std::string label = "job_id=\"" + job->id() + "\"";
     const std::string text = HttpGet(d.metrics_port(), "/metrics");
-    counted[run] = Find(Parse(text), "traind_tokenize_bytes_total", label);
+    counted[run] = FindMetric(ParseMetrics(text), "traind_tokenize_bytes_total", label);
     ASSERT_FALSE(std::isnan(counted[run])) << "traind_tokenize_bytes_total missing\n" << text;
     // status: the last tokenization event, and the job no longer tokenizing.
     CmdResult st = trainctl({"-o", "json", "status", job->id()});
@@ -321,14 +302,14 @@ TEST_F(MetricsTest, TokenizingShowsInStatusLogsAndMetricsWhileItRuns) {
         EXPECT_THAT(st.out, ::testing::ContainsRegex("tokenizing " + corpus + ": [0-9]+% \\("));
       }
     }
-    const double v = Find(Parse(HttpGet(d.metrics_port(), "/metrics")), "traind_tokenize_bytes_total", label);
+    const double v = FindMetric(ParseMetrics(HttpGet(d.metrics_port(), "/metrics")), "traind_tokenize_bytes_total", label);
     if (v > 0 && v < total) partial_metric = v;
   }
   ASSERT_TRUE(last.has_tokenize() && last.tokenize().done()) << "tokenization did not finish: " << last.error();
   EXPECT_TRUE(json_tokenizing) << "status -o json never showed \"tokenizing\": true";
   EXPECT_TRUE(text_tokenizing) << "status never showed phase: tokenizing";
   ASSERT_TRUE(WaitFor(*c, job->id(), [](const v1::Job& j) { return j.step() >= 1 || IsDone(j); }, 120, &last));
-  EXPECT_EQ(Find(Parse(HttpGet(d.metrics_port(), "/metrics")), "traind_tokenize_bytes_total", label), total);
+  EXPECT_EQ(FindMetric(ParseMetrics(HttpGet(d.metrics_port(), "/metrics")), "traind_tokenize_bytes_total", label), total);
   ASSERT_TRUE(c->Cancel(job->id()).ok());
   ASSERT_TRUE(WaitFor(*c, job->id(), IsDone, 60, &last));
   const double seconds = last.tokenize().seconds();

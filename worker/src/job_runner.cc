@@ -63,6 +63,8 @@ v1::StepEvent ToProto(const engine::StepReport& r) {
   e.set_offload_written_bytes(r.offload_written_bytes);
   e.set_offload_io_seconds(r.offload_io_seconds);
   e.set_offload_store_bytes(r.offload_store_bytes);
+  e.set_comm_seconds(r.comm_seconds);
+  e.set_comm_bytes(r.comm_bytes);
   return e;
 }
 

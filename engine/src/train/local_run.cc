@@ -126,6 +126,15 @@ int RunJobFileWithConsole(const std::string& spec_path, RunOptions options) {
     std::fflush(stdout);
   };
 
+  // Data parallel: this rank's collectives over the run.
+  double comm_seconds = 0, step_seconds = 0;
+  int64_t comm_bytes = 0;
+  cb.on_step = [&](const StepReport& r) {
+    comm_seconds += r.comm_seconds;
+    comm_bytes += r.comm_bytes;
+    step_seconds += r.step_seconds;
+  };
+
   Result<RunSummary> r = RunJob(*spec, options, cb);
   if (!r.ok() && r.status().code() == Status::Code::kAborted) {
     std::fprintf(stderr, "interrupted: %s; run it again with --resume to continue\n",
@@ -135,6 +144,12 @@ int RunJobFileWithConsole(const std::string& spec_path, RunOptions options) {
   if (!r.ok()) {
     std::fprintf(stderr, "%s\n", r.status().ToString().c_str());
     return 1;
+  }
+  if (comm_bytes > 0) {
+    std::printf("communication: %.2f s in collectives (%.1f%% of the steps' time, not hidden by "
+                "compute), %.1f MiB sent by this rank\n",
+                comm_seconds, step_seconds > 0 ? 100.0 * comm_seconds / step_seconds : 0.0,
+                static_cast<double>(comm_bytes) / 1048576.0);
   }
   std::printf("done: %lld steps, train_loss %.4f, eval_loss %.4f, %.0f tok/s, %.1fs, peak %.1f MiB "
               "(planned %.1f MiB)\noutput: %s\n",

@@ -52,7 +52,8 @@ Status OpenCommunicator(TrainingSession* s) {
     comm = s->owned_comm.get();
   }
   if (comm == nullptr || comm->world_size() <= 1) return Status::Ok();
-  s->comm = comm;
+  s->metered_comm = std::make_unique<MeteredCommunicator>(comm);
+  s->comm = s->metered_comm.get();
   s->world = comm->world_size();
   s->rank = comm->rank();
   if (d.has_value() && d->world_size.has_value() && *d->world_size != s->world) {

@@ -20,6 +20,7 @@
 #include "train/checkpoint.h"
 #include "train/sampler.h"
 #include "traind/engine/communicator.h"
+#include "train/metered_communicator.h"
 #include "traind/engine/trainer.h"
 
 namespace traind::engine {
@@ -55,6 +56,8 @@ struct TrainingSession {
   // Data parallel (RunOptions::communicator, or one opened for the spec's distributed: block).
   // Without one: world 1, rank 0, comm null, and nothing below differs from a run alone.
   std::unique_ptr<Communicator> owned_comm;
+  // Every collective of the run goes through it (comm points at it): traind_comm_* figures.
+  std::unique_ptr<MeteredCommunicator> metered_comm;
   Communicator* comm = nullptr;  // null when world == 1
   int world = 1, rank = 0;
   bool writes_outputs() const { return rank == 0; }  // rank 0 alone writes output_dir

@@ -171,6 +171,7 @@ Status RunStepLoop(TrainingSession* s, double* last_eval) {
     const double lr =
         t.learning_rate * LrLambda(s->schedule, t.warmup_steps, t.max_steps, state.global_step);
     const OptimizerStateStoreStats io_before = s->store ? s->store->Stats() : OptimizerStateStoreStats{};
+    const CommStats comm_before = s->metered_comm ? s->metered_comm->stats() : CommStats{};
     TRAIND_ASSIGN_OR_RETURN(StepRunner::Outcome outcome, runner->Run(next_batch, lr, loss_scale, &wait));
     if (state.global_step == s->first_step) {
       if (runner->replaying()) {
@@ -221,6 +222,11 @@ Status RunStepLoop(TrainingSession* s, double* last_eval) {
         r.offload_written_bytes = static_cast<int64_t>(io.written_bytes - io_before.written_bytes);
         r.offload_io_seconds = io.io_wait_seconds - io_before.io_wait_seconds;
         r.offload_store_bytes = static_cast<int64_t>(io.store_bytes);
+      }
+      if (s->metered_comm != nullptr) {
+        const CommStats& comm = s->metered_comm->stats();
+        r.comm_seconds = comm.seconds - comm_before.seconds;
+        r.comm_bytes = comm.bytes_sent - comm_before.bytes_sent;
       }
       callbacks.on_step(r);
     }

@@ -1,0 +1,54 @@
+#include "train/metered_communicator.h"
+
+#include <chrono>
+
+namespace traind::engine {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// (W-1)/W x bytes, exact in integers for the sizes a run uses.
+int64_t Share(int64_t bytes, int world) {
+  return world <= 1 ? 0 : bytes / world * (world - 1) + bytes % world * (world - 1) / world;
+}
+
+}  // namespace
+
+int64_t CommElementBytes(CommDType type) { return type == CommDType::kF32 ? 4 : 2; }
+
+// Runs `call`, then adds its wall time and `bytes` to `stats`.
+template <typename Call>
+Status Metered(CommStats* stats, int64_t bytes, Call call) {
+  const Clock::time_point start = Clock::now();
+  Status s = call();
+  stats->seconds += std::chrono::duration<double>(Clock::now() - start).count();
+  stats->bytes_sent += bytes;
+  stats->calls += 1;
+  return s;
+}
+
+Status MeteredCommunicator::AllReduceSum(void* data, int64_t count, CommDType type) {
+  const int64_t bytes = 2 * Share(count * CommElementBytes(type), world_size());
+  return Metered(&stats_, bytes, [&] { return inner_->AllReduceSum(data, count, type); });
+}
+
+Status MeteredCommunicator::ReduceScatterSum(const void* in, void* out, int64_t count, CommDType type) {
+  const int64_t bytes = Share(count * world_size() * CommElementBytes(type), world_size());
+  return Metered(&stats_, bytes, [&] { return inner_->ReduceScatterSum(in, out, count, type); });
+}
+
+Status MeteredCommunicator::AllGather(const void* in, void* out, int64_t count, CommDType type) {
+  const int64_t bytes = Share(count * world_size() * CommElementBytes(type), world_size());
+  return Metered(&stats_, bytes, [&] { return inner_->AllGather(in, out, count, type); });
+}
+
+Status MeteredCommunicator::Broadcast(void* data, size_t bytes, int root) {
+  const int64_t sent = world_size() > 1 && rank() == root ? static_cast<int64_t>(bytes) : 0;
+  return Metered(&stats_, sent, [&] { return inner_->Broadcast(data, bytes, root); });
+}
+
+Status MeteredCommunicator::Barrier() {
+  return Metered(&stats_, 0, [&] { return inner_->Barrier(); });
+}
+
+}  // namespace traind::engine
