@@ -32,6 +32,7 @@
 
 #include "core/safetensors.h"
 #include "traind/engine/job_spec.h"
+#include "traind/engine/trainer.h"
 
 namespace traind::engine {
 namespace {
@@ -213,8 +214,31 @@ WeightDiff CompareWeights(const std::string& a_out, const std::string& b_out) {
   return w;
 }
 
-// Trains world `W` (B=2, accum A per rank) and one process (B=2, accum W*A); compares.
-void CompareWorld(int W, int64_t A, const std::string& extra = "") {
+// ZeRO-1: the optimizer state bytes rank `rank` reports in its log ("optimizer state N bytes in
+// this rank's arena (unsharded M"), checked to be 1/W of the unsharded within `rounding` bytes.
+// Returns N (-1 when the line is missing).
+int64_t CheckShardBytes(const std::string& log, int rank, int W, int64_t rounding) {
+  const std::string key = "zero_stage 1: rank " + std::to_string(rank) + " of " + std::to_string(W);
+  const size_t at = log.find(key);
+  EXPECT_NE(at, std::string::npos) << log;
+  if (at == std::string::npos) return -1;
+  long long held = -1, whole = -1;
+  const size_t state = log.find("optimizer state ", at);
+  EXPECT_EQ(std::sscanf(log.c_str() + state, "optimizer state %lld bytes in this rank's arena "
+                        "(unsharded %lld", &held, &whole), 2) << log.substr(at, 200);
+  EXPECT_GT(whole, 0);
+  EXPECT_LE(std::abs(static_cast<double>(held) - static_cast<double>(whole) / W),
+            static_cast<double>(rounding))
+      << "rank " << rank << " of " << W << ": " << held << " of " << whole;
+  std::printf("[dp] zero_stage 1, rank %d of %d: optimizer state %lld bytes in its arena, "
+              "unsharded %lld (%.4f)\n",
+              rank, W, held, whole, static_cast<double>(held) / static_cast<double>(whole));
+  return held;
+}
+
+// Trains world `W` (B=2, accum A per rank) and one process (B=2, accum W*A); compares. `zero` 1:
+// the world runs with distributed.zero_stage 1 (each rank's optimizer state measured too).
+void CompareWorld(int W, int64_t A, const std::string& extra = "", int zero = 0) {
   const std::string dir = TempDir("w" + std::to_string(W));
   WriteTokens(dir + "/tokens.bin", 6000, 64, 4);
   const std::string ref_out = dir + "/ref", dp_out = dir + "/dp";
@@ -230,7 +254,8 @@ void CompareWorld(int W, int64_t A, const std::string& extra = "") {
   for (int r = 0; r < W; ++r) {
     const std::string out = r == 0 ? dp_out : dp_out + "_rank" + std::to_string(r);
     WriteFile(dir + "/dp" + std::to_string(r) + ".yaml",
-              spec(out, 2, A, "{master_addr: 127.0.0.1}"));
+              spec(out, 2, A, zero == 1 ? "{master_addr: 127.0.0.1, zero_stage: 1}"
+                                        : "{master_addr: 127.0.0.1}"));
   }
   const auto t0 = std::chrono::steady_clock::now();
   const auto deadline = t0 + std::chrono::seconds(120);
@@ -256,6 +281,18 @@ void CompareWorld(int W, int64_t A, const std::string& extra = "") {
   }
   EXPECT_TRUE(fs::exists(dp_out + "/checkpoint-10/model.safetensors"));
   EXPECT_TRUE(fs::exists(dp_out + "/checkpoint-20/trainer_state.json"));
+  if (zero == 1) {
+    // AdamW: 8 bytes per element, the ranges split at element boundaries.
+    int64_t sum = 0;
+    for (int r = 0; r < W; ++r) sum += CheckShardBytes(Slurp(ranks[r].log), r, W, 8);
+    // The shards cover the model once: their sum is the unsharded state, which the world-1
+    // checkpoint format holds (m and v of every parameter).
+    auto opt = ReadSafetensors(dp_out + "/checkpoint-20/optimizer.safetensors");
+    ASSERT_TRUE(opt.ok()) << opt.status().ToString();
+    int64_t file_bytes = 0;
+    for (const auto& [name, t] : opt->tensors) file_bytes += static_cast<int64_t>(t.data.size());
+    EXPECT_EQ(sum, file_bytes);
+  }
 
   // The noise floor: the same global batch split differently in one process (B=4 x W*A/2, when
   // W*A is even) reorders the same additions, as data parallel does.
@@ -279,7 +316,7 @@ void CompareWorld(int W, int64_t A, const std::string& extra = "") {
     floor_loss = std::max(floor_loss, std::abs(c.loss[s] - a.loss[s]) / a.loss[s]);
     floor_norm = std::max(floor_norm, std::abs(c.grad_norm[s] - a.grad_norm[s]) / a.grad_norm[s]);
   }
-  const bool fp32 = extra.empty();
+  const bool fp32 = extra.find("bf16") == std::string::npos && extra.find("fp16") == std::string::npos;
   const double k = fp32 ? 0.0 : 3.0;
   EXPECT_LE(max_loss, std::max(1e-6, k * floor_loss));
   EXPECT_LE(max_norm, std::max(1e-5, k * floor_norm));
@@ -289,14 +326,15 @@ void CompareWorld(int W, int64_t A, const std::string& extra = "") {
 
   const WeightDiff dp = CompareWeights(ref_out, dp_out);
   const WeightDiff floor = CompareWeights(ref_out, alt_out);
-  std::printf("[dp] %sworld %d x accum %lld vs 1 process x accum %lld, 20 steps (%.1f s for both): "
+  std::printf("[dp] %s%sworld %d x accum %lld vs 1 process x accum %lld, 20 steps (%.1f s for both): "
               "losses max rel diff %.3g, grad_norm %.3g, eval_loss %.3g\n"
               "[dp]   weights: model rel L2 %.3g, worst tensor rel L2 %.3g (%s), worst "
               "max|diff|/max|w| %.3g, c_attn key-bias third max |diff| %.3g\n"
               "[dp]   noise floor, 1 process B=4 x %lld vs B=2 x %lld: losses %.3g, grad_norm %.3g, "
               "eval_loss %.3g, model rel L2 %.3g, worst tensor rel L2 %.3g (%s), worst "
               "max|diff|/max|w| %.3g\n",
-              fp32 ? "" : (extra + ": ").c_str(), W, static_cast<long long>(A),
+              zero == 1 ? "zero_stage 1: " : "", extra.empty() ? "" : (extra + ": ").c_str(), W,
+              static_cast<long long>(A),
               static_cast<long long>(W * A), seconds, max_loss, max_norm, eval_rel, dp.model_l2,
               dp.worst_l2, dp.worst_name.c_str(), dp.worst_max, dp.worst_kbias,
               static_cast<long long>(W * A / 2), static_cast<long long>(W * A), floor_loss,
@@ -315,6 +353,40 @@ TEST(DataParallel, WorldTwoMatchesOneProcessWithTheGlobalBatch) { CompareWorld(2
 TEST(DataParallel, WorldFourWithAccumulationMatchesOneProcess) { CompareWorld(4, 2); }
 
 TEST(DataParallel, Bf16WorldTwoMatchesOneProcess) { CompareWorld(2, 2, "bf16: true"); }
+
+// ZeRO-1: each rank keeps and updates 1/W of the AdamW state, then the weights are gathered; the
+// run is the same run (the same bounds as zero_stage 0).
+TEST(DataParallel, ZeroOneWorldTwoMatchesOneProcess) { CompareWorld(2, 1, "", 1); }
+
+TEST(DataParallel, ZeroOneWorldFourMatchesOneProcess) { CompareWorld(4, 2, "", 1); }
+
+// SGD with momentum: one fp32 buffer per element, sharded the same way.
+TEST(DataParallel, ZeroOneSgdMomentumWorldTwoMatchesOneProcess) {
+  CompareWorld(2, 1, "optim: sgd, optim_args: {momentum: 0.9}", 1);
+}
+
+// The plan (estimate, admission, the arena budget) holds the rank's shard of the optimizer state.
+TEST(DataParallel, ZeroOnePlansTheRanksShard) {
+  const std::string dir = TempDir("plan");
+  WriteTokens(dir + "/tokens.bin", 6000, 64, 4);
+  auto plan = [&](const std::string& block) {
+    auto spec = ParseJobSpec(Spec(dir + "/tokens.bin", dir + "/out", 2, 1, block));
+    EXPECT_TRUE(spec.ok()) << spec.status().ToString();
+    auto p = EstimateJob(*spec, DeviceOptions{});
+    EXPECT_TRUE(p.ok()) << p.status().ToString();
+    return p.ok() ? p->bytes.optimizer : int64_t{-1};
+  };
+  const int64_t whole = plan("{world_size: 2, zero_stage: 0}");
+  ASSERT_GT(whole, 0);
+  EXPECT_EQ(plan("{world_size: 1, zero_stage: 1}"), whole);
+  for (int W : {2, 4}) {
+    const int64_t shard = plan("{world_size: " + std::to_string(W) + ", zero_stage: 1}");
+    std::printf("[dp] planned optimizer bytes per rank: zero_stage 1 world %d: %lld of %lld\n", W,
+                static_cast<long long>(shard), static_cast<long long>(whole));
+    EXPECT_GE(shard, whole / W);
+    EXPECT_LE(shard, whole / W + 8);  // the largest rank's shard: one element more at most
+  }
+}
 
 // A world-2 checkpoint (2 ranks x accum 2) resumes on world 1 (accum 4) and on world 4 (accum 1):
 // checkpoints record the world's accumulation and the loader's position in the one-process order,
@@ -378,6 +450,106 @@ TEST(DataParallel, CheckpointResumesOnAnotherWorldSize) {
   EXPECT_NE(Slurp(p.log).find("was trained with micro-batch 2 x 4 accumulation, this run plans 2 x 1"),
             std::string::npos)
       << Slurp(p.log);
+}
+
+// Runs `W` ranks (B=2, accum A each; W 1: one process without a distributed block) of the tiny
+// gpt2 on `tokens` into `out`; `extra`: more training keys; `zero`: distributed.zero_stage.
+void RunRanks(const std::string& tokens, int W, int64_t A, const std::string& out,
+              const std::string& extra, int zero) {
+  const std::string port = std::to_string(Port());
+  const std::string block =
+      W == 1 ? "" : "{master_addr: 127.0.0.1, zero_stage: " + std::to_string(zero) + "}";
+  std::string spec = Spec(tokens, out, 2, A, block);
+  if (!extra.empty()) spec.replace(spec.find("save_steps: 10}"), 15, "save_steps: 10, " + extra + "}");
+  WriteFile(out + "_spec.yaml", spec);
+  std::vector<Proc> ranks;
+  for (int r = 0; r < W; ++r) {
+    std::map<std::string, std::string> env;
+    if (W > 1) {
+      env = {{"WORLD_SIZE", std::to_string(W)}, {"RANK", std::to_string(r)}, {"MASTER_PORT", port}};
+    }
+    ranks.push_back(Start(out + "_spec.yaml", env, out + "_rank" + std::to_string(r) + ".log"));
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  for (int r = 0; r < W; ++r) {
+    ASSERT_EQ(Wait(ranks[r], deadline), 0) << out << " rank " << r << ":\n" << Slurp(ranks[r].log);
+  }
+}
+
+// Run `b` continues run `a` (steps 1-10 from a's checkpoint): the per-step losses and the final
+// weights, within the contract's 1e-6.
+void ExpectSameRun(const std::string& a, const std::string& b, const std::string& what) {
+  const History full = ReadHistory(a), h = ReadHistory(b);
+  ASSERT_EQ(full.loss.size(), 20u) << what;
+  ASSERT_EQ(h.loss.size(), 20u) << what;
+  double worst = 0, worst_norm = 0;
+  for (size_t s = 0; s < 20; ++s) {
+    worst = std::max(worst, std::abs(h.loss[s] - full.loss[s]) / full.loss[s]);
+    worst_norm = std::max(worst_norm, std::abs(h.grad_norm[s] - full.grad_norm[s]) / full.grad_norm[s]);
+  }
+  const WeightDiff w = CompareWeights(a, b);
+  std::printf("[dp] %s: losses max rel diff %.3g, grad_norm %.3g, weights model rel L2 %.3g, worst "
+              "tensor rel L2 %.3g (%s)\n",
+              what.c_str(), worst, worst_norm, w.model_l2, w.worst_l2, w.worst_name.c_str());
+  EXPECT_LE(worst, 1e-6) << what;
+  EXPECT_LE(worst_norm, 1e-5) << what;
+  EXPECT_LE(w.model_l2, 1e-6) << what;
+  EXPECT_LE(w.worst_l2, 5e-6) << what;
+}
+
+// ZeRO-1 checkpoints are world-1 checkpoints: a world-2 zero_stage 1 run's optimizer.safetensors
+// has the tensors (names, dtypes, shapes) of the zero_stage 0 run's and their values; it resumes
+// on world 1 and on world 4 (zero_stage 1), and a zero_stage 0 checkpoint resumes under
+// zero_stage 1; each continues the uninterrupted run.
+TEST(DataParallel, ZeroOneCheckpointsResumeAcrossWorldsAndStages) {
+  const std::string dir = TempDir("zero");
+  const std::string tokens = dir + "/tokens.bin";
+  WriteTokens(tokens, 6000, 64, 4);
+  RunRanks(tokens, 2, 2, dir + "/z1", "", 1);
+  RunRanks(tokens, 2, 2, dir + "/z0", "", 0);
+  ExpectSameRun(dir + "/z0", dir + "/z1", "world 2 zero_stage 1 vs zero_stage 0");
+  std::printf("[dp] world 2: zero_stage 1 model.safetensors %s zero_stage 0's\n",
+              Slurp(dir + "/z1/model.safetensors") == Slurp(dir + "/z0/model.safetensors")
+                  ? "byte-identical to"
+                  : "differs from");
+  for (const char* step : {"checkpoint-10", "checkpoint-20"}) {
+    auto a = ReadSafetensors(dir + "/z0/" + step + "/optimizer.safetensors");
+    auto b = ReadSafetensors(dir + "/z1/" + step + "/optimizer.safetensors");
+    ASSERT_TRUE(a.ok() && b.ok());
+    EXPECT_EQ(a->metadata, b->metadata) << step;
+    ASSERT_EQ(a->tensors.size(), b->tensors.size()) << step;
+    double worst = 0;
+    for (const auto& [name, t] : a->tensors) {
+      ASSERT_EQ(b->tensors.count(name), 1u) << step << ": " << name;
+      const HostTensor& u = b->tensors.at(name);
+      ASSERT_EQ(t.dtype, u.dtype) << name;
+      ASSERT_EQ(t.shape, u.shape) << name;
+      auto x = t.ToF32();
+      auto y = u.ToF32();
+      ASSERT_TRUE(x.ok() && y.ok());
+      double num = 0, den = 0;
+      for (size_t i = 0; i < x->size(); ++i) {
+        num += ((*y)[i] - (*x)[i]) * static_cast<double>((*y)[i] - (*x)[i]);
+        den += (*x)[i] * static_cast<double>((*x)[i]);
+      }
+      // The key third of c_attn.bias (Adam's moments of rounding noise) is left out, as above.
+      if (name.find("c_attn.bias") == std::string::npos) {
+        worst = std::max(worst, den > 0 ? std::sqrt(num / den) : std::sqrt(num));
+      }
+    }
+    std::printf("[dp] %s optimizer.safetensors, zero_stage 1 vs 0: %zu tensors, worst rel L2 %.3g\n",
+                step, a->tensors.size(), worst);
+    EXPECT_LE(worst, 1e-5) << step;
+  }
+  const std::string z1_ckpt = "resume_from_checkpoint: " + dir + "/z1/checkpoint-10";
+  RunRanks(tokens, 1, 4, dir + "/z1_on_w1", z1_ckpt, 0);
+  ExpectSameRun(dir + "/z1", dir + "/z1_on_w1", "world-2 zero_stage 1 checkpoint-10 resumed on world 1");
+  RunRanks(tokens, 4, 1, dir + "/z1_on_w4", z1_ckpt, 1);
+  ExpectSameRun(dir + "/z1", dir + "/z1_on_w4",
+                "world-2 zero_stage 1 checkpoint-10 resumed on world 4 zero_stage 1");
+  RunRanks(tokens, 2, 2, dir + "/z0_on_z1", "resume_from_checkpoint: " + dir + "/z0/checkpoint-10", 1);
+  ExpectSameRun(dir + "/z0", dir + "/z0_on_z1",
+                "world-2 zero_stage 0 checkpoint-10 resumed on world 2 zero_stage 1");
 }
 
 // distributed: {world_size: 1} is a plain run: the same bytes as no block at all.
@@ -498,7 +670,7 @@ TEST(DataParallel, BadDistributedFieldsAreSpecErrors) {
       {"{world_size: 2, rank: 2}", "distributed.rank: must be < world_size 2, got 2"},
       {"{world_size: 0}", "distributed.world_size: must be >= 1, got 0"},
       {"{master_port: 70000}", "distributed.master_port: must be <= 65535"},
-      {"{zero_stage: 1}", "distributed.zero_stage: 1 (sharded optimizer state) is not supported yet"},
+      {"{zero_stage: 2}", "distributed.zero_stage: must be 0 or 1, got 2"},
       {"{wrld_size: 2}", "distributed.wrld_size: unknown field"},
       {"{world_size: two}", "distributed.world_size: expected an integer"},
       {"{master_addr: ''}", "distributed.master_addr: must not be empty"},
@@ -510,8 +682,32 @@ TEST(DataParallel, BadDistributedFieldsAreSpecErrors) {
     EXPECT_NE(spec.status().message().find(want), std::string::npos)
         << block << ": " << spec.status().message();
   }
+  // zero_stage 1 shards the state of adamw and sgd, without offload; a world of one is a plain
+  // run, where they are fine.
+  const std::pair<std::string, std::string> zero_cases[] = {
+      {"optim: adafactor",
+       "distributed.zero_stage: 1 shards the state of training.optim adamw or sgd; adafactor "
+       "factors its second moment per matrix"},
+      {"optim: adamw_8bit", "; adamw_8bit chooses 8-bit or fp32 moments per whole tensor"},
+      {"offload: cpu", "distributed.zero_stage: 1 with training.offload cpu is not supported"},
+  };
+  for (const auto& [key, want] : zero_cases) {
+    for (const char* block : {"{zero_stage: 1}", "{world_size: 1, zero_stage: 1}"}) {
+      std::string text = Spec(dir + "/tokens.bin", dir + "/out", 2, 1, block);
+      text.replace(text.find("save_steps: 10}"), 15, "save_steps: 10, " + key + "}");
+      auto spec = ParseJobSpec(text);
+      if (std::string(block) == "{world_size: 1, zero_stage: 1}") {
+        EXPECT_TRUE(spec.ok()) << key << ": " << spec.status().ToString();
+        continue;
+      }
+      ASSERT_FALSE(spec.ok()) << key;
+      EXPECT_EQ(spec.status().code(), Status::Code::kInvalidArgument);
+      EXPECT_NE(spec.status().message().find(want), std::string::npos)
+          << key << ": " << spec.status().message();
+    }
+  }
   // Through traind run: exit 2 (an invalid spec), the message on stderr.
-  WriteFile(dir + "/bad.yaml", Spec(dir + "/tokens.bin", dir + "/out", 2, 1, "{zero_stage: 1}"));
+  WriteFile(dir + "/bad.yaml", Spec(dir + "/tokens.bin", dir + "/out", 2, 1, "{zero_stage: 3}"));
   Proc p = Start(dir + "/bad.yaml", {}, dir + "/bad.log");
   EXPECT_EQ(Wait(p, std::chrono::steady_clock::now() + std::chrono::seconds(30)), 2);
   EXPECT_NE(Slurp(p.log).find("distributed.zero_stage"), std::string::npos) << Slurp(p.log);

@@ -272,15 +272,21 @@ TEST(JobSpecTest, ContractKeysOfLaterFeatures) {
     EXPECT_TRUE(r.ok()) << r.status().ToString() << "\n" << ok;
   }
   ExpectInvalid(With(kBase, "training", "sample_every: -1"), "training.sample_every");
-  {  // data parallel (issue 15): the block parses; ZeRO-1 is later
+  {  // data parallel (issue 15): the block parses; ZeRO-1 (zero_stage 1) for adamw and sgd
     Result<JobSpec> r = ParseJobSpec(With(kBase, "", "distributed: {world_size: 2, rank: 0}"));
     ASSERT_TRUE(r.ok()) << r.status().ToString();
     ASSERT_TRUE(r->distributed.has_value());
     EXPECT_EQ(r->distributed->world_size, 2);
     EXPECT_FALSE(r->distributed->master_addr.has_value());  // from MASTER_ADDR, by the job runner
+    r = ParseJobSpec(With(kBase, "", "distributed: {world_size: 2, zero_stage: 1}"));
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(r->distributed->zero_stage, 1);
   }
-  ExpectInvalid(With(kBase, "", "distributed: {world_size: 2, zero_stage: 1}"),
-                "distributed.zero_stage: 1 (sharded optimizer state) is not supported yet");
+  ExpectInvalid(With(kBase, "", "distributed: {world_size: 2, zero_stage: 2}"),
+                "distributed.zero_stage: must be 0 or 1, got 2");
+  ExpectInvalid(With(With(kBase, "training", "optim: adafactor"), "",
+                     "distributed: {world_size: 2, zero_stage: 1}"),
+                "distributed.zero_stage: 1 shards the state of training.optim adamw or sgd");
   ExpectInvalid(With(kBase, "", "distributed: {world_size: 2, rank: 5}"),
                 "distributed.rank: must be < world_size 2, got 5");
   ExpectInvalid(With(kBase, "model", "head: masked_lm"), "model.head: masked_lm is not supported yet");

@@ -56,6 +56,17 @@ class Optimizer {
   }
   // DATA_LOSS naming the tensor or the metadata that does not match this optimizer and model.
   virtual Status LoadState(const SafetensorsFile& file) = 0;
+
+  // ZeRO-1 (optim/sharded_optimizer.h): the rank updates and keeps the state of its shard of the
+  // flat buffer only. After each step every rank calls GatherParams (a collective) so that each
+  // holds the whole update; SaveState / WriteState gather every rank's state, so the ranks that
+  // do not write call ContributeState at the same point. Nothing for an unsharded optimizer.
+  virtual bool sharded() const { return false; }
+  virtual Status GatherParams(float* params) {
+    (void)params;
+    return Status::Ok();
+  }
+  virtual Status ContributeState() const { return Status::Ok(); }
 };
 
 // The optimizer `training.optim` names, with its options from `training` (adam_*, weight_decay,

@@ -20,6 +20,7 @@
 #include "data/window_order.h"
 #include "models/hf_config.h"
 #include "models/lora.h"
+#include "optim/sharded_optimizer.h"
 #include "train/checkpoint.h"
 #include "train/spec_reader.h"
 
@@ -408,10 +409,7 @@ Status ParseDistributed(const YAML::Node& node, DistributedSpec* d) {
   TRAIND_RETURN_IF_ERROR(r.OptionalString("master_addr", &d->master_addr));
   if (d->master_addr && d->master_addr->empty()) return r.Error("master_addr", "must not be empty");
   TRAIND_RETURN_IF_ERROR(r.Int("zero_stage", &d->zero_stage, 0));
-  if (d->zero_stage == 1) {
-    return r.Error("zero_stage", "1 (sharded optimizer state) is not supported yet (supported: 0)");
-  }
-  if (d->zero_stage != 0) {
+  if (d->zero_stage != 0 && d->zero_stage != 1) {
     return r.Error("zero_stage", "must be 0 or 1, got " + std::to_string(d->zero_stage));
   }
   return Status::Ok();
@@ -449,6 +447,16 @@ Result<JobSpec> ParseRoot(const YAML::Node& root, const std::string& base_dir) {
                                         s.training.bf16   ? DType::kBF16
                                         : s.training.fp16 ? DType::kF16
                                                           : DType::kF32));
+  }
+  // ZeRO-1 over more than one rank (a world of one is a plain run): an optimizer whose state
+  // splits by element range, and no offload.
+  if (s.distributed && s.distributed->zero_stage == 1 && s.distributed->world_size.value_or(2) > 1) {
+    TRAIND_RETURN_IF_ERROR(CheckZeroOneOptimizer(s.training));
+    if (s.training.offload != "none") {
+      return Status::InvalidArgument(
+          "distributed.zero_stage: 1 with training.offload " + s.training.offload +
+          " is not supported (data parallel does not offload yet): use one of them");
+    }
   }
   if (s.training.sample_every > 0 && s.training.peft) {
     return Status::InvalidArgument(

@@ -10,6 +10,7 @@
 #include "models/hf_config.h"
 #include "optim/offloaded_optimizer.h"
 #include "optim/optimizer.h"
+#include "optim/sharded_optimizer.h"
 #include "train/sampler.h"
 #include "train/step_runner.h"
 
@@ -18,6 +19,18 @@ namespace {
 
 // The largest micro-batch "auto" considers when no effective_batch_size caps it.
 constexpr int64_t kMaxAutoMicroBatch = 1024;
+
+// ZeRO-1 (distributed.zero_stage 1, world_size W > 1): each rank keeps 1/W of the optimizer state.
+int ZeroShards(const JobSpec& spec) {
+  const std::optional<DistributedSpec>& d = spec.distributed;
+  if (!d.has_value() || d->zero_stage != 1 || !d->world_size.has_value()) return 1;
+  return static_cast<int>(std::max<int64_t>(1, *d->world_size));
+}
+
+// JobBytes for `spec` at micro-batch `b`, with or without gradient checkpointing.
+MemoryBytes SpecBytes(const ModelConfig& config, const JobSpec& spec, int64_t b, bool ckpt) {
+  return JobBytes(config, JobModelOptions(spec, b, ckpt), spec.training, ZeroShards(spec));
+}
 
 std::string Breakdown(const MemoryBytes& b) {
   return "weights " + FormatGiB(b.weights) + ", gradients " + FormatGiB(b.gradients) +
@@ -29,7 +42,7 @@ std::string Breakdown(const MemoryBytes& b) {
 int64_t LargestFitting(const JobSpec& spec, const ModelConfig& config, int64_t cap, bool ckpt,
                        int64_t budget) {
   auto fits = [&](int64_t b) {
-    return JobBytes(config, JobModelOptions(spec, b, ckpt), spec.training).total() <= budget;
+    return SpecBytes(config, spec, b, ckpt).total() <= budget;
   };
   if (!fits(1)) return 0;
   int64_t lo = 1, hi = cap;  // fits(lo) holds
@@ -83,7 +96,7 @@ ModelOptions JobModelOptions(const JobSpec& spec, int64_t micro_batch, bool grad
 }
 
 MemoryBytes JobBytes(const ModelConfig& config, const ModelOptions& options,
-                     const TrainingSpec& training) {
+                     const TrainingSpec& training, int zero_shards) {
   MemoryBytes b = Model::PlanBytes(config, options);
   // Gradients are fp32 whatever the compute type (weights may hold a 16-bit copy too), one per
   // trainable element (with LoRA only the adapters: the frozen base has no gradient or state).
@@ -91,9 +104,14 @@ MemoryBytes JobBytes(const ModelConfig& config, const ModelOptions& options,
   int64_t n_trainable = 0;
   for (const ParamInfo& p : trainable) n_trainable = std::max(n_trainable, p.offset + p.numel);
   // With offload only the window of the group being updated is on the device.
-  b.optimizer += training.offload != "none"
-                     ? OffloadedOptimizerDeviceBytes(training, trainable, n_trainable)
-                     : OptimizerPlanBytes(training, trainable, n_trainable);
+  // ZeRO-1: the rank's shard of the state.
+  if (training.offload != "none") {
+    b.optimizer += OffloadedOptimizerDeviceBytes(training, trainable, n_trainable);
+  } else if (zero_shards > 1) {
+    b.optimizer += ZeroOnePlanBytes(training, trainable, n_trainable, zero_shards);
+  } else {
+    b.optimizer += OptimizerPlanBytes(training, trainable, n_trainable);
+  }
   // The trainer's double-buffered micro-batch uploads and step scalars.
   b.activations += StepRunner::PlanBytes(options.micro_batch, options.seq_len);
   const MemoryBytes sampler = SamplerPlanBytes(config, training);
@@ -145,13 +163,13 @@ std::string FittingLevers(const JobSpec& spec, const ModelConfig& config, int64_
   std::string fits;
   JobSpec all = spec;
   for (const Lever& l : levers) {
-    const int64_t need = JobBytes(config, JobModelOptions(l.spec, l.micro_batch, l.ckpt), l.spec.training).total();
+    const int64_t need = SpecBytes(config, l.spec, l.micro_batch, l.ckpt).total();
     if (need <= budget) fits += (fits.empty() ? "" : "; ") + l.what + " (" + FormatGiB(need) + ")";
   }
   if (!fits.empty()) return "any one of these fits: " + fits;
   all.training.offload = t.offload == "none" ? "nvme" : t.offload;
   if (!all.training.peft && (config.arch == "gpt2" || config.arch == "llama")) all.training.peft = PeftSpec{};
-  const int64_t together = JobBytes(config, JobModelOptions(all, 1, true), all.training).total();
+  const int64_t together = SpecBytes(config, all, 1, true).total();
   if (together <= budget) {
     return "no single change fits; together, micro-batch 1 with gradient checkpointing, offload nvme"
            " and LoRA need " + FormatGiB(together);
@@ -202,7 +220,7 @@ Result<MemoryPlan> PlanJob(const JobSpec& spec, const ModelConfig& config, int64
   bool ckpt = t.gradient_checkpointing;
 
   auto too_big = [&](int64_t b, bool c) {
-    const MemoryBytes bytes = JobBytes(config, JobModelOptions(spec, b, c), spec.training);
+    const MemoryBytes bytes = SpecBytes(config, spec, b, c);
     return Status::FailedPrecondition(
         "needs " + FormatGiB(bytes.total()) + ", budget " + FormatGiB(budget_bytes) +
         " at micro-batch " + std::to_string(b) + (c ? " with" : " without") +
@@ -212,7 +230,7 @@ Result<MemoryPlan> PlanJob(const JobSpec& spec, const ModelConfig& config, int64
 
   if (!t.auto_batch()) {
     plan.micro_batch = t.per_device_train_batch_size;
-    plan.bytes = JobBytes(config, JobModelOptions(spec, plan.micro_batch, ckpt), spec.training);
+    plan.bytes = SpecBytes(config, spec, plan.micro_batch, ckpt);
     if (plan.bytes.total() > budget_bytes) return too_big(plan.micro_batch, ckpt);
     plan.gradient_checkpointing = ckpt;
     plan.reason = "micro-batch " + std::to_string(plan.micro_batch) + " as given" +
@@ -250,7 +268,7 @@ Result<MemoryPlan> PlanJob(const JobSpec& spec, const ModelConfig& config, int64
   if (eff.has_value()) {
     plan.gradient_accumulation_steps = (*eff + plan.micro_batch - 1) / plan.micro_batch;
   }
-  plan.bytes = JobBytes(config, JobModelOptions(spec, plan.micro_batch, ckpt), spec.training);
+  plan.bytes = SpecBytes(config, spec, plan.micro_batch, ckpt);
   plan.reason = "auto: largest micro-batch that fits " + FormatGiB(budget_bytes) + " is " +
                 std::to_string(raw) + ", using " + std::to_string(plan.micro_batch) + " x " +
                 std::to_string(plan.gradient_accumulation_steps) + " accumulation" +

@@ -24,8 +24,10 @@ ModelOptions JobModelOptions(const JobSpec& spec, int64_t micro_batch, bool grad
 // optimizer's state (AdamW: 2 * params * 4 bytes) and the step runner's device buffers (StepRunner::PlanBytes: two
 // micro-batch upload slots and the step scalars, counted as activations).
 // `training` names the optimizer (its state bytes: OptimizerPlanBytes); the default is AdamW.
+// `zero_shards` > 1 (distributed.zero_stage 1 over that many ranks): the optimizer bytes of the
+// largest rank's shard (ZeroOnePlanBytes).
 MemoryBytes JobBytes(const ModelConfig& config, const ModelOptions& options,
-                     const TrainingSpec& training = TrainingSpec{});
+                     const TrainingSpec& training = TrainingSpec{}, int zero_shards = 1);
 
 // Plans `spec` (with model config `config`) against `budget_bytes` (> 0). With a fixed
 // per_device_train_batch_size: that batch, FAILED_PRECONDITION when it does not fit. With "auto":

@@ -10,6 +10,7 @@
 #include "core/safetensors.h"
 #include "traind/engine/communicator.h"
 #include "optim/offloaded_optimizer.h"
+#include "optim/sharded_optimizer.h"
 #include "traind/engine/optimizer_state_store.h"
 
 namespace traind::engine {
@@ -112,7 +113,13 @@ Status OpenDeviceAndPlan(TrainingSession* s) {
   TRAIND_RETURN_IF_ERROR(ValidateJobInputs(s->spec));
   TRAIND_ASSIGN_OR_RETURN(s->config, ResolveModelConfig(s->spec));
   TRAIND_RETURN_IF_ERROR(CheckSupports(*s->backend, Model::RequiredOps(s->config)));
-  TRAIND_ASSIGN_OR_RETURN(s->plan, PlanJob(s->spec, s->config, device.budget_bytes,
+  // Data parallel: the world the communicator has (the spec may leave it to WORLD_SIZE), so that
+  // ZeRO-1 plans the rank's shard of the optimizer state.
+  JobSpec planned = s->spec;
+  if (s->comm != nullptr && planned.distributed.has_value()) {
+    planned.distributed->world_size = s->world;
+  }
+  TRAIND_ASSIGN_OR_RETURN(s->plan, PlanJob(planned, s->config, device.budget_bytes,
                                            s->device.rfind("cuda:", 0) == 0));
   if (s->callbacks->on_plan) s->callbacks->on_plan(s->plan);
   if (t.tf32 && s->device.rfind("cuda:", 0) != 0) {
@@ -167,6 +174,29 @@ Status BuildModelAndOptimizer(TrainingSession* s) {
                   static_cast<double>(state) / 1048576.0, t.optim.c_str(),
                   static_cast<double>(s->plan.bytes.optimizer) / 1048576.0);
     s->Message("training.offload " + t.offload + ": optimizer state in " + s->store->Describe() + line);
+  } else if (s->comm != nullptr && s->spec.distributed.has_value() &&
+             s->spec.distributed->zero_stage == 1) {
+    if (s->device != "cpu") {  // the checkpoint's state gather stages host buffers (Gloo's)
+      return Status::Unimplemented("distributed.zero_stage: 1 on " + s->device +
+                                   " is not supported yet (the cpu backend only): use zero_stage 0");
+    }
+    const int64_t n = s->model->num_trainable();
+    TRAIND_ASSIGN_OR_RETURN(std::unique_ptr<ShardedOptimizer> sharded,
+                            ShardedOptimizer::Create(t, s->model->trainable_params(), n, s->comm,
+                                                     s->arena.get()));
+    // Measured: the optimizer bytes in this rank's arena (the model allocates none).
+    const int64_t held = s->arena->used_by_category().optimizer;
+    const int64_t whole = OptimizerPlanBytes(t, s->model->trainable_params(), n);
+    char line[256];
+    std::snprintf(line, sizeof(line),
+                  "zero_stage 1: rank %d of %d updates elements [%lld, %lld) of %lld; optimizer "
+                  "state %lld bytes in this rank's arena (unsharded %lld, ratio %.4f)",
+                  s->rank, s->world, static_cast<long long>(sharded->shard_begin()),
+                  static_cast<long long>(sharded->shard_end()), static_cast<long long>(n),
+                  static_cast<long long>(held), static_cast<long long>(whole),
+                  whole > 0 ? static_cast<double>(held) / static_cast<double>(whole) : 0.0);
+    s->Message(line);
+    s->optimizer = std::move(sharded);
   } else {
     TRAIND_ASSIGN_OR_RETURN(s->optimizer, MakeOptimizer(t, s->model->trainable_params(),
                                                         s->model->num_trainable(), s->arena.get()));

@@ -101,6 +101,8 @@ Status RunStepLoop(TrainingSession* s, double* last_eval) {
   int64_t saved_step = s->first_step;
   auto save = [&]() -> Status {
     if (!s->writes_outputs()) {  // data parallel: rank 0 writes the world's (identical) state
+      // ZeRO-1: rank 0 gathers every rank's shard of the optimizer state.
+      TRAIND_RETURN_IF_ERROR(s->optimizer->ContributeState());
       saved_step = state.global_step;
       return Status::Ok();
     }

@@ -58,6 +58,9 @@ Result<std::unique_ptr<StepRunner>> StepRunner::Create(const Options& options, M
     r->rank_ = options.communicator->rank();
     r->options_.use_graphs = false;  // the all-reduce runs between the micro-batches and the step
   }
+  if (optimizer->sharded() && r->world_ <= 1) {
+    return Status::InvalidArgument("a sharded (zero_stage 1) optimizer needs the communicator");
+  }
   r->micro_index_ = static_cast<uint64_t>(options.first_step) *
                     static_cast<uint64_t>(options.accumulation_steps);
   const size_t bytes = SlotBytes(r->tokens_);
@@ -118,8 +121,18 @@ void StepRunner::IssueMicroBatch(int slot) {
 void StepRunner::IssueOptimizer() {
   AccumulateGradSquares(backend_, model_->grad_data(), model_->trainable_params(), &scalars_->grad_sq);
   optimizer_->IssueStep(model_->trainable_data(), model_->grad_data(), scalars_);
+  if (optimizer_->sharded()) return;  // GatherUpdate follows, once the device has finished
   if (!model_->lora()) model_->ParamsChanged();  // 16-bit weights follow the update (LoRA: frozen)
   model_->ZeroGrad();       // ready for the next step's accumulation
+}
+
+Status StepRunner::GatherUpdate() {
+  backend_->Synchronize();
+  TRAIND_RETURN_IF_ERROR(backend_->status());
+  TRAIND_RETURN_IF_ERROR(optimizer_->GatherParams(model_->trainable_data()));
+  if (!model_->lora()) model_->ParamsChanged();
+  model_->ZeroGrad();
+  return Status::Ok();
 }
 
 Status StepRunner::HostDrivenOptimizer(double lr, StepScalars* host) {
@@ -131,8 +144,9 @@ Status StepRunner::HostDrivenOptimizer(double lr, StepScalars* host) {
     const float multiplier = StepGradMultiplier(host->grad_sq, host->loss_scale, host->max_grad_norm);
     optimizer_->Step(model_->trainable_data(), model_->grad_data(), lr, multiplier);
     TRAIND_RETURN_IF_ERROR(optimizer_->status());
-    if (!model_->lora()) model_->ParamsChanged();
+    if (!model_->lora() && !optimizer_->sharded()) model_->ParamsChanged();
   }
+  if (optimizer_->sharded()) return GatherUpdate();  // every rank, skipped step or not
   model_->ZeroGrad();
   return Status::Ok();
 }
@@ -192,6 +206,7 @@ Result<StepRunner::Outcome> StepRunner::Run(const NextBatch& next_batch, double 
     TRAIND_RETURN_IF_ERROR(backend_->Replay(optimizer_graph_));
   } else if (optimizer_->issues_from_device_scalars()) {
     IssueOptimizer();
+    if (optimizer_->sharded()) TRAIND_RETURN_IF_ERROR(GatherUpdate());
   } else {
     TRAIND_RETURN_IF_ERROR(HostDrivenOptimizer(lr, &host));
   }

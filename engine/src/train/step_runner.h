@@ -91,6 +91,9 @@ class StepRunner {
   void IssueOptimizer();
   // Host-driven optimizers: reads the norm back, steps from the host (see the header comment).
   Status HostDrivenOptimizer(double lr, StepScalars* host);
+  // ZeRO-1 (a sharded optimizer updated only this rank's range): waits for the device, gathers
+  // every rank's updated range, then what IssueOptimizer does after the update.
+  Status GatherUpdate();
   Status Capture();
 
   Options options_;

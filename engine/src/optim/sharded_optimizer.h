@@ -1,0 +1,91 @@
+// ZeRO stage 1 (distributed.zero_stage: 1): the optimizer state sharded over the ranks of a
+// data-parallel run. Rank r owns the contiguous range [begin_r, end_r) of the model's flat
+// trainable buffer (balanced by element count, split inside tensors: the optimizers sharded here,
+// AdamW and SGD, are elementwise) and keeps the state of that range only, through an ordinary
+// optimizer (MakeOptimizer) over the range's slices of the parameters (1-D views named as the
+// parameters). A step: the caller has summed the gradients over the ranks (all of them, so the
+// global norm and the clipping are those of an unsharded run); IssueStep / Step update the rank's
+// range; GatherParams then brings every rank's updated range to every rank.
+//
+// Checkpoints hold the same optimizer.safetensors as an unsharded run ("<hf_name>.<state>" with
+// the parameter's shape, the inner optimizer's format and step): SaveState / WriteState gather
+// every rank's state (an all-gather per state kind), so every other rank must call
+// ContributeState at the same point. LoadState takes a full state file (written by any world size,
+// sharded or not) and keeps the rank's slice. Adafactor (factored per matrix) and 8-bit AdamW
+// (per-tensor quantization choice) are refused.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "optim/optimizer.h"
+#include "traind/engine/communicator.h"
+
+namespace traind::engine {
+
+// OK when training.optim can be sharded (adamw, sgd); INVALID_ARGUMENT naming the field otherwise.
+Status CheckZeroOneOptimizer(const TrainingSpec& training);
+
+// Rank r's range [first, second) of a flat buffer of `num_params` elements in a world of `world`:
+// [num_params * r / world, num_params * (r + 1) / world).
+std::pair<int64_t, int64_t> ZeroOneShard(int64_t num_params, int rank, int world);
+
+// The optimizer bytes (OptimizerPlanBytes) of the largest rank's shard: what each rank plans.
+int64_t ZeroOnePlanBytes(const TrainingSpec& training, const std::vector<ParamInfo>& params,
+                         int64_t num_params, int world);
+
+class ShardedOptimizer final : public Optimizer {
+ public:
+  // The optimizer training.optim names over this rank's shard of `params` (views into a flat
+  // buffer of `num_params` floats), its state allocated from `arena`. `comm` (world > 1) must
+  // outlive the optimizer. INVALID_ARGUMENT for an optimizer that cannot be sharded or a buffer
+  // smaller than the world; the inner optimizer's errors otherwise.
+  static Result<std::unique_ptr<ShardedOptimizer>> Create(const TrainingSpec& training,
+                                                          const std::vector<ParamInfo>& params,
+                                                          int64_t num_params, Communicator* comm,
+                                                          DeviceArena* arena);
+
+  int64_t shard_begin() const { return begin_; }
+  int64_t shard_end() const { return end_; }
+
+  std::string name() const override { return inner_->name(); }
+  int64_t step() const override { return inner_->step(); }
+  bool issues_from_device_scalars() const override { return inner_->issues_from_device_scalars(); }
+  void FillNextStep(StepScalars* s) const override { inner_->FillNextStep(s); }
+  // The update of the rank's range only (`params` and `grads` are the whole flat buffers).
+  void IssueStep(float* params, const float* grads, const StepScalars* device_scalars) override;
+  void CountStep() override { inner_->CountStep(); }
+  void Step(float* params, const float* grads, double lr, float grad_scale) override;
+  Status status() const override;
+
+  bool sharded() const override { return true; }
+  // Every rank's range broadcast from its owner, in place (device memory the backend has finished
+  // writing). A collective: every rank calls it after every step.
+  Status GatherParams(float* params) override;
+  // The unsharded state (the collective half on every rank: see ContributeState).
+  SafetensorsFile SaveState() const override;
+  Status ContributeState() const override;
+  // The rank's slice of a full state file. DATA_LOSS naming the tensor that does not match.
+  Status LoadState(const SafetensorsFile& file) override;
+
+ private:
+  ShardedOptimizer(std::vector<ParamInfo> params, Communicator* comm)
+      : params_(std::move(params)), comm_(comm) {}
+  // Gathers the state of every rank; the full file when `build` (else only the collectives).
+  Result<SafetensorsFile> Gather(bool build) const;
+
+  std::vector<ParamInfo> params_;  // the whole model's
+  std::vector<ParamInfo> local_;   // the slices in this rank's range (offsets from begin_)
+  std::vector<size_t> local_of_;   // local_[i] is a slice of params_[local_of_[i]]
+  Communicator* comm_;
+  int64_t num_params_ = 0;
+  int64_t begin_ = 0, end_ = 0;
+  std::vector<std::pair<int64_t, int64_t>> ranges_;  // every rank's
+  std::unique_ptr<Optimizer> inner_;
+  mutable Status gather_status_;  // the first failed collective of SaveState (const)
+};
+
+}  // namespace traind::engine
