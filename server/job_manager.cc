@@ -70,7 +70,7 @@ Status JobManager::Start() {
     q.spec_json = job->spec_json();
     q.attempts_before = job->attempts();
     q.run_id = job->run_id();
-    q.single_attempt = job->world_size() > 1;
+    q.data_parallel = job->world_size() > 1;
     if (job->state() == v1::JOB_STATE_RUNNING) {
       q.recovered = true;
       q.priority = INT32_MAX;
@@ -190,7 +190,7 @@ Result<v1::Job> JobManager::Submit(const std::string& user, const v1::SubmitJobR
   q.order = order;
   q.spec_json = job.spec_json();
   q.run_id = job.run_id();
-  q.single_attempt = job.world_size() > 1;
+  q.data_parallel = job.world_size() > 1;
   supervisor_->Enqueue(std::move(q));
   UpdateGaugesLocked();
   spdlog::info("job {} ({}) submitted by {}: {} steps, plan {} bytes", job.id(), job.name(), user,

@@ -93,8 +93,14 @@ Result<std::unique_ptr<engine::OptimizerStateStore>> OpenOffloadStore(const engi
 // fields, else WORLD_SIZE, RANK, MASTER_ADDR, MASTER_PORT (docs/distributed.md). `run_id` (a rank
 // submitted by trainctl submit --hosts) replaces the attempt in the rendezvous keys' prefix, so
 // every daemon's job of the run meets under traind/<name>/<run_id>/ and no other run's keys.
-void UseCommunicator(engine::RunOptions* opts, const std::string& run_id) {
-  if (!run_id.empty()) ::setenv("TRAIND_DIST_ATTEMPT", run_id.c_str(), 1);
+// `attempt` (the daemon's attempt of this job; every rank of a broken world restarts once, so the
+// ranks' attempts stay in step) makes attempt N > 1 meet under <run_id>.attempt-N: a rank left
+// over from an earlier attempt never joins a later one.
+void UseCommunicator(engine::RunOptions* opts, const std::string& run_id, int32_t attempt) {
+  const char* env = ::getenv("TRAIND_DIST_ATTEMPT");
+  std::string key = !run_id.empty() ? run_id : (env != nullptr && *env != 0 ? env : "0");
+  if (attempt > 1) key += ".attempt-" + std::to_string(attempt);
+  ::setenv("TRAIND_DIST_ATTEMPT", key.c_str(), 1);
 #if TRAIND_HAVE_GLOO
   opts->open_communicator = comm::OpenCommunicatorForJob;
 #else
@@ -150,7 +156,7 @@ int JobRunnerMain() {
   opts.cancel = &g_cancel;
   opts.preempt = &g_preempt;
   opts.open_optimizer_state_store = OpenOffloadStore;
-  UseCommunicator(&opts, req.run_id());
+  UseCommunicator(&opts, req.run_id(), req.attempt());
   engine::RunCallbacks cb;
   cb.on_plan = [&](const engine::MemoryPlan& p) {
     v1::RunnerEvent ev;
@@ -229,7 +235,7 @@ int RunLocal(const std::string& spec_path, const engine::DeviceOptions& device, 
   opts.device = device;
   opts.resume = resume;
   opts.open_optimizer_state_store = OpenOffloadStore;
-  UseCommunicator(&opts, "");
+  UseCommunicator(&opts, "", 0);
   return engine::RunJobFileWithConsole(spec_path, opts);
 }
 

@@ -156,7 +156,7 @@ void Supervisor::RunJob(const QueuedJob& job) {
     ++attempt;
     const bool resume = job.recovered || crashes > 0 || preemptions > 0;
     listener_->OnAttemptStart(job.id, attempt, resume);
-    Outcome out = RunAttempt(job, resume);
+    Outcome out = RunAttempt(job, attempt, resume);
     bool cancelled, stopping;
     {
       MutexLock lock(&mu_);
@@ -183,6 +183,16 @@ void Supervisor::RunJob(const QueuedJob& job) {
         // Cancelled where the engine could not stop at a step (a data-parallel rank in its
         // rendezvous or a collective fails instead): still the user's cancel.
         listener_->OnJobEnd(job.id, v1::JOB_STATE_CANCELLED, "", &out.result);
+      } else if (job.data_parallel && !stopping && code == Status::Code::kUnavailable) {
+        // The world broke (a peer died or hangs): every rank's attempt ends like this one, and
+        // every rank starts its next attempt from the last checkpoint.
+        ++crashes;
+        const std::string reason = std::string(StatusCodeName(code)) + ": " + out.result.message();
+        const bool retry = crashes < options_.max_attempts;
+        listener_->OnAttemptCrashed(job.id, attempt, reason, retry);
+        if (retry) continue;
+        listener_->OnJobEnd(job.id, v1::JOB_STATE_FAILED,
+                            reason + "; gave up after " + std::to_string(crashes) + " attempts", &out.result);
       } else {
         listener_->OnJobEnd(job.id, v1::JOB_STATE_FAILED,
                             std::string(StatusCodeName(code)) + ": " + out.result.message(), &out.result);
@@ -195,20 +205,18 @@ void Supervisor::RunJob(const QueuedJob& job) {
       return;
     }
     ++crashes;
-    const bool retry = !job.single_attempt && crashes < options_.max_attempts;
+    const bool retry = crashes < options_.max_attempts;
     listener_->OnAttemptCrashed(job.id, attempt, out.crash_reason, retry);
     if (!retry) {
       listener_->OnJobEnd(job.id, v1::JOB_STATE_FAILED,
-                          job.single_attempt
-                              ? out.crash_reason + "; a data-parallel rank is not restarted"
-                              : out.crash_reason + "; gave up after " + std::to_string(crashes) + " attempts",
+                          out.crash_reason + "; gave up after " + std::to_string(crashes) + " attempts",
                           nullptr);
       return;
     }
   }
 }
 
-Supervisor::Outcome Supervisor::RunAttempt(const QueuedJob& job, bool resume) {
+Supervisor::Outcome Supervisor::RunAttempt(const QueuedJob& job, int32_t attempt, bool resume) {
   Outcome out;
   int in_pipe[2], out_pipe[2];
   if (::pipe2(in_pipe, O_CLOEXEC) != 0 || ::pipe2(out_pipe, O_CLOEXEC) != 0) {
@@ -261,6 +269,7 @@ Supervisor::Outcome Supervisor::RunAttempt(const QueuedJob& job, bool resume) {
   req.set_spec_json(job.spec_json);
   req.set_resume(resume);
   req.set_run_id(job.run_id);
+  req.set_attempt(attempt);
   req.set_device(options_.device.device);
   req.set_memory_budget_bytes(options_.device.memory_budget_bytes);
   req.set_threads(options_.device.threads);

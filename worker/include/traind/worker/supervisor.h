@@ -45,11 +45,14 @@ struct QueuedJob {
   // Resume from the output_dir's checkpoints on the first attempt (the job was running when the
   // daemon stopped).
   bool recovered = false;
-  // Data parallel (one rank of a run across daemons): the run's id for the rendezvous keys, and
-  // no restart after a crash (restarting one rank alone cannot rejoin the others; the whole run
-  // fails instead, docs/distributed.md).
+  // Data parallel (one rank of a run across daemons): the run's id for the rendezvous keys. A
+  // rank's attempt also ends when its collectives or its rendezvous fail (UNAVAILABLE: a
+  // peer died, hangs past the collective timeout, or never came); that is retried like a crash. Every rank of a broken
+  // world fails once, so the ranks' attempt numbers stay in step and attempt N of every rank meets
+  // under the rendezvous keys of attempt N (RunnerRequest.attempt), resuming from the last
+  // checkpoint (docs/distributed.md).
   std::string run_id;
-  bool single_attempt = false;
+  bool data_parallel = false;
 };
 
 class SupervisorListener {
@@ -107,7 +110,7 @@ class Supervisor {
   void Loop();
   void Watchdog();
   void RunJob(const QueuedJob& job);
-  Outcome RunAttempt(const QueuedJob& job, bool resume);
+  Outcome RunAttempt(const QueuedJob& job, int32_t attempt, bool resume);
 
   const SupervisorOptions options_;
   SupervisorListener* const listener_;
