@@ -282,16 +282,23 @@ void CompareWorld(int W, int64_t A, const std::string& extra = "", int zero = 0)
   EXPECT_TRUE(fs::exists(dp_out + "/checkpoint-10/model.safetensors"));
   EXPECT_TRUE(fs::exists(dp_out + "/checkpoint-20/trainer_state.json"));
   if (zero == 1) {
-    // AdamW: 8 bytes per element, the ranges split at element boundaries.
+    // AdamW / SGD: 8 / 4 bytes per element, the ranges split at element boundaries: 1/W within
+    // one element. 8-bit AdamW: ranges balanced by bytes, cut on quantization blocks (half a
+    // block of 2-byte codes either side of each cut), and every rank holds its own copy of the
+    // two code tables (2 KiB).
+    const bool eight = extra.find("adamw_8bit") != std::string::npos;
+    const int64_t tables = eight ? 2 * 256 * 4 : 0;
     int64_t sum = 0;
-    for (int r = 0; r < W; ++r) sum += CheckShardBytes(Slurp(ranks[r].log), r, W, 8);
+    for (int r = 0; r < W; ++r) {
+      sum += CheckShardBytes(Slurp(ranks[r].log), r, W, eight ? tables + 2 * 128 * 2 + 64 : 8);
+    }
     // The shards cover the model once: their sum is the unsharded state, which the world-1
-    // checkpoint format holds (m and v of every parameter).
+    // checkpoint format holds (every parameter's state tensors), plus the tables on each rank.
     auto opt = ReadSafetensors(dp_out + "/checkpoint-20/optimizer.safetensors");
     ASSERT_TRUE(opt.ok()) << opt.status().ToString();
     int64_t file_bytes = 0;
     for (const auto& [name, t] : opt->tensors) file_bytes += static_cast<int64_t>(t.data.size());
-    EXPECT_EQ(sum, file_bytes);
+    EXPECT_EQ(sum, file_bytes + W * tables);
   }
 
   // The noise floor: the same global batch split differently in one process (B=4 x W*A/2, when
@@ -316,7 +323,10 @@ void CompareWorld(int W, int64_t A, const std::string& extra = "", int zero = 0)
     floor_loss = std::max(floor_loss, std::abs(c.loss[s] - a.loss[s]) / a.loss[s]);
     floor_norm = std::max(floor_norm, std::abs(c.grad_norm[s] - a.grad_norm[s]) / a.grad_norm[s]);
   }
-  const bool fp32 = extra.find("bf16") == std::string::npos && extra.find("fp16") == std::string::npos;
+  // 8-bit AdamW's block quantization amplifies reorderings as 16-bit compute does.
+  const bool fp32 = extra.find("bf16") == std::string::npos &&
+                    extra.find("fp16") == std::string::npos &&
+                    extra.find("adamw_8bit") == std::string::npos;
   const double k = fp32 ? 0.0 : 3.0;
   EXPECT_LE(max_loss, std::max(1e-6, k * floor_loss));
   EXPECT_LE(max_norm, std::max(1e-5, k * floor_norm));
@@ -363,6 +373,12 @@ TEST(DataParallel, ZeroOneWorldFourMatchesOneProcess) { CompareWorld(4, 2, "", 1
 // SGD with momentum: one fp32 buffer per element, sharded the same way.
 TEST(DataParallel, ZeroOneSgdMomentumWorldTwoMatchesOneProcess) {
   CompareWorld(2, 1, "optim: sgd, optim_args: {momentum: 0.9}", 1);
+}
+
+// 8-bit AdamW: ranges cut on quantization blocks inside its 8-bit tensors, each slice keeping its
+// tensor's 8-bit / fp32 choice.
+TEST(DataParallel, ZeroOneAdamw8bitWorldTwoMatchesOneProcess) {
+  CompareWorld(2, 1, "optim: adamw_8bit", 1);
 }
 
 // The plan (estimate, admission, the arena budget) holds the rank's shard of the optimizer state.
@@ -478,7 +494,8 @@ void RunRanks(const std::string& tokens, int W, int64_t A, const std::string& ou
 
 // Run `b` continues run `a` (steps 1-10 from a's checkpoint): the per-step losses and the final
 // weights, within the contract's 1e-6.
-void ExpectSameRun(const std::string& a, const std::string& b, const std::string& what) {
+void ExpectSameRun(const std::string& a, const std::string& b, const std::string& what,
+                   double bound = 1e-6) {
   const History full = ReadHistory(a), h = ReadHistory(b);
   ASSERT_EQ(full.loss.size(), 20u) << what;
   ASSERT_EQ(h.loss.size(), 20u) << what;
@@ -491,24 +508,25 @@ void ExpectSameRun(const std::string& a, const std::string& b, const std::string
   std::printf("[dp] %s: losses max rel diff %.3g, grad_norm %.3g, weights model rel L2 %.3g, worst "
               "tensor rel L2 %.3g (%s)\n",
               what.c_str(), worst, worst_norm, w.model_l2, w.worst_l2, w.worst_name.c_str());
-  EXPECT_LE(worst, 1e-6) << what;
-  EXPECT_LE(worst_norm, 1e-5) << what;
-  EXPECT_LE(w.model_l2, 1e-6) << what;
-  EXPECT_LE(w.worst_l2, 5e-6) << what;
+  EXPECT_LE(worst, bound) << what;
+  EXPECT_LE(worst_norm, 10 * bound) << what;
+  EXPECT_LE(w.model_l2, bound) << what;
+  EXPECT_LE(w.worst_l2, 5 * bound) << what;
 }
 
 // ZeRO-1 checkpoints are world-1 checkpoints: a world-2 zero_stage 1 run's optimizer.safetensors
 // has the tensors (names, dtypes, shapes) of the zero_stage 0 run's and their values; it resumes
 // on world 1 and on world 4 (zero_stage 1), and a zero_stage 0 checkpoint resumes under
-// zero_stage 1; each continues the uninterrupted run.
-TEST(DataParallel, ZeroOneCheckpointsResumeAcrossWorldsAndStages) {
+// zero_stage 1; each continues the uninterrupted run. `extra`: more training keys (the optimizer).
+void CheckZeroOneCheckpoints(const std::string& extra) {
   const std::string dir = TempDir("zero");
   const std::string tokens = dir + "/tokens.bin";
   WriteTokens(tokens, 6000, 64, 4);
-  RunRanks(tokens, 2, 2, dir + "/z1", "", 1);
-  RunRanks(tokens, 2, 2, dir + "/z0", "", 0);
-  ExpectSameRun(dir + "/z0", dir + "/z1", "world 2 zero_stage 1 vs zero_stage 0");
-  std::printf("[dp] world 2: zero_stage 1 model.safetensors %s zero_stage 0's\n",
+  RunRanks(tokens, 2, 2, dir + "/z1", extra, 1);
+  RunRanks(tokens, 2, 2, dir + "/z0", extra, 0);
+  const std::string opt = extra.empty() ? "adamw" : extra;
+  ExpectSameRun(dir + "/z0", dir + "/z1", opt + ": world 2 zero_stage 1 vs zero_stage 0");
+  std::printf("[dp] %s: world 2: zero_stage 1 model.safetensors %s zero_stage 0's\n", opt.c_str(),
               Slurp(dir + "/z1/model.safetensors") == Slurp(dir + "/z0/model.safetensors")
                   ? "byte-identical to"
                   : "differs from");
@@ -519,11 +537,16 @@ TEST(DataParallel, ZeroOneCheckpointsResumeAcrossWorldsAndStages) {
     EXPECT_EQ(a->metadata, b->metadata) << step;
     ASSERT_EQ(a->tensors.size(), b->tensors.size()) << step;
     double worst = 0;
+    int64_t codes_differ = 0;
     for (const auto& [name, t] : a->tensors) {
       ASSERT_EQ(b->tensors.count(name), 1u) << step << ": " << name;
       const HostTensor& u = b->tensors.at(name);
       ASSERT_EQ(t.dtype, u.dtype) << name;
       ASSERT_EQ(t.shape, u.shape) << name;
+      if (t.dtype == "U8") {  // 8-bit codes
+        for (size_t i = 0; i < t.data.size(); ++i) codes_differ += t.data[i] != u.data[i] ? 1 : 0;
+        continue;
+      }
       auto x = t.ToF32();
       auto y = u.ToF32();
       ASSERT_TRUE(x.ok() && y.ok());
@@ -537,19 +560,33 @@ TEST(DataParallel, ZeroOneCheckpointsResumeAcrossWorldsAndStages) {
         worst = std::max(worst, den > 0 ? std::sqrt(num / den) : std::sqrt(num));
       }
     }
-    std::printf("[dp] %s optimizer.safetensors, zero_stage 1 vs 0: %zu tensors, worst rel L2 %.3g\n",
-                step, a->tensors.size(), worst);
+    std::printf("[dp] %s: %s optimizer.safetensors, zero_stage 1 vs 0: %zu tensors, worst rel L2 "
+                "%.3g, 8-bit codes that differ %lld\n",
+                opt.c_str(), step, a->tensors.size(), worst, static_cast<long long>(codes_differ));
     EXPECT_LE(worst, 1e-5) << step;
+    EXPECT_EQ(codes_differ, 0) << step;
   }
   const std::string z1_ckpt = "resume_from_checkpoint: " + dir + "/z1/checkpoint-10";
-  RunRanks(tokens, 1, 4, dir + "/z1_on_w1", z1_ckpt, 0);
-  ExpectSameRun(dir + "/z1", dir + "/z1_on_w1", "world-2 zero_stage 1 checkpoint-10 resumed on world 1");
-  RunRanks(tokens, 4, 1, dir + "/z1_on_w4", z1_ckpt, 1);
+  const std::string with = extra.empty() ? "" : extra + ", ";
+  RunRanks(tokens, 1, 4, dir + "/z1_on_w1", with + z1_ckpt, 0);
+  ExpectSameRun(dir + "/z1", dir + "/z1_on_w1",
+                opt + ": world-2 zero_stage 1 checkpoint-10 resumed on world 1");
+  RunRanks(tokens, 4, 1, dir + "/z1_on_w4", with + z1_ckpt, 1);
   ExpectSameRun(dir + "/z1", dir + "/z1_on_w4",
-                "world-2 zero_stage 1 checkpoint-10 resumed on world 4 zero_stage 1");
-  RunRanks(tokens, 2, 2, dir + "/z0_on_z1", "resume_from_checkpoint: " + dir + "/z0/checkpoint-10", 1);
+                opt + ": world-2 zero_stage 1 checkpoint-10 resumed on world 4 zero_stage 1");
+  RunRanks(tokens, 2, 2, dir + "/z1_on_z0", with + z1_ckpt, 0);
+  ExpectSameRun(dir + "/z1", dir + "/z1_on_z0",
+                opt + ": world-2 zero_stage 1 checkpoint-10 resumed on world 2 zero_stage 0");
+  RunRanks(tokens, 2, 2, dir + "/z0_on_z1",
+           with + "resume_from_checkpoint: " + dir + "/z0/checkpoint-10", 1);
   ExpectSameRun(dir + "/z0", dir + "/z0_on_z1",
-                "world-2 zero_stage 0 checkpoint-10 resumed on world 2 zero_stage 1");
+                opt + ": world-2 zero_stage 0 checkpoint-10 resumed on world 2 zero_stage 1");
+}
+
+TEST(DataParallel, ZeroOneCheckpointsResumeAcrossWorldsAndStages) { CheckZeroOneCheckpoints(""); }
+
+TEST(DataParallel, ZeroOneAdamw8bitCheckpointsResumeAcrossWorldsAndStages) {
+  CheckZeroOneCheckpoints("optim: adamw_8bit");
 }
 
 // distributed: {world_size: 1} is a plain run: the same bytes as no block at all.
@@ -686,9 +723,8 @@ TEST(DataParallel, BadDistributedFieldsAreSpecErrors) {
   // run, where they are fine.
   const std::pair<std::string, std::string> zero_cases[] = {
       {"optim: adafactor",
-       "distributed.zero_stage: 1 shards the state of training.optim adamw or sgd; adafactor "
+       "distributed.zero_stage: 1 shards the state of training.optim adamw, adamw_8bit or sgd; adafactor "
        "factors its second moment per matrix"},
-      {"optim: adamw_8bit", "; adamw_8bit chooses 8-bit or fp32 moments per whole tensor"},
       {"offload: cpu", "distributed.zero_stage: 1 with training.offload cpu is not supported"},
   };
   for (const auto& [key, want] : zero_cases) {

@@ -14,14 +14,20 @@ namespace traind::engine {
 namespace {
 constexpr const char* kFormat = "traind-adamw8bit-v1";
 constexpr int64_t kTableBytes = 2 * 256 * 4;
+
+bool Quantized(const AdamW8bitOptions& o, size_t i, const ParamInfo& p) {
+  if (p.numel <= 0) return false;
+  return o.quantized.empty() ? p.numel >= o.min_8bit_size : o.quantized[i];
+}
 }  // namespace
 
 int64_t AdamW8bitOptimizer::PlanBytes(const std::vector<ParamInfo>& params,
                                       const AdamW8bitOptions& options) {
   int64_t bytes = 0;
   bool any8 = false;
-  for (const ParamInfo& p : params) {
-    if (p.numel >= options.min_8bit_size && p.numel > 0) {
+  for (size_t i = 0; i < params.size(); ++i) {
+    const ParamInfo& p = params[i];
+    if (Quantized(options, i, p)) {
       bytes += 2 * p.numel + 2 * 4 * Quant8Blocks(p.numel);
       any8 = true;
     } else {
@@ -46,10 +52,16 @@ Result<std::unique_ptr<AdamW8bitOptimizer>> AdamW8bitOptimizer::Create(
                               " lies outside the flat buffer");
     }
   }
+  if (!o.quantized.empty() && o.quantized.size() != params.size()) {
+    return Status::Internal("adamw_8bit: " + std::to_string(o.quantized.size()) +
+                            " quantization flags for " + std::to_string(params.size()) +
+                            " parameters");
+  }
   std::unique_ptr<AdamW8bitOptimizer> opt(new AdamW8bitOptimizer(params, o, arena));
-  for (const ParamInfo& p : opt->params_) {
+  for (size_t i = 0; i < opt->params_.size(); ++i) {
+    const ParamInfo& p = opt->params_[i];
     Slot s;
-    s.quantized = p.numel >= o.min_8bit_size && p.numel > 0;
+    s.quantized = Quantized(o, i, p);
     s.decay = p.weight_decay && o.weight_decay != 0.0;
     if (s.quantized) {
       s.off = opt->n8_;

@@ -33,6 +33,9 @@ struct AdamW8bitOptions {
   double eps = 1e-8;
   double weight_decay = 0.0;     // where ParamInfo::weight_decay (bitsandbytes' default: 1e-2)
   int64_t min_8bit_size = 4096;  // smaller tensors keep fp32 moments
+  // Per parameter when not empty (ZeRO-1's slices keep their whole tensor's choice): whether it
+  // keeps 8-bit moments (a slice must then start on a block of its tensor); empty: the size rule.
+  std::vector<bool> quantized;
 };
 
 class AdamW8bitOptimizer {

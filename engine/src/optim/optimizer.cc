@@ -89,14 +89,17 @@ Result<std::unique_ptr<Optimizer>> Make(const std::string& name, const std::vect
 
 Result<std::unique_ptr<Optimizer>> MakeOptimizer(const TrainingSpec& t,
                                                  const std::vector<ParamInfo>& params,
-                                                 int64_t num_params, DeviceArena* arena) {
+                                                 int64_t num_params, DeviceArena* arena,
+                                                 const std::vector<bool>& quantized) {
   if (t.optim == "adamw") {  // implements Optimizer itself
     TRAIND_ASSIGN_OR_RETURN(std::unique_ptr<AdamWOptimizer> adamw,
                             AdamWOptimizer::Create(params, num_params, AdamWFrom(t), arena));
     return std::unique_ptr<Optimizer>(std::move(adamw));
   }
   if (t.optim == "adamw_8bit") {
-    return Make<AdamW8bitOptimizer, true>(t.optim, params, num_params, AdamW8bitFrom(t), arena);
+    AdamW8bitOptions o = AdamW8bitFrom(t);
+    o.quantized = quantized;
+    return Make<AdamW8bitOptimizer, true>(t.optim, params, num_params, o, arena);
   }
   if (t.optim == "sgd") return Make<SgdOptimizer, true>(t.optim, params, num_params, SgdFrom(t), arena);
   if (t.optim == "adafactor") {
@@ -107,8 +110,12 @@ Result<std::unique_ptr<Optimizer>> MakeOptimizer(const TrainingSpec& t,
 }
 
 int64_t OptimizerPlanBytes(const TrainingSpec& t, const std::vector<ParamInfo>& params,
-                           int64_t num_params) {
-  if (t.optim == "adamw_8bit") return AdamW8bitOptimizer::PlanBytes(params, AdamW8bitFrom(t));
+                           int64_t num_params, const std::vector<bool>& quantized) {
+  if (t.optim == "adamw_8bit") {
+    AdamW8bitOptions o = AdamW8bitFrom(t);
+    o.quantized = quantized;
+    return AdamW8bitOptimizer::PlanBytes(params, o);
+  }
   if (t.optim == "sgd") return SgdOptimizer::PlanBytes(params, SgdFrom(t));
   if (t.optim == "adafactor") return AdafactorOptimizer::PlanBytes(params, AdafactorFrom(t));
   return AdamWOptimizer::PlanBytes(num_params);

@@ -72,12 +72,14 @@ class Optimizer {
 // The optimizer `training.optim` names, with its options from `training` (adam_*, weight_decay,
 // optim_args), over `params` (views into buffers of `num_params` floats). INVALID_ARGUMENT for
 // options it rejects; RESOURCE_EXHAUSTED when its state does not fit the arena.
+// `quantized` (adamw_8bit only; ZeRO-1's slices): AdamW8bitOptions::quantized.
 Result<std::unique_ptr<Optimizer>> MakeOptimizer(const TrainingSpec& training,
                                                  const std::vector<ParamInfo>& params,
-                                                 int64_t num_params, DeviceArena* arena);
+                                                 int64_t num_params, DeviceArena* arena,
+                                                 const std::vector<bool>& quantized = {});
 
 // The bytes MakeOptimizer allocates (exactly) for `params` in a flat buffer of `num_params`.
 int64_t OptimizerPlanBytes(const TrainingSpec& training, const std::vector<ParamInfo>& params,
-                           int64_t num_params);
+                           int64_t num_params, const std::vector<bool>& quantized = {});
 
 }  // namespace traind::engine

@@ -3,16 +3,29 @@
 #include "optim/sharded_optimizer.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <map>
 #include <string>
+
+#include "optim/adamw_8bit.h"
+#include "optim/quant8.h"
 
 namespace traind::engine {
 namespace {
 
+// Whether adamw_8bit keeps 8-bit moments for the whole tensor `p` (its size rule; training does
+// not change min_8bit_size).
+bool Quantized8bit(const TrainingSpec& t, const ParamInfo& p) {
+  return t.optim == "adamw_8bit" && p.numel > 0 && p.numel >= AdamW8bitOptions().min_8bit_size;
+}
+
 // The slices of `params` inside [begin, end): 1-D views with the parameter's name and decay flag,
-// offsets from `begin`; `of` gets each slice's parameter index.
-std::vector<ParamInfo> SlicesIn(const std::vector<ParamInfo>& params, int64_t begin, int64_t end,
-                                std::vector<size_t>* of) {
+// offsets from `begin`; `of` gets each slice's parameter index, `quantized` (adamw_8bit) whether
+// its tensor keeps 8-bit moments.
+std::vector<ParamInfo> SlicesIn(const TrainingSpec& t, const std::vector<ParamInfo>& params,
+                                int64_t begin, int64_t end, std::vector<size_t>* of,
+                                std::vector<bool>* quantized) {
   std::vector<ParamInfo> out;
   for (size_t i = 0; i < params.size(); ++i) {
     const ParamInfo& p = params[i];
@@ -27,45 +40,156 @@ std::vector<ParamInfo> SlicesIn(const std::vector<ParamInfo>& params, int64_t be
     q.weight_decay = p.weight_decay;
     out.push_back(std::move(q));
     if (of != nullptr) of->push_back(i);
+    if (t.optim == "adamw_8bit") quantized->push_back(Quantized8bit(t, p));
   }
   return out;
 }
 
-// The state kind of `name` when it is "<hf_name>.<kind>" (a kind holds no dot), else empty.
-std::string KindOf(const std::string& name, const std::string& hf_name) {
-  if (name.size() <= hf_name.size() + 1 || name.compare(0, hf_name.size(), hf_name) != 0 ||
-      name[hf_name.size()] != '.') {
-    return std::string();
+// Whether `name` is "<hf_name>.<kind>" (a kind holds no dot).
+bool IsStateOf(const std::string& name, const std::string& hf_name) {
+  return name.size() > hf_name.size() + 1 && name.compare(0, hf_name.size(), hf_name) == 0 &&
+         name[hf_name.size()] == '.' && name.find('.', hf_name.size() + 1) == std::string::npos;
+}
+
+// A state file's tensors as bytes, and back (the all-gather of the shards' states).
+template <typename T>
+void Put(std::vector<uint8_t>* out, const T& v) {
+  const auto* b = reinterpret_cast<const uint8_t*>(&v);
+  out->insert(out->end(), b, b + sizeof(T));
+}
+void PutString(std::vector<uint8_t>* out, const std::string& s) {
+  Put(out, static_cast<uint64_t>(s.size()));
+  out->insert(out->end(), s.begin(), s.end());
+}
+
+std::vector<uint8_t> Pack(const SafetensorsFile& file) {
+  std::vector<uint8_t> out;
+  Put(&out, static_cast<uint64_t>(file.tensors.size()));
+  for (const auto& [name, t] : file.tensors) {
+    PutString(&out, name);
+    PutString(&out, t.dtype);
+    Put(&out, static_cast<uint64_t>(t.shape.size()));
+    for (int64_t d : t.shape) Put(&out, d);
+    Put(&out, static_cast<uint64_t>(t.data.size()));
+    out.insert(out.end(), t.data.begin(), t.data.end());
   }
-  std::string kind = name.substr(hf_name.size() + 1);
-  return kind.find('.') == std::string::npos ? kind : std::string();
+  return out;
+}
+
+class Reader {
+ public:
+  Reader(const uint8_t* p, size_t n) : p_(p), n_(n) {}
+  bool U64(uint64_t* v) { return Bytes(v, sizeof(*v)); }
+  bool I64(int64_t* v) { return Bytes(v, sizeof(*v)); }
+  bool String(std::string* s) {
+    uint64_t n = 0;
+    if (!U64(&n) || n > n_ - at_) return false;
+    s->assign(reinterpret_cast<const char*>(p_ + at_), n);
+    at_ += n;
+    return true;
+  }
+  bool Data(std::vector<uint8_t>* d) {
+    uint64_t n = 0;
+    if (!U64(&n) || n > n_ - at_) return false;
+    d->assign(p_ + at_, p_ + at_ + n);
+    at_ += n;
+    return true;
+  }
+
+ private:
+  bool Bytes(void* v, size_t n) {
+    if (n > n_ - at_) return false;
+    std::memcpy(v, p_ + at_, n);
+    at_ += n;
+    return true;
+  }
+  const uint8_t* p_;
+  size_t n_, at_ = 0;
+};
+
+Result<SafetensorsFile> Unpack(const uint8_t* p, size_t n, int rank) {
+  SafetensorsFile file;
+  Reader r(p, n);
+  uint64_t count = 0;
+  bool ok = r.U64(&count);
+  for (uint64_t i = 0; ok && i < count; ++i) {
+    std::string name;
+    HostTensor t;
+    uint64_t dims = 0;
+    ok = r.String(&name) && r.String(&t.dtype) && r.U64(&dims) && dims <= 8;
+    t.shape.resize(ok ? dims : 0);
+    for (int64_t& d : t.shape) ok = ok && r.I64(&d);
+    ok = ok && r.Data(&t.data);
+    if (ok) file.tensors[name] = std::move(t);
+  }
+  if (!ok) {
+    return Status::Internal("zero_stage 1: the optimizer state gathered from rank " +
+                            std::to_string(rank) + " is malformed");
+  }
+  return file;
 }
 
 }  // namespace
 
 Status CheckZeroOneOptimizer(const TrainingSpec& t) {
-  if (t.optim == "adamw" || t.optim == "sgd") return Status::Ok();
-  const std::string why =
-      t.optim == "adafactor"
-          ? "adafactor factors its second moment per matrix (row and column statistics), so its "
-            "state does not split by element range"
-          : "adamw_8bit chooses 8-bit or fp32 moments per whole tensor, which a split tensor "
-            "would change";
-  return Status::InvalidArgument("distributed.zero_stage: 1 shards the state of training.optim "
-                                 "adamw or sgd; " + why + ": use zero_stage 0 with " + t.optim);
+  if (t.optim == "adamw" || t.optim == "sgd" || t.optim == "adamw_8bit") return Status::Ok();
+  return Status::InvalidArgument(
+      "distributed.zero_stage: 1 shards the state of training.optim adamw, adamw_8bit or sgd; " +
+      t.optim +
+      " factors its second moment per matrix (row and column statistics), so its state does "
+      "not split by element range: use zero_stage 0 with " + t.optim);
 }
 
-std::pair<int64_t, int64_t> ZeroOneShard(int64_t num_params, int rank, int world) {
-  const int64_t w = world, r = rank;
-  return {num_params * r / w, num_params * (r + 1) / w};
+std::vector<std::pair<int64_t, int64_t>> ZeroOneShards(const TrainingSpec& t,
+                                                       const std::vector<ParamInfo>& params,
+                                                       int64_t num_params, int world) {
+  std::vector<int64_t> cut(static_cast<size_t>(world) + 1, num_params);
+  cut[0] = 0;
+  if (t.optim != "adamw_8bit") {  // elementwise, the same bytes per element
+    for (int r = 1; r < world; ++r) cut[static_cast<size_t>(r)] = num_params * r / world;
+  } else {
+    // Balanced by state bytes (an 8-bit element holds 2 bytes and its block's absmax, an fp32
+    // one 8); a cut inside an 8-bit tensor moves to its nearest block boundary.
+    std::vector<ParamInfo> sorted = params;
+    std::sort(sorted.begin(), sorted.end(),
+              [](const ParamInfo& a, const ParamInfo& b) { return a.offset < b.offset; });
+    auto cost = [&](const ParamInfo& p) {
+      return Quantized8bit(t, p) ? 2.0 + 8.0 / static_cast<double>(kQuant8Block) : 8.0;
+    };
+    double total = 0.0;
+    for (const ParamInfo& p : sorted) total += cost(p) * static_cast<double>(p.numel);
+    size_t i = 0;
+    double before = 0.0;  // the cost of sorted[0, i)
+    for (int r = 1; r < world; ++r) {
+      const double target = total * r / world;
+      while (i < sorted.size() && before + cost(sorted[i]) * static_cast<double>(sorted[i].numel) < target) {
+        before += cost(sorted[i]) * static_cast<double>(sorted[i].numel);
+        ++i;
+      }
+      int64_t at = num_params;
+      if (i < sorted.size()) {
+        const ParamInfo& p = sorted[i];
+        int64_t k = static_cast<int64_t>(std::ceil((target - before) / cost(p)));
+        if (Quantized8bit(t, p)) k = (k + kQuant8Block / 2) / kQuant8Block * kQuant8Block;
+        at = p.offset + std::clamp<int64_t>(k, 0, p.numel);
+      }
+      cut[static_cast<size_t>(r)] = std::max(at, cut[static_cast<size_t>(r) - 1]);
+    }
+  }
+  std::vector<std::pair<int64_t, int64_t>> ranges;
+  for (int r = 0; r < world; ++r) {
+    ranges.emplace_back(cut[static_cast<size_t>(r)], cut[static_cast<size_t>(r) + 1]);
+  }
+  return ranges;
 }
 
 int64_t ZeroOnePlanBytes(const TrainingSpec& training, const std::vector<ParamInfo>& params,
                          int64_t num_params, int world) {
   int64_t most = 0;
-  for (int r = 0; r < world; ++r) {
-    const auto [b, e] = ZeroOneShard(num_params, r, world);
-    most = std::max(most, OptimizerPlanBytes(training, SlicesIn(params, b, e, nullptr), e - b));
+  for (const auto& [b, e] : ZeroOneShards(training, params, num_params, world)) {
+    std::vector<bool> quantized;
+    const std::vector<ParamInfo> slices = SlicesIn(training, params, b, e, nullptr, &quantized);
+    most = std::max(most, OptimizerPlanBytes(training, slices, e - b, quantized));
   }
   return most;
 }
@@ -75,19 +199,25 @@ Result<std::unique_ptr<ShardedOptimizer>> ShardedOptimizer::Create(
     Communicator* comm, DeviceArena* arena) {
   TRAIND_RETURN_IF_ERROR(CheckZeroOneOptimizer(training));
   const int world = comm->world_size();
-  if (num_params < world) {
-    return Status::InvalidArgument("distributed.zero_stage: 1 needs at least one trainable element "
-                                   "per rank: " + std::to_string(num_params) + " for " +
-                                   std::to_string(world) + " ranks");
-  }
   std::unique_ptr<ShardedOptimizer> opt(new ShardedOptimizer(params, comm));
   opt->num_params_ = num_params;
-  for (int r = 0; r < world; ++r) opt->ranges_.push_back(ZeroOneShard(num_params, r, world));
+  opt->blockwise_ = training.optim == "adamw_8bit";
+  opt->ranges_ = ZeroOneShards(training, params, num_params, world);
+  for (int r = 0; r < world; ++r) {
+    const auto [b, e] = opt->ranges_[static_cast<size_t>(r)];
+    if (b >= e) {
+      return Status::InvalidArgument(
+          "distributed.zero_stage: 1 leaves rank " + std::to_string(r) + " of " +
+          std::to_string(world) + " no part of the " + std::to_string(num_params) +
+          " trainable elements (" + training.optim + "): use fewer ranks or zero_stage 0");
+    }
+  }
   opt->begin_ = opt->ranges_[static_cast<size_t>(comm->rank())].first;
   opt->end_ = opt->ranges_[static_cast<size_t>(comm->rank())].second;
-  opt->local_ = SlicesIn(opt->params_, opt->begin_, opt->end_, &opt->local_of_);
-  TRAIND_ASSIGN_OR_RETURN(opt->inner_,
-                          MakeOptimizer(training, opt->local_, opt->end_ - opt->begin_, arena));
+  std::vector<bool> quantized;
+  opt->local_ = SlicesIn(training, opt->params_, opt->begin_, opt->end_, &opt->local_of_, &quantized);
+  TRAIND_ASSIGN_OR_RETURN(opt->inner_, MakeOptimizer(training, opt->local_, opt->end_ - opt->begin_,
+                                                     arena, quantized));
   return opt;
 }
 
@@ -117,65 +247,59 @@ Status ShardedOptimizer::GatherParams(float* params) {
 Result<SafetensorsFile> ShardedOptimizer::Gather(bool build) const {
   const SafetensorsFile mine = inner_->SaveState();
   TRAIND_RETURN_IF_ERROR(inner_->status());
-  // The state kinds ("exp_avg", ...): the same on every rank (the same optimizer at the same
-  // step); checked, since a mismatch would pair different collectives.
-  std::vector<std::string> kinds;
-  for (const ParamInfo& q : local_) {
-    for (auto it = mine.tensors.lower_bound(q.hf_name + ".");
-         it != mine.tensors.end() && it->first.compare(0, q.hf_name.size(), q.hf_name) == 0; ++it) {
-      const std::string kind = KindOf(it->first, q.hf_name);
-      if (!kind.empty() && std::find(kinds.begin(), kinds.end(), kind) == kinds.end()) {
-        kinds.push_back(kind);
-      }
-    }
-  }
-  std::sort(kinds.begin(), kinds.end());
+  // Every rank's slices' tensors as bytes: their sizes, then the bytes (padded to the largest,
+  // in f32 lanes: a gather only copies; host memory: the cpu backend's device memory).
+  std::vector<uint8_t> blob = Pack(mine);
   const int world = comm_->world_size();
-  std::vector<float> counts(static_cast<size_t>(world));
-  const float n_kinds = static_cast<float>(kinds.size());
-  TRAIND_RETURN_IF_ERROR(comm_->AllGather(&n_kinds, counts.data(), 1, CommDType::kF32));
-  for (int r = 0; r < world; ++r) {
-    if (counts[static_cast<size_t>(r)] != n_kinds) {
-      return Status::Internal("zero_stage 1: rank " + std::to_string(r) + " holds " +
-                              std::to_string(static_cast<int>(counts[static_cast<size_t>(r)])) +
-                              " optimizer state kinds, rank " + std::to_string(comm_->rank()) +
-                              " " + std::to_string(kinds.size()));
-    }
-  }
-  int64_t most = 0;
-  for (const auto& [b, e] : ranges_) most = std::max(most, e - b);
+  const int64_t size = static_cast<int64_t>(blob.size());
+  std::vector<int64_t> sizes(static_cast<size_t>(world));
+  static_assert(sizeof(int64_t) == 2 * sizeof(float));
+  TRAIND_RETURN_IF_ERROR(comm_->AllGather(&size, sizes.data(), 2, CommDType::kF32));
+  const int64_t lanes = (*std::max_element(sizes.begin(), sizes.end()) + 3) / 4;
+  blob.resize(static_cast<size_t>(lanes) * 4);
+  std::vector<uint8_t> all(static_cast<size_t>(lanes) * 4 * static_cast<size_t>(world));
+  TRAIND_RETURN_IF_ERROR(comm_->AllGather(blob.data(), all.data(), lanes, CommDType::kF32));
   SafetensorsFile file;
   file.metadata = mine.metadata;
-  // One kind at a time: the rank's range (zero where no parameter lies), gathered from all ranks
-  // (host memory: the cpu backend's device memory), then cut into the parameters' tensors.
-  std::vector<float> shard(static_cast<size_t>(most)), all;
-  all.resize(static_cast<size_t>(most) * static_cast<size_t>(world));
-  for (const std::string& kind : kinds) {
-    std::fill(shard.begin(), shard.end(), 0.0f);
-    for (const ParamInfo& q : local_) {
-      auto it = mine.tensors.find(q.hf_name + "." + kind);
-      if (it == mine.tensors.end()) continue;
-      const HostTensor& t = it->second;
-      if (t.dtype != "F32" || t.numel() != q.numel) {
-        return Status::Internal("zero_stage 1: optimizer state " + it->first + " is " + t.dtype +
-                                " of " + std::to_string(t.numel()) + " elements, expected F32 of " +
-                                std::to_string(q.numel));
+  if (!build) return file;
+  std::vector<SafetensorsFile> parts;
+  for (int r = 0; r < world; ++r) {
+    TRAIND_ASSIGN_OR_RETURN(
+        SafetensorsFile part,
+        Unpack(all.data() + static_cast<size_t>(r) * static_cast<size_t>(lanes) * 4,
+               static_cast<size_t>(sizes[static_cast<size_t>(r)]), r));
+    parts.push_back(std::move(part));
+  }
+  // A parameter's tensor of each state kind: its slices in rank order (ranges ascend, and an
+  // 8-bit slice starts on a block, so its absmax blocks follow the previous slice's too).
+  for (const ParamInfo& p : params_) {
+    std::map<std::string, HostTensor> whole;
+    for (size_t r = 0; r < parts.size(); ++r) {
+      const auto [b, e] = ranges_[r];
+      if (std::max(b, p.offset) >= std::min(e, p.offset + p.numel)) continue;
+      const SafetensorsFile& part = parts[r];
+      for (auto it = part.tensors.lower_bound(p.hf_name + ".");
+           it != part.tensors.end() && it->first.compare(0, p.hf_name.size(), p.hf_name) == 0;
+           ++it) {
+        if (!IsStateOf(it->first, p.hf_name)) continue;
+        HostTensor& w = whole[it->first];
+        if (w.data.empty()) w.dtype = it->second.dtype;
+        if (w.dtype != it->second.dtype) {
+          return Status::Internal("zero_stage 1: optimizer state " + it->first + " is " + w.dtype +
+                                  " on one rank and " + it->second.dtype + " on rank " +
+                                  std::to_string(r));
+        }
+        w.data.insert(w.data.end(), it->second.data.begin(), it->second.data.end());
       }
-      std::memcpy(shard.data() + q.offset, t.data.data(), t.data.size());
     }
-    TRAIND_RETURN_IF_ERROR(comm_->AllGather(shard.data(), all.data(), most, CommDType::kF32));
-    if (!build) continue;
-    for (const ParamInfo& p : params_) {
-      std::vector<float> full(static_cast<size_t>(p.numel));
-      for (size_t r = 0; r < ranges_.size(); ++r) {
-        const auto [b, e] = ranges_[r];
-        const int64_t lo = std::max(b, p.offset), hi = std::min(e, p.offset + p.numel);
-        if (lo >= hi) continue;
-        std::memcpy(full.data() + (lo - p.offset),
-                    all.data() + static_cast<int64_t>(r) * most + (lo - b),
-                    static_cast<size_t>(hi - lo) * sizeof(float));
+    for (auto& [name, w] : whole) {
+      const int64_t n = static_cast<int64_t>(w.data.size() / SafetensorsDTypeSize(w.dtype));
+      if (n == p.numel) {
+        w.shape = p.shape;
+      } else {
+        w.shape = {n};
       }
-      file.tensors[p.hf_name + "." + kind] = HostTensor::FromF32(full.data(), p.shape);
+      file.tensors[name] = std::move(w);
     }
   }
   return file;
@@ -201,16 +325,29 @@ Status ShardedOptimizer::LoadState(const SafetensorsFile& file) {
     const int64_t skip = begin_ + q.offset - p.offset;  // the slice's first element within p
     for (auto it = file.tensors.lower_bound(p.hf_name + ".");
          it != file.tensors.end() && it->first.compare(0, p.hf_name.size(), p.hf_name) == 0; ++it) {
-      if (KindOf(it->first, p.hf_name).empty()) continue;
+      if (!IsStateOf(it->first, p.hf_name)) continue;
       const HostTensor& t = it->second;
-      if (t.dtype != "F32" || t.shape != p.shape ||
-          static_cast<int64_t>(t.data.size()) != p.numel * 4) {
+      const int64_t unit = static_cast<int64_t>(SafetensorsDTypeSize(t.dtype));
+      // One value per element (the parameter's shape), or (8-bit AdamW) one per block.
+      int64_t first = skip, count = q.numel;
+      std::vector<int64_t> shape = {q.numel};
+      const bool per_element = t.shape == p.shape;
+      const bool per_block = blockwise_ && t.shape == std::vector<int64_t>{Quant8Blocks(p.numel)} &&
+                             skip % kQuant8Block == 0;
+      if (per_block && !per_element) {
+        first = skip / kQuant8Block;
+        count = Quant8Blocks(q.numel);
+        shape = {count};
+      }
+      if ((!per_element && !per_block) || unit == 0 ||
+          static_cast<int64_t>(t.data.size()) != t.numel() * unit) {
         return Status::DataLoss("optimizer state: tensor " + it->first + " has dtype " + t.dtype +
-                                " and a shape other than this model's (expected F32)");
+                                " and a shape other than this model's");
       }
       HostTensor slice;
-      slice.shape = q.shape;
-      slice.data.assign(t.data.begin() + skip * 4, t.data.begin() + (skip + q.numel) * 4);
+      slice.dtype = t.dtype;
+      slice.shape = shape;
+      slice.data.assign(t.data.begin() + first * unit, t.data.begin() + (first + count) * unit);
       mine.tensors[it->first] = std::move(slice);
     }
   }

@@ -1,18 +1,21 @@
 // ZeRO stage 1 (distributed.zero_stage: 1): the optimizer state sharded over the ranks of a
-// data-parallel run. Rank r owns the contiguous range [begin_r, end_r) of the model's flat
-// trainable buffer (balanced by element count, split inside tensors: the optimizers sharded here,
-// AdamW and SGD, are elementwise) and keeps the state of that range only, through an ordinary
-// optimizer (MakeOptimizer) over the range's slices of the parameters (1-D views named as the
-// parameters). A step: the caller has summed the gradients over the ranks (all of them, so the
-// global norm and the clipping are those of an unsharded run); IssueStep / Step update the rank's
-// range; GatherParams then brings every rank's updated range to every rank.
+// data-parallel run. Rank r owns a contiguous range [begin_r, end_r) of the model's flat
+// trainable buffer and keeps the state of that range only, through an ordinary optimizer
+// (MakeOptimizer) over the range's slices of the parameters (1-D views named as the parameters).
+// The ranges split inside tensors: AdamW and SGD are elementwise (ranges balanced by element
+// count: [N r / W, N (r+1) / W)); 8-bit AdamW is blockwise inside its 8-bit tensors, so there a
+// range starts on one of the tensor's 256-element quantization blocks and a slice keeps its whole
+// tensor's 8-bit / fp32 choice (ranges balanced by state bytes). A step: the caller has summed
+// the gradients over the ranks (all of them, so the global norm and the clipping are those of an
+// unsharded run); IssueStep / Step update the rank's range; GatherParams then brings every
+// rank's updated range to every rank.
 //
 // Checkpoints hold the same optimizer.safetensors as an unsharded run ("<hf_name>.<state>" with
 // the parameter's shape, the inner optimizer's format and step): SaveState / WriteState gather
-// every rank's state (an all-gather per state kind), so every other rank must call
-// ContributeState at the same point. LoadState takes a full state file (written by any world size,
-// sharded or not) and keeps the rank's slice. Adafactor (factored per matrix) and 8-bit AdamW
-// (per-tensor quantization choice) are refused.
+// every rank's state (its slices' tensors, all-gathered as bytes; each full tensor is its slices
+// in rank order), so every other rank must call ContributeState at the same point. LoadState takes
+// a full state file (written by any world size, sharded or not) and keeps the rank's slice of each
+// tensor (elements, or 8-bit AdamW's absmax blocks). Adafactor (factored per matrix) is refused.
 #pragma once
 
 #include <cstdint>
@@ -26,12 +29,15 @@
 
 namespace traind::engine {
 
-// OK when training.optim can be sharded (adamw, sgd); INVALID_ARGUMENT naming the field otherwise.
+// OK when training.optim can be sharded (adamw, adamw_8bit, sgd); INVALID_ARGUMENT naming the
+// field otherwise.
 Status CheckZeroOneOptimizer(const TrainingSpec& training);
 
-// Rank r's range [first, second) of a flat buffer of `num_params` elements in a world of `world`:
-// [num_params * r / world, num_params * (r + 1) / world).
-std::pair<int64_t, int64_t> ZeroOneShard(int64_t num_params, int rank, int world);
+// Every rank's range [first, second) of a flat buffer of `num_params` elements holding `params`
+// in a world of `world` (see the header comment); contiguous, covering [0, num_params).
+std::vector<std::pair<int64_t, int64_t>> ZeroOneShards(const TrainingSpec& training,
+                                                       const std::vector<ParamInfo>& params,
+                                                       int64_t num_params, int world);
 
 // The optimizer bytes (OptimizerPlanBytes) of the largest rank's shard: what each rank plans.
 int64_t ZeroOnePlanBytes(const TrainingSpec& training, const std::vector<ParamInfo>& params,
@@ -42,7 +48,7 @@ class ShardedOptimizer final : public Optimizer {
   // The optimizer training.optim names over this rank's shard of `params` (views into a flat
   // buffer of `num_params` floats), its state allocated from `arena`. `comm` (world > 1) must
   // outlive the optimizer. INVALID_ARGUMENT for an optimizer that cannot be sharded or a buffer
-  // smaller than the world; the inner optimizer's errors otherwise.
+  // too small for every rank to own a range; the inner optimizer's errors otherwise.
   static Result<std::unique_ptr<ShardedOptimizer>> Create(const TrainingSpec& training,
                                                           const std::vector<ParamInfo>& params,
                                                           int64_t num_params, Communicator* comm,
@@ -80,6 +86,7 @@ class ShardedOptimizer final : public Optimizer {
   std::vector<ParamInfo> params_;  // the whole model's
   std::vector<ParamInfo> local_;   // the slices in this rank's range (offsets from begin_)
   std::vector<size_t> local_of_;   // local_[i] is a slice of params_[local_of_[i]]
+  bool blockwise_ = false;         // adamw_8bit: "<name>.*_absmax" tensors hold one per block
   Communicator* comm_;
   int64_t num_params_ = 0;
   int64_t begin_ = 0, end_ = 0;
