@@ -282,23 +282,35 @@ void CompareWorld(int W, int64_t A, const std::string& extra = "", int zero = 0)
   EXPECT_TRUE(fs::exists(dp_out + "/checkpoint-10/model.safetensors"));
   EXPECT_TRUE(fs::exists(dp_out + "/checkpoint-20/trainer_state.json"));
   if (zero == 1) {
-    // AdamW / SGD: 8 / 4 bytes per element, the ranges split at element boundaries: 1/W within
-    // one element. 8-bit AdamW: ranges balanced by bytes, cut on quantization blocks (half a
-    // block of 2-byte codes either side of each cut), and every rank holds its own copy of the
-    // two code tables (2 KiB).
-    const bool eight = extra.find("adamw_8bit") != std::string::npos;
-    const int64_t tables = eight ? 2 * 256 * 4 : 0;
-    int64_t sum = 0;
-    for (int r = 0; r < W; ++r) {
-      sum += CheckShardBytes(Slurp(ranks[r].log), r, W, eight ? tables + 2 * 128 * 2 + 64 : 8);
-    }
-    // The shards cover the model once: their sum is the unsharded state, which the world-1
-    // checkpoint format holds (every parameter's state tensors), plus the tables on each rank.
+    // The shards cover the model once: the ranks' bytes add up to the unsharded state, which the
+    // world-1 checkpoint format holds (every parameter's state tensors), plus what each rank keeps
+    // whatever its share (`fixed`).
     auto opt = ReadSafetensors(dp_out + "/checkpoint-20/optimizer.safetensors");
     ASSERT_TRUE(opt.ok()) << opt.status().ToString();
     int64_t file_bytes = 0;
-    for (const auto& [name, t] : opt->tensors) file_bytes += static_cast<int64_t>(t.data.size());
-    EXPECT_EQ(sum, file_bytes + W * tables);
+    std::map<std::string, int64_t> per_param;
+    for (const auto& [name, t] : opt->tensors) {
+      file_bytes += static_cast<int64_t>(t.data.size());
+      per_param[name.substr(0, name.rfind('.'))] += static_cast<int64_t>(t.data.size());
+    }
+    int64_t largest = 0;
+    for (const auto& [name, bytes] : per_param) largest = std::max(largest, bytes);
+    // AdamW / SGD: 8 / 4 bytes per element, the ranges split at element boundaries: 1/W within
+    // one element. 8-bit AdamW: ranges balanced by bytes, cut on quantization blocks (half a block
+    // of 2-byte codes either side of each cut), and every rank holds its own copy of the two code
+    // tables (2 KiB). Adafactor: whole tensors (within the largest tensor's state), and each rank
+    // its own scratch (3 doubles for 2-D weights).
+    int64_t fixed = 0, rounding = 8;
+    if (extra.find("adamw_8bit") != std::string::npos) {
+      fixed = 2 * 256 * 4;
+      rounding = fixed + 2 * 128 * 2 + 64;
+    } else if (extra.find("adafactor") != std::string::npos) {
+      fixed = 3 * 8;
+      rounding = fixed + largest;
+    }
+    int64_t sum = 0;
+    for (int r = 0; r < W; ++r) sum += CheckShardBytes(Slurp(ranks[r].log), r, W, rounding);
+    EXPECT_EQ(sum, file_bytes + W * fixed);
   }
 
   // The noise floor: the same global batch split differently in one process (B=4 x W*A/2, when
@@ -323,10 +335,12 @@ void CompareWorld(int W, int64_t A, const std::string& extra = "", int zero = 0)
     floor_loss = std::max(floor_loss, std::abs(c.loss[s] - a.loss[s]) / a.loss[s]);
     floor_norm = std::max(floor_norm, std::abs(c.grad_norm[s] - a.grad_norm[s]) / a.grad_norm[s]);
   }
-  // 8-bit AdamW's block quantization amplifies reorderings as 16-bit compute does.
+  // 8-bit AdamW's block quantization and Adafactor's RMS-normalized updates amplify reorderings
+  // as 16-bit compute does.
   const bool fp32 = extra.find("bf16") == std::string::npos &&
                     extra.find("fp16") == std::string::npos &&
-                    extra.find("adamw_8bit") == std::string::npos;
+                    extra.find("adamw_8bit") == std::string::npos &&
+                    extra.find("adafactor") == std::string::npos;
   const double k = fp32 ? 0.0 : 3.0;
   EXPECT_LE(max_loss, std::max(1e-6, k * floor_loss));
   EXPECT_LE(max_norm, std::max(1e-5, k * floor_norm));
@@ -379,6 +393,11 @@ TEST(DataParallel, ZeroOneSgdMomentumWorldTwoMatchesOneProcess) {
 // tensor's 8-bit / fp32 choice.
 TEST(DataParallel, ZeroOneAdamw8bitWorldTwoMatchesOneProcess) {
   CompareWorld(2, 1, "optim: adamw_8bit", 1);
+}
+
+// Adafactor: whole tensors per rank (its second moment is factored per matrix).
+TEST(DataParallel, ZeroOneAdafactorWorldFourMatchesOneProcess) {
+  CompareWorld(4, 1, "optim: adafactor", 1);
 }
 
 // The plan (estimate, admission, the arena budget) holds the rank's shard of the optimizer state.
@@ -495,7 +514,7 @@ void RunRanks(const std::string& tokens, int W, int64_t A, const std::string& ou
 // Run `b` continues run `a` (steps 1-10 from a's checkpoint): the per-step losses and the final
 // weights, within the contract's 1e-6.
 void ExpectSameRun(const std::string& a, const std::string& b, const std::string& what,
-                   double bound = 1e-6) {
+                   double bound = 1e-6, double worst_bound = 5e-6) {
   const History full = ReadHistory(a), h = ReadHistory(b);
   ASSERT_EQ(full.loss.size(), 20u) << what;
   ASSERT_EQ(h.loss.size(), 20u) << what;
@@ -511,7 +530,7 @@ void ExpectSameRun(const std::string& a, const std::string& b, const std::string
   EXPECT_LE(worst, bound) << what;
   EXPECT_LE(worst_norm, 10 * bound) << what;
   EXPECT_LE(w.model_l2, bound) << what;
-  EXPECT_LE(w.worst_l2, 5 * bound) << what;
+  EXPECT_LE(w.worst_l2, worst_bound) << what;
 }
 
 // ZeRO-1 checkpoints are world-1 checkpoints: a world-2 zero_stage 1 run's optimizer.safetensors
@@ -568,12 +587,19 @@ void CheckZeroOneCheckpoints(const std::string& extra) {
   }
   const std::string z1_ckpt = "resume_from_checkpoint: " + dir + "/z1/checkpoint-10";
   const std::string with = extra.empty() ? "" : extra + ", ";
+  // Another world size reorders the gradient sums. Adafactor turns that into far larger
+  // differences (its RMS-normalized update makes steps of rounding noise: one process with B=4
+  // instead of B=2 moves the weights 3e-4 and c_attn.bias 7%, CompareWorld's floor), so there
+  // the continuation is held to that level; the same-world resumes below stay exact.
+  const bool amplifies = extra.find("adafactor") != std::string::npos;
+  const double bound = amplifies ? 1e-3 : 1e-6, worst_bound = amplifies ? 0.1 : 5e-6;
   RunRanks(tokens, 1, 4, dir + "/z1_on_w1", with + z1_ckpt, 0);
   ExpectSameRun(dir + "/z1", dir + "/z1_on_w1",
-                opt + ": world-2 zero_stage 1 checkpoint-10 resumed on world 1");
+                opt + ": world-2 zero_stage 1 checkpoint-10 resumed on world 1", bound, worst_bound);
   RunRanks(tokens, 4, 1, dir + "/z1_on_w4", with + z1_ckpt, 1);
   ExpectSameRun(dir + "/z1", dir + "/z1_on_w4",
-                opt + ": world-2 zero_stage 1 checkpoint-10 resumed on world 4 zero_stage 1");
+                opt + ": world-2 zero_stage 1 checkpoint-10 resumed on world 4 zero_stage 1", bound,
+                worst_bound);
   RunRanks(tokens, 2, 2, dir + "/z1_on_z0", with + z1_ckpt, 0);
   ExpectSameRun(dir + "/z1", dir + "/z1_on_z0",
                 opt + ": world-2 zero_stage 1 checkpoint-10 resumed on world 2 zero_stage 0");
@@ -587,6 +613,10 @@ TEST(DataParallel, ZeroOneCheckpointsResumeAcrossWorldsAndStages) { CheckZeroOne
 
 TEST(DataParallel, ZeroOneAdamw8bitCheckpointsResumeAcrossWorldsAndStages) {
   CheckZeroOneCheckpoints("optim: adamw_8bit");
+}
+
+TEST(DataParallel, ZeroOneAdafactorCheckpointsResumeAcrossWorldsAndStages) {
+  CheckZeroOneCheckpoints("optim: adafactor");
 }
 
 // distributed: {world_size: 1} is a plain run: the same bytes as no block at all.
@@ -719,12 +749,8 @@ TEST(DataParallel, BadDistributedFieldsAreSpecErrors) {
     EXPECT_NE(spec.status().message().find(want), std::string::npos)
         << block << ": " << spec.status().message();
   }
-  // zero_stage 1 shards the state of adamw and sgd, without offload; a world of one is a plain
-  // run, where they are fine.
+  // zero_stage 1 does not offload; a world of one is a plain run, where offload is fine.
   const std::pair<std::string, std::string> zero_cases[] = {
-      {"optim: adafactor",
-       "distributed.zero_stage: 1 shards the state of training.optim adamw, adamw_8bit or sgd; adafactor "
-       "factors its second moment per matrix"},
       {"offload: cpu", "distributed.zero_stage: 1 with training.offload cpu is not supported"},
   };
   for (const auto& [key, want] : zero_cases) {

@@ -284,9 +284,9 @@ TEST(JobSpecTest, ContractKeysOfLaterFeatures) {
   }
   ExpectInvalid(With(kBase, "", "distributed: {world_size: 2, zero_stage: 2}"),
                 "distributed.zero_stage: must be 0 or 1, got 2");
-  ExpectInvalid(With(With(kBase, "training", "optim: adafactor"), "",
+  ExpectInvalid(With(With(kBase, "training", "offload: cpu"), "",
                      "distributed: {world_size: 2, zero_stage: 1}"),
-                "distributed.zero_stage: 1 shards the state of training.optim adamw, adamw_8bit or sgd");
+                "distributed.zero_stage: 1 with training.offload cpu is not supported");
   ExpectInvalid(With(kBase, "", "distributed: {world_size: 2, rank: 5}"),
                 "distributed.rank: must be < world_size 2, got 5");
   ExpectInvalid(With(kBase, "model", "head: masked_lm"), "model.head: masked_lm is not supported yet");

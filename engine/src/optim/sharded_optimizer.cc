@@ -33,8 +33,9 @@ std::vector<ParamInfo> SlicesIn(const TrainingSpec& t, const std::vector<ParamIn
     if (lo >= hi) continue;
     ParamInfo q;
     q.hf_name = p.hf_name;
-    q.shape = {hi - lo};
-    q.hf_shape = q.shape;
+    const bool whole = lo == p.offset && hi == p.offset + p.numel;
+    q.shape = whole ? p.shape : std::vector<int64_t>{hi - lo};
+    q.hf_shape = whole ? p.hf_shape : q.shape;
     q.offset = lo - begin;
     q.numel = hi - lo;
     q.weight_decay = p.weight_decay;
@@ -132,12 +133,11 @@ Result<SafetensorsFile> Unpack(const uint8_t* p, size_t n, int rank) {
 }  // namespace
 
 Status CheckZeroOneOptimizer(const TrainingSpec& t) {
-  if (t.optim == "adamw" || t.optim == "sgd" || t.optim == "adamw_8bit") return Status::Ok();
-  return Status::InvalidArgument(
-      "distributed.zero_stage: 1 shards the state of training.optim adamw, adamw_8bit or sgd; " +
-      t.optim +
-      " factors its second moment per matrix (row and column statistics), so its state does "
-      "not split by element range: use zero_stage 0 with " + t.optim);
+  if (t.optim == "adamw" || t.optim == "sgd" || t.optim == "adamw_8bit" || t.optim == "adafactor") {
+    return Status::Ok();
+  }
+  return Status::InvalidArgument("distributed.zero_stage: 1 cannot shard the state of "
+                                 "training.optim " + t.optim + ": use zero_stage 0");
 }
 
 std::vector<std::pair<int64_t, int64_t>> ZeroOneShards(const TrainingSpec& t,
@@ -145,7 +145,32 @@ std::vector<std::pair<int64_t, int64_t>> ZeroOneShards(const TrainingSpec& t,
                                                        int64_t num_params, int world) {
   std::vector<int64_t> cut(static_cast<size_t>(world) + 1, num_params);
   cut[0] = 0;
-  if (t.optim != "adamw_8bit") {  // elementwise, the same bytes per element
+  if (t.optim == "adafactor") {
+    // Whole tensors (the second moment is factored per matrix), balanced by state floats: each
+    // cut at the tensor boundary nearest its share.
+    std::vector<ParamInfo> sorted = params;
+    std::sort(sorted.begin(), sorted.end(),
+              [](const ParamInfo& a, const ParamInfo& b) { return a.offset < b.offset; });
+    auto floats = [&](const ParamInfo& p) {
+      double n = t.optim_args.beta1.has_value() ? static_cast<double>(p.numel) : 0.0;
+      if (p.shape.size() >= 2) {
+        const double rows = static_cast<double>(p.shape[p.shape.size() - 2]);
+        const double cols = static_cast<double>(p.shape.back());
+        return n + static_cast<double>(p.numel) / (rows * cols) * (rows + cols);
+      }
+      return n + static_cast<double>(p.numel);
+    };
+    double total = 0.0;
+    for (const ParamInfo& p : sorted) total += floats(p);
+    size_t i = 0;
+    double before = 0.0;  // the floats of sorted[0, i)
+    for (int r = 1; r < world; ++r) {
+      const double target = total * r / world;
+      while (i < sorted.size() && before + floats(sorted[i]) / 2 < target) before += floats(sorted[i++]);
+      const int64_t at = i < sorted.size() ? sorted[i].offset : num_params;
+      cut[static_cast<size_t>(r)] = std::max(at, cut[static_cast<size_t>(r) - 1]);
+    }
+  } else if (t.optim != "adamw_8bit") {  // elementwise, the same bytes per element
     for (int r = 1; r < world; ++r) cut[static_cast<size_t>(r)] = num_params * r / world;
   } else {
     // Balanced by state bytes (an 8-bit element holds 2 bytes and its block's absmax, an fp32
@@ -274,6 +299,7 @@ Result<SafetensorsFile> ShardedOptimizer::Gather(bool build) const {
   // 8-bit slice starts on a block, so its absmax blocks follow the previous slice's too).
   for (const ParamInfo& p : params_) {
     std::map<std::string, HostTensor> whole;
+    std::map<std::string, std::vector<int64_t>> shape_of;  // of a tensor that one rank holds whole
     for (size_t r = 0; r < parts.size(); ++r) {
       const auto [b, e] = ranges_[r];
       if (std::max(b, p.offset) >= std::min(e, p.offset + p.numel)) continue;
@@ -284,6 +310,7 @@ Result<SafetensorsFile> ShardedOptimizer::Gather(bool build) const {
         if (!IsStateOf(it->first, p.hf_name)) continue;
         HostTensor& w = whole[it->first];
         if (w.data.empty()) w.dtype = it->second.dtype;
+        if (b <= p.offset && p.offset + p.numel <= e) shape_of[it->first] = it->second.shape;
         if (w.dtype != it->second.dtype) {
           return Status::Internal("zero_stage 1: optimizer state " + it->first + " is " + w.dtype +
                                   " on one rank and " + it->second.dtype + " on rank " +
@@ -293,9 +320,13 @@ Result<SafetensorsFile> ShardedOptimizer::Gather(bool build) const {
       }
     }
     for (auto& [name, w] : whole) {
+      // The parameter's shape (one value per element), one rank's whole tensor's own shape
+      // (Adafactor's row and column statistics), else 1-D (8-bit AdamW's absmax blocks).
       const int64_t n = static_cast<int64_t>(w.data.size() / SafetensorsDTypeSize(w.dtype));
       if (n == p.numel) {
         w.shape = p.shape;
+      } else if (shape_of.count(name) != 0) {
+        w.shape = shape_of[name];
       } else {
         w.shape = {n};
       }
@@ -327,10 +358,14 @@ Status ShardedOptimizer::LoadState(const SafetensorsFile& file) {
          it != file.tensors.end() && it->first.compare(0, p.hf_name.size(), p.hf_name) == 0; ++it) {
       if (!IsStateOf(it->first, p.hf_name)) continue;
       const HostTensor& t = it->second;
+      if (q.numel == p.numel) {  // the whole tensor: its state as it is (the inner optimizer checks)
+        mine.tensors[it->first] = t;
+        continue;
+      }
       const int64_t unit = static_cast<int64_t>(SafetensorsDTypeSize(t.dtype));
       // One value per element (the parameter's shape), or (8-bit AdamW) one per block.
       int64_t first = skip, count = q.numel;
-      std::vector<int64_t> shape = {q.numel};
+      std::vector<int64_t> shape = q.shape;
       const bool per_element = t.shape == p.shape;
       const bool per_block = blockwise_ && t.shape == std::vector<int64_t>{Quant8Blocks(p.numel)} &&
                              skip % kQuant8Block == 0;

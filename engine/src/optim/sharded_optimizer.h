@@ -15,7 +15,8 @@
 // every rank's state (its slices' tensors, all-gathered as bytes; each full tensor is its slices
 // in rank order), so every other rank must call ContributeState at the same point. LoadState takes
 // a full state file (written by any world size, sharded or not) and keeps the rank's slice of each
-// tensor (elements, or 8-bit AdamW's absmax blocks). Adafactor (factored per matrix) is refused.
+// tensor (elements, or 8-bit AdamW's absmax blocks). Adafactor factors its second moment per
+// matrix: its ranges hold whole tensors (balanced by state floats, cut at tensor boundaries).
 #pragma once
 
 #include <cstdint>
@@ -29,8 +30,8 @@
 
 namespace traind::engine {
 
-// OK when training.optim can be sharded (adamw, adamw_8bit, sgd); INVALID_ARGUMENT naming the
-// field otherwise.
+// OK when training.optim can be sharded (adamw, adamw_8bit, sgd, adafactor); INVALID_ARGUMENT
+// naming the field otherwise.
 Status CheckZeroOneOptimizer(const TrainingSpec& training);
 
 // Every rank's range [first, second) of a flat buffer of `num_params` elements holding `params`

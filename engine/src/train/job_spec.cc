@@ -448,8 +448,8 @@ Result<JobSpec> ParseRoot(const YAML::Node& root, const std::string& base_dir) {
                                         : s.training.fp16 ? DType::kF16
                                                           : DType::kF32));
   }
-  // ZeRO-1 over more than one rank (a world of one is a plain run): an optimizer whose state
-  // splits by element range, and no offload.
+  // ZeRO-1 over more than one rank (a world of one is a plain run): an optimizer it shards, and
+  // no offload.
   if (s.distributed && s.distributed->zero_stage == 1 && s.distributed->world_size.value_or(2) > 1) {
     TRAIND_RETURN_IF_ERROR(CheckZeroOneOptimizer(s.training));
     if (s.training.offload != "none") {
