@@ -1,14 +1,14 @@
-// GlooCommunicator and the rendezvous: see traind/comm/gloo_communicator.h.
+// GlooCommunicator: see traind/comm/gloo_communicator.h. The rendezvous before Gloo's mesh is
+// comm's shared one (rendezvous.h); only Gloo's calls live here.
 #include "traind/comm/gloo_communicator.h"
 
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <stdexcept>
 #include <thread>
 #include <vector>
 
@@ -19,9 +19,10 @@
 #include <gloo/math.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/prefix_store.h>
+#include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
 
-#include "tcp_store.h"
+#include "rendezvous.h"
 
 namespace traind::comm {
 namespace {
@@ -92,6 +93,53 @@ size_t ElementSize(CommDType t) { return t == CommDType::kF32 ? 4 : 2; }
 bool IsLoopback(const std::string& addr) {
   return addr == "localhost" || addr.rfind("127.", 0) == 0 || addr == "::1";
 }
+
+// The rendezvous store as Gloo's rendezvous::Store (what connectFullMesh exchanges addresses
+// through); Gloo wants exceptions on I/O errors and timeouts.
+class GlooStore : public gloo::rendezvous::Store {
+ public:
+  explicit GlooStore(TcpStoreClient* client) : client_(client) {}
+
+  void set(const std::string& key, const std::vector<char>& data) override {
+    const Status s = client_->Set(key, std::string(data.begin(), data.end()));
+    if (!s.ok()) throw std::runtime_error(s.message());
+  }
+
+  std::vector<char> get(const std::string& key) override {
+    wait({key}, client_->timeout());
+    std::string v;
+    bool found = false;
+    const Status s = client_->TryGet(key, &v, &found);
+    if (!s.ok()) throw std::runtime_error(s.message());
+    if (!found) {
+      throw std::runtime_error("rendezvous store: key " + client_->prefix() + key + " vanished");
+    }
+    return std::vector<char>(v.begin(), v.end());
+  }
+
+  void wait(const std::vector<std::string>& keys) override { wait(keys, client_->timeout()); }
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
+    const Clock::time_point deadline = Clock::now() + timeout;
+    for (const std::string& key : keys) {
+      for (;;) {
+        std::string v;
+        bool found = false;
+        const Status s = client_->TryGet(key, &v, &found);
+        if (!s.ok()) throw std::runtime_error(s.message());
+        if (found) break;
+        if (Clock::now() >= deadline) {
+          throw std::runtime_error("rendezvous store at " + client_->where() + ": key " +
+                                   client_->prefix() + key + " not set within " +
+                                   std::to_string(timeout.count()) + " ms");
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+    }
+  }
+
+ private:
+  TcpStoreClient* client_;
+};
 
 class GlooCommunicator : public engine::Communicator {
  public:
@@ -229,83 +277,12 @@ class GlooCommunicator : public engine::Communicator {
   std::string broken_message_;
 };
 
-std::string Seconds(std::chrono::milliseconds ms) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%g", static_cast<double>(ms.count()) / 1000.0);
-  return buf;
-}
-
 }  // namespace
 
 Result<std::unique_ptr<engine::Communicator>> OpenGlooCommunicator(const GlooOptions& o) {
-  if (o.world_size < 1) {
-    return Status::InvalidArgument("distributed.world_size: must be >= 1, got " +
-                                   std::to_string(o.world_size));
-  }
-  if (o.rank < 0 || o.rank >= o.world_size) {
-    return Status::InvalidArgument("distributed.rank: must be in [0, " +
-                                   std::to_string(o.world_size) + "), got " + std::to_string(o.rank));
-  }
-  const std::string where = o.master_addr + ":" + std::to_string(o.master_port);
-  const std::string me = "rank " + std::to_string(o.rank) + " of " + std::to_string(o.world_size);
-  std::unique_ptr<TcpStoreServer> server;
-  if (o.rank == 0) {
-    TRAIND_ASSIGN_OR_RETURN(server, TcpStoreServer::Start(o.master_addr, o.master_port));
-  }
-  const Clock::time_point deadline = Clock::now() + o.rendezvous_timeout;
-  TRAIND_ASSIGN_OR_RETURN(
-      std::unique_ptr<TcpStoreClient> store,
-      TcpStoreClient::Connect(o.master_addr, o.master_port, o.prefix, o.rendezvous_timeout,
-                              me + " waited for rank 0, which hosts the rendezvous store; rank 0 "
-                                   "never came (is it running, with this master_addr/master_port?)"));
-  // Claim this rank, then wait for everyone.
-  bool taken = false;
-  TRAIND_RETURN_IF_ERROR(store->SetIfAbsent("join/" + std::to_string(o.rank),
-                                            std::to_string(o.world_size), &taken));
-  if (taken) {
-    return Status::InvalidArgument("distributed.rank: rank " + std::to_string(o.rank) +
-                                   " has already joined this run (" + o.prefix + ") at " + where +
-                                   ": two processes were given the same RANK");
-  }
-  std::vector<int> missing;
-  auto missing_names = [&]() {
-    std::string names;
-    for (size_t i = 0; i < missing.size(); ++i) {
-      names += (i ? (i + 1 == missing.size() ? " and " : ", ") : "") + std::to_string(missing[i]);
-    }
-    return (missing.size() == 1 ? "rank " : "ranks ") + names + " never joined";
-  };
-  for (;;) {
-    std::vector<int> now;
-    for (int r = 0; r < o.world_size; ++r) {
-      std::string v;
-      bool found = false;
-      const Status got = store->TryGet("join/" + std::to_string(r), &v, &found);
-      if (!got.ok()) {  // rank 0 gave up (its own timeout) and closed the store
-        return Status::Unavailable(
-            "rendezvous at " + where + " (" + o.prefix + "): " +
-            (missing.empty() ? std::string("the store closed") : missing_names()) +
-            "; rank 0 stopped waiting and closed the store (this is " + me + "): " + got.message());
-      }
-      if (!found) {
-        now.push_back(r);
-      } else if (v != std::to_string(o.world_size)) {
-        return Status::InvalidArgument("distributed.world_size: rank " + std::to_string(r) +
-                                       " joined with world_size " + v + ", this " + me + " has " +
-                                       std::to_string(o.world_size));
-      }
-    }
-    missing = std::move(now);
-    if (missing.empty()) break;
-    if (Clock::now() >= deadline) {
-      return Status::Unavailable(
-          "rendezvous at " + where + " (" + o.prefix + "): " + missing_names() + " within " +
-          Seconds(o.rendezvous_timeout) + " s (" +
-          std::to_string(o.world_size - static_cast<int>(missing.size())) + " of " +
-          std::to_string(o.world_size) + " ranks came; this is " + me + ")");
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
+  TRAIND_ASSIGN_OR_RETURN(Rendezvous rv, JoinRendezvous(o));
+  const std::string& where = rv.where;
+  const std::string& me = rv.me;
   // Gloo's full mesh through the same store (keys under <prefix>gloo/), then a barrier.
   try {
     gloo::transport::tcp::attr attr;
@@ -323,104 +300,18 @@ Result<std::unique_ptr<engine::Communicator>> OpenGlooCommunicator(const GlooOpt
     auto device = gloo::transport::tcp::CreateDevice(attr);
     auto context = std::make_shared<gloo::rendezvous::Context>(o.rank, o.world_size);
     context->setTimeout(o.rendezvous_timeout);
-    gloo::rendezvous::PrefixStore gloo_keys("gloo", *store);
+    GlooStore store(rv.store.get());
+    gloo::rendezvous::PrefixStore gloo_keys("gloo", store);
     context->connectFullMesh(gloo_keys, device);
     context->setTimeout(o.collective_timeout);
-    auto comm = std::make_unique<GlooCommunicator>(std::move(server), std::move(store), context,
-                                                   o.collective_timeout);
+    auto comm = std::make_unique<GlooCommunicator>(std::move(rv.server), std::move(rv.store),
+                                                   context, o.collective_timeout);
     TRAIND_RETURN_IF_ERROR(comm->Barrier());
     return std::unique_ptr<engine::Communicator>(std::move(comm));
   } catch (const std::exception& e) {
     return Status::Unavailable("rendezvous at " + where + ": " + me +
                                " could not connect Gloo's mesh: " + e.what());
   }
-}
-
-Result<GlooOptions> ResolveDistributed(const engine::JobSpec& spec, const GetEnv& getenv) {
-  GlooOptions o;
-  const engine::DistributedSpec d = spec.distributed.value_or(engine::DistributedSpec{});
-  auto env_int = [&](const std::optional<int64_t>& field, const char* name, const char* var,
-                     int64_t min, int64_t max, bool required, int64_t fallback,
-                     int64_t* out) -> Status {
-    if (field) {
-      *out = *field;
-      return Status::Ok();
-    }
-    const char* v = getenv(var);
-    if (v == nullptr || *v == '\0') {
-      if (required) {
-        return Status::InvalidArgument(std::string("distributed.") + name + ": not set, and " + var +
-                                       " is not in the environment");
-      }
-      *out = fallback;
-      return Status::Ok();
-    }
-    char* end = nullptr;
-    errno = 0;
-    const long long x = std::strtoll(v, &end, 10);
-    if (errno != 0 || end == v || *end != '\0' || x < min || x > max) {
-      return Status::InvalidArgument(std::string("distributed.") + name + ": " + var + "='" + v +
-                                     "' is not an integer in [" + std::to_string(min) + ", " +
-                                     std::to_string(max) + "]");
-    }
-    *out = x;
-    return Status::Ok();
-  };
-  int64_t world = 1, rank = 0, port = 29400;
-  TRAIND_RETURN_IF_ERROR(env_int(d.world_size, "world_size", "WORLD_SIZE", 1, 1 << 20, false, 1, &world));
-  // RANK, else JOB_COMPLETION_INDEX (what a Kubernetes Indexed Job sets in pod i: deploy/k8s/).
-  const char* rank_env = getenv("RANK");
-  const char* index_env = getenv("JOB_COMPLETION_INDEX");
-  const bool use_index = (rank_env == nullptr || *rank_env == '\0') && index_env != nullptr &&
-                         *index_env != '\0';
-  if (Status st = env_int(d.rank, "rank", use_index ? "JOB_COMPLETION_INDEX" : "RANK", 0, 1 << 20,
-                          world > 1, 0, &rank);
-      !st.ok()) {
-    if (!d.rank && !use_index && (rank_env == nullptr || *rank_env == '\0')) {  // neither is set
-      return Status::InvalidArgument(st.message() + " (nor JOB_COMPLETION_INDEX)");
-    }
-    return st;
-  }
-  TRAIND_RETURN_IF_ERROR(env_int(d.master_port, "master_port", "MASTER_PORT", 1, 65535, false, 29400, &port));
-  if (rank >= world) {
-    return Status::InvalidArgument("distributed.rank: " + std::to_string(rank) +
-                                   " must be < world_size " + std::to_string(world));
-  }
-  o.world_size = static_cast<int>(world);
-  o.rank = static_cast<int>(rank);
-  o.master_port = static_cast<int>(port);
-  if (d.master_addr) {
-    o.master_addr = *d.master_addr;
-  } else if (const char* v = getenv("MASTER_ADDR"); v != nullptr && *v != '\0') {
-    o.master_addr = v;
-  } else {
-    o.master_addr = "127.0.0.1";
-  }
-  auto env_seconds = [&](const char* var, std::chrono::milliseconds* out) -> Status {
-    const char* v = getenv(var);
-    if (v == nullptr || *v == '\0') return Status::Ok();
-    char* end = nullptr;
-    const double s = std::strtod(v, &end);
-    if (end == v || *end != '\0' || !(s > 0)) {
-      return Status::InvalidArgument(std::string(var) + "='" + v + "': expected seconds > 0");
-    }
-    *out = std::chrono::milliseconds(static_cast<int64_t>(s * 1000.0));
-    return Status::Ok();
-  };
-  TRAIND_RETURN_IF_ERROR(env_seconds("TRAIND_DIST_TIMEOUT_S", &o.rendezvous_timeout));
-  TRAIND_RETURN_IF_ERROR(env_seconds("TRAIND_DIST_COLLECTIVE_TIMEOUT_S", &o.collective_timeout));
-  if (const char* v = getenv("GLOO_SOCKET_IFNAME"); v != nullptr) o.iface = v;
-  const char* attempt = getenv("TRAIND_DIST_ATTEMPT");
-  const std::string job = !spec.name.empty() ? spec.name : spec.output_dir;
-  o.prefix = "traind/" + job + "/" + (attempt != nullptr && *attempt ? attempt : "0") + "/";
-  return o;
-}
-
-Result<std::unique_ptr<engine::Communicator>> OpenCommunicatorForJob(const engine::JobSpec& spec) {
-  TRAIND_ASSIGN_OR_RETURN(GlooOptions o,
-                          ResolveDistributed(spec, [](const char* v) { return std::getenv(v); }));
-  if (o.world_size == 1) return std::unique_ptr<engine::Communicator>();
-  return OpenGlooCommunicator(o);
 }
 
 }  // namespace traind::comm

@@ -12,7 +12,6 @@
 
 #include <cerrno>
 #include <cstring>
-#include <stdexcept>
 
 namespace traind::comm {
 namespace {
@@ -285,40 +284,6 @@ Status TcpStoreClient::SetIfAbsent(const std::string& key, const std::string& va
   TRAIND_RETURN_IF_ERROR(Request('X', key, value, &st, &reply));
   *existed = st != 0;
   return Status::Ok();
-}
-
-void TcpStoreClient::set(const std::string& key, const std::vector<char>& data) {
-  const Status s = Set(key, std::string(data.begin(), data.end()));
-  if (!s.ok()) throw std::runtime_error(s.message());
-}
-
-std::vector<char> TcpStoreClient::get(const std::string& key) {
-  wait({key}, timeout_);
-  std::string v;
-  bool found = false;
-  const Status s = TryGet(key, &v, &found);
-  if (!s.ok()) throw std::runtime_error(s.message());
-  if (!found) throw std::runtime_error("rendezvous store: key " + prefix_ + key + " vanished");
-  return std::vector<char>(v.begin(), v.end());
-}
-
-void TcpStoreClient::wait(const std::vector<std::string>& keys,
-                          const std::chrono::milliseconds& timeout) {
-  const Clock::time_point deadline = Clock::now() + timeout;
-  for (const std::string& key : keys) {
-    for (;;) {
-      std::string v;
-      bool found = false;
-      const Status s = TryGet(key, &v, &found);
-      if (!s.ok()) throw std::runtime_error(s.message());
-      if (found) break;
-      if (Clock::now() >= deadline) {
-        throw std::runtime_error("rendezvous store at " + where_ + ": key " + prefix_ + key +
-                                 " not set within " + std::to_string(timeout.count()) + " ms");
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-  }
 }
 
 }  // namespace traind::comm

@@ -1,8 +1,9 @@
 // The rendezvous key/value store of a data-parallel run (torchrun's TCPStore role): rank 0 hosts a
 // TcpStoreServer on master_addr:master_port; every rank (rank 0 included) talks to it through a
-// TcpStoreClient, which is Gloo's rendezvous::Store (what connectFullMesh exchanges addresses
-// through). Keys are prefixed by the client (job and attempt), so a restarted attempt never reads
-// a stale one's keys. Private to comm/.
+// TcpStoreClient (rendezvous.h builds the rendezvous on it; Gloo sees it through an adapter in
+// gloo_communicator.cc, NCCL's unique id travels through it). Keys are prefixed by the client (job
+// and attempt), so a restarted attempt never reads a stale one's keys. No Gloo or CUDA types here.
+// Private to comm/.
 //
 // Wire format (one request, one reply, over one TCP connection per client):
 //   request: op (1 byte: 'S' set, 'G' get, 'X' set if absent), key length (u32 LE), key,
@@ -20,8 +21,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <gloo/rendezvous/store.h>
 
 #include "traind/engine/status.h"
 
@@ -48,22 +47,21 @@ class TcpStoreServer {
   std::map<std::string, std::vector<char>> data_;
 };
 
-class TcpStoreClient : public gloo::rendezvous::Store {
+class TcpStoreClient {
  public:
   // Connects to the server, retrying until `timeout` (the server may not be up yet). UNAVAILABLE
   // with `who_hosts` in the message when it never answers.
   static Result<std::unique_ptr<TcpStoreClient>> Connect(
       const std::string& addr, int port, const std::string& prefix,
       std::chrono::milliseconds timeout, const std::string& who_hosts);
-  ~TcpStoreClient() override;
+  ~TcpStoreClient();
+  TcpStoreClient(const TcpStoreClient&) = delete;
+  TcpStoreClient& operator=(const TcpStoreClient&) = delete;
 
-  // gloo::rendezvous::Store (throws std::runtime_error on I/O errors and timeouts).
-  void set(const std::string& key, const std::vector<char>& data) override;
-  std::vector<char> get(const std::string& key) override;
-  void wait(const std::vector<std::string>& keys) override { wait(keys, timeout_); }
-  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override;
+  const std::string& prefix() const { return prefix_; }
+  const std::string& where() const { return where_; }  // "addr:port"
+  std::chrono::milliseconds timeout() const { return timeout_; }  // Connect's timeout
 
-  // Status-returning forms for our own protocol (no exceptions).
   Status Set(const std::string& key, const std::string& value);
   // false in *found when absent (no waiting).
   Status TryGet(const std::string& key, std::string* value, bool* found);

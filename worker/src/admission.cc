@@ -6,6 +6,10 @@
 
 #include <nlohmann/json.hpp>
 
+#if TRAIND_HAVE_GLOO
+#include "traind/comm/distributed.h"
+#endif
+
 namespace traind::worker {
 namespace {
 
@@ -62,10 +66,21 @@ int64_t DistributedRank(const engine::JobSpec& spec) {
 
 Status CheckDistributedDevice(const engine::JobSpec& spec, const std::string& device) {
   if (DistributedWorld(spec) == 0 || device == "cpu") return Status::Ok();
+  if (device == "simt") {
+    return Status::Unimplemented(
+        "distributed: data parallel on simt (the CUDA emulator) is not supported: NCCL cannot run "
+        "there (start the daemons with --device cpu for Gloo, or cuda:N for NCCL)");
+  }
+#if TRAIND_HAVE_GLOO
+  const bool nccl = comm::NcclBuilt();
+#else
+  const bool nccl = false;
+#endif
+  if (nccl && (device.rfind("cuda:", 0) == 0 || device == "auto")) return Status::Ok();
   return Status::Unimplemented(
       "distributed: data parallel on " + device +
-      " is not supported yet (NCCL is not built; Gloo on the cpu backend only: start the daemons "
-      "with --device cpu)");
+      " is not supported by this build (NCCL is not built: it comes with the CUDA backend; Gloo "
+      "on the cpu backend only: start the daemons with --device cpu)");
 }
 
 Result<Admitted> Admit(const std::string& text, const std::string& base_dir,

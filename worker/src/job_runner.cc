@@ -17,7 +17,7 @@
 #include "traind/engine/local_run.h"
 #include "traind/engine/signal_thread.h"
 #if TRAIND_HAVE_GLOO
-#include "traind/comm/gloo_communicator.h"
+#include "traind/comm/distributed.h"
 #endif
 #include "traind/offload/offload.h"
 #include "traind/v1/runner.pb.h"
@@ -95,14 +95,17 @@ Result<std::unique_ptr<engine::OptimizerStateStore>> OpenOffloadStore(const engi
 // every daemon's job of the run meets under traind/<name>/<run_id>/ and no other run's keys.
 // `attempt` (the daemon's attempt of this job; every rank of a broken world restarts once, so the
 // ranks' attempts stay in step) makes attempt N > 1 meet under <run_id>.attempt-N: a rank left
-// over from an earlier attempt never joins a later one.
+// over from an earlier attempt never joins a later one. The communicator follows opts->device
+// (set before this call): Gloo on cpu, NCCL on cuda:N.
 void UseCommunicator(engine::RunOptions* opts, const std::string& run_id, int32_t attempt) {
   const char* env = ::getenv("TRAIND_DIST_ATTEMPT");
   std::string key = !run_id.empty() ? run_id : (env != nullptr && *env != 0 ? env : "0");
   if (attempt > 1) key += ".attempt-" + std::to_string(attempt);
   ::setenv("TRAIND_DIST_ATTEMPT", key.c_str(), 1);
 #if TRAIND_HAVE_GLOO
-  opts->open_communicator = comm::OpenCommunicatorForJob;
+  opts->open_communicator = [device = opts->device.device](const engine::JobSpec& spec) {
+    return comm::OpenCommunicatorForJob(spec, device);
+  };
 #else
   (void)opts;
 #endif

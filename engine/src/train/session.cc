@@ -128,9 +128,12 @@ Status OpenDeviceAndPlan(TrainingSession* s) {
   s->B = s->plan.micro_batch;
   s->T = s->spec.data.seq_len;
   s->accum = s->plan.gradient_accumulation_steps;
-  if (s->comm != nullptr && s->device != "cpu") {
-    return Status::Unimplemented("distributed: data parallel on " + s->device +
-                                 " is not supported yet (Gloo on the cpu backend only; NCCL later)");
+  // Gloo reduces host memory (the cpu backend), NCCL device memory of cuda:N.
+  if (s->comm != nullptr && s->device != "cpu" &&
+      !(s->device.rfind("cuda:", 0) == 0 && s->comm->name() == "nccl")) {
+    return Status::Unimplemented("distributed: data parallel on " + s->device + " with the " +
+                                 s->comm->name() +
+                                 " communicator is not supported (Gloo on cpu, NCCL on cuda:N)");
   }
   return Status::Ok();
 }

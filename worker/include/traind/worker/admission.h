@@ -38,7 +38,8 @@ std::string SpecMessageToText(const v1::JobSpec& spec);
 // this job's rank (-1 for a plain run).
 int64_t DistributedWorld(const engine::JobSpec& spec);
 int64_t DistributedRank(const engine::JobSpec& spec);
-// UNIMPLEMENTED for a world larger than one on a device other than cpu (no NCCL yet).
+// UNIMPLEMENTED for a world larger than one on simt, and on a cuda device (or auto) when this
+// build has no NCCL (comm::NcclBuilt()); cpu (Gloo) always passes.
 Status CheckDistributedDevice(const engine::JobSpec& spec, const std::string& device);
 
 v1::Plan PlanToProto(const engine::MemoryPlan& plan);

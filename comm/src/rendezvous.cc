@@ -1,0 +1,112 @@
+// JoinRendezvous and WaitForKey: see rendezvous.h.
+#include "rendezvous.h"
+
+#include <cstdio>
+#include <thread>
+#include <vector>
+
+namespace traind::comm {
+
+using Clock = std::chrono::steady_clock;
+
+std::string Seconds(std::chrono::milliseconds ms) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%g", static_cast<double>(ms.count()) / 1000.0);
+  return buf;
+}
+
+Result<Rendezvous> JoinRendezvous(const DistributedOptions& o) {
+  if (o.world_size < 1) {
+    return Status::InvalidArgument("distributed.world_size: must be >= 1, got " +
+                                   std::to_string(o.world_size));
+  }
+  if (o.rank < 0 || o.rank >= o.world_size) {
+    return Status::InvalidArgument("distributed.rank: must be in [0, " +
+                                   std::to_string(o.world_size) + "), got " + std::to_string(o.rank));
+  }
+  Rendezvous rv;
+  rv.where = o.master_addr + ":" + std::to_string(o.master_port);
+  rv.me = "rank " + std::to_string(o.rank) + " of " + std::to_string(o.world_size);
+  const std::string& where = rv.where;
+  const std::string& me = rv.me;
+  if (o.rank == 0) {
+    TRAIND_ASSIGN_OR_RETURN(rv.server, TcpStoreServer::Start(o.master_addr, o.master_port));
+  }
+  rv.deadline = Clock::now() + o.rendezvous_timeout;
+  TRAIND_ASSIGN_OR_RETURN(
+      rv.store,
+      TcpStoreClient::Connect(o.master_addr, o.master_port, o.prefix, o.rendezvous_timeout,
+                              me + " waited for rank 0, which hosts the rendezvous store; rank 0 "
+                                   "never came (is it running, with this master_addr/master_port?)"));
+  TcpStoreClient* store = rv.store.get();
+  // Claim this rank, then wait for everyone.
+  bool taken = false;
+  TRAIND_RETURN_IF_ERROR(store->SetIfAbsent("join/" + std::to_string(o.rank),
+                                            std::to_string(o.world_size), &taken));
+  if (taken) {
+    return Status::InvalidArgument("distributed.rank: rank " + std::to_string(o.rank) +
+                                   " has already joined this run (" + o.prefix + ") at " + where +
+                                   ": two processes were given the same RANK");
+  }
+  std::vector<int> missing;
+  auto missing_names = [&]() {
+    std::string names;
+    for (size_t i = 0; i < missing.size(); ++i) {
+      names += (i ? (i + 1 == missing.size() ? " and " : ", ") : "") + std::to_string(missing[i]);
+    }
+    return (missing.size() == 1 ? "rank " : "ranks ") + names + " never joined";
+  };
+  for (;;) {
+    std::vector<int> now;
+    for (int r = 0; r < o.world_size; ++r) {
+      std::string v;
+      bool found = false;
+      const Status got = store->TryGet("join/" + std::to_string(r), &v, &found);
+      if (!got.ok()) {  // rank 0 gave up (its own timeout) and closed the store
+        return Status::Unavailable(
+            "rendezvous at " + where + " (" + o.prefix + "): " +
+            (missing.empty() ? std::string("the store closed") : missing_names()) +
+            "; rank 0 stopped waiting and closed the store (this is " + me + "): " + got.message());
+      }
+      if (!found) {
+        now.push_back(r);
+      } else if (v != std::to_string(o.world_size)) {
+        return Status::InvalidArgument("distributed.world_size: rank " + std::to_string(r) +
+                                       " joined with world_size " + v + ", this " + me + " has " +
+                                       std::to_string(o.world_size));
+      }
+    }
+    missing = std::move(now);
+    if (missing.empty()) break;
+    if (Clock::now() >= rv.deadline) {
+      return Status::Unavailable(
+          "rendezvous at " + where + " (" + o.prefix + "): " + missing_names() + " within " +
+          Seconds(o.rendezvous_timeout) + " s (" +
+          std::to_string(o.world_size - static_cast<int>(missing.size())) + " of " +
+          std::to_string(o.world_size) + " ranks came; this is " + me + ")");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return rv;
+}
+
+Result<std::string> WaitForKey(Rendezvous& r, const std::string& key, const std::string& who) {
+  for (;;) {
+    std::string v;
+    bool found = false;
+    const Status got = r.store->TryGet(key, &v, &found);
+    if (!got.ok()) {
+      return Status::Unavailable("rendezvous at " + r.where + ": " + r.me + " waited for " + who +
+                                 " to publish '" + key + "', and the store went away: " +
+                                 got.message());
+    }
+    if (found) return v;
+    if (Clock::now() >= r.deadline) {
+      return Status::Unavailable("rendezvous at " + r.where + ": " + who + " did not publish '" +
+                                 key + "' within the rendezvous timeout (this is " + r.me + ")");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
+}  // namespace traind::comm
