@@ -1,0 +1,298 @@
+// ZeRO-1's ShardedOptimizer with threads of one process as ranks (an in-process communicator):
+// the ranges (contiguous; on 8-bit blocks; whole tensors for Adafactor), W ranks stepping their
+// shards end bit-identical to one unsharded optimizer for every training.optim, their gathered
+// state is the unsharded optimizer's file, a full file loads into the shards and continues the
+// same run, and the errors (a bad tensor, a world too large for the buffer).
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "backend/arena.h"
+#include "optim/optimizer.h"
+#include "optim/quant8.h"
+#include "optim/sharded_optimizer.h"
+#include "optim_test_util.h"
+
+namespace traind::engine {
+namespace {
+
+// The ranks of one process: each collective deposits its buffer, waits for every rank, reads
+// the others', and waits again before anyone may reuse a buffer.
+class ThreadWorld {
+ public:
+  explicit ThreadWorld(int world) : world_(world), slots_(static_cast<size_t>(world)) {}
+  int world() const { return world_; }
+  void Deposit(int rank, const void* p) { slots_[static_cast<size_t>(rank)] = p; }
+  const void* Slot(int rank) const { return slots_[static_cast<size_t>(rank)]; }
+  void Wait() {
+    std::unique_lock<std::mutex> lock(mu_);
+    const int64_t gen = generation_;
+    if (++arrived_ == world_) {
+      arrived_ = 0;
+      ++generation_;
+      cv_.notify_all();
+      return;
+    }
+    cv_.wait(lock, [&] { return generation_ != gen; });
+  }
+
+ private:
+  const int world_;
+  std::vector<const void*> slots_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int arrived_ = 0;
+  int64_t generation_ = 0;
+};
+
+class ThreadComm final : public Communicator {
+ public:
+  ThreadComm(ThreadWorld* world, int rank) : w_(world), rank_(rank) {}
+  int rank() const override { return rank_; }
+  int world_size() const override { return w_->world(); }
+  std::string name() const override { return "threads"; }
+  Status AllReduceSum(void* data, int64_t count, CommDType type) override {
+    if (type != CommDType::kF32) return Status::Internal("fp32 only");
+    std::vector<float> sum(static_cast<size_t>(count), 0.0f);
+    w_->Deposit(rank_, data);
+    w_->Wait();
+    for (int r = 0; r < w_->world(); ++r) {
+      const auto* f = static_cast<const float*>(w_->Slot(r));
+      for (int64_t i = 0; i < count; ++i) sum[static_cast<size_t>(i)] += f[i];
+    }
+    w_->Wait();
+    std::memcpy(data, sum.data(), sum.size() * 4);
+    return Status::Ok();
+  }
+  Status ReduceScatterSum(const void*, void*, int64_t, CommDType) override {
+    return Status::Internal("unused");
+  }
+  Status AllGather(const void* in, void* out, int64_t count, CommDType type) override {
+    if (type != CommDType::kF32) return Status::Internal("fp32 lanes only");
+    w_->Deposit(rank_, in);
+    w_->Wait();
+    for (int r = 0; r < w_->world(); ++r) {
+      std::memcpy(static_cast<char*>(out) + static_cast<size_t>(r) * static_cast<size_t>(count) * 4,
+                  w_->Slot(r), static_cast<size_t>(count) * 4);
+    }
+    w_->Wait();
+    return Status::Ok();
+  }
+  Status Broadcast(void* data, size_t bytes, int root) override {
+    w_->Deposit(rank_, data);
+    w_->Wait();
+    if (rank_ != root) std::memcpy(data, w_->Slot(root), bytes);
+    w_->Wait();
+    return Status::Ok();
+  }
+  Status Barrier() override {
+    w_->Wait();
+    return Status::Ok();
+  }
+
+ private:
+  ThreadWorld* w_;
+  int rank_;
+};
+
+// Shapes with 8-bit tensors (>= 4096 elements: 5120 and 6144, not block multiples of the cuts)
+// between fp32 ones, vectors and matrices.
+std::vector<ParamInfo> Layout(int64_t* n) {
+  return testing::MakeParams({{64, 80}, {100}, {96, 64}, {50}, {8, 30}, {300}}, n);
+}
+
+TrainingSpec Optim(const std::string& name) {
+  TrainingSpec t;
+  t.optim = name;
+  t.weight_decay = 0.1;
+  if (name == "sgd") t.optim_args.momentum = 0.9;
+  if (name == "adafactor") t.optim_args.beta1 = 0.9;  // every state kind
+  return t;
+}
+
+TEST(ZeroOneShards, ContiguousOnBlocksForEightBitWholeTensorsForAdafactor) {
+  int64_t n = 0;
+  const std::vector<ParamInfo> params = Layout(&n);
+  int cuts_in_8bit = 0;  // the 8-bit rule was exercised
+  for (const char* optim : {"adamw", "sgd", "adamw_8bit", "adafactor"}) {
+    for (int world : {2, 3, 4}) {
+      const auto ranges = ZeroOneShards(Optim(optim), params, n, world);
+      ASSERT_EQ(ranges.size(), static_cast<size_t>(world));
+      EXPECT_EQ(ranges.front().first, 0);
+      EXPECT_EQ(ranges.back().second, n);
+      for (int r = 0; r < world; ++r) {
+        const auto [b, e] = ranges[static_cast<size_t>(r)];
+        EXPECT_LT(b, e) << optim << " world " << world << " rank " << r;
+        if (r > 0) {
+          EXPECT_EQ(b, ranges[static_cast<size_t>(r) - 1].second);
+        }
+        if (std::string(optim) == "adamw" || std::string(optim) == "sgd") {
+          EXPECT_EQ(b, n * r / world);
+        }
+        for (const ParamInfo& p : params) {
+          if (b <= p.offset || b >= p.offset + p.numel) continue;  // the cut is inside p
+          if (std::string(optim) == "adafactor") {
+            ADD_FAILURE() << "adafactor cut inside " << p.hf_name;
+          }
+          if (std::string(optim) == "adamw_8bit" && p.numel >= 4096) {
+            EXPECT_EQ((b - p.offset) % kQuant8Block, 0) << p.hf_name << " world " << world;
+            ++cuts_in_8bit;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(cuts_in_8bit, 0);
+}
+
+// W ranks (threads) run `steps` steps of their shards from the same parameters and gradients;
+// returns every rank's parameters and rank 0's gathered state file. `load`: a state file each
+// rank loads first (its slice).
+struct WorldResult {
+  std::vector<std::vector<float>> params;
+  SafetensorsFile state;
+  Status status;
+};
+WorldResult RunWorld(const TrainingSpec& t, int world, const std::vector<ParamInfo>& params,
+                     int64_t n, const std::vector<float>& init,
+                     const std::vector<std::vector<float>>& grads, const SafetensorsFile* load) {
+  WorldResult out;
+  out.params.assign(static_cast<size_t>(world), init);
+  std::vector<Status> status(static_cast<size_t>(world));
+  ThreadWorld w(world);
+  std::atomic<bool> load_failed{false};
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      ThreadComm comm(&w, r);
+      std::unique_ptr<Backend> backend = MakeCpuBackend(1);
+      DeviceArena arena(backend.get(), 0);
+      auto opt = ShardedOptimizer::Create(t, params, n, &comm, &arena);
+      Status& st = status[static_cast<size_t>(r)];
+      if (!opt.ok()) {
+        st = opt.status();
+        return;  // every rank fails alike at Create (no collective there)
+      }
+      if (load != nullptr) {  // every rank learns whether one failed before any collective
+        st = (*opt)->LoadState(*load);
+        if (!st.ok()) load_failed = true;
+        w.Wait();
+        if (load_failed) return;
+      }
+      std::vector<float>& p = out.params[static_cast<size_t>(r)];
+      for (size_t s = 0; s < grads.size() && st.ok(); ++s) {
+        (*opt)->Step(p.data(), grads[s].data(), 1e-2 * (1.0 + static_cast<double>(s)), 0.5f);
+        st = (*opt)->GatherParams(p.data());
+      }
+      if (!st.ok()) return;
+      if (r == 0) {
+        out.state = (*opt)->SaveState();
+        st = (*opt)->status();
+      } else {
+        st = (*opt)->ContributeState();
+      }
+    });
+  }
+  for (std::thread& th : threads) th.join();
+  for (const Status& s : status) {
+    if (!s.ok() && out.status.ok()) out.status = s;
+  }
+  return out;
+}
+
+// One unsharded optimizer over the same steps (after loading `load`, if given).
+std::vector<float> RunAlone(const TrainingSpec& t, const std::vector<ParamInfo>& params, int64_t n,
+                            const std::vector<float>& init,
+                            const std::vector<std::vector<float>>& grads,
+                            const SafetensorsFile* load, SafetensorsFile* state) {
+  std::unique_ptr<Backend> backend = MakeCpuBackend(1);
+  DeviceArena arena(backend.get(), 0);
+  auto opt = MakeOptimizer(t, params, n, &arena);
+  EXPECT_TRUE(opt.ok()) << opt.status().ToString();
+  if (load != nullptr) {
+    EXPECT_TRUE((*opt)->LoadState(*load).ok());
+  }
+  std::vector<float> p = init;
+  for (size_t s = 0; s < grads.size(); ++s) {
+    (*opt)->Step(p.data(), grads[s].data(), 1e-2 * (1.0 + static_cast<double>(s)), 0.5f);
+  }
+  *state = (*opt)->SaveState();
+  return p;
+}
+
+void ExpectSameFile(const SafetensorsFile& a, const SafetensorsFile& b, const std::string& what) {
+  EXPECT_EQ(a.metadata, b.metadata) << what;
+  ASSERT_EQ(a.tensors.size(), b.tensors.size()) << what;
+  for (const auto& [name, t] : a.tensors) {
+    ASSERT_EQ(b.tensors.count(name), 1u) << what << ": " << name;
+    const HostTensor& u = b.tensors.at(name);
+    EXPECT_EQ(t.dtype, u.dtype) << what << ": " << name;
+    EXPECT_EQ(t.shape, u.shape) << what << ": " << name;
+    EXPECT_TRUE(t.data == u.data) << what << ": " << name;
+  }
+}
+
+TEST(ShardedOptimizer, ShardsStepSaveAndLoadAsOneOptimizer) {
+  int64_t n = 0;
+  const std::vector<ParamInfo> params = Layout(&n);
+  const std::vector<float> init = testing::RandomVector(n, 1, 0.5f);
+  std::vector<std::vector<float>> grads, more;
+  for (uint32_t s = 0; s < 3; ++s) grads.push_back(testing::RandomVector(n, 10 + s, 1.0f));
+  for (uint32_t s = 0; s < 2; ++s) more.push_back(testing::RandomVector(n, 20 + s, 1.0f));
+  for (const char* optim : {"adamw", "sgd", "adamw_8bit", "adafactor"}) {
+    const TrainingSpec t = Optim(optim);
+    SafetensorsFile alone_state;
+    const std::vector<float> alone = RunAlone(t, params, n, init, grads, nullptr, &alone_state);
+    for (int world : {2, 3}) {
+      const std::string what = std::string(optim) + " world " + std::to_string(world);
+      WorldResult res = RunWorld(t, world, params, n, init, grads, nullptr);
+      ASSERT_TRUE(res.status.ok()) << what << ": " << res.status.ToString();
+      for (int r = 0; r < world; ++r) {
+        EXPECT_TRUE(res.params[static_cast<size_t>(r)] == alone) << what << " rank " << r;
+      }
+      ExpectSameFile(alone_state, res.state, what + ": gathered state");
+      // The unsharded file loads into the shards and continues as the unsharded optimizer does.
+      SafetensorsFile alone_more_state;
+      const std::vector<float> alone_more =
+          RunAlone(t, params, n, alone, more, &alone_state, &alone_more_state);
+      WorldResult cont = RunWorld(t, world, params, n, alone, more, &alone_state);
+      ASSERT_TRUE(cont.status.ok()) << what << ": " << cont.status.ToString();
+      EXPECT_TRUE(cont.params[0] == alone_more) << what << ": continued";
+      ExpectSameFile(alone_more_state, cont.state, what + ": continued state");
+    }
+  }
+}
+
+TEST(ShardedOptimizer, BadStateTensorIsNamedAndTooLargeAWorldIsRefused) {
+  int64_t n = 0;
+  const std::vector<ParamInfo> params = Layout(&n);
+  const std::vector<float> init = testing::RandomVector(n, 1, 0.5f);
+  const std::vector<std::vector<float>> grads = {testing::RandomVector(n, 2, 1.0f)};
+  SafetensorsFile state;
+  RunAlone(Optim("adamw"), params, n, init, grads, nullptr, &state);
+  state.tensors["p2.exp_avg"].shape = {64, 96};  // transposed: the wrong shape
+  WorldResult res = RunWorld(Optim("adamw"), 2, params, n, init, grads, &state);
+  EXPECT_EQ(res.status.code(), Status::Code::kDataLoss);
+  EXPECT_NE(res.status.message().find("p2.exp_avg"), std::string::npos) << res.status.ToString();
+  state.tensors.erase("p2.exp_avg");
+  res = RunWorld(Optim("adamw"), 2, params, n, init, grads, &state);
+  EXPECT_EQ(res.status.code(), Status::Code::kDataLoss);
+  EXPECT_NE(res.status.message().find("missing tensor p2.exp_avg"), std::string::npos)
+      << res.status.ToString();
+
+  // Adafactor with more ranks than tensors leaves a rank nothing.
+  int64_t small = 0;
+  const std::vector<ParamInfo> two = testing::MakeParams({{4, 4}, {4}}, &small);
+  res = RunWorld(Optim("adafactor"), 3, two, small, std::vector<float>(20, 1.0f), {}, nullptr);
+  EXPECT_EQ(res.status.code(), Status::Code::kInvalidArgument);
+  EXPECT_NE(res.status.message().find("distributed.zero_stage: 1 leaves rank"), std::string::npos)
+      << res.status.ToString();
+}
+
+}  // namespace
+}  // namespace traind::engine
