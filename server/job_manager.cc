@@ -376,6 +376,7 @@ void JobManager::OnRunnerEvent(const std::string& id, const v1::RunnerEvent& rev
         v1::CommTotals* c = job.mutable_comm();
         c->set_seconds(c->seconds() + rev.step().comm_seconds());
         c->set_bytes(c->bytes() + rev.step().comm_bytes());
+        c->set_hidden_seconds(c->hidden_seconds() + rev.step().comm_hidden_seconds());
       }
       metrics_->OnStep(id, rev.step());
       break;

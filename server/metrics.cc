@@ -34,6 +34,7 @@ struct Metrics::JobSeries {
   // Distributed jobs only (labels + rank); null for a plain job.
   prometheus::Counter* comm_seconds = nullptr;
   prometheus::Counter* comm_bytes = nullptr;
+  prometheus::Counter* comm_hidden_seconds = nullptr;
   int64_t tokenize_bytes_counted = 0;  // bytes_done of the current tokenization already counted
 };
 
@@ -85,6 +86,8 @@ Result<std::unique_ptr<Metrics>> Metrics::Start(const std::string& listen, doubl
                           .Help("Time this rank spent in collectives, not hidden by compute (data parallel)").Register(r);
   m->comm_bytes_ = &BuildCounter().Name("traind_comm_bytes_total")
                         .Help("Bytes this rank's collectives sent (data parallel)").Register(r);
+  m->comm_hidden_seconds_ = &BuildCounter().Name("traind_comm_hidden_seconds_total")
+                                 .Help("Collective time that ran while backward computed (data parallel)").Register(r);
   m->world_size_ = &BuildGauge().Name("traind_world_size").Help("Ranks of a distributed job (1 for a plain job)").Register(r);
   m->requests_ = &BuildCounter().Name("traind_grpc_requests_total").Help("Control-plane calls by method and code").Register(r);
   m->memory_total_->Set(static_cast<double>(device_total_bytes));
@@ -158,6 +161,7 @@ void Metrics::JobStarted(const std::string& id, const std::string& name, const v
       lr["rank"] = std::to_string(rank);
       s->comm_seconds = &comm_seconds_->Add(lr);
       s->comm_bytes = &comm_bytes_->Add(lr);
+      s->comm_hidden_seconds = &comm_hidden_seconds_->Add(lr);
     }
   }
   const auto& b = plan.bytes();
@@ -189,6 +193,7 @@ void Metrics::OnStep(const std::string& id, const v1::StepEvent& e) {
   if (s.comm_seconds != nullptr) {
     s.comm_seconds->Increment(std::max(0.0, e.comm_seconds()));
     s.comm_bytes->Increment(static_cast<double>(std::max<int64_t>(0, e.comm_bytes())));
+    s.comm_hidden_seconds->Increment(std::max(0.0, e.comm_hidden_seconds()));
   }
   if (e.step_seconds() > 0) {
     if (peak_flops_ > 0) s.mfu->Set(e.model_flops() / e.step_seconds() / peak_flops_);
@@ -258,6 +263,7 @@ void Metrics::JobEnded(const std::string& id) {
   if (s.comm_seconds != nullptr) {
     comm_seconds_->Remove(s.comm_seconds);
     comm_bytes_->Remove(s.comm_bytes);
+    comm_hidden_seconds_->Remove(s.comm_hidden_seconds);
   }
   series_.erase(it);
   memory_used_->Set(0);

@@ -85,6 +85,7 @@ class Metrics {
   prometheus::Family<prometheus::Counter>* tokenize_bytes_ = nullptr;
   prometheus::Family<prometheus::Counter>* comm_seconds_ = nullptr;
   prometheus::Family<prometheus::Counter>* comm_bytes_ = nullptr;
+  prometheus::Family<prometheus::Counter>* comm_hidden_seconds_ = nullptr;
   prometheus::Family<prometheus::Gauge>* world_size_ = nullptr;
   prometheus::Family<prometheus::Counter>* requests_ = nullptr;
 

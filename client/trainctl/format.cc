@@ -140,7 +140,8 @@ nlohmann::json JobJson(const v1::Job& j) {
                                                               {"rank", j.rank()},
                                                               {"run_id", j.run_id()},
                                                               {"comm_seconds", JsonNumber(j.comm().seconds())},
-                                                              {"comm_bytes", j.comm().bytes()}}
+                                                              {"comm_bytes", j.comm().bytes()},
+                                                              {"comm_hidden_seconds", JsonNumber(j.comm().hidden_seconds())}}
                                              : nlohmann::json(nullptr)}};
 }
 
@@ -170,7 +171,10 @@ std::string StatusText(const v1::Job& j) {
                            (j.run_id().empty() ? std::string() : " (run " + j.run_id() + ")") +
                            (j.rank() == 0 ? "; writes output_dir" : "; rank 0 writes output_dir"));
     if (j.has_comm()) {
-      row("communication", Fmt("%.2f s", j.comm().seconds()) + " in collectives (not hidden by compute), " +
+      const double hidden = j.comm().hidden_seconds(), total = j.comm().seconds() + hidden;
+      row("communication", Fmt("%.2f s", j.comm().seconds()) + " in collectives not hidden by compute, " +
+                               Fmt("%.2f s", hidden) + " hidden behind backward" +
+                               (total > 0 ? Fmt(" (%.0f%%)", 100.0 * hidden / total) : std::string()) + ", " +
                                HumanBytes(j.comm().bytes()) + " sent by this rank");
     }
   }

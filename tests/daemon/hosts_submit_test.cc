@@ -159,6 +159,7 @@ TEST_F(HostsSubmitTest, EachRanksDaemonServesItsCommunication) {
       const double bytes = FindMetric(m, "traind_comm_bytes_total", label);
       if (!(bytes > 0)) continue;
       EXPECT_GE(FindMetric(m, "traind_comm_seconds_total", label), 0.0);
+      EXPECT_GE(FindMetric(m, "traind_comm_hidden_seconds_total", label), 0.0);
       EXPECT_EQ(FindMetric(m, "traind_world_size", "job_name=\"comm\""), 2.0);
       seen[rank] = bytes;
     }

@@ -75,6 +75,7 @@ TEST_F(MetricsTest, EverySeriesPresentAndMovingDuringAJob) {
   EXPECT_EQ(FindMetric(second, "traind_world_size", label), 1);
   EXPECT_TRUE(std::isnan(FindMetric(second, "traind_comm_bytes_total", label)));
   EXPECT_TRUE(std::isnan(FindMetric(second, "traind_comm_seconds_total", label)));
+  EXPECT_TRUE(std::isnan(FindMetric(second, "traind_comm_hidden_seconds_total", label)));
   for (const char* kind : {"weights", "gradients", "optimizer", "activations", "temporary"}) {
     EXPECT_GT(FindMetric(second, "traind_device_memory_bytes", std::string("kind=\"") + kind + "\""), 0) << kind;
   }

@@ -65,6 +65,7 @@ v1::StepEvent ToProto(const engine::StepReport& r) {
   e.set_offload_store_bytes(r.offload_store_bytes);
   e.set_comm_seconds(r.comm_seconds);
   e.set_comm_bytes(r.comm_bytes);
+  e.set_comm_hidden_seconds(r.comm_hidden_seconds);
   return e;
 }
 

@@ -479,7 +479,10 @@ void DecoderModel::Backward() {
     if (ckpt && s != n_seg - 1) {
       for (int64_t l = first; l < last; ++l) BlockForward(l);
     }
-    for (int64_t l = last - 1; l >= first; --l) BlockBackward(l);
+    for (int64_t l = last - 1; l >= first; --l) {
+      BlockBackward(l);
+      if (on_block_gradients_) on_block_gradients_(l);
+    }
   }
   training_ = false;
   if (lora()) return;  // frozen embeddings

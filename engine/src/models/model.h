@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -136,6 +137,16 @@ class Model {
                                double* loss_sum) = 0;
   // Accumulates (+=) parameter gradients of grad_scale * mean loss into grad_data().
   virtual void Backward() = 0;
+
+  // Backward() calls `fn(layer)` once the gradients of transformer block `layer` are final for the
+  // micro-batch (after that block's backward, before the blocks below it; the embeddings' and the
+  // final norm's are final only when Backward() returns). On backends whose ops run on the calling
+  // thread (cpu) the gradients are then in memory; data parallel starts reducing them while
+  // backward goes on (train/overlapped_allreduce.h). Empty: no calls.
+  void SetOnBlockGradients(std::function<void(int64_t layer)> fn) { on_block_gradients_ = std::move(fn); }
+
+ protected:
+  std::function<void(int64_t layer)> on_block_gradients_;
 };
 
 }  // namespace traind::engine

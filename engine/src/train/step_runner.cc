@@ -1,6 +1,7 @@
 // StepRunner: see step_runner.h.
 #include "train/step_runner.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -57,6 +58,11 @@ Result<std::unique_ptr<StepRunner>> StepRunner::Create(const Options& options, M
     r->world_ = options.communicator->world_size();
     r->rank_ = options.communicator->rank();
     r->options_.use_graphs = false;  // the all-reduce runs between the micro-batches and the step
+    if (r->world_ > 1 && options.overlap_bucket_bytes > 0) {
+      r->overlap_ = std::make_unique<OverlappedAllReduce>(
+          options.communicator, model->trainable_params(), model->num_trainable(),
+          options.overlap_bucket_bytes);
+    }
   }
   if (optimizer->sharded() && r->world_ <= 1) {
     return Status::InvalidArgument("a sharded (zero_stage 1) optimizer needs the communicator");
@@ -184,18 +190,32 @@ Result<StepRunner::Outcome> StepRunner::Run(const NextBatch& next_batch, double 
   int slot = next_slot_;
   TRAIND_RETURN_IF_ERROR(Stage(slot, next_batch, loss_scale, wait));
   for (int64_t a = 0; a < accum; ++a) {
+    // The last micro-batch's backward finishes each block's gradients: reduce them meanwhile.
+    const bool overlapped = overlap_ != nullptr && a + 1 == accum;
+    if (overlapped) {
+      overlap_->Arm(model_->grad_data());
+      model_->SetOnBlockGradients([this](int64_t layer) { overlap_->BlockDone(layer); });
+    }
     if (captured_) {
       TRAIND_RETURN_IF_ERROR(backend_->Replay(micro_graph_[slot]));
     } else {
       IssueMicroBatch(slot);
     }
+    if (overlapped) model_->SetOnBlockGradients(nullptr);
     TRAIND_RETURN_IF_ERROR(upload_->Consumed(slot));
     slot = 1 - slot;
     // The next micro-batch loads and uploads while this one computes.
     if (a + 1 < accum) TRAIND_RETURN_IF_ERROR(Stage(slot, next_batch, loss_scale, wait));
   }
   next_slot_ = slot;
-  if (options_.communicator != nullptr && world_ > 1) {
+  double comm_hidden = 0.0;
+  if (overlap_ != nullptr) {
+    backend_->Synchronize();
+    TRAIND_RETURN_IF_ERROR(backend_->status());
+    double comm_seconds = 0.0, waited = 0.0;
+    TRAIND_RETURN_IF_ERROR(overlap_->Finish(&comm_seconds, &waited));
+    comm_hidden = std::max(0.0, comm_seconds - waited);
+  } else if (options_.communicator != nullptr && world_ > 1) {
     // Every rank's gradients summed (each micro-batch already carries 1/(accum * world)).
     backend_->Synchronize();
     TRAIND_RETURN_IF_ERROR(backend_->status());
@@ -215,6 +235,7 @@ Result<StepRunner::Outcome> StepRunner::Run(const NextBatch& next_batch, double 
   TRAIND_RETURN_IF_ERROR(backend_->status());
 
   Outcome out;
+  out.comm_hidden_seconds = comm_hidden;
   out.loss = host.loss_sum / static_cast<double>(accum);
   if (options_.communicator != nullptr && world_ > 1) {
     // Every rank's loss sum (a double: two f32 lanes of raw bytes), added in rank order, so every

@@ -27,6 +27,7 @@
 #include "backend/arena.h"
 #include "models/model.h"
 #include "optim/optimizer.h"
+#include "train/overlapped_allreduce.h"
 #include "traind/engine/communicator.h"
 #include "traind/engine/status.h"
 
@@ -52,11 +53,18 @@ class StepRunner {
     // before the norm, clipping and the optimizer step, and the loss is the mean over the world.
     // Null (world of one): nothing of this happens. Graphs are not captured with a communicator.
     Communicator* communicator = nullptr;
+    // Data parallel on backends whose ops run on the calling thread (cpu): > 0 reduces the
+    // gradients in buckets of about this many bytes while the last micro-batch's backward runs
+    // (OverlappedAllReduce); 0: one all-reduce of the whole buffer after backward.
+    int64_t overlap_bucket_bytes = 0;
   };
   struct Outcome {
     double loss = 0.0;       // mean over the micro-batches (every rank's) of their mean loss
     double grad_norm = 0.0;  // unscaled global norm; +inf when skipped
     bool skipped = false;    // fp16: non-finite gradients, no update applied
+    // Data parallel with overlap: seconds of the gradient all-reduce that ran while backward
+    // computed (its time inside collectives minus the time the step waited for it).
+    double comm_hidden_seconds = 0.0;
   };
   // Fills one micro-batch (B*T inputs and targets, host memory) and adds the seconds it waited for
   // data to *wait; a non-OK status (e.g. CANCELLED) ends the step with it.
@@ -110,6 +118,7 @@ class StepRunner {
   int world_ = 1, rank_ = 0;  // options_.communicator's, else a world of one
   bool captured_ = false;
   Status capture_error_;
+  std::unique_ptr<OverlappedAllReduce> overlap_;  // options_.overlap_bucket_bytes > 0, world > 1
   int micro_graph_[2] = {-1, -1};
   int optimizer_graph_ = -1;
 };

@@ -51,10 +51,12 @@ struct StepReport {
   int64_t offload_written_bytes = 0;
   double offload_io_seconds = 0;      // time the step waited on the store (I/O not hidden)
   int64_t offload_store_bytes = 0;    // bytes the store holds now (disk, or RAM for cpu)
-  // Data parallel: this rank's time inside collectives during the step (not hidden by compute:
-  // collectives block the step) and the bytes they sent from this rank (ring-algorithm volume at
-  // the buffers' element size); 0 for a run alone.
+  // Data parallel: this rank's time inside collectives during the step that compute did not hide
+  // (the step waited for it), the time of the gradient all-reduce that ran while backward
+  // computed (bucketed overlap, cpu), and the bytes the collectives sent from this rank
+  // (ring-algorithm volume at the buffers' element size); 0 for a run alone.
   double comm_seconds = 0;
+  double comm_hidden_seconds = 0;
   int64_t comm_bytes = 0;
 };
 

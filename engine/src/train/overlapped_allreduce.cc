@@ -1,0 +1,144 @@
+#include "train/overlapped_allreduce.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <limits>
+
+namespace traind::engine {
+
+using Clock = std::chrono::steady_clock;
+
+int64_t BlockOfParam(const std::string& hf_name) {
+  for (const char* marker : {".h.", ".layers.", ".layer."}) {
+    const size_t at = hf_name.find(marker);
+    if (at == std::string::npos) continue;
+    const size_t start = at + std::char_traits<char>::length(marker);
+    size_t end = start;
+    while (end < hf_name.size() && hf_name[end] >= '0' && hf_name[end] <= '9') ++end;
+    if (end > start && end < hf_name.size() && hf_name[end] == '.') {
+      return std::strtoll(hf_name.substr(start, end - start).c_str(), nullptr, 10);
+    }
+  }
+  return -1;
+}
+
+OverlappedAllReduce::OverlappedAllReduce(Communicator* comm, const std::vector<ParamInfo>& params,
+                                         int64_t num, int64_t bucket_bytes)
+    : comm_(comm) {
+  // Each block's range and element count.
+  int64_t blocks = 0;
+  for (const ParamInfo& p : params) blocks = std::max(blocks, BlockOfParam(p.hf_name) + 1);
+  std::vector<int64_t> lo(static_cast<size_t>(blocks), std::numeric_limits<int64_t>::max());
+  std::vector<int64_t> hi(static_cast<size_t>(blocks), 0), count(static_cast<size_t>(blocks), 0);
+  for (const ParamInfo& p : params) {
+    const int64_t b = BlockOfParam(p.hf_name);
+    if (b < 0) continue;
+    lo[b] = std::min(lo[b], p.offset);
+    hi[b] = std::max(hi[b], p.offset + p.numel);
+    count[b] += p.numel;
+  }
+  bucket_of_last_block_.assign(static_cast<size_t>(blocks), -1);
+  // Backward order: block blocks-1 first. A bucket grows downwards while the next block's range
+  // ends where the bucket begins.
+  Range open{0, 0};
+  int64_t open_low_block = -1;
+  auto close = [&] {
+    if (open.second > open.first) {
+      bucket_of_last_block_[static_cast<size_t>(open_low_block)] = static_cast<int64_t>(buckets_.size());
+      buckets_.push_back(open);
+    }
+    open = {0, 0};
+    open_low_block = -1;
+  };
+  for (int64_t b = blocks - 1; b >= 0; --b) {
+    const bool contiguous = count[b] > 0 && hi[b] - lo[b] == count[b];
+    if (!contiguous) {
+      close();
+      continue;
+    }
+    if (open.second > open.first && hi[b] != open.first) close();
+    open = open.second > open.first ? Range{lo[b], open.second} : Range{lo[b], hi[b]};
+    open_low_block = b;
+    if ((open.second - open.first) * static_cast<int64_t>(sizeof(float)) >= bucket_bytes) close();
+  }
+  close();
+  // The rest: [0, num) minus the buckets, in ascending pieces.
+  std::vector<Range> covered = buckets_;
+  std::sort(covered.begin(), covered.end());
+  int64_t at = 0;
+  for (const Range& r : covered) {
+    if (r.first > at) rest_.push_back({at, r.first});
+    at = std::max(at, r.second);
+  }
+  if (at < num) rest_.push_back({at, num});
+  thread_ = std::thread([this] { Loop(); });
+}
+
+OverlappedAllReduce::~OverlappedAllReduce() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void OverlappedAllReduce::Arm(float* grads) {
+  std::lock_guard<std::mutex> lock(mu_);
+  grads_ = grads;
+  comm_seconds_ = 0;
+  error_ = Status::Ok();
+}
+
+void OverlappedAllReduce::BlockDone(int64_t layer) {
+  if (layer < 0 || layer >= static_cast<int64_t>(bucket_of_last_block_.size())) return;
+  const int64_t bucket = bucket_of_last_block_[static_cast<size_t>(layer)];
+  if (bucket < 0) return;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.push_back(buckets_[static_cast<size_t>(bucket)]);
+    ++in_flight_;
+  }
+  cv_.notify_all();
+}
+
+Status OverlappedAllReduce::Finish(double* comm_seconds, double* waited_seconds) {
+  const Clock::time_point start = Clock::now();
+  std::unique_lock<std::mutex> lock(mu_);
+  for (const Range& r : rest_) {
+    queue_.push_back(r);
+    ++in_flight_;
+  }
+  cv_.notify_all();
+  cv_.wait(lock, [this] { return in_flight_ == 0; });
+  *comm_seconds = comm_seconds_;
+  *waited_seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  return error_;
+}
+
+void OverlappedAllReduce::Loop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+    if (queue_.empty()) return;  // stop_
+    const Range r = queue_.front();
+    queue_.pop_front();
+    const bool failed = !error_.ok();
+    float* grads = grads_;
+    lock.unlock();
+    Status s;
+    double seconds = 0;
+    if (!failed) {
+      const Clock::time_point t0 = Clock::now();
+      s = comm_->AllReduceSum(grads + r.first, r.second - r.first, CommDType::kF32);
+      seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    }
+    lock.lock();
+    comm_seconds_ += seconds;
+    if (error_.ok() && !s.ok()) error_ = s;
+    if (--in_flight_ == 0) cv_.notify_all();
+  }
+}
+
+}  // namespace traind::engine

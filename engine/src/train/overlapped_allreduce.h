@@ -1,0 +1,81 @@
+// OverlappedAllReduce: the data-parallel gradient all-reduce in buckets, started while backward
+// still runs (what PyTorch DDP's gradient buckets do). The trainable buffer is cut at transformer
+// block boundaries into buckets of at least `bucket_bytes`, in backward order (the last block's
+// first). When Backward() reports a block's gradients final (Model::SetOnBlockGradients) and that
+// completes a bucket, the bucket goes to a communication thread that all-reduces it while the
+// trainer's thread computes the blocks below. Finish() adds what is left (the embeddings and the
+// final norm, final only at the end of backward, and any parameter outside a block) and waits.
+//
+// Every rank cuts the same buckets and reduces them in the same order, so the collectives match.
+// Only for backends whose ops run on the calling thread (cpu): there the gradients are in memory
+// when the hook runs. The sums differ from one whole-buffer all-reduce only in rounding (the ring
+// adds each element in an order that depends on its position in the buffer it is reduced with).
+// The communicator is used from the communication thread between Arm() and Finish() and from no
+// other thread then (the Communicator contract: one caller at a time).
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "core/param_info.h"
+#include "traind/engine/communicator.h"
+#include "traind/engine/status.h"
+
+namespace traind::engine {
+
+// The transformer block a parameter belongs to, from its HF name (".h.3.", ".layers.3.",
+// ".layer.3."), or -1 (embeddings, final norm, heads).
+int64_t BlockOfParam(const std::string& hf_name);
+
+class OverlappedAllReduce {
+ public:
+  using Range = std::pair<int64_t, int64_t>;  // [begin, end) elements of the gradient buffer
+
+  // The bucket plan of `params` (views into a buffer of `num` floats): buckets of whole blocks,
+  // each a contiguous range, of at least `bucket_bytes` (the last one may be smaller).
+  // Blocks whose parameters do not form one contiguous range are left to Finish().
+  OverlappedAllReduce(Communicator* comm, const std::vector<ParamInfo>& params, int64_t num,
+                      int64_t bucket_bytes);
+  ~OverlappedAllReduce();  // joins the thread
+  OverlappedAllReduce(const OverlappedAllReduce&) = delete;
+  OverlappedAllReduce& operator=(const OverlappedAllReduce&) = delete;
+
+  const std::vector<Range>& buckets() const { return buckets_; }  // in reduction order
+  const std::vector<Range>& rest() const { return rest_; }        // reduced by Finish()
+
+  // Before the last micro-batch's backward: the gradients live at `grads`.
+  void Arm(float* grads);
+  // From Backward(): block `layer`'s gradients are final; queues the bucket it completes.
+  void BlockDone(int64_t layer);
+  // After Backward(): queues the rest, waits until everything is reduced. The first error of any
+  // all-reduce (the later ones are not issued). *comm_seconds: time inside the all-reduces;
+  // *waited_seconds: of it, the time this call waited (not hidden behind backward).
+  Status Finish(double* comm_seconds, double* waited_seconds);
+
+ private:
+  void Loop();
+
+  Communicator* comm_;
+  std::vector<Range> buckets_;
+  std::vector<int64_t> bucket_of_last_block_;  // per block: the bucket its backward completes, or -1
+  std::vector<Range> rest_;
+  float* grads_ = nullptr;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Range> queue_;     // mu_
+  int64_t in_flight_ = 0;       // mu_: queued or being reduced
+  double comm_seconds_ = 0;     // mu_
+  Status error_;                // mu_
+  bool stop_ = false;           // mu_
+  std::thread thread_;
+};
+
+}  // namespace traind::engine
