@@ -611,6 +611,44 @@ void CheckZeroOneCheckpoints(const std::string& extra) {
 
 TEST(DataParallel, ZeroOneCheckpointsResumeAcrossWorldsAndStages) { CheckZeroOneCheckpoints(""); }
 
+// LoRA (the shards split the adapters' buffer), bf16 and fp16 (the 16-bit copies follow the
+// gathered fp32 weights; fp16 with its loss scaling): zero_stage 1 trains the zero_stage 0 run.
+TEST(DataParallel, ZeroOneMatchesZeroZeroWithLoraAndMixedPrecision) {
+  const std::string dir = TempDir("zero_mixed");
+  const std::string tokens = dir + "/tokens.bin";
+  WriteTokens(tokens, 6000, 64, 4);
+  const std::pair<std::string, std::string> cases[] = {
+      {"lora", "peft: {type: lora, r: 4, lora_alpha: 8, lora_dropout: 0.1, "
+               "target_modules: [c_attn, c_fc], merge: true}"},
+      {"bf16", "bf16: true"},
+      {"fp16", "fp16: true"}};
+  for (const auto& [tag, extra] : cases) {
+    RunRanks(tokens, 2, 1, dir + "/" + tag + "_z0", extra, 0);
+    RunRanks(tokens, 2, 1, dir + "/" + tag + "_z1", extra, 1);
+    ExpectSameRun(dir + "/" + tag + "_z0", dir + "/" + tag + "_z1",
+                  tag + ": world 2 zero_stage 1 vs zero_stage 0");
+    auto a = ReadSafetensors(dir + "/" + tag + "_z0/checkpoint-20/optimizer.safetensors");
+    auto b = ReadSafetensors(dir + "/" + tag + "_z1/checkpoint-20/optimizer.safetensors");
+    ASSERT_TRUE(a.ok() && b.ok()) << tag;
+    ASSERT_EQ(a->tensors.size(), b->tensors.size()) << tag;
+    for (const auto& [name, t] : a->tensors) {
+      ASSERT_EQ(b->tensors.count(name), 1u) << tag << ": " << name;
+      EXPECT_EQ(t.shape, b->tensors.at(name).shape) << tag << ": " << name;
+    }
+    std::printf("[dp] %s: zero_stage 1 vs 0: model.safetensors %s, checkpoint-20 optimizer state "
+                "%s\n",
+                tag.c_str(),
+                Slurp(dir + "/" + tag + "_z0/model.safetensors") ==
+                        Slurp(dir + "/" + tag + "_z1/model.safetensors")
+                    ? "byte-identical"
+                    : "differs",
+                Slurp(dir + "/" + tag + "_z0/checkpoint-20/optimizer.safetensors") ==
+                        Slurp(dir + "/" + tag + "_z1/checkpoint-20/optimizer.safetensors")
+                    ? "byte-identical"
+                    : "differs");
+  }
+}
+
 TEST(DataParallel, ZeroOneAdamw8bitCheckpointsResumeAcrossWorldsAndStages) {
   CheckZeroOneCheckpoints("optim: adamw_8bit");
 }
