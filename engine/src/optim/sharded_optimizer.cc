@@ -166,7 +166,9 @@ std::vector<std::pair<int64_t, int64_t>> ZeroOneShards(const TrainingSpec& t,
     double before = 0.0;  // the floats of sorted[0, i)
     for (int r = 1; r < world; ++r) {
       const double target = total * r / world;
-      while (i < sorted.size() && before + floats(sorted[i]) / 2 < target) before += floats(sorted[i++]);
+      while (i < sorted.size() && before + floats(sorted[i]) / 2 < target) {
+        before += floats(sorted[i++]);
+      }
       const int64_t at = i < sorted.size() ? sorted[i].offset : num_params;
       cut[static_cast<size_t>(r)] = std::max(at, cut[static_cast<size_t>(r) - 1]);
     }
@@ -181,16 +183,14 @@ std::vector<std::pair<int64_t, int64_t>> ZeroOneShards(const TrainingSpec& t,
     auto cost = [&](const ParamInfo& p) {
       return Quantized8bit(t, p) ? 2.0 + 8.0 / static_cast<double>(kQuant8Block) : 8.0;
     };
+    auto bytes = [&](const ParamInfo& p) { return cost(p) * static_cast<double>(p.numel); };
     double total = 0.0;
-    for (const ParamInfo& p : sorted) total += cost(p) * static_cast<double>(p.numel);
+    for (const ParamInfo& p : sorted) total += bytes(p);
     size_t i = 0;
-    double before = 0.0;  // the cost of sorted[0, i)
+    double before = 0.0;  // the bytes of sorted[0, i)
     for (int r = 1; r < world; ++r) {
       const double target = total * r / world;
-      while (i < sorted.size() && before + cost(sorted[i]) * static_cast<double>(sorted[i].numel) < target) {
-        before += cost(sorted[i]) * static_cast<double>(sorted[i].numel);
-        ++i;
-      }
+      while (i < sorted.size() && before + bytes(sorted[i]) < target) before += bytes(sorted[i++]);
       int64_t at = num_params;
       if (i < sorted.size()) {
         const ParamInfo& p = sorted[i];
@@ -240,7 +240,8 @@ Result<std::unique_ptr<ShardedOptimizer>> ShardedOptimizer::Create(
   opt->begin_ = opt->ranges_[static_cast<size_t>(comm->rank())].first;
   opt->end_ = opt->ranges_[static_cast<size_t>(comm->rank())].second;
   std::vector<bool> quantized;
-  opt->local_ = SlicesIn(training, opt->params_, opt->begin_, opt->end_, &opt->local_of_, &quantized);
+  opt->local_ =
+      SlicesIn(training, opt->params_, opt->begin_, opt->end_, &opt->local_of_, &quantized);
   TRAIND_ASSIGN_OR_RETURN(opt->inner_, MakeOptimizer(training, opt->local_, opt->end_ - opt->begin_,
                                                      arena, quantized));
   return opt;
@@ -358,7 +359,7 @@ Status ShardedOptimizer::LoadState(const SafetensorsFile& file) {
          it != file.tensors.end() && it->first.compare(0, p.hf_name.size(), p.hf_name) == 0; ++it) {
       if (!IsStateOf(it->first, p.hf_name)) continue;
       const HostTensor& t = it->second;
-      if (q.numel == p.numel) {  // the whole tensor: its state as it is (the inner optimizer checks)
+      if (q.numel == p.numel) {  // the whole tensor: its state as it is (the inner one checks)
         mine.tensors[it->first] = t;
         continue;
       }
