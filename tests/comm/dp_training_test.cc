@@ -673,6 +673,60 @@ TEST(DataParallel, WorldOfOneIsAPlainRun) {
             Slurp(dir + "/b/checkpoint-10/optimizer.safetensors"));
 }
 
+// ZeRO-1: SIGTERM to one rank (here rank 1, which writes nothing) preempts the world at one step
+// boundary: the checkpoint gathers every rank's optimizer state, so every rank takes part and
+// rank 0 writes checkpoint-N; it resumes on world 1.
+TEST(DataParallel, ZeroOnePreemptionOfOneRankCheckpointsTheWorld) {
+  const std::string dir = TempDir("zero_preempt");
+  WriteTokens(dir + "/tokens.bin", 6000, 64, 4);
+  std::string spec = Spec(dir + "/tokens.bin", dir + "/out", 2, 1,
+                          "{master_addr: 127.0.0.1, zero_stage: 1}");
+  spec.replace(spec.find("max_steps: 20"), 13, "max_steps: 100000");
+  WriteFile(dir + "/dp.yaml", spec);
+  const std::string port = std::to_string(Port());
+  std::vector<Proc> ranks;
+  for (int r = 0; r < 2; ++r) {
+    ranks.push_back(Start(dir + "/dp.yaml",
+                          {{"WORLD_SIZE", "2"}, {"RANK", std::to_string(r)}, {"MASTER_PORT", port}},
+                          dir + "/r" + std::to_string(r) + ".log"));
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  while (Slurp(ranks[1].log).find("step 5/") == std::string::npos) {
+    ASSERT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(60)) << Slurp(ranks[1].log);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ::kill(ranks[1].pid, SIGTERM);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  const int c0 = Wait(ranks[0], deadline), c1 = Wait(ranks[1], deadline);
+  const std::string log0 = Slurp(ranks[0].log), log1 = Slurp(ranks[1].log);
+  EXPECT_EQ(c0, 1) << log0;  // traind run: preempted (resumable), exit 1
+  EXPECT_EQ(c1, 1) << log1;
+  const size_t at = log1.find("preempted at step ");
+  ASSERT_NE(at, std::string::npos) << log1;
+  const long long step = std::atoll(log1.c_str() + at + 18);
+  EXPECT_NE(log1.find("on rank 1 (rank 0 writes the checkpoints)"), std::string::npos) << log1;
+  EXPECT_NE(log0.find("preempted at step " + std::to_string(step) + "; checkpoint-" +
+                      std::to_string(step) + " written"),
+            std::string::npos)
+      << log0;
+  const std::string ckpt = dir + "/out/checkpoint-" + std::to_string(step);
+  auto opt = ReadSafetensors(ckpt + "/optimizer.safetensors");
+  ASSERT_TRUE(opt.ok()) << opt.status().ToString();
+  EXPECT_EQ(opt->tensors.size(), 56u);
+  EXPECT_EQ(opt->metadata["step"], std::to_string(step));
+  std::printf("[dp] zero_stage 1: SIGTERM to rank 1 at step >= 5: both ranks stopped after step "
+              "%lld, rank 0 wrote checkpoint-%lld (%zu optimizer tensors)\n",
+              step, step, opt->tensors.size());
+  // The world's checkpoint continues on one process (accumulation 2: the same global batch).
+  std::string one = Spec(dir + "/tokens.bin", dir + "/one", 2, 2, "");
+  one.replace(one.find("max_steps: 20"), 13, "max_steps: " + std::to_string(step + 2));
+  one.replace(one.find("save_steps: 10}"), 15, "save_steps: 10, resume_from_checkpoint: " + ckpt + "}");
+  WriteFile(dir + "/one.yaml", one);
+  Proc p = Start(dir + "/one.yaml", {}, dir + "/one.log");
+  EXPECT_EQ(Wait(p, std::chrono::steady_clock::now() + std::chrono::seconds(60)), 0) << Slurp(p.log);
+  EXPECT_EQ(ReadHistory(dir + "/one").loss.size(), static_cast<size_t>(step + 2));
+}
+
 // kill -9 one rank mid-run: the other stops with an error naming its failed collective (Gloo sees
 // the connection close at once; a hung peer would take the collective timeout), not a hang.
 TEST(DataParallel, AKilledRankStopsTheOthers) {

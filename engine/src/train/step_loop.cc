@@ -163,7 +163,15 @@ Status RunStepLoop(TrainingSession* s, double* last_eval) {
   while (state.global_step < t.max_steps) {
     // Preemption lands on a step boundary: the last finished step is made durable, then the run
     // stops resumable (every report of that step has gone out, so nothing logged is lost).
-    if (s->Preempted()) {
+    bool preempted = s->Preempted();
+    if (s->optimizer->sharded()) {
+      // ZeRO-1: the checkpoint gathers every rank's optimizer state, so the world stops at the
+      // same boundary: one rank's preemption is every rank's (one float per step).
+      float flag = preempted ? 1.0f : 0.0f;
+      TRAIND_RETURN_IF_ERROR(s->comm->AllReduceSum(&flag, 1, CommDType::kF32));
+      preempted = flag > 0.0f;
+    }
+    if (preempted) {
       const int64_t step = state.global_step;
       if (step == 0) return Status::Aborted("preempted before the first step; nothing to save");
       if (saved_step != step) TRAIND_RETURN_IF_ERROR(save());
