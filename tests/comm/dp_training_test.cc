@@ -238,7 +238,10 @@ int64_t CheckShardBytes(const std::string& log, int rank, int W, int64_t roundin
 
 // Trains world `W` (B=2, accum A per rank) and one process (B=2, accum W*A); compares. `zero` 1:
 // the world runs with distributed.zero_stage 1 (each rank's optimizer state measured too).
-void CompareWorld(int W, int64_t A, const std::string& extra = "", int zero = 0) {
+// `bucket_mb`: the ranks' TRAIND_DIST_BUCKET_MB (empty: the default buckets; "0": one all-reduce
+// after backward).
+void CompareWorld(int W, int64_t A, const std::string& extra = "", int zero = 0,
+                  const std::string& bucket_mb = "") {
   const std::string dir = TempDir("w" + std::to_string(W));
   WriteTokens(dir + "/tokens.bin", 6000, 64, 4);
   const std::string ref_out = dir + "/ref", dp_out = dir + "/dp";
@@ -262,9 +265,12 @@ void CompareWorld(int W, int64_t A, const std::string& extra = "", int zero = 0)
   const std::string port = std::to_string(Port());
   std::vector<Proc> ranks;
   for (int r = 0; r < W; ++r) {
-    ranks.push_back(Start(dir + "/dp" + std::to_string(r) + ".yaml",
-                          {{"WORLD_SIZE", std::to_string(W)}, {"RANK", std::to_string(r)},
-                           {"MASTER_PORT", port}, {"TRAIND_DIST_TIMEOUT_S", "60"}},
+    std::map<std::string, std::string> env = {{"WORLD_SIZE", std::to_string(W)},
+                                              {"RANK", std::to_string(r)},
+                                              {"MASTER_PORT", port},
+                                              {"TRAIND_DIST_TIMEOUT_S", "60"}};
+    if (!bucket_mb.empty()) env["TRAIND_DIST_BUCKET_MB"] = bucket_mb;
+    ranks.push_back(Start(dir + "/dp" + std::to_string(r) + ".yaml", env,
                           dir + "/rank" + std::to_string(r) + ".log"));
   }
   Proc ref = Start(dir + "/ref.yaml", {}, dir + "/ref.log");
@@ -278,6 +284,13 @@ void CompareWorld(int W, int64_t A, const std::string& extra = "", int zero = 0)
   for (int r = 1; r < W; ++r) {
     EXPECT_FALSE(fs::exists(dp_out + "_rank" + std::to_string(r)))
         << "rank " << r << " wrote its output_dir";
+  }
+  // Every rank reports its communication: 20 steps of fp32 gradient all-reduces at least.
+  for (int r = 0; r < W; ++r) {
+    const std::string log = Slurp(ranks[r].log);
+    const size_t at = log.find("communication: ");
+    ASSERT_NE(at, std::string::npos) << "rank " << r << ":\n" << log;
+    EXPECT_NE(log.find("hidden behind backward", at), std::string::npos) << log.substr(at);
   }
   EXPECT_TRUE(fs::exists(dp_out + "/checkpoint-10/model.safetensors"));
   EXPECT_TRUE(fs::exists(dp_out + "/checkpoint-20/trainer_state.json"));
@@ -375,6 +388,12 @@ void CompareWorld(int W, int64_t A, const std::string& extra = "", int zero = 0)
 TEST(DataParallel, WorldTwoMatchesOneProcessWithTheGlobalBatch) { CompareWorld(2, 1); }
 
 TEST(DataParallel, WorldFourWithAccumulationMatchesOneProcess) { CompareWorld(4, 2); }
+
+// The gradient all-reduce one bucket per block (the tiny model's blocks are ~50 KB), overlapped
+// with backward, and without buckets (one all-reduce after backward): the same bounds.
+TEST(DataParallel, WorldFourBucketPerBlockMatchesOneProcess) { CompareWorld(4, 2, "", 0, "0.0001"); }
+
+TEST(DataParallel, WorldFourWithoutBucketsMatchesOneProcess) { CompareWorld(4, 2, "", 0, "0"); }
 
 TEST(DataParallel, Bf16WorldTwoMatchesOneProcess) { CompareWorld(2, 2, "bf16: true"); }
 
