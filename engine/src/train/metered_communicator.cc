@@ -12,10 +12,6 @@ int64_t Share(int64_t bytes, int world) {
   return world <= 1 ? 0 : bytes / world * (world - 1) + bytes % world * (world - 1) / world;
 }
 
-}  // namespace
-
-int64_t CommElementBytes(CommDType type) { return type == CommDType::kF32 ? 4 : 2; }
-
 // Runs `call`, then adds its wall time and `bytes` to `stats`.
 template <typename Call>
 Status Metered(CommStats* stats, int64_t bytes, Call call) {
@@ -26,6 +22,10 @@ Status Metered(CommStats* stats, int64_t bytes, Call call) {
   stats->calls += 1;
   return s;
 }
+
+}  // namespace
+
+int64_t CommElementBytes(CommDType type) { return type == CommDType::kF32 ? 4 : 2; }
 
 Status MeteredCommunicator::AllReduceSum(void* data, int64_t count, CommDType type) {
   const int64_t bytes = 2 * Share(count * CommElementBytes(type), world_size());

@@ -130,9 +130,18 @@ Status RunStepLoop(TrainingSession* s, double* last_eval) {
   // Data parallel on the cpu backend: the gradient all-reduce in buckets of TRAIND_DIST_BUCKET_MB
   // (default 4; 0 = one all-reduce after backward), overlapped with backward.
   if (s->comm != nullptr && s->device == "cpu") {
-    const char* mb = std::getenv("TRAIND_DIST_BUCKET_MB");
-    const double bucket_mb = mb != nullptr && *mb != 0 ? std::atof(mb) : 4.0;
-    step_options.overlap_bucket_bytes = static_cast<int64_t>(std::max(0.0, bucket_mb) * 1048576.0);
+    double bucket_mb = 4.0;
+    if (const char* mb = std::getenv("TRAIND_DIST_BUCKET_MB"); mb != nullptr && *mb != 0) {
+      char* end = nullptr;
+      const double v = std::strtod(mb, &end);
+      if (end != mb && *end == 0 && v >= 0 && v <= 1048576) {
+        bucket_mb = v;
+      } else {
+        s->Message(std::string("TRAIND_DIST_BUCKET_MB='") + mb +
+                   "' is not a size in MiB (a number from 0 to 1048576); using 4");
+      }
+    }
+    step_options.overlap_bucket_bytes = static_cast<int64_t>(bucket_mb * 1048576.0);
   }
   // TRAIND_CUDA_GRAPHS=0 turns capture off without a rebuild (the escape hatch for a device where
   // capture misbehaves; docs/simt.md).
