@@ -3,6 +3,7 @@
 # bench/run_all.sh BUILD_DIR --table [--model tiny|small] [--batch B] [--accum K] [--steps N]
 #                                    [--rounds N] [--coretype ...]
 # bench/run_all.sh BUILD_DIR [--rounds N] --tokenize   # GPT-2 BPE MB/s vs HF tokenizers, 2 threads
+# bench/run_all.sh BUILD_DIR [--rounds N] [--steps N] --dp   # data parallel: dp_scaling.py
 # Default: the traind GPT-2 training-step bench and its PyTorch peer in the same run, alternating the
 # two sides for N rounds (default 2; the best round of each side counts, which damps noise from
 # other processes), and prints tokens/s, the traind/torch ratio and each side's MFU against the
@@ -12,6 +13,9 @@
 # --table: issue 4's techniques table (baseline, + accumulation, + checkpointing, + bf16, + all),
 # every row by traind (gpt2_table_bench) and PyTorch eager (torch_gpt2_table.py), one process per
 # row and side, alternating, N rounds (default 3), best round of each side; see bench/README.md.
+# --dp: data-parallel scaling (dp_scaling.py: 1 process x 1 / x 2 threads vs world 2 x 1 thread,
+# with and without the overlapped all-reduce, N rounds (default 3), medians; then allreduce_bench
+# --spawn 2, the Gloo all-reduce's bus bandwidth against memcpy); see bench/README.md.
 set -euo pipefail
 BUILD_DIR=${1:?usage: bench/run_all.sh BUILD_DIR [--coretype SkylakeX|Haswell|env] [--rounds N]}
 shift
@@ -19,6 +23,8 @@ CORETYPE=SkylakeX
 ROUNDS=2
 CONFIG=all
 TABLE=0
+DP=0
+STEPS_SET=0
 MODEL=small
 BATCH=8
 ACCUM=4
@@ -33,13 +39,20 @@ while [ $# -gt 0 ]; do
     --model) MODEL=$2; shift 2 ;;
     --batch) BATCH=$2; shift 2 ;;
     --accum) ACCUM=$2; shift 2 ;;
-    --steps) STEPS=$2; shift 2 ;;
+    --steps) STEPS=$2; STEPS_SET=1; shift 2 ;;
+    --dp) DP=1; shift ;;
     --tokenize) exec "$BUILD_DIR/bench/tokenize_bench" --threads 2 --rounds "$ROUNDS" ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
 done
 HERE=$(cd "$(dirname "$0")" && pwd)
 PY=/usr/bin/python3
+if [ "$DP" = 1 ]; then
+  DP_ARGS=()
+  [ "$ROUNDS_SET" = 1 ] && DP_ARGS+=(--rounds "$ROUNDS")
+  [ "$STEPS_SET" = 1 ] && DP_ARGS+=(--steps "$STEPS")
+  exec $PY "$HERE/dp_scaling.py" "$BUILD_DIR" "${DP_ARGS[@]}"
+fi
 if [ "$TABLE" = 1 ]; then
   [ "$ROUNDS_SET" = 1 ] || ROUNDS=3
   exec "$HERE/table.sh" "$BUILD_DIR" "$MODEL" "$BATCH" "$ACCUM" "$STEPS" "$ROUNDS" "$CORETYPE"
