@@ -217,22 +217,27 @@ WeightDiff CompareWeights(const std::string& a_out, const std::string& b_out) {
 // ZeRO-1: the optimizer state bytes rank `rank` reports in its log ("optimizer state N bytes in
 // this rank's arena (unsharded M"), checked to be 1/W of the unsharded within `rounding` bytes.
 // Returns N (-1 when the line is missing).
-int64_t CheckShardBytes(const std::string& log, int rank, int W, int64_t rounding) {
+// `where`: "arena", or "store" (training.offload: the shard's state is in the rank's store).
+int64_t CheckShardBytes(const std::string& log, int rank, int W, int64_t rounding,
+                        const std::string& where = "arena") {
   const std::string key = "zero_stage 1: rank " + std::to_string(rank) + " of " + std::to_string(W);
   const size_t at = log.find(key);
   EXPECT_NE(at, std::string::npos) << log;
   if (at == std::string::npos) return -1;
   long long held = -1, whole = -1;
   const size_t state = log.find("optimizer state ", at);
-  EXPECT_EQ(std::sscanf(log.c_str() + state, "optimizer state %lld bytes in this rank's arena "
-                        "(unsharded %lld", &held, &whole), 2) << log.substr(at, 200);
+  const std::string format =
+      "optimizer state %lld bytes in this rank's " + where + " (unsharded %lld";
+  EXPECT_EQ(std::sscanf(log.c_str() + state, format.c_str(), &held, &whole), 2)
+      << log.substr(at, 200);
   EXPECT_GT(whole, 0);
   EXPECT_LE(std::abs(static_cast<double>(held) - static_cast<double>(whole) / W),
             static_cast<double>(rounding))
       << "rank " << rank << " of " << W << ": " << held << " of " << whole;
-  std::printf("[dp] zero_stage 1, rank %d of %d: optimizer state %lld bytes in its arena, "
+  std::printf("[dp] zero_stage 1, rank %d of %d: optimizer state %lld bytes in its %s, "
               "unsharded %lld (%.4f)\n",
-              rank, W, held, whole, static_cast<double>(held) / static_cast<double>(whole));
+              rank, W, held, where.c_str(), whole,
+              static_cast<double>(held) / static_cast<double>(whole));
   return held;
 }
 
@@ -440,6 +445,28 @@ TEST(DataParallel, ZeroOnePlansTheRanksShard) {
     EXPECT_GE(shard, whole / W);
     EXPECT_LE(shard, whole / W + 8);  // the largest rank's shard: one element more at most
   }
+  // With offload: the store holds the rank's shard, the device its window over that shard.
+  auto spec = ParseJobSpec(Spec(dir + "/tokens.bin", dir + "/out", 2, 1,
+                                "{world_size: 2, zero_stage: 1}"));
+  ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+  spec->training.offload = "cpu";
+  auto offloaded = EstimateJob(*spec, DeviceOptions{});
+  ASSERT_TRUE(offloaded.ok()) << offloaded.status().ToString();
+  spec->distributed->zero_stage = 0;
+  auto offloaded0 = EstimateJob(*spec, DeviceOptions{});
+  ASSERT_TRUE(offloaded0.ok()) << offloaded0.status().ToString();
+  std::printf("[dp] planned with offload: cpu, world 2: zero_stage 1 store %lld, window %lld; "
+              "zero_stage 0 store %lld, window %lld\n",
+              static_cast<long long>(offloaded->offload_state_bytes),
+              static_cast<long long>(offloaded->bytes.optimizer),
+              static_cast<long long>(offloaded0->offload_state_bytes),
+              static_cast<long long>(offloaded0->bytes.optimizer));
+  EXPECT_EQ(offloaded0->offload_state_bytes, whole);
+  EXPECT_GE(offloaded->offload_state_bytes, whole / 2);
+  EXPECT_LE(offloaded->offload_state_bytes, whole / 2 + 8);
+  EXPECT_GT(offloaded->bytes.optimizer, 0);
+  EXPECT_LE(offloaded->bytes.optimizer, offloaded->offload_state_bytes);
+  EXPECT_LE(offloaded->bytes.optimizer, offloaded0->bytes.optimizer);
 }
 
 // A world-2 checkpoint (2 ranks x accum 2) resumes on world 1 (accum 4) and on world 4 (accum 1):
@@ -676,6 +703,138 @@ TEST(DataParallel, ZeroOneAdafactorCheckpointsResumeAcrossWorldsAndStages) {
   CheckZeroOneCheckpoints("optim: adafactor");
 }
 
+// The store's size after the last step, as `traind run` prints it (-1 when missing).
+int64_t StoreBytes(const std::string& log) {
+  const size_t at = log.find("offload: the store holds ");
+  EXPECT_NE(at, std::string::npos) << log;
+  long long bytes = -1;
+  if (at != std::string::npos) {
+    std::sscanf(log.c_str() + at, "offload: the store holds %lld bytes", &bytes);
+  }
+  return bytes;
+}
+
+// training.offload with a world of two (B=2, accum 1 per rank): every rank its own store (nvme:
+// <offload_dir>/rank-<r>, never one shared RocksDB). zero_stage 0: every rank offloads the whole
+// state; zero_stage 1: each rank its shard. The run is the same world's in-memory run (the weights
+// byte-identical) and so one process's without offload, within the in-memory rows' bounds.
+void CheckOffloadWorld(int zero, const std::string& offload) {
+  const std::string dir = TempDir("offload" + std::to_string(zero) + offload);
+  const std::string tokens = dir + "/tokens.bin";
+  WriteTokens(tokens, 6000, 64, 4);
+  const std::string store = dir + "/store";
+  const std::string extra =
+      offload == "nvme" ? "offload: nvme, offload_dir: " + store : "offload: " + offload;
+  const std::string what = "offload " + offload + ", zero_stage " + std::to_string(zero);
+  RunRanks(tokens, 1, 2, dir + "/ref", "", 0);
+  RunRanks(tokens, 2, 1, dir + "/mem", "", zero);
+  RunRanks(tokens, 2, 1, dir + "/off", extra, zero);
+  ExpectSameRun(dir + "/ref", dir + "/off", what + ": world 2 vs 1 process without offload", 1e-6,
+                2e-6);
+  ExpectSameRun(dir + "/mem", dir + "/off", what + ": world 2 vs world 2 without offload", 0, 0);
+  const bool same_model =
+      Slurp(dir + "/off/model.safetensors") == Slurp(dir + "/mem/model.safetensors");
+  const bool same_state = Slurp(dir + "/off/checkpoint-20/optimizer.safetensors") ==
+                          Slurp(dir + "/mem/checkpoint-20/optimizer.safetensors");
+  std::printf("[dp] %s: world 2: model.safetensors %s, checkpoint-20 optimizer.safetensors %s "
+              "the in-memory run's\n",
+              what.c_str(), same_model ? "byte-identical to" : "differs from",
+              same_state ? "byte-identical to" : "differs from");
+  EXPECT_TRUE(same_model) << what;
+  EXPECT_TRUE(same_state) << what;
+  // Every rank's own store: what it holds after the last step, and (zero_stage 1) the shard.
+  auto opt = ReadSafetensors(dir + "/off/checkpoint-20/optimizer.safetensors");
+  ASSERT_TRUE(opt.ok()) << opt.status().ToString();
+  int64_t file_bytes = 0;  // the whole state
+  for (const auto& [name, t] : opt->tensors) file_bytes += static_cast<int64_t>(t.data.size());
+  int64_t shard_sum = 0;
+  for (int r = 0; r < 2; ++r) {
+    const std::string log = Slurp(dir + "/off_rank" + std::to_string(r) + ".log");
+    const int64_t bytes = StoreBytes(log);
+    int64_t state = -1;
+    if (zero == 1) {
+      state = CheckShardBytes(log, r, 2, 8, "store");
+      shard_sum += state;
+    } else {
+      EXPECT_NE(log.find("training.offload " + offload + ": optimizer state in"), std::string::npos)
+          << log;
+    }
+    std::printf("[dp] %s: rank %d's store holds %lld bytes after step 20 (shard state %lld)\n",
+                what.c_str(), r, static_cast<long long>(bytes), static_cast<long long>(state));
+    EXPECT_GT(bytes, 0) << "rank " << r;
+    if (offload == "cpu") {
+      // The host store holds the committed state and one step's spare buffers: twice the rank's
+      // state (zero_stage 0 the whole state, zero_stage 1 its shard).
+      EXPECT_EQ(bytes, 2 * (zero == 1 ? state : file_bytes)) << "rank " << r;
+    }
+    if (offload == "nvme") {
+      const std::string own = store + "/rank-" + std::to_string(r);
+      EXPECT_TRUE(fs::exists(own + "/CURRENT")) << own;
+      EXPECT_NE(log.find(own), std::string::npos) << "rank " << r << " does not name " << own;
+    }
+  }
+  if (offload == "nvme") {
+    EXPECT_FALSE(fs::exists(store + "/CURRENT")) << "one shared RocksDB";
+  }
+  if (zero == 1) {
+    EXPECT_EQ(shard_sum, file_bytes);  // the shards cover the state once
+  }
+}
+
+TEST(DataParallel, OffloadCpuZeroZeroWorldTwoMatchesInMemory) { CheckOffloadWorld(0, "cpu"); }
+
+TEST(DataParallel, OffloadCpuZeroOneWorldTwoMatchesInMemory) { CheckOffloadWorld(1, "cpu"); }
+
+// zero_stage 1 with offload nvme: each rank's RocksDB in <offload_dir>/rank-<r>; its checkpoint
+// (the world-1 format, gathered from the ranks' stores) resumes on world 1 without offload and on
+// world 2 zero_stage 1 with offload cpu, both continuing the run.
+TEST(DataParallel, OffloadNvmeZeroOneWorldTwoMatchesAndResumes) {
+  CheckOffloadWorld(1, "nvme");
+  // CheckOffloadWorld's last directory: find it again by its tag.
+  std::string dir;
+  for (const auto& e : fs::directory_iterator(::testing::TempDir())) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("traind_dp_offload1nvme_" + std::to_string(::getpid()) + "_", 0) == 0) {
+      dir = e.path().string();
+    }
+  }
+  ASSERT_FALSE(dir.empty());
+  const std::string tokens = dir + "/tokens.bin";
+  const std::string ckpt = "resume_from_checkpoint: " + dir + "/off/checkpoint-10";
+  RunRanks(tokens, 1, 2, dir + "/on_w1", ckpt, 0);
+  ExpectSameRun(dir + "/off", dir + "/on_w1",
+                "offload nvme zero_stage 1 world-2 checkpoint-10 resumed on world 1 without "
+                "offload");
+  RunRanks(tokens, 2, 1, dir + "/on_cpu", "offload: cpu, " + ckpt, 1);
+  ExpectSameRun(dir + "/off", dir + "/on_cpu",
+                "offload nvme zero_stage 1 world-2 checkpoint-10 resumed on world 2 zero_stage 1 "
+                "offload cpu");
+}
+
+// A rank whose offload_dir cannot be created fails with the directory's name.
+TEST(DataParallel, OffloadNvmeWorldTwoNamesAMissingOffloadDir) {
+  const std::string dir = TempDir("offload_bad");
+  WriteTokens(dir + "/tokens.bin", 6000, 64, 4);
+  const std::string port = std::to_string(Port());
+  std::string spec = Spec(dir + "/tokens.bin", dir + "/out", 2, 1, "{master_addr: 127.0.0.1}");
+  spec.replace(spec.find("save_steps: 10}"), 15,
+               "save_steps: 10, offload: nvme, offload_dir: " + dir + "/no/such/store}");
+  WriteFile(dir + "/spec.yaml", spec);
+  std::vector<Proc> ranks;
+  for (int r = 0; r < 2; ++r) {
+    ranks.push_back(Start(dir + "/spec.yaml",
+                          {{"WORLD_SIZE", "2"}, {"RANK", std::to_string(r)}, {"MASTER_PORT", port}},
+                          dir + "/rank" + std::to_string(r) + ".log"));
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(Wait(ranks[r], deadline), 1) << Slurp(ranks[r].log);
+    const std::string want = "training.offload_dir " + dir + "/no/such/store: its parent";
+    EXPECT_NE(Slurp(ranks[r].log).find(want), std::string::npos)
+        << Slurp(ranks[r].log);
+  }
+}
+
 // distributed: {world_size: 1} is a plain run: the same bytes as no block at all.
 TEST(DataParallel, WorldOfOneIsAPlainRun) {
   const std::string dir = TempDir("one");
@@ -860,9 +1019,12 @@ TEST(DataParallel, BadDistributedFieldsAreSpecErrors) {
     EXPECT_NE(spec.status().message().find(want), std::string::npos)
         << block << ": " << spec.status().message();
   }
-  // zero_stage 1 does not offload; a world of one is a plain run, where offload is fine.
+  // zero_stage 1 offloads each rank's shard, but not 8-bit AdamW's; a world of one is a plain
+  // run, where 8-bit AdamW offloads.
   const std::pair<std::string, std::string> zero_cases[] = {
-      {"offload: cpu", "distributed.zero_stage: 1 with training.offload cpu is not supported"},
+      {"optim: adamw_8bit, offload: cpu",
+       "distributed.zero_stage: 1 with training.offload cpu cannot shard training.optim "
+       "adamw_8bit"},
   };
   for (const auto& [key, want] : zero_cases) {
     for (const char* block : {"{zero_stage: 1}", "{world_size: 1, zero_stage: 1}"}) {

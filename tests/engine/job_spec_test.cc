@@ -284,9 +284,16 @@ TEST(JobSpecTest, ContractKeysOfLaterFeatures) {
   }
   ExpectInvalid(With(kBase, "", "distributed: {world_size: 2, zero_stage: 2}"),
                 "distributed.zero_stage: must be 0 or 1, got 2");
-  ExpectInvalid(With(With(kBase, "training", "offload: cpu"), "",
-                     "distributed: {world_size: 2, zero_stage: 1}"),
-                "distributed.zero_stage: 1 with training.offload cpu is not supported");
+  {  // ZeRO-1 with offload: each rank offloads its shard (not 8-bit AdamW's)
+    Result<JobSpec> r = ParseJobSpec(With(With(kBase, "training", "offload: cpu"), "",
+                                          "distributed: {world_size: 2, zero_stage: 1}"));
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(r->training.offload, "cpu");
+  }
+  ExpectInvalid(With(With(With(kBase, "training", "offload: cpu"), "training", "optim: adamw_8bit"),
+                     "", "distributed: {world_size: 2, zero_stage: 1}"),
+                "distributed.zero_stage: 1 with training.offload cpu cannot shard training.optim "
+                "adamw_8bit");
   ExpectInvalid(With(kBase, "", "distributed: {world_size: 2, rank: 5}"),
                 "distributed.rank: must be < world_size 2, got 5");
   ExpectInvalid(With(kBase, "model", "head: masked_lm"), "model.head: masked_lm is not supported yet");

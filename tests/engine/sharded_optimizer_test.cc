@@ -8,6 +8,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -17,6 +18,7 @@
 #include "optim/quant8.h"
 #include "optim/sharded_optimizer.h"
 #include "optim_test_util.h"
+#include "traind/engine/optimizer_state_store.h"
 
 namespace traind::engine {
 namespace {
@@ -150,19 +152,67 @@ TEST(ZeroOneShards, ContiguousOnBlocksForEightBitWholeTensorsForAdafactor) {
   EXPECT_GT(cuts_in_8bit, 0);
 }
 
+// training.offload's store contract in its simplest form (the engine's tests do not link
+// offload/): committed and pending maps, swapped on Commit.
+class MapStore final : public OptimizerStateStore {
+ public:
+  void Prefetch(const StateKey&) override {}
+  Status Read(const StateKey& key, void* dst, size_t bytes) override {
+    auto it = committed_.find(key);
+    if (it == committed_.end() || it->second.size() != bytes) {
+      return Status::NotFound("map store: no chunk " + key.ToString() + " of that size");
+    }
+    std::memcpy(dst, it->second.data(), bytes);
+    return Status::Ok();
+  }
+  Status Write(const StateKey& key, const void* src, size_t bytes) override {
+    const char* p = static_cast<const char*>(src);
+    pending_[key].assign(p, p + bytes);
+    return Status::Ok();
+  }
+  Status Commit(int64_t step) override {
+    for (auto& [key, data] : pending_) committed_[key] = std::move(data);
+    pending_.clear();
+    step_ = step;
+    return Status::Ok();
+  }
+  int64_t CommittedStep() const override { return step_; }
+  Result<std::vector<StateChunkInfo>> List() const override {
+    std::vector<StateChunkInfo> out;
+    for (const auto& [key, data] : committed_) out.push_back({key, data.size()});
+    return out;
+  }
+  OptimizerStateStoreStats Stats() const override {
+    OptimizerStateStoreStats s;
+    for (const auto& [key, data] : committed_) s.store_bytes += data.size();
+    return s;
+  }
+  std::string Describe() const override { return "map"; }
+
+ private:
+  std::map<StateKey, std::string> committed_, pending_;
+  int64_t step_ = -1;
+};
+
 // W ranks (threads) run `steps` steps of their shards from the same parameters and gradients;
 // returns every rank's parameters and rank 0's gathered state file. `load`: a state file each
-// rank loads first (its slice).
+// rank loads first (its slice). `offload`: each rank's shard in its own MapStore (store_bytes:
+// what each holds at the end).
 struct WorldResult {
   std::vector<std::vector<float>> params;
   SafetensorsFile state;
   Status status;
+  std::vector<int64_t> store_bytes;
+  std::vector<int64_t> shard_state_bytes;
 };
 WorldResult RunWorld(const TrainingSpec& t, int world, const std::vector<ParamInfo>& params,
                      int64_t n, const std::vector<float>& init,
-                     const std::vector<std::vector<float>>& grads, const SafetensorsFile* load) {
+                     const std::vector<std::vector<float>>& grads, const SafetensorsFile* load,
+                     bool offload = false) {
   WorldResult out;
   out.params.assign(static_cast<size_t>(world), init);
+  out.store_bytes.assign(static_cast<size_t>(world), 0);
+  out.shard_state_bytes.assign(static_cast<size_t>(world), 0);
   std::vector<Status> status(static_cast<size_t>(world));
   ThreadWorld w(world);
   std::atomic<bool> load_failed{false};
@@ -172,7 +222,14 @@ WorldResult RunWorld(const TrainingSpec& t, int world, const std::vector<ParamIn
       ThreadComm comm(&w, r);
       std::unique_ptr<Backend> backend = MakeCpuBackend(1);
       DeviceArena arena(backend.get(), 0);
-      auto opt = ShardedOptimizer::Create(t, params, n, &comm, &arena);
+      MapStore store;
+      auto opt = ShardedOptimizer::Create(t, params, n, &comm, &arena, offload ? &store : nullptr);
+      struct Measure {  // what the rank's store holds once the rank is done
+        MapStore* store;
+        int64_t* bytes;
+        ~Measure() { *bytes = static_cast<int64_t>(store->Stats().store_bytes); }
+      } measure{&store, &out.store_bytes[static_cast<size_t>(r)]};
+      if (opt.ok()) out.shard_state_bytes[static_cast<size_t>(r)] = (*opt)->shard_state_bytes();
       Status& st = status[static_cast<size_t>(r)];
       if (!opt.ok()) {
         st = opt.status();
@@ -266,6 +323,55 @@ TEST(ShardedOptimizer, ShardsStepSaveAndLoadAsOneOptimizer) {
       ExpectSameFile(alone_more_state, cont.state, what + ": continued state");
     }
   }
+}
+
+// training.offload: each rank's inner optimizer is the offloaded one over its slices, its state in
+// the rank's own store. The same bits as one in-memory optimizer, the same gathered file, the
+// same continuation from a full file; each store holds its shard only. 8-bit AdamW is refused.
+TEST(ShardedOptimizer, OffloadedShardsStepSaveAndLoadAsOneOptimizer) {
+  int64_t n = 0;
+  const std::vector<ParamInfo> params = Layout(&n);
+  const std::vector<float> init = testing::RandomVector(n, 1, 0.5f);
+  std::vector<std::vector<float>> grads, more;
+  for (uint32_t s = 0; s < 3; ++s) grads.push_back(testing::RandomVector(n, 10 + s, 1.0f));
+  for (uint32_t s = 0; s < 2; ++s) more.push_back(testing::RandomVector(n, 20 + s, 1.0f));
+  for (const char* optim : {"adamw", "sgd", "adafactor"}) {
+    TrainingSpec t = Optim(optim);
+    t.offload = "cpu";
+    SafetensorsFile alone_state;
+    const std::vector<float> alone = RunAlone(t, params, n, init, grads, nullptr, &alone_state);
+    for (int world : {2, 3}) {
+      const std::string what = std::string(optim) + " offloaded, world " + std::to_string(world);
+      WorldResult res = RunWorld(t, world, params, n, init, grads, nullptr, true);
+      ASSERT_TRUE(res.status.ok()) << what << ": " << res.status.ToString();
+      for (int r = 0; r < world; ++r) {
+        EXPECT_TRUE(res.params[static_cast<size_t>(r)] == alone) << what << " rank " << r;
+        const int64_t shard = res.shard_state_bytes[static_cast<size_t>(r)];
+        const int64_t held = res.store_bytes[static_cast<size_t>(r)];
+        EXPECT_GT(shard, 0) << what;
+        if (std::string(optim) == "adamw") {
+          EXPECT_EQ(held, shard) << what << " rank " << r;  // raw m and v of the shard
+        } else {  // the groups' payloads: the shard's tensors and their names and metadata
+          EXPECT_GE(held, shard) << what << " rank " << r;
+          EXPECT_LE(held, shard + 4096) << what << " rank " << r;
+        }
+      }
+      ExpectSameFile(alone_state, res.state, what + ": gathered state");
+      SafetensorsFile alone_more_state;
+      const std::vector<float> alone_more =
+          RunAlone(t, params, n, alone, more, &alone_state, &alone_more_state);
+      WorldResult cont = RunWorld(t, world, params, n, alone, more, &alone_state, true);
+      ASSERT_TRUE(cont.status.ok()) << what << ": " << cont.status.ToString();
+      EXPECT_TRUE(cont.params[0] == alone_more) << what << ": continued";
+      ExpectSameFile(alone_more_state, cont.state, what + ": continued state");
+    }
+  }
+  TrainingSpec eight = Optim("adamw_8bit");
+  eight.offload = "cpu";
+  WorldResult res = RunWorld(eight, 2, params, n, init, grads, nullptr, true);
+  EXPECT_EQ(res.status.code(), Status::Code::kInvalidArgument);
+  EXPECT_NE(res.status.message().find("cannot shard training.optim adamw_8bit"), std::string::npos)
+      << res.status.ToString();
 }
 
 TEST(ShardedOptimizer, BadStateTensorIsNamedAndTooLargeAWorldIsRefused) {

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "optim/adamw_8bit.h"
+#include "optim/offloaded_optimizer.h"
 #include "optim/quant8.h"
 
 namespace traind::engine {
@@ -219,10 +220,29 @@ int64_t ZeroOnePlanBytes(const TrainingSpec& training, const std::vector<ParamIn
   return most;
 }
 
+ZeroOneOffloadBytes ZeroOneOffloadPlanBytes(const TrainingSpec& training,
+                                            const std::vector<ParamInfo>& params,
+                                            int64_t num_params, int world) {
+  ZeroOneOffloadBytes most;
+  for (const auto& [b, e] : ZeroOneShards(training, params, num_params, world)) {
+    std::vector<bool> quantized;
+    const std::vector<ParamInfo> slices = SlicesIn(training, params, b, e, nullptr, &quantized);
+    most.window = std::max(most.window, OffloadedOptimizerDeviceBytes(training, slices, e - b));
+    most.state = std::max(most.state, OptimizerPlanBytes(training, slices, e - b, quantized));
+  }
+  return most;
+}
+
 Result<std::unique_ptr<ShardedOptimizer>> ShardedOptimizer::Create(
     const TrainingSpec& training, const std::vector<ParamInfo>& params, int64_t num_params,
-    Communicator* comm, DeviceArena* arena) {
+    Communicator* comm, DeviceArena* arena, OptimizerStateStore* store) {
   TRAIND_RETURN_IF_ERROR(CheckZeroOneOptimizer(training));
+  if (store != nullptr && training.optim == "adamw_8bit") {
+    return Status::InvalidArgument(
+        "distributed.zero_stage: 1 with training.offload " + training.offload +
+        " cannot shard training.optim adamw_8bit (its offloaded groups do not keep a slice's "
+        "8-bit choice): use zero_stage 0, or adamw, sgd or adafactor");
+  }
   const int world = comm->world_size();
   std::unique_ptr<ShardedOptimizer> opt(new ShardedOptimizer(params, comm));
   opt->num_params_ = num_params;
@@ -242,8 +262,16 @@ Result<std::unique_ptr<ShardedOptimizer>> ShardedOptimizer::Create(
   std::vector<bool> quantized;
   opt->local_ =
       SlicesIn(training, opt->params_, opt->begin_, opt->end_, &opt->local_of_, &quantized);
-  TRAIND_ASSIGN_OR_RETURN(opt->inner_, MakeOptimizer(training, opt->local_, opt->end_ - opt->begin_,
-                                                     arena, quantized));
+  opt->shard_state_bytes_ =
+      OptimizerPlanBytes(training, opt->local_, opt->end_ - opt->begin_, quantized);
+  if (store != nullptr) {
+    TRAIND_ASSIGN_OR_RETURN(opt->inner_, MakeOffloadedOptimizer(training, opt->local_,
+                                                                opt->end_ - opt->begin_, arena,
+                                                                store));
+  } else {
+    TRAIND_ASSIGN_OR_RETURN(opt->inner_, MakeOptimizer(training, opt->local_,
+                                                       opt->end_ - opt->begin_, arena, quantized));
+  }
   return opt;
 }
 

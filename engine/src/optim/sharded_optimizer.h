@@ -17,6 +17,11 @@
 // a full state file (written by any world size, sharded or not) and keeps the rank's slice of each
 // tensor (elements, or 8-bit AdamW's absmax blocks). Adafactor factors its second moment per
 // matrix: its ranges hold whole tensors (balanced by state floats, cut at tensor boundaries).
+//
+// With training.offload (a store given to Create) the inner optimizer is the offloaded one
+// (offloaded_optimizer.h) over the same slices: each rank keeps only its shard's state, in its
+// own store, and only a window of it in device memory. 8-bit AdamW is not offloaded sharded (its
+// slices' per-tensor 8-bit choice is not carried into the offloaded groups): refused.
 #pragma once
 
 #include <cstdint>
@@ -27,6 +32,7 @@
 
 #include "optim/optimizer.h"
 #include "traind/engine/communicator.h"
+#include "traind/engine/optimizer_state_store.h"
 
 namespace traind::engine {
 
@@ -44,19 +50,34 @@ std::vector<std::pair<int64_t, int64_t>> ZeroOneShards(const TrainingSpec& train
 int64_t ZeroOnePlanBytes(const TrainingSpec& training, const std::vector<ParamInfo>& params,
                          int64_t num_params, int world);
 
+// ZeRO-1 with training.offload: over the ranks, the largest device window of the rank's offloaded
+// optimizer (OffloadedOptimizerDeviceBytes of its slices) and the largest shard's state in its
+// store (OptimizerPlanBytes of its slices).
+struct ZeroOneOffloadBytes {
+  int64_t window = 0;
+  int64_t state = 0;
+};
+ZeroOneOffloadBytes ZeroOneOffloadPlanBytes(const TrainingSpec& training,
+                                            const std::vector<ParamInfo>& params,
+                                            int64_t num_params, int world);
+
 class ShardedOptimizer final : public Optimizer {
  public:
   // The optimizer training.optim names over this rank's shard of `params` (views into a flat
   // buffer of `num_params` floats), its state allocated from `arena`. `comm` (world > 1) must
   // outlive the optimizer. INVALID_ARGUMENT for an optimizer that cannot be sharded or a buffer
-  // too small for every rank to own a range; the inner optimizer's errors otherwise.
+  // too small for every rank to own a range; the inner optimizer's errors otherwise. `store`
+  // (training.offload; not owned, must outlive the optimizer): the shard's state lives there.
   static Result<std::unique_ptr<ShardedOptimizer>> Create(const TrainingSpec& training,
                                                           const std::vector<ParamInfo>& params,
                                                           int64_t num_params, Communicator* comm,
-                                                          DeviceArena* arena);
+                                                          DeviceArena* arena,
+                                                          OptimizerStateStore* store = nullptr);
 
   int64_t shard_begin() const { return begin_; }
   int64_t shard_end() const { return end_; }
+  // The optimizer state bytes of this rank's shard (where it is kept: the arena, or the store).
+  int64_t shard_state_bytes() const { return shard_state_bytes_; }
 
   std::string name() const override { return inner_->name(); }
   int64_t step() const override { return inner_->step(); }
@@ -92,6 +113,7 @@ class ShardedOptimizer final : public Optimizer {
   int64_t num_params_ = 0;
   int64_t begin_ = 0, end_ = 0;
   std::vector<std::pair<int64_t, int64_t>> ranges_;  // every rank's
+  int64_t shard_state_bytes_ = 0;
   std::unique_ptr<Optimizer> inner_;
   mutable Status gather_status_;  // the first failed collective of SaveState (const)
 };

@@ -448,14 +448,15 @@ Result<JobSpec> ParseRoot(const YAML::Node& root, const std::string& base_dir) {
                                         : s.training.fp16 ? DType::kF16
                                                           : DType::kF32));
   }
-  // ZeRO-1 over more than one rank (a world of one is a plain run): an optimizer it shards, and
-  // no offload.
+  // ZeRO-1 over more than one rank (a world of one is a plain run): an optimizer it shards (with
+  // offload, each rank offloading its shard: not 8-bit AdamW).
   if (s.distributed && s.distributed->zero_stage == 1 && s.distributed->world_size.value_or(2) > 1) {
     TRAIND_RETURN_IF_ERROR(CheckZeroOneOptimizer(s.training));
-    if (s.training.offload != "none") {
+    if (s.training.offload != "none" && s.training.optim == "adamw_8bit") {
       return Status::InvalidArgument(
           "distributed.zero_stage: 1 with training.offload " + s.training.offload +
-          " is not supported (data parallel does not offload yet): use one of them");
+          " cannot shard training.optim adamw_8bit (its offloaded groups do not keep a slice's "
+          "8-bit choice): use zero_stage 0, or adamw, sgd or adafactor");
     }
   }
   if (s.training.sample_every > 0 && s.training.peft) {

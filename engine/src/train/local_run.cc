@@ -129,7 +129,9 @@ int RunJobFileWithConsole(const std::string& spec_path, RunOptions options) {
   // Data parallel: this rank's collectives over the run.
   double comm_seconds = 0, comm_hidden = 0, step_seconds = 0;
   int64_t comm_bytes = 0;
+  int64_t store_bytes = -1;  // training.offload: what the store holds after the last step
   cb.on_step = [&](const StepReport& r) {
+    store_bytes = r.offload_store_bytes;
     comm_seconds += r.comm_seconds;
     comm_hidden += r.comm_hidden_seconds;
     comm_bytes += r.comm_bytes;
@@ -151,6 +153,10 @@ int RunJobFileWithConsole(const std::string& spec_path, RunOptions options) {
                 "time), %.2f s hidden behind backward, %.1f MiB sent by this rank\n",
                 comm_seconds, step_seconds > 0 ? 100.0 * comm_seconds / step_seconds : 0.0,
                 comm_hidden, static_cast<double>(comm_bytes) / 1048576.0);
+  }
+  if (spec->training.offload != "none" && store_bytes >= 0) {
+    std::printf("offload: the store holds %lld bytes after the last step\n",
+                static_cast<long long>(store_bytes));
   }
   std::printf("done: %lld steps, train_loss %.4f, eval_loss %.4f, %.0f tok/s, %.1fs, peak %.1f MiB "
               "(planned %.1f MiB)\noutput: %s\n",

@@ -105,7 +105,9 @@ MemoryBytes JobBytes(const ModelConfig& config, const ModelOptions& options,
   for (const ParamInfo& p : trainable) n_trainable = std::max(n_trainable, p.offset + p.numel);
   // With offload only the window of the group being updated is on the device.
   // ZeRO-1: the rank's shard of the state.
-  if (training.offload != "none") {
+  if (training.offload != "none" && zero_shards > 1) {  // the rank's shard, offloaded
+    b.optimizer += ZeroOneOffloadPlanBytes(training, trainable, n_trainable, zero_shards).window;
+  } else if (training.offload != "none") {
     b.optimizer += OffloadedOptimizerDeviceBytes(training, trainable, n_trainable);
   } else if (zero_shards > 1) {
     b.optimizer += ZeroOnePlanBytes(training, trainable, n_trainable, zero_shards);
@@ -198,7 +200,11 @@ Result<MemoryPlan> PlanJob(const JobSpec& spec, const ModelConfig& config, int64
     const std::vector<ParamInfo> trainable = Model::TrainableParamsOf(config, mo);
     int64_t n = 0;
     for (const ParamInfo& p : trainable) n = std::max(n, p.offset + p.numel);
-    plan.offload_state_bytes = OptimizerPlanBytes(t, trainable, n);
+    // ZeRO-1: each rank's store holds its shard (the largest rank's).
+    const int shards = ZeroShards(spec);
+    plan.offload_state_bytes = shards > 1
+                                   ? ZeroOneOffloadPlanBytes(t, trainable, n, shards).state
+                                   : OptimizerPlanBytes(t, trainable, n);
   }
   {
     const ModelOptions mo = JobModelOptions(spec, 1, false);

@@ -38,8 +38,8 @@ Status ValidateRun(const TrainingSession& s) {
 }
 
 // Data parallel: the communicator given in RunOptions, or one opened for the spec's
-// distributed: block (the rendezvous with the other ranks happens here); then what a world larger
-// than one cannot do yet.
+// distributed: block (the rendezvous with the other ranks happens here); the spec's world size
+// and rank must be the communicator's.
 Status OpenCommunicator(TrainingSession* s) {
   const std::optional<DistributedSpec>& d = s->spec.distributed;
   Communicator* comm = s->options->communicator;
@@ -66,12 +66,43 @@ Status OpenCommunicator(TrainingSession* s) {
     return Status::InvalidArgument("distributed.rank: " + std::to_string(*d->rank) +
                                    ", but the communicator says rank " + std::to_string(s->rank));
   }
-  const TrainingSpec& t = s->spec.training;
-  if (t.offload != "none") {
-    return Status::Unimplemented("training.offload: " + t.offload +
-                                 " with data parallel (world size " + std::to_string(s->world) +
-                                 ") is not supported yet");
+  return Status::Ok();
+}
+
+// training.offload: the store this process's optimizer state lives in. Data parallel: every rank
+// its own, opened for a TrainingSpec whose offload_dir (nvme) is the rank's directory
+// <offload_dir>/rank-<r>, created here (ranks may share a machine and must never share a RocksDB;
+// the store creates the rank's directory and checks that it is writable).
+Status OpenStore(TrainingSession* s) {
+  TrainingSpec t = s->spec.training;
+  s->store = s->options->optimizer_state_store;
+  if (s->store != nullptr) {
+    if (s->comm != nullptr) {
+      return Status::InvalidArgument(
+          "training.offload: an optimizer-state store was given for a data-parallel run; every "
+          "rank opens its own (give open_optimizer_state_store instead)");
+    }
+    return Status::Ok();
   }
+  if (s->comm != nullptr && t.offload == "nvme" && t.offload_dir.has_value()) {
+    const std::string dir = *t.offload_dir;
+    std::error_code ec;
+    if (!fs::is_directory(dir, ec)) {
+      const fs::path parent = fs::path(dir).parent_path();
+      if (!parent.empty() && !fs::is_directory(parent, ec)) {
+        return Status::NotFound("training.offload_dir " + dir + ": its parent " + parent.string() +
+                                " does not exist");
+      }
+      fs::create_directory(dir, ec);
+      if (ec) {
+        return Status::FailedPrecondition("training.offload_dir " + dir +
+                                          ": cannot create it: " + ec.message());
+      }
+    }
+    t.offload_dir = (fs::path(dir) / ("rank-" + std::to_string(s->rank))).string();
+  }
+  TRAIND_ASSIGN_OR_RETURN(s->owned_store, s->options->open_optimizer_state_store(t));
+  s->store = s->owned_store.get();
   return Status::Ok();
 }
 
@@ -161,12 +192,40 @@ Status BuildModelAndOptimizer(TrainingSession* s) {
   TRAIND_ASSIGN_OR_RETURN(
       s->model, Model::Create(s->config, JobModelOptions(s->spec, s->B, s->plan.gradient_checkpointing),
                               s->arena.get()));
-  if (t.offload != "none") {
-    s->store = s->options->optimizer_state_store;
-    if (s->store == nullptr) {
-      TRAIND_ASSIGN_OR_RETURN(s->owned_store, s->options->open_optimizer_state_store(t));
-      s->store = s->owned_store.get();
+  if (t.offload != "none") TRAIND_RETURN_IF_ERROR(OpenStore(s));
+  if (s->comm != nullptr && s->spec.distributed.has_value() &&
+      s->spec.distributed->zero_stage == 1) {
+    if (s->device != "cpu") {  // the checkpoint's state gather stages host buffers (Gloo's)
+      return Status::Unimplemented("distributed.zero_stage: 1 on " + s->device +
+                                   " is not supported yet (the cpu backend only): use zero_stage 0");
     }
+    const int64_t n = s->model->num_trainable();
+    TRAIND_ASSIGN_OR_RETURN(std::unique_ptr<ShardedOptimizer> sharded,
+                            ShardedOptimizer::Create(t, s->model->trainable_params(), n, s->comm,
+                                                     s->arena.get(), s->store));
+    // Measured: the optimizer bytes in this rank's arena (the model allocates none); with
+    // offload, that is the window, and the shard's state is in the rank's store.
+    const int64_t held = s->arena->used_by_category().optimizer;
+    const int64_t whole = OptimizerPlanBytes(t, s->model->trainable_params(), n);
+    const int64_t state = s->store != nullptr ? sharded->shard_state_bytes() : held;
+    char line[320];
+    std::snprintf(
+        line, sizeof(line),
+        "zero_stage 1: rank %d of %d updates elements [%lld, %lld) of %lld; optimizer state %lld "
+        "bytes in this rank's %s (unsharded %lld, ratio %.4f)",
+        s->rank, s->world, static_cast<long long>(sharded->shard_begin()),
+        static_cast<long long>(sharded->shard_end()), static_cast<long long>(n),
+        static_cast<long long>(state), s->store != nullptr ? "store" : "arena",
+        static_cast<long long>(whole),
+        whole > 0 ? static_cast<double>(state) / static_cast<double>(whole) : 0.0);
+    std::string message = line;
+    if (s->store != nullptr) {
+      message += ", " + s->store->Describe() + "; window " + std::to_string(held) +
+                 " bytes in its arena";
+    }
+    s->Message(message);
+    s->optimizer = std::move(sharded);
+  } else if (t.offload != "none") {
     TRAIND_ASSIGN_OR_RETURN(s->optimizer,
                             MakeOffloadedOptimizer(t, s->model->trainable_params(),
                                                    s->model->num_trainable(), s->arena.get(),
@@ -177,29 +236,6 @@ Status BuildModelAndOptimizer(TrainingSession* s) {
                   static_cast<double>(state) / 1048576.0, t.optim.c_str(),
                   static_cast<double>(s->plan.bytes.optimizer) / 1048576.0);
     s->Message("training.offload " + t.offload + ": optimizer state in " + s->store->Describe() + line);
-  } else if (s->comm != nullptr && s->spec.distributed.has_value() &&
-             s->spec.distributed->zero_stage == 1) {
-    if (s->device != "cpu") {  // the checkpoint's state gather stages host buffers (Gloo's)
-      return Status::Unimplemented("distributed.zero_stage: 1 on " + s->device +
-                                   " is not supported yet (the cpu backend only): use zero_stage 0");
-    }
-    const int64_t n = s->model->num_trainable();
-    TRAIND_ASSIGN_OR_RETURN(std::unique_ptr<ShardedOptimizer> sharded,
-                            ShardedOptimizer::Create(t, s->model->trainable_params(), n, s->comm,
-                                                     s->arena.get()));
-    // Measured: the optimizer bytes in this rank's arena (the model allocates none).
-    const int64_t held = s->arena->used_by_category().optimizer;
-    const int64_t whole = OptimizerPlanBytes(t, s->model->trainable_params(), n);
-    char line[256];
-    std::snprintf(line, sizeof(line),
-                  "zero_stage 1: rank %d of %d updates elements [%lld, %lld) of %lld; optimizer "
-                  "state %lld bytes in this rank's arena (unsharded %lld, ratio %.4f)",
-                  s->rank, s->world, static_cast<long long>(sharded->shard_begin()),
-                  static_cast<long long>(sharded->shard_end()), static_cast<long long>(n),
-                  static_cast<long long>(held), static_cast<long long>(whole),
-                  whole > 0 ? static_cast<double>(held) / static_cast<double>(whole) : 0.0);
-    s->Message(line);
-    s->optimizer = std::move(sharded);
   } else {
     TRAIND_ASSIGN_OR_RETURN(s->optimizer, MakeOptimizer(t, s->model->trainable_params(),
                                                         s->model->num_trainable(), s->arena.get()));
