@@ -15,7 +15,8 @@ One gpt2 (d256, 6 layers, 4 heads, T128, vocab 512) on a token file this script 
       all-reduce (4 MiB buckets) overlapped with backward
 Ranks meet on 127.0.0.1 and a port the kernel hands out (WORLD_SIZE, RANK, MASTER_ADDR,
 MASTER_PORT as in docs/distributed.md). tokens/s is the `done:` line's (the world's tokens over
-the training time); communication is rank 0's `communication:` line (seconds in collectives not
+the whole run, set-up and the first step included); steady tokens/s the step lines' windows after
+the first (logging every steps/3); communication is rank 0's `communication:` line (seconds in collectives not
 hidden by compute, seconds hidden behind backward). Then allreduce_bench --spawn 2 (the Gloo
 all-reduce over loopback against memcpy). Every process runs with OMP_WAIT_POLICY=PASSIVE, as the
 other benches. The load average is printed at the start and the end; above 0.5 at the start the
