@@ -10,6 +10,7 @@
 #include <string>
 #include <thread>
 
+#include "nccl_api.h"
 #include "nccl_cast.h"
 #include "nccl_unique_id.h"
 #include "rendezvous.h"
@@ -21,6 +22,10 @@ using engine::CommDType;
 using Clock = std::chrono::steady_clock;
 
 constexpr char kUniqueIdKey[] = "nccl/unique_id";
+
+// The loaded NCCL: every path that reaches a call went through LoadNccl() first
+// (OpenNcclCommunicator, ShareNcclUniqueId).
+const NcclApi& Nccl() { return **LoadNccl(); }
 
 size_t ElementSize(CommDType t) { return t == CommDType::kF32 ? 4 : 2; }
 
@@ -74,16 +79,16 @@ class NcclCommunicator : public engine::Communicator {
     cudaSetDevice(device_);
     if (comm_ != nullptr) {
       // Finalize flushes outstanding work (every rank does it); bounded, then abort.
-      ncclResult_t r = ncclCommFinalize(comm_);
+      ncclResult_t r = Nccl().CommFinalize(comm_);
       const Clock::time_point deadline = Clock::now() + std::chrono::seconds(10);
       while (r == ncclInProgress && Clock::now() < deadline) {
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
-        ncclCommGetAsyncError(comm_, &r);
+        Nccl().CommGetAsyncError(comm_, &r);
       }
       if (r == ncclSuccess) {
-        ncclCommDestroy(comm_);
+        Nccl().CommDestroy(comm_);
       } else {
-        ncclCommAbort(comm_);
+        Nccl().CommAbort(comm_);
       }
     }
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
@@ -102,7 +107,7 @@ class NcclCommunicator : public engine::Communicator {
     TRAIND_RETURN_IF_ERROR(Stage(what, bytes, data, bytes, &stage_in_, /*copy_in=*/true, &d));
     if (type == CommDType::kF32) {
       TRAIND_RETURN_IF_ERROR(
-          Issue(what, bytes, ncclAllReduce(d, d, static_cast<size_t>(count), ncclFloat, ncclSum,
+          Issue(what, bytes, Nccl().AllReduce(d, d, static_cast<size_t>(count), ncclFloat, ncclSum,
                                            comm_, stream_)));
     } else {
       const bool bf16 = type == CommDType::kBF16;
@@ -110,7 +115,7 @@ class NcclCommunicator : public engine::Communicator {
       float* f = static_cast<float*>(scratch_.get());
       TRAIND_RETURN_IF_ERROR(Cuda(what, bytes, WidenToF32(d, f, count, bf16, stream_)));
       TRAIND_RETURN_IF_ERROR(
-          Issue(what, bytes, ncclAllReduce(f, f, static_cast<size_t>(count), ncclFloat, ncclSum,
+          Issue(what, bytes, Nccl().AllReduce(f, f, static_cast<size_t>(count), ncclFloat, ncclSum,
                                            comm_, stream_)));
       TRAIND_RETURN_IF_ERROR(Cuda(what, bytes, NarrowFromF32(f, d, count, bf16, stream_)));
     }
@@ -131,7 +136,7 @@ class NcclCommunicator : public engine::Communicator {
     TRAIND_RETURN_IF_ERROR(Stage(what, in_bytes, out, out_bytes, &stage_out_, false, &dout));
     if (type == CommDType::kF32) {
       TRAIND_RETURN_IF_ERROR(
-          Issue(what, in_bytes, ncclReduceScatter(din, dout, static_cast<size_t>(count), ncclFloat,
+          Issue(what, in_bytes, Nccl().ReduceScatter(din, dout, static_cast<size_t>(count), ncclFloat,
                                                   ncclSum, comm_, stream_)));
     } else {
       // scratch: [0, total) the widened input, [total, total + count) this rank's fp32 sums.
@@ -141,7 +146,7 @@ class NcclCommunicator : public engine::Communicator {
       float* f = static_cast<float*>(scratch_.get());
       TRAIND_RETURN_IF_ERROR(Cuda(what, in_bytes, WidenToF32(din, f, total, bf16, stream_)));
       TRAIND_RETURN_IF_ERROR(
-          Issue(what, in_bytes, ncclReduceScatter(f, f + total, static_cast<size_t>(count),
+          Issue(what, in_bytes, Nccl().ReduceScatter(f, f + total, static_cast<size_t>(count),
                                                   ncclFloat, ncclSum, comm_, stream_)));
       TRAIND_RETURN_IF_ERROR(
           Cuda(what, in_bytes, NarrowFromF32(f + total, dout, count, bf16, stream_)));
@@ -161,7 +166,7 @@ class NcclCommunicator : public engine::Communicator {
         Stage(what, bytes, const_cast<void*>(in), bytes, &stage_in_, true, &din));
     TRAIND_RETURN_IF_ERROR(Stage(what, bytes, out, out_bytes, &stage_out_, false, &dout));
     TRAIND_RETURN_IF_ERROR(
-        Issue(what, bytes, ncclAllGather(din, dout, bytes, ncclUint8, comm_, stream_)));
+        Issue(what, bytes, Nccl().AllGather(din, dout, bytes, ncclUint8, comm_, stream_)));
     return Finish(what, bytes, out, dout, out_bytes);
   }
 
@@ -176,7 +181,7 @@ class NcclCommunicator : public engine::Communicator {
     void* d = nullptr;
     TRAIND_RETURN_IF_ERROR(Stage(what, bytes, data, bytes, &stage_in_, true, &d));
     TRAIND_RETURN_IF_ERROR(
-        Issue(what, bytes, ncclBroadcast(d, d, bytes, ncclUint8, root, comm_, stream_)));
+        Issue(what, bytes, Nccl().Broadcast(d, d, bytes, ncclUint8, root, comm_, stream_)));
     return Finish(what, bytes, data, d, bytes);
   }
 
@@ -186,7 +191,7 @@ class NcclCommunicator : public engine::Communicator {
     TRAIND_RETURN_IF_ERROR(Cuda(what, 0, scratch_.Reserve(4)));
     float* f = static_cast<float*>(scratch_.get());
     TRAIND_RETURN_IF_ERROR(Cuda(what, 0, cudaMemsetAsync(f, 0, 4, stream_)));
-    TRAIND_RETURN_IF_ERROR(Issue(what, 0, ncclAllReduce(f, f, 1, ncclFloat, ncclSum, comm_, stream_)));
+    TRAIND_RETURN_IF_ERROR(Issue(what, 0, Nccl().AllReduce(f, f, 1, ncclFloat, ncclSum, comm_, stream_)));
     return Finish(what, 0, nullptr, nullptr, 0);
   }
 
@@ -237,7 +242,7 @@ class NcclCommunicator : public engine::Communicator {
     while (r == ncclInProgress) {
       if (Clock::now() >= deadline_) return TimedOut(what, bytes);
       std::this_thread::yield();
-      ncclCommGetAsyncError(comm_, &r);
+      Nccl().CommGetAsyncError(comm_, &r);
     }
     if (r == ncclSuccess) return Status::Ok();
     return NcclFailed(what, bytes, r);
@@ -251,7 +256,7 @@ class NcclCommunicator : public engine::Communicator {
       if (e == cudaSuccess) break;
       if (e != cudaErrorNotReady) return Cuda(what, bytes, e);
       ncclResult_t async = ncclSuccess;
-      ncclCommGetAsyncError(comm_, &async);
+      Nccl().CommGetAsyncError(comm_, &async);
       if (async != ncclSuccess && async != ncclInProgress) return NcclFailed(what, bytes, async);
       if (Clock::now() >= deadline_) return TimedOut(what, bytes);
       if (spins < 2000) {
@@ -268,11 +273,11 @@ class NcclCommunicator : public engine::Communicator {
   }
 
   Status NcclFailed(const char* what, size_t bytes, ncclResult_t r) {
-    const char* last = ncclGetLastError(comm_);
+    const char* last = Nccl().GetLastError(comm_);
     const bool peer = r == ncclRemoteError || r == ncclSystemError;
     return Fail(Where(what, bytes) + " failed" +
                     (peer ? std::string(" (a peer went away)") : std::string()) + ": " +
-                    ncclGetErrorString(r) + (last != nullptr && *last ? std::string(" (") + last + ")" : ""),
+                    Nccl().GetErrorString(r) + (last != nullptr && *last ? std::string(" (") + last + ")" : ""),
                 peer ? Status::Code::kUnavailable : Status::Code::kInternal);
   }
 
@@ -285,7 +290,7 @@ class NcclCommunicator : public engine::Communicator {
   // Aborts the communicator (the other ranks' collectives then fail too) and remembers why.
   Status Fail(const std::string& message, Status::Code code) {
     if (comm_ != nullptr) {
-      ncclCommAbort(comm_);
+      Nccl().CommAbort(comm_);
       comm_ = nullptr;
     }
     broken_ = true;
@@ -312,12 +317,13 @@ class NcclCommunicator : public engine::Communicator {
 
 Result<std::string> ShareNcclUniqueId(Rendezvous& rv, int rank) {
   if (rank == 0) {
+    TRAIND_RETURN_IF_ERROR(LoadNccl().status());
     ncclUniqueId id;
-    const ncclResult_t r = ncclGetUniqueId(&id);
+    const ncclResult_t r = Nccl().GetUniqueId(&id);
     if (r != ncclSuccess) {
-      const char* last = ncclGetLastError(nullptr);
+      const char* last = Nccl().GetLastError(nullptr);
       return Status::Internal("nccl: " + rv.me + ": ncclGetUniqueId failed: " +
-                              ncclGetErrorString(r) + (last != nullptr && *last ? std::string(" (") + last + ")" : ""));
+                              Nccl().GetErrorString(r) + (last != nullptr && *last ? std::string(" (") + last + ")" : ""));
     }
     std::string bytes(id.internal, sizeof(id.internal));
     TRAIND_RETURN_IF_ERROR(rv.store->Set(kUniqueIdKey, bytes));
@@ -354,6 +360,8 @@ Result<std::unique_ptr<engine::Communicator>> OpenNcclCommunicator(const Distrib
     return Status::FailedPrecondition("nccl: " + me + ": cudaSetDevice(" +
                                       std::to_string(cuda_device) + "): " + CudaError(e));
   }
+  // NCCL itself before anyone waits: a rank that cannot load it says so at once.
+  TRAIND_RETURN_IF_ERROR(LoadNccl().status());
   TRAIND_ASSIGN_OR_RETURN(Rendezvous rv, JoinRendezvous(o));
   TRAIND_ASSIGN_OR_RETURN(std::string id_bytes, ShareNcclUniqueId(rv, o.rank));
   ncclUniqueId id;
@@ -363,32 +371,32 @@ Result<std::unique_ptr<engine::Communicator>> OpenNcclCommunicator(const Distrib
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
   ncclComm_t comm = nullptr;
-  ncclResult_t r = ncclCommInitRankConfig(&comm, o.world_size, id, o.rank, &config);
+  ncclResult_t r = Nccl().CommInitRankConfig(&comm, o.world_size, id, o.rank, &config);
   const Clock::time_point deadline = Clock::now() + o.rendezvous_timeout;
   while (r == ncclInProgress) {
     if (Clock::now() >= deadline) {
-      ncclCommAbort(comm);
+      Nccl().CommAbort(comm);
       return Status::Unavailable("nccl: " + me + " (" + dev + "): ncclCommInitRank timed out " +
                                       "after " + Seconds(o.rendezvous_timeout) +
                                       " s (TRAIND_DIST_TIMEOUT_S): a peer died or hangs after "
                                       "the rendezvous at " + rv.where);
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    ncclCommGetAsyncError(comm, &r);
+    Nccl().CommGetAsyncError(comm, &r);
   }
   if (r != ncclSuccess) {
-    const char* last = ncclGetLastError(comm);
+    const char* last = Nccl().GetLastError(comm);
     const std::string message = "nccl: " + me + " (" + dev + "): ncclCommInitRank failed: " +
-                                ncclGetErrorString(r) +
+                                Nccl().GetErrorString(r) +
                                 (last != nullptr && *last ? std::string(" (") + last + ")" : "");
-    if (comm != nullptr) ncclCommAbort(comm);
+    if (comm != nullptr) Nccl().CommAbort(comm);
     return r == ncclRemoteError || r == ncclSystemError ? Status::Unavailable(message)
                                                         : Status::Internal(message);
   }
   cudaStream_t stream = nullptr;
   if (const cudaError_t e = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
       e != cudaSuccess) {
-    ncclCommAbort(comm);
+    Nccl().CommAbort(comm);
     return Status::Internal("nccl: " + me + " (" + dev + "): cudaStreamCreate: " + CudaError(e));
   }
   auto out = std::make_unique<NcclCommunicator>(std::move(rv), comm, stream, o.rank, o.world_size,

@@ -111,9 +111,16 @@ TEST(NcclUniqueId, TravelsFromRankZeroThroughTheRendezvousStore) {
           return;
         }
         ids[static_cast<size_t>(r)] = ShareNcclUniqueId(*rv, r);
-        // Rank 0's store stays up until every rank has read the id.
-        if (r == 0) (void)WaitForKey(*rv, "test/done", "the last rank");
-        if (r == world - 1) (void)rv->store->Set("test/done", "1");
+        // Rank 0's store stays up until every other rank has read the id (each says so: one key
+        // for all would let rank 0 close the store while a slower rank still leaves the
+        // rendezvous).
+        if (r == 0) {
+          for (int other = 1; other < world; ++other) {
+            (void)WaitForKey(*rv, "test/done/" + std::to_string(other), "rank " + std::to_string(other));
+          }
+        } else {
+          (void)rv->store->Set("test/done/" + std::to_string(r), "1");
+        }
       });
     }
     for (auto& t : ranks) t.join();
