@@ -2,6 +2,9 @@
 // metrics.h, its Build* call in Start(), and the update where its value is known.
 #include "metrics.h"
 
+#include <httplib.h>
+#include <prometheus/text_serializer.h>
+
 #include <algorithm>
 #include <exception>
 
@@ -38,7 +41,10 @@ struct Metrics::JobSeries {
   int64_t tokenize_bytes_counted = 0;  // bytes_done of the current tokenization already counted
 };
 
-Metrics::~Metrics() = default;
+Metrics::~Metrics() {
+  if (http_) http_->stop();
+  if (http_thread_.joinable()) http_thread_.join();
+}
 
 Result<std::unique_ptr<Metrics>> Metrics::Start(const std::string& listen, double device_peak_flops,
                                                 int64_t device_total_bytes) {
@@ -92,14 +98,37 @@ Result<std::unique_ptr<Metrics>> Metrics::Start(const std::string& listen, doubl
   m->requests_ = &BuildCounter().Name("traind_grpc_requests_total").Help("Control-plane calls by method and code").Register(r);
   m->memory_total_->Set(static_cast<double>(device_total_bytes));
   for (const char* s : {"QUEUED", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED"}) m->jobs_->Add({{"state", s}});
+  // "host:port", "[v6]:port" or "port" (every interface).
+  const auto colon = listen.rfind(':');
+  std::string host = colon == std::string::npos ? "0.0.0.0" : listen.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[') host = host.substr(1, host.size() - 2);
+  int port = -1;
   try {
-    m->exposer_ = std::make_unique<prometheus::Exposer>(listen);
-  } catch (const std::exception& e) {
-    return Status::Unavailable("cannot serve metrics on " + listen + ": " + e.what());
+    size_t used = 0;
+    const std::string p = colon == std::string::npos ? listen : listen.substr(colon + 1);
+    port = std::stoi(p, &used);
+    if (used != p.size() || port < 0 || port > 65535) port = -1;
+  } catch (const std::exception&) {
+    port = -1;
   }
-  m->exposer_->RegisterCollectable(m->registry_);
-  auto ports = m->exposer_->GetListeningPorts();
-  m->port_ = ports.empty() ? 0 : ports.front();
+  if (port < 0) return Status::InvalidArgument("--metrics-listen: expected host:port, got " + listen);
+  m->http_ = std::make_unique<httplib::Server>();
+  std::shared_ptr<prometheus::Registry> registry = m->registry_;
+  m->http_->Get("/metrics", [registry](const httplib::Request&, httplib::Response& res) {
+    res.set_content(prometheus::TextSerializer().Serialize(registry->Collect()),
+                    "text/plain; version=0.0.4; charset=utf-8");
+  });
+  if (port == 0) {
+    m->port_ = std::max(0, m->http_->bind_to_any_port(host));
+  } else if (m->http_->bind_to_port(host, port)) {
+    m->port_ = port;
+  }
+  if (m->port_ == 0) {
+    return Status::Unavailable("cannot serve metrics on " + listen +
+                               " (in use, or not an address of this host)");
+  }
+  httplib::Server* srv = m->http_.get();
+  m->http_thread_ = std::thread([srv] { srv->listen_after_bind(); });
   return m;
 }
 

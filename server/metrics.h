@@ -1,11 +1,10 @@
 // Metrics: every family of ../shared/contracts/METRICS.md, registered here and nowhere else, and
-// the prometheus-cpp pull exposer that serves them at http://<listen>/metrics. Per-job series
+// the HTTP server (cpp-httplib) that serves them at http://<listen>/metrics. Per-job series
 // carry {job_id, job_name}; they appear when the job starts and are removed when it ends.
 // Thread-safe (prometheus-cpp metrics are; the per-job map is guarded by mu_).
 #pragma once
 
 #include <prometheus/counter.h>
-#include <prometheus/exposer.h>
 #include <prometheus/family.h>
 #include <prometheus/gauge.h>
 #include <prometheus/histogram.h>
@@ -14,10 +13,15 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "traind/engine/status.h"
 #include "traind/v1/job.pb.h"
 #include "traind/worker/mutex.h"
+
+namespace httplib {
+class Server;
+}
 
 namespace traind::server {
 
@@ -55,7 +59,12 @@ class Metrics {
   Metrics() = default;
 
   std::shared_ptr<prometheus::Registry> registry_;
-  std::unique_ptr<prometheus::Exposer> exposer_;
+  // /metrics over cpp-httplib (its threads have the default stack). Not prometheus-cpp's civetweb
+  // Exposer: Debian's civetweb gives its workers 100 KiB stacks, of which glibc takes the static
+  // TLS of every loaded library (OpenBLAS alone 60 KiB); a scrape overflowed what was left and
+  // killed the daemon.
+  std::unique_ptr<httplib::Server> http_;
+  std::thread http_thread_;
   int port_ = 0;
   double peak_flops_ = 0;
 

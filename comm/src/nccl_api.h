@@ -1,9 +1,9 @@
-// NCCL's entry points, loaded at run time (dlopen) instead of linked. A process that has
-// libnccl.so.2 loaded crashes in civetweb's worker threads (prometheus-cpp's exposer: the daemon's
-// /metrics, "segfault at 308" in __pthread_disable_asynccancel, the thread's TCB overwritten) on
-// the first scrape during a job, measured with NCCL 2.28.9 both linked and LD_PRELOADed; so only a
-// process that opens a NCCL communicator (a job runner on cuda:N) ever loads it, and the daemon
-// never does.
+// NCCL's entry points, loaded at run time (dlopen) instead of linked, so that only a process that
+// opens a NCCL communicator (a job runner on cuda:N) ever loads it and the daemon never does.
+// Linked, libnccl.so.2 (218 MB) added 12 KiB of static TLS to every thread of every traind process;
+// the daemon's /metrics threads (Debian's civetweb gives its workers 100 KiB stacks, from which
+// glibc takes all static TLS) then crashed on a scrape during a job. /metrics is served by
+// cpp-httplib now (server/metrics.h), which fixes that whatever is loaded; NCCL stays unlinked.
 #pragma once
 
 #include <nccl.h>
