@@ -33,6 +33,7 @@
 #include "core/safetensors.h"
 #include "traind/engine/job_spec.h"
 #include "traind/engine/trainer.h"
+#include "free_port.h"
 
 namespace traind::engine {
 namespace {
@@ -48,24 +49,7 @@ std::string TempDir(const std::string& tag) {
   return d;
 }
 
-// A port the kernel just handed out (bound to port 0, then closed): free unless another process
-// takes it in the moment between, unlike a fixed or pid-derived one under ctest -j.
-int FreePort() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = 0;
-  socklen_t len = sizeof(a);
-  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-    if (fd >= 0) ::close(fd);
-    return 29400;
-  }
-  const int port = ntohs(a.sin_port);
-  ::close(fd);
-  return port;
-}
+using comm_test::FreePort;
 
 int Port() { return FreePort(); }
 

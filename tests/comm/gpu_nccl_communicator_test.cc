@@ -18,6 +18,7 @@
 
 #include "nccl_cast.h"
 #include "traind/comm/nccl_communicator.h"
+#include "free_port.h"
 
 namespace traind::comm {
 namespace {
@@ -25,22 +26,7 @@ namespace {
 using engine::CommDType;
 using engine::Communicator;
 
-int FreePort() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = 0;
-  socklen_t len = sizeof(a);
-  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-    if (fd >= 0) ::close(fd);
-    return 29400;
-  }
-  const int port = ntohs(a.sin_port);
-  ::close(fd);
-  return port;
-}
+using comm_test::FreePort;
 
 std::unique_ptr<Communicator> OpenWorldOfOne() {
   DistributedOptions o;
