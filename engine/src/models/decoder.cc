@@ -108,8 +108,7 @@ Result<std::unique_ptr<DecoderModel>> DecoderModel::Make(const ModelConfig& conf
   return m;
 }
 
-void DecoderModel::InitRandom(uint64_t seed) {
-  std::vector<float> host(static_cast<size_t>(table_.total), 0.0f);
+void InitFlatParams(const ArchDims& d, const ParamTable& table, uint64_t seed, float* host) {
   std::mt19937_64 rng(seed);
   // Box-Muller on the raw 64-bit stream: the same numbers on every platform.
   auto normal = [&rng]() {
@@ -117,15 +116,16 @@ void DecoderModel::InitRandom(uint64_t seed) {
     const double u2 = (static_cast<double>(rng() >> 11) + 0.5) * 0x1.0p-53;
     return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
   };
-  const double std_resid = 0.02 / std::sqrt(2.0 * static_cast<double>(d_.L));
-  for (size_t i = 0; i < table_.infos.size(); ++i) {
-    const ParamInfo& info = table_.infos[i];
-    const ParamExtra& ex = table_.extras[i];
-    float* p = host.data() + info.offset;
-    int64_t n = info.numel;
-    if (ex.vocab_rows) n = d_.V * d_.C;  // padded rows stay zero
+  const double std_resid = 0.02 / std::sqrt(2.0 * static_cast<double>(d.L));
+  for (size_t i = 0; i < table.infos.size(); ++i) {
+    const ParamInfo& info = table.infos[i];
+    const ParamExtra& ex = table.extras[i];
+    float* p = host + info.offset;
+    int64_t n = 1;  // the real (HF) elements: padded vocabulary rows stay zero
+    for (int64_t s : info.hf_shape) n *= s;
     switch (ex.init) {
       case InitKind::kZeros:
+        std::fill(p, p + info.numel, 0.0f);
         break;
       case InitKind::kOnes:
         std::fill(p, p + n, 1.0f);
@@ -138,6 +138,11 @@ void DecoderModel::InitRandom(uint64_t seed) {
         break;
     }
   }
+}
+
+void DecoderModel::InitRandom(uint64_t seed) {
+  std::vector<float> host(static_cast<size_t>(table_.total), 0.0f);
+  InitFlatParams(d_, table_, seed, host.data());
   be_->CopyHostToDevice(bufs_.params, host.data(), host.size() * sizeof(float));
   be_->Synchronize();
   weights16_stale_ = true;
@@ -153,13 +158,19 @@ Status DecoderModel::LoadHf(const SafetensorsFile& file) {
 }
 
 Status HfToFlat(const std::string& arch, const ParamTable& table, const SafetensorsFile& file,
-                float* host) {
+                float* host, std::vector<size_t>* missing_heads) {
   for (size_t i = 0; i < table.infos.size(); ++i) {
     const ParamInfo& info = table.infos[i];
     auto it = file.tensors.find(info.hf_name);
-    const std::string kPrefix = "transformer.";  // GPT2Model files name tensors without it
-    if (it == file.tensors.end() && info.hf_name.rfind(kPrefix, 0) == 0) {
-      it = file.tensors.find(info.hf_name.substr(kPrefix.size()));
+    // GPT2Model / BertModel files name the base model's tensors without its prefix.
+    for (const std::string prefix : {"transformer.", "bert."}) {
+      if (it == file.tensors.end() && info.hf_name.rfind(prefix, 0) == 0) {
+        it = file.tensors.find(info.hf_name.substr(prefix.size()));
+      }
+    }
+    if (it == file.tensors.end() && missing_heads != nullptr && table.extras[i].task_head) {
+      missing_heads->push_back(i);
+      continue;
     }
     if (it == file.tensors.end()) {
       return Status::InvalidArgument("checkpoint is missing tensor '" + info.hf_name +
@@ -191,11 +202,15 @@ SafetensorsFile DecoderModel::ExportHf() {
 }
 
 SafetensorsFile DecoderModel::ExportFrom(const std::vector<float>& host) const {
+  return FlatToHf(table_, host.data());
+}
+
+SafetensorsFile FlatToHf(const ParamTable& table, const float* host) {
   SafetensorsFile out;
   out.metadata["format"] = "pt";
-  for (size_t i = 0; i < table_.infos.size(); ++i) {
-    const ParamInfo& info = table_.infos[i];
-    std::vector<float> v = ToHfLayout(info, table_.extras[i], host.data() + info.offset);
+  for (size_t i = 0; i < table.infos.size(); ++i) {
+    const ParamInfo& info = table.infos[i];
+    std::vector<float> v = ToHfLayout(info, table.extras[i], host + info.offset);
     out.tensors[info.hf_name] = HostTensor::FromF32(v.data(), info.hf_shape);
   }
   return out;

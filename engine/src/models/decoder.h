@@ -16,8 +16,16 @@ namespace traind::engine {
 
 // HF tensors (by name, converting dtype, Conv1D transposes and the padded vocabulary) into `host`
 // (table.total floats, laid out as `table`); the errors of Model::LoadHf. `arch` for messages.
+// `missing_heads` not null: a task-head tensor (ParamExtra::task_head) missing from the file is
+// not an error; its table index is appended (the caller initialises it).
 Status HfToFlat(const std::string& arch, const ParamTable& table, const SafetensorsFile& file,
-                float* host);
+                float* host, std::vector<size_t>* missing_heads = nullptr);
+// `host` (table.total floats) under HF names and layouts, F32.
+SafetensorsFile FlatToHf(const ParamTable& table, const float* host);
+// The init of every tensor (ParamExtra::init) from `seed` into `host` (table.total floats):
+// N(0, 0.02) weights, N(0, 0.02/sqrt(2L)) residual projections, zeros, ones; padded vocabulary
+// rows zero. The same numbers on every platform.
+void InitFlatParams(const ArchDims& d, const ParamTable& table, uint64_t seed, float* host);
 
 class DecoderModel : public Model {
  public:

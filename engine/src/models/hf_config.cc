@@ -3,6 +3,7 @@
 #include "models/hf_config.h"
 #include "models/layout.h"
 
+#include <cstdlib>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -107,6 +108,74 @@ Status ReadLlama(const std::string& f, const json& j, ModelConfig* c) {
   return Status::Ok();
 }
 
+// HF BertConfig defaults (bert-base-uncased) where ModelConfig's differ.
+void BertDefaults(ModelConfig* c) {
+  c->vocab_size = 30522;
+  c->hidden_size = 768;
+  c->intermediate_size = 3072;
+  c->num_hidden_layers = 12;
+  c->num_attention_heads = 12;
+  c->num_key_value_heads = 12;
+  c->max_position_embeddings = 512;
+  c->tie_word_embeddings = true;
+}
+
+Status ReadBert(const std::string& f, const json& j, ModelConfig* c) {
+  BertDefaults(c);
+  TRAIND_RETURN_IF_ERROR(GetInt(f, j, "vocab_size", &c->vocab_size));
+  TRAIND_RETURN_IF_ERROR(GetInt(f, j, "hidden_size", &c->hidden_size));
+  TRAIND_RETURN_IF_ERROR(GetInt(f, j, "intermediate_size", &c->intermediate_size));
+  TRAIND_RETURN_IF_ERROR(GetInt(f, j, "num_hidden_layers", &c->num_hidden_layers));
+  TRAIND_RETURN_IF_ERROR(GetInt(f, j, "num_attention_heads", &c->num_attention_heads));
+  c->num_key_value_heads = c->num_attention_heads;
+  TRAIND_RETURN_IF_ERROR(GetInt(f, j, "max_position_embeddings", &c->max_position_embeddings));
+  TRAIND_RETURN_IF_ERROR(GetInt(f, j, "type_vocab_size", &c->type_vocab_size));
+  TRAIND_RETURN_IF_ERROR(GetDouble(f, j, "layer_norm_eps", &c->layer_norm_eps));
+  if (j.contains("pad_token_id") && !j["pad_token_id"].is_null()) {
+    TRAIND_RETURN_IF_ERROR(GetInt(f, j, "pad_token_id", &c->pad_token_id));
+  }
+  TRAIND_RETURN_IF_ERROR(Require(f, j, "hidden_act", "gelu", "only gelu (erf) is implemented"));
+  TRAIND_RETURN_IF_ERROR(Require(f, j, "position_embedding_type", "absolute",
+                                 "only absolute position embeddings are implemented"));
+  TRAIND_RETURN_IF_ERROR(Require(f, j, "is_decoder", false, "bert is trained as an encoder"));
+  TRAIND_RETURN_IF_ERROR(Require(f, j, "add_cross_attention", false, "encoder-only models only"));
+  TRAIND_RETURN_IF_ERROR(Require(f, j, "tie_word_embeddings", true,
+                                 "the MLM decoder is always tied to the word embeddings"));
+  if (j.contains("problem_type") && !j["problem_type"].is_null() &&
+      j["problem_type"] != "single_label_classification") {
+    return Bad(f, "problem_type", j["problem_type"].dump() +
+                                      " is not supported (only single_label_classification)");
+  }
+  // The head from the architecture (model.head may set it when the file names none).
+  if (j.contains("architectures") && j["architectures"].is_array() &&
+      !j["architectures"].empty() && j["architectures"][0].is_string()) {
+    const std::string a = j["architectures"][0].get<std::string>();
+    if (a == "BertForSequenceClassification") c->head = "sequence_classification";
+    if (a == "BertForMaskedLM" || a == "BertForPreTraining") c->head = "masked_lm";
+  }
+  // Labels: id2label {"0": name, ...} (HF writes both maps; num_labels is their size).
+  if (j.contains("id2label") && j["id2label"].is_object() && !j["id2label"].empty()) {
+    const json& m = j["id2label"];
+    std::vector<std::string> names(m.size());
+    for (auto it = m.begin(); it != m.end(); ++it) {
+      char* end = nullptr;
+      const long id = std::strtol(it.key().c_str(), &end, 10);
+      if (end == it.key().c_str() || *end != 0 || id < 0 ||
+          id >= static_cast<long>(names.size()) || !it.value().is_string()) {
+        return Bad(f, "id2label", "expected {\"0\": name, ..., \"" +
+                                      std::to_string(names.size() - 1) + "\": name}, got " +
+                                      m.dump());
+      }
+      names[static_cast<size_t>(id)] = it.value().get<std::string>();
+    }
+    c->num_labels = static_cast<int64_t>(names.size());
+    c->id2label = std::move(names);
+  } else if (j.contains("num_labels")) {
+    TRAIND_RETURN_IF_ERROR(GetInt(f, j, "num_labels", &c->num_labels));
+  }
+  return Status::Ok();
+}
+
 Status Positive(const std::string& prefix, const char* key, int64_t v) {
   if (v >= 1) return Status::Ok();
   return Status::InvalidArgument(prefix + key + ": must be >= 1, got " + std::to_string(v));
@@ -120,14 +189,50 @@ Status ValidateModelConfig(const ModelConfig& c, const std::string& p) {
     return Status::InvalidArgument("model.arch: unknown architecture '" + c.arch +
                                    "' (supported: " + KnownFamilies() + ")");
   }
-  if (!family->features.causal || !family->features.pre_ln) {
-    return Status::Unimplemented("model.arch: " + c.arch +
-                                 " needs bidirectional or post-LN blocks, not built yet");
-  }
   TRAIND_RETURN_IF_ERROR(Positive(p, "vocab_size", c.vocab_size));
   if (c.vocab_size > (int64_t{1} << 31) - 64) {
     return Status::InvalidArgument(p + "vocab_size: " + std::to_string(c.vocab_size) +
                                    " does not fit int32 token ids");
+  }
+  if (c.arch == "bert") {
+    if (c.head != "sequence_classification" && c.head != "masked_lm") {
+      return Status::InvalidArgument(
+          "model.head: bert needs a head: sequence_classification or masked_lm" +
+          (c.head.empty() ? std::string() : ", got '" + c.head + "'"));
+    }
+    TRAIND_RETURN_IF_ERROR(Positive(p, "hidden_size", c.hidden_size));
+    TRAIND_RETURN_IF_ERROR(Positive(p, "intermediate_size", c.intermediate_size));
+    TRAIND_RETURN_IF_ERROR(Positive(p, "num_hidden_layers", c.num_hidden_layers));
+    TRAIND_RETURN_IF_ERROR(Positive(p, "num_attention_heads", c.num_attention_heads));
+    TRAIND_RETURN_IF_ERROR(Positive(p, "max_position_embeddings", c.max_position_embeddings));
+    TRAIND_RETURN_IF_ERROR(Positive(p, "type_vocab_size", c.type_vocab_size));
+    if (c.hidden_size % c.num_attention_heads != 0) {
+      return Status::InvalidArgument(p + "num_attention_heads: hidden_size " +
+                                     std::to_string(c.hidden_size) + " is not divisible by " +
+                                     "num_attention_heads " +
+                                     std::to_string(c.num_attention_heads));
+    }
+    if (!(c.layer_norm_eps > 0)) return Status::InvalidArgument(p + "layer_norm_eps: must be > 0");
+    if (c.pad_token_id < 0 || c.pad_token_id >= c.vocab_size) {
+      return Status::InvalidArgument(p + "pad_token_id: " + std::to_string(c.pad_token_id) +
+                                     " is not a token id of the vocabulary (0 .. vocab_size - 1)");
+    }
+    if (c.head == "sequence_classification") {
+      if (c.num_labels < 1) {
+        return Status::InvalidArgument("model.num_labels: must be >= 1, got " +
+                                       std::to_string(c.num_labels));
+      }
+      if (!c.id2label.empty() && static_cast<int64_t>(c.id2label.size()) != c.num_labels) {
+        return Status::InvalidArgument(
+            "model.num_labels: " + std::to_string(c.num_labels) + " but config id2label names " +
+            std::to_string(c.id2label.size()) + " labels");
+      }
+    }
+    return Status::Ok();
+  }
+  if (!c.head.empty() && c.head != "none") {
+    return Status::InvalidArgument("model.head: " + c.arch + " is a causal language model " +
+                                   "(head none), got '" + c.head + "'");
   }
   if (c.arch == "gpt2") {
     TRAIND_RETURN_IF_ERROR(Positive(p, "n_positions", c.n_positions));
@@ -181,7 +286,7 @@ Result<ModelConfig> ReadHfConfig(const std::string& path) {
     return Status::InvalidArgument(path + ": not a JSON object");
   }
   if (!j.contains("model_type") || !j["model_type"].is_string()) {
-    return Status::InvalidArgument(path + ": model_type: missing (expected \"gpt2\" or \"llama\")");
+    return Status::InvalidArgument(path + ": model_type: missing (expected \"gpt2\", \"llama\" or \"bert\")");
   }
   ModelConfig c;
   c.arch = j["model_type"].get<std::string>();
@@ -189,9 +294,13 @@ Result<ModelConfig> ReadHfConfig(const std::string& path) {
     TRAIND_RETURN_IF_ERROR(ReadGpt2(path, j, &c));
   } else if (c.arch == "llama") {
     TRAIND_RETURN_IF_ERROR(ReadLlama(path, j, &c));
+  } else if (c.arch == "bert") {
+    TRAIND_RETURN_IF_ERROR(ReadBert(path, j, &c));
+    // A BertModel file (no task head): valid once the job spec names model.head.
+    if (c.head.empty()) return c;
   } else {
     return Status::InvalidArgument(path + ": model_type: '" + c.arch +
-                                   "' is not supported (gpt2 | llama)");
+                                   "' is not supported (gpt2 | llama | bert)");
   }
   TRAIND_RETURN_IF_ERROR(ValidateModelConfig(c, path + ": "));
   return c;
@@ -224,6 +333,39 @@ std::string WriteHfConfigJson(const ModelConfig& c) {
     j["tie_word_embeddings"] = true;
     j["bos_token_id"] = special;
     j["eos_token_id"] = special;
+  } else if (c.arch == "bert") {
+    const bool cls = c.head == "sequence_classification";
+    j["model_type"] = "bert";
+    j["architectures"] = {cls ? "BertForSequenceClassification" : "BertForMaskedLM"};
+    j["hidden_act"] = "gelu";
+    j["hidden_size"] = c.hidden_size;
+    j["intermediate_size"] = c.intermediate_size;
+    j["num_hidden_layers"] = c.num_hidden_layers;
+    j["num_attention_heads"] = c.num_attention_heads;
+    j["max_position_embeddings"] = c.max_position_embeddings;
+    j["type_vocab_size"] = c.type_vocab_size;
+    j["layer_norm_eps"] = c.layer_norm_eps;
+    j["pad_token_id"] = c.pad_token_id;
+    j["position_embedding_type"] = "absolute";
+    // traind trains bert without dropout: the file says so, so transformers matches it.
+    j["hidden_dropout_prob"] = 0.0;
+    j["attention_probs_dropout_prob"] = 0.0;
+    j["classifier_dropout"] = nullptr;
+    j["tie_word_embeddings"] = true;
+    j.erase("use_cache");
+    if (cls) {
+      json id2label = json::object(), label2id = json::object();
+      for (int64_t i = 0; i < c.num_labels; ++i) {
+        const std::string name = i < static_cast<int64_t>(c.id2label.size())
+                                     ? c.id2label[static_cast<size_t>(i)]
+                                     : "LABEL_" + std::to_string(i);
+        id2label[std::to_string(i)] = name;
+        label2id[name] = i;
+      }
+      j["id2label"] = id2label;
+      j["label2id"] = label2id;
+      j["problem_type"] = "single_label_classification";
+    }
   } else {
     j["model_type"] = "llama";
     j["architectures"] = {"LlamaForCausalLM"};

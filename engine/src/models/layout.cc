@@ -15,7 +15,8 @@ const char* CategoryName(int c) {
 }
 
 // The families: GPT-2 (LayerNorm, learned positions, GELU-tanh MLP, biases) and LLaMA (RMSNorm,
-// rotary positions, SwiGLU MLP, no biases); both causal and pre-LN.
+// rotary positions, SwiGLU MLP, no biases), both causal and pre-LN; BERT (LayerNorm, learned
+// positions, GELU-erf MLP, biases), bidirectional with a padding mask and post-LN.
 const ModelFamily kFamilies[] = {
     {"gpt2",
      {FamilyFeatures::Norm::kLayerNorm, FamilyFeatures::Positions::kLearned,
@@ -25,6 +26,10 @@ const ModelFamily kFamilies[] = {
      {FamilyFeatures::Norm::kRmsNorm, FamilyFeatures::Positions::kRotary,
       FamilyFeatures::Mlp::kSwiGlu, /*bias=*/false, /*causal=*/true, /*pre_ln=*/true},
      LlamaParams},
+    {"bert",
+     {FamilyFeatures::Norm::kLayerNorm, FamilyFeatures::Positions::kLearned,
+      FamilyFeatures::Mlp::kGeluErf, /*bias=*/true, /*causal=*/false, /*pre_ln=*/false},
+     BertParams},
 };
 
 }  // namespace
@@ -52,9 +57,14 @@ ArchDims MakeArchDims(const ModelConfig& config) {
   d.NH = config.num_heads();
   d.NKV = config.num_kv_heads();
   d.HS = d.NH > 0 ? d.C / d.NH : 0;
-  d.H = d.swiglu() ? config.intermediate_size : 4 * config.n_embd;
+  d.H = config.arch == "gpt2" ? 4 * config.n_embd : config.intermediate_size;
   d.max_T = config.max_positions();
-  d.eps = static_cast<float>(d.rms_norm() ? config.rms_norm_eps : config.layer_norm_epsilon);
+  d.eps = static_cast<float>(d.rms_norm()             ? config.rms_norm_eps
+                             : config.arch == "bert" ? config.layer_norm_eps
+                                                     : config.layer_norm_epsilon);
+  d.type_vocab = config.type_vocab_size;
+  d.head = config.head;
+  d.num_labels = config.num_labels;
   d.rope_theta = static_cast<float>(config.rope_theta);
   d.tied = config.tied_embeddings();
   return d;

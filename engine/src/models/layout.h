@@ -24,7 +24,7 @@ struct ParamTable;
 struct FamilyFeatures {
   enum class Norm { kLayerNorm, kRmsNorm };
   enum class Positions { kLearned, kRotary };  // learned table (wpe) or rotary (q, k)
-  enum class Mlp { kGeluTanh, kSwiGlu };       // activation (and gating) of the MLP
+  enum class Mlp { kGeluTanh, kSwiGlu, kGeluErf };  // activation (and gating) of the MLP
   Norm norm = Norm::kLayerNorm;
   Positions positions = Positions::kLearned;
   Mlp mlp = Mlp::kGeluTanh;
@@ -50,7 +50,12 @@ struct ArchDims {
   bool rms_norm() const { return f().norm == FamilyFeatures::Norm::kRmsNorm; }
   bool rotary() const { return f().positions == FamilyFeatures::Positions::kRotary; }
   bool swiglu() const { return f().mlp == FamilyFeatures::Mlp::kSwiGlu; }
+  bool gelu_erf() const { return f().mlp == FamilyFeatures::Mlp::kGeluErf; }
   int64_t V = 0, Vp = 0, C = 0, L = 0, NH = 0, NKV = 0, HS = 0, H = 0, max_T = 0;
+  // bert: token types, the head ("sequence_classification" | "masked_lm") and its labels.
+  int64_t type_vocab = 0;
+  std::string head;
+  int64_t num_labels = 0;
   float eps = 1e-5f;
   float rope_theta = 10000.0f;
   bool tied = true;
@@ -72,6 +77,9 @@ struct ParamExtra {
   bool transposed = false;  // HF Conv1D (gpt2): the file holds our (OC,C) weight as (C,OC)
   bool vocab_rows = false;  // (Vp, C) in the engine, only the first V rows exist in HF files
   InitKind init = InitKind::kNormal;
+  // A task head's tensor (bert's pooler/classifier or MLM head): a checkpoint without it (a
+  // pretrained base) loads, and the tensor starts from its init, as transformers does.
+  bool task_head = false;
 };
 
 // Flat element offsets of one block's tensors; -1 = absent (no biases in llama). Fused tensors
@@ -87,6 +95,12 @@ struct ParamTable {
   std::vector<LayerParams> layers;
   int64_t wte = -1, wpe = -1, lnf_w = -1, lnf_b = -1;
   int64_t lm_head = -1;  // == wte when tied
+  // bert (-1 elsewhere): token-type table, the embeddings' LayerNorm, the pooler and classifier
+  // (sequence_classification), the MLM transform, its LayerNorm and the decoder's bias (Vp,
+  // masked_lm; the decoder weight is wte).
+  int64_t tte = -1, emb_ln_w = -1, emb_ln_b = -1;
+  int64_t pool_w = -1, pool_b = -1, cls_w = -1, cls_b = -1;
+  int64_t mlm_w = -1, mlm_b = -1, mlm_ln_w = -1, mlm_ln_b = -1, mlm_bias = -1;
   int64_t total = 0;     // elements in the flat buffer
 
   // Appends a tensor at the end of the flat buffer and returns its offset.
@@ -96,6 +110,7 @@ struct ParamTable {
 
 ParamTable Gpt2Params(const ArchDims& d);   // models/gpt2.cc
 ParamTable LlamaParams(const ArchDims& d);  // models/llama.cc
+ParamTable BertParams(const ArchDims& d);   // models/bert.cc
 inline ParamTable BuildParams(const ArchDims& d) { return d.family->params(d); }
 
 // One block's saved activations (N = B*T rows). Unused fields stay null for an arch.

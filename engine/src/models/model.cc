@@ -4,6 +4,7 @@
 #include <string>
 
 #include "models/decoder.h"
+#include "models/encoder.h"
 #include "models/hf_config.h"
 #include "models/layout.h"
 #include "models/lora.h"
@@ -15,7 +16,7 @@ namespace {
 // of model configs, shared with the job-spec parser and init_from's config.json).
 Status ValidateConfig(const ModelConfig& c, const ModelOptions& o) {
   TRAIND_RETURN_IF_ERROR(ValidateModelConfig(c, "model.config."));
-  const char* f_p = c.arch == "gpt2" ? "n_positions" : "max_position_embeddings";
+  const char* f_p = c.arch == "gpt2" ? "n_positions" : "max_position_embeddings";  // llama, bert
   if (o.micro_batch < 1) {
     return Status::InvalidArgument("training.per_device_train_batch_size: must be >= 1, got " +
                                    std::to_string(o.micro_batch));
@@ -35,6 +36,10 @@ Status ValidateConfig(const ModelConfig& c, const ModelOptions& o) {
                                    std::to_string(static_cast<int>(o.compute_type)) +
                                    " is not one of f32, bf16, f16");
   }
+  if (c.encoder() && o.lora.enabled()) {
+    return Status::Unimplemented("training.peft: LoRA is not built for " + c.arch +
+                                 " yet (causal families: gpt2, llama)");
+  }
   return ValidateLora(c.arch, o.lora, o.compute_type);
 }
 
@@ -43,6 +48,11 @@ Status ValidateConfig(const ModelConfig& c, const ModelOptions& o) {
 Result<std::unique_ptr<Model>> Model::Create(const ModelConfig& config, const ModelOptions& options,
                                              DeviceArena* arena) {
   TRAIND_RETURN_IF_ERROR(ValidateConfig(config, options));
+  if (config.encoder()) {
+    TRAIND_ASSIGN_OR_RETURN(std::unique_ptr<EncoderModel> m,
+                            EncoderModel::Make(config, options, arena));
+    return std::unique_ptr<Model>(std::move(m));
+  }
   TRAIND_ASSIGN_OR_RETURN(std::unique_ptr<DecoderModel> m,
                           DecoderModel::Make(config, options, arena));
   return std::unique_ptr<Model>(std::move(m));
@@ -69,8 +79,13 @@ std::vector<Op> Model::RequiredOps(const ModelConfig& config) {
   if (f.positions == FamilyFeatures::Positions::kRotary) ops.push_back(Op::kRope);
   if (f.mlp == FamilyFeatures::Mlp::kSwiGlu) {
     ops.insert(ops.end(), {Op::kSwiGluForward, Op::kSwiGluBackward});
+  } else if (f.mlp == FamilyFeatures::Mlp::kGeluErf) {
+    ops.insert(ops.end(), {Op::kGeluErfForward, Op::kGeluErfBackward});
   } else {
     ops.insert(ops.end(), {Op::kGeluForward, Op::kGeluBackward});
+  }
+  if (config.encoder() && config.head == "sequence_classification") {
+    ops.insert(ops.end(), {Op::kTanhForward, Op::kTanhBackward});
   }
   return ops;
 }
@@ -80,6 +95,11 @@ MemoryBytes Model::PlanBytes(const ModelConfig& config, const ModelOptions& opti
   const ArchDims d = MakeArchDims(config);
   const ParamTable table = BuildParams(d);
   BufferPlanner planner;
+  if (config.encoder()) {
+    EncoderBuffers bufs;
+    PlanEncoderBuffers(d, options, table.total, &planner, &bufs);
+    return planner.bytes();
+  }
   ModelBuffers bufs;
   const LoraTable lora = BuildLoraTable(d, table, options.lora);
   PlanBuffers(d, options, table.total, &planner, &bufs, lora.total, lora.per_layer,
@@ -109,8 +129,11 @@ double Model::TrainingFlops(const ModelConfig& config, int64_t B, int64_t T) {
   double p = 0;
   for (size_t i = 0; i < table.infos.size(); ++i) {
     const ParamInfo& info = table.infos[i];
-    if (info.offset == table.wpe) continue;
-    if (!d.tied && info.offset == table.wte) continue;
+    if (info.offset == table.wpe || info.offset == table.tte) continue;
+    // The token table is a matmul only as the (tied) lm-head / MLM decoder.
+    if ((!d.tied || table.lm_head < 0) && info.offset == table.wte) continue;
+    // bert's pooler and classifier run on one row per sequence, not per token.
+    if (info.offset == table.pool_w || info.offset == table.cls_w) continue;
     double n = 1;
     for (int64_t s : info.hf_shape) n *= static_cast<double>(s);
     p += n;

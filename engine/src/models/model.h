@@ -1,4 +1,4 @@
-// Model: a decoder-only transformer (gpt2 or llama family) with explicit forward and backward,
+// Model: a transformer (decoder-only gpt2/llama, or the bert encoder) with explicit forward and backward,
 // its parameters, gradients and activations in flat buffers planned up front.
 // The trainer drives it: copy a batch into inputs()/targets(), ZeroGrad(), Forward(), Backward(),
 // then an optimizer updates params() from grads().
@@ -94,6 +94,17 @@ class Model {
   virtual uint64_t* dropout_key() { return nullptr; }
   virtual int32_t* inputs() = 0;    // device, B*T
   virtual int32_t* targets() = 0;   // device, B*T (-1 = ignored position)
+  // Encoder families (bert): device int32 (B*T), 1 = a real token, 0 = padding (keys at 0 are not
+  // attended; every position is still computed, as HF does); write it with inputs()/targets().
+  // Null for the causal families (no padding). The targets of a bert model: masked_lm, the
+  // original token at masked positions and -1 elsewhere (loss = mean over them);
+  // sequence_classification, targets()[b] for b < B is sequence b's label (-1: none) and
+  // targets()[B..B*T) are -1 (loss = mean cross-entropy over the labelled sequences).
+  virtual int32_t* attention_mask() { return nullptr; }
+  // After Forward(false), sequence classification only: how many labelled sequences of the
+  // micro-batch have their label as the argmax of the classifier's logits (reads back B rows);
+  // -1 for a model without a classification head.
+  virtual int64_t CorrectPredictions() { return -1; }
 
   // GPT-2 style init from `seed`: N(0, 0.02) for weights, zeros for biases, ones for norm weights,
   // residual output projections scaled by 1/sqrt(2*L).

@@ -12,6 +12,10 @@ void MlpForward(Backend& be, const MlpShape& s, const MlpWeights& w, float* out,
     LinearForward(be, h, inp, w.w_up, w.b_up, s.N, s.C, s.up_width(), type);
     if (up_lora) LoraForward(be, lora->up, h, inp, s.N);
     be.SwiGluForward(af, h, s.N, s.H);
+  } else if (s.gelu_erf) {
+    LinearForward(be, h, inp, w.w_up, w.b_up, s.N, s.C, s.H, type);
+    if (up_lora) LoraForward(be, lora->up, h, inp, s.N);
+    be.GeluErfForward(af, h, s.N * s.H);
   } else if (up_lora) {
     be.LinearForward(h, nullptr, inp, w.w_up, w.b_up, s.N, s.C, s.H, type);
     LoraForward(be, lora->up, h, inp, s.N);
@@ -37,6 +41,8 @@ void MlpBackward(Backend& be, const MlpShape& s, const MlpWeights& w, const MlpG
   float* dh = scratch_h;  // (N, up_width); may alias da for GELU
   if (s.swiglu) {
     be.SwiGluBackward(dh, h, da, s.N, s.H);
+  } else if (s.gelu_erf) {
+    be.GeluErfBackward(dh, h, da, s.N * s.H);
   } else {
     be.GeluBackward(dh, h, da, s.N * s.H);
   }

@@ -1,5 +1,6 @@
 // The transformer MLP: up-projection, activation, down-projection.
 //   gelu   (gpt2):  h (N,H) = inp W_fc^T + b;       a = gelu_tanh(h);       out = a W_proj^T + b
+//   gelu_erf (bert): the same with the exact GELU (HF "gelu")
 //   swiglu (llama): h (N,2H) = inp W_gu^T ([gate|up] rows, gate first); a = silu(gate)*up (N,H);
 //                   out = a W_down^T
 // Gradient contract: parameter gradients +=; dinp = (overwritten).
@@ -19,7 +20,8 @@ struct MlpShape {
   int64_t N = 0;
   int64_t C = 0;
   int64_t H = 0;        // hidden size after the activation
-  bool swiglu = false;  // false: GELU (tanh) with biases
+  bool swiglu = false;  // false: GELU (tanh, or erf with gelu_erf) with biases
+  bool gelu_erf = false;  // exact GELU (HF "gelu": bert) instead of the tanh approximation
   int64_t up_width() const { return swiglu ? 2 * H : H; }
 };
 

@@ -19,7 +19,7 @@ namespace traind::engine {
 // Architecture hyper-parameters, named as in the HF config.json of the architecture. Fields that do
 // not apply to an arch stay at their defaults. Defaults are HF's defaults for that arch.
 struct ModelConfig {
-  std::string arch = "gpt2";  // "gpt2" | "llama"
+  std::string arch = "gpt2";  // "gpt2" | "llama" | "bert"
   int64_t vocab_size = 50257;
   // gpt2
   int64_t n_positions = 1024;
@@ -37,14 +37,30 @@ struct ModelConfig {
   double rope_theta = 10000.0;
   int64_t max_position_embeddings = 2048;
   bool tie_word_embeddings = false;  // gpt2 is always tied
+  // bert (HF BertConfig; it shares hidden_size, intermediate_size, num_hidden_layers,
+  // num_attention_heads and max_position_embeddings with llama's names; its MLM decoder is always
+  // tied to the word embeddings)
+  int64_t type_vocab_size = 2;
+  double layer_norm_eps = 1e-12;
+  int64_t pad_token_id = 0;
+  // The task head (model.head): "" for the causal families (their lm_head); bert:
+  // "sequence_classification" (pooler + classifier) | "masked_lm" (the MLM head).
+  std::string head;
+  int64_t num_labels = 2;             // sequence_classification: the classifier's outputs
+  std::vector<std::string> id2label;  // label names by id (config.json id2label; empty: LABEL_i)
 
   // Arch-independent views.
+  bool encoder() const { return arch == "bert"; }  // bidirectional, with a padding mask
   int64_t num_layers() const { return arch == "gpt2" ? n_layer : num_hidden_layers; }
   int64_t channels() const { return arch == "gpt2" ? n_embd : hidden_size; }
   int64_t num_heads() const { return arch == "gpt2" ? n_head : num_attention_heads; }
-  int64_t num_kv_heads() const { return arch == "gpt2" ? n_head : num_key_value_heads; }
+  int64_t num_kv_heads() const {
+    return arch == "gpt2" ? n_head : arch == "bert" ? num_attention_heads : num_key_value_heads;
+  }
   int64_t max_positions() const { return arch == "gpt2" ? n_positions : max_position_embeddings; }
-  bool tied_embeddings() const { return arch == "gpt2" ? true : tie_word_embeddings; }
+  bool tied_embeddings() const {
+    return arch == "gpt2" || arch == "bert" ? true : tie_word_embeddings;
+  }
 };
 
 struct ModelSpec {
