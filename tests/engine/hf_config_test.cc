@@ -43,6 +43,34 @@ constexpr char kGpt2Config[] = R"({
   "vocab_size": 50257
 })";
 
+// The config.json of HF's `bert-base-uncased`, verbatim, with the classification head's
+// architecture and labels as a fine-tuned checkpoint (transformers 4.x) writes them.
+constexpr char kBertConfig[] = R"({
+  "architectures": ["BertForSequenceClassification"],
+  "attention_probs_dropout_prob": 0.1,
+  "classifier_dropout": null,
+  "gradient_checkpointing": false,
+  "hidden_act": "gelu",
+  "hidden_dropout_prob": 0.1,
+  "hidden_size": 768,
+  "id2label": {"0": "negative", "1": "neutral", "2": "positive"},
+  "initializer_range": 0.02,
+  "intermediate_size": 3072,
+  "label2id": {"negative": 0, "neutral": 1, "positive": 2},
+  "layer_norm_eps": 1e-12,
+  "max_position_embeddings": 512,
+  "model_type": "bert",
+  "num_attention_heads": 12,
+  "num_hidden_layers": 12,
+  "pad_token_id": 0,
+  "position_embedding_type": "absolute",
+  "problem_type": "single_label_classification",
+  "transformers_version": "4.6.0.dev0",
+  "type_vocab_size": 2,
+  "use_cache": true,
+  "vocab_size": 30522
+})";
+
 // A TinyLlama-1.1B style config (GQA 32/4), as transformers 4.3x writes it.
 constexpr char kLlamaConfig[] = R"({
   "architectures": ["LlamaForCausalLM"],
@@ -204,7 +232,13 @@ TEST_F(HfConfigTest, RejectsWhatWouldChangeTheMath) {
       {kGpt2Config, "n_head", 7, "n_embd 768 is not divisible by n_head 7"},
       {kGpt2Config, "n_embd", "768", "n_embd: expected an integer"},
       {kGpt2Config, "vocab_size", 0, "vocab_size: must be >= 1"},
-      {kGpt2Config, "model_type", "bert", "model_type: 'bert' is not supported (gpt2 | llama)"},
+      {kGpt2Config, "model_type", "t5", "model_type: 't5' is not supported (gpt2 | llama | bert)"},
+      {kBertConfig, "hidden_act", "gelu_new", "hidden_act: \"gelu_new\" is not supported"},
+      {kBertConfig, "position_embedding_type", "relative_key", "position_embedding_type"},
+      {kBertConfig, "problem_type", "multi_label_classification", "problem_type"},
+      {kBertConfig, "is_decoder", true, "is_decoder: true is not supported"},
+      {kBertConfig, "num_attention_heads", 7, "hidden_size 768 is not divisible"},
+      {kBertConfig, "pad_token_id", 40000, "pad_token_id: 40000 is not a token id"},
       {kLlamaConfig, "hidden_act", "gelu", "hidden_act: \"gelu\" is not supported"},
       {kLlamaConfig, "rope_scaling", {{"type", "linear"}, {"factor", 2.0}},
        "rope_scaling: {\"factor\":2.0,\"type\":\"linear\"} is not supported"},
@@ -227,6 +261,46 @@ TEST_F(HfConfigTest, RejectsWhatWouldChangeTheMath) {
   // Accepted: the math-neutral spelling of the same activation, and a matching head_dim.
   EXPECT_TRUE(ReadHfConfig(Patched(kGpt2Config, "activation_function", "gelu_pytorch_tanh")).ok());
   EXPECT_TRUE(ReadHfConfig(Patched(kLlamaConfig, "head_dim", 64)).ok());
+}
+
+TEST_F(HfConfigTest, BertReadsAndRoundTrips) {
+  Result<ModelConfig> r = ReadHfConfig(Write(kBertConfig));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  const ModelConfig& c = *r;
+  EXPECT_EQ(c.arch, "bert");
+  EXPECT_EQ(c.vocab_size, 30522);
+  EXPECT_EQ(c.hidden_size, 768);
+  EXPECT_EQ(c.num_hidden_layers, 12);
+  EXPECT_EQ(c.num_attention_heads, 12);
+  EXPECT_EQ(c.num_kv_heads(), 12);
+  EXPECT_EQ(c.intermediate_size, 3072);
+  EXPECT_EQ(c.max_position_embeddings, 512);
+  EXPECT_EQ(c.type_vocab_size, 2);
+  EXPECT_DOUBLE_EQ(c.layer_norm_eps, 1e-12);
+  EXPECT_EQ(c.head, "sequence_classification");
+  EXPECT_EQ(c.num_labels, 3);
+  EXPECT_EQ(c.id2label, (std::vector<std::string>{"negative", "neutral", "positive"}));
+  // Written back: transformers' keys, labels both ways, dropout 0 (traind trains without it).
+  const nlohmann::json j = nlohmann::json::parse(WriteHfConfigJson(c));
+  EXPECT_EQ(j["architectures"][0], "BertForSequenceClassification");
+  EXPECT_EQ(j["label2id"]["positive"], 2);
+  EXPECT_EQ(j["id2label"]["1"], "neutral");
+  EXPECT_EQ(j["hidden_dropout_prob"], 0.0);
+  Result<ModelConfig> back = ReadHfConfig(Write(j.dump()));
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->head, c.head);
+  EXPECT_EQ(back->id2label, c.id2label);
+  EXPECT_EQ(back->hidden_size, c.hidden_size);
+  EXPECT_DOUBLE_EQ(back->layer_norm_eps, c.layer_norm_eps);
+  // masked_lm; a BertModel file (no head) reads with the head left to the job spec.
+  ModelConfig mlm = c;
+  mlm.head = "masked_lm";
+  const nlohmann::json jm = nlohmann::json::parse(WriteHfConfigJson(mlm));
+  EXPECT_EQ(jm["architectures"][0], "BertForMaskedLM");
+  EXPECT_FALSE(jm.contains("label2id"));
+  Result<ModelConfig> base = ReadHfConfig(Patched(kBertConfig, "architectures", {"BertModel"}));
+  ASSERT_TRUE(base.ok()) << base.status().ToString();
+  EXPECT_EQ(base->head, "");
 }
 
 TEST_F(HfConfigTest, MissingOrMalformedFiles) {

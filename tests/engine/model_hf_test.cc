@@ -168,8 +168,11 @@ TEST(ModelHf, BadConfigsAreInvalidArgumentsNamingTheField) {
   };
   std::vector<Bad> bad;
   ModelConfig c = TinyGpt2();
-  c.arch = "bert";
+  c.arch = "t5";
   bad.push_back({c, TinyOptions(), "model.arch"});
+  c = TinyGpt2();
+  c.arch = "bert";  // no head
+  bad.push_back({c, TinyOptions(), "model.head"});
   c = TinyGpt2();
   c.n_head = 5;
   bad.push_back({c, TinyOptions(), "model.config.n_head"});
