@@ -14,6 +14,7 @@
 #include <gtest/gtest.h>
 
 #include "models/hf_config.h"
+#include "train/planner.h"
 
 namespace traind::engine {
 namespace {
@@ -213,7 +214,7 @@ TEST(JobSpecTest, OutOfRangeValues) {
   ExpectInvalid(With(kBase, "training", "lr_scheduler_type: cosine_with_restarts"),
                 "training.lr_scheduler_type: expected one of constant, linear, cosine, got "
                 "'cosine_with_restarts'");
-  ExpectInvalid(Replace(kBase, "arch: gpt2", "arch: gpt3"), "model.arch: expected one of gpt2, llama, got 'gpt3'");
+  ExpectInvalid(Replace(kBase, "arch: gpt2", "arch: gpt3"), "model.arch: expected one of gpt2, llama, bert, got 'gpt3'");
   ExpectInvalid(Replace(kBase, "max_steps: 5", "max_steps: 0"), "training.max_steps: must be >= 1, got 0");
   ExpectInvalid(With(kBase, "training", "gradient_accumulation_steps: 0"),
                 "training.gradient_accumulation_steps: must be >= 1");
@@ -230,7 +231,7 @@ TEST(JobSpecTest, OutOfRangeValues) {
                 "data.token_dtype: expected one of uint16, uint32, got 'int8'");
   ExpectInvalid(Replace(kBase, "train_file: /data/x.txt", "train_file: \"\""), "data.train_file: must not be empty");
   ExpectInvalid(Replace(kBase, "  train_file: /data/x.txt\n", ""), "data.train_file: required");
-  ExpectInvalid(Replace(kBase, "  arch: gpt2\n", ""), "model.arch: required (gpt2 | llama)");
+  ExpectInvalid(Replace(kBase, "  arch: gpt2\n", ""), "model.arch: required (gpt2 | llama | bert)");
 }
 
 TEST(JobSpecTest, MixedPrecisionAccepted) {
@@ -256,8 +257,9 @@ TEST(JobSpecTest, FeaturesNotBuiltYet) {
   ExpectInvalid(With(kBase, "training", "offload: nvme"), "training.offload_dir: offload: nvme needs offload_dir");
   ExpectInvalid(With(kBase, "training", "offload: disk"), "training.offload: expected one of none, cpu, nvme");
   ExpectInvalid(With(kBase, "data", "format: csv"), "data.format: expected text, tokens or jsonl, got 'csv'");
-  ExpectInvalid(With(kBase, "data", "label_field: label"), "data.label_field: is not supported yet");
-  ExpectInvalid(Replace(kBase, "arch: gpt2", "arch: bert"), "model.arch: bert is not supported yet");
+  ExpectInvalid(With(kBase, "data", "label_field: label"),
+                "data.label_field: only for model.head sequence_classification");
+  ExpectInvalid(Replace(kBase, "arch: gpt2", "arch: bert"), "model.head: bert needs a head");
 }
 
 // JOBSPEC.md's keys for features of later issues: their defaults are accepted (a spec copied from
@@ -296,10 +298,130 @@ TEST(JobSpecTest, ContractKeysOfLaterFeatures) {
                 "adamw_8bit");
   ExpectInvalid(With(kBase, "", "distributed: {world_size: 2, rank: 5}"),
                 "distributed.rank: must be < world_size 2, got 5");
-  ExpectInvalid(With(kBase, "model", "head: masked_lm"), "model.head: masked_lm is not supported yet");
+  ExpectInvalid(With(kBase, "model", "head: masked_lm"),
+                "model.head: gpt2 is a causal language model: only none (or null), got 'masked_lm'");
   ExpectInvalid(With(kBase, "model", "head: tagger"), "model.head: expected none, sequence_classification or masked_lm");
   ExpectInvalid(With(kBase, "model", "num_labels: 0"), "model.num_labels");
   ExpectInvalid(Replace(kBase, "arch: gpt2", "arch: mixtral"), "model.arch: mixtral is not supported yet");
+}
+
+constexpr char kBertBase[] = R"(model:
+  arch: bert
+  head: sequence_classification
+  num_labels: 3
+  config:
+    vocab_size: 256
+    hidden_size: 64
+    intermediate_size: 128
+    num_hidden_layers: 2
+    num_attention_heads: 4
+    max_position_embeddings: 64
+data:
+  train_file: /data/x.jsonl
+  format: jsonl
+  label_field: label
+  seq_len: 16
+training:
+  max_steps: 5
+)";
+
+TEST(JobSpecTest, BertClassificationAndMaskedLm) {
+  Result<JobSpec> r = ParseJobSpec(kBertBase);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  const ModelConfig& c = r->model.config;
+  EXPECT_EQ(c.arch, "bert");
+  EXPECT_TRUE(c.encoder());
+  EXPECT_EQ(c.head, "sequence_classification");
+  EXPECT_EQ(c.num_labels, 3);
+  EXPECT_EQ(c.hidden_size, 64);
+  EXPECT_EQ(c.num_key_value_heads, 4);
+  EXPECT_EQ(c.type_vocab_size, 2);  // HF BertConfig defaults for what is not given
+  EXPECT_DOUBLE_EQ(c.layer_norm_eps, 1e-12);
+  EXPECT_EQ(c.pad_token_id, 0);
+  ASSERT_TRUE(r->data.label_field.has_value());
+  EXPECT_EQ(*r->data.label_field, "label");
+
+  // HF BertConfig defaults for an empty config.
+  r = ParseJobSpec("model: {arch: bert, head: masked_lm}\ndata: {train_file: /d.txt, seq_len: 16}\n");
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->model.config.vocab_size, 30522);
+  EXPECT_EQ(r->model.config.hidden_size, 768);
+  EXPECT_EQ(r->model.config.intermediate_size, 3072);
+  EXPECT_EQ(r->model.config.num_hidden_layers, 12);
+  EXPECT_EQ(r->model.config.num_attention_heads, 12);
+  EXPECT_EQ(r->model.config.max_position_embeddings, 512);
+  EXPECT_EQ(r->model.config.head, "masked_lm");
+  EXPECT_FALSE(r->data.label_field.has_value());
+
+  // The bert keys, label maps (id2label as JSON writes it, label2id the inverse).
+  r = ParseJobSpec(Replace(Replace(kBertBase, "    vocab_size: 256\n",
+                                   "    vocab_size: 256\n    type_vocab_size: 1\n"
+                                   "    layer_norm_eps: 1.0e-5\n    pad_token_id: 3\n"
+                                   "    id2label: {\"0\": neg, \"1\": neu, \"2\": pos}\n"
+                                   "    label2id: {neg: 0, neu: 1, pos: 2}\n"),
+                           "  num_labels: 3\n", ""));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->model.config.type_vocab_size, 1);
+  EXPECT_DOUBLE_EQ(r->model.config.layer_norm_eps, 1e-5);
+  EXPECT_EQ(r->model.config.pad_token_id, 3);
+  EXPECT_EQ(r->model.config.num_labels, 3);  // from the maps
+  EXPECT_EQ(r->model.config.id2label, (std::vector<std::string>{"neg", "neu", "pos"}));
+  // ... and round trip through JobSpecToJson.
+  {
+    Result<JobSpec> again = ParseJobSpec(JobSpecToJson(*r));
+    ASSERT_TRUE(again.ok()) << again.status().ToString() << "\n" << JobSpecToJson(*r);
+    EXPECT_EQ(JobSpecToJson(*again), JobSpecToJson(*r));
+    EXPECT_EQ(again->model.config.id2label, r->model.config.id2label);
+    EXPECT_EQ(again->model.config.head, "sequence_classification");
+    EXPECT_EQ(*again->data.label_field, "label");
+    EXPECT_EQ(again->model.config.pad_token_id, 3);
+  }
+  ExpectInvalid(Replace(kBertBase, "    vocab_size: 256\n",
+                        "    vocab_size: 256\n    label2id: {a: 0, b: 2}\n"),
+                "model.config.label2id: label ids must be 0 .. 1");
+  ExpectInvalid(Replace(kBertBase, "    vocab_size: 256\n",
+                        "    vocab_size: 256\n    id2label: {0: a, 1: b}\n    label2id: {a: 1, b: 0}\n"),
+                "model.config.label2id: disagrees with id2label");
+  ExpectInvalid(Replace(kBertBase, "    vocab_size: 256\n",
+                        "    vocab_size: 256\n    id2label: {0: a, 1: b}\n"),
+                "model.num_labels: 3 but model.config.id2label/label2id name 2 labels");
+
+  // Heads, formats and label_field.
+  ExpectInvalid(Replace(kBertBase, "  head: sequence_classification\n", ""),
+                "model.head: bert needs a head: sequence_classification or masked_lm");
+  ExpectInvalid(Replace(kBertBase, "head: sequence_classification", "head: none"),
+                "model.head: bert needs a head");
+  ExpectInvalid(Replace(kBertBase, "  label_field: label\n", ""),
+                "data.label_field: required with model.head sequence_classification");
+  ExpectInvalid(Replace(kBertBase, "  format: jsonl\n", "  format: text\n"),
+                "data.format: model.head sequence_classification reads labelled examples");
+  ExpectInvalid(Replace(kBertBase, "head: sequence_classification", "head: masked_lm"),
+                "data.label_field: only for model.head sequence_classification");
+  for (const char* fmt : {"text", "tokens", "jsonl"}) {  // masked_lm reads every format
+    r = ParseJobSpec(Replace(Replace(Replace(kBertBase, "head: sequence_classification", "head: masked_lm"),
+                                     "  label_field: label\n", ""),
+                             "format: jsonl", std::string("format: ") + fmt));
+    EXPECT_TRUE(r.ok()) << fmt << ": " << r.status().ToString();
+  }
+  ExpectInvalid(Replace(kBertBase, "    hidden_size: 64\n", "    hidden_size: 64\n    n_embd: 64\n"),
+                "model.config.n_embd: not a bert config key");
+  ExpectInvalid(Replace(kBertBase, "    hidden_size: 64\n", "    hidden_size: 64\n    rope_theta: 1.0\n"),
+                "model.config.rope_theta: not a bert config key");
+  ExpectInvalid(Replace(kBertBase, "num_attention_heads: 4", "num_attention_heads: 5"),
+                "num_attention_heads");
+  ExpectInvalid(Replace(kBertBase, "seq_len: 16", "seq_len: 65"),
+                "data.seq_len: 65 exceeds model.config.max_position_embeddings 64");
+  // What bert does not do.
+  ExpectInvalid(With(kBertBase, "training", "sample_every: 10"),
+                "training.sample_every: generated samples are for the causal families");
+  ExpectInvalid(With(kBertBase, "training", "peft: {type: lora}"),
+                "training.peft: LoRA is not built for bert yet");
+  ExpectInvalid(Replace(kBertBase, "arch: bert", "arch: mixtral"), "model.arch: mixtral is not supported yet");
+  // A causal spec keeps its JSON form (no head or label_field keys).
+  r = ParseJobSpec(kBase);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(JobSpecToJson(*r).find("\"head\""), std::string::npos);
+  EXPECT_EQ(JobSpecToJson(*r).find("label_field"), std::string::npos);
 }
 
 TEST(JobSpecTest, PeftLora) {
@@ -623,6 +745,63 @@ TEST_F(ValidateInputsTest, InitFromFolder) {
   st = ValidateJobInputs(Parse(spec));
   EXPECT_EQ(st.code(), Status::Code::kFailedPrecondition);
   EXPECT_THAT(st.message(), HasSubstr("activation_function"));
+}
+
+// init_from a bert folder: the file's config with the spec's head and num_labels (a file written
+// for another head is fine); model.config must agree with the file on the bert keys.
+TEST_F(ValidateInputsTest, InitFromBertFolder) {
+  ModelConfig c;
+  c.arch = "bert";
+  c.vocab_size = 256;
+  c.hidden_size = 64;
+  c.intermediate_size = 128;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 4;
+  c.max_position_embeddings = 64;
+  c.head = "masked_lm";
+  fs::create_directories(dir_ / "hf");
+  std::ofstream(dir_ / "hf/config.json") << WriteHfConfigJson(c);
+  std::ofstream(dir_ / "hf/model.safetensors") << "x";
+  std::ofstream(dir_ / "data.jsonl") << "{\"text\": \"a\", \"label\": 1}\n";
+  const std::string spec = "model: {arch: bert, head: sequence_classification, num_labels: 3, "
+                           "init_from: hf}\ndata: {train_file: data.jsonl, format: jsonl, "
+                           "label_field: label, seq_len: 16}\n";
+  JobSpec js = Parse(spec);
+  Status st = ValidateJobInputs(js);
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  Result<ModelConfig> resolved = ResolveModelConfig(js);
+  ASSERT_TRUE(resolved.ok()) << resolved.status().ToString();
+  EXPECT_EQ(resolved->head, "sequence_classification");  // the spec's head wins
+  EXPECT_EQ(resolved->num_labels, 3);
+  EXPECT_EQ(resolved->hidden_size, 64);  // the file's config
+  // A classifier file with named labels: its count and names unless the spec says otherwise.
+  c.head = "sequence_classification";
+  c.num_labels = 3;
+  c.id2label = {"neg", "neu", "pos"};
+  std::ofstream(dir_ / "hf/config.json") << WriteHfConfigJson(c);
+  js = Parse("model: {arch: bert, head: sequence_classification, init_from: hf}\n"
+             "data: {train_file: data.jsonl, format: jsonl, label_field: label, seq_len: 16}\n");
+  resolved = ResolveModelConfig(js);
+  ASSERT_TRUE(resolved.ok()) << resolved.status().ToString();
+  EXPECT_EQ(resolved->num_labels, 3);
+  EXPECT_EQ(resolved->id2label, c.id2label);
+  js = Parse("model: {arch: bert, head: sequence_classification, num_labels: 5, init_from: hf}\n"
+             "data: {train_file: data.jsonl, format: jsonl, label_field: label, seq_len: 16}\n");
+  resolved = ResolveModelConfig(js);
+  ASSERT_TRUE(resolved.ok()) << resolved.status().ToString();
+  EXPECT_EQ(resolved->num_labels, 5);
+  EXPECT_TRUE(resolved->id2label.empty());
+  // Disagreement on a bert key names it.
+  st = ValidateJobInputs(Parse("model: {arch: bert, head: masked_lm, init_from: hf, config: "
+                               "{hidden_size: 32, num_attention_heads: 4}}\n"
+                               "data: {train_file: data.txt, seq_len: 16}\n"));
+  EXPECT_EQ(st.code(), Status::Code::kFailedPrecondition);
+  EXPECT_THAT(st.message(), HasSubstr("model.config.hidden_size: 32 disagrees with"));
+  st = ValidateJobInputs(Parse("model: {arch: bert, head: masked_lm, init_from: hf, config: "
+                               "{type_vocab_size: 1}}\ndata: {train_file: data.txt, seq_len: 16}\n"));
+  EXPECT_EQ(st.code(), Status::Code::kFailedPrecondition);
+  EXPECT_THAT(st.message(), HasSubstr("model.config.type_vocab_size: 1 disagrees with"));
 }
 
 }  // namespace

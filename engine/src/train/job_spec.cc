@@ -47,6 +47,11 @@ const std::vector<std::string> kTrainingKeys = {
     "sample_every"};
 const std::vector<std::string> kGpt2Keys = {"vocab_size", "n_positions", "n_embd",
                                             "n_layer",    "n_head",      "layer_norm_epsilon"};
+const std::vector<std::string> kBertKeys = {
+    "vocab_size",        "hidden_size",          "intermediate_size",
+    "num_hidden_layers", "num_attention_heads",  "max_position_embeddings",
+    "type_vocab_size",   "layer_norm_eps",       "pad_token_id",
+    "label2id",          "id2label"};
 const std::vector<std::string> kLlamaKeys = {
     "vocab_size",          "hidden_size",         "intermediate_size",
     "num_hidden_layers",   "num_attention_heads", "num_key_value_heads",
@@ -68,18 +73,105 @@ ModelConfig ArchDefaults(const std::string& arch) {
     c.vocab_size = 32000;
     c.tie_word_embeddings = false;
   }
+  if (arch == "bert") {  // HF BertConfig (bert-base-uncased)
+    c.vocab_size = 30522;
+    c.hidden_size = 768;
+    c.intermediate_size = 3072;
+    c.num_hidden_layers = 12;
+    c.num_attention_heads = 12;
+    c.num_key_value_heads = 12;
+    c.max_position_embeddings = 512;
+    c.type_vocab_size = 2;
+    c.layer_norm_eps = 1e-12;
+    c.pad_token_id = 0;
+    c.tie_word_embeddings = true;
+  }
   return c;
+}
+
+// model.config.id2label ({0: name, ...} or {"0": name, ...}) and label2id ({name: 0, ...}): the
+// label names by id; when both are given they must be inverse maps. Ids must be 0 .. n-1.
+Status ParseLabelMaps(const SpecReader& r, ModelConfig* c) {
+  std::vector<std::string> by_id;
+  auto read_map = [&](const std::string& key, bool names_are_keys) -> Status {
+    const YAML::Node n = r.Child(key);
+    if (!n || n.IsNull()) return Status::Ok();
+    if (!n.IsMap() || n.size() == 0) {
+      return r.Error(key, "expected a non-empty mapping of " +
+                              std::string(names_are_keys ? "name: id" : "id: name") + ", got " +
+                              spec::Describe(n));
+    }
+    std::vector<std::string> names(n.size());
+    std::vector<bool> seen(n.size(), false);
+    for (const auto& kv : n) {
+      const YAML::Node& id_node = names_are_keys ? kv.second : kv.first;
+      const YAML::Node& name_node = names_are_keys ? kv.first : kv.second;
+      int64_t id = -1;
+      if (!spec::ParseInt64(id_node, &id)) {
+        // JSON writes id2label's keys as strings: "0".
+        if (id_node.IsScalar()) {
+          try {
+            size_t used = 0;
+            id = std::stoll(id_node.Scalar(), &used);
+            if (used != id_node.Scalar().size()) id = -1;
+          } catch (const std::exception&) {
+            id = -1;
+          }
+        }
+      }
+      if (id < 0 || id >= static_cast<int64_t>(names.size()) || seen[static_cast<size_t>(id)]) {
+        return r.Error(key, "label ids must be 0 .. " + std::to_string(names.size() - 1) +
+                                ", each once; got " + spec::Describe(id_node));
+      }
+      if (!name_node.IsScalar() || name_node.Scalar().empty()) {
+        return r.Error(key, "expected a label name, got " + spec::Describe(name_node));
+      }
+      seen[static_cast<size_t>(id)] = true;
+      names[static_cast<size_t>(id)] = name_node.Scalar();
+    }
+    for (size_t i = 0; i < names.size(); ++i) {
+      for (size_t j = 0; j < i; ++j) {
+        if (names[i] == names[j]) return r.Error(key, "label name '" + names[i] + "' is used twice");
+      }
+    }
+    if (!by_id.empty() && by_id != names) {
+      return r.Error(key, "disagrees with id2label (they must be inverse maps)");
+    }
+    by_id = std::move(names);
+    return Status::Ok();
+  };
+  TRAIND_RETURN_IF_ERROR(read_map("id2label", /*names_are_keys=*/false));
+  TRAIND_RETURN_IF_ERROR(read_map("label2id", /*names_are_keys=*/true));
+  if (!by_id.empty()) {
+    c->id2label = std::move(by_id);
+    c->num_labels = static_cast<int64_t>(c->id2label.size());
+  }
+  return Status::Ok();
 }
 
 Status ParseModelConfig(const YAML::Node& node, ModelConfig* c) {
   if (!node || node.IsNull()) return Status::Ok();
   TRAIND_ASSIGN_OR_RETURN(SpecReader r, SpecReader::Open(node, "model.config"));
   const bool gpt2 = c->arch == "gpt2";
-  const auto& mine = gpt2 ? kGpt2Keys : kLlamaKeys;
-  const auto& other = gpt2 ? kLlamaKeys : kGpt2Keys;
-  std::set<std::string> foreign(other.begin(), other.end());
+  const bool bert = c->arch == "bert";
+  const auto& mine = gpt2 ? kGpt2Keys : bert ? kBertKeys : kLlamaKeys;
+  std::set<std::string> foreign;
+  for (const auto* keys : {&kGpt2Keys, &kLlamaKeys, &kBertKeys}) foreign.insert(keys->begin(), keys->end());
+  for (const std::string& k : mine) foreign.erase(k);
   TRAIND_RETURN_IF_ERROR(r.CheckKeys(mine, foreign, "not a " + c->arch + " config key"));
   TRAIND_RETURN_IF_ERROR(r.Int("vocab_size", &c->vocab_size, 1));
+  if (bert) {
+    TRAIND_RETURN_IF_ERROR(r.Int("hidden_size", &c->hidden_size, 1));
+    TRAIND_RETURN_IF_ERROR(r.Int("intermediate_size", &c->intermediate_size, 1));
+    TRAIND_RETURN_IF_ERROR(r.Int("num_hidden_layers", &c->num_hidden_layers, 1));
+    TRAIND_RETURN_IF_ERROR(r.Int("num_attention_heads", &c->num_attention_heads, 1));
+    c->num_key_value_heads = c->num_attention_heads;
+    TRAIND_RETURN_IF_ERROR(r.Int("max_position_embeddings", &c->max_position_embeddings, 1));
+    TRAIND_RETURN_IF_ERROR(r.Int("type_vocab_size", &c->type_vocab_size, 1));
+    TRAIND_RETURN_IF_ERROR(r.Double("layer_norm_eps", &c->layer_norm_eps));
+    TRAIND_RETURN_IF_ERROR(r.Int("pad_token_id", &c->pad_token_id, 0));
+    return ParseLabelMaps(r, c);
+  }
   if (gpt2) {
     TRAIND_RETURN_IF_ERROR(r.Int("n_positions", &c->n_positions, 1));
     TRAIND_RETURN_IF_ERROR(r.Int("n_embd", &c->n_embd, 1));
@@ -102,36 +194,49 @@ Status ParseModelConfig(const YAML::Node& node, ModelConfig* c) {
 }
 
 Status ParseModel(const YAML::Node& node, ModelSpec* m, const std::string& base_dir) {
-  if (!node) return Status::InvalidArgument("model: required (with model.arch: gpt2 | llama)");
+  if (!node) return Status::InvalidArgument("model: required (with model.arch: gpt2 | llama | bert)");
   TRAIND_ASSIGN_OR_RETURN(SpecReader r, SpecReader::Open(node, "model"));
   TRAIND_RETURN_IF_ERROR(r.CheckKeys(kModelKeys));
-  if (!r.Has("arch")) return r.Error("arch", "required (gpt2 | llama)");
+  if (!r.Has("arch")) return r.Error("arch", "required (gpt2 | llama | bert)");
   std::string arch;
   TRAIND_RETURN_IF_ERROR(r.String("arch", &arch));
-  if (arch == "bert" || arch == "mixtral") {
-    return r.Error("arch", arch + " is not supported yet (supported: gpt2, llama)");
+  if (arch == "mixtral") {
+    return r.Error("arch", arch + " is not supported yet (supported: gpt2, llama, bert)");
   }
-  if (arch != "gpt2" && arch != "llama") {
-    return r.Error("arch", "expected one of gpt2, llama, got '" + arch + "'");
+  if (arch != "gpt2" && arch != "llama" && arch != "bert") {
+    return r.Error("arch", "expected one of gpt2, llama, bert, got '" + arch + "'");
   }
-  // JOBSPEC.md's head (bert's task heads) and num_labels (HF's config key, 2 by default for every
-  // model; it matters only with head sequence_classification): causal families have no head.
+  const bool bert = arch == "bert";
+  // JOBSPEC.md's head (bert: sequence_classification | masked_lm, required; causal families:
+  // none) and num_labels (HF's config key, 2 by default for every model; it matters only with
+  // head sequence_classification).
+  std::string head;
   if (r.Has("head") && !r.Child("head").IsNull()) {
-    std::string head;
     TRAIND_RETURN_IF_ERROR(r.String("head", &head));
-    if (head == "sequence_classification" || head == "masked_lm") {
-      return r.Error("head", head + " is not supported yet (supported: none, for " + arch + ")");
-    }
-    if (head != "none") {
+    if (head != "none" && head != "sequence_classification" && head != "masked_lm") {
       return r.Error("head", "expected none, sequence_classification or masked_lm, got '" + head + "'");
     }
   }
-  if (r.Has("num_labels")) {
-    int64_t labels = 2;
-    TRAIND_RETURN_IF_ERROR(r.Int("num_labels", &labels, 1));
+  if (bert && (head.empty() || head == "none")) {
+    return r.Error("head", "bert needs a head: sequence_classification or masked_lm");
+  }
+  if (!bert && !head.empty() && head != "none") {
+    return r.Error("head", arch + " is a causal language model: only none (or null), got '" +
+                               head + "' (the task heads are bert's)");
   }
   m->config = ArchDefaults(arch);
   TRAIND_RETURN_IF_ERROR(ParseModelConfig(r.Child("config"), &m->config));
+  if (bert) m->config.head = head;
+  if (r.Has("num_labels") && !r.Child("num_labels").IsNull()) {
+    int64_t labels = 2;
+    TRAIND_RETURN_IF_ERROR(r.Int("num_labels", &labels, 1));
+    if (bert && !m->config.id2label.empty() &&
+        labels != static_cast<int64_t>(m->config.id2label.size())) {
+      return r.Error("num_labels", std::to_string(labels) + " but model.config.id2label/label2id "
+                                   "name " + std::to_string(m->config.id2label.size()) + " labels");
+    }
+    if (bert) m->config.num_labels = labels;
+  }
   TRAIND_RETURN_IF_ERROR(ValidateModelConfig(m->config, "model.config."));
   TRAIND_RETURN_IF_ERROR(r.OptionalString("init_from", &m->init_from));
   if (m->init_from) {
@@ -155,10 +260,9 @@ Status ParseData(const YAML::Node& node, DataSpec* d, const std::string& base_di
   }
   TRAIND_RETURN_IF_ERROR(r.String("text_field", &d->text_field));
   if (d->text_field.empty()) return r.Error("text_field", "must not be empty");
-  std::optional<std::string> label_field;
-  TRAIND_RETURN_IF_ERROR(r.OptionalString("label_field", &label_field));
-  if (label_field) {
-    return r.Error("label_field", "is not supported yet (sequence classification comes later)");
+  TRAIND_RETURN_IF_ERROR(r.OptionalString("label_field", &d->label_field));
+  if (d->label_field && d->label_field->empty()) {
+    return r.Error("label_field", "must not be empty (or null)");
   }
   TRAIND_RETURN_IF_ERROR(r.Enum("token_dtype", &d->token_dtype, {"uint16", "uint32"}));
   TRAIND_RETURN_IF_ERROR(r.String("tokenizer", &d->tokenizer));
@@ -415,6 +519,42 @@ Status ParseDistributed(const YAML::Node& node, DistributedSpec* d) {
   return Status::Ok();
 }
 
+// What the model's head needs of the data and the training options (JOBSPEC.md): bert
+// sequence_classification reads labelled jsonl examples (data.label_field), masked_lm any format;
+// label_field is refused everywhere else; no samples or LoRA for bert.
+Status CheckHeadAndData(const JobSpec& s) {
+  const ModelConfig& c = s.model.config;
+  const DataSpec& d = s.data;
+  const bool classify = c.arch == "bert" && c.head == "sequence_classification";
+  if (classify && d.format != "jsonl") {
+    return Status::InvalidArgument(
+        "data.format: model.head sequence_classification reads labelled examples: format jsonl "
+        "with data.text_field and data.label_field, got '" + d.format + "'");
+  }
+  if (classify && !d.label_field) {
+    return Status::InvalidArgument(
+        "data.label_field: required with model.head sequence_classification (the field of each "
+        "jsonl line holding its label: an integer in [0, num_labels) or a label name)");
+  }
+  if (!classify && d.label_field) {
+    return Status::InvalidArgument(
+        "data.label_field: only for model.head sequence_classification with data.format jsonl " +
+        std::string(c.arch == "bert" ? "(masked_lm trains on the text alone)"
+                                     : "(" + c.arch + " is a causal language model)") +
+        "; remove it");
+  }
+  if (c.arch == "bert" && s.training.sample_every > 0) {
+    return Status::InvalidArgument(
+        "training.sample_every: generated samples are for the causal families (gpt2, llama); "
+        "bert is an encoder: set it to 0");
+  }
+  if (c.arch == "bert" && s.training.peft) {
+    return Status::InvalidArgument(
+        "training.peft: LoRA is not built for bert yet (gpt2 and llama only): set it to null");
+  }
+  return Status::Ok();
+}
+
 Result<JobSpec> ParseRoot(const YAML::Node& root, const std::string& base_dir) {
   if (!root || root.IsNull()) {
     return Status::InvalidArgument("job spec: empty document (expected a mapping with model, "
@@ -437,6 +577,7 @@ Result<JobSpec> ParseRoot(const YAML::Node& root, const std::string& base_dir) {
     s.data.tokenizer = *s.model.init_from;
   }
   TRAIND_RETURN_IF_ERROR(ParseTraining(r.Child("training"), &s.training, base_dir));
+  TRAIND_RETURN_IF_ERROR(CheckHeadAndData(s));
   if (s.training.peft) {  // target modules of this arch
     LoraOptions lo;
     lo.r = s.training.peft->r;
@@ -488,6 +629,22 @@ Status CheckAgreement(const ModelConfig& mine, const ModelConfig& file, const st
                                       nlohmann::json(f).dump() + "); remove it from the spec");
   };
   TRAIND_RETURN_IF_ERROR(check("vocab_size", mine.vocab_size, def.vocab_size, file.vocab_size));
+  if (mine.arch == "bert") {
+    TRAIND_RETURN_IF_ERROR(check("hidden_size", mine.hidden_size, def.hidden_size, file.hidden_size));
+    TRAIND_RETURN_IF_ERROR(check("intermediate_size", mine.intermediate_size,
+                                 def.intermediate_size, file.intermediate_size));
+    TRAIND_RETURN_IF_ERROR(check("num_hidden_layers", mine.num_hidden_layers,
+                                 def.num_hidden_layers, file.num_hidden_layers));
+    TRAIND_RETURN_IF_ERROR(check("num_attention_heads", mine.num_attention_heads,
+                                 def.num_attention_heads, file.num_attention_heads));
+    TRAIND_RETURN_IF_ERROR(check("max_position_embeddings", mine.max_position_embeddings,
+                                 def.max_position_embeddings, file.max_position_embeddings));
+    TRAIND_RETURN_IF_ERROR(check("type_vocab_size", mine.type_vocab_size, def.type_vocab_size,
+                                 file.type_vocab_size));
+    TRAIND_RETURN_IF_ERROR(check("layer_norm_eps", mine.layer_norm_eps, def.layer_norm_eps,
+                                 file.layer_norm_eps));
+    return check("pad_token_id", mine.pad_token_id, def.pad_token_id, file.pad_token_id);
+  }
   if (mine.arch == "gpt2") {
     TRAIND_RETURN_IF_ERROR(check("n_positions", mine.n_positions, def.n_positions, file.n_positions));
     TRAIND_RETURN_IF_ERROR(check("n_embd", mine.n_embd, def.n_embd, file.n_embd));
@@ -640,13 +797,17 @@ Status ValidateJobInputs(const JobSpec& spec) {
   }
   const int64_t n = bytes / width;
   const int64_t n_train = TrainTokenCount(n, spec.data.validation_split);
-  if (n_train < spec.data.seq_len + 1) {
+  // bert with jsonl: one example per line, of any length (their count is checked when loaded).
+  const bool examples = spec.model.config.encoder() && spec.data.format == "jsonl";
+  if (examples) {
+    // nothing to check from the size alone
+  } else if (n_train < spec.data.seq_len + 1) {
     return Status::FailedPrecondition(
         "data.train_file: " + path + ": " + std::to_string(n) + " tokens give a training stream "
         "of " + std::to_string(n_train) + " tokens, shorter than one window of seq_len + 1 = " +
         std::to_string(spec.data.seq_len + 1) + ": use more data or a smaller data.seq_len");
   }
-  if (n - n_train > 0 && n - n_train < spec.data.seq_len + 1) {
+  if (!examples && n - n_train > 0 && n - n_train < spec.data.seq_len + 1) {
     return Status::FailedPrecondition(
         "data.validation_split: the validation stream of " + path + " has " +
         std::to_string(n - n_train) + " tokens, shorter than one window of seq_len + 1 = " +
@@ -700,7 +861,21 @@ std::string JobSpecToJson(const JobSpec& s) {
   const ModelConfig& c = s.model.config;
   oj config;
   config["vocab_size"] = c.vocab_size;
-  if (c.arch == "gpt2") {
+  if (c.arch == "bert") {
+    config["hidden_size"] = c.hidden_size;
+    config["intermediate_size"] = c.intermediate_size;
+    config["num_hidden_layers"] = c.num_hidden_layers;
+    config["num_attention_heads"] = c.num_attention_heads;
+    config["max_position_embeddings"] = c.max_position_embeddings;
+    config["type_vocab_size"] = c.type_vocab_size;
+    config["layer_norm_eps"] = c.layer_norm_eps;
+    config["pad_token_id"] = c.pad_token_id;
+    if (!c.id2label.empty()) {
+      oj id2label = oj::object();
+      for (size_t i = 0; i < c.id2label.size(); ++i) id2label[std::to_string(i)] = c.id2label[i];
+      config["id2label"] = id2label;
+    }
+  } else if (c.arch == "gpt2") {
     config["n_positions"] = c.n_positions;
     config["n_embd"] = c.n_embd;
     config["n_layer"] = c.n_layer;
@@ -721,11 +896,16 @@ std::string JobSpecToJson(const JobSpec& s) {
   oj j;
   j["name"] = s.name;
   j["model"] = {{"arch", c.arch}, {"config", config}, {"init_from", opt(s.model.init_from)}};
+  if (c.arch == "bert") {  // the causal families' head is none: their documents stay as before
+    j["model"]["head"] = c.head;
+    j["model"]["num_labels"] = c.num_labels;
+  }
   const DataSpec& d = s.data;
   j["data"] = {{"train_file", d.train_file},     {"format", d.format},
                {"token_dtype", d.token_dtype},   {"tokenizer", d.tokenizer},
                {"seq_len", d.seq_len},           {"validation_split", d.validation_split},
                {"shuffle", d.shuffle},           {"text_field", d.text_field}};
+  if (d.label_field) j["data"]["label_field"] = *d.label_field;
   const TrainingSpec& t = s.training;
   oj tr;
   tr["max_steps"] = t.max_steps;

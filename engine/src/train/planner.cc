@@ -74,7 +74,23 @@ std::string FormatGiB(int64_t bytes) {
 Result<ModelConfig> ResolveModelConfig(const JobSpec& spec) {
   if (!spec.model.init_from.has_value()) return spec.model.config;
   const std::string path = (std::filesystem::path(*spec.model.init_from) / "config.json").string();
-  return ReadHfConfig(path);
+  TRAIND_ASSIGN_OR_RETURN(ModelConfig c, ReadHfConfig(path));
+  if (!c.encoder()) return c;
+  // bert: the file's config with the spec's head (a file written for another head, or a plain
+  // BertModel, is fine: the head's tensors are newly initialised). num_labels: the spec's, unless
+  // it is the default 2 and the file's classifier has another count (a value equal to the
+  // default counts as not given, as CheckAgreement does); label names: the spec's, else the
+  // file's when they fit the count.
+  const ModelConfig& mine = spec.model.config;
+  const bool file_classifies = c.head == "sequence_classification";
+  c.head = mine.head;
+  if (!mine.id2label.empty() || mine.num_labels != 2 || !file_classifies) {
+    if (!mine.id2label.empty()) c.id2label = mine.id2label;
+    if (c.num_labels != mine.num_labels) c.id2label = mine.id2label;
+    c.num_labels = mine.num_labels;
+  }
+  TRAIND_RETURN_IF_ERROR(ValidateModelConfig(c, path + ": "));
+  return c;
 }
 
 ModelOptions JobModelOptions(const JobSpec& spec, int64_t micro_batch, bool gradient_checkpointing) {

@@ -77,6 +77,9 @@ struct DataSpec {
   std::string token_dtype = "uint16";  // "uint16" | "uint32" (format: tokens)
   std::string tokenizer = "byte";   // "byte", or a tokenizer file or folder (JOBSPEC.md)
   std::string text_field = "text";  // format: jsonl: the field of each line's object with the text
+  // format: jsonl with model.head sequence_classification (required there, refused elsewhere): the
+  // field holding each line's label, an integer in [0, num_labels) or a name of config id2label.
+  std::optional<std::string> label_field;
   int64_t seq_len = 128;
   double validation_split = 0.1;    // last fraction of the token stream held out for eval, [0, 1)
   bool shuffle = true;
