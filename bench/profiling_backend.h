@@ -145,6 +145,22 @@ class ProfilingBackend final : public Backend {
     T x(this, "gelu_bwd");
     in_->GeluBackward(di, i, d, n);
   }
+  void GeluErfForward(float* o, const float* i, int64_t n) override {
+    T x(this, "gelu_erf_fwd");
+    in_->GeluErfForward(o, i, n);
+  }
+  void GeluErfBackward(float* di, const float* i, const float* d, int64_t n) override {
+    T x(this, "gelu_erf_bwd");
+    in_->GeluErfBackward(di, i, d, n);
+  }
+  void TanhForward(float* o, const float* i, int64_t n) override {
+    T x(this, "tanh_fwd");
+    in_->TanhForward(o, i, n);
+  }
+  void TanhBackward(float* di, const float* o, const float* d, int64_t n) override {
+    T x(this, "tanh_bwd");
+    in_->TanhBackward(di, o, d, n);
+  }
   void SwiGluForward(float* o, const float* i, int64_t N, int64_t H) override {
     T x(this, "swiglu_fwd");
     in_->SwiGluForward(o, i, N, H);
@@ -160,16 +176,18 @@ class ProfilingBackend final : public Backend {
   }
   void AttentionForward(float* o, float* l, const float* q, const float* k, const float* v,
                         int64_t B, int64_t T_, int64_t NH, int64_t NKV, int64_t HS, int64_t qs,
-                        int64_t ks) override {
-    T x(this, "attention_fwd", 2.0 * B * NH * T_ * T_ * HS);  // causal: QK^T and PV halves
-    in_->AttentionForward(o, l, q, k, v, B, T_, NH, NKV, HS, qs, ks);
+                        int64_t ks, bool causal = true, const int32_t* mask = nullptr) override {
+    // causal: QK^T and PV halves (4 B NH T^2 HS without the mask)
+    T x(this, "attention_fwd", (causal ? 2.0 : 4.0) * B * NH * T_ * T_ * HS);
+    in_->AttentionForward(o, l, q, k, v, B, T_, NH, NKV, HS, qs, ks, causal, mask);
   }
   void AttentionBackward(float* dq, float* dk, float* dv, const float* d, const float* o,
                          const float* l, const float* q, const float* k, const float* v, int64_t B,
                          int64_t T_, int64_t NH, int64_t NKV, int64_t HS, int64_t qs,
-                         int64_t ks) override {
-    T x(this, "attention_bwd", 5.0 * B * NH * T_ * T_ * HS);  // recompute S + 4 products, halved
-    in_->AttentionBackward(dq, dk, dv, d, o, l, q, k, v, B, T_, NH, NKV, HS, qs, ks);
+                         int64_t ks, bool causal = true, const int32_t* mask = nullptr) override {
+    // recompute S + 4 products (halved when causal)
+    T x(this, "attention_bwd", (causal ? 5.0 : 10.0) * B * NH * T_ * T_ * HS);
+    in_->AttentionBackward(dq, dk, dv, d, o, l, q, k, v, B, T_, NH, NKV, HS, qs, ks, causal, mask);
   }
   void SoftmaxCrossEntropy(float* lg, float* ls, const int32_t* t, int64_t N, int64_t V, int64_t Vp,
                            float gs, bool g, const float* ds) override {

@@ -1,11 +1,12 @@
-// CPU backend attention (causal, GQA, strided rows), rotary embedding and fused softmax +
-// cross-entropy against independent double-precision references written here; backward ops
-// against central finite differences of those references.
+// CPU backend attention (causal or not, key padding masks, GQA, strided rows), rotary embedding
+// and fused softmax + cross-entropy against independent double-precision references written here;
+// backward ops against central finite differences of those references.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <memory>
+#include <random>
 #include <vector>
 
 #include "backend/backend.h"
@@ -27,10 +28,18 @@ struct AttnShape {
   int q_off, k_off, v_off;  // element offsets of q, k, v in their buffers
 };
 
+// How a case attends: causal or not, and the key padding mask (B*T; empty: every key).
+struct AttnMode {
+  bool causal = true;
+  std::vector<int32_t> mask;
+};
+
 // out (B*T, NH*HS), lse (B, NH, T); q, k, v read from `qb`, `kvb` with the shape's strides.
+// Query t attends key j when (!causal || j <= t) and mask[b*T + j] != 0 (HF: the other keys get
+// weight exactly 0); a query with no such key: out 0, lse 0.
 void RefAttention(const AttnShape& s, const std::vector<double>& qb, const std::vector<double>& kb,
                   const std::vector<double>& vb, std::vector<double>* out,
-                  std::vector<double>* lse) {
+                  std::vector<double>* lse, const AttnMode& mode = {}) {
   const int C = s.NH * s.HS, group = s.NH / s.NKV;
   out->assign(s.B * s.T * C, 0.0);
   lse->assign(s.B * s.NH * s.T, 0.0);
@@ -39,9 +48,13 @@ void RefAttention(const AttnShape& s, const std::vector<double>& qb, const std::
     for (int h = 0; h < s.NH; ++h) {
       const int kvh = h / group;
       for (int t = 0; t < s.T; ++t) {
-        std::vector<double> sc(t + 1);
+        std::vector<int> keys;
+        for (int j = 0; j < (mode.causal ? t + 1 : s.T); ++j)
+          if (mode.mask.empty() || mode.mask[b * s.T + j] != 0) keys.push_back(j);
+        if (keys.empty()) continue;  // out 0, lse 0
+        std::vector<double> sc(s.T);
         double mx = -1e300;
-        for (int j = 0; j <= t; ++j) {
+        for (int j : keys) {
           double d = 0.0;
           for (int i = 0; i < s.HS; ++i) {
             d += qb[s.q_off + (b * s.T + t) * s.q_stride + h * s.HS + i] *
@@ -51,9 +64,9 @@ void RefAttention(const AttnShape& s, const std::vector<double>& qb, const std::
           mx = std::max(mx, sc[j]);
         }
         double sum = 0.0;
-        for (int j = 0; j <= t; ++j) sum += std::exp(sc[j] - mx);
+        for (int j : keys) sum += std::exp(sc[j] - mx);
         (*lse)[(b * s.NH + h) * s.T + t] = mx + std::log(sum);
-        for (int j = 0; j <= t; ++j) {
+        for (int j : keys) {
           const double p = std::exp(sc[j] - mx) / sum;
           for (int i = 0; i < s.HS; ++i) {
             (*out)[(b * s.T + t) * C + h * s.HS + i] +=
@@ -66,8 +79,9 @@ void RefAttention(const AttnShape& s, const std::vector<double>& qb, const std::
 }
 
 // Runs forward and backward for one layout. fused: q, k, v (and dq, dk, dv) share one buffer.
-void CheckAttentionOnce(const AttnShape& s, bool fused, bool grad_check) {
+void CheckAttentionOnce(const AttnShape& s, bool fused, bool grad_check, const AttnMode& mode) {
   auto be = MakeCpuBackend(2);
+  const int32_t* km = mode.mask.empty() ? nullptr : mode.mask.data();
   const int rows = s.B * s.T, C = s.NH * s.HS;
   const size_t qn = static_cast<size_t>(rows * s.q_stride),
                kvn = static_cast<size_t>(rows * s.kv_stride);
@@ -75,13 +89,43 @@ void CheckAttentionOnce(const AttnShape& s, bool fused, bool grad_check) {
   auto kbuf = fused ? qbuf : RandVec(kvn, 2, -1.5f, 1.5f);
   auto vbuf = fused ? qbuf : RandVec(kvn, 3);
   std::vector<double> want_out, want_lse;
-  RefAttention(s, ToDouble(qbuf), ToDouble(kbuf), ToDouble(vbuf), &want_out, &want_lse);
-  std::vector<float> out(rows * C), lse(s.B * s.NH * s.T);
+  RefAttention(s, ToDouble(qbuf), ToDouble(kbuf), ToDouble(vbuf), &want_out, &want_lse, mode);
+  std::vector<float> out(rows * C, NAN), lse(s.B * s.NH * s.T, NAN);
   be->AttentionForward(out.data(), lse.data(), qbuf.data() + s.q_off, kbuf.data() + s.k_off,
-                       vbuf.data() + s.v_off, s.B, s.T, s.NH, s.NKV, s.HS, s.q_stride, s.kv_stride);
-  const std::string tag = std::string(fused ? "fused" : "separate") + " T=" + std::to_string(s.T);
+                       vbuf.data() + s.v_off, s.B, s.T, s.NH, s.NKV, s.HS, s.q_stride, s.kv_stride,
+                       mode.causal, km);
+  const std::string tag = std::string(fused ? "fused" : "separate") + " T=" + std::to_string(s.T) +
+                          (mode.causal ? " causal" : " bidirectional") +
+                          (km != nullptr ? " masked" : "");
   ExpectClose(out, want_out, 1e-5, 2e-6, "attention out " + tag);
   ExpectClose(lse, want_lse, 1e-5, 2e-6, "attention lse " + tag);
+  // Queries that see no key: out and lse exactly 0 (the reference leaves them 0).
+  for (int b = 0; b < s.B; ++b) {
+    for (int t = 0; t < s.T; ++t) {
+      bool any = false;
+      for (int j = 0; j < (mode.causal ? t + 1 : s.T); ++j) any = any || !km || km[b * s.T + j];
+      if (any) continue;
+      for (int c = 0; c < C; ++c) ASSERT_EQ(out[(b * s.T + t) * C + c], 0.0f) << tag;
+      for (int h = 0; h < s.NH; ++h) ASSERT_EQ(lse[(b * s.NH + h) * s.T + t], 0.0f) << tag;
+    }
+  }
+  if (km != nullptr && !fused) {
+    // Masked keys have exactly zero weight: huge k and v there change nothing, to the bit.
+    auto k2 = kbuf, v2 = vbuf;
+    for (int r = 0; r < rows; ++r) {
+      if (km[r] != 0) continue;
+      for (int c = 0; c < s.NKV * s.HS; ++c) {
+        k2[s.k_off + r * s.kv_stride + c] = 1e4f;
+        v2[s.v_off + r * s.kv_stride + c] = -3e4f;
+      }
+    }
+    std::vector<float> out2(rows * C), lse2(s.B * s.NH * s.T);
+    be->AttentionForward(out2.data(), lse2.data(), qbuf.data() + s.q_off, k2.data() + s.k_off,
+                         v2.data() + s.v_off, s.B, s.T, s.NH, s.NKV, s.HS, s.q_stride,
+                         s.kv_stride, mode.causal, km);
+    EXPECT_EQ(out2, out) << "masked keys changed the output " << tag;
+    EXPECT_EQ(lse2, lse) << "masked keys changed the lse " << tag;
+  }
   if (!grad_check) return;
 
   // L = sum(R * out). Gradients by finite differences of the reference, per input buffer.
@@ -93,11 +137,11 @@ void CheckAttentionOnce(const AttnShape& s, bool fused, bool grad_check) {
   float* dv = (fused ? dqbuf.data() : dvbuf.data()) + s.v_off;
   be->AttentionBackward(dq, dk, dv, R.data(), out.data(), lse.data(), qbuf.data() + s.q_off,
                         kbuf.data() + s.k_off, vbuf.data() + s.v_off, s.B, s.T, s.NH, s.NKV, s.HS,
-                        s.q_stride, s.kv_stride);
+                        s.q_stride, s.kv_stride, mode.causal, km);
   auto loss = [&](const std::vector<double>& q, const std::vector<double>& k,
                   const std::vector<double>& v) {
     std::vector<double> o, l;
-    RefAttention(s, q, k, v, &o, &l);
+    RefAttention(s, q, k, v, &o, &l, mode);
     return DotD(o, ToDouble(R));
   };
   const auto q0 = ToDouble(qbuf), k0 = ToDouble(kbuf), v0 = ToDouble(vbuf);
@@ -137,15 +181,24 @@ void CheckAttentionOnce(const AttnShape& s, bool fused, bool grad_check) {
     check(dqbuf, gq, {{s.q_off, s.q_off + qc}}, s.q_stride, "dq");
     check(dkbuf, gk, {{s.k_off, s.k_off + kc}}, s.kv_stride, "dk");
     check(dvbuf, gv, {{s.v_off, s.v_off + kc}}, s.kv_stride, "dv");
+    if (km != nullptr) {  // masked keys: dk = dv = 0 exactly
+      for (int r = 0; r < rows; ++r) {
+        if (km[r] != 0) continue;
+        for (int c = 0; c < kc; ++c) {
+          ASSERT_EQ(dkbuf[s.k_off + r * s.kv_stride + c], 0.0f) << "dk, masked row " << r;
+          ASSERT_EQ(dvbuf[s.v_off + r * s.kv_stride + c], 0.0f) << "dv, masked row " << r;
+        }
+      }
+    }
   }
 }
 
 // The tile products go to the GEMM library: check with oneDNN (when built) and with OpenBLAS.
-void CheckAttention(const AttnShape& s, bool fused, bool grad_check) {
+void CheckAttention(const AttnShape& s, bool fused, bool grad_check, const AttnMode& mode = {}) {
   for (bool onednn : {true, false}) {
     if (!cpu::SetGemmLibraryForTesting(onednn)) continue;
     SCOPED_TRACE(onednn ? "gemm library onednn" : "gemm library openblas");
-    CheckAttentionOnce(s, fused, grad_check);
+    CheckAttentionOnce(s, fused, grad_check, mode);
   }
   cpu::SetGemmLibraryForTesting(true);
 }
@@ -170,6 +223,66 @@ TEST(CpuAttentionTest, LargerShapesForward) {
   CheckAttention({2, 64, 6, 3, 16, 96, 48, 0, 0, 0}, false, false);
   CheckAttention({3, 1, 2, 2, 8, 16, 16, 0, 0, 0}, false, false);  // T = 1
   CheckAttention({1, 130, 2, 1, 64, 128, 64, 0, 0, 0}, false, false);
+}
+
+// A random key mask (about a quarter of the keys masked) in which sequence `empty` has no key at
+// all and key 0 of sequence 0 is masked (so the first causal query of it sees nothing).
+std::vector<int32_t> RandomMask(int B, int T, int empty, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> m(B * T);
+  for (auto& x : m) x = rng() % 4 != 0 ? 1 : 0;
+  for (int j = 0; j < T; ++j) m[empty * T + j] = 0;
+  m[0] = 0;
+  if (B > 1 && empty != 0) m[1] = 1;  // sequence 0 still has visible keys
+  return m;
+}
+
+// Padded tails: sequence b has its first lengths[b] keys (BERT's attention_mask).
+std::vector<int32_t> TailMask(int T, const std::vector<int>& lengths) {
+  std::vector<int32_t> m;
+  for (int len : lengths)
+    for (int j = 0; j < T; ++j) m.push_back(j < len ? 1 : 0);
+  return m;
+}
+
+TEST(CpuAttentionTest, BidirectionalForwardBackward) {
+  const AttnMode bi{false, {}};
+  const int B = 2, T = 5, NH = 4, NKV = 2, HS = 6, W = (NH + 2 * NKV) * HS;
+  CheckAttention({B, T, NH, NKV, HS, W, W, 0, NH * HS, (NH + NKV) * HS}, true, true, bi);  // GQA
+  CheckAttention({2, 5, 4, 2, 6, 4 * 6 + 3, 2 * 6 + 2, 1, 2, 0}, false, true, bi);
+  CheckAttention({1, 6, 4, 1, 2, 8, 2, 0, 0, 0}, false, true, bi);  // MQA
+  // T = 70: a full 64-query block and a partial one, each against all 70 keys.
+  const int T2 = 70, NH2 = 2, NKV2 = 1, HS2 = 4, W2 = (NH2 + 2 * NKV2) * HS2;
+  CheckAttention({1, T2, NH2, NKV2, HS2, W2, W2, 0, NH2 * HS2, (NH2 + NKV2) * HS2}, true, true, bi);
+  CheckAttention({2, 64, 6, 3, 16, 96, 48, 0, 0, 0}, false, false, bi);
+  CheckAttention({1, 130, 2, 1, 64, 128, 64, 0, 0, 0}, false, false, bi);
+}
+
+TEST(CpuAttentionTest, KeyMaskForwardBackward) {
+  for (bool causal : {false, true}) {
+    SCOPED_TRACE(causal ? "causal" : "bidirectional");
+    // Random masks, sequence 1 fully masked; GQA on fused rows and on separate padded rows.
+    const int B = 3, T = 6, NH = 4, NKV = 2, HS = 6, W = (NH + 2 * NKV) * HS;
+    CheckAttention({B, T, NH, NKV, HS, W, W, 0, NH * HS, (NH + NKV) * HS}, true, true,
+                   {causal, RandomMask(B, T, 1, 11)});
+    CheckAttention({B, T, NH, NKV, HS, NH * HS + 3, NKV * HS + 2, 1, 2, 0}, false, true,
+                   {causal, RandomMask(B, T, 1, 12)});
+    CheckAttention({2, 7, 3, 3, 4, 13, 13, 0, 0, 1}, false, true,  // MHA, padded tails
+                   {causal, TailMask(7, {4, 7})});
+    CheckAttention({3, 6, 4, 1, 2, 8, 2, 0, 0, 0}, false, true,  // MQA, one empty sequence
+                   {causal, TailMask(6, {1, 0, 5})});
+    // T = 70 across the query blocks: padded tail and a random mask with an empty sequence.
+    const int T2 = 70, NH2 = 2, NKV2 = 1, HS2 = 4, W2 = (NH2 + 2 * NKV2) * HS2;
+    CheckAttention({1, T2, NH2, NKV2, HS2, W2, W2, 0, NH2 * HS2, (NH2 + NKV2) * HS2}, true, true,
+                   {causal, TailMask(T2, {66})});
+    CheckAttention({2, T2, 2, 1, 4, 9, 5, 0, 0, 0}, false, true,
+                   {causal, RandomMask(2, T2, 0, 13)});
+    // Larger, forward only.
+    CheckAttention({2, 130, 4, 2, 64, 256, 128, 0, 0, 0}, false, false,
+                   {causal, TailMask(130, {100, 3})});
+    CheckAttention({2, 64, 6, 3, 16, 96, 48, 0, 0, 0}, false, false,
+                   {causal, RandomMask(2, 64, 1, 14)});
+  }
 }
 
 // Rotary embedding reference: inv_freq and angles in fp32 as HF forms them, rotation in double.

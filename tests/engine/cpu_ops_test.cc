@@ -3,12 +3,14 @@
 // Backward ops are checked against central finite differences of the double references.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <bit>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "backend/backend.h"
@@ -437,6 +439,67 @@ TEST_F(CpuOpsTest, GeluForwardBackward) {
   std::vector<float> dinp = R;  // dinp aliases dout
   be_->GeluBackward(dinp.data(), x.data(), dinp.data(), n);
   ExpectClose(dinp, num, 1e-5, 1e-6, "gelu backward");
+}
+
+double RefGeluErf(double x) { return 0.5 * x * (1.0 + std::erf(x / std::sqrt(2.0))); }
+
+// Exact GELU (HF "gelu"): forward against std::erf in double, backward against central finite
+// differences of that reference. 70001 elements: the multithreaded path. Tolerances: forward
+// 2e-6 relative + 5e-7 absolute (1 + erf(x/sqrt2) cancels for x << 0: float's ulp(1) * |x|/2,
+// |x| <= 8, as PyTorch's own fp32 kernel); backward 1e-5 + 1e-6.
+TEST_F(CpuOpsTest, GeluErfForwardBackward) {
+  const int n = 70001;
+  auto x = RandVec(n, 53, -8.0f, 8.0f);
+  x[0] = 0.0f;
+  x[1] = -12.0f;
+  x[2] = 12.0f;
+  x[3] = 1e-20f;
+  x[4] = -0.5f;
+  std::vector<double> want(n);
+  for (int i = 0; i < n; ++i) want[i] = RefGeluErf(x[i]);
+  std::vector<float> out = x;  // out aliases inp
+  be_->GeluErfForward(out.data(), out.data(), n);
+  ExpectClose(out, want, 2e-6, 5e-7, "gelu erf");
+  EXPECT_EQ(out[0], 0.0f);
+  EXPECT_EQ(out[2], 12.0f);
+  // Not the tanh approximation: they differ by ~1e-4 around |x| = 2.
+  std::vector<float> approx(n);
+  be_->GeluForward(approx.data(), x.data(), n);
+  double max_diff = 0.0;
+  for (int i = 0; i < n; ++i) max_diff = std::max(max_diff, std::abs(double(approx[i]) - out[i]));
+  EXPECT_GT(max_diff, 1e-4);
+  auto R = RandVec(n, 54);
+  std::vector<double> num(n);
+  for (int i = 0; i < n; ++i) {
+    const double h = 1e-6;
+    num[i] = R[i] * (RefGeluErf(x[i] + h) - RefGeluErf(x[i] - h)) / (2 * h);
+  }
+  std::vector<float> dinp = R;  // dinp aliases dout
+  be_->GeluErfBackward(dinp.data(), x.data(), dinp.data(), n);
+  ExpectClose(dinp, num, 1e-5, 1e-6, "gelu erf backward");
+}
+
+// tanh forward against std::tanh in double (2e-6 + 1e-7); backward = dout * (1 - out^2) from the
+// forward's output, against finite differences of the double tanh (1e-5 + 1e-6).
+TEST_F(CpuOpsTest, TanhForwardBackward) {
+  for (int n : {1, 1001, 70001}) {
+    auto x = RandVec(n, 55, -5.0f, 5.0f);
+    x[0] = n > 1 ? 0.0f : -20.0f;
+    std::vector<double> want(n);
+    for (int i = 0; i < n; ++i) want[i] = std::tanh(static_cast<double>(x[i]));
+    std::vector<float> out = x;  // out aliases inp
+    be_->TanhForward(out.data(), out.data(), n);
+    ExpectClose(out, want, 2e-6, 1e-7, "tanh n=" + std::to_string(n));
+    auto R = RandVec(n, 56);
+    std::vector<double> num(n);
+    for (int i = 0; i < n; ++i) {
+      const double h = 1e-6;
+      num[i] = R[i] * (std::tanh(x[i] + h) - std::tanh(x[i] - h)) / (2 * h);
+    }
+    std::vector<float> dinp = R;  // dinp aliases dout
+    be_->TanhBackward(dinp.data(), out.data(), dinp.data(), n);
+    ExpectClose(dinp, num, 1e-5, 1e-6, "tanh backward n=" + std::to_string(n));
+  }
 }
 
 TEST_F(CpuOpsTest, SwiGluForwardBackward) {

@@ -330,6 +330,26 @@ std::vector<OpCase> AllCases() {
       d->GeluBackward(g, d.Up(Random(n, 46, -6, 6)), g, n);
       return Outputs{{"dinp", d.Get(g, n)}};
     });
+    Add(&c, Op::kGeluErfForward, Dims({n}) + " in place", kElem, [=](Dev& d) {
+      float* x = d.Up(Random(n, 144, -8, 8));
+      d->GeluErfForward(x, x, n);
+      return Outputs{{"out", d.Get(x, n)}};
+    });
+    Add(&c, Op::kGeluErfBackward, Dims({n}) + " in place", kElem, [=](Dev& d) {
+      float* g = d.Up(Random(n, 145));
+      d->GeluErfBackward(g, d.Up(Random(n, 146, -8, 8)), g, n);
+      return Outputs{{"dinp", d.Get(g, n)}};
+    });
+    Add(&c, Op::kTanhForward, Dims({n}) + " in place", kElem, [=](Dev& d) {
+      float* x = d.Up(Random(n, 147, -6, 6));
+      d->TanhForward(x, x, n);
+      return Outputs{{"out", d.Get(x, n)}};
+    });
+    Add(&c, Op::kTanhBackward, Dims({n}) + " in place", kElem, [=](Dev& d) {
+      float* g = d.Up(Random(n, 148));
+      d->TanhBackward(g, d.Up(Random(n, 149, -1, 1)), g, n);
+      return Outputs{{"dinp", d.Get(g, n)}};
+    });
   }
   for (auto [N, H] : {std::pair<int64_t, int64_t>{5, 37}, {64, 172}, {1, 1}}) {
     Add(&c, Op::kSwiGluForward, Dims({N, H}), kElem, [=](Dev& d) {
@@ -361,16 +381,45 @@ std::vector<OpCase> AllCases() {
     d->Rope(x, 1, 3, 4, 16, stride, 500000.0f, false, 37);
     return Outputs{{"x", d.Get(x, 3 * stride)}};
   });
-  // ---- attention: GQA, fused qkv rows and separate strided ones ----
+  // ---- attention: GQA, fused qkv rows and separate strided ones; causal or not, key masks
+  // (random with a fully masked sequence and key 0 masked, or padded tails) ----
   struct AttnCase {
     int64_t B, T, NH, NKV, HS;
     bool fused;
+    bool causal = true;
+    int mask = 0;  // 0: none; 1: random, sequence 1 empty, key 0 masked; 2: padded tails
   };
   for (const AttnCase a : {AttnCase{2, 37, 4, 2, 16, true}, AttnCase{1, 70, 2, 1, 40, false},
                            AttnCase{1, 5, 1, 1, 160, false}, AttnCase{1, 1, 3, 3, 8, true},
                            AttnCase{1, 130, 4, 1, 64, true}, AttnCase{1, 75, 4, 2, 128, true},
-                           AttnCase{2, 33, 2, 1, 100, false}}) {
-    const std::string label = Dims({a.B, a.T, a.NH, a.NKV, a.HS}) + (a.fused ? " fused" : "");
+                           AttnCase{2, 33, 2, 1, 100, false},
+                           // Not causal, with and without masks, every kernel family (HS 16:
+                           // 1 lane per row, 40/64: 2, 128: 4, 160/200: one thread per row).
+                           AttnCase{2, 37, 4, 2, 16, true, false, 1},
+                           AttnCase{2, 70, 2, 1, 40, false, false, 2},
+                           AttnCase{1, 130, 4, 1, 64, true, false, 0},
+                           AttnCase{3, 75, 4, 2, 128, true, false, 1},
+                           AttnCase{2, 5, 1, 1, 160, false, false, 1},
+                           AttnCase{1, 20, 2, 2, 200, false, false, 0},
+                           // Causal with masks (the first query of sequence 0 sees no key).
+                           AttnCase{2, 75, 4, 2, 128, true, true, 2},
+                           AttnCase{2, 33, 2, 1, 100, false, true, 1},
+                           AttnCase{3, 66, 2, 1, 16, true, true, 1},
+                           AttnCase{2, 9, 2, 1, 160, false, true, 2}}) {
+    const std::string label = Dims({a.B, a.T, a.NH, a.NKV, a.HS}) + (a.fused ? " fused" : "") +
+                              (a.causal ? "" : " bidirectional") +
+                              (a.mask == 1 ? " random mask" : a.mask == 2 ? " tail mask" : "");
+    std::vector<int32_t> mask;
+    if (a.mask != 0) {
+      std::mt19937_64 rng(70 + a.T);
+      for (int64_t b = 0; b < a.B; ++b) {
+        const int64_t len = b == 0 ? a.T - a.T / 3 : b == 1 ? a.T : 1;  // tails
+        for (int64_t j = 0; j < a.T; ++j) {
+          const bool keep = a.mask == 2 ? j < len : b != 1 && j != 0 && rng() % 4 != 0;
+          mask.push_back(keep ? 1 : 0);
+        }
+      }
+    }
     const int64_t rows = a.B * a.T;
     const int64_t qs = a.fused ? (a.NH + 2 * a.NKV) * a.HS : a.NH * a.HS + 3;  // +3: a gap
     const int64_t kvs = a.fused ? qs : a.NKV * a.HS + 5;
@@ -383,7 +432,9 @@ std::vector<OpCase> AllCases() {
       *v = vb + voff;
       *out = d.Zeros(rows * a.NH * a.HS);
       *lse = d.Zeros(a.B * a.NH * a.T);
-      d->AttentionForward(*out, *lse, *q, *k, *v, a.B, a.T, a.NH, a.NKV, a.HS, qs, kvs);
+      const int32_t* km = mask.empty() ? nullptr : d.Up(mask);
+      d->AttentionForward(*out, *lse, *q, *k, *v, a.B, a.T, a.NH, a.NKV, a.HS, qs, kvs, a.causal, km);
+      return km;
     };
     Add(&c, Op::kAttentionForward, label, kAttn, [=](Dev& d) {
       float *q, *out, *lse;
@@ -394,13 +445,13 @@ std::vector<OpCase> AllCases() {
     Add(&c, Op::kAttentionBackward, label, kAttn, [=](Dev& d) {
       float *q, *out, *lse;
       const float *k, *v;
-      forward(d, &q, &k, &v, &out, &lse);
+      const int32_t* km = forward(d, &q, &k, &v, &out, &lse);
       // Sentinels: parts of a row outside the heads must stay untouched.
       float* dq = d.Up(std::vector<float>(rows * qs, 7.0f));
       float* dk = a.fused ? dq + koff : d.Up(std::vector<float>(rows * kvs, 7.0f));
       float* dv = a.fused ? dq + voff : d.Up(std::vector<float>(rows * kvs, 7.0f));
       d->AttentionBackward(dq, dk, dv, d.Up(Random(rows * a.NH * a.HS, 54)), out, lse, q, k, v, a.B,
-                           a.T, a.NH, a.NKV, a.HS, qs, kvs);
+                           a.T, a.NH, a.NKV, a.HS, qs, kvs, a.causal, km);
       Outputs o{{"dq", d.Get(dq, rows * qs)}};
       if (!a.fused) o.push_back({"dk", d.Get(dk, rows * kvs)}), o.push_back({"dv", d.Get(dv, rows * kvs)});
       return o;

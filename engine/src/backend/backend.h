@@ -69,6 +69,10 @@ class BatchUpload {
   X(RmsNormBackward) \
   X(GeluForward) \
   X(GeluBackward) \
+  X(GeluErfForward) \
+  X(GeluErfBackward) \
+  X(TanhForward) \
+  X(TanhBackward) \
   X(SwiGluForward) \
   X(SwiGluBackward) \
   X(Rope) \
@@ -194,6 +198,15 @@ class Backend {
   virtual void GeluForward(float* out, const float* inp, int64_t n);
   // dinp = dout * gelu'(inp). dinp may alias dout.
   virtual void GeluBackward(float* dinp, const float* inp, const float* dout, int64_t n);
+  // Exact GELU (HF "gelu", BERT): out = x * 0.5 * (1 + erf(x / sqrt(2))). out may alias inp.
+  virtual void GeluErfForward(float* out, const float* inp, int64_t n);
+  // dinp = dout * (0.5 * (1 + erf(x / sqrt(2))) + x * exp(-x^2 / 2) / sqrt(2 pi)), x = inp.
+  // dinp may alias dout.
+  virtual void GeluErfBackward(float* dinp, const float* inp, const float* dout, int64_t n);
+  // out = tanh(inp) (BERT's pooler). out may alias inp.
+  virtual void TanhForward(float* out, const float* inp, int64_t n);
+  // dinp = dout * (1 - out^2), from the forward's output. dinp may alias dout.
+  virtual void TanhBackward(float* dinp, const float* out, const float* dout, int64_t n);
   // SwiGLU: inp (N, 2H) holds [gate | up] per row; out (N,H) = silu(gate) * up.
   virtual void SwiGluForward(float* out, const float* inp, int64_t N, int64_t H);
   // dinp (N, 2H) = d/d[gate|up] given dout (N,H).
@@ -209,21 +222,28 @@ class Backend {
   virtual void Rope(float* x, int64_t B, int64_t T, int64_t n_heads, int64_t HS, int64_t row_stride,
                     float theta, bool inverse, int64_t pos_offset = 0);
 
-  // ---- causal self-attention (flash-style contract: no (T,T) buffer is kept) ----
+  // ---- self-attention, causal or not, with an optional key padding mask (flash-style contract:
+  // no (T,T) buffer is kept) ----
   // q: B*T rows, stride q_stride, NH heads of HS. k, v: B*T rows, stride kv_stride, NKV heads of HS
   // (NH % NKV == 0; query head h uses kv head h / (NH/NKV)). out (B*T, NH*HS) contiguous.
   // lse (B, NH, T): log-sum-exp of the scaled scores per query, saved for backward.
-  // scale = 1/sqrt(HS).
+  // scale = 1/sqrt(HS). Query i of sequence b attends key j when (!causal || j <= i) and
+  // (key_mask == nullptr || key_mask[b*T + j] != 0); key_mask is a device int32 array (B*T).
+  // Masked keys get exactly zero weight (HF BERT's additive finfo.min mask). A query whose keys
+  // are all masked gets out = 0 and lse = 0, and contributes nothing to dq, dk, dv. Query rows at
+  // padded positions are computed like any other.
   virtual void AttentionForward(float* out, float* lse, const float* q, const float* k,
                                 const float* v, int64_t B, int64_t T, int64_t NH, int64_t NKV,
-                                int64_t HS, int64_t q_stride, int64_t kv_stride);
+                                int64_t HS, int64_t q_stride, int64_t kv_stride,
+                                bool causal = true, const int32_t* key_mask = nullptr);
   // dq, dk, dv (=; same layouts and strides as q, k, v; GQA sums over the heads of a group).
   // Parts of a row outside the heads (e.g. the k,v thirds of a fused qkv row when dq points at
-  // it) are not touched.
+  // it) are not touched. causal and key_mask must be the forward's.
   virtual void AttentionBackward(float* dq, float* dk, float* dv, const float* dout,
                                  const float* out, const float* lse, const float* q,
                                  const float* k, const float* v, int64_t B, int64_t T, int64_t NH,
-                                 int64_t NKV, int64_t HS, int64_t q_stride, int64_t kv_stride);
+                                 int64_t NKV, int64_t HS, int64_t q_stride, int64_t kv_stride,
+                                 bool causal = true, const int32_t* key_mask = nullptr);
 
   // ---- attention of new tokens against a key/value cache (generation) ----
   // One query row per sequence: q (B rows, stride q_stride, NH heads of HS). k, v: the caches,

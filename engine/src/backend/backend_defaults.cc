@@ -158,6 +158,22 @@ void Backend::GeluBackward(float* /*dinp*/, const float* /*inp*/, const float* /
   Unsupported(Op::kGeluBackward);
 }
 
+void Backend::GeluErfForward(float* /*out*/, const float* /*inp*/, int64_t /*n*/) {
+  Unsupported(Op::kGeluErfForward);
+}
+
+void Backend::GeluErfBackward(float* /*dinp*/, const float* /*inp*/, const float* /*dout*/, int64_t /*n*/) {
+  Unsupported(Op::kGeluErfBackward);
+}
+
+void Backend::TanhForward(float* /*out*/, const float* /*inp*/, int64_t /*n*/) {
+  Unsupported(Op::kTanhForward);
+}
+
+void Backend::TanhBackward(float* /*dinp*/, const float* /*out*/, const float* /*dout*/, int64_t /*n*/) {
+  Unsupported(Op::kTanhBackward);
+}
+
 void Backend::SwiGluForward(float* /*out*/, const float* /*inp*/, int64_t /*N*/, int64_t /*H*/) {
   Unsupported(Op::kSwiGluForward);
 }
@@ -170,11 +186,11 @@ void Backend::Rope(float* /*x*/, int64_t /*B*/, int64_t /*T*/, int64_t /*n_heads
   Unsupported(Op::kRope);
 }
 
-void Backend::AttentionForward(float* /*out*/, float* /*lse*/, const float* /*q*/, const float* /*k*/, const float* /*v*/, int64_t /*B*/, int64_t /*T*/, int64_t /*NH*/, int64_t /*NKV*/, int64_t /*HS*/, int64_t /*q_stride*/, int64_t /*kv_stride*/) {
+void Backend::AttentionForward(float* /*out*/, float* /*lse*/, const float* /*q*/, const float* /*k*/, const float* /*v*/, int64_t /*B*/, int64_t /*T*/, int64_t /*NH*/, int64_t /*NKV*/, int64_t /*HS*/, int64_t /*q_stride*/, int64_t /*kv_stride*/, bool /*causal*/, const int32_t* /*key_mask*/) {
   Unsupported(Op::kAttentionForward);
 }
 
-void Backend::AttentionBackward(float* /*dq*/, float* /*dk*/, float* /*dv*/, const float* /*dout*/, const float* /*out*/, const float* /*lse*/, const float* /*q*/, const float* /*k*/, const float* /*v*/, int64_t /*B*/, int64_t /*T*/, int64_t /*NH*/, int64_t /*NKV*/, int64_t /*HS*/, int64_t /*q_stride*/, int64_t /*kv_stride*/) {
+void Backend::AttentionBackward(float* /*dq*/, float* /*dk*/, float* /*dv*/, const float* /*dout*/, const float* /*out*/, const float* /*lse*/, const float* /*q*/, const float* /*k*/, const float* /*v*/, int64_t /*B*/, int64_t /*T*/, int64_t /*NH*/, int64_t /*NKV*/, int64_t /*HS*/, int64_t /*q_stride*/, int64_t /*kv_stride*/, bool /*causal*/, const int32_t* /*key_mask*/) {
   Unsupported(Op::kAttentionBackward);
 }
 

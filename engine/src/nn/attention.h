@@ -1,5 +1,6 @@
-// Causal self-attention core on a fused qkv buffer: optional RoPE (HF rotate-half) on q and k,
-// then flash-style attention (no (T,T) buffer). The QKV and output projections are Linear layers.
+// Self-attention core on a fused qkv buffer: optional RoPE (HF rotate-half) on q and k, then
+// flash-style attention (no (T,T) buffer), causal (decoders) or not (encoders), with an optional
+// key padding mask (Backend::AttentionForward's contract). The QKV and output projections are Linear layers.
 // Gradient contract: dqkv uses = (every element of the (N, QKV) rows is written).
 #pragma once
 
@@ -18,6 +19,9 @@ struct AttentionShape {
   int64_t HS = 0;
   bool rope = false;
   float rope_theta = 10000.0f;
+  bool causal = true;
+  // Device int32 (B*T) or null: key_mask[b*T + j] != 0 means key j of sequence b is attended.
+  const int32_t* key_mask = nullptr;
   int64_t width() const { return (NH + 2 * NKV) * HS; }
 };
 

@@ -1,6 +1,8 @@
-// Causal self-attention on the CPU, flash-style: no (T,T) matrix is kept. Work goes in query
-// blocks of up to kQBlock rows against the keys 0..(last query of the block); each thread keeps
-// two (kQBlock, T) scratch tiles. The products are single-threaded library GEMMs per tile
+// Self-attention on the CPU, flash-style: no (T,T) matrix is kept. Work goes in query blocks of
+// up to kQBlock rows against the keys 0..(last query of the block) when causal, else against all
+// T keys; each thread keeps two (kQBlock, T) scratch tiles. A key padding mask (key_mask[b*T+j]
+// == 0: key j of sequence b is not attended) zeroes those keys' probabilities exactly; a query
+// with no visible key gets out = 0, lse = 0 and no gradient. The products are single-threaded library GEMMs per tile
 // (Q K^T, P V, dO V^T, dS K, dS^T Q, P^T dO), threads split (b, head, block) in the forward and
 // (b, kv head) in the backward, so each thread owns the dk/dv rows it accumulates (deterministic).
 // Forward saves lse (log-sum-exp of the scaled scores per query); backward recomputes P from it.
@@ -17,17 +19,37 @@ namespace {
 
 constexpr int64_t kQBlock = 64;
 
-// Row i of a score tile holds query t = t0 + i against keys 0..n-1 (n = t1 of the block); keys
-// j > t are masked. In place: s -> softmax probabilities (0 where masked); returns the lse.
-TRAIND_CPU_CLONES float SoftmaxRow(float* s, int64_t valid, int64_t n) {
+// Row i of a score tile holds query t = t0 + i against keys 0..n-1; only keys j < valid may be
+// attended (causal: valid = t + 1), and of those only the ones with km[j] != 0 when km is not
+// null. In place: s -> softmax probabilities (exactly 0 where masked); returns the lse (0 when no
+// key is visible, the row then all zeros).
+TRAIND_CPU_CLONES float SoftmaxRow(float* s, int64_t valid, int64_t n, const int32_t* km) {
   float mx = -INFINITY;
-  for (int64_t j = 0; j < valid; ++j) mx = std::max(mx, s[j]);
+  if (km == nullptr) {
+    for (int64_t j = 0; j < valid; ++j) mx = std::max(mx, s[j]);
+  } else {
+    for (int64_t j = 0; j < valid; ++j)
+      if (km[j] != 0) mx = std::max(mx, s[j]);
+  }
+  if (mx == -INFINITY) {  // every key masked (scores are finite otherwise)
+    for (int64_t j = 0; j < n; ++j) s[j] = 0.0f;
+    return 0.0f;
+  }
   float sum = 0.0f;
+  if (km == nullptr) {
 #pragma omp simd reduction(+ : sum)
-  for (int64_t j = 0; j < valid; ++j) {
-    const float e = ExpF(s[j] - mx);
-    s[j] = e;
-    sum += e;
+    for (int64_t j = 0; j < valid; ++j) {
+      const float e = ExpF(s[j] - mx);
+      s[j] = e;
+      sum += e;
+    }
+  } else {
+#pragma omp simd reduction(+ : sum)
+    for (int64_t j = 0; j < valid; ++j) {
+      const float e = km[j] != 0 ? ExpF(s[j] - mx) : 0.0f;
+      s[j] = e;
+      sum += e;
+    }
   }
   const float inv = 1.0f / sum;
   for (int64_t j = 0; j < valid; ++j) s[j] *= inv;
@@ -35,13 +57,21 @@ TRAIND_CPU_CLONES float SoftmaxRow(float* s, int64_t valid, int64_t n) {
   return mx + std::log(sum);
 }
 
-// p = exp(s - lse) on the valid keys (0 beyond); ds = p * (dp - D) * scale, in place in dp.
+// p = exp(s - lse) on the visible keys (0 elsewhere); ds = p * (dp - D) * scale, in place in dp.
 TRAIND_CPU_CLONES void GradRow(float* s, float* dp, float lse, float D, float scale, int64_t valid,
-                               int64_t n) {
-  for (int64_t j = 0; j < valid; ++j) {
-    const float p = ExpFlushF(s[j] - lse);
-    s[j] = p;
-    dp[j] = p * (dp[j] - D) * scale;
+                               int64_t n, const int32_t* km) {
+  if (km == nullptr) {
+    for (int64_t j = 0; j < valid; ++j) {
+      const float p = ExpFlushF(s[j] - lse);
+      s[j] = p;
+      dp[j] = p * (dp[j] - D) * scale;
+    }
+  } else {
+    for (int64_t j = 0; j < valid; ++j) {
+      const float p = km[j] != 0 ? ExpFlushF(s[j] - lse) : 0.0f;
+      s[j] = p;
+      dp[j] = p * (dp[j] - D) * scale;
+    }
   }
   for (int64_t j = valid; j < n; ++j) {
     s[j] = 0.0f;
@@ -60,7 +90,7 @@ TRAIND_CPU_CLONES float Dot(const float* a, const float* b, int64_t n) {
 
 void AttentionForward(float* out, float* lse, const float* q, const float* k, const float* v,
                       int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS, int64_t q_stride,
-                      int64_t kv_stride, int nt) {
+                      int64_t kv_stride, bool causal, const int32_t* key_mask, int nt) {
   const int64_t group = NH / NKV;
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
   const int64_t C = NH * HS;
@@ -80,12 +110,15 @@ void AttentionForward(float* out, float* lse, const float* q, const float* k, co
       const float* qb = q + (b * T + t0) * q_stride + h * HS;
       const float* kb = k + b * T * kv_stride + kvh * HS;
       const float* vb = v + b * T * kv_stride + kvh * HS;
-      // S(nq, t1) = scale * Q_blk K^T
-      Sgemm(false, true, nq, t1, HS, scale, qb, q_stride, kb, kv_stride, 0.0f, S, t1, 1);
+      const int32_t* km = key_mask != nullptr ? key_mask + b * T : nullptr;
+      const int64_t nk = causal ? t1 : T;  // keys this block may see
+      // S(nq, nk) = scale * Q_blk K^T
+      Sgemm(false, true, nq, nk, HS, scale, qb, q_stride, kb, kv_stride, 0.0f, S, nk, 1);
       float* lse_row = lse + (b * NH + h) * T + t0;
-      for (int64_t i = 0; i < nq; ++i) lse_row[i] = SoftmaxRow(S + i * t1, t0 + i + 1, t1);
+      for (int64_t i = 0; i < nq; ++i)
+        lse_row[i] = SoftmaxRow(S + i * nk, causal ? t0 + i + 1 : T, nk, km);
       // O_blk(nq, HS) = P V
-      Sgemm(false, false, nq, HS, t1, 1.0f, S, t1, vb, kv_stride, 0.0f,
+      Sgemm(false, false, nq, HS, nk, 1.0f, S, nk, vb, kv_stride, 0.0f,
             out + (b * T + t0) * C + h * HS, C, 1);
     }
   }
@@ -94,7 +127,7 @@ void AttentionForward(float* out, float* lse, const float* q, const float* k, co
 void AttentionBackward(float* dq, float* dk, float* dv, const float* dout, const float* out,
                        const float* lse, const float* q, const float* k, const float* v, int64_t B,
                        int64_t T, int64_t NH, int64_t NKV, int64_t HS, int64_t q_stride,
-                       int64_t kv_stride, int nt) {
+                       int64_t kv_stride, bool causal, const int32_t* key_mask, int nt) {
   const int64_t group = NH / NKV;
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
   const int64_t C = NH * HS;
@@ -108,6 +141,7 @@ void AttentionBackward(float* dq, float* dk, float* dv, const float* dout, const
 #pragma omp for schedule(static)
     for (int64_t bk = 0; bk < B * NKV; ++bk) {
       const int64_t b = bk / NKV, kvh = bk % NKV;
+      const int32_t* km = key_mask != nullptr ? key_mask + b * T : nullptr;
       const float* kb = k + b * T * kv_stride + kvh * HS;
       const float* vb = v + b * T * kv_stride + kvh * HS;
       float* dkb = dk + b * T * kv_stride + kvh * HS;
@@ -123,18 +157,20 @@ void AttentionBackward(float* dq, float* dk, float* dv, const float* dout, const
           const float* dob = dout + (b * T + t0) * C + h * HS;
           const float* ob = out + (b * T + t0) * C + h * HS;
           const float* lse_row = lse + (b * NH + h) * T + t0;
+          const int64_t nk = causal ? t1 : T;  // keys this block may see
           // P = exp(scale * Q K^T - lse); dP = dO V^T; dS = P (dP - D) scale.
-          Sgemm(false, true, nq, t1, HS, scale, qb, q_stride, kb, kv_stride, 0.0f, P, t1, 1);
-          Sgemm(false, true, nq, t1, HS, 1.0f, dob, C, vb, kv_stride, 0.0f, dS, t1, 1);
+          Sgemm(false, true, nq, nk, HS, scale, qb, q_stride, kb, kv_stride, 0.0f, P, nk, 1);
+          Sgemm(false, true, nq, nk, HS, 1.0f, dob, C, vb, kv_stride, 0.0f, dS, nk, 1);
           for (int64_t i = 0; i < nq; ++i) {
             const float D = Dot(dob + i * C, ob + i * C, HS);
-            GradRow(P + i * t1, dS + i * t1, lse_row[i], D, scale, t0 + i + 1, t1);
+            GradRow(P + i * nk, dS + i * nk, lse_row[i], D, scale, causal ? t0 + i + 1 : T, nk,
+                    km);
           }
           // dQ_blk = dS K (=);  dK += dS^T Q_blk;  dV += P^T dO_blk.
-          Sgemm(false, false, nq, HS, t1, 1.0f, dS, t1, kb, kv_stride, 0.0f,
+          Sgemm(false, false, nq, HS, nk, 1.0f, dS, nk, kb, kv_stride, 0.0f,
                 dq + (b * T + t0) * q_stride + h * HS, q_stride, 1);
-          Sgemm(true, false, t1, HS, nq, 1.0f, dS, t1, qb, q_stride, 1.0f, dkb, kv_stride, 1);
-          Sgemm(true, false, t1, HS, nq, 1.0f, P, t1, dob, C, 1.0f, dvb, kv_stride, 1);
+          Sgemm(true, false, nk, HS, nq, 1.0f, dS, nk, qb, q_stride, 1.0f, dkb, kv_stride, 1);
+          Sgemm(true, false, nk, HS, nq, 1.0f, P, nk, dob, C, 1.0f, dvb, kv_stride, 1);
         }
       }
     }
@@ -163,7 +199,7 @@ void AttentionDecode(float* out, const float* q, const float* k, const float* v,
       const float* kb = k + b * cache_rows * kv_stride + kvh * HS;
       const float* vb = v + b * cache_rows * kv_stride + kvh * HS;
       for (int64_t t = 0; t < T; ++t) s[t] = scale * Dot(qh, kb + t * kv_stride, HS);
-      SoftmaxRow(s, T, T);
+      SoftmaxRow(s, T, T, nullptr);
       float* o = out + b * C + h * HS;
       std::fill_n(o, HS, 0.0f);
       for (int64_t t = 0; t < T; ++t) {

@@ -118,6 +118,18 @@ class CpuBackend final : public Backend {
   void GeluBackward(float* dinp, const float* inp, const float* dout, int64_t n) override {
     cpu::GeluBackward(dinp, inp, dout, n, nt_);
   }
+  void GeluErfForward(float* out, const float* inp, int64_t n) override {
+    cpu::GeluErfForward(out, inp, n, nt_);
+  }
+  void GeluErfBackward(float* dinp, const float* inp, const float* dout, int64_t n) override {
+    cpu::GeluErfBackward(dinp, inp, dout, n, nt_);
+  }
+  void TanhForward(float* out, const float* inp, int64_t n) override {
+    cpu::TanhForward(out, inp, n, nt_);
+  }
+  void TanhBackward(float* dinp, const float* out, const float* dout, int64_t n) override {
+    cpu::TanhBackward(dinp, out, dout, n, nt_);
+  }
   void SwiGluForward(float* out, const float* inp, int64_t N, int64_t H) override {
     cpu::SwiGluForward(out, inp, N, H, nt_);
   }
@@ -138,15 +150,18 @@ class CpuBackend final : public Backend {
 
   void AttentionForward(float* out, float* lse, const float* q, const float* k, const float* v,
                         int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS, int64_t q_stride,
-                        int64_t kv_stride) override {
-    cpu::AttentionForward(out, lse, q, k, v, B, T, NH, NKV, HS, q_stride, kv_stride, nt_);
+                        int64_t kv_stride, bool causal = true,
+                        const int32_t* key_mask = nullptr) override {
+    cpu::AttentionForward(out, lse, q, k, v, B, T, NH, NKV, HS, q_stride, kv_stride, causal,
+                          key_mask, nt_);
   }
   void AttentionBackward(float* dq, float* dk, float* dv, const float* dout, const float* out,
                          const float* lse, const float* q, const float* k, const float* v,
                          int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS,
-                         int64_t q_stride, int64_t kv_stride) override {
+                         int64_t q_stride, int64_t kv_stride, bool causal = true,
+                         const int32_t* key_mask = nullptr) override {
     cpu::AttentionBackward(dq, dk, dv, dout, out, lse, q, k, v, B, T, NH, NKV, HS, q_stride,
-                           kv_stride, nt_);
+                           kv_stride, causal, key_mask, nt_);
   }
 
   void SoftmaxCrossEntropy(float* logits, float* losses, const int32_t* targets, int64_t N,

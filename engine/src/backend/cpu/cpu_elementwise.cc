@@ -75,6 +75,36 @@ TRAIND_CPU_CLONES void GeluBackSpan(float* dinp, const float* inp, const float* 
   }
 }
 
+// Exact GELU (erf form, HF "gelu") and tanh: std::erf / std::tanh per element (libm, not
+// vectorised; BERT's MLP and pooler are a small part of its step).
+constexpr float kInvSqrt2 = 0.70710678118654752f;
+constexpr float kInvSqrt2Pi = 0.39894228040143268f;  // 1 / sqrt(2 pi)
+
+void GeluErfSpan(float* out, const float* inp, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float x = inp[i];
+    out[i] = 0.5f * x * (1.0f + std::erf(x * kInvSqrt2));
+  }
+}
+
+void GeluErfBackSpan(float* dinp, const float* inp, const float* dout, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float x = inp[i];
+    const float cdf = 0.5f * (1.0f + std::erf(x * kInvSqrt2));
+    const float pdf = kInvSqrt2Pi * std::exp(-0.5f * x * x);
+    dinp[i] = dout[i] * (cdf + x * pdf);
+  }
+}
+
+void TanhSpan(float* out, const float* inp, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = std::tanh(inp[i]);
+}
+
+TRAIND_CPU_CLONES void TanhBackSpan(float* dinp, const float* out, const float* dout, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) dinp[i] = dout[i] * (1.0f - out[i] * out[i]);
+}
+
 TRAIND_CPU_CLONES void SwiGluRow(float* out, const float* gate, const float* up, int64_t H) {
   for (int64_t i = 0; i < H; ++i) {
     float g = gate[i];
@@ -214,6 +244,42 @@ void GeluBackward(float* dinp, const float* inp, const float* dout, int64_t n, i
     int64_t lo, hi;
     Chunk(n, omp_get_num_threads(), omp_get_thread_num(), &lo, &hi);
     if (hi > lo) GeluBackSpan(dinp + lo, inp + lo, dout + lo, hi - lo);
+  }
+}
+
+void GeluErfForward(float* out, const float* inp, int64_t n, int nt) {
+#pragma omp parallel num_threads(ThreadsFor(n * 8, nt))
+  {
+    int64_t lo, hi;
+    Chunk(n, omp_get_num_threads(), omp_get_thread_num(), &lo, &hi);
+    if (hi > lo) GeluErfSpan(out + lo, inp + lo, hi - lo);
+  }
+}
+
+void GeluErfBackward(float* dinp, const float* inp, const float* dout, int64_t n, int nt) {
+#pragma omp parallel num_threads(ThreadsFor(n * 8, nt))
+  {
+    int64_t lo, hi;
+    Chunk(n, omp_get_num_threads(), omp_get_thread_num(), &lo, &hi);
+    if (hi > lo) GeluErfBackSpan(dinp + lo, inp + lo, dout + lo, hi - lo);
+  }
+}
+
+void TanhForward(float* out, const float* inp, int64_t n, int nt) {
+#pragma omp parallel num_threads(ThreadsFor(n * 8, nt))
+  {
+    int64_t lo, hi;
+    Chunk(n, omp_get_num_threads(), omp_get_thread_num(), &lo, &hi);
+    if (hi > lo) TanhSpan(out + lo, inp + lo, hi - lo);
+  }
+}
+
+void TanhBackward(float* dinp, const float* out, const float* dout, int64_t n, int nt) {
+#pragma omp parallel num_threads(ThreadsFor(n, nt))
+  {
+    int64_t lo, hi;
+    Chunk(n, omp_get_num_threads(), omp_get_thread_num(), &lo, &hi);
+    if (hi > lo) TanhBackSpan(dinp + lo, out + lo, dout + lo, hi - lo);
   }
 }
 

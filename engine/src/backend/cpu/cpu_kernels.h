@@ -64,6 +64,10 @@ double SumSquares(const float* x, int64_t n, int nt);
 bool HasNonFinite(const float* x, int64_t n, int nt);  // any NaN or +-inf
 void GeluForward(float* out, const float* inp, int64_t n, int nt);
 void GeluBackward(float* dinp, const float* inp, const float* dout, int64_t n, int nt);
+void GeluErfForward(float* out, const float* inp, int64_t n, int nt);
+void GeluErfBackward(float* dinp, const float* inp, const float* dout, int64_t n, int nt);
+void TanhForward(float* out, const float* inp, int64_t n, int nt);
+void TanhBackward(float* dinp, const float* out, const float* dout, int64_t n, int nt);
 void SwiGluForward(float* out, const float* inp, int64_t N, int64_t H, int nt);
 void SwiGluBackward(float* dinp, const float* inp, const float* dout, int64_t N, int64_t H, int nt);
 void AdamW(float* param, const float* grad, float* m, float* v, int64_t n, float lr, float beta1,
@@ -88,11 +92,11 @@ void Rope(float* x, int64_t B, int64_t T, int64_t n_heads, int64_t HS, int64_t r
 // ---- attention (cpu_attention.cc) ----
 void AttentionForward(float* out, float* lse, const float* q, const float* k, const float* v,
                       int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS, int64_t q_stride,
-                      int64_t kv_stride, int nt);
+                      int64_t kv_stride, bool causal, const int32_t* key_mask, int nt);
 void AttentionBackward(float* dq, float* dk, float* dv, const float* dout, const float* out,
                        const float* lse, const float* q, const float* k, const float* v, int64_t B,
                        int64_t T, int64_t NH, int64_t NKV, int64_t HS, int64_t q_stride,
-                       int64_t kv_stride, int nt);
+                       int64_t kv_stride, bool causal, const int32_t* key_mask, int nt);
 void AttentionDecode(float* out, const float* q, const float* k, const float* v, int64_t B,
                      int64_t T, int64_t cache_rows, int64_t NH, int64_t NKV, int64_t HS,
                      int64_t q_stride, int64_t kv_stride, int nt);

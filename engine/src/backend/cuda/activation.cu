@@ -1,5 +1,5 @@
-// Activations of the GPU backend: GELU (tanh approximation, HF "gelu_new") and SwiGLU, forward and
-// backward. Memory-bound; roofline on an H100 (3.0 TB/s) per call, fp32:
+// Activations of the GPU backend: GELU (tanh approximation, HF "gelu_new"), exact GELU (erf, HF
+// "gelu"), tanh and SwiGLU, forward and backward. Memory-bound; roofline on an H100 (3.0 TB/s) per call, fp32:
 //   GeluForward    n elements: 8n bytes, ~12n FLOPs            -> n = 32M (B*T*4C): 85 us
 //   GeluBackward   12n bytes, ~20n FLOPs                       -> n = 32M: 128 us
 //   SwiGluForward  inp (N,2H) -> out (N,H): 12*N*H bytes        -> N*H = 16M: 64 us
@@ -36,6 +36,42 @@ __global__ void gelu_backward_kernel(float* dinp, const float* inp, const float*
     const float grad =
         0.5f * (1.0f + t) + 0.5f * x * sech2 * kGeluScale * (1.0f + 3.0f * 0.044715f * x * x);
     dinp[i] = grad * dout[i];
+  }
+}
+
+constexpr float kInvSqrt2 = 0.70710678118654752f;
+constexpr float kInvSqrt2Pi = 0.39894228040143268f;  // 1 / sqrt(2 pi)
+
+__global__ void gelu_erf_forward_kernel(float* out, const float* inp, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const float x = inp[i];
+    out[i] = 0.5f * x * (1.0f + erff(x * kInvSqrt2));
+  }
+}
+
+__global__ void gelu_erf_backward_kernel(float* dinp, const float* inp, const float* dout,
+                                         int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const float x = inp[i];
+    const float cdf = 0.5f * (1.0f + erff(x * kInvSqrt2));
+    const float pdf = kInvSqrt2Pi * expf(-0.5f * x * x);
+    dinp[i] = dout[i] * (cdf + x * pdf);
+  }
+}
+
+__global__ void tanh_forward_kernel(float* out, const float* inp, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x)
+    out[i] = tanhf(inp[i]);
+}
+
+__global__ void tanh_backward_kernel(float* dinp, const float* out, const float* dout, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const float y = out[i];
+    dinp[i] = dout[i] * (1.0f - y * y);
   }
 }
 
@@ -82,6 +118,35 @@ Status GeluBackward(float* dinp, const float* inp, const float* dout, int64_t n,
   TRAIND_RETURN_IF_ERROR(Check("GeluBackward", n));
   if (n == 0) return Status::Ok();
   return GPU_LAUNCH(gelu_backward_kernel, GridFor(n, kThreads), kThreads, 0, stream, dinp, inp,
+                    dout, n);
+}
+
+Status GeluErfForward(float* out, const float* inp, int64_t n, cudaStream_t stream) {
+  TRAIND_RETURN_IF_ERROR(Check("GeluErfForward", n));
+  if (n == 0) return Status::Ok();
+  return GPU_LAUNCH(gelu_erf_forward_kernel, GridFor(n, kThreads), kThreads, 0, stream, out, inp,
+                    n);
+}
+
+Status GeluErfBackward(float* dinp, const float* inp, const float* dout, int64_t n,
+                       cudaStream_t stream) {
+  TRAIND_RETURN_IF_ERROR(Check("GeluErfBackward", n));
+  if (n == 0) return Status::Ok();
+  return GPU_LAUNCH(gelu_erf_backward_kernel, GridFor(n, kThreads), kThreads, 0, stream, dinp,
+                    inp, dout, n);
+}
+
+Status TanhForward(float* out, const float* inp, int64_t n, cudaStream_t stream) {
+  TRAIND_RETURN_IF_ERROR(Check("TanhForward", n));
+  if (n == 0) return Status::Ok();
+  return GPU_LAUNCH(tanh_forward_kernel, GridFor(n, kThreads), kThreads, 0, stream, out, inp, n);
+}
+
+Status TanhBackward(float* dinp, const float* out, const float* dout, int64_t n,
+                    cudaStream_t stream) {
+  TRAIND_RETURN_IF_ERROR(Check("TanhBackward", n));
+  if (n == 0) return Status::Ok();
+  return GPU_LAUNCH(tanh_backward_kernel, GridFor(n, kThreads), kThreads, 0, stream, dinp, out,
                     dout, n);
 }
 

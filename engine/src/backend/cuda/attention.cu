@@ -1,20 +1,24 @@
-// Causal self-attention of the GPU backend: our own tiled flash-style kernels (online softmax, no
-// (T,T) buffer), GQA (query head h reads kv head h / (NH/NKV)), strided q/k/v rows.
+// Self-attention of the GPU backend: our own tiled flash-style kernels (online softmax, no (T,T)
+// buffer), GQA (query head h reads kv head h / (NH/NKV)), strided q/k/v rows; causal (keys j <= i)
+// or not (every key), with an optional key padding mask (key_mask[b*T + j] == 0: key j of
+// sequence b gets weight exactly 0; a query that sees no key gets out = 0, lse = 0 and no
+// gradient). Causal and not are the same kernels: a block-uniform key range and a predicate; the
+// mask is staged per key tile in shared memory (the dk/dv kernels read their own key's flag).
 //
 // Head sizes up to 128 (every GPT-2 / LLaMA config) take the lane-group kernels: TPQ = 1, 2 or 4
 // lanes share one query (or key) row, each holding 32 of its head elements in registers
 // (interleaved 16-byte groups, so the lanes of a row read different shared-memory banks), with
 // dot products summed across the group by warp shuffles; K/V (or Q/dout) tiles staged in shared
 // memory and read as 16-byte vectors; the forward updates its online softmax once per chunk of 8
-// keys. Loop bounds are block-uniform (the causal mask is a predicate), so the shuffles never
-// diverge.
+// keys. Loop bounds are block-uniform (the causal and padding masks are predicates), so the
+// shuffles never diverge.
 //   forward : writes out and lse (B, NH, T).
 //   backward: D = rowsum(dout * out) (B, NH, T) into scratch; dk/dv with one lane group per key
 //             over the query tiles of every head of its group (sums the group, writes =); dq with
 //             one lane group per query over the key tiles (writes =). No atomics: deterministic.
 // Wider heads (129..256) take the first kernels (one thread per row, runtime-length loops).
 //
-// FLOPs (causal halves the square): forward 2*B*NH*T^2*HS, backward 5*B*NH*T^2*HS (recomputes P
+// FLOPs (causal halves the square; without it, twice these): forward 2*B*NH*T^2*HS, backward 5*B*NH*T^2*HS (recomputes P
 // twice). Bytes: q,k,v,out,lse read/written once per call plus re-reads through L2 (compute-bound
 // at T >= 512). These fp32 kernels do not use tensor cores, so the fp32 SIMT rate (~60 TFLOP/s on
 // an H100) bounds them: B=8, NH=12, T=1024, HS=64: forward 12.9 GFLOP -> >= 0.2 ms, backward
@@ -40,7 +44,14 @@ int TileRows(int64_t HS) { return HS <= 128 ? 32 : 16; }
 struct Dims {
   int64_t T, NH, NKV, HS, q_stride, kv_stride;
   float scale;
+  bool causal;
+  const int32_t* key_mask;  // (B*T) or null
 };
+
+// Whether key j of sequence b is not masked out.
+__device__ __forceinline__ bool KeyVisible(const Dims& d, int64_t b, int64_t j) {
+  return d.key_mask == nullptr || d.key_mask[b * d.T + j] != 0;
+}
 
 __global__ void attention_forward_kernel(float* out, float* lse, const float* q, const float* k,
                                          const float* v, Dims d, int tile) {
@@ -57,7 +68,8 @@ __global__ void attention_forward_kernel(float* out, float* lse, const float* q,
     }
   float m = -INFINITY, l = 0.0f;
   const int64_t last = (blockIdx.x + 1) * int64_t{kQueriesPerBlock} - 1;
-  const int64_t j_end = last < d.T - 1 ? last : d.T - 1;  // causal: keys <= the block's last query
+  // causal: keys <= the block's last query
+  const int64_t j_end = d.causal && last < d.T - 1 ? last : d.T - 1;
   for (int64_t j0 = 0; j0 <= j_end; j0 += tile) {
     __syncthreads();  // the previous tile is no longer read
     for (int64_t e = threadIdx.x; e < tile * d.HS; e += blockDim.x) {
@@ -67,21 +79,24 @@ __global__ void attention_forward_kernel(float* out, float* lse, const float* q,
       vs[e] = j < d.T ? v[off] : 0.0f;
     }
     __syncthreads();
-    if (!active || j0 > i) continue;
-    const int64_t n = (i - j0 + 1) < tile ? (i - j0 + 1) : tile;
+    if (!active || (d.causal && j0 > i)) continue;
+    const int64_t lim = d.causal ? i - j0 + 1 : d.T - j0;
+    const int64_t n = lim < tile ? lim : tile;
     float sc[32];
     float tile_max = -INFINITY;
     for (int64_t jj = 0; jj < n; ++jj) {
       float s = 0.0f;
       for (int64_t e = 0; e < d.HS; ++e) s += qi[e] * ks[jj * d.HS + e];
-      sc[jj] = s * d.scale;
+      sc[jj] = KeyVisible(d, b, j0 + jj) ? s * d.scale : -INFINITY;
       tile_max = fmaxf(tile_max, sc[jj]);
     }
     const float m_new = fmaxf(m, tile_max);
+    if (m_new == -INFINITY) continue;  // no visible key yet
     const float corr = expf(m - m_new);  // 0 on the first tile (m = -inf)
     l *= corr;
     for (int64_t e = 0; e < d.HS; ++e) acc[e] *= corr;
     for (int64_t jj = 0; jj < n; ++jj) {
+      if (sc[jj] == -INFINITY) continue;
       const float p = expf(sc[jj] - m_new);
       l += p;
       for (int64_t e = 0; e < d.HS; ++e) acc[e] += p * vs[jj * d.HS + e];
@@ -89,9 +104,9 @@ __global__ void attention_forward_kernel(float* out, float* lse, const float* q,
     m = m_new;
   }
   if (!active) return;
-  const float inv = 1.0f / l;
+  const float inv = l > 0.0f ? 1.0f / l : 0.0f;  // l = 0: no visible key, out = 0
   for (int64_t e = 0; e < d.HS; ++e) out[(b * d.T + i) * d.NH * d.HS + h * d.HS + e] = acc[e] * inv;
-  lse[(b * d.NH + h) * d.T + i] = m + logf(l);
+  lse[(b * d.NH + h) * d.T + i] = l > 0.0f ? m + logf(l) : 0.0f;
 }
 
 // D[b, h, i] = sum_e dout[i, h, e] * out[i, h, e]: one thread per (b, i, h).
@@ -121,6 +136,7 @@ __global__ void attention_dkdv_kernel(float* dk, float* dv, const float* dout, c
   const int64_t b = blockIdx.z, kvh = blockIdx.y, group = d.NH / d.NKV;
   const int64_t j = blockIdx.x * int64_t{kKeysPerBlock} + threadIdx.x;
   const bool active = j < d.T;
+  const bool visible = active && KeyVisible(d, b, j);  // a masked key gets dk = dv = 0
   float kj[kMaxHS], vj[kMaxHS], dkj[kMaxHS], dvj[kMaxHS];
   if (active)
     for (int64_t e = 0; e < d.HS; ++e) {
@@ -130,7 +146,8 @@ __global__ void attention_dkdv_kernel(float* dk, float* dv, const float* dout, c
       dkj[e] = 0.0f;
       dvj[e] = 0.0f;
     }
-  const int64_t i_begin = blockIdx.x * int64_t{kKeysPerBlock};  // earlier queries see no key here
+  // causal: earlier queries see no key here
+  const int64_t i_begin = d.causal ? blockIdx.x * int64_t{kKeysPerBlock} : 0;
   for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
     for (int64_t i0 = i_begin; i0 < d.T; i0 += tile) {
       __syncthreads();
@@ -145,10 +162,10 @@ __global__ void attention_dkdv_kernel(float* dk, float* dv, const float* dout, c
         ds_[e] = i < d.T ? D[(b * d.NH + h) * d.T + i] : 0.0f;
       }
       __syncthreads();
-      if (!active) continue;
+      if (!visible) continue;
       for (int64_t ii = 0; ii < tile; ++ii) {
         const int64_t i = i0 + ii;
-        if (i < j || i >= d.T) continue;
+        if ((d.causal && i < j) || i >= d.T) continue;
         const float* qi = qs + ii * d.HS;
         const float* doi = dos + ii * d.HS;
         float s = 0.0f, dp = 0.0f;
@@ -194,7 +211,7 @@ __global__ void attention_dq_kernel(float* dq, const float* dout, const float* l
     Di = D[(b * d.NH + h) * d.T + i];
   }
   const int64_t last = (blockIdx.x + 1) * int64_t{kQueriesPerBlock} - 1;
-  const int64_t j_end = last < d.T - 1 ? last : d.T - 1;
+  const int64_t j_end = d.causal && last < d.T - 1 ? last : d.T - 1;
   for (int64_t j0 = 0; j0 <= j_end; j0 += tile) {
     __syncthreads();
     for (int64_t e = threadIdx.x; e < tile * d.HS; e += blockDim.x) {
@@ -204,9 +221,11 @@ __global__ void attention_dq_kernel(float* dq, const float* dout, const float* l
       vs[e] = j < d.T ? v[off] : 0.0f;
     }
     __syncthreads();
-    if (!active || j0 > i) continue;
-    const int64_t n = (i - j0 + 1) < tile ? (i - j0 + 1) : tile;
+    if (!active || (d.causal && j0 > i)) continue;
+    const int64_t lim = d.causal ? i - j0 + 1 : d.T - j0;
+    const int64_t n = lim < tile ? lim : tile;
     for (int64_t jj = 0; jj < n; ++jj) {
+      if (!KeyVisible(d, b, j0 + jj)) continue;
       const float* kr = ks + jj * d.HS;
       const float* vr = vs + jj * d.HS;
       float s = 0.0f, dp = 0.0f;
@@ -304,6 +323,12 @@ struct Group {
       dst[idx] = row < d.T && c < d.HS ? src[(b * d.T + row) * stride + head * d.HS + c] : 0.0f;
     }
   }
+  // dst[r] = 1 when key r0 + r exists and is not masked, else 0 (kTile floats); only with a mask.
+  static __device__ __forceinline__ void StageMask(float* dst, int64_t b, int64_t r0,
+                                                   const Dims& d) {
+    for (int r = threadIdx.x; r < kTile; r += kThreads)
+      dst[r] = r0 + r < d.T && d.key_mask[b * d.T + r0 + r] != 0 ? 1.0f : 0.0f;
+  }
 };
 
 template <int TPQ>
@@ -311,8 +336,10 @@ __global__ void __launch_bounds__(kRows * TPQ)
     attention_forward_group_kernel(float* out, float* lse, const float* q, const float* k,
                                    const float* v, Dims d) {
   using G = Group<TPQ>;
-  GPU_DYNAMIC_SHARED(float, ks);  // (kTile, kHSP) keys, then values
+  GPU_DYNAMIC_SHARED(float, ks);  // (kTile, kHSP) keys, then values, then (kTile) key flags
   float* vs = ks + G::kTile * G::kHSP;
+  float* kms = vs + G::kTile * G::kHSP;
+  const bool masked = d.key_mask != nullptr;
   const int64_t b = blockIdx.z, h = blockIdx.y, kvh = h / (d.NH / d.NKV);
   const int sub = static_cast<int>(threadIdx.x) % TPQ;
   // Longest first: the last query block sees the most keys, so it is scheduled first.
@@ -330,11 +357,13 @@ __global__ void __launch_bounds__(kRows * TPQ)
   for (float& x : acc) x = 0.0f;
   float m = -INFINITY, l = 0.0f;
   const int64_t block_last = (qblock + 1) * kRows - 1;
-  const int64_t last = block_last < d.T - 1 ? block_last : d.T - 1;  // causal: keys <= last query
+  // causal: keys <= the block's last query; else every key
+  const int64_t last = d.causal && block_last < d.T - 1 ? block_last : d.T - 1;
   for (int64_t j0 = 0; j0 <= last; j0 += G::kTile) {
     __syncthreads();  // the previous tile is no longer read
     G::Stage(ks, k, b, j0, kvh, d.kv_stride, d);
     G::Stage(vs, v, b, j0, kvh, d.kv_stride, d);
+    if (masked) G::StageMask(kms, b, j0, d);
     __syncthreads();
     const int n = static_cast<int>(last - j0 + 1 < G::kTile ? last - j0 + 1 : G::kTile);
     for (int c0 = 0; c0 < n; c0 += kChunk) {
@@ -348,7 +377,9 @@ __global__ void __launch_bounds__(kRows * TPQ)
       for (int c = 0; c < kChunk; ++c) {
         const int jj = c0 + c;
         const float s = G::Sum(sc[c]);
-        sc[c] = active && jj < n && j0 + jj <= i ? s : -INFINITY;
+        const bool visible =
+            active && jj < n && (!d.causal || j0 + jj <= i) && (!masked || kms[jj] != 0.0f);
+        sc[c] = visible ? s : -INFINITY;
         chunk_max = fmaxf(chunk_max, sc[c]);
       }
       const float m_new = fmaxf(m, chunk_max);
@@ -368,8 +399,9 @@ __global__ void __launch_bounds__(kRows * TPQ)
     }
   }
   if (!active) return;
-  G::Store(out + (b * d.T + i) * d.NH * d.HS + h * d.HS, acc, d.HS, sub, 1.0f / l);
-  if (sub == 0) lse[(b * d.NH + h) * d.T + i] = m + logf(l);
+  // l = 0 only when no key is visible (every key masked): out = 0, lse = 0.
+  G::Store(out + (b * d.T + i) * d.NH * d.HS + h * d.HS, acc, d.HS, sub, l > 0.0f ? 1.0f / l : 0.0f);
+  if (sub == 0) lse[(b * d.NH + h) * d.T + i] = l > 0.0f ? m + logf(l) : 0.0f;
 }
 
 template <int TPQ>
@@ -377,8 +409,10 @@ __global__ void __launch_bounds__(kRows * TPQ)
     attention_dq_group_kernel(float* dq, const float* dout, const float* lse, const float* D,
                               const float* q, const float* k, const float* v, Dims d) {
   using G = Group<TPQ>;
-  GPU_DYNAMIC_SHARED(float, ks);  // (kTile, kHSP) keys, then values
+  GPU_DYNAMIC_SHARED(float, ks);  // (kTile, kHSP) keys, then values, then (kTile) key flags
   float* vs = ks + G::kTile * G::kHSP;
+  float* kms = vs + G::kTile * G::kHSP;
+  const bool masked = d.key_mask != nullptr;
   const int64_t b = blockIdx.z, h = blockIdx.y, kvh = h / (d.NH / d.NKV);
   const int sub = static_cast<int>(threadIdx.x) % TPQ;
   // Longest first: the last query block sees the most keys, so it is scheduled first.
@@ -399,11 +433,12 @@ __global__ void __launch_bounds__(kRows * TPQ)
   GPU_UNROLL
   for (float& x : dqi) x = 0.0f;
   const int64_t block_last = (qblock + 1) * kRows - 1;
-  const int64_t last = block_last < d.T - 1 ? block_last : d.T - 1;
+  const int64_t last = d.causal && block_last < d.T - 1 ? block_last : d.T - 1;
   for (int64_t j0 = 0; j0 <= last; j0 += G::kTile) {
     __syncthreads();
     G::Stage(ks, k, b, j0, kvh, d.kv_stride, d);
     G::Stage(vs, v, b, j0, kvh, d.kv_stride, d);
+    if (masked) G::StageMask(kms, b, j0, d);
     __syncthreads();
     const int n = static_cast<int>(last - j0 + 1 < G::kTile ? last - j0 + 1 : G::kTile);
     for (int c0 = 0; c0 < n; c0 += kDqChunk) {  // block-uniform; rows past n are masked
@@ -417,7 +452,9 @@ __global__ void __launch_bounds__(kRows * TPQ)
       for (int c = 0; c < kDqChunk; ++c) {
         const int jj = c0 + c;
         const float sv = G::Sum(s[c]) * d.scale, dpv = G::Sum(dp[c]);
-        const float p = active && jj < n && j0 + jj <= i ? expf(sv - li) : 0.0f;
+        const bool visible =
+            active && jj < n && (!d.causal || j0 + jj <= i) && (!masked || kms[jj] != 0.0f);
+        const float p = visible ? expf(sv - li) : 0.0f;
         G::Axpy(dqi, p * (dpv - Di) * d.scale, ks + jj * G::kHSP, sub);
       }
     }
@@ -440,6 +477,7 @@ __global__ void __launch_bounds__(kRows * TPQ)
   const int sub = static_cast<int>(threadIdx.x) % TPQ;
   const int64_t j = blockIdx.x * int64_t{kRows} + threadIdx.x / TPQ;
   const bool active = j < d.T;
+  const bool visible = active && KeyVisible(d, b, j);  // a masked key gets dk = dv = 0
   float kj[4 * kQuads], vj[4 * kQuads], dkj[4 * kQuads], dvj[4 * kQuads];
   if (active) {
     G::Load(kj, k + (b * d.T + j) * d.kv_stride + kvh * d.HS, d.HS, sub, 1.0f);
@@ -451,7 +489,8 @@ __global__ void __launch_bounds__(kRows * TPQ)
   GPU_UNROLL
   for (int e = 0; e < 4 * kQuads; ++e) dkj[e] = dvj[e] = 0.0f;
   // Block 0 (the first keys, seen by every later query) has the most work and starts first.
-  const int64_t i_begin = blockIdx.x * int64_t{kRows};  // earlier queries see no key here
+  // causal: earlier queries see no key here
+  const int64_t i_begin = d.causal ? blockIdx.x * int64_t{kRows} : 0;
   for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
     for (int64_t i0 = i_begin; i0 < d.T; i0 += G::kTile) {
       __syncthreads();
@@ -464,12 +503,12 @@ __global__ void __launch_bounds__(kRows * TPQ)
       }
       __syncthreads();
       const int n = static_cast<int>(d.T - i0 < G::kTile ? d.T - i0 : G::kTile);
-      for (int ii = 0; ii < n; ++ii) {  // block-uniform; the causal mask is a predicate
+      for (int ii = 0; ii < n; ++ii) {  // block-uniform; the masks are predicates
         const float* qr = qs + ii * G::kHSP;
         const float* dor = dos + ii * G::kHSP;
         const float s = G::Sum(G::Dot(kj, qr, sub)) * d.scale;
         const float dp = G::Sum(G::Dot(vj, dor, sub));
-        const float p = active && i0 + ii >= j ? expf(s - ls[ii]) : 0.0f;
+        const float p = visible && (!d.causal || i0 + ii >= j) ? expf(s - ls[ii]) : 0.0f;
         G::Axpy(dvj, p, dor, sub);
         G::Axpy(dkj, p * (dp - Ds[ii]) * d.scale, qr, sub);
       }
@@ -489,7 +528,7 @@ Status ForwardGroup(float* out, float* lse, const float* q, const float* k, cons
   using G = Group<TPQ>;
   const dim3 grid(static_cast<unsigned>((d.T + kRows - 1) / kRows), static_cast<unsigned>(d.NH),
                   static_cast<unsigned>(B));
-  const size_t shmem = 2 * size_t{G::kTile} * G::kHSP * sizeof(float);
+  const size_t shmem = (2 * size_t{G::kTile} * G::kHSP + G::kTile) * sizeof(float);
   return GPU_LAUNCH(attention_forward_group_kernel<TPQ>, grid, G::kThreads, shmem, stream, out,
                     lse, q, k, v, d);
 }
@@ -506,7 +545,7 @@ Status BackwardGroup(float* dq, float* dk, float* dv, const float* dout, const f
                                     kv_shmem, stream, dk, dv, dout, lse, D, q, k, v, d));
   const dim3 q_grid(static_cast<unsigned>((d.T + kRows - 1) / kRows),
                     static_cast<unsigned>(d.NH), static_cast<unsigned>(B));
-  const size_t q_shmem = 2 * size_t{G::kTile} * G::kHSP * sizeof(float);
+  const size_t q_shmem = (2 * size_t{G::kTile} * G::kHSP + G::kTile) * sizeof(float);
   return GPU_LAUNCH(attention_dq_group_kernel<TPQ>, q_grid, G::kThreads, q_shmem, stream, dq, dout,
                     lse, D, q, k, v, d);
 }
@@ -527,16 +566,19 @@ Status CheckDims(const char* op, int64_t B, const Dims& d) {
   return Status::Ok();
 }
 
-Dims MakeDims(int64_t T, int64_t NH, int64_t NKV, int64_t HS, int64_t q_stride, int64_t kv_stride) {
-  return Dims{T, NH, NKV, HS, q_stride, kv_stride, 1.0f / sqrtf(static_cast<float>(HS))};
+Dims MakeDims(int64_t T, int64_t NH, int64_t NKV, int64_t HS, int64_t q_stride, int64_t kv_stride,
+              bool causal, const int32_t* key_mask) {
+  const float scale = 1.0f / sqrtf(static_cast<float>(HS));
+  return Dims{T, NH, NKV, HS, q_stride, kv_stride, scale, causal, key_mask};
 }
 
 }  // namespace
 
 Status AttentionForward(float* out, float* lse, const float* q, const float* k, const float* v,
                         int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS, int64_t q_stride,
-                        int64_t kv_stride, cudaStream_t stream) {
-  const Dims d = MakeDims(T, NH, NKV, HS, q_stride, kv_stride);
+                        int64_t kv_stride, bool causal, const int32_t* key_mask,
+                        cudaStream_t stream) {
+  const Dims d = MakeDims(T, NH, NKV, HS, q_stride, kv_stride, causal, key_mask);
   TRAIND_RETURN_IF_ERROR(CheckDims("AttentionForward", B, d));
   if (B == 0 || T == 0) return Status::Ok();
   switch (LanesPerRow(HS)) {
@@ -556,8 +598,9 @@ Status AttentionForward(float* out, float* lse, const float* q, const float* k, 
 Status AttentionBackward(float* dq, float* dk, float* dv, const float* dout, const float* out,
                          const float* lse, const float* q, const float* k, const float* v,
                          int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS,
-                         int64_t q_stride, int64_t kv_stride, float* scratch, cudaStream_t stream) {
-  const Dims d = MakeDims(T, NH, NKV, HS, q_stride, kv_stride);
+                         int64_t q_stride, int64_t kv_stride, bool causal,
+                         const int32_t* key_mask, float* scratch, cudaStream_t stream) {
+  const Dims d = MakeDims(T, NH, NKV, HS, q_stride, kv_stride, causal, key_mask);
   TRAIND_RETURN_IF_ERROR(CheckDims("AttentionBackward", B, d));
   if (B == 0 || T == 0) return Status::Ok();
   const int tile = TileRows(HS);

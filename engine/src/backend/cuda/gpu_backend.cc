@@ -175,6 +175,18 @@ void GpuBackend::GeluForward(float* out, const float* inp, int64_t n) {
 void GpuBackend::GeluBackward(float* dinp, const float* inp, const float* dout, int64_t n) {
   Record(gpu::GeluBackward(dinp, inp, dout, n, stream_));
 }
+void GpuBackend::GeluErfForward(float* out, const float* inp, int64_t n) {
+  Record(gpu::GeluErfForward(out, inp, n, stream_));
+}
+void GpuBackend::GeluErfBackward(float* dinp, const float* inp, const float* dout, int64_t n) {
+  Record(gpu::GeluErfBackward(dinp, inp, dout, n, stream_));
+}
+void GpuBackend::TanhForward(float* out, const float* inp, int64_t n) {
+  Record(gpu::TanhForward(out, inp, n, stream_));
+}
+void GpuBackend::TanhBackward(float* dinp, const float* out, const float* dout, int64_t n) {
+  Record(gpu::TanhBackward(dinp, out, dout, n, stream_));
+}
 void GpuBackend::SwiGluForward(float* out, const float* inp, int64_t N, int64_t H) {
   Record(gpu::SwiGluForward(out, inp, N, H, stream_));
 }
@@ -194,13 +206,16 @@ void GpuBackend::AttentionDecode(float* out, const float* q, const float* k, con
 }
 void GpuBackend::AttentionForward(float* out, float* lse, const float* q, const float* k,
                                   const float* v, int64_t B, int64_t T, int64_t NH, int64_t NKV,
-                                  int64_t HS, int64_t q_stride, int64_t kv_stride) {
-  Record(gpu::AttentionForward(out, lse, q, k, v, B, T, NH, NKV, HS, q_stride, kv_stride, stream_));
+                                  int64_t HS, int64_t q_stride, int64_t kv_stride, bool causal,
+                                  const int32_t* key_mask) {
+  Record(gpu::AttentionForward(out, lse, q, k, v, B, T, NH, NKV, HS, q_stride, kv_stride, causal,
+                               key_mask, stream_));
 }
 void GpuBackend::AttentionBackward(float* dq, float* dk, float* dv, const float* dout,
                                    const float* out, const float* lse, const float* q,
                                    const float* k, const float* v, int64_t B, int64_t T, int64_t NH,
-                                   int64_t NKV, int64_t HS, int64_t q_stride, int64_t kv_stride) {
+                                   int64_t NKV, int64_t HS, int64_t q_stride, int64_t kv_stride,
+                                   bool causal, const int32_t* key_mask) {
   const int64_t need = B * NH * T;
   if (need > scratch_floats_) {  // first step only: the shapes of a job do not change
     if (capturing_) {
@@ -222,7 +237,7 @@ void GpuBackend::AttentionBackward(float* dq, float* dk, float* dv, const float*
     scratch_floats_ = need;
   }
   Record(gpu::AttentionBackward(dq, dk, dv, dout, out, lse, q, k, v, B, T, NH, NKV, HS, q_stride,
-                                kv_stride, scratch_, stream_));
+                                kv_stride, causal, key_mask, scratch_, stream_));
 }
 void GpuBackend::SoftmaxCrossEntropy(float* logits, float* losses, const int32_t* targets,
                                      int64_t N, int64_t V, int64_t Vp, float grad_scale,

@@ -73,6 +73,10 @@ class GpuBackend : public Backend {
                        const float* weight, const float* rstd, int64_t N, int64_t C) override;
   void GeluForward(float* out, const float* inp, int64_t n) override;
   void GeluBackward(float* dinp, const float* inp, const float* dout, int64_t n) override;
+  void GeluErfForward(float* out, const float* inp, int64_t n) override;
+  void GeluErfBackward(float* dinp, const float* inp, const float* dout, int64_t n) override;
+  void TanhForward(float* out, const float* inp, int64_t n) override;
+  void TanhBackward(float* dinp, const float* out, const float* dout, int64_t n) override;
   void SwiGluForward(float* out, const float* inp, int64_t N, int64_t H) override;
   void SwiGluBackward(float* dinp, const float* inp, const float* dout, int64_t N,
                       int64_t H) override;
@@ -83,11 +87,13 @@ class GpuBackend : public Backend {
                        int64_t q_stride, int64_t kv_stride) override;
   void AttentionForward(float* out, float* lse, const float* q, const float* k, const float* v,
                         int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS, int64_t q_stride,
-                        int64_t kv_stride) override;
+                        int64_t kv_stride, bool causal = true,
+                        const int32_t* key_mask = nullptr) override;
   void AttentionBackward(float* dq, float* dk, float* dv, const float* dout, const float* out,
                          const float* lse, const float* q, const float* k, const float* v,
                          int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS,
-                         int64_t q_stride, int64_t kv_stride) override;
+                         int64_t q_stride, int64_t kv_stride, bool causal = true,
+                         const int32_t* key_mask = nullptr) override;
   void SoftmaxCrossEntropy(float* logits, float* losses, const int32_t* targets, int64_t N,
                            int64_t V, int64_t Vp, float grad_scale, bool compute_grad,
                            const float* device_scale) override;

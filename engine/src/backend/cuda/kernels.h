@@ -42,6 +42,12 @@ Status Dropout(float* out, const void* inp, DType inp_type, int64_t n, float p,
 Status GeluForward(float* out, const float* inp, int64_t n, cudaStream_t stream);
 Status GeluBackward(float* dinp, const float* inp, const float* dout, int64_t n,
                     cudaStream_t stream);
+Status GeluErfForward(float* out, const float* inp, int64_t n, cudaStream_t stream);
+Status GeluErfBackward(float* dinp, const float* inp, const float* dout, int64_t n,
+                       cudaStream_t stream);
+Status TanhForward(float* out, const float* inp, int64_t n, cudaStream_t stream);
+Status TanhBackward(float* dinp, const float* out, const float* dout, int64_t n,
+                    cudaStream_t stream);
 Status SwiGluForward(float* out, const float* inp, int64_t N, int64_t H, cudaStream_t stream);
 Status SwiGluBackward(float* dinp, const float* inp, const float* dout, int64_t N, int64_t H,
                       cudaStream_t stream);
@@ -63,15 +69,18 @@ Status Rope(float* x, int64_t B, int64_t T, int64_t n_heads, int64_t HS, int64_t
             float theta, bool inverse, int64_t pos_offset, cudaStream_t stream);
 
 // ---- attention.cu ----
-// HS <= kMaxAttentionHeadSize. AttentionBackward needs `scratch` of B*NH*T floats.
+// HS <= kMaxAttentionHeadSize. AttentionBackward needs `scratch` of B*NH*T floats. causal and
+// key_mask (device int32 (B*T) or null) as backend.h's AttentionForward.
 constexpr int64_t kMaxAttentionHeadSize = 256;
 Status AttentionForward(float* out, float* lse, const float* q, const float* k, const float* v,
                         int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS, int64_t q_stride,
-                        int64_t kv_stride, cudaStream_t stream);
+                        int64_t kv_stride, bool causal, const int32_t* key_mask,
+                        cudaStream_t stream);
 Status AttentionBackward(float* dq, float* dk, float* dv, const float* dout, const float* out,
                          const float* lse, const float* q, const float* k, const float* v,
                          int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS,
-                         int64_t q_stride, int64_t kv_stride, float* scratch, cudaStream_t stream);
+                         int64_t q_stride, int64_t kv_stride, bool causal,
+                         const int32_t* key_mask, float* scratch, cudaStream_t stream);
 
 // ---- attention_decode.cu ----
 // T <= kMaxDecodeRows (the scores of one query row live in shared memory).
