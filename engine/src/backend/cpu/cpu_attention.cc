@@ -1,7 +1,8 @@
 // Self-attention on the CPU, flash-style: no (T,T) matrix is kept. Work goes in query blocks of
 // up to kQBlock rows against the keys 0..(last query of the block) when causal, else against all
 // T keys; each thread keeps two (kQBlock, T) scratch tiles. A key padding mask (key_mask[b*T+j]
-// == 0: key j of sequence b is not attended) zeroes those keys' probabilities exactly; a query
+// == 0: key j of sequence b is not attended) zeroes those keys' probabilities exactly, and the
+// keys after a sequence's last visible one (a padded tail) are left out of the products; a query
 // with no visible key gets out = 0, lse = 0 and no gradient. The products are single-threaded library GEMMs per tile
 // (Q K^T, P V, dO V^T, dS K, dS^T Q, P^T dO), threads split (b, head, block) in the forward and
 // (b, kv head) in the backward, so each thread owns the dk/dv rows it accumulates (deterministic).
@@ -79,6 +80,15 @@ TRAIND_CPU_CLONES void GradRow(float* s, float* dp, float lse, float D, float sc
   }
 }
 
+// 1 + the last visible key of a sequence's mask (0 when none): the keys past it (a padded tail)
+// are left out of the tile products.
+int64_t KeyEnd(const int32_t* km, int64_t T) {
+  if (km == nullptr) return T;
+  int64_t end = T;
+  while (end > 0 && km[end - 1] == 0) --end;
+  return end;
+}
+
 TRAIND_CPU_CLONES float Dot(const float* a, const float* b, int64_t n) {
   float s = 0.0f;
 #pragma omp simd reduction(+ : s)
@@ -111,15 +121,23 @@ void AttentionForward(float* out, float* lse, const float* q, const float* k, co
       const float* kb = k + b * T * kv_stride + kvh * HS;
       const float* vb = v + b * T * kv_stride + kvh * HS;
       const int32_t* km = key_mask != nullptr ? key_mask + b * T : nullptr;
-      const int64_t nk = causal ? t1 : T;  // keys this block may see
+      // Keys this block may see: up to its last query when causal, never past a padded tail.
+      const int64_t nk = std::min(causal ? t1 : T, KeyEnd(km, T));
+      float* lse_row = lse + (b * NH + h) * T + t0;
+      float* ob = out + (b * T + t0) * C + h * HS;
+      if (nk == 0) {  // no visible key at all
+        for (int64_t i = 0; i < nq; ++i) {
+          std::fill_n(ob + i * C, HS, 0.0f);
+          lse_row[i] = 0.0f;
+        }
+        continue;
+      }
       // S(nq, nk) = scale * Q_blk K^T
       Sgemm(false, true, nq, nk, HS, scale, qb, q_stride, kb, kv_stride, 0.0f, S, nk, 1);
-      float* lse_row = lse + (b * NH + h) * T + t0;
       for (int64_t i = 0; i < nq; ++i)
-        lse_row[i] = SoftmaxRow(S + i * nk, causal ? t0 + i + 1 : T, nk, km);
+        lse_row[i] = SoftmaxRow(S + i * nk, std::min(causal ? t0 + i + 1 : T, nk), nk, km);
       // O_blk(nq, HS) = P V
-      Sgemm(false, false, nq, HS, nk, 1.0f, S, nk, vb, kv_stride, 0.0f,
-            out + (b * T + t0) * C + h * HS, C, 1);
+      Sgemm(false, false, nq, HS, nk, 1.0f, S, nk, vb, kv_stride, 0.0f, ob, C, 1);
     }
   }
 }
@@ -142,6 +160,7 @@ void AttentionBackward(float* dq, float* dk, float* dv, const float* dout, const
     for (int64_t bk = 0; bk < B * NKV; ++bk) {
       const int64_t b = bk / NKV, kvh = bk % NKV;
       const int32_t* km = key_mask != nullptr ? key_mask + b * T : nullptr;
+      const int64_t key_end = KeyEnd(km, T);
       const float* kb = k + b * T * kv_stride + kvh * HS;
       const float* vb = v + b * T * kv_stride + kvh * HS;
       float* dkb = dk + b * T * kv_stride + kvh * HS;
@@ -157,14 +176,19 @@ void AttentionBackward(float* dq, float* dk, float* dv, const float* dout, const
           const float* dob = dout + (b * T + t0) * C + h * HS;
           const float* ob = out + (b * T + t0) * C + h * HS;
           const float* lse_row = lse + (b * NH + h) * T + t0;
-          const int64_t nk = causal ? t1 : T;  // keys this block may see
+          const int64_t nk = std::min(causal ? t1 : T, key_end);  // keys this block may see
+          if (nk == 0) {  // no visible key: dq = 0, nothing for dk, dv
+            for (int64_t i = 0; i < nq; ++i)
+              std::fill_n(dq + (b * T + t0 + i) * q_stride + h * HS, HS, 0.0f);
+            continue;
+          }
           // P = exp(scale * Q K^T - lse); dP = dO V^T; dS = P (dP - D) scale.
           Sgemm(false, true, nq, nk, HS, scale, qb, q_stride, kb, kv_stride, 0.0f, P, nk, 1);
           Sgemm(false, true, nq, nk, HS, 1.0f, dob, C, vb, kv_stride, 0.0f, dS, nk, 1);
           for (int64_t i = 0; i < nq; ++i) {
             const float D = Dot(dob + i * C, ob + i * C, HS);
-            GradRow(P + i * nk, dS + i * nk, lse_row[i], D, scale, causal ? t0 + i + 1 : T, nk,
-                    km);
+            GradRow(P + i * nk, dS + i * nk, lse_row[i], D, scale,
+                    std::min(causal ? t0 + i + 1 : T, nk), nk, km);
           }
           // dQ_blk = dS K (=);  dK += dS^T Q_blk;  dV += P^T dO_blk.
           Sgemm(false, false, nq, HS, nk, 1.0f, dS, nk, kb, kv_stride, 0.0f,
