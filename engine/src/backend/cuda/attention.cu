@@ -528,7 +528,9 @@ Status ForwardGroup(float* out, float* lse, const float* q, const float* k, cons
   using G = Group<TPQ>;
   const dim3 grid(static_cast<unsigned>((d.T + kRows - 1) / kRows), static_cast<unsigned>(d.NH),
                   static_cast<unsigned>(B));
-  const size_t shmem = (2 * size_t{G::kTile} * G::kHSP + G::kTile) * sizeof(float);
+  // + kTile key flags with a mask only (the unmasked launch's shared memory is unchanged)
+  const size_t flags = d.key_mask != nullptr ? G::kTile : 0;
+  const size_t shmem = (2 * size_t{G::kTile} * G::kHSP + flags) * sizeof(float);
   return GPU_LAUNCH(attention_forward_group_kernel<TPQ>, grid, G::kThreads, shmem, stream, out,
                     lse, q, k, v, d);
 }
@@ -545,7 +547,8 @@ Status BackwardGroup(float* dq, float* dk, float* dv, const float* dout, const f
                                     kv_shmem, stream, dk, dv, dout, lse, D, q, k, v, d));
   const dim3 q_grid(static_cast<unsigned>((d.T + kRows - 1) / kRows),
                     static_cast<unsigned>(d.NH), static_cast<unsigned>(B));
-  const size_t q_shmem = (2 * size_t{G::kTile} * G::kHSP + G::kTile) * sizeof(float);
+  const size_t flags = d.key_mask != nullptr ? G::kTile : 0;
+  const size_t q_shmem = (2 * size_t{G::kTile} * G::kHSP + flags) * sizeof(float);
   return GPU_LAUNCH(attention_dq_group_kernel<TPQ>, q_grid, G::kThreads, q_shmem, stream, dq, dout,
                     lse, D, q, k, v, d);
 }
