@@ -93,7 +93,12 @@ int RunJobFileWithConsole(const std::string& spec_path, RunOptions options) {
     std::fflush(stdout);
   };
   cb.on_eval = [](const EvalReport& r) {
-    std::printf("step %lld  eval_loss %.4f\n", static_cast<long long>(r.step), r.eval_loss);
+    if (r.eval_accuracy.has_value()) {
+      std::printf("step %lld  eval_loss %.4f  eval_accuracy %.4f\n", static_cast<long long>(r.step),
+                  r.eval_loss, *r.eval_accuracy);
+    } else {
+      std::printf("step %lld  eval_loss %.4f\n", static_cast<long long>(r.step), r.eval_loss);
+    }
     std::fflush(stdout);
   };
   cb.on_sample = [](const SampleReport& r) {

@@ -24,7 +24,14 @@ void LogHistory::AddTrainWindow(int64_t step, double loss, double learning_rate,
   entries_->push_back(std::move(e));
 }
 
-void LogHistory::AddEval(int64_t step, double eval_loss) {
+void LogHistory::AddEval(int64_t step, double eval_loss, std::optional<double> eval_accuracy) {
+  if (eval_accuracy.has_value()) {  // HF's compute_metrics keys, sorted as HF writes them
+    entries_->push_back({{"epoch", Epoch(step)},
+                         {"eval_accuracy", *eval_accuracy},
+                         {"eval_loss", eval_loss},
+                         {"step", step}});
+    return;
+  }
   entries_->push_back({{"epoch", Epoch(step)}, {"eval_loss", eval_loss}, {"step", step}});
 }
 

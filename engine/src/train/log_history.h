@@ -1,6 +1,7 @@
 // LogHistory: the one place that writes trainer_state.json's log_history entries, in the HF
 // Trainer's shape: a training window every logging_steps ({epoch, grad_norm, learning_rate, loss,
-// step}, plus skipped/loss_scale in fp16), an evaluation ({epoch, eval_loss, step}), and the final
+// step}, plus skipped/loss_scale in fp16), an evaluation ({epoch, eval_loss, step}; with
+// sequence classification also eval_accuracy), and the final
 // summary ({epoch, step, total_flos, train_loss, train_runtime, train_*_per_second}), which HF
 // writes into the final trainer_state.json only.
 #pragma once
@@ -27,7 +28,8 @@ class LogHistory {
   };
   void AddTrainWindow(int64_t step, double loss, double learning_rate, double grad_norm,
                       const std::optional<LossScaleWindow>& fp16);
-  void AddEval(int64_t step, double eval_loss);
+  // eval_accuracy: sequence classification (JOBSPEC.md: eval entries also hold it).
+  void AddEval(int64_t step, double eval_loss, std::optional<double> eval_accuracy = std::nullopt);
 
   struct Final {
     int64_t step = 0;

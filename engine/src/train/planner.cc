@@ -131,7 +131,7 @@ MemoryBytes JobBytes(const ModelConfig& config, const ModelOptions& options,
     b.optimizer += OptimizerPlanBytes(training, trainable, n_trainable);
   }
   // The trainer's double-buffered micro-batch uploads and step scalars.
-  b.activations += StepRunner::PlanBytes(options.micro_batch, options.seq_len);
+  b.activations += StepRunner::PlanBytes(options.micro_batch, options.seq_len, config.encoder());
   const MemoryBytes sampler = SamplerPlanBytes(config, training);
   b.activations += sampler.activations;
   b.temporary += sampler.temporary;

@@ -173,6 +173,20 @@ Status OpenDeviceAndPlan(TrainingSession* s) {
 Status LoadData(TrainingSession* s) {
   TokenizeProgress progress;
   if (s->callbacks->on_tokenize) progress.report = s->callbacks->on_tokenize;
+  if (s->config.encoder()) {  // bert: examples (example_data.h)
+    TRAIND_ASSIGN_OR_RETURN(
+        ExampleData examples,
+        LoadExampleData(s->spec.data, s->config, static_cast<uint64_t>(s->spec.training.seed),
+                        progress));
+    if (examples.vocab_size_needed > s->config.vocab_size) {
+      return Status::InvalidArgument(
+          "data.train_file: holds token id " + std::to_string(examples.vocab_size_needed - 1) +
+          " (with data.tokenizer " + s->spec.data.tokenizer + "), beyond the model's vocab_size " +
+          std::to_string(s->config.vocab_size));
+    }
+    s->examples = std::make_unique<ExampleData>(std::move(examples));
+    return Status::Ok();
+  }
   TRAIND_ASSIGN_OR_RETURN(TokenData data, LoadTokenData(s->spec.data, progress));
   if (data.vocab_size_needed > s->config.vocab_size) {
     return Status::InvalidArgument("data.train_file: holds token id " +

@@ -12,6 +12,7 @@
 
 #include "backend/arena.h"
 #include "backend/backend.h"
+#include "data/example_data.h"
 #include "data/token_data.h"
 #include "models/hf_config.h"
 #include "models/model.h"
@@ -42,7 +43,10 @@ struct TrainingSession {
   // Data.
   TokenStream train_tokens;       // views over one mapping (token_stream.h); shared with the loader
   TokenStream validation_tokens;
-  int64_t windows_per_epoch = 0;  // set by the step loop's batch loader
+  int64_t windows_per_epoch = 0;  // set by the step loop's batch loader (encoders: examples)
+  // Encoder families (bert): examples with attention masks instead of the token streams above
+  // (example_data.h); null for the causal families.
+  std::unique_ptr<ExampleData> examples;
 
   // Device objects, in construction order (destroyed in reverse: the arena outlives what it holds).
   std::unique_ptr<Backend> backend;

@@ -34,7 +34,59 @@ struct WindowTiming {
 
 }  // namespace
 
-Result<double> Evaluate(TrainingSession* s) {
+namespace {
+
+// Evaluate for the encoder families: the validation examples in order, B per pass (the last
+// pass padded with empty rows: mask 0, no target). The loss is the mean over every target
+// (masked_lm: masked positions; classification: labelled examples); with classification also
+// the accuracy over the labelled examples.
+Result<double> EvaluateExamples(TrainingSession* s, std::optional<double>* accuracy) {
+  const ExampleData& data = *s->examples;
+  const ExampleSet& set = data.validation;
+  const int64_t B = s->B, T = s->T;
+  const int64_t n = set.size();
+  if (n <= 0) return std::numeric_limits<double>::quiet_NaN();
+  std::vector<int32_t> inputs(static_cast<size_t>(B * T)), targets(static_cast<size_t>(B * T)),
+      mask(static_cast<size_t>(B * T));
+  std::vector<int64_t> rows(static_cast<size_t>(B)), epochs(static_cast<size_t>(B), kEvalMaskEpoch);
+  // Sums over this rank's passes: loss x targets, targets, correct predictions.
+  double sums[3] = {0.0, 0.0, 0.0};
+  int64_t pass = -1;
+  for (int64_t first = 0; first < n; first += B) {
+    if (++pass % s->world != s->rank) continue;
+    if (s->Cancelled()) return Status::Cancelled("job cancelled during evaluation");
+    for (int64_t b = 0; b < B; ++b) rows[static_cast<size_t>(b)] = first + b < n ? first + b : -1;
+    FillExampleBatch(data, set, rows.data(), epochs.data(), B, inputs.data(), targets.data(),
+                     mask.data());
+    int64_t valid = 0;
+    for (int32_t t : targets) valid += t != -1 ? 1 : 0;
+    if (valid == 0) continue;  // nothing to score (e.g. no masked position in the pass)
+    s->backend->CopyHostToDevice(s->model->inputs(), inputs.data(), inputs.size() * sizeof(int32_t));
+    s->backend->CopyHostToDevice(s->model->targets(), targets.data(), targets.size() * sizeof(int32_t));
+    s->backend->CopyHostToDevice(s->model->attention_mask(), mask.data(),
+                                 mask.size() * sizeof(int32_t));
+    // Forward's loss is the mean over the pass's targets.
+    sums[0] += s->model->Forward(/*for_backward=*/false, 1.0f) * static_cast<double>(valid);
+    sums[1] += static_cast<double>(valid);
+    if (data.classification) sums[2] += static_cast<double>(s->model->CorrectPredictions());
+  }
+  if (s->comm != nullptr) {  // every rank's sums (doubles as two f32 lanes), added in rank order
+    std::vector<double> all(static_cast<size_t>(3 * s->world));
+    TRAIND_RETURN_IF_ERROR(s->comm->AllGather(sums, all.data(), 6, CommDType::kF32));
+    sums[0] = sums[1] = sums[2] = 0.0;
+    for (int r = 0; r < s->world; ++r) {
+      for (int i = 0; i < 3; ++i) sums[i] += all[static_cast<size_t>(3 * r + i)];
+    }
+  }
+  if (sums[1] <= 0) return std::numeric_limits<double>::quiet_NaN();
+  if (data.classification && accuracy != nullptr) *accuracy = sums[2] / sums[1];
+  return sums[0] / sums[1];
+}
+
+}  // namespace
+
+Result<double> Evaluate(TrainingSession* s, std::optional<double>* accuracy) {
+  if (s->examples != nullptr) return EvaluateExamples(s, accuracy);
   const TokenStream& tokens = s->validation_tokens;
   const int64_t B = s->B, T = s->T;
   const int64_t n = tokens.size();
@@ -78,23 +130,38 @@ Status RunStepLoop(TrainingSession* s, double* last_eval) {
   const RunCallbacks& callbacks = *s->callbacks;
   TrainerState& state = s->state;
   const int64_t B = s->B, T = s->T, accum = s->accum;
-  BatchLoader loader(s->train_tokens, B, T, s->spec.data.shuffle, static_cast<uint64_t>(t.seed),
+  // The causal families read token windows, the encoders examples (one of the two loaders).
+  std::optional<BatchLoader> windows;
+  std::optional<ExampleLoader> examples;
+  if (s->examples != nullptr) {
+    examples.emplace(s->examples.get(), B, s->spec.data.shuffle, static_cast<uint64_t>(t.seed),
                      state.loader);
-  s->windows_per_epoch = loader.windows_per_epoch();
+    s->windows_per_epoch = examples->examples_per_epoch();
+  } else {
+    windows.emplace(s->train_tokens, B, T, s->spec.data.shuffle, static_cast<uint64_t>(t.seed),
+                    state.loader);
+    s->windows_per_epoch = windows->windows_per_epoch();
+  }
+  auto loader_position = [&]() {
+    return examples.has_value() ? examples->position() : windows->position();
+  };
   // Data parallel: the step's numbers are the world's (W ranks x B x accum sequences).
   const int64_t world = s->world;
   LogHistory history(&state.log_history, B * accum * world, s->windows_per_epoch);
   const double step_flops =
       Model::TrainingFlops(s->config, B, T) * static_cast<double>(accum * world);
+  // Tokens per step: B x T per micro-batch, padding included for the encoders (their examples are
+  // padded to T; samples/s counts examples).
   const int64_t step_tokens = B * T * accum * world;
   *last_eval = std::numeric_limits<double>::quiet_NaN();
 
   auto run_eval = [&]() -> Status {
-    TRAIND_ASSIGN_OR_RETURN(double loss, Evaluate(s));
+    std::optional<double> accuracy;
+    TRAIND_ASSIGN_OR_RETURN(double loss, Evaluate(s, &accuracy));
     *last_eval = loss;
     if (std::isnan(loss)) return Status::Ok();
-    history.AddEval(state.global_step, loss);
-    if (callbacks.on_eval) callbacks.on_eval(EvalReport{state.global_step, loss});
+    history.AddEval(state.global_step, loss, accuracy);
+    if (callbacks.on_eval) callbacks.on_eval(EvalReport{state.global_step, loss, accuracy});
     return Status::Ok();
   };
   // The newest step with a checkpoint in output_dir (the resumed one, or none for a fresh run).
@@ -108,7 +175,7 @@ Status RunStepLoop(TrainingSession* s, double* last_eval) {
     }
     TRAIND_ASSIGN_OR_RETURN(std::string dir,
                             SaveCheckpoint(s->spec.output_dir, s->spec, s->model.get(), *s->optimizer,
-                                           state, loader.windows_per_epoch()));
+                                           state, s->windows_per_epoch));
     saved_step = state.global_step;
     if (callbacks.on_checkpoint) callbacks.on_checkpoint(state.global_step, dir);
     return Status::Ok();
@@ -154,10 +221,11 @@ Status RunStepLoop(TrainingSession* s, double* last_eval) {
   // Each micro-batch of a step comes from the loader; cancellation is checked before each. Data
   // parallel: the loader walks the one-process order and rank r keeps every W-th micro-batch from
   // the r-th (micro-batch k*W + r of the step), so its position is the world's.
-  std::vector<int32_t> skipped_in, skipped_tg;
+  std::vector<int32_t> skipped_in, skipped_tg, skipped_mask;
   if (world > 1) {
     skipped_in.resize(static_cast<size_t>(B * T));
     skipped_tg.resize(static_cast<size_t>(B * T));
+    skipped_mask.resize(static_cast<size_t>(B * T));
   }
   auto next_batch = [&](int32_t* in, int32_t* tg, double* wait) -> Status {
     if (s->Cancelled()) {
@@ -165,7 +233,24 @@ Status RunStepLoop(TrainingSession* s, double* last_eval) {
     }
     for (int64_t r = 0; r < world; ++r) {
       const bool mine = r == s->rank;
-      *wait += loader.Next(mine ? in : skipped_in.data(), mine ? tg : skipped_tg.data());
+      *wait += windows->Next(mine ? in : skipped_in.data(), mine ? tg : skipped_tg.data());
+    }
+    return Status::Ok();
+  };
+  // Encoders: the same walk over examples, with their attention masks.
+  std::vector<int32_t> ones;
+  auto next_examples = [&](int32_t* in, int32_t* tg, int32_t* mask, double* wait) -> Status {
+    if (s->Cancelled()) {
+      return Status::Cancelled("job cancelled at step " + std::to_string(state.global_step + 1));
+    }
+    if (mask == nullptr) {  // a model without a mask input (not expected for an encoder)
+      ones.resize(static_cast<size_t>(B * T));
+      mask = ones.data();
+    }
+    for (int64_t r = 0; r < world; ++r) {
+      const bool mine = r == s->rank;
+      *wait += examples->Next(mine ? in : skipped_in.data(), mine ? tg : skipped_tg.data(),
+                              mine ? mask : skipped_mask.data());
     }
     return Status::Ok();
   };
@@ -198,7 +283,12 @@ Status RunStepLoop(TrainingSession* s, double* last_eval) {
         t.learning_rate * LrLambda(s->schedule, t.warmup_steps, t.max_steps, state.global_step);
     const OptimizerStateStoreStats io_before = s->store ? s->store->Stats() : OptimizerStateStoreStats{};
     const CommStats comm_before = s->metered_comm ? s->metered_comm->stats() : CommStats{};
-    TRAIND_ASSIGN_OR_RETURN(StepRunner::Outcome outcome, runner->Run(next_batch, lr, loss_scale, &wait));
+    TRAIND_ASSIGN_OR_RETURN(StepRunner::Outcome outcome,
+                            examples.has_value()
+                                ? runner->Run(StepRunner::NextMaskedBatch(next_examples), lr,
+                                              loss_scale, &wait)
+                                : runner->Run(StepRunner::NextBatch(next_batch), lr, loss_scale,
+                                              &wait));
     if (state.global_step == s->first_step) {
       if (runner->replaying()) {
         s->Message(s->device + ": training step captured as CUDA graphs (one per upload slot" +
@@ -213,7 +303,7 @@ Status RunStepLoop(TrainingSession* s, double* last_eval) {
     }
     const bool skipped = t.fp16 && scaler.Update(outcome.skipped);
     state.global_step += 1;
-    state.loader = loader.position();
+    state.loader = loader_position();
     state.train_loss_sum += outcome.loss;
     state.window_loss_sum += outcome.loss;
     state.window_steps += 1;
@@ -256,6 +346,8 @@ Status RunStepLoop(TrainingSession* s, double* last_eval) {
         r.comm_seconds = std::max(0.0, comm.seconds - comm_before.seconds - outcome.comm_hidden_seconds);
         r.comm_bytes = comm.bytes_sent - comm_before.bytes_sent;
       }
+      r.expert_tokens = s->model->TakeExpertTokens();
+      if (!r.expert_tokens.empty()) r.expert_layers = s->config.num_layers();
       callbacks.on_step(r);
     }
     const bool last = state.global_step == t.max_steps;

@@ -2,6 +2,8 @@
 // logging windows, evaluation and checkpoints at their intervals; and the evaluation pass itself.
 #pragma once
 
+#include <optional>
+
 #include "train/session.h"
 #include "traind/engine/status.h"
 
@@ -15,6 +17,9 @@ Status RunStepLoop(TrainingSession* s, double* last_eval);
 // Mean loss over every validation window (stride T, in order), B windows per forward pass; the
 // last partial pass is padded with ignored targets (-1). NaN when there is no window. CANCELLED
 // when cancellation is asked between passes.
-Result<double> Evaluate(TrainingSession* s);
+// Encoder families (bert): the validation examples in order, B per pass (example_data.h); the
+// mean loss over every target, and with sequence_classification *accuracy (when not null) =
+// correct / labelled examples.
+Result<double> Evaluate(TrainingSession* s, std::optional<double>* accuracy = nullptr);
 
 }  // namespace traind::engine

@@ -16,16 +16,19 @@ namespace {
 
 // A slot's payload: inputs (B*T int32), targets (B*T int32), then two floats: the micro-batch's
 // cross-entropy gradient scale and its loss weight, then the micro-batch's LoRA dropout key (a
-// uint64, 8-byte aligned: B*T*8 + 8 bytes precede it).
-size_t SlotBytes(int64_t tokens) {
-  return static_cast<size_t>(tokens) * 8 + 2 * sizeof(float) + sizeof(uint64_t);
+// uint64, 8-byte aligned: B*T*8 + 8 bytes precede it); for a model with an attention mask, the
+// mask (B*T int32) after the key.
+size_t SlotBytes(int64_t tokens, bool mask = false) {
+  return static_cast<size_t>(tokens) * (mask ? 12 : 8) + 2 * sizeof(float) + sizeof(uint64_t);
 }
 size_t KeyOffset(int64_t tokens) { return static_cast<size_t>(tokens) * 8 + 2 * sizeof(float); }
+size_t MaskOffset(int64_t tokens) { return KeyOffset(tokens) + sizeof(uint64_t); }
 
 }  // namespace
 
-int64_t StepRunner::PlanBytes(int64_t B, int64_t T) {
-  return 2 * static_cast<int64_t>(SlotBytes(B * T)) + static_cast<int64_t>(sizeof(StepScalars));
+int64_t StepRunner::PlanBytes(int64_t B, int64_t T, bool attention_mask) {
+  return 2 * static_cast<int64_t>(SlotBytes(B * T, attention_mask)) +
+         static_cast<int64_t>(sizeof(StepScalars));
 }
 
 StepRunner::StepRunner(const Options& options, Model* model, Optimizer* optimizer,
@@ -35,7 +38,8 @@ StepRunner::StepRunner(const Options& options, Model* model, Optimizer* optimize
       optimizer_(optimizer),
       arena_(arena),
       backend_(arena->backend()),
-      tokens_(model->options().micro_batch * model->options().seq_len) {}
+      tokens_(model->options().micro_batch * model->options().seq_len),
+      mask_(model->attention_mask() != nullptr) {}
 
 StepRunner::~StepRunner() {
   backend_->Synchronize();  // no upload or step may still use the buffers
@@ -69,7 +73,7 @@ Result<std::unique_ptr<StepRunner>> StepRunner::Create(const Options& options, M
   }
   r->micro_index_ = static_cast<uint64_t>(options.first_step) *
                     static_cast<uint64_t>(options.accumulation_steps);
-  const size_t bytes = SlotBytes(r->tokens_);
+  const size_t bytes = SlotBytes(r->tokens_, r->mask_);
   for (int i = 0; i < 2; ++i) {
     TRAIND_ASSIGN_OR_RETURN(void* p, arena->Allocate(MemoryCategory::kActivations,
                                                      static_cast<int64_t>(bytes),
@@ -84,11 +88,15 @@ Result<std::unique_ptr<StepRunner>> StepRunner::Create(const Options& options, M
   return r;
 }
 
-Status StepRunner::Stage(int slot, const NextBatch& next_batch, float loss_scale, double* wait) {
+Status StepRunner::Stage(int slot, const NextMaskedBatch& next_batch, float loss_scale,
+                         double* wait) {
   TRAIND_ASSIGN_OR_RETURN(void* host, upload_->HostSlot(slot));
   auto* inputs = static_cast<int32_t*>(host);
   int32_t* targets = inputs + tokens_;
-  TRAIND_RETURN_IF_ERROR(next_batch(inputs, targets, wait));
+  int32_t* mask = mask_ ? reinterpret_cast<int32_t*>(static_cast<unsigned char*>(host) +
+                                                     MaskOffset(tokens_))
+                        : nullptr;
+  TRAIND_RETURN_IF_ERROR(next_batch(inputs, targets, mask, wait));
   int64_t valid = 0;
   for (int64_t i = 0; i < tokens_; ++i) valid += targets[i] != -1 ? 1 : 0;
   // As the host-side loss: d(mean over micro-batches of the mean loss)/dlogits, times the scale.
@@ -107,7 +115,7 @@ Status StepRunner::Stage(int slot, const NextBatch& next_batch, float loss_scale
   }
   const uint64_t key = DropoutMicroBatchKey(options_.dropout_seed, index);
   std::memcpy(static_cast<unsigned char*>(host) + KeyOffset(tokens_), &key, sizeof(key));
-  return upload_->Upload(slot, slots_[slot], SlotBytes(tokens_));
+  return upload_->Upload(slot, slots_[slot], SlotBytes(tokens_, mask_));
 }
 
 void StepRunner::IssueMicroBatch(int slot) {
@@ -119,6 +127,10 @@ void StepRunner::IssueMicroBatch(int slot) {
   backend_->CopyDeviceToDevice(model_->targets(), targets, bytes);
   if (uint64_t* key = model_->dropout_key(); key != nullptr) {
     backend_->CopyDeviceToDevice(key, slots_[slot] + KeyOffset(tokens_), sizeof(uint64_t));
+  }
+  if (mask_) {
+    backend_->CopyDeviceToDevice(model_->attention_mask(), slots_[slot] + MaskOffset(tokens_),
+                                 bytes);
   }
   model_->ForwardOnDevice(&scalars[0], &scalars[1], &scalars_->loss_sum);
   model_->Backward();
@@ -176,6 +188,17 @@ Status StepRunner::Capture() {
 }
 
 Result<StepRunner::Outcome> StepRunner::Run(const NextBatch& next_batch, double lr,
+                                            float loss_scale, double* wait) {
+  const int64_t tokens = tokens_;
+  return Run(
+      NextMaskedBatch([&next_batch, tokens](int32_t* in, int32_t* tg, int32_t* mask, double* w) {
+        if (mask != nullptr) std::fill(mask, mask + tokens, 1);
+        return next_batch(in, tg, w);
+      }),
+      lr, loss_scale, wait);
+}
+
+Result<StepRunner::Outcome> StepRunner::Run(const NextMaskedBatch& next_batch, double lr,
                                             float loss_scale, double* wait) {
   StepScalars host;
   host.lr = static_cast<float>(lr);

@@ -69,9 +69,15 @@ class StepRunner {
   // Fills one micro-batch (B*T inputs and targets, host memory) and adds the seconds it waited for
   // data to *wait; a non-OK status (e.g. CANCELLED) ends the step with it.
   using NextBatch = std::function<Status(int32_t* inputs, int32_t* targets, double* wait)>;
+  // The same with the attention mask (B*T, 1 = real token, 0 = padding) of an encoder model
+  // (Model::attention_mask() non-null): its upload slot carries the mask too. With a NextBatch an
+  // encoder's mask is all ones; with a model without a mask the mask is ignored.
+  using NextMaskedBatch =
+      std::function<Status(int32_t* inputs, int32_t* targets, int32_t* mask, double* wait)>;
 
-  // The device bytes Create() allocates for a model with micro-batch B and sequence length T.
-  static int64_t PlanBytes(int64_t B, int64_t T);
+  // The device bytes Create() allocates for a model with micro-batch B and sequence length T
+  // (`attention_mask`: the model has one, so each upload slot holds B*T more int32).
+  static int64_t PlanBytes(int64_t B, int64_t T, bool attention_mask = false);
   // `model`, `optimizer` and `arena` (and its backend) must outlive the runner. Zeroes the
   // model's gradients. RESOURCE_EXHAUSTED when the buffers do not fit.
   static Result<std::unique_ptr<StepRunner>> Create(const Options& options, Model* model,
@@ -84,6 +90,8 @@ class StepRunner {
   // Counts the optimizer's step unless it was skipped. A failing backend op or graph call ends it
   // with that error; after an error the model and optimizer state are unspecified.
   Result<Outcome> Run(const NextBatch& next_batch, double lr, float loss_scale, double* wait);
+  Result<Outcome> Run(const NextMaskedBatch& next_batch, double lr, float loss_scale,
+                      double* wait);
 
   // True once the step is replayed from graphs.
   bool replaying() const { return captured_; }
@@ -94,7 +102,7 @@ class StepRunner {
  private:
   StepRunner(const Options& options, Model* model, Optimizer* optimizer, DeviceArena* arena);
   // Loads micro-batch into host slot `slot` and issues its upload.
-  Status Stage(int slot, const NextBatch& next_batch, float loss_scale, double* wait);
+  Status Stage(int slot, const NextMaskedBatch& next_batch, float loss_scale, double* wait);
   void IssueMicroBatch(int slot);
   void IssueOptimizer();
   // Host-driven optimizers: reads the norm back, steps from the host (see the header comment).
@@ -110,8 +118,9 @@ class StepRunner {
   DeviceArena* arena_;
   Backend* backend_;
   int64_t tokens_ = 0;  // B*T
+  bool mask_ = false;   // the model has an attention mask: the slots carry it
   std::unique_ptr<BatchUpload> upload_;
-  unsigned char* slots_[2] = {nullptr, nullptr};  // device: inputs, targets, grad scale, weight
+  unsigned char* slots_[2] = {nullptr, nullptr};  // device: inputs, targets, scalars, key[, mask]
   StepScalars* scalars_ = nullptr;                 // device
   int next_slot_ = 0;
   uint64_t micro_index_ = 0;  // this rank's index of the next micro-batch staged

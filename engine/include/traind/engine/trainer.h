@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -58,6 +59,11 @@ struct StepReport {
   double comm_seconds = 0;
   double comm_hidden_seconds = 0;
   int64_t comm_bytes = 0;
+  // Mixture of experts (mixtral): tokens this step's training forwards routed to each expert,
+  // layer-major (expert_layers x experts; a token counts once per chosen expert); empty for dense
+  // models.
+  int64_t expert_layers = 0;
+  std::vector<int64_t> expert_tokens;
 };
 
 // What a `logging_steps` window reports (the log_history entry).
@@ -84,6 +90,9 @@ struct SampleReport {
 struct EvalReport {
   int64_t step = 0;
   double eval_loss = 0;
+  // model.head sequence_classification: labelled validation examples whose argmax is their label,
+  // over all labelled validation examples.
+  std::optional<double> eval_accuracy;
 };
 
 // Final numbers, in the names of the CLI contract's status "metrics".
