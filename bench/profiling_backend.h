@@ -87,6 +87,14 @@ class ProfilingBackend final : public Backend {
     T x(this, "add_bias");
     in_->AddBias(o, b, N, OC);
   }
+  void ScaleRows(float* x, const float* w, int64_t N, int64_t C) override {
+    T t(this, "scale_rows");
+    in_->ScaleRows(x, w, N, C);
+  }
+  void RowDot(float* o, const float* a, const float* b, int64_t N, int64_t C) override {
+    T t(this, "row_dot");
+    in_->RowDot(o, a, b, N, C);
+  }
   void BiasBackward(float* d, const float* o, int64_t N, int64_t OC) override {
     T x(this, "bias_bwd");
     in_->BiasBackward(d, o, N, OC);

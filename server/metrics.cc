@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <exception>
+#include <vector>
 
 namespace traind::server {
 
@@ -38,6 +39,8 @@ struct Metrics::JobSeries {
   prometheus::Counter* comm_seconds = nullptr;
   prometheus::Counter* comm_bytes = nullptr;
   prometheus::Counter* comm_hidden_seconds = nullptr;
+  // Mixture of experts: one counter per (layer, expert), made on the first step that reports.
+  std::vector<prometheus::Counter*> expert_tokens;
   int64_t tokenize_bytes_counted = 0;  // bytes_done of the current tokenization already counted
 };
 
@@ -94,6 +97,8 @@ Result<std::unique_ptr<Metrics>> Metrics::Start(const std::string& listen, doubl
                         .Help("Bytes this rank's collectives sent (data parallel)").Register(r);
   m->comm_hidden_seconds_ = &BuildCounter().Name("traind_comm_hidden_seconds_total")
                                  .Help("Collective time that ran while backward computed (data parallel)").Register(r);
+  m->expert_tokens_ = &BuildCounter().Name("traind_moe_expert_tokens_total")
+                          .Help("Tokens routed to each expert (mixture of experts)").Register(r);
   m->world_size_ = &BuildGauge().Name("traind_world_size").Help("Ranks of a distributed job (1 for a plain job)").Register(r);
   m->requests_ = &BuildCounter().Name("traind_grpc_requests_total").Help("Control-plane calls by method and code").Register(r);
   m->memory_total_->Set(static_cast<double>(device_total_bytes));
@@ -224,6 +229,23 @@ void Metrics::OnStep(const std::string& id, const v1::StepEvent& e) {
     s.comm_bytes->Increment(static_cast<double>(std::max<int64_t>(0, e.comm_bytes())));
     s.comm_hidden_seconds->Increment(std::max(0.0, e.comm_hidden_seconds()));
   }
+  if (e.expert_tokens_size() > 0 && e.expert_layers() > 0 &&
+      e.expert_tokens_size() % e.expert_layers() == 0) {
+    if (s.expert_tokens.empty()) {
+      const int64_t experts = e.expert_tokens_size() / e.expert_layers();
+      for (int64_t i = 0; i < e.expert_tokens_size(); ++i) {
+        Labels le = s.labels;
+        le["layer"] = std::to_string(i / experts);
+        le["expert"] = std::to_string(i % experts);
+        s.expert_tokens.push_back(&expert_tokens_->Add(le));
+      }
+    }
+    if (static_cast<int64_t>(s.expert_tokens.size()) == e.expert_tokens_size()) {
+      for (int i = 0; i < e.expert_tokens_size(); ++i) {
+        s.expert_tokens[i]->Increment(static_cast<double>(std::max<int64_t>(0, e.expert_tokens(i))));
+      }
+    }
+  }
   if (e.step_seconds() > 0) {
     if (peak_flops_ > 0) s.mfu->Set(e.model_flops() / e.step_seconds() / peak_flops_);
     // Until the first logging window reports, throughput is the last step's.
@@ -294,6 +316,7 @@ void Metrics::JobEnded(const std::string& id) {
     comm_bytes_->Remove(s.comm_bytes);
     comm_hidden_seconds_->Remove(s.comm_hidden_seconds);
   }
+  for (prometheus::Counter* c : s.expert_tokens) expert_tokens_->Remove(c);
   series_.erase(it);
   memory_used_->Set(0);
 }

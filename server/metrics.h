@@ -95,6 +95,7 @@ class Metrics {
   prometheus::Family<prometheus::Counter>* comm_seconds_ = nullptr;
   prometheus::Family<prometheus::Counter>* comm_bytes_ = nullptr;
   prometheus::Family<prometheus::Counter>* comm_hidden_seconds_ = nullptr;
+  prometheus::Family<prometheus::Counter>* expert_tokens_ = nullptr;
   prometheus::Family<prometheus::Gauge>* world_size_ = nullptr;
   prometheus::Family<prometheus::Counter>* requests_ = nullptr;
 

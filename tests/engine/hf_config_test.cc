@@ -232,7 +232,7 @@ TEST_F(HfConfigTest, RejectsWhatWouldChangeTheMath) {
       {kGpt2Config, "n_head", 7, "n_embd 768 is not divisible by n_head 7"},
       {kGpt2Config, "n_embd", "768", "n_embd: expected an integer"},
       {kGpt2Config, "vocab_size", 0, "vocab_size: must be >= 1"},
-      {kGpt2Config, "model_type", "t5", "model_type: 't5' is not supported (gpt2 | llama | bert)"},
+      {kGpt2Config, "model_type", "t5", "model_type: 't5' is not supported (gpt2 | llama | bert | mixtral)"},
       {kBertConfig, "hidden_act", "gelu_new", "hidden_act: \"gelu_new\" is not supported"},
       {kBertConfig, "position_embedding_type", "relative_key", "position_embedding_type"},
       {kBertConfig, "problem_type", "multi_label_classification", "problem_type"},
@@ -301,6 +301,61 @@ TEST_F(HfConfigTest, BertReadsAndRoundTrips) {
   Result<ModelConfig> base = ReadHfConfig(Patched(kBertConfig, "architectures", {"BertModel"}));
   ASSERT_TRUE(base.ok()) << base.status().ToString();
   EXPECT_EQ(base->head, "");
+}
+
+// Mixtral-8x7B-v0.1's config.json (transformers 4.36), verbatim.
+constexpr char kMixtralConfig[] = R"({
+  "architectures": ["MixtralForCausalLM"],
+  "attention_dropout": 0.0,
+  "bos_token_id": 1,
+  "eos_token_id": 2,
+  "hidden_act": "silu",
+  "hidden_size": 4096,
+  "initializer_range": 0.02,
+  "intermediate_size": 14336,
+  "max_position_embeddings": 32768,
+  "model_type": "mixtral",
+  "num_attention_heads": 32,
+  "num_experts_per_tok": 2,
+  "num_hidden_layers": 32,
+  "num_key_value_heads": 8,
+  "num_local_experts": 8,
+  "output_router_logits": false,
+  "rms_norm_eps": 1e-05,
+  "rope_theta": 1000000.0,
+  "router_aux_loss_coef": 0.02,
+  "sliding_window": null,
+  "tie_word_embeddings": false,
+  "torch_dtype": "bfloat16",
+  "transformers_version": "4.36.0.dev0",
+  "use_cache": true,
+  "vocab_size": 32000
+})";
+
+TEST_F(HfConfigTest, MixtralReadsAndRoundTrips) {
+  Result<ModelConfig> r = ReadHfConfig(Write(kMixtralConfig));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->arch, "mixtral");
+  EXPECT_EQ(r->num_local_experts, 8);
+  EXPECT_EQ(r->num_experts_per_tok, 2);
+  EXPECT_DOUBLE_EQ(r->router_aux_loss_coef, 0.02);
+  EXPECT_FALSE(r->output_router_logits);
+  EXPECT_EQ(r->num_key_value_heads, 8);
+  EXPECT_DOUBLE_EQ(r->rope_theta, 1e6);
+  EXPECT_EQ(r->max_position_embeddings, 32768);
+  ModelConfig c = *r;
+  c.output_router_logits = true;
+  Result<ModelConfig> back = ReadHfConfig(Write(WriteHfConfigJson(c)));
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_TRUE(back->output_router_logits);
+  EXPECT_EQ(back->num_local_experts, 8);
+  EXPECT_DOUBLE_EQ(back->router_aux_loss_coef, 0.02);
+  Result<ModelConfig> bad = ReadHfConfig(Patched(kMixtralConfig, "sliding_window", 4096));
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(bad.status().message(), HasSubstr("sliding_window: 4096 is not supported"));
+  bad = ReadHfConfig(Patched(kMixtralConfig, "num_experts_per_tok", 9));
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(bad.status().message(), HasSubstr("num_experts_per_tok: 9 exceeds"));
 }
 
 TEST_F(HfConfigTest, MissingOrMalformedFiles) {

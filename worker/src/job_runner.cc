@@ -66,6 +66,8 @@ v1::StepEvent ToProto(const engine::StepReport& r) {
   e.set_comm_seconds(r.comm_seconds);
   e.set_comm_bytes(r.comm_bytes);
   e.set_comm_hidden_seconds(r.comm_hidden_seconds);
+  e.set_expert_layers(r.expert_layers);
+  for (int64_t n : r.expert_tokens) e.add_expert_tokens(n);
   return e;
 }
 

@@ -55,6 +55,8 @@ class BatchUpload {
   X(EmbeddingBackward) \
   X(AddBias) \
   X(BiasBackward) \
+  X(ScaleRows) \
+  X(RowDot) \
   X(Add) \
   X(Scale) \
   X(SumSquares) \
@@ -151,6 +153,10 @@ class Backend {
   virtual void AddBias(float* out, const float* bias, int64_t N, int64_t OC);
   // dbias(OC) += sum over rows of dout(N,OC).
   virtual void BiasBackward(float* dbias, const float* dout, int64_t N, int64_t OC);
+  // x(N,C) row n *= w[n] (mixture of experts: each expert row by its routing weight).
+  virtual void ScaleRows(float* x, const float* w, int64_t N, int64_t C);
+  // out[n] = sum_c a[n,c] * b[n,c] (=), accumulated in double; a, b (N,C).
+  virtual void RowDot(float* out, const float* a, const float* b, int64_t N, int64_t C);
   // out = a + b, n elements (out may alias a or b).
   virtual void Add(float* out, const float* a, const float* b, int64_t n);
   // x *= s.

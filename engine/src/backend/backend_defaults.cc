@@ -105,6 +105,15 @@ void Backend::BiasBackward(float* /*dbias*/, const float* /*dout*/, int64_t /*N*
   Unsupported(Op::kBiasBackward);
 }
 
+void Backend::ScaleRows(float* /*x*/, const float* /*w*/, int64_t /*N*/, int64_t /*C*/) {
+  Unsupported(Op::kScaleRows);
+}
+
+void Backend::RowDot(float* /*out*/, const float* /*a*/, const float* /*b*/, int64_t /*N*/,
+                     int64_t /*C*/) {
+  Unsupported(Op::kRowDot);
+}
+
 void Backend::Add(float* /*out*/, const float* /*a*/, const float* /*b*/, int64_t /*n*/) {
   Unsupported(Op::kAdd);
 }

@@ -100,6 +100,10 @@ Result<std::unique_ptr<DecoderModel>> DecoderModel::Make(const ModelConfig& conf
   }
   m->mixed_ = options.compute_type != DType::kF32;
   m->gp_ = nn::GemmPrecision{options.compute_type, m->bufs_.scratch16, m->bufs_.scratch16_elems};
+  if (m->d_.moe()) {
+    m->routes_.resize(static_cast<size_t>(m->d_.L));
+    m->expert_tokens_.assign(static_cast<size_t>(m->d_.L * m->d_.E), 0);
+  }
   if (m->bufs_.positions != nullptr) {
     std::vector<int32_t> pos(static_cast<size_t>(m->N_));
     for (int64_t n = 0; n < m->N_; ++n) pos[n] = static_cast<int32_t>(n % options.seq_len);
@@ -368,6 +372,12 @@ void DecoderModel::BlockForward(int64_t l) {
   }
   be.Add(a.res2, x, bufs_.tmp_c, N_ * C);
   NormInto(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p.ln2_w, p.ln2_b);
+  if (d_.moe()) {
+    // NormInto left the fp32 norm output in tmp_c (16-bit) or a.ln2 (fp32).
+    MoeForward(l, mixed_ ? bufs_.tmp_c : static_cast<const float*>(a.ln2), bufs_.tmp_c);
+    be.Add(y, a.res2, bufs_.tmp_c, N_ * C);
+    return;
+  }
   // scratch_big (free in forward) holds the fp32 MLP activation before rounding.
   const nn::MlpLora ml{Site(l, LoraSiteKind::kUp), Site(l, LoraSiteKind::kDown)};
   nn::MlpForward(be, ms, mw, bufs_.tmp_c, a.h, a.a, a.ln2, ct, bufs_.scratch_big, &ml);
@@ -391,8 +401,12 @@ void DecoderModel::BlockBackward(int64_t l) {
   float* dbig = bufs_.scratch_big;
 
   const nn::MlpLora ml{Site(l, LoraSiteKind::kUp), Site(l, LoraSiteKind::kDown)};
-  nn::MlpBackward(be, ms, mw, mg, dtmp, dres, a.h, a.a, a.ln2, d_.swiglu() ? bufs_.scratch_a : dbig,
-                  dbig, gp_, &ml);
+  if (d_.moe()) {
+    MoeBackward(l, dtmp, dres);
+  } else {
+    nn::MlpBackward(be, ms, mw, mg, dtmp, dres, a.h, a.a, a.ln2,
+                    d_.swiglu() ? bufs_.scratch_a : dbig, dbig, gp_, &ml);
+  }
   nn::NormBackward(be, ns, dres, GNorm(p.ln2_w, 0), GNorm(p.ln2_b, 1), dtmp, a.res2, P(p.ln2_w),
                    a.ln2_mean, a.ln2_rstd);
   nn::LinearBackward(be, dtmp, G(p.proj_w), G(p.proj_b), dres, a.atty, W(p.proj_w), N_,
@@ -431,6 +445,8 @@ void DecoderModel::ForwardToFinalNorm() {
   nn::EmbeddingForward(be, bufs_.res[0], bufs_.inputs, bufs_.positions, P(table_.wte),
                        P(table_.wpe), N_, d_.C);
   for (int64_t l = 0; l < d_.L; ++l) BlockForward(l);
+  count_routes_ = false;  // a recomputation in Backward routes again without counting
+  if (d_.moe()) MoeAuxLoss();
   NormInto(bufs_.lnf, bufs_.lnf_mean, bufs_.lnf_rstd, bufs_.res[d_.L], table_.lnf_w, table_.lnf_b);
 }
 
@@ -455,21 +471,219 @@ void DecoderModel::LmHeadAndLoss(bool for_backward, float grad_scale, const floa
 double DecoderModel::Forward(bool for_backward, float grad_scale) {
   const int64_t n_valid = nn::CountValidTargets(*be_, bufs_.targets, N_, &host_targets_);
   training_ = for_backward;  // LoRA dropout only in a forward for backward (not in eval)
+  count_routes_ = for_backward;
   ForwardToFinalNorm();
   // d(mean)/d(loss_n) = 1/n_valid, folded into the op's grad scale.
   const float scale = n_valid > 0 ? grad_scale / static_cast<float>(n_valid) : 0.0f;
   LmHeadAndLoss(for_backward, scale, nullptr);
   ready_for_backward_ = for_backward;
-  return nn::MeanLoss(*be_, bufs_.losses, N_, n_valid, &host_losses_);
+  // mixtral with output_router_logits: loss = mean cross-entropy + coef * aux (HF's).
+  aux_grad_ = static_cast<double>(grad_scale) * d_.aux_coef;
+  return nn::MeanLoss(*be_, bufs_.losses, N_, n_valid, &host_losses_) + d_.aux_coef * aux_;
 }
 
 void DecoderModel::ForwardOnDevice(const float* grad_scale, const float* loss_weight,
                                    double* loss_sum) {
   training_ = true;
+  count_routes_ = true;
   ForwardToFinalNorm();
   LmHeadAndLoss(/*for_backward=*/true, 1.0f, grad_scale);
   be_->AccumulateSum(loss_sum, bufs_.losses, N_, loss_weight);
+  if (d_.aux_coef > 0) {
+    // The caller folded 1/(valid targets) into both scalars; the aux term is per micro-batch, so
+    // it is weighted by n_valid times them (mixtral syncs here: its steps are not captured).
+    const int64_t n_valid = nn::CountValidTargets(*be_, bufs_.targets, N_, &host_targets_);
+    float gs = 0.0f;
+    be_->CopyDeviceToHost(&gs, grad_scale, sizeof(float));
+    be_->Synchronize();
+    aux_grad_ = static_cast<double>(gs) * static_cast<double>(n_valid) * d_.aux_coef;
+    const float term = static_cast<float>(static_cast<double>(n_valid) * d_.aux_coef * aux_);
+    be_->CopyHostToDevice(bufs_.aux_loss, &term, sizeof(float));
+    be_->AccumulateSum(loss_sum, bufs_.aux_loss, 1, loss_weight);
+  }
   ready_for_backward_ = true;
+}
+
+std::vector<int64_t> DecoderModel::TakeExpertTokens() {
+  std::vector<int64_t> out = expert_tokens_;
+  std::fill(expert_tokens_.begin(), expert_tokens_.end(), 0);
+  return out;
+}
+
+void DecoderModel::MoeForward(int64_t l, const float* ln2_f32, float* out) {
+  Backend& be = *be_;
+  const DType ct = options_.compute_type;
+  const size_t ds = DTypeSize(ct);
+  const LayerParams& p = table_.layers[l];
+  const BlockActs& a = bufs_.blocks[l];
+  const int64_t N = N_, C = d_.C, H = d_.H, E = d_.E, K = d_.K, R = d_.moe_rows(N_);
+  MoeRoute& r = routes_[l];
+  // Router logits (N,E) -> host: softmax in double rounded to fp32 (HF: softmax in float32),
+  // top-K (ties to the lower expert), weights renormalised over the chosen K.
+  nn::LinearForward(be, bufs_.router_dlogits, a.ln2, W(p.router_w), nullptr, N, C, E, ct);
+  std::vector<float> logits(static_cast<size_t>(N * E));
+  be.CopyDeviceToHost(logits.data(), bufs_.router_dlogits, logits.size() * sizeof(float));
+  be.Synchronize();
+  r.probs.resize(static_cast<size_t>(N * E));
+  r.experts.resize(static_cast<size_t>(N * K));
+  r.row_of.resize(static_cast<size_t>(N * K));
+  r.offsets.assign(static_cast<size_t>(E + 1), 0);
+  std::vector<float> slot_weight(static_cast<size_t>(N * K));
+  std::vector<int32_t> order(static_cast<size_t>(E));
+  for (int64_t n = 0; n < N; ++n) {
+    const float* z = logits.data() + n * E;
+    float* pr = r.probs.data() + n * E;
+    double mx = z[0], sum = 0.0;
+    for (int64_t e = 1; e < E; ++e) mx = std::max(mx, static_cast<double>(z[e]));
+    for (int64_t e = 0; e < E; ++e) sum += std::exp(static_cast<double>(z[e]) - mx);
+    for (int64_t e = 0; e < E; ++e) {
+      pr[e] = static_cast<float>(std::exp(static_cast<double>(z[e]) - mx) / sum);
+    }
+    for (int64_t e = 0; e < E; ++e) order[e] = static_cast<int32_t>(e);
+    std::partial_sort(order.begin(), order.begin() + K, order.end(), [pr](int32_t x, int32_t y) {
+      return pr[x] > pr[y] || (pr[x] == pr[y] && x < y);
+    });
+    float top = 0.0f;
+    for (int64_t j = 0; j < K; ++j) top += pr[order[j]];
+    for (int64_t j = 0; j < K; ++j) {
+      r.experts[n * K + j] = order[j];
+      slot_weight[n * K + j] = pr[order[j]] / top;
+      r.offsets[order[j] + 1] += 1;
+    }
+  }
+  for (int64_t e = 0; e < E; ++e) r.offsets[e + 1] += r.offsets[e];
+  // Rows grouped by expert, tokens in order within a group.
+  std::vector<int32_t> row_token(static_cast<size_t>(R));
+  std::vector<float> row_weight(static_cast<size_t>(R));
+  std::vector<int64_t> next(r.offsets.begin(), r.offsets.end() - 1);
+  for (int64_t n = 0; n < N; ++n) {
+    for (int64_t j = 0; j < K; ++j) {
+      const int64_t row = next[r.experts[n * K + j]]++;
+      row_token[row] = static_cast<int32_t>(n);
+      row_weight[row] = slot_weight[n * K + j];
+      r.row_of[n * K + j] = static_cast<int32_t>(row);
+    }
+  }
+  if (count_routes_) {
+    for (int64_t e = 0; e < E; ++e) expert_tokens_[l * E + e] += r.offsets[e + 1] - r.offsets[e];
+  }
+  be.CopyHostToDevice(a.probs, r.probs.data(), r.probs.size() * sizeof(float));
+  be.CopyHostToDevice(a.row_token, row_token.data(), row_token.size() * sizeof(int32_t));
+  be.CopyHostToDevice(a.row_weight, row_weight.data(), row_weight.size() * sizeof(float));
+  // Gather the inputs (fp32 rows, rounded to the compute type for the GEMMs).
+  float* xg32 = mixed_ ? bufs_.moe_rows_a : static_cast<float*>(a.xg);
+  be.EmbeddingForward(xg32, a.row_token, ln2_f32, R, C, /*accumulate=*/false);
+  if (mixed_) be.Cast(a.xg, ct, xg32, DType::kF32, R * C);
+  // Experts: [w1 | w3] up GEMM over each group's rows, SwiGLU over all rows, w2 down GEMM.
+  const char* xg = static_cast<const char*>(a.xg);
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t o = r.offsets[e], c = r.offsets[e + 1] - o;
+    if (c == 0) continue;
+    nn::LinearForward(be, a.h + o * 2 * H, xg + o * C * ds, W(p.expert_up[e]), nullptr, c, C,
+                      2 * H, ct);
+  }
+  float* af = mixed_ ? bufs_.scratch_a : static_cast<float*>(a.a);
+  be.SwiGluForward(af, a.h, R, H);
+  if (mixed_) be.Cast(a.a, ct, af, DType::kF32, R * H);
+  const char* act = static_cast<const char*>(a.a);
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t o = r.offsets[e], c = r.offsets[e + 1] - o;
+    if (c == 0) continue;
+    nn::LinearForward(be, a.yg + o * C, act + o * H * ds, W(p.expert_down[e]), nullptr, c, H, C,
+                      ct);
+  }
+  // out[token] = sum over its K rows of weight * y.
+  be.CopyDeviceToDevice(bufs_.moe_rows_b, a.yg, static_cast<size_t>(R * C) * sizeof(float));
+  be.ScaleRows(bufs_.moe_rows_b, a.row_weight, R, C);
+  be.Memset0(out, static_cast<size_t>(N * C) * sizeof(float));
+  be.EmbeddingBackward(out, bufs_.moe_rows_b, a.row_token, R, C);
+}
+
+void DecoderModel::MoeAuxLoss() {
+  // HF load_balancing_loss_func over the concatenated (L*N, E) router logits of all layers:
+  // aux = E * sum_e F_e * P_e, F_e = (choices of e in any of the K slots) / (L*N) and P_e the
+  // mean router probability of e.
+  const int64_t N = N_, E = d_.E, L = d_.L;
+  aux_fraction_.assign(static_cast<size_t>(E), 0.0);
+  std::vector<double> mean_prob(static_cast<size_t>(E), 0.0);
+  for (int64_t l = 0; l < L; ++l) {
+    const MoeRoute& r = routes_[l];
+    for (int64_t e = 0; e < E; ++e) {
+      aux_fraction_[e] += static_cast<double>(r.offsets[e + 1] - r.offsets[e]);
+    }
+    for (int64_t n = 0; n < N; ++n) {
+      for (int64_t e = 0; e < E; ++e) mean_prob[e] += r.probs[n * E + e];
+    }
+  }
+  const double rows = static_cast<double>(L * N);
+  aux_ = 0.0;
+  for (int64_t e = 0; e < E; ++e) {
+    aux_fraction_[e] /= rows;
+    aux_ += aux_fraction_[e] * mean_prob[e] / rows;
+  }
+  aux_ *= static_cast<double>(E);
+}
+
+void DecoderModel::MoeBackward(int64_t l, float* dln2, const float* dout) {
+  Backend& be = *be_;
+  const DType ct = options_.compute_type;
+  const size_t ds = DTypeSize(ct);
+  const LayerParams& p = table_.layers[l];
+  const BlockActs& a = bufs_.blocks[l];
+  const int64_t N = N_, C = d_.C, H = d_.H, E = d_.E, K = d_.K, R = d_.moe_rows(N_);
+  const MoeRoute& r = routes_[l];
+  // d y rows = weight * dout[token]; d weight = dout[token] . y.
+  float* dyg = bufs_.moe_rows_a;
+  be.EmbeddingForward(dyg, a.row_token, dout, R, C, /*accumulate=*/false);
+  be.RowDot(bufs_.row_dweight, dyg, a.yg, R, C);
+  be.ScaleRows(dyg, a.row_weight, R, C);
+  float* da = bufs_.scratch_a;
+  const char* act = static_cast<const char*>(a.a);
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t o = r.offsets[e], c = r.offsets[e + 1] - o;
+    if (c == 0) continue;
+    nn::LinearBackward(be, da + o * H, G(p.expert_down[e]), nullptr, dyg + o * C, act + o * H * ds,
+                       W(p.expert_down[e]), c, H, C, gp_);
+  }
+  float* dh = bufs_.scratch_big;
+  be.SwiGluBackward(dh, a.h, da, R, H);
+  float* dxg = bufs_.moe_rows_b;
+  const char* xg = static_cast<const char*>(a.xg);
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t o = r.offsets[e], c = r.offsets[e + 1] - o;
+    if (c == 0) continue;
+    nn::LinearBackward(be, dxg + o * C, G(p.expert_up[e]), nullptr, dh + o * 2 * H,
+                       xg + o * C * ds, W(p.expert_up[e]), c, C, 2 * H, gp_);
+  }
+  be.Memset0(dln2, static_cast<size_t>(N * C) * sizeof(float));
+  be.EmbeddingBackward(dln2, dxg, a.row_token, R, C);
+  // The router on the host: top-K renormalisation, the load-balancing loss, the softmax.
+  std::vector<float> dweight(static_cast<size_t>(R));
+  be.CopyDeviceToHost(dweight.data(), bufs_.row_dweight, dweight.size() * sizeof(float));
+  be.Synchronize();
+  std::vector<float> dlogits(static_cast<size_t>(N * E));
+  std::vector<double> dp(static_cast<size_t>(E));
+  const double aux_scale =
+      aux_grad_ * static_cast<double>(E) / static_cast<double>(d_.L * N);  // d aux / d p / F_e
+  for (int64_t n = 0; n < N; ++n) {
+    const float* pr = r.probs.data() + n * E;
+    for (int64_t e = 0; e < E; ++e) dp[e] = aux_scale * aux_fraction_[e];
+    double top = 0.0, g = 0.0;
+    for (int64_t j = 0; j < K; ++j) top += pr[r.experts[n * K + j]];
+    for (int64_t j = 0; j < K; ++j) {
+      g += dweight[r.row_of[n * K + j]] * (pr[r.experts[n * K + j]] / top);
+    }
+    for (int64_t j = 0; j < K; ++j) {
+      dp[r.experts[n * K + j]] += (dweight[r.row_of[n * K + j]] - g) / top;
+    }
+    double dot = 0.0;
+    for (int64_t e = 0; e < E; ++e) dot += dp[e] * pr[e];
+    for (int64_t e = 0; e < E; ++e) dlogits[n * E + e] = static_cast<float>(pr[e] * (dp[e] - dot));
+  }
+  be.CopyHostToDevice(bufs_.router_dlogits, dlogits.data(), dlogits.size() * sizeof(float));
+  nn::LinearBackward(be, bufs_.moe_rows_b, G(p.router_w), nullptr, bufs_.router_dlogits, a.ln2,
+                     W(p.router_w), N, C, E, gp_);
+  be.Add(dln2, dln2, bufs_.moe_rows_b, N * C);
 }
 
 void DecoderModel::Backward() {

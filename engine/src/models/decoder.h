@@ -66,6 +66,11 @@ class DecoderModel : public Model {
   void ForwardOnDevice(const float* grad_scale, const float* loss_weight,
                        double* loss_sum) override;
   void Backward() override;
+  std::vector<int64_t> TakeExpertTokens() override;
+  bool capturable() const override { return !d_.moe(); }
+  // mixtral: the last forward's load-balancing loss (HF load_balancing_loss_func over every
+  // layer's router logits), before router_aux_loss_coef.
+  double aux_loss() const { return aux_; }
 
  private:
   DecoderModel(const ModelConfig& config, const ModelOptions& options, DeviceArena* arena);
@@ -94,6 +99,17 @@ class DecoderModel : public Model {
   void LmHeadAndLoss(bool for_backward, float grad_scale, const float* device_scale);
   void BlockForward(int64_t l);
   void BlockBackward(int64_t l);  // bufs_.dres: d(block output) in, d(block input) out
+  // mixtral's MLP (HF MixtralSparseMoeBlock), dropless: the router's softmax, top-K and
+  // renormalised weights are computed on the host from the (N,E) router logits (read back once
+  // per block), the N*K (token, expert) rows grouped by expert into static (R = N*K)-row buffers;
+  // per expert one up GEMM and one down GEMM over its rows; the weighted outputs scatter-added
+  // into `out` (N,C). ln2_f32: the block's fp32 norm output.
+  void MoeForward(int64_t l, const float* ln2_f32, float* out);
+  // dln2 (N,C) = d(norm output) from dout (N,C): through the experts, the gather and the router
+  // (its softmax, the top-K renormalisation and the load-balancing loss's gradient, on the host).
+  void MoeBackward(int64_t l, float* dln2, const float* dout);
+  // After every block's forward: the load-balancing loss from every layer's routing.
+  void MoeAuxLoss();
 
   ModelConfig config_;
   ModelOptions options_;
@@ -111,6 +127,19 @@ class DecoderModel : public Model {
   bool training_ = false;  // the current forward is for backward: LoRA dropout on
   std::vector<int32_t> host_targets_;
   std::vector<float> host_losses_;
+  // mixtral, per layer (host): the routing of the last forward.
+  struct MoeRoute {
+    std::vector<float> probs;         // (N,E) softmax of the router logits
+    std::vector<int32_t> experts;     // (N,K) the chosen experts, best first
+    std::vector<int64_t> offsets;     // (E+1) first row of each expert's group
+    std::vector<int32_t> row_of;      // (N,K) the grouped row of (token, slot)
+  };
+  std::vector<MoeRoute> routes_;
+  std::vector<int64_t> expert_tokens_;  // (L*E) counted by training forwards until taken
+  bool count_routes_ = false;           // this forward counts (not eval, not a recomputation)
+  double aux_ = 0.0;                    // load-balancing loss of the last forward
+  std::vector<double> aux_fraction_;    // (E) F_e: fraction of the (token, slot) choices per expert
+  double aux_grad_ = 0.0;  // d(step loss)/d(aux) for this micro-batch's backward
 };
 
 }  // namespace traind::engine

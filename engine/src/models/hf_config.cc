@@ -176,6 +176,49 @@ Status ReadBert(const std::string& f, const json& j, ModelConfig* c) {
   return Status::Ok();
 }
 
+// HF MixtralConfig (Mixtral-8x7B): llama's keys plus the experts; no sliding window.
+Status ReadMixtral(const std::string& f, const json& j, ModelConfig* c) {
+  c->vocab_size = 32000;
+  c->hidden_size = 4096;
+  c->intermediate_size = 14336;
+  c->num_hidden_layers = 32;
+  c->num_attention_heads = 32;
+  c->num_key_value_heads = 8;
+  c->max_position_embeddings = 4096 * 32;
+  c->rms_norm_eps = 1e-5;
+  c->rope_theta = 1e6;
+  c->tie_word_embeddings = false;
+  TRAIND_RETURN_IF_ERROR(GetInt(f, j, "vocab_size", &c->vocab_size));
+  TRAIND_RETURN_IF_ERROR(GetInt(f, j, "hidden_size", &c->hidden_size));
+  TRAIND_RETURN_IF_ERROR(GetInt(f, j, "intermediate_size", &c->intermediate_size));
+  TRAIND_RETURN_IF_ERROR(GetInt(f, j, "num_hidden_layers", &c->num_hidden_layers));
+  TRAIND_RETURN_IF_ERROR(GetInt(f, j, "num_attention_heads", &c->num_attention_heads));
+  TRAIND_RETURN_IF_ERROR(GetInt(f, j, "num_key_value_heads", &c->num_key_value_heads));
+  TRAIND_RETURN_IF_ERROR(GetDouble(f, j, "rms_norm_eps", &c->rms_norm_eps));
+  TRAIND_RETURN_IF_ERROR(GetDouble(f, j, "rope_theta", &c->rope_theta));
+  TRAIND_RETURN_IF_ERROR(GetInt(f, j, "max_position_embeddings", &c->max_position_embeddings));
+  TRAIND_RETURN_IF_ERROR(GetBool(f, j, "tie_word_embeddings", &c->tie_word_embeddings));
+  TRAIND_RETURN_IF_ERROR(GetInt(f, j, "num_local_experts", &c->num_local_experts));
+  TRAIND_RETURN_IF_ERROR(GetInt(f, j, "num_experts_per_tok", &c->num_experts_per_tok));
+  TRAIND_RETURN_IF_ERROR(GetDouble(f, j, "router_aux_loss_coef", &c->router_aux_loss_coef));
+  TRAIND_RETURN_IF_ERROR(GetBool(f, j, "output_router_logits", &c->output_router_logits));
+  TRAIND_RETURN_IF_ERROR(Require(f, j, "hidden_act", "silu", "only silu (SwiGLU) is implemented"));
+  if (j.contains("sliding_window") && !j["sliding_window"].is_null()) {
+    return Bad(f, "sliding_window", j["sliding_window"].dump() +
+                                        " is not supported (only null: full causal attention)");
+  }
+  if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) {
+    return Bad(f, "rope_scaling", j["rope_scaling"].dump() +
+                                      " is not supported (only null: plain RoPE)");
+  }
+  if (j.contains("router_jitter_noise") && j["router_jitter_noise"].is_number() &&
+      j["router_jitter_noise"].get<double>() != 0.0) {
+    return Bad(f, "router_jitter_noise",
+               j["router_jitter_noise"].dump() + " is not supported (only 0: no jitter)");
+  }
+  return Status::Ok();
+}
+
 Status Positive(const std::string& prefix, const char* key, int64_t v) {
   if (v >= 1) return Status::Ok();
   return Status::InvalidArgument(prefix + key + ": must be >= 1, got " + std::to_string(v));
@@ -273,6 +316,18 @@ Status ValidateModelConfig(const ModelConfig& c, const std::string& p) {
   }
   if (!(c.rms_norm_eps > 0)) return Status::InvalidArgument(p + "rms_norm_eps: must be > 0");
   if (!(c.rope_theta > 0)) return Status::InvalidArgument(p + "rope_theta: must be > 0");
+  if (c.arch == "mixtral") {
+    TRAIND_RETURN_IF_ERROR(Positive(p, "num_local_experts", c.num_local_experts));
+    TRAIND_RETURN_IF_ERROR(Positive(p, "num_experts_per_tok", c.num_experts_per_tok));
+    if (c.num_experts_per_tok > c.num_local_experts) {
+      return Status::InvalidArgument(p + "num_experts_per_tok: " +
+                                     std::to_string(c.num_experts_per_tok) + " exceeds " +
+                                     "num_local_experts " + std::to_string(c.num_local_experts));
+    }
+    if (!(c.router_aux_loss_coef >= 0)) {
+      return Status::InvalidArgument(p + "router_aux_loss_coef: must be >= 0");
+    }
+  }
   return Status::Ok();
 }
 
@@ -286,7 +341,7 @@ Result<ModelConfig> ReadHfConfig(const std::string& path) {
     return Status::InvalidArgument(path + ": not a JSON object");
   }
   if (!j.contains("model_type") || !j["model_type"].is_string()) {
-    return Status::InvalidArgument(path + ": model_type: missing (expected \"gpt2\", \"llama\" or \"bert\")");
+    return Status::InvalidArgument(path + ": model_type: missing (expected \"gpt2\", \"llama\", \"bert\" or \"mixtral\")");
   }
   ModelConfig c;
   c.arch = j["model_type"].get<std::string>();
@@ -294,13 +349,15 @@ Result<ModelConfig> ReadHfConfig(const std::string& path) {
     TRAIND_RETURN_IF_ERROR(ReadGpt2(path, j, &c));
   } else if (c.arch == "llama") {
     TRAIND_RETURN_IF_ERROR(ReadLlama(path, j, &c));
+  } else if (c.arch == "mixtral") {
+    TRAIND_RETURN_IF_ERROR(ReadMixtral(path, j, &c));
   } else if (c.arch == "bert") {
     TRAIND_RETURN_IF_ERROR(ReadBert(path, j, &c));
     // A BertModel file (no task head): valid once the job spec names model.head.
     if (c.head.empty()) return c;
   } else {
     return Status::InvalidArgument(path + ": model_type: '" + c.arch +
-                                   "' is not supported (gpt2 | llama | bert)");
+                                   "' is not supported (gpt2 | llama | bert | mixtral)");
   }
   TRAIND_RETURN_IF_ERROR(ValidateModelConfig(c, path + ": "));
   return c;
@@ -366,6 +423,28 @@ std::string WriteHfConfigJson(const ModelConfig& c) {
       j["label2id"] = label2id;
       j["problem_type"] = "single_label_classification";
     }
+  } else if (c.arch == "mixtral") {
+    j["model_type"] = "mixtral";
+    j["architectures"] = {"MixtralForCausalLM"};
+    j["hidden_act"] = "silu";
+    j["hidden_size"] = c.hidden_size;
+    j["intermediate_size"] = c.intermediate_size;
+    j["num_hidden_layers"] = c.num_hidden_layers;
+    j["num_attention_heads"] = c.num_attention_heads;
+    j["num_key_value_heads"] = c.num_key_value_heads;
+    j["max_position_embeddings"] = c.max_position_embeddings;
+    j["rms_norm_eps"] = c.rms_norm_eps;
+    j["rope_theta"] = c.rope_theta;
+    j["sliding_window"] = nullptr;
+    j["attention_dropout"] = 0.0;
+    j["tie_word_embeddings"] = c.tie_word_embeddings;
+    j["num_local_experts"] = c.num_local_experts;
+    j["num_experts_per_tok"] = c.num_experts_per_tok;
+    j["router_aux_loss_coef"] = c.router_aux_loss_coef;
+    j["output_router_logits"] = c.output_router_logits;
+    j["router_jitter_noise"] = 0.0;
+    j["bos_token_id"] = c.vocab_size > 1 ? 1 : 0;
+    j["eos_token_id"] = c.vocab_size > 2 ? 2 : c.vocab_size - 1;
   } else {
     j["model_type"] = "llama";
     j["architectures"] = {"LlamaForCausalLM"};

@@ -61,6 +61,10 @@ Result<std::unique_ptr<KvDecoder>> KvDecoder::Create(const ModelConfig& config,
     return Status::InvalidArgument("generation needs a causal pre-norm decoder (gpt2, llama); " +
                                    config.arch + " is not one");
   }
+  if (d.moe()) {
+    return Status::Unimplemented("generation with a key/value cache is not built for " +
+                                 config.arch + " (mixture of experts) yet: gpt2, llama");
+  }
   if (max_len < 1 || max_len > d.max_T) {
     return Status::InvalidArgument("generation length " + std::to_string(max_len) +
                                    " outside [1, " + std::to_string(d.max_T) +

@@ -30,6 +30,11 @@ const ModelFamily kFamilies[] = {
      {FamilyFeatures::Norm::kLayerNorm, FamilyFeatures::Positions::kLearned,
       FamilyFeatures::Mlp::kGeluErf, /*bias=*/true, /*causal=*/false, /*pre_ln=*/false},
      BertParams},
+    {"mixtral",
+     {FamilyFeatures::Norm::kRmsNorm, FamilyFeatures::Positions::kRotary,
+      FamilyFeatures::Mlp::kSwiGlu, /*bias=*/false, /*causal=*/true, /*pre_ln=*/true,
+      /*moe=*/true},
+     MixtralParams},
 };
 
 }  // namespace
@@ -62,6 +67,11 @@ ArchDims MakeArchDims(const ModelConfig& config) {
   d.eps = static_cast<float>(d.rms_norm()             ? config.rms_norm_eps
                              : config.arch == "bert" ? config.layer_norm_eps
                                                      : config.layer_norm_epsilon);
+  if (d.moe()) {
+    d.E = config.num_local_experts;
+    d.K = config.num_experts_per_tok;
+    d.aux_coef = config.output_router_logits ? config.router_aux_loss_coef : 0.0;
+  }
   d.type_vocab = config.type_vocab_size;
   d.head = config.head;
   d.num_labels = config.num_labels;
@@ -167,8 +177,19 @@ void PlanBuffers(const ArchDims& d, const ModelOptions& o, int64_t num_params, B
     p->Add(MC::kActivations, N * C, t, &a.ln2);
     if (!d.rms_norm()) p->Add(MC::kActivations, N, &a.ln2_mean);
     p->Add(MC::kActivations, N, &a.ln2_rstd);
-    p->Add(MC::kActivations, N * d.up_width(), &a.h);
-    p->Add(MC::kActivations, N * d.H, t, &a.a);
+    if (d.moe()) {
+      const int64_t R = d.moe_rows(N);
+      p->Add(MC::kActivations, N * d.E, &a.probs);
+      p->Add(MC::kActivations, R, &a.row_token);
+      p->Add(MC::kActivations, R, &a.row_weight);
+      p->Add(MC::kActivations, R * C, t, &a.xg);
+      p->Add(MC::kActivations, R * d.up_width(), &a.h);
+      p->Add(MC::kActivations, R * d.H, t, &a.a);
+      p->Add(MC::kActivations, R * C, &a.yg);
+    } else {
+      p->Add(MC::kActivations, N * d.up_width(), &a.h);
+      p->Add(MC::kActivations, N * d.H, t, &a.a);
+    }
   }
   p->Add(MC::kActivations, N * C, t, &b->lnf);
   if (!d.rms_norm()) p->Add(MC::kActivations, N, &b->lnf_mean);
@@ -186,16 +207,24 @@ void PlanBuffers(const ArchDims& d, const ModelOptions& o, int64_t num_params, B
   }
   p->Add(MC::kTemporary, N * C, &b->dres);
   p->Add(MC::kTemporary, N * C, &b->tmp_c);
-  p->Add(MC::kTemporary, N * std::max(d.qkv_width(), d.up_width()), &b->scratch_big);
-  if (d.swiglu()) p->Add(MC::kTemporary, N * d.H, &b->scratch_a);
+  const int64_t mlp_rows = d.moe() ? d.moe_rows(N) : N;
+  p->Add(MC::kTemporary, std::max(N * d.qkv_width(), mlp_rows * d.up_width()), &b->scratch_big);
+  if (d.swiglu()) p->Add(MC::kTemporary, mlp_rows * d.H, &b->scratch_a);
+  if (d.moe()) {
+    p->Add(MC::kTemporary, mlp_rows * C, &b->moe_rows_a);
+    p->Add(MC::kTemporary, mlp_rows * C, &b->moe_rows_b);
+    p->Add(MC::kTemporary, N * d.E, &b->router_dlogits);
+    p->Add(MC::kTemporary, mlp_rows, &b->row_dweight);
+    p->Add(MC::kTemporary, 1, &b->aux_loss);
+  }
   if (mixed) {
     // Every gradient entering a GEMM fits whole (N rows of C, qkv_width or up_width), and so do
     // N*C floats (2*N*C 16-bit elements). The logits gradient (N,Vp) goes through in chunks of at
     // least min(N, 512) rows: fewer rows make the lm_head weight-gradient GEMM (K = rows) slow
     // (see README.md, mixed precision), all N rows would cost N*Vp*2 bytes.
     constexpr int64_t kMinLogitRows = 512;
-    b->scratch16_elems = std::max(
-        {2 * N * C, N * d.qkv_width(), N * d.up_width(), std::min(N, kMinLogitRows) * d.Vp});
+    b->scratch16_elems = std::max({2 * N * C, N * d.qkv_width(), mlp_rows * d.up_width(),
+                                   mlp_rows * C, std::min(N, kMinLogitRows) * d.Vp});
     p->Add(MC::kTemporary, b->scratch16_elems, t, &b->scratch16);
   } else {
     b->scratch16_elems = 0;

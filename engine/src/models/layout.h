@@ -31,6 +31,7 @@ struct FamilyFeatures {
   bool bias = true;    // linear layers and norms carry biases
   bool causal = true;  // causal self-attention (false: bidirectional, with a padding mask)
   bool pre_ln = true;  // norm before each sub-block (false: after the residual add, as BERT)
+  bool moe = false;    // the MLP is a sparse mixture of SwiGLU experts with a softmax top-k router
 };
 
 struct ModelFamily {
@@ -56,11 +57,16 @@ struct ArchDims {
   int64_t type_vocab = 0;
   std::string head;
   int64_t num_labels = 0;
+  // mixtral: E experts, K of them per token; the load-balancing loss's coefficient (0: off).
+  bool moe() const { return f().moe; }
+  int64_t E = 0, K = 0;
+  double aux_coef = 0.0;
   float eps = 1e-5f;
   float rope_theta = 10000.0f;
   bool tied = true;
   int64_t qkv_width() const { return (NH + 2 * NKV) * HS; }
   int64_t up_width() const { return swiglu() ? 2 * H : H; }
+  int64_t moe_rows(int64_t N) const { return N * K; }  // expert rows of N tokens: static
 };
 // Vp: the vocabulary rounded up to a multiple of 64 for the logits GEMM.
 // Rows per lm-head + cross-entropy chunk: options.logits_chunk_rows when > 0 (at most N), else
@@ -87,6 +93,9 @@ struct ParamExtra {
 struct LayerParams {
   int64_t ln1_w = -1, ln1_b = -1, qkv_w = -1, qkv_b = -1, proj_w = -1, proj_b = -1;
   int64_t ln2_w = -1, ln2_b = -1, up_w = -1, up_b = -1, down_w = -1, down_b = -1;
+  // mixtral: the router (E, C) and each expert's fused [w1 | w3] (2H, C) and w2 (C, H).
+  int64_t router_w = -1;
+  std::vector<int64_t> expert_up, expert_down;
 };
 
 struct ParamTable {
@@ -111,6 +120,7 @@ struct ParamTable {
 ParamTable Gpt2Params(const ArchDims& d);   // models/gpt2.cc
 ParamTable LlamaParams(const ArchDims& d);  // models/llama.cc
 ParamTable BertParams(const ArchDims& d);   // models/bert.cc
+ParamTable MixtralParams(const ArchDims& d);  // models/mixtral.cc
 inline ParamTable BuildParams(const ArchDims& d) { return d.family->params(d); }
 
 // One block's saved activations (N = B*T rows). Unused fields stay null for an arch.
@@ -129,6 +139,12 @@ struct BlockActs {
   float* ln2_rstd = nullptr;  // (N)
   float* h = nullptr;         // (N, up_width) MLP pre-activation
   void* a = nullptr;          // (N,H) compute type: MLP activation
+  // mixtral (R = N*K expert rows, grouped by expert; h and a above then hold R rows):
+  float* probs = nullptr;        // (N,E) router softmax
+  int32_t* row_token = nullptr;  // (R) the token of each expert row
+  float* row_weight = nullptr;   // (R) its renormalised routing weight
+  void* xg = nullptr;            // (R,C) compute type: the gathered expert inputs
+  float* yg = nullptr;           // (R,C) the experts' outputs before weighting
 };
 
 // Every device buffer of the model. With gradient checkpointing every k, only the inputs of blocks
@@ -154,7 +170,13 @@ struct ModelBuffers {
   float* dres = nullptr;         // (N,C) gradient of the residual stream
   float* tmp_c = nullptr;        // (N,C) projection outputs / gradients into norms
   float* scratch_big = nullptr;  // (N, max(qkv_width, up_width)): dqkv, MLP dh (and GELU da)
-  float* scratch_a = nullptr;    // (N,H) SwiGLU da (llama only)
+  float* scratch_a = nullptr;    // (N,H) SwiGLU da (llama only; mixtral (R,H))
+  // mixtral: (R,C) two row scratches, the router's (N,E) logits gradient and (R) weight gradient.
+  float* moe_rows_a = nullptr;
+  float* moe_rows_b = nullptr;
+  float* router_dlogits = nullptr;
+  float* row_dweight = nullptr;
+  float* aux_loss = nullptr;     // (1) the step's load-balancing term, for the device loss sum
   // 16-bit compute types only: `scratch16_elems` elements of the compute type. Holds the rounded
   // copy of a gradient entering a GEMM (nn::GemmPrecision; the logits gradient in chunks of at
   // least min(N, 512) rows), and, reused in BlockBackward, the attention output widened back to

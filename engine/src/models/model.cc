@@ -16,7 +16,7 @@ namespace {
 // of model configs, shared with the job-spec parser and init_from's config.json).
 Status ValidateConfig(const ModelConfig& c, const ModelOptions& o) {
   TRAIND_RETURN_IF_ERROR(ValidateModelConfig(c, "model.config."));
-  const char* f_p = c.arch == "gpt2" ? "n_positions" : "max_position_embeddings";  // llama, bert
+  const char* f_p = c.arch == "gpt2" ? "n_positions" : "max_position_embeddings";  // the others
   if (o.micro_batch < 1) {
     return Status::InvalidArgument("training.per_device_train_batch_size: must be >= 1, got " +
                                    std::to_string(o.micro_batch));
@@ -36,9 +36,9 @@ Status ValidateConfig(const ModelConfig& c, const ModelOptions& o) {
                                    std::to_string(static_cast<int>(o.compute_type)) +
                                    " is not one of f32, bf16, f16");
   }
-  if (c.encoder() && o.lora.enabled()) {
+  if ((c.encoder() || c.arch == "mixtral") && o.lora.enabled()) {
     return Status::Unimplemented("training.peft: LoRA is not built for " + c.arch +
-                                 " yet (causal families: gpt2, llama)");
+                                 " yet (gpt2, llama)");
   }
   return ValidateLora(c.arch, o.lora, o.compute_type);
 }
@@ -84,6 +84,7 @@ std::vector<Op> Model::RequiredOps(const ModelConfig& config) {
   } else {
     ops.insert(ops.end(), {Op::kGeluForward, Op::kGeluBackward});
   }
+  if (f.moe) ops.insert(ops.end(), {Op::kScaleRows, Op::kRowDot});
   if (config.encoder() && config.head == "sequence_classification") {
     ops.insert(ops.end(), {Op::kTanhForward, Op::kTanhBackward});
   }
@@ -136,6 +137,10 @@ double Model::TrainingFlops(const ModelConfig& config, int64_t B, int64_t T) {
     if (info.offset == table.pool_w || info.offset == table.cls_w) continue;
     double n = 1;
     for (int64_t s : info.hf_shape) n *= static_cast<double>(s);
+    // mixtral: a token runs K of the E experts (the active parameters).
+    if (d.moe() && info.hf_name.find(".experts.") != std::string::npos) {
+      n *= static_cast<double>(d.K) / static_cast<double>(d.E);
+    }
     p += n;
   }
   const double tokens = static_cast<double>(B) * static_cast<double>(T);

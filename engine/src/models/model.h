@@ -105,6 +105,13 @@ class Model {
   // micro-batch have their label as the argmax of the classifier's logits (reads back B rows);
   // -1 for a model without a classification head.
   virtual int64_t CorrectPredictions() { return -1; }
+  // Mixture-of-experts families (mixtral): the tokens routed to each expert by the training
+  // forwards since the last call, layer-major (num_layers x num_local_experts; a token counts once
+  // for each of its num_experts_per_tok experts), then reset. Empty for dense models.
+  virtual std::vector<int64_t> TakeExpertTokens() { return {}; }
+  // False when a training step reads device data back to the host mid-step (mixtral's routing:
+  // the experts' row counts), so it cannot be captured as a graph.
+  virtual bool capturable() const { return true; }
 
   // GPT-2 style init from `seed`: N(0, 0.02) for weights, zeros for biases, ones for norm weights,
   // residual output projections scaled by 1/sqrt(2*L).

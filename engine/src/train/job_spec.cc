@@ -57,6 +57,13 @@ const std::vector<std::string> kLlamaKeys = {
     "num_hidden_layers",   "num_attention_heads", "num_key_value_heads",
     "rms_norm_eps",        "rope_theta",          "max_position_embeddings",
     "tie_word_embeddings"};
+// mixtral: llama's keys and the experts' (HF MixtralConfig).
+const std::vector<std::string> kMixtralKeys = {
+    "vocab_size",          "hidden_size",          "intermediate_size",
+    "num_hidden_layers",   "num_attention_heads",  "num_key_value_heads",
+    "rms_norm_eps",        "rope_theta",           "max_position_embeddings",
+    "tie_word_embeddings", "num_local_experts",    "num_experts_per_tok",
+    "router_aux_loss_coef", "output_router_logits"};
 
 std::string Resolve(const std::string& base_dir, const std::string& p) {
   if (p.empty() || base_dir.empty()) return p;
@@ -71,6 +78,18 @@ ModelConfig ArchDefaults(const std::string& arch) {
   c.arch = arch;
   if (arch == "llama") {
     c.vocab_size = 32000;
+    c.tie_word_embeddings = false;
+  }
+  if (arch == "mixtral") {  // HF MixtralConfig (Mixtral-8x7B)
+    c.vocab_size = 32000;
+    c.hidden_size = 4096;
+    c.intermediate_size = 14336;
+    c.num_hidden_layers = 32;
+    c.num_attention_heads = 32;
+    c.num_key_value_heads = 8;
+    c.max_position_embeddings = 4096 * 32;
+    c.rms_norm_eps = 1e-5;
+    c.rope_theta = 1e6;
     c.tie_word_embeddings = false;
   }
   if (arch == "bert") {  // HF BertConfig (bert-base-uncased)
@@ -154,9 +173,12 @@ Status ParseModelConfig(const YAML::Node& node, ModelConfig* c) {
   TRAIND_ASSIGN_OR_RETURN(SpecReader r, SpecReader::Open(node, "model.config"));
   const bool gpt2 = c->arch == "gpt2";
   const bool bert = c->arch == "bert";
-  const auto& mine = gpt2 ? kGpt2Keys : bert ? kBertKeys : kLlamaKeys;
+  const bool mixtral = c->arch == "mixtral";
+  const auto& mine = gpt2 ? kGpt2Keys : bert ? kBertKeys : mixtral ? kMixtralKeys : kLlamaKeys;
   std::set<std::string> foreign;
-  for (const auto* keys : {&kGpt2Keys, &kLlamaKeys, &kBertKeys}) foreign.insert(keys->begin(), keys->end());
+  for (const auto* keys : {&kGpt2Keys, &kLlamaKeys, &kBertKeys, &kMixtralKeys}) {
+    foreign.insert(keys->begin(), keys->end());
+  }
   for (const std::string& k : mine) foreign.erase(k);
   TRAIND_RETURN_IF_ERROR(r.CheckKeys(mine, foreign, "not a " + c->arch + " config key"));
   TRAIND_RETURN_IF_ERROR(r.Int("vocab_size", &c->vocab_size, 1));
@@ -183,28 +205,34 @@ Status ParseModelConfig(const YAML::Node& node, ModelConfig* c) {
     TRAIND_RETURN_IF_ERROR(r.Int("intermediate_size", &c->intermediate_size, 1));
     TRAIND_RETURN_IF_ERROR(r.Int("num_hidden_layers", &c->num_hidden_layers, 1));
     TRAIND_RETURN_IF_ERROR(r.Int("num_attention_heads", &c->num_attention_heads, 1));
-    c->num_key_value_heads = c->num_attention_heads;  // HF: absent means no grouping
+    // HF: absent means no grouping (llama); Mixtral's default is 8.
+    if (!mixtral) c->num_key_value_heads = c->num_attention_heads;
     TRAIND_RETURN_IF_ERROR(r.Int("num_key_value_heads", &c->num_key_value_heads, 1));
     TRAIND_RETURN_IF_ERROR(r.Double("rms_norm_eps", &c->rms_norm_eps));
     TRAIND_RETURN_IF_ERROR(r.Double("rope_theta", &c->rope_theta));
     TRAIND_RETURN_IF_ERROR(r.Int("max_position_embeddings", &c->max_position_embeddings, 1));
     TRAIND_RETURN_IF_ERROR(r.Bool("tie_word_embeddings", &c->tie_word_embeddings));
+    if (mixtral) {
+      TRAIND_RETURN_IF_ERROR(r.Int("num_local_experts", &c->num_local_experts, 1));
+      TRAIND_RETURN_IF_ERROR(r.Int("num_experts_per_tok", &c->num_experts_per_tok, 1));
+      TRAIND_RETURN_IF_ERROR(r.Double("router_aux_loss_coef", &c->router_aux_loss_coef));
+      TRAIND_RETURN_IF_ERROR(r.Bool("output_router_logits", &c->output_router_logits));
+    }
   }
   return Status::Ok();
 }
 
 Status ParseModel(const YAML::Node& node, ModelSpec* m, const std::string& base_dir) {
-  if (!node) return Status::InvalidArgument("model: required (with model.arch: gpt2 | llama | bert)");
+  if (!node) {
+    return Status::InvalidArgument("model: required (with model.arch: gpt2 | llama | bert | mixtral)");
+  }
   TRAIND_ASSIGN_OR_RETURN(SpecReader r, SpecReader::Open(node, "model"));
   TRAIND_RETURN_IF_ERROR(r.CheckKeys(kModelKeys));
-  if (!r.Has("arch")) return r.Error("arch", "required (gpt2 | llama | bert)");
+  if (!r.Has("arch")) return r.Error("arch", "required (gpt2 | llama | bert | mixtral)");
   std::string arch;
   TRAIND_RETURN_IF_ERROR(r.String("arch", &arch));
-  if (arch == "mixtral") {
-    return r.Error("arch", arch + " is not supported yet (supported: gpt2, llama, bert)");
-  }
-  if (arch != "gpt2" && arch != "llama" && arch != "bert") {
-    return r.Error("arch", "expected one of gpt2, llama, bert, got '" + arch + "'");
+  if (arch != "gpt2" && arch != "llama" && arch != "bert" && arch != "mixtral") {
+    return r.Error("arch", "expected one of gpt2, llama, bert, mixtral, got '" + arch + "'");
   }
   const bool bert = arch == "bert";
   // JOBSPEC.md's head (bert: sequence_classification | masked_lm, required; causal families:
@@ -552,6 +580,15 @@ Status CheckHeadAndData(const JobSpec& s) {
     return Status::InvalidArgument(
         "training.peft: LoRA is not built for bert yet (gpt2 and llama only): set it to null");
   }
+  if (c.arch == "mixtral" && s.training.sample_every > 0) {
+    return Status::Unimplemented(
+        "training.sample_every: generation (the key/value-cache decoder) is not built for mixtral "
+        "yet (gpt2, llama): set it to 0");
+  }
+  if (c.arch == "mixtral" && s.training.peft) {
+    return Status::Unimplemented(
+        "training.peft: LoRA is not built for mixtral yet (gpt2 and llama only): set it to null");
+  }
   return Status::Ok();
 }
 
@@ -667,6 +704,16 @@ Status CheckAgreement(const ModelConfig& mine, const ModelConfig& file, const st
   TRAIND_RETURN_IF_ERROR(check("rope_theta", mine.rope_theta, def.rope_theta, file.rope_theta));
   TRAIND_RETURN_IF_ERROR(check("max_position_embeddings", mine.max_position_embeddings,
                                def.max_position_embeddings, file.max_position_embeddings));
+  if (mine.arch == "mixtral") {
+    TRAIND_RETURN_IF_ERROR(check("num_local_experts", mine.num_local_experts,
+                                 def.num_local_experts, file.num_local_experts));
+    TRAIND_RETURN_IF_ERROR(check("num_experts_per_tok", mine.num_experts_per_tok,
+                                 def.num_experts_per_tok, file.num_experts_per_tok));
+    TRAIND_RETURN_IF_ERROR(check("router_aux_loss_coef", mine.router_aux_loss_coef,
+                                 def.router_aux_loss_coef, file.router_aux_loss_coef));
+    TRAIND_RETURN_IF_ERROR(check("output_router_logits", mine.output_router_logits,
+                                 def.output_router_logits, file.output_router_logits));
+  }
   return check("tie_word_embeddings", mine.tie_word_embeddings, def.tie_word_embeddings,
                file.tie_word_embeddings);
 }
@@ -891,6 +938,12 @@ std::string JobSpecToJson(const JobSpec& s) {
     config["rope_theta"] = c.rope_theta;
     config["max_position_embeddings"] = c.max_position_embeddings;
     config["tie_word_embeddings"] = c.tie_word_embeddings;
+    if (c.arch == "mixtral") {
+      config["num_local_experts"] = c.num_local_experts;
+      config["num_experts_per_tok"] = c.num_experts_per_tok;
+      config["router_aux_loss_coef"] = c.router_aux_loss_coef;
+      config["output_router_logits"] = c.output_router_logits;
+    }
   }
   auto opt = [](const std::optional<std::string>& v) { return v ? oj(*v) : oj(nullptr); };
   oj j;

@@ -19,7 +19,7 @@ namespace traind::engine {
 // Architecture hyper-parameters, named as in the HF config.json of the architecture. Fields that do
 // not apply to an arch stay at their defaults. Defaults are HF's defaults for that arch.
 struct ModelConfig {
-  std::string arch = "gpt2";  // "gpt2" | "llama" | "bert"
+  std::string arch = "gpt2";  // "gpt2" | "llama" | "bert" | "mixtral"
   int64_t vocab_size = 50257;
   // gpt2
   int64_t n_positions = 1024;
@@ -48,6 +48,14 @@ struct ModelConfig {
   std::string head;
   int64_t num_labels = 2;             // sequence_classification: the classifier's outputs
   std::vector<std::string> id2label;  // label names by id (config.json id2label; empty: LABEL_i)
+  // mixtral (HF MixtralConfig; the rest is llama's names): a sparse mixture-of-experts MLP in
+  // every block, each token routed to num_experts_per_tok of num_local_experts SwiGLU experts.
+  // With output_router_logits the load-balancing loss (router_aux_loss_coef x HF's
+  // load_balancing_loss_func) is part of the training loss, as in MixtralForCausalLM.
+  int64_t num_local_experts = 8;
+  int64_t num_experts_per_tok = 2;
+  double router_aux_loss_coef = 0.001;
+  bool output_router_logits = false;
 
   // Arch-independent views.
   bool encoder() const { return arch == "bert"; }  // bidirectional, with a padding mask

@@ -72,6 +72,12 @@ class CpuBackend final : public Backend {
   void BiasBackward(float* dbias, const float* dout, int64_t N, int64_t OC) override {
     cpu::BiasBackward(dbias, dout, N, OC, nt_);
   }
+  void ScaleRows(float* x, const float* w, int64_t N, int64_t C) override {
+    cpu::ScaleRows(x, w, N, C, nt_);
+  }
+  void RowDot(float* out, const float* a, const float* b, int64_t N, int64_t C) override {
+    cpu::RowDot(out, a, b, N, C, nt_);
+  }
   void Add(float* out, const float* a, const float* b, int64_t n) override {
     cpu::Add(out, a, b, n, nt_);
   }

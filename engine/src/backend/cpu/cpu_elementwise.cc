@@ -184,6 +184,24 @@ void BiasBackward(float* dbias, const float* dout, int64_t N, int64_t OC, int nt
   }
 }
 
+void ScaleRows(float* x, const float* w, int64_t N, int64_t C, int nt) {
+#pragma omp parallel for num_threads(ThreadsFor(N* C, nt)) schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    const float s = w[n];
+    float* row = x + n * C;
+    for (int64_t c = 0; c < C; ++c) row[c] *= s;
+  }
+}
+
+void RowDot(float* out, const float* a, const float* b, int64_t N, int64_t C, int nt) {
+#pragma omp parallel for num_threads(ThreadsFor(N* C, nt)) schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    double s = 0.0;
+    for (int64_t c = 0; c < C; ++c) s += double{a[n * C + c]} * b[n * C + c];
+    out[n] = static_cast<float>(s);
+  }
+}
+
 void Add(float* out, const float* a, const float* b, int64_t n, int nt) {
 #pragma omp parallel num_threads(ThreadsFor(n, nt))
   {

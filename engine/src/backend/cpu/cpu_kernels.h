@@ -58,6 +58,8 @@ void EmbeddingBackward(float* dtable, const float* dout, const int32_t* ids, int
                        int nt);
 void AddBias(float* out, const float* bias, int64_t N, int64_t OC, int nt);
 void BiasBackward(float* dbias, const float* dout, int64_t N, int64_t OC, int nt);
+void ScaleRows(float* x, const float* w, int64_t N, int64_t C, int nt);
+void RowDot(float* out, const float* a, const float* b, int64_t N, int64_t C, int nt);
 void Add(float* out, const float* a, const float* b, int64_t n, int nt);
 void Scale(float* x, float s, int64_t n, int nt);
 double SumSquares(const float* x, int64_t n, int nt);

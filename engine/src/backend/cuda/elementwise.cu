@@ -51,6 +51,30 @@ __global__ void add_bias_kernel(float* out, const float* bias, int64_t N, int64_
     out[i] += bias[i % OC];
 }
 
+__global__ void scale_rows_kernel(float* x, const float* w, int64_t N, int64_t C) {
+  const int64_t total = N * C;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total;
+       i += int64_t{gridDim.x} * blockDim.x)
+    x[i] *= w[i / C];
+}
+
+// One block of 256 threads per row: strided partial sums in double, a shared-memory tree.
+__global__ void row_dot_kernel(float* out, const float* a, const float* b, int64_t C) {
+  __shared__ double part[256];
+  const int64_t n = blockIdx.x;
+  double s = 0.0;
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+    s += static_cast<double>(a[n * C + c]) * b[n * C + c];
+  }
+  part[threadIdx.x] = s;
+  __syncthreads();
+  for (int w = blockDim.x / 2; w > 0; w /= 2) {
+    if (static_cast<int>(threadIdx.x) < w) part[threadIdx.x] += part[threadIdx.x + w];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) out[n] = static_cast<float>(part[0]);
+}
+
 // Block (32, 8): 32 columns per block, 8 row lanes summed through shared memory.
 __global__ void bias_backward_kernel(float* dbias, const float* dout, int64_t N, int64_t OC) {
   __shared__ float part[8][33];
@@ -186,6 +210,19 @@ Status BiasBackward(float* dbias, const float* dout, int64_t N, int64_t OC, cuda
   if (N * OC == 0) return Status::Ok();
   const unsigned grid = static_cast<unsigned>((OC + 31) / 32);
   return GPU_LAUNCH(bias_backward_kernel, grid, dim3(32, 8), 0, stream, dbias, dout, N, OC);
+}
+
+Status ScaleRows(float* x, const float* w, int64_t N, int64_t C, cudaStream_t stream) {
+  TRAIND_RETURN_IF_ERROR(CheckCount("ScaleRows", N * C));
+  if (N * C == 0) return Status::Ok();
+  return GPU_LAUNCH(scale_rows_kernel, GridFor(N * C, kThreads), kThreads, 0, stream, x, w, N, C);
+}
+
+Status RowDot(float* out, const float* a, const float* b, int64_t N, int64_t C,
+              cudaStream_t stream) {
+  TRAIND_RETURN_IF_ERROR(CheckCount("RowDot", N * C));
+  if (N == 0) return Status::Ok();
+  return GPU_LAUNCH(row_dot_kernel, static_cast<unsigned>(N), 256, 0, stream, out, a, b, C);
 }
 
 Status Add(float* out, const float* a, const float* b, int64_t n, cudaStream_t stream) {

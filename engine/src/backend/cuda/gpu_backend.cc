@@ -106,6 +106,12 @@ void GpuBackend::EmbeddingBackward(float* dtable, const float* dout, const int32
                                    int64_t C) {
   Record(gpu::EmbeddingBackward(dtable, dout, ids, N, C, stream_));
 }
+void GpuBackend::ScaleRows(float* x, const float* w, int64_t N, int64_t C) {
+  Record(gpu::ScaleRows(x, w, N, C, stream_));
+}
+void GpuBackend::RowDot(float* out, const float* a, const float* b, int64_t N, int64_t C) {
+  Record(gpu::RowDot(out, a, b, N, C, stream_));
+}
 void GpuBackend::AddBias(float* out, const float* bias, int64_t N, int64_t OC) {
   Record(gpu::AddBias(out, bias, N, OC, stream_));
 }

@@ -53,6 +53,8 @@ class GpuBackend : public Backend {
                          int64_t C) override;
   void AddBias(float* out, const float* bias, int64_t N, int64_t OC) override;
   void BiasBackward(float* dbias, const float* dout, int64_t N, int64_t OC) override;
+  void ScaleRows(float* x, const float* w, int64_t N, int64_t C) override;
+  void RowDot(float* out, const float* a, const float* b, int64_t N, int64_t C) override;
   void Add(float* out, const float* a, const float* b, int64_t n) override;
   void Scale(float* x, float s, int64_t n) override;
   double SumSquares(const float* x, int64_t n) override;

@@ -21,6 +21,9 @@ Status EmbeddingBackward(float* dtable, const float* dout, const int32_t* ids, i
                          cudaStream_t stream);
 Status AddBias(float* out, const float* bias, int64_t N, int64_t OC, cudaStream_t stream);
 Status BiasBackward(float* dbias, const float* dout, int64_t N, int64_t OC, cudaStream_t stream);
+Status ScaleRows(float* x, const float* w, int64_t N, int64_t C, cudaStream_t stream);
+Status RowDot(float* out, const float* a, const float* b, int64_t N, int64_t C,
+              cudaStream_t stream);
 Status Add(float* out, const float* a, const float* b, int64_t n, cudaStream_t stream);
 Status Scale(float* x, float s, int64_t n, cudaStream_t stream);
 // *result (device) += sum of x^2 in double. The caller zeroes *result.
