@@ -11,7 +11,9 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <map>
 
 #include <nlohmann/json.hpp>
@@ -114,6 +116,56 @@ TEST_F(MetricsTest, EverySeriesPresentAndMovingDuringAJob) {
   EXPECT_THAT(after, ::testing::Not(::testing::HasSubstr(label)));
   EXPECT_EQ(FindMetric(ParseMetrics(after), "traind_jobs", "state=\"CANCELLED\""), 1);
   EXPECT_EQ(FindMetric(ParseMetrics(after), "traind_jobs", "state=\"SUCCEEDED\""), 1);
+}
+
+// A mixture-of-experts job (mixtral): traind_moe_expert_tokens_total{layer, expert} for every
+// layer and expert, counting each step's tokens once per chosen expert, gone when the job ends.
+TEST_F(MetricsTest, MoeExpertTokensPerLayerAndExpert) {
+  Daemon d(dir_ + "/state");
+  ASSERT_TRUE(d.Start());
+  auto c = d.Connect();
+  const std::string spec = dir_ + "/moe.yaml";
+  std::ofstream(spec) << "name: moe\nmodel:\n  arch: mixtral\n  config: {vocab_size: 256, "
+                         "hidden_size: 32, intermediate_size: 32, num_hidden_layers: 2, "
+                         "num_attention_heads: 4, num_key_value_heads: 2, "
+                         "max_position_embeddings: 64, num_local_experts: 4, "
+                         "num_experts_per_tok: 2, output_router_logits: true}\n"
+                         "data: {train_file: " << data_ << ", seq_len: 16}\n"
+                         "training: {max_steps: 100000, per_device_train_batch_size: 4, "
+                         "logging_steps: 2}\noutput_dir: " << dir_ << "/moe-out\n";
+  auto job = c->SubmitFile(spec);
+  ASSERT_TRUE(job.ok()) << job.status().ToString();
+  ASSERT_TRUE(WaitFor(*c, job->id(), [](const v1::Job& j) { return j.step() >= 5; }, 60));
+  const std::string label = "job_id=\"" + job->id() + "\"";
+  const std::string text = HttpGet(d.metrics_port(), "/metrics");
+  const auto m = ParseMetrics(text);
+  double routed = 0;
+  for (int layer = 0; layer < 2; ++layer) {
+    for (int expert = 0; expert < 4; ++expert) {
+      const std::string want = "layer=\"" + std::to_string(layer) + "\",expert=\"" +
+                               std::to_string(expert) + "\"";
+      double v = std::nan("");
+      for (const auto& [series, value] : m) {
+        if (series.rfind("traind_moe_expert_tokens_total{", 0) == 0 &&
+            series.find(label) != std::string::npos &&
+            series.find("layer=\"" + std::to_string(layer) + "\"") != std::string::npos &&
+            series.find("expert=\"" + std::to_string(expert) + "\"") != std::string::npos) {
+          v = value;
+        }
+      }
+      ASSERT_FALSE(std::isnan(v)) << want << " missing\n" << text;
+      routed += v;
+    }
+  }
+  // Every step routes B*T = 64 tokens to 2 experts in each of 2 layers (a step may land between
+  // the counters of one scrape: one step of slack).
+  const double steps = FindMetric(m, "traind_train_steps_total", label);
+  EXPECT_GE(steps, 5);
+  EXPECT_NEAR(routed, 64 * 2 * 2 * steps, 64 * 2 * 2);
+  ASSERT_TRUE(c->Cancel(job->id()).ok());
+  ASSERT_TRUE(WaitFor(*c, job->id(), IsDone, 60));
+  EXPECT_THAT(HttpGet(d.metrics_port(), "/metrics"),
+              ::testing::Not(::testing::HasSubstr("traind_moe_expert_tokens_total{")));
 }
 
 // A job with training.offload: nvme through the daemon: the traind_offload_* series of METRICS.md

@@ -189,6 +189,16 @@ std::vector<OpCase> AllCases() {
       d->BiasBackward(db, d.Up(Random(N * OC, 16)), N, OC);
       return Outputs{{"dbias", d.Get(db, OC)}};
     });
+    Add(&c, Op::kScaleRows, Dims({N, OC}), kElem, [=](Dev& d) {
+      float* x = d.Up(Random(N * OC, 150));
+      d->ScaleRows(x, d.Up(Random(N, 151)), N, OC);
+      return Outputs{{"out", d.Get(x, N * OC)}};
+    });
+    Add(&c, Op::kRowDot, Dims({N, OC}), kReduce, [=](Dev& d) {
+      float* out = d.Up(Random(N, 152));
+      d->RowDot(out, d.Up(Random(N * OC, 153)), d.Up(Random(N * OC, 154)), N, OC);
+      return Outputs{{"out", d.Get(out, N)}};
+    });
   }
   for (int64_t n : {1, 1000, 70001}) {
     Add(&c, Op::kAdd, Dims({n}) + " aliasing a", kElem, [=](Dev& d) {

@@ -58,6 +58,8 @@ Result<std::unique_ptr<StepRunner>> StepRunner::Create(const Options& options, M
                                    std::to_string(options.accumulation_steps));
   }
   std::unique_ptr<StepRunner> r(new StepRunner(options, model, optimizer, arena));
+  // mixtral reads its routing back mid-step: nothing to capture.
+  if (!model->capturable()) r->options_.use_graphs = false;
   if (options.communicator != nullptr) {
     r->world_ = options.communicator->world_size();
     r->rank_ = options.communicator->rank();
