@@ -2,6 +2,8 @@
 # bench/run_all.sh BUILD_DIR [--coretype SkylakeX|Haswell|env] [--rounds N] [--config tiny|small|all]
 # bench/run_all.sh BUILD_DIR --table [--model tiny|small] [--batch B] [--accum K] [--steps N]
 #                                    [--rounds N] [--coretype ...]
+# bench/run_all.sh BUILD_DIR --bert [--config tiny|base|large] [--batch B] [--accum K] [--steps N]
+#                                   [--rounds N] [--seq T] [--coretype ...]
 # bench/run_all.sh BUILD_DIR [--rounds N] --tokenize   # GPT-2 BPE MB/s vs HF tokenizers, 2 threads
 # bench/run_all.sh BUILD_DIR [--rounds N] [--steps N] --dp   # data parallel: dp_scaling.py
 # Default: the traind GPT-2 training-step bench and its PyTorch peer in the same run, alternating the
@@ -13,6 +15,10 @@
 # --table: issue 4's techniques table (baseline, + accumulation, + checkpointing, + bf16, + all),
 # every row by traind (gpt2_table_bench) and PyTorch eager (torch_gpt2_table.py), one process per
 # row and side, alternating, N rounds (default 3), best round of each side; see bench/README.md.
+# --bert: the memory-anatomy guide's BERT experiment (bert-large by default, seq 512, batch 4):
+# baseline, + accumulation (1 x 4), + checkpointing, + bf16, + Adafactor, + 8-bit AdamW, + all, by
+# traind (bert_table_bench) and PyTorch eager (torch_bert_table.py), one process per row and side,
+# alternating, N rounds (default 1), steps default 2; TRAIND_BERT_ROWS="baseline bf16" picks rows.
 # --dp: data-parallel scaling (dp_scaling.py: 1 process x 1 / x 2 threads vs world 2 x 1 thread,
 # with and without the overlapped all-reduce, N rounds (default 3), medians; then allreduce_bench
 # --spawn 2, the Gloo all-reduce's bus bandwidth against memcpy); see bench/README.md.
@@ -24,6 +30,10 @@ ROUNDS=2
 CONFIG=all
 TABLE=0
 DP=0
+BERT=0
+SEQ=0
+CONFIG_SET=0
+BATCH_SET=0
 STEPS_SET=0
 MODEL=small
 BATCH=8
@@ -34,10 +44,12 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --coretype) CORETYPE=$2; shift 2 ;;
     --rounds) ROUNDS=$2; ROUNDS_SET=1; shift 2 ;;
-    --config) CONFIG=$2; shift 2 ;;
+    --config) CONFIG=$2; CONFIG_SET=1; shift 2 ;;
+    --bert) BERT=1; shift ;;
+    --seq) SEQ=$2; shift 2 ;;
     --table) TABLE=1; shift ;;
     --model) MODEL=$2; shift 2 ;;
-    --batch) BATCH=$2; shift 2 ;;
+    --batch) BATCH=$2; BATCH_SET=1; shift 2 ;;
     --accum) ACCUM=$2; shift 2 ;;
     --steps) STEPS=$2; STEPS_SET=1; shift 2 ;;
     --dp) DP=1; shift ;;
@@ -52,6 +64,14 @@ if [ "$DP" = 1 ]; then
   [ "$ROUNDS_SET" = 1 ] && DP_ARGS+=(--rounds "$ROUNDS")
   [ "$STEPS_SET" = 1 ] && DP_ARGS+=(--steps "$STEPS")
   exec $PY "$HERE/dp_scaling.py" "$BUILD_DIR" "${DP_ARGS[@]}"
+fi
+if [ "$BERT" = 1 ]; then
+  [ "$ROUNDS_SET" = 1 ] || ROUNDS=1
+  [ "$STEPS_SET" = 1 ] || STEPS=2
+  [ "$CONFIG_SET" = 1 ] || CONFIG=large
+  [ "$BATCH_SET" = 1 ] || BATCH=4
+  exec "$HERE/bert_table.sh" "$BUILD_DIR" "$CONFIG" "$BATCH" "$ACCUM" "$STEPS" "$ROUNDS" \
+       "$CORETYPE" "$SEQ"
 fi
 if [ "$TABLE" = 1 ]; then
   [ "$ROUNDS_SET" = 1 ] || ROUNDS=3
