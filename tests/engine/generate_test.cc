@@ -48,6 +48,14 @@ class KvDecoderTest : public ::testing::TestWithParam<std::string> {
  protected:
   ModelConfig Config() const {
     if (GetParam() == "gpt2") return TinyGpt2();
+    if (GetParam() == "mixtral") {  // the MoE MLP routed per token in the decoder
+      ModelConfig c = TinyLlama(false);
+      c.arch = "mixtral";
+      c.intermediate_size = 24;
+      c.num_local_experts = 4;
+      c.num_experts_per_tok = 2;
+      return c;
+    }
     return TinyLlama(GetParam() == "llama_tied");
   }
 };
@@ -99,7 +107,7 @@ TEST_P(KvDecoderTest, CachedLogitsAndGreedyTokensEqualTheFullForward) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, KvDecoderTest,
-                         ::testing::Values("gpt2", "llama_tied", "llama_untied"));
+                         ::testing::Values("gpt2", "llama_tied", "llama_untied", "mixtral"));
 
 TEST(SampleTokenTest, GreedyTopKTopPAndTheSeed) {
   const std::vector<float> logits = {0.1f, 2.0f, 1.9f, -1.0f, 2.0f, 0.5f};

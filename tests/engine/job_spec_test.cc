@@ -813,7 +813,7 @@ namespace traind::engine {
 namespace {
 
 // mixtral: llama's keys plus the experts', HF MixtralConfig defaults, round trip through JSON;
-// generation and LoRA are not built for it yet (clear errors naming the field).
+// LoRA is not built for it yet (a clear error naming the field).
 TEST(JobSpecTest, MixtralSpec) {
   const std::string spec = Replace(With(With(kLlamaBase, "model.config", "num_local_experts: 4"),
                                         "model.config", "output_router_logits: true"),
@@ -835,8 +835,7 @@ TEST(JobSpecTest, MixtralSpec) {
                 "model.config.num_experts_per_tok: 5 exceeds num_local_experts 4");
   ExpectInvalid(With(spec, "model.config", "n_embd: 8"), "not a mixtral config key");
   Result<JobSpec> sample = ParseJobSpec(With(spec, "training", "sample_every: 5"));
-  ASSERT_FALSE(sample.ok());
-  EXPECT_THAT(sample.status().message(), HasSubstr("training.sample_every"));
+  EXPECT_TRUE(sample.ok()) << sample.status().ToString();  // a causal family: samples work
   Result<JobSpec> lora = ParseJobSpec(With(spec, "training", "peft: {type: lora}"));
   ASSERT_FALSE(lora.ok());
   EXPECT_THAT(lora.status().message(), HasSubstr("training.peft: LoRA is not built for mixtral"));

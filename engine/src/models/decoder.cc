@@ -1,5 +1,6 @@
 // DecoderModel: forward, backward (with optional block recomputation), init and HF conversion.
 #include "models/decoder.h"
+#include "models/moe_routing.h"
 
 #include <algorithm>
 #include <cmath>
@@ -518,8 +519,7 @@ void DecoderModel::MoeForward(int64_t l, const float* ln2_f32, float* out) {
   const BlockActs& a = bufs_.blocks[l];
   const int64_t N = N_, C = d_.C, H = d_.H, E = d_.E, K = d_.K, R = d_.moe_rows(N_);
   MoeRoute& r = routes_[l];
-  // Router logits (N,E) -> host: softmax in double rounded to fp32 (HF: softmax in float32),
-  // top-K (ties to the lower expert), weights renormalised over the chosen K.
+  // Router logits (N,E) -> host: softmax, top-K, renormalised weights (RouteToken).
   nn::LinearForward(be, bufs_.router_dlogits, a.ln2, W(p.router_w), nullptr, N, C, E, ct);
   std::vector<float> logits(static_cast<size_t>(N * E));
   be.CopyDeviceToHost(logits.data(), bufs_.router_dlogits, logits.size() * sizeof(float));
@@ -529,27 +529,11 @@ void DecoderModel::MoeForward(int64_t l, const float* ln2_f32, float* out) {
   r.row_of.resize(static_cast<size_t>(N * K));
   r.offsets.assign(static_cast<size_t>(E + 1), 0);
   std::vector<float> slot_weight(static_cast<size_t>(N * K));
-  std::vector<int32_t> order(static_cast<size_t>(E));
+  std::vector<int32_t> order;
   for (int64_t n = 0; n < N; ++n) {
-    const float* z = logits.data() + n * E;
-    float* pr = r.probs.data() + n * E;
-    double mx = z[0], sum = 0.0;
-    for (int64_t e = 1; e < E; ++e) mx = std::max(mx, static_cast<double>(z[e]));
-    for (int64_t e = 0; e < E; ++e) sum += std::exp(static_cast<double>(z[e]) - mx);
-    for (int64_t e = 0; e < E; ++e) {
-      pr[e] = static_cast<float>(std::exp(static_cast<double>(z[e]) - mx) / sum);
-    }
-    for (int64_t e = 0; e < E; ++e) order[e] = static_cast<int32_t>(e);
-    std::partial_sort(order.begin(), order.begin() + K, order.end(), [pr](int32_t x, int32_t y) {
-      return pr[x] > pr[y] || (pr[x] == pr[y] && x < y);
-    });
-    float top = 0.0f;
-    for (int64_t j = 0; j < K; ++j) top += pr[order[j]];
-    for (int64_t j = 0; j < K; ++j) {
-      r.experts[n * K + j] = order[j];
-      slot_weight[n * K + j] = pr[order[j]] / top;
-      r.offsets[order[j] + 1] += 1;
-    }
+    RouteToken(logits.data() + n * E, E, K, r.probs.data() + n * E, r.experts.data() + n * K,
+               slot_weight.data() + n * K, &order);
+    for (int64_t j = 0; j < K; ++j) r.offsets[r.experts[n * K + j] + 1] += 1;
   }
   for (int64_t e = 0; e < E; ++e) r.offsets[e + 1] += r.offsets[e];
   // Rows grouped by expert, tokens in order within a group.

@@ -1,5 +1,6 @@
 // KvDecoder: one token through the decoder blocks against the key/value cache (see kv_decoder.h).
 #include "models/kv_decoder.h"
+#include "models/moe_routing.h"
 
 #include <string>
 
@@ -12,7 +13,7 @@ namespace traind::engine {
 namespace {
 
 struct Sizes {
-  int64_t cache, x, ln, stats, qkv, att, tmp, h, a, logits;
+  int64_t cache, x, ln, stats, qkv, att, tmp, h, a, logits, router, expert_out;
 };
 
 Sizes SizesOf(const ArchDims& d, int64_t max_len) {
@@ -27,6 +28,8 @@ Sizes SizesOf(const ArchDims& d, int64_t max_len) {
   s.h = d.up_width();
   s.a = d.H;
   s.logits = d.Vp;
+  s.router = d.moe() ? d.E : 0;      // mixtral: the router's logits
+  s.expert_out = d.moe() ? d.C : 0;  // one expert's output before its weight
   return s;
 }
 
@@ -34,7 +37,8 @@ Sizes SizesOf(const ArchDims& d, int64_t max_len) {
 int64_t Round64(int64_t n) { return (n + 63) / 64 * 64; }
 int64_t WorkFloats(const Sizes& s) {
   return Round64(s.x) + Round64(s.ln) + Round64(s.stats) + Round64(s.qkv) + Round64(s.att) +
-         Round64(s.tmp) + Round64(s.h) + Round64(s.a) + Round64(s.logits);
+         Round64(s.tmp) + Round64(s.h) + Round64(s.a) + Round64(s.logits) + Round64(s.router) +
+         Round64(s.expert_out);
 }
 
 }  // namespace
@@ -60,10 +64,6 @@ Result<std::unique_ptr<KvDecoder>> KvDecoder::Create(const ModelConfig& config,
   if (d.family == nullptr || !d.f().causal || !d.f().pre_ln) {
     return Status::InvalidArgument("generation needs a causal pre-norm decoder (gpt2, llama); " +
                                    config.arch + " is not one");
-  }
-  if (d.moe()) {
-    return Status::Unimplemented("generation with a key/value cache is not built for " +
-                                 config.arch + " (mixture of experts) yet: gpt2, llama");
   }
   if (max_len < 1 || max_len > d.max_T) {
     return Status::InvalidArgument("generation length " + std::to_string(max_len) +
@@ -93,6 +93,8 @@ Result<std::unique_ptr<KvDecoder>> KvDecoder::Create(const ModelConfig& config,
   k->h_ = take(s.h);
   k->a_ = take(s.a);
   k->logits_ = take(s.logits);
+  k->router_ = take(s.router);
+  k->expert_out_ = take(s.expert_out);
   k->ids_ = reinterpret_cast<int32_t*>(p);  // the 64 floats past the work buffers
   return k;
 }
@@ -132,8 +134,12 @@ Status KvDecoder::Step(int32_t token, std::vector<float>* logits) {
     nn::LinearForward(be, tmp_, att_, P(lp.proj_w), P(lp.proj_b), 1, d_.NH * d_.HS, C);
     be.Add(x_, x_, tmp_, C);
     nn::NormForward(be, ns, ln_, mean_, rstd_, x_, P(lp.ln2_w), P(lp.ln2_b));
-    const nn::MlpWeights mw{P(lp.up_w), P(lp.up_b), P(lp.down_w), P(lp.down_b)};
-    nn::MlpForward(be, ms, mw, tmp_, h_, a_, ln_);
+    if (d_.moe()) {
+      TRAIND_RETURN_IF_ERROR(MoeStep(lp));
+    } else {
+      const nn::MlpWeights mw{P(lp.up_w), P(lp.up_b), P(lp.down_w), P(lp.down_b)};
+      nn::MlpForward(be, ms, mw, tmp_, h_, a_, ln_);
+    }
     be.Add(x_, x_, tmp_, C);
   }
   nn::NormForward(be, ns, ln_, mean_, rstd_, x_, P(table_.lnf_w), P(table_.lnf_b));
@@ -143,6 +149,29 @@ Status KvDecoder::Step(int32_t token, std::vector<float>* logits) {
   be.Synchronize();
   TRAIND_RETURN_IF_ERROR(be.status());
   ++length_;
+  return Status::Ok();
+}
+
+Status KvDecoder::MoeStep(const LayerParams& lp) {
+  Backend& be = *be_;
+  const int64_t C = d_.C, H = d_.H, E = d_.E, K = d_.K;
+  nn::LinearForward(be, router_, ln_, P(lp.router_w), nullptr, 1, C, E);
+  std::vector<float> logits(static_cast<size_t>(E)), probs(static_cast<size_t>(E));
+  std::vector<float> weights(static_cast<size_t>(K));
+  std::vector<int32_t> experts(static_cast<size_t>(K)), order;
+  be.CopyDeviceToHost(logits.data(), router_, logits.size() * sizeof(float));
+  be.Synchronize();
+  TRAIND_RETURN_IF_ERROR(be.status());
+  RouteToken(logits.data(), E, K, probs.data(), experts.data(), weights.data(), &order);
+  be.Memset0(tmp_, static_cast<size_t>(C) * sizeof(float));
+  for (int64_t j = 0; j < K; ++j) {
+    const int32_t e = experts[j];
+    nn::LinearForward(be, h_, ln_, P(lp.expert_up[e]), nullptr, 1, C, 2 * H);
+    be.SwiGluForward(a_, h_, 1, H);
+    nn::LinearForward(be, expert_out_, a_, P(lp.expert_down[e]), nullptr, 1, H, C);
+    be.Scale(expert_out_, weights[j], C);
+    be.Add(tmp_, tmp_, expert_out_, C);
+  }
   return Status::Ok();
 }
 

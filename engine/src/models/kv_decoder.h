@@ -1,4 +1,4 @@
-// KvDecoder: token-by-token inference of a decoder model (gpt2, llama) with a key/value cache, for
+// KvDecoder: token-by-token inference of a decoder model (gpt2, llama, mixtral) with a key/value cache, for
 // generation. Each Step() runs the blocks over ONE new token: its q, k, v rows, RoPE at its
 // position, its k|v row appended to the layer's cache, attention of the new query against the
 // cached rows (Backend::AttentionDecode), then the MLP and, at the end, the logits of the next
@@ -45,6 +45,8 @@ class KvDecoder {
  private:
   KvDecoder(const ModelConfig& config, const float* params, int64_t max_len, Backend* be);
   const float* P(int64_t offset) const { return offset < 0 ? nullptr : params_ + offset; }
+  // mixtral: ln_ through the router (its logits read back) and the chosen experts into tmp_.
+  Status MoeStep(const LayerParams& lp);
 
   ArchDims d_;
   ParamTable table_;
@@ -56,6 +58,7 @@ class KvDecoder {
   float* cache_ = nullptr;
   float *x_ = nullptr, *ln_ = nullptr, *mean_ = nullptr, *rstd_ = nullptr, *qkv_ = nullptr;
   float *att_ = nullptr, *tmp_ = nullptr, *h_ = nullptr, *a_ = nullptr, *logits_ = nullptr;
+  float *router_ = nullptr, *expert_out_ = nullptr;  // mixtral only
   int32_t* ids_ = nullptr;  // {token, position}
 };
 
