@@ -102,6 +102,8 @@ nlohmann::json JobJson(const v1::Job& j) {
                {"train_samples_per_second", JsonNumber(s.train_samples_per_second())},
                {"train_tokens_per_second", JsonNumber(s.train_tokens_per_second())},
                {"peak_memory_bytes", s.peak_memory_bytes()}};
+    // Sequence classification (bert): an extension of CLI.md's metrics.
+    if (s.has_eval_accuracy()) metrics["eval_accuracy"] = JsonNumber(s.eval_accuracy());
   }
   return {{"id", j.id()},
           {"name", j.name()},
@@ -192,6 +194,7 @@ std::string StatusText(const v1::Job& j) {
     const auto& s = j.summary();
     row("train_loss", Fmt("%.4f", s.train_loss()));
     row("eval_loss", Fmt("%.4f", s.eval_loss()));
+    if (s.has_eval_accuracy()) row("eval_accuracy", Fmt("%.4f", s.eval_accuracy()));
     row("train_runtime", Fmt("%.1f s", s.train_runtime()));
     row("train_tokens_per_second", Fmt("%.0f", s.train_tokens_per_second()));
     row("peak_memory", HumanBytes(s.peak_memory_bytes()));
@@ -285,7 +288,10 @@ std::string EventText(const v1::JobEvent& ev) {
              Fmt("%.0f", l.tokens_per_second()) + " tokens/s";
     }
     case v1::JobEvent::kEval:
-      return t + "eval step " + std::to_string(ev.eval().step()) + "  eval_loss " + Fmt("%.4f", ev.eval().eval_loss());
+      return t + "eval step " + std::to_string(ev.eval().step()) + "  eval_loss " +
+             Fmt("%.4f", ev.eval().eval_loss()) +
+             (ev.eval().has_eval_accuracy() ? "  eval_accuracy " + Fmt("%.4f", ev.eval().eval_accuracy())
+                                            : std::string());
     case v1::JobEvent::kCheckpoint:
       return t + "checkpoint step " + std::to_string(ev.checkpoint().step()) + " -> " + ev.checkpoint().dir();
     case v1::JobEvent::kSample:

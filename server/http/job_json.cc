@@ -53,6 +53,7 @@ nlohmann::json JobRowJson(const v1::Job& job, const JobStats& st) {
   if (job.has_summary()) {
     j["loss"] = JsonNumber(job.summary().train_loss());
     j["eval_loss"] = JsonNumber(job.summary().eval_loss());
+    if (job.summary().has_eval_accuracy()) j["eval_accuracy"] = JsonNumber(job.summary().eval_accuracy());
   }
   return j;
 }

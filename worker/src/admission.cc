@@ -148,6 +148,7 @@ v1::RunSummary SummaryToProto(const engine::RunSummary& s) {
   out.set_global_step(s.global_step);
   out.set_train_loss(s.train_loss);
   out.set_eval_loss(s.eval_loss);
+  if (s.eval_accuracy) out.set_eval_accuracy(*s.eval_accuracy);
   out.set_train_runtime(s.train_runtime);
   out.set_train_samples_per_second(s.train_samples_per_second);
   out.set_train_tokens_per_second(s.train_tokens_per_second);

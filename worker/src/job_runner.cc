@@ -189,6 +189,7 @@ int JobRunnerMain() {
     v1::RunnerEvent ev;
     ev.mutable_eval()->set_step(r.step);
     ev.mutable_eval()->set_eval_loss(r.eval_loss);
+    if (r.eval_accuracy) ev.mutable_eval()->set_eval_accuracy(*r.eval_accuracy);
     Emit(proto_fd, ev);
   };
   cb.on_sample = [&](const engine::SampleReport& r) {

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,8 @@ namespace traind::engine {
 struct TrainingSession {
   // What the run was asked for.
   JobSpec spec;
+  // The last evaluation's accuracy (model.head sequence_classification), for the summary.
+  std::optional<double> last_eval_accuracy;
   const RunOptions* options = nullptr;      // not owned
   const RunCallbacks* callbacks = nullptr;  // not owned
   std::chrono::steady_clock::time_point start;

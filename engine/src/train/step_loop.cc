@@ -159,6 +159,7 @@ Status RunStepLoop(TrainingSession* s, double* last_eval) {
     std::optional<double> accuracy;
     TRAIND_ASSIGN_OR_RETURN(double loss, Evaluate(s, &accuracy));
     *last_eval = loss;
+    s->last_eval_accuracy = accuracy;
     if (std::isnan(loss)) return Status::Ok();
     history.AddEval(state.global_step, loss, accuracy);
     if (callbacks.on_eval) callbacks.on_eval(EvalReport{state.global_step, loss, accuracy});
@@ -384,7 +385,7 @@ Status RunStepLoop(TrainingSession* s, double* last_eval) {
   }
   if (s->first_step == t.max_steps) {
     // Resumed from the final checkpoint: nothing left to train; report its evaluation again.
-    TRAIND_ASSIGN_OR_RETURN(*last_eval, Evaluate(s));
+    TRAIND_ASSIGN_OR_RETURN(*last_eval, Evaluate(s, &s->last_eval_accuracy));
   }
   return Status::Ok();
 }

@@ -25,6 +25,7 @@ RunSummary Summarize(const TrainingSession& s, double last_eval) {
   r.global_step = step;
   r.train_loss = step > 0 ? s.state.train_loss_sum / static_cast<double>(step) : 0.0;
   r.eval_loss = last_eval;
+  r.eval_accuracy = s.last_eval_accuracy;
   r.train_runtime =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - s.start).count();
   const double steps_run = static_cast<double>(step - s.first_step);

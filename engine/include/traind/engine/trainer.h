@@ -100,6 +100,7 @@ struct RunSummary {
   int64_t global_step = 0;
   double train_loss = 0;  // mean training loss over the whole run (as HF's train_loss)
   double eval_loss = 0;   // final evaluation loss (NaN when validation_split is 0)
+  std::optional<double> eval_accuracy;  // its accuracy (model.head sequence_classification)
   double train_runtime = 0;  // seconds
   double train_samples_per_second = 0;
   double train_tokens_per_second = 0;
