@@ -353,8 +353,13 @@ Result<ModelConfig> ReadHfConfig(const std::string& path) {
     TRAIND_RETURN_IF_ERROR(ReadMixtral(path, j, &c));
   } else if (c.arch == "bert") {
     TRAIND_RETURN_IF_ERROR(ReadBert(path, j, &c));
-    // A BertModel file (no task head): valid once the job spec names model.head.
-    if (c.head.empty()) return c;
+    // A BertModel file (no task head): the job spec names model.head; the rest is checked now.
+    if (c.head.empty()) {
+      ModelConfig headed = c;
+      headed.head = "masked_lm";
+      TRAIND_RETURN_IF_ERROR(ValidateModelConfig(headed, path + ": "));
+      return c;
+    }
   } else {
     return Status::InvalidArgument(path + ": model_type: '" + c.arch +
                                    "' is not supported (gpt2 | llama | bert | mixtral)");
@@ -393,7 +398,9 @@ std::string WriteHfConfigJson(const ModelConfig& c) {
   } else if (c.arch == "bert") {
     const bool cls = c.head == "sequence_classification";
     j["model_type"] = "bert";
-    j["architectures"] = {cls ? "BertForSequenceClassification" : "BertForMaskedLM"};
+    j["architectures"] = {cls                 ? "BertForSequenceClassification"
+                          : c.head.empty()    ? "BertModel"
+                                              : "BertForMaskedLM"};
     j["hidden_act"] = "gelu";
     j["hidden_size"] = c.hidden_size;
     j["intermediate_size"] = c.intermediate_size;

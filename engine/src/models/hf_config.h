@@ -10,7 +10,9 @@
 
 namespace traind::engine {
 
-// Reads `config_json_path`. model_type must be "gpt2" or "llama"; the keys of ModelConfig for that
+// Reads `config_json_path`. model_type must be "gpt2", "llama", "bert" or "mixtral" (a bert file
+// without a task head in `architectures` reads with head "": the job spec names it; the rest of
+// it is validated); the keys of ModelConfig for that
 // arch are mapped (missing ones take HF's defaults; llama's num_key_value_heads defaults to
 // num_attention_heads). Bookkeeping keys (architectures, torch_dtype, token ids, dropouts,
 // use_cache, ...) are ignored; keys whose value would change the math and that we do not
