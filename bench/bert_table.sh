@@ -15,7 +15,7 @@ PY=/usr/bin/python3
 $PY -c "import torch" 2>/dev/null || { echo "PyTorch peer needs python3-torch for $PY" >&2; exit 1; }
 if [ "$CORETYPE" != env ]; then export OPENBLAS_CORETYPE=$CORETYPE; fi
 export OMP_WAIT_POLICY=PASSIVE
-ROWS=${TRAIND_BERT_ROWS:-baseline accum ckpt bf16 adafactor adamw_8bit all mixtral}
+ROWS=${TRAIND_BERT_ROWS:-baseline accum ckpt bf16 adafactor adamw_8bit all mixtral dense}
 echo "== BERT anatomy table: bert-$CONFIG sequence classification, batch $BATCH per optimizer step" \
      "(accumulation rows: $((BATCH / ACCUM)) x $ACCUM), $STEPS timed steps after 1 warm-up," \
      "2 threads both sides, rows: $ROWS"

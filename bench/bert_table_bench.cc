@@ -17,6 +17,8 @@
 //   mixtral     a Mixtral-style sparse MoE causal LM at the config's width, depth and sequence
 //               (8 SwiGLU experts of intermediate/4, top 2, random tokens, next-token loss),
 //               micro-batch 4, fp32 AdamW; traind only (torch_bert_table.py has no MoE peer)
+//   dense       the same causal LM (llama) with one SwiGLU MLP of 2 x intermediate/4, the MoE
+//               row's active parameters per token: the pair shows the cost of routing
 // Usage: bert_table_bench --row ROW [--config tiny|base|large] [--batch B] [--accum K]
 //                         [--steps N] [--warmup N] [--threads N] [--seq T]
 #include <algorithm>
@@ -59,6 +61,7 @@ struct Row {
   bool accum = false, ckpt = false, bf16 = false;
   std::string optim = "adamw";
   bool mixtral = false;
+  bool dense = false;  // the dense causal LM with mixtral's active parameters per token
 };
 bool ParseRow(const std::string& s, Row* r) {
   *r = Row{};
@@ -70,6 +73,7 @@ bool ParseRow(const std::string& s, Row* r) {
   else if (s == "adamw_8bit") r->optim = "adamw_8bit";
   else if (s == "all") *r = {true, true, true, "adafactor", false};
   else if (s == "mixtral") r->mixtral = true;
+  else if (s == "dense") r->dense = true;
   else return false;
   return true;
 }
@@ -121,7 +125,7 @@ int Run(const BertShape& bs, const std::string& row_name, const Row& row, int64_
 
   std::unique_ptr<Backend> cpu = engine::MakeCpuBackend(threads);
   engine::ModelConfig mc;
-  mc.arch = row.mixtral ? "mixtral" : "bert";
+  mc.arch = row.mixtral ? "mixtral" : row.dense ? "llama" : "bert";
   mc.vocab_size = kVocab;
   mc.hidden_size = bs.hidden;
   mc.intermediate_size = bs.intermediate;
@@ -139,6 +143,12 @@ int Run(const BertShape& bs, const std::string& row_name, const Row& row, int64_
     mc.num_key_value_heads = bs.heads;
     mc.num_local_experts = 8;
     mc.num_experts_per_tok = 2;
+    mc.rms_norm_eps = 1e-5;
+  }
+  if (row.dense) {  // one SwiGLU MLP as wide as mixtral's two active experts together
+    mc.head.clear();
+    mc.intermediate_size = 2 * (bs.intermediate / 4);
+    mc.num_key_value_heads = bs.heads;
     mc.rms_norm_eps = 1e-5;
   }
   engine::ModelOptions mo;
@@ -172,6 +182,7 @@ int Run(const BertShape& bs, const std::string& row_name, const Row& row, int64_
                        RunnerPlanBytes(B, T, m.attention_mask() != nullptr);
   std::printf("  %s: params %lld (%.1f MiB fp32), optimizer state %.1f MiB\n",
               row.mixtral ? "mixtral (8 experts of intermediate/4, top 2, next-token loss)"
+              : row.dense ? "dense llama (SwiGLU of 2 x intermediate/4: mixtral's active size)"
                           : "bert sequence classification",
               static_cast<long long>(m.num_params()), 4.0 * m.num_params() / 1048576.0,
               opt_plan / 1048576.0);
@@ -187,7 +198,7 @@ int Run(const BertShape& bs, const std::string& row_name, const Row& row, int64_
   engine::StepRunner::NextBatch next_batch = [&](int32_t* in, int32_t* tg, double*) {
     const int64_t a = micro++ % k;
     std::copy(ids.data() + a * N, ids.data() + (a + 1) * N, in);
-    if (row.mixtral) {  // next-token targets
+    if (row.mixtral || row.dense) {  // next-token targets
       std::copy(ids.data() + a * N + 1, ids.data() + (a + 1) * N + 1, tg);
       return Status::Ok();
     }
@@ -278,7 +289,7 @@ int main(int argc, char** argv) {
   traind::bench::Row row;
   if (!traind::bench::ParseRow(row_name, &row)) {
     std::fprintf(stderr, "usage: %s --row baseline|accum|ckpt|bf16|adafactor|adamw_8bit|all|"
-                 "mixtral [--config tiny|base|large] [--batch B] [--accum K] [--steps N] "
+                 "mixtral|dense [--config tiny|base|large] [--batch B] [--accum K] [--steps N] "
                  "[--warmup N] [--threads N] [--seq T]\n", argv[0]);
     return 2;
   }

@@ -11,7 +11,8 @@ import sys
 
 ROWS = [("baseline", "baseline (fp32 AdamW)"), ("accum", "+ grad accumulation"),
         ("ckpt", "+ grad checkpointing"), ("bf16", "+ bf16"), ("adafactor", "+ Adafactor"),
-        ("adamw_8bit", "+ 8-bit AdamW"), ("all", "+ all"), ("mixtral", "mixtral-style MoE (causal LM)")]
+        ("adamw_8bit", "+ 8-bit AdamW"), ("all", "+ all"), ("mixtral", "mixtral-style MoE (causal LM)"),
+        ("dense", "dense causal LM, mixtral's active parameters")]
 MIB = 1048576.0
 
 

@@ -45,6 +45,7 @@ ROWS = {  # (accumulation, checkpointing, bf16, optimizer)
     "adamw_8bit": (False, False, False, "adamw_8bit"),
     "all": (True, True, True, "adafactor"),
     "mixtral": None,
+    "dense": None,
 }
 
 
@@ -131,9 +132,11 @@ def forward(p, cfg, B, ids, mask, labels, ckpt):
 
 def run(config, row, batch, accum, steps, warmup, seq):
     if ROWS[row] is None:
-        print(f"torch {config} row={row}: no peer: no MoE (Mixtral) model written here yet")
+        why = ("no MoE peer written yet" if row == "mixtral" else
+               "the dense/MoE pair measures routing's cost inside traind")
+        print(f"torch {config} row={row}: no peer: {why}")
         print(f"RESULT side=torch model={config} row={row} status=not_available "
-              f"reason=\"no MoE peer written yet\"")
+              f"reason=\"{why}\"")
         return
     use_accum, ckpt, bf16, optim = ROWS[row]
     if optim == "adamw_8bit":
