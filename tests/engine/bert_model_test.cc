@@ -364,7 +364,7 @@ TEST(BertModel, HfNamesRoundTripAndHeadInit) {
   ASSERT_TRUE(u.model->LoadHf(base).ok());
   auto* enc = dynamic_cast<EncoderModel*>(u.model.get());
   ASSERT_NE(enc, nullptr);
-  EXPECT_EQ(enc->newly_initialized(),
+  EXPECT_EQ(enc->NewlyInitialized(),
             (std::vector<std::string>{"bert.pooler.dense.weight", "bert.pooler.dense.bias",
                                       "classifier.weight", "classifier.bias"}));
   // A base tensor missing or misshapen is an error naming it.

@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/safetensors.h"
 #include "trainer_test_util.h"
 #include "traind/engine/job_spec.h"
 #include "traind/engine/trainer.h"
@@ -243,6 +244,51 @@ TEST(BertTrainerTest, MaskedLmResumeRepeatsTheLosses) {
   ASSERT_TRUE(r.a.has_value() && r.a->ok()) << r.a->status().ToString();
   ASSERT_TRUE(r.b_resumed.has_value() && r.b_resumed->ok()) << r.b_resumed->status().ToString();
   testing::ExpectResumedLossesIdentical(r);
+}
+
+// Fine-tuning from a pretrained folder: a masked-LM run's output (BertForMaskedLM: no pooler, no
+// classifier) is init_from of a classifier job; the job says which head tensors it initialised,
+// and with learning_rate 0 the encoder it writes is the masked-LM's, tensor for tensor.
+TEST(BertTrainerTest, ClassifierFromAMaskedLmFolder) {
+  const std::string dir = MakeTempDir("bert_init_from");
+  const std::string tok = WriteTokenizer(dir);
+  Result<JobSpec> mlm = ParseJobSpec(MlmYaml(dir + "/mlm", WriteMlmText(dir, 300, 6), tok, 10, 0, 0));
+  ASSERT_TRUE(mlm.ok()) << mlm.status().ToString();
+  ASSERT_TRUE(RunJob(*mlm, TestRunOptions(1), RunCallbacks{}).ok());
+  const std::string data = WriteSentiment(dir, 100, 8);
+  const std::string yaml = "model:\n  arch: bert\n  head: sequence_classification\n"
+                           "  config: {id2label: {0: neg, 1: pos}}\n  init_from: " +
+                           mlm->output_dir + "\ndata:\n  train_file: " + data +
+                           "\n  format: jsonl\n  text_field: sentence\n  label_field: label\n"
+                           "  tokenizer: " + tok + "\n  seq_len: 16\ntraining:\n  max_steps: 1\n"
+                           "  per_device_train_batch_size: 4\n  learning_rate: 0.0\n"
+                           "output_dir: " + dir + "/cls\n";
+  Result<JobSpec> cls = ParseJobSpec(yaml);
+  ASSERT_TRUE(cls.ok()) << cls.status().ToString();
+  std::vector<std::string> messages;
+  RunCallbacks cb;
+  cb.on_message = [&](const std::string& m) { messages.push_back(m); };
+  Result<RunSummary> run = RunJob(*cls, TestRunOptions(1), cb);
+  ASSERT_TRUE(run.ok()) << run.status().ToString();
+  bool named = false;
+  for (const std::string& m : messages) {
+    named = named || (m.find("bert.pooler.dense.weight") != std::string::npos &&
+                      m.find("classifier.weight") != std::string::npos &&
+                      m.find("newly initialised") != std::string::npos);
+  }
+  EXPECT_TRUE(named) << ::testing::PrintToString(messages);
+  auto before = ReadSafetensors(mlm->output_dir + "/model.safetensors");
+  auto after = ReadSafetensors(cls->output_dir + "/model.safetensors");
+  ASSERT_TRUE(before.ok() && after.ok());
+  int compared = 0;
+  for (const auto& [name, t] : after->tensors) {
+    if (name.rfind("bert.embeddings.", 0) != 0 && name.rfind("bert.encoder.", 0) != 0) continue;
+    ASSERT_TRUE(before->tensors.count(name)) << name;
+    EXPECT_EQ(t.ToF32().value(), before->tensors.at(name).ToF32().value()) << name;
+    ++compared;
+  }
+  EXPECT_GT(compared, 10);
+  EXPECT_TRUE(after->tensors.count("classifier.weight"));
 }
 
 }  // namespace

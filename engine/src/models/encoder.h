@@ -104,10 +104,10 @@ class EncoderModel : public Model {
 
   void InitRandom(uint64_t seed) override;
   // Task-head tensors missing from the file (a pretrained base, or the other head) start from
-  // their init (seeded by kHeadInitSeed), as transformers does; newly_initialized() names them.
+  // their init (seeded by kHeadInitSeed), as transformers does; NewlyInitialized() names them.
   Status LoadHf(const SafetensorsFile& file) override;
   SafetensorsFile ExportHf() override;
-  const std::vector<std::string>& newly_initialized() const { return newly_initialized_; }
+  std::vector<std::string> NewlyInitialized() const override { return newly_initialized_; }
   static constexpr uint64_t kHeadInitSeed = 0x68656164ull;
   // LoRA is not built for bert (the config validator refuses it).
   void InitAdapters(uint64_t) override {}

@@ -105,6 +105,10 @@ class Model {
   // micro-batch have their label as the argmax of the classifier's logits (reads back B rows);
   // -1 for a model without a classification head.
   virtual int64_t CorrectPredictions() { return -1; }
+  // After LoadHf: the HF names of the task-head tensors the file lacked and that start from their
+  // init instead (a pretrained base loaded under a task head, as transformers warns); empty when
+  // the file held every tensor.
+  virtual std::vector<std::string> NewlyInitialized() const { return {}; }
   // Mixture-of-experts families (mixtral): the tokens routed to each expert by the training
   // forwards since the last call, layer-major (num_layers x num_local_experts; a token counts once
   // for each of its num_experts_per_tok experts), then reset. Empty for dense models.

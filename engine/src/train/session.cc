@@ -291,7 +291,16 @@ Status RestoreOrInitialize(TrainingSession* s) {
   auto init_base = [&]() -> Status {
     if (spec.model.init_from.has_value()) {
       TRAIND_ASSIGN_OR_RETURN(SafetensorsFile weights, ReadHfWeights(*spec.model.init_from));
-      return s->model->LoadHf(weights);
+      TRAIND_RETURN_IF_ERROR(s->model->LoadHf(weights));
+      const std::vector<std::string> fresh = s->model->NewlyInitialized();
+      if (!fresh.empty()) {
+        std::string names;
+        for (const std::string& n : fresh) names += (names.empty() ? "" : ", ") + n;
+        s->Message("model.init_from: " + *spec.model.init_from + " has no " + names +
+                   ": newly initialised for model.head " + spec.model.config.head +
+                   " (train them before using the model)");
+      }
+      return Status::Ok();
     }
     s->model->InitRandom(static_cast<uint64_t>(spec.training.seed));
     return Status::Ok();
