@@ -4,8 +4,9 @@
 // bf16 compute; prints time per sample, samples/s and
 // peak memory (arena high-water and process RSS growth). bench/run_all.sh --table runs every row
 // beside its PyTorch peer (bench/torch_gpt2_table.py) and prints the table with the ratios.
-// Usage: gpt2_table_bench --row baseline|accum|ckpt|bf16|all [--model tiny|small] [--batch B]
-//                         [--accum K] [--steps N] [--warmup N] [--threads N]
+// Usage: gpt2_table_bench --row baseline|accum|ckpt|bf16|all [--arch gpt2|llama]
+//                         [--model tiny|small] [--batch B] [--accum K] [--steps N] [--warmup N]
+//                         [--threads N]
 //                         [--profile | --profile-cpu]   (per-op wall / process CPU time)
 #include <algorithm>
 #include <chrono>
@@ -33,12 +34,17 @@ using engine::Backend;
 using engine::DType;
 
 struct ModelShape {
-  std::string name;
+  std::string arch, name;
   int64_t layers, channels, heads, seq_len, vocab;
+  int64_t kv_heads = 0, intermediate = 0;  // llama only
 };
+// --arch llama: configs of comparable size to gpt2's (same L, C, NH, T, V): grouped-query
+// attention (2 kv heads), SwiGLU MLP of intermediate ~8C/3, RMSNorm, rotary, untied lm_head.
 const ModelShape kModels[] = {
-    {"tiny", 4, 256, 4, 128, 256},
-    {"small", 6, 384, 6, 256, 50304},
+    {"gpt2", "tiny", 4, 256, 4, 128, 256},
+    {"gpt2", "small", 6, 384, 6, 256, 50304},
+    {"llama", "tiny", 4, 256, 4, 128, 256, 2, 688},
+    {"llama", "small", 6, 384, 6, 256, 50304, 2, 1024},
 };
 
 // A row of the table: which techniques are on.
@@ -89,10 +95,18 @@ int Run(const ModelShape& ms, const std::string& row_name, const Row& row, int64
   const int64_t B = row.accum ? batch / accum_k : batch;
   const int64_t k = row.accum ? accum_k : 1;
   const DType ct = row.bf16 ? DType::kBF16 : DType::kF32;
-  std::printf("traind %s row=%s: L=%lld C=%lld NH=%lld T=%lld V=%lld micro_batch=%lld accum=%lld "
-              "ckpt=%d compute=%s threads=%d gemm=%s bf16_gemm=%s\n",
-              ms.name.c_str(), row_name.c_str(), static_cast<long long>(ms.layers),
+  const bool llama = ms.arch == "llama";
+  // llama: "llama tiny" and its GQA / SwiGLU sizes; gpt2's lines stay as they were.
+  const std::string name = llama ? "llama " + ms.name : ms.name;
+  const std::string llama_dims = llama ? " NKV=" + std::to_string(ms.kv_heads) +
+                                             " H=" + std::to_string(ms.intermediate)
+                                       : "";
+  const char* arch_kv = llama ? " arch=llama" : "";
+  std::printf("traind %s row=%s: L=%lld C=%lld NH=%lld%s T=%lld V=%lld micro_batch=%lld "
+              "accum=%lld ckpt=%d compute=%s threads=%d gemm=%s bf16_gemm=%s\n",
+              name.c_str(), row_name.c_str(), static_cast<long long>(ms.layers),
               static_cast<long long>(ms.channels), static_cast<long long>(ms.heads),
+              llama_dims.c_str(),
               static_cast<long long>(ms.seq_len), static_cast<long long>(ms.vocab),
               static_cast<long long>(B), static_cast<long long>(k), row.ckpt ? 1 : 0,
               engine::DTypeName(ct), threads, engine::cpu::GemmLibrary(),
@@ -102,12 +116,24 @@ int Run(const ModelShape& ms, const std::string& row_name, const Row& row, int64
   ProfilingBackend prof(cpu.get(), cpu_time);
   Backend* be = profile ? static_cast<Backend*>(&prof) : cpu.get();
   engine::ModelConfig mc;
-  mc.arch = "gpt2";
+  mc.arch = ms.arch;
   mc.vocab_size = ms.vocab;
-  mc.n_positions = 1024;
-  mc.n_embd = ms.channels;
-  mc.n_layer = ms.layers;
-  mc.n_head = ms.heads;
+  if (ms.arch == "llama") {
+    mc.hidden_size = ms.channels;
+    mc.intermediate_size = ms.intermediate;
+    mc.num_hidden_layers = ms.layers;
+    mc.num_attention_heads = ms.heads;
+    mc.num_key_value_heads = ms.kv_heads;
+    mc.rms_norm_eps = 1e-6;
+    mc.rope_theta = 10000.0;
+    mc.max_position_embeddings = 1024;
+    mc.tie_word_embeddings = false;
+  } else {
+    mc.n_positions = 1024;
+    mc.n_embd = ms.channels;
+    mc.n_layer = ms.layers;
+    mc.n_head = ms.heads;
+  }
   engine::ModelOptions mo;
   mo.micro_batch = B;
   mo.seq_len = ms.seq_len;
@@ -118,8 +144,8 @@ int Run(const ModelShape& ms, const std::string& row_name, const Row& row, int64
   auto model = engine::Model::Create(mc, mo, &arena);
   if (!model.ok()) {
     // A technique the engine does not have (yet): say so, never a number.
-    std::printf("RESULT side=traind model=%s row=%s status=not_available reason=\"%s\"\n",
-                ms.name.c_str(), row_name.c_str(), model.status().ToString().c_str());
+    std::printf("RESULT side=traind model=%s row=%s status=not_available reason=\"%s\"%s\n",
+                ms.name.c_str(), row_name.c_str(), model.status().ToString().c_str(), arch_kv);
     return 0;
   }
   engine::Model& m = **model;
@@ -160,7 +186,7 @@ int Run(const ModelShape& ms, const std::string& row_name, const Row& row, int64
   const double first_loss = run->first_loss, loss = run->last_loss, cpu_s = run->cpu_seconds;
   const int64_t hwm = ProcStatusBytes("VmHWM");
   if (times.empty()) {
-    std::printf("traind %s row=%s: loss %.4f (no timed steps)\n", ms.name.c_str(),
+    std::printf("traind %s row=%s: loss %.4f (no timed steps)\n", name.c_str(),
                 row_name.c_str(), loss);
     return 0;
   }
@@ -177,12 +203,12 @@ int Run(const ModelShape& ms, const std::string& row_name, const Row& row, int64
               peak_reset ? "" : " (VmHWM could not be reset: includes earlier peaks)");
   std::printf("RESULT side=traind model=%s row=%s status=ok micro_batch=%lld accum=%lld "
               "sample_ms=%.3f samples_s=%.3f cpu_ms_per_sample=%.3f peak_bytes=%lld "
-              "plan_bytes=%lld rss_bytes=%lld loss=%.4f\n",
+              "plan_bytes=%lld rss_bytes=%lld loss=%.4f%s\n",
               ms.name.c_str(), row_name.c_str(), static_cast<long long>(B),
               static_cast<long long>(k), 1e3 * median / samples, samples / median,
               1e3 * cpu_s / (samples * static_cast<double>(times.size())),
               static_cast<long long>(arena.peak_bytes()), static_cast<long long>(plan),
-              static_cast<long long>(hwm - rss0), loss);
+              static_cast<long long>(hwm - rss0), loss, arch_kv);
   if (profile) {
     double total = 0.0;
     for (double t : times) total += t;
@@ -195,7 +221,7 @@ int Run(const ModelShape& ms, const std::string& row_name, const Row& row, int64
 }  // namespace traind::bench
 
 int main(int argc, char** argv) {
-  std::string model = "small", row_name;
+  std::string arch = "gpt2", model = "small", row_name;
   int64_t batch = 8, accum = 4;
   int steps = 3, warmup = 1, threads = 2;
   bool profile = false, cpu_time = false;
@@ -204,6 +230,7 @@ int main(int argc, char** argv) {
     auto next = [&] { return traind::bench::FlagValue(argc, argv, &i); };
     if (a == "--row") row_name = next();
     else if (a == "--model") model = next();
+    else if (a == "--arch") arch = next();
     else if (a == "--batch") batch = std::atoll(next());
     else if (a == "--accum") accum = std::atoll(next());
     else if (a == "--steps") steps = std::atoi(next());
@@ -218,7 +245,8 @@ int main(int argc, char** argv) {
   }
   traind::bench::Row row;
   if (!traind::bench::ParseRow(row_name, &row)) {
-    std::fprintf(stderr, "usage: %s --row baseline|accum|ckpt|bf16|all [--model tiny|small] "
+    std::fprintf(stderr, "usage: %s --row baseline|accum|ckpt|bf16|all [--arch gpt2|llama] "
+                 "[--model tiny|small] "
                  "[--batch B] [--accum K] [--steps N] [--warmup N] [--threads N] "
                  "[--profile | --profile-cpu]\n", argv[0]);
     return 2;
@@ -228,11 +256,12 @@ int main(int argc, char** argv) {
     return 2;
   }
   for (const auto& ms : traind::bench::kModels) {
-    if (ms.name == model) {
+    if (ms.arch == arch && ms.name == model) {
       return traind::bench::Run(ms, row_name, row, batch, accum, steps, warmup, threads, profile,
                                 cpu_time);
     }
   }
-  std::fprintf(stderr, "unknown model %s (tiny, small)\n", model.c_str());
+  std::fprintf(stderr, "unknown model %s / arch %s (tiny, small; gpt2, llama)\n", model.c_str(),
+               arch.c_str());
   return 2;
 }

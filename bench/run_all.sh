@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # bench/run_all.sh BUILD_DIR [--coretype SkylakeX|Haswell|env] [--rounds N] [--config tiny|small|all]
-# bench/run_all.sh BUILD_DIR --table [--model tiny|small] [--batch B] [--accum K] [--steps N]
-#                                    [--rounds N] [--coretype ...]
+# bench/run_all.sh BUILD_DIR --table [--arch gpt2|llama] [--model tiny|small] [--batch B]
+#                                    [--accum K] [--steps N] [--rounds N] [--coretype ...]
 # bench/run_all.sh BUILD_DIR --bert [--config tiny|base|large] [--batch B] [--accum K] [--steps N]
 #                                   [--rounds N] [--seq T] [--coretype ...]
 # bench/run_all.sh BUILD_DIR [--rounds N] --tokenize   # GPT-2 BPE MB/s vs HF tokenizers, 2 threads
@@ -15,6 +15,8 @@
 # --table: issue 4's techniques table (baseline, + accumulation, + checkpointing, + bf16, + all),
 # every row by traind (gpt2_table_bench) and PyTorch eager (torch_gpt2_table.py), one process per
 # row and side, alternating, N rounds (default 3), best round of each side; see bench/README.md.
+# --arch llama: the same table for a llama config of the same size (GQA, SwiGLU, RMSNorm, rotary,
+# untied lm_head; the PyTorch peer is HF LlamaForCausalLM's math); default gpt2.
 # --bert: the memory-anatomy guide's BERT experiment (bert-large by default, seq 512, batch 4):
 # baseline, + accumulation (1 x 4), + checkpointing, + bf16, + Adafactor, + 8-bit AdamW, + all, by
 # traind (bert_table_bench) and PyTorch eager (torch_bert_table.py), one process per row and side,
@@ -36,6 +38,7 @@ CONFIG_SET=0
 BATCH_SET=0
 STEPS_SET=0
 MODEL=small
+ARCH=gpt2
 BATCH=8
 ACCUM=4
 STEPS=3
@@ -49,6 +52,7 @@ while [ $# -gt 0 ]; do
     --seq) SEQ=$2; shift 2 ;;
     --table) TABLE=1; shift ;;
     --model) MODEL=$2; shift 2 ;;
+    --arch) ARCH=$2; shift 2 ;;
     --batch) BATCH=$2; BATCH_SET=1; shift 2 ;;
     --accum) ACCUM=$2; shift 2 ;;
     --steps) STEPS=$2; STEPS_SET=1; shift 2 ;;
@@ -75,7 +79,9 @@ if [ "$BERT" = 1 ]; then
 fi
 if [ "$TABLE" = 1 ]; then
   [ "$ROUNDS_SET" = 1 ] || ROUNDS=3
-  exec "$HERE/table.sh" "$BUILD_DIR" "$MODEL" "$BATCH" "$ACCUM" "$STEPS" "$ROUNDS" "$CORETYPE"
+  case "$ARCH" in gpt2|llama) ;; *) echo "unknown --arch $ARCH (gpt2, llama)" >&2; exit 2 ;; esac
+  exec "$HERE/table.sh" "$BUILD_DIR" "$MODEL" "$BATCH" "$ACCUM" "$STEPS" "$ROUNDS" "$CORETYPE" \
+       "$ARCH"
 fi
 BENCH=$BUILD_DIR/bench/gpt2_step_bench
 [ -x "$BENCH" ] || { echo "missing $BENCH: build the gpt2_step_bench target first" >&2; exit 1; }
