@@ -76,11 +76,10 @@ Result<std::unique_ptr<DecoderModel>> DecoderModel::Make(const ModelConfig& conf
   TRAIND_RETURN_IF_ERROR(planner.Allocate(arena));
   ResolveViews(m->d_, options, &m->bufs_);
   if (m->lora()) {
-    const int64_t k = options.gradient_checkpointing
-                          ? std::min(options.checkpoint_every, m->d_.L) : 1;
+    const CheckpointLayout cl = MakeCheckpointLayout(m->d_, options);
     for (size_t i = 0; i < m->lora_.adapters.size(); ++i) {
       const LoraAdapterEntry& e = m->lora_.adapters[i];
-      const int64_t set = options.gradient_checkpointing ? e.layer % k : e.layer;
+      const int64_t set = cl.SetOf(e.layer);
       const int64_t in_layer = static_cast<int64_t>(i) - e.layer * m->lora_.per_layer;
       nn::LoraAdapter a;
       a.A = m->bufs_.lora_params + e.a_off;
@@ -682,21 +681,12 @@ void DecoderModel::Backward() {
   const nn::NormShape ns{N_, C, d_.rms_norm(), d_.eps};
   nn::NormBackward(be, ns, bufs_.dres, GNorm(table_.lnf_w, 0), GNorm(table_.lnf_b, 1), bufs_.tmp_c,
                    bufs_.res[d_.L], P(table_.lnf_w), bufs_.lnf_mean, bufs_.lnf_rstd);
-  const bool ckpt = options_.gradient_checkpointing;
-  const int64_t k = ckpt ? std::min(options_.checkpoint_every, d_.L) : d_.L;
-  const int64_t n_seg = (d_.L + k - 1) / k;
-  for (int64_t s = n_seg - 1; s >= 0; --s) {
-    const int64_t first = s * k;
-    const int64_t last = std::min(d_.L, first + k);  // exclusive
-    // The last segment's activations are still in the working sets from Forward().
-    if (ckpt && s != n_seg - 1) {
-      for (int64_t l = first; l < last; ++l) BlockForward(l);
-    }
-    for (int64_t l = last - 1; l >= first; --l) {
-      BlockBackward(l);
-      if (on_block_gradients_) on_block_gradients_(l);
-    }
-  }
+  BackwardBySegments(
+      d_.L, options_, [this](int64_t l) { BlockForward(l); },
+      [this](int64_t l) {
+        BlockBackward(l);
+        if (on_block_gradients_) on_block_gradients_(l);
+      });
   training_ = false;
   if (lora()) return;  // frozen embeddings
   nn::EmbeddingBackward(be, G(table_.wte), G(table_.wpe), bufs_.dres, bufs_.inputs, bufs_.positions,

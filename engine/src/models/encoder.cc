@@ -19,10 +19,7 @@ void PlanEncoderBuffers(const ArchDims& d, const ModelOptions& o, int64_t num_pa
                         BufferPlanner* p, EncoderBuffers* b) {
   using MC = MemoryCategory;
   const int64_t B = o.micro_batch, T = o.seq_len, N = B * T, C = d.C;
-  const bool ckpt = o.gradient_checkpointing;
-  const int64_t k = ckpt ? std::min(o.checkpoint_every, d.L) : 1;
-  const int64_t n_ckpt = (d.L + k - 1) / k;
-  const int64_t n_sets = ckpt ? k : d.L;
+  const CheckpointLayout cl = MakeCheckpointLayout(d, o);
   const DType t = o.compute_type;
   const bool mixed = t != DType::kF32;
   const bool cls = d.head == "sequence_classification";
@@ -38,9 +35,9 @@ void PlanEncoderBuffers(const ArchDims& d, const ModelOptions& o, int64_t num_pa
   p->Add(MC::kActivations, N * C, &b->emb);
   p->Add(MC::kActivations, N, &b->emb_mean);
   p->Add(MC::kActivations, N, &b->emb_rstd);
-  b->res_store.assign(static_cast<size_t>(n_ckpt + (k - 1) + 1), nullptr);
+  b->res_store.assign(static_cast<size_t>(cl.residuals()), nullptr);
   for (float*& r : b->res_store) p->Add(MC::kActivations, N * C, &r);
-  b->block_store.assign(static_cast<size_t>(n_sets), EncoderBlockActs{});
+  b->block_store.assign(static_cast<size_t>(cl.n_sets), EncoderBlockActs{});
   for (EncoderBlockActs& a : b->block_store) {
     if (mixed) p->Add(MC::kActivations, N * C, t, &a.x16);
     p->Add(MC::kActivations, N * 3 * C, &a.qkv);
@@ -96,21 +93,9 @@ void PlanEncoderBuffers(const ArchDims& d, const ModelOptions& o, int64_t num_pa
 namespace {
 
 void ResolveEncoderViews(const ArchDims& d, const ModelOptions& o, EncoderBuffers* b) {
-  const bool ckpt = o.gradient_checkpointing;
-  const int64_t k = ckpt ? std::min(o.checkpoint_every, d.L) : 1;
-  const int64_t n_ckpt = (d.L + k - 1) / k;
-  for (int64_t l = 0; l <= d.L; ++l) {
-    int64_t idx;
-    if (l == d.L) {
-      idx = static_cast<int64_t>(b->res_store.size()) - 1;
-    } else if (l % k == 0) {
-      idx = l / k;
-    } else {
-      idx = n_ckpt + (l % k) - 1;
-    }
-    b->res[l] = b->res_store[idx];
-  }
-  for (int64_t l = 0; l < d.L; ++l) b->blocks[l] = b->block_store[ckpt ? l % k : l];
+  const CheckpointLayout cl = MakeCheckpointLayout(d, o);
+  for (int64_t l = 0; l <= d.L; ++l) b->res[l] = b->res_store[cl.ResidualSlot(l, d.L)];
+  for (int64_t l = 0; l < d.L; ++l) b->blocks[l] = b->block_store[cl.SetOf(l)];
 }
 
 }  // namespace
@@ -399,20 +384,12 @@ void EncoderModel::Backward() {
   Backend& be = *be_;
   const int64_t C = d_.C;
   HeadBackward();
-  const bool ckpt = options_.gradient_checkpointing;
-  const int64_t k = ckpt ? std::min(options_.checkpoint_every, d_.L) : d_.L;
-  const int64_t n_seg = (d_.L + k - 1) / k;
-  for (int64_t s = n_seg - 1; s >= 0; --s) {
-    const int64_t first = s * k;
-    const int64_t last = std::min(d_.L, first + k);
-    if (ckpt && s != n_seg - 1) {
-      for (int64_t l = first; l < last; ++l) BlockForward(l);
-    }
-    for (int64_t l = last - 1; l >= first; --l) {
-      BlockBackward(l);
-      if (on_block_gradients_) on_block_gradients_(l);
-    }
-  }
+  BackwardBySegments(
+      d_.L, options_, [this](int64_t l) { BlockForward(l); },
+      [this](int64_t l) {
+        BlockBackward(l);
+        if (on_block_gradients_) on_block_gradients_(l);
+      });
   // res[0] = LN(emb): d emb into tmp_d, then the three tables.
   const nn::NormShape ns{N_, C, false, d_.eps};
   float* demb = bufs_.tmp_d;

@@ -76,15 +76,14 @@ Status ReadGpt2(const std::string& f, const json& j, ModelConfig* c) {
   return Status::Ok();
 }
 
-Status ReadLlama(const std::string& f, const json& j, ModelConfig* c) {
-  c->vocab_size = 32000;  // HF LlamaConfig defaults where ModelConfig's differ
-  c->tie_word_embeddings = false;
+// The keys llama and mixtral share, onto the family's defaults already in *c (an absent
+// num_key_value_heads keeps the default the caller set).
+Status ReadLlamaKeys(const std::string& f, const json& j, ModelConfig* c) {
   TRAIND_RETURN_IF_ERROR(GetInt(f, j, "vocab_size", &c->vocab_size));
   TRAIND_RETURN_IF_ERROR(GetInt(f, j, "hidden_size", &c->hidden_size));
   TRAIND_RETURN_IF_ERROR(GetInt(f, j, "intermediate_size", &c->intermediate_size));
   TRAIND_RETURN_IF_ERROR(GetInt(f, j, "num_hidden_layers", &c->num_hidden_layers));
   TRAIND_RETURN_IF_ERROR(GetInt(f, j, "num_attention_heads", &c->num_attention_heads));
-  c->num_key_value_heads = c->num_attention_heads;
   if (j.contains("num_key_value_heads") && !j["num_key_value_heads"].is_null()) {
     TRAIND_RETURN_IF_ERROR(GetInt(f, j, "num_key_value_heads", &c->num_key_value_heads));
   }
@@ -97,6 +96,16 @@ Status ReadLlama(const std::string& f, const json& j, ModelConfig* c) {
     return Bad(f, "rope_scaling", j["rope_scaling"].dump() +
                                       " is not supported (only null: plain RoPE)");
   }
+  return Status::Ok();
+}
+
+Status ReadLlama(const std::string& f, const json& j, ModelConfig* c) {
+  c->vocab_size = 32000;  // HF LlamaConfig defaults where ModelConfig's differ
+  c->tie_word_embeddings = false;
+  // num_key_value_heads defaults to num_attention_heads (read first).
+  TRAIND_RETURN_IF_ERROR(GetInt(f, j, "num_attention_heads", &c->num_attention_heads));
+  c->num_key_value_heads = c->num_attention_heads;
+  TRAIND_RETURN_IF_ERROR(ReadLlamaKeys(f, j, c));
   TRAIND_RETURN_IF_ERROR(Require(f, j, "attention_bias", false, "llama has no attention biases"));
   TRAIND_RETURN_IF_ERROR(Require(f, j, "mlp_bias", false, "llama has no MLP biases"));
   if (j.contains("head_dim") && !j["head_dim"].is_null() && c->num_attention_heads > 0 &&
@@ -188,28 +197,14 @@ Status ReadMixtral(const std::string& f, const json& j, ModelConfig* c) {
   c->rms_norm_eps = 1e-5;
   c->rope_theta = 1e6;
   c->tie_word_embeddings = false;
-  TRAIND_RETURN_IF_ERROR(GetInt(f, j, "vocab_size", &c->vocab_size));
-  TRAIND_RETURN_IF_ERROR(GetInt(f, j, "hidden_size", &c->hidden_size));
-  TRAIND_RETURN_IF_ERROR(GetInt(f, j, "intermediate_size", &c->intermediate_size));
-  TRAIND_RETURN_IF_ERROR(GetInt(f, j, "num_hidden_layers", &c->num_hidden_layers));
-  TRAIND_RETURN_IF_ERROR(GetInt(f, j, "num_attention_heads", &c->num_attention_heads));
-  TRAIND_RETURN_IF_ERROR(GetInt(f, j, "num_key_value_heads", &c->num_key_value_heads));
-  TRAIND_RETURN_IF_ERROR(GetDouble(f, j, "rms_norm_eps", &c->rms_norm_eps));
-  TRAIND_RETURN_IF_ERROR(GetDouble(f, j, "rope_theta", &c->rope_theta));
-  TRAIND_RETURN_IF_ERROR(GetInt(f, j, "max_position_embeddings", &c->max_position_embeddings));
-  TRAIND_RETURN_IF_ERROR(GetBool(f, j, "tie_word_embeddings", &c->tie_word_embeddings));
+  TRAIND_RETURN_IF_ERROR(ReadLlamaKeys(f, j, c));
   TRAIND_RETURN_IF_ERROR(GetInt(f, j, "num_local_experts", &c->num_local_experts));
   TRAIND_RETURN_IF_ERROR(GetInt(f, j, "num_experts_per_tok", &c->num_experts_per_tok));
   TRAIND_RETURN_IF_ERROR(GetDouble(f, j, "router_aux_loss_coef", &c->router_aux_loss_coef));
   TRAIND_RETURN_IF_ERROR(GetBool(f, j, "output_router_logits", &c->output_router_logits));
-  TRAIND_RETURN_IF_ERROR(Require(f, j, "hidden_act", "silu", "only silu (SwiGLU) is implemented"));
   if (j.contains("sliding_window") && !j["sliding_window"].is_null()) {
     return Bad(f, "sliding_window", j["sliding_window"].dump() +
                                         " is not supported (only null: full causal attention)");
-  }
-  if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) {
-    return Bad(f, "rope_scaling", j["rope_scaling"].dump() +
-                                      " is not supported (only null: plain RoPE)");
   }
   if (j.contains("router_jitter_noise") && j["router_jitter_noise"].is_number() &&
       j["router_jitter_noise"].get<double>() != 0.0) {

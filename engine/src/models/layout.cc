@@ -127,6 +127,30 @@ Status BufferPlanner::Allocate(DeviceArena* arena) {
   return Status::Ok();
 }
 
+CheckpointLayout MakeCheckpointLayout(const ArchDims& d, const ModelOptions& o) {
+  CheckpointLayout c;
+  const bool ckpt = o.gradient_checkpointing;
+  c.k = ckpt ? std::min(o.checkpoint_every, d.L) : 1;
+  c.n_kept = (d.L + c.k - 1) / c.k;
+  c.n_sets = ckpt ? c.k : d.L;
+  return c;
+}
+
+void BackwardBySegments(int64_t L, const ModelOptions& o, const std::function<void(int64_t)>& forward,
+                        const std::function<void(int64_t)>& backward) {
+  const bool ckpt = o.gradient_checkpointing;
+  const int64_t k = ckpt ? std::min(o.checkpoint_every, L) : L;
+  const int64_t n_seg = (L + k - 1) / k;
+  for (int64_t s = n_seg - 1; s >= 0; --s) {
+    const int64_t first = s * k;
+    const int64_t last = std::min(L, first + k);  // exclusive
+    if (ckpt && s != n_seg - 1) {
+      for (int64_t l = first; l < last; ++l) forward(l);
+    }
+    for (int64_t l = last - 1; l >= first; --l) backward(l);
+  }
+}
+
 int64_t LogitsChunkRows(const ArchDims& d, const ModelOptions& o) {
   const int64_t N = o.micro_batch * o.seq_len;
   if (o.logits_chunk_rows > 0) return std::min(N, o.logits_chunk_rows);
@@ -141,10 +165,8 @@ void PlanBuffers(const ArchDims& d, const ModelOptions& o, int64_t num_params, B
   using MC = MemoryCategory;
   const int64_t N = o.micro_batch * o.seq_len;
   const int64_t C = d.C;
-  const bool ckpt = o.gradient_checkpointing;
-  const int64_t k = ckpt ? std::min(o.checkpoint_every, d.L) : 1;
-  const int64_t n_ckpt = (d.L + k - 1) / k;  // block inputs kept: blocks 0, k, 2k, ...
-  const int64_t n_sets = ckpt ? k : d.L;     // full activation sets
+  const CheckpointLayout cl = MakeCheckpointLayout(d, o);
+  const int64_t n_sets = cl.n_sets;
 
   const DType t = o.compute_type;
   const bool mixed = t != DType::kF32;
@@ -163,7 +185,7 @@ void PlanBuffers(const ArchDims& d, const ModelOptions& o, int64_t num_params, B
   p->Add(MC::kActivations, N, &b->targets);
   if (!d.rotary()) p->Add(MC::kActivations, N, &b->positions);
   // Residual stream: kept block inputs, k-1 working residuals (checkpointing), the final residual.
-  b->res_store.assign(static_cast<size_t>(n_ckpt + (k - 1) + 1), nullptr);
+  b->res_store.assign(static_cast<size_t>(cl.residuals()), nullptr);
   for (float*& r : b->res_store) p->Add(MC::kActivations, N * C, &r);
   b->block_store.assign(static_cast<size_t>(n_sets), BlockActs{});
   for (BlockActs& a : b->block_store) {
@@ -232,23 +254,11 @@ void PlanBuffers(const ArchDims& d, const ModelOptions& o, int64_t num_params, B
 }
 
 void ResolveViews(const ArchDims& d, const ModelOptions& o, ModelBuffers* b) {
-  const bool ckpt = o.gradient_checkpointing;
-  const int64_t k = ckpt ? std::min(o.checkpoint_every, d.L) : 1;
-  const int64_t n_ckpt = (d.L + k - 1) / k;
+  const CheckpointLayout cl = MakeCheckpointLayout(d, o);
   b->res.assign(static_cast<size_t>(d.L + 1), nullptr);
   b->blocks.assign(static_cast<size_t>(d.L), BlockActs{});
-  for (int64_t l = 0; l <= d.L; ++l) {
-    int64_t idx;
-    if (l == d.L) {
-      idx = static_cast<int64_t>(b->res_store.size()) - 1;
-    } else if (l % k == 0) {
-      idx = l / k;
-    } else {
-      idx = n_ckpt + (l % k) - 1;
-    }
-    b->res[l] = b->res_store[idx];
-  }
-  for (int64_t l = 0; l < d.L; ++l) b->blocks[l] = b->block_store[ckpt ? l % k : l];
+  for (int64_t l = 0; l <= d.L; ++l) b->res[l] = b->res_store[cl.ResidualSlot(l, d.L)];
+  for (int64_t l = 0; l < d.L; ++l) b->blocks[l] = b->block_store[cl.SetOf(l)];
 }
 
 }  // namespace traind::engine

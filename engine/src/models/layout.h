@@ -5,6 +5,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -202,6 +203,29 @@ struct ModelBuffers {
   std::vector<float*> res;
   std::vector<BlockActs> blocks;
 };
+
+// Gradient checkpointing's buffer layout, shared by every model: with checkpointing every k
+// blocks, the inputs of blocks 0, k, 2k, ... are kept (n_kept), k-1 working residuals and k
+// working activation sets are reused by every segment; without it every block owns its input and
+// its activation set (k = 1 for the residuals, L sets).
+struct CheckpointLayout {
+  int64_t k = 1;        // blocks per segment (1 without checkpointing)
+  int64_t n_kept = 0;   // kept block inputs
+  int64_t n_sets = 0;   // activation sets
+  int64_t residuals() const { return n_kept + (k - 1) + 1; }  // + the final residual
+  // The residual store slot of block l's input (l == L: the final residual).
+  int64_t ResidualSlot(int64_t l, int64_t L) const {
+    if (l == L) return residuals() - 1;
+    return l % k == 0 ? l / k : n_kept + (l % k) - 1;
+  }
+  int64_t SetOf(int64_t l) const { return n_sets == 0 ? 0 : l % n_sets; }
+};
+CheckpointLayout MakeCheckpointLayout(const ArchDims& d, const ModelOptions& o);
+// Backward over the blocks, last first, segment by segment: with checkpointing each segment but
+// the last (still in the working sets from the forward) is recomputed by `forward(l)` first;
+// `backward(l)` then runs its blocks from the last down.
+void BackwardBySegments(int64_t L, const ModelOptions& o, const std::function<void(int64_t)>& forward,
+                        const std::function<void(int64_t)>& backward);
 
 // Packs buffers into one allocation per category (sub-buffers start 64-byte aligned).
 class BufferPlanner {

@@ -58,12 +58,12 @@ const std::vector<std::string> kLlamaKeys = {
     "rms_norm_eps",        "rope_theta",          "max_position_embeddings",
     "tie_word_embeddings"};
 // mixtral: llama's keys and the experts' (HF MixtralConfig).
-const std::vector<std::string> kMixtralKeys = {
-    "vocab_size",          "hidden_size",          "intermediate_size",
-    "num_hidden_layers",   "num_attention_heads",  "num_key_value_heads",
-    "rms_norm_eps",        "rope_theta",           "max_position_embeddings",
-    "tie_word_embeddings", "num_local_experts",    "num_experts_per_tok",
-    "router_aux_loss_coef", "output_router_logits"};
+const std::vector<std::string> kMixtralKeys = [] {
+  std::vector<std::string> keys = kLlamaKeys;
+  keys.insert(keys.end(), {"num_local_experts", "num_experts_per_tok", "router_aux_loss_coef",
+                           "output_router_logits"});
+  return keys;
+}();
 
 std::string Resolve(const std::string& base_dir, const std::string& p) {
   if (p.empty() || base_dir.empty()) return p;
