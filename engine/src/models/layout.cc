@@ -34,7 +34,7 @@ const ModelFamily kFamilies[] = {
      {FamilyFeatures::Norm::kRmsNorm, FamilyFeatures::Positions::kRotary,
       FamilyFeatures::Mlp::kSwiGlu, /*bias=*/false, /*causal=*/true, /*pre_ln=*/true,
       /*moe=*/true},
-     MixtralParams},
+     LlamaParams},
 };
 
 }  // namespace

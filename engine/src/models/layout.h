@@ -119,9 +119,8 @@ struct ParamTable {
 };
 
 ParamTable Gpt2Params(const ArchDims& d);   // models/gpt2.cc
-ParamTable LlamaParams(const ArchDims& d);  // models/llama.cc
+ParamTable LlamaParams(const ArchDims& d);  // models/llama.cc (llama and mixtral)
 ParamTable BertParams(const ArchDims& d);   // models/bert.cc
-ParamTable MixtralParams(const ArchDims& d);  // models/mixtral.cc
 inline ParamTable BuildParams(const ArchDims& d) { return d.family->params(d); }
 
 // One block's saved activations (N = B*T rows). Unused fields stay null for an arch.

@@ -1,4 +1,5 @@
-// LLaMA family parameter table: HF LlamaForCausalLM names, RMSNorm weights, no biases, GQA
+// LLaMA and Mixtral parameter table: HF LlamaForCausalLM / MixtralForCausalLM names (the same
+// attention; mixtral's MLP is block_sparse_moe), RMSNorm weights, no biases, GQA
 // (k/v_proj have NKV*HS rows), q/k/v_proj contiguous so they form one fused (QKV, C) weight and
 // gate_proj/up_proj contiguous (gate first) as one (2H, C) weight; lm_head only when untied.
 #include <string>
@@ -29,10 +30,23 @@ ParamTable LlamaParams(const ArchDims& d) {
     lp.proj_w =
         t.Add(p + "self_attn.o_proj.weight", {C, d.NH * d.HS}, {C, d.NH * d.HS}, resid, true);
     lp.ln2_w = t.Add(p + "post_attention_layernorm.weight", {C}, {C}, ones, false);
-    // gate rows then up rows: the fused (2H, C) weight SwiGluForward expects ([gate | up]).
-    lp.up_w = t.Add(p + "mlp.gate_proj.weight", {d.H, C}, {d.H, C}, normal, true);
-    t.Add(p + "mlp.up_proj.weight", {d.H, C}, {d.H, C}, normal, true);
-    lp.down_w = t.Add(p + "mlp.down_proj.weight", {C, d.H}, {C, d.H}, resid, true);
+    if (d.moe()) {
+      // mixtral's block_sparse_moe: the router (E, C) and E SwiGLU experts, each w1 (gate) and
+      // w3 (up) back to back as one (2H, C) weight, and w2 (C, H).
+      const std::string m = p + "block_sparse_moe.";
+      lp.router_w = t.Add(m + "gate.weight", {d.E, C}, {d.E, C}, normal, true);
+      for (int64_t e = 0; e < d.E; ++e) {
+        const std::string x = m + "experts." + std::to_string(e) + ".";
+        lp.expert_up.push_back(t.Add(x + "w1.weight", {d.H, C}, {d.H, C}, normal, true));
+        t.Add(x + "w3.weight", {d.H, C}, {d.H, C}, normal, true);
+        lp.expert_down.push_back(t.Add(x + "w2.weight", {C, d.H}, {C, d.H}, resid, true));
+      }
+    } else {
+      // gate rows then up rows: the fused (2H, C) weight SwiGluForward expects ([gate | up]).
+      lp.up_w = t.Add(p + "mlp.gate_proj.weight", {d.H, C}, {d.H, C}, normal, true);
+      t.Add(p + "mlp.up_proj.weight", {d.H, C}, {d.H, C}, normal, true);
+      lp.down_w = t.Add(p + "mlp.down_proj.weight", {C, d.H}, {C, d.H}, resid, true);
+    }
     t.layers.push_back(lp);
   }
   t.lnf_w = t.Add("model.norm.weight", {C}, {C}, ones, false);
