@@ -21,6 +21,8 @@
 #include <gloo/rendezvous/prefix_store.h>
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
+#include <gloo/transport/unbound_buffer.h>
+#include <gloo/types.h>
 
 #include "rendezvous.h"
 
@@ -89,6 +91,9 @@ uint16_t F32ToF16(float f) {
 }
 
 size_t ElementSize(CommDType t) { return t == CommDType::kF32 ? 4 : 2; }
+
+// The ring reduce-scatter's slot tag (under Gloo's reduce prefix, which nothing else here uses).
+constexpr uint32_t kRingReduceScatterTag = 0x7273;
 
 bool IsLoopback(const std::string& addr) {
   return addr == "localhost" || addr.rfind("127.", 0) == 0 || addr == "::1";
@@ -168,6 +173,8 @@ class GlooCommunicator : public engine::Communicator {
     return Status::Ok();
   }
 
+  // Equal counts: `in` copied (widened) into the scratch buffer, the ring reduce-scatter there,
+  // this rank's range out.
   Status ReduceScatterSum(const void* in, void* out, int64_t count, CommDType type) override {
     if (count <= 0) return Status::Ok();
     const int64_t total = count * world_size();
@@ -177,13 +184,42 @@ class GlooCommunicator : public engine::Communicator {
     } else {
       Widen(static_cast<const uint16_t*>(in), total, type, scratch_.data());
     }
-    TRAIND_RETURN_IF_ERROR(SumF32(scratch_.data(), total, "reduce-scatter"));
+    const std::vector<int64_t> counts(static_cast<size_t>(world_size()), count);
+    TRAIND_RETURN_IF_ERROR(RingReduceScatterF32(scratch_.data(), counts, "reduce-scatter"));
     const float* mine = scratch_.data() + count * rank();
     if (type == CommDType::kF32) {
       std::memcpy(out, mine, static_cast<size_t>(count) * 4);
     } else {
       Narrow(mine, count, type, static_cast<uint16_t*>(out));
     }
+    return Status::Ok();
+  }
+
+  Status ReduceScatterSumInPlace(void* data, const std::vector<int64_t>& counts,
+                                 CommDType type) override {
+    if (static_cast<int>(counts.size()) != world_size()) {
+      return Status::InvalidArgument("reduce-scatter: " + std::to_string(counts.size()) +
+                                     " counts for a world of " + std::to_string(world_size()));
+    }
+    int64_t total = 0, before = 0;
+    for (size_t r = 0; r < counts.size(); ++r) {
+      if (counts[r] < 0) {
+        return Status::InvalidArgument("reduce-scatter: rank " + std::to_string(r) + "'s count " +
+                                       std::to_string(counts[r]) + " is negative");
+      }
+      if (static_cast<int>(r) < rank()) before += counts[r];
+      total += counts[r];
+    }
+    if (total == 0) return Status::Ok();
+    if (type == CommDType::kF32) {
+      return RingReduceScatterF32(static_cast<float*>(data), counts, "reduce-scatter");
+    }
+    // 16-bit: widened whole, reduced in fp32, this rank's range rounded back.
+    auto* h = static_cast<uint16_t*>(data);
+    scratch_.resize(static_cast<size_t>(total));
+    Widen(h, total, type, scratch_.data());
+    TRAIND_RETURN_IF_ERROR(RingReduceScatterF32(scratch_.data(), counts, "reduce-scatter"));
+    Narrow(scratch_.data() + before, counts[static_cast<size_t>(rank())], type, h + before);
     return Status::Ok();
   }
 
@@ -223,6 +259,51 @@ class GlooCommunicator : public engine::Communicator {
   }
 
  private:
+  // The ring reduce-scatter on Gloo's transport, in place on fp32 `data` (counts as
+  // ReduceScatterSumInPlace's). Step s of W-1: rank r sends range (r-s-1) mod W to rank r+1 and
+  // receives range (r-s-2) mod W from rank r-1, adding it into its own copy; what it sends at
+  // step s+1 is what it summed at step s, so after W-1 steps range r holds every rank's sum. Each
+  // rank sends every range but its own once (C - counts[r] elements); empty ranges are skipped on
+  // both sides of a pair. The sums of one element are added in ring order, from rank
+  // (owner+1) mod W round to the owner.
+  Status RingReduceScatterF32(float* data, const std::vector<int64_t>& counts, const char* what) {
+    const int W = world_size(), r = rank();
+    int64_t total = 0, largest = 0;
+    std::vector<int64_t> offset(counts.size());
+    for (size_t q = 0; q < counts.size(); ++q) {
+      offset[q] = total;
+      total += counts[q];
+      largest = std::max(largest, counts[q]);
+    }
+    if (W == 1 || total == 0) return Status::Ok();
+    return Guard(what, static_cast<size_t>(total) * 4, [&] {
+      recv_.resize(static_cast<size_t>(std::max<int64_t>(largest, 1)));
+      auto send_buf = context_->createUnboundBuffer(data, static_cast<size_t>(total) * 4);
+      auto recv_buf = context_->createUnboundBuffer(recv_.data(), recv_.size() * 4);
+      const int right = (r + 1) % W, left = (r + W - 1) % W;
+      const uint64_t slot = gloo::Slot::build(gloo::kReduceSlotPrefix, kRingReduceScatterTag);
+      for (int s = 0; s < W - 1; ++s) {
+        const auto send_q = static_cast<size_t>((r - s - 1 + 2 * W) % W);
+        const auto recv_q = static_cast<size_t>((r - s - 2 + 2 * W) % W);
+        const size_t send_bytes = static_cast<size_t>(counts[send_q]) * 4;
+        const size_t recv_n = static_cast<size_t>(counts[recv_q]);
+        if (recv_n > 0) recv_buf->recv(left, slot, 0, recv_n * 4);
+        if (send_bytes > 0) {
+          send_buf->send(right, slot, static_cast<size_t>(offset[send_q]) * 4, send_bytes);
+        }
+        if (recv_n > 0) {
+          if (!recv_buf->waitRecv(timeout_)) throw std::runtime_error("receive aborted");
+          float* dst = data + offset[recv_q];
+          const float* src = recv_.data();
+          for (size_t i = 0; i < recv_n; ++i) dst[i] += src[i];
+        }
+        if (send_bytes > 0 && !send_buf->waitSend(timeout_)) {
+          throw std::runtime_error("send aborted");
+        }
+      }
+    });
+  }
+
   Status SumF32(float* data, int64_t count, const char* what) {
     return Guard(what, static_cast<size_t>(count) * 4, [&] {
       gloo::AllreduceOptions opts(context_);
@@ -273,6 +354,7 @@ class GlooCommunicator : public engine::Communicator {
   std::shared_ptr<gloo::Context> context_;
   std::chrono::milliseconds timeout_;
   std::vector<float> scratch_;
+  std::vector<float> recv_;  // the ring reduce-scatter's receive buffer (the largest range)
   bool broken_ = false;
   std::string broken_message_;
 };

@@ -39,6 +39,9 @@ Result<const NcclApi*> Load() {
   get(&api.ReduceScatter, "ncclReduceScatter");
   get(&api.AllGather, "ncclAllGather");
   get(&api.Broadcast, "ncclBroadcast");
+  get(&api.Reduce, "ncclReduce");
+  get(&api.GroupStart, "ncclGroupStart");
+  get(&api.GroupEnd, "ncclGroupEnd");
   if (!missing.empty()) {
     return Status::FailedPrecondition("nccl: the loaded NCCL lacks " + missing +
                                       " (NCCL 2.19 or later is needed)");

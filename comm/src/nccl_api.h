@@ -25,6 +25,9 @@ struct NcclApi {
   decltype(&::ncclReduceScatter) ReduceScatter;
   decltype(&::ncclAllGather) AllGather;
   decltype(&::ncclBroadcast) Broadcast;
+  decltype(&::ncclReduce) Reduce;
+  decltype(&::ncclGroupStart) GroupStart;
+  decltype(&::ncclGroupEnd) GroupEnd;
 };
 
 // The table, loaded once (thread-safe): libnccl.so.2 from the loader's path, else the library

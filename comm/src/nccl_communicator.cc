@@ -9,6 +9,7 @@
 #include <cstring>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "nccl_api.h"
 #include "nccl_cast.h"
@@ -152,6 +153,61 @@ class NcclCommunicator : public engine::Communicator {
           Cuda(what, in_bytes, NarrowFromF32(f + total, dout, count, bf16, stream_)));
     }
     return Finish(what, in_bytes, out, dout, out_bytes);
+  }
+
+  // One ncclReduce per rank with a non-empty range (root r, in place on its range) inside one
+  // ncclGroupStart / ncclGroupEnd: NCCL runs them together, and each rank sends every range but
+  // its own once (what a reduce-scatter sends; ncclReduceScatter itself wants equal counts, so
+  // unequal ranges would need a padded copy). 16-bit: widened whole into the fp32 scratch,
+  // reduced there, this rank's range rounded back.
+  Status ReduceScatterSumInPlace(void* data, const std::vector<int64_t>& counts,
+                                 CommDType type) override {
+    if (static_cast<int>(counts.size()) != world_) {
+      return Status::InvalidArgument("reduce-scatter: " + std::to_string(counts.size()) +
+                                     " counts for a world of " + std::to_string(world_));
+    }
+    int64_t total = 0;
+    std::vector<int64_t> offset(counts.size());
+    for (size_t r = 0; r < counts.size(); ++r) {
+      if (counts[r] < 0) {
+        return Status::InvalidArgument("reduce-scatter: rank " + std::to_string(r) + "'s count " +
+                                       std::to_string(counts[r]) + " is negative");
+      }
+      offset[r] = total;
+      total += counts[r];
+    }
+    if (total == 0) return Status::Ok();
+    const size_t bytes = static_cast<size_t>(total) * ElementSize(type);
+    const char* what = "reduce-scatter";
+    TRAIND_RETURN_IF_ERROR(Begin(what, bytes));
+    void* d = nullptr;
+    TRAIND_RETURN_IF_ERROR(Stage(what, bytes, data, bytes, &stage_in_, /*copy_in=*/true, &d));
+    float* f = static_cast<float*>(d);
+    const bool bf16 = type == CommDType::kBF16;
+    if (type != CommDType::kF32) {
+      TRAIND_RETURN_IF_ERROR(Cuda(what, bytes, scratch_.Reserve(static_cast<size_t>(total) * 4)));
+      f = static_cast<float*>(scratch_.get());
+      TRAIND_RETURN_IF_ERROR(Cuda(what, bytes, WidenToF32(d, f, total, bf16, stream_)));
+    }
+    TRAIND_RETURN_IF_ERROR(Issue(what, bytes, Nccl().GroupStart()));
+    for (int r = 0; r < world_; ++r) {
+      const size_t n = static_cast<size_t>(counts[static_cast<size_t>(r)]);
+      if (n == 0) continue;
+      float* range = f + offset[static_cast<size_t>(r)];
+      const ncclResult_t rr = Nccl().Reduce(range, range, n, ncclFloat, ncclSum, r, comm_, stream_);
+      if (rr != ncclSuccess && rr != ncclInProgress) {
+        (void)Nccl().GroupEnd();
+        return NcclFailed(what, bytes, rr);
+      }
+    }
+    TRAIND_RETURN_IF_ERROR(Issue(what, bytes, Nccl().GroupEnd()));
+    const int64_t mine = counts[static_cast<size_t>(rank_)];
+    const int64_t at = offset[static_cast<size_t>(rank_)];
+    if (type != CommDType::kF32 && mine > 0) {
+      unsigned char* dst = static_cast<unsigned char*>(d) + static_cast<size_t>(at) * 2;
+      TRAIND_RETURN_IF_ERROR(Cuda(what, bytes, NarrowFromF32(f + at, dst, mine, bf16, stream_)));
+    }
+    return Finish(what, bytes, data, d, bytes);
   }
 
   Status AllGather(const void* in, void* out, int64_t count, CommDType type) override {

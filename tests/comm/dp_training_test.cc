@@ -687,6 +687,80 @@ TEST(DataParallel, ZeroOneAdafactorCheckpointsResumeAcrossWorldsAndStages) {
   CheckZeroOneCheckpoints("optim: adafactor");
 }
 
+// What `traind run` prints a rank sent in its steps: "communication bytes sent by this rank in S
+// steps: T (all-reduce a, reduce-scatter b, all-gather c, broadcast d)". {S, T, a, b, c, d}.
+std::vector<long long> SentBytes(const std::string& log) {
+  std::vector<long long> v(6, -1);
+  const size_t at = log.find("communication bytes sent by this rank in ");
+  EXPECT_NE(at, std::string::npos) << log;
+  if (at == std::string::npos) return v;
+  EXPECT_EQ(std::sscanf(log.c_str() + at,
+                        "communication bytes sent by this rank in %lld steps: %lld (all-reduce "
+                        "%lld, reduce-scatter %lld, all-gather %lld, broadcast %lld)",
+                        &v[0], &v[1], &v[2], &v[3], &v[4], &v[5]),
+            6)
+      << log.substr(at, 200);
+  return v;
+}
+
+// ZeRO-1 reduce-scatters the gradients: per step, rank r sends every range but its own once
+// (4 (N - n_r) bytes) where zero_stage 0's ring all-reduce sends 2 (W-1)/W x 4N, half of it for
+// balanced ranges. The step's other collectives, computed here from the metered convention
+// (metered_communicator.h): the loss's all-gather (two f32 lanes per rank: 8 (W-1) bytes), with
+// ZeRO-1 the norm's (the same again) and the weight gather (rank r broadcasts its range: 4 n_r).
+// The ranges and N are each rank's log line ("updates elements [b, e) of N"); the default buckets
+// (the bytes do not depend on the buckets: their pieces add up to the buffer).
+TEST(DataParallel, ZeroOneSendsHalfTheGradientBytes) {
+  const std::string dir = TempDir("bytes");
+  const std::string tokens = dir + "/tokens.bin";
+  WriteTokens(tokens, 6000, 64, 4);
+  for (int W : {2, 4}) {
+    const std::string w = "w" + std::to_string(W);
+    RunRanks(tokens, W, 1, dir + "/" + w + "_z0", "", 0);
+    RunRanks(tokens, W, 1, dir + "/" + w + "_z1", "", 1);
+    for (int r = 0; r < W; ++r) {
+      const std::string rank = "_rank" + std::to_string(r) + ".log";
+      const std::string log1 = Slurp(dir + "/" + w + "_z1" + rank);
+      const std::vector<long long> z0 = SentBytes(Slurp(dir + "/" + w + "_z0" + rank));
+      const std::vector<long long> z1 = SentBytes(log1);
+      long long b = -1, e = -1, N = -1;
+      const std::string key = "zero_stage 1: rank " + std::to_string(r) + " of " + std::to_string(W);
+      const size_t at = log1.find(key);
+      ASSERT_NE(at, std::string::npos) << log1;
+      ASSERT_EQ(std::sscanf(log1.c_str() + at + key.size(), " updates elements [%lld, %lld) of %lld",
+                            &b, &e, &N),
+                3)
+          << log1.substr(at, 200);
+      const long long n = e - b, steps = 20;
+      ASSERT_EQ(z0[0], steps);
+      ASSERT_EQ(z1[0], steps);
+      // zero_stage 0: the all-reduce of 4N bytes (every piece's 4 x len divides by W here).
+      const long long allreduce0 = 8 * N * (W - 1) / W;
+      const long long gather_scalar = 8 * (W - 1);
+      EXPECT_EQ(z0[2], steps * allreduce0) << w << " rank " << r;
+      EXPECT_EQ(z0[3], 0) << w << " rank " << r;
+      EXPECT_EQ(z0[4], steps * gather_scalar) << w << " rank " << r;
+      EXPECT_EQ(z0[5], 0) << w << " rank " << r;
+      EXPECT_EQ(z0[1], steps * (allreduce0 + gather_scalar)) << w << " rank " << r;
+      // zero_stage 1: the reduce-scatter, the two scalar gathers, the weight broadcasts.
+      const long long scatter1 = 4 * (N - n);
+      EXPECT_EQ(z1[2], 0) << w << " rank " << r;
+      EXPECT_EQ(z1[3], steps * scatter1) << w << " rank " << r;
+      EXPECT_EQ(z1[4], steps * 2 * gather_scalar) << w << " rank " << r;
+      EXPECT_EQ(z1[5], steps * 4 * n) << w << " rank " << r;
+      EXPECT_EQ(z1[1], steps * (scatter1 + 2 * gather_scalar + 4 * n)) << w << " rank " << r;
+      // The gradients' share: half of zero_stage 0's, within the ranges' rounding (one element).
+      const double ratio = static_cast<double>(scatter1) / static_cast<double>(allreduce0);
+      EXPECT_NEAR(ratio, 0.5, 4.0 * W / static_cast<double>(allreduce0));
+      std::printf("[dp] world %d rank %d, per step: zero_stage 0 sends %lld bytes (gradient "
+                  "all-reduce %lld), zero_stage 1 %lld (gradient reduce-scatter %lld = %.4f of "
+                  "the all-reduce, weight broadcasts %lld, scalars %lld); N = %lld, range %lld\n",
+                  W, r, z0[1] / steps, z0[2] / steps, z1[1] / steps, z1[3] / steps, ratio,
+                  z1[5] / steps, z1[4] / steps, N, n);
+    }
+  }
+}
+
 // The store's size after the last step, as `traind run` prints it (-1 when missing).
 int64_t StoreBytes(const std::string& log) {
   const size_t at = log.find("offload: the store holds ");

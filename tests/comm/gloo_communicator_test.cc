@@ -1,5 +1,6 @@
 // The Gloo communicator's contract (traind/engine/communicator.h) with every rank a thread of this
-// process, over loopback: sums, 16-bit sums with fp32 accumulation, reduce-scatter, all-gather,
+// process, over loopback: sums, 16-bit sums with fp32 accumulation, reduce-scatter (equal counts,
+// and in place with a count per rank), all-gather,
 // broadcast, barrier; the rendezvous's errors (a rank that never joins, no rank 0, a rank taken
 // twice, disagreeing world sizes); ResolveDistributed's environment defaults.
 #include <gtest/gtest.h>
@@ -142,6 +143,93 @@ TEST(GlooCommunicator, ReduceScatterAllGatherBroadcastBarrier) {
       for (int64_t i = 0; i < count; ++i) EXPECT_EQ(gathered[r][q * count + i], q + 1.0f);
     }
     EXPECT_EQ(broadcast[r], "from rank 2");
+  }
+}
+
+// bf16 from fp32, rounded to nearest even (the communicator's rounding; finite values only).
+uint16_t Bf16Rne(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+// The variable-count reduce-scatter in place (ZeRO-1's): odd counts, empty ranges (a rank that
+// receives nothing, a world where one rank holds everything), fp32 and bf16, several calls in a
+// row and an all-reduce between them, against a host reference. The ring adds range q's
+// elements from rank q+1 round to q, in fp32; the reference adds them in that order, so the
+// rank's range must match it bit for bit (and the exact sum to rounding).
+TEST(GlooCommunicator, ReduceScatterInPlaceWithACountPerRank) {
+  auto value = [](int r, int64_t i) {
+    return std::sin(0.37f * static_cast<float>(i) + static_cast<float>(r)) * (r + 1) / 7.0f;
+  };
+  const std::vector<std::vector<int64_t>> cases[] = {
+      {{7, 13}, {0, 9}, {250001, 3}},                       // world 2
+      {{7, 0, 13}, {0, 0, 5}, {1001, 2003, 999}},           // world 3
+      {{0, 5, 0, 100003}, {3, 1, 4, 1}, {0, 0, 0, 0}},      // world 4 (the last: nothing at all)
+  };
+  for (const auto& calls : cases) {
+    const int world = static_cast<int>(calls[0].size());
+    // Per call, per rank: its range after the call, fp32 and bf16.
+    std::vector<std::vector<std::vector<float>>> got(calls.size(),
+                                                     std::vector<std::vector<float>>(world));
+    std::vector<std::vector<std::vector<uint16_t>>> got16(
+        calls.size(), std::vector<std::vector<uint16_t>>(world));
+    RunWorld(world, [&](int r, Communicator* c) {
+      for (size_t k = 0; k < calls.size(); ++k) {
+        const std::vector<int64_t>& counts = calls[k];
+        int64_t total = 0, before = 0;
+        for (int q = 0; q < world; ++q) {
+          if (q < r) before += counts[q];
+          total += counts[q];
+        }
+        std::vector<float> x(static_cast<size_t>(total) + 1);
+        std::vector<uint16_t> h(static_cast<size_t>(total) + 1);
+        for (int64_t i = 0; i < total; ++i) {
+          x[i] = value(r, i);
+          h[i] = Bf16(value(r, i));
+        }
+        ASSERT_TRUE(c->ReduceScatterSumInPlace(x.data(), counts, CommDType::kF32).ok());
+        float one = 1.0f;  // another collective between the calls
+        ASSERT_TRUE(c->AllReduceSum(&one, 1, CommDType::kF32).ok());
+        EXPECT_EQ(one, static_cast<float>(world));
+        ASSERT_TRUE(c->ReduceScatterSumInPlace(h.data(), counts, CommDType::kBF16).ok());
+        got[k][r].assign(x.begin() + before, x.begin() + before + counts[r]);
+        got16[k][r].assign(h.begin() + before, h.begin() + before + counts[r]);
+      }
+      // Wrong counts: refused on every rank before anything is sent.
+      std::vector<float> y(4);
+      EXPECT_EQ(c->ReduceScatterSumInPlace(y.data(), {1, 1}, CommDType::kF32).code(),
+                world == 2 ? Status::Code::kOk : Status::Code::kInvalidArgument);
+      std::vector<int64_t> negative(world, 1);
+      negative[0] = -1;
+      EXPECT_EQ(c->ReduceScatterSumInPlace(y.data(), negative, CommDType::kF32).code(),
+                Status::Code::kInvalidArgument);
+    });
+    for (size_t k = 0; k < calls.size(); ++k) {
+      int64_t offset = 0;
+      for (int q = 0; q < world; ++q) {
+        const int64_t n = calls[k][q];
+        ASSERT_EQ(static_cast<int64_t>(got[k][q].size()), n);
+        int64_t mismatches = 0, mismatches16 = 0;
+        for (int64_t i = 0; i < n; ++i) {
+          const int64_t g = offset + i;
+          float acc = value((q + 1) % world, g), acc16 = FromBf16(Bf16(value((q + 1) % world, g)));
+          double exact = 0;
+          for (int j = 2; j <= world; ++j) {
+            acc += value((q + j) % world, g);
+            acc16 += FromBf16(Bf16(value((q + j) % world, g)));
+          }
+          for (int j = 0; j < world; ++j) exact += value(j, g);
+          mismatches += got[k][q][i] != acc ? 1 : 0;
+          mismatches16 += got16[k][q][i] != Bf16Rne(acc16) ? 1 : 0;
+          EXPECT_NEAR(got[k][q][i], exact, 1e-5) << "case world " << world << " call " << k;
+        }
+        EXPECT_EQ(mismatches, 0) << "world " << world << " call " << k << " rank " << q;
+        EXPECT_EQ(mismatches16, 0) << "world " << world << " call " << k << " rank " << q;
+        offset += n;
+      }
+    }
   }
 }
 

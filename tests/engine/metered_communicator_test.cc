@@ -24,6 +24,12 @@ class FakeCommunicator : public Communicator {
   Status ReduceScatterSum(const void* in, void*, int64_t count, CommDType type) override {
     return Record("reducescatter", in, count, type);
   }
+  Status ReduceScatterSumInPlace(void* data, const std::vector<int64_t>& counts,
+                                 CommDType type) override {
+    int64_t total = 0;
+    for (int64_t c : counts) total += c;
+    return Record("reducescatterv", data, total, type);
+  }
   Status AllGather(const void* in, void*, int64_t count, CommDType type) override {
     return Record("allgather", in, count, type);
   }
@@ -87,6 +93,24 @@ TEST(MeteredCommunicator, BytesFollowTheRingConvention) {
       // Reduce-scatter and all-gather of `count` per rank: (W-1) x count elements each.
       ASSERT_TRUE(m.ReduceScatterSum(x.data(), x.data(), n, CommDType::kF32).ok());
       EXPECT_EQ(m.stats().bytes_sent - before_rs, static_cast<int64_t>(world - 1) * n * 4);
+      // In place with a count per rank (unequal, one empty): every range but this rank's.
+      std::vector<int64_t> counts;
+      int64_t total = 0;
+      for (int r = 0; r < world; ++r) {
+        counts.push_back(r == 1 ? 0 : 1000 * (r + 1) + 7);
+        total += counts.back();
+      }
+      const int64_t before_rsv = m.stats().bytes_sent;
+      ASSERT_TRUE(m.ReduceScatterSumInPlace(x.data(), counts, CommDType::kF32).ok());
+      EXPECT_EQ(m.stats().bytes_sent - before_rsv,
+                world > 1 ? (total - counts[static_cast<size_t>(rank)]) * 4 : 0)
+          << world << " " << rank;
+      const int64_t before_rsv16 = m.stats().bytes_sent;
+      ASSERT_TRUE(m.ReduceScatterSumInPlace(x.data(), counts, CommDType::kBF16).ok());
+      EXPECT_EQ(m.stats().bytes_sent - before_rsv16,
+                world > 1 ? (total - counts[static_cast<size_t>(rank)]) * 2 : 0);
+      const int64_t rs_bytes = m.stats().bytes_sent - before_rs;
+      EXPECT_EQ(m.stats().bytes_by_op[static_cast<int>(CommOp::kReduceScatter)], rs_bytes);
       const int64_t before_ag = m.stats().bytes_sent;
       ASSERT_TRUE(m.AllGather(x.data(), x.data(), n, CommDType::kF16).ok());
       EXPECT_EQ(m.stats().bytes_sent - before_ag, static_cast<int64_t>(world - 1) * n * 2);
@@ -96,6 +120,14 @@ TEST(MeteredCommunicator, BytesFollowTheRingConvention) {
       const int64_t before_barrier = m.stats().bytes_sent;
       ASSERT_TRUE(m.Barrier().ok());
       EXPECT_EQ(m.stats().bytes_sent, before_barrier);
+      // The bytes by collective add up to the total.
+      const CommStats& st = m.stats();
+      EXPECT_EQ(st.bytes_by_op[static_cast<int>(CommOp::kAllReduce)], before_rs);
+      EXPECT_EQ(st.bytes_by_op[static_cast<int>(CommOp::kAllGather)], before_bc - before_ag);
+      EXPECT_EQ(st.bytes_by_op[static_cast<int>(CommOp::kBroadcast)], before_barrier - before_bc);
+      int64_t sum = 0;
+      for (int64_t b : st.bytes_by_op) sum += b;
+      EXPECT_EQ(sum, st.bytes_sent);
     }
   }
 }

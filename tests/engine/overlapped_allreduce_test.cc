@@ -38,12 +38,35 @@ class DoublingCommunicator : public Communicator {
     return Status::Ok();
   }
   Status ReduceScatterSum(const void*, void*, int64_t, CommDType) override { return Status::Internal("unused"); }
+  // Records the call (its start and counts) and doubles this rank's range only (the others keep
+  // what they held: the contract leaves them unspecified).
+  Status ReduceScatterSumInPlace(void* data, const std::vector<int64_t>& counts,
+                                 CommDType type) override {
+    EXPECT_EQ(type, CommDType::kF32);
+    EXPECT_EQ(counts.size(), 2u);
+    auto* f = static_cast<float*>(data);
+    int64_t total = 0;
+    for (int64_t c : counts) total += c;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      calls.push_back({f - base_, f - base_ + total});
+      scatter_counts.push_back(counts);
+      threads.push_back(std::this_thread::get_id());
+      if (fail_from >= 0 && static_cast<int64_t>(calls.size()) > fail_from) {
+        return Status::Unavailable("rank 1 went away");
+      }
+    }
+    for (int64_t i = 0; i < counts[0]; ++i) f[i] *= 2.0f;  // rank 0's range comes first
+    std::this_thread::sleep_for(delay);
+    return Status::Ok();
+  }
   Status AllGather(const void*, void*, int64_t, CommDType) override { return Status::Internal("unused"); }
   Status Broadcast(void*, size_t, int) override { return Status::Internal("unused"); }
   Status Barrier() override { return Status::Internal("unused"); }
 
   std::mutex mu;
   std::vector<Range> calls;
+  std::vector<std::vector<int64_t>> scatter_counts;  // ReduceScatterSumInPlace's, per call
   std::vector<std::thread::id> threads;
   std::chrono::milliseconds delay{0};
   int64_t fail_from = -1;  // >= 0: calls after this many fail
@@ -144,6 +167,35 @@ TEST(OverlappedAllReduce, ReducesEveryElementOnceWhileTheCallerComputes) {
     EXPECT_GE(waited, 0.040);
     EXPECT_LT(waited, comm_seconds - 0.030) << "the buckets should have been hidden";
   }
+}
+
+// ZeRO-1: the same buckets in the same order, each reduce-scattered with its intersection with
+// each rank's range as the counts (zero where a bucket misses a rank); this rank (0) receives its
+// whole range reduced once, the other ranks' ranges are left to them.
+TEST(OverlappedAllReduce, ReduceScattersTheBucketsOverTheShards) {
+  std::vector<float> g(610);
+  for (size_t i = 0; i < g.size(); ++i) g[i] = static_cast<float>(i) + 0.5f;
+  DoublingCommunicator comm(g.data());
+  const std::vector<Range> shards = {{0, 305}, {305, 610}};  // cut inside block 1's bucket
+  EXPECT_EQ(OverlappedAllReduce::ShardCounts({300, 450}, shards), (std::vector<int64_t>{5, 145}));
+  EXPECT_EQ(OverlappedAllReduce::ShardCounts({450, 600}, shards), (std::vector<int64_t>{0, 150}));
+  EXPECT_EQ(OverlappedAllReduce::ShardCounts({0, 150}, shards), (std::vector<int64_t>{150, 0}));
+  OverlappedAllReduce o(&comm, Layout(), 610, 4, shards);
+  o.Arm(g.data());
+  for (int64_t layer = 2; layer >= 0; --layer) o.BlockDone(layer);
+  double comm_seconds = 0, waited = 0;
+  ASSERT_TRUE(o.Finish(&comm_seconds, &waited).ok());
+  EXPECT_EQ(comm.calls, (std::vector<Range>{{450, 600}, {300, 450}, {150, 300}, {0, 150}, {600, 610}}));
+  EXPECT_EQ(comm.scatter_counts, (std::vector<std::vector<int64_t>>{
+                                     {0, 150}, {5, 145}, {150, 0}, {150, 0}, {0, 10}}));
+  for (size_t i = 0; i < g.size(); ++i) {
+    const float want = static_cast<float>(i) + 0.5f;
+    ASSERT_EQ(g[i], i < 305 ? 2.0f * want : want) << "element " << i;
+  }
+  // Without buckets: one piece, the ranges' sizes.
+  comm.scatter_counts.clear();
+  ASSERT_TRUE(OverlappedAllReduce::ReducePiece(&comm, g.data(), {0, 610}, shards).ok());
+  EXPECT_EQ(comm.scatter_counts, (std::vector<std::vector<int64_t>>{{305, 305}}));
 }
 
 TEST(OverlappedAllReduce, AnErrorIsReturnedAndTheRestIsNotIssued) {

@@ -74,6 +74,9 @@ class ThreadComm final : public Communicator {
   Status ReduceScatterSum(const void*, void*, int64_t, CommDType) override {
     return Status::Internal("unused");
   }
+  Status ReduceScatterSumInPlace(void*, const std::vector<int64_t>&, CommDType) override {
+    return Status::Internal("unused");
+  }
   Status AllGather(const void* in, void* out, int64_t count, CommDType type) override {
     if (type != CommDType::kF32) return Status::Internal("fp32 lanes only");
     w_->Deposit(rank_, in);

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backend/arena.h"
@@ -58,10 +59,13 @@ class Optimizer {
   virtual Status LoadState(const SafetensorsFile& file) = 0;
 
   // ZeRO-1 (optim/sharded_optimizer.h): the rank updates and keeps the state of its shard of the
-  // flat buffer only. After each step every rank calls GatherParams (a collective) so that each
-  // holds the whole update; SaveState / WriteState gather every rank's state, so the ranks that
-  // do not write call ContributeState at the same point. Nothing for an unsharded optimizer.
+  // flat buffer only, and reads only its range of the gradients (the caller reduce-scatters them:
+  // shard_ranges() gives every rank's range, in rank order). After each step every rank calls
+  // GatherParams (a collective) so that each holds the whole update; SaveState / WriteState gather
+  // every rank's state, so the ranks that do not write call ContributeState at the same point.
+  // Nothing for an unsharded optimizer (shard_ranges() empty).
   virtual bool sharded() const { return false; }
+  virtual std::vector<std::pair<int64_t, int64_t>> shard_ranges() const { return {}; }
   virtual Status GatherParams(float* params) {
     (void)params;
     return Status::Ok();

@@ -5,10 +5,11 @@
 // The ranges split inside tensors: AdamW and SGD are elementwise (ranges balanced by element
 // count: [N r / W, N (r+1) / W)); 8-bit AdamW is blockwise inside its 8-bit tensors, so there a
 // range starts on one of the tensor's 256-element quantization blocks and a slice keeps its whole
-// tensor's 8-bit / fp32 choice (ranges balanced by state bytes). A step: the caller has summed
-// the gradients over the ranks (all of them, so the global norm and the clipping are those of an
-// unsharded run); IssueStep / Step update the rank's range; GatherParams then brings every
-// rank's updated range to every rank.
+// tensor's 8-bit / fp32 choice (ranges balanced by state bytes). A step: the caller has
+// reduce-scattered the gradients over the ranks (this rank's range holds the sum, the rest of the
+// buffer partial sums, never read here) and put the global sum of squares (every rank's range's,
+// added) in the step scalars; IssueStep / Step update the rank's range; GatherParams then brings
+// every rank's updated range to every rank.
 //
 // Checkpoints hold the same optimizer.safetensors as an unsharded run ("<hf_name>.<state>" with
 // the parameter's shape, the inner optimizer's format and step): SaveState / WriteState gather
@@ -90,6 +91,7 @@ class ShardedOptimizer final : public Optimizer {
   Status status() const override;
 
   bool sharded() const override { return true; }
+  std::vector<std::pair<int64_t, int64_t>> shard_ranges() const override { return ranges_; }
   // Every rank's range broadcast from its owner, in place (device memory the backend has finished
   // writing). A collective: every rank calls it after every step.
   Status GatherParams(float* params) override;

@@ -133,13 +133,19 @@ int RunJobFileWithConsole(const std::string& spec_path, RunOptions options) {
 
   // Data parallel: this rank's collectives over the run.
   double comm_seconds = 0, comm_hidden = 0, step_seconds = 0;
-  int64_t comm_bytes = 0;
+  int64_t comm_bytes = 0, comm_steps = 0;
+  int64_t by_op[4] = {0, 0, 0, 0};  // all-reduce, reduce-scatter, all-gather, broadcast
   int64_t store_bytes = -1;  // training.offload: what the store holds after the last step
   cb.on_step = [&](const StepReport& r) {
     store_bytes = r.offload_store_bytes;
     comm_seconds += r.comm_seconds;
     comm_hidden += r.comm_hidden_seconds;
     comm_bytes += r.comm_bytes;
+    comm_steps += 1;
+    by_op[0] += r.comm_all_reduce_bytes;
+    by_op[1] += r.comm_reduce_scatter_bytes;
+    by_op[2] += r.comm_all_gather_bytes;
+    by_op[3] += r.comm_broadcast_bytes;
     step_seconds += r.step_seconds;
   };
 
@@ -158,6 +164,11 @@ int RunJobFileWithConsole(const std::string& spec_path, RunOptions options) {
                 "time), %.2f s hidden behind backward, %.1f MiB sent by this rank\n",
                 comm_seconds, step_seconds > 0 ? 100.0 * comm_seconds / step_seconds : 0.0,
                 comm_hidden, static_cast<double>(comm_bytes) / 1048576.0);
+    std::printf("communication bytes sent by this rank in %lld steps: %lld (all-reduce %lld, "
+                "reduce-scatter %lld, all-gather %lld, broadcast %lld)\n",
+                static_cast<long long>(comm_steps), static_cast<long long>(comm_bytes),
+                static_cast<long long>(by_op[0]), static_cast<long long>(by_op[1]),
+                static_cast<long long>(by_op[2]), static_cast<long long>(by_op[3]));
   }
   if (spec->training.offload != "none" && store_bytes >= 0) {
     std::printf("offload: the store holds %lld bytes after the last step\n",

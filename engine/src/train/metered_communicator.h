@@ -7,6 +7,8 @@
 // algorithms, at the buffer's element size, for a world of W ranks and a buffer of S bytes:
 //   all-reduce      2 (W-1)/W x S        (reduce-scatter then all-gather)
 //   reduce-scatter  (W-1)/W x S_in       (S_in = W x count elements)
+//   reduce-scatter in place, counts per rank: S - counts[rank] elements' bytes (S = their sum:
+//                   the ring sends every range but its own once; equal counts give (W-1)/W x S)
 //   all-gather      (W-1)/W x S_out      (S_out = W x count elements)
 //   broadcast       S on the root, 0 on the others (one-to-all)
 //   barrier         0
@@ -21,10 +23,15 @@
 
 namespace traind::engine {
 
+// What the bytes went to, by collective (CommStats::bytes_by_op).
+enum class CommOp : int { kAllReduce = 0, kReduceScatter = 1, kAllGather = 2, kBroadcast = 3 };
+constexpr int kCommOps = 4;
+
 struct CommStats {
   double seconds = 0;      // time inside collectives
   int64_t bytes_sent = 0;  // see the convention above
   int64_t calls = 0;
+  int64_t bytes_by_op[kCommOps] = {0, 0, 0, 0};  // bytes_sent by CommOp (they add up to it)
 };
 
 class MeteredCommunicator : public Communicator {
@@ -37,6 +44,8 @@ class MeteredCommunicator : public Communicator {
 
   Status AllReduceSum(void* data, int64_t count, CommDType type) override;
   Status ReduceScatterSum(const void* in, void* out, int64_t count, CommDType type) override;
+  Status ReduceScatterSumInPlace(void* data, const std::vector<int64_t>& counts,
+                                 CommDType type) override;
   Status AllGather(const void* in, void* out, int64_t count, CommDType type) override;
   Status Broadcast(void* data, size_t bytes, int root) override;
   Status Barrier() override;

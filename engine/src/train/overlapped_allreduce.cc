@@ -23,9 +23,30 @@ int64_t BlockOfParam(const std::string& hf_name) {
   return -1;
 }
 
+std::vector<int64_t> OverlappedAllReduce::ShardCounts(const Range& piece,
+                                                      const std::vector<Range>& shards) {
+  std::vector<int64_t> counts;
+  counts.reserve(shards.size());
+  for (const Range& s : shards) {
+    counts.push_back(std::max<int64_t>(0, std::min(piece.second, s.second) -
+                                              std::max(piece.first, s.first)));
+  }
+  return counts;
+}
+
+Status OverlappedAllReduce::ReducePiece(Communicator* comm, float* grads, const Range& piece,
+                                        const std::vector<Range>& shards) {
+  if (shards.empty()) {
+    return comm->AllReduceSum(grads + piece.first, piece.second - piece.first, CommDType::kF32);
+  }
+  return comm->ReduceScatterSumInPlace(grads + piece.first, ShardCounts(piece, shards),
+                                       CommDType::kF32);
+}
+
 OverlappedAllReduce::OverlappedAllReduce(Communicator* comm, const std::vector<ParamInfo>& params,
-                                         int64_t num, int64_t bucket_bytes)
-    : comm_(comm) {
+                                         int64_t num, int64_t bucket_bytes,
+                                         std::vector<Range> shards)
+    : comm_(comm), shards_(std::move(shards)) {
   // Each block's range and element count.
   int64_t blocks = 0;
   for (const ParamInfo& p : params) blocks = std::max(blocks, BlockOfParam(p.hf_name) + 1);
@@ -131,7 +152,7 @@ void OverlappedAllReduce::Loop() {
     double seconds = 0;
     if (!failed) {
       const Clock::time_point t0 = Clock::now();
-      s = comm_->AllReduceSum(grads + r.first, r.second - r.first, CommDType::kF32);
+      s = ReducePiece(comm_, grads, r, shards_);
       seconds = std::chrono::duration<double>(Clock::now() - t0).count();
     }
     lock.lock();

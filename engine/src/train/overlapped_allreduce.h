@@ -6,6 +6,11 @@
 // trainer's thread computes the blocks below. Finish() adds what is left (the embeddings and the
 // final norm, final only at the end of backward, and any parameter outside a block) and waits.
 //
+// ZeRO-1 (`shards` given: every rank's range of the buffer, ZeroOneShards): each bucket is
+// reduce-scattered instead (Communicator::ReduceScatterSumInPlace, the counts each bucket's
+// intersection with each rank's range, zero allowed), so a rank receives only its own range's
+// sums; the rest of the buffer then holds partial sums, which nothing may read.
+//
 // Every rank cuts the same buckets and reduces them in the same order, so the collectives match.
 // Only for backends whose ops run on the calling thread (cpu): there the gradients are in memory
 // when the hook runs. The sums differ from one whole-buffer all-reduce only in rounding (the ring
@@ -41,14 +46,24 @@ class OverlappedAllReduce {
   // The bucket plan of `params` (views into a buffer of `num` floats): buckets of whole blocks,
   // each a contiguous range, of at least `bucket_bytes` (the last one may be smaller).
   // Blocks whose parameters do not form one contiguous range are left to Finish().
+  // `shards` (ZeRO-1): every rank's range [begin_r, end_r), contiguous, in rank order, covering
+  // [0, num); empty: all-reduce.
   OverlappedAllReduce(Communicator* comm, const std::vector<ParamInfo>& params, int64_t num,
-                      int64_t bucket_bytes);
+                      int64_t bucket_bytes, std::vector<Range> shards = {});
   ~OverlappedAllReduce();  // joins the thread
   OverlappedAllReduce(const OverlappedAllReduce&) = delete;
   OverlappedAllReduce& operator=(const OverlappedAllReduce&) = delete;
 
   const std::vector<Range>& buckets() const { return buckets_; }  // in reduction order
   const std::vector<Range>& rest() const { return rest_; }        // reduced by Finish()
+
+  // The reduce-scatter counts of `piece` over `shards`: per rank, the size of its range's
+  // intersection with the piece (they add up to the piece's size when the shards cover it).
+  static std::vector<int64_t> ShardCounts(const Range& piece, const std::vector<Range>& shards);
+  // Reduces one piece of `grads` now, on the calling thread: all-reduce, or (shards given) the
+  // reduce-scatter of ShardCounts. What Finish() does per piece, for a step without buckets.
+  static Status ReducePiece(Communicator* comm, float* grads, const Range& piece,
+                            const std::vector<Range>& shards);
 
   // Before the last micro-batch's backward: the gradients live at `grads`.
   void Arm(float* grads);
@@ -63,6 +78,7 @@ class OverlappedAllReduce {
   void Loop();
 
   Communicator* comm_;
+  std::vector<Range> shards_;  // ZeRO-1: every rank's range; empty: all-reduce
   std::vector<Range> buckets_;
   std::vector<int64_t> bucket_of_last_block_;  // per block: the bucket its backward completes, or -1
   std::vector<Range> rest_;

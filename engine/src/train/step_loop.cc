@@ -346,6 +346,14 @@ Status RunStepLoop(TrainingSession* s, double* last_eval) {
         r.comm_hidden_seconds = outcome.comm_hidden_seconds;
         r.comm_seconds = std::max(0.0, comm.seconds - comm_before.seconds - outcome.comm_hidden_seconds);
         r.comm_bytes = comm.bytes_sent - comm_before.bytes_sent;
+        auto op = [&](CommOp o) {
+          const int i = static_cast<int>(o);
+          return comm.bytes_by_op[i] - comm_before.bytes_by_op[i];
+        };
+        r.comm_all_reduce_bytes = op(CommOp::kAllReduce);
+        r.comm_reduce_scatter_bytes = op(CommOp::kReduceScatter);
+        r.comm_all_gather_bytes = op(CommOp::kAllGather);
+        r.comm_broadcast_bytes = op(CommOp::kBroadcast);
       }
       r.expert_tokens = s->model->TakeExpertTokens();
       if (!r.expert_tokens.empty()) r.expert_layers = s->config.num_layers();

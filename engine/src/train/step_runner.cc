@@ -64,14 +64,34 @@ Result<std::unique_ptr<StepRunner>> StepRunner::Create(const Options& options, M
     r->world_ = options.communicator->world_size();
     r->rank_ = options.communicator->rank();
     r->options_.use_graphs = false;  // the all-reduce runs between the micro-batches and the step
-    if (r->world_ > 1 && options.overlap_bucket_bytes > 0) {
-      r->overlap_ = std::make_unique<OverlappedAllReduce>(
-          options.communicator, model->trainable_params(), model->num_trainable(),
-          options.overlap_bucket_bytes);
+  }
+  if (optimizer->sharded()) {
+    if (r->world_ <= 1) {
+      return Status::InvalidArgument("a sharded (zero_stage 1) optimizer needs the communicator");
+    }
+    r->shards_ = optimizer->shard_ranges();
+    if (static_cast<int>(r->shards_.size()) != r->world_) {
+      return Status::Internal("zero_stage 1: the optimizer has " +
+                              std::to_string(r->shards_.size()) + " shards for a world of " +
+                              std::to_string(r->world_));
+    }
+    // This rank's range of each parameter: the gradients the norm reads (the rest holds partial
+    // sums after the reduce-scatter).
+    const auto [b, e] = r->shards_[static_cast<size_t>(r->rank_)];
+    for (const ParamInfo& p : model->trainable_params()) {
+      const int64_t lo = std::max(b, p.offset), hi = std::min(e, p.offset + p.numel);
+      if (lo >= hi) continue;
+      ParamInfo q = p;
+      q.offset = lo;
+      q.numel = hi - lo;
+      q.shape = {hi - lo};
+      r->shard_params_.push_back(std::move(q));
     }
   }
-  if (optimizer->sharded() && r->world_ <= 1) {
-    return Status::InvalidArgument("a sharded (zero_stage 1) optimizer needs the communicator");
+  if (r->world_ > 1 && options.overlap_bucket_bytes > 0) {
+    r->overlap_ = std::make_unique<OverlappedAllReduce>(
+        options.communicator, model->trainable_params(), model->num_trainable(),
+        options.overlap_bucket_bytes, r->shards_);
   }
   r->micro_index_ = static_cast<uint64_t>(options.first_step) *
                     static_cast<uint64_t>(options.accumulation_steps);
@@ -138,10 +158,26 @@ void StepRunner::IssueMicroBatch(int slot) {
   model_->Backward();
 }
 
+Status StepRunner::ShardedGradSquares() {
+  AccumulateGradSquares(backend_, model_->grad_data(), shard_params_, &scalars_->grad_sq);
+  backend_->CopyDeviceToHost(&grad_sq_host_, &scalars_->grad_sq, sizeof(grad_sq_host_));
+  backend_->Synchronize();
+  TRAIND_RETURN_IF_ERROR(backend_->status());
+  // Every rank's sum (a double: two f32 lanes of raw bytes, so an inf or NaN travels as it is),
+  // added in rank order: the same bits on every rank.
+  static_assert(sizeof(grad_sq_host_) == 2 * sizeof(float));
+  std::vector<double> sums(static_cast<size_t>(world_));
+  TRAIND_RETURN_IF_ERROR(
+      options_.communicator->AllGather(&grad_sq_host_, sums.data(), 2, CommDType::kF32));
+  grad_sq_host_ = 0.0;
+  for (double v : sums) grad_sq_host_ += v;
+  backend_->CopyHostToDevice(&scalars_->grad_sq, &grad_sq_host_, sizeof(grad_sq_host_));
+  return Status::Ok();
+}
+
 void StepRunner::IssueOptimizer() {
   AccumulateGradSquares(backend_, model_->grad_data(), model_->trainable_params(), &scalars_->grad_sq);
   optimizer_->IssueStep(model_->trainable_data(), model_->grad_data(), scalars_);
-  if (optimizer_->sharded()) return;  // GatherUpdate follows, once the device has finished
   if (!model_->lora()) model_->ParamsChanged();  // 16-bit weights follow the update (LoRA: frozen)
   model_->ZeroGrad();       // ready for the next step's accumulation
 }
@@ -156,7 +192,12 @@ Status StepRunner::GatherUpdate() {
 }
 
 Status StepRunner::HostDrivenOptimizer(double lr, StepScalars* host) {
-  AccumulateGradSquares(backend_, model_->grad_data(), model_->trainable_params(), &scalars_->grad_sq);
+  if (optimizer_->sharded()) {
+    TRAIND_RETURN_IF_ERROR(ShardedGradSquares());
+  } else {
+    AccumulateGradSquares(backend_, model_->grad_data(), model_->trainable_params(),
+                          &scalars_->grad_sq);
+  }
   backend_->CopyDeviceToHost(host, scalars_, sizeof(*host));
   backend_->Synchronize();
   TRAIND_RETURN_IF_ERROR(backend_->status());
@@ -241,17 +282,21 @@ Result<StepRunner::Outcome> StepRunner::Run(const NextMaskedBatch& next_batch, d
     TRAIND_RETURN_IF_ERROR(overlap_->Finish(&comm_seconds, &waited));
     comm_hidden = std::max(0.0, comm_seconds - waited);
   } else if (options_.communicator != nullptr && world_ > 1) {
-    // Every rank's gradients summed (each micro-batch already carries 1/(accum * world)).
+    // Every rank's gradients summed (each micro-batch already carries 1/(accum * world)): an
+    // all-reduce, or (ZeRO-1) a reduce-scatter that leaves each rank its own range's sums.
     backend_->Synchronize();
     TRAIND_RETURN_IF_ERROR(backend_->status());
-    TRAIND_RETURN_IF_ERROR(options_.communicator->AllReduceSum(
-        model_->grad_data(), model_->num_trainable(), CommDType::kF32));
+    TRAIND_RETURN_IF_ERROR(OverlappedAllReduce::ReducePiece(
+        options_.communicator, model_->grad_data(), {0, model_->num_trainable()}, shards_));
   }
   if (captured_ && optimizer_graph_ >= 0) {
     TRAIND_RETURN_IF_ERROR(backend_->Replay(optimizer_graph_));
+  } else if (optimizer_->issues_from_device_scalars() && optimizer_->sharded()) {
+    TRAIND_RETURN_IF_ERROR(ShardedGradSquares());
+    optimizer_->IssueStep(model_->trainable_data(), model_->grad_data(), scalars_);
+    TRAIND_RETURN_IF_ERROR(GatherUpdate());
   } else if (optimizer_->issues_from_device_scalars()) {
     IssueOptimizer();
-    if (optimizer_->sharded()) TRAIND_RETURN_IF_ERROR(GatherUpdate());
   } else {
     TRAIND_RETURN_IF_ERROR(HostDrivenOptimizer(lr, &host));
   }

@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <vector>
 
 #include "backend/backend.h"
 #include "backend/arena.h"
@@ -51,6 +52,8 @@ class StepRunner {
     // gradient scale and dropout key are that one's); after the micro-batches the gradients are
     // summed over the world (so the step's gradient is the mean over every rank's micro-batches)
     // before the norm, clipping and the optimizer step, and the loss is the mean over the world.
+    // With a sharded (ZeRO-1) optimizer the sum is a reduce-scatter over its shard_ranges(): each
+    // rank receives its own range's sums, and the norm is added up from every rank's range.
     // Null (world of one): nothing of this happens. Graphs are not captured with a communicator.
     Communicator* communicator = nullptr;
     // Data parallel on backends whose ops run on the calling thread (cpu): > 0 reduces the
@@ -104,7 +107,14 @@ class StepRunner {
   // Loads micro-batch into host slot `slot` and issues its upload.
   Status Stage(int slot, const NextMaskedBatch& next_batch, float loss_scale, double* wait);
   void IssueMicroBatch(int slot);
+  // Unsharded optimizers: the norm over the whole buffer, the update, the 16-bit weights, zeroed
+  // gradients (what the optimizer graph captures).
   void IssueOptimizer();
+  // ZeRO-1: the global sum of squares from the shards into the device scalars: this rank's range
+  // only (the rest of the buffer holds partial sums after the reduce-scatter), one double per rank
+  // all-gathered and added in rank order, so every rank holds the same bits (an inf or NaN on any
+  // rank makes it non-finite everywhere: the fp16 skip is the world's). Synchronizes.
+  Status ShardedGradSquares();
   // Host-driven optimizers: reads the norm back, steps from the host (see the header comment).
   Status HostDrivenOptimizer(double lr, StepScalars* host);
   // ZeRO-1 (a sharded optimizer updated only this rank's range): waits for the device, gathers
@@ -128,6 +138,10 @@ class StepRunner {
   bool captured_ = false;
   Status capture_error_;
   std::unique_ptr<OverlappedAllReduce> overlap_;  // options_.overlap_bucket_bytes > 0, world > 1
+  // ZeRO-1 (a sharded optimizer): every rank's range, and this rank's range of each parameter.
+  std::vector<OverlappedAllReduce::Range> shards_;
+  std::vector<ParamInfo> shard_params_;
+  double grad_sq_host_ = 0.0;  // ShardedGradSquares' host copy
   int micro_graph_[2] = {-1, -1};
   int optimizer_graph_ = -1;
 };

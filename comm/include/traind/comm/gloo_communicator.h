@@ -12,7 +12,9 @@
 //
 // Collectives: fp32 sums through gloo::allreduce (ring; every rank receives the same bits);
 // bf16/f16 buffers are widened to fp32, summed in fp32 and rounded back (round to nearest even);
-// ReduceScatterSum is an all-reduce of the whole input (not bandwidth-optimal yet); AllGather,
+// ReduceScatterSum and ReduceScatterSumInPlace (a count per rank) are a ring on Gloo's transport
+// (each rank sends every range but its own once; a range's sum is added from the rank after its
+// owner round to the owner, in fp32); AllGather,
 // Broadcast and Barrier are Gloo's. A collective that does not finish within the collective
 // timeout, or whose peer went away, returns DEADLINE_EXCEEDED / UNAVAILABLE with Gloo's message
 // (which names the peer's address) and this rank.

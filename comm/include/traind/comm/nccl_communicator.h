@@ -13,7 +13,9 @@
 //
 // Collectives, synchronous like Gloo's: each is issued on the communicator's own stream and
 // waited for before returning (the trainer synchronizes its backend before calling). fp32 sums are
-// ncclAllReduce / ncclReduceScatter (ncclSum on ncclFloat); bf16/f16 buffers are widened to an fp32
+// ncclAllReduce / ncclReduceScatter (ncclSum on ncclFloat; ReduceScatterSumInPlace, a count per
+// rank: one in-place ncclReduce per non-empty range, rooted at its owner, in one NCCL group);
+// bf16/f16 buffers are widened to an fp32
 // device scratch buffer by a small kernel, summed in fp32 and rounded back to nearest even;
 // AllGather and Broadcast move bytes (ncclAllGather / ncclBroadcast on ncclUint8); Barrier is a
 // one-float all-reduce. Host buffers (the trainer's small scalar gathers) are staged through a

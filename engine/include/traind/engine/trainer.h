@@ -59,6 +59,13 @@ struct StepReport {
   double comm_seconds = 0;
   double comm_hidden_seconds = 0;
   int64_t comm_bytes = 0;
+  // comm_bytes by collective (they add up to it): the gradients' all-reduce (zero_stage 0) or
+  // reduce-scatter (zero_stage 1), ZeRO-1's weight gather (broadcasts), the scalars (all-gathers
+  // of the loss and of the ZeRO-1 norm).
+  int64_t comm_all_reduce_bytes = 0;
+  int64_t comm_reduce_scatter_bytes = 0;
+  int64_t comm_all_gather_bytes = 0;
+  int64_t comm_broadcast_bytes = 0;
   // Mixture of experts (mixtral): tokens this step's training forwards routed to each expert,
   // layer-major (expert_layers x experts; a token counts once per chosen expert); empty for dense
   // models.
