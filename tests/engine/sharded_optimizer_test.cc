@@ -5,6 +5,7 @@
 // same run, and the errors (a bad tensor, a world too large for the buffer).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstring>
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "backend/arena.h"
+#include "optim/offloaded_optimizer.h"
 #include "optim/optimizer.h"
 #include "optim/quant8.h"
 #include "optim/sharded_optimizer.h"
@@ -200,13 +202,14 @@ class MapStore final : public OptimizerStateStore {
 // W ranks (threads) run `steps` steps of their shards from the same parameters and gradients;
 // returns every rank's parameters and rank 0's gathered state file. `load`: a state file each
 // rank loads first (its slice). `offload`: each rank's shard in its own MapStore (store_bytes:
-// what each holds at the end).
+// what each holds at the end). arena_peak: the most each rank's arena held (the optimizer's only).
 struct WorldResult {
   std::vector<std::vector<float>> params;
   SafetensorsFile state;
   Status status;
   std::vector<int64_t> store_bytes;
   std::vector<int64_t> shard_state_bytes;
+  std::vector<int64_t> arena_peak;
 };
 WorldResult RunWorld(const TrainingSpec& t, int world, const std::vector<ParamInfo>& params,
                      int64_t n, const std::vector<float>& init,
@@ -216,6 +219,7 @@ WorldResult RunWorld(const TrainingSpec& t, int world, const std::vector<ParamIn
   out.params.assign(static_cast<size_t>(world), init);
   out.store_bytes.assign(static_cast<size_t>(world), 0);
   out.shard_state_bytes.assign(static_cast<size_t>(world), 0);
+  out.arena_peak.assign(static_cast<size_t>(world), 0);
   std::vector<Status> status(static_cast<size_t>(world));
   ThreadWorld w(world);
   std::atomic<bool> load_failed{false};
@@ -227,11 +231,17 @@ WorldResult RunWorld(const TrainingSpec& t, int world, const std::vector<ParamIn
       DeviceArena arena(backend.get(), 0);
       MapStore store;
       auto opt = ShardedOptimizer::Create(t, params, n, &comm, &arena, offload ? &store : nullptr);
-      struct Measure {  // what the rank's store holds once the rank is done
+      struct Measure {  // what the rank's store and arena held once the rank is done
         MapStore* store;
         int64_t* bytes;
-        ~Measure() { *bytes = static_cast<int64_t>(store->Stats().store_bytes); }
-      } measure{&store, &out.store_bytes[static_cast<size_t>(r)]};
+        const DeviceArena* arena;
+        int64_t* peak;
+        ~Measure() {
+          *bytes = static_cast<int64_t>(store->Stats().store_bytes);
+          *peak = arena->peak_bytes();
+        }
+      } measure{&store, &out.store_bytes[static_cast<size_t>(r)], &arena,
+                &out.arena_peak[static_cast<size_t>(r)]};
       if (opt.ok()) out.shard_state_bytes[static_cast<size_t>(r)] = (*opt)->shard_state_bytes();
       Status& st = status[static_cast<size_t>(r)];
       if (!opt.ok()) {
@@ -330,7 +340,11 @@ TEST(ShardedOptimizer, ShardsStepSaveAndLoadAsOneOptimizer) {
 
 // training.offload: each rank's inner optimizer is the offloaded one over its slices, its state in
 // the rank's own store. The same bits as one in-memory optimizer, the same gathered file, the
-// same continuation from a full file; each store holds its shard only. 8-bit AdamW is refused.
+// same continuation from a full file; each store holds its shard only; the device window is the
+// planned one (ZeroOneOffloadPlanBytes). 8-bit AdamW: the cuts leave slices of its 8-bit tensors
+// smaller than min_8bit_size (world 2: 1536 of the 6144-element tensor; world 3: 512 of the
+// 5120-element one), which the size rule would turn fp32: the groups keep their tensor's 8-bit
+// codes, so the file (U8 codes, absmax blocks) and the weights are the unsharded optimizer's.
 TEST(ShardedOptimizer, OffloadedShardsStepSaveAndLoadAsOneOptimizer) {
   int64_t n = 0;
   const std::vector<ParamInfo> params = Layout(&n);
@@ -338,7 +352,8 @@ TEST(ShardedOptimizer, OffloadedShardsStepSaveAndLoadAsOneOptimizer) {
   std::vector<std::vector<float>> grads, more;
   for (uint32_t s = 0; s < 3; ++s) grads.push_back(testing::RandomVector(n, 10 + s, 1.0f));
   for (uint32_t s = 0; s < 2; ++s) more.push_back(testing::RandomVector(n, 20 + s, 1.0f));
-  for (const char* optim : {"adamw", "sgd", "adafactor"}) {
+  int small_8bit_slices = 0;  // slices of 8-bit tensors under min_8bit_size that were checked
+  for (const char* optim : {"adamw", "sgd", "adafactor", "adamw_8bit"}) {
     TrainingSpec t = Optim(optim);
     t.offload = "cpu";
     SafetensorsFile alone_state;
@@ -354,10 +369,36 @@ TEST(ShardedOptimizer, OffloadedShardsStepSaveAndLoadAsOneOptimizer) {
         EXPECT_GT(shard, 0) << what;
         if (std::string(optim) == "adamw") {
           EXPECT_EQ(held, shard) << what << " rank " << r;  // raw m and v of the shard
+        } else if (std::string(optim) == "adamw_8bit") {
+          // The payloads: codes, absmax blocks and fp32 moments with their names; the two code
+          // tables (2 KiB of the shard's plan) are the window's, not stored.
+          EXPECT_GE(held, shard - 2 * 256 * 4) << what << " rank " << r;
+          EXPECT_LE(held, shard - 2 * 256 * 4 + 4096) << what << " rank " << r;
         } else {  // the groups' payloads: the shard's tensors and their names and metadata
           EXPECT_GE(held, shard) << what << " rank " << r;
           EXPECT_LE(held, shard + 4096) << what << " rank " << r;
         }
+      }
+      // The device holds one window at a time, never more than planned for the largest rank.
+      const int64_t window = ZeroOneOffloadPlanBytes(t, params, n, world).window;
+      EXPECT_EQ(*std::max_element(res.arena_peak.begin(), res.arena_peak.end()), window) << what;
+      EXPECT_LE(window, ZeroOneOffloadPlanBytes(t, params, n, world).state) << what;
+      if (std::string(optim) == "adamw_8bit") {
+        const auto ranges = ZeroOneShards(t, params, n, world);
+        for (const ParamInfo& p : params) {
+          if (p.numel < 4096) continue;  // an fp32-moment tensor
+          for (const auto& [b, e] : ranges) {
+            const int64_t lo = std::max(b, p.offset), hi = std::min(e, p.offset + p.numel);
+            if (lo < hi && hi - lo < 4096) {
+              ++small_8bit_slices;
+              std::printf("[zero1] %s: %s (%lld elements) has a slice of %lld\n", what.c_str(),
+                          p.hf_name.c_str(), static_cast<long long>(p.numel),
+                          static_cast<long long>(hi - lo));
+            }
+          }
+        }
+        EXPECT_EQ(res.state.tensors.at("p0.exp_avg").dtype, "U8") << what;
+        EXPECT_EQ(res.state.tensors.at("p2.exp_avg_sq").dtype, "U8") << what;
       }
       ExpectSameFile(alone_state, res.state, what + ": gathered state");
       SafetensorsFile alone_more_state;
@@ -369,12 +410,81 @@ TEST(ShardedOptimizer, OffloadedShardsStepSaveAndLoadAsOneOptimizer) {
       ExpectSameFile(alone_more_state, cont.state, what + ": continued state");
     }
   }
-  TrainingSpec eight = Optim("adamw_8bit");
-  eight.offload = "cpu";
-  WorldResult res = RunWorld(eight, 2, params, n, init, grads, nullptr, true);
-  EXPECT_EQ(res.status.code(), Status::Code::kInvalidArgument);
-  EXPECT_NE(res.status.message().find("cannot shard training.optim adamw_8bit"), std::string::npos)
-      << res.status.ToString();
+  EXPECT_GE(small_8bit_slices, 2);  // world 2 and world 3 each cut one
+}
+
+// 8-bit AdamW offloaded with ZeRO-1 over many groups (a model of 24 8-bit matrices between fp32
+// vectors: each rank's store holds several groups, the window one of them): the cuts fall inside
+// 8-bit matrices, the groups holding those slices keep them 8-bit, the weights and the gathered
+// state are the unsharded optimizer's, and the device peak is the planned window exactly.
+TEST(ShardedOptimizer, OffloadedEightBitShardsOverManyGroups) {
+  std::vector<std::vector<int64_t>> shapes;
+  for (int i = 0; i < 24; ++i) {
+    shapes.push_back({48 + 8 * (i % 5), 160});  // 7680 to 12800 elements: 8-bit
+    shapes.push_back({160});                     // fp32 moments
+  }
+  int64_t n = 0;
+  const std::vector<ParamInfo> params = testing::MakeParams(shapes, &n);
+  const std::vector<float> init = testing::RandomVector(n, 3, 0.5f);
+  std::vector<std::vector<float>> grads;
+  for (uint32_t s = 0; s < 3; ++s) grads.push_back(testing::RandomVector(n, 30 + s, 1.0f));
+  TrainingSpec t = Optim("adamw_8bit");
+  t.offload = "cpu";
+  SafetensorsFile alone_state;
+  const std::vector<float> alone = RunAlone(t, params, n, init, grads, nullptr, &alone_state);
+  for (int world : {2, 3, 5}) {
+    const std::string what = "adamw_8bit offloaded, many groups, world " + std::to_string(world);
+    int small = 0;  // slices of an 8-bit tensor under min_8bit_size
+    for (const ParamInfo& p : params) {
+      for (const auto& [b, e] : ZeroOneShards(t, params, n, world)) {
+        const int64_t lo = std::max(b, p.offset), hi = std::min(e, p.offset + p.numel);
+        if (p.numel >= 4096 && lo < hi && hi - lo < 4096) ++small;
+      }
+    }
+    WorldResult res = RunWorld(t, world, params, n, init, grads, nullptr, true);
+    ASSERT_TRUE(res.status.ok()) << what << ": " << res.status.ToString();
+    for (int r = 0; r < world; ++r) {
+      EXPECT_TRUE(res.params[static_cast<size_t>(r)] == alone) << what << " rank " << r;
+    }
+    ExpectSameFile(alone_state, res.state, what + ": gathered state");
+    const ZeroOneOffloadBytes plan = ZeroOneOffloadPlanBytes(t, params, n, world);
+    const int64_t peak = *std::max_element(res.arena_peak.begin(), res.arena_peak.end());
+    std::printf("[zero1] %s: %d small 8-bit slices; window %lld bytes planned, %lld peak; "
+                "largest shard %lld\n",
+                what.c_str(), small, static_cast<long long>(plan.window),
+                static_cast<long long>(peak), static_cast<long long>(plan.state));
+    EXPECT_GT(small, 0) << what;
+    EXPECT_EQ(peak, plan.window) << what;
+    EXPECT_LT(plan.window * 2, plan.state) << what << ": several groups per rank";
+  }
+  // A lone slice of 2816 elements of an 8-bit tensor (ZeRO-1 world 2's cut of a 4096-element
+  // matrix): its window is 8-bit (2 bytes and an absmax per block, plus the code tables), planned
+  // and allocated alike, not the size rule's fp32 (8 bytes per element).
+  int64_t m = 0;
+  const std::vector<ParamInfo> slice = testing::MakeParams({{2816}}, &m);
+  const int64_t eight = 2 * 2816 + 2 * 4 * Quant8Blocks(2816) + 2 * 256 * 4;
+  EXPECT_EQ(OffloadedOptimizerDeviceBytes(t, slice, m, {}, {true}), eight);
+  EXPECT_EQ(OffloadedOptimizerDeviceBytes(t, slice, m), 8 * 2816);  // the size rule
+  std::unique_ptr<Backend> backend = MakeCpuBackend(1);
+  DeviceArena arena(backend.get(), 0);
+  MapStore store;
+  auto opt = MakeOffloadedOptimizer(t, slice, m, &arena, &store, {}, {true});
+  ASSERT_TRUE(opt.ok()) << opt.status().ToString();
+  std::vector<float> p = testing::RandomVector(m, 5, 0.5f);
+  const std::vector<float> g = testing::RandomVector(m, 6, 1.0f);
+  (*opt)->Step(p.data(), g.data(), 1e-2, 1.0f);
+  ASSERT_TRUE((*opt)->status().ok()) << (*opt)->status().ToString();
+  EXPECT_EQ(arena.peak_bytes(), eight);
+  const SafetensorsFile state = (*opt)->SaveState();
+  ASSERT_EQ(state.tensors.count("p0.exp_avg"), 1u);
+  EXPECT_EQ(state.tensors.at("p0.exp_avg").dtype, "U8");
+  // A choice per parameter, for 8-bit AdamW only.
+  EXPECT_EQ(MakeOffloadedOptimizer(t, slice, m, &arena, &store, {}, {true, false}).status().code(),
+            Status::Code::kInternal);
+  EXPECT_EQ(MakeOffloadedOptimizer(Optim("sgd"), slice, m, &arena, &store, {}, {true})
+                .status()
+                .code(),
+            Status::Code::kInternal);
 }
 
 TEST(ShardedOptimizer, BadStateTensorIsNamedAndTooLargeAWorldIsRefused) {

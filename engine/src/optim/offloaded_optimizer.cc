@@ -64,18 +64,32 @@ struct Group {
   int64_t begin = 0;               // element range of the flat buffers
   int64_t end = 0;
   std::vector<ParamInfo> params;   // offsets relative to begin
+  std::vector<bool> quantized;     // adamw_8bit: params[i]'s 8-bit choice (empty: the size rule)
 };
 
-std::vector<Group> MakeGroups(const TrainingSpec& t, std::vector<ParamInfo> params,
-                              const OffloadOptions& o) {
-  std::sort(params.begin(), params.end(),
-            [](const ParamInfo& a, const ParamInfo& b) { return a.offset < b.offset; });
+// `quantized` (empty, or one per parameter of `params`): each parameter's 8-bit choice, which
+// its group's instance is given (a ZeRO-1 slice keeps its whole tensor's).
+std::vector<Group> MakeGroups(const TrainingSpec& t, const std::vector<ParamInfo>& unsorted,
+                              const std::vector<bool>& quantized, const OffloadOptions& o) {
+  std::vector<size_t> order(unsorted.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return unsorted[a].offset < unsorted[b].offset;
+  });
+  std::vector<ParamInfo> params;
+  std::vector<bool> choice;  // per sorted parameter (empty without `quantized`)
+  for (size_t i : order) {
+    params.push_back(unsorted[i]);
+    if (!quantized.empty()) choice.push_back(quantized[i]);
+  }
   std::vector<int64_t> param_bytes;
   int64_t total = 0;
-  for (const ParamInfo& p : params) {
-    ParamInfo alone = p;
+  for (size_t i = 0; i < params.size(); ++i) {
+    ParamInfo alone = params[i];
     alone.offset = 0;
-    param_bytes.push_back(OptimizerPlanBytes(t, {alone}, p.numel));
+    const std::vector<bool> one =
+        choice.empty() ? std::vector<bool>{} : std::vector<bool>{static_cast<bool>(choice[i])};
+    param_bytes.push_back(OptimizerPlanBytes(t, {alone}, alone.numel, one));
     total += param_bytes.back();
   }
   // About 16 groups (so reads, updates and writes overlap), none over the configured size, none
@@ -101,6 +115,7 @@ std::vector<Group> MakeGroups(const TrainingSpec& t, std::vector<ParamInfo> para
   for (size_t i = 0; i < params.size(); ++i) {
     if (!cur.params.empty() && cur_bytes + param_bytes[i] > target) flush();
     cur.params.push_back(params[i]);
+    if (!choice.empty()) cur.quantized.push_back(choice[i]);
     cur_bytes += param_bytes[i];
   }
   flush();
@@ -182,7 +197,7 @@ class OffloadedOptimizer final : public HostDrivenOffload {
   // A transient instance of the real optimizer over group g (its state in the arena).
   Result<std::unique_ptr<Optimizer>> Window(size_t g) const {
     const Group& gr = groups_[g];
-    return MakeOptimizer(t_, gr.params, gr.end - gr.begin, arena_);
+    return MakeOptimizer(t_, gr.params, gr.end - gr.begin, arena_, gr.quantized);
   }
 
   StateKey Key(size_t g, size_t piece) const {
@@ -534,8 +549,14 @@ Result<std::unique_ptr<Optimizer>> MakeOffloadedOptimizer(const TrainingSpec& tr
                                                           const std::vector<ParamInfo>& params,
                                                           int64_t num_params, DeviceArena* arena,
                                                           OptimizerStateStore* store,
-                                                          const OffloadOptions& options) {
+                                                          const OffloadOptions& options,
+                                                          const std::vector<bool>& quantized) {
   if (store == nullptr) return Status::Internal("offloaded optimizer without a store");
+  if (!quantized.empty() && (training.optim != "adamw_8bit" || quantized.size() != params.size())) {
+    return Status::Internal("offloaded optimizer: " + std::to_string(quantized.size()) +
+                            " 8-bit choices for " + std::to_string(params.size()) +
+                            " parameters of " + training.optim);
+  }
   for (const ParamInfo& p : params) {
     if (p.offset < 0 || p.numel < 0 || p.offset + p.numel > num_params) {
       return Status::Internal("optimizer: parameter " + p.hf_name + " lies outside the flat buffer");
@@ -544,12 +565,13 @@ Result<std::unique_ptr<Optimizer>> MakeOffloadedOptimizer(const TrainingSpec& tr
   if (training.optim == "adamw") {
     return OffloadedAdamW::Create(training, params, num_params, arena, store, options);
   }
-  std::vector<Group> groups = MakeGroups(training, params, options);
+  std::vector<Group> groups = MakeGroups(training, params, quantized, options);
   // Reject what the real optimizer rejects (options) before the first step.
   if (!groups.empty()) {
     TRAIND_ASSIGN_OR_RETURN(std::unique_ptr<Optimizer> probe,
                             MakeOptimizer(training, groups[0].params,
-                                          groups[0].end - groups[0].begin, arena));
+                                          groups[0].end - groups[0].begin, arena,
+                                          groups[0].quantized));
   }
   return std::unique_ptr<Optimizer>(
       new OffloadedOptimizer(training, std::move(groups), arena, store, options));
@@ -557,11 +579,12 @@ Result<std::unique_ptr<Optimizer>> MakeOffloadedOptimizer(const TrainingSpec& tr
 
 int64_t OffloadedOptimizerDeviceBytes(const TrainingSpec& training,
                                       const std::vector<ParamInfo>& params, int64_t num_params,
-                                      const OffloadOptions& options) {
+                                      const OffloadOptions& options,
+                                      const std::vector<bool>& quantized) {
   if (training.optim == "adamw") return OffloadedAdamW::PlanBytes(num_params, options);
   int64_t most = 0;
-  for (const Group& g : MakeGroups(training, params, options)) {
-    most = std::max(most, OptimizerPlanBytes(training, g.params, g.end - g.begin));
+  for (const Group& g : MakeGroups(training, params, quantized, options)) {
+    most = std::max(most, OptimizerPlanBytes(training, g.params, g.end - g.begin, g.quantized));
   }
   return most;
 }

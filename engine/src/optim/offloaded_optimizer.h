@@ -10,7 +10,9 @@
 // without offload, saved and written back behind (write-behind), and the window freed; after the
 // last group the store commits the step. Device memory for optimizer state is therefore the
 // largest group's state, not the model's; every optimizer's per-tensor math is unchanged, so the
-// weights are bit-identical to the in-memory run.
+// weights are bit-identical to the in-memory run. 8-bit AdamW's instances get their parameters'
+// 8-bit / fp32 choice (the size rule, or the one given: a ZeRO-1 slice of an 8-bit tensor stays
+// 8-bit however few elements the slice has), so a group updates as the in-memory optimizer does.
 //
 // A group's state is stored as one payload (the instance's SaveState tensors and metadata in the
 // format below), split into pieces of at most `piece_bytes`: StateKey{group name, piece, "state"}.
@@ -47,16 +49,22 @@ struct OffloadOptions {
 };
 
 // The optimizer `training.optim` names, its state in `store` (not owned; must outlive it).
+// `quantized` (adamw_8bit only; empty: the size rule): one 8-bit / fp32 choice per parameter of
+// `params` (AdamW8bitOptions::quantized; ZeRO-1's slices keep their whole tensor's), carried into
+// each group's instance. INTERNAL when it is given for another optimizer or has another length.
 Result<std::unique_ptr<Optimizer>> MakeOffloadedOptimizer(const TrainingSpec& training,
                                                           const std::vector<ParamInfo>& params,
                                                           int64_t num_params, DeviceArena* arena,
                                                           OptimizerStateStore* store,
-                                                          const OffloadOptions& options = {});
+                                                          const OffloadOptions& options = {},
+                                                          const std::vector<bool>& quantized = {});
 
-// Device bytes an OffloadedOptimizer needs at most (the largest group's state: its window).
+// Device bytes an OffloadedOptimizer needs at most (the largest group's state: its window), with
+// the same `quantized` as MakeOffloadedOptimizer.
 int64_t OffloadedOptimizerDeviceBytes(const TrainingSpec& training,
                                       const std::vector<ParamInfo>& params, int64_t num_params,
-                                      const OffloadOptions& options = {});
+                                      const OffloadOptions& options = {},
+                                      const std::vector<bool>& quantized = {});
 
 // The state payload of one group (exposed for tests): magic "TOS1", then u32 count of metadata
 // pairs, each (string key, string value); u32 count of tensors, each (string name, string dtype,

@@ -227,7 +227,8 @@ ZeroOneOffloadBytes ZeroOneOffloadPlanBytes(const TrainingSpec& training,
   for (const auto& [b, e] : ZeroOneShards(training, params, num_params, world)) {
     std::vector<bool> quantized;
     const std::vector<ParamInfo> slices = SlicesIn(training, params, b, e, nullptr, &quantized);
-    most.window = std::max(most.window, OffloadedOptimizerDeviceBytes(training, slices, e - b));
+    most.window = std::max(most.window,
+                           OffloadedOptimizerDeviceBytes(training, slices, e - b, {}, quantized));
     most.state = std::max(most.state, OptimizerPlanBytes(training, slices, e - b, quantized));
   }
   return most;
@@ -237,12 +238,6 @@ Result<std::unique_ptr<ShardedOptimizer>> ShardedOptimizer::Create(
     const TrainingSpec& training, const std::vector<ParamInfo>& params, int64_t num_params,
     Communicator* comm, DeviceArena* arena, OptimizerStateStore* store) {
   TRAIND_RETURN_IF_ERROR(CheckZeroOneOptimizer(training));
-  if (store != nullptr && training.optim == "adamw_8bit") {
-    return Status::InvalidArgument(
-        "distributed.zero_stage: 1 with training.offload " + training.offload +
-        " cannot shard training.optim adamw_8bit (its offloaded groups do not keep a slice's "
-        "8-bit choice): use zero_stage 0, or adamw, sgd or adafactor");
-  }
   const int world = comm->world_size();
   std::unique_ptr<ShardedOptimizer> opt(new ShardedOptimizer(params, comm));
   opt->num_params_ = num_params;
@@ -267,7 +262,7 @@ Result<std::unique_ptr<ShardedOptimizer>> ShardedOptimizer::Create(
   if (store != nullptr) {
     TRAIND_ASSIGN_OR_RETURN(opt->inner_, MakeOffloadedOptimizer(training, opt->local_,
                                                                 opt->end_ - opt->begin_, arena,
-                                                                store));
+                                                                store, {}, quantized));
   } else {
     TRAIND_ASSIGN_OR_RETURN(opt->inner_, MakeOptimizer(training, opt->local_,
                                                        opt->end_ - opt->begin_, arena, quantized));

@@ -21,8 +21,8 @@
 //
 // With training.offload (a store given to Create) the inner optimizer is the offloaded one
 // (offloaded_optimizer.h) over the same slices: each rank keeps only its shard's state, in its
-// own store, and only a window of it in device memory. 8-bit AdamW is not offloaded sharded (its
-// slices' per-tensor 8-bit choice is not carried into the offloaded groups): refused.
+// own store, and only a window of it in device memory (8-bit AdamW's groups keep each slice's
+// 8-bit / fp32 choice, as in memory).
 #pragma once
 
 #include <cstdint>

@@ -622,15 +622,9 @@ Result<JobSpec> ParseRoot(const YAML::Node& root, const std::string& base_dir) {
                                                           : DType::kF32));
   }
   // ZeRO-1 over more than one rank (a world of one is a plain run): an optimizer it shards (with
-  // offload, each rank offloading its shard: not 8-bit AdamW).
+  // offload, each rank offloading its shard).
   if (s.distributed && s.distributed->zero_stage == 1 && s.distributed->world_size.value_or(2) > 1) {
     TRAIND_RETURN_IF_ERROR(CheckZeroOneOptimizer(s.training));
-    if (s.training.offload != "none" && s.training.optim == "adamw_8bit") {
-      return Status::InvalidArgument(
-          "distributed.zero_stage: 1 with training.offload " + s.training.offload +
-          " cannot shard training.optim adamw_8bit (its offloaded groups do not keep a slice's "
-          "8-bit choice): use zero_stage 0, or adamw, sgd or adafactor");
-    }
   }
   if (s.training.sample_every > 0 && s.training.peft) {
     return Status::InvalidArgument(
