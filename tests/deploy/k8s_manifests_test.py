@@ -18,8 +18,8 @@ usage: k8s_manifests_test.py KUBECTL TRAIND TRAINCTL MANIFEST_DIR
    MASTER_ADDR = <job>-0.<service>...; RANK unset (traind reads JOB_COMPLETION_INDEX) or taken from
    the completion index; $(VAR) references defined earlier in env; command `traind run <spec>
    --device D --resume` with <spec> a key of a ConfigMap mounted there; nvidia.com/gpu: 1 exactly
-   where the device is cuda:N; the default manifest (deploy/k8s/job.yaml) on cpu (data parallel runs
-   on the cpu backend only today: the image has no NCCL); the data volume is a ReadWriteMany PVC of
+   where the device is cuda:N; the default manifest (deploy/k8s/job.yaml) on cpu (data parallel is
+   tested on the cpu backend only: NCCL, which the image installs, has never run on a GPU); the data volume is a ReadWriteMany PVC of
    the set, and the spec's train_file and output_dir lie on it.
 3. The ConfigMap's job.yaml: `trainctl estimate` against a cpu traind on loopback (the daemon
    parses it with engine::ParseJobSpec and plans it); exit 0 and a plan. The same spec with an
@@ -208,7 +208,7 @@ def main():
             specs_checked.add((cm_name, key))
 
     check(devices.get("job.yaml") == "cpu",
-          f"job.yaml (the default) runs --device {devices.get('job.yaml')!r}: data parallel runs on cpu only today (the image has no NCCL)")
+          f"job.yaml (the default) runs --device {devices.get('job.yaml')!r}: data parallel is tested on cpu only (NCCL has never run on a GPU)")
     check(any((d or "").startswith("cuda:") for d in devices.values()), "no GPU variant (a Job with --device cuda:N)")
 
     # 3. The embedded spec through traind's parser.
