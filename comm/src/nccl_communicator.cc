@@ -258,7 +258,9 @@ class NcclCommunicator : public engine::Communicator {
            std::to_string(device_) + ")";
   }
 
-  // A communicator that failed once (aborted) refuses every later call; the collective's deadline.
+  // A communicator that failed once (aborted) refuses every later call; the collective's deadline;
+  // the device, set on every call: the caller may be the trainer's thread or the gradient
+  // buckets' communication thread (OverlappedAllReduce), and the current device is per thread.
   Status Begin(const char* what, size_t bytes) {
     if (broken_) {
       return Status::Unavailable(Where(what, bytes) + ": the communicator failed earlier (" +

@@ -115,6 +115,13 @@ TEST(GpuNcclCommunicator, WorldOfOneEveryCollectiveEveryTypeDeviceAndHostBuffers
     EXPECT_EQ(ToHost(out, x.size()), x);
     ASSERT_TRUE(comm->Broadcast(d, x.size() * 4, 0).ok());
     EXPECT_EQ(ToHost(d, x.size()), x);
+    // In place with a count per rank (one ncclReduce rooted at rank 0, in a group); an empty
+    // range is nothing to do; a wrong number of counts is refused.
+    ASSERT_TRUE(comm->ReduceScatterSumInPlace(d, {n}, CommDType::kF32).ok());
+    EXPECT_EQ(ToHost(d, x.size()), x);
+    ASSERT_TRUE(comm->ReduceScatterSumInPlace(d, {0}, CommDType::kF32).ok());
+    EXPECT_EQ(comm->ReduceScatterSumInPlace(d, {n, 0}, CommDType::kF32).code(),
+              Status::Code::kInvalidArgument);
     cudaFree(d);
     cudaFree(out);
   }
@@ -130,6 +137,8 @@ TEST(GpuNcclCommunicator, WorldOfOneEveryCollectiveEveryTypeDeviceAndHostBuffers
     EXPECT_EQ(ToHost(out, x.size()), x);
     ASSERT_TRUE(comm->AllGather(d, out, n, t).ok());
     EXPECT_EQ(ToHost(out, x.size()), x);
+    ASSERT_TRUE(comm->ReduceScatterSumInPlace(d, {n}, t).ok());
+    EXPECT_EQ(ToHost(d, x.size()), x);
     cudaFree(d);
     cudaFree(out);
   }
@@ -142,6 +151,8 @@ TEST(GpuNcclCommunicator, WorldOfOneEveryCollectiveEveryTypeDeviceAndHostBuffers
     EXPECT_EQ(all[1], -3.5);
     std::vector<float> h = {1.f, 2.f, 3.f};
     ASSERT_TRUE(comm->AllReduceSum(h.data(), 3, CommDType::kF32).ok());
+    EXPECT_EQ(h, (std::vector<float>{1.f, 2.f, 3.f}));
+    ASSERT_TRUE(comm->ReduceScatterSumInPlace(h.data(), {3}, CommDType::kF32).ok());
     EXPECT_EQ(h, (std::vector<float>{1.f, 2.f, 3.f}));
     std::vector<uint16_t> b = {F32ToBf16(0.5f), F32ToBf16(-2.f)};
     ASSERT_TRUE(comm->AllReduceSum(b.data(), 2, CommDType::kBF16).ok());

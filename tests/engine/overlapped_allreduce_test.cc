@@ -1,12 +1,15 @@
 // OverlappedAllReduce: the bucket plan (whole blocks, contiguous, >= bucket_bytes, backward
 // order), that every gradient element is reduced exactly once whatever the plan, that buckets run
-// while the caller goes on (the time hidden), and that an error stops the rest.
+// while the caller goes on (the time hidden), that an error stops the rest, that a bucket waits for
+// its backend marker, and ZeRO-1's reduce-scatter counts.
 #include "train/overlapped_allreduce.h"
 
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <condition_variable>
 #include <mutex>
+#include <set>
 #include <thread>
 #include <vector>
 
@@ -196,6 +199,99 @@ TEST(OverlappedAllReduce, ReduceScattersTheBucketsOverTheShards) {
   comm.scatter_counts.clear();
   ASSERT_TRUE(OverlappedAllReduce::ReducePiece(&comm, g.data(), {0, 610}, shards).ok());
   EXPECT_EQ(comm.scatter_counts, (std::vector<std::vector<int64_t>>{{305, 305}}));
+}
+
+// An asynchronous backend's markers: RecordMarker notes the marker; WaitMarker blocks until the
+// test says the device has reached it (what a CUDA event's synchronize does), and notes the
+// waiting thread. NewMarker can be made to fail.
+class MarkerBackend : public Backend {
+ public:
+  std::string name() const override { return "markers"; }
+  void* Alloc(size_t) override { return nullptr; }
+  void Free(void*) override {}
+  void CopyHostToDevice(void*, const void*, size_t) override {}
+  void CopyDeviceToHost(void*, const void*, size_t) override {}
+  void CopyDeviceToDevice(void*, const void*, size_t) override {}
+  void Memset0(void*, size_t) override {}
+  void Synchronize() override {}
+  Result<int> NewMarker() override {
+    if (fail_new) return Status::ResourceExhausted("no events left");
+    return next++;
+  }
+  Status RecordMarker(int marker) override {
+    std::lock_guard<std::mutex> lock(mu);
+    recorded.push_back(marker);
+    return Status::Ok();
+  }
+  Status WaitMarker(int marker) override {
+    std::unique_lock<std::mutex> lock(mu);
+    waited.push_back(marker);
+    wait_threads.push_back(std::this_thread::get_id());
+    cv.wait(lock, [&] { return reached.count(marker) != 0; });
+    return Status::Ok();
+  }
+  void Reach(int marker) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      reached.insert(marker);
+    }
+    cv.notify_all();
+  }
+
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<int> recorded, waited;
+  std::vector<std::thread::id> wait_threads;
+  std::set<int> reached;
+  int next = 10;
+  bool fail_new = false;
+};
+
+// With markers, a bucket's collective waits until the device has reached the marker recorded
+// after the bucket's backward: nothing is reduced before, everything after, on the
+// communication thread; the rest (after the step's Synchronize) carries no marker.
+TEST(OverlappedAllReduce, ABucketWaitsForItsMarker) {
+  std::vector<float> g(610, 1.0f);
+  DoublingCommunicator comm(g.data());
+  MarkerBackend backend;
+  OverlappedAllReduce o(&comm, Layout(), 610, 4);
+  ASSERT_TRUE(o.UseMarkers(&backend).ok());  // three buckets: markers 10, 11, 12
+  o.Arm(g.data());
+  o.BlockDone(2);  // bucket 0, marker 10
+  o.BlockDone(1);  // bucket 1, marker 11
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  {
+    std::lock_guard<std::mutex> lock(comm.mu);
+    EXPECT_TRUE(comm.calls.empty()) << "a bucket was reduced before its backward finished";
+  }
+  EXPECT_EQ(g[500], 1.0f);
+  backend.Reach(10);
+  for (int i = 0; i < 200; ++i) {
+    {
+      std::lock_guard<std::mutex> lock(comm.mu);
+      if (!comm.calls.empty()) break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  {
+    std::lock_guard<std::mutex> lock(comm.mu);
+    EXPECT_EQ(comm.calls, (std::vector<Range>{{450, 600}}));  // bucket 1 still waits
+  }
+  backend.Reach(11);
+  backend.Reach(12);
+  o.BlockDone(0);  // bucket 2, marker 12 (already reached)
+  double comm_seconds = 0, waited = 0;
+  ASSERT_TRUE(o.Finish(&comm_seconds, &waited).ok());
+  EXPECT_EQ(comm.calls, (std::vector<Range>{{450, 600}, {300, 450}, {150, 300}, {0, 150}, {600, 610}}));
+  EXPECT_EQ(backend.recorded, (std::vector<int>{10, 11, 12}));
+  EXPECT_EQ(backend.waited, (std::vector<int>{10, 11, 12}));
+  for (std::thread::id t : backend.wait_threads) EXPECT_NE(t, std::this_thread::get_id());
+  for (float v : g) ASSERT_EQ(v, 2.0f);
+  // A backend that cannot make markers: the error, before any step.
+  MarkerBackend broken;
+  broken.fail_new = true;
+  OverlappedAllReduce p(&comm, Layout(), 610, 4);
+  EXPECT_EQ(p.UseMarkers(&broken).code(), Status::Code::kResourceExhausted);
 }
 
 TEST(OverlappedAllReduce, AnErrorIsReturnedAndTheRestIsNotIssued) {

@@ -347,6 +347,26 @@ class Backend {
     return Status::Unimplemented("graph replay " + std::to_string(graph) + " on " + name());
   }
 
+  // ---- markers: a point in the work issued so far, that another host thread waits for ----
+  // Data parallel's gradient buckets (train/overlapped_allreduce.h): the trainer's thread records
+  // a marker when backward has issued a block's gradients; the communication thread waits for it
+  // before it hands the bucket to the communicator. NewMarker allocates one (before the step
+  // loop: nothing is allocated in the step); RecordMarker(id), on the thread that issues ops,
+  // marks the work issued so far on the backend's compute stream (not while capturing a graph);
+  // WaitMarker(id), on any thread, returns once that work has finished (the device's error
+  // otherwise). A marker is recorded again only after the wait for its previous record returned.
+  // Defaults, for backends whose ops have finished when they return (cpu): nothing to record or
+  // wait for (NewMarker returns 0).
+  virtual Result<int> NewMarker() { return 0; }
+  virtual Status RecordMarker(int marker) {
+    (void)marker;
+    return Status::Ok();
+  }
+  virtual Status WaitMarker(int marker) {
+    (void)marker;
+    return Status::Ok();
+  }
+
   // ---- batch uploads ----
   // A double-buffered uploader with slots of `slot_bytes`. Default: plain host slots copied with
   // CopyHostToDevice (synchronous); the GPU backends use pinned slots and a copy stream.

@@ -105,6 +105,18 @@ OverlappedAllReduce::~OverlappedAllReduce() {
   thread_.join();
 }
 
+Status OverlappedAllReduce::UseMarkers(Backend* backend) {
+  std::vector<int> markers;
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    TRAIND_ASSIGN_OR_RETURN(int m, backend->NewMarker());
+    markers.push_back(m);
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  backend_ = backend;
+  marker_of_bucket_ = std::move(markers);
+  return Status::Ok();
+}
+
 void OverlappedAllReduce::Arm(float* grads) {
   std::lock_guard<std::mutex> lock(mu_);
   grads_ = grads;
@@ -116,9 +128,19 @@ void OverlappedAllReduce::BlockDone(int64_t layer) {
   if (layer < 0 || layer >= static_cast<int64_t>(bucket_of_last_block_.size())) return;
   const int64_t bucket = bucket_of_last_block_[static_cast<size_t>(layer)];
   if (bucket < 0) return;
+  Piece piece{buckets_[static_cast<size_t>(bucket)], -1};
+  Status recorded;
+  if (backend_ != nullptr) {
+    piece.marker = marker_of_bucket_[static_cast<size_t>(bucket)];
+    recorded = backend_->RecordMarker(piece.marker);
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
-    queue_.push_back(buckets_[static_cast<size_t>(bucket)]);
+    if (!recorded.ok()) {
+      if (error_.ok()) error_ = recorded;
+      return;
+    }
+    queue_.push_back(piece);
     ++in_flight_;
   }
   cv_.notify_all();
@@ -128,7 +150,7 @@ Status OverlappedAllReduce::Finish(double* comm_seconds, double* waited_seconds)
   const Clock::time_point start = Clock::now();
   std::unique_lock<std::mutex> lock(mu_);
   for (const Range& r : rest_) {
-    queue_.push_back(r);
+    queue_.push_back(Piece{r, -1});
     ++in_flight_;
   }
   cv_.notify_all();
@@ -143,16 +165,19 @@ void OverlappedAllReduce::Loop() {
   for (;;) {
     cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
     if (queue_.empty()) return;  // stop_
-    const Range r = queue_.front();
+    const Piece piece = queue_.front();
     queue_.pop_front();
     const bool failed = !error_.ok();
     float* grads = grads_;
+    Backend* backend = backend_;
     lock.unlock();
     Status s;
     double seconds = 0;
-    if (!failed) {
+    // The bucket's gradients are final once the work issued before its marker has finished.
+    if (!failed && piece.marker >= 0) s = backend->WaitMarker(piece.marker);
+    if (!failed && s.ok()) {
       const Clock::time_point t0 = Clock::now();
-      s = ReducePiece(comm_, grads, r, shards_);
+      s = ReducePiece(comm_, grads, piece.range, shards_);
       seconds = std::chrono::duration<double>(Clock::now() - t0).count();
     }
     lock.lock();

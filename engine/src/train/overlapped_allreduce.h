@@ -12,11 +12,16 @@
 // sums; the rest of the buffer then holds partial sums, which nothing may read.
 //
 // Every rank cuts the same buckets and reduces them in the same order, so the collectives match.
-// Only for backends whose ops run on the calling thread (cpu): there the gradients are in memory
-// when the hook runs. The sums differ from one whole-buffer all-reduce only in rounding (the ring
+// Device-neutral through the backend's markers (Backend::RecordMarker / WaitMarker, after
+// UseMarkers): when a block's backward has been issued, BlockDone records a marker after it on the
+// trainer's thread, and the communication thread waits for that marker before it hands the bucket
+// to the communicator, so on an asynchronous backend (cuda: a CUDA event on the compute stream)
+// the collective reads finished gradients; on cpu the ops have finished when the hook runs and the
+// markers cost nothing. The sums differ from one whole-buffer all-reduce only in rounding (the ring
 // adds each element in an order that depends on its position in the buffer it is reduced with).
 // The communicator is used from the communication thread between Arm() and Finish() and from no
-// other thread then (the Communicator contract: one caller at a time).
+// other thread then (the Communicator contract: one caller at a time; so a communicator with
+// per-thread state, NCCL's current device, sets it in every call).
 #pragma once
 
 #include <condition_variable>
@@ -29,6 +34,7 @@
 #include <utility>
 #include <vector>
 
+#include "backend/backend.h"
 #include "core/param_info.h"
 #include "traind/engine/communicator.h"
 #include "traind/engine/status.h"
@@ -54,6 +60,12 @@ class OverlappedAllReduce {
   OverlappedAllReduce(const OverlappedAllReduce&) = delete;
   OverlappedAllReduce& operator=(const OverlappedAllReduce&) = delete;
 
+  // One marker per bucket from `backend` (which must outlive this): BlockDone records it, the
+  // communication thread waits for it before the bucket's collective. Without this call buckets
+  // go straight to the communicator (the gradients must then be final when BlockDone runs).
+  // The backend's NewMarker error.
+  Status UseMarkers(Backend* backend);
+
   const std::vector<Range>& buckets() const { return buckets_; }  // in reduction order
   const std::vector<Range>& rest() const { return rest_; }        // reduced by Finish()
 
@@ -67,17 +79,28 @@ class OverlappedAllReduce {
 
   // Before the last micro-batch's backward: the gradients live at `grads`.
   void Arm(float* grads);
-  // From Backward(): block `layer`'s gradients are final; queues the bucket it completes.
+  // From Backward(), on the thread that issues the backend's ops: block `layer`'s gradients have
+  // been issued; records the bucket's marker and queues the bucket it completes. A failed record
+  // is Finish()'s error (the bucket is not reduced).
   void BlockDone(int64_t layer);
-  // After Backward(): queues the rest, waits until everything is reduced. The first error of any
-  // all-reduce (the later ones are not issued). *comm_seconds: time inside the all-reduces;
+  // After Backward() and a Backend::Synchronize (the rest carries no marker): queues the rest,
+  // waits until everything is reduced. The first error of any marker or collective (the later
+  // ones are not issued). *comm_seconds: time inside the all-reduces;
   // *waited_seconds: of it, the time this call waited (not hidden behind backward).
   Status Finish(double* comm_seconds, double* waited_seconds);
 
  private:
   void Loop();
 
+  // A queued piece of the buffer and the marker its collective waits for (-1: none).
+  struct Piece {
+    Range range;
+    int marker = -1;
+  };
+
   Communicator* comm_;
+  Backend* backend_ = nullptr;  // UseMarkers
+  std::vector<int> marker_of_bucket_;  // UseMarkers: per bucket
   std::vector<Range> shards_;  // ZeRO-1: every rank's range; empty: all-reduce
   std::vector<Range> buckets_;
   std::vector<int64_t> bucket_of_last_block_;  // per block: the bucket its backward completes, or -1
@@ -86,7 +109,7 @@ class OverlappedAllReduce {
 
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<Range> queue_;     // mu_
+  std::deque<Piece> queue_;     // mu_
   int64_t in_flight_ = 0;       // mu_: queued or being reduced
   double comm_seconds_ = 0;     // mu_
   Status error_;                // mu_

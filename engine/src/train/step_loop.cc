@@ -195,9 +195,10 @@ Status RunStepLoop(TrainingSession* s, double* last_eval) {
   step_options.dropout_seed = static_cast<uint64_t>(t.seed);
   step_options.first_step = state.global_step;
   step_options.communicator = s->comm;
-  // Data parallel on the cpu backend: the gradient all-reduce in buckets of TRAIND_DIST_BUCKET_MB
-  // (default 4; 0 = one all-reduce after backward), overlapped with backward.
-  if (s->comm != nullptr && s->device == "cpu") {
+  // Data parallel on cpu (Gloo) and cuda:N (NCCL): the gradient all-reduce (ZeRO-1:
+  // reduce-scatter) in buckets of TRAIND_DIST_BUCKET_MB (default 4; 0 = one collective after
+  // backward), overlapped with backward. simt runs no data parallel (refused at start).
+  if (s->comm != nullptr && (s->device == "cpu" || s->device.rfind("cuda:", 0) == 0)) {
     double bucket_mb = 4.0;
     if (const char* mb = std::getenv("TRAIND_DIST_BUCKET_MB"); mb != nullptr && *mb != 0) {
       char* end = nullptr;

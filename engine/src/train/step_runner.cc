@@ -92,6 +92,8 @@ Result<std::unique_ptr<StepRunner>> StepRunner::Create(const Options& options, M
     r->overlap_ = std::make_unique<OverlappedAllReduce>(
         options.communicator, model->trainable_params(), model->num_trainable(),
         options.overlap_bucket_bytes, r->shards_);
+    // The buckets wait for the backward that produced them (an event on cuda, nothing on cpu).
+    TRAIND_RETURN_IF_ERROR(r->overlap_->UseMarkers(r->backend_));
   }
   r->micro_index_ = static_cast<uint64_t>(options.first_step) *
                     static_cast<uint64_t>(options.accumulation_steps);

@@ -56,9 +56,10 @@ class StepRunner {
     // rank receives its own range's sums, and the norm is added up from every rank's range.
     // Null (world of one): nothing of this happens. Graphs are not captured with a communicator.
     Communicator* communicator = nullptr;
-    // Data parallel on backends whose ops run on the calling thread (cpu): > 0 reduces the
-    // gradients in buckets of about this many bytes while the last micro-batch's backward runs
-    // (OverlappedAllReduce); 0: one all-reduce of the whole buffer after backward.
+    // Data parallel: > 0 reduces the gradients in buckets of about this many bytes while the last
+    // micro-batch's backward runs (OverlappedAllReduce: each bucket's collective, on a
+    // communication thread, waits for a backend marker recorded after the bucket's backward, so
+    // asynchronous backends work too); 0: one all-reduce of the whole buffer after backward.
     int64_t overlap_bucket_bytes = 0;
   };
   struct Outcome {

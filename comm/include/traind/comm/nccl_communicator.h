@@ -12,7 +12,9 @@
 // barrier. (traind's Status has no DEADLINE_EXCEEDED: timeouts are UNAVAILABLE, as Gloo's are.)
 //
 // Collectives, synchronous like Gloo's: each is issued on the communicator's own stream and
-// waited for before returning (the trainer synchronizes its backend before calling). fp32 sums are
+// waited for before returning (the caller has made the inputs final: the trainer synchronizes its
+// backend, the gradient buckets wait for their backend marker). Each call sets the device first,
+// so any one thread at a time may call (the trainer's, or the buckets' communication thread). fp32 sums are
 // ncclAllReduce / ncclReduceScatter (ncclSum on ncclFloat; ReduceScatterSumInPlace, a count per
 // rank: one in-place ncclReduce per non-empty range, rooted at its owner, in one NCCL group);
 // bf16/f16 buffers are widened to an fp32

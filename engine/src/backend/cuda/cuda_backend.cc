@@ -15,7 +15,7 @@ namespace {
 
 class CudaBackend final : public GpuBackend {
  public:
-  explicit CudaBackend(int device) : GpuBackend("cuda:" + std::to_string(device)) {}
+  explicit CudaBackend(int device) : GpuBackend("cuda:" + std::to_string(device), device) {}
   Status Start(const CudaBackendOptions& options) {
     TRAIND_RETURN_IF_ERROR(Init());
     TRAIND_ASSIGN_OR_RETURN(gemm_, CublasLtGemm::Create(options.allow_tf32));

@@ -13,6 +13,7 @@ TRAIND_GPU_BEGIN
 
 GpuBackend::~GpuBackend() {
   for (cudaGraphExec_t g : graphs_) (void)dev::GraphDestroy(g);
+  for (cudaEvent_t e : markers_) (void)dev::EventDestroy(e);
   if (scratch_ != nullptr) (void)dev::Free(scratch_);
   if (sumsq_ != nullptr) (void)dev::Free(sumsq_);
   if (flag_ != nullptr) (void)dev::Free(flag_);
@@ -97,6 +98,29 @@ void GpuBackend::Memset0(void* dst, size_t bytes) {
 }
 
 void GpuBackend::Synchronize() { Record(dev::StreamSynchronize(stream_)); }
+
+Result<int> GpuBackend::NewMarker() {
+  cudaEvent_t e = nullptr;
+  TRAIND_RETURN_IF_ERROR(dev::EventCreate(&e));
+  markers_.push_back(e);
+  return static_cast<int>(markers_.size()) - 1;
+}
+
+Status GpuBackend::RecordMarker(int marker) {
+  if (marker < 0 || marker >= static_cast<int>(markers_.size())) {
+    return Status::InvalidArgument("RecordMarker: no marker " + std::to_string(marker));
+  }
+  if (capturing_) return Status::FailedPrecondition("RecordMarker: the stream is being captured");
+  return dev::EventRecord(markers_[static_cast<size_t>(marker)], stream_);
+}
+
+Status GpuBackend::WaitMarker(int marker) {
+  if (marker < 0 || marker >= static_cast<int>(markers_.size())) {
+    return Status::InvalidArgument("WaitMarker: no marker " + std::to_string(marker));
+  }
+  if (device_ >= 0) TRAIND_RETURN_IF_ERROR(dev::SetDevice(device_));
+  return dev::EventSynchronize(markers_[static_cast<size_t>(marker)]);
+}
 
 void GpuBackend::EmbeddingForward(float* out, const int32_t* ids, const float* table, int64_t N,
                                   int64_t C, bool accumulate) {

@@ -38,6 +38,12 @@ class GpuBackend : public Backend {
   Status Replay(int graph) override;
   // Pinned slots and a copy stream (BatchUploader).
   Result<std::unique_ptr<BatchUpload>> MakeBatchUpload(size_t slot_bytes) override;
+  // Markers are CUDA events (timing off) recorded on the compute stream; WaitMarker sets the
+  // backend's device on the calling thread first (the current device is per thread) and
+  // synchronizes on the event.
+  Result<int> NewMarker() override;
+  Status RecordMarker(int marker) override;
+  Status WaitMarker(int marker) override;
 
   void* Alloc(size_t bytes) override;
   void Free(void* ptr) override;
@@ -128,7 +134,10 @@ class GpuBackend : public Backend {
                           float bias_correction2, float grad_scale, const StepScalars* s) override;
 
  protected:
-  explicit GpuBackend(std::string name) : name_(std::move(name)) {}
+  // `device`: the CUDA device the backend runs on (WaitMarker selects it on other threads); -1
+  // under simt (one emulated device).
+  explicit GpuBackend(std::string name, int device = -1)
+      : name_(std::move(name)), device_(device) {}
   // Creates the stream and the small device scalars; call once from the factory.
   Status Init();
   // Keeps the first error and reports it on stderr once.
@@ -136,6 +145,7 @@ class GpuBackend : public Backend {
 
  private:
   std::string name_;
+  int device_ = -1;
   Status status_;
   cudaStream_t stream_ = nullptr;
   double* sumsq_ = nullptr;   // device scalar for SumSquares
@@ -143,6 +153,7 @@ class GpuBackend : public Backend {
   float* scratch_ = nullptr;  // attention backward: B*NH*T floats, grown on demand
   int64_t scratch_floats_ = 0;
   std::vector<cudaGraphExec_t> graphs_;  // by id
+  std::vector<cudaEvent_t> markers_;     // by id; only grown before the step loop
   bool capturing_ = false;
 };
 
