@@ -1172,10 +1172,12 @@ TEST(DataParallel, ZeroOnePreemptionOfOneRankCheckpointsTheWorld) {
 
 // kill -9 one rank mid-run: the other stops with an error naming its failed collective (Gloo sees
 // the connection close at once; a hung peer would take the collective timeout), not a hang.
-TEST(DataParallel, AKilledRankStopsTheOthers) {
+// `block`: the distributed block (zero_stage 1: the gradient ring reduce-scatter, the weight
+// broadcasts and the scalar gathers are the collectives a peer's death can interrupt).
+void KillOneRank(const std::string& block) {
   const std::string dir = TempDir("kill");
   WriteTokens(dir + "/tokens.bin", 6000, 64, 4);
-  std::string spec = Spec(dir + "/tokens.bin", dir + "/out", 2, 1, "{master_addr: 127.0.0.1}");
+  std::string spec = Spec(dir + "/tokens.bin", dir + "/out", 2, 1, block);
   spec.replace(spec.find("max_steps: 20"), 13, "max_steps: 100000");
   WriteFile(dir + "/dp.yaml", spec);
   const std::string port = std::to_string(Port());
@@ -1199,17 +1201,23 @@ TEST(DataParallel, AKilledRankStopsTheOthers) {
   const std::string log = Slurp(ranks[0].log);
   EXPECT_EQ(code, 1) << log;
   EXPECT_NE(log.find("on rank 0 of 2 failed"), std::string::npos) << log;
-  std::printf("[dp] rank 1 killed: rank 0 exited %d after %.2f s: %s\n", code, s,
-              log.substr(log.rfind("UNAVAILABLE")).c_str());
+  std::printf("[dp] %s: rank 1 killed: rank 0 exited %d after %.2f s: %s\n", block.c_str(), code,
+              s, log.substr(log.rfind("UNAVAILABLE")).c_str());
   EXPECT_LT(s, 15.0);
+}
+
+TEST(DataParallel, AKilledRankStopsTheOthers) { KillOneRank("{master_addr: 127.0.0.1}"); }
+
+TEST(DataParallel, AKilledRankStopsTheOthersUnderZeroOne) {
+  KillOneRank("{master_addr: 127.0.0.1, zero_stage: 1}");
 }
 
 // A rank that hangs (SIGSTOP): the other's next collective fails after the collective timeout
 // (TRAIND_DIST_COLLECTIVE_TIMEOUT_S, 2 s here), saying it timed out.
-TEST(DataParallel, AHungRankTimesOutTheOthers) {
+void HangOneRank(const std::string& block) {
   const std::string dir = TempDir("hang");
   WriteTokens(dir + "/tokens.bin", 6000, 64, 4);
-  std::string spec = Spec(dir + "/tokens.bin", dir + "/out", 2, 1, "{master_addr: 127.0.0.1}");
+  std::string spec = Spec(dir + "/tokens.bin", dir + "/out", 2, 1, block);
   spec.replace(spec.find("max_steps: 20"), 13, "max_steps: 100000");
   WriteFile(dir + "/dp.yaml", spec);
   const std::string port = std::to_string(Port());
@@ -1234,10 +1242,16 @@ TEST(DataParallel, AHungRankTimesOutTheOthers) {
   const std::string log = Slurp(ranks[0].log);
   EXPECT_EQ(code, 1) << log;
   EXPECT_NE(log.find("timed out after 2 s"), std::string::npos) << log;
-  std::printf("[dp] rank 1 stopped: rank 0 exited %d after %.2f s: %s\n", code, s,
-              log.substr(log.rfind("UNAVAILABLE")).c_str());
+  std::printf("[dp] %s: rank 1 stopped: rank 0 exited %d after %.2f s: %s\n", block.c_str(), code,
+              s, log.substr(log.rfind("UNAVAILABLE")).c_str());
   EXPECT_GT(s, 1.5);
   EXPECT_LT(s, 10.0);
+}
+
+TEST(DataParallel, AHungRankTimesOutTheOthers) { HangOneRank("{master_addr: 127.0.0.1}"); }
+
+TEST(DataParallel, AHungRankTimesOutTheOthersUnderZeroOne) {
+  HangOneRank("{master_addr: 127.0.0.1, zero_stage: 1}");
 }
 
 TEST(DataParallel, ARankThatNeverJoinsIsNamed) {
