@@ -94,6 +94,8 @@ size_t ElementSize(CommDType t) { return t == CommDType::kF32 ? 4 : 2; }
 
 // The ring reduce-scatter's slot tag (under Gloo's reduce prefix, which nothing else here uses).
 constexpr uint32_t kRingReduceScatterTag = 0x7273;
+// The ring all-gather's (under Gloo's all-gather prefix, with a tag gloo::allgather never uses).
+constexpr uint32_t kRingAllGatherTag = 0x6167;
 
 bool IsLoopback(const std::string& addr) {
   return addr == "localhost" || addr.rfind("127.", 0) == 0 || addr == "::1";
@@ -197,16 +199,9 @@ class GlooCommunicator : public engine::Communicator {
 
   Status ReduceScatterSumInPlace(void* data, const std::vector<int64_t>& counts,
                                  CommDType type) override {
-    if (static_cast<int>(counts.size()) != world_size()) {
-      return Status::InvalidArgument("reduce-scatter: " + std::to_string(counts.size()) +
-                                     " counts for a world of " + std::to_string(world_size()));
-    }
+    TRAIND_RETURN_IF_ERROR(CheckCounts("reduce-scatter", counts));
     int64_t total = 0, before = 0;
     for (size_t r = 0; r < counts.size(); ++r) {
-      if (counts[r] < 0) {
-        return Status::InvalidArgument("reduce-scatter: rank " + std::to_string(r) + "'s count " +
-                                       std::to_string(counts[r]) + " is negative");
-      }
       if (static_cast<int>(r) < rank()) before += counts[r];
       total += counts[r];
     }
@@ -221,6 +216,43 @@ class GlooCommunicator : public engine::Communicator {
     TRAIND_RETURN_IF_ERROR(RingReduceScatterF32(scratch_.data(), counts, "reduce-scatter"));
     Narrow(scratch_.data() + before, counts[static_cast<size_t>(rank())], type, h + before);
     return Status::Ok();
+  }
+
+  // The ring all-gather on Gloo's transport, in place (bytes: 16-bit values travel as they are).
+  // Step s of W-1: rank r sends range (r-s) mod W to rank r+1 and receives range (r-s-1) mod W
+  // from rank r-1 straight into its place; what it sends at step s+1 is what it received at step
+  // s. Each rank sends every range but the next rank's once; empty ranges are skipped.
+  Status AllGatherInPlace(void* data, const std::vector<int64_t>& counts, CommDType type) override {
+    TRAIND_RETURN_IF_ERROR(CheckCounts("all-gather", counts));
+    const int W = world_size(), r = rank();
+    const size_t unit = ElementSize(type);
+    int64_t total = 0;
+    std::vector<int64_t> offset(counts.size());
+    for (size_t q = 0; q < counts.size(); ++q) {
+      offset[q] = total;
+      total += counts[q];
+    }
+    if (W == 1 || total == 0) return Status::Ok();
+    const size_t bytes = static_cast<size_t>(total) * unit;
+    return Guard("all-gather", bytes, [&] {
+      auto buf = context_->createUnboundBuffer(data, bytes);
+      const int right = (r + 1) % W, left = (r + W - 1) % W;
+      const uint64_t slot = gloo::Slot::build(gloo::kAllgatherSlotPrefix, kRingAllGatherTag);
+      for (int s = 0; s < W - 1; ++s) {
+        const auto send_q = static_cast<size_t>((r - s + 2 * W) % W);
+        const auto recv_q = static_cast<size_t>((r - s - 1 + 2 * W) % W);
+        const size_t send_bytes = static_cast<size_t>(counts[send_q]) * unit;
+        const size_t recv_bytes = static_cast<size_t>(counts[recv_q]) * unit;
+        if (recv_bytes > 0) {
+          buf->recv(left, slot, static_cast<size_t>(offset[recv_q]) * unit, recv_bytes);
+        }
+        if (send_bytes > 0) {
+          buf->send(right, slot, static_cast<size_t>(offset[send_q]) * unit, send_bytes);
+        }
+        if (recv_bytes > 0 && !buf->waitRecv(timeout_)) throw std::runtime_error("receive aborted");
+        if (send_bytes > 0 && !buf->waitSend(timeout_)) throw std::runtime_error("send aborted");
+      }
+    });
   }
 
   Status AllGather(const void* in, void* out, int64_t count, CommDType type) override {
@@ -259,6 +291,21 @@ class GlooCommunicator : public engine::Communicator {
   }
 
  private:
+  // INVALID_ARGUMENT unless `counts` has one entry >= 0 per rank.
+  Status CheckCounts(const char* what, const std::vector<int64_t>& counts) const {
+    if (static_cast<int>(counts.size()) != world_size()) {
+      return Status::InvalidArgument(std::string(what) + ": " + std::to_string(counts.size()) +
+                                     " counts for a world of " + std::to_string(world_size()));
+    }
+    for (size_t r = 0; r < counts.size(); ++r) {
+      if (counts[r] < 0) {
+        return Status::InvalidArgument(std::string(what) + ": rank " + std::to_string(r) +
+                                       "'s count " + std::to_string(counts[r]) + " is negative");
+      }
+    }
+    return Status::Ok();
+  }
+
   // The ring reduce-scatter on Gloo's transport, in place on fp32 `data` (counts as
   // ReduceScatterSumInPlace's). Step s of W-1: rank r sends range (r-s-1) mod W to rank r+1 and
   // receives range (r-s-2) mod W from rank r-1, adding it into its own copy; what it sends at

@@ -210,6 +210,44 @@ class NcclCommunicator : public engine::Communicator {
     return Finish(what, bytes, data, d, bytes);
   }
 
+  // One in-place ncclBroadcast per non-empty range, rooted at its owner, in one group: NCCL's
+  // broadcast is a pipelined ring, so each rank sends every range but the next rank's once.
+  Status AllGatherInPlace(void* data, const std::vector<int64_t>& counts, CommDType type) override {
+    if (static_cast<int>(counts.size()) != world_) {
+      return Status::InvalidArgument("all-gather: " + std::to_string(counts.size()) +
+                                     " counts for a world of " + std::to_string(world_));
+    }
+    const size_t unit = ElementSize(type);
+    size_t total = 0;
+    std::vector<size_t> offset(counts.size());
+    for (size_t r = 0; r < counts.size(); ++r) {
+      if (counts[r] < 0) {
+        return Status::InvalidArgument("all-gather: rank " + std::to_string(r) + "'s count " +
+                                       std::to_string(counts[r]) + " is negative");
+      }
+      offset[r] = total;
+      total += static_cast<size_t>(counts[r]) * unit;
+    }
+    if (total == 0) return Status::Ok();
+    const char* what = "all-gather";
+    TRAIND_RETURN_IF_ERROR(Begin(what, total));
+    void* d = nullptr;
+    TRAIND_RETURN_IF_ERROR(Stage(what, total, data, total, &stage_in_, /*copy_in=*/true, &d));
+    TRAIND_RETURN_IF_ERROR(Issue(what, total, Nccl().GroupStart()));
+    for (int r = 0; r < world_; ++r) {
+      const size_t n = static_cast<size_t>(counts[static_cast<size_t>(r)]) * unit;
+      if (n == 0) continue;
+      void* range = static_cast<unsigned char*>(d) + offset[static_cast<size_t>(r)];
+      const ncclResult_t rr = Nccl().Broadcast(range, range, n, ncclUint8, r, comm_, stream_);
+      if (rr != ncclSuccess && rr != ncclInProgress) {
+        (void)Nccl().GroupEnd();
+        return NcclFailed(what, total, rr);
+      }
+    }
+    TRAIND_RETURN_IF_ERROR(Issue(what, total, Nccl().GroupEnd()));
+    return Finish(what, total, data, d, total);
+  }
+
   Status AllGather(const void* in, void* out, int64_t count, CommDType type) override {
     if (count <= 0) return Status::Ok();
     const size_t bytes = static_cast<size_t>(count) * ElementSize(type);

@@ -711,7 +711,8 @@ std::vector<long long> SentBytes(const std::string& log) {
 // (4 (N - n_r) bytes) where zero_stage 0's ring all-reduce sends 2 (W-1)/W x 4N, half of it for
 // balanced ranges. The step's other collectives, computed here from the metered convention
 // (metered_communicator.h): the loss's all-gather (two f32 lanes per rank: 8 (W-1) bytes), with
-// ZeRO-1 the norm's (the same again) and the weight gather (rank r broadcasts its range: 4 n_r).
+// ZeRO-1 the norm's (the same again) and the weights' in-place all-gather (every range but the
+// next rank's: 4 (N - n_{r+1})), so the step's total is zero_stage 0's plus the norm's 8 (W-1).
 // The ranges and N are each rank's log line ("updates elements [b, e) of N"); the default buckets
 // (the bytes do not depend on the buckets: their pieces add up to the buffer).
 TEST(DataParallel, ZeroOneSendsHalfTheGradientBytes) {
@@ -727,15 +728,25 @@ TEST(DataParallel, ZeroOneSendsHalfTheGradientBytes) {
       const std::string log1 = Slurp(dir + "/" + w + "_z1" + rank);
       const std::vector<long long> z0 = SentBytes(Slurp(dir + "/" + w + "_z0" + rank));
       const std::vector<long long> z1 = SentBytes(log1);
-      long long b = -1, e = -1, N = -1;
-      const std::string key = "zero_stage 1: rank " + std::to_string(r) + " of " + std::to_string(W);
-      const size_t at = log1.find(key);
-      ASSERT_NE(at, std::string::npos) << log1;
-      ASSERT_EQ(std::sscanf(log1.c_str() + at + key.size(), " updates elements [%lld, %lld) of %lld",
-                            &b, &e, &N),
-                3)
-          << log1.substr(at, 200);
-      const long long n = e - b, steps = 20;
+      // This rank's range and the next rank's, from their logs.
+      auto range_of = [&](int q, long long* N) {
+        const std::string log = Slurp(dir + "/" + w + "_z1_rank" + std::to_string(q) + ".log");
+        const std::string key =
+            "zero_stage 1: rank " + std::to_string(q) + " of " + std::to_string(W);
+        const size_t at = log.find(key);
+        long long b = -1, e = -1;
+        EXPECT_NE(at, std::string::npos) << log;
+        if (at == std::string::npos) return -1LL;
+        EXPECT_EQ(std::sscanf(log.c_str() + at + key.size(),
+                              " updates elements [%lld, %lld) of %lld", &b, &e, N),
+                  3)
+            << log.substr(at, 200);
+        return e - b;
+      };
+      long long N = -1;
+      const long long n = range_of(r, &N), n_next = range_of((r + 1) % W, &N), steps = 20;
+      ASSERT_GT(n, 0);
+      ASSERT_GT(n_next, 0);
       ASSERT_EQ(z0[0], steps);
       ASSERT_EQ(z1[0], steps);
       // zero_stage 0: the all-reduce of 4N bytes (every piece's 4 x len divides by W here).
@@ -746,21 +757,24 @@ TEST(DataParallel, ZeroOneSendsHalfTheGradientBytes) {
       EXPECT_EQ(z0[4], steps * gather_scalar) << w << " rank " << r;
       EXPECT_EQ(z0[5], 0) << w << " rank " << r;
       EXPECT_EQ(z0[1], steps * (allreduce0 + gather_scalar)) << w << " rank " << r;
-      // zero_stage 1: the reduce-scatter, the two scalar gathers, the weight broadcasts.
-      const long long scatter1 = 4 * (N - n);
+      // zero_stage 1: the reduce-scatter, the two scalar gathers and the weights' all-gather.
+      const long long scatter1 = 4 * (N - n), gather1 = 4 * (N - n_next);
       EXPECT_EQ(z1[2], 0) << w << " rank " << r;
       EXPECT_EQ(z1[3], steps * scatter1) << w << " rank " << r;
-      EXPECT_EQ(z1[4], steps * 2 * gather_scalar) << w << " rank " << r;
-      EXPECT_EQ(z1[5], steps * 4 * n) << w << " rank " << r;
-      EXPECT_EQ(z1[1], steps * (scatter1 + 2 * gather_scalar + 4 * n)) << w << " rank " << r;
+      EXPECT_EQ(z1[4], steps * (2 * gather_scalar + gather1)) << w << " rank " << r;
+      EXPECT_EQ(z1[5], 0) << w << " rank " << r;
+      EXPECT_EQ(z1[1], steps * (scatter1 + gather1 + 2 * gather_scalar)) << w << " rank " << r;
+      // Balanced ranges: reduce-scatter + all-gather move what the all-reduce moved.
+      EXPECT_NEAR(static_cast<double>(scatter1 + gather1), static_cast<double>(allreduce0),
+                  8.0 * W);
       // The gradients' share: half of zero_stage 0's, within the ranges' rounding (one element).
       const double ratio = static_cast<double>(scatter1) / static_cast<double>(allreduce0);
       EXPECT_NEAR(ratio, 0.5, 4.0 * W / static_cast<double>(allreduce0));
       std::printf("[dp] world %d rank %d, per step: zero_stage 0 sends %lld bytes (gradient "
                   "all-reduce %lld), zero_stage 1 %lld (gradient reduce-scatter %lld = %.4f of "
-                  "the all-reduce, weight broadcasts %lld, scalars %lld); N = %lld, range %lld\n",
+                  "the all-reduce, weight all-gather %lld, scalars %lld); N = %lld, range %lld\n",
                   W, r, z0[1] / steps, z0[2] / steps, z1[1] / steps, z1[3] / steps, ratio,
-                  z1[5] / steps, z1[4] / steps, N, n);
+                  gather1, z1[4] / steps - gather1, N, n);
     }
   }
 }

@@ -10,6 +10,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -158,7 +159,9 @@ uint16_t Bf16Rne(float f) {
 // receives nothing, a world where one rank holds everything), fp32 and bf16, several calls in a
 // row and an all-reduce between them, against a host reference. The ring adds range q's
 // elements from rank q+1 round to q, in fp32; the reference adds them in that order, so the
-// rank's range must match it bit for bit (and the exact sum to rounding).
+// rank's range must match it bit for bit (and the exact sum to rounding). Then the in-place
+// all-gather with the same counts (ZeRO-1's weight gather): every rank ends with every owner's
+// range, byte for byte (reduce-scatter + all-gather = all-reduce).
 TEST(GlooCommunicator, ReduceScatterInPlaceWithACountPerRank) {
   auto value = [](int r, int64_t i) {
     return std::sin(0.37f * static_cast<float>(i) + static_cast<float>(r)) * (r + 1) / 7.0f;
@@ -174,6 +177,11 @@ TEST(GlooCommunicator, ReduceScatterInPlaceWithACountPerRank) {
     std::vector<std::vector<std::vector<float>>> got(calls.size(),
                                                      std::vector<std::vector<float>>(world));
     std::vector<std::vector<std::vector<uint16_t>>> got16(
+        calls.size(), std::vector<std::vector<uint16_t>>(world));
+    // After the all-gather: every rank's whole buffer.
+    std::vector<std::vector<std::vector<float>>> whole(calls.size(),
+                                                       std::vector<std::vector<float>>(world));
+    std::vector<std::vector<std::vector<uint16_t>>> whole16(
         calls.size(), std::vector<std::vector<uint16_t>>(world));
     RunWorld(world, [&](int r, Communicator* c) {
       for (size_t k = 0; k < calls.size(); ++k) {
@@ -196,6 +204,10 @@ TEST(GlooCommunicator, ReduceScatterInPlaceWithACountPerRank) {
         ASSERT_TRUE(c->ReduceScatterSumInPlace(h.data(), counts, CommDType::kBF16).ok());
         got[k][r].assign(x.begin() + before, x.begin() + before + counts[r]);
         got16[k][r].assign(h.begin() + before, h.begin() + before + counts[r]);
+        ASSERT_TRUE(c->AllGatherInPlace(x.data(), counts, CommDType::kF32).ok());
+        ASSERT_TRUE(c->AllGatherInPlace(h.data(), counts, CommDType::kBF16).ok());
+        whole[k][r].assign(x.begin(), x.begin() + total);
+        whole16[k][r].assign(h.begin(), h.begin() + total);
       }
       // Wrong counts: refused on every rank before anything is sent.
       std::vector<float> y(4);
@@ -204,6 +216,8 @@ TEST(GlooCommunicator, ReduceScatterInPlaceWithACountPerRank) {
       std::vector<int64_t> negative(world, 1);
       negative[0] = -1;
       EXPECT_EQ(c->ReduceScatterSumInPlace(y.data(), negative, CommDType::kF32).code(),
+                Status::Code::kInvalidArgument);
+      EXPECT_EQ(c->AllGatherInPlace(y.data(), negative, CommDType::kF32).code(),
                 Status::Code::kInvalidArgument);
     });
     for (size_t k = 0; k < calls.size(); ++k) {
@@ -227,6 +241,15 @@ TEST(GlooCommunicator, ReduceScatterInPlaceWithACountPerRank) {
         }
         EXPECT_EQ(mismatches, 0) << "world " << world << " call " << k << " rank " << q;
         EXPECT_EQ(mismatches16, 0) << "world " << world << " call " << k << " rank " << q;
+        // Every rank holds range q as its owner reduced it.
+        for (int r = 0; r < world; ++r) {
+          ASSERT_GE(whole[k][r].size(), static_cast<size_t>(offset + n));
+          EXPECT_TRUE(std::equal(got[k][q].begin(), got[k][q].end(), whole[k][r].begin() + offset))
+              << "world " << world << " call " << k << ": rank " << r << "'s copy of range " << q;
+          EXPECT_TRUE(
+              std::equal(got16[k][q].begin(), got16[k][q].end(), whole16[k][r].begin() + offset))
+              << "world " << world << " call " << k << ": rank " << r << "'s bf16 range " << q;
+        }
         offset += n;
       }
     }

@@ -120,6 +120,8 @@ TEST(GpuNcclCommunicator, WorldOfOneEveryCollectiveEveryTypeDeviceAndHostBuffers
     ASSERT_TRUE(comm->ReduceScatterSumInPlace(d, {n}, CommDType::kF32).ok());
     EXPECT_EQ(ToHost(d, x.size()), x);
     ASSERT_TRUE(comm->ReduceScatterSumInPlace(d, {0}, CommDType::kF32).ok());
+    ASSERT_TRUE(comm->AllGatherInPlace(d, {n}, CommDType::kF32).ok());
+    EXPECT_EQ(ToHost(d, x.size()), x);
     EXPECT_EQ(comm->ReduceScatterSumInPlace(d, {n, 0}, CommDType::kF32).code(),
               Status::Code::kInvalidArgument);
     cudaFree(d);
@@ -139,6 +141,8 @@ TEST(GpuNcclCommunicator, WorldOfOneEveryCollectiveEveryTypeDeviceAndHostBuffers
     EXPECT_EQ(ToHost(out, x.size()), x);
     ASSERT_TRUE(comm->ReduceScatterSumInPlace(d, {n}, t).ok());
     EXPECT_EQ(ToHost(d, x.size()), x);
+    ASSERT_TRUE(comm->AllGatherInPlace(d, {n}, t).ok());
+    EXPECT_EQ(ToHost(d, x.size()), x);
     cudaFree(d);
     cudaFree(out);
   }
@@ -153,6 +157,8 @@ TEST(GpuNcclCommunicator, WorldOfOneEveryCollectiveEveryTypeDeviceAndHostBuffers
     ASSERT_TRUE(comm->AllReduceSum(h.data(), 3, CommDType::kF32).ok());
     EXPECT_EQ(h, (std::vector<float>{1.f, 2.f, 3.f}));
     ASSERT_TRUE(comm->ReduceScatterSumInPlace(h.data(), {3}, CommDType::kF32).ok());
+    EXPECT_EQ(h, (std::vector<float>{1.f, 2.f, 3.f}));
+    ASSERT_TRUE(comm->AllGatherInPlace(h.data(), {3}, CommDType::kF32).ok());
     EXPECT_EQ(h, (std::vector<float>{1.f, 2.f, 3.f}));
     std::vector<uint16_t> b = {F32ToBf16(0.5f), F32ToBf16(-2.f)};
     ASSERT_TRUE(comm->AllReduceSum(b.data(), 2, CommDType::kBF16).ok());

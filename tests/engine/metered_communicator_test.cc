@@ -33,6 +33,11 @@ class FakeCommunicator : public Communicator {
   Status AllGather(const void* in, void*, int64_t count, CommDType type) override {
     return Record("allgather", in, count, type);
   }
+  Status AllGatherInPlace(void* data, const std::vector<int64_t>& counts, CommDType type) override {
+    int64_t total = 0;
+    for (int64_t c : counts) total += c;
+    return Record("allgatherv", data, total, type);
+  }
   Status Broadcast(void* data, size_t bytes, int root) override {
     return Record("broadcast" + std::to_string(root), data, static_cast<int64_t>(bytes), CommDType::kF32);
   }
@@ -114,6 +119,12 @@ TEST(MeteredCommunicator, BytesFollowTheRingConvention) {
       const int64_t before_ag = m.stats().bytes_sent;
       ASSERT_TRUE(m.AllGather(x.data(), x.data(), n, CommDType::kF16).ok());
       EXPECT_EQ(m.stats().bytes_sent - before_ag, static_cast<int64_t>(world - 1) * n * 2);
+      // In place with a count per rank: every range but the next rank's.
+      const int64_t before_agv = m.stats().bytes_sent;
+      ASSERT_TRUE(m.AllGatherInPlace(x.data(), counts, CommDType::kF32).ok());
+      EXPECT_EQ(m.stats().bytes_sent - before_agv,
+                world > 1 ? (total - counts[static_cast<size_t>((rank + 1) % world)]) * 4 : 0)
+          << world << " " << rank;
       const int64_t before_bc = m.stats().bytes_sent;
       ASSERT_TRUE(m.Broadcast(x.data(), 4096, 0).ok());
       EXPECT_EQ(m.stats().bytes_sent - before_bc, world > 1 && rank == 0 ? 4096 : 0) << world << " " << rank;

@@ -64,6 +64,9 @@ class DoublingCommunicator : public Communicator {
     return Status::Ok();
   }
   Status AllGather(const void*, void*, int64_t, CommDType) override { return Status::Internal("unused"); }
+  Status AllGatherInPlace(void*, const std::vector<int64_t>&, CommDType) override {
+    return Status::Internal("unused");
+  }
   Status Broadcast(void*, size_t, int) override { return Status::Internal("unused"); }
   Status Barrier() override { return Status::Internal("unused"); }
 

@@ -79,6 +79,24 @@ class ThreadComm final : public Communicator {
   Status ReduceScatterSumInPlace(void*, const std::vector<int64_t>&, CommDType) override {
     return Status::Internal("unused");
   }
+  // Each rank copies every other rank's range from that rank's buffer.
+  Status AllGatherInPlace(void* data, const std::vector<int64_t>& counts,
+                          CommDType type) override {
+    if (type != CommDType::kF32) return Status::Internal("fp32 only");
+    w_->Deposit(rank_, data);
+    w_->Wait();
+    int64_t at = 0;
+    for (int r = 0; r < w_->world(); ++r) {
+      const int64_t n = counts[static_cast<size_t>(r)];
+      if (r != rank_) {
+        std::memcpy(static_cast<float*>(data) + at, static_cast<const float*>(w_->Slot(r)) + at,
+                    static_cast<size_t>(n) * 4);
+      }
+      at += n;
+    }
+    w_->Wait();
+    return Status::Ok();
+  }
   Status AllGather(const void* in, void* out, int64_t count, CommDType type) override {
     if (type != CommDType::kF32) return Status::Internal("fp32 lanes only");
     w_->Deposit(rank_, in);

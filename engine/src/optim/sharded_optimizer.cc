@@ -285,12 +285,9 @@ Status ShardedOptimizer::status() const {
 }
 
 Status ShardedOptimizer::GatherParams(float* params) {
-  for (size_t r = 0; r < ranges_.size(); ++r) {
-    const auto [b, e] = ranges_[r];
-    TRAIND_RETURN_IF_ERROR(comm_->Broadcast(params + b, static_cast<size_t>(e - b) * sizeof(float),
-                                            static_cast<int>(r)));
-  }
-  return Status::Ok();
+  std::vector<int64_t> counts;
+  for (const auto& [b, e] : ranges_) counts.push_back(e - b);
+  return comm_->AllGatherInPlace(params, counts, CommDType::kF32);
 }
 
 Result<SafetensorsFile> ShardedOptimizer::Gather(bool build) const {

@@ -92,8 +92,9 @@ class ShardedOptimizer final : public Optimizer {
 
   bool sharded() const override { return true; }
   std::vector<std::pair<int64_t, int64_t>> shard_ranges() const override { return ranges_; }
-  // Every rank's range broadcast from its owner, in place (device memory the backend has finished
-  // writing). A collective: every rank calls it after every step.
+  // Every rank's range from its owner, in place: one all-gather with a count per rank
+  // (Communicator::AllGatherInPlace; device memory the backend has finished writing). A
+  // collective: every rank calls it after every step.
   Status GatherParams(float* params) override;
   // The unsharded state (the collective half on every rank: see ContributeState).
   SafetensorsFile SaveState() const override;

@@ -58,6 +58,19 @@ Status MeteredCommunicator::AllGather(const void* in, void* out, int64_t count, 
                  [&] { return inner_->AllGather(in, out, count, type); });
 }
 
+Status MeteredCommunicator::AllGatherInPlace(void* data, const std::vector<int64_t>& counts,
+                                             CommDType type) {
+  int64_t sent = 0;  // every range but the next rank's
+  const int W = world_size();
+  if (W > 1 && static_cast<int>(counts.size()) == W) {
+    for (int r = 0; r < W; ++r) {
+      if (r != (rank() + 1) % W) sent += counts[static_cast<size_t>(r)];
+    }
+  }
+  return Metered(&stats_, CommOp::kAllGather, sent * CommElementBytes(type),
+                 [&] { return inner_->AllGatherInPlace(data, counts, type); });
+}
+
 Status MeteredCommunicator::Broadcast(void* data, size_t bytes, int root) {
   const int64_t sent = world_size() > 1 && rank() == root ? static_cast<int64_t>(bytes) : 0;
   return Metered(&stats_, CommOp::kBroadcast, sent,

@@ -10,6 +10,8 @@
 //   reduce-scatter in place, counts per rank: S - counts[rank] elements' bytes (S = their sum:
 //                   the ring sends every range but its own once; equal counts give (W-1)/W x S)
 //   all-gather      (W-1)/W x S_out      (S_out = W x count elements)
+//   all-gather in place, counts per rank: S - counts[(rank+1) mod W] elements' bytes (the ring
+//                   forwards every range but the next rank's)
 //   broadcast       S on the root, 0 on the others (one-to-all)
 //   barrier         0
 // It is what the algorithm must move, not a count of the transport's frames (Gloo widens 16-bit
@@ -47,6 +49,7 @@ class MeteredCommunicator : public Communicator {
   Status ReduceScatterSumInPlace(void* data, const std::vector<int64_t>& counts,
                                  CommDType type) override;
   Status AllGather(const void* in, void* out, int64_t count, CommDType type) override;
+  Status AllGatherInPlace(void* data, const std::vector<int64_t>& counts, CommDType type) override;
   Status Broadcast(void* data, size_t bytes, int root) override;
   Status Barrier() override;
 

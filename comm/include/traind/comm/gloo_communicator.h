@@ -14,7 +14,8 @@
 // bf16/f16 buffers are widened to fp32, summed in fp32 and rounded back (round to nearest even);
 // ReduceScatterSum and ReduceScatterSumInPlace (a count per rank) are a ring on Gloo's transport
 // (each rank sends every range but its own once; a range's sum is added from the rank after its
-// owner round to the owner, in fp32); AllGather,
+// owner round to the owner, in fp32); AllGatherInPlace (a count per rank) is the matching ring;
+// AllGather,
 // Broadcast and Barrier are Gloo's. A collective that does not finish within the collective
 // timeout, or whose peer went away, returns DEADLINE_EXCEEDED / UNAVAILABLE with Gloo's message
 // (which names the peer's address) and this rank.

@@ -16,7 +16,8 @@
 // backend, the gradient buckets wait for their backend marker). Each call sets the device first,
 // so any one thread at a time may call (the trainer's, or the buckets' communication thread). fp32 sums are
 // ncclAllReduce / ncclReduceScatter (ncclSum on ncclFloat; ReduceScatterSumInPlace, a count per
-// rank: one in-place ncclReduce per non-empty range, rooted at its owner, in one NCCL group);
+// rank: one in-place ncclReduce per non-empty range, rooted at its owner, in one NCCL group;
+// AllGatherInPlace likewise with ncclBroadcast);
 // bf16/f16 buffers are widened to an fp32
 // device scratch buffer by a small kernel, summed in fp32 and rounded back to nearest even;
 // AllGather and Broadcast move bytes (ncclAllGather / ncclBroadcast on ncclUint8); Barrier is a

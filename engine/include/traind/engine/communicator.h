@@ -47,6 +47,13 @@ class Communicator {
   // root). INVALID_ARGUMENT for a wrong number of counts or a negative one.
   virtual Status ReduceScatterSumInPlace(void* data, const std::vector<int64_t>& counts,
                                          CommDType type) = 0;
+  // In place, a count per rank (ZeRO-1's weight gather): `data` holds C elements laid out as in
+  // ReduceScatterSumInPlace; rank r's range holds its own values on rank r. On return every range
+  // holds its owner's values on every rank (bytes copied, no arithmetic). Bandwidth-optimal
+  // implementations send C - counts[(rank+1) mod W] elements from each rank (a ring, or one
+  // broadcast per root). INVALID_ARGUMENT for a wrong number of counts or a negative one.
+  virtual Status AllGatherInPlace(void* data, const std::vector<int64_t>& counts,
+                                  CommDType type) = 0;
   // out[r*count, (r+1)*count) = rank r's `in` (count elements), on every rank.
   virtual Status AllGather(const void* in, void* out, int64_t count, CommDType type) = 0;
   // data (bytes) = root's data, on every rank.
