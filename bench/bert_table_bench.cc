@@ -20,7 +20,7 @@
 //   dense       the same causal LM (llama) with one SwiGLU MLP of 2 x intermediate/4, the MoE
 //               row's active parameters per token: the pair shows the cost of routing
 // Usage: bert_table_bench --row ROW [--config tiny|base|large] [--batch B] [--accum K]
-//                         [--steps N] [--warmup N] [--threads N] [--seq T]
+//                         [--steps N] [--warmup N] [--threads N] [--seq T] [--profile-cpu]
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -36,6 +36,7 @@
 #include "bench_util.h"
 #include "models/model.h"
 #include "optim/optimizer.h"
+#include "profiling_backend.h"
 #include "train/step_runner.h"
 
 namespace traind::bench {
@@ -107,7 +108,7 @@ int64_t RunnerPlanBytes(int64_t B, int64_t T, bool mask) {
 }
 
 int Run(const BertShape& bs, const std::string& row_name, const Row& row, int64_t batch,
-        int64_t accum_k, int steps, int warmup, int threads) {
+        int64_t accum_k, int steps, int warmup, int threads, bool profile) {
   const bool peak_reset = ResetPeakRss();
   const int64_t rss0 = ProcStatusBytes("VmRSS");
   const int64_t B = row.accum ? batch / accum_k : batch;
@@ -123,7 +124,10 @@ int Run(const BertShape& bs, const std::string& row_name, const Row& row, int64_
               static_cast<long long>(k), row.ckpt ? 1 : 0, engine::DTypeName(ct),
               row.optim.c_str(), threads, engine::cpu::GemmLibrary());
 
-  std::unique_ptr<Backend> cpu = engine::MakeCpuBackend(threads);
+  std::unique_ptr<Backend> cpu_backend = engine::MakeCpuBackend(threads);
+  // --profile-cpu: every op through ProfilingBackend (process CPU time per op), printed at the end.
+  ProfilingBackend prof(cpu_backend.get(), /*cpu_time=*/true);
+  Backend* cpu = profile ? static_cast<Backend*>(&prof) : cpu_backend.get();
   engine::ModelConfig mc;
   mc.arch = row.mixtral ? "mixtral" : row.dense ? "llama" : "bert";
   mc.vocab_size = kVocab;
@@ -157,7 +161,7 @@ int Run(const BertShape& bs, const std::string& row_name, const Row& row, int64_
   mo.gradient_checkpointing = row.ckpt;
   mo.checkpoint_every = 1;
   mo.compute_type = ct;
-  engine::DeviceArena arena(cpu.get(), 0);
+  engine::DeviceArena arena(cpu, 0);
   auto model = engine::Model::Create(mc, mo, &arena);
   if (!model.ok()) {
     std::printf("RESULT side=traind model=%s row=%s status=not_available reason=\"%s\"\n",
@@ -218,7 +222,10 @@ int Run(const BertShape& bs, const std::string& row_name, const Row& row, int64_
   std::vector<double> times;
   double first_loss = 0.0, loss = 0.0, cpu0 = 0.0;
   for (int s = 0; s < warmup + steps; ++s) {
-    if (s == warmup) cpu0 = ProcessCpuSeconds();
+    if (s == warmup) {
+      cpu0 = ProcessCpuSeconds();
+      prof.Reset();
+    }
     const Clock::time_point t0 = Clock::now();
     double wait = 0.0;
     auto out = (*runner)->Run(next_batch, kLr, 1.0f, &wait);
@@ -260,6 +267,7 @@ int Run(const BertShape& bs, const std::string& row_name, const Row& row, int64_
               samples / median, 1e3 * cpu_s / (samples * static_cast<double>(times.size())),
               static_cast<long long>(arena.peak_bytes()), static_cast<long long>(plan),
               static_cast<long long>(hwm - rss0), static_cast<long long>(hwm), loss);
+  if (profile) prof.Print(cpu_s, static_cast<int>(times.size()));
   return 0;
 }
 
@@ -270,6 +278,7 @@ int main(int argc, char** argv) {
   std::string config = "large", row_name;
   int64_t batch = 4, accum = 4, seq = 0;
   int steps = 2, warmup = 1, threads = 2;
+  bool profile = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&] { return traind::bench::FlagValue(argc, argv, &i); };
@@ -281,6 +290,7 @@ int main(int argc, char** argv) {
     else if (a == "--warmup") warmup = std::atoi(next());
     else if (a == "--threads") threads = std::atoi(next());
     else if (a == "--seq") seq = std::atoll(next());
+    else if (a == "--profile-cpu") profile = true;
     else {
       std::fprintf(stderr, "unknown argument %s\n", a.c_str());
       return 2;
@@ -290,7 +300,7 @@ int main(int argc, char** argv) {
   if (!traind::bench::ParseRow(row_name, &row)) {
     std::fprintf(stderr, "usage: %s --row baseline|accum|ckpt|bf16|adafactor|adamw_8bit|all|"
                  "mixtral|dense [--config tiny|base|large] [--batch B] [--accum K] [--steps N] "
-                 "[--warmup N] [--threads N] [--seq T]\n", argv[0]);
+                 "[--warmup N] [--threads N] [--seq T] [--profile-cpu]\n", argv[0]);
     return 2;
   }
   if (batch < 1 || accum < 1 || batch % accum != 0 || steps < 0 || warmup < 0 || threads < 1 ||
@@ -302,7 +312,7 @@ int main(int argc, char** argv) {
   for (auto bs : traind::bench::kConfigs) {
     if (bs.name == config) {
       if (seq > 0) bs.seq_len = seq;
-      return traind::bench::Run(bs, row_name, row, batch, accum, steps, warmup, threads);
+      return traind::bench::Run(bs, row_name, row, batch, accum, steps, warmup, threads, profile);
     }
   }
   std::fprintf(stderr, "unknown config %s (tiny, base, large)\n", config.c_str());

@@ -340,6 +340,41 @@ TEST(CpuMathTest, ExpFWithinThreeUlp) {
   EXPECT_TRUE(std::isnan(cpu::ExpF(NAN)));
 }
 
+// ErfcNonNegF (exact GELU's kernel): relative error against std::erfc in double over [0, 9]
+// (erfc(9) ~ 4e-37; past ~9.3 it flushes to 0), where the fit alone is 1.05e-7 and float
+// evaluation adds a few ulps of the exponent's z^2 (up to ~81 * 6e-8 at z = 9); and NormalCdfF on
+// both sides: relative for x < 0 (no cancellation), absolute 1 ulp-ish for x > 0.
+TEST(CpuMathTest, ErfcAndNormalCdfRelativeError) {
+  double worst_small = 0.0, worst_all = 0.0;
+  for (int i = 0; i <= 900000; ++i) {
+    const float z = 9.0f * static_cast<float>(i) / 900000.0f;
+    const double want = std::erfc(static_cast<double>(z));
+    const double rel = std::abs(cpu::ErfcNonNegF(z) - want) / want;
+    worst_all = std::max(worst_all, rel);
+    if (z <= 3.0f) worst_small = std::max(worst_small, rel);
+  }
+  EXPECT_LT(worst_small, 2e-6) << "erfc on [0, 3]";
+  EXPECT_LT(worst_all, 2e-5) << "erfc on [0, 9]";
+  EXPECT_EQ(cpu::ErfcNonNegF(20.0f), 0.0f);
+  // x << 0: rounding x / sqrt 2 to float moves z^2 by ~1.2e-7 relative, so exp(-z^2) by ~z^2
+  // times that: 6e-6 at x = -10 (Phi ~ 7.6e-24 there), under 1e-6 for x >= -4.
+  double worst_neg = 0.0, worst_near = 0.0, worst_pos = 0.0;
+  for (int i = 0; i <= 200000; ++i) {
+    const float x = -10.0f + 20.0f * static_cast<float>(i) / 200000.0f;
+    const double want = 0.5 * std::erfc(-static_cast<double>(x) / std::sqrt(2.0));
+    const double got = cpu::NormalCdfF(x);
+    if (x < 0) worst_neg = std::max(worst_neg, std::abs(got - want) / want);
+    if (x < 0 && x >= -4.0f) worst_near = std::max(worst_near, std::abs(got - want) / want);
+    if (x >= 0) worst_pos = std::max(worst_pos, std::abs(got - want));
+  }
+  EXPECT_LT(worst_near, 2e-6) << "Phi(x), x in [-4, 0): relative";
+  EXPECT_LT(worst_neg, 3e-5) << "Phi(x), x in [-10, 0): relative";
+  EXPECT_LT(worst_pos, 3e-7) << "Phi(x), x in [0, 10]: absolute (ulp(1) = 1.2e-7)";
+  EXPECT_EQ(cpu::NormalCdfF(12.0f), 1.0f);
+  EXPECT_EQ(cpu::NormalCdfF(-20.0f), 0.0f);
+  EXPECT_TRUE(std::isnan(cpu::NormalCdfF(NAN)));
+}
+
 TEST_F(CpuOpsTest, EmbeddingForwardAndBackward) {
   const int V = 11, C = 13, N = 7;
   auto table = RandVec(V * C, 31);

@@ -75,24 +75,22 @@ TRAIND_CPU_CLONES void GeluBackSpan(float* dinp, const float* inp, const float* 
   }
 }
 
-// Exact GELU (erf form, HF "gelu") and tanh: std::erf / std::tanh per element (libm, not
-// vectorised; BERT's MLP and pooler are a small part of its step).
-constexpr float kInvSqrt2 = 0.70710678118654752f;
+// Exact GELU (erf form, HF "gelu"): x Phi(x) with Phi from cpu_math.h's NormalCdfF (vectorised;
+// libm's erf per element took ~6 ns, 11% of a bert-base step). tanh (the pooler only): std::tanh.
 constexpr float kInvSqrt2Pi = 0.39894228040143268f;  // 1 / sqrt(2 pi)
 
-void GeluErfSpan(float* out, const float* inp, int64_t n) {
+TRAIND_CPU_CLONES void GeluErfSpan(float* out, const float* inp, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     const float x = inp[i];
-    out[i] = 0.5f * x * (1.0f + std::erf(x * kInvSqrt2));
+    out[i] = x * NormalCdfF(x);
   }
 }
 
-void GeluErfBackSpan(float* dinp, const float* inp, const float* dout, int64_t n) {
+TRAIND_CPU_CLONES void GeluErfBackSpan(float* dinp, const float* inp, const float* dout, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     const float x = inp[i];
-    const float cdf = 0.5f * (1.0f + std::erf(x * kInvSqrt2));
-    const float pdf = kInvSqrt2Pi * std::exp(-0.5f * x * x);
-    dinp[i] = dout[i] * (cdf + x * pdf);
+    const float pdf = kInvSqrt2Pi * ExpFlushF(-0.5f * x * x);
+    dinp[i] = dout[i] * (NormalCdfF(x) + x * pdf);
   }
 }
 
