@@ -213,6 +213,43 @@ class ProfilingBackend final : public Backend {
     T x(this, "adamw");
     in_->AdamWFromScalars(p, g, m, v, n, s, b1, b2, eps, wd);
   }
+  void SgdUpdate(float* p, const float* g, float* buf, int64_t n, float lr, float mom, float damp,
+                 float wd, bool nesterov, bool first, float gs, const engine::StepScalars* s) override {
+    T x(this, "sgd");
+    in_->SgdUpdate(p, g, buf, n, lr, mom, damp, wd, nesterov, first, gs, s);
+  }
+  void AdafactorFactoredStats(const float* g, float* row, float* col, double* row_sum, int64_t B,
+                              int64_t R, int64_t C, float beta2t, float eps1, float gs) override {
+    T x(this, "adafactor_stats");
+    in_->AdafactorFactoredStats(g, row, col, row_sum, B, R, C, beta2t, eps1, gs);
+  }
+  void AdafactorSecondMoment(const float* g, float* v, int64_t n, float beta2t, float eps1,
+                             float gs) override {
+    T x(this, "adafactor_second_moment");
+    in_->AdafactorSecondMoment(g, v, n, beta2t, eps1, gs);
+  }
+  void AdafactorUpdateSumSquares(double* acc, const float* g, const float* row, const float* col,
+                                 const double* row_sum, const float* v, int64_t B, int64_t R,
+                                 int64_t C, float gs) override {
+    T x(this, "adafactor_update_sumsq");
+    in_->AdafactorUpdateSumSquares(acc, g, row, col, row_sum, v, B, R, C, gs);
+  }
+  void AdafactorApply(float* p, float* m, const float* g, const float* row, const float* col,
+                      const double* row_sum, const float* v, const double* sums, int64_t B,
+                      int64_t R, int64_t C, float gs, float rel_step, float eps2, bool scale_param,
+                      float clip, float beta1, float wd) override {
+    T x(this, "adafactor_apply");
+    in_->AdafactorApply(p, m, g, row, col, row_sum, v, sums, B, R, C, gs, rel_step, eps2,
+                        scale_param, clip, beta1, wd);
+  }
+  void AdamW8bitBlockwise(float* p, const float* g, uint8_t* mc, uint8_t* vc, float* ma, float* va,
+                          const float* code_m, const float* code_v, int64_t n, float lr, float b1,
+                          float b2, float eps, float wd, float bc1, float bc2, float gs,
+                          const engine::StepScalars* s) override {
+    T x(this, "adamw_8bit");
+    in_->AdamW8bitBlockwise(p, g, mc, vc, ma, va, code_m, code_v, n, lr, b1, b2, eps, wd, bc1, bc2,
+                            gs, s);
+  }
   void AccumulateSumSquares(double* acc, const float* p, int64_t n) override {
     T x(this, "sum_squares");
     in_->AccumulateSumSquares(acc, p, n);
