@@ -24,6 +24,7 @@
 #include <gloo/transport/unbound_buffer.h>
 #include <gloo/types.h>
 
+#include "rank_ranges.h"
 #include "rendezvous.h"
 
 namespace traind::comm {
@@ -199,12 +200,9 @@ class GlooCommunicator : public engine::Communicator {
 
   Status ReduceScatterSumInPlace(void* data, const std::vector<int64_t>& counts,
                                  CommDType type) override {
-    TRAIND_RETURN_IF_ERROR(CheckCounts("reduce-scatter", counts));
-    int64_t total = 0, before = 0;
-    for (size_t r = 0; r < counts.size(); ++r) {
-      if (static_cast<int>(r) < rank()) before += counts[r];
-      total += counts[r];
-    }
+    TRAIND_ASSIGN_OR_RETURN(const RankRanges ranges,
+                            CheckedRankRanges("reduce-scatter", counts, world_size()));
+    const int64_t total = ranges.total, before = ranges.offset[static_cast<size_t>(rank())];
     if (total == 0) return Status::Ok();
     if (type == CommDType::kF32) {
       return RingReduceScatterF32(static_cast<float*>(data), counts, "reduce-scatter");
@@ -223,15 +221,12 @@ class GlooCommunicator : public engine::Communicator {
   // from rank r-1 straight into its place; what it sends at step s+1 is what it received at step
   // s. Each rank sends every range but the next rank's once; empty ranges are skipped.
   Status AllGatherInPlace(void* data, const std::vector<int64_t>& counts, CommDType type) override {
-    TRAIND_RETURN_IF_ERROR(CheckCounts("all-gather", counts));
+    TRAIND_ASSIGN_OR_RETURN(const RankRanges ranges,
+                            CheckedRankRanges("all-gather", counts, world_size()));
     const int W = world_size(), r = rank();
     const size_t unit = ElementSize(type);
-    int64_t total = 0;
-    std::vector<int64_t> offset(counts.size());
-    for (size_t q = 0; q < counts.size(); ++q) {
-      offset[q] = total;
-      total += counts[q];
-    }
+    const int64_t total = ranges.total;
+    const std::vector<int64_t>& offset = ranges.offset;
     if (W == 1 || total == 0) return Status::Ok();
     const size_t bytes = static_cast<size_t>(total) * unit;
     return Guard("all-gather", bytes, [&] {
@@ -291,21 +286,6 @@ class GlooCommunicator : public engine::Communicator {
   }
 
  private:
-  // INVALID_ARGUMENT unless `counts` has one entry >= 0 per rank.
-  Status CheckCounts(const char* what, const std::vector<int64_t>& counts) const {
-    if (static_cast<int>(counts.size()) != world_size()) {
-      return Status::InvalidArgument(std::string(what) + ": " + std::to_string(counts.size()) +
-                                     " counts for a world of " + std::to_string(world_size()));
-    }
-    for (size_t r = 0; r < counts.size(); ++r) {
-      if (counts[r] < 0) {
-        return Status::InvalidArgument(std::string(what) + ": rank " + std::to_string(r) +
-                                       "'s count " + std::to_string(counts[r]) + " is negative");
-      }
-    }
-    return Status::Ok();
-  }
-
   // The ring reduce-scatter on Gloo's transport, in place on fp32 `data` (counts as
   // ReduceScatterSumInPlace's). Step s of W-1: rank r sends range (r-s-1) mod W to rank r+1 and
   // receives range (r-s-2) mod W from rank r-1, adding it into its own copy; what it sends at

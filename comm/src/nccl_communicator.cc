@@ -14,6 +14,7 @@
 #include "nccl_api.h"
 #include "nccl_cast.h"
 #include "nccl_unique_id.h"
+#include "rank_ranges.h"
 #include "rendezvous.h"
 
 namespace traind::comm {
@@ -162,20 +163,10 @@ class NcclCommunicator : public engine::Communicator {
   // reduced there, this rank's range rounded back.
   Status ReduceScatterSumInPlace(void* data, const std::vector<int64_t>& counts,
                                  CommDType type) override {
-    if (static_cast<int>(counts.size()) != world_) {
-      return Status::InvalidArgument("reduce-scatter: " + std::to_string(counts.size()) +
-                                     " counts for a world of " + std::to_string(world_));
-    }
-    int64_t total = 0;
-    std::vector<int64_t> offset(counts.size());
-    for (size_t r = 0; r < counts.size(); ++r) {
-      if (counts[r] < 0) {
-        return Status::InvalidArgument("reduce-scatter: rank " + std::to_string(r) + "'s count " +
-                                       std::to_string(counts[r]) + " is negative");
-      }
-      offset[r] = total;
-      total += counts[r];
-    }
+    TRAIND_ASSIGN_OR_RETURN(const RankRanges ranges,
+                            CheckedRankRanges("reduce-scatter", counts, world_));
+    const int64_t total = ranges.total;
+    const std::vector<int64_t>& offset = ranges.offset;
     if (total == 0) return Status::Ok();
     const size_t bytes = static_cast<size_t>(total) * ElementSize(type);
     const char* what = "reduce-scatter";
@@ -213,21 +204,10 @@ class NcclCommunicator : public engine::Communicator {
   // One in-place ncclBroadcast per non-empty range, rooted at its owner, in one group: NCCL's
   // broadcast is a pipelined ring, so each rank sends every range but the next rank's once.
   Status AllGatherInPlace(void* data, const std::vector<int64_t>& counts, CommDType type) override {
-    if (static_cast<int>(counts.size()) != world_) {
-      return Status::InvalidArgument("all-gather: " + std::to_string(counts.size()) +
-                                     " counts for a world of " + std::to_string(world_));
-    }
+    TRAIND_ASSIGN_OR_RETURN(const RankRanges ranges,
+                            CheckedRankRanges("all-gather", counts, world_));
     const size_t unit = ElementSize(type);
-    size_t total = 0;
-    std::vector<size_t> offset(counts.size());
-    for (size_t r = 0; r < counts.size(); ++r) {
-      if (counts[r] < 0) {
-        return Status::InvalidArgument("all-gather: rank " + std::to_string(r) + "'s count " +
-                                       std::to_string(counts[r]) + " is negative");
-      }
-      offset[r] = total;
-      total += static_cast<size_t>(counts[r]) * unit;
-    }
+    const size_t total = static_cast<size_t>(ranges.total) * unit;  // bytes
     if (total == 0) return Status::Ok();
     const char* what = "all-gather";
     TRAIND_RETURN_IF_ERROR(Begin(what, total));
@@ -237,7 +217,8 @@ class NcclCommunicator : public engine::Communicator {
     for (int r = 0; r < world_; ++r) {
       const size_t n = static_cast<size_t>(counts[static_cast<size_t>(r)]) * unit;
       if (n == 0) continue;
-      void* range = static_cast<unsigned char*>(d) + offset[static_cast<size_t>(r)];
+      void* range = static_cast<unsigned char*>(d) +
+                    static_cast<size_t>(ranges.offset[static_cast<size_t>(r)]) * unit;
       const ncclResult_t rr = Nccl().Broadcast(range, range, n, ncclUint8, r, comm_, stream_);
       if (rr != ncclSuccess && rr != ncclInProgress) {
         (void)Nccl().GroupEnd();
