@@ -184,18 +184,23 @@ class ProfilingBackend final : public Backend {
   }
   void AttentionForward(float* o, float* l, const float* q, const float* k, const float* v,
                         int64_t B, int64_t T_, int64_t NH, int64_t NKV, int64_t HS, int64_t qs,
-                        int64_t ks, bool causal = true, const int32_t* mask = nullptr) override {
+                        int64_t ks, bool causal = true, const int32_t* mask = nullptr,
+                        DType ot = DType::kF32) override {
     // causal: QK^T and PV halves (4 B NH T^2 HS without the mask)
-    T x(this, "attention_fwd", (causal ? 2.0 : 4.0) * B * NH * T_ * T_ * HS);
-    in_->AttentionForward(o, l, q, k, v, B, T_, NH, NKV, HS, qs, ks, causal, mask);
+    T x(this, ot == DType::kF32 ? "attention_fwd" : "attention_fwd 16-bit operands",
+        (causal ? 2.0 : 4.0) * B * NH * T_ * T_ * HS);
+    in_->AttentionForward(o, l, q, k, v, B, T_, NH, NKV, HS, qs, ks, causal, mask, ot);
   }
   void AttentionBackward(float* dq, float* dk, float* dv, const float* d, const float* o,
                          const float* l, const float* q, const float* k, const float* v, int64_t B,
                          int64_t T_, int64_t NH, int64_t NKV, int64_t HS, int64_t qs,
-                         int64_t ks, bool causal = true, const int32_t* mask = nullptr) override {
+                         int64_t ks, bool causal = true, const int32_t* mask = nullptr,
+                         DType ot = DType::kF32) override {
     // recompute S + 4 products (halved when causal)
-    T x(this, "attention_bwd", (causal ? 5.0 : 10.0) * B * NH * T_ * T_ * HS);
-    in_->AttentionBackward(dq, dk, dv, d, o, l, q, k, v, B, T_, NH, NKV, HS, qs, ks, causal, mask);
+    T x(this, ot == DType::kF32 ? "attention_bwd" : "attention_bwd 16-bit operands",
+        (causal ? 5.0 : 10.0) * B * NH * T_ * T_ * HS);
+    in_->AttentionBackward(dq, dk, dv, d, o, l, q, k, v, B, T_, NH, NKV, HS, qs, ks, causal, mask,
+                           ot);
   }
   void SoftmaxCrossEntropy(float* lg, float* ls, const int32_t* t, int64_t N, int64_t V, int64_t Vp,
                            float gs, bool g, const float* ds) override {

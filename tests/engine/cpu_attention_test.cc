@@ -285,6 +285,102 @@ TEST(CpuAttentionTest, KeyMaskForwardBackward) {
   }
 }
 
+// bf16 operands (operand_type kBF16): against the fp32 kernels run on the same inputs rounded to
+// bf16 (verified above against double references and finite differences). The score product is
+// then exact up to fp32 accumulation order, so lse agrees to 1e-5; the probabilities are rounded
+// to bf16 before P V (relative 2^-9 each, so |out - out32| <= 2^-9 max|v| = 3e-3 here, bound 4e-3);
+// backward also rounds dout and dS: gradients within 2% of their largest magnitude. Masked keys
+// keep exactly zero weight and gradient, and columns outside the heads stay untouched. Where oneDNN
+// has native bf16 kernels the outputs must differ from fp32's (the bf16 path ran); elsewhere the
+// request falls back to fp32 and they must be identical.
+void CheckBf16Attention(const AttnShape& s, const AttnMode& mode) {
+  auto be = MakeCpuBackend(2);
+  const int32_t* km = mode.mask.empty() ? nullptr : mode.mask.data();
+  const int rows = s.B * s.T, C = s.NH * s.HS;
+  const size_t qn = static_cast<size_t>(rows * s.q_stride),
+               kvn = static_cast<size_t>(rows * s.kv_stride);
+  auto q = RandVec(qn, 21, -1.5f, 1.5f), k = RandVec(kvn, 22, -1.5f, 1.5f), v = RandVec(kvn, 23);
+  auto round16 = [](std::vector<float> x) {
+    for (float& f : x) f = BF16ToF32(F32ToBF16(f));
+    return x;
+  };
+  const auto qr = round16(q), kr = round16(k), vr = round16(v);
+  const std::string tag = "T=" + std::to_string(s.T) + (mode.causal ? " causal" : " bidir") +
+                          (km != nullptr ? " masked" : "");
+  std::vector<float> out32(rows * C), lse32(s.B * s.NH * s.T), out16(rows * C, NAN),
+      lse16(s.B * s.NH * s.T, NAN);
+  be->AttentionForward(out32.data(), lse32.data(), qr.data() + s.q_off, kr.data() + s.k_off,
+                       vr.data() + s.v_off, s.B, s.T, s.NH, s.NKV, s.HS, s.q_stride, s.kv_stride,
+                       mode.causal, km);
+  be->AttentionForward(out16.data(), lse16.data(), q.data() + s.q_off, k.data() + s.k_off,
+                       v.data() + s.v_off, s.B, s.T, s.NH, s.NKV, s.HS, s.q_stride, s.kv_stride,
+                       mode.causal, km, DType::kBF16);
+  ExpectClose(lse16, ToDouble(lse32), 1e-5, 1e-5, "bf16 lse " + tag);
+  ExpectClose(out16, ToDouble(out32), 0.0, 4e-3, "bf16 out " + tag);
+  const bool native = cpu::Bf16TileProductsNative();
+  if (native) {
+    EXPECT_NE(out16, out32) << "bf16 operands requested and native, but the output is fp32's " << tag;
+  } else {
+    EXPECT_EQ(out16, out32) << "no native bf16: the request must fall back to fp32 " << tag;
+  }
+
+  auto R = RandVec(rows * C, 24);
+  const float kSentinel = 12345.0f;
+  std::vector<float> g32[3], g16[3];
+  for (int pass = 0; pass < 2; ++pass) {
+    std::vector<float>* g = pass == 0 ? g32 : g16;
+    g[0].assign(qn, kSentinel);
+    g[1].assign(kvn, kSentinel);
+    g[2].assign(kvn, kSentinel);
+    const std::vector<float>& qq = pass == 0 ? qr : q;
+    const std::vector<float>& kk = pass == 0 ? kr : k;
+    const std::vector<float>& vv = pass == 0 ? vr : v;
+    be->AttentionBackward(g[0].data() + s.q_off, g[1].data() + s.k_off, g[2].data() + s.v_off,
+                          R.data(), (pass == 0 ? out32 : out16).data(),
+                          (pass == 0 ? lse32 : lse16).data(), qq.data() + s.q_off,
+                          kk.data() + s.k_off, vv.data() + s.v_off, s.B, s.T, s.NH, s.NKV, s.HS,
+                          s.q_stride, s.kv_stride, mode.causal, km,
+                          pass == 0 ? DType::kF32 : DType::kBF16);
+  }
+  const char* names[3] = {"dq", "dk", "dv"};
+  for (int i = 0; i < 3; ++i) {
+    double mx = 0.0;
+    for (float x : g32[i])
+      if (x != kSentinel) mx = std::max(mx, static_cast<double>(std::abs(x)));
+    ASSERT_GT(mx, 0.0) << names[i] << " " << tag;
+    for (size_t j = 0; j < g32[i].size(); ++j) {
+      if (g32[i][j] == kSentinel) {
+        ASSERT_EQ(g16[i][j], kSentinel) << names[i] << " touched outside the heads, " << tag;
+      }
+    }
+    ExpectClose(g16[i], ToDouble(g32[i]), 0.0, 0.02 * mx, std::string("bf16 ") + names[i] + " " + tag);
+  }
+  if (km != nullptr) {  // masked keys: dk = dv = 0 exactly, also in the rounded-up tile keys
+    const int kc = s.NKV * s.HS;
+    for (int r = 0; r < rows; ++r) {
+      if (km[r] != 0) continue;
+      for (int c = 0; c < kc; ++c) {
+        ASSERT_EQ(g16[1][s.k_off + r * s.kv_stride + c], 0.0f) << "bf16 dk, masked row " << r;
+        ASSERT_EQ(g16[2][s.v_off + r * s.kv_stride + c], 0.0f) << "bf16 dv, masked row " << r;
+      }
+    }
+  }
+}
+
+TEST(CpuAttentionTest, Bf16OperandsForwardBackward) {
+  cpu::SetGemmLibraryForTesting(true);  // oneDNN where the build has it
+  for (bool causal : {false, true}) {
+    SCOPED_TRACE(causal ? "causal" : "bidirectional");
+    // BERT-like heads (HS 64) across two 128-query blocks, padded tails (100 keys: the tile
+    // spans 128; 3 keys: 64) and no mask.
+    CheckBf16Attention({2, 130, 2, 2, 64, 128, 128, 0, 0, 0}, {causal, TailMask(130, {100, 3})});
+    CheckBf16Attention({1, 200, 2, 2, 64, 128, 128, 0, 0, 0}, {causal, {}});
+    // GQA on separate padded rows, a random mask with an empty sequence.
+    CheckBf16Attention({2, 70, 4, 2, 16, 4 * 16 + 3, 2 * 16 + 2, 1, 2, 0},
+                       {causal, RandomMask(2, 70, 1, 15)});
+  }
+}
+
 // Rotary embedding reference: inv_freq and angles in fp32 as HF forms them, rotation in double.
 void RefRope(std::vector<double>* x, int B, int T, int NHd, int HS, int stride, float theta,
              bool inverse) {

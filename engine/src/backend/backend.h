@@ -238,10 +238,16 @@ class Backend {
   // Masked keys get exactly zero weight (HF BERT's additive finfo.min mask). A query whose keys
   // are all masked gets out = 0 and lse = 0, and contributes nothing to dq, dk, dv. Query rows at
   // padded positions are computed like any other.
+  // operand_type kBF16 lets the backend round the operands of the score and output products (q,
+  // k, v, the probabilities; in backward also dout and dS) to bf16 with fp32 accumulation, as
+  // PyTorch's autocast does for attention's matmuls; the softmax, lse and the accumulated
+  // gradients stay fp32. A backend without a fast bf16 product computes in fp32 (the CPU backend
+  // uses oneDNN's bf16 kernels where the CPU has them; CUDA and simt compute in fp32 today).
   virtual void AttentionForward(float* out, float* lse, const float* q, const float* k,
                                 const float* v, int64_t B, int64_t T, int64_t NH, int64_t NKV,
                                 int64_t HS, int64_t q_stride, int64_t kv_stride,
-                                bool causal = true, const int32_t* key_mask = nullptr);
+                                bool causal = true, const int32_t* key_mask = nullptr,
+                                DType operand_type = DType::kF32);
   // dq, dk, dv (=; same layouts and strides as q, k, v; GQA sums over the heads of a group).
   // Parts of a row outside the heads (e.g. the k,v thirds of a fused qkv row when dq points at
   // it) are not touched. causal and key_mask must be the forward's.
@@ -249,7 +255,8 @@ class Backend {
                                  const float* out, const float* lse, const float* q,
                                  const float* k, const float* v, int64_t B, int64_t T, int64_t NH,
                                  int64_t NKV, int64_t HS, int64_t q_stride, int64_t kv_stride,
-                                 bool causal = true, const int32_t* key_mask = nullptr);
+                                 bool causal = true, const int32_t* key_mask = nullptr,
+                                 DType operand_type = DType::kF32);
 
   // ---- attention of new tokens against a key/value cache (generation) ----
   // One query row per sequence: q (B rows, stride q_stride, NH heads of HS). k, v: the caches,

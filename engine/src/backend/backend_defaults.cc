@@ -195,11 +195,11 @@ void Backend::Rope(float* /*x*/, int64_t /*B*/, int64_t /*T*/, int64_t /*n_heads
   Unsupported(Op::kRope);
 }
 
-void Backend::AttentionForward(float* /*out*/, float* /*lse*/, const float* /*q*/, const float* /*k*/, const float* /*v*/, int64_t /*B*/, int64_t /*T*/, int64_t /*NH*/, int64_t /*NKV*/, int64_t /*HS*/, int64_t /*q_stride*/, int64_t /*kv_stride*/, bool /*causal*/, const int32_t* /*key_mask*/) {
+void Backend::AttentionForward(float* /*out*/, float* /*lse*/, const float* /*q*/, const float* /*k*/, const float* /*v*/, int64_t /*B*/, int64_t /*T*/, int64_t /*NH*/, int64_t /*NKV*/, int64_t /*HS*/, int64_t /*q_stride*/, int64_t /*kv_stride*/, bool /*causal*/, const int32_t* /*key_mask*/, DType /*operand_type*/) {
   Unsupported(Op::kAttentionForward);
 }
 
-void Backend::AttentionBackward(float* /*dq*/, float* /*dk*/, float* /*dv*/, const float* /*dout*/, const float* /*out*/, const float* /*lse*/, const float* /*q*/, const float* /*k*/, const float* /*v*/, int64_t /*B*/, int64_t /*T*/, int64_t /*NH*/, int64_t /*NKV*/, int64_t /*HS*/, int64_t /*q_stride*/, int64_t /*kv_stride*/, bool /*causal*/, const int32_t* /*key_mask*/) {
+void Backend::AttentionBackward(float* /*dq*/, float* /*dk*/, float* /*dv*/, const float* /*dout*/, const float* /*out*/, const float* /*lse*/, const float* /*q*/, const float* /*k*/, const float* /*v*/, int64_t /*B*/, int64_t /*T*/, int64_t /*NH*/, int64_t /*NKV*/, int64_t /*HS*/, int64_t /*q_stride*/, int64_t /*kv_stride*/, bool /*causal*/, const int32_t* /*key_mask*/, DType /*operand_type*/) {
   Unsupported(Op::kAttentionBackward);
 }
 

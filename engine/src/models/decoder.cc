@@ -344,7 +344,7 @@ void DecoderModel::NormInto(void* dst, float* mean, float* rstd, const float* in
   if (mixed_) be_->Cast(dst, options_.compute_type, out, DType::kF32, N_ * d_.C);
 }
 
-void DecoderModel::BlockForward(int64_t l) {
+void DecoderModel::BlockForward(int64_t l, bool recompute) {
   Backend& be = *be_;
   const DType ct = options_.compute_type;
   const LayerParams& p = table_.layers[l];
@@ -352,8 +352,9 @@ void DecoderModel::BlockForward(int64_t l) {
   const float* x = bufs_.res[l];
   float* y = bufs_.res[l + 1];
   const int64_t C = d_.C;
-  const nn::AttentionShape as{
+  nn::AttentionShape as{
       options_.micro_batch, options_.seq_len, d_.NH, d_.NKV, d_.HS, d_.rotary(), d_.rope_theta};
+  as.operand_type = options_.compute_type;
   const nn::MlpShape ms{N_, C, d_.H, d_.swiglu()};
   const nn::MlpWeights mw{W(p.up_w), P(p.up_b), W(p.down_w), P(p.down_b)};
 
@@ -361,10 +362,15 @@ void DecoderModel::BlockForward(int64_t l) {
   nn::LinearForward(be, a.qkv, a.ln1, W(p.qkv_w), P(p.qkv_b), N_, C, as.width(), ct);
   const nn::LoraSite qkv_lora = Site(l, LoraSiteKind::kQkv);
   if (qkv_lora.active()) nn::LoraForward(be, qkv_lora, a.qkv, a.ln1, N_);
-  // Attention runs in fp32; with 16 bits its output goes through tmp_c and is rounded into atty.
-  float* att = mixed_ ? bufs_.tmp_c : static_cast<float*>(a.atty);
-  nn::AttentionForward(be, as, att, a.lse, a.qkv);
-  if (mixed_) be.Cast(a.atty, ct, att, DType::kF32, N_ * C);
+  // Attention's output is fp32 (with bf16, its products round their operands, as autocast does);
+  // with 16 bits it goes through tmp_c and is rounded into atty.
+  if (recompute) {  // atty and lse as the first forward left them; qkv needs its rotation
+    nn::AttentionRope(be, as, a.qkv);
+  } else {
+    float* att = mixed_ ? bufs_.tmp_c : static_cast<float*>(a.atty);
+    nn::AttentionForward(be, as, att, a.lse, a.qkv);
+    if (mixed_) be.Cast(a.atty, ct, att, DType::kF32, N_ * C);
+  }
   nn::LinearForward(be, bufs_.tmp_c, a.atty, W(p.proj_w), P(p.proj_b), N_, d_.NH * d_.HS, C, ct);
   const nn::LoraSite proj_lora = Site(l, LoraSiteKind::kProj);
   if (proj_lora.active()) {
@@ -391,8 +397,9 @@ void DecoderModel::BlockBackward(int64_t l) {
   const float* x = bufs_.res[l];
   const int64_t C = d_.C;
   const nn::NormShape ns{N_, C, d_.rms_norm(), d_.eps};
-  const nn::AttentionShape as{
+  nn::AttentionShape as{
       options_.micro_batch, options_.seq_len, d_.NH, d_.NKV, d_.HS, d_.rotary(), d_.rope_theta};
+  as.operand_type = options_.compute_type;
   const nn::MlpShape ms{N_, C, d_.H, d_.swiglu()};
   const nn::MlpWeights mw{W(p.up_w), P(p.up_b), W(p.down_w), P(p.down_b)};
   const nn::MlpGrads mg{G(p.up_w), G(p.up_b), G(p.down_w), G(p.down_b)};
@@ -682,7 +689,7 @@ void DecoderModel::Backward() {
   nn::NormBackward(be, ns, bufs_.dres, GNorm(table_.lnf_w, 0), GNorm(table_.lnf_b, 1), bufs_.tmp_c,
                    bufs_.res[d_.L], P(table_.lnf_w), bufs_.lnf_mean, bufs_.lnf_rstd);
   BackwardBySegments(
-      d_.L, options_, [this](int64_t l) { BlockForward(l); },
+      d_.L, options_, [this](int64_t l) { BlockForward(l, /*recompute=*/true); },
       [this](int64_t l) {
         BlockBackward(l);
         if (on_block_gradients_) on_block_gradients_(l);

@@ -97,7 +97,9 @@ class DecoderModel : public Model {
   // and with for_backward each chunk's dlogits (scaled by grad_scale, times *device_scale when
   // not null) through the lm-head backward into tmp_c (d lnf) and the lm-head weight gradient.
   void LmHeadAndLoss(bool for_backward, float grad_scale, const float* device_scale);
-  void BlockForward(int64_t l);
+  // recompute: the block's second forward under checkpointing; atty and lse are kept from the
+  // first, so only RoPE (q and k rotated in qkv for the backward) runs, not attention.
+  void BlockForward(int64_t l, bool recompute = false);
   void BlockBackward(int64_t l);  // bufs_.dres: d(block output) in, d(block input) out
   // mixtral's MLP (HF MixtralSparseMoeBlock), dropless: the router's softmax, top-K and
   // renormalised weights are computed on the host from the (N,E) router logits (read back once

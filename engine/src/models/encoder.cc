@@ -41,8 +41,6 @@ void PlanEncoderBuffers(const ArchDims& d, const ModelOptions& o, int64_t num_pa
   for (EncoderBlockActs& a : b->block_store) {
     if (mixed) p->Add(MC::kActivations, N * C, t, &a.x16);
     p->Add(MC::kActivations, N * 3 * C, &a.qkv);
-    p->Add(MC::kActivations, N * C, t, &a.atty);
-    p->Add(MC::kActivations, B * d.NH * T, &a.lse);
     p->Add(MC::kActivations, N * C, &a.r1);
     p->Add(MC::kActivations, N, &a.ln1_mean);
     p->Add(MC::kActivations, N, &a.ln1_rstd);
@@ -53,6 +51,12 @@ void PlanEncoderBuffers(const ArchDims& d, const ModelOptions& o, int64_t num_pa
     p->Add(MC::kActivations, N * C, &a.r2);
     p->Add(MC::kActivations, N, &a.ln2_mean);
     p->Add(MC::kActivations, N, &a.ln2_rstd);
+  }
+  b->atty_store.assign(static_cast<size_t>(d.L), nullptr);
+  b->lse_store.assign(static_cast<size_t>(d.L), nullptr);
+  for (int64_t l = 0; l < d.L; ++l) {
+    p->Add(MC::kActivations, N * C, t, &b->atty_store[l]);
+    p->Add(MC::kActivations, B * d.NH * T, &b->lse_store[l]);
   }
   if (cls) {
     p->Add(MC::kActivations, B * C, &b->pooled);
@@ -95,7 +99,11 @@ namespace {
 void ResolveEncoderViews(const ArchDims& d, const ModelOptions& o, EncoderBuffers* b) {
   const CheckpointLayout cl = MakeCheckpointLayout(d, o);
   for (int64_t l = 0; l <= d.L; ++l) b->res[l] = b->res_store[cl.ResidualSlot(l, d.L)];
-  for (int64_t l = 0; l < d.L; ++l) b->blocks[l] = b->block_store[cl.SetOf(l)];
+  for (int64_t l = 0; l < d.L; ++l) {
+    b->blocks[l] = b->block_store[cl.SetOf(l)];
+    b->blocks[l].atty = b->atty_store[l];
+    b->blocks[l].lse = b->lse_store[l];
+  }
 }
 
 }  // namespace
@@ -200,7 +208,7 @@ void EncoderModel::ForwardToHidden() {
   for (int64_t l = 0; l < d_.L; ++l) BlockForward(l);
 }
 
-void EncoderModel::BlockForward(int64_t l) {
+void EncoderModel::BlockForward(int64_t l, bool recompute) {
   Backend& be = *be_;
   const DType ct = options_.compute_type;
   const LayerParams& p = table_.layers[l];
@@ -212,15 +220,18 @@ void EncoderModel::BlockForward(int64_t l) {
   nn::AttentionShape as{B_, T_, d_.NH, d_.NH, d_.HS, /*rope=*/false, 0.0f};
   as.causal = false;
   as.key_mask = bufs_.mask;
+  as.operand_type = options_.compute_type;
   nn::MlpShape ms{N_, C, d_.H, /*swiglu=*/false};
   ms.gelu_erf = true;
   const nn::MlpWeights mw{W(p.up_w), P(p.up_b), W(p.down_w), P(p.down_b)};
 
   const void* xin = AsGemmInput(a.x16, x);
   nn::LinearForward(be, a.qkv, xin, W(p.qkv_w), P(p.qkv_b), N_, C, 3 * C, ct);
-  float* att = mixed_ ? bufs_.tmp_c : static_cast<float*>(a.atty);
-  nn::AttentionForward(be, as, att, a.lse, a.qkv);
-  if (mixed_) be.Cast(a.atty, ct, att, DType::kF32, N_ * C);
+  if (!recompute) {  // a recompute finds atty and lse as the first forward left them
+    float* att = mixed_ ? bufs_.tmp_c : static_cast<float*>(a.atty);
+    nn::AttentionForward(be, as, att, a.lse, a.qkv);
+    if (mixed_) be.Cast(a.atty, ct, att, DType::kF32, N_ * C);
+  }
   nn::LinearForward(be, bufs_.tmp_c, a.atty, W(p.proj_w), P(p.proj_b), N_, C, C, ct);
   be.Add(a.r1, x, bufs_.tmp_c, N_ * C);
   nn::NormForward(be, ns, a.x1, a.ln1_mean, a.ln1_rstd, a.r1, P(p.ln1_w), P(p.ln1_b));
@@ -241,6 +252,7 @@ void EncoderModel::BlockBackward(int64_t l) {
   nn::AttentionShape as{B_, T_, d_.NH, d_.NH, d_.HS, /*rope=*/false, 0.0f};
   as.causal = false;
   as.key_mask = bufs_.mask;
+  as.operand_type = options_.compute_type;
   nn::MlpShape ms{N_, C, d_.H, /*swiglu=*/false};
   ms.gelu_erf = true;
   const nn::MlpWeights mw{W(p.up_w), P(p.up_b), W(p.down_w), P(p.down_b)};
@@ -385,7 +397,7 @@ void EncoderModel::Backward() {
   const int64_t C = d_.C;
   HeadBackward();
   BackwardBySegments(
-      d_.L, options_, [this](int64_t l) { BlockForward(l); },
+      d_.L, options_, [this](int64_t l) { BlockForward(l, /*recompute=*/true); },
       [this](int64_t l) {
         BlockBackward(l);
         if (on_block_gradients_) on_block_gradients_(l);

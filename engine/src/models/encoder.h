@@ -56,6 +56,10 @@ struct EncoderBuffers {
   float* emb_mean = nullptr, *emb_rstd = nullptr;
   std::vector<float*> res_store;  // block inputs (as the decoder's) and the final hidden state
   std::vector<EncoderBlockActs> block_store;
+  // Every block's attention output and lse, also with checkpointing (the recompute skips
+  // attention; as the decoder's ModelBuffers).
+  std::vector<void*> atty_store;
+  std::vector<float*> lse_store;
   // Heads. sequence_classification: pooled (B,C) = tanh(...), logits (B, num_labels).
   float* pooled = nullptr;
   // masked_lm: t (N,C) dense output, g (N,C) GELU(t), u (N,C) compute type = LN(g), its stats.
@@ -135,7 +139,9 @@ class EncoderModel : public Model {
   // `src` fp32 (N,C) as a GEMM input in the compute type: `dst16` (16-bit) or src itself.
   const void* AsGemmInput(void* dst16, const float* src);
   void ForwardToHidden();  // embeddings and blocks: res[L]
-  void BlockForward(int64_t l);
+  // recompute: the block's second forward under checkpointing; atty and lse are kept from the
+  // first, so attention itself is not run again.
+  void BlockForward(int64_t l, bool recompute = false);
   void BlockBackward(int64_t l);  // dres: d(block output) in, d(block input) out
   // The head's forward and loss; with for_backward, the head's gradients up to d(res[L]) (MLM:
   // d u into tmp_c, chunk by chunk; classification: dlogits in place).

@@ -193,8 +193,6 @@ void PlanBuffers(const ArchDims& d, const ModelOptions& o, int64_t num_params, B
     if (!d.rms_norm()) p->Add(MC::kActivations, N, &a.ln1_mean);
     p->Add(MC::kActivations, N, &a.ln1_rstd);
     p->Add(MC::kActivations, N * d.qkv_width(), &a.qkv);
-    p->Add(MC::kActivations, N * C, t, &a.atty);
-    p->Add(MC::kActivations, o.micro_batch * d.NH * o.seq_len, &a.lse);
     p->Add(MC::kActivations, N * C, &a.res2);
     p->Add(MC::kActivations, N * C, t, &a.ln2);
     if (!d.rms_norm()) p->Add(MC::kActivations, N, &a.ln2_mean);
@@ -212,6 +210,12 @@ void PlanBuffers(const ArchDims& d, const ModelOptions& o, int64_t num_params, B
       p->Add(MC::kActivations, N * d.up_width(), &a.h);
       p->Add(MC::kActivations, N * d.H, t, &a.a);
     }
+  }
+  b->atty_store.assign(static_cast<size_t>(d.L), nullptr);
+  b->lse_store.assign(static_cast<size_t>(d.L), nullptr);
+  for (int64_t l = 0; l < d.L; ++l) {
+    p->Add(MC::kActivations, N * C, t, &b->atty_store[l]);
+    p->Add(MC::kActivations, o.micro_batch * d.NH * o.seq_len, &b->lse_store[l]);
   }
   p->Add(MC::kActivations, N * C, t, &b->lnf);
   if (!d.rms_norm()) p->Add(MC::kActivations, N, &b->lnf_mean);
@@ -258,7 +262,11 @@ void ResolveViews(const ArchDims& d, const ModelOptions& o, ModelBuffers* b) {
   b->res.assign(static_cast<size_t>(d.L + 1), nullptr);
   b->blocks.assign(static_cast<size_t>(d.L), BlockActs{});
   for (int64_t l = 0; l <= d.L; ++l) b->res[l] = b->res_store[cl.ResidualSlot(l, d.L)];
-  for (int64_t l = 0; l < d.L; ++l) b->blocks[l] = b->block_store[cl.SetOf(l)];
+  for (int64_t l = 0; l < d.L; ++l) {
+    b->blocks[l] = b->block_store[cl.SetOf(l)];
+    b->blocks[l].atty = b->atty_store[l];
+    b->blocks[l].lse = b->lse_store[l];
+  }
 }
 
 }  // namespace traind::engine

@@ -132,7 +132,7 @@ struct BlockActs {
   float* ln1_rstd = nullptr;  // (N)
   float* qkv = nullptr;       // (N, qkv_width), q and k after RoPE
   void* atty = nullptr;       // (N,C) compute type: attention output before the projection
-  float* lse = nullptr;       // (B,NH,T)
+  float* lse = nullptr;       // (B,NH,T)  atty and lse: every block its own (ModelBuffers)
   float* res2 = nullptr;      // (N,C) residual after attention
   void* ln2 = nullptr;        // (N,C) compute type
   float* ln2_mean = nullptr;  // (N)
@@ -160,6 +160,10 @@ struct ModelBuffers {
   int32_t* positions = nullptr;  // (N) n % T, gpt2 only
   std::vector<float*> res_store;
   std::vector<BlockActs> block_store;
+  // Every block's attention output and lse, also with checkpointing (L each, 2 N C + 4 B NH T
+  // bytes per block in bf16): the recomputed forward then skips attention (see BlockForward).
+  std::vector<void*> atty_store;
+  std::vector<float*> lse_store;
   void* lnf = nullptr;  // (N,C) compute type
   float* lnf_mean = nullptr;
   float* lnf_rstd = nullptr;

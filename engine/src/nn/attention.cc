@@ -3,17 +3,21 @@
 
 namespace traind::engine::nn {
 
+void AttentionRope(Backend& be, const AttentionShape& s, float* qkv) {
+  if (!s.rope) return;
+  const int64_t W = s.width();
+  be.Rope(qkv, s.B, s.T, s.NH, s.HS, W, s.rope_theta, /*inverse=*/false);
+  be.Rope(qkv + s.NH * s.HS, s.B, s.T, s.NKV, s.HS, W, s.rope_theta, /*inverse=*/false);
+}
+
 void AttentionForward(Backend& be, const AttentionShape& s, float* out, float* lse, float* qkv) {
   const int64_t W = s.width();
   float* q = qkv;
   float* k = qkv + s.NH * s.HS;
   float* v = k + s.NKV * s.HS;
-  if (s.rope) {
-    be.Rope(q, s.B, s.T, s.NH, s.HS, W, s.rope_theta, /*inverse=*/false);
-    be.Rope(k, s.B, s.T, s.NKV, s.HS, W, s.rope_theta, /*inverse=*/false);
-  }
+  AttentionRope(be, s, qkv);
   be.AttentionForward(out, lse, q, k, v, s.B, s.T, s.NH, s.NKV, s.HS, W, W, s.causal,
-                      s.key_mask);
+                      s.key_mask, s.operand_type);
 }
 
 void AttentionBackward(Backend& be, const AttentionShape& s, float* dqkv, const float* dout,
@@ -22,7 +26,7 @@ void AttentionBackward(Backend& be, const AttentionShape& s, float* dqkv, const 
   const int64_t koff = s.NH * s.HS;
   const int64_t voff = koff + s.NKV * s.HS;
   be.AttentionBackward(dqkv, dqkv + koff, dqkv + voff, dout, out, lse, qkv, qkv + koff, qkv + voff,
-                       s.B, s.T, s.NH, s.NKV, s.HS, W, W, s.causal, s.key_mask);
+                       s.B, s.T, s.NH, s.NKV, s.HS, W, W, s.causal, s.key_mask, s.operand_type);
   if (s.rope) {
     // q_rot = R q, so dq = R^T dq_rot: the inverse rotation.
     be.Rope(dqkv, s.B, s.T, s.NH, s.HS, W, s.rope_theta, /*inverse=*/true);

@@ -22,12 +22,17 @@ struct AttentionShape {
   bool causal = true;
   // Device int32 (B*T) or null: key_mask[b*T + j] != 0 means key j of sequence b is attended.
   const int32_t* key_mask = nullptr;
+  // The products' operand precision (Backend::AttentionForward): the model's compute type.
+  DType operand_type = DType::kF32;
   int64_t width() const { return (NH + 2 * NKV) * HS; }
 };
 
 // qkv (B*T, width): RoPE is applied in place when s.rope, so qkv then holds the rotated q and k
 // that the backward needs. out (B*T, NH*HS), lse (B, NH, T).
 void AttentionForward(Backend& be, const AttentionShape& s, float* out, float* lse, float* qkv);
+// Only the RoPE part of AttentionForward (nothing when !s.rope): what a checkpointed block's
+// recompute needs when it keeps out and lse from the first forward.
+void AttentionRope(Backend& be, const AttentionShape& s, float* qkv);
 // dqkv (B*T, width) = d loss / d qkv (pre-RoPE), given dout (B*T, NH*HS) and the forward's out,
 // lse and (rotated) qkv.
 void AttentionBackward(Backend& be, const AttentionShape& s, float* dqkv, const float* dout,

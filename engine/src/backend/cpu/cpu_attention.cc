@@ -8,6 +8,13 @@
 // (b, kv head) in the backward, so each thread owns the dk/dv rows it accumulates (deterministic).
 // Forward saves lse (log-sum-exp of the scaled scores per query); backward recomputes P from it.
 // GQA: query head h reads kv head h / (NH/NKV).
+// bf16 operands (operand_type kBF16, where oneDNN has native bf16 kernels): q, k, v (and dout in
+// backward) are rounded once per call into per-head packed bf16 copies, the probabilities and dS
+// per tile; every product is a oneDNN bf16 matmul with fp32 accumulation into fp32 tiles, so the
+// softmax, lse, D and the dk/dv sums stay fp32 (PyTorch autocast's attention). Query blocks of
+// kQBlock16 rows; a tile's keys are rounded up to a multiple of kKeyQuantum (the extra keys are
+// masked or past the causal limit, so they get exactly zero weight) to bound the distinct GEMM
+// shapes oneDNN compiles when sequences have different padded lengths.
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -19,6 +26,8 @@ namespace traind::engine::cpu {
 namespace {
 
 constexpr int64_t kQBlock = 64;
+constexpr int64_t kQBlock16 = 128;
+constexpr int64_t kKeyQuantum = 64;
 
 // Row i of a score tile holds query t = t0 + i against keys 0..n-1; only keys j < valid may be
 // attended (causal: valid = t + 1), and of those only the ones with km[j] != 0 when km is not
@@ -96,11 +105,255 @@ TRAIND_CPU_CLONES float Dot(const float* a, const float* b, int64_t n) {
   return s;
 }
 
+// SoftmaxRow with the probabilities written to p16 in bf16 (s keeps the unnormalised exps).
+TRAIND_CPU_CLONES float SoftmaxRow16(float* s, int64_t valid, int64_t n, const int32_t* km,
+                                     uint16_t* p16) {
+  float mx = -INFINITY;
+  if (km == nullptr) {
+#pragma omp simd reduction(max : mx)
+    for (int64_t j = 0; j < valid; ++j) mx = std::max(mx, s[j]);
+  } else {
+    for (int64_t j = 0; j < valid; ++j)
+      if (km[j] != 0) mx = std::max(mx, s[j]);
+  }
+  if (mx == -INFINITY) {  // every key masked (scores are finite otherwise)
+    std::fill_n(p16, n, uint16_t{0});
+    return 0.0f;
+  }
+  float sum = 0.0f;
+  if (km == nullptr) {
+#pragma omp simd reduction(+ : sum)
+    for (int64_t j = 0; j < valid; ++j) {
+      const float e = ExpF(s[j] - mx);
+      s[j] = e;
+      sum += e;
+    }
+  } else {
+#pragma omp simd reduction(+ : sum)
+    for (int64_t j = 0; j < valid; ++j) {
+      const float e = km[j] != 0 ? ExpF(s[j] - mx) : 0.0f;
+      s[j] = e;
+      sum += e;
+    }
+  }
+  const float inv = 1.0f / sum;
+#pragma omp simd
+  for (int64_t j = 0; j < valid; ++j) s[j] *= inv;
+  F32ToBf16Span(p16, s, valid);
+  std::fill_n(p16 + valid, n - valid, uint16_t{0});
+  return mx + std::log(sum);
+}
+
+// GradRow with P and dS written to p16 and ds16 in bf16 (s and dp are scratch afterwards).
+TRAIND_CPU_CLONES void GradRow16(float* s, float* dp, float lse, float D, float scale,
+                                 int64_t valid, int64_t n, const int32_t* km, uint16_t* p16,
+                                 uint16_t* ds16) {
+  if (km == nullptr) {
+#pragma omp simd
+    for (int64_t j = 0; j < valid; ++j) {
+      const float p = ExpFlushF(s[j] - lse);
+      s[j] = p;
+      dp[j] = p * (dp[j] - D) * scale;
+    }
+  } else {
+#pragma omp simd
+    for (int64_t j = 0; j < valid; ++j) {
+      const float p = km[j] != 0 ? ExpFlushF(s[j] - lse) : 0.0f;
+      s[j] = p;
+      dp[j] = p * (dp[j] - D) * scale;
+    }
+  }
+  F32ToBf16Span(p16, s, valid);
+  F32ToBf16Span(ds16, dp, valid);
+  std::fill_n(p16 + valid, n - valid, uint16_t{0});
+  std::fill_n(ds16 + valid, n - valid, uint16_t{0});
+}
+
+// bf16 (NH heads) copies of the rows of x (B*T rows, stride `stride`, head h at h*HS), packed
+// head-major: dst[((b*NH + h)*T + t)*HS + e].
+void PackHeads16(uint16_t* dst, const float* x, int64_t B, int64_t T, int64_t NH, int64_t HS,
+                 int64_t stride, int nt) {
+  const int64_t rows = B * T;
+  const int threads = rows * NH * HS < 65536 ? 1 : nt;
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t b = r / T, t = r % T;
+    for (int64_t h = 0; h < NH; ++h)
+      F32ToBf16Span(dst + ((b * NH + h) * T + t) * HS, x + r * stride + h * HS, HS);
+  }
+}
+
+// One tile product with bf16 operands and fp32 C on the calling thread (C = alpha op(A) op(B) +
+// beta C, row-major as Sgemm), through oneDNN; a shape it refuses is widened into fp32 scratch.
+void Gemm16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t* a,
+            int64_t lda, const uint16_t* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  if (DnnlGemm16(ta, tb, M, N, K, alpha, a, lda, b, ldb, beta, c, ldc, DType::kBF16, DType::kF32,
+                 1)) {
+    return;
+  }
+  static thread_local std::vector<float> wa, wb;
+  auto widen = [](std::vector<float>* w, const uint16_t* x, int64_t rows, int64_t cols,
+                  int64_t ld) {
+    w->resize(static_cast<size_t>(rows * cols));
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t j = 0; j < cols; ++j) (*w)[i * cols + j] = BF16ToF32(x[i * ld + j]);
+  };
+  const int64_t ar = ta ? K : M, ac = ta ? M : K, br = tb ? N : K, bc = tb ? K : N;
+  widen(&wa, a, ar, ac, lda);
+  widen(&wb, b, br, bc, ldb);
+  Sgemm(ta, tb, M, N, K, alpha, wa.data(), ac, wb.data(), bc, beta, c, ldc, 1);
+}
+
+// Keys a bf16 tile spans: the visible ones rounded up to kKeyQuantum (never past T).
+int64_t KeysForTile(int64_t visible, int64_t T) {
+  return std::min(T, (visible + kKeyQuantum - 1) / kKeyQuantum * kKeyQuantum);
+}
+
+void AttentionForward16(float* out, float* lse, const float* q, const float* k, const float* v,
+                        int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS,
+                        int64_t q_stride, int64_t kv_stride, bool causal,
+                        const int32_t* key_mask, int nt) {
+  const int64_t group = NH / NKV;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
+  const int64_t C = NH * HS;
+  static thread_local std::vector<uint16_t> pack;  // q, k, v in bf16, packed per head
+  const int64_t qn = B * NH * T * HS, kn = B * NKV * T * HS;
+  pack.resize(static_cast<size_t>(qn + 2 * kn));
+  uint16_t* q16 = pack.data();
+  uint16_t* k16 = q16 + qn;
+  uint16_t* v16 = k16 + kn;
+  PackHeads16(q16, q, B, T, NH, HS, q_stride, nt);
+  PackHeads16(k16, k, B, T, NKV, HS, kv_stride, nt);
+  PackHeads16(v16, v, B, T, NKV, HS, kv_stride, nt);
+  const int64_t nblocks = (T + kQBlock16 - 1) / kQBlock16;
+  const int64_t items = B * NH * nblocks;
+#pragma omp parallel num_threads(static_cast <int>(std::min <int64_t>(nt, items)))
+  {
+    static thread_local std::vector<float> tile;    // (kQBlock16, T) scores / probabilities
+    static thread_local std::vector<uint16_t> p16;  // the probabilities in bf16
+    tile.resize(static_cast<size_t>(kQBlock16 * T));
+    p16.resize(static_cast<size_t>(kQBlock16 * T));
+    float* S = tile.data();
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t it = 0; it < items; ++it) {
+      const int64_t blk = nblocks - 1 - it % nblocks, bh = it / nblocks;
+      const int64_t b = bh / NH, h = bh % NH, kvh = h / group;
+      const int64_t t0 = blk * kQBlock16, t1 = std::min(T, t0 + kQBlock16), nq = t1 - t0;
+      const uint16_t* qb = q16 + ((b * NH + h) * T + t0) * HS;
+      const uint16_t* kb = k16 + (b * NKV + kvh) * T * HS;
+      const uint16_t* vb = v16 + (b * NKV + kvh) * T * HS;
+      const int32_t* km = key_mask != nullptr ? key_mask + b * T : nullptr;
+      const int64_t visible = std::min(causal ? t1 : T, KeyEnd(km, T));
+      float* lse_row = lse + (b * NH + h) * T + t0;
+      float* ob = out + (b * T + t0) * C + h * HS;
+      if (visible == 0) {  // no visible key at all
+        for (int64_t i = 0; i < nq; ++i) {
+          std::fill_n(ob + i * C, HS, 0.0f);
+          lse_row[i] = 0.0f;
+        }
+        continue;
+      }
+      const int64_t nk = KeysForTile(visible, T);
+      // S(nq, nk) = scale * Q_blk K^T; P = softmax; O_blk(nq, HS) = P V.
+      Gemm16(false, true, nq, nk, HS, scale, qb, HS, kb, HS, 0.0f, S, nk);
+      for (int64_t i = 0; i < nq; ++i) {
+        lse_row[i] = SoftmaxRow16(S + i * nk, std::min(causal ? t0 + i + 1 : T, visible), nk, km,
+                                  p16.data() + i * nk);
+      }
+      Gemm16(false, false, nq, HS, nk, 1.0f, p16.data(), nk, vb, HS, 0.0f, ob, C);
+    }
+  }
+}
+
+void AttentionBackward16(float* dq, float* dk, float* dv, const float* dout, const float* out,
+                         const float* lse, const float* q, const float* k, const float* v,
+                         int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS,
+                         int64_t q_stride, int64_t kv_stride, bool causal,
+                         const int32_t* key_mask, int nt) {
+  const int64_t group = NH / NKV;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
+  const int64_t C = NH * HS;
+  static thread_local std::vector<uint16_t> pack;  // q, k, v, dout in bf16, packed per head
+  const int64_t qn = B * NH * T * HS, kn = B * NKV * T * HS;
+  pack.resize(static_cast<size_t>(2 * qn + 2 * kn));
+  uint16_t* q16 = pack.data();
+  uint16_t* k16 = q16 + qn;
+  uint16_t* v16 = k16 + kn;
+  uint16_t* do16 = v16 + kn;
+  PackHeads16(q16, q, B, T, NH, HS, q_stride, nt);
+  PackHeads16(k16, k, B, T, NKV, HS, kv_stride, nt);
+  PackHeads16(v16, v, B, T, NKV, HS, kv_stride, nt);
+  PackHeads16(do16, dout, B, T, NH, HS, C, nt);
+  const int64_t nblocks = (T + kQBlock16 - 1) / kQBlock16;
+#pragma omp parallel num_threads(static_cast <int>(std::min <int64_t>(nt, B * NKV)))
+  {
+    static thread_local std::vector<float> tiles;       // P and dP/dS, (kQBlock16, T) each
+    static thread_local std::vector<uint16_t> tiles16;  // the same rounded to bf16
+    tiles.resize(static_cast<size_t>(2 * kQBlock16 * T));
+    tiles16.resize(static_cast<size_t>(2 * kQBlock16 * T));
+    float* P = tiles.data();
+    float* dS = P + kQBlock16 * T;
+    uint16_t* P16 = tiles16.data();
+    uint16_t* dS16 = P16 + kQBlock16 * T;
+#pragma omp for schedule(static)
+    for (int64_t bk = 0; bk < B * NKV; ++bk) {
+      const int64_t b = bk / NKV, kvh = bk % NKV;
+      const int32_t* km = key_mask != nullptr ? key_mask + b * T : nullptr;
+      const int64_t key_end = KeyEnd(km, T);
+      const uint16_t* kb = k16 + (b * NKV + kvh) * T * HS;
+      const uint16_t* vb = v16 + (b * NKV + kvh) * T * HS;
+      float* dkb = dk + b * T * kv_stride + kvh * HS;
+      float* dvb = dv + b * T * kv_stride + kvh * HS;
+      for (int64_t t = 0; t < T; ++t) {
+        std::fill_n(dkb + t * kv_stride, HS, 0.0f);
+        std::fill_n(dvb + t * kv_stride, HS, 0.0f);
+      }
+      for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
+        for (int64_t blk = 0; blk < nblocks; ++blk) {
+          const int64_t t0 = blk * kQBlock16, t1 = std::min(T, t0 + kQBlock16), nq = t1 - t0;
+          const uint16_t* qb = q16 + ((b * NH + h) * T + t0) * HS;
+          const uint16_t* dob16 = do16 + ((b * NH + h) * T + t0) * HS;
+          const float* dob = dout + (b * T + t0) * C + h * HS;
+          const float* ob = out + (b * T + t0) * C + h * HS;
+          const float* lse_row = lse + (b * NH + h) * T + t0;
+          const int64_t visible = std::min(causal ? t1 : T, key_end);
+          if (visible == 0) {  // no visible key: dq = 0, nothing for dk, dv
+            for (int64_t i = 0; i < nq; ++i)
+              std::fill_n(dq + (b * T + t0 + i) * q_stride + h * HS, HS, 0.0f);
+            continue;
+          }
+          const int64_t nk = KeysForTile(visible, T);
+          // P = exp(scale * Q K^T - lse); dP = dO V^T; dS = P (dP - D) scale (fp32 tiles).
+          Gemm16(false, true, nq, nk, HS, scale, qb, HS, kb, HS, 0.0f, P, nk);
+          Gemm16(false, true, nq, nk, HS, 1.0f, dob16, HS, vb, HS, 0.0f, dS, nk);
+          for (int64_t i = 0; i < nq; ++i) {
+            const float D = Dot(dob + i * C, ob + i * C, HS);
+            GradRow16(P + i * nk, dS + i * nk, lse_row[i], D, scale,
+                      std::min(causal ? t0 + i + 1 : T, visible), nk, km, P16 + i * nk,
+                      dS16 + i * nk);
+          }
+          // dQ_blk = dS K (=);  dK += dS^T Q_blk;  dV += P^T dO_blk (fp32 sums over blocks).
+          Gemm16(false, false, nq, HS, nk, 1.0f, dS16, nk, kb, HS, 0.0f,
+                 dq + (b * T + t0) * q_stride + h * HS, q_stride);
+          Gemm16(true, false, nk, HS, nq, 1.0f, dS16, nk, qb, HS, 1.0f, dkb, kv_stride);
+          Gemm16(true, false, nk, HS, nq, 1.0f, P16, nk, dob16, HS, 1.0f, dvb, kv_stride);
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 
 void AttentionForward(float* out, float* lse, const float* q, const float* k, const float* v,
                       int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS, int64_t q_stride,
-                      int64_t kv_stride, bool causal, const int32_t* key_mask, int nt) {
+                      int64_t kv_stride, bool causal, const int32_t* key_mask,
+                      DType operand_type, int nt) {
+  if (operand_type == DType::kBF16 && Bf16TileProductsNative()) {
+    AttentionForward16(out, lse, q, k, v, B, T, NH, NKV, HS, q_stride, kv_stride, causal, key_mask,
+                       nt);
+    return;
+  }
   const int64_t group = NH / NKV;
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
   const int64_t C = NH * HS;
@@ -145,7 +398,13 @@ void AttentionForward(float* out, float* lse, const float* q, const float* k, co
 void AttentionBackward(float* dq, float* dk, float* dv, const float* dout, const float* out,
                        const float* lse, const float* q, const float* k, const float* v, int64_t B,
                        int64_t T, int64_t NH, int64_t NKV, int64_t HS, int64_t q_stride,
-                       int64_t kv_stride, bool causal, const int32_t* key_mask, int nt) {
+                       int64_t kv_stride, bool causal, const int32_t* key_mask,
+                       DType operand_type, int nt) {
+  if (operand_type == DType::kBF16 && Bf16TileProductsNative()) {
+    AttentionBackward16(dq, dk, dv, dout, out, lse, q, k, v, B, T, NH, NKV, HS, q_stride,
+                        kv_stride, causal, key_mask, nt);
+    return;
+  }
   const int64_t group = NH / NKV;
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
   const int64_t C = NH * HS;

@@ -170,18 +170,19 @@ class CpuBackend final : public Backend {
 
   void AttentionForward(float* out, float* lse, const float* q, const float* k, const float* v,
                         int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS, int64_t q_stride,
-                        int64_t kv_stride, bool causal = true,
-                        const int32_t* key_mask = nullptr) override {
+                        int64_t kv_stride, bool causal = true, const int32_t* key_mask = nullptr,
+                        DType operand_type = DType::kF32) override {
     cpu::AttentionForward(out, lse, q, k, v, B, T, NH, NKV, HS, q_stride, kv_stride, causal,
-                          key_mask, nt_);
+                          key_mask, operand_type, nt_);
   }
   void AttentionBackward(float* dq, float* dk, float* dv, const float* dout, const float* out,
                          const float* lse, const float* q, const float* k, const float* v,
                          int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS,
                          int64_t q_stride, int64_t kv_stride, bool causal = true,
-                         const int32_t* key_mask = nullptr) override {
+                         const int32_t* key_mask = nullptr,
+                         DType operand_type = DType::kF32) override {
     cpu::AttentionBackward(dq, dk, dv, dout, out, lse, q, k, v, B, T, NH, NKV, HS, q_stride,
-                           kv_stride, causal, key_mask, nt_);
+                           kv_stride, causal, key_mask, operand_type, nt_);
   }
 
   void SoftmaxCrossEntropy(float* logits, float* losses, const int32_t* targets, int64_t N,

@@ -10,8 +10,6 @@
 
 namespace traind::engine::cpu {
 
-namespace {
-
 // Same bits as F32ToBF16, as selects.
 TRAIND_CPU_CLONES void F32ToBf16Span(uint16_t* dst, const float* src, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
@@ -21,6 +19,8 @@ TRAIND_CPU_CLONES void F32ToBf16Span(uint16_t* dst, const float* src, int64_t n)
     dst[i] = static_cast<uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? quiet : rounded);
   }
 }
+
+namespace {
 
 TRAIND_CPU_CLONES void Bf16ToF32Span(float* dst, const uint16_t* src, int64_t n) {
   for (int64_t i = 0; i < n; ++i)

@@ -4,11 +4,13 @@
 // refused, and the caller widens to fp32 instead. Without oneDNN in the build this always refuses.
 #include <omp.h>
 
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <optional>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "backend/cpu/cpu_kernels.h"
 
@@ -26,7 +28,7 @@ using Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, 
 
 struct Entry {
   dnnl::matmul prim;
-  dnnl::memory::desc a, b, c;
+  dnnl::memory::desc a, b, c, scratchpad;
 };
 
 class MatmulCache {
@@ -53,6 +55,10 @@ class MatmulCache {
                               tb ? dnnl::memory::dims{1, ldb} : dnnl::memory::dims{ldb, 1});
       dnnl::memory::desc c_md({M, N}, c_dt, dnnl::memory::dims{ldc, 1});
       dnnl::primitive_attr attr;
+      // The caller passes the scratchpad (one per thread): with the library's own, shared by
+      // every primitive in Debian's build (no DNNL_ENABLE_CONCURRENT_EXEC), two threads running
+      // matmuls at once (attention's per-tile products) corrupted each other's results.
+      attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
       if (alpha != 1.0f) attr.set_output_scales(0, {alpha});
       if (beta != 0.0f) {
         dnnl::post_ops po;
@@ -62,7 +68,7 @@ class MatmulCache {
       dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_md, c_md), attr, engine_);
       const std::string impl = pd.impl_info_str();
       if (impl.find("ref") != std::string::npos) return std::nullopt;
-      return Entry{dnnl::matmul(pd), a_md, b_md, c_md};
+      return Entry{dnnl::matmul(pd), a_md, b_md, c_md, pd.scratchpad_desc()};
     } catch (const dnnl::error&) {
       return std::nullopt;
     }
@@ -93,9 +99,15 @@ bool DnnlGemm16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, 
     dnnl::memory a(e->a, eng, const_cast<void*>(A));
     dnnl::memory b(e->b, eng, const_cast<void*>(B));
     dnnl::memory c(e->c, eng, C);
+    static thread_local std::vector<char> scratch;
+    if (scratch.size() < e->scratchpad.get_size()) scratch.resize(e->scratchpad.get_size());
+    dnnl::memory pad(e->scratchpad, eng, scratch.data());
     if (omp_get_max_threads() != nt) omp_set_num_threads(nt);
     dnnl::stream s(eng);
-    e->prim.execute(s, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}});
+    e->prim.execute(s, {{DNNL_ARG_SRC, a},
+                        {DNNL_ARG_WEIGHTS, b},
+                        {DNNL_ARG_DST, c},
+                        {DNNL_ARG_SCRATCHPAD, pad}});
     s.wait();
     return true;
   } catch (const dnnl::error&) {
@@ -103,7 +115,18 @@ bool DnnlGemm16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, 
   }
 }
 
+bool Bf16TileProductsNative() {
+  if (std::strcmp(GemmLibrary(), "onednn") != 0) return false;
+  static const bool native = [] {
+    const int bf16 = static_cast<int>(DType::kBF16), f32 = static_cast<int>(DType::kF32);
+    return Cache().Get(Key{false, true, 64, 64, 64, 64, 64, 64, bf16, f32, 1.0f, 0.0f}) != nullptr;
+  }();
+  return native;
+}
+
 #else
+
+bool Bf16TileProductsNative() { return false; }
 
 bool DnnlGemm16(bool, bool, int64_t, int64_t, int64_t, float, const void*, int64_t, const void*,
                 int64_t, float, void*, int64_t, DType, DType, int) {

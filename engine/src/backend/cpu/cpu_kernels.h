@@ -23,6 +23,8 @@ namespace traind::engine::cpu {
 
 // ---- numeric helpers (cpu_cast.cc) ----
 void Cast(void* dst, DType dst_type, const void* src, DType src_type, int64_t n, int nt);
+// n floats -> bf16, round to nearest even (F32ToBF16's bits), on the calling thread.
+void F32ToBf16Span(uint16_t* dst, const float* src, int64_t n);
 // backend.h's Dropout with the key's value (cpu_dropout.cc).
 void Dropout(float* out, const void* inp, DType inp_type, int64_t n, float p, uint64_t key,
              uint64_t stream, bool accumulate, int nt);
@@ -42,6 +44,10 @@ void Sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float al
 bool DnnlGemm16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                 const void* A, int64_t lda, const void* B, int64_t ldb, float beta, void* C,
                 int64_t ldc, DType ab_type, DType c_type, int nt);
+// Whether bf16 products through oneDNN run native kernels here (the CPU has AVX512-BF16 or AMX,
+// or oneDNN's AVX-512 bf16 emulation) and fp32 GEMMs go to oneDNN (not TRAIND_CPU_GEMM=openblas):
+// what lets attention use bf16 tiles. Decided once per process.
+bool Bf16TileProductsNative();
 // Configures the GEMM libraries for nt threads (OpenBLAS: 1 internal thread, process-global;
 // Sgemm threads it over OpenMP itself).
 void SetGemmThreads(int nt);
@@ -94,11 +100,13 @@ void Rope(float* x, int64_t B, int64_t T, int64_t n_heads, int64_t HS, int64_t r
 // ---- attention (cpu_attention.cc) ----
 void AttentionForward(float* out, float* lse, const float* q, const float* k, const float* v,
                       int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS, int64_t q_stride,
-                      int64_t kv_stride, bool causal, const int32_t* key_mask, int nt);
+                      int64_t kv_stride, bool causal, const int32_t* key_mask,
+                      DType operand_type, int nt);
 void AttentionBackward(float* dq, float* dk, float* dv, const float* dout, const float* out,
                        const float* lse, const float* q, const float* k, const float* v, int64_t B,
                        int64_t T, int64_t NH, int64_t NKV, int64_t HS, int64_t q_stride,
-                       int64_t kv_stride, bool causal, const int32_t* key_mask, int nt);
+                       int64_t kv_stride, bool causal, const int32_t* key_mask,
+                       DType operand_type, int nt);
 void AttentionDecode(float* out, const float* q, const float* k, const float* v, int64_t B,
                      int64_t T, int64_t cache_rows, int64_t NH, int64_t NKV, int64_t HS,
                      int64_t q_stride, int64_t kv_stride, int nt);

@@ -237,7 +237,7 @@ void GpuBackend::AttentionDecode(float* out, const float* q, const float* k, con
 void GpuBackend::AttentionForward(float* out, float* lse, const float* q, const float* k,
                                   const float* v, int64_t B, int64_t T, int64_t NH, int64_t NKV,
                                   int64_t HS, int64_t q_stride, int64_t kv_stride, bool causal,
-                                  const int32_t* key_mask) {
+                                  const int32_t* key_mask, DType /*operand_type: fp32 here*/) {
   Record(gpu::AttentionForward(out, lse, q, k, v, B, T, NH, NKV, HS, q_stride, kv_stride, causal,
                                key_mask, stream_));
 }
@@ -245,7 +245,8 @@ void GpuBackend::AttentionBackward(float* dq, float* dk, float* dv, const float*
                                    const float* out, const float* lse, const float* q,
                                    const float* k, const float* v, int64_t B, int64_t T, int64_t NH,
                                    int64_t NKV, int64_t HS, int64_t q_stride, int64_t kv_stride,
-                                   bool causal, const int32_t* key_mask) {
+                                   bool causal, const int32_t* key_mask,
+                                   DType /*operand_type: fp32 here*/) {
   const int64_t need = B * NH * T;
   if (need > scratch_floats_) {  // first step only: the shapes of a job do not change
     if (capturing_) {

@@ -95,13 +95,14 @@ class GpuBackend : public Backend {
                        int64_t q_stride, int64_t kv_stride) override;
   void AttentionForward(float* out, float* lse, const float* q, const float* k, const float* v,
                         int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS, int64_t q_stride,
-                        int64_t kv_stride, bool causal = true,
-                        const int32_t* key_mask = nullptr) override;
+                        int64_t kv_stride, bool causal = true, const int32_t* key_mask = nullptr,
+                        DType operand_type = DType::kF32) override;
   void AttentionBackward(float* dq, float* dk, float* dv, const float* dout, const float* out,
                          const float* lse, const float* q, const float* k, const float* v,
                          int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS,
                          int64_t q_stride, int64_t kv_stride, bool causal = true,
-                         const int32_t* key_mask = nullptr) override;
+                         const int32_t* key_mask = nullptr,
+                         DType operand_type = DType::kF32) override;
   void SoftmaxCrossEntropy(float* logits, float* losses, const int32_t* targets, int64_t N,
                            int64_t V, int64_t Vp, float grad_scale, bool compute_grad,
                            const float* device_scale) override;
