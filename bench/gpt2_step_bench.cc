@@ -64,23 +64,30 @@ struct SgemmRate {
   double per_cpu_s = 0.0;
 };
 // The operands live in the backend's memory (device memory on CUDA; synchronised per run).
-SgemmRate MeasureSgemm(Backend* be) {
+// ab_type kBF16: the same product with bf16 A and B and fp32 C, the ceiling of a bf16 step's GEMMs
+// (the model's linears: bf16 operands, fp32 accumulation and output).
+SgemmRate MeasureGemm(Backend* be, engine::DType ab_type = engine::DType::kF32) {
   const int64_t n = 1024;
   const double flops = 2.0 * n * n * n;
-  const size_t bytes = sizeof(float) * n * n;
+  const size_t ab_bytes = engine::DTypeSize(ab_type) * n * n, c_bytes = sizeof(float) * n * n;
   std::vector<float> ha(n * n, 0.5f), hb(n * n, 0.25f);
-  float* a = static_cast<float*>(be->Alloc(bytes));
-  float* b = static_cast<float*>(be->Alloc(bytes));
-  float* c = static_cast<float*>(be->Alloc(bytes));
-  be->CopyHostToDevice(a, ha.data(), bytes);
-  be->CopyHostToDevice(b, hb.data(), bytes);
-  be->Gemm(false, false, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);  // warm-up
+  std::vector<uint16_t> ha16(n * n, engine::F32ToBF16(0.5f)), hb16(n * n, engine::F32ToBF16(0.25f));
+  const bool f32 = ab_type == engine::DType::kF32;
+  void* a = be->Alloc(ab_bytes);
+  void* b = be->Alloc(ab_bytes);
+  float* c = static_cast<float*>(be->Alloc(c_bytes));
+  be->CopyHostToDevice(a, f32 ? static_cast<const void*>(ha.data()) : ha16.data(), ab_bytes);
+  be->CopyHostToDevice(b, f32 ? static_cast<const void*>(hb.data()) : hb16.data(), ab_bytes);
+  auto gemm = [&] {
+    be->Gemm(false, false, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n, ab_type, engine::DType::kF32);
+  };
+  gemm();  // warm-up
   be->Synchronize();
   double best = 1e30;
   const double cpu0 = ProcessCpuSeconds();
   for (int i = 0; i < 10; ++i) {
     auto t0 = Clock::now();
-    be->Gemm(false, false, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
+    gemm();
     be->Synchronize();
     best = std::min(best, Seconds(t0, Clock::now()));
   }
@@ -116,8 +123,11 @@ int Run(BenchConfig bc, const RunFlags& f) {
   }
   ProfilingBackend prof(device.get(), cpu_time, /*sync_each_op=*/f.device != "cpu");
   Backend* be = profile ? static_cast<Backend*>(&prof) : device.get();
-  const SgemmRate sgemm = MeasureSgemm(device.get());
+  const SgemmRate sgemm = MeasureGemm(device.get());
   const double sgemm_gflops = sgemm.wall;
+  // A 16-bit step's MFU is against the GEMM of its own precision (bf16 x bf16 -> fp32).
+  const bool mixed = f.dtype != engine::DType::kF32;
+  const SgemmRate gemm16 = mixed ? MeasureGemm(device.get(), f.dtype) : sgemm;
 
   engine::ModelConfig mc;
   mc.arch = "gpt2";
@@ -196,12 +206,21 @@ int Run(BenchConfig bc, const RunFlags& f) {
       "  process CPU time %.2f s/step: %.0f tokens per CPU-second\n",
       1e3 * median, 1e3 * sorted.front(), 1e3 * sorted.back(), times.size(), tok_s, first_loss,
       loss, cpu_per_step, static_cast<double>(N) / cpu_per_step);
+  const double mfu16 = achieved / gemm16.wall;
+  const double mfu16_cpu = flops / cpu_per_step / 1e9 / gemm16.per_cpu_s;
   if (f.device == "cpu") {
     std::printf(
         "  model FLOPs/step %.3g, achieved %.1f GFLOP/s, sgemm 1024^3 %.1f GFLOP/s, MFU %.1f%%; "
         "by CPU time: %.1f GFLOP/CPU-s vs sgemm %.1f, MFU %.1f%%\n",
         flops, achieved, sgemm_gflops, 100.0 * achieved / sgemm_gflops,
         flops / cpu_per_step / 1e9, sgemm.per_cpu_s, 100.0 * mfu_cpu);
+    if (mixed) {
+      std::printf(
+          "  %s GEMM 1024^3 (fp32 out) %.1f GFLOP/s: MFU %.1f%%; by CPU time %.1f GFLOP/CPU-s, "
+          "MFU %.1f%%\n",
+          engine::DTypeName(f.dtype), gemm16.wall, 100.0 * mfu16, gemm16.per_cpu_s,
+          100.0 * mfu16_cpu);
+    }
   } else {
     // On a GPU the fp32 GEMM is not the ceiling of a bf16/tf32 step: bench/gpu_run.sh divides
     // model_tflops by the bf16 GEMM rate it measures in the same call (RESULT's mfu fields stay
@@ -210,10 +229,12 @@ int Run(BenchConfig bc, const RunFlags& f) {
                 flops, achieved / 1e3, sgemm_gflops / 1e3);
   }
   std::printf(
-      "RESULT side=traind config=%s tok_s=%.1f step_ms=%.3f sgemm_gflops=%.1f mfu=%.4f "
-      "tok_per_cpu_s=%.1f mfu_cpu=%.4f model_tflops=%.2f loss=%.4f\n",
-      bc.name.c_str(), tok_s, 1e3 * median, sgemm_gflops, achieved / sgemm_gflops,
-      static_cast<double>(N) / cpu_per_step, mfu_cpu, achieved / 1e3, loss);
+      "RESULT side=traind config=%s dtype=%s seq=%lld tok_s=%.1f step_ms=%.3f sgemm_gflops=%.1f "
+      "mfu=%.4f tok_per_cpu_s=%.1f mfu_cpu=%.4f gemm_gflops=%.1f gemm_mfu=%.4f "
+      "gemm_mfu_cpu=%.4f model_tflops=%.2f loss=%.4f\n",
+      bc.name.c_str(), engine::DTypeName(f.dtype), static_cast<long long>(bc.seq_len), tok_s,
+      1e3 * median, sgemm_gflops, achieved / sgemm_gflops, static_cast<double>(N) / cpu_per_step,
+      mfu_cpu, gemm16.wall, mfu16, mfu16_cpu, achieved / 1e3, loss);
   if (profile) prof.Print(total, static_cast<int>(times.size()));
   return 0;
 }

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # bench/run_all.sh BUILD_DIR [--coretype SkylakeX|Haswell|env] [--rounds N] [--config tiny|small|all]
+#                            [--dtype fp32|bf16|both] [--seq T]
 # bench/run_all.sh BUILD_DIR --table [--arch gpt2|llama] [--model tiny|small] [--batch B]
 #                                    [--accum K] [--steps N] [--rounds N] [--coretype ...]
 # bench/run_all.sh BUILD_DIR --bert [--config tiny|base|large] [--batch B] [--accum K] [--steps N]
@@ -9,7 +10,9 @@
 # Default: the traind GPT-2 training-step bench and its PyTorch peer in the same run, alternating the
 # two sides for N rounds (default 2; the best round of each side counts, which damps noise from
 # other processes), and prints tokens/s, the traind/torch ratio and each side's MFU against the
-# sgemm rate it measured itself. Both sides: 2 threads, OMP_WAIT_POLICY=PASSIVE (PyTorch's best
+# GEMM rate of the step's precision it measured itself (fp32: sgemm; bf16: bf16 x bf16 -> fp32),
+# for tiny, small and small at T=1024, each in fp32 and bf16 (autocast on the PyTorch side);
+# --config, --dtype and --seq T (every config at T) narrow it. Both sides: 2 threads, OMP_WAIT_POLICY=PASSIVE (PyTorch's best
 # setting on 2-core machines), and the same OPENBLAS_CORETYPE (default SkylakeX: OpenBLAS at its
 # best for PyTorch; traind's fp32 GEMMs go to oneDNN, which does not read it).
 # --table: issue 4's techniques table (baseline, + accumulation, + checkpointing, + bf16, + all),
@@ -34,6 +37,7 @@ TABLE=0
 DP=0
 BERT=0
 SEQ=0
+DTYPES="fp32 bf16"
 CONFIG_SET=0
 BATCH_SET=0
 STEPS_SET=0
@@ -50,6 +54,8 @@ while [ $# -gt 0 ]; do
     --config) CONFIG=$2; CONFIG_SET=1; shift 2 ;;
     --bert) BERT=1; shift ;;
     --seq) SEQ=$2; shift 2 ;;
+    --dtype) case "$2" in fp32|bf16) DTYPES=$2 ;; both) DTYPES="fp32 bf16" ;;
+               *) echo "--dtype $2: fp32, bf16 or both" >&2; exit 2 ;; esac; shift 2 ;;
     --table) TABLE=1; shift ;;
     --model) MODEL=$2; shift 2 ;;
     --arch) ARCH=$2; shift 2 ;;
@@ -89,48 +95,67 @@ $PY -c "import torch" 2>/dev/null || { echo "PyTorch peer needs python3-torch fo
 
 if [ "$CORETYPE" != env ]; then export OPENBLAS_CORETYPE=$CORETYPE; fi
 export OMP_WAIT_POLICY=PASSIVE
-echo "== traind vs PyTorch, fp32 GPT-2 training step, 2 threads"
+echo "== traind vs PyTorch, GPT-2 training step ($DTYPES), 2 threads"
 echo "   OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-(unset)} OMP_WAIT_POLICY=$OMP_WAIT_POLICY" \
      "rounds=$ROUNDS host=$(hostname) cpus=$(nproc) load=$(cut -d' ' -f1-3 /proc/loadavg)"
 LOG=$(mktemp)
 trap 'rm -f "$LOG"' EXIT
+# config:T (0: the config's own T)
+if [ "$SEQ" != 0 ]; then CASES="tiny:$SEQ small:$SEQ"; else CASES="tiny:0 small:0 small:1024"; fi
 for ((r = 1; r <= ROUNDS; ++r)); do
-  for c in tiny small; do
+  for cs in $CASES; do
+    c=${cs%%:*} t=${cs##*:}
     [ "$CONFIG" = all ] || [ "$CONFIG" = "$c" ] || continue
-    "$BENCH" --config "$c" --threads 2 | tee -a "$LOG"
-    $PY "$HERE/torch_gpt2_step.py" --config "$c" --threads 2 | tee -a "$LOG"
+    SEQ_ARGS=()
+    [ "$t" != 0 ] && SEQ_ARGS=(--seq "$t")
+    for dt in $DTYPES; do
+      "$BENCH" --config "$c" --threads 2 --dtype "$dt" "${SEQ_ARGS[@]}" | tee -a "$LOG"
+      $PY "$HERE/torch_gpt2_step.py" --config "$c" --threads 2 --dtype "$dt" "${SEQ_ARGS[@]}" \
+        | tee -a "$LOG"
+    done
   done
 done
 echo
 $PY - "$LOG" <<'PYEOF'
 import sys
-runs = {}  # (config, side) -> list of RESULT dicts
+runs = {}  # (config, T, dtype, side) -> list of RESULT dicts
 for line in open(sys.argv[1]):
     if line.startswith("RESULT "):
         kv = dict(f.split("=", 1) for f in line.split()[1:])
-        runs.setdefault((kv["config"], kv["side"]), []).append(kv)
+        runs.setdefault((kv["config"], kv["seq"], kv["dtype"], kv["side"]), []).append(kv)
 
-def best(config, side, key):  # the best round of one side for one metric
-    return max(float(r[key]) for r in runs[(config, side)])
+def best(key, side, metric):  # the best round of one side for one metric
+    return max(float(r[metric]) for r in runs[key + (side,)])
 
-def best_row(config, side):  # the round with the best tok/s (its MFU and sgemm go with it)
-    return max(runs[(config, side)], key=lambda r: float(r["tok_s"]))
+def best_row(key, side):  # the round with the best tok/s (its MFU and GEMM rate go with it)
+    return max(runs[key + (side,)], key=lambda r: float(r["tok_s"]))
 
-print(f"{'config':8} {'traind tok/s':>13} {'torch tok/s':>12} {'ratio':>7} {'traind MFU':>11} "
-      f"{'torch MFU':>10} {'traind tok/CPU-s':>17} {'torch tok/CPU-s':>16} {'ratio':>7} "
-      f"{'traind MFU(CPU)':>16} {'torch MFU(CPU)':>15}")
-for c in ("tiny", "small"):
-    if (c, "traind") not in runs or (c, "torch") not in runs:
+# Issue 14's targets: fp32 MFU >= 85% (tiny) / 93% (small, its own T); bf16 >= 75% of the bf16
+# GEMM rate; every row >= 2x PyTorch eager.
+def target(config, T, dtype):
+    if dtype == "bf16":
+        return 0.75
+    return {"tiny": 0.85, "small": 0.93}.get(config) if T in ("128", "256") else None
+
+print(f"{'config':7} {'T':>5} {'dtype':5} {'traind tok/s':>13} {'torch tok/s':>12} {'ratio':>7} "
+      f"{'GEMM GF/s':>10} {'traind MFU':>11} {'torch MFU':>10} {'traind MFU(CPU)':>16} "
+      f"{'torch MFU(CPU)':>15} {'MFU target':>11} {'ratio>=2':>9}")
+keys = sorted({k[:3] for k in runs}, key=lambda k: (k[0] != "tiny", int(k[1]), k[2]))
+for key in keys:
+    if key + ("traind",) not in runs or key + ("torch",) not in runs:
         continue
-    a, b = best_row(c, "traind"), best_row(c, "torch")
-    ca, cb = best(c, "traind", "tok_per_cpu_s"), best(c, "torch", "tok_per_cpu_s")
-    print(f"{c:8} {float(a['tok_s']):13.0f} {float(b['tok_s']):12.0f} "
-          f"{float(a['tok_s']) / float(b['tok_s']):6.2f}x {100 * float(a['mfu']):10.1f}% "
-          f"{100 * float(b['mfu']):9.1f}% {ca:17.0f} {cb:16.0f} {ca / cb:6.2f}x "
-          f"{100 * best(c, 'traind', 'mfu_cpu'):15.1f}% {100 * best(c, 'torch', 'mfu_cpu'):14.1f}%")
-print("tok/s: the round with the best tok/s of each side; MFU: its model FLOPs/s over the sgemm "
-      "1024^3 rate that side measured (best of 10 runs) in the same round. tok/CPU-s: tokens per "
-      "process CPU-second, best round of each side; MFU(CPU): model FLOPs per CPU-second over "
-      "sgemm FLOPs per CPU-second. The CPU-time columns are distorted less by other processes' "
-      "load than wall-clock ones.")
+    a, b = best_row(key, "traind"), best_row(key, "torch")
+    ratio = float(a["tok_s"]) / float(b["tok_s"])
+    mfu = float(a["gemm_mfu"])
+    t = target(*key)
+    tgt = "-" if t is None else f"{100 * t:.0f}% {'met' if mfu >= t else 'NOT met'}"
+    print(f"{key[0]:7} {key[1]:>5} {key[2]:5} {float(a['tok_s']):13.0f} {float(b['tok_s']):12.0f} "
+          f"{ratio:6.2f}x {float(a['gemm_gflops']):10.1f} {100 * mfu:10.1f}% "
+          f"{100 * float(b['gemm_mfu']):9.1f}% {100 * best(key, 'traind', 'gemm_mfu_cpu'):15.1f}% "
+          f"{100 * best(key, 'torch', 'gemm_mfu_cpu'):14.1f}% {tgt:>11} "
+          f"{'met' if ratio >= 2 else 'NOT met':>9}")
+print("tok/s: the round with the best tok/s of each side; MFU: its model FLOPs/s over the 1024^3 "
+      "GEMM rate of the step's precision that side measured (best of 10 runs) in the same round "
+      "(GEMM GF/s: traind's); MFU(CPU): model FLOPs per process CPU-second over GEMM FLOPs per "
+      "CPU-second, best round, distorted less by other processes' load than wall-clock ones.")
 PYEOF

@@ -4,6 +4,10 @@ AdamW) written from torch primitives, same configs and init as the C++ bench, fo
 Run with Debian's /usr/bin/python3 (python3-torch 1.13). bench/run_all.sh sets OMP_WAIT_POLICY=PASSIVE
 (PyTorch's best setting on 2-core machines) and the OPENBLAS_CORETYPE that both sides use.
 Usage: torch_gpt2_step.py [--config tiny|small|all] [--steps N] [--warmup N] [--threads N]
+                          [--dtype fp32|bf16] [--seq T]
+--dtype bf16: forward and loss under torch.autocast("cpu", bfloat16) (its matmuls, attention's
+included, in bf16 with fp32 parameters and AdamW), MFU against torch's bf16 GEMM rate measured in
+the same run. --seq T: the sequence length (the default: the config's).
 """
 import argparse
 import math
@@ -89,9 +93,10 @@ def training_flops(p, cfg):
     return (6.0 * n + 12.0 * cfg["L"] * cfg["T"] * cfg["C"]) * cfg["B"] * cfg["T"]
 
 
-def sgemm_gflops():
+def sgemm_gflops(dtype=torch.float32):
     """(best wall GFLOP/s, GFLOP per process CPU-second) of torch.mm 1024^3 over 10 runs."""
-    a, b = torch.full((1024, 1024), 0.5), torch.full((1024, 1024), 0.25)
+    a = torch.full((1024, 1024), 0.5, dtype=dtype)
+    b = torch.full((1024, 1024), 0.25, dtype=dtype)
     torch.mm(a, b)  # warm-up
     flops, best = 2 * 1024 ** 3, 1e30
     cpu0 = time.process_time()
@@ -102,7 +107,7 @@ def sgemm_gflops():
     return flops / best / 1e9, 10 * flops / (time.process_time() - cpu0) / 1e9
 
 
-def run(name, cfg, steps, warmup, foreach):
+def run(name, cfg, steps, warmup, foreach, bf16=False):
     gen = torch.Generator().manual_seed(1234)
     p = make_params(cfg, gen)
     decay = [t for t in all_params(p) if t.dim() >= 2]
@@ -115,13 +120,16 @@ def run(name, cfg, steps, warmup, foreach):
     idx, tgt = ids[:-1].view(B, T), ids[1:].view(B, T)
     mask = torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1)
     gemm, gemm_cpu = sgemm_gflops()
+    # A bf16 step's MFU is against the bf16 GEMM (what autocast's matmuls run).
+    gemm16, gemm16_cpu = sgemm_gflops(torch.bfloat16) if bf16 else (gemm, gemm_cpu)
     times, first, loss, cpu0 = [], None, None, 0.0
     for s in range(warmup + steps):
         if s == warmup:
             cpu0 = time.process_time()  # CPU seconds of all threads of the process
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        loss = forward(p, cfg, idx, tgt, mask)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            loss = forward(p, cfg, idx, tgt, mask)
         loss.backward()
         opt.step()
         if s >= warmup:
@@ -148,9 +156,15 @@ def run(name, cfg, steps, warmup, foreach):
           f"sgemm 1024^3 {gemm:.1f} GFLOP/s, MFU {100 * achieved / gemm:.1f}%; by CPU time: "
           f"{flops / cpu_per_step / 1e9:.1f} GFLOP/CPU-s vs sgemm {gemm_cpu:.1f}, "
           f"MFU {100 * mfu_cpu:.1f}%")
-    print(f"RESULT side=torch config={name} tok_s={tok_s:.1f} step_ms={1e3 * med:.3f} "
+    mfu16_cpu = flops / cpu_per_step / 1e9 / gemm16_cpu
+    if bf16:
+        print(f"  bf16 GEMM 1024^3 {gemm16:.1f} GFLOP/s: MFU {100 * achieved / gemm16:.1f}%; by CPU "
+              f"time {gemm16_cpu:.1f} GFLOP/CPU-s, MFU {100 * mfu16_cpu:.1f}%")
+    print(f"RESULT side=torch config={name} dtype={'bf16' if bf16 else 'f32'} seq={T} "
+          f"tok_s={tok_s:.1f} step_ms={1e3 * med:.3f} "
           f"sgemm_gflops={gemm:.1f} mfu={achieved / gemm:.4f} "
-          f"tok_per_cpu_s={B * T / cpu_per_step:.1f} mfu_cpu={mfu_cpu:.4f}")
+          f"tok_per_cpu_s={B * T / cpu_per_step:.1f} mfu_cpu={mfu_cpu:.4f} "
+          f"gemm_gflops={gemm16:.1f} gemm_mfu={achieved / gemm16:.4f} gemm_mfu_cpu={mfu16_cpu:.4f}")
     sys.stdout.flush()
 
 
@@ -161,11 +175,15 @@ def main():
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--foreach", type=int, default=1, help="AdamW foreach implementation (1/0)")
+    ap.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
+    ap.add_argument("--seq", type=int, default=0, help="sequence length (0: the config's)")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     for name, cfg in CONFIGS.items():
         if a.config in ("all", name):
-            run(name, cfg, a.steps if a.steps >= 0 else cfg["steps"], a.warmup, bool(a.foreach))
+            cfg = dict(cfg, T=a.seq) if a.seq > 0 else cfg
+            run(name, cfg, a.steps if a.steps >= 0 else cfg["steps"], a.warmup, bool(a.foreach),
+                a.dtype == "bf16")
 
 
 if __name__ == "__main__":
