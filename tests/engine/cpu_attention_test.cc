@@ -290,9 +290,10 @@ TEST(CpuAttentionTest, KeyMaskForwardBackward) {
 // then exact up to fp32 accumulation order, so lse agrees to 1e-5; the probabilities are rounded
 // to bf16 before P V (relative 2^-9 each, so |out - out32| <= 2^-9 max|v| = 3e-3 here, bound 4e-3);
 // backward also rounds dout and dS: gradients within 2% of their largest magnitude. Masked keys
-// keep exactly zero weight and gradient, and columns outside the heads stay untouched. Where oneDNN
-// has native bf16 kernels the outputs must differ from fp32's (the bf16 path ran); elsewhere the
-// request falls back to fp32 and they must be identical.
+// keep exactly zero weight and gradient, and columns outside the heads stay untouched. Where the
+// backend uses bf16 tiles (cpu::UseBf16Tiles: bidirectional, T >= 256, native oneDNN bf16) the
+// outputs must differ from fp32's (the bf16 path ran); elsewhere the request computes in fp32 and
+// must equal the fp32 kernels on the same (unrounded) inputs bit for bit.
 void CheckBf16Attention(const AttnShape& s, const AttnMode& mode) {
   auto be = MakeCpuBackend(2);
   const int32_t* km = mode.mask.empty() ? nullptr : mode.mask.data();
@@ -304,7 +305,10 @@ void CheckBf16Attention(const AttnShape& s, const AttnMode& mode) {
     for (float& f : x) f = BF16ToF32(F32ToBF16(f));
     return x;
   };
-  const auto qr = round16(q), kr = round16(k), vr = round16(v);
+  // The reference: the fp32 kernels on the rounded inputs where bf16 tiles run, else on the same
+  // inputs (then everything must match bit for bit).
+  const bool tiles = cpu::UseBf16Tiles(DType::kBF16, mode.causal, s.T);
+  const auto qr = tiles ? round16(q) : q, kr = tiles ? round16(k) : k, vr = tiles ? round16(v) : v;
   const std::string tag = "T=" + std::to_string(s.T) + (mode.causal ? " causal" : " bidir") +
                           (km != nullptr ? " masked" : "");
   std::vector<float> out32(rows * C), lse32(s.B * s.NH * s.T), out16(rows * C, NAN),
@@ -315,13 +319,13 @@ void CheckBf16Attention(const AttnShape& s, const AttnMode& mode) {
   be->AttentionForward(out16.data(), lse16.data(), q.data() + s.q_off, k.data() + s.k_off,
                        v.data() + s.v_off, s.B, s.T, s.NH, s.NKV, s.HS, s.q_stride, s.kv_stride,
                        mode.causal, km, DType::kBF16);
-  ExpectClose(lse16, ToDouble(lse32), 1e-5, 1e-5, "bf16 lse " + tag);
-  ExpectClose(out16, ToDouble(out32), 0.0, 4e-3, "bf16 out " + tag);
-  const bool native = cpu::Bf16TileProductsNative();
-  if (native) {
-    EXPECT_NE(out16, out32) << "bf16 operands requested and native, but the output is fp32's " << tag;
+  if (tiles) {
+    ExpectClose(lse16, ToDouble(lse32), 1e-5, 1e-5, "bf16 lse " + tag);
+    ExpectClose(out16, ToDouble(out32), 0.0, 4e-3, "bf16 out " + tag);
+    EXPECT_NE(out16, out32) << "bf16 tiles expected, but the output is fp32's " << tag;
   } else {
-    EXPECT_EQ(out16, out32) << "no native bf16: the request must fall back to fp32 " << tag;
+    EXPECT_EQ(out16, out32) << "fp32 fallback must be the fp32 kernel's output " << tag;
+    EXPECT_EQ(lse16, lse32) << "fp32 fallback must be the fp32 kernel's lse " << tag;
   }
 
   auto R = RandVec(rows * C, 24);
@@ -353,7 +357,12 @@ void CheckBf16Attention(const AttnShape& s, const AttnMode& mode) {
         ASSERT_EQ(g16[i][j], kSentinel) << names[i] << " touched outside the heads, " << tag;
       }
     }
-    ExpectClose(g16[i], ToDouble(g32[i]), 0.0, 0.02 * mx, std::string("bf16 ") + names[i] + " " + tag);
+    if (tiles) {
+      ExpectClose(g16[i], ToDouble(g32[i]), 0.0, 0.02 * mx,
+                  std::string("bf16 ") + names[i] + " " + tag);
+    } else {
+      EXPECT_EQ(g16[i], g32[i]) << "fp32 fallback " << names[i] << " " << tag;
+    }
   }
   if (km != nullptr) {  // masked keys: dk = dv = 0 exactly, also in the rounded-up tile keys
     const int kc = s.NKV * s.HS;
@@ -369,15 +378,21 @@ void CheckBf16Attention(const AttnShape& s, const AttnMode& mode) {
 
 TEST(CpuAttentionTest, Bf16OperandsForwardBackward) {
   cpu::SetGemmLibraryForTesting(true);  // oneDNN where the build has it
+  if (cpu::Bf16TileProductsNative()) {
+    EXPECT_TRUE(cpu::UseBf16Tiles(DType::kBF16, false, 300)) << "bert-like shapes use bf16 tiles";
+  }
   for (bool causal : {false, true}) {
     SCOPED_TRACE(causal ? "causal" : "bidirectional");
-    // BERT-like heads (HS 64) across two 128-query blocks, padded tails (100 keys: the tile
-    // spans 128; 3 keys: 64) and no mask.
-    CheckBf16Attention({2, 130, 2, 2, 64, 128, 128, 0, 0, 0}, {causal, TailMask(130, {100, 3})});
-    CheckBf16Attention({1, 200, 2, 2, 64, 128, 128, 0, 0, 0}, {causal, {}});
+    // BERT-like heads (HS 64) across three 128-query blocks, padded tails (260 keys: the tile
+    // spans 320; 3 keys: 64) and no mask.
+    CheckBf16Attention({2, 300, 2, 2, 64, 128, 128, 0, 0, 0}, {causal, TailMask(300, {260, 3})});
+    CheckBf16Attention({1, 256, 2, 2, 64, 128, 128, 0, 0, 0}, {causal, {}});
     // GQA on separate padded rows, a random mask with an empty sequence.
+    CheckBf16Attention({2, 270, 4, 2, 16, 4 * 16 + 3, 2 * 16 + 2, 1, 2, 0},
+                       {causal, RandomMask(2, 270, 1, 15)});
+    // Short sequences compute in fp32.
     CheckBf16Attention({2, 70, 4, 2, 16, 4 * 16 + 3, 2 * 16 + 2, 1, 2, 0},
-                       {causal, RandomMask(2, 70, 1, 15)});
+                       {causal, RandomMask(2, 70, 1, 16)});
   }
 }
 

@@ -103,7 +103,7 @@ bool DnnlGemm16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, 
     if (scratch.size() < e->scratchpad.get_size()) scratch.resize(e->scratchpad.get_size());
     dnnl::memory pad(e->scratchpad, eng, scratch.data());
     if (omp_get_max_threads() != nt) omp_set_num_threads(nt);
-    dnnl::stream s(eng);
+    static thread_local dnnl::stream s(eng);  // one per thread: creating one per call costs
     e->prim.execute(s, {{DNNL_ARG_SRC, a},
                         {DNNL_ARG_WEIGHTS, b},
                         {DNNL_ARG_DST, c},

@@ -107,6 +107,9 @@ void AttentionBackward(float* dq, float* dk, float* dv, const float* dout, const
                        int64_t T, int64_t NH, int64_t NKV, int64_t HS, int64_t q_stride,
                        int64_t kv_stride, bool causal, const int32_t* key_mask,
                        DType operand_type, int nt);
+// Whether AttentionForward/Backward with this operand type use bf16 tile products (see
+// cpu_attention.cc: bidirectional, T >= 256, native oneDNN bf16); else they compute in fp32.
+bool UseBf16Tiles(DType operand_type, bool causal, int64_t T);
 void AttentionDecode(float* out, const float* q, const float* k, const float* v, int64_t B,
                      int64_t T, int64_t cache_rows, int64_t NH, int64_t NKV, int64_t HS,
                      int64_t q_stride, int64_t kv_stride, int nt);
