@@ -245,20 +245,45 @@ Result<HostTensor> CastTensor(const HostTensor& t, const std::string& dtype) {
   return out;
 }
 
-Result<SafetensorsFile> ReadSafetensors(const std::string& path) {
-  Fd f;
-  f.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (f.fd < 0) {
+SafetensorsReader::~SafetensorsReader() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+SafetensorsReader::SafetensorsReader(SafetensorsReader&& o) noexcept
+    : path_(std::move(o.path_)), fd_(o.fd_), data_start_(o.data_start_),
+      metadata_(std::move(o.metadata_)), tensors_(std::move(o.tensors_)) {
+  o.fd_ = -1;
+}
+
+SafetensorsReader& SafetensorsReader::operator=(SafetensorsReader&& o) noexcept {
+  if (this != &o) {
+    if (fd_ >= 0) ::close(fd_);
+    path_ = std::move(o.path_);
+    fd_ = o.fd_;
+    data_start_ = o.data_start_;
+    metadata_ = std::move(o.metadata_);
+    tensors_ = std::move(o.tensors_);
+    o.fd_ = -1;
+  }
+  return *this;
+}
+
+Result<SafetensorsReader> SafetensorsReader::Open(const std::string& path) {
+  SafetensorsReader out;
+  out.path_ = path;
+  out.fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (out.fd_ < 0) {
     const int err = errno;
     if (err == ENOENT) return Status::NotFound(path + ": no such file");
     return Status::FailedPrecondition(path + ": cannot open: " + ErrnoText(err));
   }
+  const int fd = out.fd_;
   struct stat st;
-  if (::fstat(f.fd, &st) != 0) return Status::FailedPrecondition(path + ": " + ErrnoText(errno));
+  if (::fstat(fd, &st) != 0) return Status::FailedPrecondition(path + ": " + ErrnoText(errno));
   if (!S_ISREG(st.st_mode)) return Status::FailedPrecondition(path + ": not a regular file");
   const uint64_t file_size = static_cast<uint64_t>(st.st_size);
   uint8_t len_bytes[8];
-  if (file_size < 8 || !PreadAll(f.fd, len_bytes, 8, 0)) {
+  if (file_size < 8 || !PreadAll(fd, len_bytes, 8, 0)) {
     return Status::DataLoss(path + ": truncated: " + std::to_string(file_size) +
                             " bytes, shorter than the 8-byte header length");
   }
@@ -274,7 +299,7 @@ Result<SafetensorsFile> ReadSafetensors(const std::string& path) {
                             std::to_string(file_size - 8) + " bytes): truncated");
   }
   std::string header(header_len, '\0');
-  if (header_len > 0 && !PreadAll(f.fd, header.data(), header_len, 8)) {
+  if (header_len > 0 && !PreadAll(fd, header.data(), header_len, 8)) {
     return Status::DataLoss(path + ": cannot read the header: " + ErrnoText(errno));
   }
   json h = json::parse(header, nullptr, /*allow_exceptions=*/false);
@@ -283,7 +308,7 @@ Result<SafetensorsFile> ReadSafetensors(const std::string& path) {
 
   const uint64_t data_start = 8 + header_len;
   const uint64_t data_bytes = file_size - data_start;
-  SafetensorsFile out;
+  out.data_start_ = data_start;
   struct Range {
     uint64_t begin, end;
     std::string name;
@@ -296,7 +321,7 @@ Result<SafetensorsFile> ReadSafetensors(const std::string& path) {
         if (!v.is_string()) {
           return Status::DataLoss(path + ": __metadata__['" + k + "'] is not a string");
         }
-        out.metadata[k] = v.get<std::string>();
+        out.metadata_[k] = v.get<std::string>();
       }
       continue;
     }
@@ -304,7 +329,7 @@ Result<SafetensorsFile> ReadSafetensors(const std::string& path) {
     uint64_t b = 0, en = 0;
     TRAIND_RETURN_IF_ERROR(ParseEntry(path, name, e, data_bytes, &t, &b, &en));
     ranges.push_back({b, en, name});
-    out.tensors.emplace(name, std::move(t));
+    out.tensors_.emplace(name, Entry{std::move(t.dtype), std::move(t.shape), b, en});
   }
   std::sort(ranges.begin(), ranges.end(), [](const Range& a, const Range& b) {
     return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
@@ -317,12 +342,51 @@ Result<SafetensorsFile> ReadSafetensors(const std::string& path) {
                               "' in the data section");
     }
   }
-  for (const Range& r : ranges) {
-    HostTensor& t = out.tensors[r.name];
-    t.data.resize(r.end - r.begin);
-    if (!t.data.empty() && !PreadAll(f.fd, t.data.data(), t.data.size(), data_start + r.begin)) {
-      return Status::DataLoss(path + ": tensor '" + r.name + "': short read (file changed?)");
-    }
+  return out;
+}
+
+const SafetensorsReader::Entry* SafetensorsReader::Find(const std::string& name) const {
+  auto it = tensors_.find(name);
+  return it == tensors_.end() ? nullptr : &it->second;
+}
+
+Status SafetensorsReader::ReadRange(const std::string& name, uint64_t offset, void* dst,
+                                    size_t bytes) const {
+  const Entry* e = Find(name);
+  if (e == nullptr) return Status::NotFound(path_ + ": no tensor '" + name + "'");
+  if (offset > e->bytes() || bytes > e->bytes() - offset) {
+    return Status::InvalidArgument(path_ + ": tensor '" + name + "': bytes [" +
+                                   std::to_string(offset) + ", +" + std::to_string(bytes) +
+                                   ") are outside its " + std::to_string(e->bytes()) + " bytes");
+  }
+  if (bytes > 0 && !PreadAll(fd_, dst, bytes, data_start_ + e->begin + offset)) {
+    return Status::DataLoss(path_ + ": tensor '" + name + "': short read (file changed?)");
+  }
+  return Status::Ok();
+}
+
+Result<HostTensor> SafetensorsReader::ReadTensor(const std::string& name) const {
+  const Entry* e = Find(name);
+  if (e == nullptr) return Status::NotFound(path_ + ": no tensor '" + name + "'");
+  HostTensor t;
+  t.dtype = e->dtype;
+  t.shape = e->shape;
+  t.data.resize(e->bytes());
+  TRAIND_RETURN_IF_ERROR(ReadRange(name, 0, t.data.data(), t.data.size()));
+  return t;
+}
+
+Result<SafetensorsFile> ReadSafetensors(const std::string& path) {
+  TRAIND_ASSIGN_OR_RETURN(SafetensorsReader reader, SafetensorsReader::Open(path));
+  SafetensorsFile out;
+  out.metadata = reader.metadata();
+  // In file order (one forward pass over the data section).
+  std::vector<std::pair<uint64_t, const std::string*>> order;
+  for (const auto& [name, e] : reader.tensors()) order.push_back({e.begin, &name});
+  std::sort(order.begin(), order.end());
+  for (const auto& [begin, name] : order) {
+    TRAIND_ASSIGN_OR_RETURN(HostTensor t, reader.ReadTensor(*name));
+    out.tensors.emplace(*name, std::move(t));
   }
   return out;
 }

@@ -43,6 +43,43 @@ Result<HostTensor> CastTensor(const HostTensor& t, const std::string& dtype);
 // overlapping, dtype/shape/size disagreement.
 Result<SafetensorsFile> ReadSafetensors(const std::string& path);
 
+// The same file without reading its tensors: Open parses and checks the header (the same checks
+// and errors as ReadSafetensors), keeps the file open, and ReadRange reads any byte range of one
+// tensor with pread, so a caller can stream a file larger than the memory it may use (an
+// offloaded optimizer's state on resume). ReadSafetensors is Open + ReadTensor of each.
+class SafetensorsReader {
+ public:
+  struct Entry {
+    std::string dtype;
+    std::vector<int64_t> shape;
+    uint64_t begin = 0, end = 0;  // offsets in the data section
+    uint64_t bytes() const { return end - begin; }
+  };
+  static Result<SafetensorsReader> Open(const std::string& path);
+  SafetensorsReader(SafetensorsReader&& o) noexcept;
+  SafetensorsReader& operator=(SafetensorsReader&& o) noexcept;
+  SafetensorsReader(const SafetensorsReader&) = delete;
+  SafetensorsReader& operator=(const SafetensorsReader&) = delete;
+  ~SafetensorsReader();
+
+  const std::string& path() const { return path_; }
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  const std::map<std::string, Entry>& tensors() const { return tensors_; }
+  const Entry* Find(const std::string& name) const;  // nullptr when absent
+  // Bytes [offset, offset + bytes) of tensor `name`'s data into dst. NOT_FOUND for an unknown
+  // name, INVALID_ARGUMENT for a range outside it, DATA_LOSS for a short read.
+  Status ReadRange(const std::string& name, uint64_t offset, void* dst, size_t bytes) const;
+  Result<HostTensor> ReadTensor(const std::string& name) const;
+
+ private:
+  SafetensorsReader() = default;
+  std::string path_;
+  int fd_ = -1;
+  uint64_t data_start_ = 0;
+  std::map<std::string, std::string> metadata_;
+  std::map<std::string, Entry> tensors_;
+};
+
 // Writes deterministically (tensors in name order, stable JSON, aligned header), to `path.tmp`
 // then fsync + rename, so a crash never leaves a half-written file under `path`.
 // RESOURCE_EXHAUSTED when the disk is full (the old file, if any, is kept).

@@ -174,15 +174,7 @@ class OffloadedOptimizer final : public HostDrivenOffload {
 
   Status LoadState(const SafetensorsFile& file) override {
     TRAIND_RETURN_IF_ERROR(status_);
-    auto it = file.metadata.find("step");
-    int64_t step = -1;
-    if (it != file.metadata.end()) {
-      try {
-        step = std::stoll(it->second);
-      } catch (...) {
-      }
-    }
-    if (step < 0) return Status::DataLoss("optimizer state: metadata lacks a valid step");
+    TRAIND_ASSIGN_OR_RETURN(const int64_t step, StepOf(file.metadata));
     for (size_t g = 0; g < groups_.size(); ++g) {
       TRAIND_ASSIGN_OR_RETURN(std::unique_ptr<Optimizer> inner, Window(g));
       TRAIND_RETURN_IF_ERROR(inner->LoadState(file));  // checks format, names, shapes
@@ -193,7 +185,47 @@ class OffloadedOptimizer final : public HostDrivenOffload {
     return Status::Ok();
   }
 
+  // Streamed: one group's tensors ("<hf_name>.<state>" of its parameters) read from the file at
+  // a time, loaded into its window and written to the store; never the whole state in RAM.
+  Status ReadState(const std::string& path) override {
+    TRAIND_RETURN_IF_ERROR(status_);
+    TRAIND_ASSIGN_OR_RETURN(SafetensorsReader file, SafetensorsReader::Open(path));
+    TRAIND_ASSIGN_OR_RETURN(const int64_t step, StepOf(file.metadata()));
+    const std::map<std::string, SafetensorsReader::Entry>& all = file.tensors();
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      SafetensorsFile part;
+      part.metadata = file.metadata();
+      for (const ParamInfo& p : groups_[g].params) {
+        const std::string prefix = p.hf_name + ".";
+        for (auto it = all.lower_bound(prefix);
+             it != all.end() && it->first.compare(0, prefix.size(), prefix) == 0; ++it) {
+          TRAIND_ASSIGN_OR_RETURN(HostTensor t, file.ReadTensor(it->first));
+          part.tensors[it->first] = std::move(t);
+        }
+      }
+      TRAIND_ASSIGN_OR_RETURN(std::unique_ptr<Optimizer> inner, Window(g));
+      TRAIND_RETURN_IF_ERROR(inner->LoadState(part));  // checks format, names, shapes
+      TRAIND_RETURN_IF_ERROR(WriteGroup(g, inner->SaveState()));
+    }
+    TRAIND_RETURN_IF_ERROR(CommitAs(step));
+    step_ = step;
+    return Status::Ok();
+  }
+
  private:
+  static Result<int64_t> StepOf(const std::map<std::string, std::string>& metadata) {
+    auto it = metadata.find("step");
+    int64_t step = -1;
+    if (it != metadata.end()) {
+      try {
+        step = std::stoll(it->second);
+      } catch (...) {
+      }
+    }
+    if (step < 0) return Status::DataLoss("optimizer state: metadata lacks a valid step");
+    return step;
+  }
+
   // A transient instance of the real optimizer over group g (its state in the arena).
   Result<std::unique_ptr<Optimizer>> Window(size_t g) const {
     const Group& gr = groups_[g];
@@ -381,6 +413,53 @@ class OffloadedAdamW final : public HostDrivenOffload {
       const int64_t lo = c * chunk_, n = std::min(chunk_, num_params_ - lo);
       for (int which = 0; which < 2; ++which) {
         TRAIND_RETURN_IF_ERROR(store_->Write(Key(c, which), all[which].data() + lo, static_cast<size_t>(n) * 4));
+      }
+    }
+    TRAIND_RETURN_IF_ERROR(store_->Commit(step));
+    step_ = step;
+    return Status::Ok();
+  }
+
+  // Streamed (resume): every tensor checked against the header first, then chunk by chunk m and
+  // v assembled from byte ranges of the tensors that overlap the chunk (pread) in the two
+  // chunk-sized host buffers and written to the store: host memory stays at the window, never
+  // the whole state (transformers #17258: a resume that read it whole was OOM-killed).
+  Status ReadState(const std::string& path) override {
+    TRAIND_RETURN_IF_ERROR(status_);
+    TRAIND_ASSIGN_OR_RETURN(SafetensorsReader file, SafetensorsReader::Open(path));
+    TRAIND_ASSIGN_OR_RETURN(const int64_t step, state_io::ReadStep(file.metadata(), kAdamWFormat));
+    struct Piece {
+      int64_t offset, numel;
+      std::string name[2];
+    };
+    std::vector<Piece> pieces;
+    for (const ParamInfo& p : params_) {
+      Piece piece{p.offset, p.numel, {p.hf_name + ".exp_avg", p.hf_name + ".exp_avg_sq"}};
+      for (int which = 0; which < 2; ++which) {
+        TRAIND_ASSIGN_OR_RETURN(const SafetensorsReader::Entry* e,
+                                state_io::Find(file, piece.name[which], "F32", p.shape));
+        (void)e;
+      }
+      pieces.push_back(std::move(piece));
+    }
+    std::sort(pieces.begin(), pieces.end(),
+              [](const Piece& a, const Piece& b) { return a.offset < b.offset; });
+    std::vector<float>* buf[2] = {&host_m_, &host_v_};
+    size_t first = 0;  // the first piece that may overlap the chunk
+    for (int64_t c = 0; c < NumChunks(); ++c) {
+      const int64_t lo = c * chunk_, n = std::min(chunk_, num_params_ - lo), hi = lo + n;
+      while (first < pieces.size() && pieces[first].offset + pieces[first].numel <= lo) ++first;
+      for (int which = 0; which < 2; ++which) {
+        float* dst = buf[which]->data();
+        std::fill(dst, dst + n, 0.0f);  // as LoadState: elements no tensor covers are zero
+        for (size_t i = first; i < pieces.size() && pieces[i].offset < hi; ++i) {
+          const Piece& p = pieces[i];
+          const int64_t a = std::max(lo, p.offset), b = std::min(hi, p.offset + p.numel);
+          if (a >= b) continue;
+          TRAIND_RETURN_IF_ERROR(file.ReadRange(p.name[which], static_cast<uint64_t>(a - p.offset) * 4,
+                                                dst + (a - lo), static_cast<size_t>(b - a) * 4));
+        }
+        TRAIND_RETURN_IF_ERROR(store_->Write(Key(c, which), dst, static_cast<size_t>(n) * 4));
       }
     }
     TRAIND_RETURN_IF_ERROR(store_->Commit(step));

@@ -17,7 +17,9 @@
 // A group's state is stored as one payload (the instance's SaveState tensors and metadata in the
 // format below), split into pieces of at most `piece_bytes`: StateKey{group name, piece, "state"}.
 // Checkpoints hold exactly what the in-memory optimizer writes (same tensor names, same format
-// metadata), so a run saved with offload resumes without it and the other way round.
+// metadata), so a run saved with offload resumes without it and the other way round. A resume
+// streams the file into the store (ReadState: one group's tensors, or for AdamW one chunk's byte
+// ranges, at a time), never the whole state in host memory.
 //
 // AdamW (training.optim adamw) has its own path: no transient instance and no payload; the flat
 // exp_avg / exp_avg_sq arrays are cut into fixed chunks (StateKey{"adamw", chunk, kind}, raw fp32,

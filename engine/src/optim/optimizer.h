@@ -57,6 +57,12 @@ class Optimizer {
   }
   // DATA_LOSS naming the tensor or the metadata that does not match this optimizer and model.
   virtual Status LoadState(const SafetensorsFile& file) = 0;
+  // LoadState of the file at `path` (a checkpoint's optimizer.safetensors). Optimizers whose
+  // state is not in memory (offload) stream it into their store instead of reading it whole.
+  virtual Status ReadState(const std::string& path) {
+    TRAIND_ASSIGN_OR_RETURN(SafetensorsFile file, ReadSafetensors(path));
+    return LoadState(file);
+  }
 
   // ZeRO-1 (optim/sharded_optimizer.h): the rank updates and keeps the state of its shard of the
   // flat buffer only, and reads only its range of the gradients (the caller reduce-scatters them:

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -15,9 +16,15 @@ void SetHeader(SafetensorsFile* file, const std::string& format, int64_t step);
 // The step of a state file written with `format`. DATA_LOSS when the format differs, the step is
 // missing, not a number or negative.
 Result<int64_t> ReadStep(const SafetensorsFile& file, const std::string& format);
+Result<int64_t> ReadStep(const std::map<std::string, std::string>& metadata,
+                         const std::string& format);
 // The tensor `name`, checked to have `dtype` ("F32", "U8") and `shape`. DATA_LOSS naming it when
 // it is missing or differs.
 Result<const HostTensor*> Find(const SafetensorsFile& file, const std::string& name,
                                const std::string& dtype, const std::vector<int64_t>& shape);
+// The same check against a streamed file's header (nothing read): the entry of `name`.
+Result<const SafetensorsReader::Entry*> Find(const SafetensorsReader& file, const std::string& name,
+                                             const std::string& dtype,
+                                             const std::vector<int64_t>& shape);
 
 }  // namespace traind::engine::state_io

@@ -229,8 +229,8 @@ Status LoadCheckpoint(const std::string& dir, Model* model, Optimizer* optimizer
     TRAIND_ASSIGN_OR_RETURN(SafetensorsFile weights, ReadSafetensors((d / kModelFile).string()));
     TRAIND_RETURN_IF_ERROR(model->LoadHf(weights));
   }
-  TRAIND_ASSIGN_OR_RETURN(SafetensorsFile opt, ReadSafetensors((d / kOptimizerFile).string()));
-  TRAIND_RETURN_IF_ERROR(optimizer->LoadState(opt));
+  // Offloaded optimizers stream the file into their store (never the whole state in RAM).
+  TRAIND_RETURN_IF_ERROR(optimizer->ReadState((d / kOptimizerFile).string()));
 
   const std::string extra_path = (d / kTrainerExtraFile).string();
   const std::string state_path = (d / kTrainerStateFile).string();
