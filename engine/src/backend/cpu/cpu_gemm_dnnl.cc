@@ -10,6 +10,7 @@
 #include <optional>
 #include <string>
 #include <tuple>
+#include <unordered_map>
 #include <vector>
 
 #include "backend/cpu/cpu_kernels.h"
@@ -84,6 +85,15 @@ MatmulCache& Cache() {
   return *cache;
 }
 
+// A thread's ready-to-run call of one cached primitive: its memory objects (re-pointed with
+// set_data_handle) and argument map, so a small product (attention's per-tile GEMMs) does not pay
+// for creating four dnnl::memory objects, a hash map and a locked cache lookup every call.
+struct ThreadCall {
+  const Entry* entry = nullptr;  // null: oneDNN has no fast kernel for this key
+  dnnl::memory a, b, c, pad;
+  std::unordered_map<int, dnnl::memory> args;
+};
+
 }  // namespace
 
 bool DnnlGemm16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const void* A,
@@ -91,23 +101,43 @@ bool DnnlGemm16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, 
                 DType ab_type, DType c_type, int nt) {
   if (ab_type == DType::kF32) return false;
   MatmulCache& cache = Cache();
-  const Entry* e = cache.Get(Key{ta, tb, M, N, K, lda, ldb, ldc, static_cast<int>(ab_type),
-                                 static_cast<int>(c_type), alpha, beta});
-  if (e == nullptr) return false;
+  static thread_local std::map<Key, ThreadCall> calls;
+  static thread_local std::vector<char> scratch;
+  const Key key{ta, tb, M, N, K, lda, ldb, ldc, static_cast<int>(ab_type),
+                static_cast<int>(c_type), alpha, beta};
+  auto it = calls.find(key);
   try {
     dnnl::engine& eng = cache.engine();
-    dnnl::memory a(e->a, eng, const_cast<void*>(A));
-    dnnl::memory b(e->b, eng, const_cast<void*>(B));
-    dnnl::memory c(e->c, eng, C);
-    static thread_local std::vector<char> scratch;
-    if (scratch.size() < e->scratchpad.get_size()) scratch.resize(e->scratchpad.get_size());
-    dnnl::memory pad(e->scratchpad, eng, scratch.data());
+    if (it == calls.end()) {
+      ThreadCall call;
+      call.entry = cache.Get(key);
+      if (call.entry != nullptr) {
+        const Entry* e = call.entry;
+        if (scratch.size() < e->scratchpad.get_size()) scratch.resize(e->scratchpad.get_size());
+        call.a = dnnl::memory(e->a, eng, const_cast<void*>(A));
+        call.b = dnnl::memory(e->b, eng, const_cast<void*>(B));
+        call.c = dnnl::memory(e->c, eng, C);
+        call.pad = dnnl::memory(e->scratchpad, eng, scratch.data());
+        call.args = {{DNNL_ARG_SRC, call.a},
+                     {DNNL_ARG_WEIGHTS, call.b},
+                     {DNNL_ARG_DST, call.c},
+                     {DNNL_ARG_SCRATCHPAD, call.pad}};
+      }
+      it = calls.emplace(key, std::move(call)).first;
+    }
+    ThreadCall& call = it->second;
+    if (call.entry == nullptr) return false;
+    // The scratch buffer only grows; a later, larger primitive may have moved it.
+    if (scratch.size() < call.entry->scratchpad.get_size()) {
+      scratch.resize(call.entry->scratchpad.get_size());
+    }
+    call.a.set_data_handle(const_cast<void*>(A));
+    call.b.set_data_handle(const_cast<void*>(B));
+    call.c.set_data_handle(C);
+    call.pad.set_data_handle(scratch.data());
     if (omp_get_max_threads() != nt) omp_set_num_threads(nt);
     static thread_local dnnl::stream s(eng);  // one per thread: creating one per call costs
-    e->prim.execute(s, {{DNNL_ARG_SRC, a},
-                        {DNNL_ARG_WEIGHTS, b},
-                        {DNNL_ARG_DST, c},
-                        {DNNL_ARG_SCRATCHPAD, pad}});
+    call.entry->prim.execute(s, call.args);
     s.wait();
     return true;
   } catch (const dnnl::error&) {
