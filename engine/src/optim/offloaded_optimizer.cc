@@ -172,6 +172,45 @@ class OffloadedOptimizer final : public HostDrivenOffload {
     return out;
   }
 
+  // Streamed: the header from each group's state read one at a time (names, dtypes, shapes),
+  // then the tensors in name order from one group's state at a time (a group is read again when
+  // name order comes back to it); never the whole state in RAM, at the cost of reading the state
+  // at least twice.
+  Status WriteState(const std::string& path) const override {
+    TRAIND_RETURN_IF_ERROR(status_);
+    std::vector<StreamedTensor> specs;
+    std::vector<size_t> group_of;  // per spec
+    std::map<std::string, std::string> metadata;
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      // The group's committed state, not a fresh instance's: which tensors exist can depend on
+      // the step (SGD's momentum buffers appear with the first step).
+      TRAIND_ASSIGN_OR_RETURN(const SafetensorsFile state, GroupState(g));
+      if (metadata.empty()) metadata = state.metadata;
+      for (const auto& [name, t] : state.tensors) {
+        specs.push_back({name, t.dtype, t.shape});
+        group_of.push_back(g);
+      }
+    }
+    metadata["step"] = std::to_string(step_);
+    size_t cached = groups_.size();
+    SafetensorsFile current;
+    const std::vector<StreamedTensor> names = specs;
+    return WriteSafetensorsStreamed(
+        path, metadata, specs, [&](size_t i, const SafetensorsSink& sink) -> Status {
+          if (cached != group_of[i]) {
+            TRAIND_ASSIGN_OR_RETURN(current, GroupState(group_of[i]));
+            cached = group_of[i];
+          }
+          auto it = current.tensors.find(names[i].name);
+          if (it == current.tensors.end()) {
+            return Status::DataLoss(store_->Describe() + " group '" + groups_[group_of[i]].name +
+                                    "' holds no tensor " + names[i].name);
+          }
+          sink(it->second.data.data(), it->second.data.size());
+          return Status::Ok();
+        });
+  }
+
   Status LoadState(const SafetensorsFile& file) override {
     TRAIND_RETURN_IF_ERROR(status_);
     TRAIND_ASSIGN_OR_RETURN(const int64_t step, StepOf(file.metadata));
