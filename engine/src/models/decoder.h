@@ -3,6 +3,8 @@
 // (norm kind, biases, RoPE vs learned positions, GELU vs SwiGLU); the step code is shared.
 #pragma once
 
+#include <functional>
+
 #include <memory>
 #include <vector>
 
@@ -26,6 +28,10 @@ SafetensorsFile FlatToHf(const ParamTable& table, const float* host);
 // N(0, 0.02) weights, N(0, 0.02/sqrt(2L)) residual projections, zeros, ones; padded vocabulary
 // rows zero. The same numbers on every platform.
 void InitFlatParams(const ArchDims& d, const ParamTable& table, uint64_t seed, float* host);
+// The same values, tensor by tensor in table order, handed to write(flat offset, values, count)
+// from a host buffer of at most 4 MiB (every element of every tensor, padded rows as zeros).
+void InitFlatParamsTo(const ArchDims& d, const ParamTable& table, uint64_t seed,
+                      const std::function<void(int64_t, const float*, int64_t)>& write);
 
 class DecoderModel : public Model {
  public:

@@ -138,11 +138,14 @@ Result<std::unique_ptr<EncoderModel>> EncoderModel::Make(const ModelConfig& conf
 }
 
 void EncoderModel::InitRandom(uint64_t seed) {
-  std::vector<float> host(static_cast<size_t>(table_.total), 0.0f);
-  InitFlatParams(d_, table_, seed, host.data());
+  // Tensor by tensor through a bounded host buffer (as the decoder's).
+  InitFlatParamsTo(d_, table_, seed, [this](int64_t offset, const float* v, int64_t n) {
+    be_->CopyHostToDevice(bufs_.params + offset, v, static_cast<size_t>(n) * sizeof(float));
+  });
   // nn.Embedding(padding_idx): the padding row starts at zero.
-  std::fill_n(host.begin() + table_.wte + config_.pad_token_id * d_.C, d_.C, 0.0f);
-  be_->CopyHostToDevice(bufs_.params, host.data(), host.size() * sizeof(float));
+  const std::vector<float> zeros(static_cast<size_t>(d_.C), 0.0f);
+  be_->CopyHostToDevice(bufs_.params + table_.wte + config_.pad_token_id * d_.C, zeros.data(),
+                        zeros.size() * sizeof(float));
   be_->Synchronize();
   weights16_stale_ = true;
 }
