@@ -105,68 +105,19 @@ TRAIND_CPU_CLONES float Dot(const float* a, const float* b, int64_t n) {
   return s;
 }
 
-// SoftmaxRow with the probabilities written to p16 in bf16 (s keeps the unnormalised exps).
-TRAIND_CPU_CLONES float SoftmaxRow16(float* s, int64_t valid, int64_t n, const int32_t* km,
-                                     uint16_t* p16) {
-  float mx = -INFINITY;
-  if (km == nullptr) {
-#pragma omp simd reduction(max : mx)
-    for (int64_t j = 0; j < valid; ++j) mx = std::max(mx, s[j]);
-  } else {
-    for (int64_t j = 0; j < valid; ++j)
-      if (km[j] != 0) mx = std::max(mx, s[j]);
-  }
-  if (mx == -INFINITY) {  // every key masked (scores are finite otherwise)
-    std::fill_n(p16, n, uint16_t{0});
-    return 0.0f;
-  }
-  float sum = 0.0f;
-  if (km == nullptr) {
-#pragma omp simd reduction(+ : sum)
-    for (int64_t j = 0; j < valid; ++j) {
-      const float e = ExpF(s[j] - mx);
-      s[j] = e;
-      sum += e;
-    }
-  } else {
-#pragma omp simd reduction(+ : sum)
-    for (int64_t j = 0; j < valid; ++j) {
-      const float e = km[j] != 0 ? ExpF(s[j] - mx) : 0.0f;
-      s[j] = e;
-      sum += e;
-    }
-  }
-  const float inv = 1.0f / sum;
-#pragma omp simd
-  for (int64_t j = 0; j < valid; ++j) s[j] *= inv;
-  F32ToBf16Span(p16, s, valid);
-  std::fill_n(p16 + valid, n - valid, uint16_t{0});
-  return mx + std::log(sum);
+// SoftmaxRow, then the row's probabilities in bf16 into p16 (zeros past `valid`).
+float SoftmaxRow16(float* s, int64_t valid, int64_t n, const int32_t* km, uint16_t* p16) {
+  const float lse = SoftmaxRow(s, valid, n, km);
+  F32ToBf16Span(p16, s, n);
+  return lse;
 }
 
-// GradRow with P and dS written to p16 and ds16 in bf16 (s and dp are scratch afterwards).
-TRAIND_CPU_CLONES void GradRow16(float* s, float* dp, float lse, float D, float scale,
-                                 int64_t valid, int64_t n, const int32_t* km, uint16_t* p16,
-                                 uint16_t* ds16) {
-  if (km == nullptr) {
-#pragma omp simd
-    for (int64_t j = 0; j < valid; ++j) {
-      const float p = ExpFlushF(s[j] - lse);
-      s[j] = p;
-      dp[j] = p * (dp[j] - D) * scale;
-    }
-  } else {
-#pragma omp simd
-    for (int64_t j = 0; j < valid; ++j) {
-      const float p = km[j] != 0 ? ExpFlushF(s[j] - lse) : 0.0f;
-      s[j] = p;
-      dp[j] = p * (dp[j] - D) * scale;
-    }
-  }
-  F32ToBf16Span(p16, s, valid);
-  F32ToBf16Span(ds16, dp, valid);
-  std::fill_n(p16 + valid, n - valid, uint16_t{0});
-  std::fill_n(ds16 + valid, n - valid, uint16_t{0});
+// GradRow, then P and dS in bf16 into p16 and ds16.
+void GradRow16(float* s, float* dp, float lse, float D, float scale, int64_t valid, int64_t n,
+               const int32_t* km, uint16_t* p16, uint16_t* ds16) {
+  GradRow(s, dp, lse, D, scale, valid, n, km);
+  F32ToBf16Span(p16, s, n);
+  F32ToBf16Span(ds16, dp, n);
 }
 
 // bf16 (NH heads) copies of the rows of x (B*T rows, stride `stride`, head h at h*HS), packed
