@@ -471,6 +471,34 @@ Status WriteSafetensors(const std::string& path, const SafetensorsFile& file) {
                                   });
 }
 
+Status WriteSafetensorsStream(const std::string& path, const SafetensorsStream& stream) {
+  return WriteSafetensorsStreamed(path, stream.metadata, stream.tensors, stream.data);
+}
+
+Result<SafetensorsFile> CollectSafetensorsStream(const SafetensorsStream& stream) {
+  SafetensorsFile out;
+  out.metadata = stream.metadata;
+  for (size_t i = 0; i < stream.tensors.size(); ++i) {
+    const StreamedTensor& spec = stream.tensors[i];
+    HostTensor t;
+    t.dtype = spec.dtype;
+    t.shape = spec.shape;
+    const uint64_t bytes = static_cast<uint64_t>(t.numel()) * SafetensorsDTypeSize(spec.dtype);
+    t.data.reserve(bytes);
+    TRAIND_RETURN_IF_ERROR(stream.data(i, [&](const void* p, size_t size) {
+      const auto* b = static_cast<const uint8_t*>(p);
+      t.data.insert(t.data.end(), b, b + size);
+      return t.data.size() <= bytes;
+    }));
+    if (t.data.size() != bytes) {
+      return Status::Internal("tensor '" + spec.name + "': " + std::to_string(t.data.size()) +
+                              " bytes produced for " + std::to_string(bytes));
+    }
+    out.tensors[spec.name] = std::move(t);
+  }
+  return out;
+}
+
 Status WriteFileAtomic(const std::string& path, const std::string& content) {
   return WritePiecesAtomic(path,
                            {{reinterpret_cast<const uint8_t*>(content.data()), content.size()}});

@@ -101,6 +101,21 @@ Status WriteSafetensorsStreamed(const std::string& path,
                                 const std::map<std::string, std::string>& metadata,
                                 std::vector<StreamedTensor> tensors, const StreamedTensorData& data);
 
+// A file's tensors as a stream: the header's names, dtypes and shapes up front and each tensor's
+// bytes produced on demand (data(i, sink), called in name order by the writer), so a producer
+// can read a tensor in pieces through a bounded buffer (a model's export: Model::StreamHf).
+struct SafetensorsStream {
+  std::map<std::string, std::string> metadata;
+  std::vector<StreamedTensor> tensors;
+  StreamedTensorData data;
+};
+// The same bytes as WriteSafetensors of the collected file, written with WriteSafetensorsStreamed
+// (path.tmp, fsync, rename; on any error path is untouched and path.tmp removed).
+Status WriteSafetensorsStream(const std::string& path, const SafetensorsStream& stream);
+// The whole file in memory (tests, small files): every tensor's bytes collected. INTERNAL when a
+// producer puts a wrong byte count; a producer's own error as it is.
+Result<SafetensorsFile> CollectSafetensorsStream(const SafetensorsStream& stream);
+
 // Reads an HF model folder's weights: model.safetensors, or the shards listed in
 // model.safetensors.index.json ("weight_map"). NOT_FOUND when neither exists.
 Result<SafetensorsFile> ReadHfWeights(const std::string& folder);

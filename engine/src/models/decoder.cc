@@ -41,20 +41,6 @@ void FromHfLayout(const ParamInfo& info, const ParamExtra& ex, const float* src,
   std::fill(dst + hf_numel, dst + info.numel, 0.0f);  // padded vocabulary rows stay zero
 }
 
-std::vector<float> ToHfLayout(const ParamInfo& info, const ParamExtra& ex, const float* src) {
-  int64_t hf_numel = 1;
-  for (int64_t s : info.hf_shape) hf_numel *= s;
-  std::vector<float> out(static_cast<size_t>(hf_numel));
-  if (ex.transposed) {  // engine (OC, C) -> file (C, OC)
-    const int64_t OC = info.shape[0], C = info.shape[1];
-    for (int64_t o = 0; o < OC; ++o)
-      for (int64_t c = 0; c < C; ++c) out[c * OC + o] = src[o * C + c];
-  } else {
-    std::copy(src, src + hf_numel, out.begin());  // drops padded vocabulary rows
-  }
-  return out;
-}
-
 }  // namespace
 
 DecoderModel::DecoderModel(const ModelConfig& config, const ModelOptions& options,
@@ -214,25 +200,94 @@ Status HfToFlat(const std::string& arch, const ParamTable& table, const Safetens
   return Status::Ok();
 }
 
-SafetensorsFile DecoderModel::ExportHf() {
-  std::vector<float> host(static_cast<size_t>(table_.total));
-  be_->CopyDeviceToHost(host.data(), bufs_.params, host.size() * sizeof(float));
-  be_->Synchronize();
-  return ExportFrom(host);
+SafetensorsStream DecoderModel::StreamHf(size_t piece_bytes) {
+  return StreamFlatToHf(be_, &table_, bufs_.params, piece_bytes, nullptr);
 }
 
-SafetensorsFile DecoderModel::ExportFrom(const std::vector<float>& host) const {
-  return FlatToHf(table_, host.data());
-}
+namespace {
 
-SafetensorsFile FlatToHf(const ParamTable& table, const float* host) {
-  SafetensorsFile out;
-  out.metadata["format"] = "pt";
-  for (size_t i = 0; i < table.infos.size(); ++i) {
-    const ParamInfo& info = table.infos[i];
-    std::vector<float> v = ToHfLayout(info, table.extras[i], host + info.offset);
-    out.tensors[info.hf_name] = HostTensor::FromF32(v.data(), info.hf_shape);
+// The two reused host buffers of one stream.
+struct ExportBuffers {
+  std::vector<float> stage, out;
+};
+
+// W[o, c] += scale * sum_k B[o, k] A[k, c] (in double, as PEFT's merge) for the engine rows
+// [o0, o0 + rows) and columns [c0, c0 + cols) of one tensor, held in `w` with row stride ld.
+void MergeBlock(const LoraMerge& m, size_t tensor, int64_t o0, int64_t rows, int64_t c0,
+                int64_t cols, float* w, int64_t ld) {
+  for (const LoraAdapterEntry* e : m.by_tensor[tensor]) {
+    const float* A = m.host.data() + e->a_off;
+    const float* B = m.host.data() + e->b_off;
+    for (int64_t o = 0; o < rows; ++o) {
+      for (int64_t c = 0; c < cols; ++c) {
+        double acc = 0.0;
+        for (int64_t k = 0; k < m.r; ++k) {
+          acc += static_cast<double>(B[(o0 + o) * m.r + k]) * A[k * e->in + c0 + c];
+        }
+        w[o * ld + c] += static_cast<float>(m.scale * acc);
+      }
+    }
   }
+}
+
+// One tensor of StreamFlatToHf into `sink`. A false sink (the write failed) stops it; the writer
+// reports that error.
+Status StreamTensor(Backend* be, const ParamInfo& info, const ParamExtra& ex, const float* params,
+                    size_t piece_floats, const LoraMerge* merge, size_t tensor, ExportBuffers* buf,
+                    const SafetensorsSink& sink) {
+  const float* src = params + info.offset;
+  const bool merged = merge != nullptr && !merge->by_tensor[tensor].empty();
+  if (ex.transposed) {  // engine (OC, C) -> file (C, OC): file rows [c0, c0 + w) per piece
+    const int64_t OC = info.shape[0], C = info.shape[1];
+    const int64_t w = std::max<int64_t>(1, static_cast<int64_t>(piece_floats) / OC);
+    buf->stage.resize(static_cast<size_t>(std::min(w, C) * OC));
+    buf->out.resize(buf->stage.size());
+    for (int64_t c0 = 0; c0 < C; c0 += w) {
+      const int64_t cw = std::min(w, C - c0);
+      for (int64_t o = 0; o < OC; ++o) {
+        be->CopyDeviceToHost(buf->stage.data() + o * cw, src + o * C + c0,
+                             static_cast<size_t>(cw) * sizeof(float));
+      }
+      be->Synchronize();
+      if (merged) MergeBlock(*merge, tensor, 0, OC, c0, cw, buf->stage.data(), cw);
+      for (int64_t o = 0; o < OC; ++o)
+        for (int64_t c = 0; c < cw; ++c) buf->out[c * OC + o] = buf->stage[o * cw + c];
+      if (!sink(buf->out.data(), static_cast<size_t>(cw * OC) * sizeof(float))) break;
+    }
+    return Status::Ok();
+  }
+  // The file's tensor is the first hf_numel elements (padded vocabulary rows dropped), sent in
+  // whole engine rows (the merge works on rows); 1-D tensors in runs of elements.
+  int64_t hf_numel = 1;
+  for (int64_t s : info.hf_shape) hf_numel *= s;
+  const int64_t row = info.shape.size() >= 2 ? info.numel / info.shape[0] : 1;
+  const int64_t rows = hf_numel / row;
+  const int64_t per = std::max<int64_t>(1, static_cast<int64_t>(piece_floats) / row);
+  buf->stage.resize(static_cast<size_t>(std::min(per, rows) * row));
+  for (int64_t r0 = 0; r0 < rows; r0 += per) {
+    const int64_t n = std::min(per, rows - r0);
+    be->CopyDeviceToHost(buf->stage.data(), src + r0 * row,
+                         static_cast<size_t>(n * row) * sizeof(float));
+    be->Synchronize();
+    if (merged) MergeBlock(*merge, tensor, r0, n, 0, row, buf->stage.data(), row);
+    if (!sink(buf->stage.data(), static_cast<size_t>(n * row) * sizeof(float))) break;
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+SafetensorsStream StreamFlatToHf(Backend* be, const ParamTable* table, const float* params,
+                                 size_t piece_bytes, std::shared_ptr<const LoraMerge> merge) {
+  SafetensorsStream out;
+  out.metadata["format"] = "pt";
+  for (const ParamInfo& info : table->infos) out.tensors.push_back({info.hf_name, "F32", info.hf_shape});
+  const size_t piece_floats = std::max<size_t>(1, piece_bytes / sizeof(float));
+  auto buf = std::make_shared<ExportBuffers>();
+  out.data = [be, table, params, piece_floats, merge, buf](size_t i, const SafetensorsSink& sink) {
+    return StreamTensor(be, table->infos[i], table->extras[i], params, piece_floats, merge.get(), i,
+                        buf.get(), sink);
+  };
   return out;
 }
 
@@ -292,28 +347,24 @@ Status DecoderModel::LoadAdapters(const SafetensorsFile& file) {
   return Status::Ok();
 }
 
-SafetensorsFile DecoderModel::ExportMerged() {
-  std::vector<float> host(static_cast<size_t>(table_.total));
-  be_->CopyDeviceToHost(host.data(), bufs_.params, host.size() * sizeof(float));
-  std::vector<float> ad(static_cast<size_t>(lora_.total));
-  if (lora()) be_->CopyDeviceToHost(ad.data(), bufs_.lora_params, ad.size() * sizeof(float));
+SafetensorsStream DecoderModel::StreamMerged(size_t piece_bytes) {
+  if (!lora()) return StreamHf(piece_bytes);
+  auto merge = std::make_shared<LoraMerge>();
+  merge->r = lora_.r;
+  merge->scale = lora_.scale;
+  merge->host.resize(static_cast<size_t>(lora_.total));
+  be_->CopyDeviceToHost(merge->host.data(), bufs_.lora_params, merge->host.size() * sizeof(float));
   be_->Synchronize();
-  // W[col + o, c] += scale * sum_k B[o, k] A[k, c], in double, on the engine's (OC, C) layout.
+  // Each adapter covers one table tensor: the rows [col, col + out) of its fused site weight.
+  merge->by_tensor.resize(table_.infos.size());
   for (const LoraAdapterEntry& e : lora_.adapters) {
-    const float* A = ad.data() + e.a_off;
-    const float* B = ad.data() + e.b_off;
-    float* W = host.data() + e.base_w + e.col * e.base_in;
-    for (int64_t o = 0; o < e.out; ++o) {
-      for (int64_t c = 0; c < e.in; ++c) {
-        double acc = 0.0;
-        for (int64_t k = 0; k < lora_.r; ++k) {
-          acc += static_cast<double>(B[o * lora_.r + k]) * A[k * e.in + c];
-        }
-        W[o * e.base_in + c] += static_cast<float>(lora_.scale * acc);
-      }
+    const int64_t offset = e.base_w + e.col * e.base_in;
+    for (size_t i = 0; i < table_.infos.size(); ++i) {
+      const ParamInfo& info = table_.infos[i];
+      if (info.offset == offset && info.numel == e.out * e.in) merge->by_tensor[i].push_back(&e);
     }
   }
-  return ExportFrom(host);
+  return StreamFlatToHf(be_, &table_, bufs_.params, piece_bytes, std::move(merge));
 }
 
 nn::LoraSite DecoderModel::Site(int64_t l, LoraSiteKind site) const {

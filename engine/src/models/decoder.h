@@ -22,8 +22,20 @@ namespace traind::engine {
 // not an error; its table index is appended (the caller initialises it).
 Status HfToFlat(const std::string& arch, const ParamTable& table, const SafetensorsFile& file,
                 float* host, std::vector<size_t>* missing_heads = nullptr);
-// `host` (table.total floats) under HF names and layouts, F32.
-SafetensorsFile FlatToHf(const ParamTable& table, const float* host);
+// LoRA's merge for a streamed export: the adapters on the host (trainable buffer layout) and
+// which adapters fold into which table tensor.
+struct LoraMerge {
+  int64_t r = 0;
+  float scale = 0.0f;
+  std::vector<float> host;                                  // lora.total floats
+  std::vector<std::vector<const LoraAdapterEntry*>> by_tensor;  // per table index
+};
+// `params` (device, table.total floats, laid out as `table`) under HF names and layouts, F32, as
+// Model::StreamHf describes: each tensor copied from `be` in pieces of at most piece_bytes (a
+// transposed tensor: the file's rows [c0, c1) from one copy per engine row), with `merge` (may be
+// null) folded in per piece. `table`, `be` and `merge` must outlive the stream.
+SafetensorsStream StreamFlatToHf(Backend* be, const ParamTable* table, const float* params,
+                                 size_t piece_bytes, std::shared_ptr<const LoraMerge> merge);
 // The init of every tensor (ParamExtra::init) from `seed` into `host` (table.total floats):
 // N(0, 0.02) weights, N(0, 0.02/sqrt(2L)) residual projections, zeros, ones; padded vocabulary
 // rows zero. The same numbers on every platform.
@@ -58,11 +70,11 @@ class DecoderModel : public Model {
 
   void InitRandom(uint64_t seed) override;
   Status LoadHf(const SafetensorsFile& file) override;
-  SafetensorsFile ExportHf() override;
+  SafetensorsStream StreamHf(size_t piece_bytes) override;
   void InitAdapters(uint64_t seed) override;
   SafetensorsFile ExportAdapters() override;
   Status LoadAdapters(const SafetensorsFile& file) override;
-  SafetensorsFile ExportMerged() override;
+  SafetensorsStream StreamMerged(size_t piece_bytes) override;
   std::vector<std::string> lora_targets() const override { return lora_.targets; }
   const float* logits() const override { return bufs_.logits; }
   int64_t logits_stride() const override { return d_.Vp; }
@@ -92,7 +104,6 @@ class DecoderModel : public Model {
   }
   // Layer l's adapters at `site` (inactive without any).
   nn::LoraSite Site(int64_t l, LoraSiteKind site) const;
-  SafetensorsFile ExportFrom(const std::vector<float>& host) const;
   // A GEMM weight in the compute type: the 16-bit copy, or the fp32 master weights.
   const void* W(int64_t offset) const;
   // Norm output -> `dst` (a GEMM input in the compute type) through an fp32 buffer.

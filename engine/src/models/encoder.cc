@@ -170,11 +170,8 @@ Status EncoderModel::LoadHf(const SafetensorsFile& file) {
   return Status::Ok();
 }
 
-SafetensorsFile EncoderModel::ExportHf() {
-  std::vector<float> host(static_cast<size_t>(table_.total));
-  be_->CopyDeviceToHost(host.data(), bufs_.params, host.size() * sizeof(float));
-  be_->Synchronize();
-  return FlatToHf(table_, host.data());
+SafetensorsStream EncoderModel::StreamHf(size_t piece_bytes) {
+  return StreamFlatToHf(be_, &table_, bufs_.params, piece_bytes, nullptr);
 }
 
 void EncoderModel::ParamsChanged() {

@@ -110,7 +110,7 @@ class EncoderModel : public Model {
   // Task-head tensors missing from the file (a pretrained base, or the other head) start from
   // their init (seeded by kHeadInitSeed), as transformers does; NewlyInitialized() names them.
   Status LoadHf(const SafetensorsFile& file) override;
-  SafetensorsFile ExportHf() override;
+  SafetensorsStream StreamHf(size_t piece_bytes) override;
   std::vector<std::string> NewlyInitialized() const override { return newly_initialized_; }
   static constexpr uint64_t kHeadInitSeed = 0x68656164ull;
   // LoRA is not built for bert (the config validator refuses it).
@@ -119,7 +119,7 @@ class EncoderModel : public Model {
   Status LoadAdapters(const SafetensorsFile&) override {
     return Status::Unimplemented("LoRA adapters are not built for bert");
   }
-  SafetensorsFile ExportMerged() override { return ExportHf(); }
+  SafetensorsStream StreamMerged(size_t piece_bytes) override { return StreamHf(piece_bytes); }
   std::vector<std::string> lora_targets() const override { return {}; }
   const float* logits() const override { return bufs_.logits; }
   int64_t logits_stride() const override { return bufs_.logits_width; }

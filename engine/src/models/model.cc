@@ -58,6 +58,18 @@ Result<std::unique_ptr<Model>> Model::Create(const ModelConfig& config, const Mo
   return std::unique_ptr<Model>(std::move(m));
 }
 
+namespace {
+// A model's stream only copies device memory and converts it; it has no error to report.
+SafetensorsFile Collected(const SafetensorsStream& stream) {
+  Result<SafetensorsFile> f = CollectSafetensorsStream(stream);
+  return f.ok() ? std::move(f).value() : SafetensorsFile{};
+}
+}  // namespace
+
+SafetensorsFile Model::ExportHf() { return Collected(StreamHf(kHfExportPieceBytes)); }
+
+SafetensorsFile Model::ExportMerged() { return Collected(StreamMerged(kHfExportPieceBytes)); }
+
 std::vector<ParamInfo> Model::ParamsOf(const ModelConfig& config) {
   if (!ValidateModelConfig(config, "model.config.").ok()) return {};
   return BuildParams(MakeArchDims(config)).infos;

@@ -35,6 +35,10 @@ struct LoraOptions {
   bool enabled() const { return r > 0; }
 };
 
+// The host buffer size of a model file's streamed write (Model::StreamHf): two buffers of this
+// are what saving a model adds to the process's memory.
+inline constexpr size_t kHfExportPieceBytes = size_t{4} << 20;
+
 struct ModelOptions {
   int64_t micro_batch = 8;   // B
   int64_t seq_len = 128;     // T (<= max positions)
@@ -124,17 +128,27 @@ class Model {
   // tensors or shape mismatches, naming the tensor and both shapes. Unused extra tensors
   // (e.g. attn.bias buffers) are ignored.
   virtual Status LoadHf(const SafetensorsFile& file) = 0;
-  // The parameters under HF names and layouts, F32 (tied lm_head omitted as HF does).
-  virtual SafetensorsFile ExportHf() = 0;
+  // The parameters under HF names and layouts, F32 (tied lm_head omitted as HF does), as a stream:
+  // names, dtypes and shapes up front, each tensor read from the device when the writer asks for
+  // it, through two reused host buffers of at most `piece_bytes` (one for a transposed tensor's
+  // slice of each engine row, one for the file's layout), so WriteSafetensorsStream writes the
+  // model file with about 2 x piece_bytes of host memory whatever the model's size. The stream
+  // reads the parameters as they are when it runs: use it while the model lives and before the
+  // next step. ExportHf: the same tensors collected into memory (tests, small models).
+  virtual SafetensorsStream StreamHf(size_t piece_bytes) = 0;
+  SafetensorsFile ExportHf();
   // LoRA only. InitAdapters: A Kaiming-uniform (PEFT's default: bound 1/sqrt(in)) from `seed`,
   // B zeros. ExportAdapters / LoadAdapters: the adapters under PEFT's names
   // (base_model.model.<module>.lora_A.weight (r, in), .lora_B.weight (out, r)); LoadAdapters
   // gives INVALID_ARGUMENT naming a missing or misshapen tensor. ExportMerged: the full model in
-  // HF layout with W + (alpha/r) B A folded in (as PEFT's merge_and_unload).
+  // HF layout with W + (alpha/r) B A folded in (as PEFT's merge_and_unload); StreamMerged: the
+  // same as a stream like StreamHf's (the adapters, small, are copied to the host when it is made;
+  // the merge runs piece by piece on the base weights). Without LoRA both are the plain export.
   virtual void InitAdapters(uint64_t seed) = 0;
   virtual SafetensorsFile ExportAdapters() = 0;
   virtual Status LoadAdapters(const SafetensorsFile& file) = 0;
-  virtual SafetensorsFile ExportMerged() = 0;
+  virtual SafetensorsStream StreamMerged(size_t piece_bytes) = 0;
+  SafetensorsFile ExportMerged();
   // The target modules in effect (the option's, or the family default); empty without LoRA.
   virtual std::vector<std::string> lora_targets() const = 0;
   // Device pointer to the last chunk's logits (padded vocab wide, rows of `logits_stride()`): all N

@@ -160,7 +160,8 @@ Result<std::string> SaveCheckpoint(const std::string& output_dir, const JobSpec&
     TRAIND_RETURN_IF_ERROR(
         WriteFileAtomic((tmp / kAdapterConfigFile).string(), AdapterConfigJson(spec, *model)));
   } else {
-    TRAIND_RETURN_IF_ERROR(WriteSafetensors((tmp / kModelFile).string(), model->ExportHf()));
+    TRAIND_RETURN_IF_ERROR(WriteSafetensorsStream((tmp / kModelFile).string(),
+                                                  model->StreamHf(kHfExportPieceBytes)));
   }
   TRAIND_RETURN_IF_ERROR(optimizer.WriteState((tmp / kOptimizerFile).string()));
   TRAIND_RETURN_IF_ERROR(WriteFileAtomic((tmp / kTrainerStateFile).string(),

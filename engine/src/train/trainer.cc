@@ -67,8 +67,10 @@ Status WriteFinalOutputs(TrainingSession* s, const RunSummary& summary) {
   if (!lora || s->spec.training.peft->merge) {
     TRAIND_RETURN_IF_ERROR(
         WriteFileAtomic((out / kConfigFile).string(), WriteHfConfigJson(s->model->config())));
-    TRAIND_RETURN_IF_ERROR(WriteSafetensors((out / kModelFile).string(),
-                                            lora ? s->model->ExportMerged() : s->model->ExportHf()));
+    // Streamed: a few MiB of host memory, not a copy of the model (bench/offload_rss_bench).
+    TRAIND_RETURN_IF_ERROR(WriteSafetensorsStream(
+        (out / kModelFile).string(), lora ? s->model->StreamMerged(kHfExportPieceBytes)
+                                          : s->model->StreamHf(kHfExportPieceBytes)));
   }
   return WriteFileAtomic((out / kTrainerStateFile).string(),
                          TrainerStateJson(s->spec, s->state, s->windows_per_epoch, &final_entry));
