@@ -8,12 +8,14 @@
 //   other way round, bit-identical to an uninterrupted run;
 // - a resume streams the optimizer file into the store (ReadState): RSS grows by the window and
 //   the store's buffers, not the state, and the store then holds exactly the file;
-// - errors: an offload_dir that cannot be used, and a store damaged between steps, end the job
-//   with one clear error naming the directory, never a silent wrong update;
+// - errors: an offload_dir that cannot be used, a store damaged between steps, and a disk that
+//   fills mid-run end the job with one clear error naming the directory, never a silent wrong
+//   update, and the last checkpoint resumes elsewhere;
 // - each step reports its offload I/O (the daemon's traind_offload_* metrics come from it).
 #include <gtest/gtest.h>
 
 #include <malloc.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -465,6 +467,85 @@ TEST(OffloadResume, ReadStateOfEveryOptimizerEqualsTheFile) {
       EXPECT_EQ((*again)->ReadState(other).code(), Status::Code::kDataLoss);
     }
   }
+}
+
+// The offload_dir's file system fills mid-run (a 40 MiB tmpfs; after step 3 a filler file leaves
+// about 6 MiB, less than the store's space check asks for any write: the memtables' and queued
+// bytes + the chunk + 8 MiB, offload/README.md "Errors"): step 4 fails the job with
+// RESOURCE_EXHAUSTED naming the directory, checkpoint-2 (output_dir is on another disk) is intact,
+// and resumed with the store elsewhere the job finishes bit-identical to an uninterrupted run.
+TEST(OffloadErrors, DiskFullMidRunFailsTheJobAndTheLastCheckpointResumes) {
+  const std::string dir = testing::MakeTempDir("offload-disk-full");
+  testing::WriteSyntheticTokens(dir + "/tokens.bin", 1200, 64, 5);
+  const std::string mnt = dir + "/small-fs";
+  fs::create_directories(mnt);
+  if (::mount("tmpfs", mnt.c_str(), "tmpfs", 0, "size=41943040,mode=0755") != 0) {
+    GTEST_SKIP() << "cannot mount a tmpfs here (" << std::strerror(errno)
+                 << "; needs root or CAP_SYS_ADMIN): the job-level disk-full path is not exercised";
+  }
+  struct Unmount {
+    std::string path;
+    ~Unmount() { ::umount2(path.c_str(), MNT_DETACH); }
+  } unmount{mnt};
+  auto spec = [&](const std::string& sub, const std::string& store) {
+    JobSpec s = testing::TinySpec(dir + "/" + sub, dir + "/tokens.bin");
+    s.training.max_steps = 6;
+    s.training.save_steps = 2;
+    if (!store.empty()) {
+      s.training.offload = "nvme";
+      s.training.offload_dir = store;
+    }
+    return s;
+  };
+  RunOptions o = testing::TestRunOptions(2);
+  o.open_optimizer_state_store = [](const TrainingSpec& t) {
+    offload::StoreOptions so;  // small buffers, so the space check fits a 40 MiB file system
+    so.write_buffer_bytes = 2 << 20;
+    so.blob_file_bytes = 2 << 20;
+    so.max_pending_write_bytes = 1 << 20;
+    return offload::MakeRocksDbStore(*t.offload_dir, so);
+  };
+  const JobSpec a = spec("a", "");
+  ASSERT_TRUE(RunJob(a, testing::TestRunOptions(2), {}).ok());
+
+  const std::string store = mnt + "/store";
+  const JobSpec b = spec("b", store);
+  int64_t filled_after = -1;
+  RunCallbacks cb;
+  cb.on_step = [&](const StepReport& r) {
+    if (r.step != 3) return;
+    const auto space = fs::space(mnt);
+    const uint64_t fill = space.available > (6u << 20) ? space.available - (6u << 20) : 0;
+    std::ofstream filler(mnt + "/filler", std::ios::binary);
+    std::vector<char> ones(1 << 20, 1);
+    for (uint64_t done = 0; done < fill; done += ones.size()) {
+      filler.write(ones.data(), static_cast<std::streamsize>(std::min<uint64_t>(ones.size(), fill - done)));
+    }
+    filled_after = r.step;
+  };
+  auto r = RunJob(b, o, cb);
+  ASSERT_EQ(filled_after, 3) << "the job never reached step 3: " << r.status().ToString();
+  ASSERT_FALSE(r.ok()) << "the job finished with its store's file system full";
+  std::printf("the job's error: %s\n", r.status().ToString().c_str());
+  EXPECT_EQ(r.status().code(), Status::Code::kResourceExhausted) << r.status().ToString();
+  EXPECT_NE(r.status().message().find(store), std::string::npos) << r.status().ToString();
+  EXPECT_TRUE(fs::exists(b.output_dir + "/checkpoint-2/optimizer.safetensors"));
+  EXPECT_TRUE(fs::exists(b.output_dir + "/checkpoint-2/model.safetensors"));
+  EXPECT_FALSE(fs::exists(b.output_dir + "/checkpoint-4")) << "a checkpoint after the failure";
+  EXPECT_FALSE(fs::exists(b.output_dir + "/model.safetensors")) << "a final model of a failed job";
+
+  // The operator moves the store to a disk with room: the resume loads checkpoint-2 and finishes.
+  RunOptions o2 = o;
+  o2.resume = true;
+  JobSpec b2 = b;
+  b2.training.offload_dir = dir + "/store-elsewhere";
+  auto r2 = RunJob(b2, o2, {});
+  ASSERT_TRUE(r2.ok()) << r2.status().ToString();
+  EXPECT_EQ(r2->global_step, 6);
+  EXPECT_EQ(testing::ReadFile(b2.output_dir + "/model.safetensors"),
+            testing::ReadFile(a.output_dir + "/model.safetensors"));
+  EXPECT_EQ(testing::ReadFile(b2.output_dir + "/checkpoint-6/optimizer.safetensors"),
+            testing::ReadFile(a.output_dir + "/checkpoint-6/optimizer.safetensors"));
 }
 
 }  // namespace
