@@ -15,11 +15,18 @@ int RunCommandMain(int argc, char** argv) {
   std::string spec, device = "auto", budget = "auto";
   bool resume = false;
   int threads = 0;
+  int max_restarts = 0;
   app.add_option("spec", spec, "job spec (YAML)")->required();
   app.add_option("--device", device, "auto | cpu | cuda:N | simt (emulated CUDA, tests only)");
   app.add_option("--memory-budget", budget, "bytes or auto");
   app.add_option("--threads", threads, "CPU threads; 0 = all");
   app.add_flag("--resume", resume, "continue from output_dir's newest checkpoint");
+  app.add_option("--max-restarts", max_restarts,
+                 "data parallel: when a rank dies or hangs, every rank rejoins the rendezvous "
+                 "and the world resumes from the newest checkpoint, at most N times; give every "
+                 "rank the same N, and --resume so that a restarted process continues; 0 "
+                 "(default): a broken world ends the run")
+      ->check(CLI::Range(0, 1000000));
   CLI11_PARSE(app, argc, argv);
   auto bytes = ParseBytes(budget);
   if (!bytes.ok()) {
@@ -30,7 +37,7 @@ int RunCommandMain(int argc, char** argv) {
   d.device = device;
   d.memory_budget_bytes = *bytes;
   d.threads = threads;
-  return worker::RunLocal(spec, d, resume);
+  return worker::RunLocal(spec, d, resume, max_restarts);
 }
 
 }  // namespace traind::server

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <optional>
 
+#include "rendezvous.h"
 #include "traind/comm/gloo_communicator.h"
 #include "traind/engine/devices.h"
 #if TRAIND_HAVE_NCCL
@@ -95,10 +96,15 @@ Result<DistributedOptions> ResolveDistributed(const engine::JobSpec& spec, const
 
 bool NcclBuilt() { return TRAIND_HAVE_NCCL != 0; }
 
-Result<std::unique_ptr<engine::Communicator>> OpenCommunicatorForJob(const engine::JobSpec& spec,
-                                                                     const std::string& device) {
+namespace {
+
+// OpenCommunicatorForJob, in a restartable world's rounds when `rounds` is not null.
+Result<std::unique_ptr<engine::Communicator>> OpenForJob(const engine::JobSpec& spec,
+                                                         const std::string& device,
+                                                         RestartRounds* rounds) {
   TRAIND_ASSIGN_OR_RETURN(DistributedOptions o,
                           ResolveDistributed(spec, [](const char* v) { return std::getenv(v); }));
+  o.rounds = rounds;
   if (o.world_size == 1) return std::unique_ptr<engine::Communicator>();
   if (device == "simt") {
     return Status::Unimplemented(
@@ -124,5 +130,41 @@ Result<std::unique_ptr<engine::Communicator>> OpenCommunicatorForJob(const engin
   }
   return OpenGlooCommunicator(o);
 }
+
+}  // namespace
+
+Result<std::unique_ptr<engine::Communicator>> OpenCommunicatorForJob(const engine::JobSpec& spec,
+                                                                     const std::string& device) {
+  return OpenForJob(spec, device, nullptr);
+}
+
+RestartableWorld::RestartableWorld(int max_restarts) : rounds_(std::make_unique<RestartRounds>()) {
+  rounds_->max_restarts = max_restarts;
+}
+
+RestartableWorld::~RestartableWorld() = default;
+
+Result<std::unique_ptr<engine::Communicator>> RestartableWorld::Open(const engine::JobSpec& spec,
+                                                                     const std::string& device) {
+  rounds_->assembled = false;
+  return OpenForJob(spec, device, rounds_.get());
+}
+
+Status RestartableWorld::AfterFailure(const Status& failure) const {
+  // Collectives report a peer that went away or timed out as UNAVAILABLE (Gloo and NCCL alike);
+  // before the world assembled, the rendezvous's own error (a rank that never came) is final.
+  if (failure.code() != Status::Code::kUnavailable || !rounds_->assembled) return failure;
+  const int64_t failed = rounds_->round + 1;  // rounds 0..round each ended in a failure
+  if (failed <= rounds_->max_restarts) return Status::Ok();
+  return Status::Unavailable(std::to_string(failed) + " attempts of the world failed (rounds 0 to " +
+                             std::to_string(rounds_->round) + "; --max-restarts " +
+                             std::to_string(rounds_->max_restarts) +
+                             " used up); the last, in round " + std::to_string(rounds_->round) +
+                             ": " + failure.message());
+}
+
+int64_t RestartableWorld::round() const { return rounds_->round; }
+
+int RestartableWorld::max_restarts() const { return rounds_->max_restarts; }
 
 }  // namespace traind::comm

@@ -24,13 +24,19 @@ Result<Rendezvous> JoinRendezvous(const DistributedOptions& o) {
     return Status::InvalidArgument("distributed.rank: must be in [0, " +
                                    std::to_string(o.world_size) + "), got " + std::to_string(o.rank));
   }
+  RestartRounds* rounds = o.rounds;
   Rendezvous rv;
   rv.where = o.master_addr + ":" + std::to_string(o.master_port);
   rv.me = "rank " + std::to_string(o.rank) + " of " + std::to_string(o.world_size);
   const std::string& where = rv.where;
   const std::string& me = rv.me;
+  if (rounds != nullptr) rounds->assembled = false;
   if (o.rank == 0) {
-    TRAIND_ASSIGN_OR_RETURN(rv.server, TcpStoreServer::Start(o.master_addr, o.master_port));
+    if (rounds == nullptr) {
+      TRAIND_ASSIGN_OR_RETURN(rv.server, TcpStoreServer::Start(o.master_addr, o.master_port));
+    } else if (rounds->server == nullptr) {  // kept across rounds: it holds the round counter
+      TRAIND_ASSIGN_OR_RETURN(rounds->server, TcpStoreServer::Start(o.master_addr, o.master_port));
+    }
   }
   rv.deadline = Clock::now() + o.rendezvous_timeout;
   TRAIND_ASSIGN_OR_RETURN(
@@ -39,14 +45,11 @@ Result<Rendezvous> JoinRendezvous(const DistributedOptions& o) {
                               me + " waited for rank 0, which hosts the rendezvous store; rank 0 "
                                    "never came (is it running, with this master_addr/master_port?)"));
   TcpStoreClient* store = rv.store.get();
-  // Claim this rank, then wait for everyone.
-  bool taken = false;
-  TRAIND_RETURN_IF_ERROR(store->SetIfAbsent("join/" + std::to_string(o.rank),
-                                            std::to_string(o.world_size), &taken));
-  if (taken) {
-    return Status::InvalidArgument("distributed.rank: rank " + std::to_string(o.rank) +
-                                   " has already joined this run (" + o.prefix + ") at " + where +
-                                   ": two processes were given the same RANK");
+  // The round (a restartable world): the one after this process's last, or the newest asked for.
+  int64_t round = -1;
+  std::string keys;  // what the claims are under: "" or "round-<n>/"
+  if (rounds != nullptr) {
+    TRAIND_RETURN_IF_ERROR(store->RaiseTo("round", rounds->round + 1, &round));
   }
   std::vector<int> missing;
   auto missing_names = [&]() {
@@ -56,36 +59,82 @@ Result<Rendezvous> JoinRendezvous(const DistributedOptions& o) {
     }
     return (missing.size() == 1 ? "rank " : "ranks ") + names + " never joined";
   };
-  for (;;) {
-    std::vector<int> now;
-    for (int r = 0; r < o.world_size; ++r) {
-      std::string v;
-      bool found = false;
-      const Status got = store->TryGet("join/" + std::to_string(r), &v, &found);
-      if (!got.ok()) {  // rank 0 gave up (its own timeout) and closed the store
+  for (bool joined = false; !joined;) {
+    if (rounds != nullptr) {
+      keys = "round-" + std::to_string(round) + "/";
+      if (round > rounds->max_restarts) {
+        return Status::FailedPrecondition(
+            "rendezvous at " + where + " (" + o.prefix + "): the world is at round " +
+            std::to_string(round) + ", past --max-restarts " + std::to_string(rounds->max_restarts) +
+            ": it has restarted as often as it may, so " + me +
+            " does not rejoin it; start the job again with --resume to continue from the newest "
+            "checkpoint");
+      }
+    }
+    // Claim this rank, then wait for everyone.
+    bool taken = false;
+    TRAIND_RETURN_IF_ERROR(store->SetIfAbsent(keys + "join/" + std::to_string(o.rank),
+                                              std::to_string(o.world_size), &taken));
+    if (taken && rounds != nullptr) {
+      // An earlier process of this rank joined this round and is gone (this one was restarted):
+      // the round lost a rank, so the world goes on in the next one.
+      TRAIND_RETURN_IF_ERROR(store->RaiseTo("round", round + 1, &round));
+      continue;
+    }
+    if (taken) {
+      return Status::InvalidArgument("distributed.rank: rank " + std::to_string(o.rank) +
+                                     " has already joined this run (" + o.prefix + ") at " + where +
+                                     ": two processes were given the same RANK");
+    }
+    missing.clear();
+    for (;;) {
+      std::vector<int> now;
+      for (int r = 0; r < o.world_size; ++r) {
+        std::string v;
+        bool found = false;
+        const Status got = store->TryGet(keys + "join/" + std::to_string(r), &v, &found);
+        if (!got.ok()) {  // rank 0 gave up (its own timeout) and closed the store
+          return Status::Unavailable(
+              "rendezvous at " + where + " (" + o.prefix + keys + "): " +
+              (missing.empty() ? std::string("the store closed") : missing_names()) +
+              "; rank 0 stopped waiting and closed the store (this is " + me + "): " +
+              got.message());
+        }
+        if (!found) {
+          now.push_back(r);
+        } else if (v != std::to_string(o.world_size)) {
+          return Status::InvalidArgument("distributed.world_size: rank " + std::to_string(r) +
+                                         " joined with world_size " + v + ", this " + me +
+                                         " has " + std::to_string(o.world_size));
+        }
+      }
+      missing = std::move(now);
+      if (missing.empty()) {
+        joined = true;
+        break;
+      }
+      if (rounds != nullptr) {  // a newer round asked for: this one will never assemble
+        int64_t newest = round;
+        TRAIND_RETURN_IF_ERROR(store->RaiseTo("round", round, &newest));
+        if (newest > round) {
+          round = newest;
+          break;
+        }
+      }
+      if (Clock::now() >= rv.deadline) {
         return Status::Unavailable(
-            "rendezvous at " + where + " (" + o.prefix + "): " +
-            (missing.empty() ? std::string("the store closed") : missing_names()) +
-            "; rank 0 stopped waiting and closed the store (this is " + me + "): " + got.message());
+            "rendezvous at " + where + " (" + o.prefix + keys + "): " + missing_names() +
+            " within " + Seconds(o.rendezvous_timeout) + " s (" +
+            std::to_string(o.world_size - static_cast<int>(missing.size())) + " of " +
+            std::to_string(o.world_size) + " ranks came; this is " + me + ")");
       }
-      if (!found) {
-        now.push_back(r);
-      } else if (v != std::to_string(o.world_size)) {
-        return Status::InvalidArgument("distributed.world_size: rank " + std::to_string(r) +
-                                       " joined with world_size " + v + ", this " + me + " has " +
-                                       std::to_string(o.world_size));
-      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
-    missing = std::move(now);
-    if (missing.empty()) break;
-    if (Clock::now() >= rv.deadline) {
-      return Status::Unavailable(
-          "rendezvous at " + where + " (" + o.prefix + "): " + missing_names() + " within " +
-          Seconds(o.rendezvous_timeout) + " s (" +
-          std::to_string(o.world_size - static_cast<int>(missing.size())) + " of " +
-          std::to_string(o.world_size) + " ranks came; this is " + me + ")");
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  if (rounds != nullptr) {
+    rounds->round = round;
+    rounds->assembled = true;
+    store->set_prefix(o.prefix + keys);  // the communicator's own keys: this round's
   }
   return rv;
 }

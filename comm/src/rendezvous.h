@@ -17,6 +17,17 @@
 
 namespace traind::comm {
 
+// The state a restartable world (`traind run --max-restarts`, RestartableWorld in distributed.h)
+// keeps across its attempts: rank 0's store, which holds the round counter and outlives every
+// attempt's communicator, and the round this process last joined (docs/distributed.md, "Restarts
+// of `traind run` ranks").
+struct RestartRounds {
+  int max_restarts = 0;
+  std::unique_ptr<TcpStoreServer> server;  // rank 0 only, started by its first join
+  int64_t round = -1;       // the round this process last joined; -1 before its first
+  bool assembled = false;   // the last JoinRendezvous saw every rank join its round
+};
+
 struct Rendezvous {
   std::unique_ptr<TcpStoreServer> server;  // rank 0 only; must outlive every rank's use of it
   std::unique_ptr<TcpStoreClient> store;   // this rank's connection, keys under options.prefix
@@ -28,6 +39,16 @@ struct Rendezvous {
 // INVALID_ARGUMENT for a bad rank / world size, a rank taken twice, or ranks that disagree on the
 // world size; UNAVAILABLE naming the missing ranks (or rank 0, the store's host) when the world
 // does not assemble within options.rendezvous_timeout.
+//
+// With options.rounds (a restartable world) the ranks meet in rounds: the store's counter
+// `<prefix>round` is raised (atomically, to the max) to the round after the one this process last
+// joined (0 for a new process), and the rank claims `<prefix>round-<n>/join/<rank>` in the
+// counter's value n. A claim already taken means an earlier process of this rank joined round n,
+// so that round lost it: the counter goes to n + 1. While waiting, a counter raised past n (a
+// survivor of round n, or a newer rank 0's store) moves the rank to the newer round. Once every
+// rank has claimed round n, the store's keys are under `<prefix>round-<n>/` (rv.server stays null:
+// rank 0's store lives in options.rounds, across rounds), rounds->round = n and
+// rounds->assembled = true. FAILED_PRECONDITION when the round would pass rounds->max_restarts.
 Result<Rendezvous> JoinRendezvous(const DistributedOptions& options);
 
 // Polls the store until `key` is set, then returns its value. UNAVAILABLE naming `who` (the rank

@@ -10,7 +10,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 
 namespace traind::comm {
@@ -166,6 +168,19 @@ void TcpStoreServer::Loop() {
           if (!existed) data_[key] = std::move(value);
           reply.push_back(existed ? 1 : 0);
           PutU32(&reply, 0);
+        } else if (op == 'M') {
+          // Raise to at least the request's integer (absent = -1); the reply holds the value now.
+          const auto parse = [](const std::vector<char>& v) {
+            return std::strtoll(std::string(v.begin(), v.end()).c_str(), nullptr, 10);
+          };
+          auto it = data_.find(key);
+          const long long want = parse(value);
+          const long long now = it == data_.end() ? want : std::max(parse(it->second), want);
+          const std::string text = std::to_string(now);
+          data_[key] = std::vector<char>(text.begin(), text.end());
+          reply.push_back(0);
+          PutU32(&reply, static_cast<uint32_t>(text.size()));
+          reply += text;
         } else if (op == 'G') {
           auto it = data_.find(key);
           if (it == data_.end()) {
@@ -275,6 +290,19 @@ Status TcpStoreClient::TryGet(const std::string& key, std::string* value, bool* 
   uint8_t st = 0;
   TRAIND_RETURN_IF_ERROR(Request('G', key, "", &st, value));
   *found = st == 0;
+  return Status::Ok();
+}
+
+Status TcpStoreClient::RaiseTo(const std::string& key, int64_t value, int64_t* now) {
+  uint8_t st = 0;
+  std::string reply;
+  TRAIND_RETURN_IF_ERROR(Request('M', key, std::to_string(value), &st, &reply));
+  char* end = nullptr;
+  *now = std::strtoll(reply.c_str(), &end, 10);
+  if (reply.empty() || *end != '\0') {
+    return Status::Unavailable("rendezvous store at " + where_ + " answered '" + reply +
+                               "' to a raise of " + key + " (not a store of this traind version?)");
+  }
   return Status::Ok();
 }
 

@@ -6,7 +6,8 @@
 // Private to comm/.
 //
 // Wire format (one request, one reply, over one TCP connection per client):
-//   request: op (1 byte: 'S' set, 'G' get, 'X' set if absent), key length (u32 LE), key,
+//   request: op (1 byte: 'S' set, 'G' get, 'X' set if absent, 'M' raise a decimal integer to at
+//            least the value: the restart rounds' counter), key length (u32 LE), key,
 //            value length (u32 LE), value
 //   reply:   status (1 byte: 0 ok / found, 1 not found / already there), length (u32 LE), value
 // A get that is not found returns at once; waiting is the client's polling loop (its deadline is
@@ -59,12 +60,17 @@ class TcpStoreClient {
   TcpStoreClient& operator=(const TcpStoreClient&) = delete;
 
   const std::string& prefix() const { return prefix_; }
+  // Later requests use `prefix` (a restartable world moves to its round's keys once joined).
+  void set_prefix(const std::string& prefix) { prefix_ = prefix; }
   const std::string& where() const { return where_; }  // "addr:port"
   std::chrono::milliseconds timeout() const { return timeout_; }  // Connect's timeout
 
   Status Set(const std::string& key, const std::string& value);
   // false in *found when absent (no waiting).
   Status TryGet(const std::string& key, std::string* value, bool* found);
+  // Atomically sets `key` to max(its integer value, `value`) (absent counts as lower than any);
+  // *now is the value after the request.
+  Status RaiseTo(const std::string& key, int64_t value, int64_t* now);
   // Sets unless present; *existed tells which.
   Status SetIfAbsent(const std::string& key, const std::string& value, bool* existed);
 

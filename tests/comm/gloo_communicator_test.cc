@@ -2,7 +2,8 @@
 // process, over loopback: sums, 16-bit sums with fp32 accumulation, reduce-scatter (equal counts,
 // and in place with a count per rank), all-gather,
 // broadcast, barrier; the rendezvous's errors (a rank that never joins, no rank 0, a rank taken
-// twice, disagreeing world sizes); ResolveDistributed's environment defaults.
+// twice, disagreeing world sizes); ResolveDistributed's environment defaults; a restartable
+// world's rounds (RestartableWorld: a new process of a rank joins the survivors' next round).
 #include <gtest/gtest.h>
 
 #include <arpa/inet.h>
@@ -23,6 +24,7 @@
 #include <vector>
 
 #include "tcp_store.h"
+#include "traind/comm/distributed.h"
 #include "traind/comm/gloo_communicator.h"
 #include "free_port.h"
 
@@ -349,6 +351,107 @@ TEST(GlooRendezvous, StaleAttemptKeysAreNotSeen) {
   EXPECT_TRUE(found);
   EXPECT_EQ(v, "2");
 }
+
+TEST(RestartRounds, TheStoreRaisesACounterToTheMax) {
+  const int port = NextPort();
+  auto server = TcpStoreServer::Start("127.0.0.1", port);
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  auto c = TcpStoreClient::Connect("127.0.0.1", port, "job/0/", std::chrono::seconds(2), "");
+  ASSERT_TRUE(c.ok());
+  int64_t now = -7;
+  ASSERT_TRUE((*c)->RaiseTo("round", 0, &now).ok());  // absent: set
+  EXPECT_EQ(now, 0);
+  ASSERT_TRUE((*c)->RaiseTo("round", 3, &now).ok());
+  EXPECT_EQ(now, 3);
+  ASSERT_TRUE((*c)->RaiseTo("round", 1, &now).ok());  // never lowered
+  EXPECT_EQ(now, 3);
+  std::string v;
+  bool found = false;
+  ASSERT_TRUE((*c)->TryGet("round", &v, &found).ok());
+  EXPECT_TRUE(found);
+  EXPECT_EQ(v, "3");
+}
+
+// A job spec whose distributed block names everything (no environment needed).
+engine::JobSpec RoundsSpec(int world, int rank, int port) {
+  engine::JobSpec spec;
+  spec.name = "rounds-" + std::to_string(port);
+  engine::DistributedSpec d;
+  d.world_size = world;
+  d.rank = rank;
+  d.master_addr = "127.0.0.1";
+  d.master_port = port;
+  spec.distributed = d;
+  return spec;
+}
+
+// Sums rank+1 over the world: every rank must see W(W+1)/2.
+void ExpectWorldSums(Communicator* comm, int world) {
+  float x = static_cast<float>(comm->rank() + 1);
+  ASSERT_TRUE(comm->AllReduceSum(&x, 1, CommDType::kF32).ok());
+  EXPECT_EQ(x, static_cast<float>(world * (world + 1) / 2));
+}
+
+// Threads as ranks of a restartable world (the process tests are dp_restart_test): round 0, then
+// `victim`'s process "dies" (its communicator and RestartableWorld destroyed; rank 0's store goes
+// with it when the victim is 0) and a new process of it joins at once, before the survivor has
+// noticed (its claim in round 0 is taken, or it finds a new store's counter at 0); the survivor
+// then fails its attempt (AfterFailure: restart) and opens again. Both end in round 1 and sum.
+void RestartOneRank(int victim) {
+  const int port = NextPort();
+  const int W = 2;
+  const int survivor = 1 - victim;
+  std::vector<std::unique_ptr<RestartableWorld>> worlds;
+  std::vector<std::unique_ptr<Communicator>> comms(W);
+  for (int r = 0; r < W; ++r) worlds.push_back(std::make_unique<RestartableWorld>(2));
+  {
+    std::vector<std::thread> t;
+    for (int r = 0; r < W; ++r) {
+      t.emplace_back([&, r] {
+        auto c = worlds[r]->Open(RoundsSpec(W, r, port), "cpu");
+        ASSERT_TRUE(c.ok()) << c.status().ToString();
+        comms[r] = std::move(*c);
+      });
+    }
+    for (auto& th : t) th.join();
+  }
+  ASSERT_TRUE(comms[0] && comms[1]);
+  EXPECT_EQ(worlds[0]->round(), 0);
+  EXPECT_EQ(worlds[1]->round(), 0);
+  // Not a distributed failure: never restarted.
+  EXPECT_EQ(worlds[survivor]->AfterFailure(Status::InvalidArgument("bad spec")).code(),
+            Status::Code::kInvalidArgument);
+  EXPECT_EQ(worlds[survivor]->AfterFailure(Status::ResourceExhausted("disk full")).code(),
+            Status::Code::kResourceExhausted);
+  // The victim dies; its new process joins while the survivor still holds round 0.
+  comms[victim].reset();
+  worlds[victim] = std::make_unique<RestartableWorld>(2);
+  std::unique_ptr<Communicator> fresh;
+  std::thread newcomer([&] {
+    auto c = worlds[victim]->Open(RoundsSpec(W, victim, port), "cpu");
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    fresh = std::move(*c);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  comms[survivor].reset();  // the survivor's attempt failed
+  ASSERT_TRUE(worlds[survivor]->AfterFailure(Status::Unavailable("gloo all-reduce failed")).ok());
+  auto again = worlds[survivor]->Open(RoundsSpec(W, survivor, port), "cpu");
+  newcomer.join();
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  ASSERT_TRUE(fresh);
+  EXPECT_EQ(worlds[0]->round(), 1);
+  EXPECT_EQ(worlds[1]->round(), 1);
+  std::thread other([&] { ExpectWorldSums(fresh.get(), W); });
+  ExpectWorldSums(again->get(), W);
+  other.join();
+  // Round 1 failing too, with --max-restarts 2: one more restart (round 2). The bound itself is
+  // dp_restart_test's TheRestartsAreBounded.
+  EXPECT_TRUE(worlds[survivor]->AfterFailure(Status::Unavailable("x")).ok());
+}
+
+TEST(RestartRounds, ANewProcessOfRankOneJoinsTheSurvivorsNextRound) { RestartOneRank(1); }
+
+TEST(RestartRounds, ANewRankZeroIsRaisedToTheSurvivorsRound) { RestartOneRank(0); }
 
 TEST(ResolveDistributed, FieldsWinOverEnvironmentAndErrorsNameTheField) {
   std::map<std::string, std::string> env = {

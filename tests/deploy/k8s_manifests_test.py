@@ -12,12 +12,14 @@ usage: k8s_manifests_test.py KUBECTL TRAIND TRAINCTL MANIFEST_DIR
    YAML, find apiVersion and kind in every object, and print each object back with the label.
    (Schema validation needs a server's OpenAPI document: the field checks below stand in for it.)
 2. The objects: kinds are ConfigMap, Service, PersistentVolumeClaim, Job only; every Job is an
-   Indexed Job with completions == parallelism == WORLD_SIZE, backoffLimit 0 (one attempt per
-   run, docs/distributed.md), restartPolicy Never, subdomain = a headless Service (clusterIP None,
+   Indexed Job with completions == parallelism == WORLD_SIZE, restartPolicy OnFailure (a dead
+   rank's container restarts in place and rejoins the world: `traind run --max-restarts N`,
+   N >= 1, docs/distributed.md), backoffLimit >= N (the container restarts the world's N restarts
+   cost) and small (<= 10), subdomain = a headless Service (clusterIP None,
    publishNotReadyAddresses) whose selector matches the pod labels and whose port is MASTER_PORT;
    MASTER_ADDR = <job>-0.<service>...; RANK unset (traind reads JOB_COMPLETION_INDEX) or taken from
    the completion index; $(VAR) references defined earlier in env; command `traind run <spec>
-   --device D --resume` with <spec> a key of a ConfigMap mounted there; nvidia.com/gpu: 1 exactly
+   --device D --resume --max-restarts N` with <spec> a key of a ConfigMap mounted there; nvidia.com/gpu: 1 exactly
    where the device is cuda:N; the default manifest (deploy/k8s/job.yaml) on cpu (data parallel is
    tested on the cpu backend only: NCCL, which the image installs, has never run on a GPU); the data volume is a ReadWriteMany PVC of
    the set, and the spec's train_file and output_dir lie on it.
@@ -135,11 +137,11 @@ def main():
         comp, par = js.get("completions"), js.get("parallelism")
         check(isinstance(comp, int) and comp >= 2, f"{where}: completions {comp!r} is not an integer >= 2")
         check(comp == par, f"{where}: completions {comp} != parallelism {par}")
-        check(js.get("backoffLimit") == 0, f"{where}: backoffLimit {js.get('backoffLimit')!r}, expected 0 "
-              "(one attempt per distributed run: a recreated index cannot rejoin the others)")
         pod = js["template"]["spec"]
         labels = js["template"].get("metadata", {}).get("labels", {})
-        check(pod.get("restartPolicy") == "Never", f"{where}: restartPolicy {pod.get('restartPolicy')}, expected Never")
+        check(pod.get("restartPolicy") == "OnFailure",
+              f"{where}: restartPolicy {pod.get('restartPolicy')}, expected OnFailure (the kubelet restarts a "
+              "dead rank's container in place, and it rejoins the others' next round)")
         sub = pod.get("subdomain")
         svc = services.get(sub)
         check(svc is not None, f"{where}: subdomain {sub!r} is not a Service of {mdir}")
@@ -170,7 +172,16 @@ def main():
         cmd = c.get("command", []) + c.get("args", [])
         check(len(cmd) >= 3 and os.path.basename(cmd[0]) == "traind" and cmd[1] == "run",
               f"{where}: command {cmd} is not `traind run SPEC ...`")
-        check("--resume" in cmd, f"{where}: no --resume (a re-applied Job must continue from the last checkpoint)")
+        check("--resume" in cmd, f"{where}: no --resume (a restarted container must continue from the last checkpoint)")
+        restarts = cmd[cmd.index("--max-restarts") + 1] if "--max-restarts" in cmd[:-1] else None
+        check(restarts is not None and restarts.isdigit() and int(restarts) >= 1,
+              f"{where}: --max-restarts {restarts!r}, expected an integer >= 1 (the ranks restart the world "
+              "themselves when one dies)")
+        limit = js.get("backoffLimit")
+        if restarts is not None and restarts.isdigit():
+            check(isinstance(limit, int) and int(restarts) <= limit <= 10,
+                  f"{where}: backoffLimit {limit!r}, expected from --max-restarts {restarts} to 10 (each restart "
+                  "of the world restarts one container, which the Job counts; past it the Job fails)")
         device = cmd[cmd.index("--device") + 1] if "--device" in cmd else None
         check(device == "cpu" or (device or "").startswith("cuda:"), f"{where}: --device {device!r}")
         devices[f] = device

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstdio>
 #include <filesystem>
+#include <memory>
 #include <fstream>
 #include <sstream>
 
@@ -237,12 +238,38 @@ int JobRunnerMain() {
   return 0;
 }
 
-int RunLocal(const std::string& spec_path, const engine::DeviceOptions& device, bool resume) {
+int RunLocal(const std::string& spec_path, const engine::DeviceOptions& device, bool resume,
+             int max_restarts) {
   engine::RunOptions opts;
   opts.device = device;
   opts.resume = resume;
   opts.open_optimizer_state_store = OpenOffloadStore;
   UseCommunicator(&opts, "", 0);
+#if TRAIND_HAVE_GLOO
+  if (max_restarts > 0) {
+    // The world restarts itself (docs/distributed.md, "Restarts of `traind run` ranks"): each
+    // attempt's communicator joins the next round of the rendezvous.
+    auto world = std::make_shared<comm::RestartableWorld>(max_restarts);
+    opts.open_communicator = [world, device = opts.device.device](const engine::JobSpec& spec)
+        -> Result<std::unique_ptr<engine::Communicator>> {
+      auto comm = world->Open(spec, device);
+      if (comm.ok() && world->round() > 0) {
+        std::printf("rendezvous: joined round %lld (the world's restart %lld of at most %d)\n",
+                    static_cast<long long>(world->round()),
+                    static_cast<long long>(world->round()), world->max_restarts());
+        std::fflush(stdout);
+      }
+      return comm;
+    };
+    return engine::RunJobFileWithConsole(
+        spec_path, opts, [world](const Status& failure) { return world->AfterFailure(failure); });
+  }
+#else
+  if (max_restarts > 0) {
+    std::fprintf(stderr, "--max-restarts: this build has no data parallel (built without Gloo)\n");
+    return 2;
+  }
+#endif
   return engine::RunJobFileWithConsole(spec_path, opts);
 }
 

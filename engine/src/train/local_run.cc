@@ -50,7 +50,8 @@ void OnSignal(int) {
 
 }  // namespace
 
-int RunJobFileWithConsole(const std::string& spec_path, RunOptions options) {
+int RunJobFileWithConsole(const std::string& spec_path, RunOptions options,
+                          const std::function<Status(const Status& failure)>& restart) {
   std::ifstream in(spec_path);
   if (!in) {
     std::fprintf(stderr, "cannot read %s\n", spec_path.c_str());
@@ -150,6 +151,19 @@ int RunJobFileWithConsole(const std::string& spec_path, RunOptions options) {
   };
 
   Result<RunSummary> r = RunJob(*spec, options, cb);
+  for (int attempt = 1; !r.ok() && restart && r.status().code() != Status::Code::kAborted &&
+                        r.status().code() != Status::Code::kCancelled;
+       ++attempt) {
+    const Status next = restart(r.status());
+    if (!next.ok()) {
+      r = next;
+      break;
+    }
+    std::fprintf(stderr, "attempt %d failed: %s; restarting from the newest checkpoint in %s\n",
+                 attempt, r.status().ToString().c_str(), spec->output_dir.c_str());
+    options.resume = true;
+    r = RunJob(*spec, options, cb);
+  }
   if (!r.ok() && r.status().code() == Status::Code::kAborted) {
     std::fprintf(stderr, "interrupted: %s; run it again with --resume to continue\n",
                  r.status().message().c_str());

@@ -16,6 +16,8 @@
 
 namespace traind::comm {
 
+struct RestartRounds;  // comm/src/rendezvous.h
+
 struct DistributedOptions {
   int world_size = 1;
   int rank = 0;
@@ -34,6 +36,9 @@ struct DistributedOptions {
   // wins. NCCL picks its own interface (NCCL_SOCKET_IFNAME).
   std::string hostname;
   std::string iface;
+  // A restartable world's rounds (RestartableWorld below; not owned); null: one attempt, the
+  // rendezvous of today (a rank claimed twice is refused).
+  RestartRounds* rounds = nullptr;
 };
 
 // The spec's `distributed:` block completed from the environment (WORLD_SIZE, RANK, MASTER_ADDR,
@@ -55,5 +60,39 @@ bool NcclBuilt();
 // CPU, NCCL cannot reach its buffers, and Gloo is not wired to it).
 Result<std::unique_ptr<engine::Communicator>> OpenCommunicatorForJob(const engine::JobSpec& spec,
                                                                      const std::string& device);
+
+// `traind run --max-restarts N` (docs/distributed.md, "Restarts of `traind run` ranks"): the
+// world of one rank's process across its attempts, as torchrun's elastic agent restarts a world.
+// Each attempt's communicator joins the next round of the rendezvous (its keys under
+// `<prefix>round-<n>/`); the round is agreed through a counter in rank 0's store, which a
+// surviving rank 0 keeps across attempts and which the survivors raise again in a restarted rank
+// 0's new store, so a process restarted from scratch (same RANK, same arguments: Kubernetes'
+// OnFailure restart) joins the survivors' round, and a process of an older round never meets a
+// newer one. Round n is the world's n-th restart. Not thread-safe: one attempt at a time.
+class RestartableWorld {
+ public:
+  explicit RestartableWorld(int max_restarts);
+  ~RestartableWorld();
+  RestartableWorld(const RestartableWorld&) = delete;
+  RestartableWorld& operator=(const RestartableWorld&) = delete;
+
+  // RunOptions::open_communicator for one attempt: OpenCommunicatorForJob, joining the next round.
+  Result<std::unique_ptr<engine::Communicator>> Open(const engine::JobSpec& spec,
+                                                     const std::string& device);
+  // After an attempt failed with `failure`: OK when the world restarts (a distributed failure,
+  // UNAVAILABLE, after this attempt's world had assembled: a peer went away, a collective timed
+  // out; and round + 1 <= max_restarts), so the caller runs the next attempt resumed from
+  // output_dir's newest checkpoint. Otherwise the status to end with: `failure` itself when it is
+  // not a distributed failure (a bad spec, a NaN, a full disk) or when the rendezvous itself failed
+  // (a rank that never came is named there); with the restarts used up, UNAVAILABLE saying how
+  // many attempts of the world failed and why the last did.
+  Status AfterFailure(const Status& failure) const;
+  // The round this process last joined (-1 before its first attempt's rendezvous).
+  int64_t round() const;
+  int max_restarts() const;
+
+ private:
+  std::unique_ptr<RestartRounds> rounds_;
+};
 
 }  // namespace traind::comm

@@ -2,6 +2,7 @@
 // runner behind `traind run JOB.yaml` (worker/) and the engine's development tool `traind-run`.
 #pragma once
 
+#include <functional>
 #include <string>
 
 #include "traind/engine/trainer.h"
@@ -17,6 +18,12 @@ namespace traind::engine {
 // followed by "output: DIR". Errors go to stderr as one line. Returns 0 on success, 1 when the run
 // fails, is cancelled or preempted, 2 when the spec cannot be read, is invalid or does not fit the
 // device.
-int RunJobFileWithConsole(const std::string& spec_path, RunOptions options);
+//
+// `restart` (data parallel, `traind run --max-restarts`): called when an attempt fails (not when
+// it is preempted or cancelled); OK runs another attempt, resumed from output_dir's newest
+// checkpoint as with --resume (the same spec, callbacks and options), after printing "attempt N
+// failed: ...; restarting" to stderr; any other status ends the run with it. Null: one attempt.
+int RunJobFileWithConsole(const std::string& spec_path, RunOptions options,
+                          const std::function<Status(const Status& failure)>& restart = nullptr);
 
 }  // namespace traind::engine

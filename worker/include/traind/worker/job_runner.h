@@ -19,6 +19,11 @@ int JobRunnerMain();
 
 // `traind run`: admits and runs the spec file in this process, printing one progress line per
 // logging window to stdout. Returns 0 on success, 1 when the run fails, 2 for an invalid spec.
-int RunLocal(const std::string& spec_path, const engine::DeviceOptions& device, bool resume);
+// `max_restarts` > 0 (`--max-restarts`, data parallel): a rank whose attempt fails because the
+// world broke (a peer gone, a collective timed out) rejoins the rendezvous's next round and
+// resumes from output_dir's newest checkpoint with the others, at most that many times
+// (comm::RestartableWorld; docs/distributed.md). 0: one attempt.
+int RunLocal(const std::string& spec_path, const engine::DeviceOptions& device, bool resume,
+             int max_restarts = 0);
 
 }  // namespace traind::worker
