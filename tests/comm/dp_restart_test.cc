@@ -4,8 +4,8 @@
 // kubelet restarts a container in place) rejoins the survivors in the rendezvous's next round, every
 // rank resumes from the newest checkpoint, and the run ends with the weights of the uninterrupted
 // run byte for byte; rank 0 killed likewise (its store, with the round counter, goes with it). A
-// rank that never comes back is named within the rendezvous timeout; the restarts are bounded;
-// --max-restarts 0 fails as before.
+// hung rank that wakes up joins the survivors' next round; a rank that never comes back is named
+// within the rendezvous timeout; the restarts are bounded; --max-restarts 0 fails as before.
 #include <gtest/gtest.h>
 
 #include <fcntl.h>
@@ -229,6 +229,42 @@ TEST(DataParallelRestart, AKilledRankRestartedInPlaceRejoinsTheWorld) { KillAndR
 TEST(DataParallelRestart, AKilledRankZeroRestartedInPlaceRejoinsTheWorld) { KillAndRestart(2, 0); }
 
 TEST(DataParallelRestart, WorldFourRankZeroKilledAndRestarted) { KillAndRestart(4, 0); }
+
+// A rank that hangs (SIGSTOP) past the collective timeout: the survivor's attempt fails and it
+// waits in round 1; when the hung process wakes up (SIGCONT), its own collective fails (the
+// survivor closed the round-0 mesh), it joins round 1 as the process it is (round 0 + 1), and the
+// run ends with the uninterrupted run's weights.
+TEST(DataParallelRestart, AHungRankThatWakesUpRejoins) {
+  const std::string want = Reference(2);
+  World w("hang", 2, 60);
+  w.env = {{"TRAIND_DIST_COLLECTIVE_TIMEOUT_S", "1"}, {"TRAIND_DIST_TIMEOUT_S", "20"}};
+  w.StartAll();
+  ASSERT_TRUE(w.WaitForStep(0, 15)) << w.Log(0);
+  ::kill(w.pids[1], SIGSTOP);
+  const auto stopped = Clock::now();
+  while (Count(w.Log(0), "attempt 1 failed") == 0) {
+    ASSERT_LT(Clock::now() - stopped, std::chrono::seconds(20)) << w.Log(0);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  const double failed_after = std::chrono::duration<double>(Clock::now() - stopped).count();
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  ::kill(w.pids[1], SIGCONT);
+  w.ExpectAllSucceed();
+  const std::string log0 = w.Log(0), log1 = w.Log(1);
+  EXPECT_NE(log0.find("attempt 1 failed: UNAVAILABLE: gloo "), std::string::npos) << log0;
+  EXPECT_NE(log0.find("timed out after 1 s"), std::string::npos) << log0;
+  EXPECT_EQ(Count(log1, "attempt 1 failed: UNAVAILABLE"), 1u) << log1;
+  for (const std::string* log : {&log0, &log1}) {
+    EXPECT_EQ(Count(*log, "rendezvous: joined round 1 "), 1u) << *log;
+    EXPECT_EQ(Count(*log, "joined round 2"), 0u) << *log;
+  }
+  const std::string got = Slurp(w.dir + "/out/model.safetensors");
+  EXPECT_TRUE(got == want) << "model.safetensors differs from the uninterrupted run's";
+  std::printf("[dp-restart] rank 1 stopped at step >= 15: rank 0's attempt failed after %.2f s "
+              "(collective timeout 1 s); rank 1 woke 0.5 s later, both joined round 1, weights %s "
+              "the uninterrupted run's\n",
+              failed_after, got == want ? "byte-identical to" : "differ from");
+}
 
 // A rank that never comes back: the survivor's attempt fails, it waits in round 1 and fails within
 // the rendezvous timeout naming the missing rank.

@@ -249,6 +249,10 @@ int RunLocal(const std::string& spec_path, const engine::DeviceOptions& device, 
   if (max_restarts > 0) {
     // The world restarts itself (docs/distributed.md, "Restarts of `traind run` ranks"): each
     // attempt's communicator joins the next round of the rendezvous.
+    // A write to a peer that closed its socket (a rank that woke from a hang and finds the world
+    // gone) must fail the collective with EPIPE, which restarts the attempt, not kill the process
+    // (Gloo's transport does not always send with MSG_NOSIGNAL).
+    signal(SIGPIPE, SIG_IGN);
     auto world = std::make_shared<comm::RestartableWorld>(max_restarts);
     opts.open_communicator = [world, device = opts.device.device](const engine::JobSpec& spec)
         -> Result<std::unique_ptr<engine::Communicator>> {
