@@ -79,7 +79,10 @@ struct World {
   std::vector<std::string> logs;  // the latest process's log per rank
   int starts = 0;
 
-  World(const std::string& tag, int world, int64_t max_steps) : W(world) {
+  // `block`: the spec's distributed block.
+  World(const std::string& tag, int world, int64_t max_steps,
+        const std::string& block = "{master_addr: 127.0.0.1}")
+      : W(world) {
     dir = TempDir(tag);
     WriteTokens(dir + "/tokens.bin", 6000, 64, 4);
     spec = dir + "/job.yaml";
@@ -94,7 +97,7 @@ struct World {
            "warmup_steps: 2, weight_decay: 0.1, max_grad_norm: 1.0, seed: 7, logging_steps: 1, "
            "save_steps: 10}\n"
            "output_dir: " << dir << "/out\n"
-           "distributed: {master_addr: 127.0.0.1}\n";
+           "distributed: " << block << "\n";
     port = std::to_string(FreePort());
     pids.assign(static_cast<size_t>(W), -1);
     logs.assign(static_cast<size_t>(W), "");
@@ -174,8 +177,8 @@ struct World {
 };
 
 // The uninterrupted run of the same world, for the weights.
-std::string Reference(int W) {
-  World ref("ref" + std::to_string(W), W, 60);
+std::string Reference(int W, const std::string& block) {
+  World ref("ref" + std::to_string(W), W, 60, block);
   ref.StartAll();
   ref.ExpectAllSucceed();
   EXPECT_EQ(Count(ref.Log(0), "restarting"), 0u) << ref.Log(0);
@@ -186,10 +189,10 @@ std::string Reference(int W) {
 // the kubelet would, and expects one restart of the world: every survivor's attempt 1 failed and
 // it joined round 1, the new process joined round 1 directly, and the weights are the
 // uninterrupted run's byte for byte.
-void KillAndRestart(int W, int victim) {
-  const std::string want = Reference(W);
+void KillAndRestart(int W, int victim, const std::string& block = "{master_addr: 127.0.0.1}") {
+  const std::string want = Reference(W, block);
   ASSERT_FALSE(want.empty());
-  World w("kill" + std::to_string(W) + "_" + std::to_string(victim), W, 60);
+  World w("kill" + std::to_string(W) + "_" + std::to_string(victim), W, 60, block);
   w.StartAll();
   const int watch = victim == 0 ? 1 : 0;
   ASSERT_TRUE(w.WaitForStep(watch, 15)) << w.Log(watch);
@@ -218,9 +221,9 @@ void KillAndRestart(int W, int victim) {
                            << " restarted: model.safetensors differs from the uninterrupted run's";
   const std::string survivor = w.Log(watch);
   const size_t at = survivor.find("attempt 1 failed");
-  std::printf("[dp-restart] world %d, rank %d killed at step >= 15 and restarted: every rank ended "
-              "%.2f s after the kill, weights %s the uninterrupted run's; rank %d: %s\n",
-              W, victim, s, got == want ? "byte-identical to" : "differ from", watch,
+  std::printf("[dp-restart] %s world %d, rank %d killed at step >= 15 and restarted: every rank "
+              "ended %.2f s after the kill, weights %s the uninterrupted run's; rank %d: %s\n",
+              block.c_str(), W, victim, s, got == want ? "byte-identical to" : "differ from", watch,
               at == std::string::npos ? "?" : survivor.substr(at, survivor.find('\n', at) - at).c_str());
 }
 
@@ -230,12 +233,17 @@ TEST(DataParallelRestart, AKilledRankZeroRestartedInPlaceRejoinsTheWorld) { Kill
 
 TEST(DataParallelRestart, WorldFourRankZeroKilledAndRestarted) { KillAndRestart(4, 0); }
 
+// ZeRO-1: every rank holds a shard of the optimizer state and takes part in each checkpoint.
+TEST(DataParallelRestart, ZeroOneRankOneKilledAndRestarted) {
+  KillAndRestart(2, 1, "{master_addr: 127.0.0.1, zero_stage: 1}");
+}
+
 // A rank that hangs (SIGSTOP) past the collective timeout: the survivor's attempt fails and it
 // waits in round 1; when the hung process wakes up (SIGCONT), its own collective fails (the
 // survivor closed the round-0 mesh), it joins round 1 as the process it is (round 0 + 1), and the
 // run ends with the uninterrupted run's weights.
 TEST(DataParallelRestart, AHungRankThatWakesUpRejoins) {
-  const std::string want = Reference(2);
+  const std::string want = Reference(2, "{master_addr: 127.0.0.1}");
   World w("hang", 2, 60);
   w.env = {{"TRAIND_DIST_COLLECTIVE_TIMEOUT_S", "1"}, {"TRAIND_DIST_TIMEOUT_S", "20"}};
   w.StartAll();
