@@ -59,6 +59,27 @@ Result<Rendezvous> JoinRendezvous(const DistributedOptions& o) {
     }
     return (missing.size() == 1 ? "rank " : "ranks ") + names + " never joined";
   };
+  // A restartable world whose rank 0 died during the rendezvous: its restarted process hosts a
+  // new store; reconnect within the deadline and carry the round into it. OK: start the round
+  // over (claim again); else the error to return.
+  auto reconnect = [&](const Status& lost) -> Status {
+    if (rounds == nullptr || o.rank == 0 || Clock::now() >= rv.deadline) return lost;
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(rv.deadline - Clock::now());
+    auto again = TcpStoreClient::Connect(o.master_addr, o.master_port, o.prefix, left,
+                                         me + " lost rank 0's store and waited for it to come back");
+    if (!again.ok()) {
+      return Status::Unavailable("rendezvous at " + where + " (" + o.prefix + keys + "): " +
+                                 (missing.empty() ? std::string("waiting for the others")
+                                                  : missing_names()) +
+                                 " when rank 0's store closed (" + lost.message() +
+                                 "), and none came back within the rendezvous timeout: " +
+                                 again.status().message());
+    }
+    rv.store = std::move(*again);
+    store = rv.store.get();
+    return store->RaiseTo("round", round, &round);
+  };
   for (bool joined = false; !joined;) {
     if (rounds != nullptr) {
       keys = "round-" + std::to_string(round) + "/";
@@ -73,12 +94,18 @@ Result<Rendezvous> JoinRendezvous(const DistributedOptions& o) {
     }
     // Claim this rank, then wait for everyone.
     bool taken = false;
-    TRAIND_RETURN_IF_ERROR(store->SetIfAbsent(keys + "join/" + std::to_string(o.rank),
-                                              std::to_string(o.world_size), &taken));
+    if (Status st = store->SetIfAbsent(keys + "join/" + std::to_string(o.rank),
+                                       std::to_string(o.world_size), &taken);
+        !st.ok()) {
+      TRAIND_RETURN_IF_ERROR(reconnect(st));
+      continue;
+    }
     if (taken && rounds != nullptr) {
       // An earlier process of this rank joined this round and is gone (this one was restarted):
       // the round lost a rank, so the world goes on in the next one.
-      TRAIND_RETURN_IF_ERROR(store->RaiseTo("round", round + 1, &round));
+      if (Status st = store->RaiseTo("round", round + 1, &round); !st.ok()) {
+        TRAIND_RETURN_IF_ERROR(reconnect(st));
+      }
       continue;
     }
     if (taken) {
@@ -87,20 +114,22 @@ Result<Rendezvous> JoinRendezvous(const DistributedOptions& o) {
                                      ": two processes were given the same RANK");
     }
     missing.clear();
-    for (;;) {
+    for (bool again = false; !again;) {
       std::vector<int> now;
-      for (int r = 0; r < o.world_size; ++r) {
+      for (int r = 0; r < o.world_size && !again; ++r) {
         std::string v;
         bool found = false;
         const Status got = store->TryGet(keys + "join/" + std::to_string(r), &v, &found);
-        if (!got.ok()) {  // rank 0 gave up (its own timeout) and closed the store
+        if (!got.ok() && rounds != nullptr) {
+          TRAIND_RETURN_IF_ERROR(reconnect(got));
+          again = true;
+        } else if (!got.ok()) {  // rank 0 gave up (its own timeout) and closed the store
           return Status::Unavailable(
               "rendezvous at " + where + " (" + o.prefix + keys + "): " +
               (missing.empty() ? std::string("the store closed") : missing_names()) +
               "; rank 0 stopped waiting and closed the store (this is " + me + "): " +
               got.message());
-        }
-        if (!found) {
+        } else if (!found) {
           now.push_back(r);
         } else if (v != std::to_string(o.world_size)) {
           return Status::InvalidArgument("distributed.world_size: rank " + std::to_string(r) +
@@ -108,6 +137,7 @@ Result<Rendezvous> JoinRendezvous(const DistributedOptions& o) {
                                          " has " + std::to_string(o.world_size));
         }
       }
+      if (again) break;  // claim again in the new store
       missing = std::move(now);
       if (missing.empty()) {
         joined = true;
@@ -115,7 +145,10 @@ Result<Rendezvous> JoinRendezvous(const DistributedOptions& o) {
       }
       if (rounds != nullptr) {  // a newer round asked for: this one will never assemble
         int64_t newest = round;
-        TRAIND_RETURN_IF_ERROR(store->RaiseTo("round", round, &newest));
+        if (Status st = store->RaiseTo("round", round, &newest); !st.ok()) {
+          TRAIND_RETURN_IF_ERROR(reconnect(st));
+          break;
+        }
         if (newest > round) {
           round = newest;
           break;

@@ -453,6 +453,36 @@ TEST(RestartRounds, ANewProcessOfRankOneJoinsTheSurvivorsNextRound) { RestartOne
 
 TEST(RestartRounds, ANewRankZeroIsRaisedToTheSurvivorsRound) { RestartOneRank(0); }
 
+// Rank 0 dies during the rendezvous (its store closes while rank 1 waits in it): rank 1
+// reconnects to the restarted rank 0's new store within its timeout, carries its round there,
+// and the two assemble.
+TEST(RestartRounds, ARankZeroThatDiesDuringTheRendezvousIsWaitedFor) {
+  const int port = NextPort();
+  auto started = TcpStoreServer::Start("127.0.0.1", port);  // the first rank 0's store
+  ASSERT_TRUE(started.ok()) << started.status().ToString();
+  std::unique_ptr<TcpStoreServer> first = std::move(*started);
+  RestartableWorld w1(2);
+  std::unique_ptr<Communicator> c1;
+  std::thread rank1([&] {
+    auto c = w1.Open(RoundsSpec(2, 1, port), "cpu");
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    c1 = std::move(*c);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  first.reset();  // rank 0 dies
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  RestartableWorld w0(2);
+  auto c0 = w0.Open(RoundsSpec(2, 0, port), "cpu");
+  rank1.join();
+  ASSERT_TRUE(c0.ok()) << c0.status().ToString();
+  ASSERT_TRUE(c1);
+  EXPECT_EQ(w0.round(), 0);
+  EXPECT_EQ(w1.round(), 0);
+  std::thread other([&] { ExpectWorldSums(c1.get(), 2); });
+  ExpectWorldSums(c0->get(), 2);
+  other.join();
+}
+
 TEST(ResolveDistributed, FieldsWinOverEnvironmentAndErrorsNameTheField) {
   std::map<std::string, std::string> env = {
       {"WORLD_SIZE", "4"}, {"RANK", "3"}, {"MASTER_ADDR", "10.0.0.1"}, {"MASTER_PORT", "1234"}};
