@@ -24,10 +24,19 @@ int RunCommandMain(int argc, char** argv) {
   app.add_option("--max-restarts", max_restarts,
                  "data parallel: when a rank dies or hangs, every rank rejoins the rendezvous "
                  "and the world resumes from the newest checkpoint, at most N times; give every "
-                 "rank the same N, and --resume so that a restarted process continues; 0 "
-                 "(default): a broken world ends the run")
+                 "rank the same N; needs --resume (a restarted process continues from the "
+                 "checkpoint); 0 (default): a broken world ends the run")
       ->check(CLI::Range(0, 1000000));
   CLI11_PARSE(app, argc, argv);
+  if (max_restarts > 0 && !resume) {
+    std::fprintf(stderr,
+                 "--max-restarts %d needs --resume: a rank restarted from scratch (the same command) "
+                 "must continue from output_dir's newest checkpoint instead of refusing the "
+                 "output_dir its world wrote; with --resume a first run with no checkpoint starts "
+                 "fresh\n",
+                 max_restarts);
+    return 2;
+  }
   auto bytes = ParseBytes(budget);
   if (!bytes.ok()) {
     std::fprintf(stderr, "%s\n", bytes.status().message().c_str());

@@ -344,5 +344,20 @@ TEST(DataParallelRestart, MaxRestartsZeroFailsAsBefore) {
   EXPECT_EQ(Count(log, "round"), 0u) << log;
 }
 
+// --max-restarts without --resume is refused before anything starts: a rank restarted with the
+// same command would refuse the output_dir its world wrote.
+TEST(DataParallelRestart, MaxRestartsNeedsResume) {
+  World w("noresume", 2, 20);
+  const std::string cmd = std::string(TRAIND_BIN) + " run " + w.spec + " --max-restarts 1 2>&1";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string out;
+  char buf[512];
+  while (std::fgets(buf, sizeof(buf), p) != nullptr) out += buf;
+  const int status = ::pclose(p);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 2) << status << ": " << out;
+  EXPECT_NE(out.find("--max-restarts 1 needs --resume"), std::string::npos) << out;
+}
+
 }  // namespace
 }  // namespace traind::comm_test
