@@ -3,7 +3,8 @@
 // the same process, for MFU. CPU backend by default; `--device cuda:0` runs the CUDA backend
 // (bench/gpu_run.sh runs it beside the PyTorch CUDA peer, bench/torch_gpu_step.py).
 // bench/run_all.sh runs it beside the PyTorch peer (bench/torch_gpt2_step.py) and prints ratios.
-// Usage: gpt2_step_bench [--config tiny|small|gpt2|all] [--steps N] [--warmup N] [--threads N]
+// Usage: gpt2_step_bench [--config tiny|small|gpt2|llama_tiny|llama_small|all] [--steps N]
+//                        [--warmup N] [--threads N]
 //                        [--device cpu|cuda:N|simt] [--dtype fp32|bf16] [--tf32]
 //                        [--batch B] [--seq T] [--no-graphs]
 //                        [--profile | --profile-cpu]   (per-op wall / process CPU time)
@@ -38,6 +39,8 @@ struct BenchConfig {
   std::string name;
   int64_t layers, channels, heads, seq_len, batch, vocab;
   int default_steps;
+  // llama only (arch "llama"): grouped-query kv heads and the SwiGLU width.
+  int64_t kv_heads = 0, intermediate = 0;
 };
 
 const BenchConfig kConfigs[] = {
@@ -45,6 +48,10 @@ const BenchConfig kConfigs[] = {
     {"small", 6, 384, 6, 256, 8, 50304, 6},
     // GPT-2 124M at its full context: the GPU size (all: only with --device cuda:N).
     {"gpt2", 12, 768, 12, 1024, 8, 50304, 20},
+    // The llama family at tiny's and small's sizes (gpt2_table_bench's llama configs): same L, C,
+    // NH, T, V; 2 kv heads (GQA), SwiGLU of 688 / 1024, RMSNorm, rotary, untied lm_head.
+    {"llama_tiny", 4, 256, 4, 128, 8, 256, 30, 2, 688},
+    {"llama_small", 6, 384, 6, 256, 8, 50304, 6, 2, 1024},
 };
 
 struct RunFlags {
@@ -130,12 +137,25 @@ int Run(BenchConfig bc, const RunFlags& f) {
   const SgemmRate gemm16 = mixed ? MeasureGemm(device.get(), f.dtype) : sgemm;
 
   engine::ModelConfig mc;
-  mc.arch = "gpt2";
   mc.vocab_size = bc.vocab;
-  mc.n_positions = 1024;
-  mc.n_embd = bc.channels;
-  mc.n_layer = bc.layers;
-  mc.n_head = bc.heads;
+  if (bc.kv_heads > 0) {
+    mc.arch = "llama";
+    mc.hidden_size = bc.channels;
+    mc.intermediate_size = bc.intermediate;
+    mc.num_hidden_layers = bc.layers;
+    mc.num_attention_heads = bc.heads;
+    mc.num_key_value_heads = bc.kv_heads;
+    mc.rms_norm_eps = 1e-6;
+    mc.rope_theta = 10000.0;
+    mc.max_position_embeddings = 1024;
+    mc.tie_word_embeddings = false;
+  } else {
+    mc.arch = "gpt2";
+    mc.n_positions = 1024;
+    mc.n_embd = bc.channels;
+    mc.n_layer = bc.layers;
+    mc.n_head = bc.heads;
+  }
   engine::ModelOptions mo;
   mo.micro_batch = bc.batch;
   mo.seq_len = bc.seq_len;
@@ -235,7 +255,11 @@ int Run(BenchConfig bc, const RunFlags& f) {
       bc.name.c_str(), engine::DTypeName(f.dtype), static_cast<long long>(bc.seq_len), tok_s,
       1e3 * median, sgemm_gflops, achieved / sgemm_gflops, static_cast<double>(N) / cpu_per_step,
       mfu_cpu, gemm16.wall, mfu16, mfu16_cpu, achieved / 1e3, loss);
-  if (profile) prof.Print(total, static_cast<int>(times.size()));
+  if (profile) {
+    // The GEMM ceiling line needs wall-clock op times (--profile) on the CPU.
+    prof.Print(total, static_cast<int>(times.size()),
+               f.device == "cpu" && !cpu_time ? gemm16.wall : 0.0, flops);
+  }
   return 0;
 }
 
@@ -282,7 +306,8 @@ int main(int argc, char** argv) {
       f.profile = f.cpu_time = true;
     } else {
       std::fprintf(stderr,
-                   "unknown argument %s\nusage: %s [--config tiny|small|gpt2|all] [--steps N] "
+                   "unknown argument %s\nusage: %s "
+                   "[--config tiny|small|gpt2|llama_tiny|llama_small|all] [--steps N] "
                    "[--warmup N] [--threads N] [--device cpu|cuda:N|simt] "
                    "[--dtype fp32|bf16] [--tf32] [--batch B] [--seq T] [--no-graphs] "
                    "[--profile | --profile-cpu]\n",
@@ -293,13 +318,16 @@ int main(int argc, char** argv) {
   if (f.device != "cpu") traind::engine::RegisterGpuBackends();
   int rc = 0, matched = 0;
   for (const auto& bc : traind::bench::kConfigs) {
-    // "all" keeps the CPU run to the two small configs; name gpt2 to run it.
-    if (config == "all" ? (bc.name == "gpt2" && f.device == "cpu") : config != bc.name) continue;
+    // "all" keeps the CPU run to gpt2's two small configs; name gpt2 or a llama config to run it.
+    const bool in_all =
+        bc.name == "tiny" || bc.name == "small" || (bc.name == "gpt2" && f.device != "cpu");
+    if (config == "all" ? !in_all : config != bc.name) continue;
     ++matched;
     rc |= traind::bench::Run(bc, f);
   }
   if (matched == 0) {
-    std::fprintf(stderr, "unknown config %s (tiny, small, gpt2, all)\n", config.c_str());
+    std::fprintf(stderr, "unknown config %s (tiny, small, gpt2, llama_tiny, llama_small, all)\n",
+                 config.c_str());
     return 2;
   }
   return rc;

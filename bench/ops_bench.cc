@@ -5,6 +5,8 @@
 //                                Backward, AdamW, weight refresh), median after 2 warm-up steps
 //   ops_bench gemm   [--quick]   the lm_head-shaped GEMM (2048 x 50304 x 384) with fp32/bf16/f16
 //                                inputs, and the Cast of its (N, Vp) gradient to bf16
+//   ops_bench xent   [--quick]   softmax + cross-entropy of 512 x 50304 logits: the fp32 gradient
+//                                in place + Cast to bf16 against the fused bf16 gradient
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -149,6 +151,50 @@ int Gemm(bool quick) {
   return 0;
 }
 
+// The lm head's loss + gradient on a chunk of 512 rows x 50304 (GPT-2's padded vocabulary): the
+// fp32 gradient in place followed by its Cast to bf16 (two passes over memory) against the fused
+// 16-bit gradient (Backend::SoftmaxCrossEntropy's grad16), wall and process CPU time, best of 5.
+int Xent(bool quick) {
+  std::unique_ptr<engine::Backend> be = engine::MakeCpuBackend(2);
+  const int64_t N = quick ? 16 : 512, V = 50257, Vp = 50304;
+  std::vector<float> logits(static_cast<size_t>(N * Vp)), work(logits.size()), losses(N);
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> u(-8.0f, 8.0f);
+  for (float& x : logits) x = u(rng);
+  std::vector<int32_t> tg(N);
+  for (int64_t n = 0; n < N; ++n) tg[n] = static_cast<int32_t>((n * 7919) % V);
+  std::vector<uint16_t> g16(logits.size());
+  const int reps = quick ? 1 : 5;
+  auto cpu_now = [] {
+    timespec ts{};
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return ts.tv_sec + 1e-9 * ts.tv_nsec;
+  };
+  for (int fused = 0; fused < 2; ++fused) {
+    double best = 1e30, cpu = 0.0;
+    for (int r = 0; r < reps; ++r) {
+      std::memcpy(work.data(), logits.data(), logits.size() * sizeof(float));
+      const double c0 = cpu_now();
+      const auto t0 = Clock::now();
+      if (fused) {
+        be->SoftmaxCrossEntropy(work.data(), losses.data(), tg.data(), N, V, Vp, 1.0f, true,
+                                nullptr, g16.data(), DType::kBF16);
+      } else {
+        be->SoftmaxCrossEntropy(work.data(), losses.data(), tg.data(), N, V, Vp, 1.0f, true,
+                                nullptr);
+        be->Cast(g16.data(), DType::kBF16, work.data(), DType::kF32, N * Vp);
+      }
+      best = std::min(best, Since(t0));
+      cpu += cpu_now() - c0;
+    }
+    std::printf("RESULT xent %lldx%lld %s: %.2f ms (best of %d), %.2f CPU-ms (mean)\n",
+                static_cast<long long>(N), static_cast<long long>(Vp),
+                fused ? "fused bf16 gradient" : "in place + cast", 1e3 * best, reps,
+                1e3 * cpu / reps);
+  }
+  return 0;
+}
+
 }  // namespace
 }  // namespace traind::bench
 
@@ -162,6 +208,7 @@ int main(int argc, char** argv) {
   if (what == "cast") return traind::bench::Cast(quick);
   if (what == "step") return traind::bench::Step(small, quick);
   if (what == "gemm") return traind::bench::Gemm(quick);
-  std::fprintf(stderr, "usage: ops_bench cast|step|gemm [--quick] [--small]\n");
+  if (what == "xent") return traind::bench::Xent(quick);
+  std::fprintf(stderr, "usage: ops_bench cast|step|gemm|xent [--quick] [--small]\n");
   return 2;
 }

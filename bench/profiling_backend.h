@@ -28,7 +28,11 @@ class ProfilingBackend final : public Backend {
       : in_(inner), cpu_time_(cpu_time), sync_(sync_each_op) {}
 
   // Prints ops by total time, with calls and the share of `total_s` (seconds).
-  void Print(double total_s, int steps) const {
+  // With the GEMM rate the MFU is measured against (`peak_gflops`) and the model FLOPs per step,
+  // also prints the ceiling the GEMMs themselves set: the MFU the step would reach if every other
+  // op took no time (model FLOPs over the GEMMs' time alone, against the peak).
+  void Print(double total_s, int steps, double peak_gflops = 0.0,
+             double model_flops_per_step = 0.0) const {
     std::vector<std::pair<std::string, Stat>> v(stats_.begin(), stats_.end());
     std::sort(v.begin(), v.end(), [](auto& a, auto& b) { return a.second.s > b.second.s; });
     double sum = 0.0;
@@ -41,6 +45,20 @@ class ProfilingBackend final : public Backend {
     }
     std::printf("  %-44s %10.3f %8s %6.1f%%\n", "(all ops)", 1e3 * sum / steps, "",
                 100.0 * sum / total_s);
+    double gemm_s = 0.0, gemm_flops = 0.0;
+    for (auto& [name, st] : v) {
+      if (name.rfind("gemm ", 0) != 0) continue;
+      gemm_s += st.s;
+      gemm_flops += st.flops;
+    }
+    if (peak_gflops > 0.0 && model_flops_per_step > 0.0 && gemm_s > 0.0) {
+      const double gemm_rate = gemm_flops / gemm_s / 1e9;
+      std::printf(
+          "  GEMMs: %.1f%% of the ops' time, at %.1f GFLOP/s = %.1f%% of the 1024^3 GEMM (%.1f); "
+          "with every other op free the step's MFU would be %.1f%%\n",
+          100.0 * gemm_s / sum, gemm_rate, 100.0 * gemm_rate / peak_gflops, peak_gflops,
+          100.0 * model_flops_per_step / (gemm_s / steps) / 1e9 / peak_gflops);
+    }
   }
   void Reset() { stats_.clear(); }
 
@@ -203,9 +221,10 @@ class ProfilingBackend final : public Backend {
                            ot);
   }
   void SoftmaxCrossEntropy(float* lg, float* ls, const int32_t* t, int64_t N, int64_t V, int64_t Vp,
-                           float gs, bool g, const float* ds) override {
-    T x(this, "softmax_xent");
-    in_->SoftmaxCrossEntropy(lg, ls, t, N, V, Vp, gs, g, ds);
+                           float gs, bool g, const float* ds, void* g16 = nullptr,
+                           DType g16t = DType::kBF16) override {
+    T x(this, g16 != nullptr && g ? "softmax_xent 16-bit gradient" : "softmax_xent");
+    in_->SoftmaxCrossEntropy(lg, ls, t, N, V, Vp, gs, g, ds, g16, g16t);
   }
   void AdamW(float* p, const float* g, float* m, float* v, int64_t n, float lr, float b1, float b2,
              float eps, float wd, float bc1, float bc2, float gs) override {

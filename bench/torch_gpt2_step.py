@@ -3,7 +3,8 @@
 AdamW) written from torch primitives, same configs and init as the C++ bench, for tokens/s and MFU.
 Run with Debian's /usr/bin/python3 (python3-torch 1.13). bench/run_all.sh sets OMP_WAIT_POLICY=PASSIVE
 (PyTorch's best setting on 2-core machines) and the OPENBLAS_CORETYPE that both sides use.
-Usage: torch_gpt2_step.py [--config tiny|small|all] [--steps N] [--warmup N] [--threads N]
+Usage: torch_gpt2_step.py [--config tiny|small|llama_tiny|llama_small|all] [--steps N]
+                          [--warmup N] [--threads N]
                           [--dtype fp32|bf16] [--seq T]
 --dtype bf16: forward and loss under torch.autocast("cpu", bfloat16) (its matmuls, attention's
 included, in bf16 with fp32 parameters and AdamW), MFU against torch's bf16 GEMM rate measured in
@@ -21,7 +22,13 @@ import torch.nn.functional as F
 CONFIGS = {
     "tiny": dict(L=4, C=256, NH=4, T=128, B=8, V=256, steps=30),
     "small": dict(L=6, C=384, NH=6, T=256, B=8, V=50304, steps=6),
+    # The llama family at the same sizes (gpt2_step_bench's llama configs; the model is
+    # torch_gpt2_table.py's HF LlamaForCausalLM math): 2 kv heads, SwiGLU width H, untied lm_head.
+    "llama_tiny": dict(L=4, C=256, NH=4, NKV=2, H=688, T=128, B=8, V=256, steps=30, llama=True),
+    "llama_small": dict(L=6, C=384, NH=6, NKV=2, H=1024, T=256, B=8, V=50304, steps=6,
+                        llama=True),
 }
+LLAMA_CONFIGS = ("llama_tiny", "llama_small")
 N_POSITIONS = 1024
 
 
@@ -107,11 +114,34 @@ def sgemm_gflops(dtype=torch.float32):
     return flops / best / 1e9, 10 * flops / (time.process_time() - cpu0) / 1e9
 
 
+def llama_parts():
+    """torch_gpt2_table's llama model (imported here: that module imports this one)."""
+    import torch_gpt2_table as tt
+    return tt
+
+
 def run(name, cfg, steps, warmup, foreach, bf16=False):
     gen = torch.Generator().manual_seed(1234)
-    p = make_params(cfg, gen)
-    decay = [t for t in all_params(p) if t.dim() >= 2]
-    no_decay = [t for t in all_params(p) if t.dim() < 2]
+    llama = cfg.get("llama", False)
+    if llama:
+        tt = llama_parts()
+        p = tt.make_llama_params(cfg, gen)
+        params = tt.llama_all_params(p)
+        # Model::TrainingFlops: the untied input embedding is no matmul; lm_head is.
+        n_matmul = sum(t.numel() for t in params) - p["embed"].numel()
+        flops = (6.0 * n_matmul + 12.0 * cfg["L"] * cfg["T"] * cfg["C"]) * cfg["B"] * cfg["T"]
+
+        def fwd(idx, tgt, mask):
+            return tt.llama_forward(p, cfg, cfg["B"], idx, tgt, mask, False)
+    else:
+        p = make_params(cfg, gen)
+        params = all_params(p)
+        flops = training_flops(p, cfg)
+
+        def fwd(idx, tgt, mask):
+            return forward(p, cfg, idx, tgt, mask)
+    decay = [t for t in params if t.dim() >= 2]
+    no_decay = [t for t in params if t.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
                              {"params": no_decay, "weight_decay": 0.0}],
                             lr=1e-4, betas=(0.9, 0.95), eps=1e-8, foreach=foreach)
@@ -129,7 +159,7 @@ def run(name, cfg, steps, warmup, foreach, bf16=False):
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-            loss = forward(p, cfg, idx, tgt, mask)
+            loss = fwd(idx, tgt, mask)
         loss.backward()
         opt.step()
         if s >= warmup:
@@ -142,7 +172,6 @@ def run(name, cfg, steps, warmup, foreach, bf16=False):
     med = sorted(times)[len(times) // 2]
     cpu_per_step = (time.process_time() - cpu0) / len(times)
     tok_s = B * T / med
-    flops = training_flops(p, cfg)
     achieved = flops / med / 1e9
     mfu_cpu = flops / cpu_per_step / 1e9 / gemm_cpu
     print(f"torch {name}: torch {torch.__version__} threads={torch.get_num_threads()} "
@@ -170,7 +199,8 @@ def run(name, cfg, steps, warmup, foreach, bf16=False):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--config", default="all", choices=["tiny", "small", "all"])
+    ap.add_argument("--config", default="all", choices=["tiny", "small", "all", *LLAMA_CONFIGS],
+                    help="all: tiny and small (gpt2); name a llama config to run it")
     ap.add_argument("--steps", type=int, default=-1)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
@@ -180,7 +210,7 @@ def main():
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     for name, cfg in CONFIGS.items():
-        if a.config in ("all", name):
+        if a.config == name or (a.config == "all" and name not in LLAMA_CONFIGS):
             cfg = dict(cfg, T=a.seq) if a.seq > 0 else cfg
             run(name, cfg, a.steps if a.steps >= 0 else cfg["steps"], a.warmup, bool(a.foreach),
                 a.dtype == "bf16")

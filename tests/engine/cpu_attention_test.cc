@@ -11,6 +11,7 @@
 
 #include "backend/backend.h"
 #include "backend/cpu/cpu_kernels.h"
+#include "core/dtype.h"
 #include "cpu_test_util.h"
 
 namespace traind::engine {
@@ -522,6 +523,55 @@ TEST(CpuSoftmaxCrossEntropyTest, GptVocabRows) {
     // loss = lse - logit[target], so softmax_i = exp(logit_i - loss - logit[target]).
     const double p = std::exp(l64[n * Vp + 100] - want[n] - l64[n * Vp + tg[n]]);
     EXPECT_NEAR(logits[n * Vp + 100], (tg[n] == 100 ? p - 1 : p), 1e-9 + 1e-5 * p);
+  }
+}
+
+// The 16-bit gradient (grad16): exactly the bits of the in-place fp32 gradient rounded by Cast,
+// the same losses, ignored rows and padded columns zero, logits left unchanged; for bf16 and f16,
+// a GPT-2-wide vocabulary (several 4096-column blocks, targets in the first, a middle and the last
+// block) and a small padded one. Against the in-place path, which the tests above check against
+// double-precision references and finite differences.
+TEST(CpuSoftmaxCrossEntropyTest, RoundedGradientEqualsInPlaceThenCast) {
+  auto be = MakeCpuBackend(2);
+  struct Shape {
+    int N, V, Vp;
+    std::vector<int32_t> tg;
+  };
+  const Shape shapes[] = {{7, 13, 16, {3, -1, 4, 12, 0, 1, -1}},
+                          {9, 50257, 50304, {0, 50256, 4095, -1, 4096, 30000, 5, 8191, 12288}}};
+  for (const Shape& sh : shapes) {
+    for (DType t : {DType::kBF16, DType::kF16}) {
+      const size_t n = static_cast<size_t>(sh.N) * sh.Vp;
+      const auto logits = RandVec(n, 11, -10.0f, 10.0f);
+      auto inplace = logits;
+      std::vector<float> want_losses(sh.N), losses(sh.N, 99.0f);
+      be->SoftmaxCrossEntropy(inplace.data(), want_losses.data(), sh.tg.data(), sh.N, sh.V, sh.Vp,
+                              0.25f, true, nullptr);
+      std::vector<uint16_t> want(n), got(n, 0xabcd);
+      be->Cast(want.data(), t, inplace.data(), DType::kF32, static_cast<int64_t>(n));
+      auto kept = logits;
+      be->SoftmaxCrossEntropy(kept.data(), losses.data(), sh.tg.data(), sh.N, sh.V, sh.Vp, 0.25f,
+                              true, nullptr, got.data(), t);
+      const std::string what = std::string(DTypeName(t)) + " V=" + std::to_string(sh.V);
+      EXPECT_EQ(losses, want_losses) << what;
+      EXPECT_EQ(kept, logits) << what << ": the logits are only read on the CPU";
+      size_t differ = 0, nonzero = 0;
+      for (size_t i = 0; i < n; ++i) {
+        differ += got[i] != want[i];
+        nonzero += got[i] != 0;
+      }
+      EXPECT_EQ(differ, 0u) << what << ": elements whose bits differ from in place + Cast";
+      // Not vacuous: every kept row's target has gradient (p - 1) * 0.25 != 0 (f16 flushes
+      // many small probabilities to 0, bf16 few).
+      const auto kept_rows = std::count_if(sh.tg.begin(), sh.tg.end(), [](int32_t v) { return v >= 0; });
+      EXPECT_GE(nonzero, static_cast<size_t>(kept_rows) * (t == DType::kBF16 ? sh.V / 2 : 1)) << what;
+      for (int r = 0; r < sh.N; ++r) {
+        const int first_zero = sh.tg[r] < 0 ? 0 : sh.V;  // ignored rows whole, others' padding
+        for (int i = first_zero; i < sh.Vp; ++i) {
+          ASSERT_EQ(got[static_cast<size_t>(r) * sh.Vp + i], 0) << what << " row " << r << " col " << i;
+        }
+      }
+    }
   }
 }
 

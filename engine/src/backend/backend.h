@@ -274,9 +274,14 @@ class Backend {
   // dlogits = (softmax - onehot) * grad_scale (0 in padded columns and ignored rows), so no
   // second logits-sized buffer exists. `device_scale`, when not null, is a device float that
   // multiplies grad_scale (so a captured step can change it between replays).
+  // `grad16`, when not null (with compute_grad): the gradient goes there instead, (N, Vp) in the
+  // 16-bit `grad16_type`, bit for bit what the in-place gradient followed by Cast gives, and the
+  // logits are left unspecified (a 16-bit lm-head backward reads the rounded gradient anyway: the
+  // CPU writes it in the pass that computes it, never writing the fp32 gradient to memory).
   virtual void SoftmaxCrossEntropy(float* logits, float* losses, const int32_t* targets, int64_t N,
                                    int64_t V, int64_t Vp, float grad_scale, bool compute_grad,
-                                   const float* device_scale);
+                                   const float* device_scale, void* grad16 = nullptr,
+                                   DType grad16_type = DType::kBF16);
 
   // ---- optimizer ----
   // AdamW (torch.optim.AdamW semantics), in place on n elements:

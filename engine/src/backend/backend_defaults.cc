@@ -207,7 +207,7 @@ void Backend::AttentionDecode(float* /*out*/, const float* /*q*/, const float* /
   Unsupported(Op::kAttentionDecode);
 }
 
-void Backend::SoftmaxCrossEntropy(float* /*logits*/, float* /*losses*/, const int32_t* /*targets*/, int64_t /*N*/, int64_t /*V*/, int64_t /*Vp*/, float /*grad_scale*/, bool /*compute_grad*/, const float* /*device_scale*/) {
+void Backend::SoftmaxCrossEntropy(float* /*logits*/, float* /*losses*/, const int32_t* /*targets*/, int64_t /*N*/, int64_t /*V*/, int64_t /*Vp*/, float /*grad_scale*/, bool /*compute_grad*/, const float* /*device_scale*/, void* /*grad16*/, DType /*grad16_type*/) {
   Unsupported(Op::kSoftmaxCrossEntropy);
 }
 

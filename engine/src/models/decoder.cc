@@ -532,13 +532,22 @@ void DecoderModel::LmHeadAndLoss(bool for_backward, float grad_scale, const floa
     const int64_t n = std::min(rows, N_ - r0);
     const void* lnf = static_cast<const char*>(bufs_.lnf) + r0 * C * DTypeSize(ct);
     nn::LinearForward(be, bufs_.logits, lnf, W(table_.lm_head), nullptr, n, C, d_.Vp, ct);
+    // 16-bit: the gradient comes out of the loss already rounded, into the GEMM scratch (when the
+    // chunk fits there, as the layout sizes it), instead of in place and then cast.
+    const bool rounded = for_backward && mixed_ && gp_.scratch_elems >= n * d_.Vp;
     be.SoftmaxCrossEntropy(bufs_.logits, bufs_.losses + r0, bufs_.targets + r0, n, d_.V, d_.Vp,
-                           grad_scale, for_backward, device_scale);
+                           grad_scale, for_backward, device_scale,
+                           rounded ? gp_.scratch : nullptr, ct);
     if (!for_backward) continue;
-    // The chunk's dlogits (in place of its logits) into d(lnf) rows (tmp_c, read by Backward's
-    // final-norm backward) and the lm-head weight gradient (+=; none for a frozen LoRA base).
-    nn::LinearBackward(be, bufs_.tmp_c + r0 * C, G(table_.lm_head), nullptr, bufs_.logits, lnf,
-                       W(table_.lm_head), n, C, d_.Vp, gp_);
+    // The chunk's dlogits into d(lnf) rows (tmp_c, read by Backward's final-norm backward) and
+    // the lm-head weight gradient (+=; none for a frozen LoRA base).
+    if (rounded) {
+      nn::LinearBackwardRounded(be, bufs_.tmp_c + r0 * C, G(table_.lm_head), gp_.scratch, lnf,
+                                W(table_.lm_head), n, C, d_.Vp, ct);
+    } else {
+      nn::LinearBackward(be, bufs_.tmp_c + r0 * C, G(table_.lm_head), nullptr, bufs_.logits, lnf,
+                         W(table_.lm_head), n, C, d_.Vp, gp_);
+    }
   }
 }
 

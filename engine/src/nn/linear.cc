@@ -33,14 +33,19 @@ void LinearBackward(Backend& be, float* dinp, float* dweight, float* dbias, cons
   for (int64_t r0 = 0; r0 < N; r0 += rows) {
     const int64_t n = std::min(rows, N - r0);
     be.Cast(gp.scratch, gp.type, dout + r0 * OC, DType::kF32, n * OC);
-    if (dinp != nullptr) {
-      be.Gemm(false, false, n, C, OC, 1.0f, gp.scratch, OC, weight, C, 0.0f, dinp + r0 * C, C,
-              gp.type, DType::kF32);
-    }
-    if (dweight == nullptr) continue;  // frozen weight
-    be.Gemm(true, false, OC, C, n, 1.0f, gp.scratch, OC, inp_bytes + r0 * C * esize, C, 1.0f,
-            dweight, C, gp.type, DType::kF32);
+    LinearBackwardRounded(be, dinp != nullptr ? dinp + r0 * C : nullptr, dweight, gp.scratch,
+                          inp_bytes + r0 * C * esize, weight, n, C, OC, gp.type);
   }
+}
+
+void LinearBackwardRounded(Backend& be, float* dinp, float* dweight, const void* dout16,
+                           const void* inp, const void* weight, int64_t N, int64_t C, int64_t OC,
+                           DType type) {
+  if (dinp != nullptr) {
+    be.Gemm(false, false, N, C, OC, 1.0f, dout16, OC, weight, C, 0.0f, dinp, C, type, DType::kF32);
+  }
+  if (dweight == nullptr) return;  // frozen weight
+  be.Gemm(true, false, OC, C, N, 1.0f, dout16, OC, inp, C, 1.0f, dweight, C, type, DType::kF32);
 }
 
 }  // namespace traind::engine::nn

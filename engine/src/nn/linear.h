@@ -29,5 +29,11 @@ void LinearForward(Backend& be, float* out, const void* inp, const void* weight,
 void LinearBackward(Backend& be, float* dinp, float* dweight, float* dbias, const float* dout,
                     const void* inp, const void* weight, int64_t N, int64_t C, int64_t OC,
                     const GemmPrecision& gp = {});
+// The 16-bit GEMMs of LinearBackward for a dout already rounded to `type` (N,OC): no bias, dinp
+// and dweight as above. The lm head's gradient comes this way from the fused softmax +
+// cross-entropy (Backend::SoftmaxCrossEntropy's grad16).
+void LinearBackwardRounded(Backend& be, float* dinp, float* dweight, const void* dout16,
+                           const void* inp, const void* weight, int64_t N, int64_t C, int64_t OC,
+                           DType type);
 
 }  // namespace traind::engine::nn

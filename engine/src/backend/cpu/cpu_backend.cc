@@ -187,8 +187,14 @@ class CpuBackend final : public Backend {
 
   void SoftmaxCrossEntropy(float* logits, float* losses, const int32_t* targets, int64_t N,
                            int64_t V, int64_t Vp, float grad_scale, bool compute_grad,
-                           const float* device_scale) override {
+                           const float* device_scale, void* grad16 = nullptr,
+                           DType grad16_type = DType::kBF16) override {
     const float scale = device_scale != nullptr ? grad_scale * *device_scale : grad_scale;
+    if (compute_grad && grad16 != nullptr) {
+      cpu::SoftmaxCrossEntropy16(logits, grad16, grad16_type, losses, targets, N, V, Vp, scale,
+                                 nt_);
+      return;
+    }
     cpu::SoftmaxCrossEntropy(logits, losses, targets, N, V, Vp, scale, compute_grad, nt_);
   }
 

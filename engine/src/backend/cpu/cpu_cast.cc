@@ -20,13 +20,6 @@ TRAIND_CPU_CLONES void F32ToBf16Span(uint16_t* dst, const float* src, int64_t n)
   }
 }
 
-namespace {
-
-TRAIND_CPU_CLONES void Bf16ToF32Span(float* dst, const uint16_t* src, int64_t n) {
-  for (int64_t i = 0; i < n; ++i)
-    dst[i] = std::bit_cast<float>(static_cast<uint32_t>(src[i]) << 16);
-}
-
 // Same bits as F32ToF16. The subnormal branch is done in floating point: for |f| < 2^-14,
 // |f| + 0.5f lies in [0.5, 0.5 + 2^-14] where one ulp is 2^-24, so the IEEE add (default rounding,
 // round to nearest even) rounds |f| to a multiple of 2^-24 exactly as the integer code does, and
@@ -46,6 +39,13 @@ TRAIND_CPU_CLONES void F32ToF16Span(uint16_t* dst, const float* src, int64_t n) 
     h = a > 0x7f800000u ? nan : h;
     dst[i] = static_cast<uint16_t>(h);
   }
+}
+
+namespace {
+
+TRAIND_CPU_CLONES void Bf16ToF32Span(float* dst, const uint16_t* src, int64_t n) {
+  for (int64_t i = 0; i < n; ++i)
+    dst[i] = std::bit_cast<float>(static_cast<uint32_t>(src[i]) << 16);
 }
 
 // Same bits as F16ToF32 (signalling NaNs stay signalling, unlike vcvtph2ps).

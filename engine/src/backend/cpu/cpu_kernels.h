@@ -25,6 +25,8 @@ namespace traind::engine::cpu {
 void Cast(void* dst, DType dst_type, const void* src, DType src_type, int64_t n, int nt);
 // n floats -> bf16, round to nearest even (F32ToBF16's bits), on the calling thread.
 void F32ToBf16Span(uint16_t* dst, const float* src, int64_t n);
+// n floats -> f16, round to nearest even (F32ToF16's bits), on the calling thread.
+void F32ToF16Span(uint16_t* dst, const float* src, int64_t n);
 // backend.h's Dropout with the key's value (cpu_dropout.cc).
 void Dropout(float* out, const void* inp, DType inp_type, int64_t n, float p, uint64_t key,
              uint64_t stream, bool accumulate, int nt);
@@ -117,5 +119,10 @@ void AttentionDecode(float* out, const float* q, const float* k, const float* v,
 // ---- softmax + cross-entropy (cpu_softmax_ce.cc) ----
 void SoftmaxCrossEntropy(float* logits, float* losses, const int32_t* targets, int64_t N, int64_t V,
                          int64_t Vp, float grad_scale, bool compute_grad, int nt);
+// The same with the gradient written to grad16 (N, Vp) in the 16-bit grad16_type: the bits of the
+// in-place gradient rounded by Cast; logits are only read.
+void SoftmaxCrossEntropy16(const float* logits, void* grad16, DType grad16_type, float* losses,
+                           const int32_t* targets, int64_t N, int64_t V, int64_t Vp,
+                           float grad_scale, int nt);
 
 }  // namespace traind::engine::cpu

@@ -272,9 +272,12 @@ void GpuBackend::AttentionBackward(float* dq, float* dk, float* dv, const float*
 }
 void GpuBackend::SoftmaxCrossEntropy(float* logits, float* losses, const int32_t* targets,
                                      int64_t N, int64_t V, int64_t Vp, float grad_scale,
-                                     bool compute_grad, const float* device_scale) {
+                                     bool compute_grad, const float* device_scale,
+                                     void* grad16, DType grad16_type) {
   Record(gpu::SoftmaxCrossEntropy(logits, losses, targets, N, V, Vp, grad_scale, compute_grad,
                                   device_scale, stream_));
+  // The 16-bit gradient: in place, then rounded (one more pass; the CPU fuses it).
+  if (compute_grad && grad16 != nullptr) Cast(grad16, grad16_type, logits, DType::kF32, N * Vp);
 }
 void GpuBackend::AdamW(float* param, const float* grad, float* m, float* v, int64_t n, float lr,
                        float beta1, float beta2, float eps, float weight_decay,

@@ -105,7 +105,8 @@ class GpuBackend : public Backend {
                          DType operand_type = DType::kF32) override;
   void SoftmaxCrossEntropy(float* logits, float* losses, const int32_t* targets, int64_t N,
                            int64_t V, int64_t Vp, float grad_scale, bool compute_grad,
-                           const float* device_scale) override;
+                           const float* device_scale, void* grad16 = nullptr,
+                           DType grad16_type = DType::kBF16) override;
   void AdamW(float* param, const float* grad, float* m, float* v, int64_t n, float lr, float beta1,
              float beta2, float eps, float weight_decay, float bias_correction1,
              float bias_correction2, float grad_scale) override;
