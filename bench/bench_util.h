@@ -80,4 +80,33 @@ inline Result<StepTimes> RunTimedSteps(engine::Model* model, engine::AdamWOptimi
   return t;
 }
 
+// The benches' model configs: gpt2 (n_positions 1024) when kv_heads is 0, else llama at the same
+// L, C, NH, V with `kv_heads` grouped-query kv heads and a SwiGLU MLP of `intermediate` (RMSNorm
+// eps 1e-6, rotary theta 10000, 1024 positions, untied lm_head).
+inline engine::ModelConfig BenchModelConfig(int64_t layers, int64_t channels, int64_t heads,
+                                            int64_t vocab, int64_t kv_heads = 0,
+                                            int64_t intermediate = 0) {
+  engine::ModelConfig mc;
+  mc.vocab_size = vocab;
+  if (kv_heads > 0) {
+    mc.arch = "llama";
+    mc.hidden_size = channels;
+    mc.intermediate_size = intermediate;
+    mc.num_hidden_layers = layers;
+    mc.num_attention_heads = heads;
+    mc.num_key_value_heads = kv_heads;
+    mc.rms_norm_eps = 1e-6;
+    mc.rope_theta = 10000.0;
+    mc.max_position_embeddings = 1024;
+    mc.tie_word_embeddings = false;
+  } else {
+    mc.arch = "gpt2";
+    mc.n_positions = 1024;
+    mc.n_embd = channels;
+    mc.n_layer = layers;
+    mc.n_head = heads;
+  }
+  return mc;
+}
+
 }  // namespace traind::bench

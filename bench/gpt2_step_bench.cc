@@ -136,26 +136,8 @@ int Run(BenchConfig bc, const RunFlags& f) {
   const bool mixed = f.dtype != engine::DType::kF32;
   const SgemmRate gemm16 = mixed ? MeasureGemm(device.get(), f.dtype) : sgemm;
 
-  engine::ModelConfig mc;
-  mc.vocab_size = bc.vocab;
-  if (bc.kv_heads > 0) {
-    mc.arch = "llama";
-    mc.hidden_size = bc.channels;
-    mc.intermediate_size = bc.intermediate;
-    mc.num_hidden_layers = bc.layers;
-    mc.num_attention_heads = bc.heads;
-    mc.num_key_value_heads = bc.kv_heads;
-    mc.rms_norm_eps = 1e-6;
-    mc.rope_theta = 10000.0;
-    mc.max_position_embeddings = 1024;
-    mc.tie_word_embeddings = false;
-  } else {
-    mc.arch = "gpt2";
-    mc.n_positions = 1024;
-    mc.n_embd = bc.channels;
-    mc.n_layer = bc.layers;
-    mc.n_head = bc.heads;
-  }
+  const engine::ModelConfig mc =
+      BenchModelConfig(bc.layers, bc.channels, bc.heads, bc.vocab, bc.kv_heads, bc.intermediate);
   engine::ModelOptions mo;
   mo.micro_batch = bc.batch;
   mo.seq_len = bc.seq_len;

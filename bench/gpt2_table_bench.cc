@@ -115,25 +115,9 @@ int Run(const ModelShape& ms, const std::string& row_name, const Row& row, int64
   std::unique_ptr<Backend> cpu = engine::MakeCpuBackend(threads);
   ProfilingBackend prof(cpu.get(), cpu_time);
   Backend* be = profile ? static_cast<Backend*>(&prof) : cpu.get();
-  engine::ModelConfig mc;
-  mc.arch = ms.arch;
-  mc.vocab_size = ms.vocab;
-  if (ms.arch == "llama") {
-    mc.hidden_size = ms.channels;
-    mc.intermediate_size = ms.intermediate;
-    mc.num_hidden_layers = ms.layers;
-    mc.num_attention_heads = ms.heads;
-    mc.num_key_value_heads = ms.kv_heads;
-    mc.rms_norm_eps = 1e-6;
-    mc.rope_theta = 10000.0;
-    mc.max_position_embeddings = 1024;
-    mc.tie_word_embeddings = false;
-  } else {
-    mc.n_positions = 1024;
-    mc.n_embd = ms.channels;
-    mc.n_layer = ms.layers;
-    mc.n_head = ms.heads;
-  }
+  const engine::ModelConfig mc =
+      BenchModelConfig(ms.layers, ms.channels, ms.heads, ms.vocab, llama ? ms.kv_heads : 0,
+                       llama ? ms.intermediate : 0);
   engine::ModelOptions mo;
   mo.micro_batch = B;
   mo.seq_len = ms.seq_len;
