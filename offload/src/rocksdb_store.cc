@@ -208,6 +208,7 @@ class RocksDbStore final : public engine::OptimizerStateStore {
         write_queues_(o.write_threads) {}
 
   ~RocksDbStore() override {
+    if (commit_thread_.joinable()) commit_thread_.join();  // its result is nobody's any more
     {
       MutexLock l(&mu_);
       shutdown_ = true;
@@ -275,11 +276,20 @@ class RocksDbStore final : public engine::OptimizerStateStore {
   void Prefetch(const StateKey& key) override {
     if (!ValidateKey(key).ok()) return;
     MutexLock l(&mu_);
+    if (committing_) {  // the committed version is about to change
+      ++stats_.prefetch_dropped;
+      return;
+    }
+    if (!PrefetchLocked(key) && !prefetch_.count(key)) ++stats_.prefetch_dropped;
+  }
+
+  // Queues a read-ahead of the committed `key`; false when it is unknown, already queued or over
+  // the budget.
+  bool PrefetchLocked(const StateKey& key) EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     auto it = committed_.find(key);
     if (it == committed_.end() || prefetch_.count(key) ||
         prefetch_bytes_ + it->second.bytes > options_.max_prefetch_bytes) {
-      if (!prefetch_.count(key)) ++stats_.prefetch_dropped;
-      return;
+      return false;
     }
     auto slot = std::make_shared<Slot>();
     slot->version = it->second;
@@ -287,6 +297,7 @@ class RocksDbStore final : public engine::OptimizerStateStore {
     prefetch_bytes_ += it->second.bytes;
     read_queue_.push_back(key);
     work_cv_.SignalAll();
+    return true;
   }
 
   Status Read(const StateKey& key, void* dst, size_t bytes) override {
@@ -296,6 +307,7 @@ class RocksDbStore final : public engine::OptimizerStateStore {
     std::shared_ptr<Slot> slot;
     {
       MutexLock l(&mu_);
+      TRAIND_RETURN_IF_ERROR(CheckNotCommittingLocked("Read"));
       auto it = committed_.find(key);
       if (it == committed_.end())
         return Status::NotFound("offload nvme " + dir_ + ": no committed chunk " + key.ToString() +
@@ -355,6 +367,7 @@ class RocksDbStore final : public engine::OptimizerStateStore {
     const size_t queue = std::hash<std::string>{}(KeyId(key)) % static_cast<size_t>(options_.write_threads);
     const auto t0 = Clock::now();
     MutexLock l(&mu_);
+    TRAIND_RETURN_IF_ERROR(CheckNotCommittingLocked("Write"));
     TRAIND_RETURN_IF_ERROR(CheckFailedLocked());
     bool waited = false;
     while (!shutdown_ && pending_write_bytes_ > 0 &&
@@ -378,6 +391,49 @@ class RocksDbStore final : public engine::OptimizerStateStore {
   }
 
   Status Commit(int64_t step) override {
+    {
+      MutexLock l(&mu_);
+      TRAIND_RETURN_IF_ERROR(CheckNotCommittingLocked("Commit"));
+    }
+    return CommitNow(step, /*background=*/false);
+  }
+
+  // Commit on commit_thread_, then the read-ahead hints; AwaitCommit joins it. A second call
+  // before AwaitCommit waits for the first commit (its result stays for AwaitCommit).
+  void CommitInBackground(int64_t step, std::vector<StateKey> then_prefetch) override {
+    if (commit_thread_.joinable()) commit_thread_.join();
+    MutexLock l(&mu_);
+    if (committing_ && !background_status_.ok()) return;  // the earlier failure is reported first
+    committing_ = true;
+    commit_thread_ = std::thread(&RocksDbStore::BackgroundCommit, this, step, std::move(then_prefetch));
+  }
+
+  Status AwaitCommit() override {
+    const auto t0 = Clock::now();
+    if (commit_thread_.joinable()) commit_thread_.join();
+    MutexLock l(&mu_);
+    if (!committing_) return Status::Ok();
+    AccountCommitLocked(t0);
+    committing_ = false;
+    Status st = background_status_;
+    background_status_ = Status::Ok();
+    return st;
+  }
+
+ private:
+  void BackgroundCommit(int64_t step, std::vector<StateKey> keys) {
+    Status st = CommitNow(step, /*background=*/true);
+    MutexLock l(&mu_);
+    if (st.ok()) {  // in order, until the read-ahead budget is full (the rest are not hints yet)
+      for (const StateKey& key : keys) {
+        if (!ValidateKey(key).ok() || !PrefetchLocked(key)) break;
+      }
+    }
+    if (background_status_.ok()) background_status_ = st;
+  }
+
+  // Commit's work; `background`: on commit_thread_ (its time is hidden, not the caller's wait).
+  Status CommitNow(int64_t step, bool background) {
     if (step < 0)
       return Status::InvalidArgument("offload nvme " + dir_ + ": Commit step must be >= 0, got " +
                                      std::to_string(step));
@@ -396,7 +452,7 @@ class RocksDbStore final : public engine::OptimizerStateStore {
         if (!failed.ok()) failed_ = failed;
       }
       if (!failed.ok()) {
-        AccountCommitLocked(t0);
+        AccountCommitLocked(t0, background);
         return failed;
       }
       epoch = next_epoch_;
@@ -417,7 +473,7 @@ class RocksDbStore final : public engine::OptimizerStateStore {
       MutexLock l(&mu_);
       if (!st.ok()) {
         if (failed_.ok()) failed_ = st;
-        AccountCommitLocked(t0);
+        AccountCommitLocked(t0, background);
         return st;
       }
       for (auto& [key, version] : pending_) {
@@ -450,10 +506,11 @@ class RocksDbStore final : public engine::OptimizerStateStore {
       if (!del.ok() && failed_.ok()) failed_ = del;  // step `step` is committed; later calls fail
     }
     MutexLock l(&mu_);
-    AccountCommitLocked(t0);
+    AccountCommitLocked(t0, background);
     return Status::Ok();
   }
 
+ public:
   int64_t CommittedStep() const override {
     MutexLock l(&mu_);
     return step_;
@@ -461,6 +518,7 @@ class RocksDbStore final : public engine::OptimizerStateStore {
 
   Result<std::vector<StateChunkInfo>> List() const override {
     MutexLock l(&mu_);
+    TRAIND_RETURN_IF_ERROR(CheckNotCommittingLocked("List"));
     std::vector<StateChunkInfo> out;
     out.reserve(committed_.size());
     for (const auto& [k, v] : committed_) out.push_back({k, v.bytes});
@@ -486,6 +544,12 @@ class RocksDbStore final : public engine::OptimizerStateStore {
   std::string Describe() const override { return "nvme:" + dir_; }
 
  private:
+  Status CheckNotCommittingLocked(const char* call) const EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!committing_) return Status::Ok();
+    return Status::FailedPrecondition("offload nvme " + dir_ + ": " + call +
+                                      " while a background commit is in flight (AwaitCommit first)");
+  }
+
   Status CheckFailedLocked() EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (failed_.ok() && !write_error_.ok()) failed_ = write_error_;
     if (failed_.ok()) return Status::Ok();
@@ -514,8 +578,13 @@ class RocksDbStore final : public engine::OptimizerStateStore {
                                      "committed step is intact)");
   }
 
-  void AccountCommitLocked(Clock::time_point t0) EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  // The caller's wait (Commit, AwaitCommit), or a background commit's hidden time.
+  void AccountCommitLocked(Clock::time_point t0, bool background = false) EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const double s = Since(t0);
+    if (background) {
+      stats_.background_io_seconds += s;
+      return;
+    }
     stats_.commit_seconds += s;
     stats_.io_wait_seconds += s;
   }
@@ -632,7 +701,10 @@ class RocksDbStore final : public engine::OptimizerStateStore {
   Status write_error_ GUARDED_BY(mu_);  // first error of a write-behind task
   Status failed_ GUARDED_BY(mu_);       // sticky: writes and commits return it
   OptimizerStateStoreStats stats_ GUARDED_BY(mu_);
+  bool committing_ GUARDED_BY(mu_) = false;    // CommitInBackground until AwaitCommit
+  Status background_status_ GUARDED_BY(mu_);  // its result
   std::vector<std::thread> threads_;
+  std::thread commit_thread_;  // touched only by the caller's thread (CommitInBackground, AwaitCommit)
 };
 
 // The directory checks RocksDB would report less clearly: missing, not a directory, not writable.

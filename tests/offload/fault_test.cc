@@ -171,6 +171,54 @@ TEST(FaultTest, DiskFullMidStep) {
   ExpectStep(**again, 1, Keys(16), bytes);
 }
 
+// The disk fills between a step's writes and its commit, and the commit runs in the background
+// (CommitInBackground, as the optimizer does it): AwaitCommit reports RESOURCE_EXHAUSTED naming the
+// directory, step 0 stays the committed step and readable, nothing of step 1 becomes visible.
+TEST(FaultTest, DiskFullDuringABackgroundCommit) {
+  TempDir tmp;
+  if (!tmp.MountTmpfs(40 << 20)) {
+    GTEST_SKIP() << "cannot mount a tmpfs here (" << std::strerror(errno)
+                 << "; needs root or CAP_SYS_ADMIN): the disk-full path is not exercised";
+  }
+  const std::string dir = tmp.Sub("store");
+  StoreOptions o;
+  o.write_buffer_bytes = 8 << 20;
+  o.blob_file_bytes = 2 << 20;
+  o.max_pending_write_bytes = 1 << 20;
+  const auto keys = Keys(8);
+  const size_t bytes = 256 << 10;
+  auto s = MakeRocksDbStore(dir, o);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  ASSERT_TRUE(WriteStep(**s, 0, keys, bytes).ok());
+  for (const auto& k : keys) {  // step 1's data: in the memtable, not flushed yet
+    auto d = ChunkData(k, 1, bytes);
+    ASSERT_TRUE((*s)->Write(k, d.data(), d.size()).ok());
+  }
+  {  // leave 4 MiB: less than the commit's flush needs with its margin
+    const auto space = fs::space(tmp.path());
+    const uint64_t fill = space.available > (4 << 20) ? space.available - (4 << 20) : 0;
+    std::ofstream filler(tmp.Sub("filler"), std::ios::binary);
+    std::vector<char> ones(1 << 20, 1);
+    for (uint64_t done = 0; done < fill; done += ones.size())
+      filler.write(ones.data(), static_cast<std::streamsize>(std::min<uint64_t>(ones.size(), fill - done)));
+  }
+  (*s)->CommitInBackground(1, keys);
+  const Status st = (*s)->AwaitCommit();
+  ASSERT_FALSE(st.ok()) << "the commit fit into 4 MiB with its 8 MiB margin?";
+  EXPECT_EQ(st.code(), Status::Code::kResourceExhausted) << st.ToString();
+  EXPECT_NE(st.message().find(dir), std::string::npos) << st.message();
+  std::printf("[ full, background commit ] %s\n", st.ToString().c_str());
+  EXPECT_EQ((*s)->CommittedStep(), 0);
+  ExpectStep(**s, 0, keys, bytes);
+  EXPECT_FALSE((*s)->Commit(1).ok()) << "a failed store must keep failing until reopened";
+  s = Status::Internal("closed");
+  fs::remove(tmp.Sub("filler"));
+  auto again = MakeRocksDbStore(dir, o);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ((*again)->CommittedStep(), 0);
+  ExpectStep(**again, 0, keys, bytes);
+}
+
 // Bytes overwritten in the middle of a blob file: every read of a damaged chunk is DATA_LOSS naming
 // the key, undamaged chunks still read back exactly, nothing wrong is ever returned as data.
 TEST(FaultTest, DamagedBlobFileIsDataLossNeverWrongData) {

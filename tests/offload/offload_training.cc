@@ -209,6 +209,40 @@ TEST(OffloadErrors, UnusableOffloadDirIsOneClearError) {
   EXPECT_EQ(r3.status().code(), Status::Code::kFailedPrecondition) << r3.status().ToString();
 }
 
+// Damages the blob files of an nvme store right after the commit of step `step` (bytes
+// overwritten in place), before anything of that step is read back: commits run in the caller
+// (CommitInCallerStore), so the damage lands between the commit and the next step's reads.
+class DamageAfterCommit final : public offload::CommitInCallerStore {
+ public:
+  DamageAfterCommit(std::unique_ptr<OptimizerStateStore> store, std::string dir, int64_t step)
+      : CommitInCallerStore(std::move(store)), dir_(std::move(dir)), step_(step) {}
+  int damaged() const { return damaged_; }
+  Status Commit(int64_t step) override {
+    TRAIND_RETURN_IF_ERROR(CommitInCallerStore::Commit(step));
+    if (step == step_) Damage();
+    return Status::Ok();
+  }
+
+ private:
+  void Damage() {
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(dir_, ec)) {
+      if (e.path().extension() != ".blob") continue;
+      const auto size = static_cast<std::streamoff>(fs::file_size(e.path(), ec));
+      if (ec) continue;  // garbage-collected meanwhile
+      std::fstream f(e.path(), std::ios::in | std::ios::out | std::ios::binary);
+      for (std::streamoff at = 64; at < size; at += 97) {
+        f.seekp(at);
+        f.put(static_cast<char>(0xA5));
+      }
+      ++damaged_;
+    }
+  }
+  std::string dir_;
+  int64_t step_;
+  int damaged_ = 0;
+};
+
 // The nvme store's blob files damaged on disk between steps (bytes overwritten in place): the next
 // step fails with DATA_LOSS naming the store's directory; it never trains on wrong state, and the
 // checkpoint written before stays intact.
@@ -220,25 +254,13 @@ TEST(OffloadErrors, BlobFileDamagedBetweenStepsFailsTheJobWithDataLoss) {
   s.training.save_steps = 2;
   s.training.offload = "nvme";
   s.training.offload_dir = dir + "/store";
-  int damaged = 0;
-  RunCallbacks cb;
-  cb.on_step = [&](const StepReport& r) {
-    if (r.step != 3) return;
-    std::error_code ec;
-    for (const auto& e : fs::directory_iterator(dir + "/store", ec)) {
-      if (e.path().extension() != ".blob") continue;
-      const auto size = static_cast<std::streamoff>(fs::file_size(e.path(), ec));
-      if (ec) continue;  // garbage-collected meanwhile
-      std::fstream f(e.path(), std::ios::in | std::ios::out | std::ios::binary);
-      for (std::streamoff at = 64; at < size; at += 97) {
-        f.seekp(at);
-        f.put(static_cast<char>(0xA5));
-      }
-      ++damaged;
-    }
-  };
-  auto r = RunJob(s, Options(true), cb);
-  ASSERT_GT(damaged, 0) << "the store wrote no blob files";
+  auto opened = offload::MakeRocksDbStore(dir + "/store");
+  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+  DamageAfterCommit store(std::move(opened).value(), dir + "/store", 3);
+  RunOptions o = testing::TestRunOptions(2);
+  o.optimizer_state_store = &store;
+  auto r = RunJob(s, o, {});
+  ASSERT_GT(store.damaged(), 0) << "the store wrote no blob files";
   ASSERT_FALSE(r.ok()) << "a damaged store must fail the job";
   std::printf("the job's error: %s\n", r.status().ToString().c_str());
   EXPECT_EQ(r.status().code(), Status::Code::kDataLoss) << r.status().ToString();

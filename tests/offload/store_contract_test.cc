@@ -384,5 +384,82 @@ TYPED_TEST(StoreContractTest, ReopenKeepsTheCommittedStep) {
   }
 }
 
+// Commit behind compute: CommitInBackground returns at once, reads of the old step are refused
+// until AwaitCommit (never a mix of steps), then the new step is there and its first chunks were
+// read ahead by the store itself; the time hidden behind the caller is not counted as its wait.
+TYPED_TEST(StoreContractTest, CommitInBackgroundThenAwait) {
+  const auto keys = Keys(1, 8, {"exp_avg"});
+  this->WriteStep(0, keys, 256 << 10);
+  ASSERT_TRUE(this->store_->Commit(0).ok());
+  this->WriteStep(1, keys, 256 << 10);
+  const auto before = this->store_->Stats();
+  // The first 4 chunks as the next step's first reads (1 MiB of the 4 MiB read-ahead budget).
+  this->store_->CommitInBackground(1, std::vector<StateKey>(keys.begin(), keys.begin() + 4));
+  std::vector<char> got(256 << 10);
+  if constexpr (TypeParam::kPersistent) {
+    // Whether or not the commit is done yet, nothing but Stats/Describe/CommittedStep until
+    // AwaitCommit: a Read must not see the old step's data as if it were current, nor a mix.
+    const int64_t seen = this->store_->CommittedStep();
+    EXPECT_TRUE(seen == 0 || seen == 1) << seen;
+    EXPECT_EQ(this->store_->Read(keys[0], got.data(), got.size()).code(),
+              Status::Code::kFailedPrecondition);
+    auto d = ChunkData(keys[0], 2, 256 << 10);
+    EXPECT_EQ(this->store_->Write(keys[0], d.data(), d.size()).code(), Status::Code::kFailedPrecondition);
+    EXPECT_EQ(this->store_->Commit(2).code(), Status::Code::kFailedPrecondition);
+    EXPECT_EQ(this->store_->List().status().code(), Status::Code::kFailedPrecondition);
+  }
+  Status st = this->store_->AwaitCommit();
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_TRUE(this->store_->AwaitCommit().ok()) << "a second await has nothing to wait for";
+  EXPECT_EQ(this->store_->CommittedStep(), 1);
+  if constexpr (TypeParam::kPersistent) {
+    // The hints were issued after the commit: give the readers a moment to start them (a Read
+    // takes over a hint not started yet, which would count as a miss).
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  this->ExpectStep(1, keys, 256 << 10);
+  const auto after = this->store_->Stats();
+  EXPECT_EQ(after.commits, before.commits + 1);
+  if constexpr (TypeParam::kPersistent) {
+    EXPECT_GE(after.prefetch_hits - before.prefetch_hits, 4u)
+        << "the store did not read the next step's first chunks ahead";
+    EXPECT_EQ(after.prefetch_dropped, before.prefetch_dropped) << "the hints stop at the budget, uncounted";
+    EXPECT_GT(after.background_io_seconds, before.background_io_seconds);
+    // The caller waited at most the time AwaitCommit blocked, counted in both figures.
+    EXPECT_NEAR(after.io_wait_seconds - before.io_wait_seconds -
+                    (after.commit_seconds - before.commit_seconds),
+                0.0, 1.0) << "reads only: they are served from memory here";
+  }
+  // And the store goes on as before: another step, committed both ways.
+  this->WriteStep(2, keys, 256 << 10);
+  this->store_->CommitInBackground(2, {});
+  ASSERT_TRUE(this->store_->AwaitCommit().ok());
+  this->ExpectStep(2, keys, 256 << 10);
+  this->WriteStep(3, keys, 256 << 10);
+  ASSERT_TRUE(this->store_->Commit(3).ok());
+  this->ExpectStep(3, keys, 256 << 10);
+}
+
+// The store closed while a background commit runs (the job ends or fails between steps): the
+// destructor waits for it, and a reopen finds one whole step, the old or the new.
+TYPED_TEST(StoreContractTest, ClosingDuringABackgroundCommitLeavesOneWholeStep) {
+  if constexpr (!TypeParam::kPersistent) {
+    SUCCEED() << "the cpu store's commit cannot fail";
+    return;
+  } else {
+    const auto keys = Keys(2, 2);
+    this->WriteStep(5, keys, 9000);
+    ASSERT_TRUE(this->store_->Commit(5).ok());
+    this->WriteStep(6, keys, 9000);
+    this->store_->CommitInBackground(6, keys);
+    this->store_.reset();
+    this->store_ = this->OpenStore(SmallOptions());
+    ASSERT_NE(this->store_, nullptr);
+    const int64_t step = this->store_->CommittedStep();
+    ASSERT_TRUE(step == 5 || step == 6) << step;
+    this->ExpectStep(step, keys, 9000);
+  }
+}
+
 }  // namespace
 }  // namespace traind::offload

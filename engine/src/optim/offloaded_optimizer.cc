@@ -123,11 +123,17 @@ std::vector<Group> MakeGroups(const TrainingSpec& t, const std::vector<ParamInfo
 }
 
 // What both offloaded optimizers share: steps are driven from the host (the state is not in
-// device memory, so nothing is captured in the optimizer's CUDA graph), and the first store error
-// sticks: later steps do nothing and the job ends with it.
+// device memory, so nothing is captured in the optimizer's CUDA graph); a step's commit runs
+// behind the next step's forward and backward (the store's flush and fsync, then the read-ahead
+// of the next step's first chunks), awaited before the store is used again; and the first store
+// error sticks: later steps do nothing and the job ends with it.
 class HostDrivenOffload : public Optimizer {
  public:
-  explicit HostDrivenOffload(std::string name) : name_(std::move(name)) {}
+  HostDrivenOffload(std::string name, OptimizerStateStore* store)
+      : store_(store), name_(std::move(name)) {}
+  ~HostDrivenOffload() override {
+    if (commit_in_flight_) (void)store_->AwaitCommit();  // the store outlives the optimizer
+  }
   std::string name() const override { return name_; }
   int64_t step() const override { return step_; }
   bool issues_from_device_scalars() const override { return false; }
@@ -137,14 +143,40 @@ class HostDrivenOffload : public Optimizer {
   Status status() const override { return status_; }
   void Step(float* params, const float* grads, double lr, float grad_scale) override {
     if (!status_.ok()) return;
+    status_ = AwaitCommit();
+    if (!status_.ok()) return;
     status_ = RunStep(params, grads, lr, grad_scale);
   }
+  // Ranks that write no checkpoint still see the last commit's result at the end.
+  Status ContributeState() const override { return AwaitCommit(); }
 
  protected:
-  // One step, committed to the store; advances step_ only when it succeeded.
+  // One step, its commit started (CommitBehind); advances step_ only when its writes succeeded.
   virtual Status RunStep(float* params, const float* grads, double lr, float grad_scale) = 0;
-  int64_t step_ = 0;         // steps applied (committed)
+  // After the commit of a step succeeded.
+  virtual void Committed() const {}
+
+  // Commits `step` behind the caller (the next step's forward and backward), then reads ahead
+  // `prefetch` (the next step's first chunks).
+  void CommitBehind(int64_t step, std::vector<StateKey> prefetch) {
+    store_->CommitInBackground(step, std::move(prefetch));
+    commit_in_flight_ = true;
+  }
+  // The pending commit's result (OK when none); every use of the store other than a step's
+  // writes starts here. A failure sticks in status_.
+  Status AwaitCommit() const {
+    if (!commit_in_flight_) return status_;
+    commit_in_flight_ = false;
+    Status s = store_->AwaitCommit();
+    if (s.ok()) Committed();
+    else if (status_.ok()) status_ = s;
+    return status_;
+  }
+
+  OptimizerStateStore* store_;
+  int64_t step_ = 0;         // steps applied (their commits started)
   mutable Status status_;    // the first store error (SaveState is const and may hit one)
+  mutable bool commit_in_flight_ = false;
 
  private:
   std::string name_;
@@ -154,11 +186,12 @@ class OffloadedOptimizer final : public HostDrivenOffload {
  public:
   OffloadedOptimizer(const TrainingSpec& t, std::vector<Group> groups, DeviceArena* arena,
                      OptimizerStateStore* store, const OffloadOptions& o)
-      : HostDrivenOffload(t.optim), t_(t), groups_(std::move(groups)), arena_(arena), store_(store),
+      : HostDrivenOffload(t.optim, store), t_(t), groups_(std::move(groups)), arena_(arena),
         options_(o), committed_(groups_.size()), pending_(groups_.size()) {}
 
   SafetensorsFile SaveState() const override {
     SafetensorsFile out;
+    if (!AwaitCommit().ok()) return out;
     for (size_t g = 0; g < groups_.size() && status_.ok(); ++g) {
       Result<SafetensorsFile> f = GroupState(g);
       if (!f.ok()) {
@@ -177,7 +210,7 @@ class OffloadedOptimizer final : public HostDrivenOffload {
   // name order comes back to it); never the whole state in RAM, at the cost of reading the state
   // at least twice.
   Status WriteState(const std::string& path) const override {
-    TRAIND_RETURN_IF_ERROR(status_);
+    TRAIND_RETURN_IF_ERROR(AwaitCommit());
     std::vector<StreamedTensor> specs;
     std::vector<size_t> group_of;  // per spec
     std::map<std::string, std::string> metadata;
@@ -212,7 +245,7 @@ class OffloadedOptimizer final : public HostDrivenOffload {
   }
 
   Status LoadState(const SafetensorsFile& file) override {
-    TRAIND_RETURN_IF_ERROR(status_);
+    TRAIND_RETURN_IF_ERROR(AwaitCommit());
     TRAIND_ASSIGN_OR_RETURN(const int64_t step, StepOf(file.metadata));
     for (size_t g = 0; g < groups_.size(); ++g) {
       TRAIND_ASSIGN_OR_RETURN(std::unique_ptr<Optimizer> inner, Window(g));
@@ -227,7 +260,7 @@ class OffloadedOptimizer final : public HostDrivenOffload {
   // Streamed: one group's tensors ("<hf_name>.<state>" of its parameters) read from the file at
   // a time, loaded into its window and written to the store; never the whole state in RAM.
   Status ReadState(const std::string& path) override {
-    TRAIND_RETURN_IF_ERROR(status_);
+    TRAIND_RETURN_IF_ERROR(AwaitCommit());
     TRAIND_ASSIGN_OR_RETURN(SafetensorsReader file, SafetensorsReader::Open(path));
     TRAIND_ASSIGN_OR_RETURN(const int64_t step, StepOf(file.metadata()));
     const std::map<std::string, SafetensorsReader::Entry>& all = file.tensors();
@@ -328,17 +361,22 @@ class OffloadedOptimizer final : public HostDrivenOffload {
       TRAIND_RETURN_IF_ERROR(inner->status());
       TRAIND_RETURN_IF_ERROR(WriteGroup(g, inner->SaveState()));
     }
-    TRAIND_RETURN_IF_ERROR(CommitAs(step_ + 1));
+    std::vector<StateKey> next;  // the next step reads groups 0 and 1 first
+    for (size_t g = 0; g < std::min<size_t>(2, groups_.size()); ++g) {
+      for (size_t i = 0; i < pending_[g].size(); ++i) next.push_back(Key(g, i));
+    }
+    CommitBehind(step_ + 1, std::move(next));
     ++step_;
     return Status::Ok();
   }
 
+  void Committed() const override { committed_ = pending_; }
+
   TrainingSpec t_;
   std::vector<Group> groups_;
   DeviceArena* arena_;
-  OptimizerStateStore* store_;
   OffloadOptions options_;
-  std::vector<std::vector<size_t>> committed_;  // per group: sizes of its committed pieces
+  mutable std::vector<std::vector<size_t>> committed_;  // per group: sizes of its committed pieces
   std::vector<std::vector<size_t>> pending_;    // per group: sizes written since the commit
 };
 
@@ -387,6 +425,7 @@ class OffloadedAdamW final : public HostDrivenOffload {
   SafetensorsFile SaveState() const override {
     std::vector<float> m, v;
     SafetensorsFile file;
+    if (!AwaitCommit().ok()) return file;
     if (Status s = ReadAll(&m, &v); !s.ok()) {
       status_ = s;
       return file;
@@ -401,7 +440,7 @@ class OffloadedAdamW final : public HostDrivenOffload {
 
   // Streamed: one chunk of each kind in memory at a time, never the whole state.
   Status WriteState(const std::string& path) const override {
-    TRAIND_RETURN_IF_ERROR(status_);
+    TRAIND_RETURN_IF_ERROR(AwaitCommit());
     std::vector<StreamedTensor> specs;
     for (const ParamInfo& p : params_) {
       specs.push_back({p.hf_name + ".exp_avg", "F32", p.shape});
@@ -436,7 +475,7 @@ class OffloadedAdamW final : public HostDrivenOffload {
   }
 
   Status LoadState(const SafetensorsFile& file) override {
-    TRAIND_RETURN_IF_ERROR(status_);
+    TRAIND_RETURN_IF_ERROR(AwaitCommit());
     TRAIND_ASSIGN_OR_RETURN(const int64_t step, state_io::ReadStep(file, kAdamWFormat));
     std::vector<float> all[2] = {std::vector<float>(static_cast<size_t>(num_params_)),
                                  std::vector<float>(static_cast<size_t>(num_params_))};
@@ -464,7 +503,7 @@ class OffloadedAdamW final : public HostDrivenOffload {
   // chunk-sized host buffers and written to the store: host memory stays at the window, never
   // the whole state (transformers #17258: a resume that read it whole was OOM-killed).
   Status ReadState(const std::string& path) override {
-    TRAIND_RETURN_IF_ERROR(status_);
+    TRAIND_RETURN_IF_ERROR(AwaitCommit());
     TRAIND_ASSIGN_OR_RETURN(SafetensorsReader file, SafetensorsReader::Open(path));
     TRAIND_ASSIGN_OR_RETURN(const int64_t step, state_io::ReadStep(file.metadata(), kAdamWFormat));
     struct Piece {
@@ -513,7 +552,7 @@ class OffloadedAdamW final : public HostDrivenOffload {
   };
   OffloadedAdamW(const TrainingSpec& t, const std::vector<ParamInfo>& params, int64_t num_params,
                  DeviceArena* arena, OptimizerStateStore* store)
-      : HostDrivenOffload("adamw"), t_(t), params_(params), num_params_(num_params), arena_(arena), store_(store) {
+      : HostDrivenOffload("adamw", store), t_(t), params_(params), num_params_(num_params), arena_(arena) {
     std::vector<ParamInfo> sorted = params;
     std::sort(sorted.begin(), sorted.end(),
               [](const ParamInfo& a, const ParamInfo& b) { return a.offset < b.offset; });
@@ -590,7 +629,14 @@ class OffloadedAdamW final : public HostDrivenOffload {
       TRAIND_RETURN_IF_ERROR(store_->Write(Key(c, 0), host_m_.data(), bytes));
       TRAIND_RETURN_IF_ERROR(store_->Write(Key(c, 1), host_v_.data(), bytes));
     }
-    TRAIND_RETURN_IF_ERROR(store_->Commit(step));
+    // The next step's reads in order, as far as the store's read-ahead budget goes (it drops the
+    // rest): they come in while the next forward and backward run.
+    std::vector<StateKey> next;
+    for (int64_t c = 0; c < NumChunks(); ++c) {
+      next.push_back(Key(c, 0));
+      next.push_back(Key(c, 1));
+    }
+    CommitBehind(step, std::move(next));
     step_ = step;
     return Status::Ok();
   }
@@ -599,7 +645,6 @@ class OffloadedAdamW final : public HostDrivenOffload {
   std::vector<ParamInfo> params_;
   int64_t num_params_;
   DeviceArena* arena_;
-  OptimizerStateStore* store_;
   std::vector<Run> runs_;
   int64_t chunk_ = 0;  // elements per chunk
   float* win_m_ = nullptr;

@@ -8,7 +8,9 @@
 // started), staged into a transient instance of the real optimizer over just that group's
 // tensors (its state in the device arena: the "window"), updated with the very same kernels as
 // without offload, saved and written back behind (write-behind), and the window freed; after the
-// last group the store commits the step. Device memory for optimizer state is therefore the
+// last group the store commits the step behind the caller (CommitInBackground: the flush and
+// fsync overlap the next step's forward and backward, then the store reads the next step's first
+// chunks ahead), awaited before the store is used again (the next step, a save, a resume). Device memory for optimizer state is therefore the
 // largest group's state, not the model's; every optimizer's per-tensor math is unchanged, so the
 // weights are bit-identical to the in-memory run. 8-bit AdamW's instances get their parameters'
 // 8-bit / fp32 choice (the size rule, or the one given: a ZeRO-1 slice of an 8-bit tensor stays

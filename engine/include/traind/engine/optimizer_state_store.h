@@ -45,6 +45,20 @@
 // * Threads. Prefetch, Read, Write, List, Stats and CommittedStep may be called from any threads
 //   at once. Commit must not overlap Read/Write/Prefetch calls of the same store (the optimizer
 //   pipeline commits between steps); it waits for all queued writes and read-aheads itself.
+//
+// * Commit behind compute. CommitInBackground(step, then_prefetch) does what Commit does, on a
+//   thread of the store, and returns at once: the optimizer hands the step's flush and fsync to
+//   the store and goes on with the next step's forward and backward. AwaitCommit() waits for it and
+//   returns its result; until then the caller makes no other call but Stats, Describe and
+//   CommittedStep (which names the previous step until the commit is done): Read, Write, Commit
+//   and List return FAILED_PRECONDITION, Prefetch hints are dropped. `then_prefetch` are read-ahead
+//   hints the store issues itself, in order until its read-ahead budget is full, once the commit
+//   succeeded (the next step's first chunks), so that reading them overlaps the caller's work
+//   too. Crash consistency is Commit's: the step is there
+//   once the commit record is durable, the previous one until then. Time the commit runs behind
+//   the caller counts as background_io_seconds; only the time AwaitCommit blocks counts as
+//   io_wait_seconds (and commit_seconds). Stores whose commit costs nothing may commit at once in
+//   CommitInBackground (the default below).
 #pragma once
 
 #include <compare>
@@ -119,6 +133,23 @@ class OptimizerStateStore {
   // pending version becomes visible.
   virtual Status Commit(int64_t step) = 0;
 
+  // Commit(step) behind the caller; see "Commit behind compute" above. The default commits here
+  // and then issues the hints.
+  virtual void CommitInBackground(int64_t step, std::vector<StateKey> then_prefetch) {
+    background_commit_ = Commit(step);
+    if (background_commit_.ok()) {
+      for (const StateKey& key : then_prefetch) Prefetch(key);
+    }
+  }
+
+  // Waits for the commit CommitInBackground started and returns its result (OK when none is
+  // pending). Each background commit's result is returned once.
+  virtual Status AwaitCommit() {
+    Status s = background_commit_;
+    background_commit_ = Status::Ok();
+    return s;
+  }
+
   // The step of the last successful Commit (also across reopen), -1 for an empty store.
   virtual int64_t CommittedStep() const = 0;
 
@@ -129,6 +160,9 @@ class OptimizerStateStore {
 
   // "cpu" or "nvme:/path/to/dir" (for logs and messages).
   virtual std::string Describe() const = 0;
+
+ private:
+  Status background_commit_;  // the default CommitInBackground's result, until AwaitCommit
 };
 
 }  // namespace traind::engine

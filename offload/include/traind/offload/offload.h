@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "traind/engine/optimizer_state_store.h"
 #include "traind/engine/status.h"
@@ -59,5 +61,31 @@ Result<std::unique_ptr<engine::OptimizerStateStore>> MakeHostStore(const StoreOp
 // another process), RESOURCE_EXHAUSTED (disk full), DATA_LOSS (damaged files or commit record).
 Result<std::unique_ptr<engine::OptimizerStateStore>> MakeRocksDbStore(const std::string& dir,
                                                                       const StoreOptions& options = {});
+
+// A store that forwards every call to `inner` but commits in the caller: CommitInBackground runs
+// Commit and then the read-ahead hints before it returns (the interface's default), so nothing
+// of a commit overlaps the caller's work. For measuring what committing behind compute hides
+// (offload_train_bench's `nvme-sync` mode) and for tests that act between a commit and the next
+// step's reads (subclass it and override Commit).
+class CommitInCallerStore : public engine::OptimizerStateStore {
+ public:
+  explicit CommitInCallerStore(std::unique_ptr<engine::OptimizerStateStore> inner)
+      : inner_(std::move(inner)) {}
+  void Prefetch(const engine::StateKey& key) override { inner_->Prefetch(key); }
+  Status Read(const engine::StateKey& key, void* dst, size_t bytes) override {
+    return inner_->Read(key, dst, bytes);
+  }
+  Status Write(const engine::StateKey& key, const void* src, size_t bytes) override {
+    return inner_->Write(key, src, bytes);
+  }
+  Status Commit(int64_t step) override { return inner_->Commit(step); }
+  int64_t CommittedStep() const override { return inner_->CommittedStep(); }
+  Result<std::vector<engine::StateChunkInfo>> List() const override { return inner_->List(); }
+  engine::OptimizerStateStoreStats Stats() const override { return inner_->Stats(); }
+  std::string Describe() const override { return inner_->Describe(); }
+
+ private:
+  std::unique_ptr<engine::OptimizerStateStore> inner_;
+};
 
 }  // namespace traind::offload
