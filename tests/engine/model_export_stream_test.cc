@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "model_test_util.h"
+#include "rss_test_util.h"
 #include "models/layout.h"
 
 namespace traind::engine::testing {
@@ -210,27 +211,6 @@ TEST(ModelExportStream, LoraMergedFileEqualsTheWholeModelPath) {
   ExpectMergedEqualsOld(TinyLlama(false),
                         {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"},
                         "llama lora");
-}
-
-// VmRSS / VmHWM of this process in bytes.
-int64_t ProcStatusBytes(const char* field) {
-  std::ifstream in("/proc/self/status");
-  std::string line;
-  const size_t n = std::strlen(field);
-  while (std::getline(in, line)) {
-    if (line.compare(0, n, field) == 0 && line.size() > n && line[n] == ':') {
-      return std::atoll(line.c_str() + n + 1) * 1024;
-    }
-  }
-  return 0;
-}
-
-// Returns free heap memory to the kernel, then resets VmHWM to the current RSS (clear_refs 5), so
-// VmHWM afterwards minus VmRSS now is the peak growth of what runs in between.
-int64_t StartPeakRss() {
-  malloc_trim(0);
-  std::ofstream("/proc/self/clear_refs") << "5";
-  return ProcStatusBytes("VmRSS");
 }
 
 // A gpt2 of 44.7M parameters (179 MiB of fp32 weights; the 50304-row embedding alone is 98 MiB,

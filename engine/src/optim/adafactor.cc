@@ -192,6 +192,23 @@ SafetensorsFile AdafactorOptimizer::SaveState() const {
   return file;
 }
 
+Status AdafactorOptimizer::WriteState(const std::string& path) const {
+  SafetensorsFile header;
+  state_io::SetHeader(&header, kFormat, step_);
+  std::vector<state_io::DeviceTensor> tensors;
+  std::vector<int64_t> offs;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    auto named = StateTensors(i, &offs);
+    for (size_t k = 0; k < named.size(); ++k) {
+      int64_t n = 1;
+      for (int64_t d : named[k].second) n *= d;
+      tensors.push_back({std::move(named[k].first), "F32", std::move(named[k].second),
+                         state_ + offs[k], static_cast<size_t>(n) * 4});
+    }
+  }
+  return state_io::WriteDeviceTensors(path, header.metadata, tensors, arena_->backend());
+}
+
 Status AdafactorOptimizer::LoadState(const SafetensorsFile& file) {
   TRAIND_ASSIGN_OR_RETURN(int64_t step, state_io::ReadStep(file, kFormat));
   Backend* backend = arena_->backend();

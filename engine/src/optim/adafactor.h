@@ -18,6 +18,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <optional>
 #include <vector>
 
@@ -72,6 +73,9 @@ class AdafactorOptimizer {
   SafetensorsFile SaveState() const;
   // DATA_LOSS naming the tensor when one is missing or differs in dtype/shape, or bad metadata.
   Status LoadState(const SafetensorsFile& file);
+  // SaveState() written to `path` without assembling it: one tensor piece at a time copied device
+  // -> host through a bounded buffer (state_io::WriteDeviceTensors); the same bytes.
+  Status WriteState(const std::string& path) const;
 
  private:
   struct Slot {       // one parameter

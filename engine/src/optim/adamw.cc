@@ -4,6 +4,8 @@
 #include <cmath>
 #include <string>
 
+#include "optim/state_io.h"
+
 namespace traind::engine {
 
 namespace {
@@ -124,6 +126,18 @@ SafetensorsFile AdamWOptimizer::SaveState() const {
   file.metadata["format"] = kStateFormat;
   file.metadata["step"] = std::to_string(step_);
   return file;
+}
+
+Status AdamWOptimizer::WriteState(const std::string& path) const {
+  std::vector<state_io::DeviceTensor> tensors;
+  for (const ParamInfo& p : params_) {
+    const size_t bytes = static_cast<size_t>(p.numel) * 4;
+    tensors.push_back({p.hf_name + ".exp_avg", "F32", p.shape, m_ + p.offset, bytes});
+    tensors.push_back({p.hf_name + ".exp_avg_sq", "F32", p.shape, v_ + p.offset, bytes});
+  }
+  const std::map<std::string, std::string> metadata = {{"format", kStateFormat},
+                                                       {"step", std::to_string(step_)}};
+  return state_io::WriteDeviceTensors(path, metadata, tensors, arena_->backend());
 }
 
 Status AdamWOptimizer::LoadState(const SafetensorsFile& file) {

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "backend/backend.h"
@@ -78,6 +79,10 @@ class AdamWOptimizer final : public Optimizer {
   // Restores what SaveState() wrote. DATA_LOSS naming the tensor when one is missing or has the
   // wrong shape or dtype, or the metadata is bad.
   Status LoadState(const SafetensorsFile& file) override;
+  // SaveState() written to `path` without assembling it in host memory: one tensor piece at a
+  // time copied device -> host through a bounded buffer (state_io::WriteDeviceTensors); the same
+  // bytes as WriteSafetensors(path, SaveState()).
+  Status WriteState(const std::string& path) const override;
 
  private:
   // A run of parameters that are contiguous in the flat buffer and share the decay flag: one

@@ -178,6 +178,30 @@ SafetensorsFile AdamW8bitOptimizer::SaveState() const {
   return file;
 }
 
+Status AdamW8bitOptimizer::WriteState(const std::string& path) const {
+  SafetensorsFile header;
+  state_io::SetHeader(&header, kFormat, step_);
+  std::vector<state_io::DeviceTensor> tensors;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const ParamInfo& p = params_[i];
+    const Slot& s = slots_[i];
+    for (int which = 0; which < 2; ++which) {
+      const std::string name = p.hf_name + (which == 0 ? ".exp_avg" : ".exp_avg_sq");
+      if (s.quantized) {
+        tensors.push_back({name, "U8", p.shape, codes_ + which * n8_ + s.off,
+                           static_cast<size_t>(p.numel)});
+        const int64_t blocks = Quant8Blocks(p.numel);
+        tensors.push_back({name + "_absmax", "F32", {blocks}, absmax_ + which * blocks_ + s.block,
+                           static_cast<size_t>(blocks) * 4});
+      } else {
+        tensors.push_back({name, "F32", p.shape, f32_ + which * n32_ + s.off,
+                           static_cast<size_t>(p.numel) * 4});
+      }
+    }
+  }
+  return state_io::WriteDeviceTensors(path, header.metadata, tensors, arena_->backend());
+}
+
 Status AdamW8bitOptimizer::LoadState(const SafetensorsFile& file) {
   TRAIND_ASSIGN_OR_RETURN(int64_t step, state_io::ReadStep(file, kFormat));
   struct Write {

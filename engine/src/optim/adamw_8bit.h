@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "backend/arena.h"
@@ -74,6 +75,9 @@ class AdamW8bitOptimizer {
   SafetensorsFile SaveState() const;
   // DATA_LOSS naming the tensor when one is missing or differs in dtype/shape, or bad metadata.
   Status LoadState(const SafetensorsFile& file);
+  // SaveState() written to `path` without assembling it: one tensor piece at a time copied device
+  // -> host through a bounded buffer (state_io::WriteDeviceTensors); the same bytes.
+  Status WriteState(const std::string& path) const;
 
  private:
   struct Slot {

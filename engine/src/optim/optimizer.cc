@@ -35,6 +35,7 @@ class Adapter final : public Optimizer {
   }
   SafetensorsFile SaveState() const override { return impl_->SaveState(); }
   Status LoadState(const SafetensorsFile& file) override { return impl_->LoadState(file); }
+  Status WriteState(const std::string& path) const override { return impl_->WriteState(path); }
 
  private:
   std::string name_;

@@ -107,6 +107,20 @@ SafetensorsFile SgdOptimizer::SaveState() const {
   return file;
 }
 
+Status SgdOptimizer::WriteState(const std::string& path) const {
+  SafetensorsFile header;
+  state_io::SetHeader(&header, kFormat, step_);
+  std::vector<state_io::DeviceTensor> tensors;
+  if (buf_ != nullptr && step_ != 0) {
+    for (size_t i = 0; i < params_.size(); ++i) {
+      const ParamInfo& p = params_[i];
+      tensors.push_back({p.hf_name + ".momentum_buffer", "F32", p.shape,
+                         buf_ + state_offsets_[i], static_cast<size_t>(p.numel) * 4});
+    }
+  }
+  return state_io::WriteDeviceTensors(path, header.metadata, tensors, arena_->backend());
+}
+
 Status SgdOptimizer::LoadState(const SafetensorsFile& file) {
   TRAIND_ASSIGN_OR_RETURN(int64_t step, state_io::ReadStep(file, kFormat));
   if (buf_ != nullptr && step > 0) {

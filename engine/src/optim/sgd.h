@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "backend/arena.h"
@@ -62,6 +63,9 @@ class SgdOptimizer {
   // DATA_LOSS naming the tensor when one is missing or has the wrong dtype/shape, or the metadata
   // is bad.
   Status LoadState(const SafetensorsFile& file);
+  // SaveState() written to `path` without assembling it: one tensor piece at a time copied device
+  // -> host through a bounded buffer (state_io::WriteDeviceTensors); the same bytes.
+  Status WriteState(const std::string& path) const;
 
  private:
   struct Run {  // parameters contiguous in the flat buffer with one decay flag: one update call

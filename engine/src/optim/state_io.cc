@@ -1,6 +1,9 @@
 // Optimizer state metadata and checked tensor lookup (state_io.h).
 #include "optim/state_io.h"
 
+#include <algorithm>
+#include <memory>
+
 namespace traind::engine::state_io {
 
 void SetHeader(SafetensorsFile* file, const std::string& format, int64_t step) {
@@ -62,6 +65,47 @@ Result<const SafetensorsReader::Entry*> Find(const SafetensorsReader& file, cons
                             " and a shape other than this model's (expected " + dtype + ")");
   }
   return t;
+}
+
+Status WriteDeviceTensors(const std::string& path, const std::map<std::string, std::string>& metadata,
+                          const std::vector<DeviceTensor>& tensors, Backend* backend,
+                          size_t piece_bytes) {
+  // A name given twice keeps its last tensor, as assigning into SafetensorsFile::tensors does.
+  std::map<std::string, size_t> last;
+  for (size_t i = 0; i < tensors.size(); ++i) last[tensors[i].name] = i;
+  std::vector<StreamedTensor> specs;
+  std::vector<const DeviceTensor*> kept;
+  size_t largest = 0;
+  for (const auto& [name, i] : last) {
+    const DeviceTensor& t = tensors[i];
+    kept.push_back(&t);
+    uint64_t numel = 1;
+    for (int64_t d : t.shape) numel *= static_cast<uint64_t>(std::max<int64_t>(d, 0));
+    if (numel * SafetensorsDTypeSize(t.dtype) != t.bytes) {
+      return Status::Internal(path + ": optimizer state tensor '" + t.name + "': " +
+                              std::to_string(t.bytes) + " device bytes for its shape and dtype " +
+                              t.dtype);
+    }
+    specs.push_back({t.name, t.dtype, t.shape});
+    largest = std::max(largest, t.bytes);
+  }
+  piece_bytes = std::max<size_t>(piece_bytes, 1);
+  std::unique_ptr<uint8_t[]> buffer(new uint8_t[std::max<size_t>(std::min(piece_bytes, largest), 1)]);
+  return WriteSafetensorsStreamed(
+      path, metadata, std::move(specs), [&](size_t i, const SafetensorsSink& sink) -> Status {
+        const DeviceTensor& t = *kept[i];
+        const auto* src = static_cast<const uint8_t*>(t.device);
+        for (size_t at = 0; at < t.bytes;) {
+          const size_t n = std::min(piece_bytes, t.bytes - at);
+          backend->CopyDeviceToHost(buffer.get(), src + at, n);
+          // A failed write: the writer's own error (errno) is what WriteSafetensorsStreamed returns.
+          if (!sink(buffer.get(), n)) {
+            return Status::Internal(path + ": writing optimizer state tensor '" + t.name + "' failed");
+          }
+          at += n;
+        }
+        return Status::Ok();
+      });
 }
 
 }  // namespace traind::engine::state_io

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/backend.h"
 #include "core/safetensors.h"
 #include "traind/engine/status.h"
 
@@ -26,5 +27,25 @@ Result<const HostTensor*> Find(const SafetensorsFile& file, const std::string& n
 Result<const SafetensorsReader::Entry*> Find(const SafetensorsReader& file, const std::string& name,
                                              const std::string& dtype,
                                              const std::vector<int64_t>& shape);
+
+// One state tensor as it lies in device memory: `bytes` at `device` are its raw little-endian data.
+struct DeviceTensor {
+  std::string name;
+  std::string dtype;  // "F32", "U8"
+  std::vector<int64_t> shape;
+  const void* device = nullptr;
+  size_t bytes = 0;
+};
+
+// The bytes of one piece that WriteDeviceTensors copies device -> host at a time.
+inline constexpr size_t kStatePieceBytes = size_t{4} << 20;
+
+// The same file as WriteSafetensors of {metadata, those tensors copied to the host}, written with
+// WriteSafetensorsStreamed: each tensor copied device -> host in pieces of at most `piece_bytes`
+// through one reused host buffer, so the host memory it takes is the buffer's, not the state's
+// (an in-memory optimizer's WriteState).
+Status WriteDeviceTensors(const std::string& path, const std::map<std::string, std::string>& metadata,
+                          const std::vector<DeviceTensor>& tensors, Backend* backend,
+                          size_t piece_bytes = kStatePieceBytes);
 
 }  // namespace traind::engine::state_io
