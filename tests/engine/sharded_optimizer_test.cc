@@ -9,6 +9,9 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstring>
+#include <filesystem>
+#include <iterator>
+#include <string>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -20,6 +23,7 @@
 #include "optim/quant8.h"
 #include "optim/sharded_optimizer.h"
 #include "optim_test_util.h"
+#include "rss_test_util.h"
 #include "traind/engine/optimizer_state_store.h"
 
 namespace traind::engine {
@@ -232,7 +236,7 @@ struct WorldResult {
 WorldResult RunWorld(const TrainingSpec& t, int world, const std::vector<ParamInfo>& params,
                      int64_t n, const std::vector<float>& init,
                      const std::vector<std::vector<float>>& grads, const SafetensorsFile* load,
-                     bool offload = false) {
+                     bool offload = false, const std::string& load_path = "") {
   WorldResult out;
   out.params.assign(static_cast<size_t>(world), init);
   out.store_bytes.assign(static_cast<size_t>(world), 0);
@@ -266,8 +270,9 @@ WorldResult RunWorld(const TrainingSpec& t, int world, const std::vector<ParamIn
         st = opt.status();
         return;  // every rank fails alike at Create (no collective there)
       }
-      if (load != nullptr) {  // every rank learns whether one failed before any collective
-        st = (*opt)->LoadState(*load);
+      if (load != nullptr || !load_path.empty()) {  // every rank learns whether one failed
+        // before any collective. A path: the file read by ranges (ReadState), else LoadState.
+        st = load_path.empty() ? (*opt)->LoadState(*load) : (*opt)->ReadState(load_path);
         if (!st.ok()) load_failed = true;
         w.Wait();
         if (load_failed) return;
@@ -352,6 +357,19 @@ TEST(ShardedOptimizer, ShardsStepSaveAndLoadAsOneOptimizer) {
       ASSERT_TRUE(cont.status.ok()) << what << ": " << cont.status.ToString();
       EXPECT_TRUE(cont.params[0] == alone_more) << what << ": continued";
       ExpectSameFile(alone_more_state, cont.state, what + ": continued state");
+      // The same from the file on disk, each rank reading only its slices (ReadState).
+      const std::string dir = testing::MakeTempDir("zero1_read_state");
+      const std::string file = dir + "/optimizer.safetensors";
+      ASSERT_TRUE(WriteSafetensors(file, alone_state).ok());
+      WorldResult read = RunWorld(t, world, params, n, alone, more, nullptr, false, file);
+      ASSERT_TRUE(read.status.ok()) << what << ": " << read.status.ToString();
+      for (int r = 0; r < world; ++r) {
+        EXPECT_TRUE(read.params[static_cast<size_t>(r)] == alone_more) << what << ": read, rank " << r;
+      }
+      ExpectSameFile(alone_more_state, read.state, what + ": continued state after ReadState");
+      EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir),
+                              std::filesystem::directory_iterator()), 1)
+          << what << ": ReadState left a file beside the state";
     }
   }
 }
@@ -426,6 +444,19 @@ TEST(ShardedOptimizer, OffloadedShardsStepSaveAndLoadAsOneOptimizer) {
       ASSERT_TRUE(cont.status.ok()) << what << ": " << cont.status.ToString();
       EXPECT_TRUE(cont.params[0] == alone_more) << what << ": continued";
       ExpectSameFile(alone_more_state, cont.state, what + ": continued state");
+      // The same from the file on disk, each rank reading only its slices (ReadState).
+      const std::string dir = testing::MakeTempDir("zero1_read_state");
+      const std::string file = dir + "/optimizer.safetensors";
+      ASSERT_TRUE(WriteSafetensors(file, alone_state).ok());
+      WorldResult read = RunWorld(t, world, params, n, alone, more, nullptr, true, file);
+      ASSERT_TRUE(read.status.ok()) << what << ": " << read.status.ToString();
+      for (int r = 0; r < world; ++r) {
+        EXPECT_TRUE(read.params[static_cast<size_t>(r)] == alone_more) << what << ": read, rank " << r;
+      }
+      ExpectSameFile(alone_more_state, read.state, what + ": continued state after ReadState");
+      EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir),
+                              std::filesystem::directory_iterator()), 1)
+          << what << ": ReadState left a file beside the state";
     }
   }
   EXPECT_GE(small_8bit_slices, 2);  // world 2 and world 3 each cut one
@@ -505,6 +536,67 @@ TEST(ShardedOptimizer, OffloadedEightBitShardsOverManyGroups) {
             Status::Code::kInternal);
 }
 
+// ZeRO-1 resume with training.offload from a 128 MiB AdamW state file: rank 0 of 2 (ReadState
+// needs no collective) reads only its slices by ranges into a shard file the offloaded optimizer
+// streams into its store, so the peak RSS grows by what its (in-memory) store keeps, its 64 MiB
+// shard, and a bounded rest (the 4 MiB piece buffer, one store value); LoadState of the file read
+// whole (the old resume) also holds the whole file and the rank's slices of it.
+TEST(ShardedOptimizer, OffloadedReadStateRssGrowthIsTheStoreAndABoundedRest) {
+  int64_t n = 0;
+  const std::vector<ParamInfo> params = testing::MakeParams({{4096, 4096}, {4096}}, &n);
+  TrainingSpec t = Optim("adamw");
+  const std::string dir = testing::MakeTempDir("zero1_read_rss");
+  const std::string file = dir + "/optimizer.safetensors";
+  {
+    std::unique_ptr<Backend> backend = MakeCpuBackend(0);
+    DeviceArena arena(backend.get(), 0);
+    auto opt = MakeOptimizer(t, params, n, &arena);
+    ASSERT_TRUE(opt.ok()) << opt.status().ToString();
+    std::vector<float> p = testing::RandomVector(n, 1, 0.5f);
+    const std::vector<float> g = testing::RandomVector(n, 2, 1.0f);
+    (*opt)->Step(p.data(), g.data(), 1e-2, 1.0f);
+    ASSERT_TRUE((*opt)->WriteState(file).ok());
+  }
+  const int64_t file_bytes = static_cast<int64_t>(std::filesystem::file_size(file));
+  ASSERT_GT(file_bytes, int64_t{120} << 20);
+  t.offload = "cpu";
+  int64_t growth[2] = {0, 0}, stored[2] = {0, 0};
+  for (int old_path = 0; old_path < 2; ++old_path) {
+    ThreadWorld w(2);
+    ThreadComm comm(&w, 0);
+    std::unique_ptr<Backend> backend = MakeCpuBackend(0);
+    DeviceArena arena(backend.get(), 0);
+    MapStore store;
+    auto opt = ShardedOptimizer::Create(t, params, n, &comm, &arena, &store);
+    ASSERT_TRUE(opt.ok()) << opt.status().ToString();
+    const int64_t before = testing::StartPeakRss();
+    Status s;
+    if (old_path == 0) {
+      s = (*opt)->ReadState(file);
+    } else {
+      Result<SafetensorsFile> whole = ReadSafetensors(file);
+      s = whole.ok() ? (*opt)->LoadState(*whole) : whole.status();
+    }
+    growth[old_path] = testing::ProcStatusBytes("VmHWM") - before;
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    stored[old_path] = static_cast<int64_t>(store.Stats().store_bytes);
+    EXPECT_EQ(stored[old_path], (*opt)->shard_state_bytes());
+    EXPECT_EQ((*opt)->step(), 1);
+  }
+  EXPECT_EQ(stored[0], stored[1]);
+  std::printf("zero1 offloaded resume, rank 0 of 2, %.1f MiB file: RSS growth ReadState %.1f MiB, "
+              "whole-file LoadState %.1f MiB (store holds %.1f MiB)\n",
+              static_cast<double>(file_bytes) / 1048576.0,
+              static_cast<double>(growth[0]) / 1048576.0,
+              static_cast<double>(growth[1]) / 1048576.0,
+              static_cast<double>(stored[0]) / 1048576.0);
+  EXPECT_LT(growth[0], stored[0] + (int64_t{24} << 20));
+  EXPECT_GT(growth[1], stored[1] + file_bytes * 3 / 4)
+      << "the reference path no longer reads the file whole: the bound above proves less";
+  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir),
+                          std::filesystem::directory_iterator()), 1);
+}
+
 TEST(ShardedOptimizer, BadStateTensorIsNamedAndTooLargeAWorldIsRefused) {
   int64_t n = 0;
   const std::vector<ParamInfo> params = Layout(&n);
@@ -516,11 +608,32 @@ TEST(ShardedOptimizer, BadStateTensorIsNamedAndTooLargeAWorldIsRefused) {
   WorldResult res = RunWorld(Optim("adamw"), 2, params, n, init, grads, &state);
   EXPECT_EQ(res.status.code(), Status::Code::kDataLoss);
   EXPECT_NE(res.status.message().find("p2.exp_avg"), std::string::npos) << res.status.ToString();
+  // The same from the file (ReadState), in memory and offloaded; nothing left beside it.
+  const std::string dir = testing::MakeTempDir("zero1_bad_state");
+  const std::string file = dir + "/optimizer.safetensors";
+  ASSERT_TRUE(WriteSafetensors(file, state).ok());
+  for (bool offload : {false, true}) {
+    TrainingSpec t = Optim("adamw");
+    if (offload) t.offload = "cpu";
+    res = RunWorld(t, 2, params, n, init, grads, nullptr, offload, file);
+    EXPECT_EQ(res.status.code(), Status::Code::kDataLoss) << offload;
+    EXPECT_NE(res.status.message().find("p2.exp_avg"), std::string::npos) << res.status.ToString();
+  }
   state.tensors.erase("p2.exp_avg");
   res = RunWorld(Optim("adamw"), 2, params, n, init, grads, &state);
   EXPECT_EQ(res.status.code(), Status::Code::kDataLoss);
   EXPECT_NE(res.status.message().find("missing tensor p2.exp_avg"), std::string::npos)
       << res.status.ToString();
+  ASSERT_TRUE(WriteSafetensors(file, state).ok());
+  for (bool offload : {false, true}) {
+    TrainingSpec t = Optim("adamw");
+    if (offload) t.offload = "cpu";
+    res = RunWorld(t, 2, params, n, init, grads, nullptr, offload, file);
+    EXPECT_EQ(res.status.code(), Status::Code::kDataLoss) << offload;
+    EXPECT_NE(res.status.message().find("p2.exp_avg"), std::string::npos) << res.status.ToString();
+  }
+  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir),
+                          std::filesystem::directory_iterator()), 1);
 
   // Adafactor with more ranks than tensors leaves a rank nothing.
   int64_t small = 0;

@@ -5,12 +5,15 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <map>
+#include <memory>
 #include <string>
 
 #include "optim/adamw_8bit.h"
 #include "optim/offloaded_optimizer.h"
 #include "optim/quant8.h"
+#include "optim/state_io.h"
 
 namespace traind::engine {
 namespace {
@@ -129,6 +132,71 @@ Result<SafetensorsFile> Unpack(const uint8_t* p, size_t n, int rank) {
                             std::to_string(rank) + " is malformed");
   }
   return file;
+}
+
+// A state tensor's header: its dtype, shape and data bytes (a HostTensor's, or a file entry's).
+struct TensorDesc {
+  std::string dtype;
+  std::vector<int64_t> shape;
+  uint64_t bytes = 0;
+};
+
+// The bytes [offset, offset + bytes) of full tensor `name` that are the rank's, as a tensor of
+// `dtype` and `shape`.
+struct SliceRead {
+  std::string name;
+  std::string dtype;
+  std::vector<int64_t> shape;
+  uint64_t offset = 0, bytes = 0;
+};
+
+// What LoadState / ReadState keep of a full state file's tensors `all`: for each slice local[i]
+// (of params[local_of[i]], in the rank's range from `begin`), each of its parameter's state
+// tensors: whole when the rank holds the whole parameter (the inner optimizer checks it), else
+// its elements (the parameter's shape) or, `blockwise` (8-bit AdamW), its absmax blocks.
+// DATA_LOSS naming a tensor of another shape.
+Result<std::vector<SliceRead>> SlicesToRead(const std::map<std::string, TensorDesc>& all,
+                                            const std::vector<ParamInfo>& params,
+                                            const std::vector<ParamInfo>& local,
+                                            const std::vector<size_t>& local_of, int64_t begin,
+                                            bool blockwise) {
+  std::vector<SliceRead> out;
+  for (size_t i = 0; i < local.size(); ++i) {
+    const ParamInfo& q = local[i];
+    const ParamInfo& p = params[local_of[i]];
+    const int64_t skip = begin + q.offset - p.offset;  // the slice's first element within p
+    for (auto it = all.lower_bound(p.hf_name + ".");
+         it != all.end() && it->first.compare(0, p.hf_name.size(), p.hf_name) == 0; ++it) {
+      if (!IsStateOf(it->first, p.hf_name)) continue;
+      const TensorDesc& t = it->second;
+      if (q.numel == p.numel) {  // the whole tensor: its state as it is (the inner one checks)
+        out.push_back({it->first, t.dtype, t.shape, 0, t.bytes});
+        continue;
+      }
+      const int64_t unit = static_cast<int64_t>(SafetensorsDTypeSize(t.dtype));
+      int64_t numel = 1;
+      for (int64_t d : t.shape) numel *= d;
+      // One value per element (the parameter's shape), or (8-bit AdamW) one per block.
+      int64_t first = skip, count = q.numel;
+      std::vector<int64_t> shape = q.shape;
+      const bool per_element = t.shape == p.shape;
+      const bool per_block = blockwise && t.shape == std::vector<int64_t>{Quant8Blocks(p.numel)} &&
+                             skip % kQuant8Block == 0;
+      if (per_block && !per_element) {
+        first = skip / kQuant8Block;
+        count = Quant8Blocks(q.numel);
+        shape = {count};
+      }
+      if ((!per_element && !per_block) || unit == 0 ||
+          static_cast<int64_t>(t.bytes) != numel * unit) {
+        return Status::DataLoss("optimizer state: tensor " + it->first + " has dtype " + t.dtype +
+                                " and a shape other than this model's");
+      }
+      out.push_back({it->first, t.dtype, shape, static_cast<uint64_t>(first * unit),
+                     static_cast<uint64_t>(count * unit)});
+    }
+  }
+  return out;
 }
 
 }  // namespace
@@ -259,6 +327,7 @@ Result<std::unique_ptr<ShardedOptimizer>> ShardedOptimizer::Create(
       SlicesIn(training, opt->params_, opt->begin_, opt->end_, &opt->local_of_, &quantized);
   opt->shard_state_bytes_ =
       OptimizerPlanBytes(training, opt->local_, opt->end_ - opt->begin_, quantized);
+  opt->offloaded_ = store != nullptr;
   if (store != nullptr) {
     TRAIND_ASSIGN_OR_RETURN(opt->inner_, MakeOffloadedOptimizer(training, opt->local_,
                                                                 opt->end_ - opt->begin_, arena,
@@ -369,45 +438,68 @@ SafetensorsFile ShardedOptimizer::SaveState() const {
 Status ShardedOptimizer::ContributeState() const { return Gather(false).status(); }
 
 Status ShardedOptimizer::LoadState(const SafetensorsFile& file) {
+  std::map<std::string, TensorDesc> all;
+  for (const auto& [name, t] : file.tensors) all[name] = {t.dtype, t.shape, t.data.size()};
+  TRAIND_ASSIGN_OR_RETURN(const std::vector<SliceRead> reads,
+                          SlicesToRead(all, params_, local_, local_of_, begin_, blockwise_));
   SafetensorsFile mine;
   mine.metadata = file.metadata;
-  for (size_t i = 0; i < local_.size(); ++i) {
-    const ParamInfo& q = local_[i];
-    const ParamInfo& p = params_[local_of_[i]];
-    const int64_t skip = begin_ + q.offset - p.offset;  // the slice's first element within p
-    for (auto it = file.tensors.lower_bound(p.hf_name + ".");
-         it != file.tensors.end() && it->first.compare(0, p.hf_name.size(), p.hf_name) == 0; ++it) {
-      if (!IsStateOf(it->first, p.hf_name)) continue;
-      const HostTensor& t = it->second;
-      if (q.numel == p.numel) {  // the whole tensor: its state as it is (the inner one checks)
-        mine.tensors[it->first] = t;
-        continue;
-      }
-      const int64_t unit = static_cast<int64_t>(SafetensorsDTypeSize(t.dtype));
-      // One value per element (the parameter's shape), or (8-bit AdamW) one per block.
-      int64_t first = skip, count = q.numel;
-      std::vector<int64_t> shape = q.shape;
-      const bool per_element = t.shape == p.shape;
-      const bool per_block = blockwise_ && t.shape == std::vector<int64_t>{Quant8Blocks(p.numel)} &&
-                             skip % kQuant8Block == 0;
-      if (per_block && !per_element) {
-        first = skip / kQuant8Block;
-        count = Quant8Blocks(q.numel);
-        shape = {count};
-      }
-      if ((!per_element && !per_block) || unit == 0 ||
-          static_cast<int64_t>(t.data.size()) != t.numel() * unit) {
-        return Status::DataLoss("optimizer state: tensor " + it->first + " has dtype " + t.dtype +
-                                " and a shape other than this model's");
-      }
-      HostTensor slice;
-      slice.dtype = t.dtype;
-      slice.shape = shape;
-      slice.data.assign(t.data.begin() + first * unit, t.data.begin() + (first + count) * unit);
-      mine.tensors[it->first] = std::move(slice);
-    }
+  for (const SliceRead& r : reads) {
+    const HostTensor& t = file.tensors.at(r.name);
+    HostTensor slice;
+    slice.dtype = r.dtype;
+    slice.shape = r.shape;
+    slice.data.assign(t.data.begin() + static_cast<std::ptrdiff_t>(r.offset),
+                      t.data.begin() + static_cast<std::ptrdiff_t>(r.offset + r.bytes));
+    mine.tensors[r.name] = std::move(slice);
   }
   return inner_->LoadState(mine);
+}
+
+Status ShardedOptimizer::ReadState(const std::string& path) {
+  TRAIND_ASSIGN_OR_RETURN(SafetensorsReader file, SafetensorsReader::Open(path));
+  std::map<std::string, TensorDesc> all;
+  for (const auto& [name, e] : file.tensors()) all[name] = {e.dtype, e.shape, e.bytes()};
+  TRAIND_ASSIGN_OR_RETURN(const std::vector<SliceRead> reads,
+                          SlicesToRead(all, params_, local_, local_of_, begin_, blockwise_));
+  if (!offloaded_) {  // the shard's state goes to the arena: its slices, read by ranges
+    SafetensorsFile mine;
+    mine.metadata = file.metadata();
+    for (const SliceRead& r : reads) {
+      HostTensor slice;
+      slice.dtype = r.dtype;
+      slice.shape = r.shape;
+      slice.data.resize(r.bytes);
+      TRAIND_RETURN_IF_ERROR(file.ReadRange(r.name, r.offset, slice.data.data(), r.bytes));
+      mine.tensors[r.name] = std::move(slice);
+    }
+    return inner_->LoadState(mine);
+  }
+  // Offloaded: the shard's file, its tensors copied from the ranges through one bounded buffer,
+  // then streamed into the store by the offloaded optimizer (one group at a time).
+  const std::string shard = path + ".rank" + std::to_string(comm_->rank()) + ".tmp";
+  std::vector<StreamedTensor> specs;
+  for (const SliceRead& r : reads) specs.push_back({r.name, r.dtype, r.shape});
+  const size_t piece = state_io::kStatePieceBytes;
+  std::unique_ptr<uint8_t[]> buffer(new uint8_t[piece]);
+  Status s = WriteSafetensorsStreamed(
+      shard, file.metadata(), std::move(specs), [&](size_t i, const SafetensorsSink& sink) -> Status {
+        const SliceRead& r = reads[i];
+        for (uint64_t at = 0; at < r.bytes;) {
+          const size_t n = static_cast<size_t>(std::min<uint64_t>(piece, r.bytes - at));
+          TRAIND_RETURN_IF_ERROR(file.ReadRange(r.name, r.offset + at, buffer.get(), n));
+          if (!sink(buffer.get(), n)) {
+            return Status::Internal(shard + ": writing tensor '" + r.name + "' failed");
+          }
+          at += n;
+        }
+        return Status::Ok();
+      });
+  buffer.reset();
+  if (s.ok()) s = inner_->ReadState(shard);
+  std::error_code ec;
+  std::filesystem::remove(shard, ec);
+  return s;
 }
 
 }  // namespace traind::engine

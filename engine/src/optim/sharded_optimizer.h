@@ -101,6 +101,12 @@ class ShardedOptimizer final : public Optimizer {
   Status ContributeState() const override;
   // The rank's slice of a full state file. DATA_LOSS naming the tensor that does not match.
   Status LoadState(const SafetensorsFile& file) override;
+  // LoadState of the file at `path`, read by ranges: only the rank's slice of each tensor
+  // (SafetensorsReader::ReadRange), never the whole file. In memory: the slices, then the inner
+  // LoadState. With training.offload: the slices are streamed (bounded pieces) into a shard file
+  // beside `path` ("<path>.rank<R>.tmp", removed after) that the offloaded optimizer's own
+  // ReadState streams into its store, so no more than a piece and one group are in RAM at once.
+  Status ReadState(const std::string& path) override;
 
  private:
   ShardedOptimizer(std::vector<ParamInfo> params, Communicator* comm)
@@ -112,6 +118,7 @@ class ShardedOptimizer final : public Optimizer {
   std::vector<ParamInfo> local_;   // the slices in this rank's range (offsets from begin_)
   std::vector<size_t> local_of_;   // local_[i] is a slice of params_[local_of_[i]]
   bool blockwise_ = false;         // adamw_8bit: "<name>.*_absmax" tensors hold one per block
+  bool offloaded_ = false;         // inner_ is the offloaded optimizer (training.offload)
   Communicator* comm_;
   int64_t num_params_ = 0;
   int64_t begin_ = 0, end_ = 0;
