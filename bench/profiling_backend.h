@@ -73,6 +73,11 @@ class ProfilingBackend final : public Backend {
     T t(this, "copy");
     in_->CopyDeviceToHost(d, s, b);
   }
+  void CopyDeviceToHost2D(void* d, size_t dp, const void* s, size_t sp, size_t w,
+                          size_t h) override {
+    T t(this, "copy");
+    in_->CopyDeviceToHost2D(d, dp, s, sp, w, h);
+  }
   void CopyDeviceToDevice(void* d, const void* s, size_t b) override {
     T t(this, "copy");
     in_->CopyDeviceToDevice(d, s, b);

@@ -718,6 +718,38 @@ INSTANTIATE_TEST_SUITE_P(Devices, BackendOpsOnDevice,
                            return s;
                          });
 
+// The strided device -> host copy (gpt2's transposed export) equals one CopyDeviceToHost per row:
+// a block of columns out of every row of a matrix, into a tight and a padded host layout.
+TEST_P(BackendOpsOnDevice, CopyDeviceToHost2DEqualsRowByRow) {
+  const size_t rows = 37, cols = 53, c0 = 5, width = 17;
+  std::vector<float> host(rows * cols);
+  for (size_t i = 0; i < host.size(); ++i) host[i] = static_cast<float>(i) * 0.5f - 3.0f;
+  void* dev = device_->Alloc(host.size() * sizeof(float));
+  ASSERT_NE(dev, nullptr);
+  device_->CopyHostToDevice(dev, host.data(), host.size() * sizeof(float));
+  const float* src = static_cast<const float*>(dev) + c0;
+  for (size_t pitch : {width, width + 3}) {
+    const float sentinel = -77.0f;
+    std::vector<float> want(rows * pitch, sentinel), got(rows * pitch, sentinel);
+    for (size_t r = 0; r < rows; ++r) {
+      device_->CopyDeviceToHost(want.data() + r * pitch, src + r * cols, width * sizeof(float));
+    }
+    device_->CopyDeviceToHost2D(got.data(), pitch * sizeof(float), src, cols * sizeof(float),
+                                width * sizeof(float), rows);
+    ASSERT_TRUE(device_->status().ok()) << device_->status().ToString();
+    EXPECT_EQ(got, want) << device_->name() << " host pitch " << pitch;
+    EXPECT_EQ(got[pitch * 2 + 1], host[2 * cols + c0 + 1]);  // the reference is the matrix's
+    if (pitch > width) {
+      EXPECT_EQ(got[width], sentinel) << "the padding was written";
+    }
+  }
+  std::vector<float> untouched(4, 1.0f);
+  device_->CopyDeviceToHost2D(untouched.data(), 8, src, cols * sizeof(float), 0, rows);
+  device_->CopyDeviceToHost2D(untouched.data(), 8, src, cols * sizeof(float), 8, 0);
+  EXPECT_EQ(untouched, std::vector<float>(4, 1.0f));
+  device_->Free(dev);
+}
+
 // A backend that implements nothing but memory: Supports() says so, CheckSupports names the first
 // missing op, and calling an op does nothing but record UNIMPLEMENTED.
 class MemoryOnlyBackend final : public Backend {
@@ -749,6 +781,17 @@ TEST(BackendOps, PartialBackendReportsWhatItLacks) {
   EXPECT_TRUE(std::isnan(be.SumSquares(x.data(), 2)));
   EXPECT_EQ(be.status().code(), Status::Code::kUnimplemented);
   EXPECT_NE(be.status().message().find("op Scale"), std::string::npos) << be.status().message();
+}
+
+// Backend's default CopyDeviceToHost2D (a backend that has only the 1-D copies): row by row.
+TEST(BackendOps, DefaultCopyDeviceToHost2DCopiesEachRow) {
+  MemoryOnlyBackend be;
+  const std::vector<float> m = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11};  // 3 rows of 4
+  std::vector<float> out(3 * 3, -1.0f);
+  be.CopyDeviceToHost2D(out.data(), 3 * sizeof(float), m.data() + 1, 4 * sizeof(float),
+                        2 * sizeof(float), 3);
+  EXPECT_EQ(out, (std::vector<float>{1, 2, -1, 5, 6, -1, 9, 10, -1}));
+  EXPECT_TRUE(be.status().ok());
 }
 
 }  // namespace

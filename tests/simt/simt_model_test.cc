@@ -18,6 +18,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/gpu_backend.h"
 #include "backend/arena.h"
+#include "core/safetensors.h"
 #include "models/model.h"
 #include "../engine/model_test_util.h"
 #include "device_under_test.h"
@@ -99,6 +100,39 @@ double ExpectGradsMatch(const std::vector<ParamInfo>& params, const std::vector<
     if (ref > 0) worst = std::max(worst, std::sqrt(diff / ref));
   }
   return worst;
+}
+
+// gpt2's export (Model::StreamHf: its Conv1D weights transposed from strided device -> host
+// copies, Backend::CopyDeviceToHost2D) on the device equals the CPU backend's (itself checked
+// against a host transpose in model_export_stream_test), at piece sizes that cut rows unevenly.
+TEST(SimtModelExport, Gpt2StreamHfMatchesCpuBackend) {
+  const ModelConfig config = TinyGpt2();
+  ModelOptions options;
+  options.micro_batch = 1;
+  options.seq_len = 8;
+  ModelRun cpu = Make(MakeCpuBackend(1), config, options);
+  auto simt_backend = testing::MakeDeviceUnderTest();
+  ASSERT_TRUE(simt_backend.ok()) << simt_backend.status().ToString();
+  ModelRun simt = Make(std::move(simt_backend).value(), config, options);
+  ASSERT_TRUE(cpu.model && simt.model);
+  cpu.model->InitRandom(99);
+  std::vector<float> params(cpu.model->num_params());
+  cpu.backend->CopyDeviceToHost(params.data(), cpu.model->param_data(), params.size() * 4);
+  simt.backend->CopyHostToDevice(simt.model->param_data(), params.data(), params.size() * 4);
+  for (size_t piece : {kHfExportPieceBytes, size_t{4}, size_t{100}, size_t{4096}}) {
+    auto want = CollectSafetensorsStream(cpu.model->StreamHf(piece));
+    auto got = CollectSafetensorsStream(simt.model->StreamHf(piece));
+    ASSERT_TRUE(want.ok() && got.ok()) << piece;
+    ASSERT_TRUE(simt.backend->status().ok()) << simt.backend->status().ToString();
+    EXPECT_EQ(got->metadata, want->metadata);
+    ASSERT_EQ(got->tensors.size(), want->tensors.size());
+    int transposed = 0;
+    for (const auto& [name, t] : want->tensors) {
+      EXPECT_TRUE(got->tensors.at(name).data == t.data) << name << ", piece " << piece;
+      transposed += name.find("c_attn.weight") != std::string::npos;
+    }
+    EXPECT_GT(transposed, 0) << "no Conv1D weight: the strided copy was not exercised";
+  }
 }
 
 class SimtModelStep : public ::testing::TestWithParam<std::string> {};

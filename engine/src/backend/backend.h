@@ -122,6 +122,11 @@ class Backend {
   virtual void CopyHostToDevice(void* dst, const void* src, size_t bytes) = 0;
   virtual void CopyDeviceToHost(void* dst, const void* src, size_t bytes) = 0;
   virtual void CopyDeviceToDevice(void* dst, const void* src, size_t bytes) = 0;
+  // A 2-D (strided) copy, as cudaMemcpy2D: `height` rows of `width` bytes, row r from
+  // src + r * src_pitch (device) to dst + r * dst_pitch (host); pitches >= width. Synchronous, as
+  // CopyDeviceToHost. Default: one CopyDeviceToHost per row; the GPU backends issue one copy.
+  virtual void CopyDeviceToHost2D(void* dst, size_t dst_pitch, const void* src, size_t src_pitch,
+                                  size_t width, size_t height);
   virtual void Memset0(void* dst, size_t bytes) = 0;
   virtual void Synchronize() = 0;
 

@@ -56,6 +56,15 @@ const char* OpName(Op op) {
   return "unknown op";
 }
 
+void Backend::CopyDeviceToHost2D(void* dst, size_t dst_pitch, const void* src, size_t src_pitch,
+                                 size_t width, size_t height) {
+  if (width == 0) return;
+  for (size_t r = 0; r < height; ++r) {
+    CopyDeviceToHost(static_cast<char*>(dst) + r * dst_pitch,
+                     static_cast<const char*>(src) + r * src_pitch, width);
+  }
+}
+
 bool Backend::Supports(Op op) const {
   switch (op) {
     case Op::kLinearForward:

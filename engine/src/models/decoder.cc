@@ -244,10 +244,10 @@ Status StreamTensor(Backend* be, const ParamInfo& info, const ParamExtra& ex, co
     buf->out.resize(buf->stage.size());
     for (int64_t c0 = 0; c0 < C; c0 += w) {
       const int64_t cw = std::min(w, C - c0);
-      for (int64_t o = 0; o < OC; ++o) {
-        be->CopyDeviceToHost(buf->stage.data() + o * cw, src + o * C + c0,
-                             static_cast<size_t>(cw) * sizeof(float));
-      }
+      // Columns [c0, c0 + cw) of every engine row: one strided copy (OC rows of cw floats, C apart).
+      be->CopyDeviceToHost2D(buf->stage.data(), static_cast<size_t>(cw) * sizeof(float), src + c0,
+                             static_cast<size_t>(C) * sizeof(float),
+                             static_cast<size_t>(cw) * sizeof(float), static_cast<size_t>(OC));
       be->Synchronize();
       if (merged) MergeBlock(*merge, tensor, 0, OC, c0, cw, buf->stage.data(), cw);
       for (int64_t o = 0; o < OC; ++o)

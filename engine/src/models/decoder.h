@@ -32,8 +32,9 @@ struct LoraMerge {
 };
 // `params` (device, table.total floats, laid out as `table`) under HF names and layouts, F32, as
 // Model::StreamHf describes: each tensor copied from `be` in pieces of at most piece_bytes (a
-// transposed tensor: the file's rows [c0, c1) from one copy per engine row), with `merge` (may be
-// null) folded in per piece. `table`, `be` and `merge` must outlive the stream.
+// transposed tensor: the file's rows [c0, c1) from one strided copy of columns [c0, c1) of every
+// engine row, Backend::CopyDeviceToHost2D), with `merge` (may be null) folded in per piece.
+// `table`, `be` and `merge` must outlive the stream.
 SafetensorsStream StreamFlatToHf(Backend* be, const ParamTable* table, const float* params,
                                  size_t piece_bytes, std::shared_ptr<const LoraMerge> merge);
 // The init of every tensor (ParamExtra::init) from `seed` into `host` (table.total floats):

@@ -58,6 +58,14 @@ class CpuBackend final : public Backend {
   void CopyDeviceToHost(void* dst, const void* src, size_t bytes) override {
     if (bytes) std::memcpy(dst, src, bytes);
   }
+  void CopyDeviceToHost2D(void* dst, size_t dst_pitch, const void* src, size_t src_pitch,
+                          size_t width, size_t height) override {
+    if (width == 0) return;
+    for (size_t r = 0; r < height; ++r) {
+      std::memcpy(static_cast<char*>(dst) + r * dst_pitch,
+                  static_cast<const char*>(src) + r * src_pitch, width);
+    }
+  }
   void CopyDeviceToDevice(void* dst, const void* src, size_t bytes) override {
     if (bytes && dst != src) std::memmove(dst, src, bytes);
   }

@@ -75,6 +75,12 @@ Status MemcpyAsync(void* dst, const void* src, size_t bytes, CopyKind kind, cuda
   if (bytes == 0) return Status::Ok();
   return Check(cudaMemcpyAsync(dst, src, bytes, Kind(kind), stream), "cudaMemcpyAsync");
 }
+Status Memcpy2DAsync(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width,
+                     size_t height, CopyKind kind, cudaStream_t stream) {
+  if (width == 0 || height == 0) return Status::Ok();
+  return Check(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, height, Kind(kind), stream),
+               "cudaMemcpy2DAsync");
+}
 Status MemsetAsync(void* dst, int value, size_t bytes, cudaStream_t stream) {
   if (bytes == 0) return Status::Ok();
   return Check(cudaMemsetAsync(dst, value, bytes, stream), "cudaMemsetAsync");

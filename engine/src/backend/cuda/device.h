@@ -33,6 +33,10 @@ Status FreeHost(void* ptr);
 
 enum class CopyKind { kHostToDevice, kDeviceToHost, kDeviceToDevice };
 Status MemcpyAsync(void* dst, const void* src, size_t bytes, CopyKind kind, cudaStream_t stream);
+// `height` rows of `width` bytes, row r from src + r * src_pitch to dst + r * dst_pitch
+// (cudaMemcpy2DAsync; pitches >= width).
+Status Memcpy2DAsync(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width,
+                     size_t height, CopyKind kind, cudaStream_t stream);
 Status MemsetAsync(void* dst, int value, size_t bytes, cudaStream_t stream);
 
 Status StreamCreate(cudaStream_t* stream);

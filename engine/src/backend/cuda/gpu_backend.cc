@@ -89,6 +89,13 @@ void GpuBackend::CopyDeviceToHost(void* dst, const void* src, size_t bytes) {
   Record(dev::StreamSynchronize(stream_));
 }
 
+void GpuBackend::CopyDeviceToHost2D(void* dst, size_t dst_pitch, const void* src,
+                                    size_t src_pitch, size_t width, size_t height) {
+  Record(dev::Memcpy2DAsync(dst, dst_pitch, src, src_pitch, width, height,
+                            dev::CopyKind::kDeviceToHost, stream_));
+  Record(dev::StreamSynchronize(stream_));
+}
+
 void GpuBackend::CopyDeviceToDevice(void* dst, const void* src, size_t bytes) {
   Record(dev::MemcpyAsync(dst, src, bytes, dev::CopyKind::kDeviceToDevice, stream_));
 }

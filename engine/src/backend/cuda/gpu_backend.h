@@ -49,6 +49,8 @@ class GpuBackend : public Backend {
   void Free(void* ptr) override;
   void CopyHostToDevice(void* dst, const void* src, size_t bytes) override;
   void CopyDeviceToHost(void* dst, const void* src, size_t bytes) override;
+  void CopyDeviceToHost2D(void* dst, size_t dst_pitch, const void* src, size_t src_pitch,
+                          size_t width, size_t height) override;
   void CopyDeviceToDevice(void* dst, const void* src, size_t bytes) override;
   void Memset0(void* dst, size_t bytes) override;
   void Synchronize() override;

@@ -64,6 +64,21 @@ Status MemcpyAsync(void* dst, const void* src, size_t bytes, CopyKind kind, cuda
   Issue(stream, [dst, src, bytes] { std::memmove(dst, src, bytes); });
   return Status::Ok();
 }
+Status Memcpy2DAsync(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width,
+                     size_t height, CopyKind kind, cudaStream_t stream) {
+  (void)kind;
+  if (width == 0 || height == 0) return Status::Ok();
+  if (dst_pitch < width || src_pitch < width) {
+    return Status::InvalidArgument("cudaMemcpy2DAsync: a pitch smaller than the width");
+  }
+  Issue(stream, [dst, dst_pitch, src, src_pitch, width, height] {
+    for (size_t r = 0; r < height; ++r) {
+      std::memmove(static_cast<char*>(dst) + r * dst_pitch,
+                   static_cast<const char*>(src) + r * src_pitch, width);
+    }
+  });
+  return Status::Ok();
+}
 Status MemsetAsync(void* dst, int value, size_t bytes, cudaStream_t stream) {
   if (bytes == 0) return Status::Ok();
   Issue(stream, [dst, value, bytes] { std::memset(dst, value, bytes); });
