@@ -1,8 +1,12 @@
-// offload_bench: throughput of the nvme OptimizerStateStore (write + commit, read with read-ahead,
+// offload_bench: throughput of the nvme OptimizerStateStores (write + commit, read with read-ahead,
 // a read-update-write optimizer pass) beside the raw sequential bandwidth of the same directory
-// measured by fio in the same run, and the store's write amplification from RocksDB's statistics.
+// measured by fio in the same run, and each store's write amplification (device bytes / state bytes).
 //   offload_bench --dir /nvme/tmp [--state-mib 1024] [--chunk-mib 16] [--steps 3] [--no-fio]
-// Prints one RESULT line; bench/README.md ("offload") has the numbers and how to read them.
+//                 [--store rocksdb|valuelog|both]
+// `both` (the default) runs the RocksDB store (MakeRocksDbStore) and then the value-log store
+// (MakeValueLogStore) on the same directory, one after the other, after the fio runs (buffered as
+// before, and with O_DIRECT, the value-log store's kind of I/O).
+// Prints one RESULT line per store; bench/README.md ("offload") has the numbers and how to read them.
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -33,12 +37,13 @@ struct Flags {
   int depth = 4;  // read-ahead depth in chunks
   bool fio = true;
   size_t write_buffer_mib = 64;
+  std::string store = "both";
 };
 
 [[noreturn]] void Usage(const char* why) {
   std::fprintf(stderr,
                "offload_bench: %s\nusage: offload_bench [--dir DIR] [--state-mib N] [--chunk-mib N] "
-               "[--steps N] [--depth N] [--write-buffer-mib N] [--no-fio]\n",
+               "[--steps N] [--depth N] [--write-buffer-mib N] [--no-fio] [--store rocksdb|valuelog|both]\n",
                why);
   std::exit(2);
 }
@@ -58,9 +63,11 @@ Flags Parse(int argc, char** argv) {
     else if (a == "--depth") f.depth = std::stoi(next());
     else if (a == "--write-buffer-mib") f.write_buffer_mib = std::stoul(next());
     else if (a == "--no-fio") f.fio = false;
+    else if (a == "--store") f.store = next();
     else Usage(("unknown flag " + a).c_str());
   }
   if (f.chunk_mib == 0 || f.state_mib < f.chunk_mib || f.steps < 1 || f.depth < 1) Usage("bad sizes");
+  if (f.store != "rocksdb" && f.store != "valuelog" && f.store != "both") Usage("--store: rocksdb, valuelog or both");
   return f;
 }
 
@@ -79,9 +86,11 @@ void EvictPageCache(const std::string& dir) {
 // fio's bandwidth (bytes/s) of one sequential job on `file`, or -1. Buffered I/O, 1 MiB blocks,
 // fsync at the end of the write job (the store's Commit is durable too); fio drops the file's
 // page cache before the read job (invalidate=1).
-double Fio(const std::string& rw, const std::string& file, size_t mib) {
+// direct: O_DIRECT instead (--direct=1), the value-log store's own kind of I/O.
+double Fio(const std::string& rw, const std::string& file, size_t mib, bool direct = false) {
   const std::string cmd = "fio --name=raw --filename=" + file + " --rw=" + rw + " --bs=1M --size=" +
                           std::to_string(mib) + "M --ioengine=psync --end_fsync=1 --invalidate=1 " +
+                          (direct ? "--direct=1 " : "") +
                           "--output-format=terse --terse-version=3 2>/dev/null";
   FILE* p = ::popen(cmd.c_str(), "r");
   if (!p) return -1;
@@ -106,42 +115,19 @@ void Check(const traind::Status& st, const char* what) {
   std::exit(1);
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  Flags f = Parse(argc, argv);
-  bool own_dir = false;
-  if (f.dir.empty()) {
-    const char* base = std::getenv("TMPDIR");
-    std::string tmpl = std::string(base && *base ? base : "/tmp") + "/offload_bench_XXXXXX";
-    if (!::mkdtemp(tmpl.data())) Usage("cannot create a temporary directory");
-    f.dir = tmpl;
-    own_dir = true;
-  }
-  fs::create_directories(f.dir);
-  const std::string store_dir = f.dir + "/offload_bench_store";
-  const std::string fio_file = f.dir + "/offload_bench_fio.tmp";
-  fs::remove_all(store_dir);
-  const size_t chunk = f.chunk_mib << 20;
-  const size_t nchunks = f.state_mib / f.chunk_mib;
-  const double state = double(nchunks * chunk);
+// Writes, reads and updates the state in the store `kind` in store_dir; prints its rows and its
+// RESULT line; removes store_dir.
+void RunStore(const std::string& kind, const Flags& f, const std::string& store_dir, size_t nchunks, size_t chunk,
+              double state, double fio_write, double fio_read, double fio_dwrite, double fio_dread) {
   const double mb = 1e6;
-
-  // 1. Raw sequential bandwidth of the directory, same run, same sizes.
-  double fio_write = -1, fio_read = -1;
-  if (f.fio) {
-    fio_write = Fio("write", fio_file, nchunks * f.chunk_mib);
-    fio_read = Fio("read", fio_file, nchunks * f.chunk_mib);
-    fs::remove(fio_file);
-    if (fio_write < 0 || fio_read < 0) std::fprintf(stderr, "offload_bench: fio did not run (is it installed?)\n");
-  }
-
+  fs::remove_all(store_dir);
   traind::offload::StoreOptions o;
   o.write_buffer_bytes = f.write_buffer_mib << 20;
   o.max_chunk_bytes = std::max(o.max_chunk_bytes, chunk);
   o.max_pending_write_bytes = std::max(o.max_pending_write_bytes, 4 * chunk);
   o.max_prefetch_bytes = std::max(o.max_prefetch_bytes, static_cast<size_t>(f.depth + 1) * chunk);
-  auto opened = traind::offload::MakeRocksDbStore(store_dir, o);
+  auto opened = kind == "valuelog" ? traind::offload::MakeValueLogStore(store_dir, o)
+                                   : traind::offload::MakeRocksDbStore(store_dir, o);
   Check(opened.status(), "open");
   auto& store = *opened;
 
@@ -194,30 +180,79 @@ int main(int argc, char** argv) {
 
   const auto s = store->Stats();
   const double wa = double(s.device_written_bytes) / double(s.written_bytes);
-  std::printf("offload_bench dir=%s state=%.0f MiB chunk=%zu MiB steps=%d\n", f.dir.c_str(), state / 1048576.0,
-              f.chunk_mib, f.steps);
-  if (fio_write > 0)
-    std::printf("  fio seq write (1 MiB, buffered, fsync at end): %8.1f MB/s\n"
-                "  fio seq read  (1 MiB, page cache dropped):     %8.1f MB/s\n",
-                fio_write / mb, fio_read / mb);
+  std::printf("store %s (%s):\n", kind.c_str(), store->Describe().c_str());
   std::printf("  store write+commit: %8.1f MB/s%s  (commit %.0f ms/step of %.0f ms)\n", write_bw / mb,
               fio_write > 0 ? (" = " + std::to_string(int(100 * write_bw / fio_write)) + "% of fio").c_str() : "",
               1000 * commit_s / timed_steps, 1000 * write_s / timed_steps);
   std::printf("  store read (read-ahead %d chunks): %8.1f MB/s%s\n", f.depth, read_bw / mb,
               fio_read > 0 ? (" = " + std::to_string(int(100 * read_bw / fio_read)) + "% of fio").c_str() : "");
+  if (fio_dwrite > 0)
+    std::printf("  (of fio with O_DIRECT: write+commit %d%%, read %d%%)\n", int(100 * write_bw / fio_dwrite),
+                int(100 * read_bw / fio_dread));
   std::printf("  optimizer pass (read+update+write+commit): %.2f s for %.0f MiB each way (%.1f MB/s each way)\n",
               pass_s, state / 1048576.0, state / pass_s / mb);
-  std::printf("  write amplification: %.3f (%.1f MiB to files for %.1f MiB of state; RocksDB flush+compaction+WAL bytes)\n",
-              wa, s.device_written_bytes / 1048576.0, s.written_bytes / 1048576.0);
+  std::printf("  write amplification: %.3f (%.1f MiB to files for %.1f MiB of state; %s)\n",
+              wa, s.device_written_bytes / 1048576.0, s.written_bytes / 1048576.0,
+              kind == "valuelog" ? "segment writes + index flush/compaction/WAL bytes" : "RocksDB flush+compaction+WAL bytes");
   std::printf("  caller wait %.2f s, background I/O %.2f s, prefetch hits %llu misses %llu, on disk %.1f MiB\n",
               s.io_wait_seconds, s.background_io_seconds, static_cast<unsigned long long>(s.prefetch_hits),
               static_cast<unsigned long long>(s.prefetch_misses), s.store_bytes / 1048576.0);
   std::printf("RESULT side=offload write_mbps=%.1f read_mbps=%.1f fio_write_mbps=%.1f fio_read_mbps=%.1f "
-              "write_ratio=%.2f read_ratio=%.2f write_amp=%.3f\n",
+              "write_ratio=%.2f read_ratio=%.2f write_amp=%.3f store=%s fio_direct_write_mbps=%.1f "
+              "fio_direct_read_mbps=%.1f\n",
               write_bw / mb, read_bw / mb, fio_write / mb, fio_read / mb,
-              fio_write > 0 ? write_bw / fio_write : 0.0, fio_read > 0 ? read_bw / fio_read : 0.0, wa);
+              fio_write > 0 ? write_bw / fio_write : 0.0, fio_read > 0 ? read_bw / fio_read : 0.0, wa, kind.c_str(),
+              fio_dwrite / mb, fio_dread / mb);
   store.reset();
   fs::remove_all(store_dir);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Flags f = Parse(argc, argv);
+  bool own_dir = false;
+  if (f.dir.empty()) {
+    const char* base = std::getenv("TMPDIR");
+    std::string tmpl = std::string(base && *base ? base : "/tmp") + "/offload_bench_XXXXXX";
+    if (!::mkdtemp(tmpl.data())) Usage("cannot create a temporary directory");
+    f.dir = tmpl;
+    own_dir = true;
+  }
+  fs::create_directories(f.dir);
+  const std::string store_dir = f.dir + "/offload_bench_store";
+  const std::string fio_file = f.dir + "/offload_bench_fio.tmp";
+  fs::remove_all(store_dir);
+  const size_t chunk = f.chunk_mib << 20;
+  const size_t nchunks = f.state_mib / f.chunk_mib;
+  const double state = double(nchunks * chunk);
+  const double mb = 1e6;
+
+  // 1. Raw sequential bandwidth of the directory, same run, same sizes.
+  double fio_write = -1, fio_read = -1, fio_dwrite = -1, fio_dread = -1;
+  if (f.fio) {
+    fio_write = Fio("write", fio_file, nchunks * f.chunk_mib);
+    fio_read = Fio("read", fio_file, nchunks * f.chunk_mib);
+    fs::remove(fio_file);
+    fio_dwrite = Fio("write", fio_file, nchunks * f.chunk_mib, /*direct=*/true);
+    fio_dread = Fio("read", fio_file, nchunks * f.chunk_mib, /*direct=*/true);
+    fs::remove(fio_file);
+    if (fio_write < 0 || fio_read < 0) std::fprintf(stderr, "offload_bench: fio did not run (is it installed?)\n");
+  }
+
+  std::printf("offload_bench dir=%s state=%.0f MiB chunk=%zu MiB steps=%d\n", f.dir.c_str(), state / 1048576.0,
+              f.chunk_mib, f.steps);
+  if (fio_write > 0)
+    std::printf("  fio seq write (1 MiB, buffered, fsync at end): %8.1f MB/s\n"
+                "  fio seq read  (1 MiB, page cache dropped):     %8.1f MB/s\n"
+                "  fio seq write / read with O_DIRECT (--direct=1): %.1f / %.1f MB/s\n",
+                fio_write / mb, fio_read / mb, fio_dwrite / mb, fio_dread / mb);
+  std::vector<std::string> kinds;
+  if (f.store != "valuelog") kinds.push_back("rocksdb");
+  if (f.store != "rocksdb") kinds.push_back("valuelog");
+  for (const std::string& kind : kinds) {
+    RunStore(kind, f, store_dir, nchunks, chunk, state, fio_write, fio_read, fio_dwrite, fio_dread);
+  }
   if (own_dir) fs::remove_all(f.dir);
   return 0;
 }

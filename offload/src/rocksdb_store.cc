@@ -25,6 +25,7 @@
 #include "format.h"
 #include "mutex.h"
 #include "options.h"
+#include "prepare_dir.h"
 #include "rocksdb_status.h"
 #include "traind/offload/offload.h"
 
@@ -706,42 +707,6 @@ class RocksDbStore final : public engine::OptimizerStateStore {
   std::vector<std::thread> threads_;
   std::thread commit_thread_;  // touched only by the caller's thread (CommitInBackground, AwaitCommit)
 };
-
-// The directory checks RocksDB would report less clearly: missing, not a directory, not writable.
-Status PrepareDir(const std::string& dir, bool create_if_missing) {
-  struct stat st;
-  if (::stat(dir.c_str(), &st) != 0) {
-    if (errno != ENOENT)
-      return Status::FailedPrecondition("offload dir " + dir + ": " + std::strerror(errno));
-    const fs::path parent = fs::path(dir).parent_path();
-    std::error_code ec;
-    if (!parent.empty() && !fs::is_directory(parent, ec))
-      return Status::NotFound("offload dir " + dir + ": its parent " + parent.string() +
-                              " does not exist (create it, or point offload_dir elsewhere)");
-    if (!create_if_missing) return Status::NotFound("offload dir " + dir + " does not exist");
-    if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
-      const int e = errno;
-      if (e == ENOSPC) return Status::ResourceExhausted("offload dir " + dir + ": cannot create it: " + std::strerror(e));
-      return Status::FailedPrecondition("offload dir " + dir + ": cannot create it: " + std::strerror(e));
-    }
-  } else if (!S_ISDIR(st.st_mode)) {
-    return Status::FailedPrecondition("offload dir " + dir + " is not a directory");
-  }
-  // A probe file: the only check that sees read-only mounts and permissions the same way as
-  // RocksDB will (root ignores mode bits, not read-only file systems).
-  const std::string probe = dir + "/.offload_write_probe";
-  const int fd = ::open(probe.c_str(), O_CREAT | O_WRONLY | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    const int e = errno;
-    if (e == ENOSPC) return Status::ResourceExhausted("offload dir " + dir + " is full: " + std::strerror(e));
-    if (e == ENOTDIR) return Status::FailedPrecondition("offload dir " + dir + " is not a directory");
-    return Status::FailedPrecondition("offload dir " + dir + " is not writable: " + std::strerror(e) +
-                                      (e == EROFS ? " (read-only file system)" : ""));
-  }
-  ::close(fd);
-  ::unlink(probe.c_str());
-  return Status::Ok();
-}
 
 }  // namespace
 

@@ -17,6 +17,19 @@ inline StoreOptions CrashStoreOptions() {
   return o;
 }
 
+// The store under test by name: "rocksdb" (MakeRocksDbStore), "valuelog" (MakeValueLogStore) or
+// "valuelog_direct" (the same with 1 MiB chunks: O_DIRECT-sized slots, a segment file per slot).
+inline Result<std::unique_ptr<engine::OptimizerStateStore>> OpenCrashStore(const std::string& kind,
+                                                                          const std::string& dir) {
+  if (kind == "valuelog" || kind == "valuelog_direct") return MakeValueLogStore(dir, CrashStoreOptions());
+  if (kind == "rocksdb") return MakeRocksDbStore(dir, CrashStoreOptions());
+  return Status::InvalidArgument("unknown store kind " + kind);
+}
+
+inline size_t CrashChunkBytes(const std::string& kind) {
+  return kind == "valuelog_direct" ? size_t{1} << 20 : kCrashChunkBytes;
+}
+
 inline std::vector<engine::StateKey> CrashKeys() {
   std::vector<engine::StateKey> keys;
   for (int c = 0; c < 4; ++c)

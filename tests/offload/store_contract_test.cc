@@ -1,5 +1,6 @@
 // The OptimizerStateStore contract (engine/include/traind/engine/optimizer_state_store.h), run
-// against both stores: MakeHostStore (offload: cpu) and MakeRocksDbStore (offload: nvme).
+// against the three stores: MakeHostStore (offload: cpu), MakeRocksDbStore (offload: nvme) and
+// MakeValueLogStore (nvme, own segment files + RocksDB index).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -66,12 +67,20 @@ class StoreContractTest : public ::testing::Test {
   std::unique_ptr<OptimizerStateStore> store_;
 };
 
-using Factories = ::testing::Types<HostFactory, RocksDbFactory>;
+struct ValueLogFactory {
+  static constexpr bool kPersistent = true;
+  TempDir tmp;
+  Result<std::unique_ptr<OptimizerStateStore>> Open(const StoreOptions& o) {
+    return MakeValueLogStore(tmp.Sub("store"), o);
+  }
+};
+
+using Factories = ::testing::Types<HostFactory, RocksDbFactory, ValueLogFactory>;
 class FactoryNames {
  public:
   template <typename T>
   static std::string GetName(int) {
-    return std::is_same_v<T, HostFactory> ? "cpu" : "nvme";
+    return std::is_same_v<T, HostFactory> ? "cpu" : std::is_same_v<T, RocksDbFactory> ? "nvme" : "valuelog";
   }
 };
 TYPED_TEST_SUITE(StoreContractTest, Factories, FactoryNames);
@@ -248,6 +257,36 @@ TYPED_TEST(StoreContractTest, ChunkWrittenOnceSurvivesManyOverwrites) {
   this->ExpectStep(39, keys, bytes);
   const uint64_t state = (keys.size() + 1) * bytes;
   EXPECT_LE(peak_late, 6 * state + (2 << 20)) << "disk use grows with the number of steps";
+}
+
+// A chunk whose size changes (new slots in the value-log store), three times within one step:
+// reads see the committed size and data until the commit, the last size after it and a reopen.
+TYPED_TEST(StoreContractTest, ResizedChunks) {
+  const StateKey a{"g0", 0, "master"}, b{"g0", 1, "master"};
+  this->WriteStep(0, {a, b}, 10000);
+  ASSERT_TRUE(this->store_->Commit(0).ok());
+  this->WriteStep(1, {a}, 5000);   // smaller
+  this->WriteStep(1, {a}, 7000);   // and again, same 4 KiB-rounded size
+  this->WriteStep(1, {a}, 30000);  // and larger, all before the commit
+  std::vector<char> got(10000);
+  ASSERT_TRUE(this->store_->Read(a, got.data(), got.size()).ok()) << "the committed size is still 10000";
+  EXPECT_TRUE(got == ChunkData(a, 0, 10000));
+  ASSERT_TRUE(this->store_->Commit(1).ok());
+  this->ExpectStep(1, {a}, 30000);
+  this->ExpectStep(0, {b}, 10000);
+  this->WriteStep(2, {b}, 3000);  // committed with step 2 below
+  for (int64_t step = 2; step < 6; ++step) {  // the freed slots get reused
+    this->WriteStep(step, {a}, step % 2 ? 30000 : 12000);
+    ASSERT_TRUE(this->store_->Commit(step).ok());
+  }
+  if constexpr (TypeParam::kPersistent) {
+    this->store_.reset();
+    this->store_ = this->OpenStore(SmallOptions());
+    ASSERT_NE(this->store_, nullptr);
+    EXPECT_EQ(this->store_->CommittedStep(), 5);
+  }
+  this->ExpectStep(5, {a}, 30000);
+  this->ExpectStep(2, {b}, 3000);
 }
 
 // Write-behind is bounded: however fast chunks come, no more than the budget (plus the chunk

@@ -62,6 +62,15 @@ Result<std::unique_ptr<engine::OptimizerStateStore>> MakeHostStore(const StoreOp
 Result<std::unique_ptr<engine::OptimizerStateStore>> MakeRocksDbStore(const std::string& dir,
                                                                       const StoreOptions& options = {});
 
+// offload: nvme, value-log variant (offload/README.md "The value-log store"): chunk payloads in
+// preallocated segment files in `dir` written and read with O_DIRECT, two slots per chunk (the
+// committed one is never overwritten before the next commit), RocksDB in `dir`/index holding only
+// the index and the commit record (written after the segment files are synced). Same contract and
+// errors as MakeRocksDbStore. Uses max_chunk_bytes, max_pending_write_bytes, max_prefetch_bytes,
+// read_threads, write_threads, create_if_missing, and blob_file_bytes as the segment file size.
+Result<std::unique_ptr<engine::OptimizerStateStore>> MakeValueLogStore(const std::string& dir,
+                                                                       const StoreOptions& options = {});
+
 // A store that forwards every call to `inner` but commits in the caller: CommitInBackground runs
 // Commit and then the read-ahead hints before it returns (the interface's default), so nothing
 // of a commit overlaps the caller's work. For measuring what committing behind compute hides
