@@ -123,7 +123,7 @@ int RunChild(const Args& a) {
   o.device.threads = a.threads;
   o.open_optimizer_state_store =
       [](const engine::TrainingSpec& t) -> Result<std::unique_ptr<engine::OptimizerStateStore>> {
-    return offload::MakeRocksDbStore(*t.offload_dir);
+    return offload::MakeNvmeStore(*t.offload_dir);
   };
   std::vector<double> step_s;
   int64_t hwm_setup = 0, hwm_steps = 0;

@@ -370,6 +370,8 @@ void JobManager::OnRunnerEvent(const std::string& id, const v1::RunnerEvent& rev
         o->set_read_bytes(o->read_bytes() + rev.step().offload_read_bytes());
         o->set_written_bytes(o->written_bytes() + rev.step().offload_written_bytes());
         o->set_io_seconds(o->io_seconds() + rev.step().offload_io_seconds());
+        o->set_background_io_seconds(o->background_io_seconds() +
+                                     rev.step().offload_background_io_seconds());
         o->set_store_bytes(rev.step().offload_store_bytes());
       }
       if (job.world_size() > 1) {

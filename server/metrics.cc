@@ -32,6 +32,7 @@ struct Metrics::JobSeries {
   prometheus::Counter* offload_read;
   prometheus::Counter* offload_written;
   prometheus::Counter* offload_io;
+  prometheus::Counter* offload_background_io;
   prometheus::Gauge* offload_store;
   prometheus::Counter* tokenize_bytes;
   prometheus::Gauge* world_size;
@@ -87,6 +88,10 @@ Result<std::unique_ptr<Metrics>> Metrics::Start(const std::string& listen, doubl
                              .Help("Offloaded optimizer-state bytes written").Register(r);
   m->offload_io_ = &BuildCounter().Name("traind_offload_io_seconds_total")
                         .Help("Time spent waiting on offload I/O").Register(r);
+  m->offload_background_io_ =
+      &BuildCounter().Name("traind_offload_background_io_seconds_total")
+           .Help("Offload I/O time on the store's own threads, behind compute (read-ahead, write-behind, "
+                 "commits; thread-seconds)").Register(r);
   m->offload_store_ = &BuildGauge().Name("traind_offload_store_bytes")
                            .Help("Bytes the offload store holds (disk for nvme, RAM for cpu)").Register(r);
   m->tokenize_bytes_ = &BuildCounter().Name("traind_tokenize_bytes_total")
@@ -186,6 +191,7 @@ void Metrics::JobStarted(const std::string& id, const std::string& name, const v
     s->offload_read = &offload_read_->Add(l);
     s->offload_written = &offload_written_->Add(l);
     s->offload_io = &offload_io_->Add(l);
+    s->offload_background_io = &offload_background_io_->Add(l);
     s->offload_store = &offload_store_->Add(l);
     s->tokenize_bytes = &tokenize_bytes_->Add(l);
     s->world_size = &world_size_->Add(l);
@@ -222,6 +228,7 @@ void Metrics::OnStep(const std::string& id, const v1::StepEvent& e) {
   s.offload_read->Increment(static_cast<double>(std::max<int64_t>(0, e.offload_read_bytes())));
   s.offload_written->Increment(static_cast<double>(std::max<int64_t>(0, e.offload_written_bytes())));
   s.offload_io->Increment(std::max(0.0, e.offload_io_seconds()));
+  s.offload_background_io->Increment(std::max(0.0, e.offload_background_io_seconds()));
   s.offload_store->Set(static_cast<double>(e.offload_store_bytes()));
   s.dataloader_wait->Increment(std::max(0.0, e.dataloader_wait_seconds()));
   if (s.comm_seconds != nullptr) {
@@ -308,6 +315,7 @@ void Metrics::JobEnded(const std::string& id) {
   offload_read_->Remove(s.offload_read);
   offload_written_->Remove(s.offload_written);
   offload_io_->Remove(s.offload_io);
+  offload_background_io_->Remove(s.offload_background_io);
   offload_store_->Remove(s.offload_store);
   tokenize_bytes_->Remove(s.tokenize_bytes);
   world_size_->Remove(s.world_size);

@@ -90,6 +90,7 @@ class Metrics {
   prometheus::Family<prometheus::Counter>* offload_read_ = nullptr;
   prometheus::Family<prometheus::Counter>* offload_written_ = nullptr;
   prometheus::Family<prometheus::Counter>* offload_io_ = nullptr;
+  prometheus::Family<prometheus::Counter>* offload_background_io_ = nullptr;
   prometheus::Family<prometheus::Gauge>* offload_store_ = nullptr;
   prometheus::Family<prometheus::Counter>* tokenize_bytes_ = nullptr;
   prometheus::Family<prometheus::Counter>* comm_seconds_ = nullptr;

@@ -129,6 +129,8 @@ nlohmann::json JobJson(const v1::Job& j) {
           {"offload", j.has_offload() ? nlohmann::json{{"read_bytes", j.offload().read_bytes()},
                                                        {"written_bytes", j.offload().written_bytes()},
                                                        {"io_seconds", JsonNumber(j.offload().io_seconds())},
+                                                       {"background_io_seconds",
+                                                        JsonNumber(j.offload().background_io_seconds())},
                                                        {"store_bytes", j.offload().store_bytes()}}
                                       : nlohmann::json(nullptr)},
           // Tokenization of the training data (null until it started): tokenizing is true while
@@ -216,7 +218,8 @@ std::string StatusText(const v1::Job& j) {
     if (j.has_offload()) {
       row("offload_io", "read " + HumanBytes(j.offload().read_bytes()) + ", written " +
                             HumanBytes(j.offload().written_bytes()) + ", waited " +
-                            Fmt("%.2f s", j.offload().io_seconds()) + ", store " +
+                            Fmt("%.2f s", j.offload().io_seconds()) + " (behind compute " +
+                            Fmt("%.2f s", j.offload().background_io_seconds()) + "), store " +
                             HumanBytes(j.offload().store_bytes()));
     }
   }

@@ -48,4 +48,18 @@ Status PrepareDir(const std::string& dir, bool create_if_missing) {
   return Status::Ok();
 }
 
+Status CheckStoreLayout(const std::string& dir, const std::string& want) {
+  std::error_code ec;
+  const bool rocksdb = std::filesystem::exists(dir + "/CURRENT", ec);
+  const bool valuelog = std::filesystem::exists(dir + "/index/CURRENT", ec);
+  const bool other = want == "valuelog" ? rocksdb : valuelog;
+  if (!other) return Status::Ok();
+  const std::string found = want == "valuelog" ? "the RocksDB store's" : "the value-log store's";
+  return Status::FailedPrecondition(
+      "offload dir " + dir + " holds " + found + " layout, not the " + want +
+      " store this job opens (an earlier traind, or TRAIND_OFFLOAD_STORE, chose the other): "
+      "remove the directory (its state is rebuilt from the job's last checkpoint) or point "
+      "offload_dir elsewhere");
+}
+
 }  // namespace traind::offload

@@ -717,6 +717,7 @@ Result<std::unique_ptr<engine::OptimizerStateStore>> MakeRocksDbStore(const std:
   std::string dir = dir_in;
   while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
   TRAIND_RETURN_IF_ERROR(PrepareDir(dir, options.create_if_missing));
+  TRAIND_RETURN_IF_ERROR(CheckStoreLayout(dir, "rocksdb"));
   rocksdb::Options ropts = MakeRocksOptions(options);
   rocksdb::DB* raw = nullptr;
   rocksdb::Status s = rocksdb::DB::Open(ropts, dir, &raw);

@@ -946,6 +946,7 @@ Result<std::unique_ptr<engine::OptimizerStateStore>> MakeValueLogStore(const std
   std::string dir = dir_in;
   while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
   TRAIND_RETURN_IF_ERROR(PrepareDir(dir, options.create_if_missing));
+  TRAIND_RETURN_IF_ERROR(CheckStoreLayout(dir, "valuelog"));
   rocksdb::Options ropts = MakeIndexOptions();
   rocksdb::DB* raw = nullptr;
   rocksdb::Status s = rocksdb::DB::Open(ropts, dir + "/index", &raw);

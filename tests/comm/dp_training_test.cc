@@ -37,6 +37,7 @@
 #include "traind/engine/job_spec.h"
 #include "traind/engine/trainer.h"
 #include "free_port.h"
+#include "synthetic_tokens.h"
 
 namespace traind::engine {
 namespace {
@@ -56,18 +57,7 @@ using comm_test::FreePort;
 
 int Port() { return FreePort(); }
 
-// As tests/engine/trainer_test_util.h's WriteSyntheticTokens: learnable uint16 tokens.
-void WriteTokens(const std::string& path, int64_t n, int vocab, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<uint16_t> t(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) {
-    const int base = static_cast<int>((i * 7 + (i / 13)) % vocab);
-    t[static_cast<size_t>(i)] =
-        static_cast<uint16_t>(rng() % 5 == 0 ? rng() % static_cast<uint32_t>(vocab) : base);
-  }
-  std::ofstream out(path, std::ios::binary);
-  out.write(reinterpret_cast<const char*>(t.data()), static_cast<std::streamsize>(t.size() * 2));
-}
+using test_data::WriteSyntheticTokens;
 
 // The tiny gpt2 (vocab 64, 2 layers, d32, T16), shuffled windows, cosine with warmup, weight
 // decay and clipping: every rule of the step is exercised.
@@ -235,7 +225,7 @@ int64_t CheckShardBytes(const std::string& log, int rank, int W, int64_t roundin
 void CompareWorld(int W, int64_t A, const std::string& extra = "", int zero = 0,
                   const std::string& bucket_mb = "") {
   const std::string dir = TempDir("w" + std::to_string(W));
-  WriteTokens(dir + "/tokens.bin", 6000, 64, 4);
+  WriteSyntheticTokens(dir + "/tokens.bin", 6000, 64, 4);
   const std::string ref_out = dir + "/ref", dp_out = dir + "/dp";
   // `extra`: more training keys ("bf16: true").
   auto spec = [&](const std::string& out, int64_t B, int64_t accum, const std::string& d) {
@@ -414,7 +404,7 @@ TEST(DataParallel, ZeroOneAdafactorWorldFourMatchesOneProcess) {
 // The plan (estimate, admission, the arena budget) holds the rank's shard of the optimizer state.
 TEST(DataParallel, ZeroOnePlansTheRanksShard) {
   const std::string dir = TempDir("plan");
-  WriteTokens(dir + "/tokens.bin", 6000, 64, 4);
+  WriteSyntheticTokens(dir + "/tokens.bin", 6000, 64, 4);
   auto plan = [&](const std::string& block) {
     auto spec = ParseJobSpec(Spec(dir + "/tokens.bin", dir + "/out", 2, 1, block));
     EXPECT_TRUE(spec.ok()) << spec.status().ToString();
@@ -461,7 +451,7 @@ TEST(DataParallel, ZeroOnePlansTheRanksShard) {
 // so both continue the same run and end where the uninterrupted world-2 run ends.
 TEST(DataParallel, CheckpointResumesOnAnotherWorldSize) {
   const std::string dir = TempDir("resume");
-  WriteTokens(dir + "/tokens.bin", 6000, 64, 4);
+  WriteSyntheticTokens(dir + "/tokens.bin", 6000, 64, 4);
   const std::string port = std::to_string(Port());
   auto run_world = [&](int W, int64_t A, const std::string& out, const std::string& extra,
                        const std::string& port) {
@@ -574,7 +564,7 @@ void ExpectSameRun(const std::string& a, const std::string& b, const std::string
 void CheckZeroOneCheckpoints(const std::string& extra) {
   const std::string dir = TempDir("zero");
   const std::string tokens = dir + "/tokens.bin";
-  WriteTokens(tokens, 6000, 64, 4);
+  WriteSyntheticTokens(tokens, 6000, 64, 4);
   RunRanks(tokens, 2, 2, dir + "/z1", extra, 1);
   RunRanks(tokens, 2, 2, dir + "/z0", extra, 0);
   const std::string opt = extra.empty() ? "adamw" : extra;
@@ -650,7 +640,7 @@ TEST(DataParallel, ZeroOneCheckpointsResumeAcrossWorldsAndStages) { CheckZeroOne
 TEST(DataParallel, ZeroOneMatchesZeroZeroWithLoraAndMixedPrecision) {
   const std::string dir = TempDir("zero_mixed");
   const std::string tokens = dir + "/tokens.bin";
-  WriteTokens(tokens, 6000, 64, 4);
+  WriteSyntheticTokens(tokens, 6000, 64, 4);
   const std::pair<std::string, std::string> cases[] = {
       {"lora", "peft: {type: lora, r: 4, lora_alpha: 8, lora_dropout: 0.1, "
                "target_modules: [c_attn, c_fc], merge: true}"},
@@ -718,7 +708,7 @@ std::vector<long long> SentBytes(const std::string& log) {
 TEST(DataParallel, ZeroOneSendsHalfTheGradientBytes) {
   const std::string dir = TempDir("bytes");
   const std::string tokens = dir + "/tokens.bin";
-  WriteTokens(tokens, 6000, 64, 4);
+  WriteSyntheticTokens(tokens, 6000, 64, 4);
   for (int W : {2, 4}) {
     const std::string w = "w" + std::to_string(W);
     RunRanks(tokens, W, 1, dir + "/" + w + "_z0", "", 0);
@@ -797,7 +787,7 @@ int64_t StoreBytes(const std::string& log) {
 void CheckOffloadWorld(int zero, const std::string& offload) {
   const std::string dir = TempDir("offload" + std::to_string(zero) + offload);
   const std::string tokens = dir + "/tokens.bin";
-  WriteTokens(tokens, 6000, 64, 4);
+  WriteSyntheticTokens(tokens, 6000, 64, 4);
   const std::string store = dir + "/store";
   const std::string extra =
       offload == "nvme" ? "offload: nvme, offload_dir: " + store : "offload: " + offload;
@@ -845,12 +835,13 @@ void CheckOffloadWorld(int zero, const std::string& offload) {
     }
     if (offload == "nvme") {
       const std::string own = store + "/rank-" + std::to_string(r);
-      EXPECT_TRUE(fs::exists(own + "/CURRENT")) << own;
+      EXPECT_TRUE(fs::exists(own + "/index/CURRENT")) << own << ": the value-log store's index";
       EXPECT_NE(log.find(own), std::string::npos) << "rank " << r << " does not name " << own;
     }
   }
   if (offload == "nvme") {
-    EXPECT_FALSE(fs::exists(store + "/CURRENT")) << "one shared RocksDB";
+    EXPECT_FALSE(fs::exists(store + "/CURRENT") || fs::exists(store + "/index/CURRENT"))
+        << "one shared store";
   }
   if (zero == 1) {
     EXPECT_EQ(shard_sum, file_bytes);  // the shards cover the state once
@@ -861,7 +852,7 @@ TEST(DataParallel, OffloadCpuZeroZeroWorldTwoMatchesInMemory) { CheckOffloadWorl
 
 TEST(DataParallel, OffloadCpuZeroOneWorldTwoMatchesInMemory) { CheckOffloadWorld(1, "cpu"); }
 
-// zero_stage 1 with offload nvme: each rank's RocksDB in <offload_dir>/rank-<r>; its checkpoint
+// zero_stage 1 with offload nvme: each rank's own store in <offload_dir>/rank-<r>; its checkpoint
 // (the world-1 format, gathered from the ranks' stores) resumes on world 1 without offload and on
 // world 2 zero_stage 1 with offload cpu, both continuing the run.
 TEST(DataParallel, OffloadNvmeZeroOneWorldTwoMatchesAndResumes) {
@@ -911,7 +902,7 @@ std::pair<double, double> PeakAndPlanned(const std::string& log) {
 TEST(DataParallel, ZeroOneAdamw8bitOffloadMatchesInMemoryAndResumes) {
   const std::string dir = TempDir("offload8");
   const std::string tokens = dir + "/tokens.bin";
-  WriteTokens(tokens, 6000, 64, 4);
+  WriteSyntheticTokens(tokens, 6000, 64, 4);
   const std::string eight = "optim: adamw_8bit";
   const std::string store = dir + "/store";
 
@@ -1029,7 +1020,7 @@ TEST(DataParallel, ZeroOneAdamw8bitOffloadMatchesInMemoryAndResumes) {
     const std::string nvme_log = Slurp(dir + "/nvme_rank" + std::to_string(r) + ".log");
     EXPECT_GT(StoreBytes(nvme_log), 0) << "rank " << r;
     const std::string own = store + "/rank-" + std::to_string(r);
-    EXPECT_TRUE(fs::exists(own + "/CURRENT")) << own;
+    EXPECT_TRUE(fs::exists(own + "/index/CURRENT")) << own;
   }
   EXPECT_EQ(shard_sum, file_bytes + 2 * tables);
   std::printf("[dp] adamw_8bit offload cpu, zero_stage 1, world 2: shard state %lld + %lld = "
@@ -1093,7 +1084,7 @@ TEST(DataParallel, ZeroOneAdamw8bitOffloadMatchesInMemoryAndResumes) {
 // A rank whose offload_dir cannot be created fails with the directory's name.
 TEST(DataParallel, OffloadNvmeWorldTwoNamesAMissingOffloadDir) {
   const std::string dir = TempDir("offload_bad");
-  WriteTokens(dir + "/tokens.bin", 6000, 64, 4);
+  WriteSyntheticTokens(dir + "/tokens.bin", 6000, 64, 4);
   const std::string port = std::to_string(Port());
   std::string spec = Spec(dir + "/tokens.bin", dir + "/out", 2, 1, "{master_addr: 127.0.0.1}");
   spec.replace(spec.find("save_steps: 10}"), 15,
@@ -1117,7 +1108,7 @@ TEST(DataParallel, OffloadNvmeWorldTwoNamesAMissingOffloadDir) {
 // distributed: {world_size: 1} is a plain run: the same bytes as no block at all.
 TEST(DataParallel, WorldOfOneIsAPlainRun) {
   const std::string dir = TempDir("one");
-  WriteTokens(dir + "/tokens.bin", 6000, 64, 4);
+  WriteSyntheticTokens(dir + "/tokens.bin", 6000, 64, 4);
   WriteFile(dir + "/a.yaml", Spec(dir + "/tokens.bin", dir + "/a", 2, 2, ""));
   WriteFile(dir + "/b.yaml", Spec(dir + "/tokens.bin", dir + "/b", 2, 2, "{world_size: 1}"));
   Proc a = Start(dir + "/a.yaml", {}, dir + "/a.log");
@@ -1135,7 +1126,7 @@ TEST(DataParallel, WorldOfOneIsAPlainRun) {
 // rank 0 writes checkpoint-N; it resumes on world 1.
 TEST(DataParallel, ZeroOnePreemptionOfOneRankCheckpointsTheWorld) {
   const std::string dir = TempDir("zero_preempt");
-  WriteTokens(dir + "/tokens.bin", 6000, 64, 4);
+  WriteSyntheticTokens(dir + "/tokens.bin", 6000, 64, 4);
   std::string spec = Spec(dir + "/tokens.bin", dir + "/out", 2, 1,
                           "{master_addr: 127.0.0.1, zero_stage: 1}");
   spec.replace(spec.find("max_steps: 20"), 13, "max_steps: 100000");
@@ -1190,7 +1181,7 @@ TEST(DataParallel, ZeroOnePreemptionOfOneRankCheckpointsTheWorld) {
 // broadcasts and the scalar gathers are the collectives a peer's death can interrupt).
 void KillOneRank(const std::string& block) {
   const std::string dir = TempDir("kill");
-  WriteTokens(dir + "/tokens.bin", 6000, 64, 4);
+  WriteSyntheticTokens(dir + "/tokens.bin", 6000, 64, 4);
   std::string spec = Spec(dir + "/tokens.bin", dir + "/out", 2, 1, block);
   spec.replace(spec.find("max_steps: 20"), 13, "max_steps: 100000");
   WriteFile(dir + "/dp.yaml", spec);
@@ -1230,7 +1221,7 @@ TEST(DataParallel, AKilledRankStopsTheOthersUnderZeroOne) {
 // (TRAIND_DIST_COLLECTIVE_TIMEOUT_S, 2 s here), saying it timed out.
 void HangOneRank(const std::string& block) {
   const std::string dir = TempDir("hang");
-  WriteTokens(dir + "/tokens.bin", 6000, 64, 4);
+  WriteSyntheticTokens(dir + "/tokens.bin", 6000, 64, 4);
   std::string spec = Spec(dir + "/tokens.bin", dir + "/out", 2, 1, block);
   spec.replace(spec.find("max_steps: 20"), 13, "max_steps: 100000");
   WriteFile(dir + "/dp.yaml", spec);
@@ -1270,7 +1261,7 @@ TEST(DataParallel, AHungRankTimesOutTheOthersUnderZeroOne) {
 
 TEST(DataParallel, ARankThatNeverJoinsIsNamed) {
   const std::string dir = TempDir("missing");
-  WriteTokens(dir + "/tokens.bin", 6000, 64, 4);
+  WriteSyntheticTokens(dir + "/tokens.bin", 6000, 64, 4);
   WriteFile(dir + "/dp.yaml", Spec(dir + "/tokens.bin", dir + "/out", 2, 1,
                                    "{world_size: 3, master_addr: 127.0.0.1, master_port: " +
                                        std::to_string(Port()) + "}"));
@@ -1295,7 +1286,7 @@ TEST(DataParallel, ARankThatNeverJoinsIsNamed) {
 
 TEST(DataParallel, BadDistributedFieldsAreSpecErrors) {
   const std::string dir = TempDir("bad");
-  WriteTokens(dir + "/tokens.bin", 6000, 64, 4);
+  WriteSyntheticTokens(dir + "/tokens.bin", 6000, 64, 4);
   const std::pair<std::string, std::string> cases[] = {
       {"{world_size: 2, rank: 2}", "distributed.rank: must be < world_size 2, got 2"},
       {"{world_size: 0}", "distributed.world_size: must be >= 1, got 0"},

@@ -68,7 +68,7 @@ TEST_F(MetricsTest, EverySeriesPresentAndMovingDuringAJob) {
       "traind_train_learning_rate", "traind_train_grad_norm", "traind_train_skipped_steps_total",
       "traind_model_flops_utilization", "traind_device_memory_bytes", "traind_dataloader_wait_seconds_total",
       "traind_offload_read_bytes_total", "traind_offload_written_bytes_total", "traind_offload_io_seconds_total",
-      "traind_tokenize_bytes_total"};
+      "traind_offload_background_io_seconds_total", "traind_tokenize_bytes_total"};
   for (const auto& name : per_job) {
     EXPECT_FALSE(std::isnan(FindMetric(second, name, label))) << name << " missing for " << job->id() << "\n" << text;
   }
@@ -193,6 +193,9 @@ TEST_F(MetricsTest, OffloadSeriesMoveAndStatusShowsThem) {
     EXPECT_GT(FindMetric(second, name, label), FindMetric(first, name, label)) << name << "\n" << text;
   }
   EXPECT_GE(FindMetric(second, "traind_offload_io_seconds_total", label), 0);
+  // The store's threads wrote every step behind the optimizer (write-behind, the commit).
+  EXPECT_GT(FindMetric(second, "traind_offload_background_io_seconds_total", label),
+            FindMetric(first, "traind_offload_background_io_seconds_total", label)) << text;
   EXPECT_GT(FindMetric(second, "traind_offload_store_bytes", label), 0) << text;
   // Each step writes the whole optimizer state (AdamW: 8 bytes per trainable parameter).
   const double steps = FindMetric(second, "traind_train_steps_total", label);
@@ -207,9 +210,11 @@ TEST_F(MetricsTest, OffloadSeriesMoveAndStatusShowsThem) {
   EXPECT_GT(state * steps * 1.01, written * 0.7);
   EXPECT_LT(j["plan"]["bytes"]["optimizer"].get<double>(), state) << "only a window on the device";
   EXPECT_GT(j["offload"]["written_bytes"].get<double>(), 0);
+  EXPECT_GT(j["offload"]["background_io_seconds"].get<double>(), 0);
   auto text_status = Trainctl({"--addr", d.addr(), "--token", d.token(), "status", job->id()});
   EXPECT_THAT(text_status.out, ::testing::HasSubstr("offload:"));
   EXPECT_THAT(text_status.out, ::testing::HasSubstr("offload_io:"));
+  EXPECT_THAT(text_status.out, ::testing::HasSubstr("behind compute"));
   ASSERT_TRUE(c->Cancel(job->id()).ok());
   ASSERT_TRUE(WaitFor(*c, job->id(), IsDone, 60));
 }

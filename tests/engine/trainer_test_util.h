@@ -26,6 +26,7 @@
 #include "core/safetensors.h"
 #include "traind/engine/job_spec.h"
 #include "traind/engine/trainer.h"
+#include "synthetic_tokens.h"
 
 namespace traind::engine::testing {
 
@@ -53,17 +54,7 @@ inline std::string MakeTempDir(const std::string& tag) {
 }
 
 // `n` uint16 tokens below `vocab` with learnable structure (a noisy repeating pattern), seeded.
-inline void WriteSyntheticTokens(const std::string& path, int64_t n, int vocab, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<uint16_t> t(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) {
-    const int base = static_cast<int>((i * 7 + (i / 13)) % vocab);
-    t[static_cast<size_t>(i)] =
-        static_cast<uint16_t>(rng() % 5 == 0 ? rng() % static_cast<uint32_t>(vocab) : base);
-  }
-  std::ofstream out(path, std::ios::binary);
-  out.write(reinterpret_cast<const char*>(t.data()), static_cast<std::streamsize>(t.size() * 2));
-}
+using test_data::WriteSyntheticTokens;
 
 // A tiny gpt2 job (vocab 64, 2 layers, d32, T16, B4) on `data_file` (uint16 tokens), writing to
 // dir/out. Cosine with warmup, weight decay and clipping on, so every rule is exercised.

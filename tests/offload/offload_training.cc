@@ -40,10 +40,11 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// Opens the store the job runner would open for the spec (offload/'s factories).
+// Opens the store the job runner would open for the spec (offload/'s factories; nvme: the
+// default value-log store).
 Result<std::unique_ptr<OptimizerStateStore>> OpenStore(const TrainingSpec& t) {
   if (t.offload == "cpu") return offload::MakeHostStore();
-  return offload::MakeRocksDbStore(*t.offload_dir);
+  return offload::MakeNvmeStore(*t.offload_dir);
 }
 
 RunOptions Options(bool offload) {
@@ -209,13 +210,15 @@ TEST(OffloadErrors, UnusableOffloadDirIsOneClearError) {
   EXPECT_EQ(r3.status().code(), Status::Code::kFailedPrecondition) << r3.status().ToString();
 }
 
-// Damages the blob files of an nvme store right after the commit of step `step` (bytes
-// overwritten in place), before anything of that step is read back: commits run in the caller
-// (CommitInCallerStore), so the damage lands between the commit and the next step's reads.
+// Damages the data files (extension `ext`: RocksDB's ".blob", the value log's ".vlog") of an
+// nvme store right after the commit of step `step` (bytes overwritten in place), before anything
+// of that step is read back: commits run in the caller (CommitInCallerStore), so the damage lands
+// between the commit and the next step's reads.
 class DamageAfterCommit final : public offload::CommitInCallerStore {
  public:
-  DamageAfterCommit(std::unique_ptr<OptimizerStateStore> store, std::string dir, int64_t step)
-      : CommitInCallerStore(std::move(store)), dir_(std::move(dir)), step_(step) {}
+  DamageAfterCommit(std::unique_ptr<OptimizerStateStore> store, std::string dir, std::string ext,
+                    int64_t step)
+      : CommitInCallerStore(std::move(store)), dir_(std::move(dir)), ext_(std::move(ext)), step_(step) {}
   int damaged() const { return damaged_; }
   Status Commit(int64_t step) override {
     TRAIND_RETURN_IF_ERROR(CommitInCallerStore::Commit(step));
@@ -227,7 +230,7 @@ class DamageAfterCommit final : public offload::CommitInCallerStore {
   void Damage() {
     std::error_code ec;
     for (const auto& e : fs::directory_iterator(dir_, ec)) {
-      if (e.path().extension() != ".blob") continue;
+      if (e.path().extension() != ext_) continue;
       const auto size = static_cast<std::streamoff>(fs::file_size(e.path(), ec));
       if (ec) continue;  // garbage-collected meanwhile
       std::fstream f(e.path(), std::ios::in | std::ios::out | std::ios::binary);
@@ -239,34 +242,71 @@ class DamageAfterCommit final : public offload::CommitInCallerStore {
     }
   }
   std::string dir_;
+  std::string ext_;
   int64_t step_;
   int damaged_ = 0;
 };
 
-// The nvme store's blob files damaged on disk between steps (bytes overwritten in place): the next
+// The nvme store's data files damaged on disk between steps (bytes overwritten in place): the next
 // step fails with DATA_LOSS naming the store's directory; it never trains on wrong state, and the
-// checkpoint written before stays intact.
-TEST(OffloadErrors, BlobFileDamagedBetweenStepsFailsTheJobWithDataLoss) {
-  const std::string dir = testing::MakeTempDir("offload-damaged");
+// checkpoint written before stays intact. Both nvme stores.
+class OffloadDamage : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(OffloadDamage, DataFileDamagedBetweenStepsFailsTheJobWithDataLoss) {
+  const bool rocksdb = GetParam() == "rocksdb";
+  const std::string dir = testing::MakeTempDir("offload-damaged-" + GetParam());
   testing::WriteSyntheticTokens(dir + "/tokens.bin", 600, 64, 5);
   JobSpec s = testing::TinySpec(dir + "/run", dir + "/tokens.bin");
   s.training.max_steps = 6;
   s.training.save_steps = 2;
   s.training.offload = "nvme";
   s.training.offload_dir = dir + "/store";
-  auto opened = offload::MakeRocksDbStore(dir + "/store");
+  auto opened = offload::MakeNvmeStore(dir + "/store", GetParam());
   ASSERT_TRUE(opened.ok()) << opened.status().ToString();
-  DamageAfterCommit store(std::move(opened).value(), dir + "/store", 3);
+  DamageAfterCommit store(std::move(opened).value(), dir + "/store", rocksdb ? ".blob" : ".vlog", 3);
   RunOptions o = testing::TestRunOptions(2);
   o.optimizer_state_store = &store;
   auto r = RunJob(s, o, {});
-  ASSERT_GT(store.damaged(), 0) << "the store wrote no blob files";
+  ASSERT_GT(store.damaged(), 0) << "the store wrote no data files";
   ASSERT_FALSE(r.ok()) << "a damaged store must fail the job";
   std::printf("the job's error: %s\n", r.status().ToString().c_str());
   EXPECT_EQ(r.status().code(), Status::Code::kDataLoss) << r.status().ToString();
   EXPECT_NE(r.status().message().find(dir + "/store"), std::string::npos) << r.status().ToString();
   EXPECT_TRUE(fs::exists(s.output_dir + "/checkpoint-2/optimizer.safetensors"));
   EXPECT_FALSE(fs::exists(s.output_dir + "/checkpoint-4")) << "no checkpoint after the damage";
+}
+INSTANTIATE_TEST_SUITE_P(Stores, OffloadDamage, ::testing::Values("rocksdb", "valuelog"),
+                         [](const ::testing::TestParamInfo<std::string>& p) { return p.param; });
+
+// A store directory of one layout opened as the other: one clear error naming the directory,
+// nothing of it removed (the RocksDB store's files stay for TRAIND_OFFLOAD_STORE=rocksdb).
+TEST(OffloadErrors, StoreOfTheOtherLayoutIsRefused) {
+  const std::string dir = testing::MakeTempDir("offload-layout");
+  {
+    auto r = offload::MakeRocksDbStore(dir + "/store");
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+  }
+  auto v = offload::MakeNvmeStore(dir + "/store");
+  ASSERT_FALSE(v.ok());
+  EXPECT_EQ(v.status().code(), Status::Code::kFailedPrecondition) << v.status().ToString();
+  EXPECT_NE(v.status().message().find(dir + "/store"), std::string::npos) << v.status().ToString();
+  EXPECT_NE(v.status().message().find("RocksDB store"), std::string::npos) << v.status().ToString();
+  EXPECT_TRUE(fs::exists(dir + "/store/CURRENT"));
+  auto again = offload::MakeNvmeStore(dir + "/store", "rocksdb");
+  EXPECT_TRUE(again.ok()) << again.status().ToString();
+  again = Status::Internal("closed");
+  {
+    auto r = offload::MakeValueLogStore(dir + "/vl");
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+  }
+  auto rdb = offload::MakeNvmeStore(dir + "/vl", "rocksdb");
+  ASSERT_FALSE(rdb.ok());
+  EXPECT_EQ(rdb.status().code(), Status::Code::kFailedPrecondition) << rdb.status().ToString();
+  EXPECT_NE(rdb.status().message().find("value-log store"), std::string::npos) << rdb.status().ToString();
+  auto bad = offload::MakeNvmeStore(dir + "/x", "leveldb");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), Status::Code::kInvalidArgument) << bad.status().ToString();
+  EXPECT_NE(bad.status().message().find("TRAIND_OFFLOAD_STORE"), std::string::npos);
 }
 
 // The group payload format: a round trip, and truncation or trailing bytes are DATA_LOSS naming
@@ -473,7 +513,7 @@ TEST(OffloadResume, ReadStateOfEveryOptimizerEqualsTheFile) {
     for (int s = 0; s < 3; ++s) (*mem)->Step(w.data(), g.data(), 1e-3, 1.0f);
     const std::string file = dir + "/" + name + ".safetensors";
     ASSERT_TRUE((*mem)->WriteState(file).ok());
-    auto store = offload::MakeRocksDbStore(dir + "/" + name + "-store");
+    auto store = offload::MakeNvmeStore(dir + "/" + name + "-store");
     ASSERT_TRUE(store.ok()) << store.status().ToString();
     auto off = MakeOffloadedOptimizer(t, params, n, &arena, store->get(), oo);
     ASSERT_TRUE(off.ok()) << off.status().ToString();
@@ -525,7 +565,7 @@ TEST(OffloadErrors, DiskFullMidRunFailsTheJobAndTheLastCheckpointResumes) {
     so.write_buffer_bytes = 2 << 20;
     so.blob_file_bytes = 2 << 20;
     so.max_pending_write_bytes = 1 << 20;
-    return offload::MakeRocksDbStore(*t.offload_dir, so);
+    return offload::MakeNvmeStore(*t.offload_dir, "", so);
   };
   const JobSpec a = spec("a", "");
   ASSERT_TRUE(RunJob(a, testing::TestRunOptions(2), {}).ok());

@@ -63,6 +63,7 @@ v1::StepEvent ToProto(const engine::StepReport& r) {
   e.set_offload_read_bytes(r.offload_read_bytes);
   e.set_offload_written_bytes(r.offload_written_bytes);
   e.set_offload_io_seconds(r.offload_io_seconds);
+  e.set_offload_background_io_seconds(r.offload_background_io_seconds);
   e.set_offload_store_bytes(r.offload_store_bytes);
   e.set_comm_seconds(r.comm_seconds);
   e.set_comm_bytes(r.comm_bytes);
@@ -85,11 +86,15 @@ v1::TokenizeEvent TokenizeToProto(const engine::TokenizeReport& r) {
   return e;
 }
 
-// training.offload's store: host RAM for cpu, RocksDB in offload_dir for nvme (offload/).
+// training.offload's store: host RAM for cpu; for nvme the value-log store in offload_dir, or
+// the RocksDB store with TRAIND_OFFLOAD_STORE=rocksdb (offload/README.md).
 Result<std::unique_ptr<engine::OptimizerStateStore>> OpenOffloadStore(const engine::TrainingSpec& t) {
   offload::StoreOptions o;
   if (t.offload == "cpu") return offload::MakeHostStore(o);
-  if (t.offload == "nvme" && t.offload_dir) return offload::MakeRocksDbStore(*t.offload_dir, o);
+  if (t.offload == "nvme" && t.offload_dir) {
+    const char* kind = std::getenv("TRAIND_OFFLOAD_STORE");
+    return offload::MakeNvmeStore(*t.offload_dir, kind != nullptr ? kind : "", o);
+  }
   return Status::InvalidArgument("training.offload: " + t.offload + " has no store (nvme needs offload_dir)");
 }
 
@@ -246,13 +251,15 @@ int RunLocal(const std::string& spec_path, const engine::DeviceOptions& device, 
   opts.open_optimizer_state_store = OpenOffloadStore;
   UseCommunicator(&opts, "", 0);
 #if TRAIND_HAVE_GLOO
+  // A write to a peer that closed its socket (a rank that died, or one that woke from a hang and
+  // finds the world gone) must fail the collective with EPIPE, not kill the process with SIGPIPE
+  // (Gloo's transport does not always send with MSG_NOSIGNAL): with --max-restarts the attempt
+  // restarts, without it the rank exits 1 with the collective's error (it died of SIGPIPE, exit
+  // 141, in about 1 of 4 runs of DataParallelRestart.MaxRestartsZeroFailsAsBefore).
+  signal(SIGPIPE, SIG_IGN);
   if (max_restarts > 0) {
     // The world restarts itself (docs/distributed.md, "Restarts of `traind run` ranks"): each
     // attempt's communicator joins the next round of the rendezvous.
-    // A write to a peer that closed its socket (a rank that woke from a hang and finds the world
-    // gone) must fail the collective with EPIPE, which restarts the attempt, not kill the process
-    // (Gloo's transport does not always send with MSG_NOSIGNAL).
-    signal(SIGPIPE, SIG_IGN);
     auto world = std::make_shared<comm::RestartableWorld>(max_restarts);
     opts.open_communicator = [world, device = opts.device.device](const engine::JobSpec& spec)
         -> Result<std::unique_ptr<engine::Communicator>> {

@@ -339,6 +339,7 @@ Status RunStepLoop(TrainingSession* s, double* last_eval) {
         r.offload_read_bytes = static_cast<int64_t>(io.read_bytes - io_before.read_bytes);
         r.offload_written_bytes = static_cast<int64_t>(io.written_bytes - io_before.written_bytes);
         r.offload_io_seconds = io.io_wait_seconds - io_before.io_wait_seconds;
+        r.offload_background_io_seconds = io.background_io_seconds - io_before.background_io_seconds;
         r.offload_store_bytes = static_cast<int64_t>(io.store_bytes);
       }
       if (s->metered_comm != nullptr) {

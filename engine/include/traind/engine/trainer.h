@@ -51,6 +51,10 @@ struct StepReport {
   int64_t offload_read_bytes = 0;
   int64_t offload_written_bytes = 0;
   double offload_io_seconds = 0;      // time the step waited on the store (I/O not hidden)
+  // Seconds the store's own threads spent in I/O during the step (read-ahead, write-behind, a
+  // commit behind compute; thread-seconds, so more than the step when threads overlap): beside
+  // offload_io_seconds, how much of the I/O the step did not wait for.
+  double offload_background_io_seconds = 0;
   int64_t offload_store_bytes = 0;    // bytes the store holds now (disk, or RAM for cpu)
   // Data parallel: this rank's time inside collectives during the step that compute did not hide
   // (the step waited for it), the time of the gradient all-reduce that ran while backward

@@ -71,6 +71,15 @@ Result<std::unique_ptr<engine::OptimizerStateStore>> MakeRocksDbStore(const std:
 Result<std::unique_ptr<engine::OptimizerStateStore>> MakeValueLogStore(const std::string& dir,
                                                                        const StoreOptions& options = {});
 
+// offload: nvme as jobs open it. `kind`: "valuelog" (also ""; the default: the faster of the
+// two, bench/README.md "offload") or "rocksdb" (MakeRocksDbStore); anything else is
+// INVALID_ARGUMENT. The job runner takes `kind` from the environment variable
+// TRAIND_OFFLOAD_STORE. Each store refuses a directory holding the other's layout
+// (FAILED_PRECONDITION naming it).
+Result<std::unique_ptr<engine::OptimizerStateStore>> MakeNvmeStore(const std::string& dir,
+                                                                   const std::string& kind = "",
+                                                                   const StoreOptions& options = {});
+
 // A store that forwards every call to `inner` but commits in the caller: CommitInBackground runs
 // Commit and then the read-ahead hints before it returns (the interface's default), so nothing
 // of a commit overlaps the caller's work. For measuring what committing behind compute hides
