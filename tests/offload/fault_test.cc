@@ -38,6 +38,17 @@ Status WriteStep(engine::OptimizerStateStore& s, int64_t step, const std::vector
   return s.Commit(step);
 }
 
+// Writes tmp/filler until about `left` bytes of the file system under `tmp` stay free (the operator
+// frees space by removing it).
+void FillLeaving(TempDir& tmp, uint64_t left) {
+  const auto space = fs::space(tmp.path());
+  const uint64_t fill = space.available > left ? space.available - left : 0;
+  std::ofstream filler(tmp.Sub("filler"), std::ios::binary);
+  std::vector<char> ones(1 << 20, 1);
+  for (uint64_t done = 0; done < fill; done += ones.size())
+    filler.write(ones.data(), static_cast<std::streamsize>(std::min<uint64_t>(ones.size(), fill - done)));
+}
+
 void ExpectStep(engine::OptimizerStateStore& s, int64_t step, const std::vector<StateKey>& keys, size_t bytes) {
   std::vector<char> got(bytes);
   for (const auto& k : keys) {
@@ -147,14 +158,7 @@ TEST_P(StoreFaultTest, DiskFullMidStep) {
   auto s = Open(dir, o);
   ASSERT_TRUE(s.ok()) << s.status().ToString();
   ASSERT_TRUE(WriteStep(**s, 0, keys0, bytes).ok());
-  {
-    const auto space = fs::space(tmp.path());
-    const uint64_t fill = space.available > (14 << 20) ? space.available - (14 << 20) : 0;
-    std::ofstream filler(tmp.Sub("filler"), std::ios::binary);
-    std::vector<char> zeros(1 << 20, 1);
-    for (uint64_t done = 0; done < fill; done += zeros.size())
-      filler.write(zeros.data(), static_cast<std::streamsize>(std::min<uint64_t>(zeros.size(), fill - done)));
-  }
+  FillLeaving(tmp, 14 << 20);
   const auto keys1 = Keys(64);  // 16 MiB
   Status st;
   int written = 0;
@@ -206,14 +210,7 @@ TEST_P(StoreFaultTest, DiskFullDuringABackgroundCommit) {
     auto d = ChunkData(k, 1, bytes);
     ASSERT_TRUE((*s)->Write(k, d.data(), d.size()).ok());
   }
-  {  // leave 4 MiB: less than the commit's flush needs with its margin
-    const auto space = fs::space(tmp.path());
-    const uint64_t fill = space.available > (4 << 20) ? space.available - (4 << 20) : 0;
-    std::ofstream filler(tmp.Sub("filler"), std::ios::binary);
-    std::vector<char> ones(1 << 20, 1);
-    for (uint64_t done = 0; done < fill; done += ones.size())
-      filler.write(ones.data(), static_cast<std::streamsize>(std::min<uint64_t>(ones.size(), fill - done)));
-  }
+  FillLeaving(tmp, 4 << 20);  // less than the commit's flush needs with its margin
   (*s)->CommitInBackground(1, keys);
   const Status st = (*s)->AwaitCommit();
   ASSERT_FALSE(st.ok()) << "the commit fit into 4 MiB with its 8 MiB margin?";

@@ -14,7 +14,6 @@
 // - each step reports its offload I/O (the daemon's traind_offload_* metrics come from it).
 #include <gtest/gtest.h>
 
-#include <malloc.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -31,6 +30,7 @@
 #include "backend/backend.h"
 #include "optim/offloaded_optimizer.h"
 #include "train/planner.h"
+#include "rss_test_util.h"
 #include "trainer_test_util.h"
 #include "traind/engine/trainer.h"
 #include "traind/offload/offload.h"
@@ -333,26 +333,8 @@ TEST(OffloadFormat, StatePayloadRoundTripsAndRejectsTruncation) {
 }
 
 
-// VmRSS / VmHWM of this process in bytes.
-int64_t ProcStatusBytes(const char* field) {
-  std::ifstream in("/proc/self/status");
-  std::string line;
-  const size_t n = std::strlen(field);
-  while (std::getline(in, line)) {
-    if (line.compare(0, n, field) == 0 && line.size() > n && line[n] == ':') {
-      return std::atoll(line.c_str() + n + 1) * 1024;
-    }
-  }
-  return 0;
-}
-
-// Returns free heap memory to the kernel, then resets VmHWM to the current RSS (clear_refs 5), so
-// VmHWM afterwards minus VmRSS now is the peak growth of what runs in between.
-int64_t StartPeakRss() {
-  malloc_trim(0);
-  std::ofstream("/proc/self/clear_refs") << "5";
-  return ProcStatusBytes("VmRSS");
-}
+using testing::ProcStatusBytes;
+using testing::StartPeakRss;
 
 bool FilesEqual(const std::string& a, const std::string& b) {
   std::ifstream fa(a, std::ios::binary), fb(b, std::ios::binary);

@@ -173,28 +173,11 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> AdafactorOptimizer::St
   return out;
 }
 
-SafetensorsFile AdafactorOptimizer::SaveState() const {
-  SafetensorsFile file;
-  state_io::SetHeader(&file, kFormat, step_);
-  Backend* backend = arena_->backend();
-  std::vector<float> host;
-  std::vector<int64_t> offs;
-  for (size_t i = 0; i < params_.size(); ++i) {
-    auto tensors = StateTensors(i, &offs);
-    for (size_t k = 0; k < tensors.size(); ++k) {
-      int64_t n = 1;
-      for (int64_t d : tensors[k].second) n *= d;
-      host.resize(static_cast<size_t>(n));
-      backend->CopyDeviceToHost(host.data(), state_ + offs[k], host.size() * 4);
-      file.tensors[tensors[k].first] = HostTensor::FromF32(host.data(), tensors[k].second);
-    }
-  }
-  return file;
-}
-
-Status AdafactorOptimizer::WriteState(const std::string& path) const {
+std::vector<state_io::DeviceTensor> AdafactorOptimizer::DeviceState(
+    std::map<std::string, std::string>* metadata) const {
   SafetensorsFile header;
   state_io::SetHeader(&header, kFormat, step_);
+  *metadata = header.metadata;
   std::vector<state_io::DeviceTensor> tensors;
   std::vector<int64_t> offs;
   for (size_t i = 0; i < params_.size(); ++i) {
@@ -206,7 +189,19 @@ Status AdafactorOptimizer::WriteState(const std::string& path) const {
                          state_ + offs[k], static_cast<size_t>(n) * 4});
     }
   }
-  return state_io::WriteDeviceTensors(path, header.metadata, tensors, arena_->backend());
+  return tensors;
+}
+
+SafetensorsFile AdafactorOptimizer::SaveState() const {
+  std::map<std::string, std::string> metadata;
+  const std::vector<state_io::DeviceTensor> tensors = DeviceState(&metadata);
+  return state_io::CopyDeviceTensors(metadata, tensors, arena_->backend());
+}
+
+Status AdafactorOptimizer::WriteState(const std::string& path) const {
+  std::map<std::string, std::string> metadata;
+  const std::vector<state_io::DeviceTensor> tensors = DeviceState(&metadata);
+  return state_io::WriteDeviceTensors(path, metadata, tensors, arena_->backend());
 }
 
 Status AdafactorOptimizer::LoadState(const SafetensorsFile& file) {

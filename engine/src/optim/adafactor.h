@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <optional>
@@ -26,6 +27,7 @@
 #include "backend/backend.h"
 #include "core/param_info.h"
 #include "core/safetensors.h"
+#include "optim/state_io.h"
 #include "traind/engine/status.h"
 
 namespace traind::engine {
@@ -78,6 +80,9 @@ class AdafactorOptimizer {
   Status WriteState(const std::string& path) const;
 
  private:
+  // The state tensors as they lie in device memory, and the file's metadata: what SaveState
+  // copies to the host and WriteState streams to a file.
+  std::vector<state_io::DeviceTensor> DeviceState(std::map<std::string, std::string>* metadata) const;
   struct Slot {       // one parameter
     int64_t B, R, C;  // factored: (B, R, C); unfactored: (1, 1, numel)
     bool factored;

@@ -112,31 +112,27 @@ void AdamWOptimizer::IssueStep(float* params, const float* grads,
   }
 }
 
-SafetensorsFile AdamWOptimizer::SaveState() const {
-  SafetensorsFile file;
-  Backend* backend = arena_->backend();
-  std::vector<float> host;
-  for (const ParamInfo& p : params_) {
-    host.resize(static_cast<size_t>(p.numel));
-    backend->CopyDeviceToHost(host.data(), m_ + p.offset, host.size() * 4);
-    file.tensors[p.hf_name + ".exp_avg"] = HostTensor::FromF32(host.data(), p.shape);
-    backend->CopyDeviceToHost(host.data(), v_ + p.offset, host.size() * 4);
-    file.tensors[p.hf_name + ".exp_avg_sq"] = HostTensor::FromF32(host.data(), p.shape);
-  }
-  file.metadata["format"] = kStateFormat;
-  file.metadata["step"] = std::to_string(step_);
-  return file;
-}
-
-Status AdamWOptimizer::WriteState(const std::string& path) const {
+std::vector<state_io::DeviceTensor> AdamWOptimizer::DeviceState(
+    std::map<std::string, std::string>* metadata) const {
+  *metadata = {{"format", kStateFormat}, {"step", std::to_string(step_)}};
   std::vector<state_io::DeviceTensor> tensors;
   for (const ParamInfo& p : params_) {
     const size_t bytes = static_cast<size_t>(p.numel) * 4;
     tensors.push_back({p.hf_name + ".exp_avg", "F32", p.shape, m_ + p.offset, bytes});
     tensors.push_back({p.hf_name + ".exp_avg_sq", "F32", p.shape, v_ + p.offset, bytes});
   }
-  const std::map<std::string, std::string> metadata = {{"format", kStateFormat},
-                                                       {"step", std::to_string(step_)}};
+  return tensors;
+}
+
+SafetensorsFile AdamWOptimizer::SaveState() const {
+  std::map<std::string, std::string> metadata;
+  const std::vector<state_io::DeviceTensor> tensors = DeviceState(&metadata);
+  return state_io::CopyDeviceTensors(metadata, tensors, arena_->backend());
+}
+
+Status AdamWOptimizer::WriteState(const std::string& path) const {
+  std::map<std::string, std::string> metadata;
+  const std::vector<state_io::DeviceTensor> tensors = DeviceState(&metadata);
   return state_io::WriteDeviceTensors(path, metadata, tensors, arena_->backend());
 }
 

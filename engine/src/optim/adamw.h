@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -13,6 +14,7 @@
 #include "backend/arena.h"
 #include "core/param_info.h"
 #include "core/safetensors.h"
+#include "optim/state_io.h"
 #include "optim/optimizer.h"
 #include "traind/engine/status.h"
 
@@ -85,6 +87,9 @@ class AdamWOptimizer final : public Optimizer {
   Status WriteState(const std::string& path) const override;
 
  private:
+  // The state tensors as they lie in device memory, and the file's metadata: what SaveState
+  // copies to the host and WriteState streams to a file.
+  std::vector<state_io::DeviceTensor> DeviceState(std::map<std::string, std::string>* metadata) const;
   // A run of parameters that are contiguous in the flat buffer and share the decay flag: one
   // backend call each.
   struct Run {

@@ -147,40 +147,11 @@ void AdamW8bitOptimizer::Issue(float* params, const float* grads, float lr, floa
   }
 }
 
-SafetensorsFile AdamW8bitOptimizer::SaveState() const {
-  SafetensorsFile file;
-  state_io::SetHeader(&file, kFormat, step_);
-  Backend* backend = arena_->backend();
-  for (size_t i = 0; i < params_.size(); ++i) {
-    const ParamInfo& p = params_[i];
-    const Slot& s = slots_[i];
-    for (int which = 0; which < 2; ++which) {
-      const std::string name = p.hf_name + (which == 0 ? ".exp_avg" : ".exp_avg_sq");
-      HostTensor t;
-      t.shape = p.shape;
-      if (s.quantized) {
-        t.dtype = "U8";
-        t.data.resize(static_cast<size_t>(p.numel));
-        backend->CopyDeviceToHost(t.data.data(), codes_ + which * n8_ + s.off, t.data.size());
-        HostTensor a;
-        a.shape = {Quant8Blocks(p.numel)};
-        a.data.resize(static_cast<size_t>(a.shape[0]) * 4);
-        backend->CopyDeviceToHost(a.data.data(), absmax_ + which * blocks_ + s.block,
-                                  a.data.size());
-        file.tensors[name + "_absmax"] = std::move(a);
-      } else {
-        t.data.resize(static_cast<size_t>(p.numel) * 4);
-        backend->CopyDeviceToHost(t.data.data(), f32_ + which * n32_ + s.off, t.data.size());
-      }
-      file.tensors[name] = std::move(t);
-    }
-  }
-  return file;
-}
-
-Status AdamW8bitOptimizer::WriteState(const std::string& path) const {
+std::vector<state_io::DeviceTensor> AdamW8bitOptimizer::DeviceState(
+    std::map<std::string, std::string>* metadata) const {
   SafetensorsFile header;
   state_io::SetHeader(&header, kFormat, step_);
+  *metadata = header.metadata;
   std::vector<state_io::DeviceTensor> tensors;
   for (size_t i = 0; i < params_.size(); ++i) {
     const ParamInfo& p = params_[i];
@@ -199,7 +170,19 @@ Status AdamW8bitOptimizer::WriteState(const std::string& path) const {
       }
     }
   }
-  return state_io::WriteDeviceTensors(path, header.metadata, tensors, arena_->backend());
+  return tensors;
+}
+
+SafetensorsFile AdamW8bitOptimizer::SaveState() const {
+  std::map<std::string, std::string> metadata;
+  const std::vector<state_io::DeviceTensor> tensors = DeviceState(&metadata);
+  return state_io::CopyDeviceTensors(metadata, tensors, arena_->backend());
+}
+
+Status AdamW8bitOptimizer::WriteState(const std::string& path) const {
+  std::map<std::string, std::string> metadata;
+  const std::vector<state_io::DeviceTensor> tensors = DeviceState(&metadata);
+  return state_io::WriteDeviceTensors(path, metadata, tensors, arena_->backend());
 }
 
 Status AdamW8bitOptimizer::LoadState(const SafetensorsFile& file) {

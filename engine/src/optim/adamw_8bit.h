@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -23,6 +24,7 @@
 #include "backend/step_scalars.h"
 #include "core/param_info.h"
 #include "core/safetensors.h"
+#include "optim/state_io.h"
 #include "traind/engine/status.h"
 
 namespace traind::engine {
@@ -80,6 +82,9 @@ class AdamW8bitOptimizer {
   Status WriteState(const std::string& path) const;
 
  private:
+  // The state tensors as they lie in device memory, and the file's metadata: what SaveState
+  // copies to the host and WriteState streams to a file.
+  std::vector<state_io::DeviceTensor> DeviceState(std::map<std::string, std::string>* metadata) const;
   struct Slot {
     bool quantized;
     bool decay;

@@ -92,33 +92,32 @@ void SgdOptimizer::Issue(float* params, const float* grads, float lr, float grad
   }
 }
 
-SafetensorsFile SgdOptimizer::SaveState() const {
-  SafetensorsFile file;
-  state_io::SetHeader(&file, kFormat, step_);
-  if (buf_ == nullptr || step_ == 0) return file;
-  Backend* backend = arena_->backend();
-  std::vector<float> host;
-  for (size_t i = 0; i < params_.size(); ++i) {
-    const ParamInfo& p = params_[i];
-    host.resize(static_cast<size_t>(p.numel));
-    backend->CopyDeviceToHost(host.data(), buf_ + state_offsets_[i], host.size() * 4);
-    file.tensors[p.hf_name + ".momentum_buffer"] = HostTensor::FromF32(host.data(), p.shape);
-  }
-  return file;
-}
-
-Status SgdOptimizer::WriteState(const std::string& path) const {
+std::vector<state_io::DeviceTensor> SgdOptimizer::DeviceState(
+    std::map<std::string, std::string>* metadata) const {
   SafetensorsFile header;
   state_io::SetHeader(&header, kFormat, step_);
+  *metadata = header.metadata;
   std::vector<state_io::DeviceTensor> tensors;
-  if (buf_ != nullptr && step_ != 0) {
+  if (buf_ != nullptr && step_ != 0) {  // no momentum buffers before the first step
     for (size_t i = 0; i < params_.size(); ++i) {
       const ParamInfo& p = params_[i];
       tensors.push_back({p.hf_name + ".momentum_buffer", "F32", p.shape,
                          buf_ + state_offsets_[i], static_cast<size_t>(p.numel) * 4});
     }
   }
-  return state_io::WriteDeviceTensors(path, header.metadata, tensors, arena_->backend());
+  return tensors;
+}
+
+SafetensorsFile SgdOptimizer::SaveState() const {
+  std::map<std::string, std::string> metadata;
+  const std::vector<state_io::DeviceTensor> tensors = DeviceState(&metadata);
+  return state_io::CopyDeviceTensors(metadata, tensors, arena_->backend());
+}
+
+Status SgdOptimizer::WriteState(const std::string& path) const {
+  std::map<std::string, std::string> metadata;
+  const std::vector<state_io::DeviceTensor> tensors = DeviceState(&metadata);
+  return state_io::WriteDeviceTensors(path, metadata, tensors, arena_->backend());
 }
 
 Status SgdOptimizer::LoadState(const SafetensorsFile& file) {

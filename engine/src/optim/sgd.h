@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -15,6 +16,7 @@
 #include "backend/step_scalars.h"
 #include "core/param_info.h"
 #include "core/safetensors.h"
+#include "optim/state_io.h"
 #include "traind/engine/status.h"
 
 namespace traind::engine {
@@ -68,6 +70,9 @@ class SgdOptimizer {
   Status WriteState(const std::string& path) const;
 
  private:
+  // The state tensors as they lie in device memory, and the file's metadata: what SaveState
+  // copies to the host and WriteState streams to a file.
+  std::vector<state_io::DeviceTensor> DeviceState(std::map<std::string, std::string>* metadata) const;
   struct Run {  // parameters contiguous in the flat buffer with one decay flag: one update call
     int64_t offset;
     int64_t state_offset;

@@ -108,4 +108,19 @@ Status WriteDeviceTensors(const std::string& path, const std::map<std::string, s
       });
 }
 
+SafetensorsFile CopyDeviceTensors(const std::map<std::string, std::string>& metadata,
+                                  const std::vector<DeviceTensor>& tensors, Backend* backend) {
+  SafetensorsFile file;
+  file.metadata = metadata;
+  for (const DeviceTensor& t : tensors) {
+    HostTensor h;
+    h.dtype = t.dtype;
+    h.shape = t.shape;
+    h.data.resize(t.bytes);
+    if (t.bytes > 0) backend->CopyDeviceToHost(h.data.data(), t.device, t.bytes);
+    file.tensors[t.name] = std::move(h);  // a name given twice keeps its last tensor
+  }
+  return file;
+}
+
 }  // namespace traind::engine::state_io

@@ -48,4 +48,9 @@ Status WriteDeviceTensors(const std::string& path, const std::map<std::string, s
                           const std::vector<DeviceTensor>& tensors, Backend* backend,
                           size_t piece_bytes = kStatePieceBytes);
 
+// The same tensors copied to the host whole, with `metadata` (an in-memory optimizer's
+// SaveState): the file WriteDeviceTensors writes, as a SafetensorsFile.
+SafetensorsFile CopyDeviceTensors(const std::map<std::string, std::string>& metadata,
+                                  const std::vector<DeviceTensor>& tensors, Backend* backend);
+
 }  // namespace traind::engine::state_io
