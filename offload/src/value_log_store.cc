@@ -31,6 +31,7 @@
 #include "options.h"
 #include "prepare_dir.h"
 #include "rocksdb_status.h"
+#include "value_log_format.h"
 #include "traind/offload/offload.h"
 
 namespace traind::offload {
@@ -41,7 +42,6 @@ using engine::OptimizerStateStoreStats;
 using engine::StateChunkInfo;
 using Clock = std::chrono::steady_clock;
 
-constexpr size_t kAlign = 4096;  // O_DIRECT alignment of offsets, lengths and buffers
 // Slots smaller than this are written and read through the page cache (a second, buffered file
 // descriptor; slots are 4 KiB-aligned, so no page is shared with a direct-I/O slot): one O_DIRECT
 // request per small chunk costs a device round trip each (2,000 chunks of 512 bytes took 14 s
@@ -51,80 +51,12 @@ constexpr uint64_t kDirectMinBytes = uint64_t{1} << 20;
 // step allocates: the same margin as the RocksDB store (its README "Errors": Debian's librocksdb
 // asserts after an ENOSPC, so RocksDB must never be the one to find the disk full).
 constexpr uint64_t kFreeMargin = uint64_t{8} << 20;
-constexpr uint32_t kIndexMagic = 0x31564f54;  // "TOV1"
-constexpr size_t kIndexValueBytes = 56;
 
 double Since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-uint64_t RoundUp(uint64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
-std::string SegmentName(uint32_t number) {
-  char name[32];
-  std::snprintf(name, sizeof(name), "seg-%06u.vlog", number);
-  return name;
-}
 
-bool ParseSegmentName(const std::string& name, uint32_t* number) {
-  unsigned n = 0;
-  int end = 0;
-  if (std::sscanf(name.c_str(), "seg-%6u.vlog%n", &n, &end) != 1 || static_cast<size_t>(end) != name.size())
-    return false;
-  *number = n;
-  return n > 0;
-}
 
-// A slot: `capacity` bytes at `offset` of segment file `file`.
-struct Loc {
-  uint32_t file = 0;
-  uint64_t offset = 0;
-};
 
-// One chunk's slots and its committed (or pending) version.
-struct Entry {
-  uint64_t bytes = 0;     // payload bytes
-  uint64_t capacity = 0;  // slot size: RoundUp(bytes)
-  Loc slot[2];
-  int current = 0;  // committed: the slot holding the committed data; pending: the slot written
-  uint32_t crc = 0;  // crc32c(KeyId || payload) of slot[current]
-};
-
-uint64_t Capacity(uint64_t bytes) { return RoundUp(std::max<uint64_t>(bytes, 1)); }
-
-// Index record value (56 bytes, little endian): u32 magic "TOV1", u32 committed slot (0 = A,
-// 1 = B), u64 payload bytes, u64 slot capacity, u32 file A, u32 file B, u64 offset A, u64 offset B,
-// u32 crc32c(KeyId || payload) of the committed slot, u32 crc32c of the 52 bytes before it.
-std::string EncodeEntry(const Entry& e) {
-  std::string v(kIndexValueBytes, '\0');
-  char* p = v.data();
-  PutFixed32(p, kIndexMagic);
-  PutFixed32(p + 4, static_cast<uint32_t>(e.current));
-  PutFixed64(p + 8, e.bytes);
-  PutFixed64(p + 16, e.capacity);
-  PutFixed32(p + 24, e.slot[0].file);
-  PutFixed32(p + 28, e.slot[1].file);
-  PutFixed64(p + 32, e.slot[0].offset);
-  PutFixed64(p + 40, e.slot[1].offset);
-  PutFixed32(p + 48, e.crc);
-  PutFixed32(p + 52, Crc32c(0, p, 52));
-  return v;
-}
-
-bool DecodeEntry(std::string_view v, Entry* e) {
-  if (v.size() != kIndexValueBytes) return false;
-  const char* p = v.data();
-  if (GetFixed32(p) != kIndexMagic || GetFixed32(p + 52) != Crc32c(0, p, 52)) return false;
-  const uint32_t current = GetFixed32(p + 4);
-  if (current > 1) return false;
-  e->current = static_cast<int>(current);
-  e->bytes = GetFixed64(p + 8);
-  e->capacity = GetFixed64(p + 16);
-  e->slot[0].file = GetFixed32(p + 24);
-  e->slot[1].file = GetFixed32(p + 28);
-  e->slot[0].offset = GetFixed64(p + 32);
-  e->slot[1].offset = GetFixed64(p + 40);
-  e->crc = GetFixed32(p + 48);
-  return e->capacity == Capacity(e->bytes) && e->slot[0].offset % kAlign == 0 &&
-         e->slot[1].offset % kAlign == 0;
-}
 
 // 4096-aligned buffers (posix_memalign) of a multiple of 4096 bytes, reused: fresh multi-MiB
 // buffers cost a page fault per 4 KiB on first touch. At most `cap_bytes` are kept.
