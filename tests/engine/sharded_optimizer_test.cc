@@ -330,6 +330,35 @@ void ExpectSameFile(const SafetensorsFile& a, const SafetensorsFile& b, const st
   }
 }
 
+// The unsharded optimizer's state after `alone` loads into `world` shards (offloaded or not) and
+// continues for the steps of `more` exactly as the unsharded optimizer does: from the state in
+// memory (LoadState), and from its file on disk, each rank reading only its slices (ReadState),
+// which leaves no file beside it.
+void ExpectContinues(const TrainingSpec& t, int world, const std::vector<ParamInfo>& params,
+                     int64_t n, const std::vector<float>& alone,
+                     const std::vector<std::vector<float>>& more, const SafetensorsFile& alone_state,
+                     bool offload, const std::string& what) {
+  SafetensorsFile alone_more_state;
+  const std::vector<float> alone_more =
+      RunAlone(t, params, n, alone, more, &alone_state, &alone_more_state);
+  WorldResult cont = RunWorld(t, world, params, n, alone, more, &alone_state, offload);
+  ASSERT_TRUE(cont.status.ok()) << what << ": " << cont.status.ToString();
+  EXPECT_TRUE(cont.params[0] == alone_more) << what << ": continued";
+  ExpectSameFile(alone_more_state, cont.state, what + ": continued state");
+  const std::string dir = testing::MakeTempDir("zero1_read_state");
+  const std::string file = dir + "/optimizer.safetensors";
+  ASSERT_TRUE(WriteSafetensors(file, alone_state).ok());
+  WorldResult read = RunWorld(t, world, params, n, alone, more, nullptr, offload, file);
+  ASSERT_TRUE(read.status.ok()) << what << ": " << read.status.ToString();
+  for (int r = 0; r < world; ++r) {
+    EXPECT_TRUE(read.params[static_cast<size_t>(r)] == alone_more) << what << ": read, rank " << r;
+  }
+  ExpectSameFile(alone_more_state, read.state, what + ": continued state after ReadState");
+  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir),
+                          std::filesystem::directory_iterator()), 1)
+      << what << ": ReadState left a file beside the state";
+}
+
 TEST(ShardedOptimizer, ShardsStepSaveAndLoadAsOneOptimizer) {
   int64_t n = 0;
   const std::vector<ParamInfo> params = Layout(&n);
@@ -350,26 +379,7 @@ TEST(ShardedOptimizer, ShardsStepSaveAndLoadAsOneOptimizer) {
       }
       ExpectSameFile(alone_state, res.state, what + ": gathered state");
       // The unsharded file loads into the shards and continues as the unsharded optimizer does.
-      SafetensorsFile alone_more_state;
-      const std::vector<float> alone_more =
-          RunAlone(t, params, n, alone, more, &alone_state, &alone_more_state);
-      WorldResult cont = RunWorld(t, world, params, n, alone, more, &alone_state);
-      ASSERT_TRUE(cont.status.ok()) << what << ": " << cont.status.ToString();
-      EXPECT_TRUE(cont.params[0] == alone_more) << what << ": continued";
-      ExpectSameFile(alone_more_state, cont.state, what + ": continued state");
-      // The same from the file on disk, each rank reading only its slices (ReadState).
-      const std::string dir = testing::MakeTempDir("zero1_read_state");
-      const std::string file = dir + "/optimizer.safetensors";
-      ASSERT_TRUE(WriteSafetensors(file, alone_state).ok());
-      WorldResult read = RunWorld(t, world, params, n, alone, more, nullptr, false, file);
-      ASSERT_TRUE(read.status.ok()) << what << ": " << read.status.ToString();
-      for (int r = 0; r < world; ++r) {
-        EXPECT_TRUE(read.params[static_cast<size_t>(r)] == alone_more) << what << ": read, rank " << r;
-      }
-      ExpectSameFile(alone_more_state, read.state, what + ": continued state after ReadState");
-      EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir),
-                              std::filesystem::directory_iterator()), 1)
-          << what << ": ReadState left a file beside the state";
+      ExpectContinues(t, world, params, n, alone, more, alone_state, /*offload=*/false, what);
     }
   }
 }
@@ -437,26 +447,7 @@ TEST(ShardedOptimizer, OffloadedShardsStepSaveAndLoadAsOneOptimizer) {
         EXPECT_EQ(res.state.tensors.at("p2.exp_avg_sq").dtype, "U8") << what;
       }
       ExpectSameFile(alone_state, res.state, what + ": gathered state");
-      SafetensorsFile alone_more_state;
-      const std::vector<float> alone_more =
-          RunAlone(t, params, n, alone, more, &alone_state, &alone_more_state);
-      WorldResult cont = RunWorld(t, world, params, n, alone, more, &alone_state, true);
-      ASSERT_TRUE(cont.status.ok()) << what << ": " << cont.status.ToString();
-      EXPECT_TRUE(cont.params[0] == alone_more) << what << ": continued";
-      ExpectSameFile(alone_more_state, cont.state, what + ": continued state");
-      // The same from the file on disk, each rank reading only its slices (ReadState).
-      const std::string dir = testing::MakeTempDir("zero1_read_state");
-      const std::string file = dir + "/optimizer.safetensors";
-      ASSERT_TRUE(WriteSafetensors(file, alone_state).ok());
-      WorldResult read = RunWorld(t, world, params, n, alone, more, nullptr, true, file);
-      ASSERT_TRUE(read.status.ok()) << what << ": " << read.status.ToString();
-      for (int r = 0; r < world; ++r) {
-        EXPECT_TRUE(read.params[static_cast<size_t>(r)] == alone_more) << what << ": read, rank " << r;
-      }
-      ExpectSameFile(alone_more_state, read.state, what + ": continued state after ReadState");
-      EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir),
-                              std::filesystem::directory_iterator()), 1)
-          << what << ": ReadState left a file beside the state";
+      ExpectContinues(t, world, params, n, alone, more, alone_state, /*offload=*/true, what);
     }
   }
   EXPECT_GE(small_8bit_slices, 2);  // world 2 and world 3 each cut one
