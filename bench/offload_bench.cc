@@ -2,15 +2,19 @@
 // a read-update-write optimizer pass) beside the raw sequential bandwidth of the same directory
 // measured by fio in the same run, and each store's write amplification (device bytes / state bytes).
 //   offload_bench --dir /nvme/tmp [--state-mib 1024] [--chunk-mib 16] [--steps 3] [--no-fio]
-//                 [--store rocksdb|valuelog|both]
+//                 [--store rocksdb|valuelog|both] [--rounds N]
 // `both` (the default) runs the RocksDB store (MakeRocksDbStore) and then the value-log store
 // (MakeValueLogStore) on the same directory, one after the other, after the fio runs (buffered as
 // before, and with O_DIRECT, the value-log store's kind of I/O).
-// Prints one RESULT line per store; bench/README.md ("offload") has the numbers and how to read them.
+// --rounds N (default 1) repeats fio and the stores N times, alternating, and ends with the medians:
+// each store's write+commit and read bandwidth against the faster fio mode of the same direction
+// (buffered or O_DIRECT: the raw bandwidth), the target being >= 80% (issue 11).
+// Prints one RESULT line per store and round (and one SUMMARY line per store); bench/README.md ("offload") has the numbers and how to read them.
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -38,12 +42,24 @@ struct Flags {
   bool fio = true;
   size_t write_buffer_mib = 64;
   std::string store = "both";
+  int rounds = 1;
+  int write_threads = 0;  // 0: StoreOptions' default
 };
+
+struct Bandwidths {
+  double write = 0, read = 0;  // bytes/s
+};
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n == 0 ? 0.0 : n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
 
 [[noreturn]] void Usage(const char* why) {
   std::fprintf(stderr,
                "offload_bench: %s\nusage: offload_bench [--dir DIR] [--state-mib N] [--chunk-mib N] "
-               "[--steps N] [--depth N] [--write-buffer-mib N] [--no-fio] [--store rocksdb|valuelog|both]\n",
+               "[--steps N] [--depth N] [--write-buffer-mib N] [--no-fio] [--store rocksdb|valuelog|both] [--rounds N] [--write-threads N]\n",
                why);
   std::exit(2);
 }
@@ -64,9 +80,11 @@ Flags Parse(int argc, char** argv) {
     else if (a == "--write-buffer-mib") f.write_buffer_mib = std::stoul(next());
     else if (a == "--no-fio") f.fio = false;
     else if (a == "--store") f.store = next();
+    else if (a == "--rounds") f.rounds = std::stoi(next());
+    else if (a == "--write-threads") f.write_threads = std::stoi(next());
     else Usage(("unknown flag " + a).c_str());
   }
-  if (f.chunk_mib == 0 || f.state_mib < f.chunk_mib || f.steps < 1 || f.depth < 1) Usage("bad sizes");
+  if (f.chunk_mib == 0 || f.state_mib < f.chunk_mib || f.steps < 1 || f.depth < 1 || f.rounds < 1) Usage("bad sizes");
   if (f.store != "rocksdb" && f.store != "valuelog" && f.store != "both") Usage("--store: rocksdb, valuelog or both");
   return f;
 }
@@ -116,13 +134,14 @@ void Check(const traind::Status& st, const char* what) {
 }
 
 // Writes, reads and updates the state in the store `kind` in store_dir; prints its rows and its
-// RESULT line; removes store_dir.
-void RunStore(const std::string& kind, const Flags& f, const std::string& store_dir, size_t nchunks, size_t chunk,
+// RESULT line; removes store_dir. Returns its write+commit and read bandwidth.
+Bandwidths RunStore(const std::string& kind, const Flags& f, const std::string& store_dir, size_t nchunks, size_t chunk,
               double state, double fio_write, double fio_read, double fio_dwrite, double fio_dread) {
   const double mb = 1e6;
   fs::remove_all(store_dir);
   traind::offload::StoreOptions o;
   o.write_buffer_bytes = f.write_buffer_mib << 20;
+  if (f.write_threads > 0) o.write_threads = f.write_threads;
   o.max_chunk_bytes = std::max(o.max_chunk_bytes, chunk);
   o.max_pending_write_bytes = std::max(o.max_pending_write_bytes, 4 * chunk);
   o.max_prefetch_bytes = std::max(o.max_prefetch_bytes, static_cast<size_t>(f.depth + 1) * chunk);
@@ -205,6 +224,7 @@ void RunStore(const std::string& kind, const Flags& f, const std::string& store_
               fio_dwrite / mb, fio_dread / mb);
   store.reset();
   fs::remove_all(store_dir);
+  return {write_bw, read_bw};
 }
 
 }  // namespace
@@ -228,30 +248,59 @@ int main(int argc, char** argv) {
   const double state = double(nchunks * chunk);
   const double mb = 1e6;
 
-  // 1. Raw sequential bandwidth of the directory, same run, same sizes.
-  double fio_write = -1, fio_read = -1, fio_dwrite = -1, fio_dread = -1;
-  if (f.fio) {
-    fio_write = Fio("write", fio_file, nchunks * f.chunk_mib);
-    fio_read = Fio("read", fio_file, nchunks * f.chunk_mib);
-    fs::remove(fio_file);
-    fio_dwrite = Fio("write", fio_file, nchunks * f.chunk_mib, /*direct=*/true);
-    fio_dread = Fio("read", fio_file, nchunks * f.chunk_mib, /*direct=*/true);
-    fs::remove(fio_file);
-    if (fio_write < 0 || fio_read < 0) std::fprintf(stderr, "offload_bench: fio did not run (is it installed?)\n");
-  }
-
-  std::printf("offload_bench dir=%s state=%.0f MiB chunk=%zu MiB steps=%d\n", f.dir.c_str(), state / 1048576.0,
-              f.chunk_mib, f.steps);
-  if (fio_write > 0)
-    std::printf("  fio seq write (1 MiB, buffered, fsync at end): %8.1f MB/s\n"
-                "  fio seq read  (1 MiB, page cache dropped):     %8.1f MB/s\n"
-                "  fio seq write / read with O_DIRECT (--direct=1): %.1f / %.1f MB/s\n",
-                fio_write / mb, fio_read / mb, fio_dwrite / mb, fio_dread / mb);
   std::vector<std::string> kinds;
   if (f.store != "valuelog") kinds.push_back("rocksdb");
   if (f.store != "rocksdb") kinds.push_back("valuelog");
-  for (const std::string& kind : kinds) {
-    RunStore(kind, f, store_dir, nchunks, chunk, state, fio_write, fio_read, fio_dwrite, fio_dread);
+  std::vector<double> raw_write, raw_read;                       // per round: the faster fio mode
+  std::vector<std::vector<double>> store_write(kinds.size()), store_read(kinds.size());
+  for (int round = 0; round < f.rounds; ++round) {
+    // 1. Raw sequential bandwidth of the directory, same run, same sizes.
+    double fio_write = -1, fio_read = -1, fio_dwrite = -1, fio_dread = -1;
+    if (f.fio) {
+      fio_write = Fio("write", fio_file, nchunks * f.chunk_mib);
+      fio_read = Fio("read", fio_file, nchunks * f.chunk_mib);
+      fs::remove(fio_file);
+      fio_dwrite = Fio("write", fio_file, nchunks * f.chunk_mib, /*direct=*/true);
+      fio_dread = Fio("read", fio_file, nchunks * f.chunk_mib, /*direct=*/true);
+      fs::remove(fio_file);
+      if (fio_write < 0 || fio_read < 0) std::fprintf(stderr, "offload_bench: fio did not run (is it installed?)\n");
+      raw_write.push_back(std::max(fio_write, fio_dwrite));
+      raw_read.push_back(std::max(fio_read, fio_dread));
+    }
+
+    std::printf("offload_bench dir=%s state=%.0f MiB chunk=%zu MiB steps=%d round %d of %d\n", f.dir.c_str(),
+                state / 1048576.0, f.chunk_mib, f.steps, round + 1, f.rounds);
+    if (fio_write > 0)
+      std::printf("  fio seq write (1 MiB, buffered, fsync at end): %8.1f MB/s\n"
+                  "  fio seq read  (1 MiB, page cache dropped):     %8.1f MB/s\n"
+                  "  fio seq write / read with O_DIRECT (--direct=1): %.1f / %.1f MB/s\n",
+                  fio_write / mb, fio_read / mb, fio_dwrite / mb, fio_dread / mb);
+    for (size_t k = 0; k < kinds.size(); ++k) {
+      const Bandwidths bw =
+          RunStore(kinds[k], f, store_dir, nchunks, chunk, state, fio_write, fio_read, fio_dwrite, fio_dread);
+      store_write[k].push_back(bw.write);
+      store_read[k].push_back(bw.read);
+    }
+  }
+
+  // Medians over the rounds, against the raw bandwidth (the faster fio mode of each direction).
+  const double raw_w = Median(raw_write), raw_r = Median(raw_read);
+  if (f.rounds > 1 || f.fio) {
+    std::printf("medians of %d round%s (raw = the faster fio mode, buffered or O_DIRECT, per round):\n", f.rounds,
+                f.rounds == 1 ? "" : "s");
+    if (raw_w > 0) std::printf("  raw write %.1f MB/s, raw read %.1f MB/s\n", raw_w / mb, raw_r / mb);
+  }
+  for (size_t k = 0; k < kinds.size(); ++k) {
+    const double w = Median(store_write[k]), r = Median(store_read[k]);
+    const double wr = raw_w > 0 ? w / raw_w : 0, rr = raw_r > 0 ? r / raw_r : 0;
+    if (raw_w > 0)
+      std::printf("  %-8s write+commit %.1f MB/s = %.0f%% of raw (%s), read %.1f MB/s = %.0f%% of raw (%s); "
+                  "target >= 80%%\n",
+                  kinds[k].c_str(), w / mb, 100 * wr, wr >= 0.8 ? "met" : "NOT MET", r / mb, 100 * rr,
+                  rr >= 0.8 ? "met" : "NOT MET");
+    std::printf("SUMMARY store=%s rounds=%d write_mbps=%.1f read_mbps=%.1f raw_write_mbps=%.1f raw_read_mbps=%.1f "
+                "write_of_raw=%.2f read_of_raw=%.2f\n",
+                kinds[k].c_str(), f.rounds, w / mb, r / mb, raw_w / mb, raw_r / mb, wr, rr);
   }
   if (own_dir) fs::remove_all(f.dir);
   return 0;

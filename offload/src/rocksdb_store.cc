@@ -727,7 +727,9 @@ Result<std::unique_ptr<engine::OptimizerStateStore>> MakeRocksDbStore(const std:
       return Status::FailedPrecondition(st.message() + " (is another process using this offload dir?)");
     return st;
   }
-  auto store = std::make_unique<RocksDbStore>(dir, options, std::unique_ptr<rocksdb::DB>(raw), ropts.statistics);
+  StoreOptions resolved = options;
+  if (resolved.write_threads == 0) resolved.write_threads = 1;  // offload.h: write_threads
+  auto store = std::make_unique<RocksDbStore>(dir, resolved, std::unique_ptr<rocksdb::DB>(raw), ropts.statistics);
   TRAIND_RETURN_IF_ERROR(store->Recover());
   store->Start();
   return std::unique_ptr<engine::OptimizerStateStore>(std::move(store));

@@ -888,7 +888,9 @@ Result<std::unique_ptr<engine::OptimizerStateStore>> MakeValueLogStore(const std
       return Status::FailedPrecondition(st.message() + " (is another process using this offload dir?)");
     return st;
   }
-  auto store = std::make_unique<ValueLogStore>(dir, options, std::unique_ptr<rocksdb::DB>(raw), ropts.statistics);
+  StoreOptions resolved = options;
+  if (resolved.write_threads == 0) resolved.write_threads = 2;  // offload.h: write_threads
+  auto store = std::make_unique<ValueLogStore>(dir, resolved, std::unique_ptr<rocksdb::DB>(raw), ropts.statistics);
   TRAIND_RETURN_IF_ERROR(store->Recover());
   store->Start();
   return std::unique_ptr<engine::OptimizerStateStore>(std::move(store));

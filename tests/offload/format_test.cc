@@ -22,12 +22,17 @@ TEST(Crc32cTest, KnownVectors) {
 
 TEST(Crc32cTest, HardwareMatchesTableAndExtends) {
   std::mt19937 rng(1);
-  std::vector<char> data(100003);
+  std::vector<char> data(400003);
   for (auto& c : data) c = static_cast<char>(rng());
-  for (size_t n : {0, 1, 7, 8, 9, 63, 4096, 100003}) {
+  // Around the hardware path's three-lane blocks (3 x 32 KiB: 98304 bytes) and several of them.
+  for (size_t n : {0, 1, 7, 8, 9, 63, 4096, 98303, 98304, 98305, 100003, 196608, 300007, 400003}) {
     EXPECT_EQ(Crc32c(0, data.data(), n), Crc32cPortable(0, data.data(), n)) << n;
-    const size_t half = n / 2;
-    EXPECT_EQ(Crc32c(Crc32c(0, data.data(), half), data.data() + half, n - half), Crc32c(0, data.data(), n));
+    for (size_t split : {n / 2, n / 3 + 5, size_t{1}}) {
+      if (split > n) continue;
+      EXPECT_EQ(Crc32c(Crc32c(0, data.data(), split), data.data() + split, n - split),
+                Crc32cPortable(0, data.data(), n))
+          << n << " split at " << split;
+    }
   }
 }
 

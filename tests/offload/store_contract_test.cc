@@ -311,6 +311,33 @@ TYPED_TEST(StoreContractTest, WriteBehindQueueStaysBounded) {
   this->ExpectStep(0, keys, bytes);
 }
 
+// write_threads: 0 is each store's own default (1 RocksDB, 2 value log; SmallOptions leaves it at
+// 0), any count 1..64 gives the same data (a chunk always goes to the same writer, so the last
+// write of a key wins), and a count out of range is refused naming the field.
+TYPED_TEST(StoreContractTest, WriterThreadCounts) {
+  for (int threads : {1, 3}) {
+    StoreOptions o = SmallOptions();
+    o.write_threads = threads;
+    this->store_.reset();
+    this->store_ = this->OpenStore(o);
+    ASSERT_NE(this->store_, nullptr) << threads;
+    const auto keys = Keys(2, 8);
+    this->WriteStep(0, keys, 300 << 10);
+    this->WriteStep(1, keys, 300 << 10);  // every key twice before the commit
+    ASSERT_TRUE(this->store_->Commit(threads).ok());
+    this->ExpectStep(1, keys, 300 << 10);
+  }
+  for (int threads : {-1, 65}) {
+    StoreOptions o = SmallOptions();
+    o.write_threads = threads;
+    this->store_.reset();
+    auto r = this->factory_.Open(o);
+    ASSERT_FALSE(r.ok()) << threads;
+    EXPECT_EQ(r.status().code(), Status::Code::kInvalidArgument);
+    EXPECT_NE(r.status().message().find("write_threads"), std::string::npos) << r.status().ToString();
+  }
+}
+
 TYPED_TEST(StoreContractTest, LargeAndManyChunks) {
   // One chunk bigger than a memtable, and 2000 small ones (below min_blob_bytes: SST-resident).
   const StateKey big{"embed", 0, "master"};

@@ -29,10 +29,13 @@ struct StoreOptions {
   // Read-ahead budget: bytes of prefetched chunks held for Read. Hints over it are dropped.
   // Default 128 MiB. nvme only.
   size_t max_prefetch_bytes = size_t{128} << 20;
-  // Worker threads: background readers (read-ahead) and writers (write-behind). Defaults 2 and 1
-  // (the machines have 2 cores; RocksDB's own flush/compaction threads come on top). nvme only.
+  // Worker threads: background readers (read-ahead) and writers (write-behind). nvme only.
+  // write_threads 0: the store's own default: 1 for RocksDB (the machines have 2 cores and its
+  // flush/compaction threads come on top; a second writer slowed its puts, 401 against 610 MB/s
+  // in offload_bench), 2 for the value log (two O_DIRECT writes in flight, one chunk's checksum
+  // beside the other's write: 2,700 against 2,378 MB/s, bench/README.md "offload").
   int read_threads = 2;
-  int write_threads = 1;
+  int write_threads = 0;
 
   // ---- RocksDB tuning (nvme only; README.md "Why these options") ----
   // Memtable size, bytes (RocksDB write_buffer_size). Chunks sit here until a flush writes them
