@@ -9,7 +9,9 @@
 // bytes the plan puts on the optimizer.
 //
 //   offload_train_bench [--model tiny|small] [--steps N] [--warmup W] [--threads T] [--dir DIR]
-//                       [--rounds R]
+//                       [--rounds R] [--bf16]
+// --bf16: bf16 compute; the offloaded modes then keep the fp32 master weights in the store too
+// (device_total_MiB drops by them; read/written per step grow by 4 bytes a parameter).
 // RESULT lines: "RESULT side=traind model=small offload=nvme step_ms=... ratio=...".
 #include <sys/resource.h>
 
@@ -41,6 +43,7 @@ struct Args {
   int warmup = 2;
   int threads = 2;
   int rounds = 1;
+  bool bf16 = false;
   std::string dir = "/tmp/traind-offload-train-bench";
 };
 
@@ -73,6 +76,7 @@ JobSpec Spec(const Args& a, const std::string& data, const std::string& offload)
   s.training.learning_rate = 1e-4;
   s.training.weight_decay = 0.1;
   s.training.logging_steps = 1000;
+  s.training.bf16 = a.bf16;
   const bool nvme = offload == "nvme" || offload == "nvme-sync" || offload == "nvme-rocksdb";
   s.training.offload = nvme ? "nvme" : offload;
   if (nvme) s.training.offload_dir = a.dir + "/store";
@@ -141,9 +145,10 @@ int Main(int argc, char** argv) {
     else if (f == "--threads") a.threads = std::atoi(FlagValue(argc, argv, &i));
     else if (f == "--rounds") a.rounds = std::atoi(FlagValue(argc, argv, &i));
     else if (f == "--dir") a.dir = FlagValue(argc, argv, &i);
+    else if (f == "--bf16") a.bf16 = true;
     else {
       std::fprintf(stderr, "usage: offload_train_bench [--model tiny|small] [--steps N] [--warmup W] "
-                           "[--threads T] [--rounds R] [--dir DIR]\n");
+                           "[--threads T] [--rounds R] [--dir DIR] [--bf16]\n");
       return 2;
     }
   }
@@ -171,11 +176,11 @@ int Main(int argc, char** argv) {
     const ModeResult& m = last[mode];
     const double med = Median(times[mode]);
     const double n = static_cast<double>(std::max<size_t>(1, m.step_seconds.size()));
-    std::printf("RESULT side=traind model=%s offload=%s threads=%d step_ms=%.1f ratio_vs_none=%.3f "
+    std::printf("RESULT side=traind model=%s offload=%s dtype=%s threads=%d step_ms=%.1f ratio_vs_none=%.3f "
                 "read_MiB_per_step=%.2f written_MiB_per_step=%.2f io_wait_ms_per_step=%.2f "
                 "background_io_ms_per_step=%.2f store_MiB=%.1f optimizer_device_MiB=%.2f "
                 "device_total_MiB=%.1f\n",
-                a.model.c_str(), mode.c_str(), a.threads, 1000 * med, med / base,
+                a.model.c_str(), mode.c_str(), a.bf16 ? "bf16" : "fp32", a.threads, 1000 * med, med / base,
                 m.read_bytes / n / 1048576.0, m.written_bytes / n / 1048576.0,
                 1000 * m.io_seconds / n, 1000 * m.background_io_seconds / n,
                 static_cast<double>(m.store_bytes) / 1048576.0,

@@ -33,6 +33,7 @@ nlohmann::json PlanJson(const Plan& p) {
           {"total_params", p.total_params()},
           {"offload", p.offload().empty() ? "none" : p.offload()},
           {"offload_state_bytes", p.offload_state_bytes()},
+          {"offload_master_bytes", p.offload_master_bytes()},
           {"budget_bytes", p.budget_bytes()},
           {"reason", p.reason()},
           {"bytes", {{"weights", b.weights()}, {"gradients", b.gradients()}, {"optimizer", b.optimizer()},

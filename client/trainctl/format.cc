@@ -213,8 +213,11 @@ std::string StatusText(const v1::Job& j) {
                   HumanBytes(j.plan().bytes().total()));
   if (!j.plan().offload().empty() && j.plan().offload() != "none") {
     row("offload", j.plan().offload() + ": " + HumanBytes(j.plan().offload_state_bytes()) +
-                       " optimizer state off the device, " + HumanBytes(j.plan().bytes().optimizer()) +
-                       " window on it");
+                       " optimizer state" +
+                       (j.plan().offload_master_bytes() > 0
+                            ? " and " + HumanBytes(j.plan().offload_master_bytes()) + " fp32 master weights"
+                            : std::string()) +
+                       " off the device, " + HumanBytes(j.plan().bytes().optimizer()) + " window on it");
     if (j.has_offload()) {
       row("offload_io", "read " + HumanBytes(j.offload().read_bytes()) + ", written " +
                             HumanBytes(j.offload().written_bytes()) + ", waited " +
@@ -260,8 +263,11 @@ std::string EstimateText(const v1::EstimateJobResponse& r) {
     << (p.optimizer().empty() ? "adamw" : p.optimizer()) << "\n";
   if (p.total_params() > 0) o << "parameters: " << ParamsText(p) << "\n";
   if (!p.offload().empty() && p.offload() != "none") {
-    o << "offload " << p.offload() << ": optimizer state " << HumanBytes(p.offload_state_bytes())
-      << " off the device (optimizer row: the window of one group on it)\n";
+    o << "offload " << p.offload() << ": optimizer state " << HumanBytes(p.offload_state_bytes());
+    if (p.offload_master_bytes() > 0) {
+      o << " and fp32 master weights " << HumanBytes(p.offload_master_bytes());
+    }
+    o << " off the device (optimizer row: the window of one group on it)\n";
   }
   if (!r.reason().empty()) o << "reason: " << r.reason() << "\n";
   return o.str();

@@ -1,7 +1,8 @@
 // training.offload through the whole trainer (engine RunJob with offload/'s stores):
 // - the weights after N steps are bit-identical to the in-memory optimizer's, for `cpu` (host RAM)
-//   and `nvme` (RocksDB), fp32 and bf16, and for every optimizer (AdamW, 8-bit AdamW, SGD,
-//   Adafactor): the optimizer state leaves the device, the update math does not change;
+//   and `nvme` (the value log), fp32, bf16 and fp16, and for every optimizer (AdamW, 8-bit AdamW,
+//   SGD, Adafactor): the optimizer state leaves the device (with AdamW in bf16/fp16 the fp32
+//   master weights too), the update math does not change;
 // - the plan's optimizer bytes are the largest group's window, not the whole state, and the
 //   measured peak equals the plan;
 // - checkpoints are in the in-memory format: a run saved with offload resumes without it and the
@@ -28,6 +29,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "models/layout.h"
 #include "optim/offloaded_optimizer.h"
 #include "train/planner.h"
 #include "rss_test_util.h"
@@ -56,7 +58,7 @@ RunOptions Options(bool offload) {
 struct Case {
   const char* optim;
   const char* offload;  // cpu | nvme
-  const char* precision;  // fp32 | bf16
+  const char* precision;  // fp32 | bf16 | fp16
   int steps;
 };
 
@@ -81,6 +83,7 @@ class OffloadTraining : public ::testing::TestWithParam<Case> {
     }
     if (std::string(c.optim) == "adafactor") s.training.optim_args.beta1 = 0.9;
     s.training.bf16 = std::string(c.precision) == "bf16";
+    s.training.fp16 = std::string(c.precision) == "fp16";
     s.training.max_steps = c.steps;
     s.training.gradient_accumulation_steps = 2;
     if (offload) {
@@ -117,33 +120,62 @@ TEST_P(OffloadTraining, WeightsBitIdenticalToInMemoryAndPlanIsTheWindow) {
   EXPECT_GT(window, 0);
   EXPECT_LE(window * 4, state) << "the window must be a fraction of the whole state";
   EXPECT_EQ(ro->peak_memory_bytes, ro->plan.bytes.total()) << "plan == measured peak";
-  EXPECT_EQ(ro->plan.bytes.total() + state - window, rm->plan.bytes.total());
+  // AdamW in bf16: the fp32 master weights are in the store too; the device keeps the 16-bit
+  // weights and fp32 copies of only the tensors read in fp32 (embeddings, norms, biases).
+  const bool master_off = std::string(GetParam().optim) == "adamw" && std::string(GetParam().precision) != "fp32";
+  const ModelConfig config = mem.model.config;
+  const ParamTable table = BuildParams(MakeArchDims(config));
+  const int64_t params = table.total;
+  int64_t resident = 0;
+  for (const Fp32ResidentTensor& t : Fp32ResidentTensors(table)) resident += t.numel;
+  const int64_t weights_freed = rm->plan.bytes.weights - ro->plan.bytes.weights;
+  if (master_off) {
+    EXPECT_EQ(ro->plan.offload_master_bytes, 4 * params);
+    EXPECT_EQ(weights_freed, 4 * (params - resident));
+    EXPECT_GT(params - resident, params / 2) << "most of the tiny gpt2 is GEMM weights";
+  } else {
+    EXPECT_EQ(ro->plan.offload_master_bytes, 0);
+    EXPECT_EQ(weights_freed, 0);
+  }
+  EXPECT_EQ(ro->plan.bytes.total() + state - window + weights_freed, rm->plan.bytes.total());
 
   ASSERT_EQ(steps.size(), static_cast<size_t>(GetParam().steps));
-  EXPECT_EQ(steps[0].offload_read_bytes, 0) << "step 1 starts from zero state: nothing to read";
+  EXPECT_EQ(steps[0].offload_read_bytes, ro->plan.offload_master_bytes)
+      << "step 1 starts from zero state: it reads the master weights only (when they are there)";
   EXPECT_GT(steps[0].offload_written_bytes, state / 2);
   EXPECT_GT(steps[1].offload_read_bytes, state / 2);
   EXPECT_GT(steps.back().offload_store_bytes, 0);
-  bool noted = false;
-  for (const std::string& n : notes) noted = noted || n.find("training.offload") != std::string::npos;
+  bool noted = false, master_noted = false;
+  for (const std::string& n : notes) {
+    noted = noted || n.find("training.offload") != std::string::npos;
+    master_noted = master_noted || n.find("fp32 master weights") != std::string::npos;
+  }
   EXPECT_TRUE(noted) << "the job says where its optimizer state is";
+  EXPECT_EQ(master_noted, master_off) << "and whether its master weights are there";
 }
 
 INSTANTIATE_TEST_SUITE_P(
     Stores, OffloadTraining,
     ::testing::Values(Case{"adamw", "cpu", "fp32", 20}, Case{"adamw", "nvme", "fp32", 20},
                       Case{"adamw", "cpu", "bf16", 20}, Case{"adamw", "nvme", "bf16", 20},
+                      Case{"adamw", "nvme", "fp16", 20},
                       Case{"adamw_8bit", "nvme", "fp32", 8}, Case{"sgd", "cpu", "fp32", 8},
                       Case{"adafactor", "nvme", "fp32", 8}),
     [](const auto& info) { return Name(info.param); });
 
 // Saved with offload, resumed without it, and the other way round: both end bit-identical to an
-// uninterrupted in-memory run (the checkpoint's optimizer state has one format).
-TEST(OffloadResume, CheckpointsCrossBetweenOffloadAndInMemory) {
+// uninterrupted in-memory run (the checkpoint's optimizer state has one format). In bf16 the
+// offloaded runs keep their fp32 master weights in the store (the checkpoint's model file is
+// streamed out of it, and a resume streams it back in).
+class OffloadResumeCross : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(OffloadResumeCross, CheckpointsCrossBetweenOffloadAndInMemory) {
+  const bool bf16 = std::string(GetParam()) == "bf16";
   const std::string dir = testing::MakeTempDir("offload-resume");
   testing::WriteSyntheticTokens(dir + "/tokens.bin", 1200, 64, 5);
   auto spec = [&](const std::string& sub, const std::string& offload) {
     JobSpec s = testing::TinySpec(dir + "/" + sub, dir + "/tokens.bin");
+    s.training.bf16 = bf16;
     s.training.max_steps = 6;
     s.training.save_steps = 2;
     s.training.offload = offload;
@@ -177,8 +209,12 @@ TEST(OffloadResume, CheckpointsCrossBetweenOffloadAndInMemory) {
     EXPECT_EQ(testing::ReadFile(b2.output_dir + "/model.safetensors"), want);
     EXPECT_EQ(testing::ReadFile(b2.output_dir + "/checkpoint-6/optimizer.safetensors"),
               testing::ReadFile(a.output_dir + "/checkpoint-6/optimizer.safetensors"));
+    EXPECT_EQ(testing::ReadFile(b2.output_dir + "/checkpoint-6/model.safetensors"),
+              testing::ReadFile(a.output_dir + "/checkpoint-6/model.safetensors"));
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Precisions, OffloadResumeCross, ::testing::Values("fp32", "bf16"));
 
 // An offload_dir that is a file, or in a read-only directory: the job fails before its first step
 // with one error naming the directory; nothing of output_dir's earlier checkpoints is touched.

@@ -131,6 +131,7 @@ v1::Plan PlanToProto(const engine::MemoryPlan& p) {
   out.set_total_params(p.total_params);
   out.set_offload(p.offload);
   out.set_offload_state_bytes(p.offload_state_bytes);
+  out.set_offload_master_bytes(p.offload_master_bytes);
   auto* b = out.mutable_bytes();
   b->set_weights(p.bytes.weights);
   b->set_gradients(p.bytes.gradients);

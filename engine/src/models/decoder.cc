@@ -58,8 +58,8 @@ Result<std::unique_ptr<DecoderModel>> DecoderModel::Make(const ModelConfig& conf
                                                          DeviceArena* arena) {
   std::unique_ptr<DecoderModel> m(new DecoderModel(config, options, arena));
   BufferPlanner planner;
-  PlanBuffers(m->d_, options, m->table_.total, &planner, &m->bufs_, m->lora_.total,
-              m->lora_.per_layer, m->lora_.max_in);
+  PlanBuffers(m->d_, options, m->table_.total, Fp32WeightElems(m->table_, options), &planner,
+              &m->bufs_, m->lora_.total, m->lora_.per_layer, m->lora_.max_in);
   TRAIND_RETURN_IF_ERROR(planner.Allocate(arena));
   ResolveViews(m->d_, options, &m->bufs_);
   if (m->lora()) {
@@ -86,6 +86,11 @@ Result<std::unique_ptr<DecoderModel>> DecoderModel::Make(const ModelConfig& conf
     m->be_->CopyHostToDevice(m->bufs_.dropout_key, &zero, sizeof(zero));
   }
   m->mixed_ = options.compute_type != DType::kF32;
+  if (options.master_weights_off_device && m->mixed_ && !m->lora()) {
+    m->master_off_ = true;
+    m->resident_ = Fp32ResidentTensors(m->table_);
+    for (const Fp32ResidentTensor& t : m->resident_) m->packed_[t.offset] = t.packed;
+  }
   m->gp_ = nn::GemmPrecision{options.compute_type, m->bufs_.scratch16, m->bufs_.scratch16_elems};
   if (m->d_.moe()) {
     m->routes_.resize(static_cast<size_t>(m->d_.L));
@@ -147,6 +152,14 @@ void InitFlatParams(const ArchDims& d, const ParamTable& table, uint64_t seed, f
 void DecoderModel::InitRandom(uint64_t seed) {
   // Tensor by tensor through a bounded host buffer (a whole-model host copy was the set-up's RSS
   // peak of a 354M-parameter job: bench/offload_rss_bench).
+  if (master_off_) {  // into the store (its errors: CommitMaster) and staged for the device copies
+    InitFlatParamsTo(d_, table_, seed, [this](int64_t offset, const float* v, int64_t n) {
+      be_->CopyHostToDevice(bufs_.grads + offset, v, static_cast<size_t>(n) * sizeof(float));
+      if (master_store_ != nullptr) (void)master_store_->PutMaster(offset, v, n);
+    });
+    PublishStaged();
+    return;
+  }
   InitFlatParamsTo(d_, table_, seed, [this](int64_t offset, const float* v, int64_t n) {
     be_->CopyHostToDevice(bufs_.params + offset, v, static_cast<size_t>(n) * sizeof(float));
   });
@@ -157,10 +170,42 @@ void DecoderModel::InitRandom(uint64_t seed) {
 Status DecoderModel::LoadHf(const SafetensorsFile& file) {
   std::vector<float> host(static_cast<size_t>(table_.total), 0.0f);
   TRAIND_RETURN_IF_ERROR(HfToFlat(config_.arch, table_, file, host.data()));
+  if (master_off_) {
+    if (master_store_ == nullptr) return Status::Internal("LoadHf: the master weights' store is not set");
+    be_->CopyHostToDevice(bufs_.grads, host.data(), host.size() * sizeof(float));
+    PublishStaged();
+    return master_store_->PutMaster(0, host.data(), table_.total);
+  }
   be_->CopyHostToDevice(bufs_.params, host.data(), host.size() * sizeof(float));
   be_->Synchronize();
   weights16_stale_ = true;
   return Status::Ok();
+}
+
+void DecoderModel::PublishStaged() {
+  be_->Cast(bufs_.params16, options_.compute_type, bufs_.grads, DType::kF32, table_.total);
+  for (const Fp32ResidentTensor& t : resident_) {
+    be_->CopyDeviceToDevice(bufs_.params + t.packed, bufs_.grads + t.offset,
+                            static_cast<size_t>(t.numel) * sizeof(float));
+  }
+  be_->Memset0(bufs_.grads, static_cast<size_t>(table_.total) * sizeof(float));
+  be_->Synchronize();
+  weights16_stale_ = false;
+}
+
+void DecoderModel::MasterUpdated(int64_t offset, const float* device, int64_t n) {
+  const size_t es = DTypeSize(options_.compute_type);
+  be_->Cast(static_cast<char*>(bufs_.params16) + offset * static_cast<int64_t>(es), options_.compute_type,
+            device, DType::kF32, n);
+  // The resident tensors overlapping [offset, offset + n) (table order: a binary search for the
+  // first that ends after offset).
+  auto it = std::lower_bound(resident_.begin(), resident_.end(), offset,
+                             [](const Fp32ResidentTensor& t, int64_t at) { return t.offset + t.numel <= at; });
+  for (; it != resident_.end() && it->offset < offset + n; ++it) {
+    const int64_t a = std::max(offset, it->offset), b = std::min(offset + n, it->offset + it->numel);
+    be_->CopyDeviceToDevice(bufs_.params + it->packed + (a - it->offset), device + (a - offset),
+                            static_cast<size_t>(b - a) * sizeof(float));
+  }
 }
 
 Status HfToFlat(const std::string& arch, const ParamTable& table, const SafetensorsFile& file,
@@ -201,7 +246,8 @@ Status HfToFlat(const std::string& arch, const ParamTable& table, const Safetens
 }
 
 SafetensorsStream DecoderModel::StreamHf(size_t piece_bytes) {
-  return StreamFlatToHf(be_, &table_, bufs_.params, piece_bytes, nullptr);
+  if (master_off_) return StreamFlatToHf(be_, &table_, {nullptr, master_store_}, piece_bytes, nullptr);
+  return StreamFlatToHf(be_, &table_, {bufs_.params, nullptr}, piece_bytes, nullptr);
 }
 
 namespace {
@@ -232,10 +278,13 @@ void MergeBlock(const LoraMerge& m, size_t tensor, int64_t o0, int64_t rows, int
 
 // One tensor of StreamFlatToHf into `sink`. A false sink (the write failed) stops it; the writer
 // reports that error.
-Status StreamTensor(Backend* be, const ParamInfo& info, const ParamExtra& ex, const float* params,
+Status StreamTensor(Backend* be, const ParamInfo& info, const ParamExtra& ex, FlatWeightsSource source,
                     size_t piece_floats, const LoraMerge* merge, size_t tensor, ExportBuffers* buf,
                     const SafetensorsSink& sink) {
-  const float* src = params + info.offset;
+  if (source.device == nullptr && source.master == nullptr) {
+    return Status::Internal("export of " + info.hf_name + ": the master weights' store is not set");
+  }
+  const float* src = source.device != nullptr ? source.device + info.offset : nullptr;
   const bool merged = merge != nullptr && !merge->by_tensor[tensor].empty();
   if (ex.transposed) {  // engine (OC, C) -> file (C, OC): file rows [c0, c0 + w) per piece
     const int64_t OC = info.shape[0], C = info.shape[1];
@@ -245,10 +294,17 @@ Status StreamTensor(Backend* be, const ParamInfo& info, const ParamExtra& ex, co
     for (int64_t c0 = 0; c0 < C; c0 += w) {
       const int64_t cw = std::min(w, C - c0);
       // Columns [c0, c0 + cw) of every engine row: one strided copy (OC rows of cw floats, C apart).
-      be->CopyDeviceToHost2D(buf->stage.data(), static_cast<size_t>(cw) * sizeof(float), src + c0,
-                             static_cast<size_t>(C) * sizeof(float),
-                             static_cast<size_t>(cw) * sizeof(float), static_cast<size_t>(OC));
-      be->Synchronize();
+      if (src != nullptr) {
+        be->CopyDeviceToHost2D(buf->stage.data(), static_cast<size_t>(cw) * sizeof(float), src + c0,
+                               static_cast<size_t>(C) * sizeof(float),
+                               static_cast<size_t>(cw) * sizeof(float), static_cast<size_t>(OC));
+        be->Synchronize();
+      } else {
+        for (int64_t o = 0; o < OC; ++o) {
+          TRAIND_RETURN_IF_ERROR(
+              source.master->GetMaster(info.offset + o * C + c0, buf->stage.data() + o * cw, cw));
+        }
+      }
       if (merged) MergeBlock(*merge, tensor, 0, OC, c0, cw, buf->stage.data(), cw);
       for (int64_t o = 0; o < OC; ++o)
         for (int64_t c = 0; c < cw; ++c) buf->out[c * OC + o] = buf->stage[o * cw + c];
@@ -266,9 +322,13 @@ Status StreamTensor(Backend* be, const ParamInfo& info, const ParamExtra& ex, co
   buf->stage.resize(static_cast<size_t>(std::min(per, rows) * row));
   for (int64_t r0 = 0; r0 < rows; r0 += per) {
     const int64_t n = std::min(per, rows - r0);
-    be->CopyDeviceToHost(buf->stage.data(), src + r0 * row,
-                         static_cast<size_t>(n * row) * sizeof(float));
-    be->Synchronize();
+    if (src != nullptr) {
+      be->CopyDeviceToHost(buf->stage.data(), src + r0 * row,
+                           static_cast<size_t>(n * row) * sizeof(float));
+      be->Synchronize();
+    } else {
+      TRAIND_RETURN_IF_ERROR(source.master->GetMaster(info.offset + r0 * row, buf->stage.data(), n * row));
+    }
     if (merged) MergeBlock(*merge, tensor, r0, n, 0, row, buf->stage.data(), row);
     if (!sink(buf->stage.data(), static_cast<size_t>(n * row) * sizeof(float))) break;
   }
@@ -277,15 +337,15 @@ Status StreamTensor(Backend* be, const ParamInfo& info, const ParamExtra& ex, co
 
 }  // namespace
 
-SafetensorsStream StreamFlatToHf(Backend* be, const ParamTable* table, const float* params,
+SafetensorsStream StreamFlatToHf(Backend* be, const ParamTable* table, FlatWeightsSource source,
                                  size_t piece_bytes, std::shared_ptr<const LoraMerge> merge) {
   SafetensorsStream out;
   out.metadata["format"] = "pt";
   for (const ParamInfo& info : table->infos) out.tensors.push_back({info.hf_name, "F32", info.hf_shape});
   const size_t piece_floats = std::max<size_t>(1, piece_bytes / sizeof(float));
   auto buf = std::make_shared<ExportBuffers>();
-  out.data = [be, table, params, piece_floats, merge, buf](size_t i, const SafetensorsSink& sink) {
-    return StreamTensor(be, table->infos[i], table->extras[i], params, piece_floats, merge.get(), i,
+  out.data = [be, table, source, piece_floats, merge, buf](size_t i, const SafetensorsSink& sink) {
+    return StreamTensor(be, table->infos[i], table->extras[i], source, piece_floats, merge.get(), i,
                         buf.get(), sink);
   };
   return out;
@@ -364,7 +424,7 @@ SafetensorsStream DecoderModel::StreamMerged(size_t piece_bytes) {
       if (info.offset == offset && info.numel == e.out * e.in) merge->by_tensor[i].push_back(&e);
     }
   }
-  return StreamFlatToHf(be_, &table_, bufs_.params, piece_bytes, std::move(merge));
+  return StreamFlatToHf(be_, &table_, {bufs_.params, nullptr}, piece_bytes, std::move(merge));
 }
 
 nn::LoraSite DecoderModel::Site(int64_t l, LoraSiteKind site) const {
@@ -508,7 +568,7 @@ void DecoderModel::BlockBackward(int64_t l) {
 }
 
 void DecoderModel::ParamsChanged() {
-  if (!mixed_) return;
+  if (!mixed_ || master_off_) return;  // master off: the optimizer refreshed them (MasterUpdated)
   be_->Cast(bufs_.params16, options_.compute_type, bufs_.params, DType::kF32, table_.total);
   weights16_stale_ = false;
 }

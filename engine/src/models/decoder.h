@@ -4,6 +4,7 @@
 #pragma once
 
 #include <functional>
+#include <unordered_map>
 
 #include <memory>
 #include <vector>
@@ -30,12 +31,18 @@ struct LoraMerge {
   std::vector<float> host;                                  // lora.total floats
   std::vector<std::vector<const LoraAdapterEntry*>> by_tensor;  // per table index
 };
-// `params` (device, table.total floats, laid out as `table`) under HF names and layouts, F32, as
-// Model::StreamHf describes: each tensor copied from `be` in pieces of at most piece_bytes (a
-// transposed tensor: the file's rows [c0, c1) from one strided copy of columns [c0, c1) of every
-// engine row, Backend::CopyDeviceToHost2D), with `merge` (may be null) folded in per piece.
-// `table`, `be` and `merge` must outlive the stream.
-SafetensorsStream StreamFlatToHf(Backend* be, const ParamTable* table, const float* params,
+// Where StreamFlatToHf reads the flat fp32 weights (laid out as the table) from: `device`
+// (table.total floats on the backend), or else `master` (the master weights' store, host reads).
+struct FlatWeightsSource {
+  const float* device = nullptr;
+  const MasterWeightsStore* master = nullptr;
+};
+// The weights of `source` under HF names and layouts, F32, as Model::StreamHf describes: each
+// tensor copied in pieces of at most piece_bytes (a transposed tensor: the file's rows [c0, c1)
+// from one strided copy of columns [c0, c1) of every engine row, Backend::CopyDeviceToHost2D),
+// with `merge` (may be null) folded in per piece. `table`, `be`, the source and `merge` must
+// outlive the stream.
+SafetensorsStream StreamFlatToHf(Backend* be, const ParamTable* table, FlatWeightsSource source,
                                  size_t piece_bytes, std::shared_ptr<const LoraMerge> merge);
 // The init of every tensor (ParamExtra::init) from `seed` into `host` (table.total floats):
 // N(0, 0.02) weights, N(0, 0.02/sqrt(2L)) residual projections, zeros, ones; padded vocabulary
@@ -46,7 +53,7 @@ void InitFlatParams(const ArchDims& d, const ParamTable& table, uint64_t seed, f
 void InitFlatParamsTo(const ArchDims& d, const ParamTable& table, uint64_t seed,
                       const std::function<void(int64_t, const float*, int64_t)>& write);
 
-class DecoderModel : public Model {
+class DecoderModel : public Model, private MasterWeightsSink {
  public:
   // Plans and allocates every buffer from `arena`; the config must already be validated.
   static Result<std::unique_ptr<DecoderModel>> Make(const ModelConfig& config,
@@ -87,13 +94,25 @@ class DecoderModel : public Model {
   void Backward() override;
   std::vector<int64_t> TakeExpertTokens() override;
   bool capturable() const override { return !d_.moe(); }
+  MasterWeightsSink* master_weights_sink() override { return master_off_ ? this : nullptr; }
+  void SetMasterWeightsStore(MasterWeightsStore* store) override { master_store_ = store; }
   // mixtral: the last forward's load-balancing loss (HF load_balancing_loss_func over every
   // layer's router logits), before router_aux_loss_coef.
   double aux_loss() const { return aux_; }
 
  private:
   DecoderModel(const ModelConfig& config, const ModelOptions& options, DeviceArena* arena);
-  float* P(int64_t offset) const { return offset < 0 ? nullptr : bufs_.params + offset; }
+  // A tensor read in fp32 (its offset in the table): in the flat buffer, or with master weights
+  // off the device in the packed one.
+  float* P(int64_t offset) const {
+    if (offset < 0) return nullptr;
+    return bufs_.params + (master_off_ ? packed_.at(offset) : offset);
+  }
+  // Master weights off the device: the flat fp32 weights staged in the gradient buffer (free
+  // until the first backward) -> the 16-bit copy and the packed fp32 tensors; the gradients
+  // zeroed again.
+  void PublishStaged();
+  void MasterUpdated(int64_t offset, const float* device, int64_t n) override;
   // A base parameter's gradient; null for a frozen base (LoRA).
   float* G(int64_t offset) const {
     return offset < 0 || lora() ? nullptr : bufs_.grads + offset;
@@ -142,6 +161,12 @@ class DecoderModel : public Model {
   int64_t N_;
   bool mixed_ = false;           // compute type is 16-bit
   bool weights16_stale_ = true;  // params16 must be refreshed before the next Forward
+  // ModelOptions::master_weights_off_device honoured: the packed fp32 tensors (and their table
+  // offset -> packed offset), the store of the master weights.
+  bool master_off_ = false;
+  std::vector<Fp32ResidentTensor> resident_;
+  std::unordered_map<int64_t, int64_t> packed_;
+  MasterWeightsStore* master_store_ = nullptr;
   nn::GemmPrecision gp_;         // compute type + scratch16, for the backward GEMMs
   bool ready_for_backward_ = false;
   bool training_ = false;  // the current forward is for backward: LoRA dropout on

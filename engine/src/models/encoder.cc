@@ -171,7 +171,7 @@ Status EncoderModel::LoadHf(const SafetensorsFile& file) {
 }
 
 SafetensorsStream EncoderModel::StreamHf(size_t piece_bytes) {
-  return StreamFlatToHf(be_, &table_, bufs_.params, piece_bytes, nullptr);
+  return StreamFlatToHf(be_, &table_, {bufs_.params, nullptr}, piece_bytes, nullptr);
 }
 
 void EncoderModel::ParamsChanged() {

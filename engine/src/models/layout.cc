@@ -2,6 +2,7 @@
 #include "models/layout.h"
 
 #include <algorithm>
+#include <set>
 
 namespace traind::engine {
 namespace {
@@ -78,6 +79,31 @@ ArchDims MakeArchDims(const ModelConfig& config) {
   d.rope_theta = static_cast<float>(config.rope_theta);
   d.tied = config.tied_embeddings();
   return d;
+}
+
+std::vector<Fp32ResidentTensor> Fp32ResidentTensors(const ParamTable& table) {
+  std::set<int64_t> gemm_only;  // read only through DecoderModel::W (the compute type)
+  for (const LayerParams& l : table.layers) {
+    for (int64_t w : {l.qkv_w, l.proj_w, l.up_w, l.down_w, l.router_w}) gemm_only.insert(w);
+    gemm_only.insert(l.expert_up.begin(), l.expert_up.end());
+    gemm_only.insert(l.expert_down.begin(), l.expert_down.end());
+  }
+  if (table.lm_head != table.wte) gemm_only.insert(table.lm_head);  // tied: also the lookup's
+  std::vector<Fp32ResidentTensor> out;
+  int64_t packed = 0;
+  for (const ParamInfo& p : table.infos) {
+    if (gemm_only.count(p.offset) != 0) continue;
+    out.push_back({p.offset, p.numel, packed});
+    packed += p.numel;
+  }
+  return out;
+}
+
+int64_t Fp32WeightElems(const ParamTable& table, const ModelOptions& o) {
+  if (!o.master_weights_off_device || o.compute_type == DType::kF32 || o.lora.enabled()) return table.total;
+  int64_t n = 0;
+  for (const Fp32ResidentTensor& t : Fp32ResidentTensors(table)) n += t.numel;
+  return n;
 }
 
 int64_t ParamTable::Add(std::string hf_name, std::vector<int64_t> shape,
@@ -159,8 +185,8 @@ int64_t LogitsChunkRows(const ArchDims& d, const ModelOptions& o) {
   return std::min(N, std::max(kMinRows, by_bytes));
 }
 
-void PlanBuffers(const ArchDims& d, const ModelOptions& o, int64_t num_params, BufferPlanner* p,
-                 ModelBuffers* b, int64_t lora_trainable, int64_t lora_per_layer,
+void PlanBuffers(const ArchDims& d, const ModelOptions& o, int64_t num_params, int64_t fp32_weights,
+                 BufferPlanner* p, ModelBuffers* b, int64_t lora_trainable, int64_t lora_per_layer,
                  int64_t lora_max_in) {
   using MC = MemoryCategory;
   const int64_t N = o.micro_batch * o.seq_len;
@@ -171,7 +197,7 @@ void PlanBuffers(const ArchDims& d, const ModelOptions& o, int64_t num_params, B
   const DType t = o.compute_type;
   const bool mixed = t != DType::kF32;
 
-  p->Add(MC::kWeights, num_params, &b->params);
+  p->Add(MC::kWeights, fp32_weights, &b->params);
   if (mixed) p->Add(MC::kWeights, num_params, t, &b->params16);
   const bool lora = lora_trainable > 0;
   if (lora) {

@@ -118,6 +118,19 @@ struct ParamTable {
               ParamExtra extra, bool weight_decay);
 };
 
+// ModelOptions::master_weights_off_device: the tensors that keep an fp32 copy on the device,
+// those the step reads in fp32 (embeddings, norms, biases; every tensor but the GEMM weights,
+// which it reads in the compute type), packed in table order into ModelBuffers::params.
+struct Fp32ResidentTensor {
+  int64_t offset = 0;  // in the flat buffer (the table's offset)
+  int64_t numel = 0;
+  int64_t packed = 0;  // in the packed fp32 buffer
+};
+std::vector<Fp32ResidentTensor> Fp32ResidentTensors(const ParamTable& table);
+// The fp32 weight elements on the device: the whole table, or with master weights off the device
+// (and a 16-bit compute type) the packed resident tensors.
+int64_t Fp32WeightElems(const ParamTable& table, const ModelOptions& o);
+
 ParamTable Gpt2Params(const ArchDims& d);   // models/gpt2.cc
 ParamTable LlamaParams(const ArchDims& d);  // models/llama.cc (llama and mixtral)
 ParamTable BertParams(const ArchDims& d);   // models/bert.cc
@@ -152,7 +165,8 @@ struct BlockActs {
 // sets (block_store) and k-1 working residuals are reused by every segment and recomputed in
 // backward. Without it every block owns its own.
 struct ModelBuffers {
-  float* params = nullptr;       // weights: num_params fp32 (the master weights)
+  float* params = nullptr;       // weights: num_params fp32 (the master weights); with master
+                                 // weights off the device the packed Fp32ResidentTensors only
   void* params16 = nullptr;      // weights: num_params in a 16-bit compute type, else null
   float* grads = nullptr;        // gradients: num_params
   int32_t* inputs = nullptr;     // (N)
@@ -261,7 +275,9 @@ class BufferPlanner {
 // `lora_trainable` > 0: a LoRA model with that many adapter floats and `lora_per_layer` adapters
 // per block (gradients are then planned for the adapters only), the widest of them reading
 // `lora_max_in` inputs.
-void PlanBuffers(const ArchDims& d, const ModelOptions& o, int64_t num_params,
+// `fp32_weights`: the elements of `params` (num_params, or Fp32WeightElems with master weights
+// off the device).
+void PlanBuffers(const ArchDims& d, const ModelOptions& o, int64_t num_params, int64_t fp32_weights,
                  BufferPlanner* planner, ModelBuffers* bufs, int64_t lora_trainable = 0,
                  int64_t lora_per_layer = 0, int64_t lora_max_in = 0);
 void ResolveViews(const ArchDims& d, const ModelOptions& o, ModelBuffers* bufs);

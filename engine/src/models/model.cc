@@ -40,6 +40,11 @@ Status ValidateConfig(const ModelConfig& c, const ModelOptions& o) {
     return Status::Unimplemented("training.peft: LoRA is not built for " + c.arch +
                                  " yet (gpt2, llama)");
   }
+  if (o.master_weights_off_device && !c.encoder() && (o.compute_type == DType::kF32 || o.lora.enabled())) {
+    return Status::InvalidArgument(
+        "master weights off the device need a 16-bit compute type (training.bf16 or fp16) and no "
+        "training.peft");
+  }
   return ValidateLora(c.arch, o.lora, o.compute_type);
 }
 
@@ -115,8 +120,8 @@ MemoryBytes Model::PlanBytes(const ModelConfig& config, const ModelOptions& opti
   }
   ModelBuffers bufs;
   const LoraTable lora = BuildLoraTable(d, table, options.lora);
-  PlanBuffers(d, options, table.total, &planner, &bufs, lora.total, lora.per_layer,
-              lora.max_in);
+  PlanBuffers(d, options, table.total, Fp32WeightElems(table, options), &planner, &bufs, lora.total,
+              lora.per_layer, lora.max_in);
   return planner.bytes();
 }
 

@@ -12,6 +12,7 @@
 
 #include "backend/backend.h"
 #include "backend/arena.h"
+#include "core/master_weights.h"
 #include "core/param_info.h"
 #include "core/safetensors.h"
 #include "traind/engine/job_spec.h"
@@ -56,6 +57,15 @@ struct ModelOptions {
   // (B*T, vocab) logits are never whole). 0: LogitsChunkRows' choice (layout.h); B*T or more: one
   // chunk (logits() then holds every row's logits after Forward(false)).
   int64_t logits_chunk_rows = 0;
+  // The fp32 master weights in the optimizer's store instead of on the device (core/
+  // master_weights.h; the job runner sets it for training.offload with AdamW, bf16/fp16, no LoRA,
+  // no ZeRO-1, no sample_every). Decoder families with a 16-bit compute type and no LoRA (Create
+  // refuses it otherwise); the encoder keeps its weights on the device and ignores it. The device
+  // then holds the 16-bit weights, fp32 copies of the tensors read in fp32 (Fp32ResidentTensors:
+  // embeddings, norms, biases) and the gradients; weights come in and go out through the store
+  // (SetMasterWeightsStore, before any are loaded or exported), the optimizer refreshes the compute
+  // weights through master_weights_sink().
+  bool master_weights_off_device = false;
 };
 
 class Model {
@@ -84,7 +94,13 @@ class Model {
   virtual const ModelOptions& options() const = 0;
   virtual const std::vector<ParamInfo>& params() const = 0;
   virtual int64_t num_params() const = 0;
-  virtual float* param_data() = 0;  // device, num_params() floats
+  // device, num_params() floats (with master weights off the device: the packed fp32 tensors)
+  virtual float* param_data() = 0;
+  // ModelOptions::master_weights_off_device honoured: what the optimizer refreshes the compute
+  // weights through; else null.
+  virtual MasterWeightsSink* master_weights_sink() { return nullptr; }
+  // Where the master weights are read from and written to (master_weights_sink() != null).
+  virtual void SetMasterWeightsStore(MasterWeightsStore* /*store*/) {}
   // What the optimizer updates: without LoRA the same as params()/param_data(); with LoRA the
   // adapters (PEFT names, offsets into trainable_data()).
   virtual const std::vector<ParamInfo>& trainable_params() const = 0;

@@ -385,14 +385,15 @@ class OffloadedOptimizer final : public HostDrivenOffload {
 // raw fp32), and a step streams them through one persistent device window (m and v of one chunk)
 // with the in-memory AdamW's kernel. Large tensors (a 50K-token embedding) span several chunks,
 // so the window stays one chunk whatever the model.
-class OffloadedAdamW final : public HostDrivenOffload {
+class OffloadedAdamW final : public HostDrivenOffload, public MasterWeightsStore {
  public:
   static int64_t ChunkElems(int64_t num_params, const OffloadOptions& o) {
     const int64_t most = std::max<int64_t>(4096, o.group_state_bytes / 8);
     return std::min(most, std::max<int64_t>(4096, (num_params + 15) / 16));
   }
   static int64_t PlanBytes(int64_t num_params, const OffloadOptions& o) {
-    return num_params > 0 ? 2 * 4 * std::min(num_params, ChunkElems(num_params, o)) : 0;
+    const int64_t windows = o.master_weights ? 3 : 2;  // m, v (and the master weights)
+    return num_params > 0 ? windows * 4 * std::min(num_params, ChunkElems(num_params, o)) : 0;
   }
 
   static Result<std::unique_ptr<Optimizer>> Create(const TrainingSpec& t,
@@ -412,13 +413,93 @@ class OffloadedAdamW final : public HostDrivenOffload {
       opt->win_v_ = static_cast<float*>(v);
       opt->host_m_.resize(static_cast<size_t>(opt->chunk_));
       opt->host_v_.resize(static_cast<size_t>(opt->chunk_));
+      if (o.master_weights) {
+        TRAIND_ASSIGN_OR_RETURN(void* p, arena->Allocate(MemoryCategory::kOptimizer, bytes,
+                                                         "offload window master weights"));
+        opt->win_p_ = static_cast<float*>(p);
+        opt->host_p_.resize(static_cast<size_t>(opt->chunk_));
+      }
     }
+    opt->sink_ = o.master_weights ? o.master_sink : nullptr;
     return std::unique_ptr<Optimizer>(std::move(opt));
   }
 
   ~OffloadedAdamW() override {
     if (win_m_ != nullptr) arena_->Release(win_m_);
     if (win_v_ != nullptr) arena_->Release(win_v_);
+    if (win_p_ != nullptr) arena_->Release(win_p_);
+  }
+
+  MasterWeightsStore* master_weights_store() override { return sink_ != nullptr ? this : nullptr; }
+
+  // Pieces in order, assembled chunk by chunk in host_p_ and written behind as each completes.
+  Status PutMaster(int64_t offset, const float* host, int64_t n) override {
+    if (!status_.ok()) return status_;
+    if (offset != put_next_ || n < 0 || offset + n > num_params_) {
+      status_ = Status::Internal("master weights: a piece [" + std::to_string(offset) + ", " +
+                                 std::to_string(offset + n) + ") where [" + std::to_string(put_next_) +
+                                 ", ...) of " + std::to_string(num_params_) + " was expected");
+      return status_;
+    }
+    if (offset == 0) {
+      TRAIND_RETURN_IF_ERROR(AwaitCommit());
+      get_chunk_ = -1;
+    }
+    while (n > 0) {
+      const int64_t c = put_next_ / chunk_, lo = c * chunk_, len = std::min(chunk_, num_params_ - lo);
+      const int64_t take = std::min(n, lo + len - put_next_);
+      std::memcpy(host_p_.data() + (put_next_ - lo), host, static_cast<size_t>(take) * 4);
+      put_next_ += take;
+      host += take;
+      n -= take;
+      if (put_next_ == lo + len) {
+        if (Status s = store_->Write(Key(c, 2), host_p_.data(), static_cast<size_t>(len) * 4); !s.ok()) {
+          status_ = s;
+          return s;
+        }
+      }
+    }
+    if (put_next_ == num_params_) {
+      put_next_ = 0;
+      master_put_ = true;
+    }
+    return Status::Ok();
+  }
+
+  Status CommitMaster() override {
+    if (!status_.ok()) return status_;
+    if (put_next_ != 0 || !master_put_) {
+      return Status::Internal("master weights: " + std::to_string(put_next_) + " of " +
+                              std::to_string(num_params_) + " elements were given");
+    }
+    TRAIND_RETURN_IF_ERROR(AwaitCommit());
+    if (Status s = store_->Commit(step_); !s.ok()) status_ = s;
+    return status_;
+  }
+
+  // Through a cached chunk (an export reads tensor by tensor, in flat order).
+  Status GetMaster(int64_t offset, float* host, int64_t n) const override {
+    TRAIND_RETURN_IF_ERROR(AwaitCommit());
+    if (offset < 0 || n < 0 || offset + n > num_params_) {
+      return Status::Internal("master weights: [" + std::to_string(offset) + ", " +
+                              std::to_string(offset + n) + ") outside the " + std::to_string(num_params_));
+    }
+    get_buf_.resize(static_cast<size_t>(chunk_));
+    while (n > 0) {
+      const int64_t c = offset / chunk_, lo = c * chunk_, len = std::min(chunk_, num_params_ - lo);
+      if (get_chunk_ != c) {
+        if (c + 1 < NumChunks()) store_->Prefetch(Key(c + 1, 2));
+        get_chunk_ = -1;
+        TRAIND_RETURN_IF_ERROR(store_->Read(Key(c, 2), get_buf_.data(), static_cast<size_t>(len) * 4));
+        get_chunk_ = c;
+      }
+      const int64_t take = std::min(n, lo + len - offset);
+      std::memcpy(host, get_buf_.data() + (offset - lo), static_cast<size_t>(take) * 4);
+      offset += take;
+      host += take;
+      n -= take;
+    }
+    return Status::Ok();
   }
 
 
@@ -461,7 +542,7 @@ class OffloadedAdamW final : public HostDrivenOffload {
           if (step_ == 0) {
             std::fill(buf[which].begin(), buf[which].end(), 0.0f);
           } else {
-            Prefetch(c + 1);
+            Prefetch(c + 1, false);
             TRAIND_RETURN_IF_ERROR(store_->Read(Key(c, which), buf[which].data(), static_cast<size_t>(n) * 4));
           }
           cached[which] = c;
@@ -566,14 +647,20 @@ class OffloadedAdamW final : public HostDrivenOffload {
     }
   }
 
+  // which: 0 exp_avg, 1 exp_avg_sq, 2 the master weights.
   StateKey Key(int64_t chunk, int which) const {
-    return StateKey{"adamw", chunk, which == 0 ? "exp_avg" : "exp_avg_sq"};
+    return StateKey{"adamw", chunk, which == 0 ? "exp_avg" : which == 1 ? "exp_avg_sq" : "master"};
   }
   int64_t NumChunks() const { return chunk_ > 0 ? (num_params_ + chunk_ - 1) / chunk_ : 0; }
-  void Prefetch(int64_t c) const {
+  // The chunk's m and v (not before the first step: there are none) and, with `master`, its
+  // master weights.
+  void Prefetch(int64_t c, bool master = true) const {
     if (c >= NumChunks()) return;
-    store_->Prefetch(Key(c, 0));
-    store_->Prefetch(Key(c, 1));
+    if (step_ > 0) {
+      store_->Prefetch(Key(c, 0));
+      store_->Prefetch(Key(c, 1));
+    }
+    if (master && sink_ != nullptr) store_->Prefetch(Key(c, 2));
   }
 
   // The whole committed state as flat arrays (zeros before the first step).
@@ -582,7 +669,7 @@ class OffloadedAdamW final : public HostDrivenOffload {
     v->assign(static_cast<size_t>(num_params_), 0.0f);
     if (step_ == 0) return Status::Ok();
     for (int64_t c = 0; c < NumChunks(); ++c) {
-      Prefetch(c + 1);
+      Prefetch(c + 1, false);
       const int64_t lo = c * chunk_, n = std::min(chunk_, num_params_ - lo);
       TRAIND_RETURN_IF_ERROR(store_->Read(Key(c, 0), m->data() + lo, static_cast<size_t>(n) * 4));
       TRAIND_RETURN_IF_ERROR(store_->Read(Key(c, 1), v->data() + lo, static_cast<size_t>(n) * 4));
@@ -597,18 +684,24 @@ class OffloadedAdamW final : public HostDrivenOffload {
     const double bc2 = 1.0 - std::pow(t_.adam_beta2, static_cast<double>(step));
     Backend* backend = arena_->backend();
     const bool fresh = step_ == 0;
-    if (!fresh) {
-      Prefetch(0);
-      Prefetch(1);
-    }
+    get_chunk_ = -1;
+    Prefetch(0);
+    Prefetch(1);
     for (int64_t c = 0; c < NumChunks(); ++c) {
       const int64_t lo = c * chunk_, n = std::min(chunk_, num_params_ - lo), hi = lo + n;
       const size_t bytes = static_cast<size_t>(n) * 4;
+      Prefetch(c + 2);
+      // The chunk's parameters: in the model's buffer, or read into the master window.
+      float* p = params;
+      if (sink_ != nullptr) {
+        TRAIND_RETURN_IF_ERROR(store_->Read(Key(c, 2), host_p_.data(), bytes));
+        backend->CopyHostToDevice(win_p_, host_p_.data(), bytes);
+        p = win_p_ - lo;
+      }
       if (fresh) {
         backend->Memset0(win_m_, bytes);
         backend->Memset0(win_v_, bytes);
       } else {
-        Prefetch(c + 2);
         TRAIND_RETURN_IF_ERROR(store_->Read(Key(c, 0), host_m_.data(), bytes));
         TRAIND_RETURN_IF_ERROR(store_->Read(Key(c, 1), host_v_.data(), bytes));
         backend->CopyHostToDevice(win_m_, host_m_.data(), bytes);
@@ -617,7 +710,7 @@ class OffloadedAdamW final : public HostDrivenOffload {
       for (const Run& r : runs_) {
         const int64_t a = std::max(lo, r.offset), b = std::min(hi, r.offset + r.numel);
         if (a >= b) continue;
-        backend->AdamW(params + a, grads + a, win_m_ + (a - lo), win_v_ + (a - lo), b - a,
+        backend->AdamW(p + a, grads + a, win_m_ + (a - lo), win_v_ + (a - lo), b - a,
                        static_cast<float>(lr), static_cast<float>(t_.adam_beta1),
                        static_cast<float>(t_.adam_beta2), static_cast<float>(t_.adam_epsilon),
                        r.decay ? static_cast<float>(t_.weight_decay) : 0.0f,
@@ -625,14 +718,20 @@ class OffloadedAdamW final : public HostDrivenOffload {
       }
       backend->CopyDeviceToHost(host_m_.data(), win_m_, bytes);
       backend->CopyDeviceToHost(host_v_.data(), win_v_, bytes);
+      if (sink_ != nullptr) {
+        backend->CopyDeviceToHost(host_p_.data(), win_p_, bytes);
+        sink_->MasterUpdated(lo, win_p_, n);  // before the next chunk reuses the window
+      }
       backend->Synchronize();
       TRAIND_RETURN_IF_ERROR(store_->Write(Key(c, 0), host_m_.data(), bytes));
       TRAIND_RETURN_IF_ERROR(store_->Write(Key(c, 1), host_v_.data(), bytes));
+      if (sink_ != nullptr) TRAIND_RETURN_IF_ERROR(store_->Write(Key(c, 2), host_p_.data(), bytes));
     }
     // The next step's reads in order, as far as the store's read-ahead budget goes (it drops the
     // rest): they come in while the next forward and backward run.
     std::vector<StateKey> next;
     for (int64_t c = 0; c < NumChunks(); ++c) {
+      if (sink_ != nullptr) next.push_back(Key(c, 2));  // read first in the step
       next.push_back(Key(c, 0));
       next.push_back(Key(c, 1));
     }
@@ -650,6 +749,16 @@ class OffloadedAdamW final : public HostDrivenOffload {
   float* win_m_ = nullptr;
   float* win_v_ = nullptr;
   std::vector<float> host_m_, host_v_;
+  // Master weights in the store (else null / empty): the model's sink, the window, its host
+  // buffer (also PutMaster's assembly), the next offset PutMaster expects, whether a whole set
+  // was given, GetMaster's cached chunk.
+  MasterWeightsSink* sink_ = nullptr;
+  float* win_p_ = nullptr;
+  std::vector<float> host_p_;
+  int64_t put_next_ = 0;
+  bool master_put_ = false;
+  mutable std::vector<float> get_buf_;
+  mutable int64_t get_chunk_ = -1;
 };
 
 }  // namespace
@@ -725,6 +834,10 @@ Result<std::unique_ptr<Optimizer>> MakeOffloadedOptimizer(const TrainingSpec& tr
       return Status::Internal("optimizer: parameter " + p.hf_name + " lies outside the flat buffer");
     }
   }
+  if (options.master_weights && (training.optim != "adamw" || options.master_sink == nullptr)) {
+    return Status::Internal("offloaded optimizer: master weights in the store need adamw and the model's sink (" +
+                            training.optim + ")");
+  }
   if (training.optim == "adamw") {
     return OffloadedAdamW::Create(training, params, num_params, arena, store, options);
   }
@@ -745,6 +858,7 @@ int64_t OffloadedOptimizerDeviceBytes(const TrainingSpec& training,
                                       const OffloadOptions& options,
                                       const std::vector<bool>& quantized) {
   if (training.optim == "adamw") return OffloadedAdamW::PlanBytes(num_params, options);
+  // (master_weights is adamw's alone: MakeOffloadedOptimizer refuses it for the others)
   int64_t most = 0;
   for (const Group& g : MakeGroups(training, params, quantized, options)) {
     most = std::max(most, OptimizerPlanBytes(training, g.params, g.end - g.begin, g.quantized));

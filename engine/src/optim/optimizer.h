@@ -22,6 +22,7 @@
 
 #include "backend/arena.h"
 #include "backend/step_scalars.h"
+#include "core/master_weights.h"
 #include "core/param_info.h"
 #include "core/safetensors.h"
 #include "traind/engine/job_spec.h"
@@ -77,6 +78,10 @@ class Optimizer {
     return Status::Ok();
   }
   virtual Status ContributeState() const { return Status::Ok(); }
+
+  // The offloaded AdamW with the master weights in its store (OffloadOptions::master_weights):
+  // where the model's weights come in and go out; null for every other optimizer.
+  virtual MasterWeightsStore* master_weights_store() { return nullptr; }
 };
 
 // The optimizer `training.optim` names, with its options from `training` (adam_*, weight_decay,

@@ -65,6 +65,11 @@ int64_t RoundMicroBatch(int64_t b, int64_t align = 8) {
 
 }  // namespace
 
+bool MasterWeightsOffModel(const ModelConfig& config, const ModelOptions& options) {
+  return options.master_weights_off_device && !config.encoder() && options.compute_type != DType::kF32 &&
+         !options.lora.enabled();
+}
+
 std::string FormatGiB(int64_t bytes) {
   char buf[64];
   std::snprintf(buf, sizeof(buf), "%.2f GiB", static_cast<double>(bytes) / (1024.0 * 1024 * 1024));
@@ -93,6 +98,13 @@ Result<ModelConfig> ResolveModelConfig(const JobSpec& spec) {
   return c;
 }
 
+bool MasterWeightsOffDevice(const JobSpec& spec) {
+  const TrainingSpec& t = spec.training;
+  const bool zero1 = spec.distributed.has_value() && spec.distributed->zero_stage == 1;
+  return t.offload != "none" && t.optim == "adamw" && (t.bf16 || t.fp16) && !t.peft.has_value() && !zero1 &&
+         t.sample_every <= 0;
+}
+
 ModelOptions JobModelOptions(const JobSpec& spec, int64_t micro_batch, bool gradient_checkpointing) {
   ModelOptions o;
   o.micro_batch = micro_batch;
@@ -108,6 +120,7 @@ ModelOptions JobModelOptions(const JobSpec& spec, int64_t micro_batch, bool grad
     o.lora.dropout = spec.training.peft->lora_dropout;
     o.lora.targets = spec.training.peft->target_modules;
   }
+  o.master_weights_off_device = MasterWeightsOffDevice(spec);
   return o;
 }
 
@@ -124,7 +137,9 @@ MemoryBytes JobBytes(const ModelConfig& config, const ModelOptions& options,
   if (training.offload != "none" && zero_shards > 1) {  // the rank's shard, offloaded
     b.optimizer += ZeroOneOffloadPlanBytes(training, trainable, n_trainable, zero_shards).window;
   } else if (training.offload != "none") {
-    b.optimizer += OffloadedOptimizerDeviceBytes(training, trainable, n_trainable);
+    OffloadOptions oo;
+    oo.master_weights = MasterWeightsOffModel(config, options);
+    b.optimizer += OffloadedOptimizerDeviceBytes(training, trainable, n_trainable, oo);
   } else if (zero_shards > 1) {
     b.optimizer += ZeroOnePlanBytes(training, trainable, n_trainable, zero_shards);
   } else {
@@ -221,6 +236,7 @@ Result<MemoryPlan> PlanJob(const JobSpec& spec, const ModelConfig& config, int64
     plan.offload_state_bytes = shards > 1
                                    ? ZeroOneOffloadPlanBytes(t, trainable, n, shards).state
                                    : OptimizerPlanBytes(t, trainable, n);
+    if (MasterWeightsOffModel(config, mo)) plan.offload_master_bytes = 4 * n;
   }
   {
     const ModelOptions mo = JobModelOptions(spec, 1, false);

@@ -19,6 +19,13 @@ Result<ModelConfig> ResolveModelConfig(const JobSpec& spec);
 
 // The model options a job runs its model with at micro-batch `micro_batch`.
 ModelOptions JobModelOptions(const JobSpec& spec, int64_t micro_batch, bool gradient_checkpointing);
+// Whether the job keeps its fp32 master weights in the offload store (ModelOptions::
+// master_weights_off_device): training.offload cpu | nvme, optim adamw, bf16 or fp16, no peft, no
+// ZeRO-1, no sample_every (the sampler reads the fp32 weights on the device).
+bool MasterWeightsOffDevice(const JobSpec& spec);
+// Whether a model of `config` built with `options` honours it (decoder families; the encoder keeps
+// its weights on the device).
+bool MasterWeightsOffModel(const ModelConfig& config, const ModelOptions& options);
 
 // Every byte RunJob allocates in the arena for `config` with `options`: Model::PlanBytes, the
 // optimizer's state (AdamW: 2 * params * 4 bytes) and the step runner's device buffers (StepRunner::PlanBytes: two

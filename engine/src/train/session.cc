@@ -240,14 +240,25 @@ Status BuildModelAndOptimizer(TrainingSession* s) {
     s->Message(message);
     s->optimizer = std::move(sharded);
   } else if (t.offload != "none") {
+    // A 16-bit model may keep its fp32 master weights in the store too (planner.h,
+    // MasterWeightsOffDevice): the optimizer refreshes the model's weights, and the model's
+    // weights come in and go out through the optimizer's store.
+    OffloadOptions oo;
+    oo.master_sink = s->model->master_weights_sink();
+    oo.master_weights = oo.master_sink != nullptr;
     TRAIND_ASSIGN_OR_RETURN(s->optimizer,
                             MakeOffloadedOptimizer(t, s->model->trainable_params(),
                                                    s->model->num_trainable(), s->arena.get(),
-                                                   s->store));
+                                                   s->store, oo));
+    if (oo.master_weights) s->model->SetMasterWeightsStore(s->optimizer->master_weights_store());
     const int64_t state = s->plan.offload_state_bytes;
-    char line[160];
-    std::snprintf(line, sizeof(line), ": %.2f MiB of %s state off the device, %.2f MiB window on it",
+    char line[240];
+    std::snprintf(line, sizeof(line), ": %.2f MiB of %s state%s off the device, %.2f MiB window on it",
                   static_cast<double>(state) / 1048576.0, t.optim.c_str(),
+                  oo.master_weights
+                      ? (" and " + std::to_string(s->plan.offload_master_bytes / 1048576) + " MiB of fp32 master weights")
+                            .c_str()
+                      : "",
                   static_cast<double>(s->plan.bytes.optimizer) / 1048576.0);
     s->Message("training.offload " + t.offload + ": optimizer state in " + s->store->Describe() + line);
   } else {
@@ -329,6 +340,11 @@ Status RestoreOrInitialize(TrainingSession* s) {
     if (writer) TRAIND_RETURN_IF_ERROR(RemoveCheckpoints(spec.output_dir));
     TRAIND_RETURN_IF_ERROR(init_base());
     s->model->InitAdapters(static_cast<uint64_t>(spec.training.seed));
+  }
+  // Master weights in the store: the weights just loaded (written behind) become its committed
+  // state (a resume's ReadState already committed them with the optimizer state).
+  if (MasterWeightsStore* master = s->optimizer->master_weights_store()) {
+    TRAIND_RETURN_IF_ERROR(master->CommitMaster());
   }
   s->first_step = state.global_step;
   return Status::Ok();
