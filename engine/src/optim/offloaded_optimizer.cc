@@ -691,12 +691,15 @@ class OffloadedAdamW final : public HostDrivenOffload, public MasterWeightsStore
       const int64_t lo = c * chunk_, n = std::min(chunk_, num_params_ - lo), hi = lo + n;
       const size_t bytes = static_cast<size_t>(n) * 4;
       Prefetch(c + 2);
-      // The chunk's parameters: in the model's buffer, or read into the master window.
+      // The chunk's parameters: in the model's buffer (flat offsets), or read into the master
+      // window (offsets from lo).
       float* p = params;
+      int64_t p_base = 0;
       if (sink_ != nullptr) {
         TRAIND_RETURN_IF_ERROR(store_->Read(Key(c, 2), host_p_.data(), bytes));
         backend->CopyHostToDevice(win_p_, host_p_.data(), bytes);
-        p = win_p_ - lo;
+        p = win_p_;
+        p_base = lo;
       }
       if (fresh) {
         backend->Memset0(win_m_, bytes);
@@ -710,7 +713,7 @@ class OffloadedAdamW final : public HostDrivenOffload, public MasterWeightsStore
       for (const Run& r : runs_) {
         const int64_t a = std::max(lo, r.offset), b = std::min(hi, r.offset + r.numel);
         if (a >= b) continue;
-        backend->AdamW(p + a, grads + a, win_m_ + (a - lo), win_v_ + (a - lo), b - a,
+        backend->AdamW(p + (a - p_base), grads + a, win_m_ + (a - lo), win_v_ + (a - lo), b - a,
                        static_cast<float>(lr), static_cast<float>(t_.adam_beta1),
                        static_cast<float>(t_.adam_beta2), static_cast<float>(t_.adam_epsilon),
                        r.decay ? static_cast<float>(t_.weight_decay) : 0.0f,
