@@ -252,9 +252,10 @@ SafetensorsStream DecoderModel::StreamHf(size_t piece_bytes) {
 
 namespace {
 
-// The two reused host buffers of one stream.
+// The reused host buffers of one stream (`whole`: a transposed tensor read from the master
+// weights' store, the largest such tensor).
 struct ExportBuffers {
-  std::vector<float> stage, out;
+  std::vector<float> stage, out, whole;
 };
 
 // W[o, c] += scale * sum_k B[o, k] A[k, c] (in double, as PEFT's merge) for the engine rows
@@ -300,9 +301,14 @@ Status StreamTensor(Backend* be, const ParamInfo& info, const ParamExtra& ex, Fl
                                static_cast<size_t>(cw) * sizeof(float), static_cast<size_t>(OC));
         be->Synchronize();
       } else {
+        // From the store: the whole tensor once (each piece needs every engine row; reading rows
+        // per piece would read the store's chunks once per piece), then its columns per piece.
+        if (c0 == 0) {
+          buf->whole.resize(static_cast<size_t>(info.numel));
+          TRAIND_RETURN_IF_ERROR(source.master->GetMaster(info.offset, buf->whole.data(), info.numel));
+        }
         for (int64_t o = 0; o < OC; ++o) {
-          TRAIND_RETURN_IF_ERROR(
-              source.master->GetMaster(info.offset + o * C + c0, buf->stage.data() + o * cw, cw));
+          std::copy_n(buf->whole.data() + o * C + c0, cw, buf->stage.data() + o * cw);
         }
       }
       if (merged) MergeBlock(*merge, tensor, 0, OC, c0, cw, buf->stage.data(), cw);
