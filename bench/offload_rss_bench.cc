@@ -21,7 +21,10 @@
 // the bound is plan.bytes.weights = 4 bytes per parameter. The host window is plan.bytes.optimizer
 // (the offloaded AdamW's m and v of one chunk, which on the CPU backend live in host RAM).
 //
-//   offload_rss_bench [--model medium|tiny] [--steps N] [--seq T] [--threads K] [--dir DIR]
+//   offload_rss_bench [--model medium|tiny] [--steps N] [--seq T] [--threads K] [--dir DIR] [--bf16]
+// --bf16: bf16 compute. With nvme the fp32 master weights then live in the store too, so the
+// bound's "compute weights" (plan.bytes.weights) are the bf16 copy plus the fp32 embeddings,
+// norms and biases, not the master weights.
 // RESULT line: "RESULT offload_rss model=medium params=... bound_MiB=... nvme_steps_peak_MiB=...
 //   nvme_process_peak_MiB=... none_steps_peak_MiB=... verdict=PASS|FAIL".
 #include <sys/wait.h>
@@ -58,6 +61,7 @@ struct Args {
   int steps = 3;
   int seq = 32;
   int threads = 2;
+  bool bf16 = false;
   std::string dir = "/tmp/traind-offload-rss-bench";
   std::string child;  // "nvme" | "none": run one job and report (internal)
 };
@@ -106,6 +110,7 @@ JobSpec Spec(const Args& a, const std::string& data, const std::string& offload)
   s.training.learning_rate = 1e-4;
   s.training.weight_decay = 0.1;
   s.training.logging_steps = 1000;
+  s.training.bf16 = a.bf16;
   s.training.offload = offload;
   if (offload == "nvme") s.training.offload_dir = a.dir + "/store";
   s.output_dir = a.dir + "/out-" + offload;
@@ -155,13 +160,14 @@ int RunChild(const Args& a) {
     steps += one;
   }
   std::printf("CHILD mode=%s params=%lld weights=%lld gradients=%lld activations=%lld "
-              "temporary=%lld optimizer=%lld offload_state=%lld rss_start=%lld hwm_setup=%lld "
-              "hwm_steps=%lld hwm_total=%lld steps=%s\n",
+              "temporary=%lld optimizer=%lld offload_state=%lld offload_master=%lld rss_start=%lld "
+              "hwm_setup=%lld hwm_steps=%lld hwm_total=%lld steps=%s\n",
               a.child.c_str(), static_cast<long long>(p.trainable_params),
               static_cast<long long>(p.bytes.weights), static_cast<long long>(p.bytes.gradients),
               static_cast<long long>(p.bytes.activations), static_cast<long long>(p.bytes.temporary),
               static_cast<long long>(p.bytes.optimizer),
-              static_cast<long long>(p.offload_state_bytes), static_cast<long long>(rss_start),
+              static_cast<long long>(p.offload_state_bytes),
+              static_cast<long long>(p.offload_master_bytes), static_cast<long long>(rss_start),
               static_cast<long long>(hwm_setup), static_cast<long long>(hwm_steps), static_cast<long long>(hwm_total), steps.c_str());
   std::fflush(stdout);
   fs::remove_all(a.dir + "/store");
@@ -189,7 +195,8 @@ ChildResult Spawn(const Args& a, const std::string& mode) {
   const std::vector<std::string> args = {self.data(), "--child", mode, "--model", a.model,
                                          "--steps", std::to_string(a.steps), "--seq",
                                          std::to_string(a.seq), "--threads",
-                                         std::to_string(a.threads), "--dir", a.dir};
+                                         std::to_string(a.threads), "--dir", a.dir,
+                                         a.bf16 ? "--bf16" : "--fp32"};
   const pid_t pid = fork();
   if (pid < 0) return r;
   if (pid == 0) {
@@ -240,9 +247,11 @@ int Main(int argc, char** argv) {
     else if (f == "--threads") a.threads = std::atoi(FlagValue(argc, argv, &i));
     else if (f == "--dir") a.dir = FlagValue(argc, argv, &i);
     else if (f == "--child") a.child = FlagValue(argc, argv, &i);
+    else if (f == "--bf16") a.bf16 = true;
+    else if (f == "--fp32") a.bf16 = false;
     else {
       std::fprintf(stderr, "usage: offload_rss_bench [--model medium|tiny] [--steps N] [--seq T] "
-                           "[--threads K] [--dir DIR]\n");
+                           "[--threads K] [--dir DIR] [--bf16]\n");
       return 2;
     }
   }
@@ -255,8 +264,9 @@ int Main(int argc, char** argv) {
   fs::create_directories(a.dir);
   WriteTokens(a.dir + "/tokens.bin", std::max<int64_t>(100000, 4LL * a.steps * a.seq),
               a.model == "medium" ? 50257 : 256);
-  std::printf("offload_rss_bench: gpt2 %s, T %d, batch 1, AdamW, %d steps, CPU backend, %d threads,"
-              " store in %s/store\n", a.model.c_str(), a.seq, a.steps, a.threads, a.dir.c_str());
+  std::printf("offload_rss_bench: gpt2 %s, T %d, batch 1, AdamW, %s, %d steps, CPU backend, %d threads,"
+              " store in %s/store\n", a.model.c_str(), a.seq, a.bf16 ? "bf16" : "fp32", a.steps, a.threads,
+              a.dir.c_str());
   const ChildResult nvme = Spawn(a, "nvme");
   if (!nvme.ok) return 1;
   const ChildResult none = Spawn(a, "none");
@@ -269,9 +279,15 @@ int Main(int argc, char** argv) {
   const int64_t bound = weights + grads + acts + window + kSlackBytes;
   std::printf("parameters: %lld (%.2f M); fp32 master weights + AdamW state = %.3f GB\n",
               static_cast<long long>(params), static_cast<double>(params) / 1e6,
-              static_cast<double>(weights + state) / 1e9);
-  std::printf("note: fp32 on the CPU backend: the compute weights ARE the fp32 master weights (one "
-              "buffer in host RAM); offload moves only the AdamW state\n");
+              static_cast<double>(4 * params + state) / 1e9);
+  if (a.bf16) {
+    std::printf("note: bf16: with nvme the fp32 master weights are in the store too (%.1f MiB); the "
+                "compute weights are the bf16 copy and the fp32 embeddings, norms and biases\n",
+                MiB(nvme.I("offload_master")));
+  } else {
+    std::printf("note: fp32 on the CPU backend: the compute weights ARE the fp32 master weights (one "
+                "buffer in host RAM); offload moves only the AdamW state\n");
+  }
   std::printf("plan (nvme): weights %.1f MiB, gradients %.1f MiB, activations %.1f MiB, "
               "temporaries %.1f MiB, host window (m+v of one chunk) %.1f MiB, offloaded state "
               "%.1f MiB\n", MiB(weights), MiB(grads), MiB(acts), MiB(nvme.I("temporary")),
