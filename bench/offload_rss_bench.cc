@@ -289,7 +289,7 @@ int Main(int argc, char** argv) {
                 "buffer in host RAM); offload moves only the AdamW state\n");
   }
   std::printf("plan (nvme): weights %.1f MiB, gradients %.1f MiB, activations %.1f MiB, "
-              "temporaries %.1f MiB, host window (m+v of one chunk) %.1f MiB, offloaded state "
+              "temporaries %.1f MiB, host window (the chunk windows: m, v and with bf16 the master weights) %.1f MiB, offloaded state "
               "%.1f MiB\n", MiB(weights), MiB(grads), MiB(acts), MiB(nvme.I("temporary")),
               MiB(window), MiB(state));
   std::printf("plan (none): optimizer state in RAM %.1f MiB\n", MiB(none.I("optimizer")));
