@@ -27,16 +27,7 @@ JobSpec CaseSpec(const std::string& dir, const std::string& data, const PlanCase
   s.training.gradient_checkpointing = c.checkpointing;
   s.data.seq_len = c.seq_len;
   if (c.arch == "llama") {
-    ModelConfig& m = s.model.config;
-    m.arch = "llama";
-    m.vocab_size = 64;
-    m.hidden_size = 48;
-    m.intermediate_size = 96;
-    m.num_hidden_layers = 3;
-    m.num_attention_heads = 4;
-    m.num_key_value_heads = 2;
-    m.max_position_embeddings = 64;
-    m.tie_word_embeddings = false;
+    s.model.config = testing::TinyLlamaConfig({48, 96, 3, 4, 2, 64});
   } else {
     s.model.config.n_positions = 64;
   }

@@ -56,6 +56,24 @@ inline std::string MakeTempDir(const std::string& tag) {
 // `n` uint16 tokens below `vocab` with learnable structure (a noisy repeating pattern), seeded.
 using test_data::WriteSyntheticTokens;
 
+// A llama-family config (untied embeddings) of vocab 64 and the given size.
+struct TinyLlamaSize {
+  int64_t hidden, intermediate, layers, heads, kv_heads, positions;
+};
+inline ModelConfig TinyLlamaConfig(const TinyLlamaSize& z) {
+  ModelConfig m;
+  m.arch = "llama";
+  m.vocab_size = 64;
+  m.hidden_size = z.hidden;
+  m.intermediate_size = z.intermediate;
+  m.num_hidden_layers = z.layers;
+  m.num_attention_heads = z.heads;
+  m.num_key_value_heads = z.kv_heads;
+  m.max_position_embeddings = z.positions;
+  m.tie_word_embeddings = false;
+  return m;
+}
+
 // A tiny gpt2 job (vocab 64, 2 layers, d32, T16, B4) on `data_file` (uint16 tokens), writing to
 // dir/out. Cosine with warmup, weight decay and clipping on, so every rule is exercised.
 inline JobSpec TinySpec(const std::string& dir, const std::string& data_file) {

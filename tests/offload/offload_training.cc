@@ -80,14 +80,8 @@ class OffloadTraining : public ::testing::TestWithParam<Case> {
     JobSpec s = testing::TinySpec(dir_ + "/" + sub, data_);
     if (std::string(c.arch) != "gpt2") {  // the same size in the llama family (2 kv heads)
       ModelConfig& m = s.model.config;
+      m = testing::TinyLlamaConfig({32, 64, 2, 4, 2, 32});
       m.arch = c.arch;
-      m.hidden_size = 32;
-      m.intermediate_size = 64;
-      m.num_hidden_layers = 2;
-      m.num_attention_heads = 4;
-      m.num_key_value_heads = 2;
-      m.max_position_embeddings = 32;
-      m.tie_word_embeddings = false;
       if (std::string(c.arch) == "mixtral") {
         m.intermediate_size = 24;
         m.num_local_experts = 4;
