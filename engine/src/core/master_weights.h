@@ -1,6 +1,6 @@
 // The fp32 master weights off the device (ModelOptions::master_weights_off_device: a 16-bit
-// model whose AdamW state is offloaded, training.offload cpu | nvme): the optimizer's store holds
-// them beside the AdamW state, in the same chunks, and the device keeps only the 16-bit compute
+// model whose optimizer state is offloaded, training.offload cpu | nvme): the optimizer's store
+// holds them beside that state (AdamW's chunks, the other optimizers' groups), and the device keeps only the 16-bit compute
 // weights, the fp32 copies of the tensors that are read in fp32 (embeddings, norms, biases) and
 // the gradients. The model and the optimizer meet through these two interfaces, so neither
 // depends on the other (as ParamInfo).
@@ -22,7 +22,7 @@ class MasterWeightsSink {
   virtual void MasterUpdated(int64_t offset, const float* device, int64_t n) = 0;
 };
 
-// Implemented by the offloaded AdamW: the master weights in its store.
+// Implemented by the offloaded optimizers: the master weights in their store.
 class MasterWeightsStore {
  public:
   virtual ~MasterWeightsStore() = default;

@@ -58,7 +58,7 @@ struct ModelOptions {
   // chunk (logits() then holds every row's logits after Forward(false)).
   int64_t logits_chunk_rows = 0;
   // The fp32 master weights in the optimizer's store instead of on the device (core/
-  // master_weights.h; the job runner sets it for training.offload with AdamW, bf16/fp16, no LoRA,
+  // master_weights.h; the job runner sets it for training.offload with bf16/fp16, no LoRA,
   // no ZeRO-1, no sample_every). Decoder families with a 16-bit compute type and no LoRA (Create
   // refuses it otherwise); the encoder keeps its weights on the device and ignores it. The device
   // then holds the 16-bit weights, fp32 copies of the tensors read in fp32 (Fp32ResidentTensors:

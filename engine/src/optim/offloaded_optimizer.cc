@@ -127,7 +127,140 @@ std::vector<Group> MakeGroups(const TrainingSpec& t, const std::vector<ParamInfo
 // behind the next step's forward and backward (the store's flush and fsync, then the read-ahead
 // of the next step's first chunks), awaited before the store is used again; and the first store
 // error sticks: later steps do nothing and the job ends with it.
-class HostDrivenOffload : public Optimizer {
+// The fp32 master weights in the store (OffloadOptions::master_weights), cut into segments of the
+// flat buffer (AdamW: its chunks; the other optimizers: their groups), each stored as raw fp32 in
+// pieces of at most `piece_elems`: StateKey{segment name, first piece + i, "master"}. The
+// segments cover [0, num_params) in order.
+class MasterSegments {
+ public:
+  struct Segment {
+    std::string name;
+    int64_t begin = 0, end = 0;   // flat range
+    int64_t first_piece = 0;      // the key index of its first piece
+  };
+  MasterSegments(OptimizerStateStore* store, std::vector<Segment> segments, int64_t piece_elems)
+      : store_(store), segments_(std::move(segments)), piece_elems_(piece_elems) {
+    for (const Segment& s : segments_) largest_ = std::max(largest_, s.end - s.begin);
+    put_buf_.resize(static_cast<size_t>(largest_));
+  }
+  int64_t largest() const { return largest_; }
+  size_t size() const { return segments_.size(); }
+  const Segment& operator[](size_t s) const { return segments_[s]; }
+
+  std::vector<StateKey> Keys(size_t s) const {
+    std::vector<StateKey> keys;
+    const Segment& seg = segments_[s];
+    for (int64_t at = seg.begin, i = 0; at < seg.end; at += piece_elems_, ++i) {
+      keys.push_back(StateKey{seg.name, seg.first_piece + i, "master"});
+    }
+    return keys;
+  }
+  void Prefetch(size_t s) const {
+    if (s >= segments_.size()) return;
+    for (const StateKey& k : Keys(s)) store_->Prefetch(k);
+  }
+  // The committed segment s into host (its length).
+  Status Read(size_t s, float* host) const {
+    const Segment& seg = segments_[s];
+    int64_t at = seg.begin;
+    for (const StateKey& k : Keys(s)) {
+      const int64_t n = std::min(piece_elems_, seg.end - at);
+      TRAIND_RETURN_IF_ERROR(store_->Read(k, host + (at - seg.begin), static_cast<size_t>(n) * 4));
+      at += n;
+    }
+    return Status::Ok();
+  }
+  Status Write(size_t s, const float* host) {
+    const Segment& seg = segments_[s];
+    int64_t at = seg.begin;
+    for (const StateKey& k : Keys(s)) {
+      const int64_t n = std::min(piece_elems_, seg.end - at);
+      TRAIND_RETURN_IF_ERROR(store_->Write(k, host + (at - seg.begin), static_cast<size_t>(n) * 4));
+      at += n;
+    }
+    return Status::Ok();
+  }
+
+  // MasterWeightsStore::PutMaster's assembly: pieces in order, each segment written as it
+  // completes. INTERNAL for a piece out of order.
+  Status Put(int64_t offset, const float* host, int64_t n) {
+    const int64_t total = segments_.empty() ? 0 : segments_.back().end;
+    if (offset != put_next_ || n < 0 || offset + n > total) {
+      return Status::Internal("master weights: a piece [" + std::to_string(offset) + ", " +
+                              std::to_string(offset + n) + ") where [" + std::to_string(put_next_) +
+                              ", ...) of " + std::to_string(total) + " was expected");
+    }
+    get_segment_ = segments_.size();
+    while (n > 0) {
+      const size_t s = SegmentOf(put_next_);
+      const Segment& seg = segments_[s];
+      const int64_t take = std::min(n, seg.end - put_next_);
+      std::memcpy(put_buf_.data() + (put_next_ - seg.begin), host, static_cast<size_t>(take) * 4);
+      put_next_ += take;
+      host += take;
+      n -= take;
+      if (put_next_ == seg.end) TRAIND_RETURN_IF_ERROR(Write(s, put_buf_.data()));
+    }
+    if (put_next_ == total) {
+      put_next_ = 0;
+      complete_ = true;
+    }
+    return Status::Ok();
+  }
+  // OK once a whole set was put (and none is half-way).
+  Status CheckComplete() const {
+    if (put_next_ == 0 && complete_) return Status::Ok();
+    return Status::Internal("master weights: " + std::to_string(put_next_) + " of " +
+                            std::to_string(segments_.empty() ? 0 : segments_.back().end) +
+                            " elements were given");
+  }
+  // The committed master weights [offset, offset + n) through one cached segment.
+  Status Get(int64_t offset, float* host, int64_t n) const {
+    const int64_t total = segments_.empty() ? 0 : segments_.back().end;
+    if (offset < 0 || n < 0 || offset + n > total) {
+      return Status::Internal("master weights: [" + std::to_string(offset) + ", " +
+                              std::to_string(offset + n) + ") outside the " + std::to_string(total));
+    }
+    get_buf_.resize(static_cast<size_t>(largest_));
+    while (n > 0) {
+      const size_t s = SegmentOf(offset);
+      if (get_segment_ != s) {
+        Prefetch(s + 1);
+        get_segment_ = segments_.size();
+        TRAIND_RETURN_IF_ERROR(Read(s, get_buf_.data()));
+        get_segment_ = s;
+      }
+      const Segment& seg = segments_[s];
+      const int64_t take = std::min(n, seg.end - offset);
+      std::memcpy(host, get_buf_.data() + (offset - seg.begin), static_cast<size_t>(take) * 4);
+      offset += take;
+      host += take;
+      n -= take;
+    }
+    return Status::Ok();
+  }
+  // The stored segments changed (a step): Get's cached segment is stale.
+  void Invalidate() { get_segment_ = segments_.size(); }
+
+ private:
+  size_t SegmentOf(int64_t offset) const {
+    auto it = std::upper_bound(segments_.begin(), segments_.end(), offset,
+                               [](int64_t at, const Segment& s) { return at < s.end; });
+    return static_cast<size_t>(it - segments_.begin());
+  }
+
+  OptimizerStateStore* store_;
+  std::vector<Segment> segments_;
+  int64_t piece_elems_;
+  int64_t largest_ = 0;
+  std::vector<float> put_buf_;
+  int64_t put_next_ = 0;
+  bool complete_ = false;
+  mutable std::vector<float> get_buf_;
+  mutable size_t get_segment_ = static_cast<size_t>(-1);
+};
+
+class HostDrivenOffload : public Optimizer, public MasterWeightsStore {
  public:
   HostDrivenOffload(std::string name, OptimizerStateStore* store)
       : store_(store), name_(std::move(name)) {}
@@ -150,11 +283,76 @@ class HostDrivenOffload : public Optimizer {
   // Ranks that write no checkpoint still see the last commit's result at the end.
   Status ContributeState() const override { return AwaitCommit(); }
 
+  // The master weights in the store (master_, set by the subclass): the model's weights in and out.
+  MasterWeightsStore* master_weights_store() override { return master_ != nullptr ? this : nullptr; }
+  Status PutMaster(int64_t offset, const float* host, int64_t n) override {
+    if (!status_.ok()) return status_;
+    if (offset == 0) TRAIND_RETURN_IF_ERROR(AwaitCommit());
+    if (Status s = master_->Put(offset, host, n); !s.ok()) status_ = s;
+    return status_;
+  }
+  Status CommitMaster() override {
+    if (!status_.ok()) return status_;
+    TRAIND_RETURN_IF_ERROR(master_->CheckComplete());
+    return CommitNow();
+  }
+  Status GetMaster(int64_t offset, float* host, int64_t n) const override {
+    TRAIND_RETURN_IF_ERROR(AwaitCommit());
+    return master_->Get(offset, host, n);
+  }
+
  protected:
   // One step, its commit started (CommitBehind); advances step_ only when its writes succeeded.
   virtual Status RunStep(float* params, const float* grads, double lr, float grad_scale) = 0;
   // After the commit of a step succeeded.
   virtual void Committed() const {}
+  // A commit of the store at the current step now (CommitMaster: the weights just put).
+  virtual Status CommitNow() {
+    TRAIND_RETURN_IF_ERROR(AwaitCommit());
+    if (Status s = store_->Commit(step_); !s.ok() && status_.ok()) status_ = s;
+    return status_;
+  }
+
+  // With OffloadOptions::master_weights: the master weights in the store (segments of the
+  // subclass: AdamW's chunks, the groups), the model's sink, a device window of the largest
+  // segment and its host buffer.
+  Status EnableMaster(std::vector<MasterSegments::Segment> segments, int64_t piece_elems,
+                      MasterWeightsSink* sink, DeviceArena* arena) {
+    master_ = std::make_unique<MasterSegments>(store_, std::move(segments), piece_elems);
+    sink_ = sink;
+    if (master_->largest() == 0) return Status::Ok();
+    TRAIND_ASSIGN_OR_RETURN(void* p, arena->Allocate(MemoryCategory::kOptimizer,
+                                                     static_cast<size_t>(master_->largest()) * 4,
+                                                     "offload window master weights"));
+    win_p_ = static_cast<float*>(p);
+    window_arena_ = arena;
+    host_p_.resize(static_cast<size_t>(master_->largest()));
+    return Status::Ok();
+  }
+  // Segment s's master weights into the device window (the parameters its update runs on).
+  Status ReadMasterWindow(size_t s, Backend* backend) {
+    TRAIND_RETURN_IF_ERROR(master_->Read(s, host_p_.data()));
+    backend->CopyHostToDevice(win_p_, host_p_.data(), static_cast<size_t>(SegmentElems(s)) * 4);
+    return Status::Ok();
+  }
+  // After its update: the window to the host and the model's weights refreshed from it (before
+  // the backend's next synchronisation; the caller synchronises, then WriteMasterWindow).
+  void RefreshFromWindow(size_t s, Backend* backend) {
+    backend->CopyDeviceToHost(host_p_.data(), win_p_, static_cast<size_t>(SegmentElems(s)) * 4);
+    sink_->MasterUpdated((*master_)[s].begin, win_p_, SegmentElems(s));  // before the next segment reuses it
+  }
+  Status WriteMasterWindow(size_t s) { return master_->Write(s, host_p_.data()); }
+  int64_t SegmentElems(size_t s) const { return (*master_)[s].end - (*master_)[s].begin; }
+  void ReleaseMasterWindow() {
+    if (win_p_ != nullptr) window_arena_->Release(win_p_);
+    win_p_ = nullptr;
+  }
+
+  std::unique_ptr<MasterSegments> master_;
+  MasterWeightsSink* sink_ = nullptr;
+  float* win_p_ = nullptr;
+  DeviceArena* window_arena_ = nullptr;
+  std::vector<float> host_p_;
 
   // Commits `step` behind the caller (the next step's forward and backward), then reads ahead
   // `prefetch` (the next step's first chunks).
@@ -188,6 +386,17 @@ class OffloadedOptimizer final : public HostDrivenOffload {
                      OptimizerStateStore* store, const OffloadOptions& o)
       : HostDrivenOffload(t.optim, store), t_(t), groups_(std::move(groups)), arena_(arena),
         options_(o), committed_(groups_.size()), pending_(groups_.size()) {}
+  ~OffloadedOptimizer() override { ReleaseMasterWindow(); }
+
+  // OffloadOptions::master_weights: each group's master weights in the store beside its state
+  // (StateKey{group name, piece, "master"}, raw fp32 in pieces of piece_bytes), updated in a
+  // device window of the largest group.
+  Status EnableGroupMaster(MasterWeightsSink* sink) {
+    std::vector<MasterSegments::Segment> segments;
+    for (const Group& g : groups_) segments.push_back({g.name, g.begin, g.end, 0});
+    return EnableMaster(std::move(segments),
+                        std::max<int64_t>(1, static_cast<int64_t>(options_.piece_bytes / 4)), sink, arena_);
+  }
 
   SafetensorsFile SaveState() const override {
     SafetensorsFile out;
@@ -310,6 +519,7 @@ class OffloadedOptimizer final : public HostDrivenOffload {
 
   void Prefetch(size_t g) const {
     if (g >= groups_.size()) return;
+    if (master_ != nullptr) master_->Prefetch(g);
     for (size_t i = 0; i < committed_[g].size(); ++i) store_->Prefetch(Key(g, i));
   }
 
@@ -345,8 +555,15 @@ class OffloadedOptimizer final : public HostDrivenOffload {
     committed_ = pending_;
     return Status::Ok();
   }
+  Status CommitNow() override {
+    TRAIND_RETURN_IF_ERROR(AwaitCommit());
+    if (Status s = CommitAs(step_); !s.ok() && status_.ok()) status_ = s;
+    return status_;
+  }
 
   Status RunStep(float* params, const float* grads, double lr, float grad_scale) override {
+    Backend* backend = arena_->backend();
+    if (master_ != nullptr) master_->Invalidate();
     Prefetch(0);
     Prefetch(1);
     for (size_t g = 0; g < groups_.size(); ++g) {
@@ -357,12 +574,25 @@ class OffloadedOptimizer final : public HostDrivenOffload {
         TRAIND_ASSIGN_OR_RETURN(SafetensorsFile state, GroupState(g));
         TRAIND_RETURN_IF_ERROR(inner->LoadState(state));
       }
-      inner->Step(params + gr.begin, grads + gr.begin, lr, grad_scale);
+      float* p = params + gr.begin;  // the group's parameters, or its master weights' window
+      if (master_ != nullptr) {
+        TRAIND_RETURN_IF_ERROR(ReadMasterWindow(g, backend));
+        p = win_p_;
+      }
+      inner->Step(p, grads + gr.begin, lr, grad_scale);
       TRAIND_RETURN_IF_ERROR(inner->status());
+      if (master_ != nullptr) {
+        RefreshFromWindow(g, backend);
+        backend->Synchronize();
+        TRAIND_RETURN_IF_ERROR(WriteMasterWindow(g));
+      }
       TRAIND_RETURN_IF_ERROR(WriteGroup(g, inner->SaveState()));
     }
     std::vector<StateKey> next;  // the next step reads groups 0 and 1 first
     for (size_t g = 0; g < std::min<size_t>(2, groups_.size()); ++g) {
+      if (master_ != nullptr) {
+        for (const StateKey& k : master_->Keys(g)) next.push_back(k);
+      }
       for (size_t i = 0; i < pending_[g].size(); ++i) next.push_back(Key(g, i));
     }
     CommitBehind(step_ + 1, std::move(next));
@@ -385,7 +615,7 @@ class OffloadedOptimizer final : public HostDrivenOffload {
 // raw fp32), and a step streams them through one persistent device window (m and v of one chunk)
 // with the in-memory AdamW's kernel. Large tensors (a 50K-token embedding) span several chunks,
 // so the window stays one chunk whatever the model.
-class OffloadedAdamW final : public HostDrivenOffload, public MasterWeightsStore {
+class OffloadedAdamW final : public HostDrivenOffload {
  public:
   static int64_t ChunkElems(int64_t num_params, const OffloadOptions& o) {
     const int64_t most = std::max<int64_t>(4096, o.group_state_bytes / 8);
@@ -414,94 +644,21 @@ class OffloadedAdamW final : public HostDrivenOffload, public MasterWeightsStore
       opt->host_m_.resize(static_cast<size_t>(opt->chunk_));
       opt->host_v_.resize(static_cast<size_t>(opt->chunk_));
       if (o.master_weights) {
-        TRAIND_ASSIGN_OR_RETURN(void* p, arena->Allocate(MemoryCategory::kOptimizer, bytes,
-                                                         "offload window master weights"));
-        opt->win_p_ = static_cast<float*>(p);
-        opt->host_p_.resize(static_cast<size_t>(opt->chunk_));
+        std::vector<MasterSegments::Segment> chunks;  // one piece per chunk: {"adamw", c, "master"}
+        for (int64_t c = 0; c < opt->NumChunks(); ++c) {
+          chunks.push_back({"adamw", c * opt->chunk_, std::min(num_params, (c + 1) * opt->chunk_), c});
+        }
+        TRAIND_RETURN_IF_ERROR(opt->EnableMaster(std::move(chunks), opt->chunk_, o.master_sink, arena));
       }
     }
-    opt->sink_ = o.master_weights ? o.master_sink : nullptr;
     return std::unique_ptr<Optimizer>(std::move(opt));
   }
 
   ~OffloadedAdamW() override {
     if (win_m_ != nullptr) arena_->Release(win_m_);
     if (win_v_ != nullptr) arena_->Release(win_v_);
-    if (win_p_ != nullptr) arena_->Release(win_p_);
+    ReleaseMasterWindow();
   }
-
-  MasterWeightsStore* master_weights_store() override { return sink_ != nullptr ? this : nullptr; }
-
-  // Pieces in order, assembled chunk by chunk in host_p_ and written behind as each completes.
-  Status PutMaster(int64_t offset, const float* host, int64_t n) override {
-    if (!status_.ok()) return status_;
-    if (offset != put_next_ || n < 0 || offset + n > num_params_) {
-      status_ = Status::Internal("master weights: a piece [" + std::to_string(offset) + ", " +
-                                 std::to_string(offset + n) + ") where [" + std::to_string(put_next_) +
-                                 ", ...) of " + std::to_string(num_params_) + " was expected");
-      return status_;
-    }
-    if (offset == 0) {
-      TRAIND_RETURN_IF_ERROR(AwaitCommit());
-      get_chunk_ = -1;
-    }
-    while (n > 0) {
-      const int64_t c = put_next_ / chunk_, lo = c * chunk_, len = std::min(chunk_, num_params_ - lo);
-      const int64_t take = std::min(n, lo + len - put_next_);
-      std::memcpy(host_p_.data() + (put_next_ - lo), host, static_cast<size_t>(take) * 4);
-      put_next_ += take;
-      host += take;
-      n -= take;
-      if (put_next_ == lo + len) {
-        if (Status s = store_->Write(Key(c, 2), host_p_.data(), static_cast<size_t>(len) * 4); !s.ok()) {
-          status_ = s;
-          return s;
-        }
-      }
-    }
-    if (put_next_ == num_params_) {
-      put_next_ = 0;
-      master_put_ = true;
-    }
-    return Status::Ok();
-  }
-
-  Status CommitMaster() override {
-    if (!status_.ok()) return status_;
-    if (put_next_ != 0 || !master_put_) {
-      return Status::Internal("master weights: " + std::to_string(put_next_) + " of " +
-                              std::to_string(num_params_) + " elements were given");
-    }
-    TRAIND_RETURN_IF_ERROR(AwaitCommit());
-    if (Status s = store_->Commit(step_); !s.ok()) status_ = s;
-    return status_;
-  }
-
-  // Through a cached chunk (an export reads tensor by tensor, in flat order).
-  Status GetMaster(int64_t offset, float* host, int64_t n) const override {
-    TRAIND_RETURN_IF_ERROR(AwaitCommit());
-    if (offset < 0 || n < 0 || offset + n > num_params_) {
-      return Status::Internal("master weights: [" + std::to_string(offset) + ", " +
-                              std::to_string(offset + n) + ") outside the " + std::to_string(num_params_));
-    }
-    get_buf_.resize(static_cast<size_t>(chunk_));
-    while (n > 0) {
-      const int64_t c = offset / chunk_, lo = c * chunk_, len = std::min(chunk_, num_params_ - lo);
-      if (get_chunk_ != c) {
-        if (c + 1 < NumChunks()) store_->Prefetch(Key(c + 1, 2));
-        get_chunk_ = -1;
-        TRAIND_RETURN_IF_ERROR(store_->Read(Key(c, 2), get_buf_.data(), static_cast<size_t>(len) * 4));
-        get_chunk_ = c;
-      }
-      const int64_t take = std::min(n, lo + len - offset);
-      std::memcpy(host, get_buf_.data() + (offset - lo), static_cast<size_t>(take) * 4);
-      offset += take;
-      host += take;
-      n -= take;
-    }
-    return Status::Ok();
-  }
-
 
   SafetensorsFile SaveState() const override {
     std::vector<float> m, v;
@@ -647,9 +804,9 @@ class OffloadedAdamW final : public HostDrivenOffload, public MasterWeightsStore
     }
   }
 
-  // which: 0 exp_avg, 1 exp_avg_sq, 2 the master weights.
+  // which: 0 exp_avg, 1 exp_avg_sq (the master weights: master_).
   StateKey Key(int64_t chunk, int which) const {
-    return StateKey{"adamw", chunk, which == 0 ? "exp_avg" : which == 1 ? "exp_avg_sq" : "master"};
+    return StateKey{"adamw", chunk, which == 0 ? "exp_avg" : "exp_avg_sq"};
   }
   int64_t NumChunks() const { return chunk_ > 0 ? (num_params_ + chunk_ - 1) / chunk_ : 0; }
   // The chunk's m and v (not before the first step: there are none) and, with `master`, its
@@ -660,7 +817,7 @@ class OffloadedAdamW final : public HostDrivenOffload, public MasterWeightsStore
       store_->Prefetch(Key(c, 0));
       store_->Prefetch(Key(c, 1));
     }
-    if (master && sink_ != nullptr) store_->Prefetch(Key(c, 2));
+    if (master && master_ != nullptr) master_->Prefetch(static_cast<size_t>(c));
   }
 
   // The whole committed state as flat arrays (zeros before the first step).
@@ -684,7 +841,7 @@ class OffloadedAdamW final : public HostDrivenOffload, public MasterWeightsStore
     const double bc2 = 1.0 - std::pow(t_.adam_beta2, static_cast<double>(step));
     Backend* backend = arena_->backend();
     const bool fresh = step_ == 0;
-    get_chunk_ = -1;
+    if (master_ != nullptr) master_->Invalidate();
     Prefetch(0);
     Prefetch(1);
     for (int64_t c = 0; c < NumChunks(); ++c) {
@@ -695,9 +852,8 @@ class OffloadedAdamW final : public HostDrivenOffload, public MasterWeightsStore
       // window (offsets from lo).
       float* p = params;
       int64_t p_base = 0;
-      if (sink_ != nullptr) {
-        TRAIND_RETURN_IF_ERROR(store_->Read(Key(c, 2), host_p_.data(), bytes));
-        backend->CopyHostToDevice(win_p_, host_p_.data(), bytes);
+      if (master_ != nullptr) {
+        TRAIND_RETURN_IF_ERROR(ReadMasterWindow(static_cast<size_t>(c), backend));
         p = win_p_;
         p_base = lo;
       }
@@ -721,20 +877,19 @@ class OffloadedAdamW final : public HostDrivenOffload, public MasterWeightsStore
       }
       backend->CopyDeviceToHost(host_m_.data(), win_m_, bytes);
       backend->CopyDeviceToHost(host_v_.data(), win_v_, bytes);
-      if (sink_ != nullptr) {
-        backend->CopyDeviceToHost(host_p_.data(), win_p_, bytes);
-        sink_->MasterUpdated(lo, win_p_, n);  // before the next chunk reuses the window
-      }
+      if (master_ != nullptr) RefreshFromWindow(static_cast<size_t>(c), backend);
       backend->Synchronize();
       TRAIND_RETURN_IF_ERROR(store_->Write(Key(c, 0), host_m_.data(), bytes));
       TRAIND_RETURN_IF_ERROR(store_->Write(Key(c, 1), host_v_.data(), bytes));
-      if (sink_ != nullptr) TRAIND_RETURN_IF_ERROR(store_->Write(Key(c, 2), host_p_.data(), bytes));
+      if (master_ != nullptr) TRAIND_RETURN_IF_ERROR(WriteMasterWindow(static_cast<size_t>(c)));
     }
     // The next step's reads in order, as far as the store's read-ahead budget goes (it drops the
     // rest): they come in while the next forward and backward run.
     std::vector<StateKey> next;
     for (int64_t c = 0; c < NumChunks(); ++c) {
-      if (sink_ != nullptr) next.push_back(Key(c, 2));  // read first in the step
+      if (master_ != nullptr) {  // read first in the step
+        for (const StateKey& k : master_->Keys(static_cast<size_t>(c))) next.push_back(k);
+      }
       next.push_back(Key(c, 0));
       next.push_back(Key(c, 1));
     }
@@ -752,16 +907,6 @@ class OffloadedAdamW final : public HostDrivenOffload, public MasterWeightsStore
   float* win_m_ = nullptr;
   float* win_v_ = nullptr;
   std::vector<float> host_m_, host_v_;
-  // Master weights in the store (else null / empty): the model's sink, the window, its host
-  // buffer (also PutMaster's assembly), the next offset PutMaster expects, whether a whole set
-  // was given, GetMaster's cached chunk.
-  MasterWeightsSink* sink_ = nullptr;
-  float* win_p_ = nullptr;
-  std::vector<float> host_p_;
-  int64_t put_next_ = 0;
-  bool master_put_ = false;
-  mutable std::vector<float> get_buf_;
-  mutable int64_t get_chunk_ = -1;
 };
 
 }  // namespace
@@ -837,9 +982,8 @@ Result<std::unique_ptr<Optimizer>> MakeOffloadedOptimizer(const TrainingSpec& tr
       return Status::Internal("optimizer: parameter " + p.hf_name + " lies outside the flat buffer");
     }
   }
-  if (options.master_weights && (training.optim != "adamw" || options.master_sink == nullptr)) {
-    return Status::Internal("offloaded optimizer: master weights in the store need adamw and the model's sink (" +
-                            training.optim + ")");
+  if (options.master_weights && options.master_sink == nullptr) {
+    return Status::Internal("offloaded optimizer: master weights in the store need the model's sink");
   }
   if (training.optim == "adamw") {
     return OffloadedAdamW::Create(training, params, num_params, arena, store, options);
@@ -852,8 +996,10 @@ Result<std::unique_ptr<Optimizer>> MakeOffloadedOptimizer(const TrainingSpec& tr
                                           groups[0].end - groups[0].begin, arena,
                                           groups[0].quantized));
   }
-  return std::unique_ptr<Optimizer>(
+  std::unique_ptr<OffloadedOptimizer> opt(
       new OffloadedOptimizer(training, std::move(groups), arena, store, options));
+  if (options.master_weights) TRAIND_RETURN_IF_ERROR(opt->EnableGroupMaster(options.master_sink));
+  return std::unique_ptr<Optimizer>(std::move(opt));
 }
 
 int64_t OffloadedOptimizerDeviceBytes(const TrainingSpec& training,
@@ -861,12 +1007,13 @@ int64_t OffloadedOptimizerDeviceBytes(const TrainingSpec& training,
                                       const OffloadOptions& options,
                                       const std::vector<bool>& quantized) {
   if (training.optim == "adamw") return OffloadedAdamW::PlanBytes(num_params, options);
-  // (master_weights is adamw's alone: MakeOffloadedOptimizer refuses it for the others)
-  int64_t most = 0;
+  int64_t most = 0, largest = 0;
   for (const Group& g : MakeGroups(training, params, quantized, options)) {
     most = std::max(most, OptimizerPlanBytes(training, g.params, g.end - g.begin, g.quantized));
+    largest = std::max(largest, g.end - g.begin);
   }
-  return most;
+  // With the master weights: the window of the largest group's, beside a group's state.
+  return most + (options.master_weights ? 4 * largest : 0);
 }
 
 }  // namespace traind::engine

@@ -29,11 +29,13 @@
 // persistent device window (m and v of one chunk) with the same kernel, so even one huge tensor
 // (an embedding) never needs more than a chunk on the device.
 //
-// The fp32 master weights (OffloadOptions::master_weights; AdamW only, the model's
-// ModelOptions::master_weights_off_device): a third state kind of each chunk, StateKey{"adamw",
-// chunk, "master"}, read into a third window, updated there by the same kernel and written back
-// behind with m and v (one commit: crash consistency unchanged); the model refreshes its 16-bit
-// weights and fp32 resident tensors from the window (MasterWeightsSink). The model's weights come
+// The fp32 master weights (OffloadOptions::master_weights, the model's
+// ModelOptions::master_weights_off_device), every optimizer: AdamW's a third state kind of each
+// chunk, StateKey{"adamw", chunk, "master"}; the others' raw fp32 beside each group's payload,
+// StateKey{group name, piece, "master"}. Read into a device window (a chunk's, or the largest
+// group's), updated there by the same kernel or instance and written back behind with the state
+// (one commit: crash consistency unchanged); the model refreshes its 16-bit weights and fp32
+// resident tensors from the window (MasterWeightsSink). The model's weights come
 // in (init, init_from, a resume's model file) and go out (checkpoints, the final model) through
 // master_weights_store(). Without it the master weights are the model's trainable buffer on the
 // device, updated in place.
@@ -57,8 +59,8 @@ struct OffloadOptions {
   // Largest target optimizer-state bytes per group (the target is total / 16, at least 16 KiB).
   int64_t group_state_bytes = int64_t{64} << 20;
   size_t piece_bytes = size_t{16} << 20;          // largest store value (<= the store's max)
-  // The master weights in the store too (training.optim adamw only): a third window on the
-  // device. MakeOffloadedOptimizer needs the model's sink; the plan only the flag.
+  // The master weights in the store too: a window on the device (AdamW: a chunk's; the others:
+  // the largest group's). MakeOffloadedOptimizer needs the model's sink; the plan only the flag.
   bool master_weights = false;
   MasterWeightsSink* master_sink = nullptr;
 };

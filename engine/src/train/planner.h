@@ -20,7 +20,7 @@ Result<ModelConfig> ResolveModelConfig(const JobSpec& spec);
 // The model options a job runs its model with at micro-batch `micro_batch`.
 ModelOptions JobModelOptions(const JobSpec& spec, int64_t micro_batch, bool gradient_checkpointing);
 // Whether the job keeps its fp32 master weights in the offload store (ModelOptions::
-// master_weights_off_device): training.offload cpu | nvme, optim adamw, bf16 or fp16, no peft, no
+// master_weights_off_device): training.offload cpu | nvme (any optim), bf16 or fp16, no peft, no
 // ZeRO-1, no sample_every (the sampler reads the fp32 weights on the device).
 bool MasterWeightsOffDevice(const JobSpec& spec);
 // Whether a model of `config` built with `options` honours it (decoder families; the encoder keeps

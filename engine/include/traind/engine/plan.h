@@ -31,7 +31,7 @@ struct MemoryPlan {
   // group's state) and offload_state_bytes what the store holds (host RAM or disk).
   std::string offload = "none";
   int64_t offload_state_bytes = 0;
-  // The fp32 master weights in the store too (offload with adamw and a 16-bit compute type, no
+  // The fp32 master weights in the store too (offload with a 16-bit compute type, no
   // LoRA, no ZeRO-1, no sample_every): bytes.weights then counts the 16-bit weights and the fp32
   // copies of the tensors read in fp32 only. 0 when the master weights stay on the device.
   int64_t offload_master_bytes = 0;
