@@ -159,26 +159,16 @@ class MasterSegments {
     if (s >= segments_.size()) return;
     for (const StateKey& k : Keys(s)) store_->Prefetch(k);
   }
-  // The committed segment s into host (its length).
+  // The committed segment s into host (its length), and host written as segment s.
   Status Read(size_t s, float* host) const {
-    const Segment& seg = segments_[s];
-    int64_t at = seg.begin;
-    for (const StateKey& k : Keys(s)) {
-      const int64_t n = std::min(piece_elems_, seg.end - at);
-      TRAIND_RETURN_IF_ERROR(store_->Read(k, host + (at - seg.begin), static_cast<size_t>(n) * 4));
-      at += n;
-    }
-    return Status::Ok();
+    return EachPiece(s, [&](const StateKey& k, int64_t at, int64_t n) {
+      return store_->Read(k, host + at, static_cast<size_t>(n) * 4);
+    });
   }
   Status Write(size_t s, const float* host) {
-    const Segment& seg = segments_[s];
-    int64_t at = seg.begin;
-    for (const StateKey& k : Keys(s)) {
-      const int64_t n = std::min(piece_elems_, seg.end - at);
-      TRAIND_RETURN_IF_ERROR(store_->Write(k, host + (at - seg.begin), static_cast<size_t>(n) * 4));
-      at += n;
-    }
-    return Status::Ok();
+    return EachPiece(s, [&](const StateKey& k, int64_t at, int64_t n) {
+      return store_->Write(k, host + at, static_cast<size_t>(n) * 4);
+    });
   }
 
   // MasterWeightsStore::PutMaster's assembly: pieces in order, each segment written as it
@@ -243,6 +233,18 @@ class MasterSegments {
   void Invalidate() { get_segment_ = segments_.size(); }
 
  private:
+  // f(key, offset in the segment, elements) for each piece of segment s, in order.
+  template <typename F>
+  Status EachPiece(size_t s, F&& f) const {
+    const Segment& seg = segments_[s];
+    int64_t at = seg.begin;
+    for (const StateKey& k : Keys(s)) {
+      const int64_t n = std::min(piece_elems_, seg.end - at);
+      TRAIND_RETURN_IF_ERROR(f(k, at - seg.begin, n));
+      at += n;
+    }
+    return Status::Ok();
+  }
   size_t SegmentOf(int64_t offset) const {
     auto it = std::upper_bound(segments_.begin(), segments_.end(), offset,
                                [](int64_t at, const Segment& s) { return at < s.end; });
