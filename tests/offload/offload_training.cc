@@ -29,9 +29,11 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "models/hf_config.h"
 #include "models/layout.h"
 #include "optim/offloaded_optimizer.h"
 #include "train/planner.h"
+#include "model_test_util.h"
 #include "rss_test_util.h"
 #include "trainer_test_util.h"
 #include "traind/engine/trainer.h"
@@ -141,7 +143,16 @@ TEST_P(OffloadTraining, WeightsBitIdenticalToInMemoryAndPlanIsTheWindow) {
   const ParamTable table = BuildParams(MakeArchDims(config));
   const int64_t params = table.total;
   int64_t resident = 0;
-  for (const Fp32ResidentTensor& t : Fp32ResidentTensors(table)) resident += t.numel;
+  for (const Fp32ResidentTensor& t : Fp32ResidentTensors(table)) {
+    resident += t.numel;
+    // Only what the step reads in fp32 stays: embedding tables and vectors (norms, biases); every
+    // part of a fused GEMM weight (llama's k/v/up, mixtral's w3) is read in the compute type.
+    for (const ParamInfo& info : table.infos) {
+      if (info.offset != t.offset) continue;
+      EXPECT_TRUE(info.shape.size() == 1 || t.offset == table.wte || t.offset == table.wpe)
+          << info.hf_name << " keeps an fp32 copy on the device";
+    }
+  }
   const int64_t weights_freed = rm->plan.bytes.weights - ro->plan.bytes.weights;
   if (master_off) {
     EXPECT_EQ(ro->plan.offload_master_bytes, 4 * params);
@@ -231,6 +242,128 @@ TEST_P(OffloadResumeCross, CheckpointsCrossBetweenOffloadAndInMemory) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Precisions, OffloadResumeCross, ::testing::Values("fp32", "bf16"));
+
+// LoRA with offload in bf16/fp16: the frozen base is held on the device only in the compute type
+// (plus the fp32 embeddings, norms and biases it reads in fp32); its fp32 copy is nowhere, and the
+// merged export reads it again from init_from. Same adapters and same merged model, byte for byte,
+// as the in-memory LoRA job that keeps the fp32 base on the device; the plan's weights drop by the
+// fp32 copy of every GEMM weight, and the plan equals the measured peak.
+struct LoraCase {
+  const char* precision;  // bf16 | fp16
+  const char* offload;    // cpu | nvme
+  const char* arch;       // gpt2 | llama
+};
+
+class OffloadLora : public ::testing::TestWithParam<LoraCase> {
+ protected:
+  void SetUp() override {
+    dir_ = testing::MakeTempDir("offload-lora");
+    data_ = dir_ + "/tokens.bin";
+    testing::WriteSyntheticTokens(data_, 1200, 64, 13);
+    base_dir_ = dir_ + "/base";
+    JobSpec s = testing::TinySpec(dir_, data_);
+    config_ = std::string(GetParam().arch) == "llama" ? testing::TinyLlamaConfig({32, 64, 2, 4, 2, 32})
+                                                      : s.model.config;
+    testing::TestModel b = testing::TestModel::Make(config_, testing::TinyOptions(4, 16));
+    ASSERT_NE(b.model, nullptr);
+    b.model->InitRandom(99);
+    fs::create_directories(base_dir_);
+    ASSERT_TRUE(WriteSafetensors(base_dir_ + "/model.safetensors", b.model->ExportHf()).ok());
+    testing::WriteFile(base_dir_ + "/config.json", WriteHfConfigJson(config_));
+  }
+  JobSpec Spec(const std::string& sub, bool offload) const {
+    const LoraCase c = GetParam();
+    JobSpec s = testing::TinySpec(dir_ + "/" + sub, data_);
+    s.model.config = config_;
+    s.model.init_from = base_dir_;
+    PeftSpec p;
+    p.r = 4;
+    p.lora_alpha = 8;
+    if (std::string(c.arch) == "gpt2") p.target_modules = {"c_attn", "c_proj", "c_fc"};
+    p.merge = true;
+    s.training.peft = p;
+    s.training.learning_rate = 1e-2;
+    s.training.bf16 = std::string(c.precision) == "bf16";
+    s.training.fp16 = std::string(c.precision) == "fp16";
+    s.training.max_steps = 10;
+    s.training.save_steps = 5;
+    s.training.gradient_accumulation_steps = 2;
+    if (offload) {
+      s.training.offload = c.offload;
+      if (std::string(c.offload) == "nvme") s.training.offload_dir = dir_ + "/" + sub + "-store";
+    }
+    return s;
+  }
+  std::string dir_, data_, base_dir_;
+  ModelConfig config_;
+};
+
+TEST_P(OffloadLora, FrozenBaseOnlyInTheComputeTypeSameAdaptersAndMergedModel) {
+  const JobSpec mem = Spec("mem", false);
+  const JobSpec off = Spec("off", true);
+  auto rm = RunJob(mem, Options(false), {});
+  ASSERT_TRUE(rm.ok()) << rm.status().ToString();
+  std::vector<std::string> notes;
+  RunCallbacks cb;
+  cb.on_message = [&](const std::string& m) { notes.push_back(m); };
+  auto ro = RunJob(off, Options(true), cb);
+  ASSERT_TRUE(ro.ok()) << ro.status().ToString();
+
+  for (const char* file : {"/adapter_model.safetensors", "/model.safetensors",
+                           "/checkpoint-5/adapter_model.safetensors"}) {
+    const std::string want = testing::ReadFile(mem.output_dir + file);
+    ASSERT_FALSE(want.empty()) << file;
+    EXPECT_EQ(want, testing::ReadFile(off.output_dir + file)) << file << " differs from the in-memory LoRA job's";
+  }
+  EXPECT_EQ(rm->train_loss, ro->train_loss);
+  // The merged model moved away from the base (the adapters trained).
+  EXPECT_NE(testing::ReadFile(off.output_dir + "/model.safetensors"),
+            testing::ReadFile(base_dir_ + "/model.safetensors"));
+
+  const ParamTable table = BuildParams(MakeArchDims(config_));
+  int64_t resident = 0;
+  for (const Fp32ResidentTensor& t : Fp32ResidentTensors(table)) resident += t.numel;
+  EXPECT_EQ(rm->plan.bytes.weights - ro->plan.bytes.weights, 4 * (table.total - resident))
+      << "the fp32 copy of every GEMM weight leaves the device";
+  EXPECT_EQ(ro->plan.offload_master_bytes, 0) << "the frozen base has no master weights in the store";
+  EXPECT_EQ(ro->peak_memory_bytes, ro->plan.bytes.total()) << "plan == measured peak";
+  bool noted = false;
+  for (const std::string& n : notes) noted = noted || n.find("frozen base") != std::string::npos;
+  EXPECT_TRUE(noted) << "the job says where its frozen base is";
+}
+
+INSTANTIATE_TEST_SUITE_P(Precisions, OffloadLora,
+                         ::testing::Values(LoraCase{"bf16", "nvme", "gpt2"}, LoraCase{"fp16", "cpu", "gpt2"},
+                                           LoraCase{"bf16", "cpu", "llama"}),
+                         [](const auto& info) {
+                           return std::string(info.param.precision) + "_" + info.param.offload + "_" +
+                                  info.param.arch;
+                         });
+
+// The merged export reads the fp32 base again from init_from: a base rewritten while the job ran
+// is refused there (one error naming init_from), not merged silently; the adapters are written.
+class OffloadLoraBase : public OffloadLora {};
+
+TEST_P(OffloadLoraBase, RewrittenDuringTheJobIsRefusedAtTheMerge) {
+  const JobSpec off = Spec("rewritten", true);
+  RunCallbacks cb;
+  cb.on_step = [&](const StepReport& r) {
+    if (r.step != 2) return;
+    testing::TestModel other = testing::TestModel::Make(config_, testing::TinyOptions(4, 16));
+    other.model->InitRandom(7);
+    ASSERT_TRUE(WriteSafetensors(base_dir_ + "/model.safetensors", other.model->ExportHf()).ok());
+  };
+  auto ro = RunJob(off, Options(true), cb);
+  ASSERT_FALSE(ro.ok());
+  std::printf("the job's error: %s\n", ro.status().ToString().c_str());
+  EXPECT_EQ(ro.status().code(), Status::Code::kFailedPrecondition) << ro.status().ToString();
+  EXPECT_NE(ro.status().message().find("init_from"), std::string::npos) << ro.status().ToString();
+  EXPECT_TRUE(fs::exists(off.output_dir + "/adapter_model.safetensors"));
+  EXPECT_FALSE(fs::exists(off.output_dir + "/model.safetensors"));
+}
+
+INSTANTIATE_TEST_SUITE_P(Bf16, OffloadLoraBase, ::testing::Values(LoraCase{"bf16", "nvme", "gpt2"}),
+                         [](const auto&) { return std::string("nvme_gpt2"); });
 
 // An offload_dir that is a file, or in a read-only directory: the job fails before its first step
 // with one error naming the directory; nothing of output_dir's earlier checkpoints is touched.

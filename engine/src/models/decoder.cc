@@ -8,6 +8,7 @@
 #include <random>
 #include <sstream>
 
+#include "core/half.h"
 #include "nn/attention.h"
 #include "nn/cross_entropy.h"
 #include "nn/embedding.h"
@@ -86,7 +87,7 @@ Result<std::unique_ptr<DecoderModel>> DecoderModel::Make(const ModelConfig& conf
     m->be_->CopyHostToDevice(m->bufs_.dropout_key, &zero, sizeof(zero));
   }
   m->mixed_ = options.compute_type != DType::kF32;
-  if (options.master_weights_off_device && m->mixed_ && !m->lora()) {
+  if (options.master_weights_off_device && m->mixed_) {
     m->master_off_ = true;
     m->resident_ = Fp32ResidentTensors(m->table_);
     for (const Fp32ResidentTensor& t : m->resident_) m->packed_[t.offset] = t.packed;
@@ -103,6 +104,18 @@ Result<std::unique_ptr<DecoderModel>> DecoderModel::Make(const ModelConfig& conf
   }
   return m;
 }
+
+namespace {
+
+// FNV-1a over 16-bit values, element by element (so pieces of any size give the same hash).
+uint64_t Fnv1a16(uint64_t h, const uint16_t* v, int64_t n) {
+  for (int64_t k = 0; k < n; ++k) h = (h ^ v[k]) * 0x100000001b3ull;
+  return h;
+}
+
+constexpr uint64_t kFnvOffset = 0xcbf29ce484222325ull;
+
+}  // namespace
 
 void InitFlatParamsTo(const ArchDims& d, const ParamTable& table, uint64_t seed,
                       const std::function<void(int64_t, const float*, int64_t)>& write) {
@@ -152,6 +165,15 @@ void InitFlatParams(const ArchDims& d, const ParamTable& table, uint64_t seed, f
 void DecoderModel::InitRandom(uint64_t seed) {
   // Tensor by tensor through a bounded host buffer (a whole-model host copy was the set-up's RSS
   // peak of a 354M-parameter job: bench/offload_rss_bench).
+  if (master_off_ && lora()) {  // the frozen base: the device copies only
+    base16_hash_ = kFnvOffset;
+    InitFlatParamsTo(d_, table_, seed, [this](int64_t offset, const float* v, int64_t n) {
+      PublishFromHost(offset, v, n);
+    });
+    be_->Synchronize();
+    weights16_stale_ = false;
+    return;
+  }
   if (master_off_) {  // into the store (its errors: CommitMaster) and staged for the device copies
     InitFlatParamsTo(d_, table_, seed, [this](int64_t offset, const float* v, int64_t n) {
       be_->CopyHostToDevice(bufs_.grads + offset, v, static_cast<size_t>(n) * sizeof(float));
@@ -170,6 +192,16 @@ void DecoderModel::InitRandom(uint64_t seed) {
 Status DecoderModel::LoadHf(const SafetensorsFile& file) {
   std::vector<float> host(static_cast<size_t>(table_.total), 0.0f);
   TRAIND_RETURN_IF_ERROR(HfToFlat(config_.arch, table_, file, host.data()));
+  if (master_off_ && lora()) {  // the frozen base: the device copies only, a few MiB at a time
+    base16_hash_ = kFnvOffset;
+    constexpr int64_t kPiece = int64_t{1} << 20;
+    for (int64_t o = 0; o < table_.total; o += kPiece) {
+      PublishFromHost(o, host.data() + o, std::min(kPiece, table_.total - o));
+    }
+    be_->Synchronize();
+    weights16_stale_ = false;
+    return Status::Ok();
+  }
   if (master_off_) {
     if (master_store_ == nullptr) return Status::Internal("LoadHf: the master weights' store is not set");
     be_->CopyHostToDevice(bufs_.grads, host.data(), host.size() * sizeof(float));
@@ -193,15 +225,38 @@ void DecoderModel::PublishStaged() {
   weights16_stale_ = false;
 }
 
+void DecoderModel::PublishFromHost(int64_t offset, const float* host, int64_t n) {
+  // F32ToBF16 / F32ToF16 are the backend casts' bits (cpu_cast_test), so the copy equals the one
+  // Cast would make on the device.
+  host16_.resize(static_cast<size_t>(n));
+  if (options_.compute_type == DType::kBF16) {
+    for (int64_t k = 0; k < n; ++k) host16_[static_cast<size_t>(k)] = F32ToBF16(host[k]);
+  } else {
+    for (int64_t k = 0; k < n; ++k) host16_[static_cast<size_t>(k)] = F32ToF16(host[k]);
+  }
+  base16_hash_ = Fnv1a16(base16_hash_, host16_.data(), n);
+  be_->CopyHostToDevice(static_cast<char*>(bufs_.params16) + offset * static_cast<int64_t>(sizeof(uint16_t)),
+                        host16_.data(), static_cast<size_t>(n) * sizeof(uint16_t));
+  for (auto it = FirstResidentEndingAfter(offset); it != resident_.end() && it->offset < offset + n; ++it) {
+    const int64_t a = std::max(offset, it->offset), b = std::min(offset + n, it->offset + it->numel);
+    be_->CopyHostToDevice(bufs_.params + it->packed + (a - it->offset), host + (a - offset),
+                          static_cast<size_t>(b - a) * sizeof(float));
+  }
+  be_->Synchronize();  // host16_ is reused by the next call
+}
+
+std::vector<Fp32ResidentTensor>::const_iterator DecoderModel::FirstResidentEndingAfter(int64_t offset) const {
+  // Table order: a binary search for the first that ends after offset.
+  return std::lower_bound(resident_.begin(), resident_.end(), offset,
+                          [](const Fp32ResidentTensor& t, int64_t at) { return t.offset + t.numel <= at; });
+}
+
 void DecoderModel::MasterUpdated(int64_t offset, const float* device, int64_t n) {
   const size_t es = DTypeSize(options_.compute_type);
   be_->Cast(static_cast<char*>(bufs_.params16) + offset * static_cast<int64_t>(es), options_.compute_type,
             device, DType::kF32, n);
-  // The resident tensors overlapping [offset, offset + n) (table order: a binary search for the
-  // first that ends after offset).
-  auto it = std::lower_bound(resident_.begin(), resident_.end(), offset,
-                             [](const Fp32ResidentTensor& t, int64_t at) { return t.offset + t.numel <= at; });
-  for (; it != resident_.end() && it->offset < offset + n; ++it) {
+  // The resident tensors overlapping [offset, offset + n).
+  for (auto it = FirstResidentEndingAfter(offset); it != resident_.end() && it->offset < offset + n; ++it) {
     const int64_t a = std::max(offset, it->offset), b = std::min(offset + n, it->offset + it->numel);
     be_->CopyDeviceToDevice(bufs_.params + it->packed + (a - it->offset), device + (a - offset),
                             static_cast<size_t>(b - a) * sizeof(float));
@@ -246,6 +301,10 @@ Status HfToFlat(const std::string& arch, const ParamTable& table, const Safetens
 }
 
 SafetensorsStream DecoderModel::StreamHf(size_t piece_bytes) {
+  if (master_off_ && lora()) {  // the frozen base: LoadMergeBase's
+    return StreamFlatToHf(be_, &table_, {nullptr, nullptr, merge_base_.empty() ? nullptr : merge_base_.data()},
+                          piece_bytes, nullptr);
+  }
   if (master_off_) return StreamFlatToHf(be_, &table_, {nullptr, master_store_}, piece_bytes, nullptr);
   return StreamFlatToHf(be_, &table_, {bufs_.params, nullptr}, piece_bytes, nullptr);
 }
@@ -282,10 +341,13 @@ void MergeBlock(const LoraMerge& m, size_t tensor, int64_t o0, int64_t rows, int
 Status StreamTensor(Backend* be, const ParamInfo& info, const ParamExtra& ex, FlatWeightsSource source,
                     size_t piece_floats, const LoraMerge* merge, size_t tensor, ExportBuffers* buf,
                     const SafetensorsSink& sink) {
-  if (source.device == nullptr && source.master == nullptr) {
-    return Status::Internal("export of " + info.hf_name + ": the master weights' store is not set");
+  if (source.device == nullptr && source.master == nullptr && source.host == nullptr) {
+    return Status::Internal("export of " + info.hf_name +
+                            ": its fp32 weights are off the device and no source is set (the master "
+                            "weights' store, or LoadMergeBase's base)");
   }
   const float* src = source.device != nullptr ? source.device + info.offset : nullptr;
+  const float* host = source.host != nullptr ? source.host + info.offset : nullptr;
   const bool merged = merge != nullptr && !merge->by_tensor[tensor].empty();
   if (ex.transposed) {  // engine (OC, C) -> file (C, OC): file rows [c0, c0 + w) per piece
     const int64_t OC = info.shape[0], C = info.shape[1];
@@ -300,6 +362,8 @@ Status StreamTensor(Backend* be, const ParamInfo& info, const ParamExtra& ex, Fl
                                static_cast<size_t>(C) * sizeof(float),
                                static_cast<size_t>(cw) * sizeof(float), static_cast<size_t>(OC));
         be->Synchronize();
+      } else if (host != nullptr) {
+        for (int64_t o = 0; o < OC; ++o) std::copy_n(host + o * C + c0, cw, buf->stage.data() + o * cw);
       } else {
         // From the store: the whole tensor once (each piece needs every engine row; reading rows
         // per piece would read the store's chunks once per piece), then its columns per piece.
@@ -332,6 +396,8 @@ Status StreamTensor(Backend* be, const ParamInfo& info, const ParamExtra& ex, Fl
       be->CopyDeviceToHost(buf->stage.data(), src + r0 * row,
                            static_cast<size_t>(n * row) * sizeof(float));
       be->Synchronize();
+    } else if (host != nullptr) {
+      std::copy_n(host + r0 * row, n * row, buf->stage.data());
     } else {
       TRAIND_RETURN_IF_ERROR(source.master->GetMaster(info.offset + r0 * row, buf->stage.data(), n * row));
     }
@@ -430,7 +496,45 @@ SafetensorsStream DecoderModel::StreamMerged(size_t piece_bytes) {
       if (info.offset == offset && info.numel == e.out * e.in) merge->by_tensor[i].push_back(&e);
     }
   }
+  if (master_off_) {  // the fp32 base from LoadMergeBase (none: every tensor fails to export)
+    const float* base = merge_base_.empty() ? nullptr : merge_base_.data();
+    return StreamFlatToHf(be_, &table_, {nullptr, nullptr, base}, piece_bytes, std::move(merge));
+  }
   return StreamFlatToHf(be_, &table_, {bufs_.params, nullptr}, piece_bytes, std::move(merge));
+}
+
+Status DecoderModel::LoadMergeBase(const SafetensorsFile* file, uint64_t seed) {
+  if (!merge_needs_base()) return Status::Ok();
+  merge_base_.assign(static_cast<size_t>(table_.total), 0.0f);
+  Status st = Status::Ok();
+  if (file == nullptr) {
+    InitFlatParams(d_, table_, seed, merge_base_.data());
+  } else {
+    st = HfToFlat(config_.arch, table_, *file, merge_base_.data());
+  }
+  // The same base as the one trained on: its 16-bit copy hashes as the device's did when loaded
+  // (an init_from rewritten during the job would otherwise be merged silently).
+  if (st.ok()) {
+    uint64_t h = kFnvOffset;
+    std::vector<uint16_t> piece;
+    constexpr int64_t kPiece = int64_t{1} << 20;
+    for (int64_t o = 0; o < table_.total; o += kPiece) {
+      const int64_t n = std::min(kPiece, table_.total - o);
+      piece.resize(static_cast<size_t>(n));
+      for (int64_t k = 0; k < n; ++k) {
+        const float v = merge_base_[static_cast<size_t>(o + k)];
+        piece[static_cast<size_t>(k)] = options_.compute_type == DType::kBF16 ? F32ToBF16(v) : F32ToF16(v);
+      }
+      h = Fnv1a16(h, piece.data(), n);
+    }
+    if (h != base16_hash_) {
+      st = Status::FailedPrecondition(
+          "the fp32 base read again for the merged export differs from the base this job trained on "
+          "(rewritten while the job ran?); the adapters are saved: merge them onto the original base");
+    }
+  }
+  if (!st.ok()) std::vector<float>().swap(merge_base_);
+  return st;
 }
 
 nn::LoraSite DecoderModel::Site(int64_t l, LoraSiteKind site) const {

@@ -36,6 +36,7 @@ struct LoraMerge {
 struct FlatWeightsSource {
   const float* device = nullptr;
   const MasterWeightsStore* master = nullptr;
+  const float* host = nullptr;  // or host memory (table.total floats)
 };
 // The weights of `source` under HF names and layouts, F32, as Model::StreamHf describes: each
 // tensor copied in pieces of at most piece_bytes (a transposed tensor: the file's rows [c0, c1)
@@ -94,7 +95,10 @@ class DecoderModel : public Model, private MasterWeightsSink {
   void Backward() override;
   std::vector<int64_t> TakeExpertTokens() override;
   bool capturable() const override { return !d_.moe(); }
-  MasterWeightsSink* master_weights_sink() override { return master_off_ ? this : nullptr; }
+  // LoRA's frozen base has no master weights to update: nothing to refresh.
+  MasterWeightsSink* master_weights_sink() override { return master_off_ && !lora() ? this : nullptr; }
+  bool merge_needs_base() const override { return master_off_ && lora(); }
+  Status LoadMergeBase(const SafetensorsFile* file, uint64_t seed) override;
   void SetMasterWeightsStore(MasterWeightsStore* store) override { master_store_ = store; }
   // mixtral: the last forward's load-balancing loss (HF load_balancing_loss_func over every
   // layer's router logits), before router_aux_loss_coef.
@@ -112,6 +116,11 @@ class DecoderModel : public Model, private MasterWeightsSink {
   // until the first backward) -> the 16-bit copy and the packed fp32 tensors; the gradients
   // zeroed again.
   void PublishStaged();
+  // LoRA with master weights off the device: the frozen base's elements [offset, offset + n)
+  // from host fp32 -> the 16-bit copy (cast on the host) and the packed fp32 tensors.
+  void PublishFromHost(int64_t offset, const float* host, int64_t n);
+  // The first resident tensor that ends after `offset` (resident_ is in table order).
+  std::vector<Fp32ResidentTensor>::const_iterator FirstResidentEndingAfter(int64_t offset) const;
   void MasterUpdated(int64_t offset, const float* device, int64_t n) override;
   // A base parameter's gradient; null for a frozen base (LoRA).
   float* G(int64_t offset) const {
@@ -167,6 +176,9 @@ class DecoderModel : public Model, private MasterWeightsSink {
   std::vector<Fp32ResidentTensor> resident_;
   std::unordered_map<int64_t, int64_t> packed_;
   MasterWeightsStore* master_store_ = nullptr;
+  std::vector<uint16_t> host16_;    // PublishFromHost's 16-bit piece
+  uint64_t base16_hash_ = 0;        // FNV-1a of the 16-bit base PublishFromHost loaded
+  std::vector<float> merge_base_;   // LoadMergeBase's fp32 base (LoRA, master weights off)
   nn::GemmPrecision gp_;         // compute type + scratch16, for the backward GEMMs
   bool ready_for_backward_ = false;
   bool training_ = false;  // the current forward is for backward: LoRA dropout on

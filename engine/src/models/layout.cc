@@ -87,6 +87,7 @@ std::vector<Fp32ResidentTensor> Fp32ResidentTensors(const ParamTable& table) {
     for (int64_t w : {l.qkv_w, l.proj_w, l.up_w, l.down_w, l.router_w}) gemm_only.insert(w);
     gemm_only.insert(l.expert_up.begin(), l.expert_up.end());
     gemm_only.insert(l.expert_down.begin(), l.expert_down.end());
+    gemm_only.insert(l.fused_parts.begin(), l.fused_parts.end());
   }
   if (table.lm_head != table.wte) gemm_only.insert(table.lm_head);  // tied: also the lookup's
   std::vector<Fp32ResidentTensor> out;
@@ -100,7 +101,7 @@ std::vector<Fp32ResidentTensor> Fp32ResidentTensors(const ParamTable& table) {
 }
 
 int64_t Fp32WeightElems(const ParamTable& table, const ModelOptions& o) {
-  if (!o.master_weights_off_device || o.compute_type == DType::kF32 || o.lora.enabled()) return table.total;
+  if (!o.master_weights_off_device || o.compute_type == DType::kF32) return table.total;
   int64_t n = 0;
   for (const Fp32ResidentTensor& t : Fp32ResidentTensors(table)) n += t.numel;
   return n;

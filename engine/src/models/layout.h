@@ -97,6 +97,10 @@ struct LayerParams {
   // mixtral: the router (E, C) and each expert's fused [w1 | w3] (2H, C) and w2 (C, H).
   int64_t router_w = -1;
   std::vector<int64_t> expert_up, expert_down;
+  // The tensors stored behind a fused GEMM weight's first one and read only as part of it
+  // (llama: k_proj and v_proj after q_proj = qkv_w, up_proj after gate_proj = up_w; mixtral: each
+  // expert's w3 after its w1).
+  std::vector<int64_t> fused_parts;
 };
 
 struct ParamTable {

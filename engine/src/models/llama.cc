@@ -25,8 +25,8 @@ ParamTable LlamaParams(const ArchDims& d) {
     // q, k, v rows back to back: the fused qkv weight (QKV, C).
     lp.qkv_w =
         t.Add(p + "self_attn.q_proj.weight", {d.NH * d.HS, C}, {d.NH * d.HS, C}, normal, true);
-    t.Add(p + "self_attn.k_proj.weight", {KV, C}, {KV, C}, normal, true);
-    t.Add(p + "self_attn.v_proj.weight", {KV, C}, {KV, C}, normal, true);
+    lp.fused_parts.push_back(t.Add(p + "self_attn.k_proj.weight", {KV, C}, {KV, C}, normal, true));
+    lp.fused_parts.push_back(t.Add(p + "self_attn.v_proj.weight", {KV, C}, {KV, C}, normal, true));
     lp.proj_w =
         t.Add(p + "self_attn.o_proj.weight", {C, d.NH * d.HS}, {C, d.NH * d.HS}, resid, true);
     lp.ln2_w = t.Add(p + "post_attention_layernorm.weight", {C}, {C}, ones, false);
@@ -38,13 +38,13 @@ ParamTable LlamaParams(const ArchDims& d) {
       for (int64_t e = 0; e < d.E; ++e) {
         const std::string x = m + "experts." + std::to_string(e) + ".";
         lp.expert_up.push_back(t.Add(x + "w1.weight", {d.H, C}, {d.H, C}, normal, true));
-        t.Add(x + "w3.weight", {d.H, C}, {d.H, C}, normal, true);
+        lp.fused_parts.push_back(t.Add(x + "w3.weight", {d.H, C}, {d.H, C}, normal, true));
         lp.expert_down.push_back(t.Add(x + "w2.weight", {C, d.H}, {C, d.H}, resid, true));
       }
     } else {
       // gate rows then up rows: the fused (2H, C) weight SwiGluForward expects ([gate | up]).
       lp.up_w = t.Add(p + "mlp.gate_proj.weight", {d.H, C}, {d.H, C}, normal, true);
-      t.Add(p + "mlp.up_proj.weight", {d.H, C}, {d.H, C}, normal, true);
+      lp.fused_parts.push_back(t.Add(p + "mlp.up_proj.weight", {d.H, C}, {d.H, C}, normal, true));
       lp.down_w = t.Add(p + "mlp.down_proj.weight", {C, d.H}, {C, d.H}, resid, true);
     }
     t.layers.push_back(lp);

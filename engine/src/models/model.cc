@@ -40,10 +40,9 @@ Status ValidateConfig(const ModelConfig& c, const ModelOptions& o) {
     return Status::Unimplemented("training.peft: LoRA is not built for " + c.arch +
                                  " yet (gpt2, llama)");
   }
-  if (o.master_weights_off_device && !c.encoder() && (o.compute_type == DType::kF32 || o.lora.enabled())) {
+  if (o.master_weights_off_device && !c.encoder() && o.compute_type == DType::kF32) {
     return Status::InvalidArgument(
-        "master weights off the device need a 16-bit compute type (training.bf16 or fp16) and no "
-        "training.peft");
+        "master weights off the device need a 16-bit compute type (training.bf16 or fp16)");
   }
   return ValidateLora(c.arch, o.lora, o.compute_type);
 }

@@ -58,13 +58,15 @@ struct ModelOptions {
   // chunk (logits() then holds every row's logits after Forward(false)).
   int64_t logits_chunk_rows = 0;
   // The fp32 master weights in the optimizer's store instead of on the device (core/
-  // master_weights.h; the job runner sets it for training.offload with bf16/fp16, no LoRA,
-  // no ZeRO-1, no sample_every). Decoder families with a 16-bit compute type and no LoRA (Create
-  // refuses it otherwise); the encoder keeps its weights on the device and ignores it. The device
-  // then holds the 16-bit weights, fp32 copies of the tensors read in fp32 (Fp32ResidentTensors:
-  // embeddings, norms, biases) and the gradients; weights come in and go out through the store
+  // master_weights.h; the job runner sets it for training.offload with bf16/fp16, no ZeRO-1, no
+  // sample_every). Decoder families with a 16-bit compute type (Create refuses it otherwise); the
+  // encoder keeps its weights on the device and ignores it. The device then holds the 16-bit
+  // weights, fp32 copies of the tensors read in fp32 (Fp32ResidentTensors: embeddings, norms,
+  // biases) and the gradients; weights come in and go out through the store
   // (SetMasterWeightsStore, before any are loaded or exported), the optimizer refreshes the compute
-  // weights through master_weights_sink().
+  // weights through master_weights_sink(). With LoRA the frozen base has no master weights to
+  // update: it is held only that way (no store; the adapters stay fp32 on the device), and a
+  // merged export gets the fp32 base again from its origin (LoadMergeBase).
   bool master_weights_off_device = false;
 };
 
@@ -165,6 +167,13 @@ class Model {
   virtual Status LoadAdapters(const SafetensorsFile& file) = 0;
   virtual SafetensorsStream StreamMerged(size_t piece_bytes) = 0;
   SafetensorsFile ExportMerged();
+  // LoRA with master_weights_off_device keeps its frozen base on the device only in the compute
+  // type, so StreamMerged needs the fp32 base again (merge_needs_base): LoadMergeBase takes it
+  // from where the base came from (`file`: init_from's weights; null: the seeded init from
+  // `seed`) into host memory (num_params() floats, held until the model goes; the set-up's
+  // LoadHf holds as much). Other models need and do nothing.
+  virtual bool merge_needs_base() const { return false; }
+  virtual Status LoadMergeBase(const SafetensorsFile* /*file*/, uint64_t /*seed*/) { return Status::Ok(); }
   // The target modules in effect (the option's, or the family default); empty without LoRA.
   virtual std::vector<std::string> lora_targets() const = 0;
   // Device pointer to the last chunk's logits (padded vocab wide, rows of `logits_stride()`): all N

@@ -101,7 +101,7 @@ Result<ModelConfig> ResolveModelConfig(const JobSpec& spec) {
 bool MasterWeightsOffDevice(const JobSpec& spec) {
   const TrainingSpec& t = spec.training;
   const bool zero1 = spec.distributed.has_value() && spec.distributed->zero_stage == 1;
-  return t.offload != "none" && (t.bf16 || t.fp16) && !t.peft.has_value() && !zero1 && t.sample_every <= 0;
+  return t.offload != "none" && (t.bf16 || t.fp16) && !zero1 && t.sample_every <= 0;
 }
 
 ModelOptions JobModelOptions(const JobSpec& spec, int64_t micro_batch, bool gradient_checkpointing) {

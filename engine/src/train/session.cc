@@ -261,6 +261,15 @@ Status BuildModelAndOptimizer(TrainingSession* s) {
                       : "",
                   static_cast<double>(s->plan.bytes.optimizer) / 1048576.0);
     s->Message("training.offload " + t.offload + ": optimizer state in " + s->store->Describe() + line);
+    if (s->model->merge_needs_base()) {
+      s->Message("training.offload " + t.offload + " with peft: the frozen base on the device in " +
+                 s->plan.precision + " only (no fp32 copy of its GEMM weights" +
+                 (t.peft->merge ? "; the merged export reads the fp32 base again from " +
+                                      (s->spec.model.init_from ? "model.init_from " + *s->spec.model.init_from
+                                                               : std::string("the seeded init"))
+                                : std::string()) +
+                 ")");
+    }
   } else {
     TRAIND_ASSIGN_OR_RETURN(s->optimizer, MakeOptimizer(t, s->model->trainable_params(),
                                                         s->model->num_trainable(), s->arena.get()));

@@ -64,6 +64,24 @@ Status WriteFinalOutputs(TrainingSession* s, const RunSummary& summary) {
     TRAIND_RETURN_IF_ERROR(WriteFileAtomic((out / kAdapterConfigFile).string(),
                                            AdapterConfigJson(s->spec, *s->model)));
   }
+  if (lora && s->spec.training.peft->merge && s->model->merge_needs_base()) {
+    // The frozen base is on the device only in the compute type: the fp32 base from its origin.
+    const std::optional<std::string>& from = s->spec.model.init_from;
+    std::optional<SafetensorsFile> file;
+    if (from.has_value()) {
+      Result<SafetensorsFile> read = ReadHfWeights(*from);
+      if (!read.ok()) {
+        return Status::FailedPrecondition("the merged model needs the fp32 base again from model.init_from " +
+                                          *from + ": " + read.status().message());
+      }
+      file = std::move(*read);
+    }
+    const Status st = s->model->LoadMergeBase(file ? &*file : nullptr, static_cast<uint64_t>(s->spec.training.seed));
+    if (!st.ok()) {
+      return Status(st.code(), (from ? "model.init_from " + *from : std::string("the seeded init")) + ": " +
+                                   st.message());
+    }
+  }
   if (!lora || s->spec.training.peft->merge) {
     TRAIND_RETURN_IF_ERROR(
         WriteFileAtomic((out / kConfigFile).string(), WriteHfConfigJson(s->model->config())));
