@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <fstream>
 #include <map>
 #include <random>
@@ -104,6 +105,42 @@ TEST_P(KvDecoderTest, CachedLogitsAndGreedyTokensEqualTheFullForward) {
   EXPECT_LT(testing::RelErr(logits, FullForwardLogits(t, seq, 0)), 2e-6);
   EXPECT_EQ((*dec)->Step(static_cast<int32_t>(c.vocab_size), &logits).code(),
             Status::Code::kInvalidArgument);
+}
+
+// A bf16 model whose fp32 master weights are off the device (training.offload in bf16) generates
+// from its 16-bit compute copy (Model::InferenceWeights: the GEMM weights in bf16, each GEMM's
+// input rounded to bf16, embeddings and norms in fp32): the cached logits follow the model's own
+// bf16 forward. Bound 2e-2 (relative L2; the GEMMs' rows and attention's
+// blocking differ, and each bf16 rounding of an input is 2^-9 relative).
+TEST_P(KvDecoderTest, SixteenBitWeightsFollowTheModelsBf16Forward) {
+  const ModelConfig c = Config();
+  const int64_t T = c.max_positions();
+  ModelOptions o = testing::TinyOptions(1, T);
+  o.compute_type = DType::kBF16;
+  o.master_weights_off_device = true;
+  TestModel t = TestModel::Make(c, o);
+  ASSERT_NE(t.model, nullptr);
+  t.model->InitRandom(7);
+  const KvWeights w = t.model->InferenceWeights();
+  ASSERT_EQ(w.gemm_type, DType::kBF16) << "the master weights are off the device: bf16 GEMM weights";
+  DeviceArena arena(t.backend.get(), 0);
+  auto dec = KvDecoder::Create(c, w, T, &arena);
+  ASSERT_TRUE(dec.ok()) << dec.status().ToString();
+  EXPECT_EQ(arena.used_bytes(), KvDecoder::PlanBytes(c, T, DType::kBF16).total());
+  std::vector<int32_t> seq = {3, 17, 42, 5, 9, 11};
+  std::vector<float> logits;
+  double worst = 0;
+  for (size_t i = 0; i < seq.size(); ++i) {
+    ASSERT_TRUE((*dec)->Step(seq[i], &logits).ok());
+    const std::vector<float> want = FullForwardLogits(t, seq, static_cast<int64_t>(i));
+    const double err = testing::RelErr(logits, want);
+    worst = std::max(worst, err);
+    double norm = 0;
+    for (float v : want) norm += double(v) * v;
+    EXPECT_GT(norm, 1e-3) << "the logits must not be empty";
+    EXPECT_LT(err, 2e-2) << "position " << i;
+  }
+  std::printf("[%s] bf16 cached logits vs the bf16 forward: worst rel err %.2e\n", GetParam().c_str(), worst);
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, KvDecoderTest,

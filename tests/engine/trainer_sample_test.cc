@@ -69,7 +69,7 @@ TEST_F(TrainerSample, SamplesEveryNStepsLeaveTrainingUnchangedAndArePlanned) {
   EXPECT_NE(samples[0].ids, samples[2].ids);  // the model changed between them
   // The key/value cache is in the plan, and the plan is what was used.
   const JobSpec spec = Spec("x", 2);
-  const MemoryBytes extra = SamplerPlanBytes(spec.model.config, spec.training);
+  const MemoryBytes extra = SamplerPlanBytes(spec.model.config, spec.training, DType::kF32);
   EXPECT_GT(extra.activations, 0);
   EXPECT_EQ(b->peak_memory_bytes, plan.bytes.total());
   EXPECT_EQ(plan.bytes.total(), a->peak_memory_bytes + extra.total());

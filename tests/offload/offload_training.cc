@@ -365,6 +365,49 @@ TEST_P(OffloadLoraBase, RewrittenDuringTheJobIsRefusedAtTheMerge) {
 INSTANTIATE_TEST_SUITE_P(Bf16, OffloadLoraBase, ::testing::Values(LoraCase{"bf16", "nvme", "gpt2"}),
                          [](const auto&) { return std::string("nvme_gpt2"); });
 
+// training.sample_every with the master weights in the store (bf16, nvme): the samples come from
+// the 16-bit compute weights (KvWeights), the job is planned (peak == plan, the master weights off
+// the device) and training is unchanged by them (losses and weights bit-identical to the same
+// offloaded job without samples).
+TEST(OffloadSample, SamplesFromTheComputeWeightsLeaveTrainingUnchanged) {
+  const std::string dir = testing::MakeTempDir("offload-sample");
+  testing::WriteSyntheticTokens(dir + "/tokens.bin", 1200, 64, 17);
+  auto spec = [&](const std::string& sub, int64_t every) {
+    JobSpec s = testing::TinySpec(dir + "/" + sub, dir + "/tokens.bin");
+    s.training.bf16 = true;
+    s.training.max_steps = 6;
+    s.training.sample_every = every;
+    s.training.offload = "nvme";
+    s.training.offload_dir = dir + "/" + sub + "-store";
+    return s;
+  };
+  std::vector<double> plain_losses, sampled_losses;
+  RunCallbacks plain;
+  plain.on_step = [&](const StepReport& r) { plain_losses.push_back(r.loss); };
+  auto a = RunJob(spec("plain", 0), Options(true), plain);
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  std::vector<SampleReport> samples;
+  RunCallbacks cb;
+  cb.on_step = [&](const StepReport& r) { sampled_losses.push_back(r.loss); };
+  cb.on_sample = [&](const SampleReport& r) { samples.push_back(r); };
+  auto b = RunJob(spec("sampled", 2), Options(true), cb);
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+
+  EXPECT_EQ(sampled_losses, plain_losses);
+  EXPECT_EQ(testing::ReadFile(dir + "/sampled/out/model.safetensors"),
+            testing::ReadFile(dir + "/plain/out/model.safetensors"));
+  const ParamTable table = BuildParams(MakeArchDims(spec("x", 2).model.config));
+  EXPECT_EQ(b->plan.offload_master_bytes, 4 * table.total) << "the master weights stay off the device";
+  EXPECT_EQ(b->plan.bytes.weights, a->plan.bytes.weights);
+  EXPECT_EQ(b->peak_memory_bytes, b->plan.bytes.total()) << "plan == measured peak";
+  ASSERT_EQ(samples.size(), 3u);
+  for (const SampleReport& r : samples) {
+    EXPECT_EQ(r.ids.size(), 24u);
+    for (int32_t id : r.ids) EXPECT_TRUE(id >= 0 && id < 64) << id;
+  }
+  EXPECT_NE(samples[0].ids, samples[2].ids) << "the weights the samples read moved";
+}
+
 // An offload_dir that is a file, or in a read-only directory: the job fails before its first step
 // with one error naming the directory; nothing of output_dir's earlier checkpoints is touched.
 TEST(OffloadErrors, UnusableOffloadDirIsOneClearError) {

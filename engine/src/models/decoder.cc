@@ -503,6 +503,15 @@ SafetensorsStream DecoderModel::StreamMerged(size_t piece_bytes) {
   return StreamFlatToHf(be_, &table_, {bufs_.params, nullptr}, piece_bytes, std::move(merge));
 }
 
+KvWeights DecoderModel::InferenceWeights() {
+  if (!master_off_) return KvWeights::Flat(bufs_.params);
+  KvWeights w;
+  w.gemm_type = options_.compute_type;
+  w.gemm = [this](int64_t offset) { return W(offset); };
+  w.fp32 = [this](int64_t offset) -> const float* { return P(offset); };
+  return w;
+}
+
 Status DecoderModel::LoadMergeBase(const SafetensorsFile* file, uint64_t seed) {
   if (!merge_needs_base()) return Status::Ok();
   merge_base_.assign(static_cast<size_t>(table_.total), 0.0f);

@@ -98,6 +98,7 @@ class DecoderModel : public Model, private MasterWeightsSink {
   // LoRA's frozen base has no master weights to update: nothing to refresh.
   MasterWeightsSink* master_weights_sink() override { return master_off_ && !lora() ? this : nullptr; }
   bool merge_needs_base() const override { return master_off_ && lora(); }
+  KvWeights InferenceWeights() override;
   Status LoadMergeBase(const SafetensorsFile* file, uint64_t seed) override;
   void SetMasterWeightsStore(MasterWeightsStore* store) override { master_store_ = store; }
   // mixtral: the last forward's load-balancing loss (HF load_balancing_loss_func over every

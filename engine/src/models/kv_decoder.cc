@@ -2,6 +2,7 @@
 #include "models/kv_decoder.h"
 #include "models/moe_routing.h"
 
+#include <algorithm>
 #include <string>
 
 #include "nn/embedding.h"
@@ -13,11 +14,15 @@ namespace traind::engine {
 namespace {
 
 struct Sizes {
-  int64_t cache, x, ln, stats, qkv, att, tmp, h, a, logits, router, expert_out;
+  int64_t cache, x, ln, stats, qkv, att, tmp, h, a, logits, router, expert_out, in16, act;
 };
 
-Sizes SizesOf(const ArchDims& d, int64_t max_len) {
+Sizes SizesOf(const ArchDims& d, int64_t max_len, DType gemm_type) {
   Sizes s;
+  const bool w16 = gemm_type != DType::kF32;
+  // The widest GEMM input (C, NH*HS or H elements of 2 bytes), in floats.
+  s.in16 = w16 ? (std::max({d.C, d.NH * d.HS, d.H}) + 1) / 2 : 0;
+  s.act = w16 ? d.H : 0;
   s.cache = d.L * max_len * 2 * d.NKV * d.HS;
   s.x = d.C;
   s.ln = d.C;
@@ -38,18 +43,18 @@ int64_t Round64(int64_t n) { return (n + 63) / 64 * 64; }
 int64_t WorkFloats(const Sizes& s) {
   return Round64(s.x) + Round64(s.ln) + Round64(s.stats) + Round64(s.qkv) + Round64(s.att) +
          Round64(s.tmp) + Round64(s.h) + Round64(s.a) + Round64(s.logits) + Round64(s.router) +
-         Round64(s.expert_out);
+         Round64(s.expert_out) + Round64(s.in16) + Round64(s.act);
 }
 
 }  // namespace
 
-KvDecoder::KvDecoder(const ModelConfig& config, const float* params, int64_t max_len, Backend* be)
-    : d_(MakeArchDims(config)), table_(BuildParams(d_)), params_(params), max_len_(max_len),
+KvDecoder::KvDecoder(const ModelConfig& config, KvWeights weights, int64_t max_len, Backend* be)
+    : d_(MakeArchDims(config)), table_(BuildParams(d_)), w_(std::move(weights)), max_len_(max_len),
       be_(be) {}
 
-MemoryBytes KvDecoder::PlanBytes(const ModelConfig& config, int64_t max_len) {
+MemoryBytes KvDecoder::PlanBytes(const ModelConfig& config, int64_t max_len, DType gemm_type) {
   const ArchDims d = MakeArchDims(config);
-  const Sizes s = SizesOf(d, max_len);
+  const Sizes s = SizesOf(d, max_len, gemm_type);
   MemoryBytes b;
   b.activations = s.cache * static_cast<int64_t>(sizeof(float));
   b.temporary = (WorkFloats(s) + 64) * static_cast<int64_t>(sizeof(float));
@@ -59,7 +64,13 @@ MemoryBytes KvDecoder::PlanBytes(const ModelConfig& config, int64_t max_len) {
 Result<std::unique_ptr<KvDecoder>> KvDecoder::Create(const ModelConfig& config,
                                                      const float* params, int64_t max_len,
                                                      DeviceArena* arena) {
-  std::unique_ptr<KvDecoder> k(new KvDecoder(config, params, max_len, arena->backend()));
+  return Create(config, KvWeights::Flat(params), max_len, arena);
+}
+
+Result<std::unique_ptr<KvDecoder>> KvDecoder::Create(const ModelConfig& config, KvWeights weights,
+                                                     int64_t max_len, DeviceArena* arena) {
+  const DType gemm_type = weights.gemm_type;
+  std::unique_ptr<KvDecoder> k(new KvDecoder(config, std::move(weights), max_len, arena->backend()));
   const ArchDims& d = k->d_;
   if (d.family == nullptr || !d.f().causal || !d.f().pre_ln) {
     return Status::InvalidArgument("generation needs a causal pre-norm decoder (gpt2, llama); " +
@@ -70,7 +81,7 @@ Result<std::unique_ptr<KvDecoder>> KvDecoder::Create(const ModelConfig& config,
                                    " outside [1, " + std::to_string(d.max_T) +
                                    "] (the model's max positions)");
   }
-  const Sizes s = SizesOf(d, max_len);
+  const Sizes s = SizesOf(d, max_len, gemm_type);
   TRAIND_ASSIGN_OR_RETURN(void* cache, arena->Allocate(MemoryCategory::kActivations,
                                                        s.cache * 4, "key/value cache"));
   TRAIND_ASSIGN_OR_RETURN(void* work, arena->Allocate(MemoryCategory::kTemporary,
@@ -95,8 +106,16 @@ Result<std::unique_ptr<KvDecoder>> KvDecoder::Create(const ModelConfig& config,
   k->logits_ = take(s.logits);
   k->router_ = take(s.router);
   k->expert_out_ = take(s.expert_out);
+  if (s.in16 > 0) k->in16_ = take(s.in16);
+  if (s.act > 0) k->act_ = take(s.act);
   k->ids_ = reinterpret_cast<int32_t*>(p);  // the 64 floats past the work buffers
   return k;
+}
+
+const void* KvDecoder::In(const float* x, int64_t n) {
+  if (w_.gemm_type == DType::kF32) return x;
+  be_->Cast(in16_, w_.gemm_type, x, DType::kF32, n);
+  return in16_;
 }
 
 Status KvDecoder::Step(int32_t token, std::vector<float>* logits) {
@@ -118,11 +137,12 @@ Status KvDecoder::Step(int32_t token, std::vector<float>* logits) {
                        P(table_.wpe), 1, C);
   const nn::NormShape ns{1, C, d_.rms_norm(), d_.eps};
   const nn::MlpShape ms{1, C, d_.H, d_.swiglu()};
+  const DType ct = w_.gemm_type;
   for (int64_t l = 0; l < d_.L; ++l) {
     const LayerParams& lp = table_.layers[l];
     float* cache = cache_ + l * max_len_ * kvw;
     nn::NormForward(be, ns, ln_, mean_, rstd_, x_, P(lp.ln1_w), P(lp.ln1_b));
-    nn::LinearForward(be, qkv_, ln_, P(lp.qkv_w), P(lp.qkv_b), 1, C, qkvw);
+    nn::LinearForward(be, qkv_, In(ln_, C), W(lp.qkv_w), P(lp.qkv_b), 1, C, qkvw, ct);
     if (d_.rotary()) {
       be.Rope(qkv_, 1, 1, d_.NH, d_.HS, qkvw, d_.rope_theta, false, t);
       be.Rope(qkv_ + d_.NH * d_.HS, 1, 1, d_.NKV, d_.HS, qkvw, d_.rope_theta, false, t);
@@ -131,19 +151,19 @@ Status KvDecoder::Step(int32_t token, std::vector<float>* logits) {
     be.CopyDeviceToDevice(cache + t * kvw, qkv_ + d_.NH * d_.HS, kvw * sizeof(float));
     be.AttentionDecode(att_, qkv_, cache, cache + d_.NKV * d_.HS, 1, t + 1, max_len_, d_.NH,
                        d_.NKV, d_.HS, qkvw, kvw);
-    nn::LinearForward(be, tmp_, att_, P(lp.proj_w), P(lp.proj_b), 1, d_.NH * d_.HS, C);
+    nn::LinearForward(be, tmp_, In(att_, d_.NH * d_.HS), W(lp.proj_w), P(lp.proj_b), 1, d_.NH * d_.HS, C, ct);
     be.Add(x_, x_, tmp_, C);
     nn::NormForward(be, ns, ln_, mean_, rstd_, x_, P(lp.ln2_w), P(lp.ln2_b));
     if (d_.moe()) {
       TRAIND_RETURN_IF_ERROR(MoeStep(lp));
     } else {
-      const nn::MlpWeights mw{P(lp.up_w), P(lp.up_b), P(lp.down_w), P(lp.down_b)};
-      nn::MlpForward(be, ms, mw, tmp_, h_, a_, ln_);
+      const nn::MlpWeights mw{W(lp.up_w), P(lp.up_b), W(lp.down_w), P(lp.down_b)};
+      nn::MlpForward(be, ms, mw, tmp_, h_, a_, In(ln_, C), ct, act_);
     }
     be.Add(x_, x_, tmp_, C);
   }
   nn::NormForward(be, ns, ln_, mean_, rstd_, x_, P(table_.lnf_w), P(table_.lnf_b));
-  nn::LinearForward(be, logits_, ln_, P(table_.lm_head), nullptr, 1, C, d_.Vp);
+  nn::LinearForward(be, logits_, In(ln_, C), W(table_.lm_head), nullptr, 1, C, d_.Vp, ct);
   logits->resize(static_cast<size_t>(d_.V));
   be.CopyDeviceToHost(logits->data(), logits_, static_cast<size_t>(d_.V) * sizeof(float));
   be.Synchronize();
@@ -155,7 +175,8 @@ Status KvDecoder::Step(int32_t token, std::vector<float>* logits) {
 Status KvDecoder::MoeStep(const LayerParams& lp) {
   Backend& be = *be_;
   const int64_t C = d_.C, H = d_.H, E = d_.E, K = d_.K;
-  nn::LinearForward(be, router_, ln_, P(lp.router_w), nullptr, 1, C, E);
+  const DType ct = w_.gemm_type;
+  nn::LinearForward(be, router_, In(ln_, C), W(lp.router_w), nullptr, 1, C, E, ct);
   std::vector<float> logits(static_cast<size_t>(E)), probs(static_cast<size_t>(E));
   std::vector<float> weights(static_cast<size_t>(K));
   std::vector<int32_t> experts(static_cast<size_t>(K)), order;
@@ -166,9 +187,9 @@ Status KvDecoder::MoeStep(const LayerParams& lp) {
   be.Memset0(tmp_, static_cast<size_t>(C) * sizeof(float));
   for (int64_t j = 0; j < K; ++j) {
     const int32_t e = experts[j];
-    nn::LinearForward(be, h_, ln_, P(lp.expert_up[e]), nullptr, 1, C, 2 * H);
+    nn::LinearForward(be, h_, In(ln_, C), W(lp.expert_up[e]), nullptr, 1, C, 2 * H, ct);
     be.SwiGluForward(a_, h_, 1, H);
-    nn::LinearForward(be, expert_out_, a_, P(lp.expert_down[e]), nullptr, 1, H, C);
+    nn::LinearForward(be, expert_out_, In(a_, H), W(lp.expert_down[e]), nullptr, 1, H, C, ct);
     be.Scale(expert_out_, weights[j], C);
     be.Add(tmp_, tmp_, expert_out_, C);
   }

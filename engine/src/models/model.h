@@ -15,6 +15,7 @@
 #include "core/master_weights.h"
 #include "core/param_info.h"
 #include "core/safetensors.h"
+#include "models/kv_weights.h"
 #include "traind/engine/job_spec.h"
 #include "traind/engine/plan.h"
 #include "traind/engine/status.h"
@@ -103,6 +104,10 @@ class Model {
   virtual MasterWeightsSink* master_weights_sink() { return nullptr; }
   // Where the master weights are read from and written to (master_weights_sink() != null).
   virtual void SetMasterWeightsStore(MasterWeightsStore* /*store*/) {}
+  // The weights as a KvDecoder reads them for generation during training (train/sampler):
+  // param_data(), or with the master weights off the device the 16-bit compute copy for the GEMM
+  // weights and the packed fp32 tensors for the rest. Valid while the model lives.
+  virtual KvWeights InferenceWeights() { return KvWeights::Flat(param_data()); }
   // What the optimizer updates: without LoRA the same as params()/param_data(); with LoRA the
   // adapters (PEFT names, offsets into trainable_data()).
   virtual const std::vector<ParamInfo>& trainable_params() const = 0;

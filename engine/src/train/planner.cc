@@ -101,7 +101,7 @@ Result<ModelConfig> ResolveModelConfig(const JobSpec& spec) {
 bool MasterWeightsOffDevice(const JobSpec& spec) {
   const TrainingSpec& t = spec.training;
   const bool zero1 = spec.distributed.has_value() && spec.distributed->zero_stage == 1;
-  return t.offload != "none" && (t.bf16 || t.fp16) && !zero1 && t.sample_every <= 0;
+  return t.offload != "none" && (t.bf16 || t.fp16) && !zero1;
 }
 
 ModelOptions JobModelOptions(const JobSpec& spec, int64_t micro_batch, bool gradient_checkpointing) {
@@ -146,7 +146,8 @@ MemoryBytes JobBytes(const ModelConfig& config, const ModelOptions& options,
   }
   // The trainer's double-buffered micro-batch uploads and step scalars.
   b.activations += StepRunner::PlanBytes(options.micro_batch, options.seq_len, config.encoder());
-  const MemoryBytes sampler = SamplerPlanBytes(config, training);
+  const MemoryBytes sampler = SamplerPlanBytes(
+      config, training, MasterWeightsOffModel(config, options) ? options.compute_type : DType::kF32);
   b.activations += sampler.activations;
   b.temporary += sampler.temporary;
   return b;

@@ -20,8 +20,8 @@ Result<ModelConfig> ResolveModelConfig(const JobSpec& spec);
 // The model options a job runs its model with at micro-batch `micro_batch`.
 ModelOptions JobModelOptions(const JobSpec& spec, int64_t micro_batch, bool gradient_checkpointing);
 // Whether the job keeps its fp32 weights off the device (ModelOptions::
-// master_weights_off_device): training.offload cpu | nvme (any optim), bf16 or fp16, no ZeRO-1,
-// no sample_every (the sampler reads the fp32 weights on the device). With peft the frozen base
+// master_weights_off_device): training.offload cpu | nvme (any optim), bf16 or fp16, no ZeRO-1
+// (sample_every then generates from the 16-bit compute weights). With peft the frozen base
 // is then held in the compute type only (its fp32 copy is nowhere; the merge re-reads it).
 bool MasterWeightsOffDevice(const JobSpec& spec);
 // Whether a model of `config` built with `options` keeps its master weights in the optimizer's

@@ -20,9 +20,9 @@ int64_t SampleLength(const ModelConfig& config) {
   return std::min<int64_t>(config.max_positions(), kSampleMaxLength);
 }
 
-MemoryBytes SamplerPlanBytes(const ModelConfig& config, const TrainingSpec& training) {
+MemoryBytes SamplerPlanBytes(const ModelConfig& config, const TrainingSpec& training, DType gemm_type) {
   if (training.sample_every <= 0) return MemoryBytes{};
-  return KvDecoder::PlanBytes(config, SampleLength(config));
+  return KvDecoder::PlanBytes(config, SampleLength(config), gemm_type);
 }
 
 Status SetUpSampler(TrainingSession* s) {
@@ -30,7 +30,7 @@ Status SetUpSampler(TrainingSession* s) {
   auto sampler = std::make_unique<TrainingSampler>();
   const int64_t len = SampleLength(s->config);
   TRAIND_ASSIGN_OR_RETURN(sampler->decoder,
-                          KvDecoder::Create(s->config, s->model->param_data(), len,
+                          KvDecoder::Create(s->config, s->model->InferenceWeights(), len,
                                             s->arena.get()));
   if (s->spec.data.format != "tokens") {
     TRAIND_ASSIGN_OR_RETURN(sampler->tokenizer,

@@ -2,7 +2,8 @@
 // the log (RunCallbacks::on_sample), so a user sees what it has learned (JOBSPEC.md). The prompt
 // is the first tokens of the training stream; sampling is seeded from (training.seed, step), so a
 // resumed run logs the same samples as an uninterrupted one. The key/value cache is planned
-// (SamplerPlanBytes) and allocated once at set-up; the model's fp32 weights are read in place.
+// (SamplerPlanBytes) and allocated once at set-up; the model's weights are read in place (fp32, or
+// with the master weights off the device the 16-bit compute copy: Model::InferenceWeights).
 #pragma once
 
 #include <cstdint>
@@ -20,8 +21,9 @@ struct TrainingSession;
 
 // Positions a sample covers (prompt + new tokens): at most 80, at most the model's.
 int64_t SampleLength(const ModelConfig& config);
-// What the sampler allocates when training.sample_every > 0 (zeros otherwise).
-MemoryBytes SamplerPlanBytes(const ModelConfig& config, const TrainingSpec& training);
+// What the sampler allocates when training.sample_every > 0 (zeros otherwise), for a model whose
+// GEMM weights it reads in `gemm_type`.
+MemoryBytes SamplerPlanBytes(const ModelConfig& config, const TrainingSpec& training, DType gemm_type);
 
 struct TrainingSampler {
   std::unique_ptr<KvDecoder> decoder;
