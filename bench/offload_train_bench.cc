@@ -9,9 +9,12 @@
 // bytes the plan puts on the optimizer.
 //
 //   offload_train_bench [--model tiny|small] [--steps N] [--warmup W] [--threads T] [--dir DIR]
-//                       [--rounds R] [--bf16]
+//                       [--rounds R] [--bf16] [--max-grad-norm X]
 // --bf16: bf16 compute; the offloaded modes then keep the fp32 master weights in the store too
 // (device_total_MiB drops by them; read/written per step grow by 4 bytes a parameter).
+// --max-grad-norm X (default 1, the HF default): 0 turns clipping off, so the offloaded AdamW
+// updates each block's chunks while backward goes on (updated_in_backward: the fraction of the
+// parameters it updated then).
 // RESULT lines: "RESULT side=traind model=small offload=nvme step_ms=... ratio=...".
 #include <sys/resource.h>
 
@@ -44,6 +47,7 @@ struct Args {
   int threads = 2;
   int rounds = 1;
   bool bf16 = false;
+  double max_grad_norm = 1.0;
   std::string dir = "/tmp/traind-offload-train-bench";
 };
 
@@ -77,6 +81,7 @@ JobSpec Spec(const Args& a, const std::string& data, const std::string& offload)
   s.training.weight_decay = 0.1;
   s.training.logging_steps = 1000;
   s.training.bf16 = a.bf16;
+  s.training.max_grad_norm = a.max_grad_norm;
   const bool nvme = offload == "nvme" || offload == "nvme-sync" || offload == "nvme-rocksdb";
   s.training.offload = nvme ? "nvme" : offload;
   if (nvme) s.training.offload_dir = a.dir + "/store";
@@ -86,8 +91,8 @@ JobSpec Spec(const Args& a, const std::string& data, const std::string& offload)
 
 struct ModeResult {
   std::vector<double> step_seconds;
-  double read_bytes = 0, written_bytes = 0, io_seconds = 0, background_io_seconds = 0;
-  int64_t store_bytes = 0, optimizer_device_bytes = 0, total_device_bytes = 0;
+  double read_bytes = 0, written_bytes = 0, io_seconds = 0, background_io_seconds = 0, updated_early = 0;
+  int64_t store_bytes = 0, optimizer_device_bytes = 0, total_device_bytes = 0, params = 0;
   bool ok = false;
 };
 
@@ -118,12 +123,14 @@ ModeResult RunMode(const Args& a, const std::string& data, const std::string& of
     m.io_seconds += r.offload_io_seconds;
     m.background_io_seconds += r.offload_background_io_seconds;
     m.store_bytes = r.offload_store_bytes;
+    m.updated_early += static_cast<double>(r.offload_updated_during_backward);
   };
   auto run = engine::RunJob(Spec(a, data, offload), o, cb);
   if (!run.ok()) {
     std::fprintf(stderr, "offload %s: %s\n", offload.c_str(), run.status().ToString().c_str());
     return m;
   }
+  m.params = run->plan.trainable_params;
   m.optimizer_device_bytes = run->plan.bytes.optimizer;
   m.total_device_bytes = run->plan.bytes.total();
   m.ok = true;
@@ -146,9 +153,10 @@ int Main(int argc, char** argv) {
     else if (f == "--rounds") a.rounds = std::atoi(FlagValue(argc, argv, &i));
     else if (f == "--dir") a.dir = FlagValue(argc, argv, &i);
     else if (f == "--bf16") a.bf16 = true;
+    else if (f == "--max-grad-norm") a.max_grad_norm = std::atof(FlagValue(argc, argv, &i));
     else {
       std::fprintf(stderr, "usage: offload_train_bench [--model tiny|small] [--steps N] [--warmup W] "
-                           "[--threads T] [--rounds R] [--dir DIR] [--bf16]\n");
+                           "[--threads T] [--rounds R] [--dir DIR] [--bf16] [--max-grad-norm X]\n");
       return 2;
     }
   }
@@ -179,13 +187,14 @@ int Main(int argc, char** argv) {
     std::printf("RESULT side=traind model=%s offload=%s dtype=%s threads=%d step_ms=%.1f ratio_vs_none=%.3f "
                 "read_MiB_per_step=%.2f written_MiB_per_step=%.2f io_wait_ms_per_step=%.2f "
                 "background_io_ms_per_step=%.2f store_MiB=%.1f optimizer_device_MiB=%.2f "
-                "device_total_MiB=%.1f\n",
+                "device_total_MiB=%.1f max_grad_norm=%g updated_in_backward=%.3f\n",
                 a.model.c_str(), mode.c_str(), a.bf16 ? "bf16" : "fp32", a.threads, 1000 * med, med / base,
                 m.read_bytes / n / 1048576.0, m.written_bytes / n / 1048576.0,
                 1000 * m.io_seconds / n, 1000 * m.background_io_seconds / n,
                 static_cast<double>(m.store_bytes) / 1048576.0,
                 static_cast<double>(m.optimizer_device_bytes) / 1048576.0,
-                static_cast<double>(m.total_device_bytes) / 1048576.0);
+                static_cast<double>(m.total_device_bytes) / 1048576.0, a.max_grad_norm,
+                m.params > 0 ? m.updated_early / n / static_cast<double>(m.params) : 0.0);
   }
   rusage ru{};
   getrusage(RUSAGE_SELF, &ru);

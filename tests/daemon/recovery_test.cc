@@ -33,6 +33,9 @@ class RecoveryTest : public ::testing::Test {
     o.batch = 8;
     return WriteJobSpec(dir_, name, o);
   }
+  // An in-memory reference job, then the same job with offload: nvme whose job runner is killed
+  // twice mid-step: it ends bit-identical to the reference.
+  void KillRunnerDuringOffloadWrites(const std::string& training);
   // The final numbers a run leaves in its output dir: weights, and trainer_state's last losses.
   struct Final {
     std::string weights;
@@ -173,19 +176,25 @@ TEST_F(RecoveryTest, KillRunnerChildRestartsFromCheckpoint) {
 // attempts); each restart reopens the
 // store in offload_dir and resumes from the newest checkpoint. The job ends with weights
 // bit-identical to the same run without offload and without kills.
-TEST_F(RecoveryTest, KillRunnerDuringOffloadWritesResumesBitIdentical) {
+// `training` lines go into both jobs' training section.
+void RecoveryTest::KillRunnerDuringOffloadWrites(const std::string& training) {
   Daemon d(dir_ + "/state");
   ASSERT_TRUE(d.Start());
   auto c = d.Connect();
-  auto ref = c->SubmitFile(Spec("ref-mem", 40));
+  auto with = [&](const std::string& path, const std::string& lines) {
+    std::string yaml = ReadAll(path);
+    const size_t at = yaml.find("training:\n");
+    ASSERT_NE(at, std::string::npos) << yaml;
+    yaml.insert(at + 10, lines);
+    WriteAll(path, yaml);
+  };
+  const std::string ref_path = Spec("ref-mem", 40);
+  with(ref_path, training);
+  auto ref = c->SubmitFile(ref_path);
   ASSERT_TRUE(ref.ok());
   ASSERT_TRUE(WaitFor(*c, ref->id(), IsDone, 180));
   const std::string path = Spec("crash-offload", 40);
-  std::string yaml = ReadAll(path);
-  const size_t at = yaml.find("training:\n");
-  ASSERT_NE(at, std::string::npos) << yaml;
-  yaml.insert(at + 10, "  offload: nvme\n  offload_dir: " + dir_ + "/offload-store\n");
-  WriteAll(path, yaml);
+  with(path, training + "  offload: nvme\n  offload_dir: " + dir_ + "/offload-store\n");
   auto job = c->SubmitFile(path);
   ASSERT_TRUE(job.ok()) << job.status().ToString();
   std::mt19937 rng(20261123);
@@ -212,6 +221,14 @@ TEST_F(RecoveryTest, KillRunnerDuringOffloadWritesResumesBitIdentical) {
   EXPECT_TRUE(ReadFinal("ref-mem").weights == ReadFinal("crash-offload").weights)
       << "offloaded, killed and resumed run differs from the uninterrupted in-memory run";
   EXPECT_EQ(ReadFinal("crash-offload").global_step, 40);
+}
+
+TEST_F(RecoveryTest, KillRunnerDuringOffloadWritesResumesBitIdentical) { KillRunnerDuringOffloadWrites(""); }
+
+// The same with max_grad_norm 0: the offloaded update runs during backward (its writes land while
+// backward computes, its commit after the step as before).
+TEST_F(RecoveryTest, KillRunnerDuringOffloadUpdateInBackwardResumesBitIdentical) {
+  KillRunnerDuringOffloadWrites("  max_grad_norm: 0\n");
 }
 
 TEST_F(RecoveryTest, RunnerKilledEveryAttemptFailsWithReasonAndNextJobRuns) {

@@ -165,6 +165,9 @@ TEST_P(OffloadTraining, WeightsBitIdenticalToInMemoryAndPlanIsTheWindow) {
   EXPECT_EQ(ro->plan.bytes.total() + state - window + weights_freed, rm->plan.bytes.total());
 
   ASSERT_EQ(steps.size(), static_cast<size_t>(GetParam().steps));
+  for (const StepReport& r : steps) {
+    EXPECT_EQ(r.offload_updated_during_backward, 0) << "clipping (max_grad_norm 1) needs every gradient first";
+  }
   EXPECT_EQ(steps[0].offload_read_bytes, ro->plan.offload_master_bytes)
       << "step 1 starts from zero state: it reads the master weights only (when they are there)";
   EXPECT_GT(steps[0].offload_written_bytes, state / 2);
@@ -189,6 +192,86 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"adamw_8bit", "nvme", "fp32", 8}, Case{"sgd", "cpu", "fp32", 8},
                       Case{"adafactor", "nvme", "fp32", 8}),
     [](const auto& info) { return Name(info.param); });
+
+// max_grad_norm 0 (no clipping) with the offloaded AdamW: each block's parameters update while
+// backward goes on below it (the final norm and an untied lm head after the last block's backward,
+// the embeddings after backward), chunk by chunk from the last; the weights are bit-identical to
+// the in-memory run that updates after backward (fp32 and bf16 with the master weights in the
+// store, with accumulation and with gradient checkpointing).
+struct EarlyCase {
+  const char* precision;
+  const char* offload;
+  const char* arch;
+  bool checkpointing;
+};
+
+class OffloadEarlyUpdate : public ::testing::TestWithParam<EarlyCase> {};
+
+TEST_P(OffloadEarlyUpdate, DuringBackwardBitIdenticalToInMemory) {
+  const EarlyCase c = GetParam();
+  const std::string dir = testing::MakeTempDir("offload-early");
+  testing::WriteSyntheticTokens(dir + "/tokens.bin", 1200, 64, 23);
+  auto spec = [&](const std::string& sub, bool offload) {
+    JobSpec s = testing::TinySpec(dir + "/" + sub, dir + "/tokens.bin");
+    if (std::string(c.arch) != "gpt2") {
+      s.model.config = testing::TinyLlamaConfig({32, 64, 2, 4, 2, 32});
+      s.model.config.arch = c.arch;
+      if (std::string(c.arch) == "mixtral") {
+        s.model.config.intermediate_size = 24;
+        s.model.config.num_local_experts = 4;
+        s.model.config.num_experts_per_tok = 2;
+      }
+    }
+    s.training.max_grad_norm = 0.0;
+    s.training.bf16 = std::string(c.precision) == "bf16";
+    s.training.max_steps = 12;
+    s.training.gradient_accumulation_steps = 2;
+    s.training.gradient_checkpointing = c.checkpointing;
+    if (offload) {
+      s.training.offload = c.offload;
+      if (std::string(c.offload) == "nvme") s.training.offload_dir = dir + "/" + sub + "-store";
+    }
+    return s;
+  };
+  const JobSpec mem = spec("mem", false), off = spec("off", true);
+  auto rm = RunJob(mem, Options(false), {});
+  ASSERT_TRUE(rm.ok()) << rm.status().ToString();
+  std::vector<StepReport> steps;
+  std::vector<std::string> notes;
+  RunCallbacks cb;
+  cb.on_step = [&](const StepReport& r) { steps.push_back(r); };
+  cb.on_message = [&](const std::string& m) { notes.push_back(m); };
+  auto ro = RunJob(off, Options(true), cb);
+  ASSERT_TRUE(ro.ok()) << ro.status().ToString();
+
+  EXPECT_EQ(testing::ReadFile(mem.output_dir + "/model.safetensors"),
+            testing::ReadFile(off.output_dir + "/model.safetensors"));
+  EXPECT_EQ(rm->train_loss, ro->train_loss);
+  EXPECT_EQ(ro->peak_memory_bytes, ro->plan.bytes.total()) << "plan == measured peak";
+  const ParamTable table = BuildParams(MakeArchDims(mem.model.config));
+  ASSERT_EQ(steps.size(), 12u);
+  for (const StepReport& r : steps) {
+    // Every chunk past the embeddings' updates during backward; the embeddings' chunks after it.
+    EXPECT_GT(r.offload_updated_during_backward, table.total / 4) << "step " << r.step;
+    EXPECT_LT(r.offload_updated_during_backward, table.total) << "step " << r.step;
+  }
+  std::printf("[%s] %lld of %lld parameters updated during backward each step\n", c.arch,
+              static_cast<long long>(steps[0].offload_updated_during_backward),
+              static_cast<long long>(table.total));
+  bool noted = false;
+  for (const std::string& n : notes) noted = noted || n.find("while backward") != std::string::npos;
+  EXPECT_TRUE(noted) << "the job says its update runs during backward";
+}
+
+INSTANTIATE_TEST_SUITE_P(NoClipping, OffloadEarlyUpdate,
+                         ::testing::Values(EarlyCase{"fp32", "nvme", "gpt2", false},
+                                           EarlyCase{"bf16", "cpu", "gpt2", true},
+                                           EarlyCase{"bf16", "nvme", "llama", false},
+                                           EarlyCase{"fp32", "cpu", "mixtral", true}),
+                         [](const auto& info) {
+                           return std::string(info.param.precision) + "_" + info.param.offload + "_" +
+                                  info.param.arch + (info.param.checkpointing ? "_ckpt" : "");
+                         });
 
 // Saved with offload, resumed without it, and the other way round: both end bit-identical to an
 // uninterrupted in-memory run (the checkpoint's optimizer state has one format). In bf16 the

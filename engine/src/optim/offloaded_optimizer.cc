@@ -814,7 +814,7 @@ class OffloadedAdamW final : public HostDrivenOffload {
   // The chunk's m and v (not before the first step: there are none) and, with `master`, its
   // master weights.
   void Prefetch(int64_t c, bool master = true) const {
-    if (c >= NumChunks()) return;
+    if (c < 0 || c >= NumChunks()) return;
     if (step_ > 0) {
       store_->Prefetch(Key(c, 0));
       store_->Prefetch(Key(c, 1));
@@ -836,69 +836,132 @@ class OffloadedAdamW final : public HostDrivenOffload {
     return Status::Ok();
   }
 
-  Status RunStep(float* params, const float* grads, double lr, float grad_scale) override {
+  // A step runs the chunks from the last to the first: backward finishes the last layers'
+  // gradients first, so with BeginStep / GradientsFinalFrom the chunks of layers whose gradients
+  // are final update while backward goes on below them; the order does not change a bit of the
+  // update (each element's AdamW is independent of the others).
+  void StartStep(float* params, const float* grads, double lr, float grad_scale) {
     const int64_t step = step_ + 1;
     // As AdamWOptimizer::Step: 1 - beta ** step in double, handed to the kernel in fp32.
-    const double bc1 = 1.0 - std::pow(t_.adam_beta1, static_cast<double>(step));
-    const double bc2 = 1.0 - std::pow(t_.adam_beta2, static_cast<double>(step));
-    Backend* backend = arena_->backend();
-    const bool fresh = step_ == 0;
+    cur_ = Current{params, grads, lr, grad_scale, 1.0 - std::pow(t_.adam_beta1, static_cast<double>(step)),
+                   1.0 - std::pow(t_.adam_beta2, static_cast<double>(step)), step_ == 0};
     if (master_ != nullptr) master_->Invalidate();
-    Prefetch(0);
-    Prefetch(1);
-    for (int64_t c = 0; c < NumChunks(); ++c) {
-      const int64_t lo = c * chunk_, n = std::min(chunk_, num_params_ - lo), hi = lo + n;
-      const size_t bytes = static_cast<size_t>(n) * 4;
-      Prefetch(c + 2);
-      // The chunk's parameters: in the model's buffer (flat offsets), or read into the master
-      // window (offsets from lo).
-      float* p = params;
-      int64_t p_base = 0;
-      if (master_ != nullptr) {
-        TRAIND_RETURN_IF_ERROR(ReadMasterWindow(static_cast<size_t>(c), backend));
-        p = win_p_;
-        p_base = lo;
-      }
-      if (fresh) {
-        backend->Memset0(win_m_, bytes);
-        backend->Memset0(win_v_, bytes);
-      } else {
-        TRAIND_RETURN_IF_ERROR(store_->Read(Key(c, 0), host_m_.data(), bytes));
-        TRAIND_RETURN_IF_ERROR(store_->Read(Key(c, 1), host_v_.data(), bytes));
-        backend->CopyHostToDevice(win_m_, host_m_.data(), bytes);
-        backend->CopyHostToDevice(win_v_, host_v_.data(), bytes);
-      }
-      for (const Run& r : runs_) {
-        const int64_t a = std::max(lo, r.offset), b = std::min(hi, r.offset + r.numel);
-        if (a >= b) continue;
-        backend->AdamW(p + (a - p_base), grads + a, win_m_ + (a - lo), win_v_ + (a - lo), b - a,
-                       static_cast<float>(lr), static_cast<float>(t_.adam_beta1),
-                       static_cast<float>(t_.adam_beta2), static_cast<float>(t_.adam_epsilon),
-                       r.decay ? static_cast<float>(t_.weight_decay) : 0.0f,
-                       static_cast<float>(bc1), static_cast<float>(bc2), grad_scale);
-      }
-      backend->CopyDeviceToHost(host_m_.data(), win_m_, bytes);
-      backend->CopyDeviceToHost(host_v_.data(), win_v_, bytes);
-      if (master_ != nullptr) RefreshFromWindow(static_cast<size_t>(c), backend);
-      backend->Synchronize();
-      TRAIND_RETURN_IF_ERROR(store_->Write(Key(c, 0), host_m_.data(), bytes));
-      TRAIND_RETURN_IF_ERROR(store_->Write(Key(c, 1), host_v_.data(), bytes));
-      if (master_ != nullptr) TRAIND_RETURN_IF_ERROR(WriteMasterWindow(static_cast<size_t>(c)));
+    next_ = NumChunks() - 1;
+    Prefetch(next_);
+    Prefetch(next_ - 1);
+    active_ = true;
+  }
+
+  // Chunk c of the current step: read (its read-ahead started two chunks before), updated in the
+  // window, written back behind.
+  Status UpdateChunk(int64_t c) {
+    Backend* backend = arena_->backend();
+    const int64_t lo = c * chunk_, n = std::min(chunk_, num_params_ - lo), hi = lo + n;
+    const size_t bytes = static_cast<size_t>(n) * 4;
+    Prefetch(c - 2);
+    // The chunk's parameters: in the model's buffer (flat offsets), or read into the master
+    // window (offsets from lo).
+    float* p = cur_.params;
+    int64_t p_base = 0;
+    if (master_ != nullptr) {
+      TRAIND_RETURN_IF_ERROR(ReadMasterWindow(static_cast<size_t>(c), backend));
+      p = win_p_;
+      p_base = lo;
     }
-    // The next step's reads in order, as far as the store's read-ahead budget goes (it drops the
-    // rest): they come in while the next forward and backward run.
+    if (cur_.fresh) {
+      backend->Memset0(win_m_, bytes);
+      backend->Memset0(win_v_, bytes);
+    } else {
+      TRAIND_RETURN_IF_ERROR(store_->Read(Key(c, 0), host_m_.data(), bytes));
+      TRAIND_RETURN_IF_ERROR(store_->Read(Key(c, 1), host_v_.data(), bytes));
+      backend->CopyHostToDevice(win_m_, host_m_.data(), bytes);
+      backend->CopyHostToDevice(win_v_, host_v_.data(), bytes);
+    }
+    for (const Run& r : runs_) {
+      const int64_t a = std::max(lo, r.offset), b = std::min(hi, r.offset + r.numel);
+      if (a >= b) continue;
+      backend->AdamW(p + (a - p_base), cur_.grads + a, win_m_ + (a - lo), win_v_ + (a - lo), b - a,
+                     static_cast<float>(cur_.lr), static_cast<float>(t_.adam_beta1),
+                     static_cast<float>(t_.adam_beta2), static_cast<float>(t_.adam_epsilon),
+                     r.decay ? static_cast<float>(t_.weight_decay) : 0.0f,
+                     static_cast<float>(cur_.bc1), static_cast<float>(cur_.bc2), cur_.grad_scale);
+    }
+    backend->CopyDeviceToHost(host_m_.data(), win_m_, bytes);
+    backend->CopyDeviceToHost(host_v_.data(), win_v_, bytes);
+    if (master_ != nullptr) RefreshFromWindow(static_cast<size_t>(c), backend);
+    backend->Synchronize();
+    TRAIND_RETURN_IF_ERROR(store_->Write(Key(c, 0), host_m_.data(), bytes));
+    TRAIND_RETURN_IF_ERROR(store_->Write(Key(c, 1), host_v_.data(), bytes));
+    if (master_ != nullptr) TRAIND_RETURN_IF_ERROR(WriteMasterWindow(static_cast<size_t>(c)));
+    return Status::Ok();
+  }
+
+ public:
+  bool updates_during_backward() const override { return NumChunks() > 0; }
+  // The values only: the store is not touched before the first chunk is final (the previous
+  // step's commit keeps running behind the forward and the first blocks' backward).
+  void BeginStep(float* params, const float* grads, double lr, float grad_scale) override {
+    begun_ = Current{params, grads, lr, grad_scale};
+    has_begun_ = true;
+    early_ = 0;
+  }
+  void GradientsFinalFrom(int64_t offset) override {
+    if (!has_begun_ || !status_.ok()) return;
+    if (!active_) {
+      if (NumChunks() == 0 || (NumChunks() - 1) * chunk_ < offset) return;  // nothing final yet
+      if (!AwaitCommit().ok()) return;  // AwaitCommit keeps its error in status_
+      StartStep(begun_.params, begun_.grads, begun_.lr, begun_.grad_scale);
+    }
+    for (; active_ && status_.ok() && next_ >= 0 && next_ * chunk_ >= offset; --next_) {
+      if (Status s = UpdateChunk(next_); !s.ok()) {
+        status_ = s;
+        return;
+      }
+      early_ += std::min(chunk_, num_params_ - next_ * chunk_);
+    }
+  }
+  int64_t updated_during_backward() const override { return early_; }
+
+ private:
+  Status RunStep(float* params, const float* grads, double lr, float grad_scale) override {
+    if (has_begun_ && (params != begun_.params || grads != begun_.grads || lr != begun_.lr ||
+                       grad_scale != begun_.grad_scale)) {
+      return Status::Internal("offloaded adamw: Step's values differ from its BeginStep's");
+    }
+    has_begun_ = false;
+    if (!active_) StartStep(params, grads, lr, grad_scale);
+    for (; next_ >= 0; --next_) TRAIND_RETURN_IF_ERROR(UpdateChunk(next_));
+    active_ = false;
+    // The next step's reads in its order, as far as the store's read-ahead budget goes (it drops
+    // the rest): they come in while the next forward and backward run.
     std::vector<StateKey> next;
-    for (int64_t c = 0; c < NumChunks(); ++c) {
+    for (int64_t c = NumChunks() - 1; c >= 0; --c) {
       if (master_ != nullptr) {  // read first in the step
         for (const StateKey& k : master_->Keys(static_cast<size_t>(c))) next.push_back(k);
       }
       next.push_back(Key(c, 0));
       next.push_back(Key(c, 1));
     }
-    CommitBehind(step, std::move(next));
-    step_ = step;
+    CommitBehind(step_ + 1, std::move(next));
+    step_ += 1;
     return Status::Ok();
   }
+
+  // The step in progress (StartStep .. RunStep).
+  struct Current {
+    float* params = nullptr;
+    const float* grads = nullptr;
+    double lr = 0.0;
+    float grad_scale = 1.0f;
+    double bc1 = 0.0, bc2 = 0.0;
+    bool fresh = false;  // the first step: no state to read
+  };
+  Current cur_;
+  Current begun_;           // BeginStep's values
+  bool has_begun_ = false;  // BeginStep called, Step not yet
+  bool active_ = false;  // a step started and not finished
+  int64_t next_ = -1;    // the next chunk it updates (they go down to 0)
+  int64_t early_ = 0;    // elements updated by GradientsFinalFrom this step
 
   TrainingSpec t_;
   std::vector<ParamInfo> params_;

@@ -44,6 +44,21 @@ class Optimizer {
   // One step at `lr` with gradient grad_scale * grads; counts it.
   virtual void Step(float* params, const float* grads, double lr, float grad_scale) = 0;
 
+  // Updates that start while backward still runs (the offloaded AdamW). The step runner uses them
+  // only where the order allows: the step's multiplier known before backward (no clipping, no
+  // fp16 skip), one process, no LoRA, no graph replay, a backend whose ops have finished when the
+  // backward's hook runs (cpu). BeginStep(params, grads, lr, grad_scale) before the last
+  // micro-batch's backward; GradientsFinalFrom(offset) each time every gradient at flat offsets
+  // >= offset is final (no later backward op reads those parameters, so the optimizer may update
+  // them now); then Step with the same values finishes the rest. Errors stick in status().
+  virtual bool updates_during_backward() const { return false; }
+  virtual void BeginStep(float* params, const float* grads, double lr, float grad_scale) {
+    (void)params, (void)grads, (void)lr, (void)grad_scale;
+  }
+  virtual void GradientsFinalFrom(int64_t offset) { (void)offset; }
+  // Elements of the last step updated during its backward (GradientsFinalFrom).
+  virtual int64_t updated_during_backward() const { return 0; }
+
   // The first error the optimizer hit outside the device (its offload store: a full disk, a
   // damaged chunk), sticky; Ok for in-memory optimizers. Checked after Step and SaveState.
   virtual Status status() const { return Status::Ok(); }

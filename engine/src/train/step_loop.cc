@@ -217,9 +217,16 @@ Status RunStepLoop(TrainingSession* s, double* last_eval) {
   const char* graphs_env = std::getenv("TRAIND_CUDA_GRAPHS");
   step_options.use_graphs =
       s->options->device.cuda_graphs && !(graphs_env != nullptr && std::string(graphs_env) == "0");
+  // The offloaded update may start during backward where the order allows (no clipping); on cpu,
+  // whose ops have finished when backward's per-block hook runs.
+  step_options.update_during_backward = s->device == "cpu";
   TRAIND_ASSIGN_OR_RETURN(std::unique_ptr<StepRunner> runner,
                           StepRunner::Create(step_options, s->model.get(), s->optimizer.get(),
                                              s->arena.get()));
+  if (runner->updates_during_backward()) {
+    s->Message("training.offload: max_grad_norm 0, so each block's parameters update while backward "
+               "goes on below it (the embeddings after it)");
+  }
   // Each micro-batch of a step comes from the loader; cancellation is checked before each. Data
   // parallel: the loader walks the one-process order and rank r keeps every W-th micro-batch from
   // the r-th (micro-batch k*W + r of the step), so its position is the world's.
@@ -341,6 +348,7 @@ Status RunStepLoop(TrainingSession* s, double* last_eval) {
         r.offload_io_seconds = io.io_wait_seconds - io_before.io_wait_seconds;
         r.offload_background_io_seconds = io.background_io_seconds - io_before.background_io_seconds;
         r.offload_store_bytes = static_cast<int64_t>(io.store_bytes);
+        r.offload_updated_during_backward = outcome.updated_during_backward;
       }
       if (s->metered_comm != nullptr) {
         const CommStats& comm = s->metered_comm->stats();

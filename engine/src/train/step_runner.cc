@@ -95,6 +95,10 @@ Result<std::unique_ptr<StepRunner>> StepRunner::Create(const Options& options, M
     // The buckets wait for the backward that produced them (an event on cuda, nothing on cpu).
     TRAIND_RETURN_IF_ERROR(r->overlap_->UseMarkers(r->backend_));
   }
+  if (options.update_during_backward && optimizer->updates_during_backward() && r->world_ == 1 &&
+      !model->lora() && !options.fp16 && !(options.max_grad_norm > 0.0)) {
+    r->final_from_ = FinalFromOffsets(model->trainable_params(), model->config().num_layers());
+  }
   r->micro_index_ = static_cast<uint64_t>(options.first_step) *
                     static_cast<uint64_t>(options.accumulation_steps);
   const size_t bytes = SlotBytes(r->tokens_, r->mask_);
@@ -214,6 +218,38 @@ Status StepRunner::HostDrivenOptimizer(double lr, StepScalars* host) {
   return Status::Ok();
 }
 
+std::vector<int64_t> StepRunner::FinalFromOffsets(const std::vector<ParamInfo>& params, int64_t num_layers) {
+  const int64_t L = num_layers;
+  int64_t blocks_end = -1;  // the end of the last block parameter
+  for (const ParamInfo& p : params) {
+    const int64_t b = BlockOfParam(p.hf_name);
+    if (b >= L) return {};
+    if (b >= 0) blocks_end = std::max(blocks_end, p.offset + p.numel);
+  }
+  if (L <= 0 || blocks_end < 0) return {};
+  // Each parameter's "final after block" key: its block; L for the tail past every block (final
+  // before the blocks' backward); -1 for the rest (final at the end).
+  std::vector<int64_t> key(params.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    const int64_t b = BlockOfParam(params[i].hf_name);
+    key[i] = b >= 0 ? b : (params[i].offset >= blocks_end ? L : -1);
+  }
+  std::vector<int64_t> from(static_cast<size_t>(L));
+  for (int64_t l = 0; l < L; ++l) {
+    int64_t lo = std::numeric_limits<int64_t>::max(), below_end = 0;
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (key[i] >= l) {
+        lo = std::min(lo, params[i].offset);
+      } else {
+        below_end = std::max(below_end, params[i].offset + params[i].numel);
+      }
+    }
+    if (below_end > lo) return {};  // a parameter final later lies inside the final suffix
+    from[static_cast<size_t>(l)] = lo;
+  }
+  return from;
+}
+
 Status StepRunner::Capture() {
   for (int slot = 0; slot < 2; ++slot) {
     TRAIND_RETURN_IF_ERROR(backend_->BeginCapture());
@@ -256,6 +292,7 @@ Result<StepRunner::Outcome> StepRunner::Run(const NextMaskedBatch& next_batch, d
 
   const int64_t accum = options_.accumulation_steps;
   int slot = next_slot_;
+  int64_t updated_early = 0;
   TRAIND_RETURN_IF_ERROR(Stage(slot, next_batch, loss_scale, wait));
   for (int64_t a = 0; a < accum; ++a) {
     // The last micro-batch's backward finishes each block's gradients: reduce them meanwhile.
@@ -264,12 +301,21 @@ Result<StepRunner::Outcome> StepRunner::Run(const NextMaskedBatch& next_batch, d
       overlap_->Arm(model_->grad_data());
       model_->SetOnBlockGradients([this](int64_t layer) { overlap_->BlockDone(layer); });
     }
+    // ... or the optimizer updates them meanwhile (the multiplier is 1 / loss_scale: no clipping).
+    const bool early = updates_during_backward() && a + 1 == accum && !captured_;
+    if (early) {
+      optimizer_->BeginStep(model_->trainable_data(), model_->grad_data(), lr,
+                            StepGradMultiplier(0.0, host.loss_scale, host.max_grad_norm));
+      model_->SetOnBlockGradients(
+          [this](int64_t layer) { optimizer_->GradientsFinalFrom(final_from_[static_cast<size_t>(layer)]); });
+    }
     if (captured_) {
       TRAIND_RETURN_IF_ERROR(backend_->Replay(micro_graph_[slot]));
     } else {
       IssueMicroBatch(slot);
     }
-    if (overlapped) model_->SetOnBlockGradients(nullptr);
+    if (overlapped || early) model_->SetOnBlockGradients(nullptr);
+    if (early) updated_early = optimizer_->updated_during_backward();
     TRAIND_RETURN_IF_ERROR(upload_->Consumed(slot));
     slot = 1 - slot;
     // The next micro-batch loads and uploads while this one computes.
@@ -308,6 +354,7 @@ Result<StepRunner::Outcome> StepRunner::Run(const NextMaskedBatch& next_batch, d
 
   Outcome out;
   out.comm_hidden_seconds = comm_hidden;
+  out.updated_during_backward = updated_early;
   out.loss = host.loss_sum / static_cast<double>(accum);
   if (options_.communicator != nullptr && world_ > 1) {
     // Every rank's loss sum (a double: two f32 lanes of raw bytes), added in rank order, so every

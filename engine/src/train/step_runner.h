@@ -61,6 +61,13 @@ class StepRunner {
     // communication thread, waits for a backend marker recorded after the bucket's backward, so
     // asynchronous backends work too); 0: one all-reduce of the whole buffer after backward.
     int64_t overlap_bucket_bytes = 0;
+    // Let an optimizer that can (Optimizer::updates_during_backward: the offloaded AdamW) update
+    // the parameters of the blocks whose gradients are final while the last micro-batch's
+    // backward goes on below them, where the order allows: no clipping (max_grad_norm <= 0), no
+    // fp16, one process, no LoRA, a trainable layout of [embeddings][block 0]..[block L-1][final
+    // norm, lm head], no graph replay. For backends whose ops have finished when the backward's
+    // hook runs (cpu): on an asynchronous one the update would wait for the device mid-backward.
+    bool update_during_backward = false;
   };
   struct Outcome {
     double loss = 0.0;       // mean over the micro-batches (every rank's) of their mean loss
@@ -69,6 +76,8 @@ class StepRunner {
     // Data parallel with overlap: seconds of the gradient all-reduce that ran while backward
     // computed (its time inside collectives minus the time the step waited for it).
     double comm_hidden_seconds = 0.0;
+    // Options::update_during_backward: elements the optimizer updated during backward.
+    int64_t updated_during_backward = 0;
   };
   // Fills one micro-batch (B*T inputs and targets, host memory) and adds the seconds it waited for
   // data to *wait; a non-OK status (e.g. CANCELLED) ends the step with it.
@@ -99,6 +108,13 @@ class StepRunner {
 
   // True once the step is replayed from graphs.
   bool replaying() const { return captured_; }
+  // Options::update_during_backward is in effect (the conditions hold).
+  bool updates_during_backward() const { return !final_from_.empty(); }
+  // After block l's backward every gradient at flat offsets >= FinalFrom(layout, L)[l] is final:
+  // block parameters are final after their block's backward, the final norm and an untied lm
+  // head (after every block) before any block's, the rest (embeddings) only at the end. Empty
+  // when the trainable layout is not in that order (or has no blocks).
+  static std::vector<int64_t> FinalFromOffsets(const std::vector<ParamInfo>& params, int64_t num_layers);
   // Why graph capture failed (OK when it did not). A failed capture is not fatal when the backend
   // is still healthy: the steps keep running op by op.
   const Status& capture_error() const { return capture_error_; }
@@ -138,6 +154,7 @@ class StepRunner {
   int world_ = 1, rank_ = 0;  // options_.communicator's, else a world of one
   bool captured_ = false;
   Status capture_error_;
+  std::vector<int64_t> final_from_;  // FinalFromOffsets when updates run during backward
   std::unique_ptr<OverlappedAllReduce> overlap_;  // options_.overlap_bucket_bytes > 0, world > 1
   // ZeRO-1 (a sharded optimizer): every rank's range, and this rank's range of each parameter.
   std::vector<OverlappedAllReduce::Range> shards_;

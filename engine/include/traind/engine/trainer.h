@@ -56,6 +56,9 @@ struct StepReport {
   // offload_io_seconds, how much of the I/O the step did not wait for.
   double offload_background_io_seconds = 0;
   int64_t offload_store_bytes = 0;    // bytes the store holds now (disk, or RAM for cpu)
+  // Parameters the offloaded update changed while the step's backward still ran (no clipping:
+  // max_grad_norm 0, cpu; the rest after backward).
+  int64_t offload_updated_during_backward = 0;
   // Data parallel: this rank's time inside collectives during the step that compute did not hide
   // (the step waited for it), the time of the gradient all-reduce that ran while backward
   // computed (bucketed overlap, cpu), and the bytes the collectives sent from this rank
