@@ -645,6 +645,11 @@ class OffloadedAdamW final : public HostDrivenOffload {
       opt->win_v_ = static_cast<float*>(v);
       opt->host_m_.resize(static_cast<size_t>(opt->chunk_));
       opt->host_v_.resize(static_cast<size_t>(opt->chunk_));
+      if (o.update_on_host) {
+        opt->host_ = MakeCpuBackend(o.host_threads);
+        opt->host_g_.resize(static_cast<size_t>(opt->chunk_));
+        opt->host_w_.resize(static_cast<size_t>(opt->chunk_));
+      }
       if (o.master_weights) {
         std::vector<MasterSegments::Segment> chunks;  // one piece per chunk: {"adamw", c, "master"}
         for (int64_t c = 0; c < opt->NumChunks(); ++c) {
@@ -853,8 +858,9 @@ class OffloadedAdamW final : public HostDrivenOffload {
   }
 
   // Chunk c of the current step: read (its read-ahead started two chunks before), updated in the
-  // window, written back behind.
+  // window (or on the host: UpdateChunkOnHost), written back behind.
   Status UpdateChunk(int64_t c) {
+    if (host_ != nullptr) return UpdateChunkOnHost(c);
     Backend* backend = arena_->backend();
     const int64_t lo = c * chunk_, n = std::min(chunk_, num_params_ - lo), hi = lo + n;
     const size_t bytes = static_cast<size_t>(n) * 4;
@@ -890,6 +896,56 @@ class OffloadedAdamW final : public HostDrivenOffload {
     backend->CopyDeviceToHost(host_v_.data(), win_v_, bytes);
     if (master_ != nullptr) RefreshFromWindow(static_cast<size_t>(c), backend);
     backend->Synchronize();
+    TRAIND_RETURN_IF_ERROR(store_->Write(Key(c, 0), host_m_.data(), bytes));
+    TRAIND_RETURN_IF_ERROR(store_->Write(Key(c, 1), host_v_.data(), bytes));
+    if (master_ != nullptr) TRAIND_RETURN_IF_ERROR(WriteMasterWindow(static_cast<size_t>(c)));
+    return Status::Ok();
+  }
+
+  // OffloadOptions::update_on_host: the chunk's gradients come down, its parameters (the master
+  // weights from the store, or the device's fp32 weights) and m, v are updated by the CPU
+  // backend's AdamW in host memory (the same per-element math as every backend's kernel), and the
+  // weights go back up: with the master weights through the master window into the model's
+  // 16-bit copy (MasterWeightsSink), else into the device's fp32 weights in place.
+  Status UpdateChunkOnHost(int64_t c) {
+    Backend* backend = arena_->backend();
+    const int64_t lo = c * chunk_, n = std::min(chunk_, num_params_ - lo), hi = lo + n;
+    const size_t bytes = static_cast<size_t>(n) * 4;
+    Prefetch(c - 2);
+    backend->CopyDeviceToHost(host_g_.data(), cur_.grads + lo, bytes);
+    float* w = host_w_.data();
+    if (master_ != nullptr) {
+      TRAIND_RETURN_IF_ERROR(master_->Read(static_cast<size_t>(c), host_p_.data()));
+      w = host_p_.data();
+    } else {
+      backend->CopyDeviceToHost(w, cur_.params + lo, bytes);
+    }
+    if (cur_.fresh) {
+      std::fill(host_m_.begin(), host_m_.begin() + n, 0.0f);
+      std::fill(host_v_.begin(), host_v_.begin() + n, 0.0f);
+    } else {
+      TRAIND_RETURN_IF_ERROR(store_->Read(Key(c, 0), host_m_.data(), bytes));
+      TRAIND_RETURN_IF_ERROR(store_->Read(Key(c, 1), host_v_.data(), bytes));
+    }
+    backend->Synchronize();  // the gradients (and weights) are on the host
+    TRAIND_RETURN_IF_ERROR(backend->status());
+    for (const Run& r : runs_) {
+      const int64_t a = std::max(lo, r.offset), b = std::min(hi, r.offset + r.numel);
+      if (a >= b) continue;
+      host_->AdamW(w + (a - lo), host_g_.data() + (a - lo), host_m_.data() + (a - lo),
+                   host_v_.data() + (a - lo), b - a, static_cast<float>(cur_.lr),
+                   static_cast<float>(t_.adam_beta1), static_cast<float>(t_.adam_beta2),
+                   static_cast<float>(t_.adam_epsilon), r.decay ? static_cast<float>(t_.weight_decay) : 0.0f,
+                   static_cast<float>(cur_.bc1), static_cast<float>(cur_.bc2), cur_.grad_scale);
+    }
+    host_->Synchronize();
+    if (master_ != nullptr) {
+      backend->CopyHostToDevice(win_p_, w, bytes);
+      sink_->MasterUpdated(lo, win_p_, n);
+    } else {
+      backend->CopyHostToDevice(cur_.params + lo, w, bytes);
+    }
+    backend->Synchronize();  // the host buffers are reused by the next chunk
     TRAIND_RETURN_IF_ERROR(store_->Write(Key(c, 0), host_m_.data(), bytes));
     TRAIND_RETURN_IF_ERROR(store_->Write(Key(c, 1), host_v_.data(), bytes));
     if (master_ != nullptr) TRAIND_RETURN_IF_ERROR(WriteMasterWindow(static_cast<size_t>(c)));
@@ -972,6 +1028,10 @@ class OffloadedAdamW final : public HostDrivenOffload {
   float* win_m_ = nullptr;
   float* win_v_ = nullptr;
   std::vector<float> host_m_, host_v_;
+  // OffloadOptions::update_on_host: the CPU backend that updates, the chunk's gradients and (without
+  // the master weights in the store) its fp32 weights.
+  std::unique_ptr<Backend> host_;
+  std::vector<float> host_g_, host_w_;
 };
 
 }  // namespace

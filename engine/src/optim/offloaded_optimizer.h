@@ -63,6 +63,14 @@ struct OffloadOptions {
   // the largest group's). MakeOffloadedOptimizer needs the model's sink; the plan only the flag.
   bool master_weights = false;
   MasterWeightsSink* master_sink = nullptr;
+  // AdamW on a device whose memory is not the host's (cuda, simt): each chunk's update runs on the
+  // host (the CPU backend's threaded, vectorised AdamW over the chunk's m, v and parameters as the
+  // store returned them), so what crosses to the device and back is the chunk's gradients (down)
+  // and its updated weights (up), not its state both ways (ZeRO-Offload's CPU-Adam). `host_threads`:
+  // its threads (0 = every core). The device windows stay planned (the weights go up through
+  // them).
+  bool update_on_host = false;
+  int host_threads = 0;
 };
 
 // The optimizer `training.optim` names, its state in `store` (not owned; must outlive it).

@@ -246,6 +246,10 @@ Status BuildModelAndOptimizer(TrainingSession* s) {
     OffloadOptions oo;
     oo.master_sink = s->model->master_weights_sink();
     oo.master_weights = oo.master_sink != nullptr;
+    // A device with its own memory (cuda, simt): AdamW's chunks update on the host (the gradients
+    // down, the weights up; not the state both ways), with the job's CPU threads.
+    oo.update_on_host = s->device != "cpu";
+    oo.host_threads = s->options->device.threads;
     TRAIND_ASSIGN_OR_RETURN(s->optimizer,
                             MakeOffloadedOptimizer(t, s->model->trainable_params(),
                                                    s->model->num_trainable(), s->arena.get(),
@@ -260,7 +264,10 @@ Status BuildModelAndOptimizer(TrainingSession* s) {
                             .c_str()
                       : "",
                   static_cast<double>(s->plan.bytes.optimizer) / 1048576.0);
-    s->Message("training.offload " + t.offload + ": optimizer state in " + s->store->Describe() + line);
+    s->Message("training.offload " + t.offload + ": optimizer state in " + s->store->Describe() + line +
+               (oo.update_on_host && t.optim == "adamw"
+                    ? "; AdamW updates on the host (gradients down, weights up)"
+                    : ""));
     if (s->model->merge_needs_base()) {
       s->Message("training.offload " + t.offload + " with peft: the frozen base on the device in " +
                  s->plan.precision + " only (no fp32 copy of its GEMM weights" +
