@@ -26,6 +26,7 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -56,6 +57,30 @@ RunOptions Options(bool offload) {
   RunOptions o = testing::TestRunOptions(2);
   if (offload) o.open_optimizer_state_store = OpenStore;
   return o;
+}
+
+// The same job in memory and offloaded (the offloaded run's step reports and messages kept): the
+// final weights must be byte-identical and the training loss equal.
+struct PairedRuns {
+  std::optional<RunSummary> mem, off;
+  std::vector<StepReport> steps;
+  std::vector<std::string> notes;
+};
+
+void RunPaired(const JobSpec& mem, const JobSpec& off, PairedRuns* p) {
+  auto rm = RunJob(mem, Options(false), {});
+  ASSERT_TRUE(rm.ok()) << rm.status().ToString();
+  p->mem = std::move(*rm);
+  RunCallbacks cb;
+  cb.on_step = [p](const StepReport& r) { p->steps.push_back(r); };
+  cb.on_message = [p](const std::string& m) { p->notes.push_back(m); };
+  auto ro = RunJob(off, Options(true), cb);
+  ASSERT_TRUE(ro.ok()) << ro.status().ToString();
+  p->off = std::move(*ro);
+  EXPECT_EQ(testing::ReadFile(mem.output_dir + "/model.safetensors"),
+            testing::ReadFile(off.output_dir + "/model.safetensors"))
+      << "weights after " << p->steps.size() << " steps differ from the in-memory optimizer's";
+  EXPECT_EQ(p->mem->train_loss, p->off->train_loss);
 }
 
 struct Case {
@@ -113,21 +138,13 @@ class OffloadTraining : public ::testing::TestWithParam<Case> {
 TEST_P(OffloadTraining, WeightsBitIdenticalToInMemoryAndPlanIsTheWindow) {
   const JobSpec mem = Spec("mem", false);
   const JobSpec off = Spec("off", true);
-  auto rm = RunJob(mem, Options(false), {});
-  ASSERT_TRUE(rm.ok()) << rm.status().ToString();
-
-  std::vector<StepReport> steps;
-  std::vector<std::string> notes;
-  RunCallbacks cb;
-  cb.on_step = [&](const StepReport& r) { steps.push_back(r); };
-  cb.on_message = [&](const std::string& m) { notes.push_back(m); };
-  auto ro = RunJob(off, Options(true), cb);
-  ASSERT_TRUE(ro.ok()) << ro.status().ToString();
-
-  EXPECT_EQ(testing::ReadFile(mem.output_dir + "/model.safetensors"),
-            testing::ReadFile(off.output_dir + "/model.safetensors"))
-      << "weights after " << GetParam().steps << " steps differ from the in-memory optimizer's";
-  EXPECT_EQ(rm->train_loss, ro->train_loss);
+  PairedRuns p;
+  RunPaired(mem, off, &p);
+  if (HasFatalFailure()) return;
+  const std::optional<RunSummary>& rm = p.mem;
+  const std::optional<RunSummary>& ro = p.off;
+  const std::vector<StepReport>& steps = p.steps;
+  const std::vector<std::string>& notes = p.notes;
 
   // The device holds one group's window, a fraction of the state; the plan is exact.
   const int64_t state = rm->plan.bytes.optimizer;
@@ -235,19 +252,12 @@ TEST_P(OffloadEarlyUpdate, DuringBackwardBitIdenticalToInMemory) {
     return s;
   };
   const JobSpec mem = spec("mem", false), off = spec("off", true);
-  auto rm = RunJob(mem, Options(false), {});
-  ASSERT_TRUE(rm.ok()) << rm.status().ToString();
-  std::vector<StepReport> steps;
-  std::vector<std::string> notes;
-  RunCallbacks cb;
-  cb.on_step = [&](const StepReport& r) { steps.push_back(r); };
-  cb.on_message = [&](const std::string& m) { notes.push_back(m); };
-  auto ro = RunJob(off, Options(true), cb);
-  ASSERT_TRUE(ro.ok()) << ro.status().ToString();
-
-  EXPECT_EQ(testing::ReadFile(mem.output_dir + "/model.safetensors"),
-            testing::ReadFile(off.output_dir + "/model.safetensors"));
-  EXPECT_EQ(rm->train_loss, ro->train_loss);
+  PairedRuns p;
+  RunPaired(mem, off, &p);
+  if (HasFatalFailure()) return;
+  const std::optional<RunSummary>& ro = p.off;
+  const std::vector<StepReport>& steps = p.steps;
+  const std::vector<std::string>& notes = p.notes;
   EXPECT_EQ(ro->peak_memory_bytes, ro->plan.bytes.total()) << "plan == measured peak";
   const ParamTable table = BuildParams(MakeArchDims(mem.model.config));
   ASSERT_EQ(steps.size(), 12u);
