@@ -13,8 +13,10 @@
 //     training steps' peak), and VmHWM at exit (also the end-of-job checkpoint and model write),
 //   - the step times.
 // The parent prints both runs, the bound and PASS/FAIL: the verdict is the nvme run's steps 2..N
-// peak against the bound; set-up and the whole process are judged beside it (both hold
-// whole-model host copies of the weights: the random init's staging buffer and the HF export).
+// peak against the bound, and both runs' final model.safetensors byte-identical (FNV-1a of the
+// files: issue 11's "bit-identical ... also for a model of more than 100M parameters, 3 steps");
+// set-up and the whole process are judged beside it (both hold whole-model host copies of the
+// weights: the random init's staging buffer and the HF export).
 //
 // On the CPU backend in fp32 the compute weights ARE the fp32 master weights (one buffer, the
 // model's trainable parameters; offload moves only the optimizer state), so "compute weights" in
@@ -26,7 +28,7 @@
 // bound's "compute weights" (plan.bytes.weights) are the bf16 copy plus the fp32 embeddings,
 // norms and biases, not the master weights.
 // RESULT line: "RESULT offload_rss model=medium params=... bound_MiB=... nvme_steps_peak_MiB=...
-//   nvme_process_peak_MiB=... none_steps_peak_MiB=... verdict=PASS|FAIL".
+//   nvme_process_peak_MiB=... none_steps_peak_MiB=... weights=identical|DIFFERENT verdict=PASS|FAIL".
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -117,6 +119,23 @@ JobSpec Spec(const Args& a, const std::string& data, const std::string& offload)
   return s;
 }
 
+// FNV-1a 64 of a file's bytes, read 1 MiB at a time ("" when it cannot be read).
+std::string FileHash(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return "";
+  uint64_t h = 0xcbf29ce484222325ull;
+  std::vector<char> buf(size_t{1} << 20);
+  while (in) {
+    in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
+    for (std::streamsize i = 0; i < in.gcount(); ++i) {
+      h = (h ^ static_cast<unsigned char>(buf[static_cast<size_t>(i)])) * 0x100000001b3ull;
+    }
+  }
+  char out[32];
+  std::snprintf(out, sizeof(out), "%016llx", static_cast<unsigned long long>(h));
+  return out;
+}
+
 // One job in this process; prints "CHILD key=value ..." for the parent.
 int RunChild(const Args& a) {
   const std::string data = a.dir + "/tokens.bin";
@@ -161,14 +180,15 @@ int RunChild(const Args& a) {
   }
   std::printf("CHILD mode=%s params=%lld weights=%lld gradients=%lld activations=%lld "
               "temporary=%lld optimizer=%lld offload_state=%lld offload_master=%lld rss_start=%lld "
-              "hwm_setup=%lld hwm_steps=%lld hwm_total=%lld steps=%s\n",
+              "hwm_setup=%lld hwm_steps=%lld hwm_total=%lld steps=%s model_hash=%s\n",
               a.child.c_str(), static_cast<long long>(p.trainable_params),
               static_cast<long long>(p.bytes.weights), static_cast<long long>(p.bytes.gradients),
               static_cast<long long>(p.bytes.activations), static_cast<long long>(p.bytes.temporary),
               static_cast<long long>(p.bytes.optimizer),
               static_cast<long long>(p.offload_state_bytes),
               static_cast<long long>(p.offload_master_bytes), static_cast<long long>(rss_start),
-              static_cast<long long>(hwm_setup), static_cast<long long>(hwm_steps), static_cast<long long>(hwm_total), steps.c_str());
+              static_cast<long long>(hwm_setup), static_cast<long long>(hwm_steps), static_cast<long long>(hwm_total), steps.c_str(),
+              FileHash(a.dir + "/out-" + a.child + "/model.safetensors").c_str());
   std::fflush(stdout);
   fs::remove_all(a.dir + "/store");
   fs::remove_all(a.dir + "/out-" + a.child);
@@ -305,7 +325,12 @@ int Main(int argc, char** argv) {
   // The verdict is on the training steps (steps 2..N; with one step, set-up + step 1). Set-up and
   // the end-of-job save are printed and judged beside it: they hold whole-model host copies of the
   // weights (the model's random init and its HF export), which are not optimizer state.
-  const bool steps_ok = nvme.I("hwm_steps") < bound;
+  // The same weights: the final model.safetensors of both runs, byte for byte (their hashes).
+  const bool same = !nvme.kv.at("model_hash").empty() && nvme.kv.at("model_hash") == none.kv.at("model_hash");
+  std::printf("final weights of nvme and none (model.safetensors, FNV-1a %s / %s): %s\n",
+              nvme.kv.at("model_hash").c_str(), none.kv.at("model_hash").c_str(),
+              same ? "bit-identical" : "DIFFERENT");
+  const bool steps_ok = nvme.I("hwm_steps") < bound && same;
   const bool setup_ok = nvme.I("hwm_setup") < bound;
   const bool process_ok = nvme.I("hwm_total") < bound;
   std::printf("nvme peak over steps %s vs bound: %.1f < %.1f MiB: %s\n",
@@ -318,11 +343,11 @@ int Main(int argc, char** argv) {
   std::printf("RESULT offload_rss model=%s params=%lld bound_MiB=%.1f nvme_steps_peak_MiB=%.1f "
               "nvme_setup_peak_MiB=%.1f nvme_process_peak_MiB=%.1f none_steps_peak_MiB=%.1f "
               "none_setup_peak_MiB=%.1f none_process_peak_MiB=%.1f steps=%s setup=%s process=%s "
-              "verdict=%s\n",
+              "weights=%s verdict=%s\n",
               a.model.c_str(), static_cast<long long>(params), MiB(bound), MiB(nvme.I("hwm_steps")),
               MiB(nvme.I("hwm_setup")), MiB(nvme.I("hwm_total")), MiB(none.I("hwm_steps")),
               MiB(none.I("hwm_setup")), MiB(none.I("hwm_total")), steps_ok ? "PASS" : "FAIL",
-              setup_ok ? "PASS" : "FAIL", process_ok ? "PASS" : "FAIL",
+              setup_ok ? "PASS" : "FAIL", process_ok ? "PASS" : "FAIL", same ? "identical" : "DIFFERENT",
               steps_ok ? "PASS" : "FAIL");
   return 0;
 }
