@@ -883,19 +883,30 @@ class OffloadedAdamW final : public HostDrivenOffload {
       backend->CopyHostToDevice(win_m_, host_m_.data(), bytes);
       backend->CopyHostToDevice(win_v_, host_v_.data(), bytes);
     }
-    for (const Run& r : runs_) {
-      const int64_t a = std::max(lo, r.offset), b = std::min(hi, r.offset + r.numel);
-      if (a >= b) continue;
-      backend->AdamW(p + (a - p_base), cur_.grads + a, win_m_ + (a - lo), win_v_ + (a - lo), b - a,
-                     static_cast<float>(cur_.lr), static_cast<float>(t_.adam_beta1),
-                     static_cast<float>(t_.adam_beta2), static_cast<float>(t_.adam_epsilon),
-                     r.decay ? static_cast<float>(t_.weight_decay) : 0.0f,
-                     static_cast<float>(cur_.bc1), static_cast<float>(cur_.bc2), cur_.grad_scale);
-    }
+    ApplyAdamW(backend, lo, hi, p, p_base, cur_.grads, 0, win_m_, win_v_);
     backend->CopyDeviceToHost(host_m_.data(), win_m_, bytes);
     backend->CopyDeviceToHost(host_v_.data(), win_v_, bytes);
     if (master_ != nullptr) RefreshFromWindow(static_cast<size_t>(c), backend);
     backend->Synchronize();
+    return WriteChunk(c, bytes);
+  }
+
+  // The current step's AdamW over the flat elements [lo, hi) on `be`, run by run (decay or not):
+  // element e is p[e - p_base], g[e - g_base], m[e - lo] and v[e - lo].
+  void ApplyAdamW(Backend* be, int64_t lo, int64_t hi, float* p, int64_t p_base, const float* g,
+                  int64_t g_base, float* m, float* v) const {
+    for (const Run& r : runs_) {
+      const int64_t a = std::max(lo, r.offset), b = std::min(hi, r.offset + r.numel);
+      if (a >= b) continue;
+      be->AdamW(p + (a - p_base), g + (a - g_base), m + (a - lo), v + (a - lo), b - a, static_cast<float>(cur_.lr),
+                static_cast<float>(t_.adam_beta1), static_cast<float>(t_.adam_beta2),
+                static_cast<float>(t_.adam_epsilon), r.decay ? static_cast<float>(t_.weight_decay) : 0.0f,
+                static_cast<float>(cur_.bc1), static_cast<float>(cur_.bc2), cur_.grad_scale);
+    }
+  }
+
+  // Chunk c's updated m and v (host_m_, host_v_) and master weights (host_p_) written behind.
+  Status WriteChunk(int64_t c, size_t bytes) {
     TRAIND_RETURN_IF_ERROR(store_->Write(Key(c, 0), host_m_.data(), bytes));
     TRAIND_RETURN_IF_ERROR(store_->Write(Key(c, 1), host_v_.data(), bytes));
     if (master_ != nullptr) TRAIND_RETURN_IF_ERROR(WriteMasterWindow(static_cast<size_t>(c)));
@@ -929,15 +940,7 @@ class OffloadedAdamW final : public HostDrivenOffload {
     }
     backend->Synchronize();  // the gradients (and weights) are on the host
     TRAIND_RETURN_IF_ERROR(backend->status());
-    for (const Run& r : runs_) {
-      const int64_t a = std::max(lo, r.offset), b = std::min(hi, r.offset + r.numel);
-      if (a >= b) continue;
-      host_->AdamW(w + (a - lo), host_g_.data() + (a - lo), host_m_.data() + (a - lo),
-                   host_v_.data() + (a - lo), b - a, static_cast<float>(cur_.lr),
-                   static_cast<float>(t_.adam_beta1), static_cast<float>(t_.adam_beta2),
-                   static_cast<float>(t_.adam_epsilon), r.decay ? static_cast<float>(t_.weight_decay) : 0.0f,
-                   static_cast<float>(cur_.bc1), static_cast<float>(cur_.bc2), cur_.grad_scale);
-    }
+    ApplyAdamW(host_.get(), lo, hi, w, lo, host_g_.data(), lo, host_m_.data(), host_v_.data());
     host_->Synchronize();
     if (master_ != nullptr) {
       backend->CopyHostToDevice(win_p_, w, bytes);
@@ -946,10 +949,7 @@ class OffloadedAdamW final : public HostDrivenOffload {
       backend->CopyHostToDevice(cur_.params + lo, w, bytes);
     }
     backend->Synchronize();  // the host buffers are reused by the next chunk
-    TRAIND_RETURN_IF_ERROR(store_->Write(Key(c, 0), host_m_.data(), bytes));
-    TRAIND_RETURN_IF_ERROR(store_->Write(Key(c, 1), host_v_.data(), bytes));
-    if (master_ != nullptr) TRAIND_RETURN_IF_ERROR(WriteMasterWindow(static_cast<size_t>(c)));
-    return Status::Ok();
+    return WriteChunk(c, bytes);
   }
 
  public:
