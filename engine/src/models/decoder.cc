@@ -115,6 +115,18 @@ uint64_t Fnv1a16(uint64_t h, const uint16_t* v, int64_t n) {
 
 constexpr uint64_t kFnvOffset = 0xcbf29ce484222325ull;
 
+// n floats -> `type` (bf16 or f16) into *out (resized), with F32ToBF16 / F32ToF16: the backend
+// casts' bits (cpu_cast_test), so the copy equals the one Cast would make on the device.
+void To16(DType type, const float* host, int64_t n, std::vector<uint16_t>* out) {
+  out->resize(static_cast<size_t>(n));
+  uint16_t* o = out->data();
+  if (type == DType::kBF16) {
+    for (int64_t k = 0; k < n; ++k) o[k] = F32ToBF16(host[k]);
+  } else {
+    for (int64_t k = 0; k < n; ++k) o[k] = F32ToF16(host[k]);
+  }
+}
+
 }  // namespace
 
 void InitFlatParamsTo(const ArchDims& d, const ParamTable& table, uint64_t seed,
@@ -226,14 +238,7 @@ void DecoderModel::PublishStaged() {
 }
 
 void DecoderModel::PublishFromHost(int64_t offset, const float* host, int64_t n) {
-  // F32ToBF16 / F32ToF16 are the backend casts' bits (cpu_cast_test), so the copy equals the one
-  // Cast would make on the device.
-  host16_.resize(static_cast<size_t>(n));
-  if (options_.compute_type == DType::kBF16) {
-    for (int64_t k = 0; k < n; ++k) host16_[static_cast<size_t>(k)] = F32ToBF16(host[k]);
-  } else {
-    for (int64_t k = 0; k < n; ++k) host16_[static_cast<size_t>(k)] = F32ToF16(host[k]);
-  }
+  To16(options_.compute_type, host, n, &host16_);
   base16_hash_ = Fnv1a16(base16_hash_, host16_.data(), n);
   be_->CopyHostToDevice(static_cast<char*>(bufs_.params16) + offset * static_cast<int64_t>(sizeof(uint16_t)),
                         host16_.data(), static_cast<size_t>(n) * sizeof(uint16_t));
@@ -529,11 +534,7 @@ Status DecoderModel::LoadMergeBase(const SafetensorsFile* file, uint64_t seed) {
     constexpr int64_t kPiece = int64_t{1} << 20;
     for (int64_t o = 0; o < table_.total; o += kPiece) {
       const int64_t n = std::min(kPiece, table_.total - o);
-      piece.resize(static_cast<size_t>(n));
-      for (int64_t k = 0; k < n; ++k) {
-        const float v = merge_base_[static_cast<size_t>(o + k)];
-        piece[static_cast<size_t>(k)] = options_.compute_type == DType::kBF16 ? F32ToBF16(v) : F32ToF16(v);
-      }
+      To16(options_.compute_type, merge_base_.data() + o, n, &piece);
       h = Fnv1a16(h, piece.data(), n);
     }
     if (h != base16_hash_) {
