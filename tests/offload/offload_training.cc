@@ -286,16 +286,17 @@ INSTANTIATE_TEST_SUITE_P(NoClipping, OffloadEarlyUpdate,
 
 // OffloadOptions::update_on_host (what a cuda or simt job uses: the chunk's gradients down, the
 // update by a CPU backend in host memory, the weights up), here on a CPU arena, where the host's
-// kernel is the device's: 4 steps over 3 tensors (one of them larger than a chunk, decay on two)
-// end bit-identical to the in-memory AdamW, and the store holds the same m and v (the checkpoint
-// file is the same bytes).
+// kernel is the device's: 4 steps over 3 tensors (one of them larger than a chunk, decay on two;
+// 4 chunks, so the two staging slots are reused within a step) end bit-identical to the in-memory
+// AdamW, and the store holds the same m and v (the checkpoint file is the same bytes); also when
+// the chunks update during backward (BeginStep, GradientsFinalFrom twice, then Step).
 TEST(OffloadHostUpdate, BitIdenticalToInMemoryAdamW) {
   auto backend = MakeCpuBackend(2);
   DeviceArena arena(backend.get(), 0);
-  std::vector<ParamInfo> params = {{"a.weight", {64, 100}, {64, 100}, 0, 6400, true},
-                                   {"a.bias", {64}, {64}, 6400, 64, false},
-                                   {"b.weight", {40, 40}, {40, 40}, 6464, 1600, true}};
-  const int64_t n = 8064;
+  std::vector<ParamInfo> params = {{"a.weight", {64, 200}, {64, 200}, 0, 12800, true},
+                                   {"a.bias", {64}, {64}, 12800, 64, false},
+                                   {"b.weight", {40, 40}, {40, 40}, 12864, 1600, true}};
+  const int64_t n = 14464;
   TrainingSpec t;
   t.optim = "adamw";
   t.weight_decay = 0.1;
@@ -311,29 +312,44 @@ TEST(OffloadHostUpdate, BitIdenticalToInMemoryAdamW) {
   };
   float* p_mem = device(p0);
   float* p_off = device(p0);
+  float* p_early = device(p0);
   float* grads = device(g);
   auto mem = MakeOptimizer(t, params, n, &arena);
   ASSERT_TRUE(mem.ok()) << mem.status().ToString();
   auto store = offload::MakeHostStore();
   ASSERT_TRUE(store.ok());
   OffloadOptions oo;
-  oo.group_state_bytes = 8 * 4096;  // chunks of 4096 elements: the first tensor spans two
+  oo.group_state_bytes = 8 * 4096;  // chunks of 4096 elements: the first tensor spans four
   oo.update_on_host = true;
   oo.host_threads = 2;
   auto off = MakeOffloadedOptimizer(t, params, n, &arena, store->get(), oo);
   ASSERT_TRUE(off.ok()) << off.status().ToString();
+  auto store_early = offload::MakeHostStore();
+  ASSERT_TRUE(store_early.ok());
+  auto early = MakeOffloadedOptimizer(t, params, n, &arena, store_early->get(), oo);
+  ASSERT_TRUE(early.ok()) << early.status().ToString();
+  ASSERT_TRUE((*early)->updates_during_backward());
   for (int step = 1; step <= 4; ++step) {
     for (float& x : g) x = normal(rng);
     backend->CopyHostToDevice(grads, g.data(), g.size() * 4);
     (*mem)->Step(p_mem, grads, 1e-2 / step, 0.5f);
     (*off)->Step(p_off, grads, 1e-2 / step, 0.5f);
     ASSERT_TRUE((*off)->status().ok()) << (*off)->status().ToString();
+    (*early)->BeginStep(p_early, grads, 1e-2 / step, 0.5f);
+    (*early)->GradientsFinalFrom(12864);  // chunk 3 only
+    (*early)->GradientsFinalFrom(5000);   // chunk 2 (chunk 1 begins at 4096 < 5000)
+    EXPECT_EQ((*early)->updated_during_backward(), n - 2 * 4096);
+    (*early)->Step(p_early, grads, 1e-2 / step, 0.5f);
+    ASSERT_TRUE((*early)->status().ok()) << (*early)->status().ToString();
   }
+  std::vector<float> e(static_cast<size_t>(n));
+  backend->CopyDeviceToHost(e.data(), p_early, e.size() * 4);
   std::vector<float> a(static_cast<size_t>(n)), b(static_cast<size_t>(n));
   backend->CopyDeviceToHost(a.data(), p_mem, a.size() * 4);
   backend->CopyDeviceToHost(b.data(), p_off, b.size() * 4);
   backend->Synchronize();
   EXPECT_EQ(a, b) << "weights after 4 steps";
+  EXPECT_EQ(a, e) << "weights after 4 steps updated during backward";
   EXPECT_NE(a, p0);
   const std::string dir = testing::MakeTempDir("offload-host-update");
   ASSERT_TRUE((*mem)->WriteState(dir + "/mem.safetensors").ok());

@@ -224,6 +224,54 @@ TEST_F(SimtKernels, BatchUploadDoubleBuffers) {
   EXPECT_TRUE(gpu->MemoryInfo(&free_bytes, &total_bytes).ok());
   EXPECT_GT(total_bytes, 0u);
 }
+// HostStaging as the offloaded AdamW's host update drives it: two slots of [gradients | weights];
+// each round a compute op writes the "gradients", they come down behind it, the host updates the
+// weights in the slot, they go up into a device buffer that compute work issued before the upload
+// still reads (write-after-read) and compute work issued after reads (read-after-write).
+TEST_F(SimtKernels, HostStagingOrdersCopiesWithTheComputeWork) {
+  const size_t n = 777;
+  for (Backend* be : {simt(), cpu()}) {
+    SCOPED_TRACE(be->name());
+    EXPECT_EQ(be->MakeHostStaging(0, 16).status().code(), Status::Code::kInvalidArgument);
+    auto staging = be->MakeHostStaging(2, 2 * n * 4);
+    ASSERT_TRUE(staging.ok()) << staging.status().ToString();
+    HostStaging& st = **staging;
+    EXPECT_EQ(st.slots(), 2);
+    EXPECT_EQ(st.slot_bytes(), 2 * n * 4);
+    std::vector<float> base(n), w(n, 0.0f), acc_expect(n, 0.0f);
+    for (size_t i = 0; i < n; ++i) base[i] = 0.25f * static_cast<float>(i % 97) - 3.0f;
+    Buf grads(be, base), weights(be, n * 4), acc(be, n * 4);
+    be->Memset0(weights.f(), n * 4);
+    be->Memset0(acc.f(), n * 4);
+    for (int round = 0; round < 6; ++round) {
+      const int slot = round % 2;
+      be->Scale(grads.f(), 2.0f, static_cast<int64_t>(n));  // the compute op the download must see
+      ASSERT_TRUE(st.Download(slot, 0, grads.f(), n * 4).ok());
+      auto host = st.Host(slot);
+      ASSERT_TRUE(host.ok()) << host.status().ToString();
+      auto* g = static_cast<float*>(host.value());
+      auto* hw = g + n;
+      const std::vector<float> w_prev = w;
+      for (size_t i = 0; i < n; ++i) {
+        const float expect_g = base[i] * static_cast<float>(1 << (round + 1));
+        ASSERT_EQ(g[i], expect_g) << "round " << round << " element " << i;
+        w[i] -= 0.125f * g[i];
+        hw[i] = w[i];
+      }
+      be->Add(acc.f(), acc.f(), weights.f(), static_cast<int64_t>(n));  // reads the old weights
+      ASSERT_TRUE(st.Upload(slot, n * 4, weights.f(), n * 4).ok());
+      be->Add(acc.f(), acc.f(), weights.f(), static_cast<int64_t>(n));  // reads the new ones
+      for (size_t i = 0; i < n; ++i) acc_expect[i] = (acc_expect[i] + w_prev[i]) + w[i];
+    }
+    be->Synchronize();
+    EXPECT_EQ(weights.get(), w);
+    EXPECT_EQ(acc.get(), acc_expect);
+    EXPECT_EQ(st.Host(2).status().code(), Status::Code::kInvalidArgument);
+    EXPECT_EQ(st.Download(0, n * 4 + 4, grads.f(), n * 4).code(), Status::Code::kInvalidArgument);
+    EXPECT_EQ(st.Upload(1, 0, weights.f(), 2 * n * 4 + 4).code(), Status::Code::kInvalidArgument);
+  }
+}
+
 
 }  // namespace
 }  // namespace traind::engine

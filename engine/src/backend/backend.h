@@ -45,6 +45,34 @@ class BatchUpload {
   virtual Status Consumed(int slot) = 0;
 };
 
+// Host staging buffers for asynchronous copies both ways between device and host memory, off the
+// compute work: `slots()` buffers of `slot_bytes()` (pinned memory on CUDA, a fixed count) and a
+// copy stream. A Download sees everything the compute work issued before it wrote; work issued
+// after an Upload sees what it wrote; neither blocks the host. Host(slot) waits for the slot's
+// copies issued so far, so the host may read what came down or overwrite what went up. What the
+// offloaded optimizer's host update streams through (the chunks' gradients down, their weights
+// up, the next chunk's copies behind this chunk's update). The default (CPU backend, whose memory
+// is the host's) copies synchronously with CopyDeviceToHost / CopyHostToDevice. One thread drives
+// it; the backend must outlive it.
+class HostStaging {
+ public:
+  virtual ~HostStaging() = default;
+  virtual int slots() const = 0;
+  virtual size_t slot_bytes() const = 0;
+  // The slot's buffer, once its copies issued so far have finished.
+  virtual Result<void*> Host(int slot) = 0;
+  // Copies `bytes` of device memory `src` into the slot at byte `offset`, after the compute work
+  // issued so far.
+  virtual Status Download(int slot, size_t offset, const void* src, size_t bytes) = 0;
+  // Copies `bytes` at byte `offset` of the slot to device memory `dst`, after the compute work
+  // issued so far (its readers of `dst`); compute work issued afterwards sees the data.
+  virtual Status Upload(int slot, size_t offset, void* dst, size_t bytes) = 0;
+
+ protected:
+  // INVALID_ARGUMENT naming `what` when `slot` or [offset, offset + bytes) is outside the slots.
+  Status CheckRange(const char* what, int slot, size_t offset, size_t bytes) const;
+};
+
 // The compute ops of the Backend interface, one entry per virtual method below (a new op: add it
 // here and see README.md beside this file for the other places it touches). Memory, copies,
 // synchronisation, graphs and batch uploads are not ops: every backend has them.
@@ -388,6 +416,9 @@ class Backend {
   // A double-buffered uploader with slots of `slot_bytes`. Default: plain host slots copied with
   // CopyHostToDevice (synchronous); the GPU backends use pinned slots and a copy stream.
   virtual Result<std::unique_ptr<BatchUpload>> MakeBatchUpload(size_t slot_bytes);
+  // `slots` staging buffers of `slot_bytes` each (HostStaging). Default: plain host buffers and
+  // the synchronous copies; the GPU backends pin them and copy on their own stream.
+  virtual Result<std::unique_ptr<HostStaging>> MakeHostStaging(int slots, size_t slot_bytes);
 
  protected:
   // What the default op bodies call: records UNIMPLEMENTED for `op` (the first one) in status().

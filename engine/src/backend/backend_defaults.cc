@@ -41,6 +41,35 @@ class HostBatchUpload final : public BatchUpload {
   std::vector<unsigned char> slots_[2];
 };
 
+class SyncHostStaging final : public HostStaging {
+ public:
+  SyncHostStaging(Backend* backend, int slots, size_t slot_bytes)
+      : backend_(backend), slot_bytes_(slot_bytes), slots_(static_cast<size_t>(slots)) {
+    for (auto& s : slots_) s.resize(slot_bytes == 0 ? 1 : slot_bytes);
+  }
+  int slots() const override { return static_cast<int>(slots_.size()); }
+  size_t slot_bytes() const override { return slot_bytes_; }
+  Result<void*> Host(int slot) override {
+    TRAIND_RETURN_IF_ERROR(CheckRange("Host", slot, 0, 0));
+    return static_cast<void*>(slots_[static_cast<size_t>(slot)].data());
+  }
+  Status Download(int slot, size_t offset, const void* src, size_t bytes) override {
+    TRAIND_RETURN_IF_ERROR(CheckRange("Download", slot, offset, bytes));
+    backend_->CopyDeviceToHost(slots_[static_cast<size_t>(slot)].data() + offset, src, bytes);
+    return backend_->status();
+  }
+  Status Upload(int slot, size_t offset, void* dst, size_t bytes) override {
+    TRAIND_RETURN_IF_ERROR(CheckRange("Upload", slot, offset, bytes));
+    backend_->CopyHostToDevice(dst, slots_[static_cast<size_t>(slot)].data() + offset, bytes);
+    return backend_->status();
+  }
+
+ private:
+  Backend* backend_;
+  size_t slot_bytes_;
+  std::vector<std::vector<unsigned char>> slots_;
+};
+
 }  // namespace
 
 const char* OpName(Op op) {
@@ -283,6 +312,24 @@ void Backend::LinearForward(float* pre, float* act, const void* inp, const void*
 
 Result<std::unique_ptr<BatchUpload>> Backend::MakeBatchUpload(size_t slot_bytes) {
   return std::unique_ptr<BatchUpload>(new HostBatchUpload(this, slot_bytes));
+}
+
+Result<std::unique_ptr<HostStaging>> Backend::MakeHostStaging(int slots, size_t slot_bytes) {
+  if (slots < 1) return Status::InvalidArgument("MakeHostStaging: " + std::to_string(slots) + " slots");
+  return std::unique_ptr<HostStaging>(new SyncHostStaging(this, slots, slot_bytes));
+}
+
+Status HostStaging::CheckRange(const char* what, int slot, size_t offset, size_t bytes) const {
+  if (slot < 0 || slot >= slots()) {
+    return Status::InvalidArgument(std::string("HostStaging::") + what + ": slot " + std::to_string(slot) +
+                                   " is not in [0, " + std::to_string(slots()) + ")");
+  }
+  if (offset > slot_bytes() || bytes > slot_bytes() - offset) {
+    return Status::InvalidArgument(std::string("HostStaging::") + what + " of " + std::to_string(bytes) +
+                                   " bytes at " + std::to_string(offset) + ", slots hold " +
+                                   std::to_string(slot_bytes()));
+  }
+  return Status::Ok();
 }
 
 }  // namespace traind::engine

@@ -6,7 +6,8 @@
 set(TRAIND_GPU_DIR ${CMAKE_CURRENT_SOURCE_DIR}/src/backend)
 file(GLOB TRAIND_GPU_KERNELS CONFIGURE_DEPENDS ${TRAIND_GPU_DIR}/cuda/*.cu)
 # Host-side sources shared by both builds (the backend class, the launch-free helpers).
-set(TRAIND_GPU_COMMON ${TRAIND_GPU_DIR}/cuda/gpu_backend.cc ${TRAIND_GPU_DIR}/cuda/batch_uploader.cc)
+set(TRAIND_GPU_COMMON ${TRAIND_GPU_DIR}/cuda/gpu_backend.cc ${TRAIND_GPU_DIR}/cuda/batch_uploader.cc
+    ${TRAIND_GPU_DIR}/cuda/host_staging.cc)
 
 find_path(TRAIND_CUDA_HEADERS cuda_bf16.h
   HINTS /usr/local/cuda/include ENV CUDA_HOME PATH_SUFFIXES include)

@@ -318,8 +318,10 @@ class HostDrivenOffload : public Optimizer, public MasterWeightsStore {
   // With OffloadOptions::master_weights: the master weights in the store (segments of the
   // subclass: AdamW's chunks, the groups), the model's sink, a device window of the largest
   // segment and its host buffer.
+  // `host_buffer`: host_p_ for ReadMasterWindow / RefreshFromWindow (AdamW's host update reads
+  // and writes the master weights in its staging slots instead).
   Status EnableMaster(std::vector<MasterSegments::Segment> segments, int64_t piece_elems,
-                      MasterWeightsSink* sink, DeviceArena* arena) {
+                      MasterWeightsSink* sink, DeviceArena* arena, bool host_buffer = true) {
     master_ = std::make_unique<MasterSegments>(store_, std::move(segments), piece_elems);
     sink_ = sink;
     if (master_->largest() == 0) return Status::Ok();
@@ -328,7 +330,7 @@ class HostDrivenOffload : public Optimizer, public MasterWeightsStore {
                                                      "offload window master weights"));
     win_p_ = static_cast<float*>(p);
     window_arena_ = arena;
-    host_p_.resize(static_cast<size_t>(master_->largest()));
+    if (host_buffer) host_p_.resize(static_cast<size_t>(master_->largest()));
     return Status::Ok();
   }
   // Segment s's master weights into the device window (the parameters its update runs on).
@@ -647,15 +649,18 @@ class OffloadedAdamW final : public HostDrivenOffload {
       opt->host_v_.resize(static_cast<size_t>(opt->chunk_));
       if (o.update_on_host) {
         opt->host_ = MakeCpuBackend(o.host_threads);
-        opt->host_g_.resize(static_cast<size_t>(opt->chunk_));
-        opt->host_w_.resize(static_cast<size_t>(opt->chunk_));
+        // Two slots of [gradients | weights] of a chunk: pinned on CUDA, the copies of the next
+        // chunk in flight while this one updates.
+        TRAIND_ASSIGN_OR_RETURN(opt->staging_,
+                                arena->backend()->MakeHostStaging(2, static_cast<size_t>(bytes) * 2));
       }
       if (o.master_weights) {
         std::vector<MasterSegments::Segment> chunks;  // one piece per chunk: {"adamw", c, "master"}
         for (int64_t c = 0; c < opt->NumChunks(); ++c) {
           chunks.push_back({"adamw", c * opt->chunk_, std::min(num_params, (c + 1) * opt->chunk_), c});
         }
-        TRAIND_RETURN_IF_ERROR(opt->EnableMaster(std::move(chunks), opt->chunk_, o.master_sink, arena));
+        TRAIND_RETURN_IF_ERROR(opt->EnableMaster(std::move(chunks), opt->chunk_, o.master_sink, arena,
+                                                 /*host_buffer=*/!o.update_on_host));
       }
     }
     return std::unique_ptr<Optimizer>(std::move(opt));
@@ -852,6 +857,8 @@ class OffloadedAdamW final : public HostDrivenOffload {
                    1.0 - std::pow(t_.adam_beta2, static_cast<double>(step)), step_ == 0};
     if (master_ != nullptr) master_->Invalidate();
     next_ = NumChunks() - 1;
+    final_from_ = num_params_;
+    downloaded_ = -1;
     Prefetch(next_);
     Prefetch(next_ - 1);
     active_ = true;
@@ -888,7 +895,7 @@ class OffloadedAdamW final : public HostDrivenOffload {
     backend->CopyDeviceToHost(host_v_.data(), win_v_, bytes);
     if (master_ != nullptr) RefreshFromWindow(static_cast<size_t>(c), backend);
     backend->Synchronize();
-    return WriteChunk(c, bytes);
+    return WriteChunk(c, bytes, host_p_.data());
   }
 
   // The current step's AdamW over the flat elements [lo, hi) on `be`, run by run (decay or not):
@@ -905,11 +912,12 @@ class OffloadedAdamW final : public HostDrivenOffload {
     }
   }
 
-  // Chunk c's updated m and v (host_m_, host_v_) and master weights (host_p_) written behind.
-  Status WriteChunk(int64_t c, size_t bytes) {
+  // Chunk c's updated m and v (host_m_, host_v_) and master weights (`master`, on the host)
+  // written behind.
+  Status WriteChunk(int64_t c, size_t bytes, const float* master) {
     TRAIND_RETURN_IF_ERROR(store_->Write(Key(c, 0), host_m_.data(), bytes));
     TRAIND_RETURN_IF_ERROR(store_->Write(Key(c, 1), host_v_.data(), bytes));
-    if (master_ != nullptr) TRAIND_RETURN_IF_ERROR(WriteMasterWindow(static_cast<size_t>(c)));
+    if (master_ != nullptr) TRAIND_RETURN_IF_ERROR(master_->Write(static_cast<size_t>(c), master));
     return Status::Ok();
   }
 
@@ -917,20 +925,19 @@ class OffloadedAdamW final : public HostDrivenOffload {
   // weights from the store, or the device's fp32 weights) and m, v are updated by the CPU
   // backend's AdamW in host memory (the same per-element math as every backend's kernel), and the
   // weights go back up: with the master weights through the master window into the model's
-  // 16-bit copy (MasterWeightsSink), else into the device's fp32 weights in place.
+  // 16-bit copy (MasterWeightsSink), else into the device's fp32 weights in place. The copies go
+  // through the backend's HostStaging (pinned slots and a copy stream on CUDA), two slots of
+  // [gradients | weights]: chunk c - 1's download is issued before chunk c updates (when its
+  // gradients are final) and chunk c's upload runs while chunk c - 1 updates; the host waits only
+  // for the slot it is about to use.
   Status UpdateChunkOnHost(int64_t c) {
     Backend* backend = arena_->backend();
     const int64_t lo = c * chunk_, n = std::min(chunk_, num_params_ - lo), hi = lo + n;
     const size_t bytes = static_cast<size_t>(n) * 4;
+    const int slot = static_cast<int>(c % 2);
     Prefetch(c - 2);
-    backend->CopyDeviceToHost(host_g_.data(), cur_.grads + lo, bytes);
-    float* w = host_w_.data();
-    if (master_ != nullptr) {
-      TRAIND_RETURN_IF_ERROR(master_->Read(static_cast<size_t>(c), host_p_.data()));
-      w = host_p_.data();
-    } else {
-      backend->CopyDeviceToHost(w, cur_.params + lo, bytes);
-    }
+    if (downloaded_ != c) TRAIND_RETURN_IF_ERROR(DownloadChunk(c));
+    if (c > 0 && (c - 1) * chunk_ >= final_from_) TRAIND_RETURN_IF_ERROR(DownloadChunk(c - 1));
     if (cur_.fresh) {
       std::fill(host_m_.begin(), host_m_.begin() + n, 0.0f);
       std::fill(host_v_.begin(), host_v_.begin() + n, 0.0f);
@@ -938,18 +945,36 @@ class OffloadedAdamW final : public HostDrivenOffload {
       TRAIND_RETURN_IF_ERROR(store_->Read(Key(c, 0), host_m_.data(), bytes));
       TRAIND_RETURN_IF_ERROR(store_->Read(Key(c, 1), host_v_.data(), bytes));
     }
-    backend->Synchronize();  // the gradients (and weights) are on the host
+    TRAIND_ASSIGN_OR_RETURN(void* host, staging_->Host(slot));  // the gradients (and weights) came down
+    float* g = static_cast<float*>(host);
+    float* w = g + chunk_;
+    if (master_ != nullptr) TRAIND_RETURN_IF_ERROR(master_->Read(static_cast<size_t>(c), w));
     TRAIND_RETURN_IF_ERROR(backend->status());
-    ApplyAdamW(host_.get(), lo, hi, w, lo, host_g_.data(), lo, host_m_.data(), host_v_.data());
+    ApplyAdamW(host_.get(), lo, hi, w, lo, g, lo, host_m_.data(), host_v_.data());
     host_->Synchronize();
+    const size_t w_at = static_cast<size_t>(chunk_) * 4;
     if (master_ != nullptr) {
-      backend->CopyHostToDevice(win_p_, w, bytes);
+      // The upload waits for the previous chunk's refresh (which read the window) to be issued
+      // before it: HostStaging orders it after the compute work issued so far.
+      TRAIND_RETURN_IF_ERROR(staging_->Upload(slot, w_at, win_p_, bytes));
       sink_->MasterUpdated(lo, win_p_, n);
     } else {
-      backend->CopyHostToDevice(cur_.params + lo, w, bytes);
+      TRAIND_RETURN_IF_ERROR(staging_->Upload(slot, w_at, cur_.params + lo, bytes));
     }
-    backend->Synchronize();  // the host buffers are reused by the next chunk
-    return WriteChunk(c, bytes);
+    return WriteChunk(c, bytes, w);
+  }
+  // Chunk c's gradients (and without the master weights in the store its fp32 weights) into its
+  // staging slot, behind the compute work issued so far.
+  Status DownloadChunk(int64_t c) {
+    const int64_t lo = c * chunk_, n = std::min(chunk_, num_params_ - lo);
+    const size_t bytes = static_cast<size_t>(n) * 4;
+    const int slot = static_cast<int>(c % 2);
+    TRAIND_RETURN_IF_ERROR(staging_->Download(slot, 0, cur_.grads + lo, bytes));
+    if (master_ == nullptr) {
+      TRAIND_RETURN_IF_ERROR(staging_->Download(slot, static_cast<size_t>(chunk_) * 4, cur_.params + lo, bytes));
+    }
+    downloaded_ = c;
+    return Status::Ok();
   }
 
  public:
@@ -968,6 +993,7 @@ class OffloadedAdamW final : public HostDrivenOffload {
       if (!AwaitCommit().ok()) return;  // AwaitCommit keeps its error in status_
       StartStep(begun_.params, begun_.grads, begun_.lr, begun_.grad_scale);
     }
+    final_from_ = offset;
     for (; active_ && status_.ok() && next_ >= 0 && next_ * chunk_ >= offset; --next_) {
       if (Status s = UpdateChunk(next_); !s.ok()) {
         status_ = s;
@@ -986,6 +1012,7 @@ class OffloadedAdamW final : public HostDrivenOffload {
     }
     has_begun_ = false;
     if (!active_) StartStep(params, grads, lr, grad_scale);
+    final_from_ = 0;  // backward has finished: every gradient is final
     for (; next_ >= 0; --next_) TRAIND_RETURN_IF_ERROR(UpdateChunk(next_));
     active_ = false;
     // The next step's reads in its order, as far as the store's read-ahead budget goes (it drops
@@ -1018,6 +1045,8 @@ class OffloadedAdamW final : public HostDrivenOffload {
   bool active_ = false;  // a step started and not finished
   int64_t next_ = -1;    // the next chunk it updates (they go down to 0)
   int64_t early_ = 0;    // elements updated by GradientsFinalFrom this step
+  int64_t final_from_ = 0;   // the gradients of the elements from here on are final
+  int64_t downloaded_ = -1;  // the chunk whose staging download was issued last
 
   TrainingSpec t_;
   std::vector<ParamInfo> params_;
@@ -1028,10 +1057,10 @@ class OffloadedAdamW final : public HostDrivenOffload {
   float* win_m_ = nullptr;
   float* win_v_ = nullptr;
   std::vector<float> host_m_, host_v_;
-  // OffloadOptions::update_on_host: the CPU backend that updates, the chunk's gradients and (without
-  // the master weights in the store) its fp32 weights.
+  // OffloadOptions::update_on_host: the CPU backend that updates and the staging slots the
+  // chunks' gradients and weights cross in (UpdateChunkOnHost).
   std::unique_ptr<Backend> host_;
-  std::vector<float> host_g_, host_w_;
+  std::unique_ptr<HostStaging> staging_;
 };
 
 }  // namespace

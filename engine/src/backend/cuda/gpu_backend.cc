@@ -6,6 +6,7 @@
 #include <string>
 
 #include "backend/cuda/batch_uploader.h"
+#include "backend/cuda/host_staging.h"
 #include "backend/cuda/device.h"
 #include "backend/cuda/kernels.h"
 
@@ -67,6 +68,12 @@ Result<std::unique_ptr<BatchUpload>> GpuBackend::MakeBatchUpload(size_t slot_byt
   TRAIND_ASSIGN_OR_RETURN(std::unique_ptr<BatchUploader> u,
                           BatchUploader::Create(slot_bytes, stream_));
   return std::unique_ptr<BatchUpload>(std::move(u));
+}
+
+Result<std::unique_ptr<HostStaging>> GpuBackend::MakeHostStaging(int slots, size_t slot_bytes) {
+  TRAIND_ASSIGN_OR_RETURN(std::unique_ptr<PinnedHostStaging> h,
+                          PinnedHostStaging::Create(slots, slot_bytes, stream_));
+  return std::unique_ptr<HostStaging>(std::move(h));
 }
 
 void* GpuBackend::Alloc(size_t bytes) {

@@ -38,6 +38,8 @@ class GpuBackend : public Backend {
   Status Replay(int graph) override;
   // Pinned slots and a copy stream (BatchUploader).
   Result<std::unique_ptr<BatchUpload>> MakeBatchUpload(size_t slot_bytes) override;
+  // Pinned slots and a copy stream ordered with the compute stream (PinnedHostStaging).
+  Result<std::unique_ptr<HostStaging>> MakeHostStaging(int slots, size_t slot_bytes) override;
   // Markers are CUDA events (timing off) recorded on the compute stream; WaitMarker sets the
   // backend's device on the calling thread first (the current device is per thread) and
   // synchronizes on the event.
