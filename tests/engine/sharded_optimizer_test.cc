@@ -185,6 +185,7 @@ class MapStore final : public OptimizerStateStore {
  public:
   void Prefetch(const StateKey&) override {}
   Status Read(const StateKey& key, void* dst, size_t bytes) override {
+    if (corrupt_) return Status::DataLoss("map store: chunk " + key.ToString() + " is damaged");
     auto it = committed_.find(key);
     if (it == committed_.end() || it->second.size() != bytes) {
       return Status::NotFound("map store: no chunk " + key.ToString() + " of that size");
@@ -215,8 +216,11 @@ class MapStore final : public OptimizerStateStore {
     return s;
   }
   std::string Describe() const override { return "map"; }
+  // Every Read from now on fails with DATA_LOSS (a store damaged on disk).
+  void Corrupt() { corrupt_ = true; }
 
  private:
+  bool corrupt_ = false;
   std::map<StateKey, std::string> committed_, pending_;
   int64_t step_ = -1;
 };
@@ -586,6 +590,118 @@ TEST(ShardedOptimizer, OffloadedReadStateRssGrowthIsTheStoreAndABoundedRest) {
       << "the reference path no longer reads the file whole: the bound above proves less";
   EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir),
                           std::filesystem::directory_iterator()), 1);
+}
+
+// ZeRO-1 checkpoint with training.offload of a 128 MiB AdamW state (two threads as the ranks, each
+// with its 64 MiB shard in its own store): rank 0 WriteState while rank 1 ContributeState. The
+// shards cross as a stream (each rank's store read a chunk at a time, 4 MiB frames), so the
+// process's peak RSS grows by a bounded rest (< 40 MiB: frames, chunk buffers), not by the
+// state; the gather it replaced held each rank's packed shard and the whole state on every rank.
+// The file is the unsharded in-memory AdamW's, byte for byte. Reference for the measurement:
+// SaveState collects the gathered file in memory, so its growth is at least the file.
+TEST(ShardedOptimizer, OffloadedWriteStateStreamsTheShardsInBoundedMemory) {
+  int64_t n = 0;
+  const std::vector<ParamInfo> params = testing::MakeParams({{4096, 4096}, {4096}}, &n);
+  TrainingSpec t = Optim("adamw");
+  const std::vector<float> init = testing::RandomVector(n, 1, 0.5f);
+  const std::vector<float> g = testing::RandomVector(n, 2, 1.0f);
+  const std::string dir = testing::MakeTempDir("zero1_write_rss");
+  const std::string alone_file = dir + "/alone.safetensors", file = dir + "/optimizer.safetensors";
+  {
+    std::unique_ptr<Backend> backend = MakeCpuBackend(0);
+    DeviceArena arena(backend.get(), 0);
+    auto opt = MakeOptimizer(t, params, n, &arena);
+    ASSERT_TRUE(opt.ok()) << opt.status().ToString();
+    std::vector<float> p = init;
+    (*opt)->Step(p.data(), g.data(), 1e-2, 1.0f);
+    ASSERT_TRUE((*opt)->WriteState(alone_file).ok());
+  }
+  const int64_t file_bytes = static_cast<int64_t>(std::filesystem::file_size(alone_file));
+  ASSERT_GT(file_bytes, int64_t{120} << 20);
+  t.offload = "cpu";
+  ThreadWorld w(2);
+  struct Rank {
+    Rank(ThreadWorld* w, int r) : comm(w, r), backend(MakeCpuBackend(0)), arena(backend.get(), 0) {}
+    ThreadComm comm;
+    std::unique_ptr<Backend> backend;
+    DeviceArena arena;
+    MapStore store;
+    std::unique_ptr<ShardedOptimizer> opt;
+    std::vector<float> p;
+  };
+  std::vector<std::unique_ptr<Rank>> ranks;
+  for (int r = 0; r < 2; ++r) {
+    ranks.push_back(std::make_unique<Rank>(&w, r));
+    Rank& k = *ranks.back();
+    auto opt = ShardedOptimizer::Create(t, params, n, &k.comm, &k.arena, &k.store);
+    ASSERT_TRUE(opt.ok()) << opt.status().ToString();
+    k.opt = std::move(*opt);
+    k.p = init;
+    k.opt->Step(k.p.data(), g.data(), 1e-2, 1.0f);  // the rank's range only: no collective
+    ASSERT_TRUE(k.opt->status().ok());
+  }
+  int64_t growth[2] = {0, 0};
+  for (int collect = 0; collect < 2; ++collect) {
+    Status s[2];
+    SafetensorsFile collected;
+    const int64_t before = testing::StartPeakRss();
+    std::thread other([&] { s[1] = ranks[1]->opt->ContributeState(); });
+    if (collect == 0) {
+      s[0] = ranks[0]->opt->WriteState(file);
+    } else {
+      collected = ranks[0]->opt->SaveState();
+      s[0] = ranks[0]->opt->status();
+    }
+    other.join();
+    growth[collect] = testing::ProcStatusBytes("VmHWM") - before;
+    ASSERT_TRUE(s[0].ok()) << s[0].ToString();
+    ASSERT_TRUE(s[1].ok()) << s[1].ToString();
+    if (collect == 1) {
+      EXPECT_EQ(collected.tensors.size(), 4u);
+    }
+  }
+  EXPECT_TRUE(testing::ReadFile(file) == testing::ReadFile(alone_file))
+      << "the gathered file differs from the unsharded optimizer's";
+  std::printf("zero1 offloaded checkpoint, world 2, %.1f MiB state: RSS growth WriteState (streamed) %.1f MiB, "
+              "SaveState (collected whole) %.1f MiB\n",
+              static_cast<double>(file_bytes) / 1048576.0, static_cast<double>(growth[0]) / 1048576.0,
+              static_cast<double>(growth[1]) / 1048576.0);
+  EXPECT_LT(growth[0], int64_t{40} << 20);
+  EXPECT_GT(growth[1], file_bytes * 3 / 4)
+      << "the reference path no longer holds the file: the bound above proves less";
+}
+
+// A rank whose shard cannot be read (its store lost a chunk) fails the checkpoint on the writer
+// with that rank named; neither rank waits forever, and the writer leaves no file behind.
+TEST(ShardedOptimizer, AShardThatCannotBeReadFailsTheCheckpointNamingItsRank) {
+  int64_t n = 0;
+  const std::vector<ParamInfo> params = Layout(&n);
+  TrainingSpec t = Optim("adamw");
+  t.offload = "cpu";
+  const std::vector<float> init = testing::RandomVector(n, 1, 0.5f);
+  const std::vector<float> g = testing::RandomVector(n, 2, 1.0f);
+  ThreadWorld w(2);
+  ThreadComm c0(&w, 0), c1(&w, 1);
+  std::unique_ptr<Backend> backend = MakeCpuBackend(1);
+  DeviceArena arena(backend.get(), 0);
+  MapStore st0, st1;
+  auto o0 = ShardedOptimizer::Create(t, params, n, &c0, &arena, &st0);
+  auto o1 = ShardedOptimizer::Create(t, params, n, &c1, &arena, &st1);
+  ASSERT_TRUE(o0.ok() && o1.ok());
+  std::vector<float> p0 = init, p1 = init;
+  (*o0)->Step(p0.data(), g.data(), 1e-2, 1.0f);
+  (*o1)->Step(p1.data(), g.data(), 1e-2, 1.0f);
+  st1.Corrupt();
+  const std::string dir = testing::MakeTempDir("zero1_write_fail");
+  Status s1;
+  std::thread other([&] { s1 = (*o1)->ContributeState(); });
+  const Status s0 = (*o0)->WriteState(dir + "/optimizer.safetensors");
+  other.join();
+  EXPECT_EQ(s1.code(), Status::Code::kDataLoss) << s1.ToString();
+  EXPECT_EQ(s0.code(), Status::Code::kDataLoss) << s0.ToString();
+  EXPECT_NE(s0.message().find("rank 1"), std::string::npos) << s0.ToString();
+  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir),
+                          std::filesystem::directory_iterator()), 0);
 }
 
 TEST(ShardedOptimizer, BadStateTensorIsNamedAndTooLargeAWorldIsRefused) {

@@ -423,38 +423,45 @@ class OffloadedOptimizer final : public HostDrivenOffload {
   // name order comes back to it); never the whole state in RAM, at the cost of reading the state
   // at least twice.
   Status WriteState(const std::string& path) const override {
+    TRAIND_ASSIGN_OR_RETURN(const SafetensorsStream stream, StateStream());
+    return WriteSafetensorsStream(path, stream);
+  }
+  Result<SafetensorsStream> StateStream() const override {
     TRAIND_RETURN_IF_ERROR(AwaitCommit());
-    std::vector<StreamedTensor> specs;
-    std::vector<size_t> group_of;  // per spec
-    std::map<std::string, std::string> metadata;
+    SafetensorsStream out;
+    auto group_of = std::make_shared<std::vector<size_t>>();  // per tensor
     for (size_t g = 0; g < groups_.size(); ++g) {
       // The group's committed state, not a fresh instance's: which tensors exist can depend on
       // the step (SGD's momentum buffers appear with the first step).
       TRAIND_ASSIGN_OR_RETURN(const SafetensorsFile state, GroupState(g));
-      if (metadata.empty()) metadata = state.metadata;
+      if (out.metadata.empty()) out.metadata = state.metadata;
       for (const auto& [name, t] : state.tensors) {
-        specs.push_back({name, t.dtype, t.shape});
-        group_of.push_back(g);
+        out.tensors.push_back({name, t.dtype, t.shape});
+        group_of->push_back(g);
       }
     }
-    metadata["step"] = std::to_string(step_);
-    size_t cached = groups_.size();
-    SafetensorsFile current;
-    const std::vector<StreamedTensor> names = specs;
-    return WriteSafetensorsStreamed(
-        path, metadata, specs, [&](size_t i, const SafetensorsSink& sink) -> Status {
-          if (cached != group_of[i]) {
-            TRAIND_ASSIGN_OR_RETURN(current, GroupState(group_of[i]));
-            cached = group_of[i];
-          }
-          auto it = current.tensors.find(names[i].name);
-          if (it == current.tensors.end()) {
-            return Status::DataLoss(store_->Describe() + " group '" + groups_[group_of[i]].name +
-                                    "' holds no tensor " + names[i].name);
-          }
-          sink(it->second.data.data(), it->second.data.size());
-          return Status::Ok();
-        });
+    out.metadata["step"] = std::to_string(step_);
+    struct Cache {
+      size_t group;
+      SafetensorsFile state;
+    };
+    auto cache = std::make_shared<Cache>(Cache{groups_.size(), {}});
+    auto names = std::make_shared<std::vector<StreamedTensor>>(out.tensors);
+    out.data = [this, group_of, cache, names](size_t i, const SafetensorsSink& sink) -> Status {
+      const size_t g = (*group_of)[i];
+      if (cache->group != g) {
+        TRAIND_ASSIGN_OR_RETURN(cache->state, GroupState(g));
+        cache->group = g;
+      }
+      auto it = cache->state.tensors.find((*names)[i].name);
+      if (it == cache->state.tensors.end()) {
+        return Status::DataLoss(store_->Describe() + " group '" + groups_[g].name + "' holds no tensor " +
+                                (*names)[i].name);
+      }
+      sink(it->second.data.data(), it->second.data.size());
+      return Status::Ok();
+    };
+    return out;
   }
 
   Status LoadState(const SafetensorsFile& file) override {
@@ -690,38 +697,47 @@ class OffloadedAdamW final : public HostDrivenOffload {
 
   // Streamed: one chunk of each kind in memory at a time, never the whole state.
   Status WriteState(const std::string& path) const override {
+    TRAIND_ASSIGN_OR_RETURN(const SafetensorsStream stream, StateStream());
+    return WriteSafetensorsStream(path, stream);
+  }
+  Result<SafetensorsStream> StateStream() const override {
     TRAIND_RETURN_IF_ERROR(AwaitCommit());
-    std::vector<StreamedTensor> specs;
+    SafetensorsStream out;
     for (const ParamInfo& p : params_) {
-      specs.push_back({p.hf_name + ".exp_avg", "F32", p.shape});
-      specs.push_back({p.hf_name + ".exp_avg_sq", "F32", p.shape});
+      out.tensors.push_back({p.hf_name + ".exp_avg", "F32", p.shape});
+      out.tensors.push_back({p.hf_name + ".exp_avg_sq", "F32", p.shape});
     }
-    std::vector<float> buf[2] = {std::vector<float>(static_cast<size_t>(chunk_)),
-                                 std::vector<float>(static_cast<size_t>(chunk_))};
-    int64_t cached[2] = {-1, -1};
     SafetensorsFile header;  // the metadata only
     state_io::SetHeader(&header, kAdamWFormat, step_);
-    const std::map<std::string, std::string>& metadata = header.metadata;
-    return WriteSafetensorsStreamed(path, metadata, specs, [&](size_t i, const SafetensorsSink& sink) -> Status {
+    out.metadata = header.metadata;
+    struct Chunks {  // the chunk of each kind last read
+      std::vector<float> buf[2];
+      int64_t cached[2] = {-1, -1};
+    };
+    auto chunks = std::make_shared<Chunks>();
+    for (auto& b : chunks->buf) b.resize(static_cast<size_t>(chunk_));
+    out.data = [this, chunks](size_t i, const SafetensorsSink& sink) -> Status {
       const ParamInfo& p = params_[i / 2];
       const int which = static_cast<int>(i % 2);
+      std::vector<float>& buf = chunks->buf[which];
       for (int64_t at = p.offset; at < p.offset + p.numel;) {
         const int64_t c = at / chunk_, lo = c * chunk_, n = std::min(chunk_, num_params_ - lo);
-        if (cached[which] != c) {
+        if (chunks->cached[which] != c) {
           if (step_ == 0) {
-            std::fill(buf[which].begin(), buf[which].end(), 0.0f);
+            std::fill(buf.begin(), buf.end(), 0.0f);
           } else {
             Prefetch(c + 1, false);
-            TRAIND_RETURN_IF_ERROR(store_->Read(Key(c, which), buf[which].data(), static_cast<size_t>(n) * 4));
+            TRAIND_RETURN_IF_ERROR(store_->Read(Key(c, which), buf.data(), static_cast<size_t>(n) * 4));
           }
-          cached[which] = c;
+          chunks->cached[which] = c;
         }
         const int64_t end = std::min(p.offset + p.numel, lo + n);
-        if (!sink(buf[which].data() + (at - lo), static_cast<size_t>(end - at) * 4)) return Status::Ok();
+        if (!sink(buf.data() + (at - lo), static_cast<size_t>(end - at) * 4)) return Status::Ok();
         at = end;
       }
       return Status::Ok();
-    });
+    };
+    return out;
   }
 
   Status LoadState(const SafetensorsFile& file) override {

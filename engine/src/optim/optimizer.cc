@@ -1,7 +1,9 @@
 // MakeOptimizer and OptimizerPlanBytes: training.optim to a concrete optimizer behind Optimizer.
 #include "optim/optimizer.h"
 
+#include <memory>
 #include <utility>
+#include <vector>
 
 #include "optim/adafactor.h"
 #include "optim/adamw.h"
@@ -87,6 +89,24 @@ Result<std::unique_ptr<Optimizer>> Make(const std::string& name, const std::vect
 }
 
 }  // namespace
+
+Result<SafetensorsStream> Optimizer::StateStream() const {
+  auto state = std::make_shared<const SafetensorsFile>(SaveState());
+  TRAIND_RETURN_IF_ERROR(status());
+  SafetensorsStream out;
+  out.metadata = state->metadata;
+  auto order = std::make_shared<std::vector<const HostTensor*>>();
+  for (const auto& [name, t] : state->tensors) {
+    out.tensors.push_back({name, t.dtype, t.shape});
+    order->push_back(&t);
+  }
+  out.data = [state, order](size_t i, const SafetensorsSink& sink) -> Status {
+    const HostTensor& t = *(*order)[i];
+    (void)sink(t.data.data(), t.data.size());  // a failed sink is the writer's to report
+    return Status::Ok();
+  };
+  return out;
+}
 
 Result<std::unique_ptr<Optimizer>> MakeOptimizer(const TrainingSpec& t,
                                                  const std::vector<ParamInfo>& params,

@@ -71,6 +71,11 @@ class Optimizer {
     TRAIND_RETURN_IF_ERROR(status());
     return WriteSafetensors(path, state);
   }
+  // The same state as a stream (names, dtypes and shapes up front, each tensor's bytes on demand
+  // in name order; the optimizer must outlive it): what ZeRO-1 gathers from each rank's shard
+  // without holding it whole. Default: SaveState() kept in memory behind the stream; the
+  // offloaded optimizers read their store a chunk or a group at a time instead.
+  virtual Result<SafetensorsStream> StateStream() const;
   // DATA_LOSS naming the tensor or the metadata that does not match this optimizer and model.
   virtual Status LoadState(const SafetensorsFile& file) = 0;
   // LoadState of the file at `path` (a checkpoint's optimizer.safetensors). Optimizers whose

@@ -359,83 +359,330 @@ Status ShardedOptimizer::GatherParams(float* params) {
   return comm_->AllGatherInPlace(params, counts, CommDType::kF32);
 }
 
-Result<SafetensorsFile> ShardedOptimizer::Gather(bool build) const {
-  const SafetensorsFile mine = inner_->SaveState();
-  TRAIND_RETURN_IF_ERROR(inner_->status());
-  // Every rank's slices' tensors as bytes: their sizes, then the bytes (padded to the largest,
-  // in f32 lanes: a gather only copies; host memory: the cpu backend's device memory).
-  std::vector<uint8_t> blob = Pack(mine);
-  const int world = comm_->world_size();
-  const int64_t size = static_cast<int64_t>(blob.size());
-  std::vector<int64_t> sizes(static_cast<size_t>(world));
-  static_assert(sizeof(int64_t) == 2 * sizeof(float));
-  TRAIND_RETURN_IF_ERROR(comm_->AllGather(&size, sizes.data(), 2, CommDType::kF32));
-  const int64_t lanes = (*std::max_element(sizes.begin(), sizes.end()) + 3) / 4;
-  blob.resize(static_cast<size_t>(lanes) * 4);
-  std::vector<uint8_t> all(static_cast<size_t>(lanes) * 4 * static_cast<size_t>(world));
-  TRAIND_RETURN_IF_ERROR(comm_->AllGather(blob.data(), all.data(), lanes, CommDType::kF32));
-  SafetensorsFile file;
-  file.metadata = mine.metadata;
-  if (!build) return file;
-  std::vector<SafetensorsFile> parts;
-  for (int r = 0; r < world; ++r) {
-    TRAIND_ASSIGN_OR_RETURN(
-        SafetensorsFile part,
-        Unpack(all.data() + static_cast<size_t>(r) * static_cast<size_t>(lanes) * 4,
-               static_cast<size_t>(sizes[static_cast<size_t>(r)]), r));
-    parts.push_back(std::move(part));
-  }
-  // A parameter's tensor of each state kind: its slices in rank order (ranges ascend, and an
-  // 8-bit slice starts on a block, so its absmax blocks follow the previous slice's too).
-  for (const ParamInfo& p : params_) {
-    std::map<std::string, HostTensor> whole;
-    std::map<std::string, std::vector<int64_t>> shape_of;  // of a tensor that one rank holds whole
-    for (size_t r = 0; r < parts.size(); ++r) {
-      const auto [b, e] = ranges_[r];
-      if (std::max(b, p.offset) >= std::min(e, p.offset + p.numel)) continue;
-      const SafetensorsFile& part = parts[r];
-      for (auto it = part.tensors.lower_bound(p.hf_name + ".");
-           it != part.tensors.end() && it->first.compare(0, p.hf_name.size(), p.hf_name) == 0;
-           ++it) {
-        if (!IsStateOf(it->first, p.hf_name)) continue;
-        HostTensor& w = whole[it->first];
-        if (w.data.empty()) w.dtype = it->second.dtype;
-        if (b <= p.offset && p.offset + p.numel <= e) shape_of[it->first] = it->second.shape;
-        if (w.dtype != it->second.dtype) {
-          return Status::Internal("zero_stage 1: optimizer state " + it->first + " is " + w.dtype +
-                                  " on one rank and " + it->second.dtype + " on rank " +
-                                  std::to_string(r));
+// The streamed gather of the rank's shards into one unsharded state file (StateGather below).
+namespace {
+
+// The frames a shard's bytes cross in: one Broadcast per frame, rooted at the owner.
+constexpr size_t kGatherFrameBytes = size_t{4} << 20;
+
+// One rank's slice of a tensor of the gathered file: the rank, the index of the tensor in its
+// state stream, its bytes.
+struct GatherPiece {
+  int rank;
+  size_t local;
+  uint64_t bytes;
+};
+
+}  // namespace
+
+// A collective over every rank: the headers of every rank's state stream (Optimizer::StateStream:
+// names, dtypes, shapes; no data) are all-gathered, and each rank computes the same gathered file
+// (a parameter's tensor of each state kind = its slices in rank order; the shape rule below). Its
+// data then crosses tensor by tensor, in name order, in frames of at most kGatherFrameBytes
+// broadcast by the slice's owner; the writer forwards them to its sink (the file), the others
+// drop them, and the writer's own slices go from its stream straight to the sink. Every rank walks
+// the same tensors in the same order (Drain: those the writer's sink did not reach), so an error
+// on one rank (a store read, a short stream: its frames are padded with zeros) never leaves the
+// others waiting; Finish all-gathers whether each rank's part succeeded and names the first that
+// did not. Host memory: a frame and the headers, never a shard's state, let alone all of them.
+class ShardedOptimizer::StateGather {
+ public:
+  static Result<std::unique_ptr<StateGather>> Start(const ShardedOptimizer& opt, bool writer) {
+    std::unique_ptr<StateGather> g(new StateGather(opt.comm_));
+    Result<SafetensorsStream> local = opt.inner_->StateStream();
+    if (local.ok()) {
+      g->local_ = std::move(*local);
+    } else {
+      g->error_ = local.status();  // this rank contributes no tensors; Finish reports it
+    }
+    // Headers: [bytes, writes] per rank (int64 as two f32 lanes each), then the packed headers.
+    SafetensorsFile header;
+    for (const StreamedTensor& t : g->local_.tensors) header.tensors[t.name] = HostTensor{t.dtype, t.shape, {}};
+    std::vector<size_t> index_of_name;  // header.tensors' order -> stream index
+    {
+      std::map<std::string, size_t> idx;
+      for (size_t i = 0; i < g->local_.tensors.size(); ++i) idx[g->local_.tensors[i].name] = i;
+      for (const auto& [name, t] : header.tensors) index_of_name.push_back(idx[name]);
+    }
+    std::vector<uint8_t> blob = Pack(header);
+    const int world = g->comm_->world_size();
+    const int64_t mine[2] = {static_cast<int64_t>(blob.size()), writer ? 1 : 0};
+    std::vector<int64_t> sizes(static_cast<size_t>(2 * world));
+    static_assert(sizeof(int64_t) == 2 * sizeof(float));
+    TRAIND_RETURN_IF_ERROR(g->comm_->AllGather(mine, sizes.data(), 4, CommDType::kF32));
+    int64_t most = 0;
+    g->writer_ = -1;
+    for (int r = 0; r < world; ++r) {
+      most = std::max(most, sizes[static_cast<size_t>(2 * r)]);
+      if (sizes[static_cast<size_t>(2 * r + 1)] != 0) {
+        if (g->writer_ >= 0) return Status::Internal("zero_stage 1: two ranks write the optimizer state");
+        g->writer_ = r;
+      }
+    }
+    if (g->writer_ < 0) return Status::Internal("zero_stage 1: no rank writes the optimizer state");
+    const int64_t lanes = (most + 3) / 4;
+    blob.resize(static_cast<size_t>(lanes) * 4);
+    std::vector<uint8_t> all(static_cast<size_t>(lanes) * 4 * static_cast<size_t>(world));
+    TRAIND_RETURN_IF_ERROR(g->comm_->AllGather(blob.data(), all.data(), lanes, CommDType::kF32));
+    std::vector<SafetensorsFile> parts;
+    std::vector<std::map<std::string, size_t>> stream_index(static_cast<size_t>(world));
+    for (int r = 0; r < world; ++r) {
+      TRAIND_ASSIGN_OR_RETURN(
+          SafetensorsFile part,
+          Unpack(all.data() + static_cast<size_t>(r) * static_cast<size_t>(lanes) * 4,
+                 static_cast<size_t>(sizes[static_cast<size_t>(2 * r)]), r));
+      // A tensor's position in its rank's header (name order); the owner maps it to its stream.
+      size_t k = 0;
+      for (const auto& [name, t] : part.tensors) stream_index[static_cast<size_t>(r)][name] = k++;
+      parts.push_back(std::move(part));
+    }
+    // The gathered file's tensors, in name order: a parameter's tensor of each state kind is its
+    // slices in rank order (ranges ascend, and an 8-bit slice starts on a block, so its absmax
+    // blocks follow the previous slice's too).
+    std::map<std::string, std::pair<StreamedTensor, std::vector<GatherPiece>>> files;
+    for (const ParamInfo& p : opt.params_) {
+      std::map<std::string, std::vector<int64_t>> shape_of;  // of a tensor one rank holds whole
+      std::map<std::string, uint64_t> total;
+      for (size_t r = 0; r < parts.size(); ++r) {
+        const auto [b, e] = opt.ranges_[r];
+        if (std::max(b, p.offset) >= std::min(e, p.offset + p.numel)) continue;
+        const SafetensorsFile& part = parts[r];
+        for (auto it = part.tensors.lower_bound(p.hf_name + ".");
+             it != part.tensors.end() && it->first.compare(0, p.hf_name.size(), p.hf_name) == 0; ++it) {
+          if (!IsStateOf(it->first, p.hf_name)) continue;
+          auto& [spec, pieces] = files[it->first];
+          if (pieces.empty()) spec = {it->first, it->second.dtype, {}};
+          if (spec.dtype != it->second.dtype) {
+            return Status::Internal("zero_stage 1: optimizer state " + it->first + " is " + spec.dtype +
+                                    " on one rank and " + it->second.dtype + " on rank " + std::to_string(r));
+          }
+          const size_t esize = SafetensorsDTypeSize(it->second.dtype);
+          if (esize == 0) {
+            return Status::Internal("zero_stage 1: optimizer state " + it->first + " of rank " +
+                                    std::to_string(r) + " has an unknown dtype " + it->second.dtype);
+          }
+          const uint64_t bytes = static_cast<uint64_t>(it->second.numel()) * esize;
+          if (b <= p.offset && p.offset + p.numel <= e) shape_of[it->first] = it->second.shape;
+          pieces.push_back({static_cast<int>(r), stream_index[r][it->first], bytes});
+          total[it->first] += bytes;
         }
-        w.data.insert(w.data.end(), it->second.data.begin(), it->second.data.end());
+      }
+      for (auto& [name, bytes] : total) {
+        // The parameter's shape (one value per element), one rank's whole tensor's own shape
+        // (Adafactor's row and column statistics), else 1-D (8-bit AdamW's absmax blocks).
+        StreamedTensor& spec = files[name].first;
+        const int64_t n = static_cast<int64_t>(bytes / SafetensorsDTypeSize(spec.dtype));
+        if (n == p.numel) {
+          spec.shape = p.shape;
+        } else if (shape_of.count(name) != 0) {
+          spec.shape = shape_of[name];
+        } else {
+          spec.shape = {n};
+        }
       }
     }
-    for (auto& [name, w] : whole) {
-      // The parameter's shape (one value per element), one rank's whole tensor's own shape
-      // (Adafactor's row and column statistics), else 1-D (8-bit AdamW's absmax blocks).
-      const int64_t n = static_cast<int64_t>(w.data.size() / SafetensorsDTypeSize(w.dtype));
-      if (n == p.numel) {
-        w.shape = p.shape;
-      } else if (shape_of.count(name) != 0) {
-        w.shape = shape_of[name];
-      } else {
-        w.shape = {n};
+    // This rank's own pieces name tensors in its header's (name) order: map them to its stream.
+    for (auto& [name, entry] : files) {
+      for (GatherPiece& pc : entry.second) {
+        if (pc.rank == g->me_) pc.local = index_of_name[pc.local];
       }
-      file.tensors[name] = std::move(w);
+      g->specs_.push_back(std::move(entry.first));
+      g->pieces_.push_back(std::move(entry.second));
     }
+    g->metadata_ = g->local_.metadata;
+    g->done_.assign(g->specs_.size(), false);
+    return g;
   }
-  return file;
+
+  // The gathered file as a stream (the writer's): its data(i) is Transfer(i, sink).
+  SafetensorsStream Stream() {
+    SafetensorsStream out;
+    out.metadata = metadata_;
+    out.tensors = specs_;
+    out.data = [this](size_t i, const SafetensorsSink& sink) { return Transfer(i, &sink); };
+    return out;
+  }
+
+  // The tensors not transferred yet, their data dropped (the non-writers' whole part; on the
+  // writer, what an error stopped its sink before).
+  Status Drain() {
+    Status first;
+    for (size_t i = 0; i < specs_.size(); ++i) {
+      if (done_[i]) continue;
+      Status s = Transfer(i, nullptr);
+      if (!s.ok() && first.ok()) first = s;
+      if (!comm_status_.ok()) return comm_status_;
+    }
+    return first;
+  }
+
+  // `mine`: this rank's result so far. Every rank learns whether every other succeeded; the
+  // result is this rank's own error, else the first other rank's, named.
+  Status Finish(Status mine) {
+    if (!comm_status_.ok()) return comm_status_;
+    if (mine.ok()) mine = error_;
+    const int world = comm_->world_size();
+    const std::string text = mine.ok() ? std::string() : mine.message();
+    const int64_t word[2] = {static_cast<int64_t>(mine.code()), static_cast<int64_t>(text.size())};
+    std::vector<int64_t> words(static_cast<size_t>(2 * world));
+    TRAIND_RETURN_IF_ERROR(comm_->AllGather(word, words.data(), 4, CommDType::kF32));
+    for (int r = 0; r < world; ++r) {
+      const auto code = static_cast<Status::Code>(words[static_cast<size_t>(2 * r)]);
+      if (code == Status::Code::kOk) continue;
+      std::string message(static_cast<size_t>(words[static_cast<size_t>(2 * r + 1)]), '\0');
+      if (r == me_) message = text;
+      if (!message.empty()) TRAIND_RETURN_IF_ERROR(comm_->Broadcast(message.data(), message.size(), r));
+      if (!mine.ok()) return mine;
+      return Status(code, "zero_stage 1: rank " + std::to_string(r) +
+                              " could not contribute its optimizer state: " + message);
+    }
+    return mine;
+  }
+
+ private:
+  explicit StateGather(Communicator* comm) : comm_(comm), me_(comm->rank()) {}
+
+  // Tensor i's pieces, in rank order. `sink` (the writer's, or null: dropped) while it accepts.
+  Status Transfer(size_t i, const SafetensorsSink* sink) {
+    done_[i] = true;
+    Status first;
+    bool forward = sink != nullptr && me_ == writer_;
+    for (const GatherPiece& pc : pieces_[i]) {
+      if (pc.rank == writer_) {  // the writer's own slice: no collective
+        if (me_ != writer_ || !forward) continue;
+        uint64_t put = 0;
+        const SafetensorsSink counted = [&](const void* p, size_t n) {
+          put += n;
+          return put <= pc.bytes && (*sink)(p, n);
+        };
+        Status s = local_.data(pc.local, counted);
+        if (s.ok() && put != pc.bytes) s = ShortPiece(i, put, pc.bytes);
+        if (!s.ok()) {
+          if (first.ok()) first = s;
+          forward = false;
+        }
+        continue;
+      }
+      Status s = pc.rank == me_ ? Send(i, pc) : Receive(pc, forward ? sink : nullptr, &forward);
+      if (!comm_status_.ok()) return comm_status_;
+      if (!s.ok() && first.ok()) first = s;
+    }
+    return first;
+  }
+
+  // This rank's slice, framed and broadcast; a stream error or a short stream is padded with
+  // zeros to the bytes announced (the collective stays in step) and returned.
+  Status Send(size_t i, const GatherPiece& pc) {
+    frame_.resize(kGatherFrameBytes);
+    uint64_t sent = 0;
+    size_t fill = 0;
+    auto put = [&](const uint8_t* p, size_t n) {
+      while (n > 0 && comm_status_.ok()) {
+        const size_t k = std::min(n, kGatherFrameBytes - fill);
+        if (p != nullptr) {
+          std::memcpy(frame_.data() + fill, p, k);
+          p += k;
+        } else {
+          std::memset(frame_.data() + fill, 0, k);
+        }
+        fill += k;
+        sent += k;
+        n -= k;
+        if (fill == kGatherFrameBytes || sent == pc.bytes) {
+          comm_status_ = comm_->Broadcast(frame_.data(), fill, me_);
+          fill = 0;
+        }
+      }
+    };
+    bool over = false;
+    const SafetensorsSink framing = [&](const void* p, size_t n) {
+      if (over || n > pc.bytes - sent) {
+        over = true;
+        return false;
+      }
+      put(static_cast<const uint8_t*>(p), n);
+      return comm_status_.ok();
+    };
+    Status s = local_.data(pc.local, framing);
+    const uint64_t produced = sent;
+    if (comm_status_.ok() && sent < pc.bytes) put(nullptr, static_cast<size_t>(pc.bytes - sent));
+    if (!comm_status_.ok()) return comm_status_;
+    if (s.ok() && (over || produced != pc.bytes)) s = ShortPiece(i, produced, pc.bytes);
+    if (!s.ok() && error_.ok()) error_ = s;
+    return s;
+  }
+
+  // Another rank's slice, frame by frame; forwarded to `sink` while it accepts (else *forward
+  // turns false).
+  Status Receive(const GatherPiece& pc, const SafetensorsSink* sink, bool* forward) {
+    frame_.resize(kGatherFrameBytes);
+    for (uint64_t at = 0; at < pc.bytes;) {
+      const size_t n = static_cast<size_t>(std::min<uint64_t>(kGatherFrameBytes, pc.bytes - at));
+      comm_status_ = comm_->Broadcast(frame_.data(), n, pc.rank);
+      if (!comm_status_.ok()) return comm_status_;
+      if (sink != nullptr && *forward) *forward = (*sink)(frame_.data(), n);
+      at += n;
+    }
+    return Status::Ok();
+  }
+
+  Status ShortPiece(size_t i, uint64_t put, uint64_t bytes) const {
+    return Status::Internal("zero_stage 1: rank " + std::to_string(me_) + "'s optimizer state " +
+                            specs_[i].name + " streamed " + std::to_string(put) + " bytes for " +
+                            std::to_string(bytes));
+  }
+
+  Communicator* comm_;
+  int me_;
+  int writer_ = -1;
+  SafetensorsStream local_;  // this rank's state stream
+  Status error_;             // this rank's first error of its own part
+  Status comm_status_;       // a failed collective: the ranks are out of step, nothing goes on
+  std::map<std::string, std::string> metadata_;
+  std::vector<StreamedTensor> specs_;              // the gathered file's, in name order
+  std::vector<std::vector<GatherPiece>> pieces_;   // per tensor
+  std::vector<bool> done_;
+  std::vector<uint8_t> frame_;
+};
+
+// Written beside `path` first and renamed onto it only when every rank's part succeeded: a shard
+// that failed (its frames padded with zeros) never leaves a file that looks whole.
+Status ShardedOptimizer::WriteState(const std::string& path) const {
+  TRAIND_ASSIGN_OR_RETURN(std::unique_ptr<StateGather> g, StateGather::Start(*this, true));
+  const std::string partial = path + ".partial";
+  Status s = WriteSafetensorsStream(partial, g->Stream());
+  const Status drained = g->Drain();
+  if (s.ok()) s = drained;
+  s = g->Finish(s);
+  std::error_code ec;
+  if (s.ok()) {
+    std::filesystem::rename(partial, path, ec);
+    if (ec) s = Status::Internal(path + ": renaming " + partial + " onto it failed: " + ec.message());
+  }
+  if (!s.ok()) std::filesystem::remove(partial, ec);
+  return s;
 }
 
 SafetensorsFile ShardedOptimizer::SaveState() const {
-  Result<SafetensorsFile> file = Gather(true);
-  if (!file.ok()) {
-    if (gather_status_.ok()) gather_status_ = file.status();
+  Result<std::unique_ptr<StateGather>> g = StateGather::Start(*this, true);
+  if (!g.ok()) {
+    if (gather_status_.ok()) gather_status_ = g.status();
+    return SafetensorsFile();
+  }
+  Result<SafetensorsFile> file = CollectSafetensorsStream((*g)->Stream());
+  const Status drained = (*g)->Drain();
+  Status s = (*g)->Finish(file.ok() ? drained : file.status());
+  if (!s.ok()) {
+    if (gather_status_.ok()) gather_status_ = s;
     return SafetensorsFile();
   }
   return std::move(*file);
 }
 
-Status ShardedOptimizer::ContributeState() const { return Gather(false).status(); }
+Status ShardedOptimizer::ContributeState() const {
+  TRAIND_ASSIGN_OR_RETURN(std::unique_ptr<StateGather> g, StateGather::Start(*this, false));
+  return g->Finish(g->Drain());
+}
 
 Status ShardedOptimizer::LoadState(const SafetensorsFile& file) {
   std::map<std::string, TensorDesc> all;

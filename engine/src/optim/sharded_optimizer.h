@@ -13,8 +13,8 @@
 //
 // Checkpoints hold the same optimizer.safetensors as an unsharded run ("<hf_name>.<state>" with
 // the parameter's shape, the inner optimizer's format and step): SaveState / WriteState gather
-// every rank's state (its slices' tensors, all-gathered as bytes; each full tensor is its slices
-// in rank order), so every other rank must call ContributeState at the same point. LoadState takes
+// every rank's state (each full tensor is its slices in rank order), streamed from each rank's
+// StateStream in bounded frames, so every other rank must call ContributeState at the same point. LoadState takes
 // a full state file (written by any world size, sharded or not) and keeps the rank's slice of each
 // tensor (elements, or 8-bit AdamW's absmax blocks). Adafactor factors its second moment per
 // matrix: its ranges hold whole tensors (balanced by state floats, cut at tensor boundaries).
@@ -96,8 +96,13 @@ class ShardedOptimizer final : public Optimizer {
   // (Communicator::AllGatherInPlace; device memory the backend has finished writing). A
   // collective: every rank calls it after every step.
   Status GatherParams(float* params) override;
-  // The unsharded state (the collective half on every rank: see ContributeState).
+  // The unsharded state (the collective half on every rank: see ContributeState), gathered as a
+  // stream (StateGather in the .cc): each rank's shard comes out of its optimizer's StateStream
+  // (with offload: the store, a chunk or a group at a time) and crosses to the writer in bounded
+  // frames, so no rank holds a shard's state in host memory, let alone every rank's. WriteState
+  // streams it to the file; SaveState collects it (tests, small states).
   SafetensorsFile SaveState() const override;
+  Status WriteState(const std::string& path) const override;
   Status ContributeState() const override;
   // The rank's slice of a full state file. DATA_LOSS naming the tensor that does not match.
   Status LoadState(const SafetensorsFile& file) override;
@@ -111,8 +116,7 @@ class ShardedOptimizer final : public Optimizer {
  private:
   ShardedOptimizer(std::vector<ParamInfo> params, Communicator* comm)
       : params_(std::move(params)), comm_(comm) {}
-  // Gathers the state of every rank; the full file when `build` (else only the collectives).
-  Result<SafetensorsFile> Gather(bool build) const;
+  class StateGather;
 
   std::vector<ParamInfo> params_;  // the whole model's
   std::vector<ParamInfo> local_;   // the slices in this rank's range (offsets from begin_)
