@@ -284,77 +284,92 @@ INSTANTIATE_TEST_SUITE_P(NoClipping, OffloadEarlyUpdate,
                                   info.param.arch + (info.param.checkpointing ? "_ckpt" : "");
                          });
 
-// OffloadOptions::update_on_host (what a cuda or simt job uses: the chunk's gradients down, the
-// update by a CPU backend in host memory, the weights up), here on a CPU arena, where the host's
-// kernel is the device's: 4 steps over 3 tensors (one of them larger than a chunk, decay on two;
-// 4 chunks, so the two staging slots are reused within a step) end bit-identical to the in-memory
-// AdamW, and the store holds the same m and v (the checkpoint file is the same bytes); also when
-// the chunks update during backward (BeginStep, GradientsFinalFrom twice, then Step).
-TEST(OffloadHostUpdate, BitIdenticalToInMemoryAdamW) {
-  auto backend = MakeCpuBackend(2);
-  DeviceArena arena(backend.get(), 0);
+// OffloadOptions::update_on_host (what a cuda or simt job uses: the gradients down, the update by
+// a CPU backend in host memory, the weights up, through the backend's HostStaging), here on a CPU
+// arena, where the host's kernels are the device's: for every optimizer, 4 steps over 4 tensors
+// (one of them larger than a chunk, decay on three; AdamW's 5 chunks and SGD's and 8-bit AdamW's
+// groups reuse both staging slots within a step) end bit-identical to the in-memory optimizer, and the store
+// holds the same state (the checkpoint file is the same bytes); AdamW also when its chunks update
+// during backward (BeginStep, GradientsFinalFrom twice, then Step). The offloaded optimizer's own
+// arena (the device's) holds nothing: its state windows are on the host, and the plan says so.
+TEST(OffloadHostUpdate, EveryOptimizerBitIdenticalToInMemory) {
   std::vector<ParamInfo> params = {{"a.weight", {64, 200}, {64, 200}, 0, 12800, true},
                                    {"a.bias", {64}, {64}, 12800, 64, false},
-                                   {"b.weight", {40, 40}, {40, 40}, 12864, 1600, true}};
-  const int64_t n = 14464;
-  TrainingSpec t;
-  t.optim = "adamw";
-  t.weight_decay = 0.1;
-  std::mt19937 rng(5);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<float> p0(static_cast<size_t>(n)), g(static_cast<size_t>(n));
-  for (float& x : p0) x = normal(rng);
-  auto device = [&](const std::vector<float>& host) {
-    auto r = arena.Allocate(MemoryCategory::kWeights, static_cast<int64_t>(host.size() * 4), "test");
-    EXPECT_TRUE(r.ok());
-    backend->CopyHostToDevice(*r, host.data(), host.size() * 4);
-    return static_cast<float*>(*r);
-  };
-  float* p_mem = device(p0);
-  float* p_off = device(p0);
-  float* p_early = device(p0);
-  float* grads = device(g);
-  auto mem = MakeOptimizer(t, params, n, &arena);
-  ASSERT_TRUE(mem.ok()) << mem.status().ToString();
-  auto store = offload::MakeHostStore();
-  ASSERT_TRUE(store.ok());
-  OffloadOptions oo;
-  oo.group_state_bytes = 8 * 4096;  // chunks of 4096 elements: the first tensor spans four
-  oo.update_on_host = true;
-  oo.host_threads = 2;
-  auto off = MakeOffloadedOptimizer(t, params, n, &arena, store->get(), oo);
-  ASSERT_TRUE(off.ok()) << off.status().ToString();
-  auto store_early = offload::MakeHostStore();
-  ASSERT_TRUE(store_early.ok());
-  auto early = MakeOffloadedOptimizer(t, params, n, &arena, store_early->get(), oo);
-  ASSERT_TRUE(early.ok()) << early.status().ToString();
-  ASSERT_TRUE((*early)->updates_during_backward());
-  for (int step = 1; step <= 4; ++step) {
-    for (float& x : g) x = normal(rng);
-    backend->CopyHostToDevice(grads, g.data(), g.size() * 4);
-    (*mem)->Step(p_mem, grads, 1e-2 / step, 0.5f);
-    (*off)->Step(p_off, grads, 1e-2 / step, 0.5f);
-    ASSERT_TRUE((*off)->status().ok()) << (*off)->status().ToString();
-    (*early)->BeginStep(p_early, grads, 1e-2 / step, 0.5f);
-    (*early)->GradientsFinalFrom(12864);  // chunk 3 only
-    (*early)->GradientsFinalFrom(5000);   // chunk 2 (chunk 1 begins at 4096 < 5000)
-    EXPECT_EQ((*early)->updated_during_backward(), n - 2 * 4096);
-    (*early)->Step(p_early, grads, 1e-2 / step, 0.5f);
-    ASSERT_TRUE((*early)->status().ok()) << (*early)->status().ToString();
+                                   {"b.weight", {80, 80}, {80, 80}, 12864, 6400, true},
+                                   {"c.weight", {30, 30}, {30, 30}, 19264, 900, true}};
+  const int64_t n = 20164;
+  for (const char* optim : {"adamw", "sgd", "adamw_8bit", "adafactor"}) {
+    SCOPED_TRACE(optim);
+    auto backend = MakeCpuBackend(2);
+    DeviceArena arena(backend.get(), 0);
+    DeviceArena off_arena(backend.get(), 0);  // the offloaded optimizers' device memory only
+    TrainingSpec t;
+    t.optim = optim;
+    t.weight_decay = 0.1;
+    if (t.optim == "sgd") t.optim_args.momentum = 0.9;
+    std::mt19937 rng(5);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float> p0(static_cast<size_t>(n)), g(static_cast<size_t>(n));
+    for (float& x : p0) x = normal(rng);
+    auto device = [&](const std::vector<float>& host) {
+      auto r = arena.Allocate(MemoryCategory::kWeights, static_cast<int64_t>(host.size() * 4), "test");
+      EXPECT_TRUE(r.ok());
+      backend->CopyHostToDevice(*r, host.data(), host.size() * 4);
+      return static_cast<float*>(*r);
+    };
+    float* p_mem = device(p0);
+    float* p_off = device(p0);
+    float* p_early = device(p0);
+    float* grads = device(g);
+    auto mem = MakeOptimizer(t, params, n, &arena);
+    ASSERT_TRUE(mem.ok()) << mem.status().ToString();
+    auto store = offload::MakeHostStore();
+    ASSERT_TRUE(store.ok());
+    OffloadOptions oo;
+    oo.group_state_bytes = 16384;  // AdamW: chunks of 4096 elements (5); SGD, 8-bit AdamW: 3-4 groups
+    oo.update_on_host = true;
+    oo.host_threads = 2;
+    auto off = MakeOffloadedOptimizer(t, params, n, &off_arena, store->get(), oo);
+    ASSERT_TRUE(off.ok()) << off.status().ToString();
+    const bool adamw = t.optim == "adamw";
+    auto store_early = offload::MakeHostStore();
+    ASSERT_TRUE(store_early.ok());
+    auto early = MakeOffloadedOptimizer(t, params, n, &off_arena, store_early->get(), oo);
+    ASSERT_TRUE(early.ok()) << early.status().ToString();
+    EXPECT_EQ((*early)->updates_during_backward(), adamw);
+    for (int step = 1; step <= 4; ++step) {
+      for (float& x : g) x = normal(rng);
+      backend->CopyHostToDevice(grads, g.data(), g.size() * 4);
+      (*mem)->Step(p_mem, grads, 1e-2 / step, 0.5f);
+      (*off)->Step(p_off, grads, 1e-2 / step, 0.5f);
+      ASSERT_TRUE((*off)->status().ok()) << (*off)->status().ToString();
+      if (adamw) {
+        (*early)->BeginStep(p_early, grads, 1e-2 / step, 0.5f);
+        (*early)->GradientsFinalFrom(12864);  // chunk 4 only
+        (*early)->GradientsFinalFrom(5000);   // chunks 3 and 2 (chunk 1 begins at 4096 < 5000)
+        EXPECT_EQ((*early)->updated_during_backward(), n - 2 * 4096);
+      }
+      (*early)->Step(p_early, grads, 1e-2 / step, 0.5f);
+      ASSERT_TRUE((*early)->status().ok()) << (*early)->status().ToString();
+    }
+    std::vector<float> a(static_cast<size_t>(n)), b(static_cast<size_t>(n)), e(static_cast<size_t>(n));
+    backend->CopyDeviceToHost(a.data(), p_mem, a.size() * 4);
+    backend->CopyDeviceToHost(b.data(), p_off, b.size() * 4);
+    backend->CopyDeviceToHost(e.data(), p_early, e.size() * 4);
+    backend->Synchronize();
+    EXPECT_EQ(a, b) << "weights after 4 steps";
+    EXPECT_EQ(a, e) << "weights after 4 steps (the second run)";
+    EXPECT_NE(a, p0);
+    EXPECT_EQ(off_arena.peak_bytes(), 0) << "state windows on the device";
+    EXPECT_EQ(OffloadedOptimizerDeviceBytes(t, params, n, oo), 0);
+    OffloadOptions on_device = oo;
+    on_device.update_on_host = false;
+    EXPECT_GT(OffloadedOptimizerDeviceBytes(t, params, n, on_device), 0);
+    const std::string dir = testing::MakeTempDir("offload-host-update");
+    ASSERT_TRUE((*mem)->WriteState(dir + "/mem.safetensors").ok());
+    ASSERT_TRUE((*off)->WriteState(dir + "/off.safetensors").ok());
+    EXPECT_EQ(testing::ReadFile(dir + "/mem.safetensors"), testing::ReadFile(dir + "/off.safetensors"));
   }
-  std::vector<float> e(static_cast<size_t>(n));
-  backend->CopyDeviceToHost(e.data(), p_early, e.size() * 4);
-  std::vector<float> a(static_cast<size_t>(n)), b(static_cast<size_t>(n));
-  backend->CopyDeviceToHost(a.data(), p_mem, a.size() * 4);
-  backend->CopyDeviceToHost(b.data(), p_off, b.size() * 4);
-  backend->Synchronize();
-  EXPECT_EQ(a, b) << "weights after 4 steps";
-  EXPECT_EQ(a, e) << "weights after 4 steps updated during backward";
-  EXPECT_NE(a, p0);
-  const std::string dir = testing::MakeTempDir("offload-host-update");
-  ASSERT_TRUE((*mem)->WriteState(dir + "/mem.safetensors").ok());
-  ASSERT_TRUE((*off)->WriteState(dir + "/off.safetensors").ok());
-  EXPECT_EQ(testing::ReadFile(dir + "/mem.safetensors"), testing::ReadFile(dir + "/off.safetensors"));
 }
 
 // Saved with offload, resumed without it, and the other way round: both end bit-identical to an

@@ -17,6 +17,7 @@
 #include <cmath>
 #include <cstdio>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backend/device_registry.h"
@@ -34,7 +35,7 @@ struct DeviceRun {
   std::vector<double> losses;
   SafetensorsFile weights;
   int64_t plan_total = 0, peak = 0, offload_master_bytes = 0;
-  bool updated_on_host = false;  // the job said its AdamW updates on the host
+  bool updated_on_host = false;  // the job said its optimizer updates on the host
 };
 
 DeviceRun Train(JobSpec spec, const std::string& offload, const std::string& tag) {
@@ -52,7 +53,7 @@ DeviceRun Train(JobSpec spec, const std::string& offload, const std::string& tag
   RunCallbacks cb;
   cb.on_step = [&](const StepReport& r) { out.losses.push_back(r.loss); };
   cb.on_message = [&](const std::string& m) {
-    out.updated_on_host = out.updated_on_host || m.find("AdamW updates on the host") != std::string::npos;
+    out.updated_on_host = out.updated_on_host || m.find(spec.training.optim + " updates on the host") != std::string::npos;
   };
   auto r = RunJob(spec, o, cb);
   EXPECT_TRUE(r.ok()) << offload << ": " << r.status().ToString();
@@ -66,13 +67,15 @@ DeviceRun Train(JobSpec spec, const std::string& offload, const std::string& tag
   return out;
 }
 
-class SimtOffload : public ::testing::TestWithParam<const char*> {
+// (precision, optim): AdamW's chunks and the other optimizers' groups, both updated on the host.
+class SimtOffload : public ::testing::TestWithParam<std::pair<const char*, const char*>> {
  protected:
   void SetUp() override { RegisterGpuBackends(); }
 };
 
 TEST_P(SimtOffload, WithinTheBoundOfTheInMemoryRunOnTheDevice) {
-  const bool bf16 = std::string(GetParam()) == "bf16";
+  const auto [precision, optim] = GetParam();
+  const bool bf16 = std::string(precision) == "bf16";
   const std::string dir = testing::MakeTempDir("simt-offload");
   testing::WriteSyntheticTokens(dir + "/tokens.bin", 1500, 64, 3);
   JobSpec spec = testing::TinySpec(dir + "/run", dir + "/tokens.bin");
@@ -82,8 +85,14 @@ TEST_P(SimtOffload, WithinTheBoundOfTheInMemoryRunOnTheDevice) {
   spec.training.gradient_accumulation_steps = 2;
   spec.training.warmup_steps = 1;
   spec.training.bf16 = bf16;
+  spec.training.optim = optim;
+  if (spec.training.optim == "sgd") spec.training.optim_args.momentum = 0.9;
   const double loss_tol = bf16 ? 1e-4 : 1e-6, weight_tol = bf16 ? 1e-2 : 5e-6;
 
+  auto adafactor_bias = [&](const std::string& name) {
+    return spec.training.optim == "adafactor" && name.find("attn.c_attn.bias") != std::string::npos;
+  };
+  const double adafactor_bias_bound = 1e-3;
   const DeviceRun mem = Train(spec, "none", "mem");
   ASSERT_EQ(mem.losses.size(), 3u);
   EXPECT_GT(mem.losses[0], 3.0);  // ~ln(64) at init: the model really ran
@@ -99,6 +108,26 @@ TEST_P(SimtOffload, WithinTheBoundOfTheInMemoryRunOnTheDevice) {
     }
     ASSERT_EQ(off.weights.tensors.size(), mem.weights.tensors.size());
     for (const auto& [name, t] : mem.weights.tensors) {
+      if (adafactor_bias(name)) {
+        // The key third is rounding noise normalised by the update (as for AdamW below: 3 steps
+        // of lr 3e-3, x3). Adafactor clips a vector's update by its RMS over the whole tensor, so
+        // that noise also scales the query and value thirds, differently in every run of the
+        // device's nondeterministic attention backward: measured 1e-9..6.5e-5, bound 1e-3.
+        auto fa = off.weights.tensors.at(name).ToF32();
+        auto fb = t.ToF32();
+        ASSERT_TRUE(fa.ok() && fb.ok() && fa->size() == fb->size());
+        const size_t C = static_cast<size_t>(spec.model.config.n_embd);
+        double key = 0, rest = 0;
+        for (size_t i = 0; i < fa->size(); ++i) {
+          const double d = std::fabs(double{(*fa)[i]} - (*fb)[i]);
+          (i >= C && i < 2 * C ? key : rest) = std::max(i >= C && i < 2 * C ? key : rest, d);
+        }
+        std::printf("simt %s adafactor %s: %s max |a - b| key third %.2e, query and value %.2e\n", precision,
+                    offload, name.c_str(), key, rest);
+        EXPECT_LE(key, 3 * 3e-3 * 3) << name;
+        EXPECT_LE(rest, adafactor_bias_bound) << name;
+        continue;
+      }
       // gpt2's key bias is rounding noise normalised by Adam (testing::MaxRelDiffOutsideKeyBias):
       // bounded by 3 steps of lr 3e-3 (x3), not compared.
       const double d = testing::MaxRelDiffOutsideKeyBias(name, off.weights.tensors.at(name), t,
@@ -109,13 +138,19 @@ TEST_P(SimtOffload, WithinTheBoundOfTheInMemoryRunOnTheDevice) {
     EXPECT_EQ(off.peak, off.plan_total) << "plan == measured peak on the device";
     EXPECT_LT(off.plan_total, mem.plan_total) << "the state (and in bf16 the master weights) left the device";
     EXPECT_EQ(off.offload_master_bytes > 0, bf16);
-    EXPECT_TRUE(off.updated_on_host) << "on a device with its own memory AdamW's chunks update on the host";
-    std::printf("simt %s offload %s vs in-memory: worst step-loss rel diff %.2e, worst weight rel diff %.2e\n",
-                GetParam(), offload, worst_loss, worst_weight);
+    EXPECT_TRUE(off.updated_on_host) << "on a device with its own memory the update runs on the host";
+    std::printf("simt %s %s offload %s vs in-memory: worst step-loss rel diff %.2e, worst weight rel diff %.2e\n",
+                precision, optim, offload, worst_loss, worst_weight);
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Precisions, SimtOffload, ::testing::Values("fp32", "bf16"));
+INSTANTIATE_TEST_SUITE_P(Precisions, SimtOffload,
+                         ::testing::Values(std::make_pair("fp32", "adamw"), std::make_pair("bf16", "adamw"),
+                                           std::make_pair("bf16", "sgd"), std::make_pair("fp32", "adafactor"),
+                                           std::make_pair("bf16", "adamw_8bit")),
+                         [](const auto& info) {
+                           return std::string(info.param.first) + "_" + info.param.second;
+                         });
 
 }  // namespace
 }  // namespace traind::engine

@@ -389,8 +389,25 @@ class OffloadedOptimizer final : public HostDrivenOffload {
   OffloadedOptimizer(const TrainingSpec& t, std::vector<Group> groups, DeviceArena* arena,
                      OptimizerStateStore* store, const OffloadOptions& o)
       : HostDrivenOffload(t.optim, store), t_(t), groups_(std::move(groups)), arena_(arena),
-        options_(o), committed_(groups_.size()), pending_(groups_.size()) {}
+        options_(o), committed_(groups_.size()), pending_(groups_.size()) {
+    for (const Group& g : groups_) largest_ = std::max(largest_, g.end - g.begin);
+  }
   ~OffloadedOptimizer() override { ReleaseMasterWindow(); }
+
+  // OffloadOptions::update_on_host: the groups' transient instances live in a host arena of the
+  // CPU backend (never the device's), and two staging slots of [gradients | weights] of the
+  // largest group carry what crosses (RunStepOnHost).
+  Status EnableHostUpdate() {
+    host_ = MakeCpuBackend(options_.host_threads);
+    host_arena_ = std::make_unique<DeviceArena>(host_.get(), 0);
+    if (largest_ == 0) return Status::Ok();
+    TRAIND_ASSIGN_OR_RETURN(staging_, arena_->backend()->MakeHostStaging(2, static_cast<size_t>(largest_) * 8));
+    return Status::Ok();
+  }
+  // Where the groups' transient instances live.
+  DeviceArena* WindowArena() const { return host_arena_ != nullptr ? host_arena_.get() : arena_; }
+  // The first group's instance: what the real optimizer rejects (its options), before a step.
+  Result<std::unique_ptr<Optimizer>> ProbeWindow() const { return Window(0); }
 
   // OffloadOptions::master_weights: each group's master weights in the store beside its state
   // (StateKey{group name, piece, "master"}, raw fp32 in pieces of piece_bytes), updated in a
@@ -399,7 +416,8 @@ class OffloadedOptimizer final : public HostDrivenOffload {
     std::vector<MasterSegments::Segment> segments;
     for (const Group& g : groups_) segments.push_back({g.name, g.begin, g.end, 0});
     return EnableMaster(std::move(segments),
-                        std::max<int64_t>(1, static_cast<int64_t>(options_.piece_bytes / 4)), sink, arena_);
+                        std::max<int64_t>(1, static_cast<int64_t>(options_.piece_bytes / 4)), sink, arena_,
+                        /*host_buffer=*/host_ == nullptr);
   }
 
   SafetensorsFile SaveState() const override {
@@ -518,10 +536,10 @@ class OffloadedOptimizer final : public HostDrivenOffload {
     return step;
   }
 
-  // A transient instance of the real optimizer over group g (its state in the arena).
+  // A transient instance of the real optimizer over group g (its state in the window arena).
   Result<std::unique_ptr<Optimizer>> Window(size_t g) const {
     const Group& gr = groups_[g];
-    return MakeOptimizer(t_, gr.params, gr.end - gr.begin, arena_, gr.quantized);
+    return MakeOptimizer(t_, gr.params, gr.end - gr.begin, WindowArena(), gr.quantized);
   }
 
   StateKey Key(size_t g, size_t piece) const {
@@ -577,6 +595,11 @@ class OffloadedOptimizer final : public HostDrivenOffload {
     if (master_ != nullptr) master_->Invalidate();
     Prefetch(0);
     Prefetch(1);
+    if (host_ != nullptr) {
+      TRAIND_RETURN_IF_ERROR(RunStepOnHost(params, grads, lr, grad_scale));
+      CommitStep();
+      return Status::Ok();
+    }
     for (size_t g = 0; g < groups_.size(); ++g) {
       Prefetch(g + 2);  // read-ahead two groups in front; writes go behind in the store
       const Group& gr = groups_[g];
@@ -599,6 +622,61 @@ class OffloadedOptimizer final : public HostDrivenOffload {
       }
       TRAIND_RETURN_IF_ERROR(WriteGroup(g, inner->SaveState()));
     }
+    CommitStep();
+    return Status::Ok();
+  }
+
+  // OffloadOptions::update_on_host: group g's gradients (and without the master weights in the
+  // store its weights) come down through staging slot g % 2 while group g - 1 updates; its
+  // instance (in the host arena) updates the parameters in the slot with the CPU backend's
+  // kernels, and they go up (into the master window and the model's 16-bit copy, or in place)
+  // while group g + 1 updates.
+  Status RunStepOnHost(float* params, const float* grads, double lr, float grad_scale) {
+    Backend* backend = arena_->backend();
+    const size_t w_at = static_cast<size_t>(largest_) * 4;
+    auto download = [&](size_t g) -> Status {
+      const Group& gr = groups_[g];
+      const size_t bytes = static_cast<size_t>(gr.end - gr.begin) * 4;
+      const int slot = static_cast<int>(g % 2);
+      TRAIND_RETURN_IF_ERROR(staging_->Download(slot, 0, grads + gr.begin, bytes));
+      if (master_ == nullptr) TRAIND_RETURN_IF_ERROR(staging_->Download(slot, w_at, params + gr.begin, bytes));
+      return Status::Ok();
+    };
+    if (!groups_.empty()) TRAIND_RETURN_IF_ERROR(download(0));
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      Prefetch(g + 2);
+      if (g + 1 < groups_.size()) TRAIND_RETURN_IF_ERROR(download(g + 1));
+      const Group& gr = groups_[g];
+      const int64_t n = gr.end - gr.begin;
+      TRAIND_ASSIGN_OR_RETURN(std::unique_ptr<Optimizer> inner, Window(g));
+      if (step_ > 0) {
+        TRAIND_ASSIGN_OR_RETURN(SafetensorsFile state, GroupState(g));
+        TRAIND_RETURN_IF_ERROR(inner->LoadState(state));
+      }
+      TRAIND_ASSIGN_OR_RETURN(void* host, staging_->Host(static_cast<int>(g % 2)));
+      float* gh = static_cast<float*>(host);
+      float* wh = gh + largest_;
+      if (master_ != nullptr) TRAIND_RETURN_IF_ERROR(master_->Read(g, wh));
+      TRAIND_RETURN_IF_ERROR(backend->status());
+      inner->Step(wh, gh, lr, grad_scale);
+      host_->Synchronize();
+      TRAIND_RETURN_IF_ERROR(inner->status());
+      TRAIND_RETURN_IF_ERROR(host_->status());
+      const int slot = static_cast<int>(g % 2);
+      if (master_ != nullptr) {
+        TRAIND_RETURN_IF_ERROR(staging_->Upload(slot, w_at, win_p_, static_cast<size_t>(n) * 4));
+        sink_->MasterUpdated(gr.begin, win_p_, n);
+        TRAIND_RETURN_IF_ERROR(master_->Write(g, wh));
+      } else {
+        TRAIND_RETURN_IF_ERROR(staging_->Upload(slot, w_at, params + gr.begin, static_cast<size_t>(n) * 4));
+      }
+      TRAIND_RETURN_IF_ERROR(WriteGroup(g, inner->SaveState()));
+    }
+    return Status::Ok();
+  }
+
+  // The step's commit behind the caller, the next step's first groups read ahead.
+  void CommitStep() {
     std::vector<StateKey> next;  // the next step reads groups 0 and 1 first
     for (size_t g = 0; g < std::min<size_t>(2, groups_.size()); ++g) {
       if (master_ != nullptr) {
@@ -608,7 +686,6 @@ class OffloadedOptimizer final : public HostDrivenOffload {
     }
     CommitBehind(step_ + 1, std::move(next));
     ++step_;
-    return Status::Ok();
   }
 
   void Committed() const override { committed_ = pending_; }
@@ -619,6 +696,11 @@ class OffloadedOptimizer final : public HostDrivenOffload {
   OffloadOptions options_;
   mutable std::vector<std::vector<size_t>> committed_;  // per group: sizes of its committed pieces
   std::vector<std::vector<size_t>> pending_;    // per group: sizes written since the commit
+  int64_t largest_ = 0;                          // elements of the largest group
+  // OffloadOptions::update_on_host (EnableHostUpdate).
+  std::unique_ptr<Backend> host_;
+  std::unique_ptr<DeviceArena> host_arena_;
+  std::unique_ptr<HostStaging> staging_;
 };
 
 // AdamW, the common case, without a transient instance or a payload format: the flat state
@@ -633,7 +715,8 @@ class OffloadedAdamW final : public HostDrivenOffload {
     return std::min(most, std::max<int64_t>(4096, (num_params + 15) / 16));
   }
   static int64_t PlanBytes(int64_t num_params, const OffloadOptions& o) {
-    const int64_t windows = o.master_weights ? 3 : 2;  // m, v (and the master weights)
+    // m, v (and the master weights); updated on the host, only the master weights' window.
+    const int64_t windows = (o.update_on_host ? 0 : 2) + (o.master_weights ? 1 : 0);
     return num_params > 0 ? windows * 4 * std::min(num_params, ChunkElems(num_params, o)) : 0;
   }
 
@@ -646,12 +729,14 @@ class OffloadedAdamW final : public HostDrivenOffload {
     opt->chunk_ = std::min(num_params, ChunkElems(num_params, o));
     if (opt->chunk_ > 0) {
       const int64_t bytes = opt->chunk_ * 4;
-      TRAIND_ASSIGN_OR_RETURN(void* m, arena->Allocate(MemoryCategory::kOptimizer, bytes,
-                                                       "offload window exp_avg"));
-      opt->win_m_ = static_cast<float*>(m);
-      TRAIND_ASSIGN_OR_RETURN(void* v, arena->Allocate(MemoryCategory::kOptimizer, bytes,
-                                                       "offload window exp_avg_sq"));
-      opt->win_v_ = static_cast<float*>(v);
+      if (!o.update_on_host) {  // the device windows of m and v (on the host: host_m_, host_v_)
+        TRAIND_ASSIGN_OR_RETURN(void* m, arena->Allocate(MemoryCategory::kOptimizer, bytes,
+                                                         "offload window exp_avg"));
+        opt->win_m_ = static_cast<float*>(m);
+        TRAIND_ASSIGN_OR_RETURN(void* v, arena->Allocate(MemoryCategory::kOptimizer, bytes,
+                                                         "offload window exp_avg_sq"));
+        opt->win_v_ = static_cast<float*>(v);
+      }
       opt->host_m_.resize(static_cast<size_t>(opt->chunk_));
       opt->host_v_.resize(static_cast<size_t>(opt->chunk_));
       if (o.update_on_host) {
@@ -1159,15 +1244,14 @@ Result<std::unique_ptr<Optimizer>> MakeOffloadedOptimizer(const TrainingSpec& tr
     return OffloadedAdamW::Create(training, params, num_params, arena, store, options);
   }
   std::vector<Group> groups = MakeGroups(training, params, quantized, options);
-  // Reject what the real optimizer rejects (options) before the first step.
-  if (!groups.empty()) {
-    TRAIND_ASSIGN_OR_RETURN(std::unique_ptr<Optimizer> probe,
-                            MakeOptimizer(training, groups[0].params,
-                                          groups[0].end - groups[0].begin, arena,
-                                          groups[0].quantized));
-  }
+  const bool any = !groups.empty();
   std::unique_ptr<OffloadedOptimizer> opt(
       new OffloadedOptimizer(training, std::move(groups), arena, store, options));
+  if (options.update_on_host) TRAIND_RETURN_IF_ERROR(opt->EnableHostUpdate());
+  // Reject what the real optimizer rejects (options) before the first step.
+  if (any) {
+    TRAIND_ASSIGN_OR_RETURN(std::unique_ptr<Optimizer> probe, opt->ProbeWindow());
+  }
   if (options.master_weights) TRAIND_RETURN_IF_ERROR(opt->EnableGroupMaster(options.master_sink));
   return std::unique_ptr<Optimizer>(std::move(opt));
 }
@@ -1182,8 +1266,9 @@ int64_t OffloadedOptimizerDeviceBytes(const TrainingSpec& training,
     most = std::max(most, OptimizerPlanBytes(training, g.params, g.end - g.begin, g.quantized));
     largest = std::max(largest, g.end - g.begin);
   }
-  // With the master weights: the window of the largest group's, beside a group's state.
-  return most + (options.master_weights ? 4 * largest : 0);
+  // With the master weights: the window of the largest group's, beside a group's state (on the
+  // host with update_on_host: then the master window alone).
+  return (options.update_on_host ? 0 : most) + (options.master_weights ? 4 * largest : 0);
 }
 
 }  // namespace traind::engine

@@ -63,12 +63,14 @@ struct OffloadOptions {
   // the largest group's). MakeOffloadedOptimizer needs the model's sink; the plan only the flag.
   bool master_weights = false;
   MasterWeightsSink* master_sink = nullptr;
-  // AdamW on a device whose memory is not the host's (cuda, simt): each chunk's update runs on the
-  // host (the CPU backend's threaded, vectorised AdamW over the chunk's m, v and parameters as the
-  // store returned them), so what crosses to the device and back is the chunk's gradients (down)
-  // and its updated weights (up), not its state both ways (ZeRO-Offload's CPU-Adam). `host_threads`:
-  // its threads (0 = every core). The device windows stay planned (the weights go up through
-  // them).
+  // A device whose memory is not the host's (cuda, simt): every optimizer's update runs on the
+  // host, with the CPU backend's threaded, vectorised kernels (ZeRO-Offload's CPU-Adam): AdamW
+  // chunk by chunk over the store's m, v and parameters, the others group by group through a
+  // transient instance in a host arena. What crosses to the device and back is each chunk's or
+  // group's gradients (down) and its updated weights (up), through the backend's HostStaging (two
+  // pinned slots and a copy stream on CUDA, the next chunk's copies behind this one's update), not
+  // its state both ways. `host_threads`: its threads (0 = every core). On the device only the
+  // master weights' window stays (the weights go up through it into the 16-bit copy).
   bool update_on_host = false;
   int host_threads = 0;
 };

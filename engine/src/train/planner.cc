@@ -28,8 +28,9 @@ int ZeroShards(const JobSpec& spec) {
 }
 
 // JobBytes for `spec` at micro-batch `b`, with or without gradient checkpointing.
-MemoryBytes SpecBytes(const ModelConfig& config, const JobSpec& spec, int64_t b, bool ckpt) {
-  return JobBytes(config, JobModelOptions(spec, b, ckpt), spec.training, ZeroShards(spec));
+// `on_host`: OffloadUpdatesOnHost of the device.
+MemoryBytes SpecBytes(const ModelConfig& config, const JobSpec& spec, int64_t b, bool ckpt, bool on_host) {
+  return JobBytes(config, JobModelOptions(spec, b, ckpt), spec.training, ZeroShards(spec), on_host);
 }
 
 std::string Breakdown(const MemoryBytes& b) {
@@ -40,9 +41,9 @@ std::string Breakdown(const MemoryBytes& b) {
 
 // The largest b in [1, cap] whose plan fits (plans grow with b), or 0 when none does.
 int64_t LargestFitting(const JobSpec& spec, const ModelConfig& config, int64_t cap, bool ckpt,
-                       int64_t budget) {
+                       int64_t budget, bool on_host) {
   auto fits = [&](int64_t b) {
-    return SpecBytes(config, spec, b, ckpt).total() <= budget;
+    return SpecBytes(config, spec, b, ckpt, on_host).total() <= budget;
   };
   if (!fits(1)) return 0;
   int64_t lo = 1, hi = cap;  // fits(lo) holds
@@ -123,8 +124,10 @@ ModelOptions JobModelOptions(const JobSpec& spec, int64_t micro_batch, bool grad
   return o;
 }
 
+bool OffloadUpdatesOnHost(const std::string& device) { return device != "cpu"; }
+
 MemoryBytes JobBytes(const ModelConfig& config, const ModelOptions& options,
-                     const TrainingSpec& training, int zero_shards) {
+                     const TrainingSpec& training, int zero_shards, bool offload_on_host) {
   MemoryBytes b = Model::PlanBytes(config, options);
   // Gradients are fp32 whatever the compute type (weights may hold a 16-bit copy too), one per
   // trainable element (with LoRA only the adapters: the frozen base has no gradient or state).
@@ -138,6 +141,7 @@ MemoryBytes JobBytes(const ModelConfig& config, const ModelOptions& options,
   } else if (training.offload != "none") {
     OffloadOptions oo;
     oo.master_weights = MasterWeightsOffModel(config, options);
+    oo.update_on_host = offload_on_host;
     b.optimizer += OffloadedOptimizerDeviceBytes(training, trainable, n_trainable, oo);
   } else if (zero_shards > 1) {
     b.optimizer += ZeroOnePlanBytes(training, trainable, n_trainable, zero_shards);
@@ -158,7 +162,7 @@ namespace {
 // For a job that does not fit: each single change of the spec that makes it fit, with the bytes it
 // would need (only those that fit), or, when none alone does, all of them together if that fits.
 std::string FittingLevers(const JobSpec& spec, const ModelConfig& config, int64_t b, bool c,
-                          int64_t budget) {
+                          int64_t budget, bool offload_on_host) {
   struct Lever {
     std::string what;
     JobSpec spec;
@@ -196,13 +200,13 @@ std::string FittingLevers(const JobSpec& spec, const ModelConfig& config, int64_
   std::string fits;
   JobSpec all = spec;
   for (const Lever& l : levers) {
-    const int64_t need = SpecBytes(config, l.spec, l.micro_batch, l.ckpt).total();
+    const int64_t need = SpecBytes(config, l.spec, l.micro_batch, l.ckpt, offload_on_host).total();
     if (need <= budget) fits += (fits.empty() ? "" : "; ") + l.what + " (" + FormatGiB(need) + ")";
   }
   if (!fits.empty()) return "any one of these fits: " + fits;
   all.training.offload = t.offload == "none" ? "nvme" : t.offload;
   if (!all.training.peft && (config.arch == "gpt2" || config.arch == "llama")) all.training.peft = PeftSpec{};
-  const int64_t together = SpecBytes(config, all, 1, true).total();
+  const int64_t together = SpecBytes(config, all, 1, true, offload_on_host).total();
   if (together <= budget) {
     return "no single change fits; together, micro-batch 1 with gradient checkpointing, offload nvme"
            " and LoRA need " + FormatGiB(together);
@@ -214,7 +218,7 @@ std::string FittingLevers(const JobSpec& spec, const ModelConfig& config, int64_
 }  // namespace
 
 Result<MemoryPlan> PlanJob(const JobSpec& spec, const ModelConfig& config, int64_t budget_bytes,
-                           bool tensor_cores) {
+                           bool tensor_cores, bool offload_on_host) {
   const TrainingSpec& t = spec.training;
   const int64_t align = tensor_cores && (t.bf16 || t.fp16) ? 64 : 8;
   if (spec.data.seq_len > config.max_positions()) {
@@ -258,17 +262,17 @@ Result<MemoryPlan> PlanJob(const JobSpec& spec, const ModelConfig& config, int64
   bool ckpt = t.gradient_checkpointing;
 
   auto too_big = [&](int64_t b, bool c) {
-    const MemoryBytes bytes = SpecBytes(config, spec, b, c);
+    const MemoryBytes bytes = SpecBytes(config, spec, b, c, offload_on_host);
     return Status::FailedPrecondition(
         "needs " + FormatGiB(bytes.total()) + ", budget " + FormatGiB(budget_bytes) +
         " at micro-batch " + std::to_string(b) + (c ? " with" : " without") +
         " gradient checkpointing (" + Breakdown(bytes) + "): " +
-        FittingLevers(spec, config, b, c, budget_bytes));
+        FittingLevers(spec, config, b, c, budget_bytes, offload_on_host));
   };
 
   if (!t.auto_batch()) {
     plan.micro_batch = t.per_device_train_batch_size;
-    plan.bytes = SpecBytes(config, spec, plan.micro_batch, ckpt);
+    plan.bytes = SpecBytes(config, spec, plan.micro_batch, ckpt, offload_on_host);
     if (plan.bytes.total() > budget_bytes) return too_big(plan.micro_batch, ckpt);
     plan.gradient_checkpointing = ckpt;
     plan.reason = "micro-batch " + std::to_string(plan.micro_batch) + " as given" +
@@ -285,13 +289,13 @@ Result<MemoryPlan> PlanJob(const JobSpec& spec, const ModelConfig& config, int64
   std::string why;
   int64_t raw = 0;
   if (ckpt) {
-    raw = LargestFitting(spec, config, search, true, budget_bytes);
+    raw = LargestFitting(spec, config, search, true, budget_bytes, offload_on_host);
     why = "gradient checkpointing as asked";
   } else {
-    raw = LargestFitting(spec, config, search, false, budget_bytes);
+    raw = LargestFitting(spec, config, search, false, budget_bytes, offload_on_host);
     if (raw < wanted) {
       // Only when it buys a larger (rounded) micro-batch: checkpointing costs a forward pass.
-      const int64_t with_ckpt = LargestFitting(spec, config, search, true, budget_bytes);
+      const int64_t with_ckpt = LargestFitting(spec, config, search, true, budget_bytes, offload_on_host);
       if (RoundMicroBatch(with_ckpt, align) > RoundMicroBatch(raw, align)) {
         raw = with_ckpt;
         ckpt = true;
@@ -306,7 +310,7 @@ Result<MemoryPlan> PlanJob(const JobSpec& spec, const ModelConfig& config, int64
   if (eff.has_value()) {
     plan.gradient_accumulation_steps = (*eff + plan.micro_batch - 1) / plan.micro_batch;
   }
-  plan.bytes = SpecBytes(config, spec, plan.micro_batch, ckpt);
+  plan.bytes = SpecBytes(config, spec, plan.micro_batch, ckpt, offload_on_host);
   plan.reason = "auto: largest micro-batch that fits " + FormatGiB(budget_bytes) + " is " +
                 std::to_string(raw) + ", using " + std::to_string(plan.micro_batch) + " x " +
                 std::to_string(plan.gradient_accumulation_steps) + " accumulation" +
@@ -323,7 +327,8 @@ Result<MemoryPlan> EstimateJob(const JobSpec& spec, const DeviceOptions& device)
   TRAIND_ASSIGN_OR_RETURN(int64_t budget, DeviceBudget(device));  // checks the device too
   TRAIND_ASSIGN_OR_RETURN(ModelConfig config, ResolveModelConfig(spec));
   // cuda:N: sm_80+ (the architectures this project builds for): 16-bit batches align to 64.
-  return PlanJob(spec, config, budget, device.device.rfind("cuda:", 0) == 0);
+  return PlanJob(spec, config, budget, device.device.rfind("cuda:", 0) == 0,
+                 OffloadUpdatesOnHost(device.device));
 }
 
 }  // namespace traind::engine

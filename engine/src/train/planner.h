@@ -27,15 +27,20 @@ bool MasterWeightsOffDevice(const JobSpec& spec);
 // Whether a model of `config` built with `options` keeps its master weights in the optimizer's
 // store (decoder families without LoRA; the encoder keeps its weights on the device).
 bool MasterWeightsOffModel(const ModelConfig& config, const ModelOptions& options);
+// Whether training.offload updates on the host on `device` (OffloadOptions::update_on_host): a
+// device whose memory is not the host's (every one but "cpu"). The optimizer's state windows then
+// live on the host, not in the device plan.
+bool OffloadUpdatesOnHost(const std::string& device);
 
 // Every byte RunJob allocates in the arena for `config` with `options`: Model::PlanBytes, the
 // optimizer's state (AdamW: 2 * params * 4 bytes) and the step runner's device buffers (StepRunner::PlanBytes: two
 // micro-batch upload slots and the step scalars, counted as activations).
 // `training` names the optimizer (its state bytes: OptimizerPlanBytes); the default is AdamW.
 // `zero_shards` > 1 (distributed.zero_stage 1 over that many ranks): the optimizer bytes of the
-// largest rank's shard (ZeroOnePlanBytes).
+// largest rank's shard (ZeroOnePlanBytes). `offload_on_host`: OffloadUpdatesOnHost of the device.
 MemoryBytes JobBytes(const ModelConfig& config, const ModelOptions& options,
-                     const TrainingSpec& training = TrainingSpec{}, int zero_shards = 1);
+                     const TrainingSpec& training = TrainingSpec{}, int zero_shards = 1,
+                     bool offload_on_host = false);
 
 // Plans `spec` (with model config `config`) against `budget_bytes` (> 0). With a fixed
 // per_device_train_batch_size: that batch, FAILED_PRECONDITION when it does not fit. With "auto":
@@ -44,9 +49,9 @@ MemoryBytes JobBytes(const ModelConfig& config, const ModelOptions& options,
 // or later), capped at effective_batch_size; gradient checkpointing is turned on (unless the spec already
 // asks for it) only when fewer than min(8, effective_batch_size) sequences fit without it and
 // it makes the rounded micro-batch larger; accumulation = ceil(effective_batch_size / micro_batch) when
-// effective_batch_size is given.
+// effective_batch_size is given. `offload_on_host`: OffloadUpdatesOnHost of the device.
 Result<MemoryPlan> PlanJob(const JobSpec& spec, const ModelConfig& config, int64_t budget_bytes,
-                           bool tensor_cores = false);
+                           bool tensor_cores = false, bool offload_on_host = false);
 
 // "1.23 GiB".
 std::string FormatGiB(int64_t bytes);

@@ -151,7 +151,8 @@ Status OpenDeviceAndPlan(TrainingSession* s) {
     planned.distributed->world_size = s->world;
   }
   TRAIND_ASSIGN_OR_RETURN(s->plan, PlanJob(planned, s->config, device.budget_bytes,
-                                           s->device.rfind("cuda:", 0) == 0));
+                                           s->device.rfind("cuda:", 0) == 0,
+                                           OffloadUpdatesOnHost(s->device)));
   if (s->callbacks->on_plan) s->callbacks->on_plan(s->plan);
   if (t.tf32 && s->device.rfind("cuda:", 0) != 0) {
     s->Message("training.tf32 has no effect on the " + s->device + " backend");
@@ -246,9 +247,9 @@ Status BuildModelAndOptimizer(TrainingSession* s) {
     OffloadOptions oo;
     oo.master_sink = s->model->master_weights_sink();
     oo.master_weights = oo.master_sink != nullptr;
-    // A device with its own memory (cuda, simt): AdamW's chunks update on the host (the gradients
-    // down, the weights up; not the state both ways), with the job's CPU threads.
-    oo.update_on_host = s->device != "cpu";
+    // A device with its own memory (cuda, simt): the update runs on the host (the gradients down,
+    // the weights up; not the state both ways), with the job's CPU threads.
+    oo.update_on_host = OffloadUpdatesOnHost(s->device);
     oo.host_threads = s->options->device.threads;
     TRAIND_ASSIGN_OR_RETURN(s->optimizer,
                             MakeOffloadedOptimizer(t, s->model->trainable_params(),
@@ -265,9 +266,8 @@ Status BuildModelAndOptimizer(TrainingSession* s) {
                       : "",
                   static_cast<double>(s->plan.bytes.optimizer) / 1048576.0);
     s->Message("training.offload " + t.offload + ": optimizer state in " + s->store->Describe() + line +
-               (oo.update_on_host && t.optim == "adamw"
-                    ? "; AdamW updates on the host (gradients down, weights up)"
-                    : ""));
+               (oo.update_on_host ? "; " + t.optim + " updates on the host (gradients down, weights up)"
+                                  : std::string()));
     if (s->model->merge_needs_base()) {
       s->Message("training.offload " + t.offload + " with peft: the frozen base on the device in " +
                  s->plan.precision + " only (no fp32 copy of its GEMM weights" +
