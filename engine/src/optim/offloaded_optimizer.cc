@@ -180,7 +180,7 @@ class MasterSegments {
                               std::to_string(offset + n) + ") where [" + std::to_string(put_next_) +
                               ", ...) of " + std::to_string(total) + " was expected");
     }
-    get_segment_ = segments_.size();
+    Invalidate();
     while (n > 0) {
       const size_t s = SegmentOf(put_next_);
       const Segment& seg = segments_[s];
@@ -204,33 +204,38 @@ class MasterSegments {
                             std::to_string(segments_.empty() ? 0 : segments_.back().end) +
                             " elements were given");
   }
-  // The committed master weights [offset, offset + n) through one cached segment.
+  // The committed master weights [offset, offset + n) through two cached segments (the least
+  // recently used one is replaced): an export asks in tensor-name order, which goes back and
+  // forth between the two segments a block straddles.
   Status Get(int64_t offset, float* host, int64_t n) const {
     const int64_t total = segments_.empty() ? 0 : segments_.back().end;
     if (offset < 0 || n < 0 || offset + n > total) {
       return Status::Internal("master weights: [" + std::to_string(offset) + ", " +
                               std::to_string(offset + n) + ") outside the " + std::to_string(total));
     }
-    get_buf_.resize(static_cast<size_t>(largest_));
     while (n > 0) {
       const size_t s = SegmentOf(offset);
-      if (get_segment_ != s) {
+      int slot = get_segment_[0] == s ? 0 : get_segment_[1] == s ? 1 : -1;
+      if (slot < 0) {
+        slot = get_older_;
+        get_buf_[slot].resize(static_cast<size_t>(largest_));
         Prefetch(s + 1);
-        get_segment_ = segments_.size();
-        TRAIND_RETURN_IF_ERROR(Read(s, get_buf_.data()));
-        get_segment_ = s;
+        get_segment_[slot] = segments_.size();
+        TRAIND_RETURN_IF_ERROR(Read(s, get_buf_[slot].data()));
+        get_segment_[slot] = s;
       }
+      get_older_ = 1 - slot;
       const Segment& seg = segments_[s];
       const int64_t take = std::min(n, seg.end - offset);
-      std::memcpy(host, get_buf_.data() + (offset - seg.begin), static_cast<size_t>(take) * 4);
+      std::memcpy(host, get_buf_[slot].data() + (offset - seg.begin), static_cast<size_t>(take) * 4);
       offset += take;
       host += take;
       n -= take;
     }
     return Status::Ok();
   }
-  // The stored segments changed (a step): Get's cached segment is stale.
-  void Invalidate() { get_segment_ = segments_.size(); }
+  // The stored segments changed (a step): Get's cached segments are stale.
+  void Invalidate() { get_segment_[0] = get_segment_[1] = segments_.size(); }
 
  private:
   // f(key, offset in the segment, elements) for each piece of segment s, in order.
@@ -258,8 +263,9 @@ class MasterSegments {
   std::vector<float> put_buf_;
   int64_t put_next_ = 0;
   bool complete_ = false;
-  mutable std::vector<float> get_buf_;
-  mutable size_t get_segment_ = static_cast<size_t>(-1);
+  mutable std::vector<float> get_buf_[2];
+  mutable size_t get_segment_[2] = {static_cast<size_t>(-1), static_cast<size_t>(-1)};
+  mutable int get_older_ = 0;  // the slot Get replaces next
 };
 
 class HostDrivenOffload : public Optimizer, public MasterWeightsStore {
