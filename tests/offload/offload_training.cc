@@ -26,12 +26,15 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <random>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backend/backend.h"
+#include "core/half.h"
 #include "models/hf_config.h"
 #include "models/layout.h"
 #include "optim/offloaded_optimizer.h"
@@ -373,6 +376,154 @@ TEST(OffloadHostUpdate, EveryOptimizerBitIdenticalToInMemory) {
   }
 }
 
+// What a 16-bit model keeps on the device with its master weights in the store: the bf16 copy of
+// every weight and fp32 copies of some tensors (here a.bias and c.weight). MasterUpdated is the
+// device-window path's refresh (the device cast); ComputeCopyOf where the host update uploads.
+class FakeComputeCopy final : public MasterWeightsSink {
+ public:
+  FakeComputeCopy(Backend* be, DeviceArena* arena, const std::vector<ParamInfo>& params, int64_t n)
+      : be_(be), n_(n) {
+    w16_ = static_cast<uint16_t*>(*arena->Allocate(MemoryCategory::kWeights, n * 2, "w16"));
+    for (const ParamInfo& p : params) {
+      if (p.hf_name != "a.bias" && p.hf_name != "c.weight") continue;
+      residents_.push_back({p.offset, p.numel, static_cast<float*>(*arena->Allocate(MemoryCategory::kWeights, p.numel * 4, p.hf_name))});
+    }
+  }
+  void Publish(const float* host) {  // the initial weights, as the model publishes them
+    std::vector<uint16_t> w16(static_cast<size_t>(n_));
+    F32To16Span(true, host, n_, w16.data());
+    be_->CopyHostToDevice(w16_, w16.data(), w16.size() * 2);
+    for (const Fp32Piece& r : residents_) be_->CopyHostToDevice(r.device, host + r.offset, static_cast<size_t>(r.n) * 4);
+  }
+  void MasterUpdated(int64_t offset, const float* device, int64_t n) override {
+    be_->Cast(w16_ + offset, DType::kBF16, device, DType::kF32, n);
+    for (const Fp32Piece& r : residents_) {
+      const int64_t a = std::max(offset, r.offset), b = std::min(offset + n, r.offset + r.n);
+      if (a < b) be_->CopyDeviceToDevice(r.device + (a - r.offset), device + (a - offset), static_cast<size_t>(b - a) * 4);
+    }
+  }
+  ComputeCopy ComputeCopyOf(int64_t offset, int64_t n) override {
+    ComputeCopy c;
+    c.type = DType::kBF16;
+    c.weights16 = w16_ + offset;
+    for (const Fp32Piece& r : residents_) {
+      const int64_t a = std::max(offset, r.offset), b = std::min(offset + n, r.offset + r.n);
+      if (a < b) c.fp32.push_back({a, b - a, r.device + (a - r.offset)});
+    }
+    return c;
+  }
+  // The bf16 copy and the fp32 pieces, read back.
+  std::pair<std::vector<uint16_t>, std::vector<float>> Read() const {
+    std::vector<uint16_t> w16(static_cast<size_t>(n_));
+    be_->CopyDeviceToHost(w16.data(), w16_, w16.size() * 2);
+    std::vector<float> fp32;
+    for (const Fp32Piece& r : residents_) {
+      const size_t at = fp32.size();
+      fp32.resize(at + static_cast<size_t>(r.n));
+      be_->CopyDeviceToHost(fp32.data() + at, r.device, static_cast<size_t>(r.n) * 4);
+    }
+    be_->Synchronize();
+    return {w16, fp32};
+  }
+
+ private:
+  Backend* be_;
+  int64_t n_;
+  uint16_t* w16_ = nullptr;
+  std::vector<Fp32Piece> residents_;
+};
+
+// The master weights in the store, updated on the host: the model's compute copy goes up from the
+// staging slots (the bf16 weights rounded on the host, the fp32 pieces as they are; no master
+// window on the device). For AdamW (chunks) and SGD (groups), 4 steps: the bf16 copy and the fp32
+// pieces are bit-identical to the device-window path's (the device cast of the updated master
+// weights, MasterUpdated) and to the in-memory optimizer's weights rounded; the host path's
+// device arena holds nothing.
+TEST(OffloadHostUpdate, ComputeCopyGoesUpFromTheHostBitIdentical) {
+  const std::vector<ParamInfo> params = {{"a.weight", {64, 200}, {64, 200}, 0, 12800, true},
+                                         {"a.bias", {64}, {64}, 12800, 64, false},
+                                         {"b.weight", {80, 80}, {80, 80}, 12864, 6400, true},
+                                         {"c.weight", {30, 30}, {30, 30}, 19264, 900, true}};
+  const int64_t n = 20164;
+  for (const char* optim : {"adamw", "sgd"}) {
+    SCOPED_TRACE(optim);
+    auto backend = MakeCpuBackend(2);
+    DeviceArena arena(backend.get(), 0);
+    TrainingSpec t;
+    t.optim = optim;
+    t.weight_decay = 0.1;
+    if (t.optim == "sgd") t.optim_args.momentum = 0.9;
+    std::mt19937 rng(11);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float> p0(static_cast<size_t>(n)), g(static_cast<size_t>(n));
+    for (float& x : p0) x = normal(rng);
+    auto device = [&](const std::vector<float>& host) {
+      auto r = arena.Allocate(MemoryCategory::kWeights, static_cast<int64_t>(host.size() * 4), "test");
+      EXPECT_TRUE(r.ok());
+      backend->CopyHostToDevice(*r, host.data(), host.size() * 4);
+      return static_cast<float*>(*r);
+    };
+    float* p_mem = device(p0);
+    float* grads = device(g);
+    auto mem = MakeOptimizer(t, params, n, &arena);
+    ASSERT_TRUE(mem.ok());
+    struct Run {
+      std::unique_ptr<FakeComputeCopy> model;
+      std::unique_ptr<OptimizerStateStore> store;
+      std::unique_ptr<DeviceArena> arena;
+      std::unique_ptr<Optimizer> opt;
+    };
+    Run runs[2];  // 0: host update (ComputeCopyOf), 1: device window (MasterUpdated)
+    for (int i = 0; i < 2; ++i) {
+      runs[i].model = std::make_unique<FakeComputeCopy>(backend.get(), &arena, params, n);
+      runs[i].model->Publish(p0.data());
+      auto store = offload::MakeHostStore();
+      ASSERT_TRUE(store.ok());
+      runs[i].store = std::move(*store);
+      runs[i].arena = std::make_unique<DeviceArena>(backend.get(), 0);
+      OffloadOptions oo;
+      oo.group_state_bytes = 16384;
+      oo.master_weights = true;
+      oo.master_sink = runs[i].model.get();
+      oo.update_on_host = i == 0;
+      oo.host_threads = 2;
+      auto opt = MakeOffloadedOptimizer(t, params, n, runs[i].arena.get(), runs[i].store.get(), oo);
+      ASSERT_TRUE(opt.ok()) << opt.status().ToString();
+      runs[i].opt = std::move(*opt);
+      MasterWeightsStore* master = runs[i].opt->master_weights_store();
+      ASSERT_NE(master, nullptr);
+      ASSERT_TRUE(master->PutMaster(0, p0.data(), n).ok());
+      ASSERT_TRUE(master->CommitMaster().ok());
+    }
+    for (int step = 1; step <= 4; ++step) {
+      for (float& x : g) x = normal(rng);
+      backend->CopyHostToDevice(grads, g.data(), g.size() * 4);
+      (*mem)->Step(p_mem, grads, 1e-2 / step, 0.5f);
+      for (Run& r : runs) {
+        r.opt->Step(nullptr, grads, 1e-2 / step, 0.5f);
+        ASSERT_TRUE(r.opt->status().ok()) << r.opt->status().ToString();
+      }
+    }
+    backend->Synchronize();
+    const auto host = runs[0].model->Read();
+    const auto window = runs[1].model->Read();
+    EXPECT_TRUE(host.first == window.first) << "bf16 weights: host update vs device window";
+    EXPECT_TRUE(host.second == window.second) << "fp32 pieces: host update vs device window";
+    std::vector<float> w(static_cast<size_t>(n));
+    backend->CopyDeviceToHost(w.data(), p_mem, w.size() * 4);
+    backend->Synchronize();
+    std::vector<uint16_t> w16(static_cast<size_t>(n));
+    F32To16Span(true, w.data(), n, w16.data());
+    EXPECT_TRUE(host.first == w16) << "bf16 weights: host update vs the in-memory optimizer's, rounded";
+    std::vector<float> pieces(w.begin() + 12800, w.begin() + 12864);
+    pieces.insert(pieces.end(), w.begin() + 19264, w.end());
+    EXPECT_TRUE(host.second == pieces) << "fp32 pieces: host update vs the in-memory optimizer's";
+    EXPECT_NE(host.first, std::vector<uint16_t>(static_cast<size_t>(n), 0));
+    EXPECT_EQ(runs[0].arena->peak_bytes(), 0) << "nothing of the optimizer on the device";
+    EXPECT_GT(runs[1].arena->peak_bytes(), 0);
+  }
+}
+
 // A model export reads the master weights from the store in tensor-name order (h.0, h.1, h.10,
 // ..., and within a block attn, ln_1, ln_2, mlp), not in flat order: Get keeps the two segments
 // last used, so a block that straddles two chunks reads each once; what is still read again is a
@@ -393,6 +544,7 @@ TEST(OffloadMasterExport, NameOrderReadsEachChunkAboutOnce) {
   for (const ParamInfo& p : params) n = std::max(n, p.offset + p.numel);
   struct NullSink final : MasterWeightsSink {
     void MasterUpdated(int64_t, const float*, int64_t) override {}
+    ComputeCopy ComputeCopyOf(int64_t, int64_t) override { return {}; }
   } sink;
   auto backend = MakeCpuBackend(1);
   DeviceArena arena(backend.get(), 0);

@@ -52,4 +52,14 @@ inline float F16ToF32(uint16_t x) {
   return std::bit_cast<float>(sign | ((exp + 112u) << 23) | (mant << 13));
 }
 
+// n fp32 values rounded to bf16 (`bf16`) or f16 into out: the scalar conversions above, element by
+// element (the bits the backends' casts give).
+inline void F32To16Span(bool bf16, const float* in, int64_t n, uint16_t* out) {
+  if (bf16) {
+    for (int64_t k = 0; k < n; ++k) out[k] = F32ToBF16(in[k]);
+  } else {
+    for (int64_t k = 0; k < n; ++k) out[k] = F32ToF16(in[k]);
+  }
+}
+
 }  // namespace traind::engine

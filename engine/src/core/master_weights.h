@@ -7,7 +7,9 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
+#include "core/dtype.h"
 #include "traind/engine/status.h"
 
 namespace traind::engine {
@@ -20,6 +22,22 @@ class MasterWeightsSink {
   // now at `device` (fp32, device memory, valid until the next call): the model refreshes its
   // compute weights from them (issued on the backend's stream; nothing is read back).
   virtual void MasterUpdated(int64_t offset, const float* device, int64_t n) = 0;
+
+  // Where the compute copy of the flat elements [offset, offset + n) lives on the device, for an
+  // optimizer that updates on the host and uploads the copy itself instead of MasterUpdated (the
+  // 16-bit weights rounded on the host with the device cast's bits, the fp32 resident tensors
+  // as they are): `weights16` is element `offset` of the `type` copy (n contiguous elements),
+  // `fp32` the pieces of [offset, offset + n) that are also kept in fp32, each at `device`.
+  struct Fp32Piece {
+    int64_t offset = 0, n = 0;
+    float* device = nullptr;
+  };
+  struct ComputeCopy {
+    DType type = DType::kBF16;
+    void* weights16 = nullptr;
+    std::vector<Fp32Piece> fp32;
+  };
+  virtual ComputeCopy ComputeCopyOf(int64_t offset, int64_t n) = 0;
 };
 
 // Implemented by the offloaded optimizers: the master weights in their store.

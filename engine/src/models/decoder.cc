@@ -119,12 +119,7 @@ constexpr uint64_t kFnvOffset = 0xcbf29ce484222325ull;
 // casts' bits (cpu_cast_test), so the copy equals the one Cast would make on the device.
 void To16(DType type, const float* host, int64_t n, std::vector<uint16_t>* out) {
   out->resize(static_cast<size_t>(n));
-  uint16_t* o = out->data();
-  if (type == DType::kBF16) {
-    for (int64_t k = 0; k < n; ++k) o[k] = F32ToBF16(host[k]);
-  } else {
-    for (int64_t k = 0; k < n; ++k) o[k] = F32ToF16(host[k]);
-  }
+  F32To16Span(type == DType::kBF16, host, n, out->data());
 }
 
 }  // namespace
@@ -266,6 +261,17 @@ void DecoderModel::MasterUpdated(int64_t offset, const float* device, int64_t n)
     be_->CopyDeviceToDevice(bufs_.params + it->packed + (a - it->offset), device + (a - offset),
                             static_cast<size_t>(b - a) * sizeof(float));
   }
+}
+
+MasterWeightsSink::ComputeCopy DecoderModel::ComputeCopyOf(int64_t offset, int64_t n) {
+  ComputeCopy out;
+  out.type = options_.compute_type;
+  out.weights16 = static_cast<char*>(bufs_.params16) + offset * static_cast<int64_t>(DTypeSize(out.type));
+  for (auto it = FirstResidentEndingAfter(offset); it != resident_.end() && it->offset < offset + n; ++it) {
+    const int64_t a = std::max(offset, it->offset), b = std::min(offset + n, it->offset + it->numel);
+    out.fp32.push_back({a, b - a, bufs_.params + it->packed + (a - it->offset)});
+  }
+  return out;
 }
 
 Status HfToFlat(const std::string& arch, const ParamTable& table, const SafetensorsFile& file,

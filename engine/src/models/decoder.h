@@ -123,6 +123,7 @@ class DecoderModel : public Model, private MasterWeightsSink {
   // The first resident tensor that ends after `offset` (resident_ is in table order).
   std::vector<Fp32ResidentTensor>::const_iterator FirstResidentEndingAfter(int64_t offset) const;
   void MasterUpdated(int64_t offset, const float* device, int64_t n) override;
+  ComputeCopy ComputeCopyOf(int64_t offset, int64_t n) override;
   // A base parameter's gradient; null for a frozen base (LoRA).
   float* G(int64_t offset) const {
     return offset < 0 || lora() ? nullptr : bufs_.grads + offset;

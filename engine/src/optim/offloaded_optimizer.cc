@@ -7,6 +7,7 @@
 #include <map>
 #include <utility>
 
+#include "core/half.h"
 #include "optim/adamw.h"
 #include "optim/state_io.h"
 
@@ -324,19 +325,20 @@ class HostDrivenOffload : public Optimizer, public MasterWeightsStore {
   // With OffloadOptions::master_weights: the master weights in the store (segments of the
   // subclass: AdamW's chunks, the groups), the model's sink, a device window of the largest
   // segment and its host buffer.
-  // `host_buffer`: host_p_ for ReadMasterWindow / RefreshFromWindow (AdamW's host update reads
-  // and writes the master weights in its staging slots instead).
+  // `windows`: the device window and its host buffer (host_p_) of ReadMasterWindow /
+  // RefreshFromWindow; an update on the host needs neither (the master weights are read and
+  // written in its staging slots, and the compute copy goes up from there: UploadComputeCopy).
   Status EnableMaster(std::vector<MasterSegments::Segment> segments, int64_t piece_elems,
-                      MasterWeightsSink* sink, DeviceArena* arena, bool host_buffer = true) {
+                      MasterWeightsSink* sink, DeviceArena* arena, bool windows = true) {
     master_ = std::make_unique<MasterSegments>(store_, std::move(segments), piece_elems);
     sink_ = sink;
-    if (master_->largest() == 0) return Status::Ok();
+    if (master_->largest() == 0 || !windows) return Status::Ok();
     TRAIND_ASSIGN_OR_RETURN(void* p, arena->Allocate(MemoryCategory::kOptimizer,
                                                      static_cast<size_t>(master_->largest()) * 4,
                                                      "offload window master weights"));
     win_p_ = static_cast<float*>(p);
     window_arena_ = arena;
-    if (host_buffer) host_p_.resize(static_cast<size_t>(master_->largest()));
+    host_p_.resize(static_cast<size_t>(master_->largest()));
     return Status::Ok();
   }
   // Segment s's master weights into the device window (the parameters its update runs on).
@@ -352,6 +354,23 @@ class HostDrivenOffload : public Optimizer, public MasterWeightsStore {
     sink_->MasterUpdated((*master_)[s].begin, win_p_, SegmentElems(s));  // before the next segment reuses it
   }
   Status WriteMasterWindow(size_t s) { return master_->Write(s, host_p_.data()); }
+  // After a host update of the master weights [lo, lo + n), at `w` in staging slot `slot` (w_at
+  // bytes into it): the model's compute copy goes up from the slot, the 16-bit weights rounded on
+  // the host (the device cast's bits) into the slot at w16_at (2 bytes a parameter instead of 4,
+  // and no fp32 window on the device) and the fp32 resident pieces as they are.
+  Status UploadComputeCopy(HostStaging* staging, int slot, void* slot_host, size_t w_at, size_t w16_at,
+                           int64_t lo, int64_t n) {
+    const MasterWeightsSink::ComputeCopy copy = sink_->ComputeCopyOf(lo, n);
+    const float* w = reinterpret_cast<const float*>(static_cast<char*>(slot_host) + w_at);
+    uint16_t* w16 = reinterpret_cast<uint16_t*>(static_cast<char*>(slot_host) + w16_at);
+    F32To16Span(copy.type == DType::kBF16, w, n, w16);
+    TRAIND_RETURN_IF_ERROR(staging->Upload(slot, w16_at, copy.weights16, static_cast<size_t>(n) * 2));
+    for (const MasterWeightsSink::Fp32Piece& piece : copy.fp32) {
+      TRAIND_RETURN_IF_ERROR(staging->Upload(slot, w_at + static_cast<size_t>(piece.offset - lo) * 4,
+                                             piece.device, static_cast<size_t>(piece.n) * 4));
+    }
+    return Status::Ok();
+  }
   int64_t SegmentElems(size_t s) const { return (*master_)[s].end - (*master_)[s].begin; }
   void ReleaseMasterWindow() {
     if (win_p_ != nullptr) window_arena_->Release(win_p_);
@@ -407,7 +426,9 @@ class OffloadedOptimizer final : public HostDrivenOffload {
     host_ = MakeCpuBackend(options_.host_threads);
     host_arena_ = std::make_unique<DeviceArena>(host_.get(), 0);
     if (largest_ == 0) return Status::Ok();
-    TRAIND_ASSIGN_OR_RETURN(staging_, arena_->backend()->MakeHostStaging(2, static_cast<size_t>(largest_) * 8));
+    // [gradients | weights], and with the master weights their 16-bit rounding behind.
+    const size_t per = options_.master_weights ? 10 : 8;
+    TRAIND_ASSIGN_OR_RETURN(staging_, arena_->backend()->MakeHostStaging(2, static_cast<size_t>(largest_) * per));
     return Status::Ok();
   }
   // Where the groups' transient instances live.
@@ -423,7 +444,7 @@ class OffloadedOptimizer final : public HostDrivenOffload {
     for (const Group& g : groups_) segments.push_back({g.name, g.begin, g.end, 0});
     return EnableMaster(std::move(segments),
                         std::max<int64_t>(1, static_cast<int64_t>(options_.piece_bytes / 4)), sink, arena_,
-                        /*host_buffer=*/host_ == nullptr);
+                        /*windows=*/host_ == nullptr);
   }
 
   SafetensorsFile SaveState() const override {
@@ -635,8 +656,8 @@ class OffloadedOptimizer final : public HostDrivenOffload {
   // OffloadOptions::update_on_host: group g's gradients (and without the master weights in the
   // store its weights) come down through staging slot g % 2 while group g - 1 updates; its
   // instance (in the host arena) updates the parameters in the slot with the CPU backend's
-  // kernels, and they go up (into the master window and the model's 16-bit copy, or in place)
-  // while group g + 1 updates.
+  // kernels, and they go up (the model's compute copy: UploadComputeCopy, or the fp32 weights in
+  // place) while group g + 1 updates.
   Status RunStepOnHost(float* params, const float* grads, double lr, float grad_scale) {
     Backend* backend = arena_->backend();
     const size_t w_at = static_cast<size_t>(largest_) * 4;
@@ -670,8 +691,7 @@ class OffloadedOptimizer final : public HostDrivenOffload {
       TRAIND_RETURN_IF_ERROR(host_->status());
       const int slot = static_cast<int>(g % 2);
       if (master_ != nullptr) {
-        TRAIND_RETURN_IF_ERROR(staging_->Upload(slot, w_at, win_p_, static_cast<size_t>(n) * 4));
-        sink_->MasterUpdated(gr.begin, win_p_, n);
+        TRAIND_RETURN_IF_ERROR(UploadComputeCopy(staging_.get(), slot, host, w_at, 2 * w_at, gr.begin, n));
         TRAIND_RETURN_IF_ERROR(master_->Write(g, wh));
       } else {
         TRAIND_RETURN_IF_ERROR(staging_->Upload(slot, w_at, params + gr.begin, static_cast<size_t>(n) * 4));
@@ -721,8 +741,8 @@ class OffloadedAdamW final : public HostDrivenOffload {
     return std::min(most, std::max<int64_t>(4096, (num_params + 15) / 16));
   }
   static int64_t PlanBytes(int64_t num_params, const OffloadOptions& o) {
-    // m, v (and the master weights); updated on the host, only the master weights' window.
-    const int64_t windows = (o.update_on_host ? 0 : 2) + (o.master_weights ? 1 : 0);
+    // m, v (and the master weights); updated on the host, none (the staging slots are host memory).
+    const int64_t windows = o.update_on_host ? 0 : 2 + (o.master_weights ? 1 : 0);
     return num_params > 0 ? windows * 4 * std::min(num_params, ChunkElems(num_params, o)) : 0;
   }
 
@@ -747,10 +767,12 @@ class OffloadedAdamW final : public HostDrivenOffload {
       opt->host_v_.resize(static_cast<size_t>(opt->chunk_));
       if (o.update_on_host) {
         opt->host_ = MakeCpuBackend(o.host_threads);
-        // Two slots of [gradients | weights] of a chunk: pinned on CUDA, the copies of the next
-        // chunk in flight while this one updates.
+        // Two slots of [gradients | weights] of a chunk (with the master weights, their 16-bit
+        // rounding behind): pinned on CUDA, the copies of the next chunk in flight while this
+        // one updates.
+        const size_t per = o.master_weights ? 5 : 4;  // bytes a chunk element, halved
         TRAIND_ASSIGN_OR_RETURN(opt->staging_,
-                                arena->backend()->MakeHostStaging(2, static_cast<size_t>(bytes) * 2));
+                                arena->backend()->MakeHostStaging(2, static_cast<size_t>(bytes) / 2 * per));
       }
       if (o.master_weights) {
         std::vector<MasterSegments::Segment> chunks;  // one piece per chunk: {"adamw", c, "master"}
@@ -758,7 +780,7 @@ class OffloadedAdamW final : public HostDrivenOffload {
           chunks.push_back({"adamw", c * opt->chunk_, std::min(num_params, (c + 1) * opt->chunk_), c});
         }
         TRAIND_RETURN_IF_ERROR(opt->EnableMaster(std::move(chunks), opt->chunk_, o.master_sink, arena,
-                                                 /*host_buffer=*/!o.update_on_host));
+                                                 /*windows=*/!o.update_on_host));
       }
     }
     return std::unique_ptr<Optimizer>(std::move(opt));
@@ -1031,8 +1053,9 @@ class OffloadedAdamW final : public HostDrivenOffload {
   // OffloadOptions::update_on_host: the chunk's gradients come down, its parameters (the master
   // weights from the store, or the device's fp32 weights) and m, v are updated by the CPU
   // backend's AdamW in host memory (the same per-element math as every backend's kernel), and the
-  // weights go back up: with the master weights through the master window into the model's
-  // 16-bit copy (MasterWeightsSink), else into the device's fp32 weights in place. The copies go
+  // weights go back up: with the master weights the model's compute copy (UploadComputeCopy:
+  // 16-bit rounded on the host, the fp32 resident pieces), else the device's fp32 weights in
+  // place. The copies go
   // through the backend's HostStaging (pinned slots and a copy stream on CUDA), two slots of
   // [gradients | weights]: chunk c - 1's download is issued before chunk c updates (when its
   // gradients are final) and chunk c's upload runs while chunk c - 1 updates; the host waits only
@@ -1061,10 +1084,7 @@ class OffloadedAdamW final : public HostDrivenOffload {
     host_->Synchronize();
     const size_t w_at = static_cast<size_t>(chunk_) * 4;
     if (master_ != nullptr) {
-      // The upload waits for the previous chunk's refresh (which read the window) to be issued
-      // before it: HostStaging orders it after the compute work issued so far.
-      TRAIND_RETURN_IF_ERROR(staging_->Upload(slot, w_at, win_p_, bytes));
-      sink_->MasterUpdated(lo, win_p_, n);
+      TRAIND_RETURN_IF_ERROR(UploadComputeCopy(staging_.get(), slot, host, w_at, 2 * w_at, lo, n));
     } else {
       TRAIND_RETURN_IF_ERROR(staging_->Upload(slot, w_at, cur_.params + lo, bytes));
     }
@@ -1272,9 +1292,10 @@ int64_t OffloadedOptimizerDeviceBytes(const TrainingSpec& training,
     most = std::max(most, OptimizerPlanBytes(training, g.params, g.end - g.begin, g.quantized));
     largest = std::max(largest, g.end - g.begin);
   }
-  // With the master weights: the window of the largest group's, beside a group's state (on the
-  // host with update_on_host: then the master window alone).
-  return (options.update_on_host ? 0 : most) + (options.master_weights ? 4 * largest : 0);
+  // With the master weights: the window of the largest group's, beside a group's state; updated on
+  // the host, none (the instances live in a host arena, the weights cross in staging slots).
+  if (options.update_on_host) return 0;
+  return most + (options.master_weights ? 4 * largest : 0);
 }
 
 }  // namespace traind::engine

@@ -60,7 +60,8 @@ struct OffloadOptions {
   int64_t group_state_bytes = int64_t{64} << 20;
   size_t piece_bytes = size_t{16} << 20;          // largest store value (<= the store's max)
   // The master weights in the store too: a window on the device (AdamW: a chunk's; the others:
-  // the largest group's). MakeOffloadedOptimizer needs the model's sink; the plan only the flag.
+  // the largest group's; none with update_on_host). MakeOffloadedOptimizer needs the model's
+  // sink; the plan only the flag.
   bool master_weights = false;
   MasterWeightsSink* master_sink = nullptr;
   // A device whose memory is not the host's (cuda, simt): every optimizer's update runs on the
@@ -69,8 +70,10 @@ struct OffloadOptions {
   // transient instance in a host arena. What crosses to the device and back is each chunk's or
   // group's gradients (down) and its updated weights (up), through the backend's HostStaging (two
   // pinned slots and a copy stream on CUDA, the next chunk's copies behind this one's update), not
-  // its state both ways. `host_threads`: its threads (0 = every core). On the device only the
-  // master weights' window stays (the weights go up through it into the 16-bit copy).
+  // its state both ways. `host_threads`: its threads (0 = every core). No optimizer window stays
+  // on the device: with the master weights in the store the model's compute copy goes up
+  // directly (the 16-bit weights rounded on the host, the fp32 resident pieces:
+  // MasterWeightsSink::ComputeCopyOf).
   bool update_on_host = false;
   int host_threads = 0;
 };
