@@ -217,7 +217,9 @@ std::string StatusText(const v1::Job& j) {
                        (j.plan().offload_master_bytes() > 0
                             ? " and " + HumanBytes(j.plan().offload_master_bytes()) + " fp32 master weights"
                             : std::string()) +
-                       " off the device, " + HumanBytes(j.plan().bytes().optimizer()) + " window on it");
+                       " off the device, " +
+                       (j.plan().bytes().optimizer() > 0 ? HumanBytes(j.plan().bytes().optimizer()) + " window on it"
+                                                         : std::string("updated on the host")));
     if (j.has_offload()) {
       row("offload_io", "read " + HumanBytes(j.offload().read_bytes()) + ", written " +
                             HumanBytes(j.offload().written_bytes()) + ", waited " +
@@ -267,7 +269,10 @@ std::string EstimateText(const v1::EstimateJobResponse& r) {
     if (p.offload_master_bytes() > 0) {
       o << " and fp32 master weights " << HumanBytes(p.offload_master_bytes());
     }
-    o << " off the device (optimizer row: the window of one group on it)\n";
+    o << " off the device ("
+      << (p.bytes().optimizer() > 0 ? "optimizer row: the window of one group on it"
+                                    : "updated on the host: no optimizer bytes on the device")
+      << ")\n";
   }
   if (!r.reason().empty()) o << "reason: " << r.reason() << "\n";
   return o.str();
