@@ -354,8 +354,8 @@ class HostDrivenOffload : public Optimizer, public MasterWeightsStore {
     sink_->MasterUpdated((*master_)[s].begin, win_p_, SegmentElems(s));  // before the next segment reuses it
   }
   Status WriteMasterWindow(size_t s) { return master_->Write(s, host_p_.data()); }
-  // After a host update of the master weights [lo, lo + n), at `w` in staging slot `slot` (w_at
-  // bytes into it): the model's compute copy goes up from the slot, the 16-bit weights rounded on
+  // After a host update of the master weights [lo, lo + n), held w_at bytes into staging slot
+  // `slot` (host memory `slot_host`): the model's compute copy goes up from the slot, the 16-bit weights rounded on
   // the host (the device cast's bits) into the slot at w16_at (2 bytes a parameter instead of 4,
   // and no fp32 window on the device) and the fp32 resident pieces as they are.
   Status UploadComputeCopy(HostStaging* staging, int slot, void* slot_host, size_t w_at, size_t w16_at,

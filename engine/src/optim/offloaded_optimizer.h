@@ -35,10 +35,12 @@
 // StateKey{group name, piece, "master"}. Read into a device window (a chunk's, or the largest
 // group's), updated there by the same kernel or instance and written back behind with the state
 // (one commit: crash consistency unchanged); the model refreshes its 16-bit weights and fp32
-// resident tensors from the window (MasterWeightsSink). The model's weights come
-// in (init, init_from, a resume's model file) and go out (checkpoints, the final model) through
-// master_weights_store(). Without it the master weights are the model's trainable buffer on the
-// device, updated in place.
+// resident tensors from the window (MasterWeightsSink::MasterUpdated). With
+// OffloadOptions::update_on_host there is no window: the master weights are updated in host
+// staging slots and the model's compute copy is uploaded from there (ComputeCopyOf). The
+// model's weights come in (init, init_from, a resume's model file) and go out (checkpoints, the
+// final model) through master_weights_store(). Without it the master weights are the model's
+// trainable buffer on the device, updated in place.
 #pragma once
 
 #include <cstdint>
