@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -21,6 +22,7 @@
 
 #include "model_test_util.h"
 #include "rss_test_util.h"
+#include "models/decoder.h"
 #include "models/layout.h"
 
 namespace traind::engine::testing {
@@ -298,6 +300,59 @@ TEST(ModelExportStream, FailedWriteNamesThePathAndLeavesNoFile) {
     EXPECT_FALSE(fs::exists(path));
   } else {
     std::printf("running as root: the mode-bit case (read-only folder) is not checked\n");
+  }
+}
+
+// The random init draws its 64-bit stream in order and transforms it in parallel: every value
+// equals the one-element-after-the-other Box-Muller of the same stream (written here as it was
+// before), for gpt2 with padded vocabulary rows (no draws: zeros) and llama, over tensors larger
+// than the parallel threshold and the 1M-element chunk.
+TEST(InitFlatParams, ParallelTransformEqualsTheSequentialStream) {
+  ModelConfig gpt2 = TinyGpt2();
+  gpt2.vocab_size = 3001;  // padded rows
+  gpt2.n_embd = 512;       // wte 3001 x 512 > the 1M-element chunk
+  gpt2.n_head = 8;
+  ModelConfig llama = TinyLlama(false);
+  llama.vocab_size = 5000;  // embed_tokens and lm_head 160K elements each
+  for (const ModelConfig& c : {gpt2, llama}) {
+    SCOPED_TRACE(c.arch);
+    const ArchDims d = MakeArchDims(c);
+    const ParamTable table = BuildParams(d);
+    std::vector<float> got(static_cast<size_t>(table.total), -1.0f);
+    InitFlatParams(d, table, 1234, got.data());
+    std::vector<float> want(static_cast<size_t>(table.total), -1.0f);
+    std::mt19937_64 rng(1234);
+    auto normal = [&rng]() {
+      const double u1 = (static_cast<double>(rng() >> 11) + 0.5) * 0x1.0p-53;
+      const double u2 = (static_cast<double>(rng() >> 11) + 0.5) * 0x1.0p-53;
+      return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
+    };
+    const double std_resid = 0.02 / std::sqrt(2.0 * static_cast<double>(d.L));
+    int64_t normals = 0, padded = 0;
+    for (size_t i = 0; i < table.infos.size(); ++i) {
+      const ParamInfo& info = table.infos[i];
+      int64_t n = 1;
+      for (int64_t s : info.hf_shape) n *= s;
+      for (int64_t j = 0; j < info.numel; ++j) {
+        float v = 0.0f;
+        if (j < n) {
+          switch (table.extras[i].init) {
+            case InitKind::kZeros: v = 0.0f; break;
+            case InitKind::kOnes: v = 1.0f; break;
+            case InitKind::kNormal: v = static_cast<float>(0.02 * normal()); ++normals; break;
+            case InitKind::kNormalResidual: v = static_cast<float>(std_resid * normal()); ++normals; break;
+          }
+        } else {
+          ++padded;
+        }
+        want[static_cast<size_t>(info.offset + j)] = v;
+      }
+    }
+    EXPECT_GT(normals, 65536);
+    if (c.arch == "gpt2") {
+      EXPECT_GT(padded, 0);
+    }
+    EXPECT_TRUE(got == want) << "the parallel init differs from the sequential stream";
   }
 }
 
