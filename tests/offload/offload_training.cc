@@ -296,35 +296,47 @@ INSTANTIATE_TEST_SUITE_P(NoClipping, OffloadEarlyUpdate,
 // holds the same state (the checkpoint file is the same bytes); AdamW also when its chunks update
 // during backward (BeginStep, GradientsFinalFrom twice, then Step). The offloaded optimizer's own
 // arena (the device's) holds nothing: its state windows are on the host, and the plan says so.
+// The host-update tests' model: four tensors (one spanning several 4096-element chunks, decay on
+// three), the optimizer `optim` (SGD with momentum), and a host vector copied into `arena`.
+std::vector<ParamInfo> HostUpdateParams(int64_t* n) {
+  *n = 20164;
+  return {{"a.weight", {64, 200}, {64, 200}, 0, 12800, true},
+          {"a.bias", {64}, {64}, 12800, 64, false},
+          {"b.weight", {80, 80}, {80, 80}, 12864, 6400, true},
+          {"c.weight", {30, 30}, {30, 30}, 19264, 900, true}};
+}
+TrainingSpec HostUpdateSpec(const std::string& optim) {
+  TrainingSpec t;
+  t.optim = optim;
+  t.weight_decay = 0.1;
+  if (t.optim == "sgd") t.optim_args.momentum = 0.9;
+  return t;
+}
+float* ToArena(DeviceArena* arena, const std::vector<float>& host) {
+  auto r = arena->Allocate(MemoryCategory::kWeights, static_cast<int64_t>(host.size() * 4), "test");
+  EXPECT_TRUE(r.ok());
+  if (!r.ok()) return nullptr;
+  arena->backend()->CopyHostToDevice(*r, host.data(), host.size() * 4);
+  return static_cast<float*>(*r);
+}
+
 TEST(OffloadHostUpdate, EveryOptimizerBitIdenticalToInMemory) {
-  std::vector<ParamInfo> params = {{"a.weight", {64, 200}, {64, 200}, 0, 12800, true},
-                                   {"a.bias", {64}, {64}, 12800, 64, false},
-                                   {"b.weight", {80, 80}, {80, 80}, 12864, 6400, true},
-                                   {"c.weight", {30, 30}, {30, 30}, 19264, 900, true}};
-  const int64_t n = 20164;
+  int64_t n = 0;
+  const std::vector<ParamInfo> params = HostUpdateParams(&n);
   for (const char* optim : {"adamw", "sgd", "adamw_8bit", "adafactor"}) {
     SCOPED_TRACE(optim);
     auto backend = MakeCpuBackend(2);
     DeviceArena arena(backend.get(), 0);
     DeviceArena off_arena(backend.get(), 0);  // the offloaded optimizers' device memory only
-    TrainingSpec t;
-    t.optim = optim;
-    t.weight_decay = 0.1;
-    if (t.optim == "sgd") t.optim_args.momentum = 0.9;
+    const TrainingSpec t = HostUpdateSpec(optim);
     std::mt19937 rng(5);
     std::normal_distribution<float> normal(0.0f, 1.0f);
     std::vector<float> p0(static_cast<size_t>(n)), g(static_cast<size_t>(n));
     for (float& x : p0) x = normal(rng);
-    auto device = [&](const std::vector<float>& host) {
-      auto r = arena.Allocate(MemoryCategory::kWeights, static_cast<int64_t>(host.size() * 4), "test");
-      EXPECT_TRUE(r.ok());
-      backend->CopyHostToDevice(*r, host.data(), host.size() * 4);
-      return static_cast<float*>(*r);
-    };
-    float* p_mem = device(p0);
-    float* p_off = device(p0);
-    float* p_early = device(p0);
-    float* grads = device(g);
+    float* p_mem = ToArena(&arena, p0);
+    float* p_off = ToArena(&arena, p0);
+    float* p_early = ToArena(&arena, p0);
+    float* grads = ToArena(&arena, g);
     auto mem = MakeOptimizer(t, params, n, &arena);
     ASSERT_TRUE(mem.ok()) << mem.status().ToString();
     auto store = offload::MakeHostStore();
@@ -440,31 +452,19 @@ class FakeComputeCopy final : public MasterWeightsSink {
 // weights, MasterUpdated) and to the in-memory optimizer's weights rounded; the host path's
 // device arena holds nothing.
 TEST(OffloadHostUpdate, ComputeCopyGoesUpFromTheHostBitIdentical) {
-  const std::vector<ParamInfo> params = {{"a.weight", {64, 200}, {64, 200}, 0, 12800, true},
-                                         {"a.bias", {64}, {64}, 12800, 64, false},
-                                         {"b.weight", {80, 80}, {80, 80}, 12864, 6400, true},
-                                         {"c.weight", {30, 30}, {30, 30}, 19264, 900, true}};
-  const int64_t n = 20164;
+  int64_t n = 0;
+  const std::vector<ParamInfo> params = HostUpdateParams(&n);
   for (const char* optim : {"adamw", "sgd"}) {
     SCOPED_TRACE(optim);
     auto backend = MakeCpuBackend(2);
     DeviceArena arena(backend.get(), 0);
-    TrainingSpec t;
-    t.optim = optim;
-    t.weight_decay = 0.1;
-    if (t.optim == "sgd") t.optim_args.momentum = 0.9;
+    const TrainingSpec t = HostUpdateSpec(optim);
     std::mt19937 rng(11);
     std::normal_distribution<float> normal(0.0f, 1.0f);
     std::vector<float> p0(static_cast<size_t>(n)), g(static_cast<size_t>(n));
     for (float& x : p0) x = normal(rng);
-    auto device = [&](const std::vector<float>& host) {
-      auto r = arena.Allocate(MemoryCategory::kWeights, static_cast<int64_t>(host.size() * 4), "test");
-      EXPECT_TRUE(r.ok());
-      backend->CopyHostToDevice(*r, host.data(), host.size() * 4);
-      return static_cast<float*>(*r);
-    };
-    float* p_mem = device(p0);
-    float* grads = device(g);
+    float* p_mem = ToArena(&arena, p0);
+    float* grads = ToArena(&arena, g);
     auto mem = MakeOptimizer(t, params, n, &arena);
     ASSERT_TRUE(mem.ok());
     struct Run {
