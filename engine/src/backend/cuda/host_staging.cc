@@ -15,7 +15,6 @@ Result<std::unique_ptr<PinnedHostStaging>> PinnedHostStaging::Create(int slots, 
   h->compute_ = compute;
   TRAIND_RETURN_IF_ERROR(dev::StreamCreate(&h->copy_));
   TRAIND_RETURN_IF_ERROR(dev::EventCreate(&h->issued_));
-  TRAIND_RETURN_IF_ERROR(dev::EventCreate(&h->uploaded_));
   h->slots_.resize(static_cast<size_t>(slots));
   for (Slot& s : h->slots_) {
     TRAIND_RETURN_IF_ERROR(dev::MallocHost(&s.host, slot_bytes == 0 ? 1 : slot_bytes));
@@ -31,7 +30,6 @@ PinnedHostStaging::~PinnedHostStaging() {
     if (s.host != nullptr) (void)dev::FreeHost(s.host);
   }
   if (issued_ != nullptr) (void)dev::EventDestroy(issued_);
-  if (uploaded_ != nullptr) (void)dev::EventDestroy(uploaded_);
   if (copy_ != nullptr) (void)dev::StreamDestroy(copy_);
 }
 
@@ -69,8 +67,8 @@ Status PinnedHostStaging::Upload(int slot, size_t offset, void* dst, size_t byte
                                           dev::CopyKind::kHostToDevice, copy_));
   TRAIND_RETURN_IF_ERROR(dev::EventRecord(s.copied, copy_));
   s.pending = true;
-  TRAIND_RETURN_IF_ERROR(dev::EventRecord(uploaded_, copy_));
-  return dev::StreamWaitEvent(compute_, uploaded_);
+  // The wait takes the event as just recorded (a later record on it does not move it).
+  return dev::StreamWaitEvent(compute_, s.copied);
 }
 
 TRAIND_GPU_END

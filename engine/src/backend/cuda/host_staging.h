@@ -39,14 +39,14 @@ class PinnedHostStaging final : public HostStaging {
   Status AfterCompute();
   struct Slot {
     void* host = nullptr;
-    cudaEvent_t copied = nullptr;  // recorded on copy_ after the slot's last copy
+    cudaEvent_t copied = nullptr;  // recorded on copy_ after the slot's last copy (an upload's:
+                                   // compute_ waits for it)
     bool pending = false;          // a copy was issued since the host last waited
   };
   size_t slot_bytes_ = 0;
   cudaStream_t compute_ = nullptr;
   cudaStream_t copy_ = nullptr;
-  cudaEvent_t issued_ = nullptr;    // recorded on compute_ when a copy is issued
-  cudaEvent_t uploaded_ = nullptr;  // recorded on copy_ after an upload; compute_ waits for it
+  cudaEvent_t issued_ = nullptr;  // recorded on compute_ when a copy is issued
   std::vector<Slot> slots_;
 };
 
