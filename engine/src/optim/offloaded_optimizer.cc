@@ -291,6 +291,11 @@ class HostDrivenOffload : public Optimizer, public MasterWeightsStore {
   }
   // Ranks that write no checkpoint still see the last commit's result at the end.
   Status ContributeState() const override { return AwaitCommit(); }
+  // StateStream (the subclass's: out of the store a chunk or a group at a time) into `path`.
+  Status WriteState(const std::string& path) const override {
+    TRAIND_ASSIGN_OR_RETURN(const SafetensorsStream stream, StateStream());
+    return WriteSafetensorsStream(path, stream);
+  }
 
   // The master weights in the store (master_, set by the subclass): the model's weights in and out.
   MasterWeightsStore* master_weights_store() override { return master_ != nullptr ? this : nullptr; }
@@ -327,7 +332,7 @@ class HostDrivenOffload : public Optimizer, public MasterWeightsStore {
   // segment and its host buffer.
   // `windows`: the device window and its host buffer (host_p_) of ReadMasterWindow /
   // RefreshFromWindow; an update on the host needs neither (the master weights are read and
-  // written in its staging slots, and the compute copy goes up from there: UploadComputeCopy).
+  // written in its staging slots, and the compute copy goes up from there: UploadRange).
   Status EnableMaster(std::vector<MasterSegments::Segment> segments, int64_t piece_elems,
                       MasterWeightsSink* sink, DeviceArena* arena, bool windows = true) {
     master_ = std::make_unique<MasterSegments>(store_, std::move(segments), piece_elems);
@@ -354,23 +359,56 @@ class HostDrivenOffload : public Optimizer, public MasterWeightsStore {
     sink_->MasterUpdated((*master_)[s].begin, win_p_, SegmentElems(s));  // before the next segment reuses it
   }
   Status WriteMasterWindow(size_t s) { return master_->Write(s, host_p_.data()); }
-  // After a host update of the master weights [lo, lo + n), held w_at bytes into staging slot
-  // `slot` (host memory `slot_host`): the model's compute copy goes up from the slot, the 16-bit weights rounded on
-  // the host (the device cast's bits) into the slot at w16_at (2 bytes a parameter instead of 4,
-  // and no fp32 window on the device) and the fp32 resident pieces as they are.
-  Status UploadComputeCopy(HostStaging* staging, int slot, void* slot_host, size_t w_at, size_t w16_at,
-                           int64_t lo, int64_t n) {
+  // OffloadOptions::update_on_host: the CPU backend the update runs on, and two staging slots of
+  // `elems` elements each of [gradients | weights] (with `master`, the master weights in the store,
+  // their 16-bit rounding behind): pinned on CUDA, the next range's copies in flight while this
+  // one updates. Call before EnableMaster.
+  Status EnableHostUpdate(Backend* device, int threads, int64_t elems, bool master) {
+    host_ = MakeCpuBackend(threads);
+    staging_elems_ = elems;
+    if (elems == 0) return Status::Ok();
+    TRAIND_ASSIGN_OR_RETURN(staging_, device->MakeHostStaging(2, static_cast<size_t>(elems) * (master ? 10 : 8)));
+    return Status::Ok();
+  }
+  // The flat range [lo, lo + n)'s gradients (and without the master weights in the store its fp32
+  // weights from `params`) into staging slot `slot`, behind the compute work issued so far.
+  Status DownloadRange(int slot, int64_t lo, int64_t n, const float* grads, const float* params) {
+    const size_t bytes = static_cast<size_t>(n) * 4;
+    TRAIND_RETURN_IF_ERROR(staging_->Download(slot, 0, grads + lo, bytes));
+    if (master_ == nullptr) TRAIND_RETURN_IF_ERROR(staging_->Download(slot, WeightsAt(), params + lo, bytes));
+    return Status::Ok();
+  }
+  // The slot's gradients and weights once they came down (master weights: read from the store
+  // into the weights' place).
+  Status HostRange(int slot, size_t segment, float** g, float** w) {
+    TRAIND_ASSIGN_OR_RETURN(void* host, staging_->Host(slot));
+    *g = static_cast<float*>(host);
+    *w = *g + staging_elems_;
+    if (master_ != nullptr) TRAIND_RETURN_IF_ERROR(master_->Read(segment, *w));
+    return Status::Ok();
+  }
+  // After the host update of [lo, lo + n) in slot `slot`: the weights go up. With the master
+  // weights in the store, the model's compute copy: the 16-bit weights rounded on the host (the
+  // device cast's bits) behind the weights in the slot (2 bytes a parameter instead of 4, and no
+  // fp32 window on the device) and the fp32 resident pieces as they are; else the fp32 weights
+  // into `params` in place.
+  Status UploadRange(int slot, int64_t lo, int64_t n, float* params) {
+    TRAIND_ASSIGN_OR_RETURN(void* host, staging_->Host(slot));  // no copy of this slot pending
+    const size_t w_at = WeightsAt();
+    if (master_ == nullptr) return staging_->Upload(slot, w_at, params + lo, static_cast<size_t>(n) * 4);
     const MasterWeightsSink::ComputeCopy copy = sink_->ComputeCopyOf(lo, n);
-    const float* w = reinterpret_cast<const float*>(static_cast<char*>(slot_host) + w_at);
-    uint16_t* w16 = reinterpret_cast<uint16_t*>(static_cast<char*>(slot_host) + w16_at);
+    const size_t w16_at = 2 * w_at;
+    const float* w = reinterpret_cast<const float*>(static_cast<char*>(host) + w_at);
+    uint16_t* w16 = reinterpret_cast<uint16_t*>(static_cast<char*>(host) + w16_at);
     F32To16Span(copy.type == DType::kBF16, w, n, w16);
-    TRAIND_RETURN_IF_ERROR(staging->Upload(slot, w16_at, copy.weights16, static_cast<size_t>(n) * 2));
+    TRAIND_RETURN_IF_ERROR(staging_->Upload(slot, w16_at, copy.weights16, static_cast<size_t>(n) * 2));
     for (const MasterWeightsSink::Fp32Piece& piece : copy.fp32) {
-      TRAIND_RETURN_IF_ERROR(staging->Upload(slot, w_at + static_cast<size_t>(piece.offset - lo) * 4,
-                                             piece.device, static_cast<size_t>(piece.n) * 4));
+      TRAIND_RETURN_IF_ERROR(staging_->Upload(slot, w_at + static_cast<size_t>(piece.offset - lo) * 4,
+                                              piece.device, static_cast<size_t>(piece.n) * 4));
     }
     return Status::Ok();
   }
+  size_t WeightsAt() const { return static_cast<size_t>(staging_elems_) * 4; }
   int64_t SegmentElems(size_t s) const { return (*master_)[s].end - (*master_)[s].begin; }
   void ReleaseMasterWindow() {
     if (win_p_ != nullptr) window_arena_->Release(win_p_);
@@ -382,6 +420,10 @@ class HostDrivenOffload : public Optimizer, public MasterWeightsStore {
   float* win_p_ = nullptr;
   DeviceArena* window_arena_ = nullptr;
   std::vector<float> host_p_;
+  // OffloadOptions::update_on_host (EnableHostUpdate): null without it.
+  std::unique_ptr<Backend> host_;
+  std::unique_ptr<HostStaging> staging_;
+  int64_t staging_elems_ = 0;  // elements of a slot's gradients (and of its weights)
 
   // Commits `step` behind the caller (the next step's forward and backward), then reads ahead
   // `prefetch` (the next step's first chunks).
@@ -420,15 +462,12 @@ class OffloadedOptimizer final : public HostDrivenOffload {
   ~OffloadedOptimizer() override { ReleaseMasterWindow(); }
 
   // OffloadOptions::update_on_host: the groups' transient instances live in a host arena of the
-  // CPU backend (never the device's), and two staging slots of [gradients | weights] of the
-  // largest group carry what crosses (RunStepOnHost).
-  Status EnableHostUpdate() {
-    host_ = MakeCpuBackend(options_.host_threads);
+  // CPU backend (never the device's), and the staging slots hold the largest group
+  // (RunStepOnHost).
+  Status EnableGroupsOnHost() {
+    TRAIND_RETURN_IF_ERROR(EnableHostUpdate(arena_->backend(), options_.host_threads, largest_,
+                                            options_.master_weights));
     host_arena_ = std::make_unique<DeviceArena>(host_.get(), 0);
-    if (largest_ == 0) return Status::Ok();
-    // [gradients | weights], and with the master weights their 16-bit rounding behind.
-    const size_t per = options_.master_weights ? 10 : 8;
-    TRAIND_ASSIGN_OR_RETURN(staging_, arena_->backend()->MakeHostStaging(2, static_cast<size_t>(largest_) * per));
     return Status::Ok();
   }
   // Where the groups' transient instances live.
@@ -467,10 +506,6 @@ class OffloadedOptimizer final : public HostDrivenOffload {
   // then the tensors in name order from one group's state at a time (a group is read again when
   // name order comes back to it); never the whole state in RAM, at the cost of reading the state
   // at least twice.
-  Status WriteState(const std::string& path) const override {
-    TRAIND_ASSIGN_OR_RETURN(const SafetensorsStream stream, StateStream());
-    return WriteSafetensorsStream(path, stream);
-  }
   Result<SafetensorsStream> StateStream() const override {
     TRAIND_RETURN_IF_ERROR(AwaitCommit());
     SafetensorsStream out;
@@ -656,46 +691,34 @@ class OffloadedOptimizer final : public HostDrivenOffload {
   // OffloadOptions::update_on_host: group g's gradients (and without the master weights in the
   // store its weights) come down through staging slot g % 2 while group g - 1 updates; its
   // instance (in the host arena) updates the parameters in the slot with the CPU backend's
-  // kernels, and they go up (the model's compute copy: UploadComputeCopy, or the fp32 weights in
+  // kernels, and they go up (the model's compute copy: UploadRange, or the fp32 weights in
   // place) while group g + 1 updates.
   Status RunStepOnHost(float* params, const float* grads, double lr, float grad_scale) {
     Backend* backend = arena_->backend();
-    const size_t w_at = static_cast<size_t>(largest_) * 4;
-    auto download = [&](size_t g) -> Status {
-      const Group& gr = groups_[g];
-      const size_t bytes = static_cast<size_t>(gr.end - gr.begin) * 4;
-      const int slot = static_cast<int>(g % 2);
-      TRAIND_RETURN_IF_ERROR(staging_->Download(slot, 0, grads + gr.begin, bytes));
-      if (master_ == nullptr) TRAIND_RETURN_IF_ERROR(staging_->Download(slot, w_at, params + gr.begin, bytes));
-      return Status::Ok();
+    auto download = [&](size_t g) {
+      return DownloadRange(static_cast<int>(g % 2), groups_[g].begin, groups_[g].end - groups_[g].begin, grads,
+                           params);
     };
     if (!groups_.empty()) TRAIND_RETURN_IF_ERROR(download(0));
     for (size_t g = 0; g < groups_.size(); ++g) {
       Prefetch(g + 2);
       if (g + 1 < groups_.size()) TRAIND_RETURN_IF_ERROR(download(g + 1));
       const Group& gr = groups_[g];
-      const int64_t n = gr.end - gr.begin;
+      const int slot = static_cast<int>(g % 2);
       TRAIND_ASSIGN_OR_RETURN(std::unique_ptr<Optimizer> inner, Window(g));
       if (step_ > 0) {
         TRAIND_ASSIGN_OR_RETURN(SafetensorsFile state, GroupState(g));
         TRAIND_RETURN_IF_ERROR(inner->LoadState(state));
       }
-      TRAIND_ASSIGN_OR_RETURN(void* host, staging_->Host(static_cast<int>(g % 2)));
-      float* gh = static_cast<float*>(host);
-      float* wh = gh + largest_;
-      if (master_ != nullptr) TRAIND_RETURN_IF_ERROR(master_->Read(g, wh));
+      float *gh = nullptr, *wh = nullptr;
+      TRAIND_RETURN_IF_ERROR(HostRange(slot, g, &gh, &wh));
       TRAIND_RETURN_IF_ERROR(backend->status());
       inner->Step(wh, gh, lr, grad_scale);
       host_->Synchronize();
       TRAIND_RETURN_IF_ERROR(inner->status());
       TRAIND_RETURN_IF_ERROR(host_->status());
-      const int slot = static_cast<int>(g % 2);
-      if (master_ != nullptr) {
-        TRAIND_RETURN_IF_ERROR(UploadComputeCopy(staging_.get(), slot, host, w_at, 2 * w_at, gr.begin, n));
-        TRAIND_RETURN_IF_ERROR(master_->Write(g, wh));
-      } else {
-        TRAIND_RETURN_IF_ERROR(staging_->Upload(slot, w_at, params + gr.begin, static_cast<size_t>(n) * 4));
-      }
+      TRAIND_RETURN_IF_ERROR(UploadRange(slot, gr.begin, gr.end - gr.begin, params));
+      if (master_ != nullptr) TRAIND_RETURN_IF_ERROR(master_->Write(g, wh));
       TRAIND_RETURN_IF_ERROR(WriteGroup(g, inner->SaveState()));
     }
     return Status::Ok();
@@ -723,10 +746,7 @@ class OffloadedOptimizer final : public HostDrivenOffload {
   mutable std::vector<std::vector<size_t>> committed_;  // per group: sizes of its committed pieces
   std::vector<std::vector<size_t>> pending_;    // per group: sizes written since the commit
   int64_t largest_ = 0;                          // elements of the largest group
-  // OffloadOptions::update_on_host (EnableHostUpdate).
-  std::unique_ptr<Backend> host_;
-  std::unique_ptr<DeviceArena> host_arena_;
-  std::unique_ptr<HostStaging> staging_;
+  std::unique_ptr<DeviceArena> host_arena_;      // update_on_host: the instances' (EnableGroupsOnHost)
 };
 
 // AdamW, the common case, without a transient instance or a payload format: the flat state
@@ -765,14 +785,9 @@ class OffloadedAdamW final : public HostDrivenOffload {
       }
       opt->host_m_.resize(static_cast<size_t>(opt->chunk_));
       opt->host_v_.resize(static_cast<size_t>(opt->chunk_));
-      if (o.update_on_host) {
-        opt->host_ = MakeCpuBackend(o.host_threads);
-        // Two slots of [gradients | weights] of a chunk (with the master weights, their 16-bit
-        // rounding behind): pinned on CUDA, the copies of the next chunk in flight while this
-        // one updates.
-        const size_t per = o.master_weights ? 5 : 4;  // bytes a chunk element, halved
-        TRAIND_ASSIGN_OR_RETURN(opt->staging_,
-                                arena->backend()->MakeHostStaging(2, static_cast<size_t>(bytes) / 2 * per));
+      if (o.update_on_host) {  // the staging slots hold a chunk
+        TRAIND_RETURN_IF_ERROR(
+            opt->EnableHostUpdate(arena->backend(), o.host_threads, opt->chunk_, o.master_weights));
       }
       if (o.master_weights) {
         std::vector<MasterSegments::Segment> chunks;  // one piece per chunk: {"adamw", c, "master"}
@@ -809,10 +824,6 @@ class OffloadedAdamW final : public HostDrivenOffload {
   }
 
   // Streamed: one chunk of each kind in memory at a time, never the whole state.
-  Status WriteState(const std::string& path) const override {
-    TRAIND_ASSIGN_OR_RETURN(const SafetensorsStream stream, StateStream());
-    return WriteSafetensorsStream(path, stream);
-  }
   Result<SafetensorsStream> StateStream() const override {
     TRAIND_RETURN_IF_ERROR(AwaitCommit());
     SafetensorsStream out;
@@ -1053,11 +1064,10 @@ class OffloadedAdamW final : public HostDrivenOffload {
   // OffloadOptions::update_on_host: the chunk's gradients come down, its parameters (the master
   // weights from the store, or the device's fp32 weights) and m, v are updated by the CPU
   // backend's AdamW in host memory (the same per-element math as every backend's kernel), and the
-  // weights go back up: with the master weights the model's compute copy (UploadComputeCopy:
-  // 16-bit rounded on the host, the fp32 resident pieces), else the device's fp32 weights in
-  // place. The copies go
-  // through the backend's HostStaging (pinned slots and a copy stream on CUDA), two slots of
-  // [gradients | weights]: chunk c - 1's download is issued before chunk c updates (when its
+  // weights go back up: with the master weights the model's compute copy (UploadRange: 16-bit
+  // rounded on the host, the fp32 resident pieces), else the device's fp32 weights in place. The
+  // copies go through the backend's HostStaging (pinned slots and a copy stream on CUDA), two
+  // slots of [gradients | weights]: chunk c - 1's download is issued before chunk c updates (when its
   // gradients are final) and chunk c's upload runs while chunk c - 1 updates; the host waits only
   // for the slot it is about to use.
   Status UpdateChunkOnHost(int64_t c) {
@@ -1075,31 +1085,19 @@ class OffloadedAdamW final : public HostDrivenOffload {
       TRAIND_RETURN_IF_ERROR(store_->Read(Key(c, 0), host_m_.data(), bytes));
       TRAIND_RETURN_IF_ERROR(store_->Read(Key(c, 1), host_v_.data(), bytes));
     }
-    TRAIND_ASSIGN_OR_RETURN(void* host, staging_->Host(slot));  // the gradients (and weights) came down
-    float* g = static_cast<float*>(host);
-    float* w = g + chunk_;
-    if (master_ != nullptr) TRAIND_RETURN_IF_ERROR(master_->Read(static_cast<size_t>(c), w));
+    float *g = nullptr, *w = nullptr;  // the gradients (and weights) came down
+    TRAIND_RETURN_IF_ERROR(HostRange(slot, static_cast<size_t>(c), &g, &w));
     TRAIND_RETURN_IF_ERROR(backend->status());
     ApplyAdamW(host_.get(), lo, hi, w, lo, g, lo, host_m_.data(), host_v_.data());
     host_->Synchronize();
-    const size_t w_at = static_cast<size_t>(chunk_) * 4;
-    if (master_ != nullptr) {
-      TRAIND_RETURN_IF_ERROR(UploadComputeCopy(staging_.get(), slot, host, w_at, 2 * w_at, lo, n));
-    } else {
-      TRAIND_RETURN_IF_ERROR(staging_->Upload(slot, w_at, cur_.params + lo, bytes));
-    }
+    TRAIND_RETURN_IF_ERROR(UploadRange(slot, lo, n, cur_.params));
     return WriteChunk(c, bytes, w);
   }
-  // Chunk c's gradients (and without the master weights in the store its fp32 weights) into its
-  // staging slot, behind the compute work issued so far.
+  // Chunk c's staging download, behind the compute work issued so far.
   Status DownloadChunk(int64_t c) {
-    const int64_t lo = c * chunk_, n = std::min(chunk_, num_params_ - lo);
-    const size_t bytes = static_cast<size_t>(n) * 4;
-    const int slot = static_cast<int>(c % 2);
-    TRAIND_RETURN_IF_ERROR(staging_->Download(slot, 0, cur_.grads + lo, bytes));
-    if (master_ == nullptr) {
-      TRAIND_RETURN_IF_ERROR(staging_->Download(slot, static_cast<size_t>(chunk_) * 4, cur_.params + lo, bytes));
-    }
+    const int64_t lo = c * chunk_;
+    TRAIND_RETURN_IF_ERROR(
+        DownloadRange(static_cast<int>(c % 2), lo, std::min(chunk_, num_params_ - lo), cur_.grads, cur_.params));
     downloaded_ = c;
     return Status::Ok();
   }
@@ -1184,10 +1182,6 @@ class OffloadedAdamW final : public HostDrivenOffload {
   float* win_m_ = nullptr;
   float* win_v_ = nullptr;
   std::vector<float> host_m_, host_v_;
-  // OffloadOptions::update_on_host: the CPU backend that updates and the staging slots the
-  // chunks' gradients and weights cross in (UpdateChunkOnHost).
-  std::unique_ptr<Backend> host_;
-  std::unique_ptr<HostStaging> staging_;
 };
 
 }  // namespace
@@ -1273,7 +1267,7 @@ Result<std::unique_ptr<Optimizer>> MakeOffloadedOptimizer(const TrainingSpec& tr
   const bool any = !groups.empty();
   std::unique_ptr<OffloadedOptimizer> opt(
       new OffloadedOptimizer(training, std::move(groups), arena, store, options));
-  if (options.update_on_host) TRAIND_RETURN_IF_ERROR(opt->EnableHostUpdate());
+  if (options.update_on_host) TRAIND_RETURN_IF_ERROR(opt->EnableGroupsOnHost());
   // Reject what the real optimizer rejects (options) before the first step.
   if (any) {
     TRAIND_ASSIGN_OR_RETURN(std::unique_ptr<Optimizer> probe, opt->ProbeWindow());
