@@ -7,6 +7,11 @@
 //                                inputs, and the Cast of its (N, Vp) gradient to bf16
 //   ops_bench xent   [--quick]   softmax + cross-entropy of 512 x 50304 logits: the fp32 gradient
 //                                in place + Cast to bf16 against the fused bf16 gradient
+//   ops_bench gemms  [--quick]   the tiny gpt2 step's fp32 GEMM shapes (1024 tokens, C 256) with
+//                                oneDNN and with OpenBLAS (our row split), 2 threads, best of 20
+//   ops_bench attn   [--quick]   causal self-attention forward and backward (fp32) at the step
+//                                table's shapes: tiny (B 8, T 128, 4 heads of 64; 4 and 2 kv
+//                                heads), small (T 256, 6 heads) and small at T 1024, 2 threads
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -195,6 +200,97 @@ int Xent(bool quick) {
   return 0;
 }
 
+// The fp32 GEMMs of the tiny gpt2's step (N = 1024 tokens, C = 256, 4C = 1024, 3C = 768), as
+// gpt2_step_bench --profile names them (trans_a trans_b M x N x K), through cpu::Sgemm with either
+// library: GFLOP/s, best of 20 calls.
+int Gemms(bool quick) {
+  struct Shape {
+    bool ta, tb;
+    int64_t M, N, K;
+  };
+  const Shape shapes[] = {{true, false, 256, 1024, 1024}, {false, true, 1024, 256, 1024},
+                          {false, false, 1024, 1024, 256}, {true, false, 1024, 256, 1024},
+                          {false, true, 1024, 1024, 256}, {false, false, 1024, 256, 1024},
+                          {false, true, 1024, 768, 256},  {true, false, 768, 256, 1024},
+                          {false, false, 1024, 256, 768}, {false, true, 1024, 256, 256},
+                          {true, false, 256, 256, 1024},  {false, false, 1024, 256, 256},
+                          {false, false, 1024, 1024, 1024}};
+  const int reps = quick ? 1 : 20;
+  std::vector<float> a(1 << 20), b(1 << 20), c(1 << 20);
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (auto* x : {&a, &b})
+    for (float& e : *x) e = u(rng);
+  // One library over every shape, then the other (switching per call made oneDNN run some
+  // shapes at one thread's rate).
+  const size_t ns = sizeof(shapes) / sizeof(shapes[0]);
+  std::vector<double> gf(2 * ns, 0.0);
+  for (int lib = 0; lib < 2; ++lib) {
+    if (!engine::cpu::SetGemmLibraryForTesting(lib == 0)) continue;
+    for (size_t i = 0; i < ns; ++i) {
+      const Shape& s = shapes[i];
+      const int64_t lda = s.ta ? s.M : s.K, ldb = s.tb ? s.K : s.N;
+      const double t = Best(reps, [&] {
+        engine::cpu::Sgemm(s.ta, s.tb, s.M, s.N, s.K, 1.0f, a.data(), lda, b.data(), ldb, 0.0f,
+                           c.data(), s.N, 2);
+      });
+      gf[lib * ns + i] = 2.0 * s.M * s.N * s.K / t / 1e9;
+    }
+  }
+  for (size_t i = 0; i < ns; ++i) {
+    const Shape& s = shapes[i];
+    std::printf("RESULT gemm %c%c %lldx%lldx%lld  onednn %.1f GFLOP/s  openblas %.1f GFLOP/s\n",
+                s.ta ? 'T' : 'N', s.tb ? 'T' : 'N', static_cast<long long>(s.M),
+                static_cast<long long>(s.N), static_cast<long long>(s.K), gf[i], gf[ns + i]);
+  }
+  engine::cpu::SetGemmLibraryForTesting(true);
+  return 0;
+}
+
+// Causal self-attention (cpu::AttentionForward / AttentionBackward, fp32 operands) at the step
+// table's shapes: ms per call and GFLOP/s counting the full T x T products (as the step's model
+// FLOPs do: 4 B NH T^2 HS forward, twice that backward), best of 20 calls.
+int Attn(bool quick) {
+  struct Shape {
+    const char* name;
+    int64_t B, T, NH, NKV, HS;
+  };
+  const Shape shapes[] = {{"tiny", 8, 128, 4, 4, 64},
+                          {"llama_tiny", 8, 128, 4, 2, 64},
+                          {"small", 8, 256, 6, 6, 64},
+                          {"small T1024", 2, 1024, 6, 6, 64}};
+  const int reps = quick ? 1 : 20;
+  auto run = [&](const Shape& s, bool print) {
+    // q, k, v side by side in one (N, W) buffer, as the model's fused qkv projection leaves them.
+    const int64_t C = s.NH * s.HS, KV = s.NKV * s.HS, W = C + 2 * KV, N = s.B * s.T;
+    std::vector<float> qkv(N * W), out(N * C), lse(s.B * s.NH * s.T), dout(N * C), dqkv(N * W);
+    std::mt19937 rng(7);
+    std::normal_distribution<float> d(0.0f, 1.0f);
+    for (auto* x : {&qkv, &dout})
+      for (float& e : *x) e = d(rng);
+    const float* q = qkv.data();
+    const float* k = q + C;
+    const float* v = k + KV;
+    const double fwd = Best(reps, [&] {
+      engine::cpu::AttentionForward(out.data(), lse.data(), q, k, v, s.B, s.T, s.NH, s.NKV, s.HS,
+                                    W, W, true, nullptr, DType::kF32, 2);
+    });
+    const double bwd = Best(reps, [&] {
+      engine::cpu::AttentionBackward(dqkv.data(), dqkv.data() + C, dqkv.data() + C + KV,
+                                     dout.data(), out.data(), lse.data(), q, k, v, s.B, s.T, s.NH,
+                                     s.NKV, s.HS, W, W, true, nullptr, DType::kF32, 2);
+    });
+    const double flops = 4.0 * s.B * s.NH * s.T * s.T * s.HS;
+    if (!print) return;
+    std::printf("RESULT attn %-12s fwd %.3f ms (%.1f GFLOP/s)  bwd %.3f ms (%.1f GFLOP/s)\n",
+                s.name, 1e3 * fwd, flops / fwd / 1e9, 1e3 * bwd, 2 * flops / bwd / 1e9);
+  };
+  // A first pass unprinted: the first shape timed in a cold process ran up to 2x slower.
+  for (bool print : {false, true})
+    for (const Shape& s : shapes) run(s, print);
+  return 0;
+}
+
 }  // namespace
 }  // namespace traind::bench
 
@@ -209,6 +305,8 @@ int main(int argc, char** argv) {
   if (what == "step") return traind::bench::Step(small, quick);
   if (what == "gemm") return traind::bench::Gemm(quick);
   if (what == "xent") return traind::bench::Xent(quick);
-  std::fprintf(stderr, "usage: ops_bench cast|step|gemm|xent [--quick] [--small]\n");
+  if (what == "attn") return traind::bench::Attn(quick);
+  if (what == "gemms") return traind::bench::Gemms(quick);
+  std::fprintf(stderr, "usage: ops_bench cast|step|gemm|gemms|xent|attn [--quick] [--small]\n");
   return 2;
 }

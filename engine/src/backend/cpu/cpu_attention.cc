@@ -3,8 +3,10 @@
 // T keys; each thread keeps two (kQBlock, T) scratch tiles. A key padding mask (key_mask[b*T+j]
 // == 0: key j of sequence b is not attended) zeroes those keys' probabilities exactly, and the
 // keys after a sequence's last visible one (a padded tail) are left out of the products; a query
-// with no visible key gets out = 0, lse = 0 and no gradient. The products are single-threaded library GEMMs per tile
-// (Q K^T, P V, dO V^T, dS K, dS^T Q, P^T dO), threads split (b, head, block) in the forward and
+// with no visible key gets out = 0, lse = 0 and no gradient. The fp32 products (Q K^T, P V, dO V^T,
+// dS K, dS^T Q, P^T dO) are register-blocked loops on the calling thread (TileProduct: per 4 rows
+// only the causal band's columns and sums, K and V transposed once per tile or (b, kv head); the
+// library GEMMs cost more per call than these small products take), threads split (b, head, block) in the forward and
 // (b, kv head) in the backward, so each thread owns the dk/dv rows it accumulates (deterministic).
 // Forward saves lse (log-sum-exp of the scaled scores per query); backward recomputes P from it.
 // GQA: query head h reads kv head h / (NH/NKV).
@@ -103,6 +105,180 @@ TRAIND_CPU_CLONES float Dot(const float* a, const float* b, int64_t n) {
 #pragma omp simd reduction(+ : s)
   for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
   return s;
+}
+
+// ---- fp32 tile products (hand-blocked; the library GEMMs cost more per call than these small
+// products do) ----
+//
+// C (M x N) = alpha * A B, or C += alpha * A B: A's element (m, k) at a[m * rsa + k * csa] (so A
+// or A^T, any strides), B's row k at b + k * ldb with N contiguous floats. Register blocks of 4
+// rows x 64 columns (16 vectors of 16 floats: zmm registers on AVX-512, two ymm each on AVX2).
+// The causal band: row m needs only columns n < m + n_diag (every column when n_diag < 0) and
+// sums only k in [m - k_lo_diag, m + k_hi_diag) (every k when < 0); a block of rows takes the
+// union of its rows' ranges (columns rounded up to 16), so the entries outside a row's band get
+// exact products of zeros (the probabilities and dS are exactly 0 there) or are never read.
+// Any N: the callers pad their score tiles to a multiple of 16 columns so no partial block runs.
+typedef float Vec16 __attribute__((vector_size(64), aligned(4)));
+constexpr int64_t kVec = 16;
+
+struct Band {
+  int64_t n_diag = -1;
+  int64_t k_lo_diag = -1;
+  int64_t k_hi_diag = -1;
+};
+
+template <int MR, int NV>
+__attribute__((always_inline)) inline void TileBlock(const float* a, int64_t rsa, int64_t csa,
+                                                     const float* b, int64_t ldb, int64_t k0,
+                                                     int64_t k1, float alpha, bool accumulate,
+                                                     float* c, int64_t ldc) {
+  Vec16 acc[MR][NV];
+  for (int r = 0; r < MR; ++r)
+    for (int v = 0; v < NV; ++v) acc[r][v] = Vec16{};
+  for (int64_t k = k0; k < k1; ++k) {
+    Vec16 bv[NV];
+    for (int v = 0; v < NV; ++v) __builtin_memcpy(&bv[v], b + k * ldb + v * kVec, sizeof(Vec16));
+    for (int r = 0; r < MR; ++r) {
+      const float s = a[r * rsa + k * csa];
+      for (int v = 0; v < NV; ++v) acc[r][v] += s * bv[v];
+    }
+  }
+  for (int r = 0; r < MR; ++r) {
+    for (int v = 0; v < NV; ++v) {
+      float* dst = c + r * ldc + v * kVec;
+      Vec16 out = alpha * acc[r][v];
+      if (accumulate) {
+        Vec16 old;
+        __builtin_memcpy(&old, dst, sizeof(Vec16));
+        out += old;
+      }
+      __builtin_memcpy(dst, &out, sizeof(Vec16));
+    }
+  }
+}
+
+// The same for the last w < 16 columns (only head sizes that are not a multiple of 16 get here).
+template <int MR>
+__attribute__((always_inline)) inline void TileBlockPartial(const float* a, int64_t rsa,
+                                                            int64_t csa, const float* b,
+                                                            int64_t ldb, int64_t k0, int64_t k1,
+                                                            float alpha, bool accumulate, float* c,
+                                                            int64_t ldc, int64_t w) {
+  Vec16 acc[MR];
+  for (int r = 0; r < MR; ++r) acc[r] = Vec16{};
+  for (int64_t k = k0; k < k1; ++k) {
+    Vec16 bv{};
+    __builtin_memcpy(&bv, b + k * ldb, static_cast<size_t>(w) * sizeof(float));
+    for (int r = 0; r < MR; ++r) acc[r] += a[r * rsa + k * csa] * bv;
+  }
+  for (int r = 0; r < MR; ++r) {
+    const Vec16 out = alpha * acc[r];
+    float* dst = c + r * ldc;
+    for (int64_t j = 0; j < w; ++j) dst[j] = accumulate ? dst[j] + out[j] : out[j];
+  }
+}
+
+// Rows m0..m0+MR-1 of C, columns [n0, n1) (at most 64), summing k in [kc0, kc1) of the band;
+// `first`: the first k slice, which writes (or adds to) C even where the band leaves it no k.
+template <int MR>
+__attribute__((always_inline)) inline void TileRows(int64_t m0, int64_t n0, int64_t n1,
+                                                    int64_t kc0, int64_t kc1, bool first,
+                                                    float alpha, const float* a, int64_t rsa,
+                                                    int64_t csa, const float* b, int64_t ldb,
+                                                    bool accumulate, float* c, int64_t ldc,
+                                                    const Band& band) {
+  const int64_t last = m0 + MR - 1;
+  int64_t n_end = n1;
+  if (band.n_diag >= 0) n_end = std::min(n1, (last + band.n_diag + kVec - 1) / kVec * kVec);
+  if (n_end <= n0) return;
+  const int64_t k0 = band.k_lo_diag >= 0 ? std::max(kc0, m0 - band.k_lo_diag) : kc0;
+  const int64_t k1 = band.k_hi_diag >= 0 ? std::min(kc1, last + band.k_hi_diag) : kc1;
+  if (k0 >= k1 && (!first || accumulate)) return;  // nothing to add
+  const float* ar = a + m0 * rsa;
+  float* cr = c + m0 * ldc;
+  int64_t n = n0;
+  for (; n + 4 * kVec <= n_end; n += 4 * kVec)
+    TileBlock<MR, 4>(ar, rsa, csa, b + n, ldb, k0, k1, alpha, accumulate, cr + n, ldc);
+  for (; n + kVec <= n_end; n += kVec)
+    TileBlock<MR, 1>(ar, rsa, csa, b + n, ldb, k0, k1, alpha, accumulate, cr + n, ldc);
+  if (n < n_end)
+    TileBlockPartial<MR>(ar, rsa, csa, b + n, ldb, k0, k1, alpha, accumulate, cr + n, ldc, n_end - n);
+}
+
+// Slices of 128 k by 64 columns, every row block within a slice: the slice of B (at most 32 KiB)
+// stays in the L1 cache while the rows stream past it (long keys at T = 1024).
+TRAIND_CPU_CLONES void TileProduct(int64_t M, int64_t N, int64_t K, float alpha, const float* a,
+                                   int64_t rsa, int64_t csa, const float* b, int64_t ldb,
+                                   bool accumulate, float* c, int64_t ldc, Band band) {
+  constexpr int64_t kSliceK = 128, kSliceN = 4 * kVec;
+  for (int64_t kc = 0; kc < K; kc += kSliceK) {
+    const int64_t kc1 = std::min(K, kc + kSliceK);
+    const bool add = accumulate || kc > 0;
+    for (int64_t n0 = 0; n0 < N; n0 += kSliceN) {
+      const int64_t n1 = std::min(N, n0 + kSliceN);
+      int64_t m = 0;
+      for (; m + 4 <= M; m += 4)
+        TileRows<4>(m, n0, n1, kc, kc1, kc == 0, alpha, a, rsa, csa, b, ldb, add, c, ldc, band);
+      for (; m < M; ++m)
+        TileRows<1>(m, n0, n1, kc, kc1, kc == 0, alpha, a, rsa, csa, b, ldb, add, c, ldc, band);
+    }
+  }
+}
+
+int64_t RoundUp16(int64_t n) { return (n + kVec - 1) / kVec * kVec; }
+
+// Row stride of a transposed (HS, n) panel: n rounded up to 16, plus 16 floats when that is a
+// multiple of 256 (a 1 KiB multiple: the rows a product slice reads would share L1 sets).
+int64_t PanelStride(int64_t n) {
+  const int64_t r = RoundUp16(n);
+  return r % 256 == 0 ? r + kVec : r;
+}
+
+typedef int32_t Idx16 __attribute__((vector_size(64)));
+
+// The 16 x 16 block at x (row stride sx) transposed into y (row stride sy): four rounds of
+// swapping the off-diagonal sub-blocks of 8, 4, 2 and 1 (two-source shuffles: one vpermt2ps each
+// on AVX-512).
+__attribute__((always_inline)) inline void Transpose16(float* y, int64_t sy, const float* x,
+                                                       int64_t sx) {
+  Vec16 r[16];
+  for (int i = 0; i < 16; ++i) __builtin_memcpy(&r[i], x + i * sx, sizeof(Vec16));
+  const Idx16 lo8 = {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23};
+  const Idx16 hi8 = {8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31};
+  const Idx16 lo4 = {0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27};
+  const Idx16 hi4 = {4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31};
+  const Idx16 lo2 = {0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29};
+  const Idx16 hi2 = {2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31};
+  const Idx16 lo1 = {0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30};
+  const Idx16 hi1 = {1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31};
+  auto round = [&r](int bs, const Idx16& lo, const Idx16& hi) {
+    for (int i = 0; i < 16; ++i) {
+      if (i & bs) continue;
+      const Vec16 a = r[i], b = r[i + bs];
+      r[i] = __builtin_shuffle(a, b, lo);
+      r[i + bs] = __builtin_shuffle(a, b, hi);
+    }
+  };
+  round(8, lo8, hi8);
+  round(4, lo4, hi4);
+  round(2, lo2, hi2);
+  round(1, lo1, hi1);
+  for (int i = 0; i < 16; ++i) __builtin_memcpy(y + i * sy, &r[i], sizeof(Vec16));
+}
+
+// xt (HS x cols, row stride ld) = the first `rows` rows of x (row stride `stride`, HS floats
+// each) transposed, zero columns from `rows` to `cols`.
+TRAIND_CPU_CLONES void TransposeRows(float* xt, int64_t ld, const float* x, int64_t stride,
+                                     int64_t rows, int64_t cols, int64_t HS) {
+  int64_t j0 = 0;
+  if (HS % 16 == 0) {
+    for (; j0 + 16 <= rows; j0 += 16)
+      for (int64_t e0 = 0; e0 < HS; e0 += 16)
+        Transpose16(xt + e0 * ld + j0, ld, x + j0 * stride + e0, stride);
+  }
+  for (int64_t j = j0; j < rows; ++j)
+    for (int64_t e = 0; e < HS; ++e) xt[e * ld + j] = x[j * stride + e];
+  for (int64_t e = 0; e < HS; ++e) std::fill(xt + e * ld + rows, xt + e * ld + cols, 0.0f);
 }
 
 // SoftmaxRow, then the row's probabilities in bf16 into p16 (zeros past `valid`).
@@ -325,10 +501,23 @@ void AttentionForward(float* out, float* lse, const float* q, const float* k, co
   const int64_t C = NH * HS;
   const int64_t nblocks = (T + kQBlock - 1) / kQBlock;
   const int64_t items = B * NH * nblocks;
+  const int64_t T16 = PanelStride(T);
+  // K^T of every (sequence, kv head), (HS, T16) each, zero past the sequence's visible keys.
+  static thread_local std::vector<float> kt_pack;
+  kt_pack.resize(static_cast<size_t>(B * NKV * HS * T16));
+  float* kts = kt_pack.data();
+  const int pack_threads = B * NKV * T * HS < 65536 ? 1 : static_cast<int>(std::min<int64_t>(nt, B * NKV));
+#pragma omp parallel for num_threads(pack_threads) schedule(static)
+  for (int64_t bk = 0; bk < B * NKV; ++bk) {
+    const int64_t b = bk / NKV, kvh = bk % NKV;
+    const int32_t* km = key_mask != nullptr ? key_mask + b * T : nullptr;
+    TransposeRows(kts + bk * HS * T16, T16, k + b * T * kv_stride + kvh * HS, kv_stride,
+                  KeyEnd(km, T), T16, HS);
+  }
 #pragma omp parallel num_threads(static_cast <int>(std::min <int64_t>(nt, items)))
   {
-    static thread_local std::vector<float> tile;  // (kQBlock, T) scores / probabilities
-    tile.resize(static_cast<size_t>(kQBlock * T));
+    static thread_local std::vector<float> tile;  // (kQBlock, T16) scores / probabilities
+    tile.resize(static_cast<size_t>(kQBlock * T16));
     float* S = tile.data();
     // Later blocks see more keys: hand them out largest first.
 #pragma omp for schedule(dynamic, 1)
@@ -337,7 +526,7 @@ void AttentionForward(float* out, float* lse, const float* q, const float* k, co
       const int64_t b = bh / NH, h = bh % NH, kvh = h / group;
       const int64_t t0 = blk * kQBlock, t1 = std::min(T, t0 + kQBlock), nq = t1 - t0;
       const float* qb = q + (b * T + t0) * q_stride + h * HS;
-      const float* kb = k + b * T * kv_stride + kvh * HS;
+      const float* KT = kts + (b * NKV + kvh) * HS * T16;
       const float* vb = v + b * T * kv_stride + kvh * HS;
       const int32_t* km = key_mask != nullptr ? key_mask + b * T : nullptr;
       // Keys this block may see: up to its last query when causal, never past a padded tail.
@@ -351,12 +540,16 @@ void AttentionForward(float* out, float* lse, const float* q, const float* k, co
         }
         continue;
       }
-      // S(nq, nk) = scale * Q_blk K^T
-      Sgemm(false, true, nq, nk, HS, scale, qb, q_stride, kb, kv_stride, 0.0f, S, nk, 1);
+      const int64_t ld = PanelStride(nk);
+      // S(nq, nk rounded up to 16) = scale * Q_blk K^T, row i against keys < t0 + i + 1 when
+      // causal.
+      const Band scores{causal ? t0 + 1 : -1, -1, -1};
+      TileProduct(nq, RoundUp16(nk), HS, scale, qb, q_stride, 1, KT, T16, false, S, ld, scores);
       for (int64_t i = 0; i < nq; ++i)
-        lse_row[i] = SoftmaxRow(S + i * nk, std::min(causal ? t0 + i + 1 : T, nk), nk, km);
-      // O_blk(nq, HS) = P V
-      Sgemm(false, false, nq, HS, nk, 1.0f, S, nk, vb, kv_stride, 0.0f, ob, C, 1);
+        lse_row[i] = SoftmaxRow(S + i * ld, std::min(causal ? t0 + i + 1 : T, nk), nk, km);
+      // O_blk(nq, HS) = P V, row i summing over keys < t0 + i + 1 when causal.
+      const Band keys{-1, -1, causal ? t0 + 1 : -1};
+      TileProduct(nq, HS, nk, 1.0f, S, ld, 1, vb, kv_stride, false, ob, C, keys);
     }
   }
 }
@@ -375,12 +568,16 @@ void AttentionBackward(float* dq, float* dk, float* dv, const float* dout, const
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
   const int64_t C = NH * HS;
   const int64_t nblocks = (T + kQBlock - 1) / kQBlock;
+  const int64_t T16 = PanelStride(T);
 #pragma omp parallel num_threads(static_cast <int>(std::min <int64_t>(nt, B * NKV)))
   {
-    static thread_local std::vector<float> tiles;  // P and dP/dS, (kQBlock, T) each
-    tiles.resize(static_cast<size_t>(2 * kQBlock * T));
+    // P and dP/dS, (kQBlock, T16) each, then K^T and V^T, (HS, T16) each.
+    static thread_local std::vector<float> tiles;
+    tiles.resize(static_cast<size_t>(2 * (kQBlock + HS) * T16));
     float* P = tiles.data();
-    float* dS = P + kQBlock * T;
+    float* dS = P + kQBlock * T16;
+    float* KT = dS + kQBlock * T16;
+    float* VT = KT + HS * T16;
 #pragma omp for schedule(static)
     for (int64_t bk = 0; bk < B * NKV; ++bk) {
       const int64_t b = bk / NKV, kvh = bk % NKV;
@@ -394,6 +591,8 @@ void AttentionBackward(float* dq, float* dk, float* dv, const float* dout, const
         std::fill_n(dkb + t * kv_stride, HS, 0.0f);
         std::fill_n(dvb + t * kv_stride, HS, 0.0f);
       }
+      TransposeRows(KT, T16, kb, kv_stride, key_end, T16, HS);
+      TransposeRows(VT, T16, vb, kv_stride, key_end, T16, HS);
       for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
         for (int64_t blk = 0; blk < nblocks; ++blk) {
           const int64_t t0 = blk * kQBlock, t1 = std::min(T, t0 + kQBlock), nq = t1 - t0;
@@ -407,19 +606,25 @@ void AttentionBackward(float* dq, float* dk, float* dv, const float* dout, const
               std::fill_n(dq + (b * T + t0 + i) * q_stride + h * HS, HS, 0.0f);
             continue;
           }
-          // P = exp(scale * Q K^T - lse); dP = dO V^T; dS = P (dP - D) scale.
-          Sgemm(false, true, nq, nk, HS, scale, qb, q_stride, kb, kv_stride, 0.0f, P, nk, 1);
-          Sgemm(false, true, nq, nk, HS, 1.0f, dob, C, vb, kv_stride, 0.0f, dS, nk, 1);
+          const int64_t ld = PanelStride(nk), nk16 = RoundUp16(nk);
+          // P = exp(scale * Q K^T - lse); dP = dO V^T; dS = P (dP - D) scale. Causal: row i
+          // against keys < t0 + i + 1.
+          const Band scores{causal ? t0 + 1 : -1, -1, -1};
+          TileProduct(nq, nk16, HS, scale, qb, q_stride, 1, KT, T16, false, P, ld, scores);
+          TileProduct(nq, nk16, HS, 1.0f, dob, C, 1, VT, T16, false, dS, ld, scores);
           for (int64_t i = 0; i < nq; ++i) {
             const float D = Dot(dob + i * C, ob + i * C, HS);
-            GradRow(P + i * nk, dS + i * nk, lse_row[i], D, scale,
+            GradRow(P + i * ld, dS + i * ld, lse_row[i], D, scale,
                     std::min(causal ? t0 + i + 1 : T, nk), nk, km);
           }
-          // dQ_blk = dS K (=);  dK += dS^T Q_blk;  dV += P^T dO_blk.
-          Sgemm(false, false, nq, HS, nk, 1.0f, dS, nk, kb, kv_stride, 0.0f,
-                dq + (b * T + t0) * q_stride + h * HS, q_stride, 1);
-          Sgemm(true, false, nk, HS, nq, 1.0f, dS, nk, qb, q_stride, 1.0f, dkb, kv_stride, 1);
-          Sgemm(true, false, nk, HS, nq, 1.0f, P, nk, dob, C, 1.0f, dvb, kv_stride, 1);
+          // dQ_blk = dS K (=), row i over keys < t0 + i + 1; dK += dS^T Q_blk and
+          // dV += P^T dO_blk, key row j over the block's queries t0 + i >= j.
+          const Band keys{-1, -1, causal ? t0 + 1 : -1};
+          TileProduct(nq, HS, nk, 1.0f, dS, ld, 1, kb, kv_stride, false,
+                      dq + (b * T + t0) * q_stride + h * HS, q_stride, keys);
+          const Band queries{-1, causal ? t0 : -1, -1};
+          TileProduct(nk, HS, nq, 1.0f, dS, 1, ld, qb, q_stride, true, dkb, kv_stride, queries);
+          TileProduct(nk, HS, nq, 1.0f, P, 1, ld, dob, C, true, dvb, kv_stride, queries);
         }
       }
     }
