@@ -82,6 +82,12 @@ class ProfilingBackend final : public Backend {
     T t(this, "copy");
     in_->CopyDeviceToDevice(d, s, b);
   }
+  static std::string GemmKey(bool ta, bool tb, int64_t M, int64_t N, int64_t K) {
+    char key[96];
+    std::snprintf(key, sizeof key, "gemm %c%c %lldx%lldx%lld", ta ? 'T' : 'N', tb ? 'T' : 'N',
+                  static_cast<long long>(M), static_cast<long long>(N), static_cast<long long>(K));
+    return key;
+  }
   void Memset0(void* d, size_t b) override {
     T t(this, "memset0");
     in_->Memset0(d, b);
@@ -90,10 +96,7 @@ class ProfilingBackend final : public Backend {
   void Gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const void* A,
             int64_t lda, const void* B, int64_t ldb, float beta, void* C, int64_t ldc, DType ab,
             DType c) override {
-    char key[96];
-    std::snprintf(key, sizeof key, "gemm %c%c %lldx%lldx%lld", ta ? 'T' : 'N', tb ? 'T' : 'N',
-                  static_cast<long long>(M), static_cast<long long>(N), static_cast<long long>(K));
-    T t(this, key, 2.0 * M * N * K);
+    T t(this, GemmKey(ta, tb, M, N, K), 2.0 * M * N * K);
     in_->Gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, ab, c);
   }
   void EmbeddingForward(float* o, const int32_t* i, const float* t, int64_t N, int64_t C,
@@ -105,6 +108,29 @@ class ProfilingBackend final : public Backend {
                          int64_t C) override {
     T x(this, "embedding_bwd");
     in_->EmbeddingBackward(d, o, i, N, C);
+  }
+  // A linear layer with its GELU: timed whole under its GEMM's name with "+gelu" (the CPU and CUDA
+  // fuse the bias and the activation into one pass or epilogue); without an activation, the
+  // default composition times the GEMM and the bias add apart.
+  void LinearForward(float* pre, float* act, const void* inp, const void* w, const float* bias,
+                     int64_t N, int64_t C, int64_t OC, DType type) override {
+    if (act == nullptr) {
+      Backend::LinearForward(pre, act, inp, w, bias, N, C, OC, type);
+      return;
+    }
+    T t(this, GemmKey(false, true, N, OC, C) + " +gelu", 2.0 * N * OC * C);
+    in_->LinearForward(pre, act, inp, w, bias, N, C, OC, type);
+  }
+  void LinearForwardRoundedAct(float* pre, void* act, DType at, float* scratch, const void* inp,
+                               const void* w, const float* bias, int64_t N, int64_t C, int64_t OC,
+                               DType type) override {
+    T t(this, GemmKey(false, true, N, OC, C) + " +gelu 16-bit", 2.0 * N * OC * C);
+    in_->LinearForwardRoundedAct(pre, act, at, scratch, inp, w, bias, N, C, OC, type);
+  }
+  void BiasBackwardRounded(float* d, const float* o, int64_t N, int64_t OC, void* o16,
+                           DType t16) override {
+    T x(this, "bias_bwd+cast");
+    in_->BiasBackwardRounded(d, o, N, OC, o16, t16);
   }
   void AddBias(float* o, const float* b, int64_t N, int64_t OC) override {
     T x(this, "add_bias");

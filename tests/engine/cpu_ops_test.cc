@@ -11,11 +11,13 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "backend/backend.h"
 #include "backend/cpu/cpu_kernels.h"
 #include "backend/cpu/cpu_math.h"
+#include "core/half.h"
 #include "cpu_test_util.h"
 
 namespace traind::engine {
@@ -474,6 +476,56 @@ TEST_F(CpuOpsTest, GeluForwardBackward) {
   std::vector<float> dinp = R;  // dinp aliases dout
   be_->GeluBackward(dinp.data(), x.data(), dinp.data(), n);
   ExpectClose(dinp, num, 1e-5, 1e-6, "gelu backward");
+}
+
+// The fused epilogues give the composed ops' bits: LinearForward with an activation (bias and
+// GELU in one pass per row) against Gemm + AddBias + GeluForward, LinearForwardRoundedAct against
+// that and Cast, BiasBackwardRounded against BiasBackward and Cast. Rows of 24 and 1000 columns (a
+// tail past whole vectors), 7 and 600 rows (one thread and two), fp32/bf16/f16.
+TEST_F(CpuOpsTest, FusedLinearEpiloguesEqualTheComposedOps) {
+  for (auto [N, C, OC] : {std::tuple<int, int, int>{7, 40, 24}, {600, 64, 1000}}) {
+    for (DType t : {DType::kF32, DType::kBF16, DType::kF16}) {
+      SCOPED_TRACE(std::to_string(N) + "x" + std::to_string(OC) + " " + DTypeName(t));
+      const auto inp32 = RandVec(N * C, 61), w32 = RandVec(OC * C, 62), bias = RandVec(OC, 63);
+      auto to16 = [t](const std::vector<float>& v) {
+        std::vector<uint16_t> h(v.size());
+        for (size_t i = 0; i < v.size(); ++i) h[i] = t == DType::kBF16 ? F32ToBF16(v[i]) : F32ToF16(v[i]);
+        return h;
+      };
+      const auto inp16 = to16(inp32), w16 = to16(w32);
+      const void* inp = t == DType::kF32 ? static_cast<const void*>(inp32.data()) : inp16.data();
+      const void* w = t == DType::kF32 ? static_cast<const void*>(w32.data()) : w16.data();
+      const size_t n = static_cast<size_t>(N) * OC;
+      for (bool with_bias : {false, true}) {
+        const float* b = with_bias ? bias.data() : nullptr;
+        std::vector<float> pre_ref(n), act_ref(n), pre(n), act(n, NAN);
+        be_->Gemm(false, true, N, OC, C, 1.0f, inp, C, w, C, 0.0f, pre_ref.data(), OC, t);
+        if (b != nullptr) be_->AddBias(pre_ref.data(), b, N, OC);
+        be_->GeluForward(act_ref.data(), pre_ref.data(), static_cast<int64_t>(n));
+        be_->LinearForward(pre.data(), act.data(), inp, w, b, N, C, OC, t);
+        EXPECT_EQ(pre, pre_ref) << "LinearForward pre, bias " << with_bias;
+        EXPECT_EQ(act, act_ref) << "LinearForward act, bias " << with_bias;
+        for (DType at : {DType::kBF16, DType::kF16}) {
+          std::vector<uint16_t> want16(n), got16(n, 0xFFFF);
+          be_->Cast(want16.data(), at, act_ref.data(), DType::kF32, static_cast<int64_t>(n));
+          std::vector<float> pre2(n, NAN);
+          be_->LinearForwardRoundedAct(pre2.data(), got16.data(), at, nullptr, inp, w, b, N, C,
+                                       OC, t);
+          EXPECT_EQ(pre2, pre_ref) << "LinearForwardRoundedAct pre, act " << DTypeName(at);
+          EXPECT_EQ(got16, want16) << "LinearForwardRoundedAct act, " << DTypeName(at);
+        }
+      }
+      if (t == DType::kF32) continue;
+      const auto dout = RandVec(n, 64, -3.0f, 3.0f), db0 = RandVec(OC, 65);
+      auto db_ref = db0, db = db0;
+      std::vector<uint16_t> want16(n), got16(n, 0xFFFF);
+      be_->BiasBackward(db_ref.data(), dout.data(), N, OC);
+      be_->Cast(want16.data(), t, dout.data(), DType::kF32, static_cast<int64_t>(n));
+      be_->BiasBackwardRounded(db.data(), dout.data(), N, OC, got16.data(), t);
+      EXPECT_EQ(db, db_ref) << "BiasBackwardRounded dbias";
+      EXPECT_EQ(got16, want16) << "BiasBackwardRounded dout16";
+    }
+  }
 }
 
 double RefGeluErf(double x) { return 0.5 * x * (1.0 + std::erf(x / std::sqrt(2.0))); }

@@ -47,6 +47,16 @@ std::vector<uint16_t> To16(const std::vector<float>& v, DType t) {
   return out;
 }
 
+// 16-bit codes of type t (bf16 or f16, as doubles from Dev::Get) as the values they stand for.
+std::vector<double> Widen16(const std::vector<double>& codes, DType t) {
+  std::vector<double> v(codes.size());
+  for (size_t i = 0; i < codes.size(); ++i) {
+    const auto h = static_cast<uint16_t>(codes[i]);
+    v[i] = t == DType::kBF16 ? BF16ToF32(h) : F16ToF32(h);
+  }
+  return v;
+}
+
 // Named outputs of one case run on one backend, as doubles (16-bit codes as their integer value).
 using Outputs = std::vector<std::pair<std::string, std::vector<double>>>;
 
@@ -160,6 +170,24 @@ std::vector<OpCase> AllCases() {
           });
     }
   }
+  // ---- linear forward with the GELU rounded to 16 bits (exact bits of the rounding aside, the
+  // activation is a 16-bit value: compared after widening, at bf16/f16's relative step) ----
+  for (DType at : {DType::kBF16, DType::kF16}) {
+    for (bool with_bias : {false, true}) {
+      const int64_t N = 19, C = 40, OC = 24;
+      const double tol16[2] = {4e-3, 4e-3};
+      Add(&c, Op::kLinearForwardRoundedAct,
+          Dims({N, C, OC}) + " " + DTypeName(at) + (with_bias ? " bias" : ""), tol16, [=](Dev& d) {
+            const auto inp = Random(N * C, 140), w = Random(OC * C, 141), bias = Random(OC, 142);
+            float* pre = d.Zeros(N * OC);
+            auto* act = d.Zeros<uint16_t>(N * OC);
+            d->LinearForwardRoundedAct(pre, act, at, d.Zeros(N * OC), d.Up(To16(inp, at)),
+                                       d.Up(To16(w, at)), with_bias ? d.Up(bias) : nullptr, N, C,
+                                       OC, at);
+            return Outputs{{"pre", d.Get(pre, N * OC)}, {"act", Widen16(d.Get(act, N * OC), at)}};
+          });
+    }
+  }
   // ---- embedding ----
   for (auto [N, C, V] : {std::tuple<int64_t, int64_t, int64_t>{13, 37, 50}, {64, 256, 9}, {1, 1, 1}}) {
     for (bool acc : {false, true}) {
@@ -189,6 +217,16 @@ std::vector<OpCase> AllCases() {
       d->BiasBackward(db, d.Up(Random(N * OC, 16)), N, OC);
       return Outputs{{"dbias", d.Get(db, OC)}};
     });
+    for (DType t : {DType::kBF16, DType::kF16}) {
+      Add(&c, Op::kBiasBackwardRounded, Dims({N, OC}) + " " + DTypeName(t), kReduce, [=](Dev& d) {
+        float* db = d.Up(Random(OC, 15));
+        auto* d16 = d.Zeros<uint16_t>(N * OC);
+        d->BiasBackwardRounded(db, d.Up(Random(N * OC, 16)), N, OC, d16, t);
+        // The rounding of the same dout: within kReduce means the same codes (one step of a
+        // 16-bit value is 2^-8 or 2^-11 relative).
+        return Outputs{{"dbias", d.Get(db, OC)}, {"dout16", Widen16(d.Get(d16, N * OC), t)}};
+      });
+    }
     Add(&c, Op::kScaleRows, Dims({N, OC}), kElem, [=](Dev& d) {
       float* x = d.Up(Random(N * OC, 150));
       d->ScaleRows(x, d.Up(Random(N, 151)), N, OC);

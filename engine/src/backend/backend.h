@@ -79,10 +79,12 @@ class HostStaging {
 #define TRAIND_BACKEND_OPS(X) \
   X(Gemm) \
   X(LinearForward) \
+  X(LinearForwardRoundedAct) \
   X(EmbeddingForward) \
   X(EmbeddingBackward) \
   X(AddBias) \
   X(BiasBackward) \
+  X(BiasBackwardRounded) \
   X(ScaleRows) \
   X(RowDot) \
   X(Add) \
@@ -174,6 +176,15 @@ class Backend {
   // fuses the bias add and the GELU into the GEMM (cuBLASLt epilogues BIAS / GELU_AUX(_BIAS)).
   virtual void LinearForward(float* pre, float* act, const void* inp, const void* weight,
                              const float* bias, int64_t N, int64_t C, int64_t OC, DType type);
+  // LinearForward with a 16-bit activation (the mixed-precision MLP's input to its down
+  // projection): pre as LinearForward; act(N,OC) = GELU(pre) rounded to act_type (bf16 or f16,
+  // nearest even), the bits of Cast(LinearForward's fp32 act). scratch: N*OC floats the
+  // composition may use. Default: LinearForward(pre, scratch, ...) and Cast (the CUDA epilogue
+  // stays fused); the CPU adds the bias, applies GELU and rounds each row in one pass, and leaves
+  // scratch alone.
+  virtual void LinearForwardRoundedAct(float* pre, void* act, DType act_type, float* scratch,
+                                       const void* inp, const void* weight, const float* bias,
+                                       int64_t N, int64_t C, int64_t OC, DType type);
 
   // ---- elementwise / small ops ----
   // out[n, :] (=, or += when accumulate) table[ids[n], :]. out (N,C), table (V,C).
@@ -186,6 +197,11 @@ class Backend {
   virtual void AddBias(float* out, const float* bias, int64_t N, int64_t OC);
   // dbias(OC) += sum over rows of dout(N,OC).
   virtual void BiasBackward(float* dbias, const float* dout, int64_t N, int64_t OC);
+  // BiasBackward and dout16(N,OC) = dout rounded to `type` (bf16 or f16, as Cast): what a 16-bit
+  // linear layer's backward needs of its output gradient. Default: BiasBackward, then Cast; the
+  // CPU rounds each row while it sums it (dbias keeps BiasBackward's bits).
+  virtual void BiasBackwardRounded(float* dbias, const float* dout, int64_t N, int64_t OC,
+                                   void* dout16, DType type);
   // x(N,C) row n *= w[n] (mixture of experts: each expert row by its routing weight).
   virtual void ScaleRows(float* x, const float* w, int64_t N, int64_t C);
   // out[n] = sum_c a[n,c] * b[n,c] (=), accumulated in double; a, b (N,C).

@@ -98,6 +98,10 @@ bool Backend::Supports(Op op) const {
   switch (op) {
     case Op::kLinearForward:
       return Supports(Op::kGemm) && Supports(Op::kAddBias) && Supports(Op::kGeluForward);
+    case Op::kLinearForwardRoundedAct:
+      return Supports(Op::kLinearForward) && Supports(Op::kCast);
+    case Op::kBiasBackwardRounded:
+      return Supports(Op::kBiasBackward) && Supports(Op::kCast);
     case Op::kHasNonFinite:
       return Supports(Op::kSumSquares);
     default:
@@ -308,6 +312,19 @@ void Backend::LinearForward(float* pre, float* act, const void* inp, const void*
   Gemm(false, true, N, OC, C, 1.0f, inp, C, weight, C, 0.0f, pre, OC, type, DType::kF32);
   if (bias != nullptr) AddBias(pre, bias, N, OC);
   if (act != nullptr) GeluForward(act, pre, N * OC);
+}
+
+void Backend::LinearForwardRoundedAct(float* pre, void* act, DType act_type, float* scratch,
+                                      const void* inp, const void* weight, const float* bias,
+                                      int64_t N, int64_t C, int64_t OC, DType type) {
+  LinearForward(pre, scratch, inp, weight, bias, N, C, OC, type);
+  Cast(act, act_type, scratch, DType::kF32, N * OC);
+}
+
+void Backend::BiasBackwardRounded(float* dbias, const float* dout, int64_t N, int64_t OC,
+                                  void* dout16, DType type) {
+  BiasBackward(dbias, dout, N, OC);
+  Cast(dout16, type, dout, DType::kF32, N * OC);
 }
 
 Result<std::unique_ptr<BatchUpload>> Backend::MakeBatchUpload(size_t slot_bytes) {

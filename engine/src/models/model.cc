@@ -86,7 +86,7 @@ std::vector<Op> Model::RequiredOps(const ModelConfig& config) {
                          Op::kEmbeddingBackward, Op::kAdd, Op::kCast, Op::kAttentionForward,
                          Op::kAttentionBackward, Op::kSoftmaxCrossEntropy, Op::kAccumulateSum,
                          Op::kAccumulateSumSquares, Op::kAdamWFromScalars, Op::kDropout};
-  if (f.bias) ops.insert(ops.end(), {Op::kAddBias, Op::kBiasBackward});
+  if (f.bias) ops.insert(ops.end(), {Op::kAddBias, Op::kBiasBackward, Op::kBiasBackwardRounded});
   if (f.norm == FamilyFeatures::Norm::kRmsNorm) {
     ops.insert(ops.end(), {Op::kRmsNormForward, Op::kRmsNormBackward});
   } else {
@@ -98,7 +98,7 @@ std::vector<Op> Model::RequiredOps(const ModelConfig& config) {
   } else if (f.mlp == FamilyFeatures::Mlp::kGeluErf) {
     ops.insert(ops.end(), {Op::kGeluErfForward, Op::kGeluErfBackward});
   } else {
-    ops.insert(ops.end(), {Op::kGeluForward, Op::kGeluBackward});
+    ops.insert(ops.end(), {Op::kGeluForward, Op::kGeluBackward, Op::kLinearForwardRoundedAct});
   }
   if (f.moe) ops.insert(ops.end(), {Op::kScaleRows, Op::kRowDot});
   if (config.encoder() && config.head == "sequence_classification") {

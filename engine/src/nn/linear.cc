@@ -15,8 +15,8 @@ void LinearForward(Backend& be, float* out, const void* inp, const void* weight,
 void LinearBackward(Backend& be, float* dinp, float* dweight, float* dbias, const float* dout,
                     const void* inp, const void* weight, int64_t N, int64_t C, int64_t OC,
                     const GemmPrecision& gp) {
-  if (dbias != nullptr) be.BiasBackward(dbias, dout, N, OC);
   if (gp.type == DType::kF32) {
+    if (dbias != nullptr) be.BiasBackward(dbias, dout, N, OC);
     // dinp(N,C) = dout(N,OC) * weight(OC,C)
     if (dinp != nullptr) be.Gemm(false, false, N, C, OC, 1.0f, dout, OC, weight, C, 0.0f, dinp, C);
     // dweight(OC,C) += dout(N,OC)^T * inp(N,C); a frozen weight (null dweight) has none
@@ -30,9 +30,16 @@ void LinearBackward(Backend& be, float* dinp, float* dweight, float* dbias, cons
   if (rows < 1 || gp.scratch == nullptr) return;
   const size_t esize = DTypeSize(gp.type);
   const auto* inp_bytes = static_cast<const char*>(inp);
+  // One chunk: the bias gradient and the rounding in one pass (BiasBackwardRounded).
+  const bool fused_bias = dbias != nullptr && rows == N;
+  if (dbias != nullptr && !fused_bias) be.BiasBackward(dbias, dout, N, OC);
   for (int64_t r0 = 0; r0 < N; r0 += rows) {
     const int64_t n = std::min(rows, N - r0);
-    be.Cast(gp.scratch, gp.type, dout + r0 * OC, DType::kF32, n * OC);
+    if (fused_bias) {
+      be.BiasBackwardRounded(dbias, dout, N, OC, gp.scratch, gp.type);
+    } else {
+      be.Cast(gp.scratch, gp.type, dout + r0 * OC, DType::kF32, n * OC);
+    }
     LinearBackwardRounded(be, dinp != nullptr ? dinp + r0 * C : nullptr, dweight, gp.scratch,
                           inp_bytes + r0 * C * esize, weight, n, C, OC, gp.type);
   }

@@ -20,11 +20,15 @@ void MlpForward(Backend& be, const MlpShape& s, const MlpWeights& w, float* out,
     be.LinearForward(h, nullptr, inp, w.w_up, w.b_up, s.N, s.C, s.H, type);
     LoraForward(be, lora->up, h, inp, s.N);
     be.GeluForward(af, h, s.N * s.H);
-  } else {
+  } else if (type == DType::kF32) {
     // h = pre-activation (kept for backward), af = GELU(h): one fused GEMM on CUDA.
     be.LinearForward(h, af, inp, w.w_up, w.b_up, s.N, s.C, s.H, type);
+  } else {
+    // The same with a = GELU(h) rounded to 16 bits (the CPU never writes the fp32 activation).
+    be.LinearForwardRoundedAct(h, a, type, act_scratch, inp, w.w_up, w.b_up, s.N, s.C, s.H, type);
+    af = nullptr;
   }
-  if (type != DType::kF32) be.Cast(a, type, af, DType::kF32, s.N * s.H);
+  if (af != nullptr && type != DType::kF32) be.Cast(a, type, af, DType::kF32, s.N * s.H);
   LinearForward(be, out, a, w.w_down, w.b_down, s.N, s.H, s.C, type);
   if (down_lora) LoraForward(be, lora->down, out, a, s.N);
 }

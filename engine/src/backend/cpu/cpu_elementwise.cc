@@ -182,6 +182,50 @@ void BiasBackward(float* dbias, const float* dout, int64_t N, int64_t OC, int nt
   }
 }
 
+void BiasBackwardRounded(float* dbias, const float* dout, int64_t N, int64_t OC, void* dout16,
+                         DType type, int nt) {
+  auto* d16 = static_cast<uint16_t*>(dout16);
+#pragma omp parallel num_threads(ThreadsFor(N* OC, nt))
+  {
+    int64_t b, e;
+    Chunk(OC, omp_get_num_threads(), omp_get_thread_num(), &b, &e);
+    for (int64_t n = 0; n < N && e > b; ++n) {
+      const float* row = dout + n * OC + b;
+      AddRow(dbias + b, row, e - b);
+      if (type == DType::kBF16) {
+        F32ToBf16Span(d16 + n * OC + b, row, e - b);
+      } else {
+        F32ToF16Span(d16 + n * OC + b, row, e - b);
+      }
+    }
+  }
+}
+
+void BiasGelu(float* pre, const float* bias, int64_t N, int64_t OC, void* act, DType act_type,
+              int nt) {
+#pragma omp parallel num_threads(ThreadsFor(N* OC * 8, nt))
+  {
+    static thread_local std::vector<float> tmp;  // one row of GELU before rounding (16-bit act)
+    if (act_type != DType::kF32) tmp.resize(static_cast<size_t>(OC));
+#pragma omp for schedule(static)
+    for (int64_t n = 0; n < N; ++n) {
+      float* row = pre + n * OC;
+      if (bias != nullptr) AddRow(row, bias, OC);
+      if (act_type == DType::kF32) {
+        GeluSpan(static_cast<float*>(act) + n * OC, row, OC);
+        continue;
+      }
+      GeluSpan(tmp.data(), row, OC);
+      uint16_t* dst = static_cast<uint16_t*>(act) + n * OC;
+      if (act_type == DType::kBF16) {
+        F32ToBf16Span(dst, tmp.data(), OC);
+      } else {
+        F32ToF16Span(dst, tmp.data(), OC);
+      }
+    }
+  }
+}
+
 void ScaleRows(float* x, const float* w, int64_t N, int64_t C, int nt) {
 #pragma omp parallel for num_threads(ThreadsFor(N* C, nt)) schedule(static)
   for (int64_t n = 0; n < N; ++n) {

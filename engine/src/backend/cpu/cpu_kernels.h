@@ -66,6 +66,15 @@ void EmbeddingBackward(float* dtable, const float* dout, const int32_t* ids, int
                        int nt);
 void AddBias(float* out, const float* bias, int64_t N, int64_t OC, int nt);
 void BiasBackward(float* dbias, const float* dout, int64_t N, int64_t OC, int nt);
+// backend.h's BiasBackwardRounded: BiasBackward's column chunks, each row's chunk also rounded
+// into dout16 (bf16 or f16) while it is in cache.
+void BiasBackwardRounded(float* dbias, const float* dout, int64_t N, int64_t OC, void* dout16,
+                         DType type, int nt);
+// The epilogue of a linear layer with GELU, row by row: pre(N,OC) += bias (when not null), then
+// act = GELU(pre) (GeluForward's bits) in act_type: fp32, or bf16/f16 rounded to nearest even
+// (Cast's bits).
+void BiasGelu(float* pre, const float* bias, int64_t N, int64_t OC, void* act, DType act_type,
+              int nt);
 void ScaleRows(float* x, const float* w, int64_t N, int64_t C, int nt);
 void RowDot(float* out, const float* a, const float* b, int64_t N, int64_t C, int nt);
 void Add(float* out, const float* a, const float* b, int64_t n, int nt);
