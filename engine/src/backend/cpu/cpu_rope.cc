@@ -37,20 +37,37 @@ TRAIND_CPU_CLONES void RotateRow(float* x, const float* cs, const float* sn, int
 void Rope(float* x, int64_t B, int64_t T, int64_t n_heads, int64_t HS, int64_t row_stride,
           float theta, bool inverse, int64_t pos_offset, int nt) {
   const int64_t half = HS / 2;
-  // Table of cos/sin per (t, i): (T, half) each. Reused between calls of the same thread.
+  // Table of cos/sin per (t, i): (T, half) each, kept per thread and rebuilt only when the
+  // positions, the head size or theta change (every layer's q and k, forward and backward, use the
+  // same one: the table's libm cos/sin cost more than the rotation itself).
+  struct Key {
+    int64_t T = -1, half = -1, pos_offset = -1;
+    float theta = 0.0f;
+    bool operator==(const Key&) const = default;
+  };
   static thread_local std::vector<float> table;
-  table.resize(static_cast<size_t>(2 * T * half));
-  float* cs = table.data();
-  float* sn = cs + T * half;
-  for (int64_t i = 0; i < half; ++i) {
-    float expo = static_cast<float>(2 * i) / static_cast<float>(HS);
-    float inv_freq = 1.0f / std::pow(theta, expo);
-    for (int64_t t = 0; t < T; ++t) {
-      float ang = static_cast<float>(pos_offset + t) * inv_freq;
-      cs[t * half + i] = std::cos(ang);
-      sn[t * half + i] = std::sin(ang);
+  static thread_local Key built;
+  const Key key{T, half, pos_offset, theta};
+  float* cs = nullptr;
+  float* sn = nullptr;
+  if (!(key == built)) {
+    built = Key{};  // not valid while it is being rebuilt
+    table.resize(static_cast<size_t>(2 * T * half));
+    cs = table.data();
+    sn = cs + T * half;
+    for (int64_t i = 0; i < half; ++i) {
+      float expo = static_cast<float>(2 * i) / static_cast<float>(HS);
+      float inv_freq = 1.0f / std::pow(theta, expo);
+      for (int64_t t = 0; t < T; ++t) {
+        float ang = static_cast<float>(pos_offset + t) * inv_freq;
+        cs[t * half + i] = std::cos(ang);
+        sn[t * half + i] = std::sin(ang);
+      }
     }
+    built = key;
   }
+  cs = table.data();
+  sn = cs + T * half;
   const int64_t rows = B * T;
   const int threads = rows * n_heads * HS < 8192 ? 1 : nt;
 #pragma omp parallel for num_threads(threads) schedule(static)
