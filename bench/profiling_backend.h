@@ -178,6 +178,17 @@ class ProfilingBackend final : public Backend {
     T x(this, "layernorm_fwd");
     in_->LayerNormForward(o, m, r, i, w, b, N, C, eps);
   }
+  void LayerNormForwardRounded(void* o16, DType ot, float* o32, float* mean, float* rstd,
+                               const float* inp, const float* w, const float* b, int64_t N,
+                               int64_t C, float eps) override {
+    T x(this, "layernorm_fwd 16-bit out");
+    in_->LayerNormForwardRounded(o16, ot, o32, mean, rstd, inp, w, b, N, C, eps);
+  }
+  void RmsNormForwardRounded(void* o16, DType ot, float* o32, float* rstd, const float* inp,
+                             const float* w, int64_t N, int64_t C, float eps) override {
+    T x(this, "rmsnorm_fwd 16-bit out");
+    in_->RmsNormForwardRounded(o16, ot, o32, rstd, inp, w, N, C, eps);
+  }
   void LayerNormBackward(float* di, float* dw, float* db, const float* d, const float* i,
                          const float* w, const float* m, const float* r, int64_t N,
                          int64_t C) override {
@@ -267,6 +278,13 @@ class ProfilingBackend final : public Backend {
                         float wd) override {
     T x(this, "adamw");
     in_->AdamWFromScalars(p, g, m, v, n, s, b1, b2, eps, wd);
+  }
+  void AdamWRunsFromScalars(float* p, const float* g, float* m, float* v,
+                            const engine::AdamWRun* runs, int64_t n_runs,
+                            const engine::StepScalars* s, float b1, float b2,
+                            float eps) override {
+    T x(this, "adamw");
+    in_->AdamWRunsFromScalars(p, g, m, v, runs, n_runs, s, b1, b2, eps);
   }
   void SgdUpdate(float* p, const float* g, float* buf, int64_t n, float lr, float mom, float damp,
                  float wd, bool nesterov, bool first, float gs, const engine::StepScalars* s) override {

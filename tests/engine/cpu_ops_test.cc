@@ -17,6 +17,7 @@
 #include "backend/backend.h"
 #include "backend/cpu/cpu_kernels.h"
 #include "backend/cpu/cpu_math.h"
+#include "backend/step_scalars.h"
 #include "core/half.h"
 #include "cpu_test_util.h"
 
@@ -526,6 +527,63 @@ TEST_F(CpuOpsTest, FusedLinearEpiloguesEqualTheComposedOps) {
       EXPECT_EQ(got16, want16) << "BiasBackwardRounded dout16";
     }
   }
+}
+
+// LayerNorm / RMSNorm rounded as they normalise: the bits of the fp32 op followed by Cast, the
+// statistics equal (1 row: one thread; 300 rows: two), and the scratch is not needed.
+TEST_F(CpuOpsTest, RoundedNormsEqualNormThenCast) {
+  for (int N : {1, 300}) {
+    const int C = 200;
+    const auto inp = RandVec(N * C, 81, -2.0f, 3.0f), w = RandVec(C, 82), b = RandVec(C, 83);
+    for (DType t : {DType::kBF16, DType::kF16}) {
+      SCOPED_TRACE(std::to_string(N) + " rows " + DTypeName(t));
+      std::vector<float> out(N * C), mean(N), rstd(N), mean2(N, NAN), rstd2(N, NAN);
+      std::vector<uint16_t> want(N * C), got(N * C, 0xFFFF);
+      be_->LayerNormForward(out.data(), mean.data(), rstd.data(), inp.data(), w.data(), b.data(),
+                            N, C, 1e-5f);
+      be_->Cast(want.data(), t, out.data(), DType::kF32, N * C);
+      be_->LayerNormForwardRounded(got.data(), t, nullptr, mean2.data(), rstd2.data(), inp.data(),
+                                   w.data(), b.data(), N, C, 1e-5f);
+      EXPECT_EQ(got, want) << "layernorm";
+      EXPECT_EQ(mean2, mean);
+      EXPECT_EQ(rstd2, rstd);
+      std::fill(got.begin(), got.end(), 0xFFFF);
+      be_->RmsNormForward(out.data(), rstd.data(), inp.data(), w.data(), N, C, 1e-6f);
+      be_->Cast(want.data(), t, out.data(), DType::kF32, N * C);
+      be_->RmsNormForwardRounded(got.data(), t, nullptr, rstd2.data(), inp.data(), w.data(), N, C,
+                                 1e-6f);
+      EXPECT_EQ(got, want) << "rmsnorm";
+      EXPECT_EQ(rstd2, rstd);
+    }
+  }
+}
+
+// AdamWRunsFromScalars in one pass: the bits of one AdamWFromScalars per run (runs of 1 to 300001
+// elements, out of offset order, their own decay; clipped gradients), and nothing outside the runs.
+TEST_F(CpuOpsTest, AdamWRunsEqualOneCallPerRun) {
+  const int64_t n = 400000;
+  const auto grad = RandVec(n, 71), p0 = RandVec(n, 72), m0 = RandVec(n, 73, -0.1f, 0.1f),
+             v0 = RandVec(n, 74, 0.0f, 0.01f);
+  StepScalars sc;
+  for (float x : grad) sc.grad_sq += double{x} * x;
+  sc.lr = 3e-4f;
+  sc.bias_correction1 = 0.19f;
+  sc.bias_correction2 = 0.002f;
+  sc.max_grad_norm = 1.0f;
+  const AdamWRun runs[] = {{100, 300001, 0.1f}, {0, 1, 0.0f}, {1, 99, 0.1f}, {300101, 1000, 0.0f},
+                           {301101, 98000, 0.05f}};  // the last 899 elements belong to no run
+  auto p1 = p0, m1 = m0, v1 = v0, p2 = p0, m2 = m0, v2 = v0;
+  for (const AdamWRun& r : runs) {
+    be_->AdamWFromScalars(p1.data() + r.offset, grad.data() + r.offset, m1.data() + r.offset,
+                          v1.data() + r.offset, r.numel, &sc, 0.9f, 0.95f, 1e-8f, r.weight_decay);
+  }
+  be_->AdamWRunsFromScalars(p2.data(), grad.data(), m2.data(), v2.data(), runs, 5, &sc, 0.9f, 0.95f,
+                            1e-8f);
+  EXPECT_EQ(p2, p1);
+  EXPECT_EQ(m2, m1);
+  EXPECT_EQ(v2, v1);
+  for (int64_t i = 399101; i < n; ++i) ASSERT_EQ(p2[i], p0[i]) << "outside the runs: " << i;
+  EXPECT_NE(p2, p0);
 }
 
 double RefGeluErf(double x) { return 0.5 * x * (1.0 + std::erf(x / std::sqrt(2.0))); }

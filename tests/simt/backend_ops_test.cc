@@ -343,6 +343,28 @@ std::vector<OpCase> AllCases() {
                           d.Up(Random(C, 29)), N, C, 1e-5f);
       return Outputs{{"out", d.Get(out, N * C)}, {"mean", d.Get(mean, N)}, {"rstd", d.Get(rstd, N)}};
     });
+    for (DType t : {DType::kBF16, DType::kF16}) {
+      // The output rounded to 16 bits (a flip of the last bit between backends is within the
+      // 16-bit step, so compared widened at that step); the statistics as LayerNormForward's.
+      const double tol16[2] = {4e-3, 4e-3};
+      Add(&c, Op::kLayerNormForwardRounded, Dims({N, C}) + " " + DTypeName(t), tol16, [=](Dev& d) {
+        float *mean = d.Zeros(N), *rstd = d.Zeros(N);
+        auto* out = d.Zeros<uint16_t>(N * C);
+        d->LayerNormForwardRounded(out, t, d.Zeros(N * C), mean, rstd,
+                                   d.Up(Random(N * C, 27, -2, 3)), d.Up(Random(C, 28)),
+                                   d.Up(Random(C, 29)), N, C, 1e-5f);
+        return Outputs{{"out", Widen16(d.Get(out, N * C), t)},
+                       {"mean", d.Get(mean, N)},
+                       {"rstd", d.Get(rstd, N)}};
+      });
+      Add(&c, Op::kRmsNormForwardRounded, Dims({N, C}) + " " + DTypeName(t), tol16, [=](Dev& d) {
+        float* rstd = d.Zeros(N);
+        auto* out = d.Zeros<uint16_t>(N * C);
+        d->RmsNormForwardRounded(out, t, d.Zeros(N * C), rstd, d.Up(Random(N * C, 37, -2, 3)),
+                                 d.Up(Random(C, 38)), N, C, 1e-6f);
+        return Outputs{{"out", Widen16(d.Get(out, N * C), t)}, {"rstd", d.Get(rstd, N)}};
+      });
+    }
     Add(&c, Op::kLayerNormBackward, Dims({N, C}), kReduce, [=](Dev& d) {
       const auto inp = Random(N * C, 30, -2, 3), w = Random(C, 31), b = Random(C, 32);
       float *out = d.Zeros(N * C), *mean = d.Zeros(N), *rstd = d.Zeros(N);
@@ -579,6 +601,24 @@ std::vector<OpCase> AllCases() {
           return Outputs{{"param", d.Get(p, n)}, {"m", d.Get(m, n)}, {"v", d.Get(v, n)}};
         });
   }
+  // Several runs at once (their own decay, one of 1 element, runs not in offset order).
+  Add(&c, Op::kAdamWRunsFromScalars, "4 runs, max_norm 1", kElem, [=](Dev& d) {
+    const int64_t n = 7001;
+    const auto grad = Random(n, 160);
+    StepScalars sc;
+    for (float x : grad) sc.grad_sq += double{x} * x;
+    sc.lr = 1e-3f;
+    sc.bias_correction1 = 0.1f;
+    sc.bias_correction2 = 0.001f;
+    sc.max_grad_norm = 1.0f;
+    float *p = d.Up(Random(n, 161)), *m = d.Up(Random(n, 162, -0.1f, 0.1f)),
+          *v = d.Up(Random(n, 163, 0, 0.01f));
+    auto* dev_sc = static_cast<StepScalars*>(static_cast<void*>(d.Zeros<unsigned char>(sizeof(sc))));
+    d->CopyHostToDevice(dev_sc, &sc, sizeof(sc));
+    const AdamWRun runs[] = {{5000, 2001, 0.0f}, {0, 1, 0.1f}, {1, 4095, 0.0f}, {4096, 904, 0.01f}};
+    d->AdamWRunsFromScalars(p, d.Up(grad), m, v, runs, 4, dev_sc, 0.9f, 0.999f, 1e-8f);
+    return Outputs{{"param", d.Get(p, n)}, {"m", d.Get(m, n)}, {"v", d.Get(v, n)}};
+  });
   // ---- SGD, Adafactor, 8-bit AdamW (semantics: cpu/cpu_optim.h) ----
   for (int64_t n : {1, 1001, 70001}) {
     for (int cfg = 0; cfg < 3; ++cfg) {  // plain + decay; momentum + dampening; nesterov

@@ -96,8 +96,10 @@ class HostStaging {
   X(Cast) \
   X(Dropout) \
   X(LayerNormForward) \
+  X(LayerNormForwardRounded) \
   X(LayerNormBackward) \
   X(RmsNormForward) \
+  X(RmsNormForwardRounded) \
   X(RmsNormBackward) \
   X(GeluForward) \
   X(GeluBackward) \
@@ -114,6 +116,7 @@ class HostStaging {
   X(SoftmaxCrossEntropy) \
   X(AdamW) \
   X(AdamWFromScalars) \
+  X(AdamWRunsFromScalars) \
   X(SgdUpdate) \
   X(AdafactorFactoredStats) \
   X(AdafactorSecondMoment) \
@@ -237,6 +240,12 @@ class Backend {
   virtual void LayerNormForward(float* out, float* mean, float* rstd, const float* inp,
                                 const float* weight, const float* bias, int64_t N, int64_t C,
                                 float eps);
+  // LayerNormForward with out rounded to out_type (bf16 or f16, Cast's bits) into out16 (N,C);
+  // out32 (N*C floats) is the composition's scratch and holds nothing the caller may read.
+  // Default: LayerNormForward into out32, then Cast; the CPU rounds each row as it normalises it.
+  virtual void LayerNormForwardRounded(void* out16, DType out_type, float* out32, float* mean,
+                                       float* rstd, const float* inp, const float* weight,
+                                       const float* bias, int64_t N, int64_t C, float eps);
   // dinp +=, dweight +=, dbias +=.
   virtual void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,
                                  const float* inp, const float* weight, const float* mean,
@@ -244,6 +253,10 @@ class Backend {
   // RMSNorm (HF LlamaRMSNorm): out = inp * rsqrt(mean(inp^2) + eps) * weight. rstd (N).
   virtual void RmsNormForward(float* out, float* rstd, const float* inp, const float* weight,
                               int64_t N, int64_t C, float eps);
+  // RmsNormForward rounded to out_type into out16, as LayerNormForwardRounded.
+  virtual void RmsNormForwardRounded(void* out16, DType out_type, float* out32, float* rstd,
+                                     const float* inp, const float* weight, int64_t N, int64_t C,
+                                     float eps);
   // dinp +=, dweight +=.
   virtual void RmsNormBackward(float* dinp, float* dweight, const float* dout, const float* inp,
                                const float* weight, const float* rstd, int64_t N, int64_t C);
@@ -346,6 +359,13 @@ class Backend {
   virtual void AdamWFromScalars(float* param, const float* grad, float* m, float* v, int64_t n,
                                 const StepScalars* s, float beta1, float beta2, float eps,
                                 float weight_decay);
+  // AdamWFromScalars over several runs of the flat buffers at once, each [offset, offset + numel)
+  // with its own weight decay (a model's decayed weights alternate with undecayed biases and
+  // norms; AdamWRun in step_scalars.h): the bits of one AdamWFromScalars call per run. `runs` is
+  // host memory, read during the call. Default: one AdamWFromScalars per run; the CPU updates every run in one parallel pass.
+  virtual void AdamWRunsFromScalars(float* param, const float* grad, float* m, float* v,
+                                    const AdamWRun* runs, int64_t n_runs, const StepScalars* s,
+                                    float beta1, float beta2, float eps);
 
   // ---- SGD, Adafactor, 8-bit AdamW (engine/src/optim/; the CPU kernels of cpu/cpu_optim.h are the
   // reference semantics, each contract in full there). In place, asynchronous; device scalars

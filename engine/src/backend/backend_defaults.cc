@@ -102,6 +102,12 @@ bool Backend::Supports(Op op) const {
       return Supports(Op::kLinearForward) && Supports(Op::kCast);
     case Op::kBiasBackwardRounded:
       return Supports(Op::kBiasBackward) && Supports(Op::kCast);
+    case Op::kAdamWRunsFromScalars:
+      return Supports(Op::kAdamWFromScalars);
+    case Op::kLayerNormForwardRounded:
+      return Supports(Op::kLayerNormForward) && Supports(Op::kCast);
+    case Op::kRmsNormForwardRounded:
+      return Supports(Op::kRmsNormForward) && Supports(Op::kCast);
     case Op::kHasNonFinite:
       return Supports(Op::kSumSquares);
     default:
@@ -325,6 +331,30 @@ void Backend::BiasBackwardRounded(float* dbias, const float* dout, int64_t N, in
                                   void* dout16, DType type) {
   BiasBackward(dbias, dout, N, OC);
   Cast(dout16, type, dout, DType::kF32, N * OC);
+}
+
+void Backend::AdamWRunsFromScalars(float* param, const float* grad, float* m, float* v,
+                                   const AdamWRun* runs, int64_t n_runs, const StepScalars* s,
+                                   float beta1, float beta2, float eps) {
+  for (int64_t i = 0; i < n_runs; ++i) {
+    const AdamWRun& r = runs[i];
+    AdamWFromScalars(param + r.offset, grad + r.offset, m + r.offset, v + r.offset, r.numel, s,
+                     beta1, beta2, eps, r.weight_decay);
+  }
+}
+
+void Backend::LayerNormForwardRounded(void* out16, DType out_type, float* out32, float* mean,
+                                      float* rstd, const float* inp, const float* weight,
+                                      const float* bias, int64_t N, int64_t C, float eps) {
+  LayerNormForward(out32, mean, rstd, inp, weight, bias, N, C, eps);
+  Cast(out16, out_type, out32, DType::kF32, N * C);
+}
+
+void Backend::RmsNormForwardRounded(void* out16, DType out_type, float* out32, float* rstd,
+                                    const float* inp, const float* weight, int64_t N, int64_t C,
+                                    float eps) {
+  RmsNormForward(out32, rstd, inp, weight, N, C, eps);
+  Cast(out16, out_type, out32, DType::kF32, N * C);
 }
 
 Result<std::unique_ptr<BatchUpload>> Backend::MakeBatchUpload(size_t slot_bytes) {

@@ -27,6 +27,14 @@ struct StepScalars {
   int32_t skip_nonfinite = 0;     // 1: no update when grad_sq is inf/NaN (fp16 overflow)
 };
 
+// One run of Backend::AdamWRunsFromScalars: [offset, offset + numel) of the flat parameter,
+// gradient and state buffers, updated with its own weight decay.
+struct AdamWRun {
+  int64_t offset;
+  int64_t numel;
+  float weight_decay;
+};
+
 // torch.nn.utils.clip_grad_norm_'s coefficient, in fp32 as torch computes it:
 // max_norm / (total_norm + 1e-6) when that is < 1, else 1 (also 1 when max_norm <= 0: no clipping).
 TRAIND_HOST_DEVICE inline float ClipGradCoefficient(float total_norm, float max_norm) {

@@ -592,9 +592,15 @@ const void* DecoderModel::W(int64_t offset) const {
 }
 
 void DecoderModel::NormInto(void* dst, float* mean, float* rstd, const float* inp, int64_t w,
-                            int64_t b) {
+                            int64_t b, bool keep_fp32) {
   const nn::NormShape ns{N_, d_.C, d_.rms_norm(), d_.eps};
-  // 16-bit: normalise in fp32 into tmp_c (free between the block's uses), then round.
+  if (mixed_ && !keep_fp32) {  // 16-bit: rounded as it is normalised (tmp_c: the op's scratch)
+    nn::NormForwardRounded(*be_, ns, dst, options_.compute_type, bufs_.tmp_c, mean, rstd, inp,
+                           P(w), P(b));
+    return;
+  }
+  // 16-bit with the fp32 output kept: normalise in fp32 into tmp_c (free between the block's
+  // uses), then round.
   float* out = mixed_ ? bufs_.tmp_c : static_cast<float*>(dst);
   nn::NormForward(*be_, ns, out, mean, rstd, inp, P(w), P(b));
   if (mixed_) be_->Cast(dst, options_.compute_type, out, DType::kF32, N_ * d_.C);
@@ -633,7 +639,7 @@ void DecoderModel::BlockForward(int64_t l, bool recompute) {
     nn::LoraForward(be, proj_lora, bufs_.tmp_c, a.atty, N_);
   }
   be.Add(a.res2, x, bufs_.tmp_c, N_ * C);
-  NormInto(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p.ln2_w, p.ln2_b);
+  NormInto(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p.ln2_w, p.ln2_b, /*keep_fp32=*/d_.moe());
   if (d_.moe()) {
     // NormInto left the fp32 norm output in tmp_c (16-bit) or a.ln2 (fp32).
     MoeForward(l, mixed_ ? bufs_.tmp_c : static_cast<const float*>(a.ln2), bufs_.tmp_c);

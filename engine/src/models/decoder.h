@@ -137,8 +137,10 @@ class DecoderModel : public Model, private MasterWeightsSink {
   nn::LoraSite Site(int64_t l, LoraSiteKind site) const;
   // A GEMM weight in the compute type: the 16-bit copy, or the fp32 master weights.
   const void* W(int64_t offset) const;
-  // Norm output -> `dst` (a GEMM input in the compute type) through an fp32 buffer.
-  void NormInto(void* dst, float* mean, float* rstd, const float* inp, int64_t w, int64_t b);
+  // Norm output -> `dst` (a GEMM input in the compute type). 16-bit: rounded as it is normalised,
+  // or, with keep_fp32 (the experts read it), through tmp_c, which keeps the fp32 output.
+  void NormInto(void* dst, float* mean, float* rstd, const float* inp, int64_t w, int64_t b,
+                bool keep_fp32 = false);
   // Embeddings, blocks and the final norm (bufs_.lnf).
   void ForwardToFinalNorm();
   // The lm-head and the softmax cross-entropy over bufs_.logits_rows rows at a time: losses (N),

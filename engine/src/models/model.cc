@@ -85,12 +85,14 @@ std::vector<Op> Model::RequiredOps(const ModelConfig& config) {
   std::vector<Op> ops = {Op::kGemm, Op::kLinearForward, Op::kEmbeddingForward,
                          Op::kEmbeddingBackward, Op::kAdd, Op::kCast, Op::kAttentionForward,
                          Op::kAttentionBackward, Op::kSoftmaxCrossEntropy, Op::kAccumulateSum,
-                         Op::kAccumulateSumSquares, Op::kAdamWFromScalars, Op::kDropout};
+                         Op::kAccumulateSumSquares, Op::kAdamWFromScalars,
+                         Op::kAdamWRunsFromScalars, Op::kDropout};
   if (f.bias) ops.insert(ops.end(), {Op::kAddBias, Op::kBiasBackward, Op::kBiasBackwardRounded});
   if (f.norm == FamilyFeatures::Norm::kRmsNorm) {
-    ops.insert(ops.end(), {Op::kRmsNormForward, Op::kRmsNormBackward});
+    ops.insert(ops.end(), {Op::kRmsNormForward, Op::kRmsNormForwardRounded, Op::kRmsNormBackward});
   } else {
-    ops.insert(ops.end(), {Op::kLayerNormForward, Op::kLayerNormBackward});
+    ops.insert(ops.end(),
+               {Op::kLayerNormForward, Op::kLayerNormForwardRounded, Op::kLayerNormBackward});
   }
   if (f.positions == FamilyFeatures::Positions::kRotary) ops.push_back(Op::kRope);
   if (f.mlp == FamilyFeatures::Mlp::kSwiGlu) {

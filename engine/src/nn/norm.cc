@@ -12,6 +12,17 @@ void NormForward(Backend& be, const NormShape& s, float* out, float* mean, float
   }
 }
 
+void NormForwardRounded(Backend& be, const NormShape& s, void* out16, DType out_type, float* out32,
+                        float* mean, float* rstd, const float* inp, const float* weight,
+                        const float* bias) {
+  if (s.rms) {
+    be.RmsNormForwardRounded(out16, out_type, out32, rstd, inp, weight, s.N, s.C, s.eps);
+  } else {
+    be.LayerNormForwardRounded(out16, out_type, out32, mean, rstd, inp, weight, bias, s.N, s.C,
+                               s.eps);
+  }
+}
+
 void NormBackward(Backend& be, const NormShape& s, float* dinp, float* dweight, float* dbias,
                   const float* dout, const float* inp, const float* weight, const float* mean,
                   const float* rstd) {

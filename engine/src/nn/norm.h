@@ -20,6 +20,11 @@ struct NormShape {
 // out (N,C), mean (N), rstd (N) saved for backward, inp (N,C), weight (C), bias (C).
 void NormForward(Backend& be, const NormShape& s, float* out, float* mean, float* rstd,
                  const float* inp, const float* weight, const float* bias);
+// NormForward with out rounded to out_type (bf16/f16) into out16; out32 (N,C) is scratch the
+// backend may use (it holds nothing afterwards the caller may read).
+void NormForwardRounded(Backend& be, const NormShape& s, void* out16, DType out_type, float* out32,
+                        float* mean, float* rstd, const float* inp, const float* weight,
+                        const float* bias);
 // dinp (N,C) +=, dweight (C) +=, dbias (C) += (ignored for RMSNorm).
 void NormBackward(Backend& be, const NormShape& s, float* dinp, float* dweight, float* dbias,
                   const float* dout, const float* inp, const float* weight, const float* mean,

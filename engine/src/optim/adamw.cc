@@ -103,13 +103,18 @@ void AdamWOptimizer::FillNextStep(StepScalars* s) const {
 
 void AdamWOptimizer::IssueStep(float* params, const float* grads,
                                const StepScalars* device_scalars) {
-  Backend* backend = arena_->backend();
-  for (const Run& r : runs_) {
-    backend->AdamWFromScalars(params + r.offset, grads + r.offset, m_ + r.offset, v_ + r.offset,
-                              r.numel, device_scalars, static_cast<float>(options_.beta1),
-                              static_cast<float>(options_.beta2), static_cast<float>(options_.eps),
-                              r.decay ? static_cast<float>(options_.weight_decay) : 0.0f);
+  // Every run in one call (one parallel pass on the CPU; one kernel per run elsewhere).
+  if (issue_runs_.size() != runs_.size()) {
+    issue_runs_.clear();
+    for (const Run& r : runs_) {
+      issue_runs_.push_back(
+          {r.offset, r.numel, r.decay ? static_cast<float>(options_.weight_decay) : 0.0f});
+    }
   }
+  arena_->backend()->AdamWRunsFromScalars(
+      params, grads, m_, v_, issue_runs_.data(), static_cast<int64_t>(issue_runs_.size()),
+      device_scalars, static_cast<float>(options_.beta1), static_cast<float>(options_.beta2),
+      static_cast<float>(options_.eps));
 }
 
 std::vector<state_io::DeviceTensor> AdamWOptimizer::DeviceState(

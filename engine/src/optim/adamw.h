@@ -102,6 +102,7 @@ class AdamWOptimizer final : public Optimizer {
 
   std::vector<ParamInfo> params_;
   std::vector<Run> runs_;
+  std::vector<AdamWRun> issue_runs_;  // runs_ as IssueStep hands them to the backend
   AdamWOptions options_;
   DeviceArena* arena_;
   float* m_ = nullptr;  // device, num_params floats

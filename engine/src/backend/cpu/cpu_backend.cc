@@ -146,6 +146,16 @@ class CpuBackend final : public Backend {
                         const float* bias, int64_t N, int64_t C, float eps) override {
     cpu::LayerNormForward(out, mean, rstd, inp, weight, bias, N, C, eps, nt_);
   }
+  void LayerNormForwardRounded(void* out16, DType out_type, float* /*out32*/, float* mean,
+                               float* rstd, const float* inp, const float* weight,
+                               const float* bias, int64_t N, int64_t C, float eps) override {
+    cpu::LayerNormForwardRounded(out16, out_type, mean, rstd, inp, weight, bias, N, C, eps, nt_);
+  }
+  void RmsNormForwardRounded(void* out16, DType out_type, float* /*out32*/, float* rstd,
+                             const float* inp, const float* weight, int64_t N, int64_t C,
+                             float eps) override {
+    cpu::RmsNormForwardRounded(out16, out_type, rstd, inp, weight, N, C, eps, nt_);
+  }
   void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,
                          const float* inp, const float* weight, const float* mean,
                          const float* rstd, int64_t N, int64_t C) override {
@@ -239,6 +249,14 @@ class CpuBackend final : public Backend {
     cpu::AdamW(param, grad, m, v, n, s->lr, beta1, beta2, eps, weight_decay, s->bias_correction1,
                s->bias_correction2, StepGradMultiplier(s->grad_sq, s->loss_scale, s->max_grad_norm),
                nt_);
+  }
+  void AdamWRunsFromScalars(float* param, const float* grad, float* m, float* v,
+                            const AdamWRun* runs, int64_t n_runs, const StepScalars* s, float beta1,
+                            float beta2, float eps) override {
+    if (s->skip_nonfinite != 0 && !std::isfinite(s->grad_sq)) return;
+    cpu::AdamWRuns(param, grad, m, v, runs, n_runs, s->lr, beta1, beta2, eps, s->bias_correction1,
+                   s->bias_correction2,
+                   StepGradMultiplier(s->grad_sq, s->loss_scale, s->max_grad_norm), nt_);
   }
   void SgdUpdate(float* param, const float* grad, float* buf, int64_t n, float lr, float momentum,
                  float dampening, float weight_decay, bool nesterov, bool first_step,

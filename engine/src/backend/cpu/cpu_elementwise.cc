@@ -11,6 +11,7 @@
 
 #include "backend/cpu/cpu_kernels.h"
 #include "backend/cpu/cpu_math.h"
+#include "backend/cpu/cpu_optim.h"
 
 namespace traind::engine::cpu {
 namespace {
@@ -354,6 +355,35 @@ void SwiGluBackward(float* dinp, const float* inp, const float* dout, int64_t N,
   for (int64_t n = 0; n < N; ++n) {
     SwiGluBackRow(dinp + n * 2 * H, dinp + n * 2 * H + H, inp + n * 2 * H, inp + n * 2 * H + H,
                   dout + n * H, H);
+  }
+}
+
+void AdamWRuns(float* param, const float* grad, float* m, float* v, const AdamWRun* runs,
+               int64_t n_runs, float lr, float beta1, float beta2, float eps,
+               float bias_correction1, float bias_correction2, float grad_scale, int nt) {
+  // AdamW's scalars (below), the decay multiplier per run.
+  const double lr_d = lr, b1 = beta1, b2 = beta2;
+  const float one_minus_b1 = static_cast<float>(1.0 - b1);
+  const float one_minus_b2 = static_cast<float>(1.0 - b2);
+  const float sqrt_bc2 = static_cast<float>(std::sqrt(static_cast<double>(bias_correction2)));
+  const float neg_step = static_cast<float>(-(lr_d / static_cast<double>(bias_correction1)));
+  int64_t total = 0;
+  for (int64_t i = 0; i < n_runs; ++i) total += runs[i].numel;
+#pragma omp parallel num_threads(ThreadsFor(total * 4, nt))
+  {
+    // This thread's share of the runs laid end to end, walked run by run.
+    int64_t lo, hi;
+    Chunk(total, omp_get_num_threads(), omp_get_thread_num(), &lo, &hi);
+    int64_t start = 0;
+    for (int64_t i = 0; i < n_runs && start < hi; start += runs[i].numel, ++i) {
+      const int64_t b = std::max(lo, start), e = std::min(hi, start + runs[i].numel);
+      if (e <= b) continue;
+      const int64_t o = runs[i].offset + (b - start);
+      const float decay_mul =
+          static_cast<float>(1.0 - lr_d * static_cast<double>(runs[i].weight_decay));
+      AdamWSpan(param + o, grad + o, m + o, v + o, e - b, decay_mul, beta1, one_minus_b1, beta2,
+                one_minus_b2, sqrt_bc2, eps, neg_step, grad_scale);
+    }
   }
 }
 

@@ -94,6 +94,13 @@ void AdamW(float* param, const float* grad, float* m, float* v, int64_t n, float
            float bias_correction2, float grad_scale, int nt);
 
 // ---- norms (cpu_norm.cc) ----
+// LayerNormForward / RmsNormForward with each row rounded into out16 (bf16 or f16, Cast's bits)
+// as it is normalised (backend.h's *Rounded ops).
+void LayerNormForwardRounded(void* out16, DType out_type, float* mean, float* rstd,
+                             const float* inp, const float* weight, const float* bias, int64_t N,
+                             int64_t C, float eps, int nt);
+void RmsNormForwardRounded(void* out16, DType out_type, float* rstd, const float* inp,
+                           const float* weight, int64_t N, int64_t C, float eps, int nt);
 void LayerNormForward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
                       const float* bias, int64_t N, int64_t C, float eps, int nt);
 void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,

@@ -92,6 +92,41 @@ void LayerNormForward(float* out, float* mean, float* rstd, const float* inp, co
   }
 }
 
+// Row n normalised into a per-thread fp32 row by `row(out, n)`, then rounded into out16.
+template <typename RowFn>
+void RoundedRows(void* out16, DType out_type, int64_t N, int64_t C, int nt, RowFn row) {
+#pragma omp parallel num_threads(ThreadsFor(N, C, nt))
+  {
+    static thread_local std::vector<float> tmp;
+    tmp.resize(static_cast<size_t>(C));
+    uint16_t* dst = static_cast<uint16_t*>(out16);
+#pragma omp for schedule(static)
+    for (int64_t n = 0; n < N; ++n) {
+      row(tmp.data(), n);
+      if (out_type == DType::kBF16) {
+        F32ToBf16Span(dst + n * C, tmp.data(), C);
+      } else {
+        F32ToF16Span(dst + n * C, tmp.data(), C);
+      }
+    }
+  }
+}
+
+void LayerNormForwardRounded(void* out16, DType out_type, float* mean, float* rstd,
+                             const float* inp, const float* weight, const float* bias, int64_t N,
+                             int64_t C, float eps, int nt) {
+  RoundedRows(out16, out_type, N, C, nt, [&](float* out, int64_t n) {
+    LayerNormRow(out, mean + n, rstd + n, inp + n * C, weight, bias, C, eps);
+  });
+}
+
+void RmsNormForwardRounded(void* out16, DType out_type, float* rstd, const float* inp,
+                           const float* weight, int64_t N, int64_t C, float eps, int nt) {
+  RoundedRows(out16, out_type, N, C, nt, [&](float* out, int64_t n) {
+    RmsNormRow(out, rstd + n, inp + n * C, weight, C, eps);
+  });
+}
+
 void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,
                        const float* inp, const float* weight, const float* mean, const float* rstd,
                        int64_t N, int64_t C, int nt) {

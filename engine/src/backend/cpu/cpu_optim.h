@@ -62,4 +62,10 @@ void AdamW8bitBlockwise(float* param, const float* grad, uint8_t* m_codes, uint8
 // 8-bit update uses (identical codes; exposed for its test).
 void QuantizeCodes(const float* code, bool is_signed, const float* x, int64_t n, uint8_t* out);
 
+// AdamW (cpu_kernels.h's, cpu_elementwise.cc) over several runs of the flat buffers, each with
+// its weight decay, in one parallel region: the bits of one AdamW call per run.
+void AdamWRuns(float* param, const float* grad, float* m, float* v, const AdamWRun* runs,
+               int64_t n_runs, float lr, float beta1, float beta2, float eps,
+               float bias_correction1, float bias_correction2, float grad_scale, int nt);
+
 }  // namespace traind::engine::cpu
