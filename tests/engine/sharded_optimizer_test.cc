@@ -704,6 +704,83 @@ TEST(ShardedOptimizer, AShardThatCannotBeReadFailsTheCheckpointNamingItsRank) {
                           std::filesystem::directory_iterator()), 0);
 }
 
+// ThreadComm whose `break_at`-th broadcast (counted per rank: the ranks are in step) fails as a
+// collective timeout, after which every call fails at once as a broken Gloo communicator's do.
+class BreakingComm final : public Communicator {
+ public:
+  BreakingComm(ThreadComm* inner, int break_at) : in_(inner), break_at_(break_at) {}
+  int rank() const override { return in_->rank(); }
+  int world_size() const override { return in_->world_size(); }
+  std::string name() const override { return "breaking"; }
+  Status AllReduceSum(void* d, int64_t n, CommDType t) override {
+    return broken_ ? Earlier() : in_->AllReduceSum(d, n, t);
+  }
+  Status ReduceScatterSum(const void* i, void* o, int64_t n, CommDType t) override {
+    return broken_ ? Earlier() : in_->ReduceScatterSum(i, o, n, t);
+  }
+  Status ReduceScatterSumInPlace(void* d, const std::vector<int64_t>& c, CommDType t) override {
+    return broken_ ? Earlier() : in_->ReduceScatterSumInPlace(d, c, t);
+  }
+  Status AllGatherInPlace(void* d, const std::vector<int64_t>& c, CommDType t) override {
+    return broken_ ? Earlier() : in_->AllGatherInPlace(d, c, t);
+  }
+  Status AllGather(const void* i, void* o, int64_t n, CommDType t) override {
+    return broken_ ? Earlier() : in_->AllGather(i, o, n, t);
+  }
+  Status Broadcast(void* d, size_t bytes, int root) override {
+    if (broken_) return Earlier();
+    if (++broadcasts_ == break_at_) {
+      broken_ = true;
+      return Status::Unavailable("broadcast on rank " + std::to_string(rank()) +
+                                 " failed (timed out after 2 s: a peer died or hangs)");
+    }
+    return in_->Broadcast(d, bytes, root);
+  }
+  Status Barrier() override { return broken_ ? Earlier() : in_->Barrier(); }
+
+ private:
+  static Status Earlier() { return Status::Unavailable("the communicator failed earlier"); }
+  ThreadComm* in_;
+  int break_at_;
+  int broadcasts_ = 0;
+  bool broken_ = false;
+};
+
+// A collective that times out in the middle of the checkpoint's gather: both ranks return that
+// error (its words, not the "failed earlier" of the calls a broken communicator refuses
+// afterwards), nobody waits, and the writer leaves no file.
+TEST(ShardedOptimizer, ACheckpointGatherThatTimesOutReportsTheTimeout) {
+  int64_t n = 0;
+  const std::vector<ParamInfo> params = Layout(&n);
+  const TrainingSpec t = Optim("adamw");
+  const std::vector<float> init = testing::RandomVector(n, 1, 0.5f);
+  const std::vector<float> g = testing::RandomVector(n, 2, 1.0f);
+  for (int break_at : {1, 2}) {
+    ThreadWorld w(2);
+    ThreadComm c0(&w, 0), c1(&w, 1);
+    BreakingComm b0(&c0, break_at), b1(&c1, break_at);
+    std::unique_ptr<Backend> backend = MakeCpuBackend(1);
+    DeviceArena arena(backend.get(), 0);
+    auto o0 = ShardedOptimizer::Create(t, params, n, &b0, &arena);
+    auto o1 = ShardedOptimizer::Create(t, params, n, &b1, &arena);
+    ASSERT_TRUE(o0.ok() && o1.ok());
+    std::vector<float> p0 = init, p1 = init;
+    (*o0)->Step(p0.data(), g.data(), 1e-2, 1.0f);
+    (*o1)->Step(p1.data(), g.data(), 1e-2, 1.0f);
+    const std::string dir = testing::MakeTempDir("zero1_gather_timeout");
+    Status s1;
+    std::thread other([&] { s1 = (*o1)->ContributeState(); });
+    const Status s0 = (*o0)->WriteState(dir + "/optimizer.safetensors");
+    other.join();
+    for (const Status& s : {s0, s1}) {
+      EXPECT_NE(s.message().find("timed out after 2 s"), std::string::npos)
+          << "break at broadcast " << break_at << ": " << s.ToString();
+    }
+    EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir),
+                            std::filesystem::directory_iterator()), 0);
+  }
+}
+
 TEST(ShardedOptimizer, BadStateTensorIsNamedAndTooLargeAWorldIsRefused) {
   int64_t n = 0;
   const std::vector<ParamInfo> params = Layout(&n);

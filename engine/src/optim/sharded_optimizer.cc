@@ -506,6 +506,7 @@ class ShardedOptimizer::StateGather {
   // The tensors not transferred yet, their data dropped (the non-writers' whole part; on the
   // writer, what an error stopped its sink before).
   Status Drain() {
+    if (!comm_status_.ok()) return comm_status_;  // the first collective error stays the one
     Status first;
     for (size_t i = 0; i < specs_.size(); ++i) {
       if (done_[i]) continue;
@@ -589,7 +590,7 @@ class ShardedOptimizer::StateGather {
         sent += k;
         n -= k;
         if (fill == kGatherFrameBytes || sent == pc.bytes) {
-          comm_status_ = comm_->Broadcast(frame_.data(), fill, me_);
+          Bcast(frame_.data(), fill, me_);
           fill = 0;
         }
       }
@@ -618,12 +619,18 @@ class ShardedOptimizer::StateGather {
     frame_.resize(kGatherFrameBytes);
     for (uint64_t at = 0; at < pc.bytes;) {
       const size_t n = static_cast<size_t>(std::min<uint64_t>(kGatherFrameBytes, pc.bytes - at));
-      comm_status_ = comm_->Broadcast(frame_.data(), n, pc.rank);
-      if (!comm_status_.ok()) return comm_status_;
+      if (!Bcast(frame_.data(), n, pc.rank).ok()) return comm_status_;
       if (sink != nullptr && *forward) *forward = (*sink)(frame_.data(), n);
       at += n;
     }
     return Status::Ok();
+  }
+
+  // One frame's broadcast; after a failed one, none (a broken communicator's later calls only
+  // say "failed earlier", which must not replace the first error: comm_status_ keeps it).
+  const Status& Bcast(void* data, size_t bytes, int root) {
+    if (comm_status_.ok()) comm_status_ = comm_->Broadcast(data, bytes, root);
+    return comm_status_;
   }
 
   Status ShortPiece(size_t i, uint64_t put, uint64_t bytes) const {
