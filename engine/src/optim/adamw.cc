@@ -64,8 +64,8 @@ Result<std::unique_ptr<AdamWOptimizer>> AdamWOptimizer::Create(const std::vector
   TRAIND_ASSIGN_OR_RETURN(void* v, arena->Allocate(MemoryCategory::kOptimizer, bytes, "AdamW exp_avg_sq"));
   opt->v_ = static_cast<float*>(v);
   for (const ParamInfo& p : opt->params_) {
-    const bool decay = p.weight_decay && options.weight_decay != 0.0;
-    if (!opt->runs_.empty() && opt->runs_.back().decay == decay &&
+    const float decay = p.weight_decay ? static_cast<float>(options.weight_decay) : 0.0f;
+    if (!opt->runs_.empty() && opt->runs_.back().weight_decay == decay &&
         opt->runs_.back().offset + opt->runs_.back().numel == p.offset) {
       opt->runs_.back().numel += p.numel;
     } else {
@@ -86,11 +86,11 @@ void AdamWOptimizer::Step(float* params, const float* grads, double lr, float gr
   const double bc1 = 1.0 - std::pow(options_.beta1, static_cast<double>(step_));
   const double bc2 = 1.0 - std::pow(options_.beta2, static_cast<double>(step_));
   Backend* backend = arena_->backend();
-  for (const Run& r : runs_) {
+  for (const AdamWRun& r : runs_) {
     backend->AdamW(params + r.offset, grads + r.offset, m_ + r.offset, v_ + r.offset, r.numel,
                    static_cast<float>(lr), static_cast<float>(options_.beta1),
                    static_cast<float>(options_.beta2), static_cast<float>(options_.eps),
-                   r.decay ? static_cast<float>(options_.weight_decay) : 0.0f,
+                   r.weight_decay,
                    static_cast<float>(bc1), static_cast<float>(bc2), grad_scale);
   }
 }
@@ -104,15 +104,8 @@ void AdamWOptimizer::FillNextStep(StepScalars* s) const {
 void AdamWOptimizer::IssueStep(float* params, const float* grads,
                                const StepScalars* device_scalars) {
   // Every run in one call (one parallel pass on the CPU; one kernel per run elsewhere).
-  if (issue_runs_.size() != runs_.size()) {
-    issue_runs_.clear();
-    for (const Run& r : runs_) {
-      issue_runs_.push_back(
-          {r.offset, r.numel, r.decay ? static_cast<float>(options_.weight_decay) : 0.0f});
-    }
-  }
   arena_->backend()->AdamWRunsFromScalars(
-      params, grads, m_, v_, issue_runs_.data(), static_cast<int64_t>(issue_runs_.size()),
+      params, grads, m_, v_, runs_.data(), static_cast<int64_t>(runs_.size()),
       device_scalars, static_cast<float>(options_.beta1), static_cast<float>(options_.beta2),
       static_cast<float>(options_.eps));
 }

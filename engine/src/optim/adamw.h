@@ -90,19 +90,13 @@ class AdamWOptimizer final : public Optimizer {
   // The state tensors as they lie in device memory, and the file's metadata: what SaveState
   // copies to the host and WriteState streams to a file.
   std::vector<state_io::DeviceTensor> DeviceState(std::map<std::string, std::string>* metadata) const;
-  // A run of parameters that are contiguous in the flat buffer and share the decay flag: one
-  // backend call each.
-  struct Run {
-    int64_t offset;
-    int64_t numel;
-    bool decay;
-  };
   AdamWOptimizer(std::vector<ParamInfo> params, const AdamWOptions& options, DeviceArena* arena)
       : params_(std::move(params)), options_(options), arena_(arena) {}
 
   std::vector<ParamInfo> params_;
-  std::vector<Run> runs_;
-  std::vector<AdamWRun> issue_runs_;  // runs_ as IssueStep hands them to the backend
+  // Runs of parameters contiguous in the flat buffer with the same weight decay (0: not
+  // decayed): one AdamW call each in Step, all in one AdamWRunsFromScalars in IssueStep.
+  std::vector<AdamWRun> runs_;
   AdamWOptions options_;
   DeviceArena* arena_;
   float* m_ = nullptr;  // device, num_params floats

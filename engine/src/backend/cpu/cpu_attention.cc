@@ -1,13 +1,14 @@
 // Self-attention on the CPU, flash-style: no (T,T) matrix is kept. Work goes in query blocks of
 // up to kQBlock rows against the keys 0..(last query of the block) when causal, else against all
-// T keys; each thread keeps two (kQBlock, T) scratch tiles. A key padding mask (key_mask[b*T+j]
-// == 0: key j of sequence b is not attended) zeroes those keys' probabilities exactly, and the
-// keys after a sequence's last visible one (a padded tail) are left out of the products; a query
-// with no visible key gets out = 0, lse = 0 and no gradient. The fp32 products (Q K^T, P V, dO V^T,
-// dS K, dS^T Q, P^T dO) are register-blocked loops on the calling thread (TileProduct: per 4 rows
-// only the causal band's columns and sums, K and V transposed once per tile or (b, kv head); the
-// library GEMMs cost more per call than these small products take), threads split (b, head, block) in the forward and
-// (b, kv head) in the backward, so each thread owns the dk/dv rows it accumulates (deterministic).
+// T keys; each thread keeps its (kQBlock, T) score tiles (rows padded to 16 floats). A key
+// padding mask (key_mask[b*T+j] == 0: key j of sequence b is not attended) zeroes those keys'
+// probabilities exactly, and the keys after a sequence's last visible one (a padded tail) are
+// left out of the products; a query with no visible key gets out = 0, lse = 0 and no gradient.
+// The fp32 products (Q K^T, P V, dO V^T, dS K, dS^T Q, P^T dO) are register-blocked loops on the
+// calling thread (TileProduct: per 4 rows only the causal band's columns and sums; K^T, and in
+// the backward V^T, transposed once per (b, kv head); the library GEMMs cost more per call than
+// these small products take), threads split (b, head, block) in the forward and (b, kv head) in
+// the backward, so each thread owns the dk/dv rows it accumulates (deterministic).
 // Forward saves lse (log-sum-exp of the scaled scores per query); backward recomputes P from it.
 // GQA: query head h reads kv head h / (NH/NKV).
 // bf16 operands (operand_type kBF16, where oneDNN has native bf16 kernels): q, k, v (and dout in
