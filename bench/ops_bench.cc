@@ -9,6 +9,8 @@
 //                                in place + Cast to bf16 against the fused bf16 gradient
 //   ops_bench gemms  [--quick]   the tiny gpt2 step's fp32 GEMM shapes (1024 tokens, C 256) with
 //                                oneDNN and with OpenBLAS (our row split), 2 threads, best of 20
+//   ops_bench layouts            the tiny and small steps' fp32 GEMM dimensions in all four
+//                                layouts (NN/NT/TN/TT) through cpu::Sgemm, oneDNN, 2 threads
 //   ops_bench attn   [--quick]   causal self-attention forward and backward (fp32) at the step
 //                                table's shapes: tiny (B 8, T 128, 4 heads of 64; 4 and 2 kv
 //                                heads), small (T 256, 6 heads) and small at T 1024, 2 threads
@@ -247,6 +249,37 @@ int Gemms(bool quick) {
   return 0;
 }
 
+// The tiny and small steps' fp32 GEMM dimensions in all four layouts (NN, NT, TN, TT) through
+// cpu::Sgemm as the step calls it (a transposed narrow B repacked first), oneDNN, 2 threads, best
+// of 20: which layouts the library runs slowly.
+int GemmLayouts() {
+  struct Shape {
+    int64_t M, N, K;
+  };
+  const Shape shapes[] = {{256, 1024, 1024}, {1024, 256, 1024}, {1024, 1024, 256},
+                          {1024, 768, 256},  {768, 256, 1024},  {1024, 256, 768},
+                          {1024, 256, 256},  {256, 256, 1024},  {2048, 384, 1536},
+                          {2048, 384, 384}};
+  std::vector<float> a(1 << 22), b(1 << 22), c(1 << 22);
+  for (auto* x : {&a, &b})
+    for (float& e : *x) e = 0.5f;
+  for (const Shape& s : shapes) {
+    std::printf("RESULT gemm %lldx%lldx%lld GFLOP/s:", static_cast<long long>(s.M),
+                static_cast<long long>(s.N), static_cast<long long>(s.K));
+    for (int v = 0; v < 4; ++v) {
+      const bool ta = (v & 2) != 0, tb = (v & 1) != 0;
+      const int64_t lda = ta ? s.M : s.K, ldb = tb ? s.K : s.N;
+      const double t = Best(20, [&] {
+        engine::cpu::Sgemm(ta, tb, s.M, s.N, s.K, 1.0f, a.data(), lda, b.data(), ldb, 0.0f,
+                           c.data(), s.N, 2);
+      });
+      std::printf("  %c%c %.1f", ta ? 'T' : 'N', tb ? 'T' : 'N', 2.0 * s.M * s.N * s.K / t / 1e9);
+    }
+    std::printf("\n");
+  }
+  return 0;
+}
+
 // Causal self-attention (cpu::AttentionForward / AttentionBackward, fp32 operands) at the step
 // table's shapes: ms per call and GFLOP/s counting the full T x T products (as the step's model
 // FLOPs do: 4 B NH T^2 HS forward, twice that backward), best of 20 calls.
@@ -307,6 +340,7 @@ int main(int argc, char** argv) {
   if (what == "xent") return traind::bench::Xent(quick);
   if (what == "attn") return traind::bench::Attn(quick);
   if (what == "gemms") return traind::bench::Gemms(quick);
-  std::fprintf(stderr, "usage: ops_bench cast|step|gemm|gemms|xent|attn [--quick] [--small]\n");
+  if (what == "layouts") return traind::bench::GemmLayouts();
+  std::fprintf(stderr, "usage: ops_bench cast|step|gemm|gemms|layouts|xent|attn [--quick] [--small]\n");
   return 2;
 }

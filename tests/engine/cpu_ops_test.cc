@@ -120,6 +120,22 @@ TEST_P(CpuGemmTest, GemmBetaZeroIgnoresGarbageAndLargeShapes) {
   }
 }
 
+// A transposed B with few long rows (N <= 512, M and K >= 256) is repacked to a plain B before
+// oneDNN runs it (cpu_gemm.cc): the repack's edges (N and K not multiples of 16), a padded ldb,
+// alpha and beta, with A plain and transposed.
+TEST_P(CpuGemmTest, TransposedNarrowBIsRepackedExactly) {
+  const int M = 260, N = 37, K = 300, ldb = K + 5, ldc = N + 3;
+  for (int ta = 0; ta < 2; ++ta) {
+    const int lda = ta ? M : K;
+    auto A = RandVec(static_cast<size_t>(M * K), 21 + ta), B = RandVec(static_cast<size_t>(N * ldb), 23);
+    auto C = RandVec(static_cast<size_t>(M * ldc), 25);
+    auto want = RefGemm(ta, true, M, N, K, 0.5, ToDouble(A), lda, ToDouble(B), ldb, 0.25,
+                        ToDouble(C), ldc);
+    be_->Gemm(ta, true, M, N, K, 0.5f, A.data(), lda, B.data(), ldb, 0.25f, C.data(), ldc);
+    ExpectClose(C, want, 1e-5, 2e-5, "gemm 260x37x300 tb=1 ta=" + std::to_string(ta));
+  }
+}
+
 std::vector<uint16_t> ToHalf(const std::vector<float>& v, DType t) {
   std::vector<uint16_t> h(v.size());
   for (size_t i = 0; i < v.size(); ++i) {

@@ -18,6 +18,7 @@
 #endif
 
 #include "backend/cpu/cpu_kernels.h"
+#include "backend/cpu/cpu_transpose.h"
 
 namespace traind::engine::cpu {
 namespace {
@@ -51,6 +52,28 @@ bool UseDnnl() {
 #endif
 }
 
+// B (N x K, row stride ldb) transposed into a reused per-thread (K x N) scratch, on the calling
+// thread (a second parallel region cost more than it saved: ops_bench layouts).
+TRAIND_CPU_CLONES void TransposeInto(float* dst, const float* b, int64_t ldb, int64_t N,
+                                     int64_t K) {
+  int64_t r0 = 0;
+  for (; r0 + 16 <= N; r0 += 16) {
+    int64_t c = 0;
+    for (; c + 16 <= K; c += 16) Transpose16(dst + c * N + r0, N, b + r0 * ldb + c, ldb);
+    for (; c < K; ++c)
+      for (int64_t r = r0; r < r0 + 16; ++r) dst[c * N + r] = b[r * ldb + c];
+  }
+  for (int64_t r = r0; r < N; ++r)
+    for (int64_t c = 0; c < K; ++c) dst[c * N + r] = b[r * ldb + c];
+}
+
+const float* TransposedB(const float* b, int64_t ldb, int64_t N, int64_t K) {
+  static thread_local std::vector<float> bt;  // reused: no steady-state allocation
+  bt.resize(static_cast<size_t>(N * K));
+  TransposeInto(bt.data(), b, ldb, N, K);
+  return bt.data();
+}
+
 }  // namespace
 
 void Sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* a,
@@ -59,6 +82,15 @@ void Sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const
   if (UseDnnl()) {
     // oneDNN (OpenMP runtime) uses omp_get_max_threads() of the calling thread.
     if (omp_get_max_threads() != nt) omp_set_num_threads(nt);
+    // oneDNN's sgemm runs a transposed B whose rows are long and few far slower than a plain B
+    // (ops_bench layouts, 2 threads, before this: NT 1024x256x1024 175 GFLOP/s against NN 223,
+    // 256x256x1024 106 against 211; small's 2048x384x1536 173 in its step profile; TT likewise):
+    // such a B (N <= 512) is transposed into scratch first, N*K copies against M*N*K products.
+    if (tb && N <= 512 && M >= 256 && K >= 256) {
+      b = TransposedB(b, ldb, N, K);
+      ldb = N;
+      tb = false;
+    }
     if (dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K, alpha, a, lda, b, ldb, beta, c, ldc) ==
         dnnl_success) {
       return;
