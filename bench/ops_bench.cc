@@ -11,6 +11,9 @@
 //                                oneDNN and with OpenBLAS (our row split), 2 threads, best of 20
 //   ops_bench layouts            the tiny and small steps' fp32 GEMM dimensions in all four
 //                                layouts (NN/NT/TN/TT) through cpu::Sgemm, oneDNN, 2 threads
+//   ops_bench linear [--quick]   a linear layer's forward with a bias at the tiny and small
+//                                steps' shapes, fp32 and bf16: the GEMM then a bias pass, against
+//                                oneDNN's matmul adding the bias as it stores (cpu::DnnlMatmul)
 //   ops_bench attn   [--quick]   causal self-attention forward and backward (fp32) at the step
 //                                table's shapes: tiny (B 8, T 128, 4 heads of 64; 4 and 2 kv
 //                                heads), small (T 256, 6 heads) and small at T 1024, 2 threads
@@ -280,6 +283,40 @@ int GemmLayouts() {
   return 0;
 }
 
+int LinearBias(bool quick) {
+  struct Shape {
+    int64_t M, N, K;
+  };
+  const Shape shapes[] = {{1024, 768, 256},  {1024, 256, 256}, {1024, 1024, 256},
+                          {1024, 256, 1024}, {2048, 1152, 384}, {2048, 384, 384},
+                          {2048, 1536, 384}, {2048, 384, 1536}};
+  const int reps = quick ? 1 : 20;
+  std::vector<float> a(1 << 22, 0.5f), b(1 << 22, 0.5f), c(1 << 22), bias(4096, 0.25f);
+  std::vector<uint16_t> a16(1 << 22, 0x3f00), b16(1 << 22, 0x3f00);  // bf16 0.5
+  for (const Shape& s : shapes) {
+    for (DType t : {DType::kF32, DType::kBF16}) {
+      const bool f32 = t == DType::kF32;
+      const void* A = f32 ? static_cast<const void*>(a.data()) : a16.data();
+      const void* B = f32 ? static_cast<const void*>(b.data()) : b16.data();
+      const double apart = Best(reps, [&] {
+        engine::cpu::Gemm(false, true, s.M, s.N, s.K, 1.0f, A, s.K, B, s.K, 0.0f, c.data(), s.N,
+                          t, DType::kF32, 2);
+        engine::cpu::AddBias(c.data(), bias.data(), s.M, s.N, 2);
+      });
+      bool fused_ok = true;
+      const double fused = Best(reps, [&] {
+        fused_ok = engine::cpu::DnnlMatmul(false, true, s.M, s.N, s.K, 1.0f, A, s.K, B, s.K, 0.0f,
+                                           c.data(), s.N, t, DType::kF32, bias.data(), 2);
+      });
+      std::printf("RESULT linear %s %lldx%lldx%lld  gemm + bias pass %.3f ms  matmul with bias %s\n",
+                  f32 ? "f32 " : "bf16", static_cast<long long>(s.M), static_cast<long long>(s.N),
+                  static_cast<long long>(s.K), apart * 1e3,
+                  fused_ok ? (std::to_string(fused * 1e3) + " ms").c_str() : "(refused)");
+    }
+  }
+  return 0;
+}
+
 // Causal self-attention (cpu::AttentionForward / AttentionBackward, fp32 operands) at the step
 // table's shapes: ms per call and GFLOP/s counting the full T x T products (as the step's model
 // FLOPs do: 4 B NH T^2 HS forward, twice that backward), best of 20 calls.
@@ -341,6 +378,7 @@ int main(int argc, char** argv) {
   if (what == "attn") return traind::bench::Attn(quick);
   if (what == "gemms") return traind::bench::Gemms(quick);
   if (what == "layouts") return traind::bench::GemmLayouts();
-  std::fprintf(stderr, "usage: ops_bench cast|step|gemm|gemms|layouts|xent|attn [--quick] [--small]\n");
+  if (what == "linear") return traind::bench::LinearBias(quick);
+  std::fprintf(stderr, "usage: ops_bench cast|step|gemm|gemms|layouts|linear|xent|attn [--quick] [--small]\n");
   return 2;
 }

@@ -109,16 +109,17 @@ class ProfilingBackend final : public Backend {
     T x(this, "embedding_bwd");
     in_->EmbeddingBackward(d, o, i, N, C);
   }
-  // A linear layer with its GELU: timed whole under its GEMM's name with "+gelu" (the CPU and CUDA
-  // fuse the bias and the activation into one pass or epilogue); without an activation, the
-  // default composition times the GEMM and the bias add apart.
+  // A linear layer with its GELU or its bias: timed whole under its GEMM's name with "+gelu" or
+  // "+bias" (the CPU and CUDA fuse the bias and the activation into the product's store, one pass
+  // or an epilogue); without either, the default composition times the GEMM.
   void LinearForward(float* pre, float* act, const void* inp, const void* w, const float* bias,
                      int64_t N, int64_t C, int64_t OC, DType type) override {
-    if (act == nullptr) {
+    if (act == nullptr && bias == nullptr) {
       Backend::LinearForward(pre, act, inp, w, bias, N, C, OC, type);
       return;
     }
-    T t(this, GemmKey(false, true, N, OC, C) + " +gelu", 2.0 * N * OC * C);
+    T t(this, GemmKey(false, true, N, OC, C) + (act != nullptr ? " +gelu" : " +bias"),
+        2.0 * N * OC * C);
     in_->LinearForward(pre, act, inp, w, bias, N, C, OC, type);
   }
   void LinearForwardRoundedAct(float* pre, void* act, DType at, float* scratch, const void* inp,

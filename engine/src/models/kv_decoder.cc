@@ -143,9 +143,8 @@ Status KvDecoder::Step(int32_t token, std::vector<float>* logits) {
     float* cache = cache_ + l * max_len_ * kvw;
     nn::NormForward(be, ns, ln_, mean_, rstd_, x_, P(lp.ln1_w), P(lp.ln1_b));
     nn::LinearForward(be, qkv_, In(ln_, C), W(lp.qkv_w), P(lp.qkv_b), 1, C, qkvw, ct);
-    if (d_.rotary()) {
-      be.Rope(qkv_, 1, 1, d_.NH, d_.HS, qkvw, d_.rope_theta, false, t);
-      be.Rope(qkv_ + d_.NH * d_.HS, 1, 1, d_.NKV, d_.HS, qkvw, d_.rope_theta, false, t);
+    if (d_.rotary()) {  // q's and k's heads are adjacent: one call rotates both
+      be.Rope(qkv_, 1, 1, d_.NH + d_.NKV, d_.HS, qkvw, d_.rope_theta, false, t);
     }
     // The row's k | v (contiguous after q) become cache row t.
     be.CopyDeviceToDevice(cache + t * kvw, qkv_ + d_.NH * d_.HS, kvw * sizeof(float));

@@ -5,9 +5,8 @@ namespace traind::engine::nn {
 
 void AttentionRope(Backend& be, const AttentionShape& s, float* qkv) {
   if (!s.rope) return;
-  const int64_t W = s.width();
-  be.Rope(qkv, s.B, s.T, s.NH, s.HS, W, s.rope_theta, /*inverse=*/false);
-  be.Rope(qkv + s.NH * s.HS, s.B, s.T, s.NKV, s.HS, W, s.rope_theta, /*inverse=*/false);
+  // q's NH heads and k's NKV heads are adjacent in each row: one call rotates both.
+  be.Rope(qkv, s.B, s.T, s.NH + s.NKV, s.HS, s.width(), s.rope_theta, /*inverse=*/false);
 }
 
 void AttentionForward(Backend& be, const AttentionShape& s, float* out, float* lse, float* qkv) {
@@ -28,9 +27,8 @@ void AttentionBackward(Backend& be, const AttentionShape& s, float* dqkv, const 
   be.AttentionBackward(dqkv, dqkv + koff, dqkv + voff, dout, out, lse, qkv, qkv + koff, qkv + voff,
                        s.B, s.T, s.NH, s.NKV, s.HS, W, W, s.causal, s.key_mask, s.operand_type);
   if (s.rope) {
-    // q_rot = R q, so dq = R^T dq_rot: the inverse rotation.
-    be.Rope(dqkv, s.B, s.T, s.NH, s.HS, W, s.rope_theta, /*inverse=*/true);
-    be.Rope(dqkv + koff, s.B, s.T, s.NKV, s.HS, W, s.rope_theta, /*inverse=*/true);
+    // q_rot = R q, so dq = R^T dq_rot: the inverse rotation (dq and dk adjacent: one call).
+    be.Rope(dqkv, s.B, s.T, s.NH + s.NKV, s.HS, W, s.rope_theta, /*inverse=*/true);
   }
 }
 

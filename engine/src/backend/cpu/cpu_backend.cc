@@ -88,10 +88,11 @@ class CpuBackend final : public Backend {
                          int64_t C) override {
     cpu::EmbeddingBackward(dtable, dout, ids, N, C, nt_);
   }
-  // Gemm, then the bias and the GELU in one pass over each row (backend.h's LinearForward).
+  // The product with the bias added as it is stored where the library can (cpu::LinearGemm), else
+  // the bias in the same pass over each row as the GELU (backend.h's LinearForward).
   void LinearForward(float* pre, float* act, const void* inp, const void* weight, const float* bias,
                      int64_t N, int64_t C, int64_t OC, DType type) override {
-    cpu::Gemm(false, true, N, OC, C, 1.0f, inp, C, weight, C, 0.0f, pre, OC, type, DType::kF32, nt_);
+    if (cpu::LinearGemm(pre, inp, weight, bias, N, C, OC, type, nt_)) bias = nullptr;
     if (act != nullptr) {
       cpu::BiasGelu(pre, bias, N, OC, act, DType::kF32, nt_);
     } else if (bias != nullptr) {
@@ -101,7 +102,7 @@ class CpuBackend final : public Backend {
   void LinearForwardRoundedAct(float* pre, void* act, DType act_type, float* /*scratch*/,
                                const void* inp, const void* weight, const float* bias, int64_t N,
                                int64_t C, int64_t OC, DType type) override {
-    cpu::Gemm(false, true, N, OC, C, 1.0f, inp, C, weight, C, 0.0f, pre, OC, type, DType::kF32, nt_);
+    if (cpu::LinearGemm(pre, inp, weight, bias, N, C, OC, type, nt_)) bias = nullptr;
     cpu::BiasGelu(pre, bias, N, OC, act, act_type, nt_);
   }
   void BiasBackwardRounded(float* dbias, const float* dout, int64_t N, int64_t OC, void* dout16,

@@ -119,6 +119,17 @@ void Sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const
   }
 }
 
+bool LinearGemm(float* out, const void* inp, const void* weight, const float* bias, int64_t N,
+                int64_t C, int64_t OC, DType type, int nt) {
+  if (bias != nullptr && UseDnnl() &&
+      DnnlMatmul(false, true, N, OC, C, 1.0f, inp, C, weight, C, 0.0f, out, OC, type, DType::kF32,
+                 bias, nt)) {
+    return true;
+  }
+  Gemm(false, true, N, OC, C, 1.0f, inp, C, weight, C, 0.0f, out, OC, type, DType::kF32, nt);
+  return false;
+}
+
 void SetGemmThreads(int nt) { openblas_set_num_threads(1); }
 
 const char* GemmLibrary() { return UseDnnl() ? "onednn" : "openblas"; }

@@ -24,12 +24,13 @@ namespace traind::engine::cpu {
 #ifdef TRAIND_HAVE_DNNL
 namespace {
 
+// ta, tb, M, N, K, lda, ldb, ldc, ab type, c type, alpha, beta, with a bias.
 using Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, int,
-                       float, float>;
+                       float, float, bool>;
 
 struct Entry {
   dnnl::matmul prim;
-  dnnl::memory::desc a, b, c, scratchpad;
+  dnnl::memory::desc a, b, c, bias, scratchpad;
 };
 
 class MatmulCache {
@@ -46,8 +47,9 @@ class MatmulCache {
  private:
   std::optional<Entry> Create(const Key& k) {
     using dt = dnnl::memory::data_type;
-    const auto [ta, tb, M, N, K, lda, ldb, ldc, ab, c, alpha, beta] = k;
-    const dt ab_dt = static_cast<DType>(ab) == DType::kBF16 ? dt::bf16 : dt::f16;
+    const auto [ta, tb, M, N, K, lda, ldb, ldc, ab, c, alpha, beta, has_bias] = k;
+    const DType ab_type = static_cast<DType>(ab);
+    const dt ab_dt = ab_type == DType::kBF16 ? dt::bf16 : ab_type == DType::kF16 ? dt::f16 : dt::f32;
     const dt c_dt = static_cast<DType>(c) == DType::kF32 ? dt::f32 : ab_dt;
     try {
       dnnl::memory::desc a_md({M, K}, ab_dt,
@@ -66,10 +68,16 @@ class MatmulCache {
         po.append_sum(beta);
         attr.set_post_ops(po);
       }
-      dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_md, c_md), attr, engine_);
+      // The bias: one fp32 value per column of C, added to the product as C is stored.
+      const dnnl::memory::desc bias_md =
+          has_bias ? dnnl::memory::desc({1, N}, dt::f32, dnnl::memory::dims{N, 1})
+                   : dnnl::memory::desc();
+      dnnl::matmul::primitive_desc pd(
+          has_bias ? dnnl::matmul::desc(a_md, b_md, bias_md, c_md) : dnnl::matmul::desc(a_md, b_md, c_md),
+          attr, engine_);
       const std::string impl = pd.impl_info_str();
       if (impl.find("ref") != std::string::npos) return std::nullopt;
-      return Entry{dnnl::matmul(pd), a_md, b_md, c_md, pd.scratchpad_desc()};
+      return Entry{dnnl::matmul(pd), a_md, b_md, c_md, bias_md, pd.scratchpad_desc()};
     } catch (const dnnl::error&) {
       return std::nullopt;
     }
@@ -90,21 +98,20 @@ MatmulCache& Cache() {
 // for creating four dnnl::memory objects, a hash map and a locked cache lookup every call.
 struct ThreadCall {
   const Entry* entry = nullptr;  // null: oneDNN has no fast kernel for this key
-  dnnl::memory a, b, c, pad;
+  dnnl::memory a, b, c, bias, pad;
   std::unordered_map<int, dnnl::memory> args;
 };
 
 }  // namespace
 
-bool DnnlGemm16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const void* A,
+bool DnnlMatmul(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const void* A,
                 int64_t lda, const void* B, int64_t ldb, float beta, void* C, int64_t ldc,
-                DType ab_type, DType c_type, int nt) {
-  if (ab_type == DType::kF32) return false;
+                DType ab_type, DType c_type, const float* bias, int nt) {
   MatmulCache& cache = Cache();
   static thread_local std::map<Key, ThreadCall> calls;
   static thread_local std::vector<char> scratch;
   const Key key{ta, tb, M, N, K, lda, ldb, ldc, static_cast<int>(ab_type),
-                static_cast<int>(c_type), alpha, beta};
+                static_cast<int>(c_type), alpha, beta, bias != nullptr};
   auto it = calls.find(key);
   try {
     dnnl::engine& eng = cache.engine();
@@ -122,6 +129,10 @@ bool DnnlGemm16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, 
                      {DNNL_ARG_WEIGHTS, call.b},
                      {DNNL_ARG_DST, call.c},
                      {DNNL_ARG_SCRATCHPAD, call.pad}};
+        if (bias != nullptr) {
+          call.bias = dnnl::memory(e->bias, eng, const_cast<float*>(bias));
+          call.args.emplace(DNNL_ARG_BIAS, call.bias);
+        }
       }
       it = calls.emplace(key, std::move(call)).first;
     }
@@ -134,6 +145,7 @@ bool DnnlGemm16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, 
     call.a.set_data_handle(const_cast<void*>(A));
     call.b.set_data_handle(const_cast<void*>(B));
     call.c.set_data_handle(C);
+    if (bias != nullptr) call.bias.set_data_handle(const_cast<float*>(bias));
     call.pad.set_data_handle(scratch.data());
     if (omp_get_max_threads() != nt) omp_set_num_threads(nt);
     static thread_local dnnl::stream s(eng);  // one per thread: creating one per call costs
@@ -145,11 +157,19 @@ bool DnnlGemm16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, 
   }
 }
 
+bool DnnlGemm16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const void* A,
+                int64_t lda, const void* B, int64_t ldb, float beta, void* C, int64_t ldc,
+                DType ab_type, DType c_type, int nt) {
+  if (ab_type == DType::kF32) return false;
+  return DnnlMatmul(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, ab_type, c_type, nullptr,
+                    nt);
+}
+
 bool Bf16TileProductsNative() {
   if (std::strcmp(GemmLibrary(), "onednn") != 0) return false;
   static const bool native = [] {
     const int bf16 = static_cast<int>(DType::kBF16), f32 = static_cast<int>(DType::kF32);
-    return Cache().Get(Key{false, true, 64, 64, 64, 64, 64, 64, bf16, f32, 1.0f, 0.0f}) != nullptr;
+    return Cache().Get(Key{false, true, 64, 64, 64, 64, 64, 64, bf16, f32, 1.0f, 0.0f, false}) != nullptr;
   }();
   return native;
 }
@@ -160,6 +180,11 @@ bool Bf16TileProductsNative() { return false; }
 
 bool DnnlGemm16(bool, bool, int64_t, int64_t, int64_t, float, const void*, int64_t, const void*,
                 int64_t, float, void*, int64_t, DType, DType, int) {
+  return false;
+}
+
+bool DnnlMatmul(bool, bool, int64_t, int64_t, int64_t, float, const void*, int64_t, const void*,
+                int64_t, float, void*, int64_t, DType, DType, const float*, int) {
   return false;
 }
 

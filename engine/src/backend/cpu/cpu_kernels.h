@@ -37,6 +37,12 @@ void Dropout(float* out, const void* inp, DType inp_type, int64_t n, float p, ui
 void Gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const void* A,
           int64_t lda, const void* B, int64_t ldb, float beta, void* C, int64_t ldc, DType ab_type,
           DType c_type, int nt);
+// A linear layer's product: out (N, OC, fp32) = inp (N, C) weight^T (weight (OC, C)), both of
+// `type`, plus bias (OC floats) when the library added it as it stored out (oneDNN's matmul:
+// ops_bench linear, 3-10% faster than the GEMM and a bias pass); returns whether it did, else the
+// caller adds the bias.
+bool LinearGemm(float* out, const void* inp, const void* weight, const float* bias, int64_t N,
+                int64_t C, int64_t OC, DType type, int nt);
 // fp32 row-major GEMM into the library (oneDNN or OpenBLAS) with up to nt threads. Inside an
 // OpenMP parallel region it runs on the calling thread only (oneDNN does not nest).
 void Sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
@@ -46,6 +52,12 @@ void Sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float al
 bool DnnlGemm16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                 const void* A, int64_t lda, const void* B, int64_t ldb, float beta, void* C,
                 int64_t ldc, DType ab_type, DType c_type, int nt);
+// DnnlGemm16's matmul for any operand type (fp32 too), with an optional bias (N fp32 values, one
+// per column of C) added as C is stored. Returns false, having done nothing, when oneDNN is absent
+// or has no fast kernel for the case.
+bool DnnlMatmul(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                const void* A, int64_t lda, const void* B, int64_t ldb, float beta, void* C,
+                int64_t ldc, DType ab_type, DType c_type, const float* bias, int nt);
 // Whether bf16 products through oneDNN run native kernels here (the CPU has AVX512-BF16 or AMX,
 // or oneDNN's AVX-512 bf16 emulation) and fp32 GEMMs go to oneDNN (not TRAIND_CPU_GEMM=openblas):
 // what lets attention use bf16 tiles. Decided once per process.
