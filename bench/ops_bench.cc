@@ -11,9 +11,12 @@
 //                                oneDNN and with OpenBLAS (our row split), 2 threads, best of 20
 //   ops_bench layouts            the tiny and small steps' fp32 GEMM dimensions in all four
 //                                layouts (NN/NT/TN/TT) through cpu::Sgemm, oneDNN, 2 threads
-//   ops_bench linear [--quick]   a linear layer's forward with a bias at the tiny and small
-//                                steps' shapes, fp32 and bf16: the GEMM then a bias pass, against
-//                                oneDNN's matmul adding the bias as it stores (cpu::DnnlMatmul)
+//   ops_bench linear [--quick]   a linear layer's forward at the tiny, llama_tiny and small
+//                                steps' shapes, fp32 and bf16: with a bias, the GEMM then a bias
+//                                pass against oneDNN's matmul adding it as it stores
+//                                (cpu::DnnlMatmul); without one, the GEMM against the matmul
+//   ops_bench gelubwd [--quick]  GELU's backward over 1024 x 1024 then the bias gradient (and the
+//                                16-bit rounding), against the fused cpu::GeluBackwardBias
 //   ops_bench attn   [--quick]   causal self-attention forward and backward (fp32) at the step
 //                                table's shapes: tiny (B 8, T 128, 4 heads of 64; 4 and 2 kv
 //                                heads), small (T 256, 6 heads) and small at T 1024, 2 threads
@@ -287,8 +290,9 @@ int LinearBias(bool quick) {
   struct Shape {
     int64_t M, N, K;
   };
-  const Shape shapes[] = {{1024, 768, 256},  {1024, 256, 256}, {1024, 1024, 256},
-                          {1024, 256, 1024}, {2048, 1152, 384}, {2048, 384, 384},
+  const Shape shapes[] = {{1024, 768, 256},  {1024, 256, 256},  {1024, 1024, 256},
+                          {1024, 256, 1024}, {1024, 1376, 256}, {1024, 256, 688},
+                          {1024, 512, 256},  {2048, 1152, 384}, {2048, 384, 384},
                           {2048, 1536, 384}, {2048, 384, 1536}};
   const int reps = quick ? 1 : 20;
   std::vector<float> a(1 << 22, 0.5f), b(1 << 22, 0.5f), c(1 << 22), bias(4096, 0.25f);
@@ -308,11 +312,52 @@ int LinearBias(bool quick) {
         fused_ok = engine::cpu::DnnlMatmul(false, true, s.M, s.N, s.K, 1.0f, A, s.K, B, s.K, 0.0f,
                                            c.data(), s.N, t, DType::kF32, bias.data(), 2);
       });
-      std::printf("RESULT linear %s %lldx%lldx%lld  gemm + bias pass %.3f ms  matmul with bias %s\n",
-                  f32 ? "f32 " : "bf16", static_cast<long long>(s.M), static_cast<long long>(s.N),
-                  static_cast<long long>(s.K), apart * 1e3,
-                  fused_ok ? (std::to_string(fused * 1e3) + " ms").c_str() : "(refused)");
+      const double plain = Best(reps, [&] {
+        engine::cpu::Gemm(false, true, s.M, s.N, s.K, 1.0f, A, s.K, B, s.K, 0.0f, c.data(), s.N,
+                          t, DType::kF32, 2);
+      });
+      const double plain_mm = Best(reps, [&] {
+        fused_ok = fused_ok && engine::cpu::DnnlMatmul(false, true, s.M, s.N, s.K, 1.0f, A, s.K, B,
+                                                       s.K, 0.0f, c.data(), s.N, t, DType::kF32,
+                                                       nullptr, 2);
+      });
+      if (!fused_ok) {
+        std::printf("RESULT linear %s %lldx%lldx%lld  oneDNN's matmul refused the case\n",
+                    f32 ? "f32 " : "bf16", static_cast<long long>(s.M),
+                    static_cast<long long>(s.N), static_cast<long long>(s.K));
+        continue;
+      }
+      std::printf(
+          "RESULT linear %s %lldx%lldx%lld  with a bias: gemm + bias pass %.3f ms, matmul %.3f ms;"
+          "  without: gemm %.3f ms, matmul %.3f ms\n",
+          f32 ? "f32 " : "bf16", static_cast<long long>(s.M), static_cast<long long>(s.N),
+          static_cast<long long>(s.K), apart * 1e3, fused * 1e3, plain * 1e3, plain_mm * 1e3);
     }
+  }
+  return 0;
+}
+
+int GeluBwd(bool quick) {
+  const int64_t N = 1024, OC = 1024, n = N * OC;
+  const int reps = quick ? 1 : 30;
+  std::vector<float> inp(n, 0.3f), dout(n, 0.7f), dinp(n), db(OC);
+  std::vector<uint16_t> d16(n);
+  for (DType t : {DType::kF32, DType::kBF16}) {
+    const bool f32 = t == DType::kF32;
+    const double apart = Best(reps, [&] {
+      engine::cpu::GeluBackward(dinp.data(), inp.data(), dout.data(), n, 2);
+      if (f32) {
+        engine::cpu::BiasBackward(db.data(), dinp.data(), N, OC, 2);
+      } else {
+        engine::cpu::BiasBackwardRounded(db.data(), dinp.data(), N, OC, d16.data(), t, 2);
+      }
+    });
+    const double fused = Best(reps, [&] {
+      engine::cpu::GeluBackwardBias(dinp.data(), inp.data(), dout.data(), db.data(), N, OC,
+                                    f32 ? nullptr : d16.data(), t, 2);
+    });
+    std::printf("RESULT gelu_bwd %s 1024x1024  gelu_bwd + bias_bwd %.3f ms  fused %.3f ms\n",
+                f32 ? "f32 " : "bf16", apart * 1e3, fused * 1e3);
   }
   return 0;
 }
@@ -379,6 +424,9 @@ int main(int argc, char** argv) {
   if (what == "gemms") return traind::bench::Gemms(quick);
   if (what == "layouts") return traind::bench::GemmLayouts();
   if (what == "linear") return traind::bench::LinearBias(quick);
-  std::fprintf(stderr, "usage: ops_bench cast|step|gemm|gemms|layouts|linear|xent|attn [--quick] [--small]\n");
+  if (what == "gelubwd") return traind::bench::GeluBwd(quick);
+  std::fprintf(stderr,
+               "usage: ops_bench cast|step|gemm|gemms|layouts|linear|gelubwd|xent|attn [--quick] "
+               "[--small]\n");
   return 2;
 }

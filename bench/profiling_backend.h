@@ -109,17 +109,13 @@ class ProfilingBackend final : public Backend {
     T x(this, "embedding_bwd");
     in_->EmbeddingBackward(d, o, i, N, C);
   }
-  // A linear layer with its GELU or its bias: timed whole under its GEMM's name with "+gelu" or
-  // "+bias" (the CPU and CUDA fuse the bias and the activation into the product's store, one pass
-  // or an epilogue); without either, the default composition times the GEMM.
+  // A linear layer: timed whole under its GEMM's name, with "+gelu" or "+bias" when it has them
+  // (the CPU and CUDA fuse the bias and the activation into the product's store, one pass or an
+  // epilogue).
   void LinearForward(float* pre, float* act, const void* inp, const void* w, const float* bias,
                      int64_t N, int64_t C, int64_t OC, DType type) override {
-    if (act == nullptr && bias == nullptr) {
-      Backend::LinearForward(pre, act, inp, w, bias, N, C, OC, type);
-      return;
-    }
-    T t(this, GemmKey(false, true, N, OC, C) + (act != nullptr ? " +gelu" : " +bias"),
-        2.0 * N * OC * C);
+    const char* epilogue = act != nullptr ? " +gelu" : bias != nullptr ? " +bias" : "";
+    T t(this, GemmKey(false, true, N, OC, C) + epilogue, 2.0 * N * OC * C);
     in_->LinearForward(pre, act, inp, w, bias, N, C, OC, type);
   }
   void LinearForwardRoundedAct(float* pre, void* act, DType at, float* scratch, const void* inp,
@@ -213,6 +209,11 @@ class ProfilingBackend final : public Backend {
   void GeluBackward(float* di, const float* i, const float* d, int64_t n) override {
     T x(this, "gelu_bwd");
     in_->GeluBackward(di, i, d, n);
+  }
+  void GeluBackwardBias(float* di, const float* i, const float* d, float* db, int64_t N,
+                        int64_t OC, void* d16, DType t16) override {
+    T x(this, d16 != nullptr ? "gelu_bwd+bias_bwd+cast" : "gelu_bwd+bias_bwd");
+    in_->GeluBackwardBias(di, i, d, db, N, OC, d16, t16);
   }
   void GeluErfForward(float* o, const float* i, int64_t n) override {
     T x(this, "gelu_erf_fwd");

@@ -552,6 +552,55 @@ TEST_F(CpuOpsTest, FusedLinearEpiloguesEqualTheComposedOps) {
   }
 }
 
+// GELU's backward with the bias gradient and the 16-bit rounding in one pass against GeluBackward
+// + BiasBackward (+ Cast): the same bits where every row chunk is whole vectors (OC 1024 on two
+// threads), within an ulp elsewhere (OC 24: a per-row tail against one tail at the end); dinp in
+// place over dout as the MLP calls it; no dbias (a frozen bias) leaves the rest alone.
+TEST_F(CpuOpsTest, GeluBackwardBiasEqualsTheComposedOps) {
+  for (auto [N, OC] : {std::pair<int, int>{600, 1024}, {7, 24}}) {
+    const bool exact = OC % 16 == 0;
+    for (DType t : {DType::kF32, DType::kBF16, DType::kF16}) {
+      for (bool with_bias : {true, false}) {
+        SCOPED_TRACE(std::to_string(N) + "x" + std::to_string(OC) + " " + DTypeName(t) +
+                     (with_bias ? " bias" : " no bias"));
+        const size_t n = static_cast<size_t>(N) * OC;
+        const auto inp = RandVec(n, 91, -6.0f, 6.0f), dout = RandVec(n, 92);
+        const auto db0 = RandVec(OC, 93);
+        std::vector<float> want(n), got = dout, db_want = db0, db_got = db0;
+        std::vector<uint16_t> want16(n), got16(n, 0xFFFF);
+        be_->GeluBackward(want.data(), inp.data(), dout.data(), static_cast<int64_t>(n));
+        be_->BiasBackward(db_want.data(), want.data(), N, OC);
+        if (t != DType::kF32) {
+          be_->Cast(want16.data(), t, want.data(), DType::kF32, static_cast<int64_t>(n));
+        }
+        be_->GeluBackwardBias(got.data(), inp.data(), got.data(),
+                              with_bias ? db_got.data() : nullptr, N, OC,
+                              t == DType::kF32 ? nullptr : got16.data(), t);
+        if (!with_bias) {
+          EXPECT_EQ(db_got, db0) << "no dbias: untouched";
+          db_want = db0;
+        }
+        if (exact) {
+          EXPECT_EQ(got, want) << "dinp";
+          EXPECT_EQ(db_got, db_want) << "dbias";
+          if (t != DType::kF32) {
+            EXPECT_EQ(got16, want16) << "dinp16";
+          }
+          continue;
+        }
+        ExpectClose(got, ToDouble(want), 1e-6, 1e-7, "dinp");
+        ExpectClose(db_got, ToDouble(db_want), 1e-6, 1e-6, "dbias");
+        if (t == DType::kF32) continue;
+        for (size_t i = 0; i < n; ++i) {  // at most one 16-bit step apart
+          const double a = FromHalf(got16[i], t), b = FromHalf(want16[i], t);
+          ASSERT_LE(std::abs(a - b), std::abs(b) * (t == DType::kBF16 ? 0x1p-7 : 0x1p-10) + 1e-7)
+              << "dinp16 element " << i;
+        }
+      }
+    }
+  }
+}
+
 // LayerNorm / RMSNorm rounded as they normalise: the bits of the fp32 op followed by Cast, the
 // statistics equal (1 row: one thread; 300 rows: two), and the scratch is not needed.
 TEST_F(CpuOpsTest, RoundedNormsEqualNormThenCast) {

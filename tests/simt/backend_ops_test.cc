@@ -217,6 +217,18 @@ std::vector<OpCase> AllCases() {
       d->BiasBackward(db, d.Up(Random(N * OC, 16)), N, OC);
       return Outputs{{"dbias", d.Get(db, OC)}};
     });
+    for (DType t : {DType::kF32, DType::kBF16, DType::kF16}) {
+      // GELU's backward in place with the bias gradient (and, 16-bit, the rounded gradient).
+      Add(&c, Op::kGeluBackwardBias, Dims({N, OC}) + " " + DTypeName(t), kReduce, [=](Dev& d) {
+        float* g = d.Up(Random(N * OC, 17));
+        float* db = d.Up(Random(OC, 18));
+        auto* d16 = t == DType::kF32 ? nullptr : d.Zeros<uint16_t>(N * OC);
+        d->GeluBackwardBias(g, d.Up(Random(N * OC, 19, -6, 6)), g, db, N, OC, d16, t);
+        Outputs out{{"dinp", d.Get(g, N * OC)}, {"dbias", d.Get(db, OC)}};
+        if (d16 != nullptr) out.push_back({"dinp16", Widen16(d.Get(d16, N * OC), t)});
+        return out;
+      });
+    }
     for (DType t : {DType::kBF16, DType::kF16}) {
       Add(&c, Op::kBiasBackwardRounded, Dims({N, OC}) + " " + DTypeName(t), kReduce, [=](Dev& d) {
         float* db = d.Up(Random(OC, 15));

@@ -103,6 +103,7 @@ class HostStaging {
   X(RmsNormBackward) \
   X(GeluForward) \
   X(GeluBackward) \
+  X(GeluBackwardBias) \
   X(GeluErfForward) \
   X(GeluErfBackward) \
   X(TanhForward) \
@@ -266,6 +267,14 @@ class Backend {
   virtual void GeluForward(float* out, const float* inp, int64_t n);
   // dinp = dout * gelu'(inp). dinp may alias dout.
   virtual void GeluBackward(float* dinp, const float* inp, const float* dout, int64_t n);
+  // GeluBackward over (N,OC), then dbias(OC) += the column sums of dinp (when dbias is not null)
+  // and, when dinp16 is not null, dinp16(N,OC) = dinp rounded to `type` (bf16 or f16, as Cast):
+  // the MLP's GELU backward with its up projection's bias gradient (and 16-bit output gradient).
+  // dinp may alias dout. Default: GeluBackward, then BiasBackward / BiasBackwardRounded / Cast;
+  // the CPU does all of it in one pass over each row (the bits of the composition when OC is a
+  // multiple of 16).
+  virtual void GeluBackwardBias(float* dinp, const float* inp, const float* dout, float* dbias,
+                                int64_t N, int64_t OC, void* dinp16, DType type);
   // Exact GELU (HF "gelu", BERT): out = x * 0.5 * (1 + erf(x / sqrt(2))). out may alias inp.
   virtual void GeluErfForward(float* out, const float* inp, int64_t n);
   // dinp = dout * (0.5 * (1 + erf(x / sqrt(2))) + x * exp(-x^2 / 2) / sqrt(2 pi)), x = inp.

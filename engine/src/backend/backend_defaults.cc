@@ -102,6 +102,8 @@ bool Backend::Supports(Op op) const {
       return Supports(Op::kLinearForward) && Supports(Op::kCast);
     case Op::kBiasBackwardRounded:
       return Supports(Op::kBiasBackward) && Supports(Op::kCast);
+    case Op::kGeluBackwardBias:
+      return Supports(Op::kGeluBackward) && Supports(Op::kBiasBackwardRounded);
     case Op::kAdamWRunsFromScalars:
       return Supports(Op::kAdamWFromScalars);
     case Op::kLayerNormForwardRounded:
@@ -331,6 +333,18 @@ void Backend::BiasBackwardRounded(float* dbias, const float* dout, int64_t N, in
                                   void* dout16, DType type) {
   BiasBackward(dbias, dout, N, OC);
   Cast(dout16, type, dout, DType::kF32, N * OC);
+}
+
+void Backend::GeluBackwardBias(float* dinp, const float* inp, const float* dout, float* dbias,
+                               int64_t N, int64_t OC, void* dinp16, DType type) {
+  GeluBackward(dinp, inp, dout, N * OC);
+  if (dinp16 == nullptr) {
+    if (dbias != nullptr) BiasBackward(dbias, dinp, N, OC);
+  } else if (dbias != nullptr) {
+    BiasBackwardRounded(dbias, dinp, N, OC, dinp16, type);
+  } else {
+    Cast(dinp16, type, dinp, DType::kF32, N * OC);
+  }
 }
 
 void Backend::AdamWRunsFromScalars(float* param, const float* grad, float* m, float* v,

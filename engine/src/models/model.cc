@@ -100,7 +100,8 @@ std::vector<Op> Model::RequiredOps(const ModelConfig& config) {
   } else if (f.mlp == FamilyFeatures::Mlp::kGeluErf) {
     ops.insert(ops.end(), {Op::kGeluErfForward, Op::kGeluErfBackward});
   } else {
-    ops.insert(ops.end(), {Op::kGeluForward, Op::kGeluBackward, Op::kLinearForwardRoundedAct});
+    ops.insert(ops.end(), {Op::kGeluForward, Op::kGeluBackward, Op::kLinearForwardRoundedAct,
+                           Op::kGeluBackwardBias});
   }
   if (f.moe) ops.insert(ops.end(), {Op::kScaleRows, Op::kRowDot});
   if (config.encoder() && config.head == "sequence_classification") {

@@ -43,14 +43,27 @@ void MlpBackward(Backend& be, const MlpShape& s, const MlpWeights& w, const MlpG
     LoraBackward(be, lora->down, da, dout, a, s.N);
   }
   float* dh = scratch_h;  // (N, up_width); may alias da for GELU
-  if (s.swiglu) {
-    be.SwiGluBackward(dh, h, da, s.N, s.H);
-  } else if (s.gelu_erf) {
-    be.GeluErfBackward(dh, h, da, s.N * s.H);
+  const bool tanh_gelu = !s.swiglu && !s.gelu_erf;
+  if (tanh_gelu && (gp.type == DType::kF32 || gp.scratch_elems >= s.N * s.H)) {
+    // GELU's backward with the up projection's bias gradient and, 16-bit, dh rounded into the
+    // GEMM scratch, in one pass (GeluBackwardBias); then the up projection's two GEMMs.
+    const bool rounded = gp.type != DType::kF32;
+    be.GeluBackwardBias(dh, h, da, g.b_up, s.N, s.H, rounded ? gp.scratch : nullptr, gp.type);
+    if (rounded) {
+      LinearBackwardRounded(be, dinp, g.w_up, gp.scratch, inp, w.w_up, s.N, s.C, s.H, gp.type);
+    } else {
+      LinearBackward(be, dinp, g.w_up, nullptr, dh, inp, w.w_up, s.N, s.C, s.H, gp);
+    }
   } else {
-    be.GeluBackward(dh, h, da, s.N * s.H);
+    if (s.swiglu) {
+      be.SwiGluBackward(dh, h, da, s.N, s.H);
+    } else if (s.gelu_erf) {
+      be.GeluErfBackward(dh, h, da, s.N * s.H);
+    } else {
+      be.GeluBackward(dh, h, da, s.N * s.H);
+    }
+    LinearBackward(be, dinp, g.w_up, g.b_up, dh, inp, w.w_up, s.N, s.C, s.up_width(), gp);
   }
-  LinearBackward(be, dinp, g.w_up, g.b_up, dh, inp, w.w_up, s.N, s.C, s.up_width(), gp);
   if (lora != nullptr && lora->up.active()) {
     LoraBackward(be, lora->up, dinp, dh, inp, s.N);
   }

@@ -109,6 +109,10 @@ class CpuBackend final : public Backend {
                            DType type) override {
     cpu::BiasBackwardRounded(dbias, dout, N, OC, dout16, type, nt_);
   }
+  void GeluBackwardBias(float* dinp, const float* inp, const float* dout, float* dbias, int64_t N,
+                        int64_t OC, void* dinp16, DType type) override {
+    cpu::GeluBackwardBias(dinp, inp, dout, dbias, N, OC, dinp16, type, nt_);
+  }
   void AddBias(float* out, const float* bias, int64_t N, int64_t OC) override {
     cpu::AddBias(out, bias, N, OC, nt_);
   }

@@ -202,6 +202,27 @@ void BiasBackwardRounded(float* dbias, const float* dout, int64_t N, int64_t OC,
   }
 }
 
+void GeluBackwardBias(float* dinp, const float* inp, const float* dout, float* dbias, int64_t N,
+                      int64_t OC, void* dinp16, DType type, int nt) {
+  auto* d16 = static_cast<uint16_t*>(dinp16);
+#pragma omp parallel num_threads(ThreadsFor(N* OC, nt))
+  {
+    int64_t b, e;
+    Chunk(OC, omp_get_num_threads(), omp_get_thread_num(), &b, &e);
+    for (int64_t n = 0; n < N && e > b; ++n) {
+      const int64_t o = n * OC + b;
+      GeluBackSpan(dinp + o, inp + o, dout + o, e - b);
+      if (dbias != nullptr) AddRow(dbias + b, dinp + o, e - b);
+      if (d16 == nullptr) continue;
+      if (type == DType::kBF16) {
+        F32ToBf16Span(d16 + o, dinp + o, e - b);
+      } else {
+        F32ToF16Span(d16 + o, dinp + o, e - b);
+      }
+    }
+  }
+}
+
 void BiasGelu(float* pre, const float* bias, int64_t N, int64_t OC, void* act, DType act_type,
               int nt) {
 #pragma omp parallel num_threads(ThreadsFor(N* OC * 8, nt))

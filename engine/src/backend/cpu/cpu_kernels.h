@@ -95,6 +95,10 @@ double SumSquares(const float* x, int64_t n, int nt);
 bool HasNonFinite(const float* x, int64_t n, int nt);  // any NaN or +-inf
 void GeluForward(float* out, const float* inp, int64_t n, int nt);
 void GeluBackward(float* dinp, const float* inp, const float* dout, int64_t n, int nt);
+// backend.h's GeluBackwardBias: BiasBackward's column chunks, each row's chunk through GELU's
+// backward, summed into dbias and rounded into dinp16 while it is in cache.
+void GeluBackwardBias(float* dinp, const float* inp, const float* dout, float* dbias, int64_t N,
+                      int64_t OC, void* dinp16, DType type, int nt);
 void GeluErfForward(float* out, const float* inp, int64_t n, int nt);
 void GeluErfBackward(float* dinp, const float* inp, const float* dout, int64_t n, int nt);
 void TanhForward(float* out, const float* inp, int64_t n, int nt);
