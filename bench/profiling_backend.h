@@ -181,6 +181,14 @@ class ProfilingBackend final : public Backend {
     T x(this, "layernorm_fwd 16-bit out");
     in_->LayerNormForwardRounded(o16, ot, o32, mean, rstd, inp, w, b, N, C, eps);
   }
+  void ResidualNormForward(float* res, void* out, DType ot, float* scratch, float* mean,
+                           float* rstd, const float* a, const float* b, const float* w,
+                           const float* bias, int64_t N, int64_t C, float eps, bool rms) override {
+    std::string name = rms ? "add+rmsnorm_fwd" : "add+layernorm_fwd";
+    if (ot != DType::kF32) name += " 16-bit out";
+    T x(this, name);
+    in_->ResidualNormForward(res, out, ot, scratch, mean, rstd, a, b, w, bias, N, C, eps, rms);
+  }
   void RmsNormForwardRounded(void* o16, DType ot, float* o32, float* rstd, const float* inp,
                              const float* w, int64_t N, int64_t C, float eps) override {
     T x(this, "rmsnorm_fwd 16-bit out");

@@ -601,6 +601,52 @@ TEST_F(CpuOpsTest, GeluBackwardBiasEqualsTheComposedOps) {
   }
 }
 
+// The residual add and the norm after it in one pass: the bits of Add, then the norm op (fp32) or
+// its Rounded form (16-bit), LayerNorm and RMSNorm, one row (one thread) and 300 (two); the
+// 16-bit scratch is not needed, and b may be that scratch (the decoder passes its tmp_c as both).
+TEST_F(CpuOpsTest, ResidualNormForwardEqualsAddThenNorm) {
+  for (int N : {1, 300}) {
+    const int C = 200;
+    const size_t n = static_cast<size_t>(N) * C;
+    const auto a = RandVec(n, 95, -2.0f, 3.0f), b = RandVec(n, 96), w = RandVec(C, 97),
+               bias = RandVec(C, 98);
+    for (bool rms : {false, true}) {
+      for (DType t : {DType::kF32, DType::kBF16, DType::kF16}) {
+        SCOPED_TRACE(std::to_string(N) + " rows " + (rms ? "rms " : "layernorm ") + DTypeName(t));
+        std::vector<float> res_want(n), out_want(n), mean_want(N), rstd_want(N);
+        std::vector<uint16_t> out16_want(n);
+        be_->Add(res_want.data(), a.data(), b.data(), static_cast<int64_t>(n));
+        if (rms) {
+          be_->RmsNormForward(out_want.data(), rstd_want.data(), res_want.data(), w.data(), N, C,
+                              1e-5f);
+        } else {
+          be_->LayerNormForward(out_want.data(), mean_want.data(), rstd_want.data(),
+                                res_want.data(), w.data(), bias.data(), N, C, 1e-5f);
+        }
+        if (t != DType::kF32) {
+          be_->Cast(out16_want.data(), t, out_want.data(), DType::kF32, static_cast<int64_t>(n));
+        }
+        std::vector<float> res(n, NAN), out(n, NAN), mean(N, NAN), rstd(N, NAN), bb = b;
+        std::vector<uint16_t> out16(n, 0xFFFF);
+        void* dst = t == DType::kF32 ? static_cast<void*>(out.data()) : out16.data();
+        be_->ResidualNormForward(res.data(), dst, t, bb.data(), mean.data(), rstd.data(),
+                                 a.data(), bb.data(), w.data(), rms ? nullptr : bias.data(), N, C,
+                                 1e-5f, rms);
+        EXPECT_EQ(res, res_want) << "res";
+        EXPECT_EQ(rstd, rstd_want) << "rstd";
+        if (!rms) {
+          EXPECT_EQ(mean, mean_want) << "mean";
+        }
+        if (t == DType::kF32) {
+          EXPECT_EQ(out, out_want) << "out";
+        } else {
+          EXPECT_EQ(out16, out16_want) << "out16";
+        }
+      }
+    }
+  }
+}
+
 // LayerNorm / RMSNorm rounded as they normalise: the bits of the fp32 op followed by Cast, the
 // statistics equal (1 row: one thread; 300 rows: two), and the scratch is not needed.
 TEST_F(CpuOpsTest, RoundedNormsEqualNormThenCast) {

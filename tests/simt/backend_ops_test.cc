@@ -377,6 +377,28 @@ std::vector<OpCase> AllCases() {
         return Outputs{{"out", Widen16(d.Get(out, N * C), t)}, {"rstd", d.Get(rstd, N)}};
       });
     }
+    // The residual add and the norm after it (LayerNorm / RMSNorm, fp32 or rounded out).
+    for (bool rms : {false, true}) {
+      for (DType t : {DType::kF32, DType::kBF16}) {
+        static constexpr double kTol16[2] = {4e-3, 4e-3};
+        const bool f32 = t == DType::kF32;
+        Add(&c, Op::kResidualNormForward,
+            Dims({N, C}) + (rms ? " rms " : " layernorm ") + DTypeName(t), f32 ? kReduce : kTol16,
+            [=](Dev& d) {
+              float *res = d.Zeros(N * C), *mean = d.Zeros(N), *rstd = d.Zeros(N);
+              float* out32 = f32 ? d.Zeros(N * C) : nullptr;
+              uint16_t* out16 = f32 ? nullptr : d.Zeros<uint16_t>(N * C);
+              d->ResidualNormForward(res, f32 ? static_cast<void*>(out32) : out16, t,
+                                     d.Zeros(N * C), mean, rstd, d.Up(Random(N * C, 201, -2, 3)),
+                                     d.Up(Random(N * C, 202)), d.Up(Random(C, 28)),
+                                     d.Up(Random(C, 29)), N, C, 1e-5f, rms);
+              Outputs o{{"res", d.Get(res, N * C)}, {"rstd", d.Get(rstd, N)}};
+              o.push_back({"out", f32 ? d.Get(out32, N * C) : Widen16(d.Get(out16, N * C), t)});
+              if (!rms) o.push_back({"mean", d.Get(mean, N)});
+              return o;
+            });
+      }
+    }
     Add(&c, Op::kLayerNormBackward, Dims({N, C}), kReduce, [=](Dev& d) {
       const auto inp = Random(N * C, 30, -2, 3), w = Random(C, 31), b = Random(C, 32);
       float *out = d.Zeros(N * C), *mean = d.Zeros(N), *rstd = d.Zeros(N);

@@ -101,6 +101,7 @@ class HostStaging {
   X(RmsNormForward) \
   X(RmsNormForwardRounded) \
   X(RmsNormBackward) \
+  X(ResidualNormForward) \
   X(GeluForward) \
   X(GeluBackward) \
   X(GeluBackwardBias) \
@@ -258,6 +259,15 @@ class Backend {
   virtual void RmsNormForwardRounded(void* out16, DType out_type, float* out32, float* rstd,
                                      const float* inp, const float* weight, int64_t N, int64_t C,
                                      float eps);
+  // res(N,C) = a + b (Add's bits), then res normalised into out: LayerNorm (weight, bias, mean)
+  // or, when rms, RMSNorm (weight; bias and mean unused); out fp32 when out_type is f32, else
+  // rounded to out_type (the Rounded norms' bits). The decoder's residual add and the norm after
+  // it. scratch: N*C floats the composition may use (16-bit out), read after a and b: it may be b.
+  // Default: Add, then the norm op; the CPU adds and normalises each row in one pass.
+  virtual void ResidualNormForward(float* res, void* out, DType out_type, float* scratch,
+                                   float* mean, float* rstd, const float* a, const float* b,
+                                   const float* weight, const float* bias, int64_t N, int64_t C,
+                                   float eps, bool rms);
   // dinp +=, dweight +=.
   virtual void RmsNormBackward(float* dinp, float* dweight, const float* dout, const float* inp,
                                const float* weight, const float* rstd, int64_t N, int64_t C);

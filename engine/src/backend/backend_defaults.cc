@@ -102,6 +102,9 @@ bool Backend::Supports(Op op) const {
       return Supports(Op::kLinearForward) && Supports(Op::kCast);
     case Op::kBiasBackwardRounded:
       return Supports(Op::kBiasBackward) && Supports(Op::kCast);
+    case Op::kResidualNormForward:
+      return Supports(Op::kAdd) &&
+             (Supports(Op::kLayerNormForwardRounded) || Supports(Op::kRmsNormForwardRounded));
     case Op::kGeluBackwardBias:
       return Supports(Op::kGeluBackward) && Supports(Op::kBiasBackwardRounded);
     case Op::kAdamWRunsFromScalars:
@@ -333,6 +336,23 @@ void Backend::BiasBackwardRounded(float* dbias, const float* dout, int64_t N, in
                                   void* dout16, DType type) {
   BiasBackward(dbias, dout, N, OC);
   Cast(dout16, type, dout, DType::kF32, N * OC);
+}
+
+void Backend::ResidualNormForward(float* res, void* out, DType out_type, float* scratch,
+                                  float* mean, float* rstd, const float* a, const float* b,
+                                  const float* weight, const float* bias, int64_t N, int64_t C,
+                                  float eps, bool rms) {
+  Add(res, a, b, N * C);
+  const bool f32 = out_type == DType::kF32;
+  if (rms && f32) {
+    RmsNormForward(static_cast<float*>(out), rstd, res, weight, N, C, eps);
+  } else if (rms) {
+    RmsNormForwardRounded(out, out_type, scratch, rstd, res, weight, N, C, eps);
+  } else if (f32) {
+    LayerNormForward(static_cast<float*>(out), mean, rstd, res, weight, bias, N, C, eps);
+  } else {
+    LayerNormForwardRounded(out, out_type, scratch, mean, rstd, res, weight, bias, N, C, eps);
+  }
 }
 
 void Backend::GeluBackwardBias(float* dinp, const float* inp, const float* dout, float* dbias,

@@ -638,14 +638,19 @@ void DecoderModel::BlockForward(int64_t l, bool recompute) {
   if (proj_lora.active()) {
     nn::LoraForward(be, proj_lora, bufs_.tmp_c, a.atty, N_);
   }
-  be.Add(a.res2, x, bufs_.tmp_c, N_ * C);
-  NormInto(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p.ln2_w, p.ln2_b, /*keep_fp32=*/d_.moe());
   if (d_.moe()) {
+    be.Add(a.res2, x, bufs_.tmp_c, N_ * C);
+    NormInto(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p.ln2_w, p.ln2_b, /*keep_fp32=*/true);
     // NormInto left the fp32 norm output in tmp_c (16-bit) or a.ln2 (fp32).
     MoeForward(l, mixed_ ? bufs_.tmp_c : static_cast<const float*>(a.ln2), bufs_.tmp_c);
     be.Add(y, a.res2, bufs_.tmp_c, N_ * C);
     return;
   }
+  // The residual add and ln2 in one pass (16-bit: rounded as it is normalised; tmp_c, the
+  // projection's output, is also the composition's scratch, written after it is read).
+  const nn::NormShape ns{N_, C, d_.rms_norm(), d_.eps};
+  nn::ResidualNormForward(be, ns, a.res2, a.ln2, mixed_ ? ct : DType::kF32, bufs_.tmp_c,
+                          a.ln2_mean, a.ln2_rstd, x, bufs_.tmp_c, P(p.ln2_w), P(p.ln2_b));
   // scratch_big (free in forward) holds the fp32 MLP activation before rounding.
   const nn::MlpLora ml{Site(l, LoraSiteKind::kUp), Site(l, LoraSiteKind::kDown)};
   nn::MlpForward(be, ms, mw, bufs_.tmp_c, a.h, a.a, a.ln2, ct, bufs_.scratch_big, &ml);

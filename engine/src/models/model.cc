@@ -94,6 +94,7 @@ std::vector<Op> Model::RequiredOps(const ModelConfig& config) {
     ops.insert(ops.end(),
                {Op::kLayerNormForward, Op::kLayerNormForwardRounded, Op::kLayerNormBackward});
   }
+  if (!config.encoder() && !f.moe) ops.push_back(Op::kResidualNormForward);  // decoder ln2
   if (f.positions == FamilyFeatures::Positions::kRotary) ops.push_back(Op::kRope);
   if (f.mlp == FamilyFeatures::Mlp::kSwiGlu) {
     ops.insert(ops.end(), {Op::kSwiGluForward, Op::kSwiGluBackward});

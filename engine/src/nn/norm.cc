@@ -23,6 +23,13 @@ void NormForwardRounded(Backend& be, const NormShape& s, void* out16, DType out_
   }
 }
 
+void ResidualNormForward(Backend& be, const NormShape& s, float* res, void* out, DType out_type,
+                         float* scratch, float* mean, float* rstd, const float* a, const float* b,
+                         const float* weight, const float* bias) {
+  be.ResidualNormForward(res, out, out_type, scratch, mean, rstd, a, b, weight,
+                         s.rms ? nullptr : bias, s.N, s.C, s.eps, s.rms);
+}
+
 void NormBackward(Backend& be, const NormShape& s, float* dinp, float* dweight, float* dbias,
                   const float* dout, const float* inp, const float* weight, const float* mean,
                   const float* rstd) {

@@ -25,6 +25,11 @@ void NormForward(Backend& be, const NormShape& s, float* out, float* mean, float
 void NormForwardRounded(Backend& be, const NormShape& s, void* out16, DType out_type, float* out32,
                         float* mean, float* rstd, const float* inp, const float* weight,
                         const float* bias);
+// res (N,C) = a + b, then NormForward (out_type f32) or NormForwardRounded of res into out;
+// scratch (N,C floats, may be b) as NormForwardRounded's out32.
+void ResidualNormForward(Backend& be, const NormShape& s, float* res, void* out, DType out_type,
+                         float* scratch, float* mean, float* rstd, const float* a, const float* b,
+                         const float* weight, const float* bias);
 // dinp (N,C) +=, dweight (C) +=, dbias (C) += (ignored for RMSNorm).
 void NormBackward(Backend& be, const NormShape& s, float* dinp, float* dweight, float* dbias,
                   const float* dout, const float* inp, const float* weight, const float* mean,

@@ -156,6 +156,12 @@ class CpuBackend final : public Backend {
                                const float* bias, int64_t N, int64_t C, float eps) override {
     cpu::LayerNormForwardRounded(out16, out_type, mean, rstd, inp, weight, bias, N, C, eps, nt_);
   }
+  void ResidualNormForward(float* res, void* out, DType out_type, float* /*scratch*/, float* mean,
+                           float* rstd, const float* a, const float* b, const float* weight,
+                           const float* bias, int64_t N, int64_t C, float eps, bool rms) override {
+    cpu::ResidualNormForward(res, out, out_type, mean, rstd, a, b, weight, bias, N, C, eps, rms,
+                             nt_);
+  }
   void RmsNormForwardRounded(void* out16, DType out_type, float* /*out32*/, float* rstd,
                              const float* inp, const float* weight, int64_t N, int64_t C,
                              float eps) override {

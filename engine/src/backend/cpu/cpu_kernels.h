@@ -115,6 +115,11 @@ void AdamW(float* param, const float* grad, float* m, float* v, int64_t n, float
 void LayerNormForwardRounded(void* out16, DType out_type, float* mean, float* rstd,
                              const float* inp, const float* weight, const float* bias, int64_t N,
                              int64_t C, float eps, int nt);
+// backend.h's ResidualNormForward: each row added (Add's bits) and normalised (the norm ops' bits,
+// rounded when out_type is 16-bit) in one pass.
+void ResidualNormForward(float* res, void* out, DType out_type, float* mean, float* rstd,
+                         const float* a, const float* b, const float* weight, const float* bias,
+                         int64_t N, int64_t C, float eps, bool rms, int nt);
 void RmsNormForwardRounded(void* out16, DType out_type, float* rstd, const float* inp,
                            const float* weight, int64_t N, int64_t C, float eps, int nt);
 void LayerNormForward(float* out, float* mean, float* rstd, const float* inp, const float* weight,

@@ -82,6 +82,10 @@ TRAIND_CPU_CLONES void AddInto(float* dst, const float* src, int64_t n) {
   for (int64_t i = 0; i < n; ++i) dst[i] += src[i];
 }
 
+TRAIND_CPU_CLONES void SumRow(float* out, const float* a, const float* b, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
+}
+
 }  // namespace
 
 void LayerNormForward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
@@ -125,6 +129,28 @@ void RmsNormForwardRounded(void* out16, DType out_type, float* rstd, const float
   RoundedRows(out16, out_type, N, C, nt, [&](float* out, int64_t n) {
     RmsNormRow(out, rstd + n, inp + n * C, weight, C, eps);
   });
+}
+
+void ResidualNormForward(float* res, void* out, DType out_type, float* mean, float* rstd,
+                         const float* a, const float* b, const float* weight, const float* bias,
+                         int64_t N, int64_t C, float eps, bool rms, int nt) {
+  // Row n: res = a + b, then its norm into `dst`.
+  auto row = [&](float* dst, int64_t n) {
+    float* r = res + n * C;
+    SumRow(r, a + n * C, b + n * C, C);
+    if (rms) {
+      RmsNormRow(dst, rstd + n, r, weight, C, eps);
+    } else {
+      LayerNormRow(dst, mean + n, rstd + n, r, weight, bias, C, eps);
+    }
+  };
+  if (out_type != DType::kF32) {
+    RoundedRows(out, out_type, N, C, nt, row);
+    return;
+  }
+  float* out32 = static_cast<float*>(out);
+#pragma omp parallel for num_threads(ThreadsFor(N, C, nt)) schedule(static)
+  for (int64_t n = 0; n < N; ++n) row(out32 + n * C, n);
 }
 
 void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,
