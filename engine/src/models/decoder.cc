@@ -620,7 +620,11 @@ void DecoderModel::BlockForward(int64_t l, bool recompute) {
   const nn::MlpShape ms{N_, C, d_.H, d_.swiglu()};
   const nn::MlpWeights mw{W(p.up_w), P(p.up_b), W(p.down_w), P(p.down_b)};
 
-  NormInto(a.ln1, a.ln1_mean, a.ln1_rstd, x, p.ln1_w, p.ln1_b);
+  // Past the first block, the previous block's last residual add normalised ln1 already
+  // (FusesNextNorm); a recomputation and the mixture-of-experts blocks normalise it here.
+  if (recompute || l == 0 || !FusesNextNorm()) {
+    NormInto(a.ln1, a.ln1_mean, a.ln1_rstd, x, p.ln1_w, p.ln1_b);
+  }
   nn::LinearForward(be, a.qkv, a.ln1, W(p.qkv_w), P(p.qkv_b), N_, C, as.width(), ct);
   const nn::LoraSite qkv_lora = Site(l, LoraSiteKind::kQkv);
   if (qkv_lora.active()) nn::LoraForward(be, qkv_lora, a.qkv, a.ln1, N_);
@@ -654,7 +658,21 @@ void DecoderModel::BlockForward(int64_t l, bool recompute) {
   // scratch_big (free in forward) holds the fp32 MLP activation before rounding.
   const nn::MlpLora ml{Site(l, LoraSiteKind::kUp), Site(l, LoraSiteKind::kDown)};
   nn::MlpForward(be, ms, mw, bufs_.tmp_c, a.h, a.a, a.ln2, ct, bufs_.scratch_big, &ml);
-  be.Add(y, a.res2, bufs_.tmp_c, N_ * C);
+  if (recompute) {
+    be.Add(y, a.res2, bufs_.tmp_c, N_ * C);
+    return;
+  }
+  // The residual add and the norm after it in one pass: the next block's ln1 (its activation set
+  // is static, and this block is done with its own), or after the last block the final norm.
+  const bool last = l + 1 == d_.L;
+  const LayerParams& np = last ? p : table_.layers[l + 1];
+  const BlockActs& na = last ? a : bufs_.blocks[l + 1];
+  void* out = last ? bufs_.lnf : na.ln1;
+  float* mean = last ? bufs_.lnf_mean : na.ln1_mean;
+  float* rstd = last ? bufs_.lnf_rstd : na.ln1_rstd;
+  const int64_t w = last ? table_.lnf_w : np.ln1_w, b = last ? table_.lnf_b : np.ln1_b;
+  nn::ResidualNormForward(be, ns, y, out, mixed_ ? ct : DType::kF32, bufs_.tmp_c, mean, rstd,
+                          a.res2, bufs_.tmp_c, P(w), P(b));
 }
 
 void DecoderModel::BlockBackward(int64_t l) {
@@ -721,7 +739,10 @@ void DecoderModel::ForwardToFinalNorm() {
   for (int64_t l = 0; l < d_.L; ++l) BlockForward(l);
   count_routes_ = false;  // a recomputation in Backward routes again without counting
   if (d_.moe()) MoeAuxLoss();
-  NormInto(bufs_.lnf, bufs_.lnf_mean, bufs_.lnf_rstd, bufs_.res[d_.L], table_.lnf_w, table_.lnf_b);
+  if (!FusesNextNorm()) {  // else the last block's residual add normalised it
+    NormInto(bufs_.lnf, bufs_.lnf_mean, bufs_.lnf_rstd, bufs_.res[d_.L], table_.lnf_w,
+             table_.lnf_b);
+  }
 }
 
 void DecoderModel::LmHeadAndLoss(bool for_backward, float grad_scale, const float* device_scale) {

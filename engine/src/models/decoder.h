@@ -150,6 +150,9 @@ class DecoderModel : public Model, private MasterWeightsSink {
   // recompute: the block's second forward under checkpointing; atty and lse are kept from the
   // first, so only RoPE (q and k rotated in qkv for the backward) runs, not attention.
   void BlockForward(int64_t l, bool recompute = false);
+  // Whether a block's forward ends with its residual add fused with the next norm (the next
+  // block's ln1, or the final norm): every block but the mixture-of-experts ones.
+  bool FusesNextNorm() const { return !d_.moe(); }
   void BlockBackward(int64_t l);  // bufs_.dres: d(block output) in, d(block input) out
   // mixtral's MLP (HF MixtralSparseMoeBlock), dropless: the router's softmax, top-K and
   // renormalised weights are computed on the host from the (N,E) router logits (read back once
