@@ -17,9 +17,12 @@
 //                                (cpu::DnnlMatmul); without one, the GEMM against the matmul
 //   ops_bench gelubwd [--quick]  GELU's backward over 1024 x 1024 then the bias gradient (and the
 //                                16-bit rounding), against the fused cpu::GeluBackwardBias
-//   ops_bench attn   [--quick]   causal self-attention forward and backward (fp32) at the step
-//                                table's shapes: tiny (B 8, T 128, 4 heads of 64; 4 and 2 kv
-//                                heads), small (T 256, 6 heads) and small at T 1024, 2 threads
+//   ops_bench gelufwd [--quick]  the MLP up projection's forward under bf16 (matmul with the bias,
+//                                then the GELU pass rounding to bf16) and each part alone
+//   ops_bench attn   [--quick]   causal self-attention forward and backward, fp32 and bf16
+//                                operands, at the step table's shapes: tiny (B 8, T 128, 4 heads
+//                                of 64; 4 and 2 kv heads), small (T 256, 6 heads) and small at
+//                                T 1024, 2 threads
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -362,20 +365,57 @@ int GeluBwd(bool quick) {
   return 0;
 }
 
-// Causal self-attention (cpu::AttentionForward / AttentionBackward, fp32 operands) at the step
-// table's shapes: ms per call and GFLOP/s counting the full T x T products (as the step's model
-// FLOPs do: 4 B NH T^2 HS forward, twice that backward), best of 20 calls.
+// The MLP's up projection forward as the 16-bit steps run it (LinearForwardRoundedAct on the CPU:
+// oneDNN's matmul adding the bias, then one pass of GELU rounding the activation to bf16) against
+// its parts: the matmul alone and the GELU pass alone on a pre-activation already in cache.
+int GeluFwd(bool quick) {
+  struct Shape {
+    int64_t N, C, OC;
+  };
+  const Shape shapes[] = {{1024, 256, 1024}, {2048, 384, 1536}};
+  const int reps = quick ? 1 : 20;
+  for (const Shape& s : shapes) {
+    std::vector<uint16_t> inp(s.N * s.C, 0x3f00), w(s.OC * s.C, 0x3c00);  // bf16 0.5, 0.0078
+    std::vector<float> bias(s.OC, 0.25f), pre(s.N * s.OC);
+    std::vector<uint16_t> act(s.N * s.OC);
+    const double matmul = Best(reps, [&] {
+      engine::cpu::LinearGemm(pre.data(), inp.data(), w.data(), bias.data(), s.N, s.C, s.OC,
+                              DType::kBF16, 2);
+    });
+    const double gelu = Best(reps, [&] {
+      engine::cpu::BiasGelu(pre.data(), nullptr, s.N, s.OC, act.data(), DType::kBF16, 2);
+    });
+    const double both = Best(reps, [&] {
+      engine::cpu::LinearGemm(pre.data(), inp.data(), w.data(), bias.data(), s.N, s.C, s.OC,
+                              DType::kBF16, 2);
+      engine::cpu::BiasGelu(pre.data(), nullptr, s.N, s.OC, act.data(), DType::kBF16, 2);
+    });
+    std::printf("RESULT gelu_fwd bf16 %lldx%lldx%lld  matmul+bias %.3f ms, gelu pass %.3f ms "
+                "(%.2f Gelem/s), both %.3f ms\n",
+                static_cast<long long>(s.N), static_cast<long long>(s.OC),
+                static_cast<long long>(s.C), matmul * 1e3, gelu * 1e3,
+                s.N * s.OC / gelu / 1e9, both * 1e3);
+  }
+  return 0;
+}
+
+// Causal self-attention (cpu::AttentionForward / AttentionBackward) at the step table's shapes,
+// fp32 operands and bf16 ones (the bf16 steps' request: dot-product tiles where the CPU has
+// AVX512-BF16, else fp32): ms per call and GFLOP/s counting the full T x T products (as the step's
+// model FLOPs do: 4 B NH T^2 HS forward, twice that backward), best of 20 calls.
 int Attn(bool quick) {
   struct Shape {
     const char* name;
     int64_t B, T, NH, NKV, HS;
+    bool causal = true;
   };
   const Shape shapes[] = {{"tiny", 8, 128, 4, 4, 64},
                           {"llama_tiny", 8, 128, 4, 2, 64},
                           {"small", 8, 256, 6, 6, 64},
-                          {"small T1024", 2, 1024, 6, 6, 64}};
+                          {"small T1024", 2, 1024, 6, 6, 64},
+                          {"bert T512", 2, 512, 12, 12, 64, false}};
   const int reps = quick ? 1 : 20;
-  auto run = [&](const Shape& s, bool print) {
+  auto run = [&](const Shape& s, DType operands, bool print) {
     // q, k, v side by side in one (N, W) buffer, as the model's fused qkv projection leaves them.
     const int64_t C = s.NH * s.HS, KV = s.NKV * s.HS, W = C + 2 * KV, N = s.B * s.T;
     std::vector<float> qkv(N * W), out(N * C), lse(s.B * s.NH * s.T), dout(N * C), dqkv(N * W);
@@ -388,21 +428,23 @@ int Attn(bool quick) {
     const float* v = k + KV;
     const double fwd = Best(reps, [&] {
       engine::cpu::AttentionForward(out.data(), lse.data(), q, k, v, s.B, s.T, s.NH, s.NKV, s.HS,
-                                    W, W, true, nullptr, DType::kF32, 2);
+                                    W, W, s.causal, nullptr, operands, 2);
     });
     const double bwd = Best(reps, [&] {
       engine::cpu::AttentionBackward(dqkv.data(), dqkv.data() + C, dqkv.data() + C + KV,
                                      dout.data(), out.data(), lse.data(), q, k, v, s.B, s.T, s.NH,
-                                     s.NKV, s.HS, W, W, true, nullptr, DType::kF32, 2);
+                                     s.NKV, s.HS, W, W, s.causal, nullptr, operands, 2);
     });
     const double flops = 4.0 * s.B * s.NH * s.T * s.T * s.HS;
     if (!print) return;
-    std::printf("RESULT attn %-12s fwd %.3f ms (%.1f GFLOP/s)  bwd %.3f ms (%.1f GFLOP/s)\n",
-                s.name, 1e3 * fwd, flops / fwd / 1e9, 1e3 * bwd, 2 * flops / bwd / 1e9);
+    std::printf("RESULT attn %-12s %s fwd %.3f ms (%.1f GFLOP/s)  bwd %.3f ms (%.1f GFLOP/s)\n",
+                s.name, operands == DType::kF32 ? "f32 " : "bf16", 1e3 * fwd, flops / fwd / 1e9,
+                1e3 * bwd, 2 * flops / bwd / 1e9);
   };
   // A first pass unprinted: the first shape timed in a cold process ran up to 2x slower.
   for (bool print : {false, true})
-    for (const Shape& s : shapes) run(s, print);
+    for (const Shape& s : shapes)
+      for (DType t : {DType::kF32, DType::kBF16}) run(s, t, print);
   return 0;
 }
 
@@ -425,8 +467,9 @@ int main(int argc, char** argv) {
   if (what == "layouts") return traind::bench::GemmLayouts();
   if (what == "linear") return traind::bench::LinearBias(quick);
   if (what == "gelubwd") return traind::bench::GeluBwd(quick);
+  if (what == "gelufwd") return traind::bench::GeluFwd(quick);
   std::fprintf(stderr,
-               "usage: ops_bench cast|step|gemm|gemms|layouts|linear|gelubwd|xent|attn [--quick] "
-               "[--small]\n");
+               "usage: ops_bench cast|step|gemm|gemms|layouts|linear|gelubwd|gelufwd|xent|attn "
+               "[--quick] [--small]\n");
   return 2;
 }

@@ -340,7 +340,10 @@ void CompareWorld(int W, int64_t A, const std::string& extra = "", int zero = 0,
   EXPECT_LE(max_loss, std::max(1e-6, k * floor_loss));
   EXPECT_LE(max_norm, std::max(1e-5, k * floor_norm));
   const double eval_rel = std::abs(b.eval_loss - a.eval_loss) / a.eval_loss;
-  const double floor_eval = std::abs(c.eval_loss - a.eval_loss) / a.eval_loss;
+  // The eval loss is one number, so its floor is one sample of the reordering noise (2.7e-6 once
+  // where data parallel's own was 9.6e-6, bf16); the training losses come from the same forward
+  // pass, and their largest distance over 20 steps is the steadier estimate of that noise.
+  const double floor_eval = std::max(std::abs(c.eval_loss - a.eval_loss) / a.eval_loss, floor_loss);
   EXPECT_LE(eval_rel, std::max(1e-6, k * floor_eval)) << a.eval_loss << " vs " << b.eval_loss;
 
   const WeightDiff dp = CompareWeights(ref_out, dp_out);

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cmath>
 #include <memory>
 #include <random>
@@ -398,9 +399,10 @@ TEST(CpuAttentionTest, KeyMaskForwardBackward) {
 // to bf16 before P V (relative 2^-9 each, so |out - out32| <= 2^-9 max|v| = 3e-3 here, bound 4e-3);
 // backward also rounds dout and dS: gradients within 2% of their largest magnitude. Masked keys
 // keep exactly zero weight and gradient, and columns outside the heads stay untouched. Where the
-// backend uses bf16 tiles (cpu::UseBf16Tiles: bidirectional, T >= 256, native oneDNN bf16) the
-// outputs must differ from fp32's (the bf16 path ran); elsewhere the request computes in fp32 and
-// must equal the fp32 kernels on the same (unrounded) inputs bit for bit.
+// backend uses bf16 tiles (cpu::UseBf16Tiles: oneDNN's bf16 matmuls for bidirectional T >= 256,
+// the CPU's own bf16 dot products (AVX512-BF16) elsewhere for an even head size) the outputs must
+// differ from fp32's (the bf16 path ran); elsewhere the request computes in fp32 and must equal
+// the fp32 kernels on the same (unrounded) inputs bit for bit.
 void CheckBf16Attention(const AttnShape& s, const AttnMode& mode) {
   auto be = MakeCpuBackend(2);
   const int32_t* km = mode.mask.empty() ? nullptr : mode.mask.data();
@@ -414,7 +416,7 @@ void CheckBf16Attention(const AttnShape& s, const AttnMode& mode) {
   };
   // The reference: the fp32 kernels on the rounded inputs where bf16 tiles run, else on the same
   // inputs (then everything must match bit for bit).
-  const bool tiles = cpu::UseBf16Tiles(DType::kBF16, mode.causal, s.T);
+  const bool tiles = cpu::UseBf16Tiles(DType::kBF16, mode.causal, s.T, s.HS);
   const auto qr = tiles ? round16(q) : q, kr = tiles ? round16(k) : k, vr = tiles ? round16(v) : v;
   const std::string tag = "T=" + std::to_string(s.T) + (mode.causal ? " causal" : " bidir") +
                           (km != nullptr ? " masked" : "");
@@ -483,11 +485,8 @@ void CheckBf16Attention(const AttnShape& s, const AttnMode& mode) {
   }
 }
 
-TEST(CpuAttentionTest, Bf16OperandsForwardBackward) {
-  cpu::SetGemmLibraryForTesting(true);  // oneDNN where the build has it
-  if (cpu::Bf16TileProductsNative()) {
-    EXPECT_TRUE(cpu::UseBf16Tiles(DType::kBF16, false, 300)) << "bert-like shapes use bf16 tiles";
-  }
+// Every shape, bidirectional and causal, with the tiles this run chooses.
+void CheckBf16AttentionShapes() {
   for (bool causal : {false, true}) {
     SCOPED_TRACE(causal ? "causal" : "bidirectional");
     // BERT-like heads (HS 64) across three 128-query blocks, padded tails (260 keys: the tile
@@ -497,10 +496,47 @@ TEST(CpuAttentionTest, Bf16OperandsForwardBackward) {
     // GQA on separate padded rows, a random mask with an empty sequence.
     CheckBf16Attention({2, 270, 4, 2, 16, 4 * 16 + 3, 2 * 16 + 2, 1, 2, 0},
                        {causal, RandomMask(2, 270, 1, 15)});
-    // Short sequences compute in fp32.
+    // Short sequences: the dot-product tiles where the CPU has them, else fp32.
     CheckBf16Attention({2, 70, 4, 2, 16, 4 * 16 + 3, 2 * 16 + 2, 1, 2, 0},
                        {causal, RandomMask(2, 70, 1, 16)});
+    // The tiny configs' shape (two 64-query blocks); an odd T whose last block has one query (odd
+    // query and key counts: half-empty pairs); a head size of 24 (a partial 16-column vector)
+    // with a padded tail; an odd head size (no pairs: fp32 or oneDNN).
+    CheckBf16Attention({2, 128, 4, 4, 64, 256, 256, 0, 0, 0}, {causal, {}});
+    CheckBf16Attention({1, 129, 2, 1, 64, 128, 64, 0, 0, 0}, {causal, {}});
+    CheckBf16Attention({2, 67, 3, 3, 24, 3 * 24 + 1, 3 * 24 + 1, 1, 0, 0},
+                       {causal, TailMask(67, {45, 67})});
+    CheckBf16Attention({1, 40, 2, 2, 15, 30, 30, 0, 0, 0}, {causal, {}});
   }
+}
+
+// Both bf16 paths: the CPU's dot-product tiles (where it has AVX512-BF16), then, with them turned
+// off, oneDNN's bf16 matmuls (bidirectional T >= 256) and the fp32 fallback elsewhere.
+TEST(CpuAttentionTest, Bf16OperandsForwardBackward) {
+  cpu::SetGemmLibraryForTesting(true);  // oneDNN where the build has it
+  for (bool dot_products : {true, false}) {
+    SCOPED_TRACE(dot_products ? "dot-product tiles where the CPU has them" : "no dot products");
+    cpu::SetBf16DotProductsForTesting(dot_products);
+    if (cpu::Bf16TileProductsNative() || cpu::Bf16DotProductsNative()) {
+      EXPECT_TRUE(cpu::UseBf16Tiles(DType::kBF16, false, 300, 64))
+          << "bert-like shapes use bf16 tiles";
+    }
+    CheckBf16AttentionShapes();
+  }
+  cpu::SetBf16DotProductsForTesting(true);
+}
+
+// Where the CPU has AVX512-BF16, every bf16 request with an even head size runs the dot-product
+// tiles (causal, short, long); an odd head size cannot pair its elements and does not.
+TEST(CpuAttentionTest, Bf16DotProductTilesWhereTheCpuHasThem) {
+  const bool dp = cpu::Bf16DotProductsNative();
+  std::printf("AVX512-BF16 dot products: %s\n", dp ? "yes" : "no (the other paths checked)");
+  EXPECT_EQ(cpu::UseBf16Tiles(DType::kBF16, true, 128, 64), dp);
+  EXPECT_EQ(cpu::UseBf16Tiles(DType::kBF16, true, 1024, 64), dp);
+  EXPECT_EQ(cpu::UseBf16Tiles(DType::kBF16, false, 70, 16), dp);
+  EXPECT_FALSE(cpu::UseBf16Tiles(DType::kBF16, true, 128, 15));
+  EXPECT_FALSE(cpu::UseBf16Tiles(DType::kF32, true, 128, 64));
+  EXPECT_FALSE(cpu::UseBf16Tiles(DType::kF16, true, 128, 64));
 }
 
 // Rotary embedding reference: inv_freq and angles in fp32 as HF forms them, rotation in double.

@@ -147,8 +147,14 @@ void AttentionBackward(float* dq, float* dk, float* dv, const float* dout, const
                        int64_t kv_stride, bool causal, const int32_t* key_mask,
                        DType operand_type, int nt);
 // Whether AttentionForward/Backward with this operand type use bf16 tile products (see
-// cpu_attention.cc: bidirectional, T >= 256, native oneDNN bf16); else they compute in fp32.
-bool UseBf16Tiles(DType operand_type, bool causal, int64_t T);
+// cpu_attention.cc: the CPU's own bf16 dot products for an even head size where it has them, else
+// oneDNN's bf16 matmuls for bidirectional T >= 256); else they compute in fp32.
+bool UseBf16Tiles(DType operand_type, bool causal, int64_t T, int64_t HS);
+// Whether this CPU has AVX512-BF16's dot-product instruction (vdpbf16ps), which attention's bf16
+// tile products use. Decided once per process; tests can turn it off (then attention takes the
+// oneDNN or fp32 path, as on a CPU without it).
+bool Bf16DotProductsNative();
+void SetBf16DotProductsForTesting(bool enabled);
 void AttentionDecode(float* out, const float* q, const float* k, const float* v, int64_t B,
                      int64_t T, int64_t cache_rows, int64_t NH, int64_t NKV, int64_t HS,
                      int64_t q_stride, int64_t kv_stride, int nt);
