@@ -249,14 +249,7 @@ int64_t PanelStride(int64_t n) {
 // each) transposed, zero columns from `rows` to `cols`.
 TRAIND_CPU_CLONES void TransposeRows(float* xt, int64_t ld, const float* x, int64_t stride,
                                      int64_t rows, int64_t cols, int64_t HS) {
-  int64_t j0 = 0;
-  if (HS % 16 == 0) {
-    for (; j0 + 16 <= rows; j0 += 16)
-      for (int64_t e0 = 0; e0 < HS; e0 += 16)
-        Transpose16(xt + e0 * ld + j0, ld, x + j0 * stride + e0, stride);
-  }
-  for (int64_t j = j0; j < rows; ++j)
-    for (int64_t e = 0; e < HS; ++e) xt[e * ld + j] = x[j * stride + e];
+  TransposeBlock(xt, ld, x, stride, rows, HS);
   for (int64_t e = 0; e < HS; ++e) std::fill(xt + e * ld + rows, xt + e * ld + cols, 0.0f);
 }
 

@@ -31,9 +31,6 @@ int ThreadsFor(int64_t work, int nt) { return work < kMinParallel ? 1 : nt; }
 TRAIND_CPU_CLONES void AddRow(float* out, const float* a, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] += a[i];
 }
-TRAIND_CPU_CLONES void AddSpan(float* out, const float* a, const float* b, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
-}
 TRAIND_CPU_CLONES void ScaleSpan(float* x, float s, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] *= s;
 }
@@ -140,6 +137,10 @@ TRAIND_CPU_CLONES void AdamWSpan(float* p, const float* grad, float* m, float* v
 }
 
 }  // namespace
+
+TRAIND_CPU_CLONES void AddSpan(float* out, const float* a, const float* b, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
+}
 
 void EmbeddingForward(float* out, const int32_t* ids, const float* table, int64_t N, int64_t C,
                       bool accumulate, int nt) {

@@ -56,15 +56,7 @@ bool UseDnnl() {
 // thread (a second parallel region cost more than it saved: ops_bench layouts).
 TRAIND_CPU_CLONES void TransposeInto(float* dst, const float* b, int64_t ldb, int64_t N,
                                      int64_t K) {
-  int64_t r0 = 0;
-  for (; r0 + 16 <= N; r0 += 16) {
-    int64_t c = 0;
-    for (; c + 16 <= K; c += 16) Transpose16(dst + c * N + r0, N, b + r0 * ldb + c, ldb);
-    for (; c < K; ++c)
-      for (int64_t r = r0; r < r0 + 16; ++r) dst[c * N + r] = b[r * ldb + c];
-  }
-  for (int64_t r = r0; r < N; ++r)
-    for (int64_t c = 0; c < K; ++c) dst[c * N + r] = b[r * ldb + c];
+  TransposeBlock(dst, N, b, ldb, N, K);
 }
 
 const float* TransposedB(const float* b, int64_t ldb, int64_t N, int64_t K) {

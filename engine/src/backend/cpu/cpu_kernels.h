@@ -90,6 +90,8 @@ void BiasGelu(float* pre, const float* bias, int64_t N, int64_t OC, void* act, D
 void ScaleRows(float* x, const float* w, int64_t N, int64_t C, int nt);
 void RowDot(float* out, const float* a, const float* b, int64_t N, int64_t C, int nt);
 void Add(float* out, const float* a, const float* b, int64_t n, int nt);
+// out[i] = a[i] + b[i] for i < n on the calling thread (Add's and the residual norm's row body).
+void AddSpan(float* out, const float* a, const float* b, int64_t n);
 void Scale(float* x, float s, int64_t n, int nt);
 double SumSquares(const float* x, int64_t n, int nt);
 bool HasNonFinite(const float* x, int64_t n, int nt);  // any NaN or +-inf

@@ -82,10 +82,6 @@ TRAIND_CPU_CLONES void AddInto(float* dst, const float* src, int64_t n) {
   for (int64_t i = 0; i < n; ++i) dst[i] += src[i];
 }
 
-TRAIND_CPU_CLONES void SumRow(float* out, const float* a, const float* b, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
-}
-
 }  // namespace
 
 void LayerNormForward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
@@ -137,7 +133,7 @@ void ResidualNormForward(float* res, void* out, DType out_type, float* mean, flo
   // Row n: res = a + b, then its norm into `dst`.
   auto row = [&](float* dst, int64_t n) {
     float* r = res + n * C;
-    SumRow(r, a + n * C, b + n * C, C);
+    AddSpan(r, a + n * C, b + n * C, C);
     if (rms) {
       RmsNormRow(dst, rstd + n, r, weight, C, eps);
     } else {

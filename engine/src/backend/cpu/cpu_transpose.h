@@ -39,6 +39,21 @@ __attribute__((always_inline)) inline void Transpose16(float* y, int64_t sy, con
   for (int i = 0; i < 16; ++i) __builtin_memcpy(y + i * sy, &r[i], sizeof(Vec16));
 }
 
+// y (cols x rows, row stride sy) = the (rows x cols) block at x (row stride sx) transposed:
+// 16 x 16 blocks through Transpose16, the edges element by element.
+__attribute__((always_inline)) inline void TransposeBlock(float* y, int64_t sy, const float* x,
+                                                          int64_t sx, int64_t rows, int64_t cols) {
+  int64_t r0 = 0;
+  for (; r0 + 16 <= rows; r0 += 16) {
+    int64_t c = 0;
+    for (; c + 16 <= cols; c += 16) Transpose16(y + c * sy + r0, sy, x + r0 * sx + c, sx);
+    for (; c < cols; ++c)
+      for (int64_t r = r0; r < r0 + 16; ++r) y[c * sy + r] = x[r * sx + c];
+  }
+  for (int64_t r = r0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) y[c * sy + r] = x[r * sx + c];
+}
+
 #undef TRAIND_SWAP_ROUND
 #undef TRAIND_LO8
 #undef TRAIND_HI8
