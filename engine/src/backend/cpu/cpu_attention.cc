@@ -800,6 +800,7 @@ TRAIND_DPBF16_TARGET void AttentionBackwardDp(float* dq, float* dk, float* dv, c
 enum class Bf16Tiles { kNone, kDotProducts, kOneDnn };
 
 bool dot_products_disabled = false;  // SetBf16DotProductsForTesting
+bool bf16_tiles_disabled = false;    // SetBf16AttentionTilesForTesting
 
 }  // namespace
 
@@ -813,11 +814,12 @@ bool Bf16DotProductsNative() {
 }
 
 void SetBf16DotProductsForTesting(bool enabled) { dot_products_disabled = !enabled; }
+void SetBf16AttentionTilesForTesting(bool enabled) { bf16_tiles_disabled = !enabled; }
 
 namespace {
 
 Bf16Tiles ChooseBf16Tiles(DType operand_type, bool causal, int64_t T, int64_t HS) {
-  if (operand_type != DType::kBF16) return Bf16Tiles::kNone;
+  if (operand_type != DType::kBF16 || bf16_tiles_disabled) return Bf16Tiles::kNone;
   if (HS % 2 == 0 && HS <= 512 && Bf16DotProductsNative()) return Bf16Tiles::kDotProducts;
   if (!causal && T >= 256 && Bf16TileProductsNative()) return Bf16Tiles::kOneDnn;
   return Bf16Tiles::kNone;

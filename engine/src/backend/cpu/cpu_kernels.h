@@ -157,6 +157,9 @@ bool UseBf16Tiles(DType operand_type, bool causal, int64_t T, int64_t HS);
 // oneDNN or fp32 path, as on a CPU without it).
 bool Bf16DotProductsNative();
 void SetBf16DotProductsForTesting(bool enabled);
+// Tests that compare a device whose attention computes in fp32 whatever the operand type (the CUDA
+// kernels, under simt or on a GPU) with this backend turn every bf16 tile path off.
+void SetBf16AttentionTilesForTesting(bool enabled);
 void AttentionDecode(float* out, const float* q, const float* k, const float* v, int64_t B,
                      int64_t T, int64_t cache_rows, int64_t NH, int64_t NKV, int64_t HS,
                      int64_t q_stride, int64_t kv_stride, int nt);
