@@ -641,18 +641,17 @@ TRAIND_DPBF16_TARGET void AttentionForwardDp(float* out, float* lse, const float
   static thread_local std::vector<uint32_t> kv_pack;
   kv_pack.resize(static_cast<size_t>(B * NKV * per));
   uint32_t* packs = kv_pack.data();
-  const int pack_threads =
-      B * NKV * T * HS < 65536 ? 1 : static_cast<int>(std::min<int64_t>(nt, B * NKV));
-#pragma omp parallel for num_threads(pack_threads) schedule(static)
-  for (int64_t bk = 0; bk < B * NKV; ++bk) {
-    const int64_t b = bk / NKV, kvh = bk % NKV;
-    const int64_t key_end = KeyEnd(key_mask != nullptr ? key_mask + b * T : nullptr, T);
-    uint32_t* kt = packs + bk * per;
-    PackPairPanel(kt, T16, k + b * T * kv_stride + kvh * HS, kv_stride, key_end, T16, HS);
-    PackRowPairs(kt + H2 * T16, v + b * T * kv_stride + kvh * HS, kv_stride, key_end, TP, HS);
-  }
+  // One parallel region: the packs (split by (sequence, kv head)), a barrier, the query blocks.
 #pragma omp parallel num_threads(static_cast <int>(std::min <int64_t>(nt, items)))
   {
+#pragma omp for schedule(static)
+    for (int64_t bk = 0; bk < B * NKV; ++bk) {
+      const int64_t b = bk / NKV, kvh = bk % NKV;
+      const int64_t key_end = KeyEnd(key_mask != nullptr ? key_mask + b * T : nullptr, T);
+      uint32_t* kt = packs + bk * per;
+      PackPairPanel(kt, T16, k + b * T * kv_stride + kvh * HS, kv_stride, key_end, T16, HS);
+      PackRowPairs(kt + H2 * T16, v + b * T * kv_stride + kvh * HS, kv_stride, key_end, TP, HS);
+    }
     static thread_local std::vector<float> tile;      // (kQBlock, T16) scores / probabilities
     static thread_local std::vector<uint32_t> words;  // the block's q rows, then P's rows
     tile.resize(static_cast<size_t>(kQBlock * T16));
@@ -858,16 +857,16 @@ void AttentionForward(float* out, float* lse, const float* q, const float* k, co
   static thread_local std::vector<float> kt_pack;
   kt_pack.resize(static_cast<size_t>(B * NKV * HS * T16));
   float* kts = kt_pack.data();
-  const int pack_threads = B * NKV * T * HS < 65536 ? 1 : static_cast<int>(std::min<int64_t>(nt, B * NKV));
-#pragma omp parallel for num_threads(pack_threads) schedule(static)
-  for (int64_t bk = 0; bk < B * NKV; ++bk) {
-    const int64_t b = bk / NKV, kvh = bk % NKV;
-    const int32_t* km = key_mask != nullptr ? key_mask + b * T : nullptr;
-    TransposeRows(kts + bk * HS * T16, T16, k + b * T * kv_stride + kvh * HS, kv_stride,
-                  KeyEnd(km, T), T16, HS);
-  }
+  // One parallel region: the K^T panels (split by (sequence, kv head)), a barrier, the blocks.
 #pragma omp parallel num_threads(static_cast <int>(std::min <int64_t>(nt, items)))
   {
+#pragma omp for schedule(static)
+    for (int64_t bk = 0; bk < B * NKV; ++bk) {
+      const int64_t b = bk / NKV, kvh = bk % NKV;
+      const int32_t* km = key_mask != nullptr ? key_mask + b * T : nullptr;
+      TransposeRows(kts + bk * HS * T16, T16, k + b * T * kv_stride + kvh * HS, kv_stride,
+                    KeyEnd(km, T), T16, HS);
+    }
     static thread_local std::vector<float> tile;  // (kQBlock, T16) scores / probabilities
     tile.resize(static_cast<size_t>(kQBlock * T16));
     float* S = tile.data();
