@@ -455,6 +455,88 @@ void AttentionBackward16(float* dq, float* dk, float* dv, const float* dout, con
 }
 
 
+// ---- the loops both tile kinds (fp32, bf16 dot products) share ----
+
+// A query block of one (sequence, head): queries t0..t0+nq-1 against the nk keys it may see (to
+// its last query when causal, never past a padded tail; > 0), km the sequence's key mask.
+struct QueryBlock {
+  int64_t b, h, kvh, t0, nq, nk;
+  const int32_t* km;
+};
+
+// The forward: one parallel region; pack(bk, b, kvh, key_end) for every (sequence, kv head),
+// split across the threads, a barrier, then block(QueryBlock) for every (sequence, head, query
+// block) handed out dynamically, later blocks (more keys) first. A block with no visible key gets
+// out = 0 and lse = 0 here.
+template <class Pack, class Block>
+void ForwardBlocks(float* out, float* lse, int64_t B, int64_t T, int64_t NH, int64_t NKV,
+                   int64_t HS, bool causal, const int32_t* key_mask, int nt, Pack&& pack,
+                   Block&& block) {
+  const int64_t group = NH / NKV, C = NH * HS;
+  const int64_t nblocks = (T + kQBlock - 1) / kQBlock, items = B * NH * nblocks;
+#pragma omp parallel num_threads(static_cast <int>(std::min <int64_t>(nt, items)))
+  {
+#pragma omp for schedule(static)
+    for (int64_t bk = 0; bk < B * NKV; ++bk) {
+      const int64_t b = bk / NKV;
+      pack(bk, b, bk % NKV, KeyEnd(key_mask != nullptr ? key_mask + b * T : nullptr, T));
+    }
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t it = 0; it < items; ++it) {
+      const int64_t blk = nblocks - 1 - it % nblocks, bh = it / nblocks;
+      const int64_t b = bh / NH, h = bh % NH;
+      const int64_t t0 = blk * kQBlock, t1 = std::min(T, t0 + kQBlock);
+      const int32_t* km = key_mask != nullptr ? key_mask + b * T : nullptr;
+      const QueryBlock qb{b, h, h / group, t0, t1 - t0, std::min(causal ? t1 : T, KeyEnd(km, T)),
+                          km};
+      if (qb.nk == 0) {  // no visible key at all
+        for (int64_t i = 0; i < qb.nq; ++i) {
+          std::fill_n(out + (b * T + t0 + i) * C + h * HS, HS, 0.0f);
+          lse[(b * NH + h) * T + t0 + i] = 0.0f;
+        }
+        continue;
+      }
+      block(qb);
+    }
+  }
+}
+
+// The backward: threads split (sequence, kv head), so each owns the dk/dv rows it sums
+// (deterministic): they are zeroed, kv(b, kvh, key_end) prepares the head's panels, then
+// block(QueryBlock) runs for each query head of the group and each query block with a visible
+// key (one without gets dq = 0 here).
+template <class Kv, class Block>
+void BackwardBlocks(float* dq, float* dk, float* dv, int64_t B, int64_t T, int64_t NH,
+                    int64_t NKV, int64_t HS, int64_t q_stride, int64_t kv_stride, bool causal,
+                    const int32_t* key_mask, int nt, Kv&& kv, Block&& block) {
+  const int64_t group = NH / NKV;
+  const int64_t nblocks = (T + kQBlock - 1) / kQBlock;
+#pragma omp parallel for num_threads(static_cast <int>(std::min <int64_t>(nt, B * NKV))) \
+    schedule(static)
+  for (int64_t bk = 0; bk < B * NKV; ++bk) {
+    const int64_t b = bk / NKV, kvh = bk % NKV;
+    const int32_t* km = key_mask != nullptr ? key_mask + b * T : nullptr;
+    const int64_t key_end = KeyEnd(km, T);
+    for (int64_t t = 0; t < T; ++t) {
+      std::fill_n(dk + (b * T + t) * kv_stride + kvh * HS, HS, 0.0f);
+      std::fill_n(dv + (b * T + t) * kv_stride + kvh * HS, HS, 0.0f);
+    }
+    kv(b, kvh, key_end);
+    for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
+      for (int64_t blk = 0; blk < nblocks; ++blk) {
+        const int64_t t0 = blk * kQBlock, t1 = std::min(T, t0 + kQBlock);
+        const QueryBlock qb{b, h, kvh, t0, t1 - t0, std::min(causal ? t1 : T, key_end), km};
+        if (qb.nk == 0) {  // no visible key: dq = 0, nothing for dk, dv
+          for (int64_t i = 0; i < qb.nq; ++i)
+            std::fill_n(dq + (b * T + t0 + i) * q_stride + h * HS, HS, 0.0f);
+          continue;
+        }
+        block(qb);
+      }
+    }
+  }
+}
+
 // ---- bf16 tile products on the CPU's own dot-product instruction (AVX512-BF16 vdpbf16ps) ----
 //
 // Where oneDNN's bf16 matmuls do not pay (causal, short sequences: a library call per small
@@ -625,15 +707,12 @@ TRAIND_DPBF16_TARGET void DpProduct(int64_t M, int64_t N, int64_t P, float alpha
   }
 }
 
-TRAIND_DPBF16_TARGET void AttentionForwardDp(float* out, float* lse, const float* q,
-                                             const float* k, const float* v, int64_t B, int64_t T,
-                                             int64_t NH, int64_t NKV, int64_t HS,
-                                             int64_t q_stride, int64_t kv_stride, bool causal,
-                                             const int32_t* key_mask, int nt) {
-  const int64_t group = NH / NKV, H2 = HS / 2, C = NH * HS;
+void AttentionForwardDp(float* out, float* lse, const float* q, const float* k, const float* v,
+                        int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS,
+                        int64_t q_stride, int64_t kv_stride, bool causal,
+                        const int32_t* key_mask, int nt) {
+  const int64_t H2 = HS / 2, C = NH * HS;
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
-  const int64_t nblocks = (T + kQBlock - 1) / kQBlock;
-  const int64_t items = B * NH * nblocks;
   const int64_t T16 = PanelStride(T), TP = (T + 1) / 2;
   // Per (sequence, kv head): the K^T pair panel (H2 x T16 words) and V's key pairs (TP x HS
   // words), both zero past the sequence's visible keys.
@@ -641,154 +720,124 @@ TRAIND_DPBF16_TARGET void AttentionForwardDp(float* out, float* lse, const float
   static thread_local std::vector<uint32_t> kv_pack;
   kv_pack.resize(static_cast<size_t>(B * NKV * per));
   uint32_t* packs = kv_pack.data();
-  // One parallel region: the packs (split by (sequence, kv head)), a barrier, the query blocks.
-#pragma omp parallel num_threads(static_cast <int>(std::min <int64_t>(nt, items)))
-  {
-#pragma omp for schedule(static)
-    for (int64_t bk = 0; bk < B * NKV; ++bk) {
-      const int64_t b = bk / NKV, kvh = bk % NKV;
-      const int64_t key_end = KeyEnd(key_mask != nullptr ? key_mask + b * T : nullptr, T);
-      uint32_t* kt = packs + bk * per;
-      PackPairPanel(kt, T16, k + b * T * kv_stride + kvh * HS, kv_stride, key_end, T16, HS);
-      PackRowPairs(kt + H2 * T16, v + b * T * kv_stride + kvh * HS, kv_stride, key_end, TP, HS);
-    }
-    static thread_local std::vector<float> tile;      // (kQBlock, T16) scores / probabilities
-    static thread_local std::vector<uint32_t> words;  // the block's q rows, then P's rows
-    tile.resize(static_cast<size_t>(kQBlock * T16));
-    words.resize(static_cast<size_t>(kQBlock * (H2 + TP)));
-    float* S = tile.data();
-    uint32_t* qw = words.data();
-    uint32_t* pw = qw + kQBlock * H2;
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t it = 0; it < items; ++it) {
-      const int64_t blk = nblocks - 1 - it % nblocks, bh = it / nblocks;
-      const int64_t b = bh / NH, h = bh % NH, kvh = h / group;
-      const int64_t t0 = blk * kQBlock, t1 = std::min(T, t0 + kQBlock), nq = t1 - t0;
-      const uint32_t* KT = packs + (b * NKV + kvh) * per;
-      const uint32_t* VI = KT + H2 * T16;
-      const int32_t* km = key_mask != nullptr ? key_mask + b * T : nullptr;
-      const int64_t nk = std::min(causal ? t1 : T, KeyEnd(km, T));
-      float* lse_row = lse + (b * NH + h) * T + t0;
-      float* ob = out + (b * T + t0) * C + h * HS;
-      if (nk == 0) {  // no visible key at all
+  // Per thread: the (kQBlock, T16) scores / probabilities; the block's q rows, then P's rows.
+  static thread_local std::vector<float> tile;
+  static thread_local std::vector<uint32_t> words;
+  ForwardBlocks(
+      out, lse, B, T, NH, NKV, HS, causal, key_mask, nt,
+      [&](int64_t bk, int64_t b, int64_t kvh, int64_t key_end) {
+        uint32_t* kt = packs + bk * per;
+        PackPairPanel(kt, T16, k + b * T * kv_stride + kvh * HS, kv_stride, key_end, T16, HS);
+        PackRowPairs(kt + H2 * T16, v + b * T * kv_stride + kvh * HS, kv_stride, key_end, TP,
+                     HS);
+      },
+      [&](const QueryBlock& qb) {
+        tile.resize(static_cast<size_t>(kQBlock * T16));
+        words.resize(static_cast<size_t>(kQBlock * (H2 + TP)));
+        float* S = tile.data();
+        uint32_t* qw = words.data();
+        uint32_t* pw = qw + kQBlock * H2;
+        const int64_t t0 = qb.t0, nq = qb.nq, nk = qb.nk;
+        const uint32_t* KT = packs + (qb.b * NKV + qb.kvh) * per;
+        const uint32_t* VI = KT + H2 * T16;
+        for (int64_t i = 0; i < nq; ++i)
+          RowWords(qw + i * H2, q + (qb.b * T + t0 + i) * q_stride + qb.h * HS, HS);
+        const int64_t ld = PanelStride(nk), np = (nk + 1) / 2;
+        const Band scores{causal ? t0 + 1 : -1, -1, -1};
+        DpProduct(nq, RoundUp16(nk), H2, scale, qw, H2, 1, KT, T16, false, S, ld, scores);
+        float* lse_row = lse + (qb.b * NH + qb.h) * T + t0;
         for (int64_t i = 0; i < nq; ++i) {
-          std::fill_n(ob + i * C, HS, 0.0f);
-          lse_row[i] = 0.0f;
+          lse_row[i] = SoftmaxRow(S + i * ld, std::min(causal ? t0 + i + 1 : T, nk), nk, qb.km);
+          RowWords(pw + i * np, S + i * ld, nk);
         }
-        continue;
-      }
-      for (int64_t i = 0; i < nq; ++i)
-        RowWords(qw + i * H2, q + (b * T + t0 + i) * q_stride + h * HS, HS);
-      const int64_t ld = PanelStride(nk), np = (nk + 1) / 2;
-      const Band scores{causal ? t0 + 1 : -1, -1, -1};
-      DpProduct(nq, RoundUp16(nk), H2, scale, qw, H2, 1, KT, T16, false, S, ld, scores);
-      for (int64_t i = 0; i < nq; ++i) {
-        lse_row[i] = SoftmaxRow(S + i * ld, std::min(causal ? t0 + i + 1 : T, nk), nk, km);
-        RowWords(pw + i * np, S + i * ld, nk);
-      }
-      const Band keys{-1, -1, causal ? t0 + 1 : -1};
-      DpProduct(nq, HS, np, 1.0f, pw, np, 1, VI, HS, false, ob, C, keys);
-    }
-  }
+        const Band keys{-1, -1, causal ? t0 + 1 : -1};
+        DpProduct(nq, HS, np, 1.0f, pw, np, 1, VI, HS, false,
+                  out + (qb.b * T + t0) * C + qb.h * HS, C, keys);
+      });
 }
 
-TRAIND_DPBF16_TARGET void AttentionBackwardDp(float* dq, float* dk, float* dv, const float* dout,
-                                              const float* out, const float* lse, const float* q,
-                                              const float* k, const float* v, int64_t B, int64_t T,
-                                              int64_t NH, int64_t NKV, int64_t HS,
-                                              int64_t q_stride, int64_t kv_stride, bool causal,
-                                              const int32_t* key_mask, int nt) {
-  const int64_t group = NH / NKV, H2 = HS / 2, C = NH * HS;
+void AttentionBackwardDp(float* dq, float* dk, float* dv, const float* dout, const float* out,
+                         const float* lse, const float* q, const float* k, const float* v,
+                         int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS,
+                         int64_t q_stride, int64_t kv_stride, bool causal,
+                         const int32_t* key_mask, int nt) {
+  const int64_t H2 = HS / 2, C = NH * HS;
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
-  const int64_t nblocks = (T + kQBlock - 1) / kQBlock;
   const int64_t T16 = PanelStride(T), TP = (T + 1) / 2, QP = kQBlock / 2;
-#pragma omp parallel num_threads(static_cast <int>(std::min <int64_t>(nt, B * NKV)))
-  {
-    // fp32 P and dP/dS tiles, (kQBlock, T16) each.
-    static thread_local std::vector<float> tiles;
+  // Per thread: fp32 P and dP/dS tiles, (kQBlock, T16) each; words: K^T and V^T pair panels
+  // (H2 x T16 each), K's key pairs (TP x HS); the block's q and dout rows (kQBlock x H2 each) and
+  // query pairs (QP x HS each); dS's rows (kQBlock x TP); dS's and P's query pairs (QP x T each).
+  static thread_local std::vector<float> tiles;
+  static thread_local std::vector<uint32_t> words;
+  auto panels = [&] {
     tiles.resize(static_cast<size_t>(2 * kQBlock * T16));
-    float* P = tiles.data();
-    float* dS = P + kQBlock * T16;
-    // Words: K^T and V^T pair panels (H2 x T16 each), K's key pairs (TP x HS); the block's q and
-    // dout rows (kQBlock x H2 each) and query pairs (QP x HS each); dS's rows (kQBlock x TP);
-    // dS's and P's query pairs (QP x T each).
-    static thread_local std::vector<uint32_t> words;
     words.resize(static_cast<size_t>(2 * H2 * T16 + TP * HS + 2 * kQBlock * H2 + 2 * QP * HS +
                                      kQBlock * TP + 2 * QP * T));
-    uint32_t* KT = words.data();
-    uint32_t* VT = KT + H2 * T16;
-    uint32_t* KI = VT + H2 * T16;
-    uint32_t* qw = KI + TP * HS;
-    uint32_t* dow = qw + kQBlock * H2;
-    uint32_t* qi = dow + kQBlock * H2;
-    uint32_t* doi = qi + QP * HS;
-    uint32_t* dsw = doi + QP * HS;
-    uint32_t* dsi = dsw + kQBlock * TP;
-    uint32_t* pi = dsi + QP * T;
-#pragma omp for schedule(static)
-    for (int64_t bk = 0; bk < B * NKV; ++bk) {
-      const int64_t b = bk / NKV, kvh = bk % NKV;
-      const int32_t* km = key_mask != nullptr ? key_mask + b * T : nullptr;
-      const int64_t key_end = KeyEnd(km, T);
-      const float* kb = k + b * T * kv_stride + kvh * HS;
-      const float* vb = v + b * T * kv_stride + kvh * HS;
-      float* dkb = dk + b * T * kv_stride + kvh * HS;
-      float* dvb = dv + b * T * kv_stride + kvh * HS;
-      for (int64_t t = 0; t < T; ++t) {
-        std::fill_n(dkb + t * kv_stride, HS, 0.0f);
-        std::fill_n(dvb + t * kv_stride, HS, 0.0f);
-      }
-      PackPairPanel(KT, T16, kb, kv_stride, key_end, T16, HS);
-      PackPairPanel(VT, T16, vb, kv_stride, key_end, T16, HS);
-      PackRowPairs(KI, kb, kv_stride, key_end, TP, HS);
-      for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
-        for (int64_t blk = 0; blk < nblocks; ++blk) {
-          const int64_t t0 = blk * kQBlock, t1 = std::min(T, t0 + kQBlock), nq = t1 - t0;
-          const float* qb = q + (b * T + t0) * q_stride + h * HS;
-          const float* dob = dout + (b * T + t0) * C + h * HS;
-          const float* ob = out + (b * T + t0) * C + h * HS;
-          const float* lse_row = lse + (b * NH + h) * T + t0;
-          const int64_t nk = std::min(causal ? t1 : T, key_end);  // keys this block may see
-          if (nk == 0) {  // no visible key: dq = 0, nothing for dk, dv
-            for (int64_t i = 0; i < nq; ++i)
-              std::fill_n(dq + (b * T + t0 + i) * q_stride + h * HS, HS, 0.0f);
-            continue;
-          }
-          const int64_t nqp = (nq + 1) / 2;
-          for (int64_t i = 0; i < nq; ++i) {
-            RowWords(qw + i * H2, qb + i * q_stride, HS);
-            RowWords(dow + i * H2, dob + i * C, HS);
-          }
-          PackRowPairs(qi, qb, q_stride, nq, nqp, HS);
-          PackRowPairs(doi, dob, C, nq, nqp, HS);
-          const int64_t ld = PanelStride(nk), nk16 = RoundUp16(nk), np = (nk + 1) / 2;
-          // P = exp(scale * Q K^T - lse); dP = dO V^T; dS = P (dP - D) scale (fp32 tiles).
-          const Band scores{causal ? t0 + 1 : -1, -1, -1};
-          DpProduct(nq, nk16, H2, scale, qw, H2, 1, KT, T16, false, P, ld, scores);
-          DpProduct(nq, nk16, H2, 1.0f, dow, H2, 1, VT, T16, false, dS, ld, scores);
-          for (int64_t i = 0; i < nq; ++i) {
-            const float D = Dot(dob + i * C, ob + i * C, HS);
-            GradRow(P + i * ld, dS + i * ld, lse_row[i], D, scale,
-                    std::min(causal ? t0 + i + 1 : T, nk), nk, km);
-            RowWords(dsw + i * np, dS + i * ld, nk);
-          }
-          for (int64_t p = 0; p < nqp; ++p) {
-            const bool pair = 2 * p + 1 < nq;
-            PairWords(dsi + p * nk, dS + 2 * p * ld, pair ? dS + (2 * p + 1) * ld : nullptr, nk);
-            PairWords(pi + p * nk, P + 2 * p * ld, pair ? P + (2 * p + 1) * ld : nullptr, nk);
-          }
-          // dQ_blk = dS K (=), row i over keys < t0 + i + 1; dK += dS^T Q_blk and
-          // dV += P^T dO_blk, key row j over the block's queries t0 + i >= j.
-          const Band keys{-1, -1, causal ? t0 + 1 : -1};
-          DpProduct(nq, HS, np, 1.0f, dsw, np, 1, KI, HS, false,
-                    dq + (b * T + t0) * q_stride + h * HS, q_stride, keys);
-          const Band queries{-1, causal ? t0 : -1, -1};
-          DpProduct(nk, HS, nqp, 1.0f, dsi, 1, nk, qi, HS, true, dkb, kv_stride, queries);
-          DpProduct(nk, HS, nqp, 1.0f, pi, 1, nk, doi, HS, true, dvb, kv_stride, queries);
+    return words.data();
+  };
+  BackwardBlocks(
+      dq, dk, dv, B, T, NH, NKV, HS, q_stride, kv_stride, causal, key_mask, nt,
+      [&](int64_t b, int64_t kvh, int64_t key_end) {
+        uint32_t* KT = panels();
+        uint32_t* VT = KT + H2 * T16;
+        uint32_t* KI = VT + H2 * T16;
+        const float* kb = k + b * T * kv_stride + kvh * HS;
+        PackPairPanel(KT, T16, kb, kv_stride, key_end, T16, HS);
+        PackPairPanel(VT, T16, v + b * T * kv_stride + kvh * HS, kv_stride, key_end, T16, HS);
+        PackRowPairs(KI, kb, kv_stride, key_end, TP, HS);
+      },
+      [&](const QueryBlock& qb) {
+        float* P = tiles.data();
+        float* dS = P + kQBlock * T16;
+        const uint32_t* KT = words.data();
+        const uint32_t* VT = KT + H2 * T16;
+        const uint32_t* KI = VT + H2 * T16;
+        uint32_t* qw = words.data() + 2 * H2 * T16 + TP * HS;
+        uint32_t* dow = qw + kQBlock * H2;
+        uint32_t* qi = dow + kQBlock * H2;
+        uint32_t* doi = qi + QP * HS;
+        uint32_t* dsw = doi + QP * HS;
+        uint32_t* dsi = dsw + kQBlock * TP;
+        uint32_t* pi = dsi + QP * T;
+        const int64_t b = qb.b, h = qb.h, t0 = qb.t0, nq = qb.nq, nk = qb.nk;
+        const float* qb_rows = q + (b * T + t0) * q_stride + h * HS;
+        const float* dob = dout + (b * T + t0) * C + h * HS;
+        const float* ob = out + (b * T + t0) * C + h * HS;
+        const float* lse_row = lse + (b * NH + h) * T + t0;
+        const int64_t nqp = (nq + 1) / 2;
+        for (int64_t i = 0; i < nq; ++i) {
+          RowWords(qw + i * H2, qb_rows + i * q_stride, HS);
+          RowWords(dow + i * H2, dob + i * C, HS);
         }
-      }
-    }
-  }
+        PackRowPairs(qi, qb_rows, q_stride, nq, nqp, HS);
+        PackRowPairs(doi, dob, C, nq, nqp, HS);
+        const int64_t ld = PanelStride(nk), nk16 = RoundUp16(nk), np = (nk + 1) / 2;
+        // P = exp(scale * Q K^T - lse); dP = dO V^T; dS = P (dP - D) scale (fp32 tiles).
+        const Band scores{causal ? t0 + 1 : -1, -1, -1};
+        DpProduct(nq, nk16, H2, scale, qw, H2, 1, KT, T16, false, P, ld, scores);
+        DpProduct(nq, nk16, H2, 1.0f, dow, H2, 1, VT, T16, false, dS, ld, scores);
+        for (int64_t i = 0; i < nq; ++i) {
+          const float D = Dot(dob + i * C, ob + i * C, HS);
+          GradRow(P + i * ld, dS + i * ld, lse_row[i], D, scale,
+                  std::min(causal ? t0 + i + 1 : T, nk), nk, qb.km);
+          RowWords(dsw + i * np, dS + i * ld, nk);
+        }
+        for (int64_t p = 0; p < nqp; ++p) {
+          const bool pair = 2 * p + 1 < nq;
+          PairWords(dsi + p * nk, dS + 2 * p * ld, pair ? dS + (2 * p + 1) * ld : nullptr, nk);
+          PairWords(pi + p * nk, P + 2 * p * ld, pair ? P + (2 * p + 1) * ld : nullptr, nk);
+        }
+        // dQ_blk = dS K (=), row i over keys < t0 + i + 1; dK += dS^T Q_blk and
+        // dV += P^T dO_blk, key row j over the block's queries t0 + i >= j.
+        const Band keys{-1, -1, causal ? t0 + 1 : -1};
+        DpProduct(nq, HS, np, 1.0f, dsw, np, 1, KI, HS, false,
+                  dq + (b * T + t0) * q_stride + h * HS, q_stride, keys);
+        const Band queries{-1, causal ? t0 : -1, -1};
+        float* dkb = dk + b * T * kv_stride + qb.kvh * HS;
+        float* dvb = dv + b * T * kv_stride + qb.kvh * HS;
+        DpProduct(nk, HS, nqp, 1.0f, dsi, 1, nk, qi, HS, true, dkb, kv_stride, queries);
+        DpProduct(nk, HS, nqp, 1.0f, pi, 1, nk, doi, HS, true, dvb, kv_stride, queries);
+      });
 }
 #endif  // TRAIND_DPBF16
 
@@ -834,10 +883,10 @@ void AttentionForward(float* out, float* lse, const float* q, const float* k, co
                       int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS, int64_t q_stride,
                       int64_t kv_stride, bool causal, const int32_t* key_mask,
                       DType operand_type, int nt) {
-  const Bf16Tiles tiles = ChooseBf16Tiles(operand_type, causal, T, HS);
-  if (tiles != Bf16Tiles::kNone) {
+  const Bf16Tiles bf16 = ChooseBf16Tiles(operand_type, causal, T, HS);
+  if (bf16 != Bf16Tiles::kNone) {
 #if TRAIND_DPBF16
-    if (tiles == Bf16Tiles::kDotProducts) {
+    if (bf16 == Bf16Tiles::kDotProducts) {
       AttentionForwardDp(out, lse, q, k, v, B, T, NH, NKV, HS, q_stride, kv_stride, causal,
                          key_mask, nt);
       return;
@@ -847,62 +896,40 @@ void AttentionForward(float* out, float* lse, const float* q, const float* k, co
                        nt);
     return;
   }
-  const int64_t group = NH / NKV;
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
   const int64_t C = NH * HS;
-  const int64_t nblocks = (T + kQBlock - 1) / kQBlock;
-  const int64_t items = B * NH * nblocks;
   const int64_t T16 = PanelStride(T);
   // K^T of every (sequence, kv head), (HS, T16) each, zero past the sequence's visible keys.
   static thread_local std::vector<float> kt_pack;
   kt_pack.resize(static_cast<size_t>(B * NKV * HS * T16));
   float* kts = kt_pack.data();
-  // One parallel region: the K^T panels (split by (sequence, kv head)), a barrier, the blocks.
-#pragma omp parallel num_threads(static_cast <int>(std::min <int64_t>(nt, items)))
-  {
-#pragma omp for schedule(static)
-    for (int64_t bk = 0; bk < B * NKV; ++bk) {
-      const int64_t b = bk / NKV, kvh = bk % NKV;
-      const int32_t* km = key_mask != nullptr ? key_mask + b * T : nullptr;
-      TransposeRows(kts + bk * HS * T16, T16, k + b * T * kv_stride + kvh * HS, kv_stride,
-                    KeyEnd(km, T), T16, HS);
-    }
-    static thread_local std::vector<float> tile;  // (kQBlock, T16) scores / probabilities
-    tile.resize(static_cast<size_t>(kQBlock * T16));
-    float* S = tile.data();
-    // Later blocks see more keys: hand them out largest first.
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t it = 0; it < items; ++it) {
-      const int64_t blk = nblocks - 1 - it % nblocks, bh = it / nblocks;
-      const int64_t b = bh / NH, h = bh % NH, kvh = h / group;
-      const int64_t t0 = blk * kQBlock, t1 = std::min(T, t0 + kQBlock), nq = t1 - t0;
-      const float* qb = q + (b * T + t0) * q_stride + h * HS;
-      const float* KT = kts + (b * NKV + kvh) * HS * T16;
-      const float* vb = v + b * T * kv_stride + kvh * HS;
-      const int32_t* km = key_mask != nullptr ? key_mask + b * T : nullptr;
-      // Keys this block may see: up to its last query when causal, never past a padded tail.
-      const int64_t nk = std::min(causal ? t1 : T, KeyEnd(km, T));
-      float* lse_row = lse + (b * NH + h) * T + t0;
-      float* ob = out + (b * T + t0) * C + h * HS;
-      if (nk == 0) {  // no visible key at all
-        for (int64_t i = 0; i < nq; ++i) {
-          std::fill_n(ob + i * C, HS, 0.0f);
-          lse_row[i] = 0.0f;
-        }
-        continue;
-      }
-      const int64_t ld = PanelStride(nk);
-      // S(nq, nk rounded up to 16) = scale * Q_blk K^T, row i against keys < t0 + i + 1 when
-      // causal.
-      const Band scores{causal ? t0 + 1 : -1, -1, -1};
-      TileProduct(nq, RoundUp16(nk), HS, scale, qb, q_stride, 1, KT, T16, false, S, ld, scores);
-      for (int64_t i = 0; i < nq; ++i)
-        lse_row[i] = SoftmaxRow(S + i * ld, std::min(causal ? t0 + i + 1 : T, nk), nk, km);
-      // O_blk(nq, HS) = P V, row i summing over keys < t0 + i + 1 when causal.
-      const Band keys{-1, -1, causal ? t0 + 1 : -1};
-      TileProduct(nq, HS, nk, 1.0f, S, ld, 1, vb, kv_stride, false, ob, C, keys);
-    }
-  }
+  static thread_local std::vector<float> tile;  // per thread: (kQBlock, T16) scores / probabilities
+  ForwardBlocks(
+      out, lse, B, T, NH, NKV, HS, causal, key_mask, nt,
+      [&](int64_t bk, int64_t b, int64_t kvh, int64_t key_end) {
+        TransposeRows(kts + bk * HS * T16, T16, k + b * T * kv_stride + kvh * HS, kv_stride,
+                      key_end, T16, HS);
+      },
+      [&](const QueryBlock& qb) {
+        tile.resize(static_cast<size_t>(kQBlock * T16));
+        float* S = tile.data();
+        const int64_t b = qb.b, h = qb.h, t0 = qb.t0, nq = qb.nq, nk = qb.nk;
+        const float* KT = kts + (b * NKV + qb.kvh) * HS * T16;
+        const float* vb = v + b * T * kv_stride + qb.kvh * HS;
+        float* lse_row = lse + (b * NH + h) * T + t0;
+        const int64_t ld = PanelStride(nk);
+        // S(nq, nk rounded up to 16) = scale * Q_blk K^T, row i against keys < t0 + i + 1 when
+        // causal.
+        const Band scores{causal ? t0 + 1 : -1, -1, -1};
+        TileProduct(nq, RoundUp16(nk), HS, scale, q + (b * T + t0) * q_stride + h * HS, q_stride,
+                    1, KT, T16, false, S, ld, scores);
+        for (int64_t i = 0; i < nq; ++i)
+          lse_row[i] = SoftmaxRow(S + i * ld, std::min(causal ? t0 + i + 1 : T, nk), nk, qb.km);
+        // O_blk(nq, HS) = P V, row i summing over keys < t0 + i + 1 when causal.
+        const Band keys{-1, -1, causal ? t0 + 1 : -1};
+        TileProduct(nq, HS, nk, 1.0f, S, ld, 1, vb, kv_stride, false,
+                    out + (b * T + t0) * C + h * HS, C, keys);
+      });
 }
 
 void AttentionBackward(float* dq, float* dk, float* dv, const float* dout, const float* out,
@@ -910,10 +937,10 @@ void AttentionBackward(float* dq, float* dk, float* dv, const float* dout, const
                        int64_t T, int64_t NH, int64_t NKV, int64_t HS, int64_t q_stride,
                        int64_t kv_stride, bool causal, const int32_t* key_mask,
                        DType operand_type, int nt) {
-  const Bf16Tiles tiles = ChooseBf16Tiles(operand_type, causal, T, HS);
-  if (tiles != Bf16Tiles::kNone) {
+  const Bf16Tiles bf16 = ChooseBf16Tiles(operand_type, causal, T, HS);
+  if (bf16 != Bf16Tiles::kNone) {
 #if TRAIND_DPBF16
-    if (tiles == Bf16Tiles::kDotProducts) {
+    if (bf16 == Bf16Tiles::kDotProducts) {
       AttentionBackwardDp(dq, dk, dv, dout, out, lse, q, k, v, B, T, NH, NKV, HS, q_stride,
                           kv_stride, causal, key_mask, nt);
       return;
@@ -923,71 +950,52 @@ void AttentionBackward(float* dq, float* dk, float* dv, const float* dout, const
                         kv_stride, causal, key_mask, nt);
     return;
   }
-  const int64_t group = NH / NKV;
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
   const int64_t C = NH * HS;
-  const int64_t nblocks = (T + kQBlock - 1) / kQBlock;
   const int64_t T16 = PanelStride(T);
-#pragma omp parallel num_threads(static_cast <int>(std::min <int64_t>(nt, B * NKV)))
-  {
-    // P and dP/dS, (kQBlock, T16) each, then K^T and V^T, (HS, T16) each.
-    static thread_local std::vector<float> tiles;
-    tiles.resize(static_cast<size_t>(2 * (kQBlock + HS) * T16));
-    float* P = tiles.data();
-    float* dS = P + kQBlock * T16;
-    float* KT = dS + kQBlock * T16;
-    float* VT = KT + HS * T16;
-#pragma omp for schedule(static)
-    for (int64_t bk = 0; bk < B * NKV; ++bk) {
-      const int64_t b = bk / NKV, kvh = bk % NKV;
-      const int32_t* km = key_mask != nullptr ? key_mask + b * T : nullptr;
-      const int64_t key_end = KeyEnd(km, T);
-      const float* kb = k + b * T * kv_stride + kvh * HS;
-      const float* vb = v + b * T * kv_stride + kvh * HS;
-      float* dkb = dk + b * T * kv_stride + kvh * HS;
-      float* dvb = dv + b * T * kv_stride + kvh * HS;
-      for (int64_t t = 0; t < T; ++t) {
-        std::fill_n(dkb + t * kv_stride, HS, 0.0f);
-        std::fill_n(dvb + t * kv_stride, HS, 0.0f);
-      }
-      TransposeRows(KT, T16, kb, kv_stride, key_end, T16, HS);
-      TransposeRows(VT, T16, vb, kv_stride, key_end, T16, HS);
-      for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
-        for (int64_t blk = 0; blk < nblocks; ++blk) {
-          const int64_t t0 = blk * kQBlock, t1 = std::min(T, t0 + kQBlock), nq = t1 - t0;
-          const float* qb = q + (b * T + t0) * q_stride + h * HS;
-          const float* dob = dout + (b * T + t0) * C + h * HS;
-          const float* ob = out + (b * T + t0) * C + h * HS;
-          const float* lse_row = lse + (b * NH + h) * T + t0;
-          const int64_t nk = std::min(causal ? t1 : T, key_end);  // keys this block may see
-          if (nk == 0) {  // no visible key: dq = 0, nothing for dk, dv
-            for (int64_t i = 0; i < nq; ++i)
-              std::fill_n(dq + (b * T + t0 + i) * q_stride + h * HS, HS, 0.0f);
-            continue;
-          }
-          const int64_t ld = PanelStride(nk), nk16 = RoundUp16(nk);
-          // P = exp(scale * Q K^T - lse); dP = dO V^T; dS = P (dP - D) scale. Causal: row i
-          // against keys < t0 + i + 1.
-          const Band scores{causal ? t0 + 1 : -1, -1, -1};
-          TileProduct(nq, nk16, HS, scale, qb, q_stride, 1, KT, T16, false, P, ld, scores);
-          TileProduct(nq, nk16, HS, 1.0f, dob, C, 1, VT, T16, false, dS, ld, scores);
-          for (int64_t i = 0; i < nq; ++i) {
-            const float D = Dot(dob + i * C, ob + i * C, HS);
-            GradRow(P + i * ld, dS + i * ld, lse_row[i], D, scale,
-                    std::min(causal ? t0 + i + 1 : T, nk), nk, km);
-          }
-          // dQ_blk = dS K (=), row i over keys < t0 + i + 1; dK += dS^T Q_blk and
-          // dV += P^T dO_blk, key row j over the block's queries t0 + i >= j.
-          const Band keys{-1, -1, causal ? t0 + 1 : -1};
-          TileProduct(nq, HS, nk, 1.0f, dS, ld, 1, kb, kv_stride, false,
-                      dq + (b * T + t0) * q_stride + h * HS, q_stride, keys);
-          const Band queries{-1, causal ? t0 : -1, -1};
-          TileProduct(nk, HS, nq, 1.0f, dS, 1, ld, qb, q_stride, true, dkb, kv_stride, queries);
-          TileProduct(nk, HS, nq, 1.0f, P, 1, ld, dob, C, true, dvb, kv_stride, queries);
+  // Per thread: P and dP/dS, (kQBlock, T16) each, then K^T and V^T, (HS, T16) each.
+  static thread_local std::vector<float> tiles;
+  BackwardBlocks(
+      dq, dk, dv, B, T, NH, NKV, HS, q_stride, kv_stride, causal, key_mask, nt,
+      [&](int64_t b, int64_t kvh, int64_t key_end) {
+        tiles.resize(static_cast<size_t>(2 * (kQBlock + HS) * T16));
+        float* KT = tiles.data() + 2 * kQBlock * T16;
+        TransposeRows(KT, T16, k + b * T * kv_stride + kvh * HS, kv_stride, key_end, T16, HS);
+        TransposeRows(KT + HS * T16, T16, v + b * T * kv_stride + kvh * HS, kv_stride, key_end,
+                      T16, HS);
+      },
+      [&](const QueryBlock& qb) {
+        float* P = tiles.data();
+        float* dS = P + kQBlock * T16;
+        const float* KT = dS + kQBlock * T16;
+        const float* VT = KT + HS * T16;
+        const int64_t b = qb.b, h = qb.h, t0 = qb.t0, nq = qb.nq, nk = qb.nk;
+        const float* qb_rows = q + (b * T + t0) * q_stride + h * HS;
+        const float* dob = dout + (b * T + t0) * C + h * HS;
+        const float* ob = out + (b * T + t0) * C + h * HS;
+        const float* lse_row = lse + (b * NH + h) * T + t0;
+        const int64_t ld = PanelStride(nk), nk16 = RoundUp16(nk);
+        // P = exp(scale * Q K^T - lse); dP = dO V^T; dS = P (dP - D) scale. Causal: row i
+        // against keys < t0 + i + 1.
+        const Band scores{causal ? t0 + 1 : -1, -1, -1};
+        TileProduct(nq, nk16, HS, scale, qb_rows, q_stride, 1, KT, T16, false, P, ld, scores);
+        TileProduct(nq, nk16, HS, 1.0f, dob, C, 1, VT, T16, false, dS, ld, scores);
+        for (int64_t i = 0; i < nq; ++i) {
+          const float D = Dot(dob + i * C, ob + i * C, HS);
+          GradRow(P + i * ld, dS + i * ld, lse_row[i], D, scale,
+                  std::min(causal ? t0 + i + 1 : T, nk), nk, qb.km);
         }
-      }
-    }
-  }
+        // dQ_blk = dS K (=), row i over keys < t0 + i + 1; dK += dS^T Q_blk and
+        // dV += P^T dO_blk, key row j over the block's queries t0 + i >= j.
+        const Band keys{-1, -1, causal ? t0 + 1 : -1};
+        TileProduct(nq, HS, nk, 1.0f, dS, ld, 1, k + b * T * kv_stride + qb.kvh * HS, kv_stride,
+                    false, dq + (b * T + t0) * q_stride + h * HS, q_stride, keys);
+        const Band queries{-1, causal ? t0 : -1, -1};
+        float* dkb = dk + b * T * kv_stride + qb.kvh * HS;
+        float* dvb = dv + b * T * kv_stride + qb.kvh * HS;
+        TileProduct(nk, HS, nq, 1.0f, dS, 1, ld, qb_rows, q_stride, true, dkb, kv_stride, queries);
+        TileProduct(nk, HS, nq, 1.0f, P, 1, ld, dob, C, true, dvb, kv_stride, queries);
+      });
 }
 
 // One query row per (sequence, head) against the first T cached rows: the scores, their softmax
