@@ -247,6 +247,16 @@ class ProfilingBackend final : public Backend {
     T x(this, "swiglu_bwd");
     in_->SwiGluBackward(di, i, d, N, H);
   }
+  void SwiGluForwardRounded(void* o, DType ot, float* s, const float* i, int64_t N,
+                            int64_t H) override {
+    T x(this, "swiglu_fwd 16-bit out");
+    in_->SwiGluForwardRounded(o, ot, s, i, N, H);
+  }
+  void SwiGluBackwardRounded(float* di, void* d16, DType t16, const float* i, const float* d,
+                             int64_t N, int64_t H) override {
+    T x(this, "swiglu_bwd+cast");
+    in_->SwiGluBackwardRounded(di, d16, t16, i, d, N, H);
+  }
   void Rope(float* p, int64_t B, int64_t T_, int64_t nh, int64_t HS, int64_t rs, float theta,
             bool inv, int64_t pos_offset = 0) override {
     T x(this, "rope");

@@ -601,6 +601,31 @@ TEST_F(CpuOpsTest, GeluBackwardBiasEqualsTheComposedOps) {
   }
 }
 
+// SwiGLU with its 16-bit output written as each row is computed: the bits of SwiGluForward /
+// SwiGluBackward then Cast (elementwise, so any shape), and the backward's fp32 gradient too.
+TEST_F(CpuOpsTest, SwiGluRoundedEqualsTheComposedOps) {
+  for (auto [N, H] : {std::pair<int, int>{600, 688}, {7, 37}, {1, 1}}) {
+    for (DType t : {DType::kBF16, DType::kF16}) {
+      SCOPED_TRACE(std::to_string(N) + "x" + std::to_string(H) + " " + DTypeName(t));
+      const size_t nh = static_cast<size_t>(N) * H;
+      const auto inp = RandVec(2 * nh, 94, -6.0f, 6.0f), dout = RandVec(nh, 95);
+      std::vector<float> act(nh), dinp_want(2 * nh), dinp_got(2 * nh, NAN);
+      std::vector<uint16_t> act_want(nh), act_got(nh, 0xFFFF), d16_want(2 * nh),
+          d16_got(2 * nh, 0xFFFF);
+      be_->SwiGluForward(act.data(), inp.data(), N, H);
+      be_->Cast(act_want.data(), t, act.data(), DType::kF32, static_cast<int64_t>(nh));
+      be_->SwiGluForwardRounded(act_got.data(), t, nullptr, inp.data(), N, H);
+      EXPECT_EQ(act_got, act_want) << "forward, 16-bit activation";
+      be_->SwiGluBackward(dinp_want.data(), inp.data(), dout.data(), N, H);
+      be_->Cast(d16_want.data(), t, dinp_want.data(), DType::kF32, static_cast<int64_t>(2 * nh));
+      be_->SwiGluBackwardRounded(dinp_got.data(), d16_got.data(), t, inp.data(), dout.data(), N,
+                                 H);
+      EXPECT_EQ(dinp_got, dinp_want) << "backward, fp32 gradient";
+      EXPECT_EQ(d16_got, d16_want) << "backward, 16-bit gradient";
+    }
+  }
+}
+
 // The residual add and the norm after it in one pass: the bits of Add, then the norm op (fp32) or
 // its Rounded form (16-bit), LayerNorm and RMSNorm, one row (one thread) and 300 (two); the
 // 16-bit scratch is not needed, and b may be that scratch (the decoder passes its tmp_c as both).

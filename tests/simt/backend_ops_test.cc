@@ -466,6 +466,24 @@ std::vector<OpCase> AllCases() {
       d->SwiGluBackward(dinp, d.Up(Random(N * 2 * H, 48, -5, 5)), d.Up(Random(N * H, 49)), N, H);
       return Outputs{{"dinp", d.Get(dinp, N * 2 * H)}};
     });
+    // 16-bit outputs: compared after widening, at bf16/f16's relative step (as
+    // LinearForwardRoundedAct's activation).
+    for (DType t : {DType::kBF16, DType::kF16}) {
+      const double tol16[2] = {4e-3, 4e-3};
+      Add(&c, Op::kSwiGluForwardRounded, Dims({N, H}) + " " + DTypeName(t), tol16, [=](Dev& d) {
+        auto* out = d.Zeros<uint16_t>(N * H);
+        d->SwiGluForwardRounded(out, t, d.Zeros(N * H), d.Up(Random(N * 2 * H, 47, -5, 5)), N, H);
+        return Outputs{{"out", Widen16(d.Get(out, N * H), t)}};
+      });
+      Add(&c, Op::kSwiGluBackwardRounded, Dims({N, H}) + " " + DTypeName(t), tol16, [=](Dev& d) {
+        float* dinp = d.Zeros(N * 2 * H);
+        auto* d16 = d.Zeros<uint16_t>(N * 2 * H);
+        d->SwiGluBackwardRounded(dinp, d16, t, d.Up(Random(N * 2 * H, 48, -5, 5)),
+                                 d.Up(Random(N * H, 49)), N, H);
+        return Outputs{{"dinp", d.Get(dinp, N * 2 * H)},
+                       {"dinp16", Widen16(d.Get(d16, N * 2 * H), t)}};
+      });
+    }
   }
   // ---- rotary embedding: a strided fused row, forward and inverse ----
   for (auto [B, T, NH, HS] : {std::tuple<int64_t, int64_t, int64_t, int64_t>{2, 13, 3, 8}, {1, 70, 2, 64}}) {

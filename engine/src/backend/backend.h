@@ -110,7 +110,9 @@ class HostStaging {
   X(TanhForward) \
   X(TanhBackward) \
   X(SwiGluForward) \
+  X(SwiGluForwardRounded) \
   X(SwiGluBackward) \
+  X(SwiGluBackwardRounded) \
   X(Rope) \
   X(AttentionForward) \
   X(AttentionBackward) \
@@ -296,9 +298,19 @@ class Backend {
   virtual void TanhBackward(float* dinp, const float* out, const float* dout, int64_t n);
   // SwiGLU: inp (N, 2H) holds [gate | up] per row; out (N,H) = silu(gate) * up.
   virtual void SwiGluForward(float* out, const float* inp, int64_t N, int64_t H);
+  // SwiGluForward's output rounded to out_type (bf16 or f16, as Cast) into out (N,H): the 16-bit
+  // activation the down projection reads. scratch (N,H fp32) is for the default, SwiGluForward
+  // into scratch then Cast; the CPU rounds each row as it computes it (the same bits).
+  virtual void SwiGluForwardRounded(void* out, DType out_type, float* scratch, const float* inp,
+                                    int64_t N, int64_t H);
   // dinp (N, 2H) = d/d[gate|up] given dout (N,H).
   virtual void SwiGluBackward(float* dinp, const float* inp, const float* dout, int64_t N,
                               int64_t H);
+  // SwiGluBackward, and dinp16 (N, 2H) = dinp rounded to `type` (bf16 or f16, as Cast): the up
+  // projection's 16-bit output gradient. Default: SwiGluBackward then Cast; the CPU rounds each
+  // row as it computes it (the same bits).
+  virtual void SwiGluBackwardRounded(float* dinp, void* dinp16, DType type, const float* inp,
+                                     const float* dout, int64_t N, int64_t H);
 
   // ---- rotary position embedding (HF rotate-half convention) ----
   // x: B*T rows of `row_stride` floats; each row holds `n_heads` heads of HS floats starting at

@@ -107,6 +107,10 @@ bool Backend::Supports(Op op) const {
              (Supports(Op::kLayerNormForwardRounded) || Supports(Op::kRmsNormForwardRounded));
     case Op::kGeluBackwardBias:
       return Supports(Op::kGeluBackward) && Supports(Op::kBiasBackwardRounded);
+    case Op::kSwiGluForwardRounded:
+      return Supports(Op::kSwiGluForward) && Supports(Op::kCast);
+    case Op::kSwiGluBackwardRounded:
+      return Supports(Op::kSwiGluBackward) && Supports(Op::kCast);
     case Op::kAdamWRunsFromScalars:
       return Supports(Op::kAdamWFromScalars);
     case Op::kLayerNormForwardRounded:
@@ -365,6 +369,18 @@ void Backend::GeluBackwardBias(float* dinp, const float* inp, const float* dout,
   } else {
     Cast(dinp16, type, dinp, DType::kF32, N * OC);
   }
+}
+
+void Backend::SwiGluForwardRounded(void* out, DType out_type, float* scratch, const float* inp,
+                                   int64_t N, int64_t H) {
+  SwiGluForward(scratch, inp, N, H);
+  Cast(out, out_type, scratch, DType::kF32, N * H);
+}
+
+void Backend::SwiGluBackwardRounded(float* dinp, void* dinp16, DType type, const float* inp,
+                                    const float* dout, int64_t N, int64_t H) {
+  SwiGluBackward(dinp, inp, dout, N, H);
+  Cast(dinp16, type, dinp, DType::kF32, N * 2 * H);
 }
 
 void Backend::AdamWRunsFromScalars(float* param, const float* grad, float* m, float* v,

@@ -97,7 +97,8 @@ std::vector<Op> Model::RequiredOps(const ModelConfig& config) {
   if (!config.encoder() && !f.moe) ops.push_back(Op::kResidualNormForward);  // decoder ln2
   if (f.positions == FamilyFeatures::Positions::kRotary) ops.push_back(Op::kRope);
   if (f.mlp == FamilyFeatures::Mlp::kSwiGlu) {
-    ops.insert(ops.end(), {Op::kSwiGluForward, Op::kSwiGluBackward});
+    ops.insert(ops.end(), {Op::kSwiGluForward, Op::kSwiGluBackward, Op::kSwiGluForwardRounded,
+                           Op::kSwiGluBackwardRounded});
   } else if (f.mlp == FamilyFeatures::Mlp::kGeluErf) {
     ops.insert(ops.end(), {Op::kGeluErfForward, Op::kGeluErfBackward});
   } else {

@@ -11,7 +11,12 @@ void MlpForward(Backend& be, const MlpShape& s, const MlpWeights& w, float* out,
   if (s.swiglu) {
     LinearForward(be, h, inp, w.w_up, w.b_up, s.N, s.C, s.up_width(), type);
     if (up_lora) LoraForward(be, lora->up, h, inp, s.N);
-    be.SwiGluForward(af, h, s.N, s.H);
+    if (type == DType::kF32) {
+      be.SwiGluForward(af, h, s.N, s.H);
+    } else {  // the 16-bit activation directly (the CPU never writes the fp32 one)
+      be.SwiGluForwardRounded(a, type, act_scratch, h, s.N, s.H);
+      af = nullptr;
+    }
   } else if (s.gelu_erf) {
     LinearForward(be, h, inp, w.w_up, w.b_up, s.N, s.C, s.H, type);
     if (up_lora) LoraForward(be, lora->up, h, inp, s.N);
@@ -54,6 +59,13 @@ void MlpBackward(Backend& be, const MlpShape& s, const MlpWeights& w, const MlpG
     } else {
       LinearBackward(be, dinp, g.w_up, nullptr, dh, inp, w.w_up, s.N, s.C, s.H, gp);
     }
+  } else if (s.swiglu && w.b_up == nullptr && gp.type != DType::kF32 &&
+             gp.scratch_elems >= s.N * s.up_width()) {
+    // SwiGLU's backward with dh rounded into the GEMM scratch in the same pass
+    // (SwiGluBackwardRounded); then the up projection's two GEMMs on it.
+    be.SwiGluBackwardRounded(dh, gp.scratch, gp.type, h, da, s.N, s.H);
+    LinearBackwardRounded(be, dinp, g.w_up, gp.scratch, inp, w.w_up, s.N, s.C, s.up_width(),
+                          gp.type);
   } else {
     if (s.swiglu) {
       be.SwiGluBackward(dh, h, da, s.N, s.H);

@@ -202,6 +202,14 @@ class CpuBackend final : public Backend {
   void SwiGluForward(float* out, const float* inp, int64_t N, int64_t H) override {
     cpu::SwiGluForward(out, inp, N, H, nt_);
   }
+  void SwiGluForwardRounded(void* out, DType out_type, float* /*scratch*/, const float* inp,
+                            int64_t N, int64_t H) override {
+    cpu::SwiGluForwardRounded(out, out_type, inp, N, H, nt_);
+  }
+  void SwiGluBackwardRounded(float* dinp, void* dinp16, DType type, const float* inp,
+                             const float* dout, int64_t N, int64_t H) override {
+    cpu::SwiGluBackwardRounded(dinp, dinp16, type, inp, dout, N, H, nt_);
+  }
   void SwiGluBackward(float* dinp, const float* inp, const float* dout, int64_t N,
                       int64_t H) override {
     cpu::SwiGluBackward(dinp, inp, dout, N, H, nt_);

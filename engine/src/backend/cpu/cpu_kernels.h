@@ -107,6 +107,11 @@ void TanhForward(float* out, const float* inp, int64_t n, int nt);
 void TanhBackward(float* dinp, const float* out, const float* dout, int64_t n, int nt);
 void SwiGluForward(float* out, const float* inp, int64_t N, int64_t H, int nt);
 void SwiGluBackward(float* dinp, const float* inp, const float* dout, int64_t N, int64_t H, int nt);
+// backend.h's SwiGluForwardRounded / SwiGluBackwardRounded: each row computed, then rounded.
+void SwiGluForwardRounded(void* out, DType out_type, const float* inp, int64_t N, int64_t H,
+                          int nt);
+void SwiGluBackwardRounded(float* dinp, void* dinp16, DType type, const float* inp,
+                           const float* dout, int64_t N, int64_t H, int nt);
 void AdamW(float* param, const float* grad, float* m, float* v, int64_t n, float lr, float beta1,
            float beta2, float eps, float weight_decay, float bias_correction1,
            float bias_correction2, float grad_scale, int nt);
