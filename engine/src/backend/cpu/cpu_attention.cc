@@ -23,7 +23,6 @@
 //    (AttentionForwardDp): the fp32 path's loops and causal bands with bf16 pair operands and
 //    vdpbf16ps (see "bf16 tile products on the CPU's own dot-product instruction" below).
 #include <algorithm>
-#include <bit>
 #include <cstdlib>
 #include <cmath>
 #include <vector>
@@ -558,15 +557,11 @@ void BackwardBlocks(float* dq, float* dk, float* dv, int64_t B, int64_t T, int64
 #define TRAIND_DPBF16_TARGET \
   __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,avx2,fma,bmi2")))
 
-// bf16 bits of x (F32ToBF16's rounding: nearest even, NaN stays a quiet NaN) in the low 16 bits.
-inline uint32_t Bf16Bits(float x) {
-  const uint32_t u = std::bit_cast<uint32_t>(x);
-  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-  return (u & 0x7fffffffu) > 0x7f800000u ? ((u >> 16) | 0x40u) : rounded;
-}
+// bf16 bits of x (core/half.h's F32ToBF16: nearest even, NaN quiet) in the low 16 bits.
+inline uint32_t Bf16Bits(float x) { return F32ToBF16(x); }
 
 // dst[p] = (src[2p], src[2p + 1]) in bf16 for p < ceil(n / 2); an odd n's last word has a zero
-// high half. vcvtne2ps2bf16 rounds as Bf16Bits (nearest even; NaN quiet).
+// high half. vcvtne2ps2bf16 rounds as F32ToBF16 (nearest even; NaN quiet).
 TRAIND_DPBF16_TARGET void RowWords(uint32_t* dst, const float* src, int64_t n) {
   int64_t i = 0;
   for (; i + 32 <= n; i += 32) {

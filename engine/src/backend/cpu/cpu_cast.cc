@@ -41,6 +41,14 @@ TRAIND_CPU_CLONES void F32ToF16Span(uint16_t* dst, const float* src, int64_t n) 
   }
 }
 
+void F32To16Span(uint16_t* dst, const float* src, int64_t n, DType type) {
+  if (type == DType::kBF16) {
+    F32ToBf16Span(dst, src, n);
+  } else {
+    F32ToF16Span(dst, src, n);
+  }
+}
+
 namespace {
 
 TRAIND_CPU_CLONES void Bf16ToF32Span(float* dst, const uint16_t* src, int64_t n) {

@@ -50,15 +50,6 @@ TRAIND_CPU_CLONES int NonFiniteSpan(const float* x, int64_t n) {
   return static_cast<int>(any);
 }
 
-// n floats rounded to bf16 or f16 (Cast's bits) on the calling thread.
-void RoundSpan(uint16_t* dst, const float* src, int64_t n, DType type) {
-  if (type == DType::kBF16) {
-    F32ToBf16Span(dst, src, n);
-  } else {
-    F32ToF16Span(dst, src, n);
-  }
-}
-
 constexpr float kGeluC = 0.7978845608028654f;  // sqrt(2/pi)
 constexpr float kGeluA = 0.044715f;
 
@@ -203,7 +194,7 @@ void BiasBackwardRounded(float* dbias, const float* dout, int64_t N, int64_t OC,
     for (int64_t n = 0; n < N && e > b; ++n) {
       const float* row = dout + n * OC + b;
       AddRow(dbias + b, row, e - b);
-      RoundSpan(d16 + n * OC + b, row, e - b, type);
+      F32To16Span(d16 + n * OC + b, row, e - b, type);
     }
   }
 }
@@ -219,7 +210,7 @@ void GeluBackwardBias(float* dinp, const float* inp, const float* dout, float* d
       const int64_t o = n * OC + b;
       GeluBackSpan(dinp + o, inp + o, dout + o, e - b);
       if (dbias != nullptr) AddRow(dbias + b, dinp + o, e - b);
-      if (d16 != nullptr) RoundSpan(d16 + o, dinp + o, e - b, type);
+      if (d16 != nullptr) F32To16Span(d16 + o, dinp + o, e - b, type);
     }
   }
 }
@@ -239,7 +230,7 @@ void BiasGelu(float* pre, const float* bias, int64_t N, int64_t OC, void* act, D
         continue;
       }
       GeluSpan(tmp.data(), row, OC);
-      RoundSpan(static_cast<uint16_t*>(act) + n * OC, tmp.data(), OC, act_type);
+      F32To16Span(static_cast<uint16_t*>(act) + n * OC, tmp.data(), OC, act_type);
     }
   }
 }
@@ -385,7 +376,7 @@ void SwiGluForwardRounded(void* out, DType out_type, const float* inp, int64_t N
 #pragma omp for schedule(static)
     for (int64_t n = 0; n < N; ++n) {
       SwiGluRow(row.data(), inp + n * 2 * H, inp + n * 2 * H + H, H);
-      RoundSpan(o16 + n * H, row.data(), H, out_type);
+      F32To16Span(o16 + n * H, row.data(), H, out_type);
     }
   }
 }
@@ -397,7 +388,7 @@ void SwiGluBackwardRounded(float* dinp, void* dinp16, DType type, const float* i
   for (int64_t n = 0; n < N; ++n) {
     float* d = dinp + n * 2 * H;
     SwiGluBackRow(d, d + H, inp + n * 2 * H, inp + n * 2 * H + H, dout + n * H, H);
-    RoundSpan(d16 + n * 2 * H, d, 2 * H, type);
+    F32To16Span(d16 + n * 2 * H, d, 2 * H, type);
   }
 }
 

@@ -27,6 +27,8 @@ void Cast(void* dst, DType dst_type, const void* src, DType src_type, int64_t n,
 void F32ToBf16Span(uint16_t* dst, const float* src, int64_t n);
 // n floats -> f16, round to nearest even (F32ToF16's bits), on the calling thread.
 void F32ToF16Span(uint16_t* dst, const float* src, int64_t n);
+// n floats -> `type` (bf16 or f16: one of the two above), on the calling thread.
+void F32To16Span(uint16_t* dst, const float* src, int64_t n, DType type);
 // backend.h's Dropout with the key's value (cpu_dropout.cc).
 void Dropout(float* out, const void* inp, DType inp_type, int64_t n, float p, uint64_t key,
              uint64_t stream, bool accumulate, int nt);

@@ -103,11 +103,7 @@ void RoundedRows(void* out16, DType out_type, int64_t N, int64_t C, int nt, RowF
 #pragma omp for schedule(static)
     for (int64_t n = 0; n < N; ++n) {
       row(tmp.data(), n);
-      if (out_type == DType::kBF16) {
-        F32ToBf16Span(dst + n * C, tmp.data(), C);
-      } else {
-        F32ToF16Span(dst + n * C, tmp.data(), C);
-      }
+      F32To16Span(dst + n * C, tmp.data(), C, out_type);
     }
   }
 }

@@ -89,7 +89,6 @@ void SoftmaxCrossEntropy(float* logits, float* losses, const int32_t* targets, i
 void SoftmaxCrossEntropy16(const float* logits, void* grad16, DType grad16_type, float* losses,
                            const int32_t* targets, int64_t N, int64_t V, int64_t Vp,
                            float grad_scale, int nt) {
-  const bool bf16 = grad16_type == DType::kBF16;
   const int threads = N * V < 16384 ? 1 : nt;
 #pragma omp parallel num_threads(threads)
   {
@@ -111,11 +110,7 @@ void SoftmaxCrossEntropy16(const float* logits, void* grad16, DType grad16_type,
       losses[n] = static_cast<float>(std::log(sum) - (static_cast<double>(row[target]) - mx));
       RowScale(y, V, static_cast<float>(static_cast<double>(grad_scale) / sum));
       y[target] -= grad_scale;
-      if (bf16) {
-        F32ToBf16Span(out, y, V);
-      } else {
-        F32ToF16Span(out, y, V);
-      }
+      F32To16Span(out, y, V, grad16_type);
       if (Vp > V) std::memset(out + V, 0, static_cast<size_t>(Vp - V) * sizeof(uint16_t));
     }
   }
