@@ -23,7 +23,6 @@
 //    (AttentionForwardDp): the fp32 path's loops and causal bands with bf16 pair operands and
 //    vdpbf16ps (see "bf16 tile products on the CPU's own dot-product instruction" below).
 #include <algorithm>
-#include <cstdlib>
 #include <cmath>
 #include <vector>
 
@@ -452,7 +451,6 @@ void AttentionBackward16(float* dq, float* dk, float* dv, const float* dout, con
     }
   }
 }
-
 
 // ---- the loops both tile kinds (fp32, bf16 dot products) share ----
 
