@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <random>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -357,6 +358,32 @@ TEST(CpuMathTest, ExpFWithinThreeUlp) {
   EXPECT_EQ(cpu::ExpFlushF(-1000.0f), 0.0f);
   EXPECT_GT(cpu::ExpF(1000.0f), 1e38f);  // saturates, no inf/NaN
   EXPECT_TRUE(std::isnan(cpu::ExpF(NAN)));
+}
+
+// MaxF / MaxWhereF against a plain std::max loop: every length around the 32-lane blocks, the
+// maximum in the blocks and in the tail, NaNs passed over, all-masked rows at -inf.
+TEST(CpuMathTest, MaxFEqualsTheSequentialMaximum) {
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> u(-50.0f, 50.0f);
+  for (int64_t n : {0, 1, 5, 31, 32, 33, 63, 64, 65, 100, 128, 1000, 50304}) {
+    std::vector<float> x(static_cast<size_t>(n));
+    std::vector<int32_t> keep(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) {
+      x[i] = u(rng);
+      keep[i] = (rng() % 3) != 0;
+      if (i % 17 == 3) x[i] = NAN;
+    }
+    if (n > 40) x[n - 2] = 60.0f;  // the maximum in the tail or the last block
+    float want = -INFINITY, want_kept = -INFINITY;
+    for (int64_t i = 0; i < n; ++i) {
+      want = std::max(want, x[i]);
+      if (keep[i] != 0) want_kept = std::max(want_kept, x[i]);
+    }
+    EXPECT_EQ(cpu::MaxF(x.data(), n), want) << "n=" << n;
+    EXPECT_EQ(cpu::MaxWhereF(x.data(), keep.data(), n), want_kept) << "n=" << n;
+    std::vector<int32_t> none(static_cast<size_t>(n), 0);
+    EXPECT_EQ(cpu::MaxWhereF(x.data(), none.data(), n), -INFINITY) << "n=" << n;
+  }
 }
 
 // ErfcNonNegF (exact GELU's kernel): relative error against std::erfc in double over [0, 9]

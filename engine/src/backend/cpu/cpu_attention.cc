@@ -46,13 +46,7 @@ constexpr int64_t kKeyQuantum = 64;
 // null. In place: s -> softmax probabilities (exactly 0 where masked); returns the lse (0 when no
 // key is visible, the row then all zeros).
 TRAIND_CPU_CLONES float SoftmaxRow(float* s, int64_t valid, int64_t n, const int32_t* km) {
-  float mx = -INFINITY;
-  if (km == nullptr) {
-    for (int64_t j = 0; j < valid; ++j) mx = std::max(mx, s[j]);
-  } else {
-    for (int64_t j = 0; j < valid; ++j)
-      if (km[j] != 0) mx = std::max(mx, s[j]);
-  }
+  const float mx = km == nullptr ? MaxF(s, valid) : MaxWhereF(s, km, valid);
   if (mx == -INFINITY) {  // every key masked (scores are finite otherwise)
     for (int64_t j = 0; j < n; ++j) s[j] = 0.0f;
     return 0.0f;

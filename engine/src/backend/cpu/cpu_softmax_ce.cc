@@ -12,12 +12,7 @@
 namespace traind::engine::cpu {
 namespace {
 
-TRAIND_CPU_CLONES float RowMax(const float* x, int64_t n) {
-  float m = -INFINITY;
-#pragma omp simd reduction(max : m)
-  for (int64_t i = 0; i < n; ++i) m = std::max(m, x[i]);
-  return m;
-}
+TRAIND_CPU_CLONES float RowMax(const float* x, int64_t n) { return MaxF(x, n); }
 
 TRAIND_CPU_CLONES double RowSumExp(const float* x, int64_t n, float mx) {
   // float lanes per 4K-element block, double across blocks: accurate and still vectorised.
