@@ -6,8 +6,10 @@
 // Usage: gpt2_step_bench [--config tiny|small|gpt2|llama_tiny|llama_small|all] [--steps N]
 //                        [--warmup N] [--threads N]
 //                        [--device cpu|cuda:N|simt] [--dtype fp32|bf16] [--tf32]
-//                        [--batch B] [--seq T] [--no-graphs]
+//                        [--batch B] [--seq T] [--no-graphs] [--logits-chunk ROWS]
 //                        [--profile | --profile-cpu]   (per-op wall / process CPU time)
+// --logits-chunk: rows per lm-head + cross-entropy chunk (ModelOptions::logits_chunk_rows;
+// default: the planner's choice).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -61,6 +63,7 @@ struct RunFlags {
   engine::DType dtype = engine::DType::kF32;
   bool tf32 = false, graphs = true;
   int64_t batch = 0, seq = 0;  // 0: the config's
+  int64_t logits_chunk = 0;     // 0: the planner's
 };
 
 // fp32 GEMM rate through the backend, C(1024,1024) = A(1024,1024) B(1024,1024), 10 timed runs:
@@ -142,6 +145,7 @@ int Run(BenchConfig bc, const RunFlags& f) {
   mo.micro_batch = bc.batch;
   mo.seq_len = bc.seq_len;
   mo.compute_type = f.dtype;
+  mo.logits_chunk_rows = f.logits_chunk;
   engine::DeviceArena arena(be, 0);
   auto model = engine::Model::Create(mc, mo, &arena);
   if (!model.ok()) {
@@ -282,6 +286,8 @@ int main(int argc, char** argv) {
       f.batch = std::atoll(next());
     } else if (a == "--seq") {
       f.seq = std::atoll(next());
+    } else if (a == "--logits-chunk") {
+      f.logits_chunk = std::atoll(next());
     } else if (a == "--profile") {
       f.profile = true;
     } else if (a == "--profile-cpu") {
@@ -292,7 +298,7 @@ int main(int argc, char** argv) {
                    "[--config tiny|small|gpt2|llama_tiny|llama_small|all] [--steps N] "
                    "[--warmup N] [--threads N] [--device cpu|cuda:N|simt] "
                    "[--dtype fp32|bf16] [--tf32] [--batch B] [--seq T] [--no-graphs] "
-                   "[--profile | --profile-cpu]\n",
+                   "[--logits-chunk ROWS] [--profile | --profile-cpu]\n",
                    a.c_str(), argv[0]);
       return 2;
     }
