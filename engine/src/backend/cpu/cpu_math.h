@@ -65,43 +65,40 @@ inline float NormalCdfF(float x) {
   return x < 0.0f ? half_erfc : 1.0f - half_erfc;
 }
 
-// The largest of x[0, n), -inf when n == 0; NaNs are passed over, as std::max(m, x[i]) passes them.
-// Thirty-two running maxima so that the loop vectorises: one accumulator through std::max (even
-// under `omp simd reduction(max)`) stayed a scalar loop, ~2 cycles per element, 27x slower on a
-// 50304-element row. Only the sign of a zero maximum can differ from the single-accumulator order.
-inline float MaxF(const float* x, int64_t n) {
-  constexpr int kLanes = 32;
-  float lane[kLanes];
-  for (int j = 0; j < kLanes; ++j) lane[j] = -INFINITY;
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    for (int j = 0; j < kLanes; ++j) lane[j] = x[i + j] > lane[j] ? x[i + j] : lane[j];
-  }
-  float m = -INFINITY;
-  for (; i < n; ++i) m = x[i] > m ? x[i] : m;
-  for (int j = 0; j < kLanes; ++j) m = lane[j] > m ? lane[j] : m;
-  return m;
-}
-
-// MaxF over the x[i] with keep[i] != 0.
-inline float MaxWhereF(const float* x, const int32_t* keep, int64_t n) {
+// The largest of value(i) over i in [0, n), -inf when n == 0; NaNs are passed over, as
+// std::max(m, v) passes them. Thirty-two running maxima so that the loop vectorises: one
+// accumulator through std::max (even under `omp simd reduction(max)`) stayed a scalar loop, ~2
+// cycles per element, 27x slower on a 50304-element row. Only the sign of a zero maximum can
+// differ from the single-accumulator order.
+template <class Value>
+inline float LaneMaxF(int64_t n, Value value) {
   constexpr int kLanes = 32;
   float lane[kLanes];
   for (int j = 0; j < kLanes; ++j) lane[j] = -INFINITY;
   int64_t i = 0;
   for (; i + kLanes <= n; i += kLanes) {
     for (int j = 0; j < kLanes; ++j) {
-      const float v = keep[i + j] != 0 ? x[i + j] : -INFINITY;
+      const float v = value(i + j);
       lane[j] = v > lane[j] ? v : lane[j];
     }
   }
   float m = -INFINITY;
   for (; i < n; ++i) {
-    const float v = keep[i] != 0 ? x[i] : -INFINITY;
+    const float v = value(i);
     m = v > m ? v : m;
   }
   for (int j = 0; j < kLanes; ++j) m = lane[j] > m ? lane[j] : m;
   return m;
+}
+
+// The largest of x[0, n) (LaneMaxF).
+inline float MaxF(const float* x, int64_t n) {
+  return LaneMaxF(n, [x](int64_t i) { return x[i]; });
+}
+
+// The largest of the x[i] with keep[i] != 0 (LaneMaxF).
+inline float MaxWhereF(const float* x, const int32_t* keep, int64_t n) {
+  return LaneMaxF(n, [x, keep](int64_t i) { return keep[i] != 0 ? x[i] : -INFINITY; });
 }
 
 }  // namespace traind::engine::cpu

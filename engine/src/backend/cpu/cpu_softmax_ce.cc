@@ -12,6 +12,7 @@
 namespace traind::engine::cpu {
 namespace {
 
+// MaxF compiled per ISA (the inline helper vectorises only inside a TRAIND_CPU_CLONES caller).
 TRAIND_CPU_CLONES float RowMax(const float* x, int64_t n) { return MaxF(x, n); }
 
 TRAIND_CPU_CLONES double RowSumExp(const float* x, int64_t n, float mx) {
