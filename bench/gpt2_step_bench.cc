@@ -6,8 +6,10 @@
 // Usage: gpt2_step_bench [--config tiny|small|gpt2|llama_tiny|llama_small|all] [--steps N]
 //                        [--warmup N] [--threads N]
 //                        [--device cpu|cuda:N|simt] [--dtype fp32|bf16] [--tf32]
-//                        [--batch B] [--seq T] [--no-graphs] [--logits-chunk ROWS]
+//                        [--batch B] [--seq T] [--no-graphs] [--logits-chunk ROWS] [--no-pack]
 //                        [--profile | --profile-cpu]   (per-op wall / process CPU time)
+// --no-pack: bf16 on the cpu without packed weight copies (ModelOptions::pack_weights, which a
+// job on the cpu device has; the default here too).
 // --logits-chunk: rows per lm-head + cross-entropy chunk (ModelOptions::logits_chunk_rows;
 // default: the planner's choice).
 #include <algorithm>
@@ -64,6 +66,7 @@ struct RunFlags {
   bool tf32 = false, graphs = true;
   int64_t batch = 0, seq = 0;  // 0: the config's
   int64_t logits_chunk = 0;     // 0: the planner's
+  bool pack = true;             // ModelOptions::pack_weights on the cpu device
 };
 
 // fp32 GEMM rate through the backend, C(1024,1024) = A(1024,1024) B(1024,1024), 10 timed runs:
@@ -146,6 +149,7 @@ int Run(BenchConfig bc, const RunFlags& f) {
   mo.seq_len = bc.seq_len;
   mo.compute_type = f.dtype;
   mo.logits_chunk_rows = f.logits_chunk;
+  mo.pack_weights = f.pack && f.device == "cpu";  // as a job's (PacksGemmWeights)
   engine::DeviceArena arena(be, 0);
   auto model = engine::Model::Create(mc, mo, &arena);
   if (!model.ok()) {
@@ -197,13 +201,13 @@ int Run(BenchConfig bc, const RunFlags& f) {
   const double mfu_cpu = flops / cpu_per_step / 1e9 / sgemm.per_cpu_s;
   std::printf(
       "traind %s: L=%lld C=%lld NH=%lld T=%lld B=%lld V=%lld params=%lld threads=%d gemm=%s "
-      "device=%s dtype=%s tf32=%d graphs=%d epilogues=%s arena_peak=%lld\n",
+      "device=%s dtype=%s tf32=%d graphs=%d packed=%d epilogues=%s arena_peak=%lld\n",
       bc.name.c_str(), static_cast<long long>(bc.layers), static_cast<long long>(bc.channels),
       static_cast<long long>(bc.heads), static_cast<long long>(bc.seq_len),
       static_cast<long long>(bc.batch), static_cast<long long>(bc.vocab),
       static_cast<long long>(m.num_params()), threads,
       f.device == "cpu" ? engine::cpu::GemmLibrary() : "device", f.device.c_str(),
-      engine::DTypeName(f.dtype), f.tf32 ? 1 : 0, f.graphs ? 1 : 0,
+      engine::DTypeName(f.dtype), f.tf32 ? 1 : 0, f.graphs ? 1 : 0, mo.pack_weights ? 1 : 0,
       std::getenv("TRAIND_CUBLASLT_EPILOGUES") != nullptr ? std::getenv("TRAIND_CUBLASLT_EPILOGUES")
                                                           : "default",
       static_cast<long long>(arena.peak_bytes()));
@@ -288,6 +292,8 @@ int main(int argc, char** argv) {
       f.seq = std::atoll(next());
     } else if (a == "--logits-chunk") {
       f.logits_chunk = std::atoll(next());
+    } else if (a == "--no-pack") {
+      f.pack = false;
     } else if (a == "--profile") {
       f.profile = true;
     } else if (a == "--profile-cpu") {
@@ -297,7 +303,7 @@ int main(int argc, char** argv) {
                    "unknown argument %s\nusage: %s "
                    "[--config tiny|small|gpt2|llama_tiny|llama_small|all] [--steps N] "
                    "[--warmup N] [--threads N] [--device cpu|cuda:N|simt] "
-                   "[--dtype fp32|bf16] [--tf32] [--batch B] [--seq T] [--no-graphs] "
+                   "[--dtype fp32|bf16] [--tf32] [--batch B] [--seq T] [--no-graphs] [--no-pack] "
                    "[--logits-chunk ROWS] [--profile | --profile-cpu]\n",
                    a.c_str(), argv[0]);
       return 2;

@@ -124,6 +124,7 @@ int Run(const ModelShape& ms, const std::string& row_name, const Row& row, int64
   mo.gradient_checkpointing = row.ckpt;
   mo.checkpoint_every = 1;
   mo.compute_type = ct;
+  mo.pack_weights = true;  // a cpu job's (PacksGemmWeights)
   engine::DeviceArena arena(be, 0);
   auto model = engine::Model::Create(mc, mo, &arena);
   if (!model.ok()) {

@@ -65,6 +65,17 @@ class ProfilingBackend final : public Backend {
   std::string name() const override { return in_->name(); }
   void* Alloc(size_t b) override { return in_->Alloc(b); }
   void Free(void* p) override { in_->Free(p); }
+  int64_t PackedGemmBBytes(int64_t K, int64_t N, DType type) const override {
+    return in_->PackedGemmBBytes(K, N, type);
+  }
+  bool PackGemmB(void* storage, int64_t bytes, const void* B, bool tb, int64_t K, int64_t N,
+                 int64_t ldb, DType type) override {
+    T t(this, "pack_weights");
+    return in_->PackGemmB(storage, bytes, B, tb, K, N, ldb, type);
+  }
+  void ForgetPackedGemmB(const void* begin, const void* end) override {
+    in_->ForgetPackedGemmB(begin, end);
+  }
   void CopyHostToDevice(void* d, const void* s, size_t b) override {
     T t(this, "copy");
     in_->CopyHostToDevice(d, s, b);

@@ -176,6 +176,28 @@ class Backend {
                     const void* A, int64_t lda, const void* B, int64_t ldb, float beta, void* C,
                     int64_t ldc, DType ab_type = DType::kF32, DType c_type = DType::kF32);
 
+  // ---- packed GEMM operands (a speed hint; default: none, every B is read as it is) ----
+  // A weight matrix read as B by many GEMMs between two updates can be copied once into the
+  // layout the device's kernels read fastest. PackedGemmBBytes: the bytes of that copy for a
+  // (K x N) B of `type` (0: this backend does not pack it). PackGemmB: copies B (trans_b and ldb
+  // as Gemm's) into `storage` (storage_bytes, at least PackedGemmBBytes) and from then on every
+  // Gemm / LinearForward(RoundedAct) given this B pointer with this layout, K and N reads the
+  // copy; false when it did not (GEMMs then read B itself). The caller owns the staleness: after
+  // the values at B change it calls PackGemmB again or ForgetPackedGemmB before the next GEMM that
+  // reads it. ForgetPackedGemmB: drops every packed copy of a B in [begin, end) (a model's
+  // weights, before they change or are freed). Neither may run while another thread issues ops.
+  virtual int64_t PackedGemmBBytes(int64_t K, int64_t N, DType type) const {
+    (void)K, (void)N, (void)type;
+    return 0;
+  }
+  virtual bool PackGemmB(void* storage, int64_t storage_bytes, const void* B, bool trans_b,
+                         int64_t K, int64_t N, int64_t ldb, DType type) {
+    (void)storage, (void)storage_bytes, (void)B, (void)trans_b, (void)K, (void)N, (void)ldb,
+        (void)type;
+    return false;
+  }
+  virtual void ForgetPackedGemmB(const void* begin, const void* end) { (void)begin, (void)end; }
+
   // ---- linear layer forward, with the GEMM epilogues of cuBLASLt where the device has them ----
   // pre(N,OC) = inp(N,C) * weight(OC,C)^T (+ bias(OC) when bias is not null), fp32;
   // when act is not null, also act(N,OC) = GELU(pre) (tanh approximation, as GeluForward), fp32.

@@ -93,6 +93,27 @@ Result<std::unique_ptr<DecoderModel>> DecoderModel::Make(const ModelConfig& conf
     for (const Fp32ResidentTensor& t : m->resident_) m->packed_[t.offset] = t.packed;
   }
   m->gp_ = nn::GemmPrecision{options.compute_type, m->bufs_.scratch16, m->bufs_.scratch16_elems};
+  if (m->bufs_.packed_weights != nullptr) {
+    char* at = static_cast<char*>(m->bufs_.packed_weights);
+    for (const PackedWeight& w : PackedWeights(m->d_)) {
+      int64_t offset = m->table_.lm_head;
+      if (w.layer >= 0) {
+        const LayerParams& p = m->table_.layers[w.layer];
+        offset = w.kind == PackedWeight::kQkv    ? p.qkv_w
+                 : w.kind == PackedWeight::kProj ? p.proj_w
+                 : w.kind == PackedWeight::kUp   ? p.up_w
+                                                 : p.down_w;
+      }
+      const void* b = m->W(offset);
+      // The forward reads W (out, in) as B^T (K = in); the input gradient as B (K = out).
+      for (const bool forward : {true, false}) {
+        const int64_t K = forward ? w.in : w.out, N = forward ? w.out : w.in;
+        const int64_t bytes = PackedCopyBytes(K, N);
+        m->gemm_packs_.push_back({b, forward, K, N, w.in, at, bytes});
+        at += bytes;
+      }
+    }
+  }
   if (m->d_.moe()) {
     m->routes_.resize(static_cast<size_t>(m->d_.L));
     m->expert_tokens_.assign(static_cast<size_t>(m->d_.L * m->d_.E), 0);
@@ -172,6 +193,23 @@ void InitFlatParams(const ArchDims& d, const ParamTable& table, uint64_t seed, f
   });
 }
 
+DecoderModel::~DecoderModel() { Weights16Changing(); }
+
+void DecoderModel::Weights16Changing() {
+  packs_stale_ = true;
+  if (gemm_packs_.empty()) return;
+  const char* begin = static_cast<const char*>(bufs_.params16);
+  be_->ForgetPackedGemmB(begin, begin + table_.total * DTypeSize(options_.compute_type));
+}
+
+void DecoderModel::PackWeights() {
+  for (const GemmPack& g : gemm_packs_) {
+    (void)be_->PackGemmB(g.storage, g.bytes, g.b, g.trans_b, g.K, g.N, g.ldb,
+                         options_.compute_type);
+  }
+  packs_stale_ = false;
+}
+
 void DecoderModel::InitRandom(uint64_t seed) {
   // Tensor by tensor through a bounded host buffer (a whole-model host copy was the set-up's RSS
   // peak of a 354M-parameter job: bench/offload_rss_bench).
@@ -225,6 +263,7 @@ Status DecoderModel::LoadHf(const SafetensorsFile& file) {
 }
 
 void DecoderModel::PublishStaged() {
+  Weights16Changing();
   be_->Cast(bufs_.params16, options_.compute_type, bufs_.grads, DType::kF32, table_.total);
   for (const Fp32ResidentTensor& t : resident_) {
     be_->CopyDeviceToDevice(bufs_.params + t.packed, bufs_.grads + t.offset,
@@ -236,6 +275,7 @@ void DecoderModel::PublishStaged() {
 }
 
 void DecoderModel::PublishFromHost(int64_t offset, const float* host, int64_t n) {
+  Weights16Changing();
   To16(options_.compute_type, host, n, &host16_);
   base16_hash_ = Fnv1a16(base16_hash_, host16_.data(), n);
   be_->CopyHostToDevice(static_cast<char*>(bufs_.params16) + offset * static_cast<int64_t>(sizeof(uint16_t)),
@@ -255,6 +295,7 @@ std::vector<Fp32ResidentTensor>::const_iterator DecoderModel::FirstResidentEndin
 }
 
 void DecoderModel::MasterUpdated(int64_t offset, const float* device, int64_t n) {
+  Weights16Changing();
   const size_t es = DTypeSize(options_.compute_type);
   be_->Cast(static_cast<char*>(bufs_.params16) + offset * static_cast<int64_t>(es), options_.compute_type,
             device, DType::kF32, n);
@@ -267,6 +308,7 @@ void DecoderModel::MasterUpdated(int64_t offset, const float* device, int64_t n)
 }
 
 MasterWeightsSink::ComputeCopy DecoderModel::ComputeCopyOf(int64_t offset, int64_t n) {
+  Weights16Changing();  // the caller writes the 16-bit weights through it
   ComputeCopy out;
   out.type = options_.compute_type;
   out.weights16 = static_cast<char*>(bufs_.params16) + offset * static_cast<int64_t>(DTypeSize(out.type));
@@ -727,6 +769,7 @@ void DecoderModel::BlockBackward(int64_t l) {
 
 void DecoderModel::ParamsChanged() {
   if (!mixed_ || master_off_) return;  // master off: the optimizer refreshed them (MasterUpdated)
+  Weights16Changing();
   be_->Cast(bufs_.params16, options_.compute_type, bufs_.params, DType::kF32, table_.total);
   weights16_stale_ = false;
 }
@@ -734,6 +777,7 @@ void DecoderModel::ParamsChanged() {
 void DecoderModel::ForwardToFinalNorm() {
   Backend& be = *be_;
   if (mixed_ && weights16_stale_) ParamsChanged();
+  if (packs_stale_ && !gemm_packs_.empty()) PackWeights();
   nn::EmbeddingForward(be, bufs_.res[0], bufs_.inputs, bufs_.positions, P(table_.wte),
                        P(table_.wpe), N_, d_.C);
   for (int64_t l = 0; l < d_.L; ++l) BlockForward(l);

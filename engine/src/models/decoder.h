@@ -61,6 +61,8 @@ class DecoderModel : public Model, private MasterWeightsSink {
                                                     const ModelOptions& options,
                                                     DeviceArena* arena);
 
+  ~DecoderModel() override;
+
   const ModelConfig& config() const override { return config_; }
   const ModelOptions& options() const override { return options_; }
   const std::vector<ParamInfo>& params() const override { return table_.infos; }
@@ -177,6 +179,21 @@ class DecoderModel : public Model, private MasterWeightsSink {
   int64_t N_;
   bool mixed_ = false;           // compute type is 16-bit
   bool weights16_stale_ = true;  // params16 must be refreshed before the next Forward
+  // ModelOptions::pack_weights: each packed copy (PackedWeights, both layouts) and whether
+  // params16 changed since they were made (Forward packs them again before its first GEMM).
+  struct GemmPack {
+    const void* b;
+    bool trans_b;
+    int64_t K, N, ldb;
+    void* storage;
+    int64_t bytes;
+  };
+  std::vector<GemmPack> gemm_packs_;
+  bool packs_stale_ = true;
+  // Before params16 changes (or a pointer into it is handed out to write): the backend drops the
+  // packed copies, so no GEMM reads a stale one, and the next Forward packs them again.
+  void Weights16Changing();
+  void PackWeights();
   // ModelOptions::master_weights_off_device honoured: the packed fp32 tensors (and their table
   // offset -> packed offset), the store of the master weights.
   bool master_off_ = false;

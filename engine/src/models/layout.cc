@@ -186,6 +186,32 @@ int64_t LogitsChunkRows(const ArchDims& d, const ModelOptions& o) {
   return std::min(N, std::max(kMinRows, by_bytes));
 }
 
+std::vector<PackedWeight> PackedWeights(const ArchDims& d) {
+  std::vector<PackedWeight> w;
+  for (int64_t l = 0; l < d.L; ++l) {
+    w.push_back({PackedWeight::kQkv, l, d.C, d.qkv_width()});
+    w.push_back({PackedWeight::kProj, l, d.NH * d.HS, d.C});
+    if (!d.moe()) {
+      w.push_back({PackedWeight::kUp, l, d.C, d.up_width()});
+      w.push_back({PackedWeight::kDown, l, d.H, d.C});
+    }
+  }
+  w.push_back({PackedWeight::kLmHead, -1, d.C, d.Vp});
+  return w;
+}
+
+int64_t PackedCopyBytes(int64_t K, int64_t N) {
+  return (K + 31) / 32 * 32 * ((N + 63) / 64 * 64) * 2;
+}
+
+int64_t PackedWeightBytes(const ArchDims& d) {
+  int64_t bytes = 0;
+  for (const PackedWeight& w : PackedWeights(d)) {
+    bytes += PackedCopyBytes(w.in, w.out) + PackedCopyBytes(w.out, w.in);
+  }
+  return bytes;
+}
+
 void PlanBuffers(const ArchDims& d, const ModelOptions& o, int64_t num_params, int64_t fp32_weights,
                  BufferPlanner* p, ModelBuffers* b, int64_t lora_trainable, int64_t lora_per_layer,
                  int64_t lora_max_in) {
@@ -200,6 +226,9 @@ void PlanBuffers(const ArchDims& d, const ModelOptions& o, int64_t num_params, i
 
   p->Add(MC::kWeights, fp32_weights, &b->params);
   if (mixed) p->Add(MC::kWeights, num_params, t, &b->params16);
+  if (o.pack_weights && t == DType::kBF16) {
+    p->Add(MC::kWeights, PackedWeightBytes(d) / 2, t, &b->packed_weights);
+  }
   const bool lora = lora_trainable > 0;
   if (lora) {
     p->Add(MC::kWeights, lora_trainable, &b->lora_params);

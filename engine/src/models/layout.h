@@ -77,6 +77,22 @@ inline constexpr int64_t kLogitsChunkBytes = 64ll << 20;
 ArchDims MakeArchDims(const ModelConfig& config);
 int64_t LogitsChunkRows(const ArchDims& d, const ModelOptions& options);
 
+// The weight matrices ModelOptions::pack_weights packs: per block (not mixture-of-experts ones)
+// qkv, proj, up and down, then the lm head, each as its linear layer's (in, out): W is (out, in).
+struct PackedWeight {
+  enum Kind { kQkv, kProj, kUp, kDown, kLmHead };
+  Kind kind;
+  int64_t layer;  // -1: the lm head
+  int64_t in, out;
+};
+std::vector<PackedWeight> PackedWeights(const ArchDims& d);
+// The storage planned for one packed copy of a (K x N) GEMM operand: K rounded up to 32 and N to
+// 64, two bytes each (oneDNN's bf16 blocked layout, 16a64b2a; the CPU backend's own size is
+// checked against it and a copy that does not fit is not made).
+int64_t PackedCopyBytes(int64_t K, int64_t N);
+// Both copies (forward: K = in, N = out; input gradient: K = out, N = in) of every PackedWeights.
+int64_t PackedWeightBytes(const ArchDims& d);
+
 enum class InitKind { kNormal, kNormalResidual, kZeros, kOnes };
 
 // What ParamInfo does not say: how a tensor maps to its HF file form and how it is initialised.
@@ -172,6 +188,7 @@ struct ModelBuffers {
   float* params = nullptr;       // weights: num_params fp32 (the master weights); with master
                                  // weights off the device the packed Fp32ResidentTensors only
   void* params16 = nullptr;      // weights: num_params in a 16-bit compute type, else null
+  void* packed_weights = nullptr;  // weights: PackedWeightBytes (ModelOptions::pack_weights)
   float* grads = nullptr;        // gradients: num_params
   int32_t* inputs = nullptr;     // (N)
   int32_t* targets = nullptr;    // (N)

@@ -69,6 +69,12 @@ struct ModelOptions {
   // update: it is held only that way (no store; the adapters stay fp32 on the device), and a
   // merged export gets the fp32 base again from its origin (LoadMergeBase).
   bool master_weights_off_device = false;
+  // bf16 decoders: a packed copy of each block's and the lm head's weight matrix in both the
+  // layouts the GEMMs read it in (forward: W^T; input gradient: W), made once per weight update
+  // through Backend::PackGemmB, so the products do not repack W on every call. The copies are
+  // planned (weights, PackedWeightBytes in layout.h). The job sets it on the cpu device, whose
+  // oneDNN kernels read a blocked layout (PacksGemmWeights); elsewhere it would only cost memory.
+  bool pack_weights = false;
 };
 
 class Model {

@@ -29,8 +29,11 @@ int ZeroShards(const JobSpec& spec) {
 
 // JobBytes for `spec` at micro-batch `b`, with or without gradient checkpointing.
 // `on_host`: OffloadUpdatesOnHost of the device.
+// The cpu device is the one device that does not update on the host, and the one that packs
+// weights: !on_host == PacksGemmWeights(device).
 MemoryBytes SpecBytes(const ModelConfig& config, const JobSpec& spec, int64_t b, bool ckpt, bool on_host) {
-  return JobBytes(config, JobModelOptions(spec, b, ckpt), spec.training, ZeroShards(spec), on_host);
+  return JobBytes(config, JobModelOptions(spec, b, ckpt, !on_host), spec.training, ZeroShards(spec),
+                  on_host);
 }
 
 std::string Breakdown(const MemoryBytes& b) {
@@ -105,8 +108,10 @@ bool MasterWeightsOffDevice(const JobSpec& spec) {
   return t.offload != "none" && (t.bf16 || t.fp16) && !zero1;
 }
 
-ModelOptions JobModelOptions(const JobSpec& spec, int64_t micro_batch, bool gradient_checkpointing) {
+ModelOptions JobModelOptions(const JobSpec& spec, int64_t micro_batch, bool gradient_checkpointing,
+                             bool pack_weights) {
   ModelOptions o;
+  o.pack_weights = pack_weights;
   o.micro_batch = micro_batch;
   o.seq_len = spec.data.seq_len;
   o.gradient_checkpointing = gradient_checkpointing;
@@ -125,6 +130,8 @@ ModelOptions JobModelOptions(const JobSpec& spec, int64_t micro_batch, bool grad
 }
 
 bool OffloadUpdatesOnHost(const std::string& device) { return device != "cpu"; }
+
+bool PacksGemmWeights(const std::string& device) { return device == "cpu"; }
 
 MemoryBytes JobBytes(const ModelConfig& config, const ModelOptions& options,
                      const TrainingSpec& training, int zero_shards, bool offload_on_host) {

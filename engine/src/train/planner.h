@@ -17,8 +17,13 @@ namespace traind::engine {
 // The model config of the job: spec.model.config, or init_from's config.json when init_from is set.
 Result<ModelConfig> ResolveModelConfig(const JobSpec& spec);
 
-// The model options a job runs its model with at micro-batch `micro_batch`.
-ModelOptions JobModelOptions(const JobSpec& spec, int64_t micro_batch, bool gradient_checkpointing);
+// The model options a job runs its model with at micro-batch `micro_batch`; pack_weights: on a
+// device that packs GEMM weights (PacksGemmWeights).
+ModelOptions JobModelOptions(const JobSpec& spec, int64_t micro_batch, bool gradient_checkpointing,
+                             bool pack_weights = false);
+// Whether a job on `device` keeps packed copies of its bf16 weights (ModelOptions::pack_weights):
+// "cpu", whose oneDNN GEMMs otherwise copy the weights into their blocked layout on every call.
+bool PacksGemmWeights(const std::string& device);
 // Whether the job keeps its fp32 weights off the device (ModelOptions::
 // master_weights_off_device): training.offload cpu | nvme (any optim), bf16 or fp16, no ZeRO-1
 // (sample_every then generates from the 16-bit compute weights). With peft the frozen base

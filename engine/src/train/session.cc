@@ -205,7 +205,9 @@ Status BuildModelAndOptimizer(TrainingSession* s) {
   const TrainingSpec& t = s->spec.training;
   s->arena = std::make_unique<DeviceArena>(s->backend.get(), s->plan.budget_bytes);
   TRAIND_ASSIGN_OR_RETURN(
-      s->model, Model::Create(s->config, JobModelOptions(s->spec, s->B, s->plan.gradient_checkpointing),
+      s->model, Model::Create(s->config,
+                              JobModelOptions(s->spec, s->B, s->plan.gradient_checkpointing,
+                                              PacksGemmWeights(s->device)),
                               s->arena.get()));
   if (t.offload != "none") TRAIND_RETURN_IF_ERROR(OpenStore(s));
   if (s->comm != nullptr && s->spec.distributed.has_value() &&

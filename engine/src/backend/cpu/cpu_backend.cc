@@ -30,6 +30,7 @@ class CpuBackend final : public Backend {
   explicit CpuBackend(int threads) : nt_(UsableThreads(threads)) {
     cpu::SetGemmThreads(nt_);
   }
+  ~CpuBackend() override { cpu::DnnlForgetPackedB(nullptr, reinterpret_cast<const void*>(~uintptr_t{0}), this); }
   std::string name() const override { return "cpu"; }
   bool Supports(Op /*op*/) const override { return true; }  // the reference: every op
 
@@ -88,6 +89,18 @@ class CpuBackend final : public Backend {
                          int64_t C) override {
     cpu::EmbeddingBackward(dtable, dout, ids, N, C, nt_);
   }
+  // Packed weights: oneDNN's blocked bf16 layout (cpu_gemm_dnnl.cc).
+  int64_t PackedGemmBBytes(int64_t K, int64_t N, DType type) const override {
+    return cpu::DnnlPackedBBytes(K, N, type);
+  }
+  bool PackGemmB(void* storage, int64_t storage_bytes, const void* B, bool trans_b, int64_t K,
+                 int64_t N, int64_t ldb, DType type) override {
+    return cpu::DnnlPackB(storage, storage_bytes, B, trans_b, K, N, ldb, type, this, nt_);
+  }
+  void ForgetPackedGemmB(const void* begin, const void* end) override {
+    cpu::DnnlForgetPackedB(begin, end, nullptr);
+  }
+
   // The product with the bias added as it is stored where the library can (cpu::LinearGemm), else
   // the bias in the same pass over each row as the GELU (backend.h's LinearForward).
   void LinearForward(float* pre, float* act, const void* inp, const void* weight, const float* bias,

@@ -1,0 +1,68 @@
+// A bf16 GEMM operand B copied into oneDNN's BA16a64b2a layout (Backend::PackGemmB; the layout
+// its AVX512-BF16 / AMX matmul kernels read B in): blocks of 32 (K) x 64 (N), N-blocks outermost,
+// K-blocks within; inside a block, 16 rows of 64 (k, k+1) pairs (row kp: B[2kp][n], B[2kp+1][n]
+// for n = 0..63); the padding (K to 32, N to 64) zero. oneDNN's own reorder into it ran at 4-10
+// GB/s (15 ms a step on the small gpt2's weights); these are transposes of 32-bit pairs.
+#include <omp.h>
+
+#include <cstdint>
+
+#include "backend/cpu/cpu_kernels.h"
+#include "backend/cpu/cpu_transpose.h"
+
+namespace traind::engine::cpu {
+
+TRAIND_CPU_CLONES void PackBA16a64b2a(void* dst, const uint16_t* b, bool tb, int64_t K, int64_t N,
+                                      int64_t ldb, int nt) {
+  const int64_t kblocks = (K + 31) / 32, nblocks = (N + 63) / 64;
+  const int threads = kblocks * nblocks >= 16 && !omp_in_parallel() ? nt : 1;
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (int64_t nb = 0; nb < nblocks; ++nb) {
+    for (int64_t kb = 0; kb < kblocks; ++kb) {
+      uint32_t* blk = static_cast<uint32_t*>(dst) + (nb * kblocks + kb) * 1024;  // 32 x 64 bf16
+      const int64_t n0 = nb * 64, k0 = kb * 32;
+      const bool full = n0 + 64 <= N && k0 + 32 <= K;
+      if (tb) {
+        // B[k][n] = b[n * ldb + k]: the (k, k+1) pairs of row n are 32-bit words of b, so a block
+        // is a 64 x 16 transpose of words (four 16 x 16 ones).
+        if (full && ldb % 2 == 0) {
+          const auto* src = reinterpret_cast<const float*>(b + n0 * ldb + k0);
+          auto* out = reinterpret_cast<float*>(blk);
+          for (int64_t q = 0; q < 4; ++q) {
+            Transpose16(out + q * 16, 64, src + q * 16 * (ldb / 2), ldb / 2);
+          }
+          continue;
+        }
+        for (int64_t kp = 0; kp < 16; ++kp) {
+          const int64_t k = k0 + 2 * kp;
+          for (int64_t i = 0; i < 64; ++i) {
+            const int64_t n = n0 + i;
+            const uint32_t lo = n < N && k < K ? b[n * ldb + k] : 0;
+            const uint32_t hi = n < N && k + 1 < K ? b[n * ldb + k + 1] : 0;
+            blk[kp * 64 + i] = lo | hi << 16;
+          }
+        }
+      } else {
+        // B[k][n] = b[k * ldb + n]: rows k and k + 1 interleaved.
+        for (int64_t kp = 0; kp < 16; ++kp) {
+          const int64_t k = k0 + 2 * kp;
+          uint32_t* out = blk + kp * 64;
+          if (full) {
+            const uint16_t* r0 = b + k * ldb + n0;
+            const uint16_t* r1 = r0 + ldb;
+            for (int64_t i = 0; i < 64; ++i) out[i] = r0[i] | static_cast<uint32_t>(r1[i]) << 16;
+            continue;
+          }
+          for (int64_t i = 0; i < 64; ++i) {
+            const int64_t n = n0 + i;
+            const uint32_t lo = n < N && k < K ? b[k * ldb + n] : 0;
+            const uint32_t hi = n < N && k + 1 < K ? b[(k + 1) * ldb + n] : 0;
+            out[i] = lo | hi << 16;
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace traind::engine::cpu
