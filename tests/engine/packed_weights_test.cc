@@ -1,9 +1,9 @@
 // Packed GEMM weights (Backend::PackGemmB, ModelOptions::pack_weights): on the CPU backend a bf16
-// B packed in both of a linear layer's layouts gives the products the plain B gives (reference:
-// the same backend's GEMMs before packing, within float reassociation), the packed copy is what
-// the GEMMs read until it is forgotten, a bf16 model with packed weights has the loss and the
-// gradients of the same model without them (also after its weights change), and the plan counts
-// the copies.
+// or fp32 B packed in both of a linear layer's layouts gives the products the plain B gives
+// (reference: the same backend's GEMMs before packing, within float reassociation, and double
+// sums), the packed copy is what the GEMMs read until it is forgotten, a bf16 or fp32 model with
+// packed weights has the loss and the gradients of the same model without them (also after its
+// weights change), and the plan counts the copies.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -20,12 +20,25 @@ namespace {
 
 using testing::TestModel;
 
-std::vector<uint16_t> RandomBf16(int64_t n, uint32_t seed) {
+// Random values in [-1, 1) of `type` (bf16 or fp32), as raw bytes.
+std::vector<char> RandomOf(DType type, int64_t n, uint32_t seed) {
   std::mt19937 rng(seed);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  std::vector<uint16_t> v(static_cast<size_t>(n));
-  for (uint16_t& x : v) x = F32ToBF16(u(rng));
+  std::vector<char> v(static_cast<size_t>(n) * DTypeSize(type));
+  for (int64_t i = 0; i < n; ++i) {
+    const float x = u(rng);
+    if (type == DType::kBF16) {
+      reinterpret_cast<uint16_t*>(v.data())[i] = F32ToBF16(x);
+    } else {
+      reinterpret_cast<float*>(v.data())[i] = x;
+    }
+  }
   return v;
+}
+
+float ValueAt(DType type, const std::vector<char>& v, int64_t i) {
+  return type == DType::kBF16 ? BF16ToF32(reinterpret_cast<const uint16_t*>(v.data())[i])
+                              : reinterpret_cast<const float*>(v.data())[i];
 }
 
 double MaxRelDiff(const std::vector<float>& a, const std::vector<float>& b) {
@@ -37,60 +50,61 @@ double MaxRelDiff(const std::vector<float>& a, const std::vector<float>& b) {
   return worst / std::max(scale, 1e-30);
 }
 
-// A linear layer W (OC x C) in bf16 at sizes that are not multiples of the layout's blocks (the
-// copy is padded): the forward with and without a bias (two CPU paths: oneDNN's matmul with the
-// bias, and the plain GEMM) and the input gradient.
+// A linear layer W (OC x C) at sizes that are not multiples of the layouts' blocks (the copy is
+// padded) and with whole blocks too: the forward with and without a bias (two CPU paths: oneDNN's
+// matmul with the bias, and the GEMM) and the input gradient.
 struct LinearProducts {
   std::vector<float> fwd_bias, fwd, dinp;
 };
 
 constexpr int64_t kM = 37, kC = 72, kOC = 100;
 
-LinearProducts Products(Backend& be, const uint16_t* x, const uint16_t* w, const uint16_t* dy,
+LinearProducts Products(Backend& be, DType t, const void* x, const void* w, const void* dy,
                         const float* bias) {
   LinearProducts r;
   r.fwd_bias.assign(kM * kOC, 0.0f);
   r.fwd.assign(kM * kOC, 0.0f);
   r.dinp.assign(kM * kC, 0.0f);
-  be.LinearForward(r.fwd_bias.data(), nullptr, x, w, bias, kM, kC, kOC, DType::kBF16);
-  be.Gemm(false, true, kM, kOC, kC, 1.0f, x, kC, w, kC, 0.0f, r.fwd.data(), kOC, DType::kBF16,
+  be.LinearForward(r.fwd_bias.data(), nullptr, x, w, bias, kM, kC, kOC, t);
+  be.Gemm(false, true, kM, kOC, kC, 1.0f, x, kC, w, kC, 0.0f, r.fwd.data(), kOC, t, DType::kF32);
+  be.Gemm(false, false, kM, kC, kOC, 1.0f, dy, kOC, w, kC, 0.0f, r.dinp.data(), kC, t,
           DType::kF32);
-  be.Gemm(false, false, kM, kC, kOC, 1.0f, dy, kOC, w, kC, 0.0f, r.dinp.data(), kC,
-          DType::kBF16, DType::kF32);
   return r;
 }
 
-TEST(PackedWeightsTest, CpuProductsWithPackedBf16WeightsEqualThePlainOnes) {
+class PackedProductsTest : public ::testing::TestWithParam<DType> {};
+
+TEST_P(PackedProductsTest, CpuProductsWithPackedWeightsEqualThePlainOnes) {
+  const DType t = GetParam();
   std::unique_ptr<Backend> be = MakeCpuBackend(2);
-  const std::vector<uint16_t> x = RandomBf16(kM * kC, 1), dy = RandomBf16(kM * kOC, 2);
-  std::vector<uint16_t> w = RandomBf16(kOC * kC, 3);
+  const std::vector<char> x = RandomOf(t, kM * kC, 1), dy = RandomOf(t, kM * kOC, 2);
+  std::vector<char> w = RandomOf(t, kOC * kC, 3);
   std::vector<float> bias(kOC);
   for (int64_t i = 0; i < kOC; ++i) bias[i] = 0.01f * static_cast<float>(i);
-  const LinearProducts plain = Products(*be, x.data(), w.data(), dy.data(), bias.data());
+  const LinearProducts plain = Products(*be, t, x.data(), w.data(), dy.data(), bias.data());
 
-  const int64_t fwd_bytes = be->PackedGemmBBytes(kC, kOC, DType::kBF16);
-  const int64_t bwd_bytes = be->PackedGemmBBytes(kOC, kC, DType::kBF16);
+  const int64_t fwd_bytes = be->PackedGemmBBytes(kC, kOC, t);
+  const int64_t bwd_bytes = be->PackedGemmBBytes(kOC, kC, t);
   // Within the planned bound (layout.h), which the model allocates.
-  EXPECT_LE(fwd_bytes, PackedCopyBytes(kC, kOC));
-  EXPECT_LE(bwd_bytes, PackedCopyBytes(kOC, kC));
-  std::vector<char> fwd_copy(PackedCopyBytes(kC, kOC)), bwd_copy(PackedCopyBytes(kOC, kC));
+  EXPECT_LE(fwd_bytes, PackedCopyBytes(kC, kOC, t));
+  EXPECT_LE(bwd_bytes, PackedCopyBytes(kOC, kC, t));
+  std::vector<char> fwd_copy(PackedCopyBytes(kC, kOC, t)), bwd_copy(PackedCopyBytes(kOC, kC, t));
   const bool packed =
       be->PackGemmB(fwd_copy.data(), static_cast<int64_t>(fwd_copy.size()), w.data(), true, kC,
-                    kOC, kC, DType::kBF16) &&
+                    kOC, kC, t) &&
       be->PackGemmB(bwd_copy.data(), static_cast<int64_t>(bwd_copy.size()), w.data(), false, kOC,
-                    kC, kC, DType::kBF16);
-  // The backend packs exactly when it says it has a layout (oneDNN with bf16 kernels).
+                    kC, kC, t);
+  // The backend packs exactly when it says it has a layout (oneDNN with fast kernels).
   EXPECT_EQ(packed, fwd_bytes > 0 && bwd_bytes > 0);
-  std::printf("packed: %d (forward copy %lld bytes, input-gradient copy %lld bytes)\n",
-              packed ? 1 : 0, static_cast<long long>(fwd_bytes),
+  std::printf("%s packed: %d (forward copy %lld bytes, input-gradient copy %lld bytes)\n",
+              DTypeName(t), packed ? 1 : 0, static_cast<long long>(fwd_bytes),
               static_cast<long long>(bwd_bytes));
   // A storage smaller than the layout is refused.
   if (fwd_bytes > 0) {
-    EXPECT_FALSE(be->PackGemmB(fwd_copy.data(), fwd_bytes - 1, dy.data(), true, kC, kOC, kC,
-                               DType::kBF16));
+    EXPECT_FALSE(be->PackGemmB(fwd_copy.data(), fwd_bytes - 1, dy.data(), true, kC, kOC, kC, t));
   }
 
-  const LinearProducts with = Products(*be, x.data(), w.data(), dy.data(), bias.data());
+  const LinearProducts with = Products(*be, t, x.data(), w.data(), dy.data(), bias.data());
   // Same kernels on a copied operand: equal within fp32 reassociation.
   EXPECT_LT(MaxRelDiff(with.fwd_bias, plain.fwd_bias), 1e-6);
   EXPECT_LT(MaxRelDiff(with.fwd, plain.fwd), 1e-6);
@@ -98,26 +112,66 @@ TEST(PackedWeightsTest, CpuProductsWithPackedBf16WeightsEqualThePlainOnes) {
 
   // The GEMMs read the copy: new values at w are not seen until the copy is forgotten (the
   // caller's contract), then they are.
-  std::vector<uint16_t> w2 = RandomBf16(kOC * kC, 4);
-  std::memcpy(w.data(), w2.data(), w2.size() * sizeof(uint16_t));
-  const LinearProducts stale = Products(*be, x.data(), w.data(), dy.data(), bias.data());
+  const std::vector<char> w2 = RandomOf(t, kOC * kC, 4);
+  std::memcpy(w.data(), w2.data(), w2.size());
+  const LinearProducts stale = Products(*be, t, x.data(), w.data(), dy.data(), bias.data());
   if (packed) {
     EXPECT_LT(MaxRelDiff(stale.fwd, plain.fwd), 1e-6);
     EXPECT_LT(MaxRelDiff(stale.dinp, plain.dinp), 1e-6);
   }
   be->ForgetPackedGemmB(w.data(), w.data() + w.size());
-  const LinearProducts fresh = Products(*be, x.data(), w.data(), dy.data(), bias.data());
+  const LinearProducts fresh = Products(*be, t, x.data(), w.data(), dy.data(), bias.data());
   EXPECT_GT(MaxRelDiff(fresh.fwd, plain.fwd), 1e-2);
-  // The new weights' products, checked against double sums of the bf16 values.
+  // The new weights' products, against double sums of the same values.
   double worst = 0;
   for (int64_t m = 0; m < kM; ++m) {
     for (int64_t o = 0; o < kOC; ++o) {
       double s = 0;
-      for (int64_t c = 0; c < kC; ++c) s += double(BF16ToF32(x[m * kC + c])) * BF16ToF32(w[o * kC + c]);
+      for (int64_t c = 0; c < kC; ++c) {
+        s += static_cast<double>(ValueAt(t, x, m * kC + c)) * ValueAt(t, w, o * kC + c);
+      }
       worst = std::max(worst, std::abs(s - fresh.fwd[m * kOC + o]));
     }
   }
   EXPECT_LT(worst, 1e-4);
+}
+
+// Whole blocks of both layouts (K and N multiples of 64), forward and input gradient, each
+// against double sums: the packers' fast paths (the padded edges are above).
+TEST_P(PackedProductsTest, WholeBlocksAgainstDoubleSums) {
+  const DType t = GetParam();
+  std::unique_ptr<Backend> be = MakeCpuBackend(2);
+  const int64_t M = 16, C = 128, OC = 192;
+  const std::vector<char> x = RandomOf(t, M * C, 5), dy = RandomOf(t, M * OC, 6),
+                          w = RandomOf(t, OC * C, 7);
+  std::vector<char> fwd_copy(PackedCopyBytes(C, OC, t)), bwd_copy(PackedCopyBytes(OC, C, t));
+  const bool packed =
+      be->PackGemmB(fwd_copy.data(), static_cast<int64_t>(fwd_copy.size()), w.data(), true, C, OC,
+                    C, t) &&
+      be->PackGemmB(bwd_copy.data(), static_cast<int64_t>(bwd_copy.size()), w.data(), false, OC, C,
+                    C, t);
+  EXPECT_EQ(packed, be->PackedGemmBBytes(C, OC, t) > 0);
+  std::vector<float> fwd(M * OC), dinp(M * C);
+  be->Gemm(false, true, M, OC, C, 1.0f, x.data(), C, w.data(), C, 0.0f, fwd.data(), OC, t,
+           DType::kF32);
+  be->Gemm(false, false, M, C, OC, 1.0f, dy.data(), OC, w.data(), C, 0.0f, dinp.data(), C, t,
+           DType::kF32);
+  double worst_fwd = 0, worst_dinp = 0;
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t o = 0; o < OC; ++o) {
+      double s = 0;
+      for (int64_t c = 0; c < C; ++c) s += double(ValueAt(t, x, m * C + c)) * ValueAt(t, w, o * C + c);
+      worst_fwd = std::max(worst_fwd, std::abs(s - fwd[m * OC + o]));
+    }
+    for (int64_t c = 0; c < C; ++c) {
+      double s = 0;
+      for (int64_t o = 0; o < OC; ++o) s += double(ValueAt(t, dy, m * OC + o)) * ValueAt(t, w, o * C + c);
+      worst_dinp = std::max(worst_dinp, std::abs(s - dinp[m * C + c]));
+    }
+  }
+  EXPECT_LT(worst_fwd, 1e-4);
+  EXPECT_LT(worst_dinp, 1e-4);
+  be->ForgetPackedGemmB(w.data(), w.data() + w.size());
 }
 
 struct TrainRun {
@@ -127,10 +181,11 @@ struct TrainRun {
 
 // Forward + backward, then new master weights (ParamsChanged, as after an optimizer step) and
 // forward + backward again: the losses and the last gradients.
-TrainRun TwoWeightVersions(const ModelConfig& c, bool pack) {
+TrainRun TwoWeightVersions(const ModelConfig& c, DType type, bool pack) {
   ModelOptions o = testing::TinyOptions(3, 16);
-  o.compute_type = DType::kBF16;
+  o.compute_type = type;
   o.pack_weights = pack;
+  o.logits_chunk_rows = 16;  // 3 chunks: fp32 packs the lm head only then
   TestModel t = TestModel::Make(c, o);
   TrainRun r;
   if (t.model == nullptr) return r;
@@ -141,7 +196,9 @@ TrainRun TwoWeightVersions(const ModelConfig& c, bool pack) {
       std::vector<float> p = testing::ToHost(*t.backend, t.model->param_data(), t.model->num_params());
       for (size_t i = 0; i < p.size(); ++i) p[i] *= 1.0f + 0.25f * std::sin(static_cast<float>(i));
       t.backend->CopyHostToDevice(t.model->param_data(), p.data(), p.size() * sizeof(float));
-      t.model->ParamsChanged();
+      // bf16 needs the call (its 16-bit copy); fp32 reads param_data() at every forward, told or
+      // not (the optimizer and data parallel write it without telling the model).
+      if (o.compute_type != DType::kF32) t.model->ParamsChanged();
     }
     t.model->ZeroGrad();
     r.losses.push_back(t.model->Forward(true, 1.0f));
@@ -151,9 +208,10 @@ TrainRun TwoWeightVersions(const ModelConfig& c, bool pack) {
   return r;
 }
 
-TEST(PackedWeightsTest, Bf16ModelsWithPackedWeightsTrainAsWithout) {
+TEST_P(PackedProductsTest, ModelsWithPackedWeightsTrainAsWithout) {
+  const DType t = GetParam();
   for (const ModelConfig& c : {testing::TinyGpt2(), testing::TinyLlama(false), testing::TinyLlama(true)}) {
-    const TrainRun plain = TwoWeightVersions(c, false), packed = TwoWeightVersions(c, true);
+    const TrainRun plain = TwoWeightVersions(c, t, false), packed = TwoWeightVersions(c, t, true);
     ASSERT_EQ(plain.losses.size(), 2u);
     ASSERT_EQ(packed.losses.size(), 2u);
     EXPECT_NE(plain.losses[0], plain.losses[1]);  // the weights did change
@@ -187,16 +245,33 @@ TEST(PackedWeightsTest, ThePlanCountsBothCopiesOfEveryPackedWeight) {
   // of two bytes each.
   const int64_t per_block = 384 * 1152 + 384 * 384 + 384 * 1536 + 1536 * 384;
   const int64_t hand = 2 * 2 * (6 * per_block + 384 * 50304);
-  EXPECT_EQ(PackedWeightBytes(MakeArchDims(c)), hand);
+  EXPECT_EQ(PackedWeightBytes(MakeArchDims(c), o), hand);
   EXPECT_EQ(packed.weights - plain.weights, hand);
   EXPECT_EQ(packed.total() - plain.total(), hand);
-  o.compute_type = DType::kF32;  // fp32 GEMMs read the fp32 weights as they are
-  EXPECT_EQ(Model::PlanBytes(c, o).total(), Model::PlanBytes(c, [&] {
-              ModelOptions f = o;
-              f.pack_weights = false;
-              return f;
-            }()).total());
+  // fp32: the lm head's forward copy only (4 chunks of 512 rows), four bytes each; none when
+  // one chunk covers every row.
+  o.compute_type = DType::kF32;
+  const MemoryBytes packed32 = Model::PlanBytes(c, o);
+  o.pack_weights = false;
+  const MemoryBytes plain32 = Model::PlanBytes(c, o);
+  EXPECT_EQ(packed32.total() - plain32.total(), 4 * 384 * 50304);
+  o.logits_chunk_rows = 2048;
+  const MemoryBytes one_chunk = Model::PlanBytes(c, o);
+  o.pack_weights = true;
+  EXPECT_EQ(Model::PlanBytes(c, o).total(), one_chunk.total());
+  o.pack_weights = false;
+  o.logits_chunk_rows = 0;
+  // fp16 (the CPU has no fast f16 GEMM to pack for): nothing.
+  o.compute_type = DType::kF16;
+  const MemoryBytes plain16 = Model::PlanBytes(c, o);
+  o.pack_weights = true;
+  EXPECT_EQ(Model::PlanBytes(c, o).total(), plain16.total());
 }
+
+INSTANTIATE_TEST_SUITE_P(Types, PackedProductsTest, ::testing::Values(DType::kBF16, DType::kF32),
+                         [](const ::testing::TestParamInfo<DType>& i) {
+                           return std::string(DTypeName(i.param));
+                         });
 
 }  // namespace
 }  // namespace traind::engine

@@ -95,7 +95,7 @@ Result<std::unique_ptr<DecoderModel>> DecoderModel::Make(const ModelConfig& conf
   m->gp_ = nn::GemmPrecision{options.compute_type, m->bufs_.scratch16, m->bufs_.scratch16_elems};
   if (m->bufs_.packed_weights != nullptr) {
     char* at = static_cast<char*>(m->bufs_.packed_weights);
-    for (const PackedWeight& w : PackedWeights(m->d_)) {
+    for (const PackedWeight& w : PackedWeights(m->d_, options)) {
       int64_t offset = m->table_.lm_head;
       if (w.layer >= 0) {
         const LayerParams& p = m->table_.layers[w.layer];
@@ -107,8 +107,9 @@ Result<std::unique_ptr<DecoderModel>> DecoderModel::Make(const ModelConfig& conf
       const void* b = m->W(offset);
       // The forward reads W (out, in) as B^T (K = in); the input gradient as B (K = out).
       for (const bool forward : {true, false}) {
+        if (!forward && !PacksInputGradientLayout(options.compute_type)) continue;
         const int64_t K = forward ? w.in : w.out, N = forward ? w.out : w.in;
-        const int64_t bytes = PackedCopyBytes(K, N);
+        const int64_t bytes = PackedCopyBytes(K, N, options.compute_type);
         m->gemm_packs_.push_back({b, forward, K, N, w.in, at, bytes});
         at += bytes;
       }
@@ -193,12 +194,12 @@ void InitFlatParams(const ArchDims& d, const ParamTable& table, uint64_t seed, f
   });
 }
 
-DecoderModel::~DecoderModel() { Weights16Changing(); }
+DecoderModel::~DecoderModel() { WeightsChanging(); }
 
-void DecoderModel::Weights16Changing() {
+void DecoderModel::WeightsChanging() {
   packs_stale_ = true;
   if (gemm_packs_.empty()) return;
-  const char* begin = static_cast<const char*>(bufs_.params16);
+  const char* begin = static_cast<const char*>(mixed_ ? bufs_.params16 : static_cast<void*>(bufs_.params));
   be_->ForgetPackedGemmB(begin, begin + table_.total * DTypeSize(options_.compute_type));
 }
 
@@ -211,6 +212,7 @@ void DecoderModel::PackWeights() {
 }
 
 void DecoderModel::InitRandom(uint64_t seed) {
+  WeightsChanging();
   // Tensor by tensor through a bounded host buffer (a whole-model host copy was the set-up's RSS
   // peak of a 354M-parameter job: bench/offload_rss_bench).
   if (master_off_ && lora()) {  // the frozen base: the device copies only
@@ -238,6 +240,7 @@ void DecoderModel::InitRandom(uint64_t seed) {
 }
 
 Status DecoderModel::LoadHf(const SafetensorsFile& file) {
+  WeightsChanging();
   std::vector<float> host(static_cast<size_t>(table_.total), 0.0f);
   TRAIND_RETURN_IF_ERROR(HfToFlat(config_.arch, table_, file, host.data()));
   if (master_off_ && lora()) {  // the frozen base: the device copies only, a few MiB at a time
@@ -263,7 +266,7 @@ Status DecoderModel::LoadHf(const SafetensorsFile& file) {
 }
 
 void DecoderModel::PublishStaged() {
-  Weights16Changing();
+  WeightsChanging();
   be_->Cast(bufs_.params16, options_.compute_type, bufs_.grads, DType::kF32, table_.total);
   for (const Fp32ResidentTensor& t : resident_) {
     be_->CopyDeviceToDevice(bufs_.params + t.packed, bufs_.grads + t.offset,
@@ -275,7 +278,7 @@ void DecoderModel::PublishStaged() {
 }
 
 void DecoderModel::PublishFromHost(int64_t offset, const float* host, int64_t n) {
-  Weights16Changing();
+  WeightsChanging();
   To16(options_.compute_type, host, n, &host16_);
   base16_hash_ = Fnv1a16(base16_hash_, host16_.data(), n);
   be_->CopyHostToDevice(static_cast<char*>(bufs_.params16) + offset * static_cast<int64_t>(sizeof(uint16_t)),
@@ -295,7 +298,7 @@ std::vector<Fp32ResidentTensor>::const_iterator DecoderModel::FirstResidentEndin
 }
 
 void DecoderModel::MasterUpdated(int64_t offset, const float* device, int64_t n) {
-  Weights16Changing();
+  WeightsChanging();
   const size_t es = DTypeSize(options_.compute_type);
   be_->Cast(static_cast<char*>(bufs_.params16) + offset * static_cast<int64_t>(es), options_.compute_type,
             device, DType::kF32, n);
@@ -308,7 +311,7 @@ void DecoderModel::MasterUpdated(int64_t offset, const float* device, int64_t n)
 }
 
 MasterWeightsSink::ComputeCopy DecoderModel::ComputeCopyOf(int64_t offset, int64_t n) {
-  Weights16Changing();  // the caller writes the 16-bit weights through it
+  WeightsChanging();  // the caller writes the 16-bit weights through it
   ComputeCopy out;
   out.type = options_.compute_type;
   out.weights16 = static_cast<char*>(bufs_.params16) + offset * static_cast<int64_t>(DTypeSize(out.type));
@@ -768,8 +771,9 @@ void DecoderModel::BlockBackward(int64_t l) {
 }
 
 void DecoderModel::ParamsChanged() {
+  if (!mixed_) WeightsChanging();  // fp32: the GEMMs read the weights themselves, maybe packed
   if (!mixed_ || master_off_) return;  // master off: the optimizer refreshed them (MasterUpdated)
-  Weights16Changing();
+  WeightsChanging();
   be_->Cast(bufs_.params16, options_.compute_type, bufs_.params, DType::kF32, table_.total);
   weights16_stale_ = false;
 }
@@ -777,7 +781,7 @@ void DecoderModel::ParamsChanged() {
 void DecoderModel::ForwardToFinalNorm() {
   Backend& be = *be_;
   if (mixed_ && weights16_stale_) ParamsChanged();
-  if (packs_stale_ && !gemm_packs_.empty()) PackWeights();
+  if ((packs_stale_ || !mixed_) && !gemm_packs_.empty()) PackWeights();  // fp32: every forward
   nn::EmbeddingForward(be, bufs_.res[0], bufs_.inputs, bufs_.positions, P(table_.wte),
                        P(table_.wpe), N_, d_.C);
   for (int64_t l = 0; l < d_.L; ++l) BlockForward(l);
@@ -825,6 +829,7 @@ double DecoderModel::Forward(bool for_backward, float grad_scale) {
   const float scale = n_valid > 0 ? grad_scale / static_cast<float>(n_valid) : 0.0f;
   LmHeadAndLoss(for_backward, scale, nullptr);
   ready_for_backward_ = for_backward;
+  if (!for_backward && !mixed_) WeightsChanging();  // fp32 copies live until the backward
   // mixtral with output_router_logits: loss = mean cross-entropy + coef * aux (HF's).
   aux_grad_ = static_cast<double>(grad_scale) * d_.aux_coef;
   return nn::MeanLoss(*be_, bufs_.losses, N_, n_valid, &host_losses_) + d_.aux_coef * aux_;
@@ -1036,6 +1041,7 @@ void DecoderModel::Backward() {
         if (on_block_gradients_) on_block_gradients_(l);
       });
   training_ = false;
+  if (!mixed_) WeightsChanging();  // fp32: the optimizer writes the weights next
   if (lora()) return;  // frozen embeddings
   nn::EmbeddingBackward(be, G(table_.wte), G(table_.wpe), bufs_.dres, bufs_.inputs, bufs_.positions,
                         N_, C);

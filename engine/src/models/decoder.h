@@ -179,8 +179,12 @@ class DecoderModel : public Model, private MasterWeightsSink {
   int64_t N_;
   bool mixed_ = false;           // compute type is 16-bit
   bool weights16_stale_ = true;  // params16 must be refreshed before the next Forward
-  // ModelOptions::pack_weights: each packed copy (PackedWeights, both layouts) and whether
-  // params16 changed since they were made (Forward packs them again before its first GEMM).
+  // ModelOptions::pack_weights: each packed copy (PackedWeights; bf16 both layouts, fp32 the
+  // forward's) and whether the weights may have changed since they were made (Forward packs them
+  // again before its first GEMM). bf16: every writer of params16 calls WeightsChanging first. fp32:
+  // the weights are param_data(), which the optimizer, data parallel's broadcast and checkpoint
+  // restores write without telling the model, so the copies live only from a forward to the end
+  // of its backward (or of an eval forward): packed at every forward, forgotten after.
   struct GemmPack {
     const void* b;
     bool trans_b;
@@ -190,9 +194,9 @@ class DecoderModel : public Model, private MasterWeightsSink {
   };
   std::vector<GemmPack> gemm_packs_;
   bool packs_stale_ = true;
-  // Before params16 changes (or a pointer into it is handed out to write): the backend drops the
-  // packed copies, so no GEMM reads a stale one, and the next Forward packs them again.
-  void Weights16Changing();
+  // Before the weights change (or a pointer into them is handed out to write): the backend drops
+  // the packed copies, so no GEMM reads a stale one, and the next Forward packs them again.
+  void WeightsChanging();
   void PackWeights();
   // ModelOptions::master_weights_off_device honoured: the packed fp32 tensors (and their table
   // offset -> packed offset), the store of the master weights.

@@ -186,8 +186,16 @@ int64_t LogitsChunkRows(const ArchDims& d, const ModelOptions& o) {
   return std::min(N, std::max(kMinRows, by_bytes));
 }
 
-std::vector<PackedWeight> PackedWeights(const ArchDims& d) {
+std::vector<PackedWeight> PackedWeights(const ArchDims& d, const ModelOptions& o) {
   std::vector<PackedWeight> w;
+  if (!o.pack_weights) return w;
+  if (o.compute_type == DType::kF32) {
+    if (LogitsChunkRows(d, o) < o.micro_batch * o.seq_len) {
+      w.push_back({PackedWeight::kLmHead, -1, d.C, d.Vp});
+    }
+    return w;
+  }
+  if (o.compute_type != DType::kBF16) return w;
   for (int64_t l = 0; l < d.L; ++l) {
     w.push_back({PackedWeight::kQkv, l, d.C, d.qkv_width()});
     w.push_back({PackedWeight::kProj, l, d.NH * d.HS, d.C});
@@ -200,14 +208,20 @@ std::vector<PackedWeight> PackedWeights(const ArchDims& d) {
   return w;
 }
 
-int64_t PackedCopyBytes(int64_t K, int64_t N) {
-  return (K + 31) / 32 * 32 * ((N + 63) / 64 * 64) * 2;
+int64_t PackedCopyBytes(int64_t K, int64_t N, DType type) {
+  const int64_t kblock = type == DType::kBF16 ? 32 : 16;
+  return (K + kblock - 1) / kblock * kblock * ((N + 63) / 64 * 64) *
+         static_cast<int64_t>(DTypeSize(type));
 }
 
-int64_t PackedWeightBytes(const ArchDims& d) {
+bool PacksInputGradientLayout(DType type) { return type == DType::kBF16; }
+
+int64_t PackedWeightBytes(const ArchDims& d, const ModelOptions& o) {
+  const DType type = o.compute_type;
   int64_t bytes = 0;
-  for (const PackedWeight& w : PackedWeights(d)) {
-    bytes += PackedCopyBytes(w.in, w.out) + PackedCopyBytes(w.out, w.in);
+  for (const PackedWeight& w : PackedWeights(d, o)) {
+    bytes += PackedCopyBytes(w.in, w.out, type);
+    if (PacksInputGradientLayout(type)) bytes += PackedCopyBytes(w.out, w.in, type);
   }
   return bytes;
 }
@@ -226,8 +240,8 @@ void PlanBuffers(const ArchDims& d, const ModelOptions& o, int64_t num_params, i
 
   p->Add(MC::kWeights, fp32_weights, &b->params);
   if (mixed) p->Add(MC::kWeights, num_params, t, &b->params16);
-  if (o.pack_weights && t == DType::kBF16) {
-    p->Add(MC::kWeights, PackedWeightBytes(d) / 2, t, &b->packed_weights);
+  if (const int64_t packed = PackedWeightBytes(d, o); packed > 0) {
+    p->Add(MC::kWeights, packed / static_cast<int64_t>(DTypeSize(t)), t, &b->packed_weights);
   }
   const bool lora = lora_trainable > 0;
   if (lora) {

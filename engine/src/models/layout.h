@@ -77,21 +77,29 @@ inline constexpr int64_t kLogitsChunkBytes = 64ll << 20;
 ArchDims MakeArchDims(const ModelConfig& config);
 int64_t LogitsChunkRows(const ArchDims& d, const ModelOptions& options);
 
-// The weight matrices ModelOptions::pack_weights packs: per block (not mixture-of-experts ones)
-// qkv, proj, up and down, then the lm head, each as its linear layer's (in, out): W is (out, in).
+// The weight matrices ModelOptions::pack_weights packs, each as its linear layer's (in, out): W is
+// (out, in). bf16: per block (not mixture-of-experts ones) qkv, proj, up and down, then the lm
+// head. fp32: the lm head alone, when it runs in more than one chunk of rows (oneDNN's fp32 matmul
+// on a packed B beat its sgemm by 10% there, 234 -> 208 ms a step on the small gpt2, while the
+// blocks' gains were about what packing them every forward costs); none with pack_weights off or
+// in fp16.
 struct PackedWeight {
   enum Kind { kQkv, kProj, kUp, kDown, kLmHead };
   Kind kind;
   int64_t layer;  // -1: the lm head
   int64_t in, out;
 };
-std::vector<PackedWeight> PackedWeights(const ArchDims& d);
-// The storage planned for one packed copy of a (K x N) GEMM operand: K rounded up to 32 and N to
-// 64, two bytes each (oneDNN's bf16 blocked layout, 16a64b2a; the CPU backend's own size is
-// checked against it and a copy that does not fit is not made).
-int64_t PackedCopyBytes(int64_t K, int64_t N);
-// Both copies (forward: K = in, N = out; input gradient: K = out, N = in) of every PackedWeights.
-int64_t PackedWeightBytes(const ArchDims& d);
+std::vector<PackedWeight> PackedWeights(const ArchDims& d, const ModelOptions& o);
+// The storage planned for one packed copy of a (K x N) GEMM operand of `type`: oneDNN's blocked
+// layouts, bf16 BA16a64b2a (K rounded up to 32, N to 64, two bytes each) and fp32 BA16a64b (K to
+// 16, N to 64, four bytes); the CPU backend's own size is checked against it and a copy that does
+// not fit is not made.
+int64_t PackedCopyBytes(int64_t K, int64_t N, DType type);
+// The copies of every PackedWeights: bf16 both layouts (forward: K = in, N = out; input
+// gradient: K = out, N = in); fp32 the forward's only (oneDNN's sgemm reads a plain B in the
+// input gradient as fast as the matmul reads a packed one).
+bool PacksInputGradientLayout(DType type);
+int64_t PackedWeightBytes(const ArchDims& d, const ModelOptions& o);
 
 enum class InitKind { kNormal, kNormalResidual, kZeros, kOnes };
 

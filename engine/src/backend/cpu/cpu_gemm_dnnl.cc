@@ -32,15 +32,17 @@ using Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, 
                        float, float, bool, bool>;
 
 // The blocked layout oneDNN's matmul reads a (K x N) B of `ab` fastest in (what it asks for when
-// the weights' format is left to it; the same for every M here: the bf16 brgemm kernels' 16a64b2a,
-// K padded to 32 and N to 64), or an empty desc when it has none but the reference code.
+// the weights' format is left to it; the same for every M here: bf16 BA16a64b2a, K padded to 32
+// and N to 64; fp32 BA16a64b, K padded to 16), or an empty desc when it has none but the
+// reference code (f16 without AVX512-FP16).
 dnnl::memory::desc PackedLayout(dnnl::engine& eng, int64_t K, int64_t N, DType ab) {
   using dt = dnnl::memory::data_type;
-  if (ab != DType::kBF16) return {};
+  if (ab != DType::kBF16 && ab != DType::kF32) return {};
+  const dt t = ab == DType::kBF16 ? dt::bf16 : dt::f32;
   try {
     const int64_t M = 512;
-    dnnl::memory::desc a_md({M, K}, dt::bf16, dnnl::memory::dims{K, 1});
-    dnnl::memory::desc b_md({K, N}, dt::bf16, dnnl::memory::format_tag::any);
+    dnnl::memory::desc a_md({M, K}, t, dnnl::memory::dims{K, 1});
+    dnnl::memory::desc b_md({K, N}, t, dnnl::memory::format_tag::any);
     dnnl::memory::desc c_md({M, N}, dt::f32, dnnl::memory::dims{N, 1});
     dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_md, c_md), eng);
     if (std::string(pd.impl_info_str()).find("ref") != std::string::npos) return {};
@@ -219,17 +221,22 @@ bool DnnlPackB(void* storage, int64_t storage_bytes, const void* B, bool tb, int
     const RKey rk{tb, K, N, ldb, static_cast<int>(type)};
     auto it = reorders.find(rk);
     if (it == reorders.end()) {
-      const dnnl::memory::desc src({K, N}, dt::bf16,
+      const dt t = type == DType::kBF16 ? dt::bf16 : dt::f32;
+      const dnnl::memory::desc src({K, N}, t,
                                    tb ? dnnl::memory::dims{1, ldb} : dnnl::memory::dims{ldb, 1});
       const dnnl::memory::desc dst = PackedLayout(eng, K, N, type);
       const bool own =
-          dst == dnnl::memory::desc({K, N}, dt::bf16, dnnl::memory::format_tag::BA16a64b2a);
+          dst == dnnl::memory::desc({K, N}, t,
+                                    type == DType::kBF16 ? dnnl::memory::format_tag::BA16a64b2a
+                                                         : dnnl::memory::format_tag::BA16a64b);
       Reorder r{own, own ? dnnl::reorder() : dnnl::reorder(dnnl::reorder::primitive_desc(eng, src, eng, dst)),
                 src, dst};
       it = reorders.emplace(rk, r).first;
     }
-    if (it->second.own) {
+    if (it->second.own && type == DType::kBF16) {
       PackBA16a64b2a(storage, static_cast<const uint16_t*>(B), tb, K, N, ldb, nt);
+    } else if (it->second.own) {
+      PackBA16a64b(storage, static_cast<const float*>(B), tb, K, N, ldb, nt);
     } else {
       dnnl::memory from(it->second.src, eng, const_cast<void*>(B));
       dnnl::memory to(it->second.dst, eng, storage);
@@ -317,6 +324,16 @@ bool DnnlMatmul(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, 
   return MatmulCall(key, A, B, C, bias, nt);
 }
 
+bool DnnlMatmulPackedB(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
+                       const void* A, int64_t lda, const void* B, int64_t ldb, float beta, void* C,
+                       int64_t ldc, DType ab_type, DType c_type, int nt) {
+  void* packed = Registry().Find(B, tb, K, N, ldb, ab_type);
+  if (packed == nullptr) return false;
+  const Key key{ta, tb, M, N, K, lda, ldb, ldc, static_cast<int>(ab_type),
+                static_cast<int>(c_type), alpha, beta, false, true};
+  return MatmulCall(key, A, packed, C, nullptr, nt);
+}
+
 bool DnnlGemm16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const void* A,
                 int64_t lda, const void* B, int64_t ldb, float beta, void* C, int64_t ldc,
                 DType ab_type, DType c_type, int nt) {
@@ -350,6 +367,11 @@ bool DnnlMatmul(bool, bool, int64_t, int64_t, int64_t, float, const void*, int64
 }
 
 int64_t DnnlPackedBBytes(int64_t, int64_t, DType) { return 0; }
+
+bool DnnlMatmulPackedB(bool, bool, int64_t, int64_t, int64_t, float, const void*, int64_t,
+                       const void*, int64_t, float, void*, int64_t, DType, DType, int) {
+  return false;
+}
 
 bool DnnlPackB(void*, int64_t, const void*, bool, int64_t, int64_t, int64_t, DType, const void*,
                int) {

@@ -61,8 +61,8 @@ bool DnnlMatmul(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, flo
                 const void* A, int64_t lda, const void* B, int64_t ldb, float beta, void* C,
                 int64_t ldc, DType ab_type, DType c_type, const float* bias, int nt);
 // Packed B operands (Backend::PackGemmB). DnnlPackedBBytes: the bytes of a (K x N) B of `type`
-// in the layout oneDNN's matmul reads fastest (0: no packing for it: not bf16, no oneDNN, or
-// OpenBLAS chosen). DnnlPackB: copies B (tb/ldb as DnnlMatmul's) into storage in that layout and
+// in the layout oneDNN's matmul reads fastest (0: no packing for it: not bf16 or fp32, no oneDNN,
+// or OpenBLAS chosen). DnnlPackB: copies B (tb/ldb as DnnlMatmul's) into storage in that layout and
 // registers it, so that every DnnlMatmul with this B pointer and layout reads the copy; false
 // (nothing registered, any earlier registration of B dropped) when it cannot. DnnlForgetPackedB:
 // drops the registrations of B in [begin, end) made by owner (nullptr: anyone's). Registrations
@@ -71,9 +71,16 @@ int64_t DnnlPackedBBytes(int64_t K, int64_t N, DType type);
 bool DnnlPackB(void* storage, int64_t storage_bytes, const void* B, bool tb, int64_t K, int64_t N,
                int64_t ldb, DType type, const void* owner, int nt);
 void DnnlForgetPackedB(const void* begin, const void* end, const void* owner);
+// DnnlMatmul when B has a packed copy registered for this layout (fp32 GEMMs otherwise go to
+// dnnl_sgemm); false, having done nothing, when it has none.
+bool DnnlMatmulPackedB(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                       const void* A, int64_t lda, const void* B, int64_t ldb, float beta, void* C,
+                       int64_t ldc, DType ab_type, DType c_type, int nt);
 // B (K x N of 16-bit values; tb/ldb as Gemm's) into dst in oneDNN's BA16a64b2a layout (cpu_pack.cc;
 // (K rounded up to 32) x (N rounded up to 64) values, the padding zero), nt threads.
 void PackBA16a64b2a(void* dst, const uint16_t* b, bool tb, int64_t K, int64_t N, int64_t ldb, int nt);
+// fp32 B into BA16a64b ((K rounded up to 16) x (N rounded up to 64) floats, blocks of 16 x 64).
+void PackBA16a64b(void* dst, const float* b, bool tb, int64_t K, int64_t N, int64_t ldb, int nt);
 // Whether bf16 products through oneDNN run native kernels here (the CPU has AVX512-BF16 or AMX,
 // or oneDNN's AVX-512 bf16 emulation) and fp32 GEMMs go to oneDNN (not TRAIND_CPU_GEMM=openblas):
 // what lets attention use bf16 tiles. Decided once per process.

@@ -1,8 +1,9 @@
-// A bf16 GEMM operand B copied into oneDNN's BA16a64b2a layout (Backend::PackGemmB; the layout
-// its AVX512-BF16 / AMX matmul kernels read B in): blocks of 32 (K) x 64 (N), N-blocks outermost,
-// K-blocks within; inside a block, 16 rows of 64 (k, k+1) pairs (row kp: B[2kp][n], B[2kp+1][n]
-// for n = 0..63); the padding (K to 32, N to 64) zero. oneDNN's own reorder into it ran at 4-10
-// GB/s (15 ms a step on the small gpt2's weights); these are transposes of 32-bit pairs.
+// GEMM operands B copied into oneDNN's blocked layouts (Backend::PackGemmB), the layouts its
+// matmul kernels read B in. bf16 BA16a64b2a (AVX512-BF16 / AMX): blocks of 32 (K) x 64 (N),
+// N-blocks outermost, K-blocks within; inside a block, 16 rows of 64 (k, k+1) pairs (row kp:
+// B[2kp][n], B[2kp+1][n] for n = 0..63). fp32 BA16a64b: blocks of 16 x 64, row k of a block B[k][n].
+// The padding (K to 32 or 16, N to 64) zero. oneDNN's own reorder into them ran at 4-10 GB/s (15
+// ms a step on the small gpt2's bf16 weights); these are 16 x 16 transposes of 32-bit words.
 #include <omp.h>
 
 #include <cstdint>
@@ -59,6 +60,34 @@ TRAIND_CPU_CLONES void PackBA16a64b2a(void* dst, const uint16_t* b, bool tb, int
             const uint32_t hi = n < N && k + 1 < K ? b[(k + 1) * ldb + n] : 0;
             out[i] = lo | hi << 16;
           }
+        }
+      }
+    }
+  }
+}
+
+// fp32 BA16a64b: blocks of 16 (K) x 64 (N), N-blocks outermost; inside a block, row k holds B[k][n]
+// for n = 0..63. The forward's B (tb: b is W, N x K) is then a 64 x 16 transpose per block.
+TRAIND_CPU_CLONES void PackBA16a64b(void* dst, const float* b, bool tb, int64_t K, int64_t N,
+                                    int64_t ldb, int nt) {
+  const int64_t kblocks = (K + 15) / 16, nblocks = (N + 63) / 64;
+  const int threads = kblocks * nblocks >= 32 && !omp_in_parallel() ? nt : 1;
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (int64_t nb = 0; nb < nblocks; ++nb) {
+    for (int64_t kb = 0; kb < kblocks; ++kb) {
+      float* blk = static_cast<float*>(dst) + (nb * kblocks + kb) * 1024;  // 16 x 64
+      const int64_t n0 = nb * 64, k0 = kb * 16;
+      const bool full = n0 + 64 <= N && k0 + 16 <= K;
+      if (tb && full) {
+        for (int64_t q = 0; q < 4; ++q) Transpose16(blk + q * 16, 64, b + (n0 + q * 16) * ldb + k0, ldb);
+        continue;
+      }
+      for (int64_t kk = 0; kk < 16; ++kk) {
+        const int64_t k = k0 + kk;
+        float* out = blk + kk * 64;
+        for (int64_t i = 0; i < 64; ++i) {
+          const int64_t n = n0 + i;
+          out[i] = n < N && k < K ? (tb ? b[n * ldb + k] : b[k * ldb + n]) : 0.0f;
         }
       }
     }
