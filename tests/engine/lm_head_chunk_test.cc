@@ -78,16 +78,8 @@ INSTANTIATE_TEST_SUITE_P(Archs, LmHeadChunkTest,
 // The small gpt2 of the benches (6 layers, d384, vocab 50304, B8, T256): the default chunk is 512
 // of the 2048 rows, so the plan drops by the other 1536 rows of logits (309 MB).
 TEST(LmHeadChunkPlanTest, TheSmallGpt2PlanLosesTheWholeLogits) {
-  ModelConfig c;
-  c.arch = "gpt2";
-  c.vocab_size = 50304;
-  c.n_positions = 256;
-  c.n_embd = 384;
-  c.n_layer = 6;
-  c.n_head = 6;
-  ModelOptions o;
-  o.micro_batch = 8;
-  o.seq_len = 256;
+  const ModelConfig c = testing::SmallGpt2();
+  ModelOptions o = testing::TinyOptions(8, 256);
   const ArchDims d = MakeArchDims(c);
   EXPECT_EQ(LogitsChunkRows(d, o), 512);
   const MemoryBytes chunked = Model::PlanBytes(c, o);

@@ -48,6 +48,18 @@ inline ModelConfig TinyLlama(bool tied) {
   return c;
 }
 
+// The small gpt2 of the benches (6 layers, d384, 6 heads, vocab 50304 = GPT-2's padded, T256).
+inline ModelConfig SmallGpt2() {
+  ModelConfig c;
+  c.arch = "gpt2";
+  c.vocab_size = 50304;
+  c.n_positions = 256;
+  c.n_embd = 384;
+  c.n_layer = 6;
+  c.n_head = 6;
+  return c;
+}
+
 inline ModelOptions TinyOptions(int64_t B = 3, int64_t T = 16) {
   ModelOptions o;
   o.micro_batch = B;

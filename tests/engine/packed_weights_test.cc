@@ -223,19 +223,12 @@ TEST_P(PackedProductsTest, ModelsWithPackedWeightsTrainAsWithout) {
   }
 }
 
-// The plan: both copies of every block's and the lm head's weight, only for bf16; the small gpt2
-// of the benches (d384, vocab 50304) as a hand count.
+// The plan, on the small gpt2 of the benches (d384, vocab 50304) as a hand count: bf16 both
+// copies of every block's and the lm head's weight; fp32 the lm head's forward copy when the
+// logits run in chunks; fp16 nothing.
 TEST(PackedWeightsTest, ThePlanCountsBothCopiesOfEveryPackedWeight) {
-  ModelConfig c;
-  c.arch = "gpt2";
-  c.vocab_size = 50304;
-  c.n_positions = 256;
-  c.n_embd = 384;
-  c.n_layer = 6;
-  c.n_head = 6;
-  ModelOptions o;
-  o.micro_batch = 8;
-  o.seq_len = 256;
+  const ModelConfig c = testing::SmallGpt2();
+  ModelOptions o = testing::TinyOptions(8, 256);
   o.compute_type = DType::kBF16;
   const MemoryBytes plain = Model::PlanBytes(c, o);
   o.pack_weights = true;
