@@ -211,7 +211,7 @@ bool DnnlPackB(void* storage, int64_t storage_bytes, const void* B, bool tb, int
   using dt = dnnl::memory::data_type;
   using RKey = std::tuple<bool, int64_t, int64_t, int64_t, int>;
   struct Reorder {
-    bool own;  // the layout is BA16a64b2a: PackBA16a64b2a writes it, else oneDNN's reorder
+    bool own;  // BA16a64b2a (bf16) / BA16a64b (fp32): cpu_pack.cc writes it, else oneDNN's reorder
     dnnl::reorder prim;
     dnnl::memory::desc src, dst;
   };
@@ -313,7 +313,8 @@ bool DnnlMatmul(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, 
                 int64_t lda, const void* B, int64_t ldb, float beta, void* C, int64_t ldc,
                 DType ab_type, DType c_type, const float* bias, int nt) {
   // A B packed by PackGemmB (a weight matrix) is read in its packed layout: no per-call copy of
-  // it into the kernel's blocks (ops_bench packed: 10-30% faster products).
+  // it into the kernel's blocks (bf16 products 10-30% faster: bench/README.md, "packed bf16
+  // weights"). A primitive oneDNN cannot build on the packed layout falls back to B itself.
   if (void* packed = Registry().Find(B, tb, K, N, ldb, ab_type)) {
     const Key key{ta, tb, M, N, K, lda, ldb, ldc, static_cast<int>(ab_type),
                   static_cast<int>(c_type), alpha, beta, bias != nullptr, true};
