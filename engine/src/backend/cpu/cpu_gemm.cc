@@ -139,8 +139,9 @@ void Gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alp
           int64_t lda, const void* B, int64_t ldb, float beta, void* C, int64_t ldc, DType ab_type,
           DType c_type, int nt) {
   if (M <= 0 || N <= 0) return;
-  // A packed weight (Backend::PackGemmB), fp32 too.
-  if (K > 0 && UseDnnl() &&
+  // An fp32 packed weight (Backend::PackGemmB) goes to oneDNN's matmul (16-bit B: DnnlGemm16's
+  // matmul below looks the packed copy up itself).
+  if (ab_type == DType::kF32 && K > 0 && UseDnnl() &&
       DnnlMatmulPackedB(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, ab_type,
                         c_type, nt)) {
     return;
