@@ -19,6 +19,9 @@
 //                                16-bit rounding), against the fused cpu::GeluBackwardBias
 //   ops_bench gelufwd [--quick]  the MLP up projection's forward under bf16 (matmul with the bias,
 //                                then the GELU pass rounding to bf16) and each part alone
+//   ops_bench pack   [--quick]   cpu::PackBA16a64b2a (bf16 B into oneDNN's blocked layout) at the
+//                                small step's shapes: a layer input (K rows x N, plain) and a
+//                                weight (W^T, transposed), GB/s read, 2 threads, median of 21
 //   ops_bench attn   [--quick]   causal self-attention forward and backward, fp32 and bf16
 //                                operands, at the step table's shapes: tiny (B 8, T 128, 4 heads
 //                                of 64; 4 and 2 kv heads), small (T 256, 6 heads) and small at
@@ -448,6 +451,40 @@ int Attn(bool quick) {
   return 0;
 }
 
+// The packer Backend::PackGemmB runs on a bf16 B: the small gpt2 step's layer inputs (2048
+// rows of 384 or 1536; the lm head's 512-row chunks) and a weight read transposed.
+int Pack(bool quick) {
+  struct Shape {
+    const char* name;
+    int64_t K, N;
+    bool tb;
+  };
+  const Shape shapes[] = {{"input 1024x256", 1024, 256, false},
+                          {"input 1024x1024", 1024, 1024, false},
+                          {"input 2048x384", 2048, 384, false},
+                          {"input 2048x1536", 2048, 1536, false},
+                          {"input 512x384", 512, 384, false},
+                          {"weight^T 384x1536", 384, 1536, true}};
+  const int reps = quick ? 5 : 21;
+  for (const Shape& s : shapes) {
+    std::vector<uint16_t> b(static_cast<size_t>(s.K * s.N), 0x3f80);
+    const int64_t bytes = (s.K + 31) / 32 * 32 * ((s.N + 63) / 64 * 64) * 2;
+    std::vector<char> dst(static_cast<size_t>(bytes));
+    const int64_t ldb = s.tb ? s.K : s.N;
+    std::vector<double> ts;
+    for (int r = 0; r < reps + 2; ++r) {
+      const auto t0 = Clock::now();
+      engine::cpu::PackBA16a64b2a(dst.data(), b.data(), s.tb, s.K, s.N, ldb, 2);
+      if (r >= 2) ts.push_back(Since(t0));
+    }
+    std::sort(ts.begin(), ts.end());
+    const double t = ts[ts.size() / 2];
+    std::printf("RESULT pack %-18s %.3f ms  %.1f GB/s read\n", s.name, 1e3 * t,
+                static_cast<double>(b.size() * 2) / t / 1e9);
+  }
+  return 0;
+}
+
 }  // namespace
 }  // namespace traind::bench
 
@@ -463,13 +500,15 @@ int main(int argc, char** argv) {
   if (what == "gemm") return traind::bench::Gemm(quick);
   if (what == "xent") return traind::bench::Xent(quick);
   if (what == "attn") return traind::bench::Attn(quick);
+  if (what == "pack") return traind::bench::Pack(quick);
   if (what == "gemms") return traind::bench::Gemms(quick);
   if (what == "layouts") return traind::bench::GemmLayouts();
   if (what == "linear") return traind::bench::LinearBias(quick);
   if (what == "gelubwd") return traind::bench::GeluBwd(quick);
   if (what == "gelufwd") return traind::bench::GeluFwd(quick);
   std::fprintf(stderr,
-               "usage: ops_bench cast|step|gemm|gemms|layouts|linear|gelubwd|gelufwd|xent|attn "
+               "usage: ops_bench cast|step|gemm|gemms|layouts|linear|gelubwd|gelufwd|xent|attn|"
+               "pack "
                "[--quick] [--small]\n");
   return 2;
 }

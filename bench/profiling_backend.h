@@ -70,7 +70,7 @@ class ProfilingBackend final : public Backend {
   }
   bool PackGemmB(void* storage, int64_t bytes, const void* B, bool tb, int64_t K, int64_t N,
                  int64_t ldb, DType type) override {
-    T t(this, "pack_weights");
+    T t(this, "pack_gemm_b");  // packed weights and layer inputs (Backend::PackGemmB)
     return in_->PackGemmB(storage, bytes, B, tb, K, N, ldb, type);
   }
   void ForgetPackedGemmB(const void* begin, const void* end) override {

@@ -9,11 +9,13 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <tuple>
 #include <vector>
 
 #include "core/half.h"
 #include "model_test_util.h"
 #include "models/layout.h"
+#include "nn/linear.h"
 
 namespace traind::engine {
 namespace {
@@ -174,23 +176,86 @@ TEST_P(PackedProductsTest, WholeBlocksAgainstDoubleSums) {
   be->ForgetPackedGemmB(w.data(), w.data() + w.size());
 }
 
+// The weight gradient with the layer input packed for it (nn::GemmPrecision::pack): dW += dy^T x
+// equals the plain product (within fp32 reassociation) and double sums; the packed copy is
+// dropped right after, so a later GEMM on the same input buffer reads its new values; a room
+// smaller than the layout is not used. Rows (K) and widths off and on the layout's blocks.
+TEST(PackedWeightsTest, WeightGradientWithThePackedInputEqualsThePlainOne) {
+  const DType t = DType::kBF16;  // the models pack inputs for bf16 weight gradients only
+  std::unique_ptr<Backend> be = MakeCpuBackend(2);
+  using Dims = std::tuple<int64_t, int64_t, int64_t>;  // N rows, C inputs, OC outputs
+  for (const auto& [N, C, OC] : {Dims{37, 72, 100}, Dims{128, 128, 192}}) {
+    std::vector<char> x = RandomOf(t, N * C, 8);
+    const std::vector<char> dy = RandomOf(t, N * OC, 9);
+    std::vector<float> start(OC * C);
+    for (int64_t i = 0; i < OC * C; ++i) start[i] = 0.001f * static_cast<float>(i % 97);
+    const int64_t need = be->PackedGemmBBytes(N, C, t);
+    ASSERT_GT(need, 0) << "the cpu backend packs bf16 B";
+    EXPECT_LE(need, PackedCopyBytes(N, C, t));
+    std::vector<char> room(static_cast<size_t>(PackedCopyBytes(N, C, t)));
+    nn::GemmPrecision plain_gp{t};
+    nn::GemmPrecision packed_gp{t, nullptr, 0, room.data(), static_cast<int64_t>(room.size())};
+    nn::GemmPrecision small_gp{t, nullptr, 0, room.data(), need - 1};
+    std::vector<float> plain = start, packed = start, small = start;
+    nn::LinearBackwardRounded(*be, nullptr, plain.data(), dy.data(), x.data(), nullptr, N, C, OC,
+                              plain_gp);
+    nn::LinearBackwardRounded(*be, nullptr, small.data(), dy.data(), x.data(), nullptr, N, C, OC,
+                              small_gp);
+    std::memset(room.data(), 0x7f, room.size());  // any stale contents are overwritten
+    nn::LinearBackwardRounded(*be, nullptr, packed.data(), dy.data(), x.data(), nullptr, N, C, OC,
+                              packed_gp);
+    EXPECT_LT(MaxRelDiff(packed, plain), 1e-6) << N << "x" << C;
+    EXPECT_LT(MaxRelDiff(small, plain), 1e-6) << N << "x" << C;
+    double worst = 0;
+    for (int64_t o = 0; o < OC; ++o) {
+      for (int64_t c = 0; c < C; ++c) {
+        double s = start[o * C + c];
+        for (int64_t n = 0; n < N; ++n) {
+          s += double(ValueAt(t, dy, n * OC + o)) * ValueAt(t, x, n * C + c);
+        }
+        worst = std::max(worst, std::abs(s - packed[o * C + c]));
+      }
+    }
+    EXPECT_LT(worst, 1e-4) << N << "x" << C;
+    // The next micro-batch's input in the same buffer: the product reads it, not the old copy.
+    const std::vector<char> x2 = RandomOf(t, N * C, 10);
+    std::memcpy(x.data(), x2.data(), x2.size());
+    std::vector<float> again(OC * C, 0.0f);
+    be->Gemm(true, false, OC, C, N, 1.0f, dy.data(), OC, x.data(), C, 0.0f, again.data(), C, t,
+             DType::kF32);
+    double worst2 = 0;
+    for (int64_t o = 0; o < OC; ++o) {
+      for (int64_t c = 0; c < C; ++c) {
+        double s = 0;
+        for (int64_t n = 0; n < N; ++n) {
+          s += double(ValueAt(t, dy, n * OC + o)) * ValueAt(t, x, n * C + c);
+        }
+        worst2 = std::max(worst2, std::abs(s - again[o * C + c]));
+      }
+    }
+    EXPECT_LT(worst2, 1e-4) << "a packed copy of the old input outlived its product";
+  }
+}
+
 struct TrainRun {
   std::vector<double> losses;
   std::vector<float> grads;
 };
 
 // Forward + backward, then new master weights (ParamsChanged, as after an optimizer step) and
-// forward + backward again: the losses and the last gradients.
-TrainRun TwoWeightVersions(const ModelConfig& c, DType type, bool pack) {
-  ModelOptions o = testing::TinyOptions(3, 16);
+// forward + backward again: the losses and the last gradients. B sequences of 16 tokens; 3 of
+// them: 48 rows, 3 logits chunks (fp32 packs the lm head only then); 128: 2048 rows, so bf16 also
+// packs each layer input for its weight gradient (kMinPackedActivationRows), 4 chunks.
+TrainRun TwoWeightVersions(const ModelConfig& c, DType type, bool pack, int64_t B = 3) {
+  ModelOptions o = testing::TinyOptions(B, 16);
   o.compute_type = type;
   o.pack_weights = pack;
-  o.logits_chunk_rows = 16;  // 3 chunks: fp32 packs the lm head only then
+  o.logits_chunk_rows = B * 16 / (B == 3 ? 3 : 4);
   TestModel t = TestModel::Make(c, o);
   TrainRun r;
   if (t.model == nullptr) return r;
   t.model->InitRandom(7);
-  testing::SetBatch(t, testing::MakeBatch(48, c.vocab_size, 3));
+  testing::SetBatch(t, testing::MakeBatch(B * 16, c.vocab_size, 3));
   for (int version = 0; version < 2; ++version) {
     if (version == 1) {
       std::vector<float> p = testing::ToHost(*t.backend, t.model->param_data(), t.model->num_params());
@@ -211,21 +276,31 @@ TrainRun TwoWeightVersions(const ModelConfig& c, DType type, bool pack) {
 TEST_P(PackedProductsTest, ModelsWithPackedWeightsTrainAsWithout) {
   const DType t = GetParam();
   for (const ModelConfig& c : {testing::TinyGpt2(), testing::TinyLlama(false), testing::TinyLlama(true)}) {
-    const TrainRun plain = TwoWeightVersions(c, t, false), packed = TwoWeightVersions(c, t, true);
-    ASSERT_EQ(plain.losses.size(), 2u);
-    ASSERT_EQ(packed.losses.size(), 2u);
-    EXPECT_NE(plain.losses[0], plain.losses[1]);  // the weights did change
-    for (int i = 0; i < 2; ++i) {
-      EXPECT_NEAR(packed.losses[i], plain.losses[i], 1e-6 * std::abs(plain.losses[i]))
-          << c.arch << " weights " << i;
+    for (int64_t B : {3, 128}) {
+      if (B == 128) {
+        ModelOptions o = testing::TinyOptions(B, 16);
+        o.compute_type = t;
+        o.pack_weights = true;
+        // bf16 at 2048 rows packs the inputs too; fp32 never does.
+        EXPECT_EQ(PackedActivationBytes(MakeArchDims(c), o) > 0, t == DType::kBF16) << c.arch;
+      }
+      const TrainRun plain = TwoWeightVersions(c, t, false, B);
+      const TrainRun packed = TwoWeightVersions(c, t, true, B);
+      ASSERT_EQ(plain.losses.size(), 2u);
+      ASSERT_EQ(packed.losses.size(), 2u);
+      EXPECT_NE(plain.losses[0], plain.losses[1]);  // the weights did change
+      for (int i = 0; i < 2; ++i) {
+        EXPECT_NEAR(packed.losses[i], plain.losses[i], 1e-6 * std::abs(plain.losses[i]))
+            << c.arch << " B " << B << " weights " << i;
+      }
+      EXPECT_LT(testing::RelErr(packed.grads, plain.grads), 1e-6) << c.arch << " B " << B;
     }
-    EXPECT_LT(testing::RelErr(packed.grads, plain.grads), 1e-6) << c.arch;
   }
 }
 
 // The plan, on the small gpt2 of the benches (d384, vocab 50304) as a hand count: bf16 both
-// copies of every block's and the lm head's weight; fp32 the lm head's forward copy when the
-// logits run in chunks; fp16 nothing.
+// copies of every block's and the lm head's weight and the packed-input room; fp32 the lm head's
+// forward copy when the logits run in chunks; fp16 nothing.
 TEST(PackedWeightsTest, ThePlanCountsBothCopiesOfEveryPackedWeight) {
   const ModelConfig c = testing::SmallGpt2();
   ModelOptions o = testing::TinyOptions(8, 256);
@@ -240,7 +315,20 @@ TEST(PackedWeightsTest, ThePlanCountsBothCopiesOfEveryPackedWeight) {
   const int64_t hand = 2 * 2 * (6 * per_block + 384 * 50304);
   EXPECT_EQ(PackedWeightBytes(MakeArchDims(c), o), hand);
   EXPECT_EQ(packed.weights - plain.weights, hand);
-  EXPECT_EQ(packed.total() - plain.total(), hand);
+  // And a temporary room for one layer input packed for its weight gradient: N = 8 * 256 rows
+  // of the widest input (the MLP's 1536), two bytes each.
+  const int64_t room = 2048 * 1536 * 2;
+  EXPECT_EQ(PackedActivationBytes(MakeArchDims(c), o), room);
+  EXPECT_EQ(packed.temporary - plain.temporary, room);
+  EXPECT_EQ(packed.total() - plain.total(), hand + room);
+  // Below 2048 rows (4 x 256) no room: the weights' copies only.
+  ModelOptions fewer = o;
+  fewer.micro_batch = 4;
+  EXPECT_EQ(PackedActivationBytes(MakeArchDims(c), fewer), 0);
+  EXPECT_EQ(Model::PlanBytes(c, fewer).temporary, [&] {
+    fewer.pack_weights = false;
+    return Model::PlanBytes(c, fewer).temporary;
+  }());
   // fp32: the lm head's forward copy only (4 chunks of 512 rows), four bytes each; none when
   // one chunk covers every row.
   o.compute_type = DType::kF32;

@@ -65,8 +65,10 @@ TEST(TrainerPlan, MeasuredPeakMatchesPlanWithin2Percent) {
 }
 
 // Bytes of the tiny gpt2 job at micro-batch b.
-int64_t Bytes(const JobSpec& s, int64_t b, bool ckpt) {
-  return JobBytes(s.model.config, JobModelOptions(s, b, ckpt)).total();
+// pack: the plan of a device that packs GEMM operands (PlanJob with offload_on_host false: bf16
+// then plans packed weights and the packed-activation room, which grows with b).
+int64_t Bytes(const JobSpec& s, int64_t b, bool ckpt, bool pack = false) {
+  return JobBytes(s.model.config, JobModelOptions(s, b, ckpt, pack)).total();
 }
 
 TEST(TrainerPlan, AutoBatchPicksTheLargestFittingMultipleOfEight) {
@@ -119,7 +121,8 @@ TEST(TrainerPlan, SixteenBitOnTensorCoresAlignsTheAutoBatchTo64) {
   s.training.bf16 = true;
   auto config = ResolveModelConfig(s);
   ASSERT_TRUE(config.ok()) << config.status().ToString();
-  const int64_t budget = Bytes(s, 150, false) + (Bytes(s, 151, false) - Bytes(s, 150, false)) / 2;
+  const int64_t budget =
+      Bytes(s, 150, false, true) + (Bytes(s, 151, false, true) - Bytes(s, 150, false, true)) / 2;
   auto gpu = PlanJob(s, *config, budget, /*tensor_cores=*/true);
   auto cpu = PlanJob(s, *config, budget, /*tensor_cores=*/false);
   ASSERT_TRUE(gpu.ok() && cpu.ok());

@@ -177,8 +177,9 @@ class Backend {
                     int64_t ldc, DType ab_type = DType::kF32, DType c_type = DType::kF32);
 
   // ---- packed GEMM operands (a speed hint; default: none, every B is read as it is) ----
-  // A weight matrix read as B by many GEMMs between two updates can be copied once into the
-  // layout the device's kernels read fastest. PackedGemmBBytes: the bytes of that copy for a
+  // A matrix read as B by many GEMMs (a weight between two updates), or by one large one (a layer's
+  // input in its weight gradient, nn::GemmPrecision::pack), can be copied once into the layout
+  // the device's kernels read fastest. PackedGemmBBytes: the bytes of that copy for a
   // (K x N) B of `type` (0: this backend does not pack it). PackGemmB: copies B (trans_b and ldb
   // as Gemm's) into `storage` (storage_bytes, at least PackedGemmBBytes) and from then on every
   // Gemm / LinearForward(RoundedAct) given this B pointer with this layout, K and N reads the

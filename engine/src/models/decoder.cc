@@ -92,7 +92,8 @@ Result<std::unique_ptr<DecoderModel>> DecoderModel::Make(const ModelConfig& conf
     m->resident_ = Fp32ResidentTensors(m->table_);
     for (const Fp32ResidentTensor& t : m->resident_) m->packed_[t.offset] = t.packed;
   }
-  m->gp_ = nn::GemmPrecision{options.compute_type, m->bufs_.scratch16, m->bufs_.scratch16_elems};
+  m->gp_ = nn::GemmPrecision{options.compute_type, m->bufs_.scratch16, m->bufs_.scratch16_elems,
+                             m->bufs_.packed_activation, PackedActivationBytes(m->d_, options)};
   if (m->bufs_.packed_weights != nullptr) {
     char* at = static_cast<char*>(m->bufs_.packed_weights);
     for (const PackedWeight& w : PackedWeights(m->d_, options)) {
@@ -812,7 +813,7 @@ void DecoderModel::LmHeadAndLoss(bool for_backward, float grad_scale, const floa
     // the lm-head weight gradient (+=; none for a frozen LoRA base).
     if (rounded) {
       nn::LinearBackwardRounded(be, bufs_.tmp_c + r0 * C, G(table_.lm_head), gp_.scratch, lnf,
-                                W(table_.lm_head), n, C, d_.Vp, ct);
+                                W(table_.lm_head), n, C, d_.Vp, gp_);
     } else {
       nn::LinearBackward(be, bufs_.tmp_c + r0 * C, G(table_.lm_head), nullptr, bufs_.logits, lnf,
                          W(table_.lm_head), n, C, d_.Vp, gp_);

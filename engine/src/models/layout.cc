@@ -226,6 +226,13 @@ int64_t PackedWeightBytes(const ArchDims& d, const ModelOptions& o) {
   return bytes;
 }
 
+int64_t PackedActivationBytes(const ArchDims& d, const ModelOptions& o) {
+  const int64_t N = o.micro_batch * o.seq_len;
+  if (!o.pack_weights || o.compute_type != DType::kBF16 || N < kMinPackedActivationRows) return 0;
+  const int64_t width = std::max({d.C, d.NH * d.HS, d.H});
+  return PackedCopyBytes(N, width, o.compute_type);
+}
+
 void PlanBuffers(const ArchDims& d, const ModelOptions& o, int64_t num_params, int64_t fp32_weights,
                  BufferPlanner* p, ModelBuffers* b, int64_t lora_trainable, int64_t lora_per_layer,
                  int64_t lora_max_in) {
@@ -322,6 +329,9 @@ void PlanBuffers(const ArchDims& d, const ModelOptions& o, int64_t num_params, i
     b->scratch16_elems = std::max({2 * N * C, N * d.qkv_width(), mlp_rows * d.up_width(),
                                    mlp_rows * C, std::min(N, kMinLogitRows) * d.Vp});
     p->Add(MC::kTemporary, b->scratch16_elems, t, &b->scratch16);
+    if (const int64_t room = PackedActivationBytes(d, o); room > 0) {
+      p->Add(MC::kTemporary, room / static_cast<int64_t>(DTypeSize(t)), t, &b->packed_activation);
+    }
   } else {
     b->scratch16_elems = 0;
   }

@@ -100,6 +100,14 @@ int64_t PackedCopyBytes(int64_t K, int64_t N, DType type);
 // input gradient as fast as the matmul reads a packed one).
 bool PacksInputGradientLayout(DType type);
 int64_t PackedWeightBytes(const ArchDims& d, const ModelOptions& o);
+// bf16 with pack_weights and at least kMinPackedActivationRows rows (N = micro_batch * seq_len):
+// the room for one linear layer's input (N rows of the widest input: C, the attention output or
+// the MLP's hidden width) packed as the B of its weight gradient (nn::GemmPrecision::pack); the lm
+// head's chunks and the blocks reuse it. 0 otherwise. Mixture-of-experts products (more rows) and
+// LoRA adapters are not packed. The row floor: the small configs' steps (2048 rows) gained 1.4%
+// (gpt2) and 6% (llama) from it, the tiny one's (1024 rows) nothing measurable (bench/README.md).
+constexpr int64_t kMinPackedActivationRows = 2048;
+int64_t PackedActivationBytes(const ArchDims& d, const ModelOptions& o);
 
 enum class InitKind { kNormal, kNormalResidual, kZeros, kOnes };
 
@@ -197,6 +205,7 @@ struct ModelBuffers {
                                  // weights off the device the packed Fp32ResidentTensors only
   void* params16 = nullptr;      // weights: num_params in a 16-bit compute type, else null
   void* packed_weights = nullptr;  // weights: PackedWeightBytes (ModelOptions::pack_weights)
+  void* packed_activation = nullptr;  // temporary: PackedActivationBytes, else null
   float* grads = nullptr;        // gradients: num_params
   int32_t* inputs = nullptr;     // (N)
   int32_t* targets = nullptr;    // (N)

@@ -41,18 +41,25 @@ void LinearBackward(Backend& be, float* dinp, float* dweight, float* dbias, cons
       be.Cast(gp.scratch, gp.type, dout + r0 * OC, DType::kF32, n * OC);
     }
     LinearBackwardRounded(be, dinp != nullptr ? dinp + r0 * C : nullptr, dweight, gp.scratch,
-                          inp_bytes + r0 * C * esize, weight, n, C, OC, gp.type);
+                          inp_bytes + r0 * C * esize, weight, n, C, OC, gp);
   }
 }
 
 void LinearBackwardRounded(Backend& be, float* dinp, float* dweight, const void* dout16,
                            const void* inp, const void* weight, int64_t N, int64_t C, int64_t OC,
-                           DType type) {
+                           const GemmPrecision& gp) {
+  const DType type = gp.type;
   if (dinp != nullptr) {
     be.Gemm(false, false, N, C, OC, 1.0f, dout16, OC, weight, C, 0.0f, dinp, C, type, DType::kF32);
   }
   if (dweight == nullptr) return;  // frozen weight
+  // inp is B (K = N rows, C columns) of the weight gradient: packed for this one product where the
+  // device packs (a registration keyed by inp's address, so it is dropped right after: the
+  // activation buffer is rewritten by the next micro-batch).
+  const bool packed =
+      gp.pack != nullptr && be.PackGemmB(gp.pack, gp.pack_bytes, inp, false, N, C, C, type);
   be.Gemm(true, false, OC, C, N, 1.0f, dout16, OC, inp, C, 1.0f, dweight, C, type, DType::kF32);
+  if (packed) be.ForgetPackedGemmB(inp, static_cast<const char*>(inp) + 1);
 }
 
 }  // namespace traind::engine::nn

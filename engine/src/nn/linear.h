@@ -20,6 +20,12 @@ struct GemmPrecision {
   // goes through in row chunks of scratch_elems / OC rows when N*OC does not fit). Overwritten.
   void* scratch = nullptr;
   int64_t scratch_elems = 0;
+  // Optional room (`pack_bytes`) for the layer input packed in the layout the device's GEMM reads
+  // B in (Backend::PackGemmB), for the weight gradient's product dout^T x inp: where the device
+  // packs and the room is large enough, inp is packed there just before it and forgotten after
+  // (oneDNN's bf16 weight gradients 10-30% faster: bench/README.md). Overwritten; null: none.
+  void* pack = nullptr;
+  int64_t pack_bytes = 0;
 };
 
 // FLOPs: 2*N*C*OC. inp and weight in `type`.
@@ -31,9 +37,10 @@ void LinearBackward(Backend& be, float* dinp, float* dweight, float* dbias, cons
                     const GemmPrecision& gp = {});
 // The 16-bit GEMMs of LinearBackward for a dout already rounded to `type` (N,OC): no bias, dinp
 // and dweight as above. The lm head's gradient comes this way from the fused softmax +
-// cross-entropy (Backend::SoftmaxCrossEntropy's grad16).
+// cross-entropy (Backend::SoftmaxCrossEntropy's grad16). gp: the type, and the pack room (its
+// scratch is not used: dout16 may be in it).
 void LinearBackwardRounded(Backend& be, float* dinp, float* dweight, const void* dout16,
                            const void* inp, const void* weight, int64_t N, int64_t C, int64_t OC,
-                           DType type);
+                           const GemmPrecision& gp);
 
 }  // namespace traind::engine::nn

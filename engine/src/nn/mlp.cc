@@ -55,7 +55,7 @@ void MlpBackward(Backend& be, const MlpShape& s, const MlpWeights& w, const MlpG
     const bool rounded = gp.type != DType::kF32;
     be.GeluBackwardBias(dh, h, da, g.b_up, s.N, s.H, rounded ? gp.scratch : nullptr, gp.type);
     if (rounded) {
-      LinearBackwardRounded(be, dinp, g.w_up, gp.scratch, inp, w.w_up, s.N, s.C, s.H, gp.type);
+      LinearBackwardRounded(be, dinp, g.w_up, gp.scratch, inp, w.w_up, s.N, s.C, s.H, gp);
     } else {
       LinearBackward(be, dinp, g.w_up, nullptr, dh, inp, w.w_up, s.N, s.C, s.H, gp);
     }
@@ -64,8 +64,7 @@ void MlpBackward(Backend& be, const MlpShape& s, const MlpWeights& w, const MlpG
     // SwiGLU's backward with dh rounded into the GEMM scratch in the same pass
     // (SwiGluBackwardRounded); then the up projection's two GEMMs on it.
     be.SwiGluBackwardRounded(dh, gp.scratch, gp.type, h, da, s.N, s.H);
-    LinearBackwardRounded(be, dinp, g.w_up, gp.scratch, inp, w.w_up, s.N, s.C, s.up_width(),
-                          gp.type);
+    LinearBackwardRounded(be, dinp, g.w_up, gp.scratch, inp, w.w_up, s.N, s.C, s.up_width(), gp);
   } else {
     if (s.swiglu) {
       be.SwiGluBackward(dh, h, da, s.N, s.H);

@@ -12,11 +12,19 @@
 #include "backend/cpu/cpu_transpose.h"
 
 namespace traind::engine::cpu {
+namespace {
+
+// Blocks (4 KiB each in both layouts) below which one thread packs: a copy runs at ~30 GB/s on one
+// core here (`ops_bench pack`), and waking a sleeping OpenMP worker costs ~60 us under
+// OMP_WAIT_POLICY=PASSIVE (bench/README.md), so a second thread pays off from a few MiB.
+constexpr int64_t kMinParallelBlocks = 1024;
+
+}  // namespace
 
 TRAIND_CPU_CLONES void PackBA16a64b2a(void* dst, const uint16_t* b, bool tb, int64_t K, int64_t N,
                                       int64_t ldb, int nt) {
   const int64_t kblocks = (K + 31) / 32, nblocks = (N + 63) / 64;
-  const int threads = kblocks * nblocks >= 16 && !omp_in_parallel() ? nt : 1;
+  const int threads = kblocks * nblocks >= kMinParallelBlocks && !omp_in_parallel() ? nt : 1;
 #pragma omp parallel for num_threads(threads) schedule(static)
   for (int64_t nb = 0; nb < nblocks; ++nb) {
     for (int64_t kb = 0; kb < kblocks; ++kb) {
@@ -71,7 +79,7 @@ TRAIND_CPU_CLONES void PackBA16a64b2a(void* dst, const uint16_t* b, bool tb, int
 TRAIND_CPU_CLONES void PackBA16a64b(void* dst, const float* b, bool tb, int64_t K, int64_t N,
                                     int64_t ldb, int nt) {
   const int64_t kblocks = (K + 15) / 16, nblocks = (N + 63) / 64;
-  const int threads = kblocks * nblocks >= 32 && !omp_in_parallel() ? nt : 1;
+  const int threads = kblocks * nblocks >= kMinParallelBlocks && !omp_in_parallel() ? nt : 1;
 #pragma omp parallel for num_threads(threads) schedule(static)
   for (int64_t nb = 0; nb < nblocks; ++nb) {
     for (int64_t kb = 0; kb < kblocks; ++kb) {
