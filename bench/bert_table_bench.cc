@@ -21,6 +21,7 @@
 //               row's active parameters per token: the pair shows the cost of routing
 // Usage: bert_table_bench --row ROW [--config tiny|base|large] [--batch B] [--accum K]
 //                         [--steps N] [--warmup N] [--threads N] [--seq T] [--profile-cpu]
+//                         [--no-pack]   (bf16: layer inputs not packed for the weight gradients)
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -108,7 +109,7 @@ int64_t RunnerPlanBytes(int64_t B, int64_t T, bool mask) {
 }
 
 int Run(const BertShape& bs, const std::string& row_name, const Row& row, int64_t batch,
-        int64_t accum_k, int steps, int warmup, int threads, bool profile) {
+        int64_t accum_k, int steps, int warmup, int threads, bool profile, bool pack) {
   const bool peak_reset = ResetPeakRss();
   const int64_t rss0 = ProcStatusBytes("VmRSS");
   const int64_t B = row.accum ? batch / accum_k : batch;
@@ -116,13 +117,13 @@ int Run(const BertShape& bs, const std::string& row_name, const Row& row, int64_
   const int64_t T = bs.seq_len;
   const DType ct = row.bf16 ? DType::kBF16 : DType::kF32;
   std::printf("traind bert-%s row=%s: L=%lld C=%lld NH=%lld H=%lld T=%lld V=%lld micro_batch=%lld "
-              "accum=%lld ckpt=%d compute=%s optim=%s threads=%d gemm=%s\n",
+              "accum=%lld ckpt=%d compute=%s optim=%s threads=%d gemm=%s packed=%d\n",
               bs.name.c_str(), row_name.c_str(), static_cast<long long>(bs.layers),
               static_cast<long long>(bs.hidden), static_cast<long long>(bs.heads),
               static_cast<long long>(bs.intermediate), static_cast<long long>(T),
               static_cast<long long>(kVocab), static_cast<long long>(B),
               static_cast<long long>(k), row.ckpt ? 1 : 0, engine::DTypeName(ct),
-              row.optim.c_str(), threads, engine::cpu::GemmLibrary());
+              row.optim.c_str(), threads, engine::cpu::GemmLibrary(), pack && row.bf16 ? 1 : 0);
 
   std::unique_ptr<Backend> cpu_backend = engine::MakeCpuBackend(threads);
   // --profile-cpu: every op through ProfilingBackend (process CPU time per op), printed at the end.
@@ -161,6 +162,7 @@ int Run(const BertShape& bs, const std::string& row_name, const Row& row, int64_
   mo.gradient_checkpointing = row.ckpt;
   mo.checkpoint_every = 1;
   mo.compute_type = ct;
+  mo.pack_weights = pack;  // a cpu job's (PacksGemmWeights): bf16 packs each layer input
   engine::DeviceArena arena(cpu, 0);
   auto model = engine::Model::Create(mc, mo, &arena);
   if (!model.ok()) {
@@ -278,7 +280,7 @@ int main(int argc, char** argv) {
   std::string config = "large", row_name;
   int64_t batch = 4, accum = 4, seq = 0;
   int steps = 2, warmup = 1, threads = 2;
-  bool profile = false;
+  bool profile = false, pack = true;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&] { return traind::bench::FlagValue(argc, argv, &i); };
@@ -291,6 +293,7 @@ int main(int argc, char** argv) {
     else if (a == "--threads") threads = std::atoi(next());
     else if (a == "--seq") seq = std::atoll(next());
     else if (a == "--profile-cpu") profile = true;
+    else if (a == "--no-pack") pack = false;
     else {
       std::fprintf(stderr, "unknown argument %s\n", a.c_str());
       return 2;
@@ -300,7 +303,7 @@ int main(int argc, char** argv) {
   if (!traind::bench::ParseRow(row_name, &row)) {
     std::fprintf(stderr, "usage: %s --row baseline|accum|ckpt|bf16|adafactor|adamw_8bit|all|"
                  "mixtral|dense [--config tiny|base|large] [--batch B] [--accum K] [--steps N] "
-                 "[--warmup N] [--threads N] [--seq T] [--profile-cpu]\n", argv[0]);
+                 "[--warmup N] [--threads N] [--seq T] [--profile-cpu] [--no-pack]\n", argv[0]);
     return 2;
   }
   if (batch < 1 || accum < 1 || batch % accum != 0 || steps < 0 || warmup < 0 || threads < 1 ||
@@ -312,7 +315,8 @@ int main(int argc, char** argv) {
   for (auto bs : traind::bench::kConfigs) {
     if (bs.name == config) {
       if (seq > 0) bs.seq_len = seq;
-      return traind::bench::Run(bs, row_name, row, batch, accum, steps, warmup, threads, profile);
+      return traind::bench::Run(bs, row_name, row, batch, accum, steps, warmup, threads, profile,
+                                pack);
     }
   }
   std::fprintf(stderr, "unknown config %s (tiny, base, large)\n", config.c_str());

@@ -333,6 +333,37 @@ TEST(BertModel, Bf16FollowsFp32) {
   }
 }
 
+// bf16 with pack_weights (a cpu job) at 2048 rows: each layer input is packed for its weight
+// gradient (PackedActivationBytes); the loss and gradients equal the unpacked model's within fp32
+// reassociation (1e-6), and the plan, with the room, is still the measured peak.
+TEST(BertModel, PackedInputsTrainAsWithout) {
+  for (const std::string head : {"sequence_classification", "masked_lm"}) {
+    SCOPED_TRACE(head);
+    const ModelConfig c = TinyBert(head);
+    const BertBatch batch = MakeBertBatch(c, 128, 16, 5);
+    double loss[2];
+    std::vector<float> grads[2];
+    for (int pack = 0; pack < 2; ++pack) {
+      ModelOptions opt = TinyOptions(128, 16);
+      opt.compute_type = DType::kBF16;
+      opt.pack_weights = pack == 1;
+      EXPECT_EQ(PackedActivationBytes(MakeArchDims(c), opt) > 0, pack == 1);
+      const MemoryBytes plan = Model::PlanBytes(c, opt);
+      TestModel t = TestModel::Make(c, opt);
+      ASSERT_NE(t.model, nullptr);
+      t.model->InitRandom(23);
+      SetBertBatch(t, batch);
+      t.model->ZeroGrad();
+      loss[pack] = t.model->Forward(true, 1.0f);
+      t.model->Backward();
+      EXPECT_EQ(t.arena->peak_bytes(), plan.total());
+      grads[pack] = ToHost(*t.backend, t.model->grad_data(), t.model->num_params());
+    }
+    EXPECT_NEAR(loss[1], loss[0], 1e-6 * std::abs(loss[0]));
+    EXPECT_LT(RelErr(grads[1], grads[0]), 1e-6);
+  }
+}
+
 // HF names in and out; a checkpoint without the task head (a pretrained base) loads with the head
 // newly initialised, and a misshapen tensor is a clear error.
 TEST(BertModel, HfNamesRoundTripAndHeadInit) {

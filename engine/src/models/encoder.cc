@@ -87,6 +87,11 @@ void PlanEncoderBuffers(const ArchDims& d, const ModelOptions& o, int64_t num_pa
     b->scratch16_elems = std::max({2 * N * C, N * 3 * C, N * d.H});
     if (!cls) b->scratch16_elems = std::max(b->scratch16_elems, std::min(N, kMinLogitRows) * d.Vp);
     p->Add(MC::kTemporary, b->scratch16_elems, t, &b->scratch16);
+    // With pack_weights (a cpu job), each layer input packed for its weight gradient, as the
+    // decoder (the encoder keeps no packed weights: its GEMMs read them plain).
+    if (const int64_t room = PackedActivationBytes(d, o); room > 0) {
+      p->Add(MC::kTemporary, room / static_cast<int64_t>(DTypeSize(t)), t, &b->packed_activation);
+    }
   }
 
   // Views, as the decoder's ResolveViews: res[l] is block l's input, res[L] the final state.
@@ -128,7 +133,8 @@ Result<std::unique_ptr<EncoderModel>> EncoderModel::Make(const ModelConfig& conf
   TRAIND_RETURN_IF_ERROR(planner.Allocate(arena));
   ResolveEncoderViews(m->d_, options, &m->bufs_);
   m->mixed_ = options.compute_type != DType::kF32;
-  m->gp_ = nn::GemmPrecision{options.compute_type, m->bufs_.scratch16, m->bufs_.scratch16_elems};
+  m->gp_ = nn::GemmPrecision{options.compute_type, m->bufs_.scratch16, m->bufs_.scratch16_elems,
+                             m->bufs_.packed_activation, PackedActivationBytes(m->d_, options)};
   std::vector<int32_t> pos(static_cast<size_t>(m->N_)), ones(static_cast<size_t>(m->N_), 1);
   for (int64_t n = 0; n < m->N_; ++n) pos[n] = static_cast<int32_t>(n % options.seq_len);
   m->be_->CopyHostToDevice(m->bufs_.positions, pos.data(), pos.size() * sizeof(int32_t));

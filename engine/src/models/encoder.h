@@ -76,6 +76,7 @@ struct EncoderBuffers {
   float* pad_row = nullptr;      // (C) the word embeddings' padding-row gradient, kept aside
   void* scratch16 = nullptr;
   int64_t scratch16_elems = 0;
+  void* packed_activation = nullptr;  // temporary: PackedActivationBytes (layout.h), else null
 
   std::vector<float*> res;
   std::vector<EncoderBlockActs> blocks;

@@ -74,8 +74,9 @@ struct ModelOptions {
   // through Backend::PackGemmB, so the products do not repack W on every call. The copies are
   // planned (weights, PackedWeightBytes in layout.h). The job sets it on the cpu device, whose
   // oneDNN kernels read a blocked layout (PacksGemmWeights); elsewhere it would only cost memory.
-  // bf16 also plans a temporary room (PackedActivationBytes) for each linear layer's input packed
-  // the same way just before its weight-gradient GEMM (nn::GemmPrecision::pack).
+  // bf16 with at least 2048 rows also plans a temporary room (PackedActivationBytes) for each
+  // linear layer's input packed the same way just before its weight-gradient GEMM
+  // (nn::GemmPrecision::pack); the encoder (bert) does only that, its weights stay plain.
   bool pack_weights = false;
 };
 
