@@ -321,6 +321,10 @@ TEST(PackedWeightsTest, ThePlanCountsBothCopiesOfEveryPackedWeight) {
   EXPECT_EQ(PackedActivationBytes(MakeArchDims(c), o), room);
   EXPECT_EQ(packed.temporary - plain.temporary, room);
   EXPECT_EQ(packed.total() - plain.total(), hand + room);
+  // LoRA (a frozen base: no weight-gradient GEMM) plans no room.
+  ModelOptions lora = o;
+  lora.lora.r = 4;
+  EXPECT_EQ(PackedActivationBytes(MakeArchDims(c), lora), 0);
   // Below 2048 rows (4 x 256) no room: the weights' copies only.
   ModelOptions fewer = o;
   fewer.micro_batch = 4;

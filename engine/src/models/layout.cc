@@ -229,6 +229,7 @@ int64_t PackedWeightBytes(const ArchDims& d, const ModelOptions& o) {
 int64_t PackedActivationBytes(const ArchDims& d, const ModelOptions& o) {
   const int64_t N = o.micro_batch * o.seq_len;
   if (!o.pack_weights || o.compute_type != DType::kBF16 || N < kMinPackedActivationRows) return 0;
+  if (o.lora.enabled()) return 0;  // a frozen base has no weight-gradient GEMM
   const int64_t width = std::max({d.C, d.NH * d.HS, d.H});
   return PackedCopyBytes(N, width, o.compute_type);
 }
