@@ -105,8 +105,8 @@ int64_t PackedWeightBytes(const ArchDims& d, const ModelOptions& o);
 // the MLP's hidden width) packed as the B of its weight gradient (nn::GemmPrecision::pack); the lm
 // head's chunks and the blocks reuse it. 0 otherwise, and with LoRA (the frozen base has no
 // weight gradients; the adapters' own GEMMs are fp32). Mixture-of-experts products (more rows)
-// are not packed. The row floor: the small configs' steps (2048 rows) gained 1.4%
-// (gpt2) and 6% (llama) from it, the tiny one's (1024 rows) nothing measurable (bench/README.md).
+// are not packed. The row floor: the small configs' steps (2048 rows) gained 1.4% (gpt2) and 6%
+// (llama) from it, the tiny one's (1024 rows) nothing measurable (bench/README.md).
 constexpr int64_t kMinPackedActivationRows = 2048;
 int64_t PackedActivationBytes(const ArchDims& d, const ModelOptions& o);
 
