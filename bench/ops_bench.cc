@@ -18,7 +18,8 @@
 //   ops_bench gelubwd [--quick]  GELU's backward over 1024 x 1024 then the bias gradient (and the
 //                                16-bit rounding), against the fused cpu::GeluBackwardBias
 //   ops_bench gelufwd [--quick]  the MLP up projection's forward under bf16 (matmul with the bias,
-//                                then the GELU pass rounding to bf16) and each part alone
+//                                then the GELU pass rounding to bf16) and each part alone; fp32:
+//                                matmul with the bias then GELU against sgemm then bias + GELU
 //   ops_bench pack   [--quick]   cpu::PackBA16a64b2a (bf16 B into oneDNN's blocked layout) at the
 //                                small step's shapes: a layer input (K rows x N, plain) and a
 //                                weight (W^T, transposed), GB/s read, 2 threads, median of 21
@@ -398,6 +399,26 @@ int GeluFwd(bool quick) {
                 static_cast<long long>(s.N), static_cast<long long>(s.OC),
                 static_cast<long long>(s.C), matmul * 1e3, gelu * 1e3,
                 s.N * s.OC / gelu / 1e9, both * 1e3);
+    // fp32: oneDNN's matmul adding the bias then the GELU pass, against sgemm with the bias added
+    // in the GELU pass (what LinearForward runs in fp32 past cpu::LinearGemm's widest matmul).
+    std::vector<float> inp32(s.N * s.C, 0.5f), w32(s.OC * s.C, 0.0078125f), act32(s.N * s.OC);
+    bool matmul_ok = true;
+    const double via_matmul = Best(reps, [&] {
+      matmul_ok = engine::cpu::DnnlMatmul(false, true, s.N, s.OC, s.C, 1.0f, inp32.data(), s.C,
+                                          w32.data(), s.C, 0.0f, pre.data(), s.OC, DType::kF32,
+                                          DType::kF32, bias.data(), 2);
+      engine::cpu::BiasGelu(pre.data(), nullptr, s.N, s.OC, act32.data(), DType::kF32, 2);
+    });
+    const double via_sgemm = Best(reps, [&] {
+      engine::cpu::Gemm(false, true, s.N, s.OC, s.C, 1.0f, inp32.data(), s.C, w32.data(), s.C,
+                        0.0f, pre.data(), s.OC, DType::kF32, DType::kF32, 2);
+      engine::cpu::BiasGelu(pre.data(), bias.data(), s.N, s.OC, act32.data(), DType::kF32, 2);
+    });
+    std::printf("RESULT gelu_fwd f32  %lldx%lldx%lld  matmul+bias then gelu %.3f ms%s, sgemm then "
+                "bias+gelu %.3f ms\n",
+                static_cast<long long>(s.N), static_cast<long long>(s.OC),
+                static_cast<long long>(s.C), via_matmul * 1e3,
+                matmul_ok ? "" : " (oneDNN's matmul refused it: sgemm)", via_sgemm * 1e3);
   }
   return 0;
 }

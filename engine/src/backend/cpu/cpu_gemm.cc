@@ -116,10 +116,13 @@ void Sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const
 
 bool LinearGemm(float* out, const void* inp, const void* weight, const float* bias, int64_t N,
                 int64_t C, int64_t OC, DType type, int nt) {
-  // fp32 products wider than kMaxFp32MatmulWidth outputs: oneDNN's matmul (weights read
-  // transposed) is slower than dnnl_sgemm plus a bias pass (ops_bench linear, 2 threads:
-  // 2048x1536x384 6.87 ms against 5.89 + 0.39, 2048x1152x384 5.15 against 4.47 + 0.26), and before
-  // a GELU the bias costs no pass of its own (BiasGelu adds it).
+  // fp32 products wider than kMaxFp32MatmulWidth outputs run dnnl_sgemm and leave the bias to the
+  // caller: oneDNN's matmul (weights read transposed) was slower there than sgemm and a bias pass
+  // (ops_bench linear, 2 threads: 2048x1536x384 6.87 ms against 5.89 + 0.39, 2048x1152x384 5.15
+  // against 4.47 + 0.26) and, before a GELU (whose pass adds the bias), than sgemm alone (ops_bench
+  // gelufwd: 2048x1536x384 7.80-7.93 ms against 7.64-7.68 with the GELU). At 1024 outputs the
+  // matmul still won with its GELU (1.75 against 2.01 ms: the GELU then reads an output still in
+  // cache).
   const bool matmul_bias = type != DType::kF32 || OC <= kMaxFp32MatmulWidth;
   if (bias != nullptr && matmul_bias && UseDnnl() &&
       DnnlMatmul(false, true, N, OC, C, 1.0f, inp, C, weight, C, 0.0f, out, OC, type, DType::kF32,
