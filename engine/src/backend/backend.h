@@ -305,9 +305,11 @@ class Backend {
   // GeluBackward over (N,OC), then dbias(OC) += the column sums of dinp (when dbias is not null)
   // and, when dinp16 is not null, dinp16(N,OC) = dinp rounded to `type` (bf16 or f16, as Cast):
   // the MLP's GELU backward with its up projection's bias gradient (and 16-bit output gradient).
-  // dinp may alias dout. Default: GeluBackward, then BiasBackward / BiasBackwardRounded / Cast;
-  // the CPU does all of it in one pass over each row (the bits of the composition when OC is a
-  // multiple of 16).
+  // dinp may alias dout. With dinp16 given, dinp is scratch whose contents afterwards are
+  // unspecified: read dinp16 (the CPU does not store the fp32 gradient at all; the default
+  // composition leaves it in dinp). Default: GeluBackward, then BiasBackward /
+  // BiasBackwardRounded / Cast; the CPU does all of it in one pass over each row (the bits of the
+  // composition when OC is a multiple of 16).
   virtual void GeluBackwardBias(float* dinp, const float* inp, const float* dout, float* dbias,
                                 int64_t N, int64_t OC, void* dinp16, DType type);
   // Exact GELU (HF "gelu", BERT): out = x * 0.5 * (1 + erf(x / sqrt(2))). out may alias inp.
@@ -329,9 +331,10 @@ class Backend {
   // dinp (N, 2H) = d/d[gate|up] given dout (N,H).
   virtual void SwiGluBackward(float* dinp, const float* inp, const float* dout, int64_t N,
                               int64_t H);
-  // SwiGluBackward, and dinp16 (N, 2H) = dinp rounded to `type` (bf16 or f16, as Cast): the up
-  // projection's 16-bit output gradient. Default: SwiGluBackward then Cast; the CPU rounds each
-  // row as it computes it (the same bits).
+  // SwiGluBackward's gradient rounded to `type` (bf16 or f16, as Cast) into dinp16 (N, 2H): the up
+  // projection's 16-bit output gradient. dinp (N, 2H) is scratch whose contents afterwards are
+  // unspecified. Default: SwiGluBackward into dinp then Cast; the CPU rounds each row as it
+  // computes it (the same bits) and does not store the fp32 gradient.
   virtual void SwiGluBackwardRounded(float* dinp, void* dinp16, DType type, const float* inp,
                                      const float* dout, int64_t N, int64_t H);
 

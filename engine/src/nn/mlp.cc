@@ -49,7 +49,10 @@ void MlpBackward(Backend& be, const MlpShape& s, const MlpWeights& w, const MlpG
   }
   float* dh = scratch_h;  // (N, up_width); may alias da for GELU
   const bool tanh_gelu = !s.swiglu && !s.gelu_erf;
-  if (tanh_gelu && (gp.type == DType::kF32 || gp.scratch_elems >= s.N * s.H)) {
+  // The fused 16-bit passes below leave only the rounded dh; an active up-projection adapter
+  // reads the fp32 one, so it takes the composed ops (GELU / SwiGLU backward, then LinearBackward).
+  const bool up_lora = lora != nullptr && lora->up.active();
+  if (tanh_gelu && (gp.type == DType::kF32 || (!up_lora && gp.scratch_elems >= s.N * s.H))) {
     // GELU's backward with the up projection's bias gradient and, 16-bit, dh rounded into the
     // GEMM scratch, in one pass (GeluBackwardBias); then the up projection's two GEMMs.
     const bool rounded = gp.type != DType::kF32;
@@ -59,7 +62,7 @@ void MlpBackward(Backend& be, const MlpShape& s, const MlpWeights& w, const MlpG
     } else {
       LinearBackward(be, dinp, g.w_up, nullptr, dh, inp, w.w_up, s.N, s.C, s.H, gp);
     }
-  } else if (s.swiglu && w.b_up == nullptr && gp.type != DType::kF32 &&
+  } else if (s.swiglu && w.b_up == nullptr && gp.type != DType::kF32 && !up_lora &&
              gp.scratch_elems >= s.N * s.up_width()) {
     // SwiGLU's backward with dh rounded into the GEMM scratch in the same pass
     // (SwiGluBackwardRounded); then the up projection's two GEMMs on it.
@@ -75,9 +78,7 @@ void MlpBackward(Backend& be, const MlpShape& s, const MlpWeights& w, const MlpG
     }
     LinearBackward(be, dinp, g.w_up, g.b_up, dh, inp, w.w_up, s.N, s.C, s.up_width(), gp);
   }
-  if (lora != nullptr && lora->up.active()) {
-    LoraBackward(be, lora->up, dinp, dh, inp, s.N);
-  }
+  if (up_lora) LoraBackward(be, lora->up, dinp, dh, inp, s.N);
 }
 
 }  // namespace traind::engine::nn

@@ -206,11 +206,16 @@ void GeluBackwardBias(float* dinp, const float* inp, const float* dout, float* d
   {
     int64_t b, e;
     Chunk(OC, omp_get_num_threads(), omp_get_thread_num(), &b, &e);
+    // 16-bit: each row chunk's fp32 gradient in a per-thread row, dinp not written (4 bytes an
+    // element less to store: the tiny bf16 step's pass 0.8-1.0 -> 0.6 ms, bench/README.md).
+    static thread_local std::vector<float> row;
+    if (d16 != nullptr) row.resize(static_cast<size_t>(std::max<int64_t>(e - b, 0)));
     for (int64_t n = 0; n < N && e > b; ++n) {
       const int64_t o = n * OC + b;
-      GeluBackSpan(dinp + o, inp + o, dout + o, e - b);
-      if (dbias != nullptr) AddRow(dbias + b, dinp + o, e - b);
-      if (d16 != nullptr) F32To16Span(d16 + o, dinp + o, e - b, type);
+      float* g = d16 != nullptr ? row.data() : dinp + o;
+      GeluBackSpan(g, inp + o, dout + o, e - b);
+      if (dbias != nullptr) AddRow(dbias + b, g, e - b);
+      if (d16 != nullptr) F32To16Span(d16 + o, g, e - b, type);
     }
   }
 }
@@ -383,12 +388,18 @@ void SwiGluForwardRounded(void* out, DType out_type, const float* inp, int64_t N
 
 void SwiGluBackwardRounded(float* dinp, void* dinp16, DType type, const float* inp,
                            const float* dout, int64_t N, int64_t H, int nt) {
+  (void)dinp;  // not written: each row's fp32 gradient goes through a per-thread row
   auto* d16 = static_cast<uint16_t*>(dinp16);
-#pragma omp parallel for num_threads(ThreadsFor(N* H * 8, nt)) schedule(static)
-  for (int64_t n = 0; n < N; ++n) {
-    float* d = dinp + n * 2 * H;
-    SwiGluBackRow(d, d + H, inp + n * 2 * H, inp + n * 2 * H + H, dout + n * H, H);
-    F32To16Span(d16 + n * 2 * H, d, 2 * H, type);
+#pragma omp parallel num_threads(ThreadsFor(N* H * 8, nt))
+  {
+    static thread_local std::vector<float> row;
+    row.resize(static_cast<size_t>(2 * H));
+    float* d = row.data();
+#pragma omp for schedule(static)
+    for (int64_t n = 0; n < N; ++n) {
+      SwiGluBackRow(d, d + H, inp + n * 2 * H, inp + n * 2 * H + H, dout + n * H, H);
+      F32To16Span(d16 + n * 2 * H, d, 2 * H, type);
+    }
   }
 }
 
