@@ -7,9 +7,12 @@
 //                        [--warmup N] [--threads N]
 //                        [--device cpu|cuda:N|simt] [--dtype fp32|bf16] [--tf32]
 //                        [--batch B] [--seq T] [--no-graphs] [--logits-chunk ROWS] [--no-pack]
-//                        [--profile | --profile-cpu]   (per-op wall / process CPU time)
+//                        [--bf16-gemm onednn|widen] [--profile | --profile-cpu]
+//                        (--profile: per-op wall time; --profile-cpu: process CPU time)
 // --no-pack: bf16 on the cpu without packed weight copies (ModelOptions::pack_weights, which a
 // job on the cpu device has; the default here too).
+// --bf16-gemm: the CPU's bf16 GEMMs through oneDNN's bf16 matmul (its emulation where the CPU has
+// no bf16 arithmetic) or widened to fp32 for sgemm; default: the CPU decides (cpu::Bf16GemmNative).
 // --logits-chunk: rows per lm-head + cross-entropy chunk (ModelOptions::logits_chunk_rows;
 // default: the planner's choice).
 #include <algorithm>
@@ -201,13 +204,14 @@ int Run(BenchConfig bc, const RunFlags& f) {
   const double mfu_cpu = flops / cpu_per_step / 1e9 / sgemm.per_cpu_s;
   std::printf(
       "traind %s: L=%lld C=%lld NH=%lld T=%lld B=%lld V=%lld params=%lld threads=%d gemm=%s "
-      "device=%s dtype=%s tf32=%d graphs=%d packed=%d epilogues=%s arena_peak=%lld\n",
+      "device=%s dtype=%s tf32=%d graphs=%d packed=%d bf16_gemm=%s epilogues=%s arena_peak=%lld\n",
       bc.name.c_str(), static_cast<long long>(bc.layers), static_cast<long long>(bc.channels),
       static_cast<long long>(bc.heads), static_cast<long long>(bc.seq_len),
       static_cast<long long>(bc.batch), static_cast<long long>(bc.vocab),
       static_cast<long long>(m.num_params()), threads,
       f.device == "cpu" ? engine::cpu::GemmLibrary() : "device", f.device.c_str(),
       engine::DTypeName(f.dtype), f.tf32 ? 1 : 0, f.graphs ? 1 : 0, mo.pack_weights ? 1 : 0,
+      engine::cpu::Bf16GemmNative() ? "onednn" : "widen",
       std::getenv("TRAIND_CUBLASLT_EPILOGUES") != nullptr ? std::getenv("TRAIND_CUBLASLT_EPILOGUES")
                                                           : "default",
       static_cast<long long>(arena.peak_bytes()));
@@ -294,6 +298,13 @@ int main(int argc, char** argv) {
       f.logits_chunk = std::atoll(next());
     } else if (a == "--no-pack") {
       f.pack = false;
+    } else if (a == "--bf16-gemm") {
+      const std::string g = next();
+      if (g != "onednn" && g != "widen") {
+        std::fprintf(stderr, "--bf16-gemm %s: expected onednn or widen\n", g.c_str());
+        return 2;
+      }
+      traind::engine::cpu::SetBf16GemmNativeForTesting(g == "onednn" ? 1 : 0);
     } else if (a == "--profile") {
       f.profile = true;
     } else if (a == "--profile-cpu") {
@@ -304,7 +315,7 @@ int main(int argc, char** argv) {
                    "[--config tiny|small|gpt2|llama_tiny|llama_small|all] [--steps N] "
                    "[--warmup N] [--threads N] [--device cpu|cuda:N|simt] "
                    "[--dtype fp32|bf16] [--tf32] [--batch B] [--seq T] [--no-graphs] [--no-pack] "
-                   "[--logits-chunk ROWS] [--profile | --profile-cpu]\n",
+                   "[--bf16-gemm onednn|widen] [--logits-chunk ROWS] [--profile | --profile-cpu]\n",
                    a.c_str(), argv[0]);
       return 2;
     }

@@ -511,9 +511,12 @@ void CheckBf16AttentionShapes() {
 }
 
 // Both bf16 paths: the CPU's dot-product tiles (where it has AVX512-BF16), then, with them turned
-// off, oneDNN's bf16 matmuls (bidirectional T >= 256) and the fp32 fallback elsewhere.
+// off, oneDNN's bf16 matmuls (bidirectional T >= 256) and the fp32 fallback elsewhere. oneDNN's
+// bf16 tiles run on every AVX-512 CPU here (its emulation where the CPU has no bf16 arithmetic,
+// which a job would not take: cpu::Bf16GemmNative).
 TEST(CpuAttentionTest, Bf16OperandsForwardBackward) {
   cpu::SetGemmLibraryForTesting(true);  // oneDNN where the build has it
+  const int native_before = cpu::SetBf16GemmNativeForTesting(1);
   for (bool dot_products : {true, false}) {
     SCOPED_TRACE(dot_products ? "dot-product tiles where the CPU has them" : "no dot products");
     cpu::SetBf16DotProductsForTesting(dot_products);
@@ -524,6 +527,7 @@ TEST(CpuAttentionTest, Bf16OperandsForwardBackward) {
     CheckBf16AttentionShapes();
   }
   cpu::SetBf16DotProductsForTesting(true);
+  cpu::SetBf16GemmNativeForTesting(native_before);
 }
 
 // Where the CPU has AVX512-BF16, every bf16 request with an even head size runs the dot-product

@@ -16,6 +16,7 @@
 
 #include "backend/backend.h"
 #include "backend/arena.h"
+#include "backend/cpu/cpu_kernels.h"
 #include "models/model.h"
 #include "core/safetensors.h"
 
@@ -163,5 +164,20 @@ inline double RelErr(const std::vector<float>& a, const std::vector<float>& b) {
   }
   return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
 }
+
+// For its lifetime, bf16 GEMMs on the CPU take oneDNN's bf16 matmul (native = true: its
+// emulation on an AVX-512 CPU without bf16 arithmetic, slow, the same products) or widen to fp32
+// (false), whatever this CPU has (cpu::Bf16GemmNative); then the setting before it again. The
+// packing tests take oneDNN's, so that they run its packed layouts on every AVX-512 CPU.
+class ScopedBf16GemmNative {
+ public:
+  explicit ScopedBf16GemmNative(bool native) : before_(cpu::SetBf16GemmNativeForTesting(native)) {}
+  ~ScopedBf16GemmNative() { cpu::SetBf16GemmNativeForTesting(before_); }
+  ScopedBf16GemmNative(const ScopedBf16GemmNative&) = delete;
+  ScopedBf16GemmNative& operator=(const ScopedBf16GemmNative&) = delete;
+
+ private:
+  int before_;
+};
 
 }  // namespace traind::engine::testing

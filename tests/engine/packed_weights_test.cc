@@ -3,7 +3,9 @@
 // (reference: the same backend's GEMMs before packing, within float reassociation, and double
 // sums), the packed copy is what the GEMMs read until it is forgotten, a bf16 or fp32 model with
 // packed weights has the loss and the gradients of the same model without them (also after its
-// weights change), and the plan counts the copies.
+// weights change), and the plan counts the copies. These run oneDNN's bf16 kernels on every
+// AVX-512 CPU (its emulation where the CPU has no bf16 arithmetic); there the backend itself widens
+// bf16 to fp32 and packs nothing, which the Bf16WithoutBf16Arithmetic tests check against them.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -21,6 +23,17 @@ namespace traind::engine {
 namespace {
 
 using testing::TestModel;
+
+class OneDnnBf16Environment : public ::testing::Environment {
+ public:
+  void SetUp() override { native_ = std::make_unique<testing::ScopedBf16GemmNative>(true); }
+  void TearDown() override { native_.reset(); }
+
+ private:
+  std::unique_ptr<testing::ScopedBf16GemmNative> native_;
+};
+const ::testing::Environment* const kOneDnnBf16 =
+    ::testing::AddGlobalTestEnvironment(new OneDnnBf16Environment);
 
 // Random values in [-1, 1) of `type` (bf16 or fp32), as raw bytes.
 std::vector<char> RandomOf(DType type, int64_t n, uint32_t seed) {
@@ -351,6 +364,93 @@ TEST(PackedWeightsTest, ThePlanCountsBothCopiesOfEveryPackedWeight) {
   const MemoryBytes plain16 = Model::PlanBytes(c, o);
   o.pack_weights = true;
   EXPECT_EQ(Model::PlanBytes(c, o).total(), plain16.total());
+}
+
+// Where the CPU has no bf16 arithmetic (cpu::Bf16GemmNative false: oneDNN would emulate it at a
+// fifth of sgemm's rate), bf16 products widen to fp32 and run sgemm: the backend packs no bf16 B
+// and the plan has no room for packed copies, and the products are the oneDNN kernels' (both sum
+// the exact products of the same bf16 values in fp32: within reassociation) and double sums'.
+TEST(Bf16WithoutBf16Arithmetic, ProductsWidenToFp32AndNothingIsPacked) {
+  const DType t = DType::kBF16;
+  std::unique_ptr<Backend> be = MakeCpuBackend(2);
+  const std::vector<char> x = RandomOf(t, kM * kC, 11), dy = RandomOf(t, kM * kOC, 12),
+                          w = RandomOf(t, kOC * kC, 13);
+  std::vector<float> bias(kOC);
+  for (int64_t i = 0; i < kOC; ++i) bias[i] = 0.02f * static_cast<float>(i % 13) - 0.1f;
+  const LinearProducts onednn = Products(*be, t, x.data(), w.data(), dy.data(), bias.data());
+  const ModelConfig small = testing::SmallGpt2();
+  ModelOptions o = testing::TinyOptions(8, 256);
+  o.compute_type = t;
+  o.pack_weights = true;
+  ASSERT_TRUE(CpuPacksGemmB(t)) << "oneDNN's bf16 kernels (forced by the environment)";
+  EXPECT_GT(PackedWeightBytes(MakeArchDims(small), o), 0);
+
+  testing::ScopedBf16GemmNative widen(false);
+  EXPECT_FALSE(CpuPacksGemmB(t));
+  EXPECT_TRUE(CpuPacksGemmB(DType::kF32)) << "fp32 still packs";
+  EXPECT_EQ(be->PackedGemmBBytes(kC, kOC, t), 0);
+  std::vector<char> room(static_cast<size_t>(PackedCopyBytes(kC, kOC, t)));
+  EXPECT_FALSE(be->PackGemmB(room.data(), static_cast<int64_t>(room.size()), w.data(), true, kC,
+                             kOC, kC, t));
+  EXPECT_EQ(PackedWeightBytes(MakeArchDims(small), o), 0);
+  EXPECT_EQ(PackedActivationBytes(MakeArchDims(small), o), 0);
+  ModelOptions plain = o;
+  plain.pack_weights = false;
+  EXPECT_EQ(Model::PlanBytes(small, o).total(), Model::PlanBytes(small, plain).total());
+
+  const LinearProducts widened = Products(*be, t, x.data(), w.data(), dy.data(), bias.data());
+  EXPECT_LT(MaxRelDiff(widened.fwd_bias, onednn.fwd_bias), 1e-6);
+  EXPECT_LT(MaxRelDiff(widened.fwd, onednn.fwd), 1e-6);
+  EXPECT_LT(MaxRelDiff(widened.dinp, onednn.dinp), 1e-6);
+  double worst = 0;
+  for (int64_t m = 0; m < kM; ++m) {
+    for (int64_t oc = 0; oc < kOC; ++oc) {
+      double s = bias[oc], s0 = 0;
+      for (int64_t c = 0; c < kC; ++c) {
+        s0 += static_cast<double>(ValueAt(t, x, m * kC + c)) * ValueAt(t, w, oc * kC + c);
+      }
+      s += s0;
+      worst = std::max({worst, std::abs(s - widened.fwd_bias[m * kOC + oc]),
+                        std::abs(s0 - widened.fwd[m * kOC + oc])});
+    }
+    for (int64_t c = 0; c < kC; ++c) {
+      double s = 0;
+      for (int64_t oc = 0; oc < kOC; ++oc) {
+        s += static_cast<double>(ValueAt(t, dy, m * kOC + oc)) * ValueAt(t, w, oc * kC + c);
+      }
+      worst = std::max(worst, std::abs(s - widened.dinp[m * kC + c]));
+    }
+  }
+  EXPECT_LT(worst, 1e-4);
+}
+
+// A bf16 model trains the same through either route: gpt2 and llama, the two weight versions of
+// TwoWeightVersions, at 48 and 2048 rows (where oneDNN's route also packs each layer input). The
+// GEMMs differ only in their fp32 summation order, but a bf16 model rounds every activation to
+// bf16, and a last-bit difference that moves one across a rounding boundary changes it by 2^-8
+// of itself: hence looser bounds than the 1e-6 of packed against plain (same kernels). Measured
+// on a Cascade Lake VM: losses equal to 7 digits, gradients within 4e-8..1.3e-5 relative.
+TEST(Bf16WithoutBf16Arithmetic, ModelsTrainAsWithOneDnnBf16) {
+  for (const ModelConfig& c : {testing::TinyGpt2(), testing::TinyLlama(false)}) {
+    for (int64_t B : {3, 128}) {
+      const TrainRun onednn = TwoWeightVersions(c, DType::kBF16, true, B);
+      TrainRun widened;
+      {
+        testing::ScopedBf16GemmNative widen(false);
+        widened = TwoWeightVersions(c, DType::kBF16, true, B);
+      }
+      ASSERT_EQ(onednn.losses.size(), 2u);
+      ASSERT_EQ(widened.losses.size(), 2u);
+      for (int i = 0; i < 2; ++i) {
+        EXPECT_NEAR(widened.losses[i], onednn.losses[i], 1e-5 * std::abs(onednn.losses[i]))
+            << c.arch << " B " << B << " weights " << i;
+      }
+      EXPECT_LT(testing::RelErr(widened.grads, onednn.grads), 1e-4) << c.arch << " B " << B;
+      std::printf("%s B %lld: losses %.7f / %.7f against %.7f / %.7f, gradients rel. err %.2e\n",
+                  c.arch.c_str(), static_cast<long long>(B), widened.losses[0], widened.losses[1],
+                  onednn.losses[0], onednn.losses[1], testing::RelErr(widened.grads, onednn.grads));
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Types, PackedProductsTest, ::testing::Values(DType::kBF16, DType::kF32),

@@ -188,7 +188,7 @@ int64_t LogitsChunkRows(const ArchDims& d, const ModelOptions& o) {
 
 std::vector<PackedWeight> PackedWeights(const ArchDims& d, const ModelOptions& o) {
   std::vector<PackedWeight> w;
-  if (!o.pack_weights) return w;
+  if (!o.pack_weights || !CpuPacksGemmB(o.compute_type)) return w;
   if (o.compute_type == DType::kF32) {
     if (LogitsChunkRows(d, o) < o.micro_batch * o.seq_len) {
       w.push_back({PackedWeight::kLmHead, -1, d.C, d.Vp});
@@ -229,6 +229,7 @@ int64_t PackedWeightBytes(const ArchDims& d, const ModelOptions& o) {
 int64_t PackedActivationBytes(const ArchDims& d, const ModelOptions& o) {
   const int64_t N = o.micro_batch * o.seq_len;
   if (!o.pack_weights || o.compute_type != DType::kBF16 || N < kMinPackedActivationRows) return 0;
+  if (!CpuPacksGemmB(o.compute_type)) return 0;
   if (o.lora.enabled()) return 0;  // a frozen base has no weight-gradient GEMM
   const int64_t width = std::max({d.C, d.NH * d.HS, d.H});
   return PackedCopyBytes(N, width, o.compute_type);

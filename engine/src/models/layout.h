@@ -81,8 +81,9 @@ int64_t LogitsChunkRows(const ArchDims& d, const ModelOptions& options);
 // (out, in). bf16: per block (not mixture-of-experts ones) qkv, proj, up and down, then the lm
 // head. fp32: the lm head alone, when it runs in more than one chunk of rows (oneDNN's fp32 matmul
 // on a packed B beat its sgemm by 10% there, 234 -> 208 ms a step on the small gpt2, while the
-// blocks' gains were about what packing them every forward costs); none with pack_weights off or
-// in fp16.
+// blocks' gains were about what packing them every forward costs); none with pack_weights off, in
+// fp16, or where the CPU backend does not pack the compute type (CpuPacksGemmB: bf16 on a CPU
+// without bf16 arithmetic widens to fp32 instead; OpenBLAS).
 struct PackedWeight {
   enum Kind { kQkv, kProj, kUp, kDown, kLmHead };
   Kind kind;
@@ -100,7 +101,8 @@ int64_t PackedCopyBytes(int64_t K, int64_t N, DType type);
 // input gradient as fast as the matmul reads a packed one).
 bool PacksInputGradientLayout(DType type);
 int64_t PackedWeightBytes(const ArchDims& d, const ModelOptions& o);
-// bf16 with pack_weights and at least kMinPackedActivationRows rows (N = micro_batch * seq_len):
+// bf16 with pack_weights (and CpuPacksGemmB) and at least kMinPackedActivationRows rows (N =
+// micro_batch * seq_len):
 // the room for one linear layer's input (N rows of the widest input: C, the attention output or
 // the MLP's hidden width) packed as the B of its weight gradient (nn::GemmPrecision::pack); the lm
 // head's chunks and the blocks reuse it. 0 otherwise, and with LoRA (the frozen base has no

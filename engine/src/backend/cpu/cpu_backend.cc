@@ -334,6 +334,11 @@ class CpuBackend final : public Backend {
 
 }  // namespace
 
+bool CpuPacksGemmB(DType type) {
+  if (std::strcmp(cpu::GemmLibrary(), "onednn") != 0) return false;
+  return type == DType::kF32 || (type == DType::kBF16 && cpu::Bf16GemmNative());
+}
+
 std::unique_ptr<Backend> MakeCpuBackend(int threads) {
   return std::make_unique<CpuBackend>(threads);
 }

@@ -1,7 +1,8 @@
 // 16-bit GEMMs through oneDNN's matmul primitive (AVX512-BF16 / AMX kernels where the CPU has
 // them), fp32 accumulation. Primitives are created once per shape/layout/alpha/beta and cached.
 // Implementations oneDNN only has as slow reference code (e.g. f16 without AVX512-FP16) are
-// refused, and the caller widens to fp32 instead. Without oneDNN in the build this always refuses.
+// refused, and the caller widens to fp32 instead; so is bf16 on a CPU without bf16 arithmetic
+// (Bf16GemmNative). Without oneDNN in the build this always refuses.
 #include <omp.h>
 
 #include <atomic>
@@ -187,10 +188,29 @@ PackedRegistry& Registry() {
   return *r;
 }
 
+int bf16_gemm_native_override = -1;  // SetBf16GemmNativeForTesting: -1 the CPU decides
+
 }  // namespace
+
+bool Bf16GemmNative() {
+  if (bf16_gemm_native_override >= 0) return bf16_gemm_native_override == 1;
+  // oneDNN's ISA levels are supersets by bits: AVX512-BF16's are in AMX's too.
+  static const bool native = [] {
+    const unsigned bf16 = dnnl_cpu_isa_avx512_core_bf16;
+    return (static_cast<unsigned>(dnnl_get_effective_cpu_isa()) & bf16) == bf16;
+  }();
+  return native;
+}
+
+int SetBf16GemmNativeForTesting(int native) {
+  const int before = bf16_gemm_native_override;
+  bf16_gemm_native_override = native < 0 ? -1 : native != 0;
+  return before;
+}
 
 int64_t DnnlPackedBBytes(int64_t K, int64_t N, DType type) {
   if (std::strcmp(GemmLibrary(), "onednn") != 0) return 0;
+  if (type == DType::kBF16 && !Bf16GemmNative()) return 0;  // its GEMMs widen: no oneDNN layout
   static std::mutex mu;
   static std::map<std::tuple<int64_t, int64_t, int>, int64_t> sizes;
   std::lock_guard<std::mutex> lock(mu);
@@ -312,6 +332,7 @@ bool MatmulCall(const Key& key, const void* A, const void* B, void* C, const flo
 bool DnnlMatmul(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const void* A,
                 int64_t lda, const void* B, int64_t ldb, float beta, void* C, int64_t ldc,
                 DType ab_type, DType c_type, const float* bias, int nt) {
+  if (ab_type == DType::kBF16 && !Bf16GemmNative()) return false;
   // A B packed by PackGemmB (a weight matrix) is read in its packed layout: no per-call copy of
   // it into the kernel's blocks (bf16 products 10-30% faster: bench/README.md, "packed bf16
   // weights"). A primitive oneDNN cannot build on the packed layout falls back to B itself.
@@ -344,7 +365,7 @@ bool DnnlGemm16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, 
 }
 
 bool Bf16TileProductsNative() {
-  if (std::strcmp(GemmLibrary(), "onednn") != 0) return false;
+  if (std::strcmp(GemmLibrary(), "onednn") != 0 || !Bf16GemmNative()) return false;
   static const bool native = [] {
     const int bf16 = static_cast<int>(DType::kBF16), f32 = static_cast<int>(DType::kF32);
     return Cache().Get(Key{false, true, 64, 64, 64, 64, 64, 64, bf16, f32, 1.0f, 0.0f, false, false}) !=
@@ -355,6 +376,8 @@ bool Bf16TileProductsNative() {
 
 #else
 
+bool Bf16GemmNative() { return false; }
+int SetBf16GemmNativeForTesting(int) { return -1; }
 bool Bf16TileProductsNative() { return false; }
 
 bool DnnlGemm16(bool, bool, int64_t, int64_t, int64_t, float, const void*, int64_t, const void*,

@@ -81,9 +81,18 @@ bool DnnlMatmulPackedB(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t
 void PackBA16a64b2a(void* dst, const uint16_t* b, bool tb, int64_t K, int64_t N, int64_t ldb, int nt);
 // fp32 B into BA16a64b ((K rounded up to 16) x (N rounded up to 64) floats, blocks of 16 x 64).
 void PackBA16a64b(void* dst, const float* b, bool tb, int64_t K, int64_t N, int64_t ldb, int nt);
-// Whether bf16 products through oneDNN run native kernels here (the CPU has AVX512-BF16 or AMX,
-// or oneDNN's AVX-512 bf16 emulation) and fp32 GEMMs go to oneDNN (not TRAIND_CPU_GEMM=openblas):
-// what lets attention use bf16 tiles. Decided once per process.
+// Whether the CPU has the bf16 arithmetic oneDNN's bf16 matmul runs on (AVX512-BF16 or AMX, as
+// oneDNN reports its ISA; ONEDNN_MAX_CPU_ISA can lower it). Without it oneDNN emulates bf16 on
+// AVX-512 at a fifth of sgemm's rate (a Cascade Lake VM: 52 against 245 GFLOP/s, bench/README.md),
+// so bf16 GEMMs are refused here (DnnlMatmul false, DnnlPackedBBytes 0) and widen to fp32 for
+// sgemm: exact operands, fp32 accumulation, the same products. Decided once per process.
+bool Bf16GemmNative();
+// Tests only: 1 takes oneDNN's bf16 matmul whatever the CPU (its emulation where it has no bf16
+// instructions: slow, the same products), 0 refuses it, -1 lets the CPU decide again. Returns the
+// setting it replaced. Only while no GEMM runs.
+int SetBf16GemmNativeForTesting(int native);
+// Whether bf16 products through oneDNN run native kernels here (Bf16GemmNative) and fp32 GEMMs go
+// to oneDNN (not TRAIND_CPU_GEMM=openblas): what lets attention use oneDNN's bf16 tiles.
 bool Bf16TileProductsNative();
 // Configures the GEMM libraries for nt threads (OpenBLAS: 1 internal thread, process-global;
 // Sgemm threads it over OpenMP itself).
