@@ -65,6 +65,30 @@ double MaxRelDiff(const std::vector<float>& a, const std::vector<float>& b) {
   return worst / std::max(scale, 1e-30);
 }
 
+// The worst absolute differences from double sums of the same values: of fwd = x W^T (+ bias)
+// (M x OC) and, when given, of dinp = dy W (M x C); x (M x C), w (OC x C), dy (M x OC) of `t`.
+struct WorstDiffs {
+  double fwd = 0, dinp = 0;
+};
+WorstDiffs AgainstDoubleSums(DType t, const std::vector<char>& x, const std::vector<char>& w,
+                             const std::vector<char>& dy, const float* fwd, const float* dinp,
+                             int64_t M, int64_t C, int64_t OC, const float* bias = nullptr) {
+  WorstDiffs d;
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t o = 0; o < OC; ++o) {
+      double s = bias != nullptr ? bias[o] : 0.0;
+      for (int64_t c = 0; c < C; ++c) s += double(ValueAt(t, x, m * C + c)) * ValueAt(t, w, o * C + c);
+      d.fwd = std::max(d.fwd, std::abs(s - fwd[m * OC + o]));
+    }
+    for (int64_t c = 0; c < C && dinp != nullptr; ++c) {
+      double s = 0;
+      for (int64_t o = 0; o < OC; ++o) s += double(ValueAt(t, dy, m * OC + o)) * ValueAt(t, w, o * C + c);
+      d.dinp = std::max(d.dinp, std::abs(s - dinp[m * C + c]));
+    }
+  }
+  return d;
+}
+
 // A linear layer W (OC x C) at sizes that are not multiples of the layouts' blocks (the copy is
 // padded) and with whole blocks too: the forward with and without a bias (two CPU paths: oneDNN's
 // matmul with the bias, and the GEMM) and the input gradient.
@@ -138,17 +162,7 @@ TEST_P(PackedProductsTest, CpuProductsWithPackedWeightsEqualThePlainOnes) {
   const LinearProducts fresh = Products(*be, t, x.data(), w.data(), dy.data(), bias.data());
   EXPECT_GT(MaxRelDiff(fresh.fwd, plain.fwd), 1e-2);
   // The new weights' products, against double sums of the same values.
-  double worst = 0;
-  for (int64_t m = 0; m < kM; ++m) {
-    for (int64_t o = 0; o < kOC; ++o) {
-      double s = 0;
-      for (int64_t c = 0; c < kC; ++c) {
-        s += static_cast<double>(ValueAt(t, x, m * kC + c)) * ValueAt(t, w, o * kC + c);
-      }
-      worst = std::max(worst, std::abs(s - fresh.fwd[m * kOC + o]));
-    }
-  }
-  EXPECT_LT(worst, 1e-4);
+  EXPECT_LT(AgainstDoubleSums(t, x, w, dy, fresh.fwd.data(), nullptr, kM, kC, kOC).fwd, 1e-4);
 }
 
 // Whole blocks of both layouts (K and N multiples of 64), forward and input gradient, each
@@ -171,21 +185,9 @@ TEST_P(PackedProductsTest, WholeBlocksAgainstDoubleSums) {
            DType::kF32);
   be->Gemm(false, false, M, C, OC, 1.0f, dy.data(), OC, w.data(), C, 0.0f, dinp.data(), C, t,
            DType::kF32);
-  double worst_fwd = 0, worst_dinp = 0;
-  for (int64_t m = 0; m < M; ++m) {
-    for (int64_t o = 0; o < OC; ++o) {
-      double s = 0;
-      for (int64_t c = 0; c < C; ++c) s += double(ValueAt(t, x, m * C + c)) * ValueAt(t, w, o * C + c);
-      worst_fwd = std::max(worst_fwd, std::abs(s - fwd[m * OC + o]));
-    }
-    for (int64_t c = 0; c < C; ++c) {
-      double s = 0;
-      for (int64_t o = 0; o < OC; ++o) s += double(ValueAt(t, dy, m * OC + o)) * ValueAt(t, w, o * C + c);
-      worst_dinp = std::max(worst_dinp, std::abs(s - dinp[m * C + c]));
-    }
-  }
-  EXPECT_LT(worst_fwd, 1e-4);
-  EXPECT_LT(worst_dinp, 1e-4);
+  const WorstDiffs worst = AgainstDoubleSums(t, x, w, dy, fwd.data(), dinp.data(), M, C, OC);
+  EXPECT_LT(worst.fwd, 1e-4);
+  EXPECT_LT(worst.dinp, 1e-4);
   be->ForgetPackedGemmB(w.data(), w.data() + w.size());
 }
 
@@ -402,26 +404,12 @@ TEST(Bf16WithoutBf16Arithmetic, ProductsWidenToFp32AndNothingIsPacked) {
   EXPECT_LT(MaxRelDiff(widened.fwd_bias, onednn.fwd_bias), 1e-6);
   EXPECT_LT(MaxRelDiff(widened.fwd, onednn.fwd), 1e-6);
   EXPECT_LT(MaxRelDiff(widened.dinp, onednn.dinp), 1e-6);
-  double worst = 0;
-  for (int64_t m = 0; m < kM; ++m) {
-    for (int64_t oc = 0; oc < kOC; ++oc) {
-      double s = bias[oc], s0 = 0;
-      for (int64_t c = 0; c < kC; ++c) {
-        s0 += static_cast<double>(ValueAt(t, x, m * kC + c)) * ValueAt(t, w, oc * kC + c);
-      }
-      s += s0;
-      worst = std::max({worst, std::abs(s - widened.fwd_bias[m * kOC + oc]),
-                        std::abs(s0 - widened.fwd[m * kOC + oc])});
-    }
-    for (int64_t c = 0; c < kC; ++c) {
-      double s = 0;
-      for (int64_t oc = 0; oc < kOC; ++oc) {
-        s += static_cast<double>(ValueAt(t, dy, m * kOC + oc)) * ValueAt(t, w, oc * kC + c);
-      }
-      worst = std::max(worst, std::abs(s - widened.dinp[m * kC + c]));
-    }
-  }
-  EXPECT_LT(worst, 1e-4);
+  const WorstDiffs worst = AgainstDoubleSums(t, x, w, dy, widened.fwd.data(),
+                                             widened.dinp.data(), kM, kC, kOC);
+  EXPECT_LT(worst.fwd, 1e-4);
+  EXPECT_LT(worst.dinp, 1e-4);
+  EXPECT_LT(AgainstDoubleSums(t, x, w, dy, widened.fwd_bias.data(), nullptr, kM, kC, kOC,
+                              bias.data()).fwd, 1e-4);
 }
 
 // A bf16 model trains the same through either route: gpt2 and llama, the two weight versions of
