@@ -659,7 +659,8 @@ TEST_F(CpuOpsTest, SwiGluRoundedEqualsTheComposedOps) {
       be_->Cast(d16_want.data(), t, dinp_want.data(), DType::kF32, static_cast<int64_t>(2 * nh));
       be_->SwiGluBackwardRounded(dinp_got.data(), d16_got.data(), t, inp.data(), dout.data(), N,
                                  H);
-      EXPECT_TRUE(std::all_of(dinp_got.begin(), dinp_got.end(), [](float x) { return std::isnan(x); }))
+      EXPECT_TRUE(std::all_of(dinp_got.begin(), dinp_got.end(),
+                              [](float x) { return std::isnan(x); }))
           << "backward: the fp32 scratch is not written";
       EXPECT_EQ(d16_got, d16_want) << "backward, 16-bit gradient";
     }

@@ -77,12 +77,16 @@ WorstDiffs AgainstDoubleSums(DType t, const std::vector<char>& x, const std::vec
   for (int64_t m = 0; m < M; ++m) {
     for (int64_t o = 0; o < OC; ++o) {
       double s = bias != nullptr ? bias[o] : 0.0;
-      for (int64_t c = 0; c < C; ++c) s += double(ValueAt(t, x, m * C + c)) * ValueAt(t, w, o * C + c);
+      for (int64_t c = 0; c < C; ++c) {
+        s += double(ValueAt(t, x, m * C + c)) * ValueAt(t, w, o * C + c);
+      }
       d.fwd = std::max(d.fwd, std::abs(s - fwd[m * OC + o]));
     }
     for (int64_t c = 0; c < C && dinp != nullptr; ++c) {
       double s = 0;
-      for (int64_t o = 0; o < OC; ++o) s += double(ValueAt(t, dy, m * OC + o)) * ValueAt(t, w, o * C + c);
+      for (int64_t o = 0; o < OC; ++o) {
+        s += double(ValueAt(t, dy, m * OC + o)) * ValueAt(t, w, o * C + c);
+      }
       d.dinp = std::max(d.dinp, std::abs(s - dinp[m * C + c]));
     }
   }

@@ -83,9 +83,10 @@ void PackBA16a64b2a(void* dst, const uint16_t* b, bool tb, int64_t K, int64_t N,
 void PackBA16a64b(void* dst, const float* b, bool tb, int64_t K, int64_t N, int64_t ldb, int nt);
 // Whether the CPU has the bf16 arithmetic oneDNN's bf16 matmul runs on (AVX512-BF16 or AMX, as
 // oneDNN reports its ISA; ONEDNN_MAX_CPU_ISA can lower it). Without it oneDNN emulates bf16 on
-// AVX-512 at a fifth of sgemm's rate (a Cascade Lake VM: 52 against 245 GFLOP/s, bench/README.md),
-// so bf16 GEMMs are refused here (DnnlMatmul false, DnnlPackedBBytes 0) and widen to fp32 for
-// sgemm: exact operands, fp32 accumulation, the same products. Decided once per process.
+// AVX-512 at a fifth of sgemm's rate (a Cascade Lake VM: 52 against 227-248 GFLOP/s,
+// bench/README.md), so bf16 GEMMs are refused here (DnnlMatmul false, DnnlPackedBBytes 0) and
+// widen to fp32 for sgemm: exact operands, fp32 accumulation, the same products. Decided once per
+// process.
 bool Bf16GemmNative();
 // Tests only: 1 takes oneDNN's bf16 matmul whatever the CPU (its emulation where it has no bf16
 // instructions: slow, the same products), 0 refuses it, -1 lets the CPU decide again. Returns the
