@@ -528,9 +528,10 @@ Status CheckSupports(const Backend& backend, const std::vector<Op>& ops);
 // The CPU backend (always available; the reference). threads = 0: all cores.
 std::unique_ptr<Backend> MakeCpuBackend(int threads = 0);
 // Whether the CPU backend keeps packed copies of GEMM B operands of `type` (its PackedGemmBBytes
-// is > 0 for them): fp32 and, where the CPU has bf16 arithmetic, bf16, when its GEMMs go to
-// oneDNN. What a model on the cpu device plans packed weights for (models/layout.h). A CPU query,
-// no kernel and no allocation: the daemon's planner calls it too.
+// is > 0 for them; cpu::DnnlPackedBBytes applies this rule): fp32 and, where the CPU has bf16
+// arithmetic, bf16, when its GEMMs go to oneDNN. What a model on the cpu device plans packed
+// weights for (models/layout.h). A CPU query, no kernel and no allocation: the daemon's planner
+// calls it too.
 bool CpuPacksGemmB(DType type);
 
 }  // namespace traind::engine

@@ -16,6 +16,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "backend/backend.h"
 #include "backend/cpu/cpu_kernels.h"
 
 #ifdef TRAIND_HAVE_DNNL
@@ -209,8 +210,7 @@ int SetBf16GemmNativeForTesting(int native) {
 }
 
 int64_t DnnlPackedBBytes(int64_t K, int64_t N, DType type) {
-  if (std::strcmp(GemmLibrary(), "onednn") != 0) return 0;
-  if (type == DType::kBF16 && !Bf16GemmNative()) return 0;  // its GEMMs widen: no oneDNN layout
+  if (!CpuPacksGemmB(type)) return 0;  // OpenBLAS, f16, or bf16 that widens: no oneDNN layout
   static std::mutex mu;
   static std::map<std::tuple<int64_t, int64_t, int>, int64_t> sizes;
   std::lock_guard<std::mutex> lock(mu);
