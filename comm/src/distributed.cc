@@ -6,6 +6,7 @@
 #include <optional>
 
 #include "rendezvous.h"
+#include "spec_agreement.h"
 #include "traind/comm/gloo_communicator.h"
 #include "traind/engine/devices.h"
 #if TRAIND_HAVE_NCCL
@@ -88,9 +89,9 @@ Result<DistributedOptions> ResolveDistributed(const engine::JobSpec& spec, const
   TRAIND_RETURN_IF_ERROR(env_seconds("TRAIND_DIST_TIMEOUT_S", &o.rendezvous_timeout));
   TRAIND_RETURN_IF_ERROR(env_seconds("TRAIND_DIST_COLLECTIVE_TIMEOUT_S", &o.collective_timeout));
   if (const char* v = getenv("GLOO_SOCKET_IFNAME"); v != nullptr) o.iface = v;
+  // The attempt alone: neither the job's name nor its output_dir keys the rendezvous.
   const char* attempt = getenv("TRAIND_DIST_ATTEMPT");
-  const std::string job = !spec.name.empty() ? spec.name : spec.output_dir;
-  o.prefix = "traind/" + job + "/" + (attempt != nullptr && *attempt ? attempt : "0") + "/";
+  o.prefix = std::string("traind/") + (attempt != nullptr && *attempt ? attempt : "0") + "/";
   return o;
 }
 
@@ -106,6 +107,7 @@ Result<std::unique_ptr<engine::Communicator>> OpenForJob(const engine::JobSpec& 
                           ResolveDistributed(spec, [](const char* v) { return std::getenv(v); }));
   o.rounds = rounds;
   if (o.world_size == 1) return std::unique_ptr<engine::Communicator>();
+  o.agreement = EncodeAgreement(spec.name, FieldsRanksMustAgree(spec));
   if (device == "simt") {
     return Status::Unimplemented(
         "distributed: data parallel on simt (the CUDA emulator) is not supported: NCCL cannot "

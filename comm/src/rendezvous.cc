@@ -1,13 +1,49 @@
 // JoinRendezvous and WaitForKey: see rendezvous.h.
 #include "rendezvous.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <thread>
 #include <vector>
 
+#include "spec_agreement.h"
+
 namespace traind::comm {
 
 using Clock = std::chrono::steady_clock;
+
+namespace {
+
+// A rank's claim `join/<rank>`: its world size, then (after a newline) its spec's agreement
+// document (spec_agreement.h) when it has one.
+struct Claim {
+  std::string world;
+  std::string agreement;
+};
+
+std::string EncodeClaim(const DistributedOptions& o) {
+  std::string v = std::to_string(o.world_size);
+  if (!o.agreement.empty()) v += "\n" + o.agreement;
+  return v;
+}
+
+Claim DecodeClaim(const std::string& v) {
+  const size_t nl = v.find('\n');
+  if (nl == std::string::npos) return {v, ""};
+  return {v.substr(0, nl), v.substr(nl + 1)};
+}
+
+// The key (outside every job's prefix) rank 0 sets once its world has assembled: "<world size>\n
+// <job name>".
+constexpr char kAssembled[] = "traind/assembled";
+
+// " (job 'NAME')" for messages, or "" when the claim carries no name.
+std::string JobOf(const Claim& c) {
+  const std::string name = AgreementJobName(c.agreement);
+  return name.empty() ? "" : " (job '" + name + "')";
+}
+
+}  // namespace
 
 std::string Seconds(std::chrono::milliseconds ms) {
   char buf[32];
@@ -45,6 +81,29 @@ Result<Rendezvous> JoinRendezvous(const DistributedOptions& o) {
                               me + " waited for rank 0, which hosts the rendezvous store; rank 0 "
                                    "never came (is it running, with this master_addr/master_port?)"));
   TcpStoreClient* store = rv.store.get();
+  const std::string my_name = AgreementJobName(o.agreement);  // "" without a spec
+  if (rounds == nullptr) {
+    // A world that has assembled at this address is running (rank 0 marks it, outside every
+    // job's prefix): this process is another job's rank on the same master_addr:master_port, or
+    // one too many of this job's.
+    std::string mark;
+    bool found = false;
+    store->set_prefix("");
+    TRAIND_RETURN_IF_ERROR(store->TryGet(kAssembled, &mark, &found));
+    store->set_prefix(o.prefix);
+    if (found) {
+      const size_t nl = mark.find('\n');
+      const std::string world = mark.substr(0, nl);
+      const std::string name = nl == std::string::npos ? "" : mark.substr(nl + 1);
+      return Status::FailedPrecondition(
+          "rendezvous at " + where + ": a world of " + world + " ranks" +
+          (name.empty() ? std::string() : " (job '" + name + "')") +
+          " has already assembled there and is running; this process (" + me +
+          (my_name.empty() ? "" : ", job '" + my_name + "'") +
+          ") does not join a running world: another job is using this master_addr:master_port, "
+          "so give this one its own distributed.master_port (MASTER_PORT)");
+    }
+  }
   // The round (a restartable world): the one after this process's last, or the newest asked for.
   int64_t round = -1;
   std::string keys;  // what the claims are under: "" or "round-<n>/"
@@ -94,29 +153,82 @@ Result<Rendezvous> JoinRendezvous(const DistributedOptions& o) {
     }
     // Claim this rank, then wait for everyone.
     bool taken = false;
-    if (Status st = store->SetIfAbsent(keys + "join/" + std::to_string(o.rank),
-                                       std::to_string(o.world_size), &taken);
+    if (Status st = store->SetIfAbsent(keys + "join/" + std::to_string(o.rank), EncodeClaim(o),
+                                       &taken);
         !st.ok()) {
       TRAIND_RETURN_IF_ERROR(reconnect(st));
       continue;
     }
     if (taken && rounds != nullptr) {
       // An earlier process of this rank joined this round and is gone (this one was restarted):
-      // the round lost a rank, so the world goes on in the next one.
+      // the round lost a rank, so the world goes on in the next one. Unless this process's spec
+      // is not the world's (another job on this address): then it joins no round.
+      std::string first;
+      bool has_first = false;
+      if (Status st = store->TryGet(keys + "join/0", &first, &has_first); !st.ok()) {
+        TRAIND_RETURN_IF_ERROR(reconnect(st));
+        continue;
+      }
+      const Claim zero = DecodeClaim(first);
+      if (has_first && !o.agreement.empty() && !zero.agreement.empty()) {
+        if (std::string differ = FirstDisagreement(o.rank, o.agreement, zero.agreement);
+            !differ.empty()) {
+          return Status::InvalidArgument(differ + "; at " + where + ", this is " + me);
+        }
+      }
       if (Status st = store->RaiseTo("round", round + 1, &round); !st.ok()) {
         TRAIND_RETURN_IF_ERROR(reconnect(st));
       }
       continue;
     }
     if (taken) {
-      return Status::InvalidArgument("distributed.rank: rank " + std::to_string(o.rank) +
-                                     " has already joined this run (" + o.prefix + ") at " + where +
-                                     ": two processes were given the same RANK");
+      std::string holder;
+      bool found = false;
+      TRAIND_RETURN_IF_ERROR(store->TryGet(keys + "join/" + std::to_string(o.rank), &holder, &found));
+      return Status::InvalidArgument(
+          "distributed.rank: rank " + std::to_string(o.rank) + " is already taken at " + where +
+          " (" + o.prefix + ") by another process" + (found ? JobOf(DecodeClaim(holder)) : "") +
+          "; this process" + (my_name.empty() ? "" : " (job '" + my_name + "')") +
+          " does not join: two processes were given the same RANK, or another job is using this "
+          "master_addr:master_port");
     }
+    // A disagreement found while waiting (ranks that disagree on the world size or the spec):
+    // published for every rank, so each fails with the one message rather than with "the store
+    // closed"; rank 0 keeps its store up until each rank that joined has read it (2 s at most).
+    auto refuse = [&](const std::string& why, bool publish = true) -> Status {
+      if (publish) (void)store->Set(keys + "failed", why);
+      (void)store->Set(keys + "failed-seen/" + std::to_string(o.rank), "1");
+      const auto until = std::min(rv.deadline, Clock::now() + std::chrono::seconds(2));
+      for (bool all = false; o.rank == 0 && !all && Clock::now() < until;) {
+        all = true;
+        for (int r = 1; r < o.world_size && all; ++r) {
+          std::string v;
+          bool joined = false, read = false;
+          all = store->TryGet(keys + "join/" + std::to_string(r), &v, &joined).ok() &&
+                (!joined ||
+                 (store->TryGet(keys + "failed-seen/" + std::to_string(r), &v, &read).ok() &&
+                  read));
+        }
+        if (!all) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+      return Status::InvalidArgument(why + "; at " + where + ", this is " + me);
+    };
     missing.clear();
+    // The claims seen so far (each is read once: a claim never changes), and rank 0's agreement
+    // document, which every other rank's is compared with.
+    std::vector<char> seen(static_cast<size_t>(o.world_size), 0);
+    std::string zero_agreement;
     for (bool again = false; !again;) {
       std::vector<int> now;
+      {  // another rank found a disagreement: this one fails with its message
+        std::string why;
+        bool failed = false;
+        if (store->TryGet(keys + "failed", &why, &failed).ok() && failed) {
+          return refuse(why, /*publish=*/false);
+        }
+      }
       for (int r = 0; r < o.world_size && !again; ++r) {
+        if (seen[static_cast<size_t>(r)]) continue;
         std::string v;
         bool found = false;
         const Status got = store->TryGet(keys + "join/" + std::to_string(r), &v, &found);
@@ -131,11 +243,24 @@ Result<Rendezvous> JoinRendezvous(const DistributedOptions& o) {
               got.message());
         } else if (!found) {
           now.push_back(r);
-        } else if (v != std::to_string(o.world_size)) {
-          return Status::InvalidArgument("distributed.world_size: rank " + std::to_string(r) +
-                                         " joined with world_size " + v + ", this " + me +
-                                         " has " + std::to_string(o.world_size));
-        }
+        } else if (const Claim c = DecodeClaim(v); c.world != std::to_string(o.world_size)) {
+          return refuse("distributed.world_size: rank " + std::to_string(r) +
+                        " joined with world_size " + c.world + ", rank " +
+                        std::to_string(o.rank) + " with " + std::to_string(o.world_size));
+        } else if (o.agreement.empty()) {
+          seen[static_cast<size_t>(r)] = 1;
+        } else if (r == 0) {
+          zero_agreement = c.agreement;
+          seen[0] = 1;
+        } else if (seen[0]) {  // rank 0's document is known: compare (else on a later pass)
+          if (!zero_agreement.empty() && !c.agreement.empty()) {
+            if (std::string differ = FirstDisagreement(r, c.agreement, zero_agreement);
+                !differ.empty()) {
+              return refuse(differ);
+            }
+          }
+          seen[static_cast<size_t>(r)] = 1;
+        }  // else: joined, compared on a later pass (rank 0 has not joined yet, so one follows)
       }
       if (again) break;  // claim again in the new store
       missing = std::move(now);
@@ -168,6 +293,14 @@ Result<Rendezvous> JoinRendezvous(const DistributedOptions& o) {
     rounds->round = round;
     rounds->assembled = true;
     store->set_prefix(o.prefix + keys);  // the communicator's own keys: this round's
+  } else if (o.rank == 0) {
+    // Whoever comes now finds a running world (checked above, before it claims anything): the
+    // world size, then the job's name.
+    store->set_prefix("");
+    const Status marked = store->Set(kAssembled, std::to_string(o.world_size) + "\n" +
+                                                     AgreementJobName(o.agreement));
+    store->set_prefix(o.prefix);
+    TRAIND_RETURN_IF_ERROR(marked);
   }
   return rv;
 }

@@ -1,10 +1,11 @@
 // The rendezvous every communicator starts with (Gloo and NCCL alike; torchrun's TCPStore role):
 // rank 0 hosts the key/value store on master_addr:master_port, every rank connects to it (retrying
-// until the rendezvous timeout), claims its rank under the job/attempt prefix (a second process
-// claiming the same rank is refused) and waits for all the others; a rank that never comes is
-// named ("rank 1 never joined"), and so are ranks that disagree on the world size. What a
-// communicator then exchanges through the store (Gloo's addresses, NCCL's unique id) is its own.
-// Private to comm/.
+// until the rendezvous timeout), claims its rank under the attempt's prefix (never the job's: ranks
+// meet at the address alone, as torchrun's do) and waits for all the others; a rank that never
+// comes is named ("rank 1 never joined"), and so are ranks that disagree on the world size or on
+// their specs (spec_agreement.h), a second process claiming a rank, and a process that comes to a
+// world already running there. What a communicator then exchanges through the store (Gloo's
+// addresses, NCCL's unique id) is its own. Private to comm/.
 #pragma once
 
 #include <chrono>
@@ -37,14 +38,21 @@ struct Rendezvous {
 };
 
 // INVALID_ARGUMENT for a bad rank / world size, a rank taken twice, or ranks that disagree on the
-// world size; UNAVAILABLE naming the missing ranks (or rank 0, the store's host) when the world
-// does not assemble within options.rendezvous_timeout.
+// world size or on options.agreement (each claim carries its rank's; every rank compares each
+// joined rank's with rank 0's, and the first to find a disagreement publishes it under
+// `<prefix>failed` so every rank fails with it; rank 0 keeps the store up until each joined rank
+// has read it, 2 s at most); FAILED_PRECONDITION when the world at this address has already
+// assembled (rank 0 sets `traind/assembled`, outside every prefix, once every rank has claimed;
+// not in a restartable world, which restarted ranks rejoin); UNAVAILABLE naming the missing
+// ranks (or rank 0, the store's host) when the world does not assemble within
+// options.rendezvous_timeout.
 //
 // With options.rounds (a restartable world) the ranks meet in rounds: the store's counter
 // `<prefix>round` is raised (atomically, to the max) to the round after the one this process last
 // joined (0 for a new process), and the rank claims `<prefix>round-<n>/join/<rank>` in the
 // counter's value n. A claim already taken means an earlier process of this rank joined round n,
-// so that round lost it: the counter goes to n + 1. While waiting, a counter raised past n (a
+// so that round lost it: the counter goes to n + 1 (unless this process's agreement disagrees
+// with round n's rank 0's: then INVALID_ARGUMENT, and the round is left alone). While waiting, a counter raised past n (a
 // survivor of round n, or a newer rank 0's store) moves the rank to the newer round. Once every
 // rank has claimed round n, the store's keys are under `<prefix>round-<n>/` (rv.server stays null:
 // rank 0's store lives in options.rounds, across rounds), rounds->round = n and

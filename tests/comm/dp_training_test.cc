@@ -221,9 +221,11 @@ int64_t CheckShardBytes(const std::string& log, int rank, int W, int64_t roundin
 // Trains world `W` (B=2, accum A per rank) and one process (B=2, accum W*A); compares. `zero` 1:
 // the world runs with distributed.zero_stage 1 (each rank's optimizer state measured too).
 // `bucket_mb`: the ranks' TRAIND_DIST_BUCKET_MB (empty: the default buckets; "0": one all-reduce
-// after backward).
+// after backward). `own_jobs`: each rank's spec has its own name, and rank r > 0 reads a copy of
+// the data at its own path (ranks meet at master_addr:master_port alone, and the data file is
+// compared by its contents).
 void CompareWorld(int W, int64_t A, const std::string& extra = "", int zero = 0,
-                  const std::string& bucket_mb = "") {
+                  const std::string& bucket_mb = "", bool own_jobs = false) {
   const std::string dir = TempDir("w" + std::to_string(W));
   WriteSyntheticTokens(dir + "/tokens.bin", 6000, 64, 4);
   const std::string ref_out = dir + "/ref", dp_out = dir + "/dp";
@@ -238,9 +240,18 @@ void CompareWorld(int W, int64_t A, const std::string& extra = "", int zero = 0,
   // (rank 0 alone writes; with one output_dir they would share it on this machine anyway).
   for (int r = 0; r < W; ++r) {
     const std::string out = r == 0 ? dp_out : dp_out + "_rank" + std::to_string(r);
-    WriteFile(dir + "/dp" + std::to_string(r) + ".yaml",
-              spec(out, 2, A, zero == 1 ? "{master_addr: 127.0.0.1, zero_stage: 1}"
-                                        : "{master_addr: 127.0.0.1}"));
+    std::string text = spec(out, 2, A, zero == 1 ? "{master_addr: 127.0.0.1, zero_stage: 1}"
+                                                 : "{master_addr: 127.0.0.1}");
+    if (own_jobs) {
+      text.replace(text.find("name: dp-tiny"), 13, "name: job-of-rank-" + std::to_string(r));
+      if (r > 0) {
+        const std::string copy = dir + "/mnt" + std::to_string(r) + "/tokens.bin";
+        fs::create_directories(fs::path(copy).parent_path());
+        fs::copy_file(dir + "/tokens.bin", copy);
+        text.replace(text.find(dir + "/tokens.bin"), dir.size() + 11, copy);
+      }
+    }
+    WriteFile(dir + "/dp" + std::to_string(r) + ".yaml", text);
   }
   const auto t0 = std::chrono::steady_clock::now();
   const auto deadline = t0 + std::chrono::seconds(120);
@@ -373,6 +384,13 @@ void CompareWorld(int W, int64_t A, const std::string& extra = "", int zero = 0,
 TEST(DataParallel, WorldTwoMatchesOneProcessWithTheGlobalBatch) { CompareWorld(2, 1); }
 
 TEST(DataParallel, WorldFourWithAccumulationMatchesOneProcess) { CompareWorld(4, 2); }
+
+// Ranks meet at master_addr:master_port as torchrun's do: specs that differ in name and output_dir
+// (and the data's path, the same bytes) train together, the run one process with the global batch
+// trains (before, each rank waited under its own job's keys and failed: "rank 1 never joined").
+TEST(DataParallel, RanksWithTheirOwnNamesOutputDirsAndDataPathsTrainTogether) {
+  CompareWorld(2, 1, "", 0, "", true);
+}
 
 // The gradient all-reduce one bucket per block (the tiny model's blocks are ~50 KB), overlapped
 // with backward, and without buckets (one all-reduce after backward): the same bounds.
@@ -1285,6 +1303,112 @@ TEST(DataParallel, ARankThatNeverJoinsIsNamed) {
   std::printf("[dp] missing rank: both ranks failed naming rank 1 after %.1f s\n", s);
   EXPECT_LT(s, 15.0);
   EXPECT_FALSE(fs::exists(dir + "/out/model.safetensors"));
+}
+
+// Ranks whose specs disagree on a field of the run fail at start, every rank naming the field and
+// both values, well within the rendezvous timeout (the default 60 s); nothing is trained.
+TEST(DataParallel, RanksWhoseSpecsDisagreeFailAtStartNamingTheField) {
+  const std::string dir = TempDir("disagree");
+  WriteSyntheticTokens(dir + "/tokens.bin", 6000, 64, 4);
+  const std::string port = std::to_string(Port());
+  std::string zero = Spec(dir + "/tokens.bin", dir + "/out0", 2, 1, "{master_addr: 127.0.0.1}");
+  std::string one = Spec(dir + "/tokens.bin", dir + "/out1", 2, 1, "{master_addr: 127.0.0.1}");
+  one.replace(one.find("learning_rate: 3.0e-3"), 21, "learning_rate: 1.0e-3");
+  one.replace(one.find("name: dp-tiny"), 13, "name: dp-other");
+  WriteFile(dir + "/r0.yaml", zero);
+  WriteFile(dir + "/r1.yaml", one);
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<Proc> ranks;
+  for (int r = 0; r < 2; ++r) {
+    ranks.push_back(Start(dir + "/r" + std::to_string(r) + ".yaml",
+                          {{"WORLD_SIZE", "2"}, {"RANK", std::to_string(r)}, {"MASTER_PORT", port}},
+                          dir + "/r" + std::to_string(r) + ".log"));
+  }
+  const auto deadline = t0 + std::chrono::seconds(90);
+  const int c0 = Wait(ranks[0], deadline), c1 = Wait(ranks[1], deadline);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const std::string want =
+      "distributed: rank 1's training.learning_rate 0.001 disagrees with rank 0's 0.003";
+  for (int r = 0; r < 2; ++r) {
+    const std::string log = Slurp(ranks[r].log);
+    EXPECT_EQ(r == 0 ? c0 : c1, 1) << "rank " << r << ":\n" << log;
+    EXPECT_NE(log.find(want), std::string::npos) << "rank " << r << ":\n" << log;
+    EXPECT_NE(log.find("this is rank " + std::to_string(r) + " of 2"), std::string::npos) << log;
+    std::printf("[dp] rank %d: %s", r, log.c_str());
+  }
+  std::printf("[dp] specs that disagree on training.learning_rate: both ranks failed after %.2f s\n",
+              s);
+  EXPECT_LT(s, 15.0);
+  EXPECT_FALSE(fs::exists(dir + "/out0/model.safetensors"));
+}
+
+// A world that has assembled is running: a process that comes to its master_addr:master_port
+// later (another job's rank, or one too many of this job's) is refused at once, saying so, and the
+// world trains on; another rank 0 cannot host a second store on the port.
+TEST(DataParallel, AProcessThatComesToARunningWorldIsRefused) {
+  const std::string dir = TempDir("running");
+  WriteSyntheticTokens(dir + "/tokens.bin", 6000, 64, 4);
+  const std::string port = std::to_string(Port());
+  auto spec = [&](const std::string& name, const std::string& out) {
+    std::string text = Spec(dir + "/tokens.bin", out, 2, 1, "{master_addr: 127.0.0.1}");
+    text.replace(text.find("name: dp-tiny"), 13, "name: " + name);
+    text.replace(text.find("max_steps: 20"), 13, "max_steps: 1000000");
+    text.replace(text.find("save_steps: 10"), 14, "save_steps: 1000000");
+    return text;
+  };
+  WriteFile(dir + "/world.yaml", spec("dp-tiny", dir + "/out"));
+  WriteFile(dir + "/late.yaml", spec("late-job", dir + "/late"));
+  auto env = [&](int r) {
+    return std::map<std::string, std::string>{
+        {"WORLD_SIZE", "2"}, {"RANK", std::to_string(r)}, {"MASTER_PORT", port}};
+  };
+  std::vector<Proc> world;
+  for (int r = 0; r < 2; ++r) {
+    world.push_back(Start(dir + "/world.yaml", env(r), dir + "/w" + std::to_string(r) + ".log"));
+  }
+  // Running: rank 0 has logged a step.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (Slurp(world[0].log).find("step 2/") == std::string::npos &&
+         std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_NE(Slurp(world[0].log).find("step 2/"), std::string::npos) << Slurp(world[0].log);
+  struct Late {
+    int rank;
+    std::string want;
+  };
+  const Late cases[] = {
+      {1, "rendezvous at 127.0.0.1:" + port + ": a world of 2 ranks (job 'dp-tiny') has already "
+          "assembled there and is running; this process (rank 1 of 2, job 'late-job') does not "
+          "join a running world"},
+      {0, "rank 0 cannot listen on 127.0.0.1:" + port},
+  };
+  for (const Late& c : cases) {
+    const auto t0 = std::chrono::steady_clock::now();
+    Proc late = Start(dir + "/late.yaml", env(c.rank),
+                      dir + "/late" + std::to_string(c.rank) + ".log");
+    const int code = Wait(late, t0 + std::chrono::seconds(30));
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const std::string log = Slurp(late.log);
+    EXPECT_EQ(code, 1) << log;
+    EXPECT_NE(log.find(c.want), std::string::npos) << log;
+    std::printf("[dp] late rank %d refused after %.2f s: %s", c.rank, s, log.c_str());
+    EXPECT_LT(s, 10.0);
+  }
+  EXPECT_FALSE(fs::exists(dir + "/late"));
+  // The world trains on: both ranks alive, rank 0 logging further steps.
+  const size_t logged = Slurp(world[0].log).size();
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  for (int r = 0; r < 2; ++r) {
+    int status = 0;
+    EXPECT_EQ(::waitpid(world[r].pid, &status, WNOHANG), 0)
+        << "rank " << r << " ended:\n" << Slurp(world[r].log);
+  }
+  EXPECT_GT(Slurp(world[0].log).size(), logged);
+  for (const Proc& p : world) {
+    ::kill(p.pid, SIGKILL);
+    Wait(p, std::chrono::steady_clock::now() + std::chrono::seconds(10));
+  }
 }
 
 TEST(DataParallel, BadDistributedFieldsAreSpecErrors) {

@@ -258,6 +258,13 @@ TEST(GlooCommunicator, ReduceScatterInPlaceWithACountPerRank) {
   }
 }
 
+// Sums rank+1 over the world: every rank must see W(W+1)/2.
+void ExpectWorldSums(Communicator* comm, int world) {
+  float x = static_cast<float>(comm->rank() + 1);
+  ASSERT_TRUE(comm->AllReduceSum(&x, 1, CommDType::kF32).ok());
+  EXPECT_EQ(x, static_cast<float>(world * (world + 1) / 2));
+}
+
 TEST(GlooRendezvous, ARankThatNeverJoinsIsNamed) {
   const int port = NextPort();
   const auto t0 = std::chrono::steady_clock::now();
@@ -298,8 +305,26 @@ TEST(GlooRendezvous, SameRankTwiceAndWorldSizeMismatch) {
     EXPECT_FALSE(second.ok());
   }
   {
-    // A second process claiming rank 1 while the world is up (the store lives with rank 0's
-    // communicator): refused, naming the rank.
+    // A second process claiming rank 1 while the world gathers: refused, naming the rank; the
+    // world (3 ranks, one never comes) then times out as before.
+    const int port = NextPort();
+    Status r0, r1, again;
+    std::thread a([&] { r0 = OpenGlooCommunicator(Opts(3, 0, port, 1500)).status(); });
+    std::thread b([&] { r1 = OpenGlooCommunicator(Opts(3, 1, port, 1500)).status(); });
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    again = OpenGlooCommunicator(Opts(3, 1, port, 1500)).status();
+    a.join();
+    b.join();
+    EXPECT_EQ(again.code(), Status::Code::kInvalidArgument);
+    EXPECT_NE(again.message().find("distributed.rank: rank 1 is already taken at 127.0.0.1:" +
+                                   std::to_string(port)),
+              std::string::npos)
+        << again.ToString();
+    EXPECT_NE(r0.message().find("rank 2 never joined"), std::string::npos) << r0.ToString();
+  }
+  {
+    // A process claiming rank 1 once the world is up (the store lives with rank 0's
+    // communicator): refused before it claims anything, saying a world is running there.
     const int port = NextPort();
     std::unique_ptr<Communicator> c0, c1;
     std::thread a([&] {
@@ -314,10 +339,22 @@ TEST(GlooRendezvous, SameRankTwiceAndWorldSizeMismatch) {
     });
     a.join();
     b.join();
-    const Status again = OpenGlooCommunicator(Opts(2, 1, port, 1500)).status();
-    EXPECT_EQ(again.code(), Status::Code::kInvalidArgument);
-    EXPECT_NE(again.message().find("distributed.rank: rank 1 has already joined"), std::string::npos)
-        << again.ToString();
+    for (int rank : {1, 2}) {
+      const int world = rank + 1;  // rank 1 of this world's 2, or rank 2 of a world of 3
+      const Status again = OpenGlooCommunicator(Opts(world, rank, port, 1500)).status();
+      EXPECT_EQ(again.code(), Status::Code::kFailedPrecondition);
+      EXPECT_NE(again.message().find("rendezvous at 127.0.0.1:" + std::to_string(port) +
+                                     ": a world of 2 ranks has already assembled there and is "
+                                     "running; this process (rank " + std::to_string(rank) +
+                                     " of " + std::to_string(world) +
+                                     ") does not join a running world"),
+                std::string::npos)
+          << again.ToString();
+    }
+    // The world itself is untouched.
+    std::thread other([&] { ExpectWorldSums(c1.get(), 2); });
+    ExpectWorldSums(c0.get(), 2);
+    other.join();
   }
   {
     const int port = NextPort();
@@ -383,13 +420,6 @@ engine::JobSpec RoundsSpec(int world, int rank, int port) {
   d.master_port = port;
   spec.distributed = d;
   return spec;
-}
-
-// Sums rank+1 over the world: every rank must see W(W+1)/2.
-void ExpectWorldSums(Communicator* comm, int world) {
-  float x = static_cast<float>(comm->rank() + 1);
-  ASSERT_TRUE(comm->AllReduceSum(&x, 1, CommDType::kF32).ok());
-  EXPECT_EQ(x, static_cast<float>(world * (world + 1) / 2));
 }
 
 // Threads as ranks of a restartable world (the process tests are dp_restart_test): round 0, then
@@ -499,7 +529,12 @@ TEST(ResolveDistributed, FieldsWinOverEnvironmentAndErrorsNameTheField) {
   EXPECT_EQ(o->rank, 3);
   EXPECT_EQ(o->master_addr, "10.0.0.1");
   EXPECT_EQ(o->master_port, 1234);
-  EXPECT_EQ(o->prefix, "traind/j/0/");
+  // Ranks meet at master_addr:master_port: the prefix holds the attempt, never the job.
+  EXPECT_EQ(o->prefix, "traind/0/");
+  spec.name = "another";
+  spec.output_dir = "/elsewhere";
+  ASSERT_TRUE(ResolveDistributed(spec, getenv).ok());
+  EXPECT_EQ(ResolveDistributed(spec, getenv)->prefix, "traind/0/");
   spec.distributed->rank = 1;
   spec.distributed->master_port = 29500;
   o = ResolveDistributed(spec, getenv);

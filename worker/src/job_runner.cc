@@ -101,7 +101,7 @@ Result<std::unique_ptr<engine::OptimizerStateStore>> OpenOffloadStore(const engi
 // distributed: one rank per process (`traind run` and the daemon's job runner alike): the spec's
 // fields, else WORLD_SIZE, RANK, MASTER_ADDR, MASTER_PORT (docs/distributed.md). `run_id` (a rank
 // submitted by trainctl submit --hosts) replaces the attempt in the rendezvous keys' prefix, so
-// every daemon's job of the run meets under traind/<name>/<run_id>/ and no other run's keys.
+// every daemon's job of the run meets under traind/<run_id>/ and no other run's keys.
 // `attempt` (the daemon's attempt of this job; every rank of a broken world restarts once, so the
 // ranks' attempts stay in step) makes attempt N > 1 meet under <run_id>.attempt-N: a rank left
 // over from an earlier attempt never joins a later one. The communicator follows opts->device

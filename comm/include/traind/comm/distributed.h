@@ -23,9 +23,15 @@ struct DistributedOptions {
   int rank = 0;
   std::string master_addr = "127.0.0.1";
   int master_port = 29400;
-  // Prepended to every rendezvous key: the job and the attempt ("traind/<job>/<attempt>/"), so a
-  // restarted attempt never meets a stale one's keys.
-  std::string prefix = "traind/job/0/";
+  // Prepended to every rendezvous key: the attempt ("traind/<attempt>/"), so a restarted attempt
+  // never meets a stale one's keys. Not the job: ranks meet at master_addr:master_port alone, as
+  // torchrun's do (JOBSPEC.md "Batching semantics"), whatever their specs' name and output_dir.
+  std::string prefix = "traind/0/";
+  // What this rank's claim carries for the others to check (comm/src/spec_agreement.h: its job's
+  // name and the spec fields every rank must share; OpenCommunicatorForJob fills it). Every rank
+  // compares each joined rank's with rank 0's and fails naming the first field that disagrees.
+  // Empty: nothing published or checked (communicators opened without a spec).
+  std::string agreement;
   // How long a rank waits for the store (rank 0) and for every other rank to join; for NCCL also
   // for the communicator's initialisation (ncclCommInitRank) once the unique id is shared.
   std::chrono::milliseconds rendezvous_timeout{60000};
@@ -44,7 +50,7 @@ struct DistributedOptions {
 // The spec's `distributed:` block completed from the environment (WORLD_SIZE, RANK, MASTER_ADDR,
 // MASTER_PORT as torchrun / PyTorchJob set them; TRAIND_DIST_TIMEOUT_S for the rendezvous timeout,
 // TRAIND_DIST_COLLECTIVE_TIMEOUT_S for collectives, TRAIND_DIST_ATTEMPT for the key prefix's
-// attempt, GLOO_SOCKET_IFNAME for the interface). Errors name the field
+// attempt, GLOO_SOCKET_IFNAME for the interface). `agreement` stays empty. Errors name the field
 // ("distributed.rank: not set and RANK is not in the environment").
 using GetEnv = std::function<const char*(const char*)>;
 Result<DistributedOptions> ResolveDistributed(const engine::JobSpec& spec, const GetEnv& getenv);
