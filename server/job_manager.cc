@@ -209,6 +209,13 @@ Result<v1::EstimateJobResponse> JobManager::Estimate(const std::string& user, co
   v1::EstimateJobResponse resp;
   *resp.mutable_plan() = worker::PlanToProto(plan);
   resp.set_reason(plan.reason);
+  resp.set_fits(plan.fits);
+  for (const engine::PlanLever& l : plan.levers) {
+    v1::PlanLever* out = resp.add_levers();
+    out->set_change(l.change);
+    out->set_bytes(l.bytes);
+    out->set_fits(l.fits);
+  }
   return resp;
 }
 

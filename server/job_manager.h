@@ -51,7 +51,8 @@ class JobManager : public worker::SupervisorListener {
   // FAILED_PRECONDITION naming the other job when the resolved output_dir is, holds or lies
   // inside the output_dir of a QUEUED or RUNNING job (of any user).
   Result<v1::Job> Submit(const std::string& user, const v1::SubmitJobRequest& req);
-  // The memory plan; the spec's paths are confined as for Submit.
+  // The memory plan; the spec's paths are confined as for Submit. A job that does not fit is no
+  // error: fits false, the smallest configuration tried, and the advice.
   Result<v1::EstimateJobResponse> Estimate(const std::string& user, const v1::EstimateJobRequest& req);
   // NOT_FOUND for an unknown id and for another user's job alike.
   Result<v1::Job> Get(const std::string& user, const std::string& id);

@@ -2,6 +2,7 @@
 #include "format.h"
 #include "job_state.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <ctime>
@@ -244,6 +245,16 @@ std::string ListText(const std::vector<v1::Job>& jobs) {
   return o.str();
 }
 
+bool EstimateFits(const v1::EstimateJobResponse& r) { return !r.has_fits() || r.fits(); }
+
+nlohmann::json EstimateJson(const v1::EstimateJobResponse& r) {
+  nlohmann::json levers = nlohmann::json::array();
+  for (const v1::PlanLever& l : r.levers()) {
+    levers.push_back({{"change", l.change()}, {"bytes", l.bytes()}, {"fits", l.fits()}});
+  }
+  return {{"plan", PlanJson(r.plan())}, {"reason", r.reason()}, {"fits", EstimateFits(r)}, {"levers", levers}};
+}
+
 std::string EstimateText(const v1::EstimateJobResponse& r) {
   const auto& p = r.plan();
   const auto& b = p.bytes();
@@ -274,7 +285,20 @@ std::string EstimateText(const v1::EstimateJobResponse& r) {
                                     : "updated on the host: no optimizer bytes on the device")
       << ")\n";
   }
-  if (!r.reason().empty()) o << "reason: " << r.reason() << "\n";
+  if (EstimateFits(r)) {
+    if (!r.reason().empty()) o << "reason: " << r.reason() << "\n";
+    return o.str();
+  }
+  o << "\ndoes not fit: " << r.reason() << "\n";
+  if (r.levers_size() > 0) {
+    size_t w = std::string("change").size();
+    for (const v1::PlanLever& l : r.levers()) w = std::max(w, l.change().size());
+    o << "\n" << Pad("change", w + 2) << PadLeft("size", 12) << PadLeft("bytes", 16) << "\n";
+    for (const v1::PlanLever& l : r.levers()) {
+      o << Pad(l.change(), w + 2) << PadLeft(HumanBytes(l.bytes()), 12) << PadLeft(std::to_string(l.bytes()), 16)
+        << (l.fits() ? "  fits" : "  does not fit") << "\n";
+    }
+  }
   return o.str();
 }
 

@@ -19,7 +19,13 @@ nlohmann::json JobJson(const v1::Job& job);
 
 std::string StatusText(const v1::Job& job);      // `status` in text: aligned key/value lines
 std::string ListText(const std::vector<v1::Job>& jobs);  // `list` in text: an aligned table
-std::string EstimateText(const v1::EstimateJobResponse& r);  // `estimate`: table by category
+// `estimate`: whether the job fits (a daemon without the field said so by answering at all);
+// `-o json`: {"plan":{..},"reason":..,"fits":..,"levers":[{"change":..,"bytes":..,"fits":..}]};
+// text: the table by category, the plan's choices, then for a job that does not fit the advice,
+// one lever a line with its bytes.
+bool EstimateFits(const v1::EstimateJobResponse& r);
+nlohmann::json EstimateJson(const v1::EstimateJobResponse& r);
+std::string EstimateText(const v1::EstimateJobResponse& r);
 std::string EventText(const v1::JobEvent& ev);   // one line per event, no newline
 
 // "12.5 MiB"

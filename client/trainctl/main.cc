@@ -441,7 +441,9 @@ int main(int argc, char** argv) {
   status->footer("example: trainctl status job-000001   (-o json: state, metrics, plan)");
   logs->footer("example: trainctl logs job-000001 -f   # progress bar and ETA until the job ends");
   cancel->footer("example: trainctl cancel job-000001");
-  estimate->footer("example: trainctl estimate examples/tiny-shakespeare.yaml   # before submitting");
+  estimate->footer(
+      "example: trainctl estimate examples/tiny-shakespeare.yaml   # before submitting\n"
+      "A job that does not fit: the plan it tried, each change that would make it fit with its bytes, exit 2.");
   health->footer("example: trainctl --addr 127.0.0.1:50051 health");
   top->footer("example: trainctl top -n 1   # q quits; trainctl top --once | grep RUNNING");
   tokenize->footer("example: trainctl tokenize --tokenizer byte 'To be, or not to be'");
@@ -587,9 +589,13 @@ int main(int argc, char** argv) {
   if (*estimate) {
     auto r = c.EstimateFile(spec);
     if (!r.ok()) return Error(g, r.status());
-    if (json) PrintJson({{"plan", PlanJson(r->plan())}, {"reason", r->reason()}});
+    if (json) PrintJson(EstimateJson(*r));
     else std::cout << EstimateText(*r);
-    return 0;
+    if (EstimateFits(*r)) return 0;
+    // The job does not fit: the plan and the advice are printed, and the exit code says so.
+    std::fprintf(stderr, "trainctl: the job does not fit: needs %s, budget %s\n",
+                 HumanBytes(r->plan().bytes().total()).c_str(), HumanBytes(r->plan().budget_bytes()).c_str());
+    return 2;
   }
   return 2;
 }

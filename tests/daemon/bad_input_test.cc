@@ -5,7 +5,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <random>
 
 #include "daemon_fixture.h"
@@ -97,6 +99,87 @@ TEST_F(BadInputTest, EachBadSpecIsRejectedWithItsFieldPath) {
   // A usage error is exit 2 too.
   EXPECT_EQ(Trainctl({"frobnicate"}).exit_code, 2);
   EXPECT_EQ(Trainctl({"submit"}).exit_code, 2);
+}
+
+// `estimate` of a job that does not fit (issue 41; CLI.md): exit 2, yet `-o json` still prints the
+// object, with fits false, the plan at the smallest batch tried and the advice in reason (each
+// lever with its bytes in levers); the text form prints the same table as for a job that fits,
+// then the advice, one lever a line with its bytes. `submit` of that job stays one sentence, exit 2.
+TEST_F(BadInputTest, EstimateOfAJobThatDoesNotFitPrintsItsPlanAndTheAdvice) {
+  // A llama of ~9.2M parameters (37 MB in fp32; with AdamW ~150 MB) against the 64 MiB budget:
+  // LoRA fits, the other levers do not.
+  const std::string yaml =
+      "name: big-llama\n"
+      "model:\n  arch: llama\n  config: {vocab_size: 256, hidden_size: 512, intermediate_size: 1024, "
+      "num_hidden_layers: 4, num_attention_heads: 8, num_key_value_heads: 2, max_position_embeddings: 64}\n"
+      "data:\n  train_file: " + *data_ + "\n  seq_len: 64\n"
+      "training:\n  max_steps: 2\n  per_device_train_batch_size: auto\n"
+      "output_dir: " + *dir_ + "/runs/big-llama\n";
+  const std::string path = *dir_ + "/big-llama.yaml";
+  WriteAll(path, yaml);
+  const std::vector<std::string> ctl = {"--addr", daemon_->addr(), "--state-dir", daemon_->state_dir()};
+  auto with = [&](std::vector<std::string> args) {
+    args.insert(args.begin(), ctl.begin(), ctl.end());
+    return args;
+  };
+
+  CmdResult r = Trainctl(with({"-o", "json", "estimate", path}));
+  EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
+  auto j = nlohmann::json::parse(r.out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << "estimate -o json printed no JSON: " << r.out;
+  EXPECT_EQ(j["fits"], false) << r.out;
+  const auto& plan = j["plan"];
+  EXPECT_EQ(plan["micro_batch"], 1) << "auto tries down to micro-batch 1";
+  EXPECT_EQ(plan["gradient_checkpointing"], true) << "auto tries checkpointing before giving up";
+  EXPECT_EQ(plan["budget_bytes"], int64_t{64} << 20);
+  const int64_t total = plan["bytes"]["total"].get<int64_t>();
+  EXPECT_GT(total, int64_t{64} << 20);
+  EXPECT_EQ(total, plan["bytes"]["weights"].get<int64_t>() + plan["bytes"]["gradients"].get<int64_t>() +
+                       plan["bytes"]["optimizer"].get<int64_t>() + plan["bytes"]["activations"].get<int64_t>() +
+                       plan["bytes"]["temporary"].get<int64_t>());
+  EXPECT_GT(plan["total_params"].get<int64_t>(), 9'000'000);
+  const std::string reason = j["reason"].get<std::string>();
+  EXPECT_THAT(reason, ::testing::StartsWith("needs "));
+  EXPECT_THAT(reason, ::testing::HasSubstr("any one of these fits: peft: {type: lora, r: 8} ("));
+  ASSERT_TRUE(j["levers"].is_array());
+  ASSERT_GE(j["levers"].size(), 5u) << r.out;  // offload cpu/nvme, two optimizers, LoRA
+  bool lora_fits = false;
+  for (const auto& l : j["levers"]) {
+    EXPECT_GT(l["bytes"].get<int64_t>(), 0) << l;
+    EXPECT_EQ(l["fits"].get<bool>(), l["bytes"].get<int64_t>() <= (int64_t{64} << 20)) << l;
+    EXPECT_LT(l["bytes"].get<int64_t>(), total) << "a lever lowers the bytes: " << l;
+    if (l["change"] == "peft: {type: lora, r: 8}") lora_fits = l["fits"].get<bool>();
+  }
+  EXPECT_TRUE(lora_fits) << r.out;
+  EXPECT_THAT(r.err, ::testing::StartsWith("trainctl: the job does not fit"));
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+
+  // Text: the table, the plan's line, then the advice: one line per lever with its bytes.
+  r = Trainctl(with({"estimate", path}));
+  EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
+  for (const char* row : {"weights", "gradients", "optimizer", "activations", "temporary", "total", "budget"}) {
+    EXPECT_THAT(r.out, ::testing::ContainsRegex(std::string("\n") + row + " +[0-9.]+ (B|[KMGT]iB) +[0-9]+\n")) << row;
+  }
+  EXPECT_THAT(r.out, ::testing::HasSubstr("\ntotal "));
+  EXPECT_THAT(r.out, ::testing::HasSubstr(std::to_string(total) + "\n"));
+  EXPECT_THAT(r.out, ::testing::HasSubstr("micro_batch 1, gradient_accumulation_steps 1, gradient_checkpointing on"));
+  EXPECT_THAT(r.out, ::testing::HasSubstr("does not fit: " + reason + "\n"));
+  for (const auto& l : j["levers"]) {
+    const std::string change = l["change"].get<std::string>();
+    const std::string line = r.out.substr(r.out.find("\n" + change + " ") + 1);
+    EXPECT_THAT(line.substr(0, line.find('\n')),
+                ::testing::ContainsRegex(" " + std::to_string(l["bytes"].get<int64_t>()) +
+                                         (l["fits"].get<bool>() ? "  fits$" : "  does not fit$")))
+        << change << " in:\n" << r.out;
+  }
+
+  // submit: rejected as before, one sentence on stderr, nothing on stdout.
+  r = Trainctl(with({"submit", path}));
+  EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
+  EXPECT_TRUE(r.out.empty()) << r.out;
+  EXPECT_THAT(r.err, ::testing::StartsWith("trainctl: needs "));
+  EXPECT_THAT(r.err, ::testing::HasSubstr("budget"));
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
 }
 
 TEST_F(BadInputTest, FuzzedSpecsNeverHurtTheDaemon) {

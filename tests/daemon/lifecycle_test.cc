@@ -171,6 +171,8 @@ TEST_F(LifecycleTest, SubmitAsJobSpecMessageAndEstimate) {
   EXPECT_GT(j["plan"]["trainable_params"].get<int64_t>(), 0);
   EXPECT_EQ(j["plan"]["trainable_params"], j["plan"]["total_params"]) << "no LoRA: every parameter trains";
   EXPECT_TRUE(j["reason"].is_string());
+  EXPECT_EQ(j["fits"], true);
+  EXPECT_TRUE(j["levers"].empty());
   r = Trainctl({"--addr", daemon_->addr(), "--state-dir", daemon_->state_dir(), "estimate", Spec("est", 5)});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_THAT(r.out, ::testing::HasSubstr("activations"));

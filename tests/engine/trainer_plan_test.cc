@@ -1,10 +1,12 @@
 // The memory plan: the arena's measured high-water mark of a real run agrees with EstimateJob's
 // total within 2% for several configs; "auto" picks the largest micro-batch that fits (a multiple
 // of 8, capped by effective_batch_size, accumulation to reach it, checkpointing only when needed);
-// a job that cannot fit is a FAILED_PRECONDITION with the breakdown and what to change.
+// a job that cannot fit is a FAILED_PRECONDITION with the breakdown and what to change, and
+// EstimateJobWithAdvice gives its plan with each change's bytes instead.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <map>
 
 #include "train/planner.h"
 #include "trainer_test_util.h"
@@ -205,6 +207,115 @@ TEST(TrainerPlan, TooSmallBudgetIsAClearError) {
   d.device = "tpu";
   p = EstimateJob(s, d);
   EXPECT_EQ(p.status().code(), Status::Code::kInvalidArgument);
+}
+
+// The bytes of `s` at micro-batch b on the cpu device, straight from JobBytes (what each lever of
+// the advice must report for its changed spec).
+int64_t CpuTotal(const JobSpec& s, int64_t b, bool ckpt) {
+  return JobBytes(s.model.config, JobModelOptions(s, b, ckpt, PacksGemmWeights("cpu")), s.training, 1,
+                  OffloadUpdatesOnHost("cpu"))
+      .total();
+}
+
+// `trainctl estimate` of a job that does not fit (issue 41): no error, but the plan of the smallest
+// configuration tried with fits false, each lever with the bytes of its changed spec (those that
+// fit first), and the advice of EstimateJob's error as the reason.
+TEST(TrainerPlan, EstimateWithAdviceReturnsThePlanOfAJobThatDoesNotFit) {
+  JobSpec s = testing::TinySpec("/tmp", "/nonexistent");  // fixed batch 4, fp32, adamw
+  ASSERT_EQ(s.training.per_device_train_batch_size, 4);
+  DeviceOptions d;
+  d.memory_budget_bytes = std::max(Bytes(s, 4, true), Bytes(s, 1, false));
+  ASSERT_GT(Bytes(s, 4, false), d.memory_budget_bytes);
+  auto p = EstimateJobWithAdvice(s, d);
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  EXPECT_FALSE(p->fits);
+  EXPECT_EQ(p->micro_batch, 4) << "a fixed batch is the only one tried";
+  EXPECT_FALSE(p->gradient_checkpointing);
+  EXPECT_EQ(p->bytes.total(), Bytes(s, 4, false));
+  EXPECT_EQ(p->budget_bytes, d.memory_budget_bytes);
+  EXPECT_GT(p->total_params, 0);
+  // The reason is EstimateJob's error without the breakdown.
+  auto e = EstimateJob(s, d);
+  ASSERT_FALSE(e.ok());
+  const std::string& m = e.status().message();
+  const std::string advice = m.substr(m.find("): ") + 3);
+  EXPECT_EQ(p->reason, m.substr(0, m.find(" (")) + ": " + advice);
+  EXPECT_EQ(advice.rfind("any one of these fits: gradient_checkpointing: true (", 0), 0u) << advice;
+
+  // Each lever: its changed spec's bytes, fits == within the budget, those that fit first.
+  std::map<std::string, JobSpec> changed;
+  for (const char* optim : {"adamw_8bit", "adafactor"}) {
+    changed["optim: " + std::string(optim)] = s;
+    changed["optim: " + std::string(optim)].training.optim = optim;
+  }
+  changed["offload: cpu"] = s;
+  changed["offload: cpu"].training.offload = "cpu";
+  changed["offload: nvme (with offload_dir)"] = s;
+  changed["offload: nvme (with offload_dir)"].training.offload = "nvme";
+  changed["bf16: true"] = s;
+  changed["bf16: true"].training.bf16 = true;
+  changed["peft: {type: lora, r: 8}"] = s;
+  changed["peft: {type: lora, r: 8}"].training.peft = PeftSpec{};
+  std::map<std::string, int64_t> want = {
+      {"gradient_checkpointing: true", CpuTotal(s, 4, true)},
+      {"per_device_train_batch_size: 1 with gradient_accumulation_steps: 4", CpuTotal(s, 1, false)}};
+  for (const auto& [what, spec] : changed) want[what] = CpuTotal(spec, 4, false);
+  // Listed: exactly the changes that lower the bytes (bf16 may not: its fp32 master copy).
+  size_t helping = 0;
+  for (const auto& [what, bytes] : want) helping += bytes < p->bytes.total();
+  ASSERT_EQ(p->levers.size(), helping);
+  bool fitting = true;
+  int fit = 0;
+  for (const PlanLever& l : p->levers) {
+    SCOPED_TRACE(l.change);
+    ASSERT_EQ(want.count(l.change), 1u);
+    EXPECT_EQ(l.bytes, want[l.change]);
+    EXPECT_LT(l.bytes, p->bytes.total());
+    EXPECT_EQ(l.fits, l.bytes <= d.memory_budget_bytes);
+    EXPECT_TRUE(fitting || !l.fits) << "the levers that fit come first";
+    fitting = l.fits;
+    fit += l.fits;
+    if (l.fits) {
+      EXPECT_NE(p->reason.find(l.change + " ("), std::string::npos) << p->reason;
+    }
+  }
+  EXPECT_GE(fit, 2);  // checkpointing and micro-batch 1 at least
+  EXPECT_LT(fit, static_cast<int>(p->levers.size())) << "some lever must not fit here";
+
+  // "auto" with no room at all: micro-batch 1 with checkpointing (accumulation for
+  // effective_batch_size), and the combination of every lever, which does not fit either, last.
+  s.training.per_device_train_batch_size = 0;
+  s.training.effective_batch_size = 6;
+  d.memory_budget_bytes = 1000;
+  p = EstimateJobWithAdvice(s, d);
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  EXPECT_FALSE(p->fits);
+  EXPECT_EQ(p->micro_batch, 1);
+  EXPECT_TRUE(p->gradient_checkpointing);
+  EXPECT_EQ(p->gradient_accumulation_steps, 6);
+  EXPECT_EQ(p->bytes.total(), Bytes(s, 1, true));
+  ASSERT_FALSE(p->levers.empty());
+  for (const PlanLever& l : p->levers) EXPECT_FALSE(l.fits) << l.change;
+  JobSpec all = s;
+  all.training.offload = "nvme";
+  all.training.peft = PeftSpec{};
+  EXPECT_EQ(p->levers.back().change, "together: micro-batch 1 with gradient checkpointing, offload nvme and LoRA");
+  EXPECT_EQ(p->levers.back().bytes, CpuTotal(all, 1, true));
+  EXPECT_NE(p->reason.find("use a device with more memory"), std::string::npos) << p->reason;
+
+  // A job that fits: the same plan as EstimateJob's, fits, no levers.
+  d.memory_budget_bytes = Bytes(s, 64, false);
+  p = EstimateJobWithAdvice(s, d);
+  auto q = EstimateJob(s, d);
+  ASSERT_TRUE(p.ok() && q.ok());
+  EXPECT_TRUE(p->fits);
+  EXPECT_TRUE(p->levers.empty());
+  EXPECT_EQ(p->micro_batch, q->micro_batch);
+  EXPECT_EQ(p->bytes.total(), q->bytes.total());
+  EXPECT_EQ(p->reason, q->reason);
+  // Errors other than not fitting stay errors.
+  d.device = "tpu";
+  EXPECT_EQ(EstimateJobWithAdvice(s, d).status().code(), Status::Code::kInvalidArgument);
 }
 
 }  // namespace

@@ -117,7 +117,7 @@ Result<Admitted> Admit(const std::string& text, const std::string& base_dir,
 Result<engine::MemoryPlan> Estimate(const std::string& text, const std::string& base_dir,
                                     const engine::DeviceOptions& device) {
   TRAIND_ASSIGN_OR_RETURN(engine::JobSpec spec, engine::ParseJobSpec(text, base_dir));
-  return engine::EstimateJob(spec, device);
+  return engine::EstimateJobWithAdvice(spec, device);
 }
 
 v1::Plan PlanToProto(const engine::MemoryPlan& p) {

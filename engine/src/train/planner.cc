@@ -8,6 +8,7 @@
 
 #include "backend/device_registry.h"
 #include "models/hf_config.h"
+#include "models/lora.h"
 #include "optim/offloaded_optimizer.h"
 #include "optim/optimizer.h"
 #include "optim/sharded_optimizer.h"
@@ -166,10 +167,11 @@ MemoryBytes JobBytes(const ModelConfig& config, const ModelOptions& options,
 
 namespace {
 
-// For a job that does not fit: each single change of the spec that makes it fit, with the bytes it
-// would need (only those that fit), or, when none alone does, all of them together if that fits.
-std::string FittingLevers(const JobSpec& spec, const ModelConfig& config, int64_t b, bool c,
-                          int64_t budget, bool offload_on_host) {
+// For a job that does not fit at micro-batch `b` (checkpointing `c`): each single change of the
+// spec that lowers its bytes, with the bytes its plan would need, those that fit first; when none
+// fits alone, all of them together as the last entry.
+std::vector<PlanLever> FittingLevers(const JobSpec& spec, const ModelConfig& config, int64_t b, bool c,
+                                     int64_t budget, bool offload_on_host) {
   struct Lever {
     std::string what;
     JobSpec spec;
@@ -178,6 +180,7 @@ std::string FittingLevers(const JobSpec& spec, const ModelConfig& config, int64_
   };
   std::vector<Lever> levers;
   const TrainingSpec& t = spec.training;
+  const bool lora_applies = !LoraModuleNames(config.arch).empty();
   if (!c) levers.push_back({"gradient_checkpointing: true", spec, b, true});
   if (b > 1) {
     levers.push_back({"per_device_train_batch_size: 1 with gradient_accumulation_steps: " +
@@ -199,33 +202,55 @@ std::string FittingLevers(const JobSpec& spec, const ModelConfig& config, int64_
       levers.push_back({std::string("optim: ") + optim, s, b, c});
     }
   }
-  if (!t.peft && (config.arch == "gpt2" || config.arch == "llama")) {
+  if (!t.bf16 && !t.fp16) {
+    JobSpec s = spec;
+    s.training.bf16 = true;
+    levers.push_back({"bf16: true", s, b, c});
+  }
+  if (!t.peft && lora_applies) {
     JobSpec s = spec;
     s.training.peft = PeftSpec{};
     levers.push_back({"peft: {type: lora, r: 8}", s, b, c});
   }
-  std::string fits;
-  JobSpec all = spec;
+  std::vector<PlanLever> fit, rest;
+  const int64_t now = SpecBytes(config, spec, b, c, offload_on_host).total();
   for (const Lever& l : levers) {
     const int64_t need = SpecBytes(config, l.spec, l.micro_batch, l.ckpt, offload_on_host).total();
-    if (need <= budget) fits += (fits.empty() ? "" : "; ") + l.what + " (" + FormatGiB(need) + ")";
+    if (need >= now) continue;  // no help here (bf16 with small activations: the master copy costs more)
+    (need <= budget ? fit : rest).push_back({l.what, need, need <= budget});
   }
-  if (!fits.empty()) return "any one of these fits: " + fits;
-  all.training.offload = t.offload == "none" ? "nvme" : t.offload;
-  if (!all.training.peft && (config.arch == "gpt2" || config.arch == "llama")) all.training.peft = PeftSpec{};
-  const int64_t together = SpecBytes(config, all, 1, true, offload_on_host).total();
-  if (together <= budget) {
-    return "no single change fits; together, micro-batch 1 with gradient checkpointing, offload nvme"
-           " and LoRA need " + FormatGiB(together);
+  if (fit.empty()) {
+    JobSpec all = spec;
+    all.training.offload = t.offload == "none" ? "nvme" : t.offload;
+    const bool lora = !all.training.peft && lora_applies;
+    if (lora) all.training.peft = PeftSpec{};
+    const int64_t together = SpecBytes(config, all, 1, true, offload_on_host).total();
+    rest.push_back({"together: micro-batch 1 with gradient checkpointing, offload " + all.training.offload +
+                        (lora ? " and LoRA" : ""),
+                    together, together <= budget});
   }
-  return "even micro-batch 1 with gradient checkpointing, offload nvme and LoRA needs " +
-         FormatGiB(together) + ": use a device with more memory or a smaller model";
+  fit.insert(fit.end(), rest.begin(), rest.end());
+  return fit;
 }
 
-}  // namespace
+// The advice of FittingLevers in one line.
+std::string Advice(const std::vector<PlanLever>& levers) {
+  std::string fits;
+  for (const PlanLever& l : levers) {
+    if (l.fits) fits += (fits.empty() ? "" : "; ") + l.change + " (" + FormatGiB(l.bytes) + ")";
+  }
+  const PlanLever& together = levers.back();  // never empty: without a fitting lever, the combination
+  if (together.change.rfind("together: ", 0) != 0) return "any one of these fits: " + fits;
+  const std::string what = together.change.substr(std::string("together: ").size());
+  if (together.fits) return "no single change fits; together, " + what + " need " + FormatGiB(together.bytes);
+  return "even " + what + " needs " + FormatGiB(together.bytes) +
+         ": use a device with more memory or a smaller model";
+}
 
-Result<MemoryPlan> PlanJob(const JobSpec& spec, const ModelConfig& config, int64_t budget_bytes,
-                           bool tensor_cores, bool offload_on_host) {
+// PlanJob's work. A job that does not fit gets the plan of the smallest configuration tried with
+// fits false, `levers` and `reason` the advice, and `*too_big` (when given) PlanJob's error message.
+Result<MemoryPlan> PlanOrAdvise(const JobSpec& spec, const ModelConfig& config, int64_t budget_bytes,
+                                bool tensor_cores, bool offload_on_host, std::string* too_big) {
   const TrainingSpec& t = spec.training;
   const int64_t align = tensor_cores && (t.bf16 || t.fp16) ? 64 : 8;
   if (spec.data.seq_len > config.max_positions()) {
@@ -268,19 +293,27 @@ Result<MemoryPlan> PlanJob(const JobSpec& spec, const ModelConfig& config, int64
   plan.gradient_accumulation_steps = t.gradient_accumulation_steps;
   bool ckpt = t.gradient_checkpointing;
 
-  auto too_big = [&](int64_t b, bool c) {
-    const MemoryBytes bytes = SpecBytes(config, spec, b, c, offload_on_host);
-    return Status::FailedPrecondition(
-        "needs " + FormatGiB(bytes.total()) + ", budget " + FormatGiB(budget_bytes) +
-        " at micro-batch " + std::to_string(b) + (c ? " with" : " without") +
-        " gradient checkpointing (" + Breakdown(bytes) + "): " +
-        FittingLevers(spec, config, b, c, budget_bytes, offload_on_host));
+  // The job does not fit even at micro-batch b (checkpointing c), the smallest configuration
+  // tried: that plan, with the advice.
+  auto not_fitting = [&](int64_t b, bool c) {
+    plan.micro_batch = b;
+    plan.gradient_checkpointing = c;
+    plan.bytes = SpecBytes(config, spec, b, c, offload_on_host);
+    plan.fits = false;
+    plan.levers = FittingLevers(spec, config, b, c, budget_bytes, offload_on_host);
+    const std::string needs = "needs " + FormatGiB(plan.bytes.total()) + ", budget " +
+                              FormatGiB(budget_bytes) + " at micro-batch " + std::to_string(b) +
+                              (c ? " with" : " without") + " gradient checkpointing";
+    const std::string advice = Advice(plan.levers);
+    plan.reason = needs + ": " + advice;
+    if (too_big != nullptr) *too_big = needs + " (" + Breakdown(plan.bytes) + "): " + advice;
+    return plan;
   };
 
   if (!t.auto_batch()) {
     plan.micro_batch = t.per_device_train_batch_size;
     plan.bytes = SpecBytes(config, spec, plan.micro_batch, ckpt, offload_on_host);
-    if (plan.bytes.total() > budget_bytes) return too_big(plan.micro_batch, ckpt);
+    if (plan.bytes.total() > budget_bytes) return not_fitting(plan.micro_batch, ckpt);
     plan.gradient_checkpointing = ckpt;
     plan.reason = "micro-batch " + std::to_string(plan.micro_batch) + " as given" +
                   (ckpt ? " with gradient checkpointing as asked" : "") + ": " +
@@ -311,7 +344,10 @@ Result<MemoryPlan> PlanJob(const JobSpec& spec, const ModelConfig& config, int64
       }
     }
   }
-  if (raw == 0) return too_big(1, true);
+  if (raw == 0) {
+    if (eff.has_value()) plan.gradient_accumulation_steps = std::max<int64_t>(1, *eff);
+    return not_fitting(1, true);
+  }
   plan.micro_batch = std::min(RoundMicroBatch(raw, align), cap);
   plan.gradient_checkpointing = ckpt;
   if (eff.has_value()) {
@@ -326,16 +362,46 @@ Result<MemoryPlan> PlanJob(const JobSpec& spec, const ModelConfig& config, int64
   return plan;
 }
 
+}  // namespace
+
+Result<MemoryPlan> PlanJob(const JobSpec& spec, const ModelConfig& config, int64_t budget_bytes,
+                           bool tensor_cores, bool offload_on_host) {
+  std::string too_big;
+  TRAIND_ASSIGN_OR_RETURN(MemoryPlan plan,
+                          PlanOrAdvise(spec, config, budget_bytes, tensor_cores, offload_on_host, &too_big));
+  if (!plan.fits) return Status::FailedPrecondition(too_big);
+  return plan;
+}
+
+Result<MemoryPlan> PlanJobWithAdvice(const JobSpec& spec, const ModelConfig& config, int64_t budget_bytes,
+                                     bool tensor_cores, bool offload_on_host) {
+  return PlanOrAdvise(spec, config, budget_bytes, tensor_cores, offload_on_host, nullptr);
+}
+
 }  // namespace traind::engine
 
 namespace traind::engine {
 
-Result<MemoryPlan> EstimateJob(const JobSpec& spec, const DeviceOptions& device) {
+namespace {
+
+Result<MemoryPlan> Estimate(const JobSpec& spec, const DeviceOptions& device, bool advise) {
   TRAIND_ASSIGN_OR_RETURN(int64_t budget, DeviceBudget(device));  // checks the device too
   TRAIND_ASSIGN_OR_RETURN(ModelConfig config, ResolveModelConfig(spec));
   // cuda:N: sm_80+ (the architectures this project builds for): 16-bit batches align to 64.
-  return PlanJob(spec, config, budget, device.device.rfind("cuda:", 0) == 0,
-                 OffloadUpdatesOnHost(device.device));
+  const bool tensor_cores = device.device.rfind("cuda:", 0) == 0;
+  const bool on_host = OffloadUpdatesOnHost(device.device);
+  return advise ? PlanJobWithAdvice(spec, config, budget, tensor_cores, on_host)
+                : PlanJob(spec, config, budget, tensor_cores, on_host);
+}
+
+}  // namespace
+
+Result<MemoryPlan> EstimateJob(const JobSpec& spec, const DeviceOptions& device) {
+  return Estimate(spec, device, /*advise=*/false);
+}
+
+Result<MemoryPlan> EstimateJobWithAdvice(const JobSpec& spec, const DeviceOptions& device) {
+  return Estimate(spec, device, /*advise=*/true);
 }
 
 }  // namespace traind::engine

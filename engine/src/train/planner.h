@@ -57,6 +57,12 @@ MemoryBytes JobBytes(const ModelConfig& config, const ModelOptions& options,
 // effective_batch_size is given. `offload_on_host`: OffloadUpdatesOnHost of the device.
 Result<MemoryPlan> PlanJob(const JobSpec& spec, const ModelConfig& config, int64_t budget_bytes,
                            bool tensor_cores = false, bool offload_on_host = false);
+// As PlanJob, but a job that does not fit is no error: the plan of the smallest configuration
+// tried (the given micro-batch, or micro-batch 1 with gradient checkpointing for "auto"), with
+// fits false and the advice in levers and reason (MemoryPlan).
+Result<MemoryPlan> PlanJobWithAdvice(const JobSpec& spec, const ModelConfig& config,
+                                     int64_t budget_bytes, bool tensor_cores = false,
+                                     bool offload_on_host = false);
 
 // "1.23 GiB".
 std::string FormatGiB(int64_t bytes);

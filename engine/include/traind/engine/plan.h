@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace traind::engine {
 
@@ -15,6 +16,14 @@ struct MemoryBytes {
   int64_t activations = 0;  // forward activations kept for backward
   int64_t temporary = 0;    // scratch buffers live only within a layer or op
   int64_t total() const { return weights + gradients + optimizer + activations + temporary; }
+};
+
+// One change of a job's spec and the bytes its plan would need with it: the advice for a job that
+// does not fit (MemoryPlan::levers).
+struct PlanLever {
+  std::string change;  // as the spec would say it: "gradient_checkpointing: true", "offload: cpu"
+  int64_t bytes = 0;   // the plan's total with this change
+  bool fits = false;   // bytes <= the budget
 };
 
 struct MemoryPlan {
@@ -38,6 +47,12 @@ struct MemoryPlan {
   MemoryBytes bytes;
   int64_t budget_bytes = 0;                 // the budget it was planned against (0 = unlimited)
   std::string reason;                       // one line: why this batch and these techniques
+  // false only from EstimateJobWithAdvice (trainer.h) for a job that does not fit even in the
+  // smallest configuration tried: the plan is that configuration's (bytes.total() > budget_bytes),
+  // `reason` the advice in one line and `levers` each single change that lowers its bytes, with
+  // those bytes (the ones that fit first), and, when none fits alone, all of them together last.
+  bool fits = true;
+  std::vector<PlanLever> levers;
 };
 
 }  // namespace traind::engine

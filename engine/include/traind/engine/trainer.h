@@ -31,6 +31,11 @@ class TokenizerFactory;     // traind/engine/tokenizer.h
 // and gradient checkpointing when needed. FAILED_PRECONDITION when even the smallest configuration
 // does not fit, with the breakdown and what would make it fit.
 Result<MemoryPlan> EstimateJob(const JobSpec& spec, const DeviceOptions& device);
+// As EstimateJob (for `trainctl estimate`), but a job that does not fit is no error: the plan of
+// the smallest configuration tried (the given micro-batch, or micro-batch 1 with gradient
+// checkpointing for "auto") with fits false, each change that would make it fit with its bytes in
+// levers and the advice in reason. Errors as EstimateJob's otherwise (device, model config).
+Result<MemoryPlan> EstimateJobWithAdvice(const JobSpec& spec, const DeviceOptions& device);
 
 // What one optimizer step reports.
 struct StepReport {

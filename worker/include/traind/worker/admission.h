@@ -26,7 +26,8 @@ struct Admitted {
 Result<Admitted> Admit(const std::string& text, const std::string& base_dir,
                        const engine::DeviceOptions& device);
 
-// Only the plan (for EstimateJob): parse + plan, without touching input files.
+// Only the plan (for EstimateJob): parse + plan, without touching input files. A job that does
+// not fit is no error here: its plan has fits false and the advice (engine::EstimateJobWithAdvice).
 Result<engine::MemoryPlan> Estimate(const std::string& text, const std::string& base_dir,
                                     const engine::DeviceOptions& device);
 
