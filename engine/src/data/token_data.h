@@ -11,7 +11,7 @@
 #include "data/token_stream.h"
 #include "traind/engine/job_spec.h"
 #include "traind/engine/status.h"
-#include "traind/engine/trainer.h"
+#include "traind/engine/tokenizer.h"  // TokenizeReport
 
 namespace traind::engine {
 
@@ -36,7 +36,7 @@ struct TokenData {
 // NOT_FOUND for a missing file, INVALID_ARGUMENT (naming the field) for a file too short for one
 // window of seq_len + 1 tokens or a tokens file whose size is not a multiple of the dtype size;
 // the tokenizer's errors (data.tokenizer: ...) for a tokenizer that cannot be opened.
-// `progress.report` (optional) receives TokenizeReports (trainer.h) on the calling thread while a
+// `progress.report` (optional) receives TokenizeReports (tokenizer.h) on the calling thread while a
 // text or jsonl file is tokenized with a tokenizer other than byte: one for a cache hit; for a
 // miss a first one, one per `interval_seconds` (0: whenever the encoded byte count moved) while
 // the worker threads encode, and a last one with done set.

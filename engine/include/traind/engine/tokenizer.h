@@ -83,6 +83,23 @@ class TokenizerFactory {
                                                   const std::string& init_from) const = 0;
 };
 
+// Progress of tokenizing data.train_file into the token cache (data.format jsonl, or text with a
+// tokenizer other than byte: byte ids of a text file are its bytes, never cached), reported by the
+// data loader (data/token_data.h) and through RunJob's RunCallbacks::on_tokenize. While the data
+// loads: a cache hit sends one report (cache_hit and done set, bytes_done 0); a miss sends a first
+// report (bytes_done 0), one about every progress interval (1 s) while the worker threads encode,
+// and a last one with done set (bytes_done == bytes_total, tokens the ids produced).
+struct TokenizeReport {
+  std::string file;         // data.train_file as in the spec
+  std::string tokenizer;    // the tokenizer's fingerprint ("bpe:0123...")
+  int64_t bytes_done = 0;   // source bytes encoded so far (cache misses only)
+  int64_t bytes_total = 0;  // the source file's size
+  int64_t tokens = 0;       // ids produced (set when done)
+  double seconds = 0;       // since tokenization started
+  bool cache_hit = false;   // the ids came from the token cache: nothing was tokenized
+  bool done = false;
+};
+
 // The factory for every kind above.
 const TokenizerFactory& DefaultTokenizerFactory();
 

@@ -16,15 +16,15 @@
 #include "traind/engine/optimizer_state_store.h"
 #include "traind/engine/plan.h"
 #include "traind/engine/status.h"
+#include "traind/engine/tokenizer.h"  // TokenizeReport
 
 namespace traind::engine {
 
 // What the daemon side provides, through narrow interfaces the engine defines (each in its own
 // header) and never the concrete type: the optimizer-state store (offload/: host RAM or RocksDB),
-// the communicator (data parallel: Gloo, NCCL), and the tokenizers (data/).
+// the communicator (data parallel: Gloo, NCCL), and the tokenizers (data/; tokenizer.h, included).
 class OptimizerStateStore;  // traind/engine/optimizer_state_store.h
 class Communicator;         // traind/engine/communicator.h
-class TokenizerFactory;     // traind/engine/tokenizer.h
 
 // Plans memory for `spec` on the device: resolves per_device_train_batch_size "auto" (the largest
 // micro-batch that fits, rounded down to a multiple of 8), accumulation for effective_batch_size,
@@ -126,22 +126,6 @@ struct RunSummary {
   int64_t peak_memory_bytes = 0;  // the allocator's high-water mark
   MemoryPlan plan;
   std::string output_dir;
-};
-
-// Progress of tokenizing data.train_file into the token cache (data.format jsonl, or text with a
-// tokenizer other than byte: byte ids of a text file are its bytes, never cached). While LoadData runs:
-// a cache hit sends one report (cache_hit and done set, bytes_done 0); a miss sends a first
-// report (bytes_done 0), one about every progress interval (1 s) while the worker threads encode,
-// and a last one with done set (bytes_done == bytes_total, tokens the ids produced).
-struct TokenizeReport {
-  std::string file;         // data.train_file as in the spec
-  std::string tokenizer;    // the tokenizer's fingerprint ("bpe:0123...")
-  int64_t bytes_done = 0;   // source bytes encoded so far (cache misses only)
-  int64_t bytes_total = 0;  // the source file's size
-  int64_t tokens = 0;       // ids produced (set when done)
-  double seconds = 0;       // since tokenization started
-  bool cache_hit = false;   // the ids came from the token cache: nothing was tokenized
-  bool done = false;
 };
 
 struct RunCallbacks {
