@@ -270,6 +270,17 @@ TEST(ChatTemplateTest, SyntaxErrorsNameTheLine) {
   EXPECT_EQ(ParseError("{{ 'abc }}"), "chat template 't' line 1: string literal is never closed");
 }
 
+TEST(ChatTemplateTest, RecursionAndSizeAreBounded) {
+  EXPECT_EQ(ParseError("{{ " + std::string(300, '(') + "1" + std::string(300, ')') + " }}"),
+            "chat template 't' line 1: expression nested deeper than 200 levels");
+  std::string nested;
+  for (int k = 0; k < 150; ++k) nested += "{% if true %}";
+  EXPECT_EQ(ParseError(nested), "chat template 't' line 1: statements nested deeper than 100 levels");
+  EXPECT_EQ(RenderError("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}\n{{ f(0) }}"),
+            "chat template 't' line 1: macro 'f': calls nested deeper than 100 levels");
+  EXPECT_EQ(RenderError("{{ 'ab' * 1000000000 }}"), "chat template 't' line 1: a repetition of more than 2^28 items");
+}
+
 TEST(ChatTemplateTest, RaiseExceptionCarriesTheTemplatesMessage) {
   const std::string msg = RenderError("x\n{% if messages[0].role != 'user' %}{{ raise_exception('Roles must start with user, got ' + messages[0].role) }}{% endif %}",
                                       ordered_json::parse(R"({"messages": [{"role": "assistant", "content": "a"}]})"));

@@ -718,6 +718,8 @@ Value Arith(const std::string& op, const Value& l, const Value& r) {
     const Value* n = seq == &l ? &r : &l;
     if (seq && (n->kind == Value::Kind::kInt || n->kind == Value::Kind::kBool)) {
       const int64_t times = std::max<int64_t>(0, ToInt(*n, "a repeat count"));
+      const size_t unit = seq->is_str() ? seq->s.size() : seq->list->size();
+      if (unit > 0 && static_cast<uint64_t>(times) > (uint64_t{1} << 28) / unit) Fail("a repetition of more than 2^28 items");
       if (seq->is_str()) {
         std::string s;
         for (int64_t k = 0; k < times; ++k) s += seq->s;
@@ -793,7 +795,8 @@ class Interp {
   std::vector<std::shared_ptr<Frame>> frames;
   std::string* out = nullptr;
   int line = 0;  // of the statement being run (for errors thrown without one)
-  int depth = 0;
+  int depth = 0;        // of for loops (loop.depth)
+  int macro_depth = 0;  // of macro calls: recursion is bounded so that it cannot exhaust the stack
 
   Value Lookup(const std::string& name) const {
     for (size_t k = frames.size(); k-- > 0;) {
@@ -958,6 +961,12 @@ class Interp {
     const Node* node = &n;
     auto root = std::vector<std::shared_ptr<Frame>>(frames.begin(), frames.begin() + 2);
     return Value::Func([this, node, root](CallArgs& ca) {
+      if (macro_depth >= 100) Fail("macro '" + node->text + "': calls nested deeper than 100 levels");
+      ++macro_depth;
+      struct Unnest {
+        int* n;
+        ~Unnest() { --*n; }
+      } unnest{&macro_depth};
       auto local = std::make_shared<Frame>();
       if (ca.pos.size() > node->names.size()) {
         Fail("macro '" + node->text + "' takes " + std::to_string(node->names.size()) + " arguments (" +
@@ -1183,6 +1192,8 @@ Result<ChatTemplate> ChatTemplate::Parse(std::string_view source, std::string na
     return ChatTemplate(std::move(prog), std::move(name));
   } catch (const cti::TemplateError& e) {
     return Status::InvalidArgument("chat template '" + name + "' line " + std::to_string(e.line) + ": " + e.what());
+  } catch (const std::exception& e) {  // std::bad_alloc
+    return Status::ResourceExhausted("chat template '" + name + "': " + e.what());
   }
 }
 
@@ -1205,6 +1216,8 @@ Result<std::string> ChatTemplate::Render(const nlohmann::ordered_json& vars) con
                                      std::to_string(e.line) + ": " + e.what());
     }
     return Status::InvalidArgument("chat template '" + name_ + "' line " + std::to_string(e.line) + ": " + e.what());
+  } catch (const std::exception& e) {  // std::bad_alloc
+    return Status::ResourceExhausted("chat template '" + name_ + "': " + e.what());
   }
   return out;
 }

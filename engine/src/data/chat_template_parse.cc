@@ -463,6 +463,12 @@ class ExprParser {
   ExprP ParsePrimary() {
     const Tok& t = Peek();
     const int line = t.line;
+    // Nesting is recursion here and at render: bounded, so that bad input cannot exhaust the stack.
+    if (++nesting_ > kMaxNesting) Fail(line, "expression nested deeper than " + std::to_string(kMaxNesting) + " levels");
+    struct Unnest {
+      int* n;
+      ~Unnest() { --*n; }
+    } unnest{&nesting_};
     auto lit = [&](Value v) {
       auto e = Make(Expr::K::kLit, line);
       e->lit = std::move(v);
@@ -660,8 +666,10 @@ class ExprParser {
   }
 
  private:
+  static constexpr int kMaxNesting = 200;
   const std::vector<Tok>& t_;
   size_t p_ = 0;
+  int nesting_ = 0;
 };
 
 // ---- statements ---------------------------------------------------------------------------------
@@ -721,6 +729,11 @@ class Parser {
   }
 
   NodeP ParseStatement(const std::string& kw, int line) {
+    if (++nesting_ > kMaxNesting) Fail(line, "statements nested deeper than " + std::to_string(kMaxNesting) + " levels");
+    struct Unnest {
+      int* n;
+      ~Unnest() { --*n; }
+    } unnest{&nesting_};
     auto n = std::make_unique<Node>();
     n->line = line;
     ExprParser& x = *cur_;
@@ -861,8 +874,10 @@ class Parser {
     return list;
   }
 
+  static constexpr int kMaxNesting = 100;
   std::vector<Piece> pieces_;
   size_t i_ = 0;
+  int nesting_ = 0;
   std::unique_ptr<ExprParser> cur_;
 };
 
