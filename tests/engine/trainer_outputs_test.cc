@@ -2,9 +2,11 @@
 // trainer_state.json with log_history, checkpoint-<step>/ folders), callbacks, and bad setups.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <set>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -141,6 +143,46 @@ TEST(TrainerOutputs, LayoutLogHistoryAndCallbacks) {
   EXPECT_NEAR(r->train_loss, total / 5, 1e-12);
   EXPECT_GT(r->peak_memory_bytes, 0);
   EXPECT_EQ(r->output_dir, spec.output_dir);
+}
+
+// train_runtime and train_*_per_second are HF's (issue 41, item 7): the training loop's wall time,
+// not the set-up before it. A set-up made 400 ms longer (a slow on_plan, called while the session is
+// set up) must not lower the reported throughput: before, a short job's tokens/s was mostly start-up.
+TEST(TrainerOutputs, TrainRuntimeIsTheTrainingLoopsTime) {
+  using Clock = std::chrono::steady_clock;
+  const std::string dir = testing::MakeTempDir("runtime");
+  testing::WriteSyntheticTokens(dir + "/tokens.bin", 3000, 64, 9);
+  JobSpec spec = testing::TinySpec(dir, dir + "/tokens.bin");
+  spec.training.max_steps = 6;
+  spec.training.logging_steps = 3;
+  constexpr double kSetUpSleep = 0.4;
+  double step_seconds = 0;
+  Clock::time_point plan_done;
+  RunCallbacks cb;
+  cb.on_plan = [&](const MemoryPlan&) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(static_cast<int64_t>(kSetUpSleep * 1000)));
+    plan_done = Clock::now();
+  };
+  cb.on_step = [&](const StepReport& r) { step_seconds += r.step_seconds; };
+  const Clock::time_point t0 = Clock::now();
+  auto r = RunJob(spec, testing::TestRunOptions(), cb);
+  const double after_plan = std::chrono::duration<double>(Clock::now() - plan_done).count();
+  const double whole = std::chrono::duration<double>(Clock::now() - t0).count();
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  // The loop holds the steps (and the last step's evaluation and checkpoint)...
+  EXPECT_GE(r->train_runtime, step_seconds);
+  // ... and none of the set-up: at most what ran after on_plan returned.
+  EXPECT_LE(r->train_runtime, after_plan) << "RunJob took " << whole << " s, " << kSetUpSleep << " s of it in set-up";
+  const double tokens = 6.0 * static_cast<double>(r->plan.micro_batch * spec.data.seq_len);
+  EXPECT_NEAR(r->train_tokens_per_second, tokens / r->train_runtime, 1e-6 * r->train_tokens_per_second);
+  EXPECT_NEAR(r->train_samples_per_second, 6.0 * static_cast<double>(r->plan.micro_batch) / r->train_runtime,
+              1e-6 * r->train_samples_per_second);
+  // The closing entry of trainer_state.json says the same.
+  std::ifstream f(spec.output_dir + "/trainer_state.json");
+  const nlohmann::json state = nlohmann::json::parse(f);
+  const nlohmann::json& last = state["log_history"].back();
+  EXPECT_DOUBLE_EQ(last["train_runtime"].get<double>(), r->train_runtime);
+  EXPECT_DOUBLE_EQ(last["train_tokens_per_second"].get<double>(), r->train_tokens_per_second);
 }
 
 TEST(TrainerOutputs, EvalLossIsTheMeanOverAllValidationWindows) {

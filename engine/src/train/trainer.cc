@@ -100,6 +100,11 @@ Result<RunSummary> RunJob(const JobSpec& spec, const RunOptions& options,
                           const RunCallbacks& callbacks) {
   TRAIND_ASSIGN_OR_RETURN(std::unique_ptr<TrainingSession> session,
                           SetUpSession(spec, options, callbacks));
+  // train_runtime is the training loop's wall time, as HF's Trainer measures it (its start_time is
+  // taken after the model, the optimizer and a checkpoint are loaded, just before the first epoch;
+  // speed_metrics is called after the loop): the set-up above (device, plan, data, model, restore)
+  // is not in it, the steps, evaluations and checkpoints inside the loop are.
+  session->start = std::chrono::steady_clock::now();
   double last_eval = 0.0;
   TRAIND_RETURN_IF_ERROR(RunStepLoop(session.get(), &last_eval));
   const RunSummary summary = Summarize(*session, last_eval);
