@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# bench/gpu_run.sh REPO_ROOT [tests|bench|job|profile|all] [...]: the GPU-machine half of ../shared/gpu/README.md.
+# bench/gpu_run.sh REPO_ROOT [tests|bench|job|profile|all] [...]: the GPU-machine half of docs/gpu.md's runbook.
 # Run from the unpacked bin/ of a pack (`bash .gpu/run.sh bash "$PWD/bench/gpu_run.sh" "$PWD" all`):
 # the gpu_* tests (gtest XML and logs under $OUT), then gpt2_step_bench --device cuda:0 beside its
 # PyTorch eager peer (bench/torch_gpu_step.py) on the same GPU, cuBLASLt epilogues on and off,

@@ -1,4 +1,4 @@
-// Metrics: every family of ../shared/contracts/METRICS.md, registered here and nowhere else, and
+// Metrics: every family of docs/metrics.md, registered here and nowhere else, and
 // the HTTP server (cpp-httplib) that serves them at http://<listen>/metrics. Per-job series
 // carry {job_id, job_name}; they appear when the job starts and are removed when it ends.
 // Thread-safe (prometheus-cpp metrics are; the per-job map is guarded by mu_).

@@ -1,4 +1,4 @@
-// trainctl: the command-line client of traind (../shared/contracts/CLI.md). Exit codes: 0 success;
+// trainctl: the command-line client of traind (docs/cli.md). Exit codes: 0 success;
 // 1 the job failed or was cancelled (with --wait/--follow); 2 usage or invalid spec; 3 traind
 // cannot be reached or refused the token. Errors go to stderr as one sentence.
 #include <arpa/inet.h>

@@ -1,5 +1,5 @@
 // Job spec parsing (YAML/JSON -> validated JobSpec), input checks on the file system, and the
-// canonical JSON form. The contract is ../shared/contracts/JOBSPEC.md; field reading and error
+// canonical JSON form. The contract is docs/jobspec.md; field reading and error
 // wording live in spec_reader.h.
 #include "traind/engine/job_spec.h"
 #include "traind/engine/tokenizer.h"

@@ -1,4 +1,4 @@
-// JobSpec: the validated, typed form of a job spec document (../shared/contracts/JOBSPEC.md).
+// JobSpec: the validated, typed form of a job spec document (docs/jobspec.md).
 // ParseJobSpec turns YAML or JSON text into a JobSpec; every unknown field, wrong type or bad value
 // is an INVALID_ARGUMENT whose message starts with the field path ("training.lerning_rate: unknown
 // field"). A field whose feature is not built yet is rejected the same way ("training.optim:

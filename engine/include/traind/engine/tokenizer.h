@@ -2,7 +2,7 @@
 // Kinds: "byte" (each UTF-8 byte is its id, vocab 256), "bpe" (Hugging Face tokenizer.json with a
 // byte-level BPE model, or GPT-2's vocab.json + merges.txt), "wordpiece" (tokenizer.json with a
 // BERT WordPiece model) and "sentencepiece" (a SentencePiece .model). How `data.tokenizer` names
-// one: ../shared/contracts/JOBSPEC.md. Implementations: engine/src/data/tokenizers/.
+// one: docs/jobspec.md. Implementations: engine/src/data/tokenizers/.
 #pragma once
 
 #include <atomic>
