@@ -214,6 +214,17 @@ TEST(Quant4, BitIdenticalToBitsandbytesReference) {
       std::vector<float> y(n);
       cpu::Dequantize4bit(h.View(), y.data(), DType::kF32, nt);
       EXPECT_EQ(FirstBitDiff(y, ReadBin<float>(base + ".deq_f32.bin")), -1) << "fp32 dequant";
+      if (dq) {  // the nested absmax expanded once, then dequantized as a plain absmax
+        std::vector<float> absmax(h.qabsmax.size());
+        cpu::DequantizeAbsmaxNested(h.qabsmax.data(), h.nested_absmax.data(), DynamicCodeSigned(),
+                                    h.offset, static_cast<int64_t>(absmax.size()), absmax.data(),
+                                    nt);
+        Quant4View plain = h.View();
+        plain.absmax = absmax.data();
+        std::vector<float> y2(n);
+        cpu::Dequantize4bit(plain, y2.data(), DType::kF32, nt);
+        EXPECT_EQ(FirstBitDiff(y2, y), -1) << "via DequantizeAbsmaxNested";
+      }
       if (dtype != DType::kF32) {
         std::vector<uint16_t> y16(n);
         cpu::Dequantize4bit(h.View(), y16.data(), dtype, nt);
