@@ -4,7 +4,7 @@
 // within half the local code spacing, per block; (3) state bytes per parameter <= 2.1 on a GPT-2
 // shaped parameter list of ~7M parameters (PlanBytes = arena bytes); (4) 200 AdamW steps on a
 // noisy least-squares problem: the 8-bit loss stays within 2% of fp32 AdamW's; (5) state round
-// trip.
+// trip; (6) a padded vocabulary table steps bit-identically to the unpadded tensor.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -264,6 +264,76 @@ TEST(AdamW8bit, LeastSquaresTracksFp32AdamW) {
 
 // The StepRunner's device-scalar protocol gives Step's result (8-bit and fp32-state tensors; CPU
 // backend: device memory is host memory), and an overflowed fp16 step changes nothing.
+// Issue 41 item 8: a padded vocabulary table (Vp rows laid out, V in HF; ParamInfo LiveShape)
+// steps exactly as the unpadded tensor HF has: bitsandbytes' 8-bit-or-fp32 rule counts the V
+// rows (61 x 64 = 3904 < min_8bit_size 4096 <= 64 x 64: fp32 moments, as bitsandbytes keeps for
+// HF's tensor), and a quantized table's padded zeros share its last real block without changing
+// the block's absmax. 20 steps: the real elements bit-identical to a run on the unpadded layout,
+// the padding 0 (weights and moments).
+TEST(AdamW8bit, PaddedVocabularyStepsAsTheUnpaddedTensor) {
+  std::vector<ParamInfo> padded(3), plain(3);
+  // {name, shape, hf_shape, offset, numel, decay}
+  padded[0] = {"wte", {64, 64}, {61, 64}, 0, 4096, true};            // the 8-bit rule's edge
+  padded[1] = {"lm_head", {320, 32}, {300, 32}, 4096, 10240, true};  // 8-bit, a mixed block
+  padded[2] = {"bias", {64}, {61}, 14336, 64, false};
+  int64_t off = 0;
+  for (size_t i = 0; i < padded.size(); ++i) {
+    plain[i] = padded[i];
+    plain[i].shape = padded[i].hf_shape;
+    plain[i].numel = testing::HfNumel(padded[i]);
+    plain[i].offset = off;
+    off += plain[i].numel;
+  }
+  const int64_t n_padded = 14400, n_plain = off;
+  // Padded layout -> plain layout (the real elements).
+  auto real = [&](const std::vector<float>& v) {
+    std::vector<float> out(static_cast<size_t>(n_plain));
+    for (size_t i = 0; i < padded.size(); ++i) {
+      std::copy(v.begin() + padded[i].offset, v.begin() + padded[i].offset + plain[i].numel,
+                out.begin() + plain[i].offset);
+    }
+    return out;
+  };
+  std::unique_ptr<Backend> backend = MakeCpuBackend(2);
+  DeviceArena arena(backend.get(), 0);
+  AdamW8bitOptions o;
+  o.weight_decay = 0.01;
+  auto a = AdamW8bitOptimizer::Create(padded, n_padded, o, &arena);
+  auto b = AdamW8bitOptimizer::Create(plain, n_plain, o, &arena);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(AdamW8bitOptimizer::PlanBytes(padded, o),
+            AdamW8bitOptimizer::PlanBytes(plain, o) + 3 * 64 * 8 + 20 * 32 * 2 + 2 * 2 * 4 + 3 * 8)
+      << "the padding's state: wte's 3 rows of fp32 moments, lm_head's 20 rows of codes and 2 "
+         "more blocks' absmax pairs (40 blocks, 38), the bias's 3 fp32 moments";
+  std::vector<float> pa = testing::ZeroPadding(testing::RandomVector(n_padded, 41, 0.2f), padded);
+  std::vector<float> pb = real(pa);
+  for (int step = 0; step < 20; ++step) {
+    const std::vector<float> g =
+        testing::ZeroPadding(testing::RandomVector(n_padded, 500 + step, 1.0f, 0.05f), padded);
+    (*a)->Step(pa.data(), g.data(), 1e-2, 0.5f);
+    (*b)->Step(pb.data(), real(g).data(), 1e-2, 0.5f);
+  }
+  EXPECT_EQ(real(pa), pb) << "the real elements differ from the unpadded run";
+  EXPECT_EQ(testing::ZeroPadding(pa, padded), pa) << "the padding moved";
+  const SafetensorsFile sa = (*a)->SaveState(), sb = (*b)->SaveState();
+  EXPECT_EQ(sa.tensors.at("wte.exp_avg").dtype, "F32") << "3904 live elements: fp32 moments";
+  EXPECT_EQ(sa.tensors.at("lm_head.exp_avg").dtype, "U8");
+  for (const char* name : {"wte.exp_avg", "wte.exp_avg_sq", "bias.exp_avg_sq"}) {
+    const std::vector<float> v = sa.tensors.at(name).ToF32().value();
+    const int64_t live = sb.tensors.at(name).numel();
+    for (size_t i = static_cast<size_t>(live); i < v.size(); ++i) {
+      ASSERT_EQ(v[i], 0.0f) << name << " element " << i;
+    }
+  }
+  // lm_head's padded codes decode to 0: the signed map's 0 (code 127) and the unsigned one's (0).
+  const std::vector<uint8_t>& m = sa.tensors.at("lm_head.exp_avg").data;
+  const std::vector<uint8_t>& v = sa.tensors.at("lm_head.exp_avg_sq").data;
+  for (size_t i = 300 * 32; i < m.size(); ++i) {
+    ASSERT_EQ(DynamicCodeSigned()[m[i]], 0.0f) << "lm_head.exp_avg element " << i;
+    ASSERT_EQ(DynamicCodeUnsigned()[v[i]], 0.0f) << "lm_head.exp_avg_sq element " << i;
+  }
+}
+
 TEST(AdamW8bit, IssueStepFromScalarsMatchesStep) {
   std::unique_ptr<Backend> backend = MakeCpuBackend(2);
   DeviceArena arena(backend.get(), 0);

@@ -1,7 +1,8 @@
 // AdamW: (1) the optimizer on hand-made parameter views against torch's update rule written out in
 // double (decay only on flagged views, grad_scale as the clip factor), state save/load; (2) three
-// trainer steps on a tiny gpt2 with weight decay, warmup+cosine and clipping against
-// torch.optim.AdamW + clip_grad_norm_ + LambdaLR (reference/train_reference.py), 1e-5 relative.
+// trainer steps on a tiny gpt2 (a padded vocabulary of 61) with weight decay, warmup+cosine and
+// clipping against torch.optim.AdamW + clip_grad_norm_ + LambdaLR (reference/train_reference.py),
+// 1e-5 relative.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -97,8 +98,11 @@ TEST(AdamW, ThreeTrainerStepsMatchTorch) {
   const std::string dir = testing::MakeTempDir("adamw_parity");
   const std::string data = dir + "/tokens.bin";
   const int64_t n_tokens = 4000;
-  testing::WriteSyntheticTokens(data, n_tokens, 64, 3);
+  // A vocabulary of 61: wte laid out with 64 rows, 3 of them padding that neither the global
+  // gradient norm nor weight decay may see (HF's wte has 61 rows).
+  testing::WriteSyntheticTokens(data, n_tokens, 61, 3);
   JobSpec spec = testing::TinySpec(dir, data);
+  spec.model.config.vocab_size = 61;
   spec.data.shuffle = false;
   spec.training.max_steps = 3;
   spec.training.warmup_steps = 1;

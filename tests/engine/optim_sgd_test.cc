@@ -1,7 +1,8 @@
 // SGD: 10 steps on hand-made views (matrices that decay, vectors that do not; one large enough to
 // be threaded) against torch.optim.SGD (reference/sgd_reference.py) for momentum / dampening /
-// nesterov / weight-decay combinations, 1e-6 relative (max |diff| / max |torch| per view); state
-// save/load; option validation.
+// nesterov / weight-decay combinations, 1e-6 relative (max |diff| / max |torch| per view), and on
+// the padded vocabulary tables of gpt2, llama and bert (torch on HF's tensors); state save/load;
+// option validation.
 #include <gtest/gtest.h>
 
 #include "backend/arena.h"
@@ -17,22 +18,22 @@ struct Config {
   bool nesterov;
 };
 
-TEST(Sgd, TenStepsMatchTorch) {
-  if (!testing::HaveTorch()) GTEST_SKIP() << "SKIPPED: " << TRAIND_TEST_PYTHON << " has no torch";
+// 10 steps of every config on `params` (views of a flat buffer of n) against sgd_reference.py, on
+// HF's tensors (a padded view's real rows, `transposed` views transposed); padded elements of
+// init and gradients are 0, as a model keeps them, and stay 0.
+void ExpectTenStepsMatchTorch(const std::string& label, const std::vector<ParamInfo>& params,
+                              int64_t n, const std::vector<bool>& transposed) {
   const std::vector<Config> configs = {{0.0, 0.0, 0.0, false}, {0.0, 0.0, 0.01, false},
                                        {0.9, 0.0, 0.0, false}, {0.9, 0.1, 0.0, false},
                                        {0.9, 0.0, 0.05, true}, {0.5, 0.5, 0.02, false},
                                        {0.99, 0.0, 0.0, true}};
-  int64_t n = 0;
-  std::vector<ParamInfo> params =
-      testing::MakeParams({{7, 13}, {13}, {3, 4, 5}, {128, 160}, {1}}, &n);
   const int steps = 10;
-  std::vector<float> init = testing::RandomVector(n, 1, 0.5f);
+  const std::vector<float> init = testing::ZeroPadding(testing::RandomVector(n, 1, 0.5f), params);
   std::vector<std::vector<float>> grads;
   std::vector<double> lrs;
   std::vector<float> scales;
   for (int s = 0; s < steps; ++s) {
-    grads.push_back(testing::RandomVector(n, 100 + s, 1.0f, 0.1f));
+    grads.push_back(testing::ZeroPadding(testing::RandomVector(n, 100 + s, 1.0f, 0.1f), params));
     lrs.push_back(0.05 * (1.0 + 0.1 * s));
     scales.push_back(s % 3 == 0 ? 1.0f : 0.75f);
   }
@@ -43,8 +44,8 @@ TEST(Sgd, TenStepsMatchTorch) {
                   {"weight_decay", c.weight_decay},
                   {"nesterov", c.nesterov}});
   }
-  const std::string dir = testing::MakeTempDir("sgd_parity");
-  testing::WriteOptimCase(dir, params, n, init, grads, lrs, scales, cj);
+  const std::string dir = testing::MakeTempDir("sgd_parity_" + label);
+  testing::WriteOptimCase(dir, params, n, init, grads, lrs, scales, cj, transposed);
   std::string out;
   ASSERT_EQ(testing::RunPython("sgd_reference.py", dir, &out), 0) << out;
 
@@ -66,10 +67,31 @@ TEST(Sgd, TenStepsMatchTorch) {
     const std::vector<float> ref = testing::ReadFloats(dir + "/out_" + std::to_string(ci) + ".bin");
     const double worst = testing::MaxRelError(p, ref, params);
     worst_all = std::max(worst_all, worst);
-    EXPECT_LT(worst, 1e-6) << "config " << ci;
+    EXPECT_LT(worst, 1e-6) << label << " config " << ci;
+    EXPECT_EQ(testing::ZeroPadding(p, params), p) << label << " config " << ci << ": padding moved";
   }
-  std::printf("[sgd] worst relative error vs torch.optim.SGD over %zu configs: %.3g\n",
-              configs.size(), worst_all);
+  std::printf("[sgd] %s: worst relative error vs torch.optim.SGD over %zu configs: %.3g\n",
+              label.c_str(), configs.size(), worst_all);
+}
+
+TEST(Sgd, TenStepsMatchTorch) {
+  if (!testing::HaveTorch()) GTEST_SKIP() << "SKIPPED: " << TRAIND_TEST_PYTHON << " has no torch";
+  int64_t n = 0;
+  std::vector<ParamInfo> params =
+      testing::MakeParams({{7, 13}, {13}, {3, 4, 5}, {128, 160}, {1}}, &n);
+  ExpectTenStepsMatchTorch("views", params, n, {});
+}
+
+// A padded vocabulary (61 tokens laid out as 64 rows) of gpt2, llama and bert: the same, against
+// torch.optim.SGD on HF's 61-row tensors.
+TEST(Sgd, PaddedVocabularyMatchesTorchOnTheRealRows) {
+  if (!testing::HaveTorch()) GTEST_SKIP() << "SKIPPED: " << TRAIND_TEST_PYTHON << " has no torch";
+  for (const std::string arch : {"gpt2", "llama", "bert"}) {
+    int64_t n = 0;
+    std::vector<bool> transposed;
+    const std::vector<ParamInfo> params = testing::PaddedVocabParams(arch, &n, &transposed);
+    ExpectTenStepsMatchTorch(arch, params, n, transposed);
+  }
 }
 
 // The StepRunner's device-scalar protocol gives Step's result (CPU backend: device memory is host

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -14,6 +15,7 @@
 
 #include "backend/step_scalars.h"
 #include "core/param_info.h"
+#include "models/layout.h"
 #include "trainer_test_util.h"
 
 namespace traind::engine::testing {
@@ -60,21 +62,76 @@ inline std::vector<float> ReadFloats(const std::string& path) {
   return v;
 }
 
-// Writes case.json / init.bin / grads.bin (optim_case.py) for `configs`.
+// The number of elements of the tensor HF has (the product of hf_shape): a padded vocabulary
+// table's first V rows; the view's elements past it are padding.
+inline int64_t HfNumel(const ParamInfo& p) {
+  int64_t n = 1;
+  for (int64_t d : p.hf_shape) n *= d;
+  return n;
+}
+
+// The parameter table of a tiny model of `arch` ("gpt2", "llama" with an untied lm_head, "bert"
+// with the masked_lm head) whose vocabulary, 61, is not a multiple of 64: wte (and lm_head,
+// bert's MLM decoder bias) laid out with 64 rows where HF has 61. `transposed` (one per view):
+// the views that are HF's tensor transposed (gpt2's Conv1D weights).
+inline std::vector<ParamInfo> PaddedVocabParams(const std::string& arch, int64_t* num_params,
+                                                std::vector<bool>* transposed) {
+  ModelConfig c;
+  c.arch = arch;
+  c.vocab_size = 61;
+  if (arch == "gpt2") {
+    c.n_positions = 16;
+    c.n_embd = 32;
+    c.n_layer = 1;
+    c.n_head = 4;
+  } else {
+    c.hidden_size = 32;
+    c.intermediate_size = 48;
+    c.num_hidden_layers = 1;
+    c.num_attention_heads = 4;
+    c.num_key_value_heads = arch == "llama" ? 2 : 4;
+    c.max_position_embeddings = 16;
+    c.tie_word_embeddings = false;
+    if (arch == "bert") c.head = "masked_lm";
+  }
+  const ParamTable table = BuildParams(MakeArchDims(c));
+  *num_params = table.total;
+  transposed->clear();
+  for (const ParamExtra& e : table.extras) transposed->push_back(e.transposed);
+  return table.infos;
+}
+
+// `v` with every view's padding (the elements past HfNumel) set to 0, as a model keeps its
+// padded vocabulary rows (weights and gradients).
+inline std::vector<float> ZeroPadding(std::vector<float> v, const std::vector<ParamInfo>& params) {
+  for (const ParamInfo& p : params) {
+    if (HfNumel(p) >= p.numel) continue;
+    std::fill(v.begin() + p.offset + HfNumel(p), v.begin() + p.offset + p.numel, 0.0f);
+  }
+  return v;
+}
+
+// Writes case.json / init.bin / grads.bin (optim_case.py) for `configs`. Each parameter's
+// hf_shape goes with it (the reference runs on HF's tensor: a padded view's first HfNumel
+// elements), and `transposed` (empty, or one per view) marks the views that are HF's transpose.
 inline void WriteOptimCase(const std::string& dir, const std::vector<ParamInfo>& params,
                            int64_t num_params, const std::vector<float>& init,
                            const std::vector<std::vector<float>>& grads,
                            const std::vector<double>& lrs, const std::vector<float>& grad_scales,
-                           const nlohmann::json& configs) {
+                           const nlohmann::json& configs,
+                           const std::vector<bool>& transposed = {}) {
   nlohmann::json c;
   c["num_params"] = num_params;
   c["steps"] = grads.size();
   c["lrs"] = lrs;
   c["grad_scales"] = grad_scales;
   c["configs"] = configs;
-  for (const ParamInfo& p : params) {
+  for (size_t i = 0; i < params.size(); ++i) {
+    const ParamInfo& p = params[i];
     c["params"].push_back({{"name", p.hf_name},
                            {"shape", p.shape},
+                           {"hf_shape", p.hf_shape},
+                           {"transposed", !transposed.empty() && transposed[i]},
                            {"offset", p.offset},
                            {"numel", p.numel},
                            {"decay", p.weight_decay}});

@@ -67,23 +67,28 @@ Result<std::unique_ptr<AdafactorOptimizer>> AdafactorOptimizer::Create(
     Slot s;
     s.factored = p.shape.size() >= 2;
     s.decay = p.weight_decay && o.weight_decay != 0.0;
+    // The statistics run over the tensor HF has (LiveShape: a padded vocabulary's first V rows,
+    // a prefix of the view); the state keeps the view's shape, its padded rows zero.
+    const std::vector<int64_t> live = LiveShape(p);
+    s.n = LiveNumel(p);
     if (s.factored) {
-      s.B = LeadingProduct(p.shape);
-      s.R = p.shape[p.shape.size() - 2];
-      s.C = p.shape.back();
+      s.B = LeadingProduct(live);
+      s.R = live[live.size() - 2];
+      s.C = live.back();
     } else {
       s.B = s.R = 1;
-      s.C = p.numel;
+      s.C = s.n;
     }
     if (o.beta1.has_value()) {
       s.m = off;
       off += p.numel;
     }
-    if (s.factored) {
+    if (s.factored) {  // laid out by the view's shape (StateTensors), padded rows included
+      const int64_t full_b = LeadingProduct(p.shape);
       s.row = off;
-      off += s.B * s.R;
+      off += full_b * p.shape[p.shape.size() - 2];
       s.col = off;
-      off += s.B * s.C;
+      off += full_b * p.shape.back();
     } else {
       s.v = off;
       off += p.numel;
@@ -122,7 +127,7 @@ void AdafactorOptimizer::Step(float* params, const float* grads, double lr, floa
   for (size_t i = 0; i < params_.size(); ++i) {
     const ParamInfo& p = params_[i];
     const Slot& s = slots_[i];
-    if (p.numel == 0) continue;
+    if (s.n == 0) continue;
     float* param = params + p.offset;
     const float* grad = grads + p.offset;
     float* m = s.m >= 0 ? state_ + s.m : nullptr;
@@ -131,12 +136,12 @@ void AdafactorOptimizer::Step(float* params, const float* grads, double lr, floa
     float* v = s.factored ? nullptr : state_ + s.v;
     double* row_sum = scratch_ + 2;
     backend->Memset0(scratch_, 2 * sizeof(double));
-    backend->AccumulateSumSquares(scratch_, param, p.numel);
+    backend->AccumulateSumSquares(scratch_, param, s.n);
     if (s.factored) {
       optim_ops::AdafactorFactoredStats(backend, grad, row, col, row_sum, s.B, s.R, s.C, beta2t,
                                         eps1, grad_scale);
     } else {
-      optim_ops::AdafactorSecondMoment(backend, grad, v, p.numel, beta2t, eps1, grad_scale);
+      optim_ops::AdafactorSecondMoment(backend, grad, v, s.n, beta2t, eps1, grad_scale);
     }
     optim_ops::AdafactorUpdateSumSquares(backend, scratch_ + 1, grad, row, col, row_sum, v, s.B,
                                          s.R, s.C, grad_scale);

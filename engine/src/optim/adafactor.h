@@ -14,6 +14,10 @@
 //   p -= weight_decay * lr_t * p (only where ParamInfo::weight_decay); p -= update.
 // State (fp32, DeviceArena kOptimizer) under HF's names: "<hf_name>.exp_avg_sq_row" (shape[:-1]),
 // ".exp_avg_sq_col" (shape[:-2] + shape[-1:]), ".exp_avg_sq" (vectors), ".exp_avg" (beta1 set).
+// A padded vocabulary table (ParamInfo LiveShape: Vp rows laid out, V in HF) is the tensor of its
+// V live rows to every statistic, as HF's (V, C) tensor is: RMS(p), RMS(update), the row and
+// column means and mean_R(row) count V rows; the padded rows of the weights and of the state
+// (exp_avg, exp_avg_sq_row, a vector's exp_avg_sq) are never touched and stay zero.
 #pragma once
 
 #include <cstdint>
@@ -84,7 +88,8 @@ class AdafactorOptimizer {
   // copies to the host and WriteState streams to a file.
   std::vector<state_io::DeviceTensor> DeviceState(std::map<std::string, std::string>* metadata) const;
   struct Slot {       // one parameter
-    int64_t B, R, C;  // factored: (B, R, C); unfactored: (1, 1, numel)
+    int64_t n;        // the live elements (LiveNumel): every statistic's count
+    int64_t B, R, C;  // of LiveShape; factored: (B, R, C); unfactored: (1, 1, n)
     bool factored;
     bool decay;
     int64_t m = -1;  // offsets into state_ (-1: none)

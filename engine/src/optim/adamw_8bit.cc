@@ -15,9 +15,12 @@ namespace {
 constexpr const char* kFormat = "traind-adamw8bit-v1";
 constexpr int64_t kTableBytes = 2 * 256 * 4;
 
+// bitsandbytes' size rule counts the tensor HF has: a padded vocabulary table's V rows
+// (LiveNumel), not the Vp laid out. (Its padded zeros share the last live block without changing
+// its absmax, and quantize to the code of 0, so they stay zero.)
 bool Quantized(const AdamW8bitOptions& o, size_t i, const ParamInfo& p) {
   if (p.numel <= 0) return false;
-  return o.quantized.empty() ? p.numel >= o.min_8bit_size : o.quantized[i];
+  return o.quantized.empty() ? LiveNumel(p) >= o.min_8bit_size : o.quantized[i];
 }
 }  // namespace
 

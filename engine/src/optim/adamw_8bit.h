@@ -10,7 +10,10 @@
 // norm weights) keep fp32 moments and the fp32 AdamW update (Backend::AdamW, torch's order:
 // decay first; they never decay under the JOBSPEC rule, so the orders agree there).
 // State bytes: 2 + 8/256 per element of the 8-bit tensors, 8 per element of the others, plus the
-// two 256-entry code tables (2 KiB) on the device.
+// two 256-entry code tables (2 KiB) on the device. A padded vocabulary table (ParamInfo
+// LiveShape: Vp rows laid out, V in HF) is sized by its V rows for the min_8bit_size rule, as
+// bitsandbytes sizes HF's tensor; its padding (zero weights and gradients) shares the last real
+// block without changing its absmax and stays 0.
 #pragma once
 
 #include <cstdint>

@@ -18,10 +18,10 @@
 namespace traind::engine {
 namespace {
 
-// Whether adamw_8bit keeps 8-bit moments for the whole tensor `p` (its size rule; training does
-// not change min_8bit_size).
+// Whether adamw_8bit keeps 8-bit moments for the whole tensor `p` (its size rule, over the
+// tensor HF has: LiveNumel; training does not change min_8bit_size).
 bool Quantized8bit(const TrainingSpec& t, const ParamInfo& p) {
-  return t.optim == "adamw_8bit" && p.numel > 0 && p.numel >= AdamW8bitOptions().min_8bit_size;
+  return t.optim == "adamw_8bit" && p.numel > 0 && LiveNumel(p) >= AdamW8bitOptions().min_8bit_size;
 }
 
 // The slices of `params` inside [begin, end): 1-D views with the parameter's name and decay flag,

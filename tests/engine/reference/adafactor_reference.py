@@ -1,7 +1,10 @@
 # Adafactor written in PyTorch from the algorithm of HF transformers.optimization.Adafactor (torch
 # 1.13 has none): factored row/column second moments over the last two dims for >= 2-D
-# parameters, full second moment for vectors, RMS update clipping, relative step, parameter scale,
-# optional first moment, weight decay on the parameters flagged "decay" only. fp32 tensors, as HF.
+# parameters, full second moment for vectors, RMS update clipping, relative step, parameter scale
+# (RMS of the parameter before the step), optional first moment, weight decay on the parameters
+# flagged "decay" only. float64 throughout (the exact algorithm, for an fp32 implementation to be
+# judged against), on the tensors HF holds (optim_case.py: a padded vocabulary table is its V
+# real rows, a Conv1D weight HF's transpose).
 # Usage: adafactor_reference.py <folder> (case files: optim_case.py); each config holds HF's
 # constructor arguments; "lr" in a config means relative_step=False with the per-step case lrs.
 import math
@@ -25,8 +28,8 @@ def step_param(p, grad, state, cfg, lr_ext, decay):
         if cfg["beta1"] is not None:
             state["exp_avg"] = torch.zeros_like(grad)
         if factored:
-            state["row"] = torch.zeros(grad.shape[:-1])
-            state["col"] = torch.zeros(grad.shape[:-2] + grad.shape[-1:])
+            state["row"] = torch.zeros(grad.shape[:-1], dtype=grad.dtype)
+            state["col"] = torch.zeros(grad.shape[:-2] + grad.shape[-1:], dtype=grad.dtype)
         else:
             state["v"] = torch.zeros_like(grad)
     state["step"] += 1
@@ -66,7 +69,7 @@ def main():
     folder = sys.argv[1]
     case, init, grads = optim_case.load(folder)
     for index, cfg in enumerate(case["configs"]):
-        params = optim_case.make_params(case, init)
+        params = optim_case.make_params(case, init, torch.float64)
         states = [{} for _ in params]
         for step in range(case["steps"]):
             optim_case.set_grads(case, params, grads, step)
