@@ -8,13 +8,10 @@
 
 #include <cstdint>
 
+#include "backend/dynamic_code.h"  // DynamicCodeSigned, DynamicCodeUnsigned
 #include "backend/optim_math.h"
 
 namespace traind::engine {
-
-// The two 256-entry code tables, sorted ascending (fp32, bit-identical to bitsandbytes').
-const float* DynamicCodeSigned();    // [-0.99297, ..., -5.5e-7, 0, 5.5e-7, ..., 0.99297, 1]
-const float* DynamicCodeUnsigned();  // [0, 3.25e-7, ..., 0.99648, 1]
 
 // The number of absmax values (blocks) of an n-element tensor.
 inline int64_t Quant8Blocks(int64_t n) { return (n + kQuant8Block - 1) / kQuant8Block; }

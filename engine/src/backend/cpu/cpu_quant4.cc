@@ -11,7 +11,7 @@
 #include "backend/cpu/cpu_kernels.h"  // TRAIND_CPU_CLONES, F32ToBf16Span, F32ToF16Span
 #include "backend/quant4.h"
 #include "core/half.h"
-#include "optim/quant8.h"  // DynamicCodeSigned: bitsandbytes' create_dynamic_map(signed=True)
+#include "backend/dynamic_code.h"  // DynamicCodeSigned: bitsandbytes' create_dynamic_map(signed=True)
 
 namespace traind::engine {
 namespace {
