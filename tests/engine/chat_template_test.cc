@@ -338,6 +338,18 @@ TEST(ChatTemplateTest, ObjectsKeepTheirOrderInToJson) {
   EXPECT_EQ(*sorted, R"([{"function": {"arguments": {"a": 2, "z": 1}, "name": "f"}, "type": "function"}])");
 }
 
+TEST(ChatTemplateTest, BytesPassThroughBothJsonTypes) {
+  // Invalid UTF-8 is the data loader's to reject; the renderer neither throws nor alters it.
+  auto t = ChatTemplate::Parse("{{ x }}|{{ x | length }}", "t");
+  ASSERT_TRUE(t.ok());
+  auto a = t->Render(nlohmann::json{{"x", "a\xff"}});
+  auto b = t->Render(ordered_json{{"x", "a\xff"}});
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(*a, "a\xff|2");
+  EXPECT_EQ(*b, "a\xff|2");
+  EXPECT_FALSE(t->Render(ordered_json::array()).ok());
+}
+
 TEST(ChatTemplateTest, ParsedTemplateRendersFromSeveralThreads) {
   auto t = ChatTemplate::Parse(ReadAll(OwnDir() + "/qwen3.jinja"), "qwen3");
   ASSERT_TRUE(t.ok()) << t.status().message();

@@ -1197,29 +1197,42 @@ Result<ChatTemplate> ChatTemplate::Parse(std::string_view source, std::string na
   }
 }
 
-Result<std::string> ChatTemplate::Render(const nlohmann::ordered_json& vars) const {
+namespace {
+
+template <typename Json>
+Result<std::string> RenderProgram(const cti::Program& program, const std::string& name, const Json& vars) {
   if (!vars.is_object()) {
-    return Status::InvalidArgument("chat template '" + name_ + "': the variables must be a JSON object");
+    return Status::InvalidArgument("chat template '" + name + "': the variables must be a JSON object");
   }
-  cti::Interp interp;
-  interp.frames.push_back(std::make_shared<cti::Frame>(cti::Globals()));
-  auto top = std::make_shared<cti::Frame>();
-  for (auto it = vars.begin(); it != vars.end(); ++it) (*top)[it.key()] = cti::FromJson(it.value());
-  interp.frames.push_back(top);
   std::string out;
-  interp.out = &out;
   try {
-    interp.Exec(program_->body);
+    cti::Interp interp;
+    interp.frames.push_back(std::make_shared<cti::Frame>(cti::Globals()));
+    auto top = std::make_shared<cti::Frame>();
+    for (auto it = vars.begin(); it != vars.end(); ++it) (*top)[it.key()] = cti::FromJson(it.value());
+    interp.frames.push_back(top);
+    interp.out = &out;
+    interp.Exec(program.body);
   } catch (const cti::TemplateError& e) {
     if (e.raised) {
-      return Status::InvalidArgument("chat template '" + name_ + "' raised an exception at line " +
+      return Status::InvalidArgument("chat template '" + name + "' raised an exception at line " +
                                      std::to_string(e.line) + ": " + e.what());
     }
-    return Status::InvalidArgument("chat template '" + name_ + "' line " + std::to_string(e.line) + ": " + e.what());
+    return Status::InvalidArgument("chat template '" + name + "' line " + std::to_string(e.line) + ": " + e.what());
   } catch (const std::exception& e) {  // std::bad_alloc
-    return Status::ResourceExhausted("chat template '" + name_ + "': " + e.what());
+    return Status::ResourceExhausted("chat template '" + name + "': " + e.what());
   }
   return out;
+}
+
+}  // namespace
+
+Result<std::string> ChatTemplate::Render(const nlohmann::ordered_json& vars) const {
+  return RenderProgram(*program_, name_, vars);
+}
+
+Result<std::string> ChatTemplate::Render(const nlohmann::json& vars) const {
+  return RenderProgram(*program_, name_, vars);
 }
 
 nlohmann::ordered_json ChatTemplateSpecialTokens(const nlohmann::ordered_json& tokenizer_config) {
@@ -1246,8 +1259,5 @@ nlohmann::ordered_json ChatTemplateSpecialTokens(const nlohmann::ordered_json& t
   return out;
 }
 
-Result<std::string> ChatTemplate::Render(const nlohmann::json& vars) const {
-  return Render(nlohmann::ordered_json::parse(vars.dump()));
-}
 
 }  // namespace traind::engine

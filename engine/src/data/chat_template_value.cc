@@ -287,30 +287,38 @@ std::string ToJson(const Value& v, int indent, bool ensure_ascii, const std::str
   return out;
 }
 
-Value FromJson(const nlohmann::ordered_json& j) {
+namespace {
+
+template <typename Json>
+Value FromJsonImpl(const Json& j) {
   switch (j.type()) {
-    case nlohmann::ordered_json::value_t::null: return Value::None();
-    case nlohmann::ordered_json::value_t::boolean: return Value::Bool(j.get<bool>());
-    case nlohmann::ordered_json::value_t::number_integer: return Value::Int(j.get<int64_t>());
-    case nlohmann::ordered_json::value_t::number_unsigned:
-      return Value::Int(static_cast<int64_t>(j.get<uint64_t>()));
-    case nlohmann::ordered_json::value_t::number_float: return Value::Float(j.get<double>());
-    case nlohmann::ordered_json::value_t::string: return Value::Str(j.get<std::string>());
-    case nlohmann::ordered_json::value_t::array: {
+    case Json::value_t::null: return Value::None();
+    case Json::value_t::boolean: return Value::Bool(j.template get<bool>());
+    case Json::value_t::number_integer: return Value::Int(j.template get<int64_t>());
+    case Json::value_t::number_unsigned:
+      return Value::Int(static_cast<int64_t>(j.template get<uint64_t>()));
+    case Json::value_t::number_float: return Value::Float(j.template get<double>());
+    case Json::value_t::string: return Value::Str(j.template get<std::string>());
+    case Json::value_t::array: {
       Array a;
       a.reserve(j.size());
-      for (const auto& e : j) a.push_back(FromJson(e));
+      for (const auto& e : j) a.push_back(FromJsonImpl(e));
       return Value::List(std::move(a));
     }
-    case nlohmann::ordered_json::value_t::object: {
+    case Json::value_t::object: {
       Object o;
       o.reserve(j.size());
-      for (auto it = j.begin(); it != j.end(); ++it) o.emplace_back(it.key(), FromJson(it.value()));
+      for (auto it = j.begin(); it != j.end(); ++it) o.emplace_back(it.key(), FromJsonImpl(it.value()));
       return Value::Dict(std::move(o));
     }
     default: return Value::None();
   }
 }
+
+}  // namespace
+
+Value FromJson(const nlohmann::ordered_json& j) { return FromJsonImpl(j); }
+Value FromJson(const nlohmann::json& j) { return FromJsonImpl(j); }
 
 std::vector<uint32_t> Utf8Decode(const std::string& s) {
   std::vector<uint32_t> out;

@@ -90,8 +90,9 @@ std::string ToJson(const Value& v, int indent, bool ensure_ascii, const std::str
                    const std::string& key_sep, bool sort_keys);
 // Python's float repr ("1.0", "0.1", "1e+16").
 std::string FloatRepr(double x);
-// JSON in, Value out (objects in the JSON's order).
+// JSON in, Value out (objects in the JSON's order; nlohmann::json's is sorted).
 Value FromJson(const nlohmann::ordered_json& j);
+Value FromJson(const nlohmann::json& j);
 
 // UTF-8 helpers: code points of s (bytes of invalid UTF-8 map to themselves), and back.
 std::vector<uint32_t> Utf8Decode(const std::string& s);
