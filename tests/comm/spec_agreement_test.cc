@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "spec_agreement.h"
+#include "traind/comm/distributed.h"
 #include "traind/comm/gloo_communicator.h"
 #include "traind/engine/job_spec.h"
 #include "free_port.h"
@@ -241,6 +242,52 @@ TEST(SpecAgreement, RanksThatDisagreeFailAtTheRendezvousNamingTheField) {
               "%.2f s\n[agree] %s\n",
               s, got[0].message().c_str());
   EXPECT_LT(s, 5.0);
+}
+
+// A restartable world (`traind run --max-restarts`) lets a restarted rank in by design (its claim
+// in the round is taken, so it moves the world to the next round); a process whose spec disagrees
+// with the round's rank 0 is refused there instead, naming the field, and moves nothing.
+TEST(SpecAgreement, ARestartableWorldRefusesAProcessOfAnotherJob) {
+  const int port = comm_test::FreePort();
+  auto spec = [&](int rank, const std::string& lr) {
+    std::string yaml = Yaml("/nowhere/tokens.bin", "learning_rate: 3.0e-4", "learning_rate: " + lr);
+    yaml.replace(yaml.find("rank: 0, master_addr: 127.0.0.1, master_port: 29500"), 51,
+                 "rank: " + std::to_string(rank) +
+                     ", master_addr: 127.0.0.1, master_port: " + std::to_string(port));
+    auto parsed = engine::ParseJobSpec(yaml);
+    EXPECT_TRUE(parsed.ok()) << parsed.status().ToString();
+    return *parsed;
+  };
+  RestartableWorld w0(1), w1(1);
+  std::unique_ptr<engine::Communicator> c0, c1;
+  std::thread a([&] {
+    auto c = w0.Open(spec(0, "3.0e-4"), "cpu");
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    c0 = std::move(*c);
+  });
+  auto c = w1.Open(spec(1, "3.0e-4"), "cpu");
+  a.join();
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  c1 = std::move(*c);
+  ASSERT_EQ(w0.round(), 0);
+
+  RestartableWorld other(1);
+  const auto t0 = std::chrono::steady_clock::now();
+  const Status refused = other.Open(spec(1, "1.0e-3"), "cpu").status();
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(refused.code(), Status::Code::kInvalidArgument) << refused.ToString();
+  EXPECT_NE(refused.message().find("distributed: rank 1's training.learning_rate 0.001 disagrees "
+                                   "with rank 0's 0.0003"),
+            std::string::npos)
+      << refused.ToString();
+  EXPECT_LT(s, 5.0);
+  // The round was left alone: the world still sums in round 0.
+  float x0 = 1, x1 = 2;
+  std::thread b([&] { EXPECT_TRUE(c1->AllReduceSum(&x1, 1, engine::CommDType::kF32).ok()); });
+  EXPECT_TRUE(c0->AllReduceSum(&x0, 1, engine::CommDType::kF32).ok());
+  b.join();
+  EXPECT_EQ(x0, 3.0f);
+  EXPECT_EQ(x1, 3.0f);
 }
 
 }  // namespace
