@@ -269,29 +269,30 @@ class ProfilingBackend final : public Backend {
     in_->SwiGluBackwardRounded(di, d16, t16, i, d, N, H);
   }
   void Rope(float* p, int64_t B, int64_t T_, int64_t nh, int64_t HS, int64_t rs, float theta,
-            bool inv, int64_t pos_offset = 0) override {
+            bool inv, int64_t pos_offset = 0,
+            const engine::RopeScaling& sc = engine::RopeScaling{}) override {
     T x(this, "rope");
-    in_->Rope(p, B, T_, nh, HS, rs, theta, inv, pos_offset);
+    in_->Rope(p, B, T_, nh, HS, rs, theta, inv, pos_offset, sc);
   }
   void AttentionForward(float* o, float* l, const float* q, const float* k, const float* v,
                         int64_t B, int64_t T_, int64_t NH, int64_t NKV, int64_t HS, int64_t qs,
                         int64_t ks, bool causal = true, const int32_t* mask = nullptr,
-                        DType ot = DType::kF32) override {
+                        DType ot = DType::kF32, int64_t w = 0) override {
     // causal: QK^T and PV halves (4 B NH T^2 HS without the mask)
     T x(this, ot == DType::kF32 ? "attention_fwd" : "attention_fwd 16-bit operands",
         (causal ? 2.0 : 4.0) * B * NH * T_ * T_ * HS);
-    in_->AttentionForward(o, l, q, k, v, B, T_, NH, NKV, HS, qs, ks, causal, mask, ot);
+    in_->AttentionForward(o, l, q, k, v, B, T_, NH, NKV, HS, qs, ks, causal, mask, ot, w);
   }
   void AttentionBackward(float* dq, float* dk, float* dv, const float* d, const float* o,
                          const float* l, const float* q, const float* k, const float* v, int64_t B,
                          int64_t T_, int64_t NH, int64_t NKV, int64_t HS, int64_t qs,
                          int64_t ks, bool causal = true, const int32_t* mask = nullptr,
-                         DType ot = DType::kF32) override {
+                         DType ot = DType::kF32, int64_t w = 0) override {
     // recompute S + 4 products (halved when causal)
     T x(this, ot == DType::kF32 ? "attention_bwd" : "attention_bwd 16-bit operands",
         (causal ? 5.0 : 10.0) * B * NH * T_ * T_ * HS);
     in_->AttentionBackward(dq, dk, dv, d, o, l, q, k, v, B, T_, NH, NKV, HS, qs, ks, causal, mask,
-                           ot);
+                           ot, w);
   }
   void SoftmaxCrossEntropy(float* lg, float* ls, const int32_t* t, int64_t N, int64_t V, int64_t Vp,
                            float gs, bool g, const float* ds, void* g16 = nullptr,

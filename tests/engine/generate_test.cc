@@ -57,7 +57,12 @@ class KvDecoderTest : public ::testing::TestWithParam<std::string> {
       c.num_experts_per_tok = 2;
       return c;
     }
-    return TinyLlama(GetParam() == "llama_tied");
+    if (GetParam() == "llama_tied" || GetParam() == "llama_untied") {
+      return TinyLlama(GetParam() == "llama_tied");
+    }
+    // qwen2, mistral (a window of 5 that decoding past position 5 must honour), llama3_rope
+    // (the scaled frequencies at every cached position), llama_head_dim.
+    return testing::TinyFamily(GetParam());
   }
 };
 
@@ -144,7 +149,8 @@ TEST_P(KvDecoderTest, SixteenBitWeightsFollowTheModelsBf16Forward) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, KvDecoderTest,
-                         ::testing::Values("gpt2", "llama_tied", "llama_untied", "mixtral"));
+                         ::testing::Values("gpt2", "llama_tied", "llama_untied", "mixtral",
+                                           "qwen2", "mistral", "llama3_rope", "llama_head_dim"));
 
 TEST(SampleTokenTest, GreedyTopKTopPAndTheSeed) {
   const std::vector<float> logits = {0.1f, 2.0f, 1.9f, -1.0f, 2.0f, 0.5f};

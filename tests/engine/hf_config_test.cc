@@ -232,7 +232,7 @@ TEST_F(HfConfigTest, RejectsWhatWouldChangeTheMath) {
       {kGpt2Config, "n_head", 7, "n_embd 768 is not divisible by n_head 7"},
       {kGpt2Config, "n_embd", "768", "n_embd: expected an integer"},
       {kGpt2Config, "vocab_size", 0, "vocab_size: must be >= 1"},
-      {kGpt2Config, "model_type", "t5", "model_type: 't5' is not supported (gpt2 | llama | bert | mixtral)"},
+      {kGpt2Config, "model_type", "t5", "model_type: 't5' is not supported (gpt2, llama, mistral, qwen2, bert, mixtral)"},
       {kBertConfig, "hidden_act", "gelu_new", "hidden_act: \"gelu_new\" is not supported"},
       {kBertConfig, "position_embedding_type", "relative_key", "position_embedding_type"},
       {kBertConfig, "problem_type", "multi_label_classification", "problem_type"},
@@ -240,14 +240,18 @@ TEST_F(HfConfigTest, RejectsWhatWouldChangeTheMath) {
       {kBertConfig, "num_attention_heads", 7, "hidden_size 768 is not divisible"},
       {kBertConfig, "pad_token_id", 40000, "pad_token_id: 40000 is not a token id"},
       {kLlamaConfig, "hidden_act", "gelu", "hidden_act: \"gelu\" is not supported"},
-      {kLlamaConfig, "rope_scaling", {{"type", "linear"}, {"factor", 2.0}},
-       "rope_scaling: {\"factor\":2.0,\"type\":\"linear\"} is not supported"},
-      {kLlamaConfig, "attention_bias", true, "attention_bias: true is not supported"},
+      {kLlamaConfig, "rope_scaling", {{"type", "dynamic"}, {"factor", 2.0}},
+       "rope_scaling: rope_type 'dynamic' is not supported"},
+      {kLlamaConfig, "rope_parameters", {{"rope_type", "yarn"}, {"factor", 4.0}},
+       "rope_parameters: rope_type 'yarn' is not supported"},
+      {kLlamaConfig, "rope_scaling", {{"rope_type", "linear"}}, "rope_scaling.factor: required"},
+      {kLlamaConfig, "attention_bias", "yes", "attention_bias: expected true or false"},
       {kLlamaConfig, "mlp_bias", true, "mlp_bias"},
-      {kLlamaConfig, "head_dim", 128, "head_dim: 128 is not supported"},
+      {kLlamaConfig, "head_dim", 63, "the head size 63 must be even"},
+      {kLlamaConfig, "partial_rotary_factor", 0.5, "partial_rotary_factor"},
       {kLlamaConfig, "num_key_value_heads", 5, "num_attention_heads 32 is not divisible by "
                                                "num_key_value_heads 5"},
-      {kLlamaConfig, "hidden_size", 2080, "head size hidden_size / num_attention_heads = 65"},
+      {kLlamaConfig, "hidden_size", 2080, "the head size 65 must be even"},
       {kLlamaConfig, "tie_word_embeddings", "no", "tie_word_embeddings: expected true or false"},
   };
   for (const Reject& c : cases) {
@@ -261,6 +265,9 @@ TEST_F(HfConfigTest, RejectsWhatWouldChangeTheMath) {
   // Accepted: the math-neutral spelling of the same activation, and a matching head_dim.
   EXPECT_TRUE(ReadHfConfig(Patched(kGpt2Config, "activation_function", "gelu_pytorch_tanh")).ok());
   EXPECT_TRUE(ReadHfConfig(Patched(kLlamaConfig, "head_dim", 64)).ok());
+  Result<ModelConfig> hd = ReadHfConfig(Patched(kLlamaConfig, "head_dim", 128));
+  ASSERT_TRUE(hd.ok()) << hd.status().ToString();
+  EXPECT_EQ(hd->head_size(), 128);
 }
 
 TEST_F(HfConfigTest, BertReadsAndRoundTrips) {
@@ -350,12 +357,282 @@ TEST_F(HfConfigTest, MixtralReadsAndRoundTrips) {
   EXPECT_TRUE(back->output_router_logits);
   EXPECT_EQ(back->num_local_experts, 8);
   EXPECT_DOUBLE_EQ(back->router_aux_loss_coef, 0.02);
-  Result<ModelConfig> bad = ReadHfConfig(Patched(kMixtralConfig, "sliding_window", 4096));
-  ASSERT_FALSE(bad.ok());
-  EXPECT_THAT(bad.status().message(), HasSubstr("sliding_window: 4096 is not supported"));
-  bad = ReadHfConfig(Patched(kMixtralConfig, "num_experts_per_tok", 9));
+  Result<ModelConfig> windowed = ReadHfConfig(Patched(kMixtralConfig, "sliding_window", 4096));
+  ASSERT_TRUE(windowed.ok()) << windowed.status().ToString();
+  EXPECT_EQ(windowed->sliding_window, 4096);
+  EXPECT_EQ(r->sliding_window, 0);
+  Result<ModelConfig> bad = ReadHfConfig(Patched(kMixtralConfig, "num_experts_per_tok", 9));
   ASSERT_FALSE(bad.ok());
   EXPECT_THAT(bad.status().message(), HasSubstr("num_experts_per_tok: 9 exceeds"));
+}
+
+// Llama-3.2-1B's config.json (transformers 4.45), verbatim: head_dim, llama3 rope_scaling, tied.
+constexpr char kLlama32Config[] = R"({
+  "architectures": ["LlamaForCausalLM"],
+  "attention_bias": false,
+  "attention_dropout": 0.0,
+  "bos_token_id": 128000,
+  "eos_token_id": 128001,
+  "head_dim": 64,
+  "hidden_act": "silu",
+  "hidden_size": 2048,
+  "initializer_range": 0.02,
+  "intermediate_size": 8192,
+  "max_position_embeddings": 131072,
+  "mlp_bias": false,
+  "model_type": "llama",
+  "num_attention_heads": 32,
+  "num_hidden_layers": 16,
+  "num_key_value_heads": 8,
+  "pretraining_tp": 1,
+  "rms_norm_eps": 1e-05,
+  "rope_scaling": {
+    "factor": 32.0,
+    "high_freq_factor": 4.0,
+    "low_freq_factor": 1.0,
+    "original_max_position_embeddings": 8192,
+    "rope_type": "llama3"
+  },
+  "rope_theta": 500000.0,
+  "tie_word_embeddings": true,
+  "torch_dtype": "bfloat16",
+  "transformers_version": "4.45.0.dev0",
+  "use_cache": true,
+  "vocab_size": 128256
+})";
+
+// Qwen2.5-0.5B's config.json, verbatim: q/k/v biases are implied by the family.
+constexpr char kQwen25Config[] = R"({
+  "architectures": ["Qwen2ForCausalLM"],
+  "attention_dropout": 0.0,
+  "bos_token_id": 151643,
+  "eos_token_id": 151643,
+  "hidden_act": "silu",
+  "hidden_size": 896,
+  "initializer_range": 0.02,
+  "intermediate_size": 4864,
+  "max_position_embeddings": 32768,
+  "max_window_layers": 24,
+  "model_type": "qwen2",
+  "num_attention_heads": 14,
+  "num_hidden_layers": 24,
+  "num_key_value_heads": 2,
+  "rms_norm_eps": 1e-06,
+  "rope_theta": 1000000.0,
+  "sliding_window": 32768,
+  "tie_word_embeddings": true,
+  "torch_dtype": "bfloat16",
+  "transformers_version": "4.40.1",
+  "use_cache": true,
+  "use_sliding_window": false,
+  "vocab_size": 151936
+})";
+
+// Mistral-7B-v0.1's config.json, verbatim: a 4096-token sliding window.
+constexpr char kMistralConfig[] = R"({
+  "architectures": ["MistralForCausalLM"],
+  "bos_token_id": 1,
+  "eos_token_id": 2,
+  "hidden_act": "silu",
+  "hidden_size": 4096,
+  "initializer_range": 0.02,
+  "intermediate_size": 14336,
+  "max_position_embeddings": 32768,
+  "model_type": "mistral",
+  "num_attention_heads": 32,
+  "num_hidden_layers": 32,
+  "num_key_value_heads": 8,
+  "rms_norm_eps": 1e-05,
+  "rope_theta": 10000.0,
+  "sliding_window": 4096,
+  "tie_word_embeddings": false,
+  "torch_dtype": "bfloat16",
+  "transformers_version": "4.34.0.dev0",
+  "use_cache": true,
+  "vocab_size": 32000
+})";
+
+TEST_F(HfConfigTest, LlamaLikeFamiliesReadAsHfDoes) {
+  Result<ModelConfig> l = ReadHfConfig(Write(kLlama32Config));
+  ASSERT_TRUE(l.ok()) << l.status().ToString();
+  EXPECT_EQ(l->arch, "llama");
+  EXPECT_EQ(l->head_size(), 64);
+  EXPECT_EQ(l->rope_scaling.rope_type, "llama3");
+  EXPECT_DOUBLE_EQ(l->rope_scaling.factor, 32.0);
+  EXPECT_DOUBLE_EQ(l->rope_scaling.low_freq_factor, 1.0);
+  EXPECT_DOUBLE_EQ(l->rope_scaling.high_freq_factor, 4.0);
+  EXPECT_EQ(l->rope_scaling.original_max_position_embeddings, 8192);
+  EXPECT_DOUBLE_EQ(l->rope_theta, 500000.0);
+  EXPECT_TRUE(l->tied_embeddings());
+  EXPECT_FALSE(l->attention_bias);
+
+  Result<ModelConfig> q = ReadHfConfig(Write(kQwen25Config));
+  ASSERT_TRUE(q.ok()) << q.status().ToString();
+  EXPECT_EQ(q->arch, "qwen2");
+  EXPECT_EQ(q->num_key_value_heads, 2);
+  EXPECT_EQ(q->head_size(), 64);
+  EXPECT_EQ(q->sliding_window, 0);  // use_sliding_window false: full attention
+  EXPECT_EQ(q->vocab_size, 151936);
+  Result<ModelConfig> qw = ReadHfConfig(Patched(kQwen25Config, "use_sliding_window", true));
+  ASSERT_FALSE(qw.ok());
+  EXPECT_THAT(qw.status().message(), HasSubstr("use_sliding_window: true is not supported"));
+
+  Result<ModelConfig> m = ReadHfConfig(Write(kMistralConfig));
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ(m->arch, "mistral");
+  EXPECT_EQ(m->sliding_window, 4096);
+  Result<ModelConfig> m3 = ReadHfConfig(Patched(kMistralConfig, "sliding_window", nullptr));
+  ASSERT_TRUE(m3.ok()) << m3.status().ToString();
+  EXPECT_EQ(m3->sliding_window, 0);  // Mistral-7B-v0.3: null, full attention
+  // HF's defaults where the file is silent: MistralConfig's num_key_value_heads is 8.
+  Result<ModelConfig> md =
+      ReadHfConfig(Patched(kMistralConfig, "num_key_value_heads", nlohmann::json::value_t::discarded));
+  ASSERT_TRUE(md.ok());
+  EXPECT_EQ(md->num_key_value_heads, 8);
+
+  // rope_parameters (newer transformers) is read like rope_scaling, rope_theta included.
+  nlohmann::json rp = nlohmann::json::parse(kLlama32Config);
+  rp["rope_parameters"] = rp["rope_scaling"];
+  rp["rope_parameters"]["rope_theta"] = 250000.0;
+  rp.erase("rope_scaling");
+  rp.erase("rope_theta");
+  Result<ModelConfig> p = ReadHfConfig(Write(rp.dump()));
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  EXPECT_EQ(p->rope_scaling, l->rope_scaling);
+  EXPECT_DOUBLE_EQ(p->rope_theta, 250000.0);
+  // Written back in the same spelling, with the same values.
+  const nlohmann::json pw = nlohmann::json::parse(WriteHfConfigJson(*p));
+  EXPECT_FALSE(pw.contains("rope_scaling"));
+  EXPECT_EQ(pw["rope_parameters"]["rope_type"], "llama3");
+  EXPECT_EQ(pw["rope_parameters"]["rope_theta"], 250000.0);
+}
+
+// Exported and loaded again, a config.json keeps every key of the file it came from (token ids,
+// transformers_version, max_window_layers, ...) and writes byte-identically the second time.
+TEST_F(HfConfigTest, OutputsKeepEveryKeyAndRoundTripByteIdentically) {
+  for (const char* text : {kLlama32Config, kQwen25Config, kMistralConfig, kMixtralConfig,
+                           kLlamaConfig, kGpt2Config, kBertConfig}) {
+    Result<ModelConfig> c = ReadHfConfig(Write(text));
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    const std::string out = WriteHfConfigJson(*c);
+    const nlohmann::json src = nlohmann::json::parse(text), o = nlohmann::json::parse(out);
+    for (auto it = src.begin(); it != src.end(); ++it) {
+      EXPECT_TRUE(o.contains(it.key())) << c->arch << ": " << it.key() << " lost";
+      if (it.key() == "bos_token_id" || it.key() == "eos_token_id" ||
+          it.key() == "transformers_version" || it.key() == "rope_scaling") {
+        EXPECT_EQ(o[it.key()], it.value()) << c->arch << ": " << it.key();
+      }
+    }
+    EXPECT_EQ(o["torch_dtype"], "float32");  // the weights traind writes
+    Result<ModelConfig> back = ReadHfConfig(Write(out));
+    ASSERT_TRUE(back.ok()) << back.status().ToString();
+    EXPECT_EQ(WriteHfConfigJson(*back), out) << c->arch;
+  }
+  // qwen2 writes its class names; llama its attention_bias.
+  ModelConfig q = *ReadHfConfig(Write(kQwen25Config));
+  EXPECT_EQ(nlohmann::json::parse(WriteHfConfigJson(q))["architectures"][0], "Qwen2ForCausalLM");
+  ModelConfig lb = *ReadHfConfig(Patched(kLlamaConfig, "attention_bias", true));
+  EXPECT_TRUE(lb.attention_bias);
+  EXPECT_EQ(nlohmann::json::parse(WriteHfConfigJson(lb))["attention_bias"], true);
+}
+
+// Every key of each llama-like family's HF config class (transformers' LlamaConfig,
+// MistralConfig, Qwen2Config, MixtralConfig __init__ arguments) is either modelled (a changed
+// value changes the model traind builds), refused (a value traind does not implement is an error
+// naming the key), or neutral (bookkeeping that cannot change the arithmetic: token ids, init
+// range, the cache; dropouts: traind trains without dropout and its output config.json says so).
+struct ClassKey {
+  const char* key;
+  nlohmann::json value;  // a value other than the file's
+  enum Kind { kModelled, kRefused, kNeutral } kind;
+};
+
+std::string Arithmetic(const ModelConfig& c) {
+  nlohmann::json j = {c.arch, c.vocab_size, c.hidden_size, c.intermediate_size,
+                      c.num_hidden_layers, c.num_attention_heads, c.num_key_value_heads,
+                      c.head_size(), c.rms_norm_eps, c.rope_theta, c.max_position_embeddings,
+                      c.tie_word_embeddings, c.attention_bias, c.sliding_window,
+                      c.rope_scaling.rope_type, c.rope_scaling.factor,
+                      c.rope_scaling.low_freq_factor, c.rope_scaling.high_freq_factor,
+                      c.rope_scaling.original_max_position_embeddings, c.num_local_experts,
+                      c.num_experts_per_tok, c.router_aux_loss_coef, c.output_router_logits};
+  return j.dump();
+}
+
+TEST_F(HfConfigTest, EveryKeyOfTheHfConfigClassesIsModelledRefusedOrNeutral) {
+  using K = ClassKey;
+  const nlohmann::json linear = {{"rope_type", "linear"}, {"factor", 2.0}};
+  const std::vector<K> common = {
+      {"vocab_size", 32001, K::kModelled},
+      {"hidden_size", 1792, K::kModelled},  // divisible by 14 and 32 heads
+      {"intermediate_size", 999, K::kModelled},
+      {"num_hidden_layers", 3, K::kModelled},
+      {"num_attention_heads", 16, K::kModelled},
+      {"num_key_value_heads", 1, K::kModelled},
+      {"hidden_act", "gelu", K::kRefused},
+      {"max_position_embeddings", 77, K::kModelled},
+      {"initializer_range", 0.5, K::kNeutral},
+      {"rms_norm_eps", 1e-3, K::kModelled},
+      {"use_cache", false, K::kNeutral},
+      {"pad_token_id", 5, K::kNeutral},
+      {"bos_token_id", 6, K::kNeutral},
+      {"eos_token_id", 7, K::kNeutral},
+      {"tie_word_embeddings", true, K::kModelled},
+      {"rope_theta", 1234.0, K::kModelled},
+      {"attention_dropout", 0.1, K::kNeutral},
+      {"head_dim", 96, K::kModelled},
+  };
+  struct Family {
+    const char* base;
+    std::vector<K> keys;
+  };
+  const std::vector<Family> families = {
+      {kLlama32Config,
+       {{"rope_scaling", linear, K::kModelled},
+        {"rope_scaling", {{"rope_type", "yarn"}, {"factor", 2.0}}, K::kRefused},
+        {"attention_bias", true, K::kModelled},
+        {"mlp_bias", true, K::kRefused},
+        {"pretraining_tp", 2, K::kNeutral}}},
+      {kMistralConfig, {{"sliding_window", 128, K::kModelled}}},
+      {kQwen25Config,
+       {{"rope_scaling", linear, K::kModelled},
+        {"use_sliding_window", true, K::kRefused},
+        {"sliding_window", 128, K::kNeutral},      // only with use_sliding_window
+        {"max_window_layers", 3, K::kNeutral},     // likewise
+        {"attention_bias", true, K::kRefused}}},
+      {kMixtralConfig,
+       {{"sliding_window", 128, K::kModelled},
+        {"num_experts_per_tok", 1, K::kModelled},
+        {"num_local_experts", 4, K::kModelled},
+        {"output_router_logits", true, K::kModelled},
+        {"router_aux_loss_coef", 0.5, K::kModelled},
+        {"router_jitter_noise", 0.1, K::kRefused}}},
+  };
+  for (const Family& f : families) {
+    Result<ModelConfig> base = ReadHfConfig(Write(f.base));
+    ASSERT_TRUE(base.ok()) << base.status().ToString();
+    std::vector<K> keys = common;
+    keys.insert(keys.end(), f.keys.begin(), f.keys.end());
+    for (const K& k : keys) {
+      SCOPED_TRACE(base->arch + "." + k.key + " = " + k.value.dump());
+      const nlohmann::json value = std::string(k.key) == "tie_word_embeddings"
+                                       ? nlohmann::json(!base->tie_word_embeddings)
+                                       : k.value;
+      const std::string path = Patched(f.base, k.key, value);
+      Result<ModelConfig> r = ReadHfConfig(path);
+      if (k.kind == K::kRefused) {
+        ASSERT_FALSE(r.ok());
+        EXPECT_THAT(r.status().message(), HasSubstr(k.key));
+        continue;
+      }
+      ASSERT_TRUE(r.ok()) << r.status().ToString();
+      if (k.kind == K::kModelled) {
+        EXPECT_NE(Arithmetic(*r), Arithmetic(*base));
+      } else {
+        EXPECT_EQ(Arithmetic(*r), Arithmetic(*base));
+      }
+    }
+  }
 }
 
 TEST_F(HfConfigTest, MissingOrMalformedFiles) {

@@ -11,6 +11,7 @@
 #include <random>
 
 #include <gmock/gmock.h>
+#include <nlohmann/json.hpp>
 #include <gtest/gtest.h>
 
 #include "models/hf_config.h"
@@ -214,7 +215,7 @@ TEST(JobSpecTest, OutOfRangeValues) {
   ExpectInvalid(With(kBase, "training", "lr_scheduler_type: cosine_with_restarts"),
                 "training.lr_scheduler_type: expected one of constant, linear, cosine, got "
                 "'cosine_with_restarts'");
-  ExpectInvalid(Replace(kBase, "arch: gpt2", "arch: gpt3"), "model.arch: expected one of gpt2, llama, bert, mixtral, got 'gpt3'");
+  ExpectInvalid(Replace(kBase, "arch: gpt2", "arch: gpt3"), "model.arch: expected one of gpt2, llama, mistral, qwen2, bert, mixtral, got 'gpt3'");
   ExpectInvalid(Replace(kBase, "max_steps: 5", "max_steps: 0"), "training.max_steps: must be >= 1, got 0");
   ExpectInvalid(With(kBase, "training", "gradient_accumulation_steps: 0"),
                 "training.gradient_accumulation_steps: must be >= 1");
@@ -231,7 +232,7 @@ TEST(JobSpecTest, OutOfRangeValues) {
                 "data.token_dtype: expected one of uint16, uint32, got 'int8'");
   ExpectInvalid(Replace(kBase, "train_file: /data/x.txt", "train_file: \"\""), "data.train_file: must not be empty");
   ExpectInvalid(Replace(kBase, "  train_file: /data/x.txt\n", ""), "data.train_file: required");
-  ExpectInvalid(Replace(kBase, "  arch: gpt2\n", ""), "model.arch: required (gpt2 | llama | bert | mixtral)");
+  ExpectInvalid(Replace(kBase, "  arch: gpt2\n", ""), "model.arch: required without init_from (gpt2, llama, mistral, qwen2, bert, mixtral)");
 }
 
 TEST(JobSpecTest, MixedPrecisionAccepted) {
@@ -585,7 +586,7 @@ TEST(JobSpecTest, ConfigSanityChecks) {
                 "model.config.num_key_value_heads: num_attention_heads 4 is not divisible by num_key_value_heads 3");
   ExpectInvalid(Replace(Replace(kLlamaBase, "hidden_size: 64", "hidden_size: 36"), "num_attention_heads: 4",
                         "num_attention_heads: 4"),
-                "head size hidden_size / num_attention_heads = 9 must be even");
+                "the head size 9 must be even");
   ExpectInvalid(Replace(kBase, "seq_len: 16", "seq_len: 65"), "data.seq_len: 65 exceeds model.config.n_positions 64");
   ExpectInvalid(Replace(kLlamaBase, "seq_len: 16", "seq_len: 100"),
                 "data.seq_len: 100 exceeds model.config.max_position_embeddings 64");
@@ -815,6 +816,89 @@ namespace {
 
 // mixtral: llama's keys plus the experts', HF MixtralConfig defaults, round trip through JSON;
 // LoRA is not built for it yet (a clear error naming the field).
+// Defaults apply only to keys that neither the spec nor config.json gives: a mixtral folder
+// with num_key_value_heads 2 and a spec with no model.config starts (it was refused because HF's
+// default 8 was taken for a value the user wrote); a key the spec writes is compared even when it
+// equals HF's default; model.arch comes from the folder when omitted.
+TEST_F(ValidateInputsTest, InitFromTakesTheFileForKeysTheSpecDoesNotWrite) {
+  ModelConfig c;
+  c.arch = "mixtral";
+  c.vocab_size = 256;
+  c.hidden_size = 64;
+  c.intermediate_size = 96;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.max_position_embeddings = 64;
+  c.num_local_experts = 4;
+  fs::create_directories(dir_ / "hf");
+  std::ofstream(dir_ / "hf/config.json") << WriteHfConfigJson(c);
+  std::ofstream(dir_ / "hf/model.safetensors") << "x";
+  const std::string data = "data: {train_file: data.txt, seq_len: 16}\n";
+  Status st = ValidateJobInputs(Parse("model: {arch: mixtral, init_from: hf}\n" + data));
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  JobSpec inferred = Parse("model: {init_from: hf}\n" + data);
+  EXPECT_EQ(inferred.model.config.arch, "mixtral");
+  EXPECT_TRUE(ValidateJobInputs(inferred).ok());
+  // Written keys are compared, whatever HF's default is.
+  st = ValidateJobInputs(
+      Parse("model: {arch: mixtral, init_from: hf, config: {num_key_value_heads: 8}}\n" + data));
+  EXPECT_EQ(st.code(), Status::Code::kFailedPrecondition);
+  EXPECT_THAT(st.message(), HasSubstr("model.config.num_key_value_heads: 8 disagrees with"));
+  st = ValidateJobInputs(
+      Parse("model: {arch: mixtral, init_from: hf, config: {num_key_value_heads: 2, "
+            "num_local_experts: 4}}\n" + data));
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  // The stored form of a spec (JobSpecToJson, what the daemon keeps and the job runner parses)
+  // carries only the keys the user wrote, so it validates the same way.
+  JobSpec given = Parse("model: {arch: mixtral, init_from: hf, config: {num_local_experts: 4}}\n" + data);
+  const nlohmann::json stored = nlohmann::json::parse(JobSpecToJson(given));
+  EXPECT_EQ(stored["model"]["config"], nlohmann::json({{"num_local_experts", 4}}));
+  Result<JobSpec> back = ParseJobSpec(JobSpecToJson(given));
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_TRUE(ValidateJobInputs(*back).ok());
+  // A folder whose config.json has no model_type needs model.arch.
+  fs::create_directories(dir_ / "bare");
+  std::ofstream(dir_ / "bare/config.json") << "{\"hidden_size\": 8}";
+  Result<JobSpec> bare = ParseJobSpec("model: {init_from: bare}\n" + data, dir_.string());
+  ASSERT_FALSE(bare.ok());
+  EXPECT_THAT(bare.status().message(), HasSubstr("no model_type string (give model.arch)"));
+}
+
+TEST(JobSpecTest, LlamaLikeFamiliesAndTheirKeys) {
+  for (const char* arch : {"mistral", "qwen2"}) {
+    Result<JobSpec> r = ParseJobSpec(Replace(kLlamaBase, "arch: llama", std::string("arch: ") + arch));
+    ASSERT_TRUE(r.ok()) << arch << ": " << r.status().ToString();
+    EXPECT_EQ(r->model.config.arch, arch);
+  }
+  Result<JobSpec> m = ParseJobSpec(Replace(kLlamaBase, "arch: llama", "arch: mistral"));
+  EXPECT_EQ(m->model.config.sliding_window, 4096);  // MistralConfig's default
+  Result<JobSpec> r = ParseJobSpec(With(With(With(kLlamaBase, "model.config", "head_dim: 32"),
+                                             "model.config", "attention_bias: true"),
+                                        "model.config",
+                                        "rope_scaling: {rope_type: llama3, factor: 8.0, "
+                                        "low_freq_factor: 1.0, high_freq_factor: 4.0, "
+                                        "original_max_position_embeddings: 32}"));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->model.config.head_size(), 32);
+  EXPECT_TRUE(r->model.config.attention_bias);
+  EXPECT_EQ(r->model.config.rope_scaling.rope_type, "llama3");
+  EXPECT_DOUBLE_EQ(r->model.config.rope_scaling.factor, 8.0);
+  Result<JobSpec> back = ParseJobSpec(JobSpecToJson(*r));
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->model.config.rope_scaling, r->model.config.rope_scaling);
+  EXPECT_EQ(back->model.config.head_size(), 32);
+  ExpectInvalid(Replace(kLlamaBase, "arch: llama", "arch: qwen3"), "model.arch: qwen3 is not supported yet");
+  ExpectInvalid(Replace(kLlamaBase, "arch: llama", "arch: gemma"), "model.arch: gemma is not supported yet");
+  ExpectInvalid(With(kLlamaBase, "model.config", "rope_scaling: {rope_type: yarn, factor: 2}"),
+                "model.config.rope_scaling.rope_type: expected one of default, linear, llama3");
+  ExpectInvalid(With(kLlamaBase, "model.config", "sliding_window: 8"),
+                "model.config.sliding_window: not a llama config key");
+  ExpectInvalid(With(Replace(kLlamaBase, "arch: llama", "arch: qwen2"), "model.config",
+                     "attention_bias: true"),
+                "model.config.attention_bias: not a qwen2 config key");
+}
+
 TEST(JobSpecTest, MixtralSpec) {
   const std::string spec = Replace(With(With(kLlamaBase, "model.config", "num_local_experts: 4"),
                                         "model.config", "output_router_logits: true"),

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -21,16 +22,27 @@ json ConfigJson(const ModelConfig& c) {
             {"n_embd", c.n_embd},         {"n_layer", c.n_layer},
             {"n_head", c.n_head},         {"layer_norm_epsilon", c.layer_norm_epsilon}};
   }
-  return {{"vocab_size", c.vocab_size},
-          {"hidden_size", c.hidden_size},
-          {"intermediate_size", c.intermediate_size},
-          {"num_hidden_layers", c.num_hidden_layers},
-          {"num_attention_heads", c.num_attention_heads},
-          {"num_key_value_heads", c.num_key_value_heads},
-          {"rms_norm_eps", c.rms_norm_eps},
-          {"rope_theta", c.rope_theta},
-          {"max_position_embeddings", c.max_position_embeddings},
-          {"tie_word_embeddings", c.tie_word_embeddings}};
+  json j = {{"vocab_size", c.vocab_size},
+            {"hidden_size", c.hidden_size},
+            {"intermediate_size", c.intermediate_size},
+            {"num_hidden_layers", c.num_hidden_layers},
+            {"num_attention_heads", c.num_attention_heads},
+            {"num_key_value_heads", c.num_key_value_heads},
+            {"head_dim", c.head_size()},
+            {"rms_norm_eps", c.rms_norm_eps},
+            {"rope_theta", c.rope_theta},
+            {"max_position_embeddings", c.max_position_embeddings},
+            {"tie_word_embeddings", c.tie_word_embeddings},
+            {"sliding_window", c.sliding_window}};
+  const ModelConfig::RopeScaling& rs = c.rope_scaling;
+  if (rs.rope_type != "default") {
+    j["rope_scaling"] = {{"rope_type", rs.rope_type},
+                         {"factor", rs.factor},
+                         {"low_freq_factor", rs.low_freq_factor},
+                         {"high_freq_factor", rs.high_freq_factor},
+                         {"original_max_position_embeddings", rs.original_max_position_embeddings}};
+  }
+  return j;
 }
 
 // Tolerances: norm-wise ||ours - ref|| / ||ref|| <= 1e-5 per tensor (the bar), and
@@ -55,6 +67,18 @@ void Prepare(ParityCase* pc, uint64_t seed) {
   // 4x the 0.02 init: activations well inside the nonlinear ranges of GELU/SiLU and attention
   // far from uniform, so a wrong nonlinearity or GQA mapping shows up clearly.
   t.backend->Scale(m.param_data(), 4.0f, m.num_params());
+  // Biases start at zero: give the attention biases (qwen2, llama attention_bias) values, so a
+  // bias added to the wrong rows shows in the loss and not only in its own gradient.
+  for (const ParamInfo& p : m.params()) {
+    if (p.hf_name.find("self_attn.") == std::string::npos ||
+        p.hf_name.size() < 5 || p.hf_name.compare(p.hf_name.size() - 5, 5, ".bias") != 0) {
+      continue;
+    }
+    for (int64_t i = 0; i < p.numel; ++i) {
+      m.param_data()[p.offset + i] = 0.3f * std::sin(0.7f * static_cast<float>(i + p.offset));
+    }
+  }
+  m.ParamsChanged();
   const Batch batch = MakeBatch(opt.micro_batch * opt.seq_len, pc->config.vocab_size, 1234);
   SetBatch(t, batch);
   m.ZeroGrad();
@@ -134,6 +158,34 @@ TEST(ModelParity, Gpt2AndLlamaMatchTorch) {
   }
   ASSERT_TRUE(RunReference("model_reference.py", dirs)) << "reference script failed";
   for (const ParityCase& pc : cases) Check(pc);
+}
+
+// The llama-like families and llama's variants (TinyFamily): qwen2's q/k/v biases, mistral's
+// sliding window (5 < T = 16: windows that cut the causal triangle), Llama 3.1's rope_scaling,
+// linear rope_scaling with an explicit head_dim and attention_bias; one Python start for all.
+TEST(ModelParity, LlamaLikeFamiliesMatchTorch) {
+  if (!PythonTorchAvailable()) {
+    GTEST_SKIP() << "SKIPPED: " << TRAIND_TEST_PYTHON
+                 << " cannot import torch; install python3-torch (./run.sh does) to run parity";
+  }
+  TempDir dir;
+  ASSERT_FALSE(dir.path.empty());
+  const std::vector<std::string> variants = {"qwen2", "mistral", "llama3_rope", "llama_head_dim"};
+  std::vector<ParityCase> cases(variants.size());
+  std::string dirs;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    cases[i].config = TinyFamily(variants[i]);
+    cases[i].dir = dir.path + "/case" + std::to_string(i);
+    std::filesystem::create_directory(cases[i].dir);
+    Prepare(&cases[i], 17 + i);
+    if (HasFatalFailure()) return;
+    dirs += " " + cases[i].dir;
+  }
+  ASSERT_TRUE(RunReference("model_reference.py", dirs)) << "reference script failed";
+  for (size_t i = 0; i < cases.size(); ++i) {
+    SCOPED_TRACE(variants[i]);
+    Check(cases[i]);
+  }
 }
 
 }  // namespace

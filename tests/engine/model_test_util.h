@@ -49,6 +49,35 @@ inline ModelConfig TinyLlama(bool tied) {
   return c;
 }
 
+// The llama-like families and llama's variants, at TinyLlama's size (HS 8): qwen2 (q/k/v
+// biases, tied), mistral (sliding window 5 < T), llama with Llama 3.1's rope_scaling (an
+// original context of 64 puts HS 8's four frequencies in every regime: kept, smoothed, divided),
+// and llama with an explicit head_dim (16: NH*HS = 64 != hidden_size), attention_bias and linear
+// rope_scaling.
+inline ModelConfig TinyFamily(const std::string& variant) {
+  ModelConfig c = TinyLlama(/*tied=*/false);
+  if (variant == "qwen2") {
+    c.arch = "qwen2";
+    c.tie_word_embeddings = true;
+  } else if (variant == "mistral") {
+    c.arch = "mistral";
+    c.sliding_window = 5;
+  } else if (variant == "llama3_rope") {
+    c.rope_scaling.rope_type = "llama3";
+    c.rope_scaling.factor = 8.0;
+    c.rope_scaling.low_freq_factor = 1.0;
+    c.rope_scaling.high_freq_factor = 4.0;
+    c.rope_scaling.original_max_position_embeddings = 64;
+    c.rope_theta = 500000.0;
+  } else if (variant == "llama_head_dim") {
+    c.head_dim = 16;
+    c.attention_bias = true;
+    c.rope_scaling.rope_type = "linear";
+    c.rope_scaling.factor = 2.0;
+  }
+  return c;
+}
+
 // The small gpt2 of the benches (6 layers, d384, 6 heads, vocab 50304 = GPT-2's padded, T256).
 inline ModelConfig SmallGpt2() {
   ModelConfig c;

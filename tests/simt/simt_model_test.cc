@@ -138,7 +138,9 @@ TEST(SimtModelExport, Gpt2StreamHfMatchesCpuBackend) {
 class SimtModelStep : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(SimtModelStep, MatchesCpuBackend) {
-  const ModelConfig config = GetParam() == "gpt2" ? TinyGpt2() : TinyLlama();
+  const ModelConfig config = GetParam() == "gpt2"    ? TinyGpt2()
+                             : GetParam() == "llama" ? TinyLlama()
+                                                     : testing::TinyFamily(GetParam());
   ModelOptions options;
   options.micro_batch = 2;
   options.seq_len = 13;  // ragged against every block size
@@ -203,7 +205,11 @@ TEST_P(SimtModelStep, MatchesCpuBackend) {
   EXPECT_TRUE(gpu->status().ok()) << gpu->status().ToString();
 }
 
-INSTANTIATE_TEST_SUITE_P(Tiny, SimtModelStep, ::testing::Values("gpt2", "llama"));
+// The llama-like families' features on the CUDA kernels: qwen2's q/k/v biases, mistral's
+// sliding window (5 < T), Llama 3.1's rope_scaling, an explicit head_dim with attention_bias.
+INSTANTIATE_TEST_SUITE_P(Tiny, SimtModelStep,
+                         ::testing::Values("gpt2", "llama", "qwen2", "mistral", "llama3_rope",
+                                           "llama_head_dim"));
 
 // LoRA on every target module: the adapters run as plain GEMMs, so the simt backend's step must
 // match the CPU's (loss and every adapter gradient within 1e-5 relative in fp32), with a frozen

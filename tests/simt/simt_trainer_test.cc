@@ -35,8 +35,9 @@ struct Outcome {
 JobSpec Spec(const std::string& arch, const std::string& dir) {
   testing::WriteSyntheticTokens(dir + "/tokens.bin", 1500, 64, 3);
   JobSpec s = testing::TinySpec(dir, dir + "/tokens.bin");
-  if (arch == "llama") {
-    ModelConfig c = testing::TinyLlama(/*tied=*/false);  // GQA
+  if (arch != "gpt2") {
+    // llama (GQA), or a llama-like family of testing::TinyFamily (qwen2, mistral, ...).
+    ModelConfig c = arch == "llama" ? testing::TinyLlama(/*tied=*/false) : testing::TinyFamily(arch);
     c.vocab_size = 64;  // the synthetic tokens' vocabulary
     s.model.config = c;
   }
@@ -222,7 +223,8 @@ TEST(SimtTrainerGraphs, EnvironmentSwitchTurnsCaptureOff) {
 INSTANTIATE_TEST_SUITE_P(Tiny, SimtTrainer,
                          ::testing::Values(Case{"gpt2", "fp32"}, Case{"llama", "fp32"},
                                            Case{"gpt2", "bf16"}, Case{"llama", "bf16"},
-                                           Case{"gpt2", "fp16"}, Case{"llama", "fp16"}),
+                                           Case{"gpt2", "fp16"}, Case{"llama", "fp16"},
+                                           Case{"qwen2", "bf16"}, Case{"mistral", "bf16"}),
                          [](const ::testing::TestParamInfo<Case>& i) {
                            return i.param.arch + "_" + i.param.precision;
                          });

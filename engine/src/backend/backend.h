@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/rope_freq.h"
 #include "backend/step_scalars.h"
 #include "core/dtype.h"
 #include "traind/engine/status.h"
@@ -344,8 +345,10 @@ class Backend {
   // sequence whose first pos_offset positions are already cached). inv_freq[i] = 1 /
   // theta^(2i/HS) computed in fp32, angle = t * inv_freq[i] in fp32; x[i], x[i+HS/2] rotated by
   // angle. In place. inverse=true applies the transpose rotation (the backward of the forward).
+  // `scaling` (HF rope_scaling: linear, llama3) rescales inv_freq as RopeInvFreq (rope_freq.h) does.
   virtual void Rope(float* x, int64_t B, int64_t T, int64_t n_heads, int64_t HS, int64_t row_stride,
-                    float theta, bool inverse, int64_t pos_offset = 0);
+                    float theta, bool inverse, int64_t pos_offset = 0,
+                    const RopeScaling& scaling = RopeScaling{});
 
   // ---- self-attention, causal or not, with an optional key padding mask (flash-style contract:
   // no (T,T) buffer is kept) ----
@@ -354,6 +357,8 @@ class Backend {
   // lse (B, NH, T): log-sum-exp of the scaled scores per query, saved for backward.
   // scale = 1/sqrt(HS). Query i of sequence b attends key j when (!causal || j <= i) and
   // (key_mask == nullptr || key_mask[b*T + j] != 0); key_mask is a device int32 array (B*T).
+  // window > 0 (sliding-window attention, HF Mistral): query i also needs i - j < window, so it
+  // attends its `window` most recent keys (itself included); 0 = no window.
   // Masked keys get exactly zero weight (HF BERT's additive finfo.min mask). A query whose keys
   // are all masked gets out = 0 and lse = 0, and contributes nothing to dq, dk, dv. Query rows at
   // padded positions are computed like any other.
@@ -366,7 +371,7 @@ class Backend {
                                 const float* v, int64_t B, int64_t T, int64_t NH, int64_t NKV,
                                 int64_t HS, int64_t q_stride, int64_t kv_stride,
                                 bool causal = true, const int32_t* key_mask = nullptr,
-                                DType operand_type = DType::kF32);
+                                DType operand_type = DType::kF32, int64_t window = 0);
   // dq, dk, dv (=; same layouts and strides as q, k, v; GQA sums over the heads of a group).
   // Parts of a row outside the heads (e.g. the k,v thirds of a fused qkv row when dq points at
   // it) are not touched. causal and key_mask must be the forward's.
@@ -375,16 +380,18 @@ class Backend {
                                  const float* k, const float* v, int64_t B, int64_t T, int64_t NH,
                                  int64_t NKV, int64_t HS, int64_t q_stride, int64_t kv_stride,
                                  bool causal = true, const int32_t* key_mask = nullptr,
-                                 DType operand_type = DType::kF32);
+                                 DType operand_type = DType::kF32, int64_t window = 0);
 
   // ---- attention of new tokens against a key/value cache (generation) ----
   // One query row per sequence: q (B rows, stride q_stride, NH heads of HS). k, v: the caches,
   // B blocks of `cache_rows` rows each (stride kv_stride, NKV heads of HS; GQA as above); the
   // first T rows of every block are attended (the new token's own row included: it is written to
-  // the cache first). out (B, NH*HS) contiguous = softmax(q k^T / sqrt(HS)) v over those rows.
+  // the cache first). out (B, NH*HS) contiguous = softmax(q k^T / sqrt(HS)) v over those rows;
+  // with window > 0 only the last min(T, window) of them.
   virtual void AttentionDecode(float* out, const float* q, const float* k, const float* v,
                                int64_t B, int64_t T, int64_t cache_rows, int64_t NH, int64_t NKV,
-                               int64_t HS, int64_t q_stride, int64_t kv_stride);
+                               int64_t HS, int64_t q_stride, int64_t kv_stride,
+                               int64_t window = 0);
 
   // ---- fused softmax + cross-entropy over the logits ----
   // logits (N, Vp); only columns [0, V) are real. targets (N): -1 = ignored row.

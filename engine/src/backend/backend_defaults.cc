@@ -248,19 +248,19 @@ void Backend::SwiGluBackward(float* /*dinp*/, const float* /*inp*/, const float*
   Unsupported(Op::kSwiGluBackward);
 }
 
-void Backend::Rope(float* /*x*/, int64_t /*B*/, int64_t /*T*/, int64_t /*n_heads*/, int64_t /*HS*/, int64_t /*row_stride*/, float /*theta*/, bool /*inverse*/, int64_t /*pos_offset*/) {
+void Backend::Rope(float* /*x*/, int64_t /*B*/, int64_t /*T*/, int64_t /*n_heads*/, int64_t /*HS*/, int64_t /*row_stride*/, float /*theta*/, bool /*inverse*/, int64_t /*pos_offset*/, const RopeScaling& /*scaling*/) {
   Unsupported(Op::kRope);
 }
 
-void Backend::AttentionForward(float* /*out*/, float* /*lse*/, const float* /*q*/, const float* /*k*/, const float* /*v*/, int64_t /*B*/, int64_t /*T*/, int64_t /*NH*/, int64_t /*NKV*/, int64_t /*HS*/, int64_t /*q_stride*/, int64_t /*kv_stride*/, bool /*causal*/, const int32_t* /*key_mask*/, DType /*operand_type*/) {
+void Backend::AttentionForward(float* /*out*/, float* /*lse*/, const float* /*q*/, const float* /*k*/, const float* /*v*/, int64_t /*B*/, int64_t /*T*/, int64_t /*NH*/, int64_t /*NKV*/, int64_t /*HS*/, int64_t /*q_stride*/, int64_t /*kv_stride*/, bool /*causal*/, const int32_t* /*key_mask*/, DType /*operand_type*/, int64_t /*window*/) {
   Unsupported(Op::kAttentionForward);
 }
 
-void Backend::AttentionBackward(float* /*dq*/, float* /*dk*/, float* /*dv*/, const float* /*dout*/, const float* /*out*/, const float* /*lse*/, const float* /*q*/, const float* /*k*/, const float* /*v*/, int64_t /*B*/, int64_t /*T*/, int64_t /*NH*/, int64_t /*NKV*/, int64_t /*HS*/, int64_t /*q_stride*/, int64_t /*kv_stride*/, bool /*causal*/, const int32_t* /*key_mask*/, DType /*operand_type*/) {
+void Backend::AttentionBackward(float* /*dq*/, float* /*dk*/, float* /*dv*/, const float* /*dout*/, const float* /*out*/, const float* /*lse*/, const float* /*q*/, const float* /*k*/, const float* /*v*/, int64_t /*B*/, int64_t /*T*/, int64_t /*NH*/, int64_t /*NKV*/, int64_t /*HS*/, int64_t /*q_stride*/, int64_t /*kv_stride*/, bool /*causal*/, const int32_t* /*key_mask*/, DType /*operand_type*/, int64_t /*window*/) {
   Unsupported(Op::kAttentionBackward);
 }
 
-void Backend::AttentionDecode(float* /*out*/, const float* /*q*/, const float* /*k*/, const float* /*v*/, int64_t /*B*/, int64_t /*T*/, int64_t /*cache_rows*/, int64_t /*NH*/, int64_t /*NKV*/, int64_t /*HS*/, int64_t /*q_stride*/, int64_t /*kv_stride*/) {
+void Backend::AttentionDecode(float* /*out*/, const float* /*q*/, const float* /*k*/, const float* /*v*/, int64_t /*B*/, int64_t /*T*/, int64_t /*cache_rows*/, int64_t /*NH*/, int64_t /*NKV*/, int64_t /*HS*/, int64_t /*q_stride*/, int64_t /*kv_stride*/, int64_t /*window*/) {
   Unsupported(Op::kAttentionDecode);
 }
 

@@ -660,8 +660,7 @@ void DecoderModel::BlockForward(int64_t l, bool recompute) {
   const float* x = bufs_.res[l];
   float* y = bufs_.res[l + 1];
   const int64_t C = d_.C;
-  nn::AttentionShape as{
-      options_.micro_batch, options_.seq_len, d_.NH, d_.NKV, d_.HS, d_.rotary(), d_.rope_theta};
+  nn::AttentionShape as = AttentionShapeOf(d_, options_.micro_batch, options_.seq_len);
   as.operand_type = options_.compute_type;
   const nn::MlpShape ms{N_, C, d_.H, d_.swiglu()};
   const nn::MlpWeights mw{W(p.up_w), P(p.up_b), W(p.down_w), P(p.down_b)};
@@ -681,7 +680,7 @@ void DecoderModel::BlockForward(int64_t l, bool recompute) {
   } else {
     float* att = mixed_ ? bufs_.tmp_c : static_cast<float*>(a.atty);
     nn::AttentionForward(be, as, att, a.lse, a.qkv);
-    if (mixed_) be.Cast(a.atty, ct, att, DType::kF32, N_ * C);
+    if (mixed_) be.Cast(a.atty, ct, att, DType::kF32, N_ * d_.attn_width());
   }
   nn::LinearForward(be, bufs_.tmp_c, a.atty, W(p.proj_w), P(p.proj_b), N_, d_.NH * d_.HS, C, ct);
   const nn::LoraSite proj_lora = Site(l, LoraSiteKind::kProj);
@@ -728,8 +727,7 @@ void DecoderModel::BlockBackward(int64_t l) {
   const float* x = bufs_.res[l];
   const int64_t C = d_.C;
   const nn::NormShape ns{N_, C, d_.rms_norm(), d_.eps};
-  nn::AttentionShape as{
-      options_.micro_batch, options_.seq_len, d_.NH, d_.NKV, d_.HS, d_.rotary(), d_.rope_theta};
+  nn::AttentionShape as = AttentionShapeOf(d_, options_.micro_batch, options_.seq_len);
   as.operand_type = options_.compute_type;
   const nn::MlpShape ms{N_, C, d_.H, d_.swiglu()};
   const nn::MlpWeights mw{W(p.up_w), P(p.up_b), W(p.down_w), P(p.down_b)};
@@ -757,7 +755,7 @@ void DecoderModel::BlockBackward(int64_t l) {
   // (free until the qkv backward below rounds dqkv into it).
   const float* att = static_cast<const float*>(a.atty);
   if (mixed_) {
-    be.Cast(bufs_.scratch16, DType::kF32, a.atty, options_.compute_type, N_ * C);
+    be.Cast(bufs_.scratch16, DType::kF32, a.atty, options_.compute_type, N_ * d_.attn_width());
     att = static_cast<const float*>(bufs_.scratch16);
   }
   nn::AttentionBackward(be, as, dbig, dtmp, att, a.lse, a.qkv);

@@ -223,7 +223,7 @@ void EncoderModel::BlockForward(int64_t l, bool recompute) {
   float* y = bufs_.res[l + 1];
   const int64_t C = d_.C;
   const nn::NormShape ns{N_, C, false, d_.eps};
-  nn::AttentionShape as{B_, T_, d_.NH, d_.NH, d_.HS, /*rope=*/false, 0.0f};
+  nn::AttentionShape as = AttentionShapeOf(d_, B_, T_);
   as.causal = false;
   as.key_mask = bufs_.mask;
   as.operand_type = options_.compute_type;
@@ -255,7 +255,7 @@ void EncoderModel::BlockBackward(int64_t l) {
   const int64_t C = d_.C;
   const size_t nc_bytes = static_cast<size_t>(N_ * C) * sizeof(float);
   const nn::NormShape ns{N_, C, false, d_.eps};
-  nn::AttentionShape as{B_, T_, d_.NH, d_.NH, d_.HS, /*rope=*/false, 0.0f};
+  nn::AttentionShape as = AttentionShapeOf(d_, B_, T_);
   as.causal = false;
   as.key_mask = bufs_.mask;
   as.operand_type = options_.compute_type;

@@ -76,43 +76,154 @@ Status ReadGpt2(const std::string& f, const json& j, ModelConfig* c) {
   return Status::Ok();
 }
 
-// The keys llama and mixtral share, onto the family's defaults already in *c (an absent
-// num_key_value_heads keeps the default the caller set).
-Status ReadLlamaKeys(const std::string& f, const json& j, ModelConfig* c) {
+// HF's rope_scaling / rope_parameters object: rope_type (older files: "type") default | linear |
+// llama3 with its factors; anything else (dynamic, yarn, longrope, ...) is refused naming the key.
+// rope_parameters (newer transformers) may also hold rope_theta.
+Status ReadRopeScaling(const std::string& f, const json& j, ModelConfig* c) {
+  for (const char* key : {"rope_scaling", "rope_parameters"}) {
+    if (!j.contains(key) || j[key].is_null()) continue;
+    const json& r = j[key];
+    if (!r.is_object()) return Bad(f, key, "expected an object or null, got " + r.dump());
+    std::string type = "default";
+    for (const char* tk : {"rope_type", "type"}) {
+      if (r.contains(tk)) {
+        if (!r[tk].is_string()) return Bad(f, key, std::string(tk) + " must be a string");
+        type = r[tk].get<std::string>();
+        break;
+      }
+    }
+    if (type != "default" && type != "linear" && type != "llama3") {
+      return Bad(f, key, "rope_type '" + type + "' is not supported (default, linear, llama3)");
+    }
+    ModelConfig::RopeScaling rs;
+    rs.rope_type = type;
+    const std::string k = key;
+    auto num = [&](const char* name, double* out) -> Status {
+      if (!r.contains(name)) return Status::Ok();
+      if (!r[name].is_number()) return Bad(f, k + "." + name, "expected a number, got " + r[name].dump());
+      *out = r[name].get<double>();
+      return Status::Ok();
+    };
+    if (type != "default" && !r.contains("factor")) return Bad(f, k + ".factor", "required");
+    TRAIND_RETURN_IF_ERROR(num("factor", &rs.factor));
+    TRAIND_RETURN_IF_ERROR(num("low_freq_factor", &rs.low_freq_factor));
+    TRAIND_RETURN_IF_ERROR(num("high_freq_factor", &rs.high_freq_factor));
+    if (r.contains("original_max_position_embeddings")) {
+      if (!r["original_max_position_embeddings"].is_number_integer()) {
+        return Bad(f, k + ".original_max_position_embeddings", "expected an integer");
+      }
+      rs.original_max_position_embeddings = r["original_max_position_embeddings"].get<int64_t>();
+    }
+    if (r.contains("rope_theta")) {
+      double theta = c->rope_theta;
+      TRAIND_RETURN_IF_ERROR(num("rope_theta", &theta));
+      c->rope_theta = theta;
+    }
+    // Keys of a scaling that change the math and that traind does not implement.
+    for (const char* other : {"attention_factor", "beta_fast", "beta_slow", "short_factor",
+                              "long_factor", "mrope_section", "partial_rotary_factor"}) {
+      if (r.contains(other) && !r[other].is_null()) {
+        return Bad(f, k + "." + other, r[other].dump() + " is not supported");
+      }
+    }
+    if (type == "default") rs = ModelConfig::RopeScaling{};
+    c->rope_scaling = rs;
+  }
+  return Status::Ok();
+}
+
+// HF defaults of the llama-like config classes (LlamaConfig, MistralConfig, Qwen2Config,
+// MixtralConfig) where ModelConfig's differ.
+void LlamaLikeDefaults(const std::string& arch, ModelConfig* c) {
+  c->vocab_size = 32000;
+  c->tie_word_embeddings = false;
+  if (arch == "mistral") {  // Mistral-7B
+    c->intermediate_size = 14336;
+    c->num_key_value_heads = 8;
+    c->max_position_embeddings = 4096 * 32;
+    c->sliding_window = 4096;
+  } else if (arch == "qwen2") {
+    c->vocab_size = 151936;
+    c->intermediate_size = 22016;
+    c->max_position_embeddings = 32768;
+  } else if (arch == "mixtral") {  // Mixtral-8x7B
+    c->hidden_size = 4096;
+    c->intermediate_size = 14336;
+    c->num_hidden_layers = 32;
+    c->num_attention_heads = 32;
+    c->num_key_value_heads = 8;
+    c->max_position_embeddings = 4096 * 32;
+    c->rms_norm_eps = 1e-5;
+    c->rope_theta = 1e6;
+  }
+}
+
+// The keys of a llama-like config.json (llama, mistral, qwen2, mixtral) onto the family's
+// defaults. num_key_value_heads defaults to num_attention_heads where HF's class says so (llama,
+// qwen2); mistral and mixtral default to 8.
+Status ReadLlamaLike(const std::string& f, const json& j, ModelConfig* c) {
+  const std::string& arch = c->arch;
+  LlamaLikeDefaults(arch, c);
   TRAIND_RETURN_IF_ERROR(GetInt(f, j, "vocab_size", &c->vocab_size));
   TRAIND_RETURN_IF_ERROR(GetInt(f, j, "hidden_size", &c->hidden_size));
   TRAIND_RETURN_IF_ERROR(GetInt(f, j, "intermediate_size", &c->intermediate_size));
   TRAIND_RETURN_IF_ERROR(GetInt(f, j, "num_hidden_layers", &c->num_hidden_layers));
   TRAIND_RETURN_IF_ERROR(GetInt(f, j, "num_attention_heads", &c->num_attention_heads));
+  if (arch == "llama" || arch == "qwen2") c->num_key_value_heads = c->num_attention_heads;
   if (j.contains("num_key_value_heads") && !j["num_key_value_heads"].is_null()) {
     TRAIND_RETURN_IF_ERROR(GetInt(f, j, "num_key_value_heads", &c->num_key_value_heads));
+  }
+  if (j.contains("head_dim") && !j["head_dim"].is_null()) {
+    TRAIND_RETURN_IF_ERROR(GetInt(f, j, "head_dim", &c->head_dim));
   }
   TRAIND_RETURN_IF_ERROR(GetDouble(f, j, "rms_norm_eps", &c->rms_norm_eps));
   TRAIND_RETURN_IF_ERROR(GetDouble(f, j, "rope_theta", &c->rope_theta));
   TRAIND_RETURN_IF_ERROR(GetInt(f, j, "max_position_embeddings", &c->max_position_embeddings));
   TRAIND_RETURN_IF_ERROR(GetBool(f, j, "tie_word_embeddings", &c->tie_word_embeddings));
   TRAIND_RETURN_IF_ERROR(Require(f, j, "hidden_act", "silu", "only silu (SwiGLU) is implemented"));
-  if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) {
-    return Bad(f, "rope_scaling", j["rope_scaling"].dump() +
-                                      " is not supported (only null: plain RoPE)");
+  TRAIND_RETURN_IF_ERROR(ReadRopeScaling(f, j, c));
+  TRAIND_RETURN_IF_ERROR(Require(f, j, "mlp_bias", false, "the MLP has no biases"));
+  TRAIND_RETURN_IF_ERROR(Require(f, j, "partial_rotary_factor", 1.0, "only full rotary embedding"));
+  if (arch == "llama") {
+    TRAIND_RETURN_IF_ERROR(GetBool(f, j, "attention_bias", &c->attention_bias));
+  } else {
+    TRAIND_RETURN_IF_ERROR(Require(f, j, "attention_bias", false,
+                                   arch == "qwen2" ? "qwen2 has q/k/v biases and none on o_proj"
+                                                   : arch + " has no attention biases"));
   }
-  return Status::Ok();
-}
-
-Status ReadLlama(const std::string& f, const json& j, ModelConfig* c) {
-  c->vocab_size = 32000;  // HF LlamaConfig defaults where ModelConfig's differ
-  c->tie_word_embeddings = false;
-  // num_key_value_heads defaults to num_attention_heads (read first).
-  TRAIND_RETURN_IF_ERROR(GetInt(f, j, "num_attention_heads", &c->num_attention_heads));
-  c->num_key_value_heads = c->num_attention_heads;
-  TRAIND_RETURN_IF_ERROR(ReadLlamaKeys(f, j, c));
-  TRAIND_RETURN_IF_ERROR(Require(f, j, "attention_bias", false, "llama has no attention biases"));
-  TRAIND_RETURN_IF_ERROR(Require(f, j, "mlp_bias", false, "llama has no MLP biases"));
-  if (j.contains("head_dim") && !j["head_dim"].is_null() && c->num_attention_heads > 0 &&
-      j["head_dim"] != json(c->hidden_size / c->num_attention_heads)) {
-    return Bad(f, "head_dim", j["head_dim"].dump() +
-                                  " is not supported (only hidden_size / num_attention_heads = " +
-                                  std::to_string(c->hidden_size / c->num_attention_heads) + ")");
+  if (arch == "mistral" || arch == "mixtral") {
+    if (j.contains("sliding_window")) {
+      if (j["sliding_window"].is_null()) {
+        c->sliding_window = 0;
+      } else {
+        TRAIND_RETURN_IF_ERROR(GetInt(f, j, "sliding_window", &c->sliding_window));
+      }
+    }
+  } else if (arch == "qwen2") {
+    // Qwen2's window applies only with use_sliding_window, and then only to the layers from
+    // max_window_layers on: not implemented.
+    TRAIND_RETURN_IF_ERROR(Require(f, j, "use_sliding_window", false,
+                                   "only full attention in every layer is implemented"));
+  }
+  if (j.contains("layer_types") && j["layer_types"].is_array()) {
+    for (const json& t : j["layer_types"]) {
+      if (t != "full_attention" && !(t == "sliding_attention" && c->sliding_window > 0 &&
+                                     (arch == "mistral" || arch == "mixtral"))) {
+        return Bad(f, "layer_types", t.dump() + " is not supported (only full_attention, or "
+                                                "sliding_attention in every layer of mistral)");
+      }
+    }
+  }
+  if (arch == "mixtral") {
+    TRAIND_RETURN_IF_ERROR(GetInt(f, j, "num_local_experts", &c->num_local_experts));
+    TRAIND_RETURN_IF_ERROR(GetInt(f, j, "num_experts_per_tok", &c->num_experts_per_tok));
+    TRAIND_RETURN_IF_ERROR(GetDouble(f, j, "router_aux_loss_coef", &c->router_aux_loss_coef));
+    TRAIND_RETURN_IF_ERROR(GetBool(f, j, "output_router_logits", &c->output_router_logits));
+    if (j.contains("router_jitter_noise") && j["router_jitter_noise"].is_number() &&
+        j["router_jitter_noise"].get<double>() != 0.0) {
+      return Bad(f, "router_jitter_noise",
+                 j["router_jitter_noise"].dump() + " is not supported (only 0: no jitter)");
+    }
   }
   return Status::Ok();
 }
@@ -185,41 +296,23 @@ Status ReadBert(const std::string& f, const json& j, ModelConfig* c) {
   return Status::Ok();
 }
 
-// HF MixtralConfig (Mixtral-8x7B): llama's keys plus the experts; no sliding window.
-Status ReadMixtral(const std::string& f, const json& j, ModelConfig* c) {
-  c->vocab_size = 32000;
-  c->hidden_size = 4096;
-  c->intermediate_size = 14336;
-  c->num_hidden_layers = 32;
-  c->num_attention_heads = 32;
-  c->num_key_value_heads = 8;
-  c->max_position_embeddings = 4096 * 32;
-  c->rms_norm_eps = 1e-5;
-  c->rope_theta = 1e6;
-  c->tie_word_embeddings = false;
-  TRAIND_RETURN_IF_ERROR(ReadLlamaKeys(f, j, c));
-  TRAIND_RETURN_IF_ERROR(GetInt(f, j, "num_local_experts", &c->num_local_experts));
-  TRAIND_RETURN_IF_ERROR(GetInt(f, j, "num_experts_per_tok", &c->num_experts_per_tok));
-  TRAIND_RETURN_IF_ERROR(GetDouble(f, j, "router_aux_loss_coef", &c->router_aux_loss_coef));
-  TRAIND_RETURN_IF_ERROR(GetBool(f, j, "output_router_logits", &c->output_router_logits));
-  if (j.contains("sliding_window") && !j["sliding_window"].is_null()) {
-    return Bad(f, "sliding_window", j["sliding_window"].dump() +
-                                        " is not supported (only null: full causal attention)");
-  }
-  if (j.contains("router_jitter_noise") && j["router_jitter_noise"].is_number() &&
-      j["router_jitter_noise"].get<double>() != 0.0) {
-    return Bad(f, "router_jitter_noise",
-               j["router_jitter_noise"].dump() + " is not supported (only 0: no jitter)");
-  }
-  return Status::Ok();
-}
-
 Status Positive(const std::string& prefix, const char* key, int64_t v) {
   if (v >= 1) return Status::Ok();
   return Status::InvalidArgument(prefix + key + ": must be >= 1, got " + std::to_string(v));
 }
 
 }  // namespace
+
+ModelConfig HfConfigDefaults(const std::string& arch) {
+  ModelConfig c;
+  c.arch = arch;
+  if (arch == "bert") {
+    BertDefaults(&c);
+  } else if (arch != "gpt2") {
+    LlamaLikeDefaults(arch, &c);
+  }
+  return c;
+}
 
 Status ValidateModelConfig(const ModelConfig& c, const std::string& p) {
   const ModelFamily* family = FindFamily(c.arch);
@@ -292,10 +385,43 @@ Status ValidateModelConfig(const ModelConfig& c, const std::string& p) {
   TRAIND_RETURN_IF_ERROR(Positive(p, "num_attention_heads", c.num_attention_heads));
   TRAIND_RETURN_IF_ERROR(Positive(p, "num_key_value_heads", c.num_key_value_heads));
   TRAIND_RETURN_IF_ERROR(Positive(p, "max_position_embeddings", c.max_position_embeddings));
-  if (c.hidden_size % c.num_attention_heads != 0) {
+  if (c.head_dim < 0) {
+    return Status::InvalidArgument(p + "head_dim: must be >= 1 (or absent), got " +
+                                   std::to_string(c.head_dim));
+  }
+  if (c.head_dim == 0 && c.hidden_size % c.num_attention_heads != 0) {
     return Status::InvalidArgument(p + "num_attention_heads: hidden_size " +
                                    std::to_string(c.hidden_size) + " is not divisible by " +
                                    "num_attention_heads " + std::to_string(c.num_attention_heads));
+  }
+  if (c.sliding_window < 0) {
+    return Status::InvalidArgument(p + "sliding_window: must be >= 1 (or null), got " +
+                                   std::to_string(c.sliding_window));
+  }
+  if (c.sliding_window > 0 && c.arch != "mistral" && c.arch != "mixtral") {
+    return Status::InvalidArgument(p + "sliding_window: " + c.arch +
+                                   " has no sliding-window attention (mistral, mixtral)");
+  }
+  if (c.attention_bias && c.arch != "llama") {
+    return Status::InvalidArgument(p + "attention_bias: only llama's config has it (qwen2 " +
+                                   "always has q/k/v biases)");
+  }
+  {
+    const ModelConfig::RopeScaling& rs = c.rope_scaling;
+    const std::string k = p + "rope_scaling.";
+    if (rs.rope_type != "default" && rs.rope_type != "linear" && rs.rope_type != "llama3") {
+      return Status::InvalidArgument(k + "rope_type: '" + rs.rope_type +
+                                     "' is not supported (default, linear, llama3)");
+    }
+    if (rs.rope_type != "default" && !(rs.factor > 0)) {
+      return Status::InvalidArgument(k + "factor: must be > 0");
+    }
+    if (rs.rope_type == "llama3" &&
+        (!(rs.low_freq_factor > 0) || !(rs.high_freq_factor > rs.low_freq_factor) ||
+         rs.original_max_position_embeddings < 1)) {
+      return Status::InvalidArgument(k + "low_freq_factor: llama3 needs 0 < low_freq_factor < " +
+                                     "high_freq_factor and original_max_position_embeddings >= 1");
+    }
   }
   if (c.num_attention_heads % c.num_key_value_heads != 0) {
     return Status::InvalidArgument(p + "num_key_value_heads: num_attention_heads " +
@@ -303,10 +429,9 @@ Status ValidateModelConfig(const ModelConfig& c, const std::string& p) {
                                    " is not divisible by num_key_value_heads " +
                                    std::to_string(c.num_key_value_heads));
   }
-  if ((c.hidden_size / c.num_attention_heads) % 2 != 0) {
-    return Status::InvalidArgument(p + "num_attention_heads: head size hidden_size / " +
-                                   "num_attention_heads = " +
-                                   std::to_string(c.hidden_size / c.num_attention_heads) +
+  if (c.head_size() % 2 != 0) {
+    return Status::InvalidArgument(p + (c.head_dim > 0 ? "head_dim: " : "num_attention_heads: ") +
+                                   "the head size " + std::to_string(c.head_size()) +
                                    " must be even for rotary embeddings");
   }
   if (!(c.rms_norm_eps > 0)) return Status::InvalidArgument(p + "rms_norm_eps: must be > 0");
@@ -326,6 +451,20 @@ Status ValidateModelConfig(const ModelConfig& c, const std::string& p) {
   return Status::Ok();
 }
 
+Result<std::string> ReadHfModelType(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return Status::NotFound("model.init_from: " + path + ": no such file");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  json j = json::parse(ss.str(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("model_type") ||
+      !j["model_type"].is_string()) {
+    return Status::InvalidArgument("model.init_from: " + path +
+                                   ": no model_type string (give model.arch)");
+  }
+  return j["model_type"].get<std::string>();
+}
+
 Result<ModelConfig> ReadHfConfig(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return Status::NotFound(path + ": no such file");
@@ -336,16 +475,15 @@ Result<ModelConfig> ReadHfConfig(const std::string& path) {
     return Status::InvalidArgument(path + ": not a JSON object");
   }
   if (!j.contains("model_type") || !j["model_type"].is_string()) {
-    return Status::InvalidArgument(path + ": model_type: missing (expected \"gpt2\", \"llama\", \"bert\" or \"mixtral\")");
+    return Status::InvalidArgument(path + ": model_type: missing (one of " + KnownFamilies() + ")");
   }
   ModelConfig c;
   c.arch = j["model_type"].get<std::string>();
   if (c.arch == "gpt2") {
     TRAIND_RETURN_IF_ERROR(ReadGpt2(path, j, &c));
-  } else if (c.arch == "llama") {
-    TRAIND_RETURN_IF_ERROR(ReadLlama(path, j, &c));
-  } else if (c.arch == "mixtral") {
-    TRAIND_RETURN_IF_ERROR(ReadMixtral(path, j, &c));
+  } else if (c.arch == "llama" || c.arch == "mistral" || c.arch == "qwen2" ||
+             c.arch == "mixtral") {
+    TRAIND_RETURN_IF_ERROR(ReadLlamaLike(path, j, &c));
   } else if (c.arch == "bert") {
     TRAIND_RETURN_IF_ERROR(ReadBert(path, j, &c));
     // A BertModel file (no task head): the job spec names model.head; the rest is checked now.
@@ -353,13 +491,15 @@ Result<ModelConfig> ReadHfConfig(const std::string& path) {
       ModelConfig headed = c;
       headed.head = "masked_lm";
       TRAIND_RETURN_IF_ERROR(ValidateModelConfig(headed, path + ": "));
+      c.hf_source_json = j.dump();
       return c;
     }
   } else {
     return Status::InvalidArgument(path + ": model_type: '" + c.arch +
-                                   "' is not supported (gpt2 | llama | bert | mixtral)");
+                                   "' is not supported (" + KnownFamilies() + ")");
   }
   TRAIND_RETURN_IF_ERROR(ValidateModelConfig(c, path + ": "));
+  c.hf_source_json = j.dump();
   return c;
 }
 
@@ -425,48 +565,86 @@ std::string WriteHfConfigJson(const ModelConfig& c) {
       j["label2id"] = label2id;
       j["problem_type"] = "single_label_classification";
     }
-  } else if (c.arch == "mixtral") {
-    j["model_type"] = "mixtral";
-    j["architectures"] = {"MixtralForCausalLM"};
-    j["hidden_act"] = "silu";
-    j["hidden_size"] = c.hidden_size;
-    j["intermediate_size"] = c.intermediate_size;
-    j["num_hidden_layers"] = c.num_hidden_layers;
-    j["num_attention_heads"] = c.num_attention_heads;
-    j["num_key_value_heads"] = c.num_key_value_heads;
-    j["max_position_embeddings"] = c.max_position_embeddings;
-    j["rms_norm_eps"] = c.rms_norm_eps;
-    j["rope_theta"] = c.rope_theta;
-    j["sliding_window"] = nullptr;
-    j["attention_dropout"] = 0.0;
-    j["tie_word_embeddings"] = c.tie_word_embeddings;
-    j["num_local_experts"] = c.num_local_experts;
-    j["num_experts_per_tok"] = c.num_experts_per_tok;
-    j["router_aux_loss_coef"] = c.router_aux_loss_coef;
-    j["output_router_logits"] = c.output_router_logits;
-    j["router_jitter_noise"] = 0.0;
-    j["bos_token_id"] = c.vocab_size > 1 ? 1 : 0;
-    j["eos_token_id"] = c.vocab_size > 2 ? 2 : c.vocab_size - 1;
   } else {
-    j["model_type"] = "llama";
-    j["architectures"] = {"LlamaForCausalLM"};
+    // The llama-like families: one writer, the family's class names and keys.
+    const bool mixtral = c.arch == "mixtral";
+    j["model_type"] = c.arch;
+    j["architectures"] = {c.arch == "mistral" ? "MistralForCausalLM"
+                          : c.arch == "qwen2" ? "Qwen2ForCausalLM"
+                          : mixtral           ? "MixtralForCausalLM"
+                                              : "LlamaForCausalLM"};
     j["hidden_act"] = "silu";
     j["hidden_size"] = c.hidden_size;
     j["intermediate_size"] = c.intermediate_size;
     j["num_hidden_layers"] = c.num_hidden_layers;
     j["num_attention_heads"] = c.num_attention_heads;
     j["num_key_value_heads"] = c.num_key_value_heads;
+    j["head_dim"] = c.head_size();
     j["max_position_embeddings"] = c.max_position_embeddings;
     j["rms_norm_eps"] = c.rms_norm_eps;
     j["rope_theta"] = c.rope_theta;
-    j["rope_scaling"] = nullptr;
-    j["attention_bias"] = false;
+    const ModelConfig::RopeScaling& rs = c.rope_scaling;
+    if (rs.rope_type == "default") {
+      j["rope_scaling"] = nullptr;
+    } else {
+      json r = {{"rope_type", rs.rope_type}, {"factor", rs.factor}};
+      if (rs.rope_type == "llama3") {
+        r["low_freq_factor"] = rs.low_freq_factor;
+        r["high_freq_factor"] = rs.high_freq_factor;
+        r["original_max_position_embeddings"] = rs.original_max_position_embeddings;
+      }
+      j["rope_scaling"] = r;
+    }
     j["attention_dropout"] = 0.0;
-    j["mlp_bias"] = false;
-    j["pretraining_tp"] = 1;
     j["tie_word_embeddings"] = c.tie_word_embeddings;
+    if (c.arch == "llama") {
+      j["attention_bias"] = c.attention_bias;
+      j["mlp_bias"] = false;
+      j["pretraining_tp"] = 1;
+    }
+    if (c.arch == "mistral" || mixtral) {
+      j["sliding_window"] = c.sliding_window > 0 ? json(c.sliding_window) : json(nullptr);
+    }
+    if (c.arch == "qwen2") {
+      j["use_sliding_window"] = false;
+      j["sliding_window"] = nullptr;
+    }
+    if (mixtral) {
+      j["num_local_experts"] = c.num_local_experts;
+      j["num_experts_per_tok"] = c.num_experts_per_tok;
+      j["router_aux_loss_coef"] = c.router_aux_loss_coef;
+      j["output_router_logits"] = c.output_router_logits;
+      j["router_jitter_noise"] = 0.0;
+    }
     j["bos_token_id"] = c.vocab_size > 1 ? 1 : 0;
     j["eos_token_id"] = c.vocab_size > 2 ? 2 : c.vocab_size - 1;
+  }
+  // Every other key of the config.json the model came from (token ids, transformers_version,
+  // quantization-free bookkeeping) is kept; newer files' rope_parameters carry the same values.
+  if (!c.hf_source_json.empty()) {
+    json src = json::parse(c.hf_source_json, nullptr, /*allow_exceptions=*/false);
+    if (src.is_object()) {
+      for (auto it = src.begin(); it != src.end(); ++it) {
+        const std::string& k = it.key();
+        if (k == "rope_parameters" && j.contains("rope_scaling")) {
+          json r = j["rope_scaling"].is_null() ? json{{"rope_type", "default"}} : j["rope_scaling"];
+          r["rope_theta"] = c.rope_theta;
+          j["rope_parameters"] = r;
+          continue;
+        }
+        if (k == "torch_dtype" || k == "dtype" || k == "quantization_config") continue;
+        // The task head's keys follow the head traind trains (bert: written above when it
+        // classifies), not the head the source was saved with.
+        if (k == "id2label" || k == "label2id" || k == "problem_type" || k == "num_labels") continue;
+        // The source's token ids and bookkeeping win over the defaults written above.
+        const bool bookkeeping = k == "bos_token_id" || k == "eos_token_id" ||
+                                 k == "pad_token_id" || k == "initializer_range" ||
+                                 k == "use_cache";
+        if (bookkeeping || !j.contains(k)) j[k] = it.value();
+      }
+      if (src.contains("rope_parameters") && !src.contains("rope_scaling")) j.erase("rope_scaling");
+      if (src.contains("rope_parameters") && !src.contains("rope_theta")) j.erase("rope_theta");
+    }
   }
   return j.dump(2) + "\n";
 }

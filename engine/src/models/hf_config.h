@@ -21,6 +21,14 @@ namespace traind::engine {
 // file and key. NOT_FOUND when the file is missing; INVALID_ARGUMENT for bad JSON or bad values.
 Result<ModelConfig> ReadHfConfig(const std::string& config_json_path);
 
+// The model_type of a config.json (what model.arch defaults to with init_from). NOT_FOUND when
+// the file is missing; INVALID_ARGUMENT naming the file when it is not JSON or has none.
+Result<std::string> ReadHfModelType(const std::string& config_json_path);
+
+// The defaults of an architecture's HF config class (LlamaConfig, MistralConfig, Qwen2Config,
+// MixtralConfig, BertConfig, GPT2Config) as a ModelConfig with that arch.
+ModelConfig HfConfigDefaults(const std::string& arch);
+
 // A config.json for `config` (pretty-printed, keys sorted, torch_dtype "float32") that
 // transformers loads; ReadHfConfig(WriteHfConfigJson(c)) gives back c.
 std::string WriteHfConfigJson(const ModelConfig& config);

@@ -144,12 +144,12 @@ Status KvDecoder::Step(int32_t token, std::vector<float>* logits) {
     nn::NormForward(be, ns, ln_, mean_, rstd_, x_, P(lp.ln1_w), P(lp.ln1_b));
     nn::LinearForward(be, qkv_, In(ln_, C), W(lp.qkv_w), P(lp.qkv_b), 1, C, qkvw, ct);
     if (d_.rotary()) {  // q's and k's heads are adjacent: one call rotates both
-      be.Rope(qkv_, 1, 1, d_.NH + d_.NKV, d_.HS, qkvw, d_.rope_theta, false, t);
+      be.Rope(qkv_, 1, 1, d_.NH + d_.NKV, d_.HS, qkvw, d_.rope_theta, false, t, d_.rope_scaling);
     }
     // The row's k | v (contiguous after q) become cache row t.
     be.CopyDeviceToDevice(cache + t * kvw, qkv_ + d_.NH * d_.HS, kvw * sizeof(float));
     be.AttentionDecode(att_, qkv_, cache, cache + d_.NKV * d_.HS, 1, t + 1, max_len_, d_.NH,
-                       d_.NKV, d_.HS, qkvw, kvw);
+                       d_.NKV, d_.HS, qkvw, kvw, d_.window);
     nn::LinearForward(be, tmp_, In(att_, d_.NH * d_.HS), W(lp.proj_w), P(lp.proj_b), 1, d_.NH * d_.HS, C, ct);
     be.Add(x_, x_, tmp_, C);
     nn::NormForward(be, ns, ln_, mean_, rstd_, x_, P(lp.ln2_w), P(lp.ln2_b));

@@ -27,6 +27,17 @@ const ModelFamily kFamilies[] = {
      {FamilyFeatures::Norm::kRmsNorm, FamilyFeatures::Positions::kRotary,
       FamilyFeatures::Mlp::kSwiGlu, /*bias=*/false, /*causal=*/true, /*pre_ln=*/true},
      LlamaParams},
+    // Mistral: llama's blocks with sliding-window attention (config sliding_window).
+    {"mistral",
+     {FamilyFeatures::Norm::kRmsNorm, FamilyFeatures::Positions::kRotary,
+      FamilyFeatures::Mlp::kSwiGlu, /*bias=*/false, /*causal=*/true, /*pre_ln=*/true},
+     LlamaParams},
+    // Qwen2 / Qwen2.5: llama's blocks with q/k/v biases (none on o_proj).
+    {"qwen2",
+     {FamilyFeatures::Norm::kRmsNorm, FamilyFeatures::Positions::kRotary,
+      FamilyFeatures::Mlp::kSwiGlu, /*bias=*/false, /*causal=*/true, /*pre_ln=*/true,
+      /*moe=*/false, /*qkv_bias=*/true},
+     LlamaParams},
     {"bert",
      {FamilyFeatures::Norm::kLayerNorm, FamilyFeatures::Positions::kLearned,
       FamilyFeatures::Mlp::kGeluErf, /*bias=*/true, /*causal=*/false, /*pre_ln=*/false},
@@ -62,7 +73,7 @@ ArchDims MakeArchDims(const ModelConfig& config) {
   d.L = config.num_layers();
   d.NH = config.num_heads();
   d.NKV = config.num_kv_heads();
-  d.HS = d.NH > 0 ? d.C / d.NH : 0;
+  d.HS = config.head_size();
   d.H = config.arch == "gpt2" ? 4 * config.n_embd : config.intermediate_size;
   d.max_T = config.max_positions();
   d.eps = static_cast<float>(d.rms_norm()             ? config.rms_norm_eps
@@ -77,8 +88,37 @@ ArchDims MakeArchDims(const ModelConfig& config) {
   d.head = config.head;
   d.num_labels = config.num_labels;
   d.rope_theta = static_cast<float>(config.rope_theta);
+  if (d.rotary()) {
+    const ModelConfig::RopeScaling& rs = config.rope_scaling;
+    d.rope_scaling.kind = rs.rope_type == "linear"   ? RopeScaling::kLinear
+                          : rs.rope_type == "llama3" ? RopeScaling::kLlama3
+                                                     : RopeScaling::kNone;
+    d.rope_scaling.factor = static_cast<float>(rs.factor);
+    d.rope_scaling.low_freq_factor = static_cast<float>(rs.low_freq_factor);
+    d.rope_scaling.high_freq_factor = static_cast<float>(rs.high_freq_factor);
+    d.rope_scaling.original_max_positions =
+        static_cast<float>(rs.original_max_position_embeddings);
+    d.window = config.sliding_window;
+    d.qkv_bias = d.f().qkv_bias || config.attention_bias;
+    d.proj_bias = config.attention_bias;
+  }
   d.tied = config.tied_embeddings();
   return d;
+}
+
+nn::AttentionShape AttentionShapeOf(const ArchDims& d, int64_t B, int64_t T) {
+  nn::AttentionShape s;
+  s.B = B;
+  s.T = T;
+  s.NH = d.NH;
+  s.NKV = d.NKV;
+  s.HS = d.HS;
+  s.rope = d.rotary();
+  s.rope_theta = d.rope_theta;
+  s.rope_scaling = d.rope_scaling;
+  s.causal = d.f().causal;
+  s.window = d.window;
+  return s;
 }
 
 std::vector<Fp32ResidentTensor> Fp32ResidentTensors(const ParamTable& table) {
@@ -293,7 +333,7 @@ void PlanBuffers(const ArchDims& d, const ModelOptions& o, int64_t num_params, i
   b->atty_store.assign(static_cast<size_t>(d.L), nullptr);
   b->lse_store.assign(static_cast<size_t>(d.L), nullptr);
   for (int64_t l = 0; l < d.L; ++l) {
-    p->Add(MC::kActivations, N * C, t, &b->atty_store[l]);
+    p->Add(MC::kActivations, N * d.attn_width(), t, &b->atty_store[l]);
     p->Add(MC::kActivations, o.micro_batch * d.NH * o.seq_len, &b->lse_store[l]);
   }
   p->Add(MC::kActivations, N * C, t, &b->lnf);
@@ -311,7 +351,7 @@ void PlanBuffers(const ArchDims& d, const ModelOptions& o, int64_t num_params, i
     if (o.lora.dropout > 0) p->Add(MC::kActivations, 1, &b->dropout_key);
   }
   p->Add(MC::kTemporary, N * C, &b->dres);
-  p->Add(MC::kTemporary, N * C, &b->tmp_c);
+  p->Add(MC::kTemporary, N * d.wide(), &b->tmp_c);  // also the attention output (NH*HS wide)
   const int64_t mlp_rows = d.moe() ? d.moe_rows(N) : N;
   p->Add(MC::kTemporary, std::max(N * d.qkv_width(), mlp_rows * d.up_width()), &b->scratch_big);
   if (d.swiglu()) p->Add(MC::kTemporary, mlp_rows * d.H, &b->scratch_a);
@@ -328,7 +368,7 @@ void PlanBuffers(const ArchDims& d, const ModelOptions& o, int64_t num_params, i
     // least min(N, 512) rows: fewer rows make the lm_head weight-gradient GEMM (K = rows) slow
     // (see README.md, mixed precision), all N rows would cost N*Vp*2 bytes.
     constexpr int64_t kMinLogitRows = 512;
-    b->scratch16_elems = std::max({2 * N * C, N * d.qkv_width(), mlp_rows * d.up_width(),
+    b->scratch16_elems = std::max({2 * N * d.wide(), N * d.qkv_width(), mlp_rows * d.up_width(),
                                    mlp_rows * C, std::min(N, kMinLogitRows) * d.Vp});
     p->Add(MC::kTemporary, b->scratch16_elems, t, &b->scratch16);
     if (const int64_t room = PackedActivationBytes(d, o); room > 0) {

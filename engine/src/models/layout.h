@@ -12,6 +12,7 @@
 #include "backend/arena.h"
 #include "core/dtype.h"
 #include "models/model.h"
+#include "nn/attention.h"
 
 namespace traind::engine {
 
@@ -33,6 +34,9 @@ struct FamilyFeatures {
   bool causal = true;  // causal self-attention (false: bidirectional, with a padding mask)
   bool pre_ln = true;  // norm before each sub-block (false: after the residual add, as BERT)
   bool moe = false;    // the MLP is a sparse mixture of SwiGLU experts with a softmax top-k router
+  // Bias-free families whose q/k/v projections carry biases all the same (qwen2); llama's
+  // config.json attention_bias adds them (and o_proj's) per model.
+  bool qkv_bias = false;
 };
 
 struct ModelFamily {
@@ -64,11 +68,25 @@ struct ArchDims {
   double aux_coef = 0.0;
   float eps = 1e-5f;
   float rope_theta = 10000.0f;
+  RopeScaling rope_scaling;  // HF rope_scaling, as the Rope op takes it
+  int64_t window = 0;        // sliding-window attention (mistral); 0: none
+  // Attention biases of the llama-like families: q/k/v (qwen2; llama with attention_bias) and
+  // o_proj (llama with attention_bias). gpt2 and bert have all biases (FamilyFeatures::bias).
+  bool qkv_bias = false, proj_bias = false;
   bool tied = true;
   int64_t qkv_width() const { return (NH + 2 * NKV) * HS; }
+  // The attention output's width NH*HS: C unless head_dim says otherwise (Llama 3.2 / Qwen3 /
+  // Gemma shapes); the buffers that hold it or its gradient are at least this wide.
+  int64_t attn_width() const { return NH * HS; }
+  int64_t wide() const { return attn_width() > C ? attn_width() : C; }
   int64_t up_width() const { return swiglu() ? 2 * H : H; }
   int64_t moe_rows(int64_t N) const { return N * K; }  // expert rows of N tokens: static
 };
+// The attention of a block of `d` over B sequences of T tokens: heads, head size, RoPE (with its
+// scaling) for rotary families, the sliding window; causal as the family is (the caller sets the
+// key mask and the operand type).
+nn::AttentionShape AttentionShapeOf(const ArchDims& d, int64_t B, int64_t T);
+
 // Vp: the vocabulary rounded up to a multiple of 64 for the logits GEMM.
 // Rows per lm-head + cross-entropy chunk: options.logits_chunk_rows when > 0 (at most N), else
 // enough rows for about kLogitsChunkBytes of logits but at least min(N, 512) (fewer rows make

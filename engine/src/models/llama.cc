@@ -15,6 +15,7 @@ ParamTable LlamaParams(const ArchDims& d) {
   const ParamExtra normal{false, false, InitKind::kNormal};
   const ParamExtra resid{false, false, InitKind::kNormalResidual};
   const ParamExtra ones{false, false, InitKind::kOnes};
+  const ParamExtra zeros{false, false, InitKind::kZeros};
 
   t.wte = t.Add("model.embed_tokens.weight", {d.Vp, C}, {d.V, C}, {false, true, InitKind::kNormal},
                 true);
@@ -27,8 +28,14 @@ ParamTable LlamaParams(const ArchDims& d) {
         t.Add(p + "self_attn.q_proj.weight", {d.NH * d.HS, C}, {d.NH * d.HS, C}, normal, true);
     lp.fused_parts.push_back(t.Add(p + "self_attn.k_proj.weight", {KV, C}, {KV, C}, normal, true));
     lp.fused_parts.push_back(t.Add(p + "self_attn.v_proj.weight", {KV, C}, {KV, C}, normal, true));
+    if (d.qkv_bias) {  // qwen2, llama attention_bias: q, k, v biases back to back (QKV)
+      lp.qkv_b = t.Add(p + "self_attn.q_proj.bias", {d.NH * d.HS}, {d.NH * d.HS}, zeros, false);
+      t.Add(p + "self_attn.k_proj.bias", {KV}, {KV}, zeros, false);
+      t.Add(p + "self_attn.v_proj.bias", {KV}, {KV}, zeros, false);
+    }
     lp.proj_w =
         t.Add(p + "self_attn.o_proj.weight", {C, d.NH * d.HS}, {C, d.NH * d.HS}, resid, true);
+    if (d.proj_bias) lp.proj_b = t.Add(p + "self_attn.o_proj.bias", {C}, {C}, zeros, false);
     lp.ln2_w = t.Add(p + "post_attention_layernorm.weight", {C}, {C}, ones, false);
     if (d.moe()) {
       // mixtral's block_sparse_moe: the router (E, C) and E SwiGLU experts, each w1 (gate) and

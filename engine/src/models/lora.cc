@@ -22,15 +22,21 @@ std::string ModuleShortName(const std::string& hf_name) {
 
 }  // namespace
 
+// The families whose blocks are llama's (HF module names q_proj ... down_proj; PEFT's default
+// targets q_proj and v_proj for each of them).
+bool LlamaModules(const std::string& arch) {
+  return arch == "llama" || arch == "mistral" || arch == "qwen2";
+}
+
 std::vector<std::string> DefaultLoraTargets(const std::string& arch) {
   if (arch == "gpt2") return {"c_attn"};
-  if (arch == "llama") return {"q_proj", "v_proj"};
+  if (LlamaModules(arch)) return {"q_proj", "v_proj"};
   return {};
 }
 
 std::vector<std::string> LoraModuleNames(const std::string& arch) {
   if (arch == "gpt2") return {"c_attn", "c_proj", "c_fc"};
-  if (arch == "llama") {
+  if (LlamaModules(arch)) {
     return {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
   }
   return {};

@@ -38,7 +38,7 @@ Status ValidateConfig(const ModelConfig& c, const ModelOptions& o) {
   }
   if ((c.encoder() || c.arch == "mixtral") && o.lora.enabled()) {
     return Status::Unimplemented("training.peft: LoRA is not built for " + c.arch +
-                                 " yet (gpt2, llama)");
+                                 " yet (gpt2, llama, mistral, qwen2)");
   }
   if (o.master_weights_off_device && !c.encoder() && o.compute_type == DType::kF32) {
     return Status::InvalidArgument(

@@ -19,7 +19,9 @@ struct AttentionShape {
   int64_t HS = 0;
   bool rope = false;
   float rope_theta = 10000.0f;
+  RopeScaling rope_scaling;  // HF rope_scaling (linear, llama3); kNone: plain RoPE
   bool causal = true;
+  int64_t window = 0;  // > 0: sliding-window attention (Backend::AttentionForward)
   // Device int32 (B*T) or null: key_mask[b*T + j] != 0 means key j of sequence b is attended.
   const int32_t* key_mask = nullptr;
   // The products' operand precision (Backend::AttentionForward): the model's compute type.

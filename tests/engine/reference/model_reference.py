@@ -48,11 +48,14 @@ def write_safetensors(path, tensors):
             f.write(c)
 
 
-def causal_attention(q, k, v):
-    # q (B,NH,T,HS); k, v (B,NH,T,HS) after GQA expansion.
+def causal_attention(q, k, v, window=0):
+    # q (B,NH,T,HS); k, v (B,NH,T,HS) after GQA expansion. window > 0: HF Mistral's sliding
+    # window, key j visible to query i iff j <= i and i - j < window.
     T, HS = q.shape[2], q.shape[3]
     att = (q @ k.transpose(-2, -1)) / math.sqrt(HS)
     mask = torch.ones(T, T, dtype=torch.bool).tril()
+    if window:
+        mask = mask & ~torch.ones(T, T, dtype=torch.bool).tril(-window)
     att = att.masked_fill(~mask, float("-inf"))
     return F.softmax(att, dim=-1) @ v
 
@@ -88,14 +91,37 @@ def rotate_half(x):
     return torch.cat((-x2, x1), dim=-1)
 
 
+def rope_inv_freq(cfg, HS):
+    """HF's inv_freq (modeling_rope_utils: default, linear, llama3), in float32 as transformers."""
+    theta = cfg["rope_theta"]
+    inv_freq = 1.0 / (theta ** (torch.arange(0, HS, 2, dtype=torch.int64).float() / HS))
+    rs = cfg.get("rope_scaling") or {}
+    kind = rs.get("rope_type", rs.get("type", "default"))
+    if kind == "linear":
+        return inv_freq / rs["factor"]
+    if kind == "llama3":
+        factor, low, high = rs["factor"], rs["low_freq_factor"], rs["high_freq_factor"]
+        old = rs["original_max_position_embeddings"]
+        low_wavelen, high_wavelen = old / low, old / high
+        wavelen = 2 * math.pi / inv_freq
+        inv_freq_llama = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+        smooth = (old / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * inv_freq_llama / factor + smooth * inv_freq_llama
+        is_medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
+        return torch.where(is_medium, smoothed, inv_freq_llama)
+    return inv_freq
+
+
 def llama_loss(w, cfg, ids, targets):
+    """llama, mistral (sliding window), qwen2 (q/k/v biases); llama's attention_bias and head_dim."""
     B, T = ids.shape
     C, NH, NKV = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
-    L, eps, theta = cfg["num_hidden_layers"], cfg["rms_norm_eps"], cfg["rope_theta"]
-    HS = C // NH
+    L, eps = cfg["num_hidden_layers"], cfg["rms_norm_eps"]
+    HS = cfg.get("head_dim") or C // NH
+    window = cfg.get("sliding_window") or 0
     dt = w["model.embed_tokens.weight"].dtype
     # HF computes inv_freq and the angles in float32 whatever the model dtype.
-    inv_freq = 1.0 / (theta ** (torch.arange(0, HS, 2, dtype=torch.int64).float() / HS))
+    inv_freq = rope_inv_freq(cfg, HS)
     ang = torch.arange(T, dtype=torch.float32)[:, None] * inv_freq[None, :]
     ang = torch.cat((ang, ang), dim=-1).to(dt)
     cos, sin = ang.cos(), ang.sin()
@@ -103,15 +129,22 @@ def llama_loss(w, cfg, ids, targets):
     for l in range(L):
         p = "model.layers.%d." % l
         h = rms_norm(x, w[p + "input_layernorm.weight"], eps)
-        q = (h @ w[p + "self_attn.q_proj.weight"].t()).view(B, T, NH, HS).transpose(1, 2)
-        k = (h @ w[p + "self_attn.k_proj.weight"].t()).view(B, T, NKV, HS).transpose(1, 2)
-        v = (h @ w[p + "self_attn.v_proj.weight"].t()).view(B, T, NKV, HS).transpose(1, 2)
+        def proj(name):
+            y = h @ w[p + "self_attn." + name + ".weight"].t()
+            bias = w.get(p + "self_attn." + name + ".bias")
+            return y if bias is None else y + bias
+        q = proj("q_proj").view(B, T, NH, HS).transpose(1, 2)
+        k = proj("k_proj").view(B, T, NKV, HS).transpose(1, 2)
+        v = proj("v_proj").view(B, T, NKV, HS).transpose(1, 2)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
         k = k.repeat_interleave(NH // NKV, dim=1)
         v = v.repeat_interleave(NH // NKV, dim=1)
-        y = causal_attention(q, k, v).transpose(1, 2).reshape(B, T, C)
-        x = x + y @ w[p + "self_attn.o_proj.weight"].t()
+        y = causal_attention(q, k, v, window).transpose(1, 2).reshape(B, T, NH * HS)
+        y = y @ w[p + "self_attn.o_proj.weight"].t()
+        if p + "self_attn.o_proj.bias" in w:
+            y = y + w[p + "self_attn.o_proj.bias"]
+        x = x + y
         h = rms_norm(x, w[p + "post_attention_layernorm.weight"], eps)
         g = F.silu(h @ w[p + "mlp.gate_proj.weight"].t()) * (h @ w[p + "mlp.up_proj.weight"].t())
         x = x + g @ w[p + "mlp.down_proj.weight"].t()

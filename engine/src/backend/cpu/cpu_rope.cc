@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_kernels.h"
+#include "backend/rope_freq.h"
 
 namespace traind::engine::cpu {
 namespace {
@@ -35,7 +36,7 @@ TRAIND_CPU_CLONES void RotateRow(float* x, const float* cs, const float* sn, int
 }  // namespace
 
 void Rope(float* x, int64_t B, int64_t T, int64_t n_heads, int64_t HS, int64_t row_stride,
-          float theta, bool inverse, int64_t pos_offset, int nt) {
+          float theta, bool inverse, int64_t pos_offset, const RopeScaling& scaling, int nt) {
   const int64_t half = HS / 2;
   // Table of cos/sin per (t, i): (T, half) each, kept per thread and rebuilt only when the
   // positions, the head size or theta change (every layer's q and k, forward and backward, use the
@@ -43,11 +44,12 @@ void Rope(float* x, int64_t B, int64_t T, int64_t n_heads, int64_t HS, int64_t r
   struct Key {
     int64_t T = -1, half = -1, pos_offset = -1;
     float theta = 0.0f;
+    RopeScaling scaling;
     bool operator==(const Key&) const = default;
   };
   static thread_local std::vector<float> table;
   static thread_local Key built;
-  const Key key{T, half, pos_offset, theta};
+  const Key key{T, half, pos_offset, theta, scaling};
   float* cs = nullptr;
   float* sn = nullptr;
   if (!(key == built)) {
@@ -56,8 +58,7 @@ void Rope(float* x, int64_t B, int64_t T, int64_t n_heads, int64_t HS, int64_t r
     cs = table.data();
     sn = cs + T * half;
     for (int64_t i = 0; i < half; ++i) {
-      float expo = static_cast<float>(2 * i) / static_cast<float>(HS);
-      float inv_freq = 1.0f / std::pow(theta, expo);
+      const float inv_freq = RopeInvFreq(i, HS, theta, scaling);
       for (int64_t t = 0; t < T; ++t) {
         float ang = static_cast<float>(pos_offset + t) * inv_freq;
         cs[t * half + i] = std::cos(ang);

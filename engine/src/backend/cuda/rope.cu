@@ -7,6 +7,7 @@
 
 #include "backend/cuda/gpu_compat.h"
 #include "backend/cuda/kernels.h"
+#include "backend/rope_freq.h"
 
 TRAIND_GPU_BEGIN
 namespace {
@@ -14,7 +15,8 @@ namespace {
 constexpr int kThreads = 256;
 
 __global__ void rope_kernel(float* x, int64_t rows, int64_t T, int64_t n_heads, int64_t HS,
-                            int64_t row_stride, float theta, bool inverse, int64_t pos_offset) {
+                            int64_t row_stride, float theta, bool inverse, int64_t pos_offset,
+                            RopeScaling scaling) {
   const int64_t half = HS / 2;
   const int64_t total = rows * n_heads * half;
   for (int64_t p = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; p < total;
@@ -22,8 +24,7 @@ __global__ void rope_kernel(float* x, int64_t rows, int64_t T, int64_t n_heads, 
     const int64_t i = p % half;
     const int64_t h = (p / half) % n_heads;
     const int64_t r = p / (half * n_heads);
-    const float expo = static_cast<float>(2 * i) / static_cast<float>(HS);
-    const float inv_freq = 1.0f / powf(theta, expo);
+    const float inv_freq = RopeInvFreq(i, HS, theta, scaling);
     const float ang = static_cast<float>(pos_offset + r % T) * inv_freq;
     const float c = cosf(ang);
     const float s = inverse ? -sinf(ang) : sinf(ang);
@@ -37,7 +38,8 @@ __global__ void rope_kernel(float* x, int64_t rows, int64_t T, int64_t n_heads, 
 }  // namespace
 
 Status Rope(float* x, int64_t B, int64_t T, int64_t n_heads, int64_t HS, int64_t row_stride,
-            float theta, bool inverse, int64_t pos_offset, cudaStream_t stream) {
+            float theta, bool inverse, int64_t pos_offset, const RopeScaling& scaling,
+            cudaStream_t stream) {
   if (HS <= 0 || HS % 2 != 0)
     return Status::InvalidArgument("Rope: head size must be even and positive, got " +
                                    std::to_string(HS));
@@ -47,7 +49,7 @@ Status Rope(float* x, int64_t B, int64_t T, int64_t n_heads, int64_t HS, int64_t
   const int64_t total = B * T * n_heads * (HS / 2);
   if (total <= 0) return Status::Ok();
   return GPU_LAUNCH(rope_kernel, GridFor(total, kThreads), kThreads, 0, stream, x, B * T, T,
-                    n_heads, HS, row_stride, theta, inverse, pos_offset);
+                    n_heads, HS, row_stride, theta, inverse, pos_offset, scaling);
 }
 
 TRAIND_GPU_END
