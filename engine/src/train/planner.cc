@@ -31,9 +31,11 @@ int ZeroShards(const JobSpec& spec) {
 // JobBytes for `spec` at micro-batch `b`, with or without gradient checkpointing.
 // `on_host`: OffloadUpdatesOnHost of the device.
 // The cpu device is the one device that does not update on the host, and the one that packs
-// weights: !on_host == PacksGemmWeights(device).
-MemoryBytes SpecBytes(const ModelConfig& config, const JobSpec& spec, int64_t b, bool ckpt, bool on_host) {
-  return JobBytes(config, JobModelOptions(spec, b, ckpt, !on_host), spec.training, ZeroShards(spec),
+// weights: !on_host == PacksGemmWeights(device). `pack`: whether the plan keeps those packed
+// copies (a speed choice PlanOrAdvise drops when they do not fit); only where the device packs.
+MemoryBytes SpecBytes(const ModelConfig& config, const JobSpec& spec, int64_t b, bool ckpt, bool on_host,
+                      bool pack = true) {
+  return JobBytes(config, JobModelOptions(spec, b, ckpt, pack && !on_host), spec.training, ZeroShards(spec),
                   on_host);
 }
 
@@ -45,9 +47,9 @@ std::string Breakdown(const MemoryBytes& b) {
 
 // The largest b in [1, cap] whose plan fits (plans grow with b), or 0 when none does.
 int64_t LargestFitting(const JobSpec& spec, const ModelConfig& config, int64_t cap, bool ckpt,
-                       int64_t budget, bool on_host) {
+                       int64_t budget, bool on_host, bool pack) {
   auto fits = [&](int64_t b) {
-    return SpecBytes(config, spec, b, ckpt, on_host).total() <= budget;
+    return SpecBytes(config, spec, b, ckpt, on_host, pack).total() <= budget;
   };
   if (!fits(1)) return 0;
   int64_t lo = 1, hi = cap;  // fits(lo) holds
@@ -105,8 +107,12 @@ Result<ModelConfig> ResolveModelConfig(const JobSpec& spec) {
 
 bool MasterWeightsOffDevice(const JobSpec& spec) {
   const TrainingSpec& t = spec.training;
+  if (!t.bf16 && !t.fp16) return false;
+  // A frozen LoRA base costs its compute type and no more, with or without offload: nothing
+  // updates it, so no fp32 copy of its GEMM weights is kept anywhere.
+  if (t.peft.has_value()) return true;
   const bool zero1 = spec.distributed.has_value() && spec.distributed->zero_stage == 1;
-  return t.offload != "none" && (t.bf16 || t.fp16) && !zero1;
+  return t.offload != "none" && !zero1;
 }
 
 ModelOptions JobModelOptions(const JobSpec& spec, int64_t micro_batch, bool gradient_checkpointing,
@@ -171,7 +177,7 @@ namespace {
 // spec that lowers its bytes, with the bytes its plan would need, those that fit first; when none
 // fits alone, all of them together as the last entry.
 std::vector<PlanLever> FittingLevers(const JobSpec& spec, const ModelConfig& config, int64_t b, bool c,
-                                     int64_t budget, bool offload_on_host) {
+                                     int64_t budget, bool offload_on_host, bool pack) {
   struct Lever {
     std::string what;
     JobSpec spec;
@@ -213,9 +219,9 @@ std::vector<PlanLever> FittingLevers(const JobSpec& spec, const ModelConfig& con
     levers.push_back({"peft: {type: lora, r: 8}", s, b, c});
   }
   std::vector<PlanLever> fit, rest;
-  const int64_t now = SpecBytes(config, spec, b, c, offload_on_host).total();
+  const int64_t now = SpecBytes(config, spec, b, c, offload_on_host, pack).total();
   for (const Lever& l : levers) {
-    const int64_t need = SpecBytes(config, l.spec, l.micro_batch, l.ckpt, offload_on_host).total();
+    const int64_t need = SpecBytes(config, l.spec, l.micro_batch, l.ckpt, offload_on_host, pack).total();
     if (need >= now) continue;  // no help here (bf16 with small activations: the master copy costs more)
     (need <= budget ? fit : rest).push_back({l.what, need, need <= budget});
   }
@@ -224,7 +230,7 @@ std::vector<PlanLever> FittingLevers(const JobSpec& spec, const ModelConfig& con
     all.training.offload = t.offload == "none" ? "nvme" : t.offload;
     const bool lora = !all.training.peft && lora_applies;
     if (lora) all.training.peft = PeftSpec{};
-    const int64_t together = SpecBytes(config, all, 1, true, offload_on_host).total();
+    const int64_t together = SpecBytes(config, all, 1, true, offload_on_host, pack).total();
     rest.push_back({"together: micro-batch 1 with gradient checkpointing, offload " + all.training.offload +
                         (lora ? " and LoRA" : ""),
                     together, together <= budget});
@@ -249,8 +255,11 @@ std::string Advice(const std::vector<PlanLever>& levers) {
 
 // PlanJob's work. A job that does not fit gets the plan of the smallest configuration tried with
 // fits false, `levers` and `reason` the advice, and `*too_big` (when given) PlanJob's error message.
-Result<MemoryPlan> PlanOrAdvise(const JobSpec& spec, const ModelConfig& config, int64_t budget_bytes,
-                                bool tensor_cores, bool offload_on_host, std::string* too_big) {
+// `pack`: whether the plan keeps the cpu's packed weight copies (PlanOrAdvise's caller drops them
+// when the job does not fit with them).
+Result<MemoryPlan> PlanOrAdvisePacked(const JobSpec& spec, const ModelConfig& config, int64_t budget_bytes,
+                                      bool tensor_cores, bool offload_on_host, bool pack,
+                                      std::string* too_big) {
   const TrainingSpec& t = spec.training;
   const int64_t align = tensor_cores && (t.bf16 || t.fp16) ? 64 : 8;
   if (spec.data.seq_len > config.max_positions()) {
@@ -290,6 +299,7 @@ Result<MemoryPlan> PlanOrAdvise(const JobSpec& spec, const ModelConfig& config, 
     plan.total_params = base + adapters;
   }
   plan.budget_bytes = budget_bytes;
+  plan.packed_weights = pack && !offload_on_host;
   plan.gradient_accumulation_steps = t.gradient_accumulation_steps;
   bool ckpt = t.gradient_checkpointing;
 
@@ -298,9 +308,9 @@ Result<MemoryPlan> PlanOrAdvise(const JobSpec& spec, const ModelConfig& config, 
   auto not_fitting = [&](int64_t b, bool c) {
     plan.micro_batch = b;
     plan.gradient_checkpointing = c;
-    plan.bytes = SpecBytes(config, spec, b, c, offload_on_host);
+    plan.bytes = SpecBytes(config, spec, b, c, offload_on_host, pack);
     plan.fits = false;
-    plan.levers = FittingLevers(spec, config, b, c, budget_bytes, offload_on_host);
+    plan.levers = FittingLevers(spec, config, b, c, budget_bytes, offload_on_host, pack);
     const std::string needs = "needs " + FormatGiB(plan.bytes.total()) + ", budget " +
                               FormatGiB(budget_bytes) + " at micro-batch " + std::to_string(b) +
                               (c ? " with" : " without") + " gradient checkpointing";
@@ -312,7 +322,7 @@ Result<MemoryPlan> PlanOrAdvise(const JobSpec& spec, const ModelConfig& config, 
 
   if (!t.auto_batch()) {
     plan.micro_batch = t.per_device_train_batch_size;
-    plan.bytes = SpecBytes(config, spec, plan.micro_batch, ckpt, offload_on_host);
+    plan.bytes = SpecBytes(config, spec, plan.micro_batch, ckpt, offload_on_host, pack);
     if (plan.bytes.total() > budget_bytes) return not_fitting(plan.micro_batch, ckpt);
     plan.gradient_checkpointing = ckpt;
     plan.reason = "micro-batch " + std::to_string(plan.micro_batch) + " as given" +
@@ -329,13 +339,13 @@ Result<MemoryPlan> PlanOrAdvise(const JobSpec& spec, const ModelConfig& config, 
   std::string why;
   int64_t raw = 0;
   if (ckpt) {
-    raw = LargestFitting(spec, config, search, true, budget_bytes, offload_on_host);
+    raw = LargestFitting(spec, config, search, true, budget_bytes, offload_on_host, pack);
     why = "gradient checkpointing as asked";
   } else {
-    raw = LargestFitting(spec, config, search, false, budget_bytes, offload_on_host);
+    raw = LargestFitting(spec, config, search, false, budget_bytes, offload_on_host, pack);
     if (raw < wanted) {
       // Only when it buys a larger (rounded) micro-batch: checkpointing costs a forward pass.
-      const int64_t with_ckpt = LargestFitting(spec, config, search, true, budget_bytes, offload_on_host);
+      const int64_t with_ckpt = LargestFitting(spec, config, search, true, budget_bytes, offload_on_host, pack);
       if (RoundMicroBatch(with_ckpt, align) > RoundMicroBatch(raw, align)) {
         raw = with_ckpt;
         ckpt = true;
@@ -353,13 +363,31 @@ Result<MemoryPlan> PlanOrAdvise(const JobSpec& spec, const ModelConfig& config, 
   if (eff.has_value()) {
     plan.gradient_accumulation_steps = (*eff + plan.micro_batch - 1) / plan.micro_batch;
   }
-  plan.bytes = SpecBytes(config, spec, plan.micro_batch, ckpt, offload_on_host);
+  plan.bytes = SpecBytes(config, spec, plan.micro_batch, ckpt, offload_on_host, pack);
   plan.reason = "auto: largest micro-batch that fits " + FormatGiB(budget_bytes) + " is " +
                 std::to_string(raw) + ", using " + std::to_string(plan.micro_batch) + " x " +
                 std::to_string(plan.gradient_accumulation_steps) + " accumulation" +
                 (eff.has_value() ? " for effective batch " + std::to_string(*eff) : "") +
                 (why.empty() ? "" : "; " + why) + " (" + FormatGiB(plan.bytes.total()) + ")";
   return plan;
+}
+
+// PlanOrAdvisePacked with the cpu's packed weight copies when the job fits with them, else without
+// them (a speed choice, dropped before the job is refused; the reason and advice say so).
+Result<MemoryPlan> PlanOrAdvise(const JobSpec& spec, const ModelConfig& config, int64_t budget_bytes,
+                                bool tensor_cores, bool offload_on_host, std::string* too_big) {
+  TRAIND_ASSIGN_OR_RETURN(MemoryPlan packed, PlanOrAdvisePacked(spec, config, budget_bytes, tensor_cores,
+                                                                offload_on_host, true, too_big));
+  if (packed.fits || offload_on_host || !(spec.training.bf16 || spec.training.fp16)) return packed;
+  const int64_t with = packed.bytes.total();
+  TRAIND_ASSIGN_OR_RETURN(MemoryPlan plain, PlanOrAdvisePacked(spec, config, budget_bytes, tensor_cores,
+                                                               offload_on_host, false, too_big));
+  if (plain.bytes.total() >= with) return packed;  // nothing packed (fp32, or too few rows)
+  const std::string dropped = "without the cpu's packed weight copies (a speed choice; " +
+                              FormatGiB(with) + " with them)";
+  plain.reason += "; " + dropped;
+  if (too_big != nullptr && !plain.fits) *too_big += "; " + dropped;
+  return plain;
 }
 
 }  // namespace

@@ -25,9 +25,10 @@ ModelOptions JobModelOptions(const JobSpec& spec, int64_t micro_batch, bool grad
 // "cpu", whose oneDNN GEMMs otherwise copy the weights into their blocked layout on every call.
 bool PacksGemmWeights(const std::string& device);
 // Whether the job keeps its fp32 weights off the device (ModelOptions::
-// master_weights_off_device): training.offload cpu | nvme (any optim), bf16 or fp16, no ZeRO-1
-// (sample_every then generates from the 16-bit compute weights). With peft the frozen base
-// is then held in the compute type only (its fp32 copy is nowhere; the merge re-reads it).
+// master_weights_off_device): bf16 or fp16 with training.peft (always: the frozen base is held in
+// the compute type only, its fp32 copy is nowhere, the merge re-reads it), or training.offload
+// cpu | nvme (any optim) without ZeRO-1 (sample_every then generates from the 16-bit compute
+// weights).
 bool MasterWeightsOffDevice(const JobSpec& spec);
 // Whether a model of `config` built with `options` keeps its master weights in the optimizer's
 // store (decoder families without LoRA; the encoder keeps its weights on the device).

@@ -207,7 +207,7 @@ Status BuildModelAndOptimizer(TrainingSession* s) {
   TRAIND_ASSIGN_OR_RETURN(
       s->model, Model::Create(s->config,
                               JobModelOptions(s->spec, s->B, s->plan.gradient_checkpointing,
-                                              PacksGemmWeights(s->device)),
+                                              PacksGemmWeights(s->device) && s->plan.packed_weights),
                               s->arena.get()));
   if (t.offload != "none") TRAIND_RETURN_IF_ERROR(OpenStore(s));
   if (s->comm != nullptr && s->spec.distributed.has_value() &&

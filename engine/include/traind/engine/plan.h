@@ -44,6 +44,10 @@ struct MemoryPlan {
   // LoRA, no ZeRO-1, no sample_every): bytes.weights then counts the 16-bit weights and the fp32
   // copies of the tensors read in fp32 only. 0 when the master weights stay on the device.
   int64_t offload_master_bytes = 0;
+  // Whether the job keeps the cpu device's packed copies of its 16-bit GEMM weights
+  // (ModelOptions::pack_weights): a speed choice the planner drops, before it refuses a job, when
+  // they do not fit (`reason` then says so). false on every other device.
+  bool packed_weights = false;
   MemoryBytes bytes;
   int64_t budget_bytes = 0;                 // the budget it was planned against (0 = unlimited)
   std::string reason;                       // one line: why this batch and these techniques
