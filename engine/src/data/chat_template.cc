@@ -61,21 +61,27 @@ class Interp {
 
   Flow ExecNodeImpl(const Node& n) {
     switch (n.k) {
-      case Node::K::kText: *out += n.text; return Flow::kNormal;
-      case Node::K::kOut: *out += ToStr(Eval(*n.e[0])); return Flow::kNormal;
+      case Node::K::kText:
+        *out += n.text;
+        return Flow::kNormal;
+      case Node::K::kOut:
+        *out += ToStr(Eval(*n.e[0]));
+        return Flow::kNormal;
       case Node::K::kIf:
         for (size_t k = 0; k < n.e.size(); ++k) {
           if (Truthy(Eval(*n.e[k]))) return Exec(n.bodies[k]);
         }
         if (n.bodies.size() > n.e.size()) return Exec(n.bodies.back());
         return Flow::kNormal;
-      case Node::K::kFor: return ExecFor(n);
+      case Node::K::kFor:
+        return ExecFor(n);
       case Node::K::kSet: {
         Value v = Eval(*n.e[0]);
         if (!n.attr.empty()) {
           Value ns = Lookup(n.names[0]);
           if (ns.kind != Value::Kind::kNamespace) {
-            Fail("cannot assign attribute '" + n.attr + "' of '" + n.names[0] + "': not a namespace");
+            Fail("cannot assign attribute '" + n.attr + "' of '" + n.names[0] +
+                 "': not a namespace");
           }
           for (auto& kv : *ns.dict) {
             if (kv.first == n.attr) {
@@ -89,8 +95,12 @@ class Interp {
         Assign(n.names, v);
         return Flow::kNormal;
       }
-      case Node::K::kSetBlock: (*frames.back())[n.names[0]] = Value::Str(Capture(n.bodies[0])); return Flow::kNormal;
-      case Node::K::kMacro: (*frames.back())[n.text] = MakeMacro(n); return Flow::kNormal;
+      case Node::K::kSetBlock:
+        (*frames.back())[n.names[0]] = Value::Str(Capture(n.bodies[0]));
+        return Flow::kNormal;
+      case Node::K::kMacro:
+        (*frames.back())[n.text] = MakeMacro(n);
+        return Flow::kNormal;
       case Node::K::kCallBlock: {
         const Expr& call = *n.e[0];
         Value fn = Eval(*call.a[0]);
@@ -115,9 +125,12 @@ class Interp {
         *out += ToStr(ApplyFilter(f.s, body, ca));
         return Flow::kNormal;
       }
-      case Node::K::kScope: return Exec(n.bodies[0]);
-      case Node::K::kBreak: return Flow::kBreak;
-      case Node::K::kContinue: return Flow::kContinue;
+      case Node::K::kScope:
+        return Exec(n.bodies[0]);
+      case Node::K::kBreak:
+        return Flow::kBreak;
+      case Node::K::kContinue:
+        return Flow::kContinue;
     }
     return Flow::kNormal;
   }
@@ -130,7 +143,8 @@ class Interp {
     }
     const Array items = Items(v);
     if (items.size() != names.size()) {
-      Fail("cannot unpack " + std::to_string(items.size()) + " values into " + std::to_string(names.size()) + " names");
+      Fail("cannot unpack " + std::to_string(items.size()) + " values into " +
+           std::to_string(names.size()) + " names");
     }
     for (size_t k = 0; k < names.size(); ++k) f[names[k]] = items[k];
   }
@@ -164,8 +178,10 @@ class Interp {
           {"length", Value::Int(len)},
           {"depth", Value::Int(depth + 1)},
           {"depth0", Value::Int(depth)},
-          {"previtem", k > 0 ? items[static_cast<size_t>(k - 1)] : Value::Undefined("there is no previous item")},
-          {"nextitem", k + 1 < len ? items[static_cast<size_t>(k + 1)] : Value::Undefined("there is no next item")},
+          {"previtem", k > 0 ? items[static_cast<size_t>(k - 1)]
+                             : Value::Undefined("there is no previous item")},
+          {"nextitem", k + 1 < len ? items[static_cast<size_t>(k + 1)]
+                                   : Value::Undefined("there is no next item")},
           {"cycle", Value::Func([k](CallArgs& ca) {
              if (ca.pos.empty()) Fail("loop.cycle() needs at least one item");
              return ca.pos[static_cast<size_t>(k) % ca.pos.size()];
@@ -187,7 +203,8 @@ class Interp {
     const Node* node = &n;
     auto root = std::vector<std::shared_ptr<Frame>>(frames.begin(), frames.begin() + 2);
     return Value::Func([this, node, root](CallArgs& ca) {
-      if (macro_depth >= 100) Fail("macro '" + node->text + "': calls nested deeper than 100 levels");
+      if (macro_depth >= 100)
+        Fail("macro '" + node->text + "': calls nested deeper than 100 levels");
       ++macro_depth;
       struct Unnest {
         int* n;
@@ -195,8 +212,8 @@ class Interp {
       } unnest{&macro_depth};
       auto local = std::make_shared<Frame>();
       if (ca.pos.size() > node->names.size()) {
-        Fail("macro '" + node->text + "' takes " + std::to_string(node->names.size()) + " arguments (" +
-             std::to_string(ca.pos.size()) + " given)");
+        Fail("macro '" + node->text + "' takes " + std::to_string(node->names.size()) +
+             " arguments (" + std::to_string(ca.pos.size()) + " given)");
       }
       auto saved = frames;
       frames = root;
@@ -212,8 +229,9 @@ class Interp {
       }
       for (size_t k = 0; k < node->names.size(); ++k) {
         if (local->count(node->names[k])) continue;
-        (*local)[node->names[k]] = node->e[k] ? Eval(*node->e[k])
-                                              : Value::Undefined("parameter '" + node->names[k] + "' was not provided");
+        (*local)[node->names[k]] =
+            node->e[k] ? Eval(*node->e[k])
+                       : Value::Undefined("parameter '" + node->names[k] + "' was not provided");
       }
       std::string s;
       try {
@@ -243,7 +261,8 @@ class Interp {
   static Value CallValue(const Value& fn, CallArgs& ca, const std::string& what) {
     if (fn.kind == Value::Kind::kFunc) return (*fn.func)(ca);
     if (fn.is_undefined()) {
-      Fail(fn.s.empty() ? what + " is undefined" : fn.s + " (a method or function that is not supported)");
+      Fail(fn.s.empty() ? what + " is undefined"
+                        : fn.s + " (a method or function that is not supported)");
     }
     Fail(what + " is not callable (a " + TypeName(fn) + ")");
   }
@@ -259,10 +278,14 @@ class Interp {
 
   Value EvalImpl(const Expr& e) {
     switch (e.k) {
-      case Expr::K::kLit: return e.lit;
-      case Expr::K::kName: return Lookup(e.s);
-      case Expr::K::kAttr: return Attribute(Eval(*e.a[0]), e.s);
-      case Expr::K::kItem: return Item(Eval(*e.a[0]), Eval(*e.a[1]));
+      case Expr::K::kLit:
+        return e.lit;
+      case Expr::K::kName:
+        return Lookup(e.s);
+      case Expr::K::kAttr:
+        return Attribute(Eval(*e.a[0]), e.s);
+      case Expr::K::kItem:
+        return Item(Eval(*e.a[0]), Eval(*e.a[1]));
       case Expr::K::kSlice: {
         const Value obj = Eval(*e.a[0]);
         if (obj.is_undefined()) FailUndefined(obj);
@@ -271,13 +294,15 @@ class Interp {
                     c = e.a[3] ? Eval(*e.a[3]) : none;
         if (obj.is_list()) {
           Array out;
-          for (size_t k : SliceIndices(static_cast<int64_t>(obj.list->size()), a, b, c)) out.push_back((*obj.list)[k]);
+          for (size_t k : SliceIndices(static_cast<int64_t>(obj.list->size()), a, b, c))
+            out.push_back((*obj.list)[k]);
           return Value::List(std::move(out));
         }
         if (obj.is_str()) {
           const std::vector<uint32_t> cps = Utf8Decode(obj.s);
           std::string out;
-          for (size_t k : SliceIndices(static_cast<int64_t>(cps.size()), a, b, c)) AppendUtf8(cps[k], &out);
+          for (size_t k : SliceIndices(static_cast<int64_t>(cps.size()), a, b, c))
+            AppendUtf8(cps[k], &out);
           return Value::Str(std::move(out));
         }
         Fail(std::string("'") + TypeName(obj) + "' object is not subscriptable with a slice");
@@ -285,8 +310,9 @@ class Interp {
       case Expr::K::kCall: {
         const Value fn = Eval(*e.a[0]);
         CallArgs ca = EvalArgs(e);
-        std::string what = e.a[0]->k == Expr::K::kName ? "'" + e.a[0]->s + "'"
-                           : e.a[0]->k == Expr::K::kAttr ? "method '" + e.a[0]->s + "'" : "the callee";
+        std::string what = e.a[0]->k == Expr::K::kName   ? "'" + e.a[0]->s + "'"
+                           : e.a[0]->k == Expr::K::kAttr ? "method '" + e.a[0]->s + "'"
+                                                         : "the callee";
         return CallValue(fn, ca, what);
       }
       case Expr::K::kFilter: {
@@ -317,7 +343,8 @@ class Interp {
       }
       case Expr::K::kCond:
         if (Truthy(Eval(*e.a[0]))) return Eval(*e.a[1]);
-        return e.a[2] ? Eval(*e.a[2]) : Value::Undefined("the conditional expression had no else branch");
+        return e.a[2] ? Eval(*e.a[2])
+                      : Value::Undefined("the conditional expression had no else branch");
       case Expr::K::kList: {
         Array a;
         for (const ExprP& x : e.a) a.push_back(Eval(*x));
@@ -327,9 +354,11 @@ class Interp {
         Object o;
         for (size_t k = 0; k + 1 < e.a.size(); k += 2) {
           const Value key = Eval(*e.a[k]);
-          if (!key.is_str()) Fail(std::string("dict literal keys must be strings, not ") + TypeName(key));
+          if (!key.is_str())
+            Fail(std::string("dict literal keys must be strings, not ") + TypeName(key));
           Value v = Eval(*e.a[k + 1]);
-          auto it = std::find_if(o.begin(), o.end(), [&](const auto& kv) { return kv.first == key.s; });
+          auto it =
+              std::find_if(o.begin(), o.end(), [&](const auto& kv) { return kv.first == key.s; });
           if (it != o.end()) {
             it->second = std::move(v);
           } else {
@@ -368,7 +397,8 @@ Result<ChatTemplate> ChatTemplate::Parse(std::string_view source, std::string na
     auto prog = std::make_shared<cti::Program>(cti::ParseProgram(source));
     return ChatTemplate(std::move(prog), std::move(name));
   } catch (const cti::TemplateError& e) {
-    return Status::InvalidArgument("chat template '" + name + "' line " + std::to_string(e.line) + ": " + e.what());
+    return Status::InvalidArgument("chat template '" + name + "' line " + std::to_string(e.line) +
+                                   ": " + e.what());
   } catch (const std::exception& e) {  // std::bad_alloc
     return Status::ResourceExhausted("chat template '" + name + "': " + e.what());
   }
@@ -377,16 +407,19 @@ Result<ChatTemplate> ChatTemplate::Parse(std::string_view source, std::string na
 namespace {
 
 template <typename Json>
-Result<std::string> RenderProgram(const cti::Program& program, const std::string& name, const Json& vars) {
+Result<std::string> RenderProgram(const cti::Program& program, const std::string& name,
+                                  const Json& vars) {
   if (!vars.is_object()) {
-    return Status::InvalidArgument("chat template '" + name + "': the variables must be a JSON object");
+    return Status::InvalidArgument("chat template '" + name +
+                                   "': the variables must be a JSON object");
   }
   std::string out;
   try {
     cti::Interp interp;
     interp.frames.push_back(std::make_shared<cti::Frame>(cti::Globals()));
     auto top = std::make_shared<cti::Frame>();
-    for (auto it = vars.begin(); it != vars.end(); ++it) (*top)[it.key()] = cti::FromJson(it.value());
+    for (auto it = vars.begin(); it != vars.end(); ++it)
+      (*top)[it.key()] = cti::FromJson(it.value());
     interp.frames.push_back(top);
     interp.out = &out;
     interp.Exec(program.body);
@@ -395,7 +428,8 @@ Result<std::string> RenderProgram(const cti::Program& program, const std::string
       return Status::InvalidArgument("chat template '" + name + "' raised an exception at line " +
                                      std::to_string(e.line) + ": " + e.what());
     }
-    return Status::InvalidArgument("chat template '" + name + "' line " + std::to_string(e.line) + ": " + e.what());
+    return Status::InvalidArgument("chat template '" + name + "' line " + std::to_string(e.line) +
+                                   ": " + e.what());
   } catch (const std::exception& e) {  // std::bad_alloc
     return Status::ResourceExhausted("chat template '" + name + "': " + e.what());
   }
@@ -415,12 +449,14 @@ Result<std::string> ChatTemplate::Render(const nlohmann::json& vars) const {
 nlohmann::ordered_json ChatTemplateSpecialTokens(const nlohmann::ordered_json& tokenizer_config) {
   auto token = [](const nlohmann::ordered_json& t) -> std::optional<std::string> {
     if (t.is_string()) return t.get<std::string>();
-    if (t.is_object() && t.contains("content") && t["content"].is_string()) return t["content"].get<std::string>();
+    if (t.is_object() && t.contains("content") && t["content"].is_string())
+      return t["content"].get<std::string>();
     return std::nullopt;
   };
   nlohmann::ordered_json out = nlohmann::ordered_json::object();
   if (!tokenizer_config.is_object()) return out;
-  for (const char* key : {"bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token"}) {
+  for (const char* key : {"bos_token", "eos_token", "unk_token", "sep_token", "pad_token",
+                          "cls_token", "mask_token"}) {
     auto it = tokenizer_config.find(key);
     if (it == tokenizer_config.end()) continue;
     if (auto t = token(*it)) out[key] = *t;
@@ -435,6 +471,5 @@ nlohmann::ordered_json ChatTemplateSpecialTokens(const nlohmann::ordered_json& t
   }
   return out;
 }
-
 
 }  // namespace traind::engine

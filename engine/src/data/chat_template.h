@@ -9,10 +9,10 @@
 // generation/endgeneration (rendered as plain text, as transformers' AssistantTracker does); the
 // operators of Jinja expressions, slicing, literals, the filters and tests of the tables in
 // chat_template_builtins.cc and the str/dict methods that templates call; globals
-// raise_exception, strftime_now, namespace, range, dict. Values render as Python does (True, None, 1.0, ['a']).
-// Anything else fails at Parse (a statement, filter or test) or at Render (a method), naming the
-// construct and the template line. Case changes (upper, lower, title, capitalize) touch ASCII
-// letters only.
+// raise_exception, strftime_now, namespace, range, dict. Values render as Python does (True,
+// None, 1.0, ['a']). Anything else fails at Parse (a statement, filter or test) or at Render (a
+// method), naming the construct and the template line. Case changes (upper, lower, title,
+// capitalize) touch ASCII letters only.
 #pragma once
 
 #include <memory>

@@ -17,19 +17,19 @@ namespace {
 
 const std::set<std::string>& Filters() {
   static const std::set<std::string> k = {
-      "abs",   "capitalize", "count",  "d",         "default", "first",     "float",  "indent",
-      "int",   "items",      "join",   "last",      "length",  "list",      "lower",  "map",
-      "reject", "rejectattr", "replace", "reverse", "safe",    "select",    "selectattr",
-      "string", "title",     "tojson", "trim",      "upper"};
+      "abs",    "capitalize", "count",  "d",          "default", "first",   "float",
+      "indent", "int",        "items",  "join",       "last",    "length",  "list",
+      "lower",  "map",        "reject", "rejectattr", "replace", "reverse", "safe",
+      "select", "selectattr", "string", "title",      "tojson",  "trim",    "upper"};
   return k;
 }
 const std::set<std::string>& Tests() {
   static const std::set<std::string> k = {
-      "boolean", "callable", "defined", "divisibleby", "eq",   "equalto", "even",  "false",
-      "float",   "ge",       "gt",      "in",          "integer", "iterable", "le", "lower",
-      "lt",      "mapping",  "ne",      "none",        "number", "odd",    "sameas", "sequence",
-      "string",  "true",     "undefined", "upper",     "==",   "!=",      "<",     "<=",
-      ">",       ">="};
+      "boolean", "callable", "defined",  "divisibleby", "eq",   "equalto",   "even",
+      "false",   "float",    "ge",       "gt",          "in",   "integer",   "iterable",
+      "le",      "lower",    "lt",       "mapping",     "ne",   "none",      "number",
+      "odd",     "sameas",   "sequence", "string",      "true", "undefined", "upper",
+      "==",      "!=",       "<",        "<=",          ">",    ">="};
   return k;
 }
 
@@ -62,7 +62,9 @@ std::string Title(const std::string& s) {
 // Jinja's title filter: each word (split at runs of whitespace, '-', '(', '{', '[', '<') has its
 // first character upper case and the rest lower case.
 std::string TitleFilter(const std::string& s) {
-  auto sep = [](char c) { return IsSpace(c) || c == '-' || c == '(' || c == '{' || c == '[' || c == '<'; };
+  auto sep = [](char c) {
+    return IsSpace(c) || c == '-' || c == '(' || c == '{' || c == '[' || c == '<';
+  };
   std::string out = s;
   bool word_start = true;
   for (char& c : out) {
@@ -92,12 +94,15 @@ std::string Strip(const std::string& s, const Value* chars, bool left, bool righ
     return ws ? IsPyWhitespace(cp) : std::find(set.begin(), set.end(), cp) != set.end();
   };
   size_t b = 0, e = cps.size();
-  if (left) while (b < e && drop(cps[b])) ++b;
-  if (right) while (e > b && drop(cps[e - 1])) --e;
+  if (left)
+    while (b < e && drop(cps[b])) ++b;
+  if (right)
+    while (e > b && drop(cps[e - 1])) --e;
   return Utf8Encode(cps, b, e);
 }
 
-std::string Replace(const std::string& s, const std::string& from, const std::string& to, int64_t count) {
+std::string Replace(const std::string& s, const std::string& from, const std::string& to,
+                    int64_t count) {
   std::string out;
   if (from.empty()) {  // Python inserts `to` around every code point
     const std::vector<uint32_t> cps = Utf8Decode(s);
@@ -162,12 +167,17 @@ Value Split(const std::string& s, const Value* sep, int64_t maxsplit) {
 // Python's len().
 int64_t Length(const Value& v) {
   switch (v.kind) {
-    case Value::Kind::kUndefined: return 0;
-    case Value::Kind::kStr: return static_cast<int64_t>(Utf8Decode(v.s).size());
-    case Value::Kind::kList: return static_cast<int64_t>(v.list->size());
+    case Value::Kind::kUndefined:
+      return 0;
+    case Value::Kind::kStr:
+      return static_cast<int64_t>(Utf8Decode(v.s).size());
+    case Value::Kind::kList:
+      return static_cast<int64_t>(v.list->size());
     case Value::Kind::kDict:
-    case Value::Kind::kNamespace: return static_cast<int64_t>(v.dict->size());
-    default: Fail(std::string("object of type '") + TypeName(v) + "' has no len()");
+    case Value::Kind::kNamespace:
+      return static_cast<int64_t>(v.dict->size());
+    default:
+      Fail(std::string("object of type '") + TypeName(v) + "' has no len()");
   }
 }
 
@@ -240,7 +250,8 @@ Value Method(const Value& obj, const std::string& name) {
           }
           return Value::Bool(false);
         }
-        if (!p.is_str()) Fail(std::string("startswith/endswith: expected a str, got ") + TypeName(p));
+        if (!p.is_str())
+          Fail(std::string("startswith/endswith: expected a str, got ") + TypeName(p));
         return Value::Bool(match(p.s));
       });
     }
@@ -270,8 +281,10 @@ Value Method(const Value& obj, const std::string& name) {
       const std::string n = name;
       return bind([n](const Value& self, Args& args) {
         args.Check(0, {});
-        return Value::Str(n == "upper" ? AsciiUpper(self.s) : n == "lower" ? AsciiLower(self.s)
-                          : n == "title" ? Title(self.s) : Capitalize(self.s));
+        return Value::Str(n == "upper"   ? AsciiUpper(self.s)
+                          : n == "lower" ? AsciiLower(self.s)
+                          : n == "title" ? Title(self.s)
+                                         : Capitalize(self.s));
       });
     }
     if (name == "find" || name == "count") {
@@ -281,11 +294,15 @@ Value Method(const Value& obj, const std::string& name) {
         const std::string sub = ToStr(args.Need(0, "sub"));
         if (find) {
           const size_t f = self.s.find(sub);
-          return Value::Int(f == std::string::npos ? -1 : static_cast<int64_t>(Utf8Decode(self.s.substr(0, f)).size()));
+          return Value::Int(f == std::string::npos
+                                ? -1
+                                : static_cast<int64_t>(Utf8Decode(self.s.substr(0, f)).size()));
         }
         if (sub.empty()) return Value::Int(static_cast<int64_t>(Utf8Decode(self.s).size()) + 1);
         int64_t n = 0;
-        for (size_t p = self.s.find(sub); p != std::string::npos; p = self.s.find(sub, p + sub.size())) ++n;
+        for (size_t p = self.s.find(sub); p != std::string::npos;
+             p = self.s.find(sub, p + sub.size()))
+          ++n;
         return Value::Int(n);
       });
     }
@@ -352,8 +369,10 @@ int64_t ToInt(const Value& v, const char* what) {
 // characters; Undefined iterates as empty.
 Array Items(const Value& v) {
   switch (v.kind) {
-    case Value::Kind::kUndefined: return {};
-    case Value::Kind::kList: return *v.list;
+    case Value::Kind::kUndefined:
+      return {};
+    case Value::Kind::kList:
+      return *v.list;
     case Value::Kind::kDict: {
       Array out;
       for (const auto& kv : *v.dict) out.push_back(Value::Str(kv.first));
@@ -368,7 +387,8 @@ Array Items(const Value& v) {
       }
       return out;
     }
-    default: Fail(std::string("'") + TypeName(v) + "' object is not iterable");
+    default:
+      Fail(std::string("'") + TypeName(v) + "' object is not iterable");
   }
 }
 
@@ -390,7 +410,8 @@ std::vector<size_t> SliceIndices(int64_t len, const Value& a, const Value& b, co
   const int64_t start = adjust(a, step < 0 ? len - 1 : 0);
   const int64_t stop = adjust(b, step < 0 ? -1 : len);
   std::vector<size_t> out;
-  for (int64_t k = start; step > 0 ? k < stop : k > stop; k += step) out.push_back(static_cast<size_t>(k));
+  for (int64_t k = start; step > 0 ? k < stop : k > stop; k += step)
+    out.push_back(static_cast<size_t>(k));
   return out;
 }
 
@@ -399,14 +420,17 @@ bool Less(const Value& a, const Value& b, const std::string& op) {
   if (a.is_str() && b.is_str()) return a.s < b.s;  // UTF-8 byte order is code point order
   if (a.is_undefined()) FailUndefined(a);
   if (b.is_undefined()) FailUndefined(b);
-  Fail("'" + op + "' not supported between instances of '" + TypeName(a) + "' and '" + TypeName(b) + "'");
+  Fail("'" + op + "' not supported between instances of '" + TypeName(a) + "' and '" + TypeName(b) +
+       "'");
 }
 
 bool Contains(const Value& container, const Value& item) {
   switch (container.kind) {
-    case Value::Kind::kUndefined: return false;
+    case Value::Kind::kUndefined:
+      return false;
     case Value::Kind::kStr:
-      if (!item.is_str()) Fail(std::string("'in <string>' requires string as left operand, not ") + TypeName(item));
+      if (!item.is_str())
+        Fail(std::string("'in <string>' requires string as left operand, not ") + TypeName(item));
       return container.s.find(item.s) != std::string::npos;
     case Value::Kind::kList:
       for (const Value& v : *container.list) {
@@ -415,7 +439,8 @@ bool Contains(const Value& container, const Value& item) {
       return false;
     case Value::Kind::kDict:
       return item.is_str() && container.Find(item.s) != nullptr;
-    default: Fail(std::string("argument of type '") + TypeName(container) + "' is not iterable");
+    default:
+      Fail(std::string("argument of type '") + TypeName(container) + "' is not iterable");
   }
 }
 
@@ -463,11 +488,13 @@ Value ApplyFilter(const std::string& name, const Value& v, CallArgs& ca) {
     const int ind = indent && !indent->is_none() ? static_cast<int>(ToInt(*indent, "indent")) : -1;
     std::string item_sep = ind >= 0 ? "," : ", ", key_sep = ": ";
     if (seps && !seps->is_none()) {
-      if (!seps->is_list() || seps->list->size() != 2) Fail("tojson: separators must be a pair of strings");
+      if (!seps->is_list() || seps->list->size() != 2)
+        Fail("tojson: separators must be a pair of strings");
       item_sep = ToStr((*seps->list)[0]);
       key_sep = ToStr((*seps->list)[1]);
     }
-    return Value::Str(ToJson(v, ind, ascii && Truthy(*ascii), item_sep, key_sep, sort && Truthy(*sort)));
+    return Value::Str(
+        ToJson(v, ind, ascii && Truthy(*ascii), item_sep, key_sep, sort && Truthy(*sort)));
   }
   if (name == "first" || name == "last") {
     const Array items = Items(v);
@@ -507,7 +534,8 @@ Value ApplyFilter(const std::string& name, const Value& v, CallArgs& ca) {
     args.Check(2, {"default", "base"});
     const Value* dflt = args.Get(0, "default");
     const Value fallback = dflt ? *dflt : Value::Int(0);
-    if (v.kind == Value::Kind::kInt || v.kind == Value::Kind::kBool) return Value::Int(ToInt(v, "int"));
+    if (v.kind == Value::Kind::kInt || v.kind == Value::Kind::kBool)
+      return Value::Int(ToInt(v, "int"));
     if (v.kind == Value::Kind::kFloat) return Value::Int(static_cast<int64_t>(v.f));
     if (v.is_str()) {
       const std::string t = Strip(v.s, nullptr, true, true);
@@ -539,16 +567,20 @@ Value ApplyFilter(const std::string& name, const Value& v, CallArgs& ca) {
     const Value* width = args.Get(0, "width");
     const Value* first = args.Get(1, "first");
     const Value* blank = args.Get(2, "blank");
-    const std::string pad = width && width->is_str() ? width->s
-                                                     : std::string(static_cast<size_t>(width ? ToInt(*width, "width") : 4), ' ');
+    const std::string pad =
+        width && width->is_str()
+            ? width->s
+            : std::string(static_cast<size_t>(width ? ToInt(*width, "width") : 4), ' ');
     const std::string s = str_of(v);
     std::string out;
     size_t pos = 0;
     bool first_line = true;
     while (true) {
       const size_t nl = s.find('\n', pos);
-      const std::string line = s.substr(pos, nl == std::string::npos ? std::string::npos : nl - pos);
-      const bool indent_it = first_line ? (first && Truthy(*first)) : (!line.empty() || (blank && Truthy(*blank)));
+      const std::string line =
+          s.substr(pos, nl == std::string::npos ? std::string::npos : nl - pos);
+      const bool indent_it =
+          first_line ? (first && Truthy(*first)) : (!line.empty() || (blank && Truthy(*blank)));
       if (!first_line) out += '\n';
       if (indent_it) out += pad;
       out += line;
@@ -593,7 +625,8 @@ Value ApplyFilter(const std::string& name, const Value& v, CallArgs& ca) {
     }
     std::string test;
     if (k < ca.pos.size()) test = ToStr(ca.pos[k++]);
-    if (!test.empty() && !Tests().count(test)) Fail("test '" + test + "' (in " + name + ") is not supported");
+    if (!test.empty() && !Tests().count(test))
+      Fail("test '" + test + "' (in " + name + ") is not supported");
     Array out;
     for (const Value& item : Items(v)) {
       const Value x = by_attr ? Attribute(item, attr) : item;
@@ -666,7 +699,8 @@ Value Attribute(const Value& obj, const std::string& name) {
       if (!m.is_undefined()) return m;
     }
     if (const Value* v = obj.Find(name)) return *v;
-    return Value::Undefined(std::string("'") + TypeName(obj) + " object' has no attribute '" + name + "'");
+    return Value::Undefined(std::string("'") + TypeName(obj) + " object' has no attribute '" +
+                            name + "'");
   }
   return Method(obj, name);
 }
@@ -700,7 +734,8 @@ Value Arith(const std::string& op, const Value& l, const Value& r) {
   if (l.is_undefined()) FailUndefined(l);
   if (r.is_undefined()) FailUndefined(r);
   auto unsupported = [&]() -> Value {
-    Fail("unsupported operand type(s) for " + op + ": '" + TypeName(l) + "' and '" + TypeName(r) + "'");
+    Fail("unsupported operand type(s) for " + op + ": '" + TypeName(l) + "' and '" + TypeName(r) +
+         "'");
   };
   if (op == "+") {
     if (l.is_str() && r.is_str()) return Value::Str(l.s + r.s);
@@ -716,7 +751,8 @@ Value Arith(const std::string& op, const Value& l, const Value& r) {
     if (seq && (n->kind == Value::Kind::kInt || n->kind == Value::Kind::kBool)) {
       const int64_t times = std::max<int64_t>(0, ToInt(*n, "a repeat count"));
       const size_t unit = seq->is_str() ? seq->s.size() : seq->list->size();
-      if (unit > 0 && static_cast<uint64_t>(times) > (uint64_t{1} << 28) / unit) Fail("a repetition of more than 2^28 items");
+      if (unit > 0 && static_cast<uint64_t>(times) > (uint64_t{1} << 28) / unit)
+        Fail("a repetition of more than 2^28 items");
       if (seq->is_str()) {
         std::string s;
         for (int64_t k = 0; k < times; ++k) s += seq->s;
@@ -794,7 +830,8 @@ Frame Globals() {
     return Value::Dict(std::move(o));
   });
   g["range"] = Value::Func([](CallArgs& ca) {
-    if (ca.pos.empty() || ca.pos.size() > 3 || !ca.kw.empty()) Fail("range() takes 1 to 3 positional arguments");
+    if (ca.pos.empty() || ca.pos.size() > 3 || !ca.kw.empty())
+      Fail("range() takes 1 to 3 positional arguments");
     int64_t start = 0, stop, step = 1;
     if (ca.pos.size() == 1) {
       stop = ToInt(ca.pos[0], "range");

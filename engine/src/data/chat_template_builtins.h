@@ -14,14 +14,17 @@ namespace traind::engine::chat_template_internal {
 
 [[noreturn]] inline void Fail(const std::string& msg) { throw TemplateError(msg); }
 // A strict use of Undefined (arithmetic, attributes, calls): Jinja's UndefinedError.
-[[noreturn]] inline void FailUndefined(const Value& v) { Fail(v.s.empty() ? "undefined value" : v.s); }
+[[noreturn]] inline void FailUndefined(const Value& v) {
+  Fail(v.s.empty() ? "undefined value" : v.s);
+}
 
 // An int (or bool) as int64_t; `what` names it in the error.
 int64_t ToInt(const Value& v, const char* what);
 // What a for loop or a filter iterates: a list's elements, a dict's keys, a string's characters;
 // Undefined iterates as empty.
 Array Items(const Value& v);
-// The indices picked by Python's slice [a:b:c] (None or Undefined: omitted) of a length-len sequence.
+// The indices picked by Python's slice [a:b:c] (None or Undefined: omitted) of a length-len
+// sequence.
 std::vector<size_t> SliceIndices(int64_t len, const Value& a, const Value& b, const Value& c);
 // Python's a < b for numbers and strings; `op` names the operator in the error.
 bool Less(const Value& a, const Value& b, const std::string& op);

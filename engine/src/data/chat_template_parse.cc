@@ -1,10 +1,10 @@
 // Lexer and parser of chat templates: Jinja's syntax with transformers' environment settings
 // (trim_blocks, lstrip_blocks, keep_trailing_newline off), into chat_template_parse.h's tree.
+#include "data/chat_template_parse.h"
+
 #include <cctype>
 #include <cstdlib>
 #include <set>
-
-#include "data/chat_template_parse.h"
 
 namespace traind::engine::chat_template_internal {
 namespace {
@@ -28,7 +28,9 @@ struct Piece {
   int line = 0;
 };
 
-bool IsSpace(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
+bool IsSpace(char c) {
+  return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v';
+}
 
 class Lexer {
  public:
@@ -82,7 +84,8 @@ class Lexer {
         const size_t nl = data.rfind('\n');
         const size_t l_pos = nl == std::string::npos ? 0 : nl + 1;
         const bool line_starting = pos == 0 || src_[pos - 1] == '\n';
-        if ((l_pos > 0 || line_starting) && data.find_first_not_of(" \t", l_pos) == std::string::npos) {
+        if ((l_pos > 0 || line_starting) &&
+            data.find_first_not_of(" \t", l_pos) == std::string::npos) {
           data.resize(l_pos);
         }
       }
@@ -108,7 +111,8 @@ class Lexer {
       pos = LexTag(pos, p.k == Piece::K::kVar, line, &p.toks, &end_sign);
       if (end_sign == '-') {
         strip_next = true;
-      } else if (p.k == Piece::K::kBlock && end_sign != '+' && pos < src_.size() && src_[pos] == '\n') {
+      } else if (p.k == Piece::K::kBlock && end_sign != '+' && pos < src_.size() &&
+                 src_[pos] == '\n') {
         ++pos;  // trim_blocks
       }
       out.push_back(std::move(p));
@@ -138,7 +142,8 @@ class Lexer {
     while (true) {
       while (pos < src_.size() && IsSpace(src_[pos])) ++pos;
       if (pos >= src_.size()) {
-        Fail(open_line, std::string(var ? "'{{'" : "'{%'") + " is never closed with '" + close + "'");
+        Fail(open_line,
+             std::string(var ? "'{{'" : "'{%'") + " is never closed with '" + close + "'");
       }
       const int line = LineAt(pos);
       if (open.empty()) {
@@ -158,19 +163,26 @@ class Lexer {
       const char c = src_[pos];
       if (std::isalpha(static_cast<unsigned char>(c)) || c == '_') {
         size_t e = pos;
-        while (e < src_.size() && (std::isalnum(static_cast<unsigned char>(src_[e])) || src_[e] == '_')) ++e;
+        while (e < src_.size() &&
+               (std::isalnum(static_cast<unsigned char>(src_[e])) || src_[e] == '_'))
+          ++e;
         t.k = Tok::K::kName;
         t.s = src_.substr(pos, e - pos);
         pos = e;
       } else if (std::isdigit(static_cast<unsigned char>(c))) {
         size_t e = pos;
-        while (e < src_.size() && (std::isdigit(static_cast<unsigned char>(src_[e])) || src_[e] == '_')) ++e;
+        while (e < src_.size() &&
+               (std::isdigit(static_cast<unsigned char>(src_[e])) || src_[e] == '_'))
+          ++e;
         bool is_float = false;
-        if (e + 1 < src_.size() && src_[e] == '.' && std::isdigit(static_cast<unsigned char>(src_[e + 1])) &&
+        if (e + 1 < src_.size() && src_[e] == '.' &&
+            std::isdigit(static_cast<unsigned char>(src_[e + 1])) &&
             !(toks->size() && toks->back().k == Tok::K::kOp && toks->back().s == ".")) {
           is_float = true;
           ++e;
-          while (e < src_.size() && (std::isdigit(static_cast<unsigned char>(src_[e])) || src_[e] == '_')) ++e;
+          while (e < src_.size() &&
+                 (std::isdigit(static_cast<unsigned char>(src_[e])) || src_[e] == '_'))
+            ++e;
         }
         if (e < src_.size() && (src_[e] == 'e' || src_[e] == 'E')) {
           size_t x = e + 1;
@@ -197,9 +209,9 @@ class Lexer {
         t.k = Tok::K::kStr;
         pos = LexString(pos, line, &t.s);
       } else {
-        static const char* kOps[] = {"//", "**", "==", "!=", "<=", ">=", "+", "-", "*", "/", "%",
-                                     "~",  "<",  ">",  "=",  "(",  ")", "[", "]", "{", "}", ",",
-                                     ".",  ":",  "|"};
+        static const char* kOps[] = {"//", "**", "==", "!=", "<=", ">=", "+", "-", "*",
+                                     "/",  "%",  "~",  "<",  ">",  "=",  "(", ")", "[",
+                                     "]",  "{",  "}",  ",",  ".",  ":",  "|"};
         bool found = false;
         for (const char* op : kOps) {
           const std::string o(op);
@@ -212,10 +224,13 @@ class Lexer {
           }
         }
         if (!found) Fail(line, std::string("unexpected character '") + c + "'");
-        if (t.s == "(" || t.s == "[" || t.s == "{") open += t.s == "(" ? ')' : t.s == "[" ? ']' : '}';
+        if (t.s == "(" || t.s == "[" || t.s == "{")
+          open += t.s == "(" ? ')' : t.s == "[" ? ']' : '}';
         if (t.s == ")" || t.s == "]" || t.s == "}") {
           if (open.empty() || open.back() != t.s[0]) {
-            Fail(line, "unexpected '" + t.s + "'" + (open.empty() ? std::string() : std::string(", expected '") + open.back() + "'"));
+            Fail(line, "unexpected '" + t.s + "'" +
+                           (open.empty() ? std::string()
+                                         : std::string(", expected '") + open.back() + "'"));
           }
           open.pop_back();
         }
@@ -238,32 +253,68 @@ class Lexer {
       if (pos >= src_.size()) Fail(line, "string literal is never closed");
       const char e = src_[pos++];
       auto hex = [&](size_t n) {
-        if (pos + n > src_.size()) Fail(line, "truncated \\x, \\u or \\U escape in a string literal");
+        if (pos + n > src_.size())
+          Fail(line, "truncated \\x, \\u or \\U escape in a string literal");
         uint32_t v = 0;
         for (size_t k = 0; k < n; ++k) {
           const char h = src_[pos++];
-          if (!std::isxdigit(static_cast<unsigned char>(h))) Fail(line, "bad hex escape in a string literal");
-          v = v * 16 + static_cast<uint32_t>(std::isdigit(static_cast<unsigned char>(h)) ? h - '0' : (std::tolower(h) - 'a' + 10));
+          if (!std::isxdigit(static_cast<unsigned char>(h)))
+            Fail(line, "bad hex escape in a string literal");
+          v = v * 16 + static_cast<uint32_t>(std::isdigit(static_cast<unsigned char>(h))
+                                                 ? h - '0'
+                                                 : (std::tolower(h) - 'a' + 10));
         }
         AppendUtf8(v, out);
       };
       switch (e) {
-        case 'n': *out += '\n'; break;
-        case 't': *out += '\t'; break;
-        case 'r': *out += '\r'; break;
-        case 'b': *out += '\b'; break;
-        case 'f': *out += '\f'; break;
-        case 'v': *out += '\v'; break;
-        case 'a': *out += '\a'; break;
-        case '0': *out += '\0'; break;
-        case '\\': *out += '\\'; break;
-        case '\'': *out += '\''; break;
-        case '"': *out += '"'; break;
-        case '\n': break;  // a line continuation
-        case 'x': hex(2); break;
-        case 'u': hex(4); break;
-        case 'U': hex(8); break;
-        default: *out += '\\'; *out += e; break;  // Python keeps unknown escapes
+        case 'n':
+          *out += '\n';
+          break;
+        case 't':
+          *out += '\t';
+          break;
+        case 'r':
+          *out += '\r';
+          break;
+        case 'b':
+          *out += '\b';
+          break;
+        case 'f':
+          *out += '\f';
+          break;
+        case 'v':
+          *out += '\v';
+          break;
+        case 'a':
+          *out += '\a';
+          break;
+        case '0':
+          *out += '\0';
+          break;
+        case '\\':
+          *out += '\\';
+          break;
+        case '\'':
+          *out += '\'';
+          break;
+        case '"':
+          *out += '"';
+          break;
+        case '\n':
+          break;  // a line continuation
+        case 'x':
+          hex(2);
+          break;
+        case 'u':
+          hex(4);
+          break;
+        case 'U':
+          hex(8);
+          break;
+        default:
+          *out += '\\';
+          *out += e;
+          break;  // Python keeps unknown escapes
       }
     }
   }
@@ -281,18 +332,30 @@ class ExprParser {
 
   const Tok& Peek(size_t ahead = 0) const { return t_[std::min(p_ + ahead, t_.size() - 1)]; }
   bool AtEnd() const { return Peek().k == Tok::K::kEnd; }
-  bool IsOp(const char* op, size_t ahead = 0) const { return Peek(ahead).k == Tok::K::kOp && Peek(ahead).s == op; }
-  bool IsName(const char* n, size_t ahead = 0) const { return Peek(ahead).k == Tok::K::kName && Peek(ahead).s == n; }
-  const Tok& Next() { const Tok& t = Peek(); if (p_ < t_.size() - 1) ++p_; return t; }
+  bool IsOp(const char* op, size_t ahead = 0) const {
+    return Peek(ahead).k == Tok::K::kOp && Peek(ahead).s == op;
+  }
+  bool IsName(const char* n, size_t ahead = 0) const {
+    return Peek(ahead).k == Tok::K::kName && Peek(ahead).s == n;
+  }
+  const Tok& Next() {
+    const Tok& t = Peek();
+    if (p_ < t_.size() - 1) ++p_;
+    return t;
+  }
   int Line() const { return Peek().line; }
 
   static std::string Describe(const Tok& t) {
     switch (t.k) {
-      case Tok::K::kEnd: return "the end of the tag";
-      case Tok::K::kStr: return "a string";
+      case Tok::K::kEnd:
+        return "the end of the tag";
+      case Tok::K::kStr:
+        return "a string";
       case Tok::K::kInt:
-      case Tok::K::kFloat: return "a number";
-      default: return "'" + t.s + "'";
+      case Tok::K::kFloat:
+        return "a number";
+      default:
+        return "'" + t.s + "'";
     }
   }
   void Expect(const char* op) {
@@ -300,7 +363,8 @@ class ExprParser {
     Next();
   }
   std::string ExpectName(const char* what) {
-    if (Peek().k != Tok::K::kName) Fail(Line(), std::string("expected ") + what + ", found " + Describe(Peek()));
+    if (Peek().k != Tok::K::kName)
+      Fail(Line(), std::string("expected ") + what + ", found " + Describe(Peek()));
     return Next().s;
   }
   void ExpectEnd() {
@@ -464,7 +528,8 @@ class ExprParser {
     const Tok& t = Peek();
     const int line = t.line;
     // Nesting is recursion here and at render: bounded, so that bad input cannot exhaust the stack.
-    if (++nesting_ > kMaxNesting) Fail(line, "expression nested deeper than " + std::to_string(kMaxNesting) + " levels");
+    if (++nesting_ > kMaxNesting)
+      Fail(line, "expression nested deeper than " + std::to_string(kMaxNesting) + " levels");
     struct Unnest {
       int* n;
       ~Unnest() { --*n; }
@@ -489,8 +554,10 @@ class ExprParser {
         while (Peek().k == Tok::K::kStr) s += Next().s;  // adjacent literals concatenate
         return lit(Value::Str(std::move(s)));
       }
-      case Tok::K::kInt: return lit(Value::Int(Next().i));
-      case Tok::K::kFloat: return lit(Value::Float(Next().f));
+      case Tok::K::kInt:
+        return lit(Value::Int(Next().i));
+      case Tok::K::kFloat:
+        return lit(Value::Float(Next().f));
       case Tok::K::kOp:
         if (t.s == "(") {
           Next();
@@ -527,7 +594,8 @@ class ExprParser {
           return e;
         }
         break;
-      case Tok::K::kEnd: break;
+      case Tok::K::kEnd:
+        break;
     }
     Fail(line, "unexpected " + Describe(t));
   }
@@ -588,12 +656,14 @@ class ExprParser {
   void ParseArgs(Expr* e) {
     Expect("(");
     while (!IsOp(")")) {
-      if (IsOp("*") || IsOp("**")) Fail(Line(), "'*args' and '**kwargs' in a call are not supported");
+      if (IsOp("*") || IsOp("**"))
+        Fail(Line(), "'*args' and '**kwargs' in a call are not supported");
       if (Peek().k == Tok::K::kName && IsOp("=", 1)) {
         e->kw.push_back(Next().s);
         Next();
       } else {
-        if (!e->kw.empty() && !e->kw.back().empty()) Fail(Line(), "a positional argument follows a keyword argument");
+        if (!e->kw.empty() && !e->kw.back().empty())
+          Fail(Line(), "a positional argument follows a keyword argument");
         e->kw.emplace_back();
       }
       e->a.push_back(ParseExpr());
@@ -656,11 +726,13 @@ class ExprParser {
     // A filter or test named by a literal argument (map('upper'), select('odd'), selectattr('x',
     // 'defined')) is checked here too.
     const size_t named = f->s == "selectattr" || f->s == "rejectattr" ? 2 : 1;
-    if ((f->s == "map" || f->s == "select" || f->s == "reject" || named == 2) && f->a.size() > named &&
-        f->kw[named - 1].empty() && f->a[named]->k == Expr::K::kLit && f->a[named]->lit.is_str()) {
+    if ((f->s == "map" || f->s == "select" || f->s == "reject" || named == 2) &&
+        f->a.size() > named && f->kw[named - 1].empty() && f->a[named]->k == Expr::K::kLit &&
+        f->a[named]->lit.is_str()) {
       const std::string& n = f->a[named]->lit.s;
       if (f->s == "map" ? !IsSupportedFilter(n) : !IsSupportedTest(n)) {
-        Fail(line, std::string(f->s == "map" ? "filter '" : "test '") + n + "' (in " + f->s + ") is not supported");
+        Fail(line, std::string(f->s == "map" ? "filter '" : "test '") + n + "' (in " + f->s +
+                       ") is not supported");
       }
     }
   }
@@ -717,19 +789,22 @@ class Parser {
         return body;
       }
       if (!ends.empty() && (kw.rfind("end", 0) == 0 || kw == "elif" || kw == "else")) {
-        Fail(p.line, "'{% " + kw + " %}' found while '{% " + opener + " %}' of line " + std::to_string(open_line) +
-                         " is still open (close it with '{% " + *ends.rbegin() + " %}')");
+        Fail(p.line, "'{% " + kw + " %}' found while '{% " + opener + " %}' of line " +
+                         std::to_string(open_line) + " is still open (close it with '{% " +
+                         *ends.rbegin() + " %}')");
       }
       body.push_back(ParseStatement(kw, p.line));
     }
     if (!ends.empty()) {
-      Fail(open_line, "'{% " + opener + " %}' is never closed (expected '{% " + *ends.rbegin() + " %}')");
+      Fail(open_line,
+           "'{% " + opener + " %}' is never closed (expected '{% " + *ends.rbegin() + " %}')");
     }
     return body;
   }
 
   NodeP ParseStatement(const std::string& kw, int line) {
-    if (++nesting_ > kMaxNesting) Fail(line, "statements nested deeper than " + std::to_string(kMaxNesting) + " levels");
+    if (++nesting_ > kMaxNesting)
+      Fail(line, "statements nested deeper than " + std::to_string(kMaxNesting) + " levels");
     struct Unnest {
       int* n;
       ~Unnest() { --*n; }
@@ -794,7 +869,8 @@ class Parser {
         n->e.push_back(x.ParseTuple());
         x.ExpectEnd();
       } else {
-        if (n->names.size() != 1 || !n->attr.empty()) Fail(line, "a block set assigns one plain name");
+        if (n->names.size() != 1 || !n->attr.empty())
+          Fail(line, "a block set assigns one plain name");
         if (x.IsOp("|")) Fail(line, "filters on a block set are not supported");
         x.ExpectEnd();
         n->k = Node::K::kSetBlock;

@@ -28,9 +28,9 @@ struct Expr {
     kBinary,  // a[0] s a[1]
     kAnd,
     kOr,
-    kCond,    // a[1] if a[0] else a[2] (a[2] null: Undefined)
-    kList,    // [a...] (also tuples)
-    kDict,    // {a[0]: a[1], a[2]: a[3], ...}
+    kCond,  // a[1] if a[0] else a[2] (a[2] null: Undefined)
+    kList,  // [a...] (also tuples)
+    kDict,  // {a[0]: a[1], a[2]: a[3], ...}
   };
   K k = K::kLit;
   int line = 0;
@@ -47,16 +47,16 @@ using Body = std::vector<NodeP>;
 
 struct Node {
   enum class K {
-    kText,      // text
-    kOut,       // {{ e[0] }}
-    kIf,        // e[k] selects bodies[k]; bodies.size() == e.size() + 1 holds the else branch
-    kFor,       // for names in e[0] [if e[1]]: bodies[0], else bodies[1]
-    kSet,       // names (a tuple) = e[0]; attr non-empty: names[0].attr = e[0]
-    kSetBlock,  // names[0] = rendered bodies[0]
-    kMacro,     // macro text(names...) with defaults e (null: none): bodies[0]
-    kCallBlock, // e[0] (a call) with caller = bodies[0]
-    kFilter,    // e[0] (a filter with a null operand) applied to rendered bodies[0]
-    kScope,     // bodies[0] rendered in place (generation blocks)
+    kText,       // text
+    kOut,        // {{ e[0] }}
+    kIf,         // e[k] selects bodies[k]; bodies.size() == e.size() + 1 holds the else branch
+    kFor,        // for names in e[0] [if e[1]]: bodies[0], else bodies[1]
+    kSet,        // names (a tuple) = e[0]; attr non-empty: names[0].attr = e[0]
+    kSetBlock,   // names[0] = rendered bodies[0]
+    kMacro,      // macro text(names...) with defaults e (null: none): bodies[0]
+    kCallBlock,  // e[0] (a call) with caller = bodies[0]
+    kFilter,     // e[0] (a filter with a null operand) applied to rendered bodies[0]
+    kScope,      // bodies[0] rendered in place (generation blocks)
     kBreak,
     kContinue,
   };

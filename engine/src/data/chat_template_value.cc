@@ -19,16 +19,26 @@ const Value* Value::Find(const std::string& key) const {
 
 const char* TypeName(const Value& v) {
   switch (v.kind) {
-    case Value::Kind::kUndefined: return "Undefined";
-    case Value::Kind::kNone: return "NoneType";
-    case Value::Kind::kBool: return "bool";
-    case Value::Kind::kInt: return "int";
-    case Value::Kind::kFloat: return "float";
-    case Value::Kind::kStr: return "str";
-    case Value::Kind::kList: return "list";
-    case Value::Kind::kDict: return "dict";
-    case Value::Kind::kNamespace: return "Namespace";
-    case Value::Kind::kFunc: return "function";
+    case Value::Kind::kUndefined:
+      return "Undefined";
+    case Value::Kind::kNone:
+      return "NoneType";
+    case Value::Kind::kBool:
+      return "bool";
+    case Value::Kind::kInt:
+      return "int";
+    case Value::Kind::kFloat:
+      return "float";
+    case Value::Kind::kStr:
+      return "str";
+    case Value::Kind::kList:
+      return "list";
+    case Value::Kind::kDict:
+      return "dict";
+    case Value::Kind::kNamespace:
+      return "Namespace";
+    case Value::Kind::kFunc:
+      return "function";
   }
   return "?";
 }
@@ -36,15 +46,23 @@ const char* TypeName(const Value& v) {
 bool Truthy(const Value& v) {
   switch (v.kind) {
     case Value::Kind::kUndefined:
-    case Value::Kind::kNone: return false;
-    case Value::Kind::kBool: return v.b;
-    case Value::Kind::kInt: return v.i != 0;
-    case Value::Kind::kFloat: return v.f != 0;
-    case Value::Kind::kStr: return !v.s.empty();
-    case Value::Kind::kList: return !v.list->empty();
-    case Value::Kind::kDict: return !v.dict->empty();
+    case Value::Kind::kNone:
+      return false;
+    case Value::Kind::kBool:
+      return v.b;
+    case Value::Kind::kInt:
+      return v.i != 0;
+    case Value::Kind::kFloat:
+      return v.f != 0;
+    case Value::Kind::kStr:
+      return !v.s.empty();
+    case Value::Kind::kList:
+      return !v.list->empty();
+    case Value::Kind::kDict:
+      return !v.dict->empty();
     case Value::Kind::kNamespace:
-    case Value::Kind::kFunc: return true;
+    case Value::Kind::kFunc:
+      return true;
   }
   return false;
 }
@@ -106,11 +124,16 @@ std::string StrRepr(const std::string& s) {
   const char q = dq ? '"' : '\'';
   std::string out(1, q);
   for (unsigned char c : s) {
-    if (c == '\\') out += "\\\\";
-    else if (c == q) out += std::string("\\") + static_cast<char>(q);
-    else if (c == '\n') out += "\\n";
-    else if (c == '\r') out += "\\r";
-    else if (c == '\t') out += "\\t";
+    if (c == '\\')
+      out += "\\\\";
+    else if (c == q)
+      out += std::string("\\") + static_cast<char>(q);
+    else if (c == '\n')
+      out += "\\n";
+    else if (c == '\r')
+      out += "\\r";
+    else if (c == '\t')
+      out += "\\t";
     else if (c < 0x20 || c == 0x7f) {
       char b[8];
       std::snprintf(b, sizeof(b), "\\x%02x", c);
@@ -125,13 +148,27 @@ std::string StrRepr(const std::string& s) {
 // Python's json escapes for one byte below 0x80 (or any byte of UTF-8 text when !ensure_ascii).
 void JsonEscapeByte(unsigned char c, std::string* out) {
   switch (c) {
-    case '"': *out += "\\\""; break;
-    case '\\': *out += "\\\\"; break;
-    case '\n': *out += "\\n"; break;
-    case '\r': *out += "\\r"; break;
-    case '\t': *out += "\\t"; break;
-    case '\b': *out += "\\b"; break;
-    case '\f': *out += "\\f"; break;
+    case '"':
+      *out += "\\\"";
+      break;
+    case '\\':
+      *out += "\\\\";
+      break;
+    case '\n':
+      *out += "\\n";
+      break;
+    case '\r':
+      *out += "\\r";
+      break;
+    case '\t':
+      *out += "\\t";
+      break;
+    case '\b':
+      *out += "\\b";
+      break;
+    case '\f':
+      *out += "\\f";
+      break;
     default:
       if (c < 0x20) {
         char b[8];
@@ -168,20 +205,32 @@ void JsonString(const std::string& s, bool ensure_ascii, std::string* out) {
 void JsonDump(const Value& v, int indent, bool ensure_ascii, const std::string& item_sep,
               const std::string& key_sep, bool sort_keys, int depth, std::string* out) {
   switch (v.kind) {
-    case Value::Kind::kNone: *out += "null"; return;
-    case Value::Kind::kBool: *out += v.b ? "true" : "false"; return;
-    case Value::Kind::kInt: *out += std::to_string(v.i); return;
-    case Value::Kind::kFloat:
-      *out += std::isnan(v.f) ? "NaN" : std::isinf(v.f) ? (v.f > 0 ? "Infinity" : "-Infinity")
-                                                         : FloatRepr(v.f);
+    case Value::Kind::kNone:
+      *out += "null";
       return;
-    case Value::Kind::kStr: JsonString(v.s, ensure_ascii, out); return;
+    case Value::Kind::kBool:
+      *out += v.b ? "true" : "false";
+      return;
+    case Value::Kind::kInt:
+      *out += std::to_string(v.i);
+      return;
+    case Value::Kind::kFloat:
+      *out += std::isnan(v.f)   ? "NaN"
+              : std::isinf(v.f) ? (v.f > 0 ? "Infinity" : "-Infinity")
+                                : FloatRepr(v.f);
+      return;
+    case Value::Kind::kStr:
+      JsonString(v.s, ensure_ascii, out);
+      return;
     case Value::Kind::kUndefined:
-      throw TemplateError("tojson of an undefined value" + (v.s.empty() ? std::string() : ": " + v.s));
-    case Value::Kind::kFunc: throw TemplateError("tojson of a function");
+      throw TemplateError("tojson of an undefined value" +
+                          (v.s.empty() ? std::string() : ": " + v.s));
+    case Value::Kind::kFunc:
+      throw TemplateError("tojson of a function");
     case Value::Kind::kList:
     case Value::Kind::kDict:
-    case Value::Kind::kNamespace: break;
+    case Value::Kind::kNamespace:
+      break;
   }
   const bool is_list = v.kind == Value::Kind::kList;
   const size_t n = is_list ? v.list->size() : v.dict->size();
@@ -191,7 +240,8 @@ void JsonDump(const Value& v, int indent, bool ensure_ascii, const std::string& 
     return;
   }
   std::string pad;
-  if (indent >= 0) pad.append(1, '\n').append(static_cast<size_t>(indent) * static_cast<size_t>(depth + 1), ' ');
+  if (indent >= 0)
+    pad.append(1, '\n').append(static_cast<size_t>(indent) * static_cast<size_t>(depth + 1), ' ');
   std::vector<size_t> order(n);
   for (size_t k = 0; k < n; ++k) order[k] = k;
   if (!is_list && sort_keys) {
@@ -210,7 +260,8 @@ void JsonDump(const Value& v, int indent, bool ensure_ascii, const std::string& 
       JsonDump(val, indent, ensure_ascii, item_sep, key_sep, sort_keys, depth + 1, out);
     }
   }
-  if (indent >= 0) out->append(1, '\n').append(static_cast<size_t>(indent) * static_cast<size_t>(depth), ' ');
+  if (indent >= 0)
+    out->append(1, '\n').append(static_cast<size_t>(indent) * static_cast<size_t>(depth), ' ');
   *out += is_list ? ']' : '}';
 }
 
@@ -218,7 +269,8 @@ void JsonDump(const Value& v, int indent, bool ensure_ascii, const std::string& 
 
 std::string Repr(const Value& v) {
   switch (v.kind) {
-    case Value::Kind::kStr: return StrRepr(v.s);
+    case Value::Kind::kStr:
+      return StrRepr(v.s);
     case Value::Kind::kList: {
       std::string out = "[";
       for (size_t k = 0; k < v.list->size(); ++k) out += (k ? ", " : "") + Repr((*v.list)[k]);
@@ -231,36 +283,49 @@ std::string Repr(const Value& v) {
       }
       return out + "}";
     }
-    case Value::Kind::kNamespace: return "<Namespace>";
-    default: return ToStr(v);
+    case Value::Kind::kNamespace:
+      return "<Namespace>";
+    default:
+      return ToStr(v);
   }
 }
 
 std::string ToStr(const Value& v) {
   switch (v.kind) {
-    case Value::Kind::kUndefined: return "";
-    case Value::Kind::kNone: return "None";
-    case Value::Kind::kBool: return v.b ? "True" : "False";
-    case Value::Kind::kInt: return std::to_string(v.i);
-    case Value::Kind::kFloat: return FloatRepr(v.f);
-    case Value::Kind::kStr: return v.s;
-    case Value::Kind::kFunc: return "<function>";
-    default: return Repr(v);
+    case Value::Kind::kUndefined:
+      return "";
+    case Value::Kind::kNone:
+      return "None";
+    case Value::Kind::kBool:
+      return v.b ? "True" : "False";
+    case Value::Kind::kInt:
+      return std::to_string(v.i);
+    case Value::Kind::kFloat:
+      return FloatRepr(v.f);
+    case Value::Kind::kStr:
+      return v.s;
+    case Value::Kind::kFunc:
+      return "<function>";
+    default:
+      return Repr(v);
   }
 }
 
 bool Equal(const Value& a, const Value& b) {
   if (a.is_number() && b.is_number()) {
     if (a.kind != Value::Kind::kFloat && b.kind != Value::Kind::kFloat) {
-      return (a.kind == Value::Kind::kBool ? a.b : a.i) == (b.kind == Value::Kind::kBool ? b.b : b.i);
+      return (a.kind == Value::Kind::kBool ? a.b : a.i) ==
+             (b.kind == Value::Kind::kBool ? b.b : b.i);
     }
     return a.as_double() == b.as_double();
   }
   if (a.kind != b.kind) return false;
   switch (a.kind) {
     case Value::Kind::kUndefined:
-    case Value::Kind::kNone: return true;
-    case Value::Kind::kStr: return a.s == b.s;
+    case Value::Kind::kNone:
+      return true;
+    case Value::Kind::kStr:
+      return a.s == b.s;
     case Value::Kind::kList: {
       if (a.list->size() != b.list->size()) return false;
       for (size_t k = 0; k < a.list->size(); ++k) {
@@ -276,7 +341,8 @@ bool Equal(const Value& a, const Value& b) {
       }
       return true;
     }
-    default: return a.dict == b.dict && a.func == b.func;
+    default:
+      return a.dict == b.dict && a.func == b.func;
   }
 }
 
@@ -292,13 +358,18 @@ namespace {
 template <typename Json>
 Value FromJsonImpl(const Json& j) {
   switch (j.type()) {
-    case Json::value_t::null: return Value::None();
-    case Json::value_t::boolean: return Value::Bool(j.template get<bool>());
-    case Json::value_t::number_integer: return Value::Int(j.template get<int64_t>());
+    case Json::value_t::null:
+      return Value::None();
+    case Json::value_t::boolean:
+      return Value::Bool(j.template get<bool>());
+    case Json::value_t::number_integer:
+      return Value::Int(j.template get<int64_t>());
     case Json::value_t::number_unsigned:
       return Value::Int(static_cast<int64_t>(j.template get<uint64_t>()));
-    case Json::value_t::number_float: return Value::Float(j.template get<double>());
-    case Json::value_t::string: return Value::Str(j.template get<std::string>());
+    case Json::value_t::number_float:
+      return Value::Float(j.template get<double>());
+    case Json::value_t::string:
+      return Value::Str(j.template get<std::string>());
     case Json::value_t::array: {
       Array a;
       a.reserve(j.size());
@@ -308,10 +379,12 @@ Value FromJsonImpl(const Json& j) {
     case Json::value_t::object: {
       Object o;
       o.reserve(j.size());
-      for (auto it = j.begin(); it != j.end(); ++it) o.emplace_back(it.key(), FromJsonImpl(it.value()));
+      for (auto it = j.begin(); it != j.end(); ++it)
+        o.emplace_back(it.key(), FromJsonImpl(it.value()));
       return Value::Dict(std::move(o));
     }
-    default: return Value::None();
+    default:
+      return Value::None();
   }
 }
 

@@ -39,28 +39,67 @@ struct Value {
   bool b = false;
   int64_t i = 0;
   double f = 0;
-  std::string s;                     // kStr; for kUndefined, what was undefined (for errors)
-  std::shared_ptr<Array> list;       // kList (never mutated once built: the sandbox is immutable)
-  std::shared_ptr<Object> dict;      // kDict, kNamespace (a namespace's attributes are assignable)
-  std::shared_ptr<Function> func;    // kFunc
+  std::string s;                   // kStr; for kUndefined, what was undefined (for errors)
+  std::shared_ptr<Array> list;     // kList (never mutated once built: the sandbox is immutable)
+  std::shared_ptr<Object> dict;    // kDict, kNamespace (a namespace's attributes are assignable)
+  std::shared_ptr<Function> func;  // kFunc
 
-  static Value Undefined(std::string what = "") { Value v; v.s = std::move(what); return v; }
-  static Value None() { Value v; v.kind = Kind::kNone; return v; }
-  static Value Bool(bool x) { Value v; v.kind = Kind::kBool; v.b = x; return v; }
-  static Value Int(int64_t x) { Value v; v.kind = Kind::kInt; v.i = x; return v; }
-  static Value Float(double x) { Value v; v.kind = Kind::kFloat; v.f = x; return v; }
-  static Value Str(std::string x) { Value v; v.kind = Kind::kStr; v.s = std::move(x); return v; }
+  static Value Undefined(std::string what = "") {
+    Value v;
+    v.s = std::move(what);
+    return v;
+  }
+  static Value None() {
+    Value v;
+    v.kind = Kind::kNone;
+    return v;
+  }
+  static Value Bool(bool x) {
+    Value v;
+    v.kind = Kind::kBool;
+    v.b = x;
+    return v;
+  }
+  static Value Int(int64_t x) {
+    Value v;
+    v.kind = Kind::kInt;
+    v.i = x;
+    return v;
+  }
+  static Value Float(double x) {
+    Value v;
+    v.kind = Kind::kFloat;
+    v.f = x;
+    return v;
+  }
+  static Value Str(std::string x) {
+    Value v;
+    v.kind = Kind::kStr;
+    v.s = std::move(x);
+    return v;
+  }
   static Value List(Array a) {
-    Value v; v.kind = Kind::kList; v.list = std::make_shared<Array>(std::move(a)); return v;
+    Value v;
+    v.kind = Kind::kList;
+    v.list = std::make_shared<Array>(std::move(a));
+    return v;
   }
   static Value Dict(Object o) {
-    Value v; v.kind = Kind::kDict; v.dict = std::make_shared<Object>(std::move(o)); return v;
+    Value v;
+    v.kind = Kind::kDict;
+    v.dict = std::make_shared<Object>(std::move(o));
+    return v;
   }
   static Value Namespace(Object o) {
-    Value v = Dict(std::move(o)); v.kind = Kind::kNamespace; return v;
+    Value v = Dict(std::move(o));
+    v.kind = Kind::kNamespace;
+    return v;
   }
   static Value Func(Function fn) {
-    Value v; v.kind = Kind::kFunc; v.func = std::make_shared<Function>(std::move(fn)); return v;
+    Value v;
+    v.kind = Kind::kFunc;
+    v.func = std::make_shared<Function>(std::move(fn));
+    return v;
   }
 
   bool is_undefined() const { return kind == Kind::kUndefined; }
@@ -68,8 +107,12 @@ struct Value {
   bool is_str() const { return kind == Kind::kStr; }
   bool is_list() const { return kind == Kind::kList; }
   bool is_dict() const { return kind == Kind::kDict || kind == Kind::kNamespace; }
-  bool is_number() const { return kind == Kind::kInt || kind == Kind::kFloat || kind == Kind::kBool; }
-  double as_double() const { return kind == Kind::kFloat ? f : static_cast<double>(kind == Kind::kBool ? b : i); }
+  bool is_number() const {
+    return kind == Kind::kInt || kind == Kind::kFloat || kind == Kind::kBool;
+  }
+  double as_double() const {
+    return kind == Kind::kFloat ? f : static_cast<double>(kind == Kind::kBool ? b : i);
+  }
 
   // The member `key` of a dict, or nullptr.
   const Value* Find(const std::string& key) const;
