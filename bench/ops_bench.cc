@@ -426,17 +426,21 @@ int GeluFwd(bool quick) {
 // Causal self-attention (cpu::AttentionForward / AttentionBackward) at the step table's shapes,
 // fp32 operands and bf16 ones (the bf16 steps' request: dot-product tiles where the CPU has
 // AVX512-BF16, else fp32): ms per call and GFLOP/s counting the full T x T products (as the step's
-// model FLOPs do: 4 B NH T^2 HS forward, twice that backward), best of 20 calls.
+// model FLOPs do: 4 B NH T^2 HS forward, twice that backward), best of 20 calls. "w256": the same
+// T1024 shape with a 256-key sliding window (mistral's mask; the key blocks outside it skipped;
+// GFLOP/s still count the full square).
 int Attn(bool quick) {
   struct Shape {
     const char* name;
     int64_t B, T, NH, NKV, HS;
     bool causal = true;
+    int64_t window = 0;
   };
   const Shape shapes[] = {{"tiny", 8, 128, 4, 4, 64},
                           {"llama_tiny", 8, 128, 4, 2, 64},
                           {"small", 8, 256, 6, 6, 64},
                           {"small T1024", 2, 1024, 6, 6, 64},
+                          {"T1024 w256", 2, 1024, 6, 6, 64, true, 256},
                           {"bert T512", 2, 512, 12, 12, 64, false}};
   const int reps = quick ? 1 : 20;
   auto run = [&](const Shape& s, DType operands, bool print) {
@@ -452,12 +456,12 @@ int Attn(bool quick) {
     const float* v = k + KV;
     const double fwd = Best(reps, [&] {
       engine::cpu::AttentionForward(out.data(), lse.data(), q, k, v, s.B, s.T, s.NH, s.NKV, s.HS,
-                                    W, W, s.causal, nullptr, operands, 2);
+                                    W, W, s.causal, nullptr, operands, s.window, 2);
     });
     const double bwd = Best(reps, [&] {
       engine::cpu::AttentionBackward(dqkv.data(), dqkv.data() + C, dqkv.data() + C + KV,
                                      dout.data(), out.data(), lse.data(), q, k, v, s.B, s.T, s.NH,
-                                     s.NKV, s.HS, W, W, s.causal, nullptr, operands, 2);
+                                     s.NKV, s.HS, W, W, s.causal, nullptr, operands, s.window, 2);
     });
     const double flops = 4.0 * s.B * s.NH * s.T * s.T * s.HS;
     if (!print) return;

@@ -1,4 +1,5 @@
-// CPU backend attention (causal or not, key padding masks, GQA, strided rows), rotary embedding
+// CPU backend attention (causal or not, key padding masks, sliding windows, GQA, strided rows),
+// rotary embedding
 // and fused softmax + cross-entropy against independent double-precision references written here;
 // backward ops against central finite differences of those references.
 #include <gtest/gtest.h>
@@ -30,15 +31,24 @@ struct AttnShape {
   int q_off, k_off, v_off;  // element offsets of q, k, v in their buffers
 };
 
-// How a case attends: causal or not, and the key padding mask (B*T; empty: every key).
+// How a case attends: causal or not, the key padding mask (B*T; empty: every key) and the sliding
+// window (0: none).
 struct AttnMode {
   bool causal = true;
   std::vector<int32_t> mask;
+  int window = 0;
 };
 
+// Whether query t of sequence b attends key j (HF: the other keys get weight exactly 0): causal,
+// the key mask and the window (HF Mistral's sliding window: t - j < window) together.
+bool Sees(const AttnMode& mode, int T, int b, int t, int j) {
+  if (mode.causal && j > t) return false;
+  if (!mode.mask.empty() && mode.mask[b * T + j] == 0) return false;
+  return mode.window <= 0 || t - j < mode.window;
+}
+
 // out (B*T, NH*HS), lse (B, NH, T); q, k, v read from `qb`, `kvb` with the shape's strides.
-// Query t attends key j when (!causal || j <= t) and mask[b*T + j] != 0 (HF: the other keys get
-// weight exactly 0); a query with no such key: out 0, lse 0.
+// Query t attends key j when Sees(); a query with no such key: out 0, lse 0.
 void RefAttention(const AttnShape& s, const std::vector<double>& qb, const std::vector<double>& kb,
                   const std::vector<double>& vb, std::vector<double>* out,
                   std::vector<double>* lse, const AttnMode& mode = {}) {
@@ -51,8 +61,8 @@ void RefAttention(const AttnShape& s, const std::vector<double>& qb, const std::
       const int kvh = h / group;
       for (int t = 0; t < s.T; ++t) {
         std::vector<int> keys;
-        for (int j = 0; j < (mode.causal ? t + 1 : s.T); ++j)
-          if (mode.mask.empty() || mode.mask[b * s.T + j] != 0) keys.push_back(j);
+        for (int j = 0; j < s.T; ++j)
+          if (Sees(mode, s.T, b, t, j)) keys.push_back(j);
         if (keys.empty()) continue;  // out 0, lse 0
         std::vector<double> sc(s.T);
         double mx = -1e300;
@@ -95,17 +105,18 @@ void CheckAttentionOnce(const AttnShape& s, bool fused, bool grad_check, const A
   std::vector<float> out(rows * C, NAN), lse(s.B * s.NH * s.T, NAN);
   be->AttentionForward(out.data(), lse.data(), qbuf.data() + s.q_off, kbuf.data() + s.k_off,
                        vbuf.data() + s.v_off, s.B, s.T, s.NH, s.NKV, s.HS, s.q_stride, s.kv_stride,
-                       mode.causal, km);
+                       mode.causal, km, DType::kF32, mode.window);
   const std::string tag = std::string(fused ? "fused" : "separate") + " T=" + std::to_string(s.T) +
                           (mode.causal ? " causal" : " bidirectional") +
-                          (km != nullptr ? " masked" : "");
+                          (km != nullptr ? " masked" : "") +
+                          (mode.window > 0 ? " window " + std::to_string(mode.window) : "");
   ExpectClose(out, want_out, 1e-5, 2e-6, "attention out " + tag);
   ExpectClose(lse, want_lse, 1e-5, 2e-6, "attention lse " + tag);
   // Queries that see no key: out and lse exactly 0 (the reference leaves them 0).
   for (int b = 0; b < s.B; ++b) {
     for (int t = 0; t < s.T; ++t) {
       bool any = false;
-      for (int j = 0; j < (mode.causal ? t + 1 : s.T); ++j) any = any || !km || km[b * s.T + j];
+      for (int j = 0; j < s.T; ++j) any = any || Sees(mode, s.T, b, t, j);
       if (any) continue;
       for (int c = 0; c < C; ++c) ASSERT_EQ(out[(b * s.T + t) * C + c], 0.0f) << tag;
       for (int h = 0; h < s.NH; ++h) ASSERT_EQ(lse[(b * s.NH + h) * s.T + t], 0.0f) << tag;
@@ -124,7 +135,7 @@ void CheckAttentionOnce(const AttnShape& s, bool fused, bool grad_check, const A
     std::vector<float> out2(rows * C), lse2(s.B * s.NH * s.T);
     be->AttentionForward(out2.data(), lse2.data(), qbuf.data() + s.q_off, k2.data() + s.k_off,
                          v2.data() + s.v_off, s.B, s.T, s.NH, s.NKV, s.HS, s.q_stride,
-                         s.kv_stride, mode.causal, km);
+                         s.kv_stride, mode.causal, km, DType::kF32, mode.window);
     EXPECT_EQ(out2, out) << "masked keys changed the output " << tag;
     EXPECT_EQ(lse2, lse) << "masked keys changed the lse " << tag;
   }
@@ -139,7 +150,7 @@ void CheckAttentionOnce(const AttnShape& s, bool fused, bool grad_check, const A
   float* dv = (fused ? dqbuf.data() : dvbuf.data()) + s.v_off;
   be->AttentionBackward(dq, dk, dv, R.data(), out.data(), lse.data(), qbuf.data() + s.q_off,
                         kbuf.data() + s.k_off, vbuf.data() + s.v_off, s.B, s.T, s.NH, s.NKV, s.HS,
-                        s.q_stride, s.kv_stride, mode.causal, km);
+                        s.q_stride, s.kv_stride, mode.causal, km, DType::kF32, mode.window);
   auto loss = [&](const std::vector<double>& q, const std::vector<double>& k,
                   const std::vector<double>& v) {
     std::vector<double> o, l;
@@ -223,8 +234,8 @@ void RefAttentionBackward(const AttnShape& s, const std::vector<double>& q,
         const int orow = (b * s.T + t) * C + h * HS;
         double D = 0.0;
         for (int i = 0; i < HS; ++i) D += R[orow + i] * out[orow + i];
-        for (int j = 0; j < (mode.causal ? t + 1 : s.T); ++j) {
-          if (!mode.mask.empty() && mode.mask[b * s.T + j] == 0) continue;
+        for (int j = 0; j < s.T; ++j) {
+          if (!Sees(mode, s.T, b, t, j)) continue;
           const int kr = s.k_off + (b * s.T + j) * s.kv_stride + kvh * HS;
           const int vr = s.v_off + (b * s.T + j) * s.kv_stride + kvh * HS;
           double sc = 0.0, dp = 0.0;
@@ -287,6 +298,57 @@ std::vector<int32_t> TailMask(int T, const std::vector<int>& lengths) {
   return m;
 }
 
+// Forward and backward of one case against the double references (RefAttention and its analytic
+// gradients); rows padded past the heads keep their bytes.
+void CheckAgainstAnalytic(Backend* be, const AttnShape& s, const AttnMode& mode,
+                          DType operands = DType::kF32) {
+  const int32_t* km = mode.mask.empty() ? nullptr : mode.mask.data();
+  const std::string tag = "T=" + std::to_string(s.T) + " HS=" + std::to_string(s.HS) +
+                          " NH=" + std::to_string(s.NH) + " NKV=" + std::to_string(s.NKV) +
+                          (mode.causal ? " causal" : " bidirectional") +
+                          (km != nullptr ? " masked" : "") +
+                          (mode.window > 0 ? " window " + std::to_string(mode.window) : "");
+  SCOPED_TRACE(tag);
+  const int rows = s.B * s.T, C = s.NH * s.HS;
+  auto q = RandVec(static_cast<size_t>(rows * s.q_stride), 31, -1.5f, 1.5f);
+  auto k = RandVec(static_cast<size_t>(rows * s.kv_stride), 32, -1.5f, 1.5f);
+  auto v = RandVec(static_cast<size_t>(rows * s.kv_stride), 33);
+  auto R = RandVec(static_cast<size_t>(rows * C), 34);
+  std::vector<double> want_out, want_lse, gq, gk, gv;
+  RefAttention(s, ToDouble(q), ToDouble(k), ToDouble(v), &want_out, &want_lse, mode);
+  RefAttentionBackward(s, ToDouble(q), ToDouble(k), ToDouble(v), ToDouble(R), mode, &gq, &gk, &gv);
+  std::vector<float> out(rows * C, NAN), lse(s.B * s.NH * s.T, NAN);
+  be->AttentionForward(out.data(), lse.data(), q.data(), k.data(), v.data(), s.B, s.T, s.NH, s.NKV,
+                       s.HS, s.q_stride, s.kv_stride, mode.causal, km, operands, mode.window);
+  ExpectClose(out, want_out, 1e-5, 2e-6, "out " + tag);
+  ExpectClose(lse, want_lse, 1e-5, 2e-6, "lse " + tag);
+  const float kSentinel = 12345.0f;
+  std::vector<float> dq(q.size(), kSentinel), dk(k.size(), kSentinel), dv(v.size(), kSentinel);
+  be->AttentionBackward(dq.data(), dk.data(), dv.data(), R.data(), out.data(), lse.data(),
+                        q.data(), k.data(), v.data(), s.B, s.T, s.NH, s.NKV, s.HS, s.q_stride,
+                        s.kv_stride, mode.causal, km, operands, mode.window);
+  auto heads = [&](const std::vector<float>& got, const std::vector<double>& want, int width,
+                   int stride, const char* what) {
+    std::vector<float> g;
+    std::vector<double> w;
+    for (int r = 0; r < rows; ++r) {
+      for (int col = 0; col < stride; ++col) {
+        const size_t i = static_cast<size_t>(r * stride + col);
+        if (col < width) {
+          g.push_back(got[i]);
+          w.push_back(want[i]);
+        } else {
+          ASSERT_EQ(got[i], kSentinel) << what << " wrote row " << r << " col " << col;
+        }
+      }
+    }
+    ExpectClose(g, w, 1e-4, 1e-5, std::string(what) + " " + tag);
+  };
+  heads(dq, gq, C, s.q_stride, "dq");
+  heads(dk, gk, s.NKV * s.HS, s.kv_stride, "dk");
+  heads(dv, gv, s.NKV * s.HS, s.kv_stride, "dv");
+}
+
 // Head sizes that fill whole 16-float vectors (64: the 4-vector register blocks; 80: 4 + 1; 72: 4
 // and a partial 8), sequences longer than a query block (64) and a product slice (128 keys), not
 // multiples of 16: forward and backward against the double references (the finite-difference
@@ -304,52 +366,138 @@ TEST(CpuAttentionTest, VectorTileShapesMatchTheAnalyticGradients) {
       {{1, 150, 2, 2, 72, 2 * 72 + 8, 2 * 72 + 8, 0, 0, 0}, {true, TailMask(150, {97})}},
   };
   auto be = MakeCpuBackend(2);
-  for (const Case& c : cases) {
-    const AttnShape& s = c.s;
-    const int32_t* km = c.mode.mask.empty() ? nullptr : c.mode.mask.data();
-    const std::string tag = "T=" + std::to_string(s.T) + " HS=" + std::to_string(s.HS) +
-                            (c.mode.causal ? " causal" : " bidirectional") +
-                            (km != nullptr ? " masked" : "");
-    SCOPED_TRACE(tag);
-    const int rows = s.B * s.T, C = s.NH * s.HS;
-    auto q = RandVec(static_cast<size_t>(rows * s.q_stride), 31, -1.5f, 1.5f);
-    auto k = RandVec(static_cast<size_t>(rows * s.kv_stride), 32, -1.5f, 1.5f);
-    auto v = RandVec(static_cast<size_t>(rows * s.kv_stride), 33);
-    auto R = RandVec(static_cast<size_t>(rows * C), 34);
-    std::vector<double> want_out, want_lse, gq, gk, gv;
-    RefAttention(s, ToDouble(q), ToDouble(k), ToDouble(v), &want_out, &want_lse, c.mode);
-    RefAttentionBackward(s, ToDouble(q), ToDouble(k), ToDouble(v), ToDouble(R), c.mode, &gq, &gk,
-                         &gv);
-    std::vector<float> out(rows * C, NAN), lse(s.B * s.NH * s.T, NAN);
-    be->AttentionForward(out.data(), lse.data(), q.data(), k.data(), v.data(), s.B, s.T, s.NH,
-                         s.NKV, s.HS, s.q_stride, s.kv_stride, c.mode.causal, km);
-    ExpectClose(out, want_out, 1e-5, 2e-6, "out " + tag);
-    ExpectClose(lse, want_lse, 1e-5, 2e-6, "lse " + tag);
-    const float kSentinel = 12345.0f;
-    std::vector<float> dq(q.size(), kSentinel), dk(k.size(), kSentinel), dv(v.size(), kSentinel);
-    be->AttentionBackward(dq.data(), dk.data(), dv.data(), R.data(), out.data(), lse.data(),
-                          q.data(), k.data(), v.data(), s.B, s.T, s.NH, s.NKV, s.HS, s.q_stride,
-                          s.kv_stride, c.mode.causal, km);
-    auto heads = [&](const std::vector<float>& got, const std::vector<double>& want, int width,
-                     int stride, const char* what) {
-      std::vector<float> g;
-      std::vector<double> w;
-      for (int r = 0; r < rows; ++r) {
-        for (int col = 0; col < stride; ++col) {
-          const size_t i = static_cast<size_t>(r * stride + col);
-          if (col < width) {
-            g.push_back(got[i]);
-            w.push_back(want[i]);
-          } else {
-            ASSERT_EQ(got[i], kSentinel) << what << " wrote row " << r << " col " << col;
-          }
+  for (const Case& c : cases) CheckAgainstAnalytic(be.get(), c.s, c.mode);
+}
+
+// ---- sliding windows (HF Mistral: query i sees key j only when i - j < window) ----
+
+// Forward and backward against the double references and finite differences: window 1 (each
+// query sees only itself), windows under a 16-key vector and under the 64-query block, a window
+// crossing the block boundary at T = 70, windows of T and over T (no window), with GQA on fused
+// rows, separate padded rows, key masks (the two combine: a query whose window holds only masked
+// keys sees nothing) and bidirectional attention (the window then bounds the past only).
+TEST(CpuAttentionTest, SlidingWindowForwardBackward) {
+  const int B = 2, T = 9, NH = 4, NKV = 2, HS = 6, W = (NH + 2 * NKV) * HS;
+  const AttnShape fused{B, T, NH, NKV, HS, W, W, 0, NH * HS, (NH + NKV) * HS};
+  const AttnShape padded{B, T, NH, NKV, HS, NH * HS + 3, NKV * HS + 2, 1, 2, 0};
+  for (int window : {1, 2, 3, 8, 9, 20}) {
+    CheckAttention(fused, true, true, {true, {}, window});
+    CheckAttention(padded, false, true, {true, {}, window});
+  }
+  // Masks: sequence 0 keeps keys 0, 5, 8 only, so with window 2 queries 2, 3, 4 and 7 see nothing.
+  const std::vector<int32_t> sparse = {1, 0, 0, 0, 0, 1, 0, 0, 1, 1, 1, 0, 1, 1, 1, 0, 1, 1};
+  for (int window : {1, 2, 4}) {
+    CheckAttention(padded, false, true, {true, sparse, window});
+    CheckAttention(padded, false, true, {true, TailMask(T, {6, 2}), window});
+    CheckAttention(padded, false, true, {false, RandomMask(B, T, 1, 17), window});
+  }
+  CheckAttention({1, 6, 4, 1, 2, 8, 2, 0, 0, 0}, false, true, {true, {}, 2});  // MQA
+  // T = 70: query blocks of 64; windows 5 and 40 reach back across the block boundary.
+  const int T2 = 70, NH2 = 2, NKV2 = 1, HS2 = 4, W2 = (NH2 + 2 * NKV2) * HS2;
+  for (int window : {5, 40}) {
+    CheckAttention({1, T2, NH2, NKV2, HS2, W2, W2, 0, NH2 * HS2, (NH2 + NKV2) * HS2}, true, true,
+                   {true, {}, window});
+    CheckAttention({2, T2, 2, 1, 4, 9, 5, 0, 0, 0}, false, true,
+                   {true, RandomMask(2, T2, 0, 18), window});
+  }
+}
+
+// The vector tiles with windows: HS 64 and 128, T not a multiple of the 64-query block or of 16,
+// windows 1 (only the diagonal), 17 and 40 (under a block), 64 (a block), 100 and 150 (several
+// blocks back; key tiles start past 0 and the first keys are skipped), 199 (T - 1) and 500 (over
+// T), GQA and MHA, masks, bidirectional; forward and backward against the analytic gradients.
+TEST(CpuAttentionTest, SlidingWindowVectorTilesMatchTheAnalyticGradients) {
+  auto be = MakeCpuBackend(2);
+  const AttnShape gqa64{2, 200, 4, 2, 64, 4 * 64 + 16, 2 * 64 + 16, 0, 0, 0};
+  for (int window : {1, 17, 40, 64, 100, 150, 199, 500})
+    CheckAgainstAnalytic(be.get(), gqa64, {true, {}, window});
+  const AttnShape mha128{1, 150, 2, 2, 128, 2 * 128, 2 * 128, 0, 0, 0};
+  for (int window : {1, 33, 100}) CheckAgainstAnalytic(be.get(), mha128, {true, {}, window});
+  CheckAgainstAnalytic(be.get(), gqa64, {true, RandomMask(2, 200, 1, 19), 50});
+  CheckAgainstAnalytic(be.get(), gqa64, {true, TailMask(200, {70, 200}), 90});
+  CheckAgainstAnalytic(be.get(), {1, 150, 2, 1, 80, 2 * 80 + 16, 80 + 16, 0, 0, 0},
+                       {true, {}, 30});
+  CheckAgainstAnalytic(be.get(), {2, 200, 4, 4, 64, 4 * 64, 4 * 64, 0, 0, 0},
+                       {false, TailMask(200, {130, 200}), 70});
+}
+
+// A window of T or more changes nothing (bit for bit: the same tiles run); a shorter window does
+// change the output (the cases above would pass with the window ignored otherwise). Keys outside a
+// query's window get exactly zero weight: huge k and v at key j leave every query outside
+// [j, j + window) unchanged to the bit.
+TEST(CpuAttentionTest, SlidingWindowEdges) {
+  auto be = MakeCpuBackend(2);
+  const int B = 2, T = 150, NH = 4, NKV = 2, HS = 64, qs = NH * HS, kvs = NKV * HS;
+  auto q = RandVec(static_cast<size_t>(B * T * qs), 41, -1.5f, 1.5f);
+  auto k = RandVec(static_cast<size_t>(B * T * kvs), 42, -1.5f, 1.5f);
+  auto v = RandVec(static_cast<size_t>(B * T * kvs), 43);
+  auto run = [&](const std::vector<float>& kk, const std::vector<float>& vv, int window,
+                 DType operands) {
+    std::vector<float> out(B * T * qs), lse(B * NH * T);
+    be->AttentionForward(out.data(), lse.data(), q.data(), kk.data(), vv.data(), B, T, NH, NKV,
+                         HS, qs, kvs, true, nullptr, operands, window);
+    return out;
+  };
+  for (DType operands : {DType::kF32, DType::kBF16}) {
+    SCOPED_TRACE(operands == DType::kF32 ? "fp32" : "bf16");
+    const auto none = run(k, v, 0, operands);
+    EXPECT_EQ(run(k, v, T, operands), none) << "window T";
+    EXPECT_EQ(run(k, v, T + 77, operands), none) << "window > T";
+    EXPECT_NE(run(k, v, T - 1, operands), none) << "window T - 1 must drop key 0 of the last query";
+    const int window = 30, j = 37;
+    const auto base = run(k, v, window, operands);
+    auto k2 = k, v2 = v;
+    for (int b = 0; b < B; ++b) {
+      for (int c = 0; c < kvs; ++c) {
+        k2[(b * T + j) * kvs + c] = 1e4f;
+        v2[(b * T + j) * kvs + c] = -3e4f;
+      }
+    }
+    const auto moved = run(k2, v2, window, operands);
+    for (int b = 0; b < B; ++b) {
+      for (int t = 0; t < T; ++t) {
+        const bool sees = t >= j && t - j < window;
+        const float* x = base.data() + (b * T + t) * qs;
+        const float* y = moved.data() + (b * T + t) * qs;
+        if (sees) {
+          EXPECT_NE(std::vector<float>(x, x + qs), std::vector<float>(y, y + qs)) << "query " << t;
+        } else {
+          ASSERT_EQ(std::vector<float>(x, x + qs), std::vector<float>(y, y + qs))
+              << "key " << j << " outside query " << t << "'s window changed it";
         }
       }
-      ExpectClose(g, w, 1e-4, 1e-5, std::string(what) + " " + tag);
-    };
-    heads(dq, gq, C, s.q_stride, "dq");
-    heads(dk, gk, s.NKV * s.HS, s.kv_stride, "dk");
-    heads(dv, gv, s.NKV * s.HS, s.kv_stride, "dv");
+    }
+  }
+}
+
+// Generation with a window: decoding position t against a cache of t + 1 rows equals row t of the
+// full windowed forward over the same rows (for every t, so the window is reached, crossed and
+// exceeded), GQA, cache rows wider than the heads; and it differs from decoding without a window
+// once t >= window.
+TEST(CpuAttentionTest, SlidingWindowDecodeEqualsTheForwardRow) {
+  auto be = MakeCpuBackend(2);
+  const int T = 40, NH = 4, NKV = 2, HS = 16, qs = NH * HS + 3, kvs = 2 * NKV * HS + 5;
+  auto q = RandVec(static_cast<size_t>(T * qs), 51, -1.5f, 1.5f);
+  auto kv = RandVec(static_cast<size_t>(T * kvs), 52, -1.5f, 1.5f);  // cache rows [k | v | gap]
+  const float* k = kv.data();
+  const float* v = kv.data() + NKV * HS;
+  for (int window : {1, 7, 16, 39, 40, 100}) {
+    SCOPED_TRACE("window " + std::to_string(window));
+    std::vector<float> out(T * NH * HS), lse(NH * T);
+    be->AttentionForward(out.data(), lse.data(), q.data(), k, v, 1, T, NH, NKV, HS, qs, kvs, true,
+                         nullptr, DType::kF32, window);
+    for (int t = 0; t < T; ++t) {
+      std::vector<float> dec(NH * HS), full(NH * HS);
+      be->AttentionDecode(dec.data(), q.data() + t * qs, k, v, 1, t + 1, T, NH, NKV, HS, qs, kvs,
+                          window);
+      ExpectClose(dec, ToDouble(std::vector<float>(out.begin() + t * NH * HS,
+                                                   out.begin() + (t + 1) * NH * HS)),
+                  1e-6, 1e-5, "decode t=" + std::to_string(t));
+      be->AttentionDecode(full.data(), q.data() + t * qs, k, v, 1, t + 1, T, NH, NKV, HS, qs, kvs);
+      if (t >= window) {
+        EXPECT_NE(dec, full) << "t=" << t << ": the window changed nothing";
+      }
+    }
   }
 }
 
@@ -419,15 +567,16 @@ void CheckBf16Attention(const AttnShape& s, const AttnMode& mode) {
   const bool tiles = cpu::UseBf16Tiles(DType::kBF16, mode.causal, s.T, s.HS);
   const auto qr = tiles ? round16(q) : q, kr = tiles ? round16(k) : k, vr = tiles ? round16(v) : v;
   const std::string tag = "T=" + std::to_string(s.T) + (mode.causal ? " causal" : " bidir") +
-                          (km != nullptr ? " masked" : "");
+                          (km != nullptr ? " masked" : "") +
+                          (mode.window > 0 ? " window " + std::to_string(mode.window) : "");
   std::vector<float> out32(rows * C), lse32(s.B * s.NH * s.T), out16(rows * C, NAN),
       lse16(s.B * s.NH * s.T, NAN);
   be->AttentionForward(out32.data(), lse32.data(), qr.data() + s.q_off, kr.data() + s.k_off,
                        vr.data() + s.v_off, s.B, s.T, s.NH, s.NKV, s.HS, s.q_stride, s.kv_stride,
-                       mode.causal, km);
+                       mode.causal, km, DType::kF32, mode.window);
   be->AttentionForward(out16.data(), lse16.data(), q.data() + s.q_off, k.data() + s.k_off,
                        v.data() + s.v_off, s.B, s.T, s.NH, s.NKV, s.HS, s.q_stride, s.kv_stride,
-                       mode.causal, km, DType::kBF16);
+                       mode.causal, km, DType::kBF16, mode.window);
   if (tiles) {
     ExpectClose(lse16, ToDouble(lse32), 1e-5, 1e-5, "bf16 lse " + tag);
     ExpectClose(out16, ToDouble(out32), 0.0, 4e-3, "bf16 out " + tag);
@@ -453,7 +602,7 @@ void CheckBf16Attention(const AttnShape& s, const AttnMode& mode) {
                           (pass == 0 ? lse32 : lse16).data(), qq.data() + s.q_off,
                           kk.data() + s.k_off, vv.data() + s.v_off, s.B, s.T, s.NH, s.NKV, s.HS,
                           s.q_stride, s.kv_stride, mode.causal, km,
-                          pass == 0 ? DType::kF32 : DType::kBF16);
+                          pass == 0 ? DType::kF32 : DType::kBF16, mode.window);
   }
   const char* names[3] = {"dq", "dk", "dv"};
   for (int i = 0; i < 3; ++i) {
@@ -507,6 +656,17 @@ void CheckBf16AttentionShapes() {
     CheckBf16Attention({2, 67, 3, 3, 24, 3 * 24 + 1, 3 * 24 + 1, 1, 0, 0},
                        {causal, TailMask(67, {45, 67})});
     CheckBf16Attention({1, 40, 2, 2, 15, 30, 30, 0, 0, 0}, {causal, {}});
+    // Sliding windows (checked against the double references above in fp32): under a block, over
+    // a bf16 query block (128) and under a 16-key vector, with masks, GQA, HS 64 and 128.
+    CheckBf16Attention({2, 300, 2, 2, 64, 128, 128, 0, 0, 0},
+                       {causal, TailMask(300, {260, 3}), 100});
+    CheckBf16Attention({1, 270, 4, 2, 128, 4 * 128 + 3, 2 * 128 + 2, 1, 2, 0}, {causal, {}, 150});
+    CheckBf16Attention({2, 270, 4, 2, 16, 4 * 16 + 3, 2 * 16 + 2, 1, 2, 0},
+                       {causal, RandomMask(2, 270, 1, 15), 9});
+    // (Window 2, not 1: a single visible key makes out = v and dS = 0 exactly, nothing to compare.)
+    CheckBf16Attention({2, 67, 3, 3, 24, 3 * 24 + 1, 3 * 24 + 1, 1, 0, 0},
+                       {causal, TailMask(67, {45, 67}), 2});
+    CheckBf16Attention({1, 40, 2, 2, 15, 30, 30, 0, 0, 0}, {causal, {}, 5});  // odd head size
   }
 }
 

@@ -505,13 +505,33 @@ std::vector<OpCase> AllCases() {
     d->Rope(x, 1, 3, 4, 16, stride, 500000.0f, false, 37);
     return Outputs{{"x", d.Get(x, 3 * stride)}};
   });
+  // HF rope_scaling: Llama 3.1's llama3 (an original context of 64 puts HS 16's frequencies in
+  // every regime) and linear, forward and inverse, after a cached prefix.
+  for (int32_t kind : {int32_t{RopeScaling::kLlama3}, int32_t{RopeScaling::kLinear}}) {
+    for (bool inverse : {false, true}) {
+      RopeScaling sc;
+      sc.kind = kind;
+      sc.factor = kind == RopeScaling::kLlama3 ? 8.0f : 2.5f;
+      sc.original_max_positions = 64.0f;
+      Add(&c, Op::kRope,
+          std::string(kind == RopeScaling::kLlama3 ? "llama3 " : "linear ") + Dims({2, 9, 3, 16}) +
+              (inverse ? " inverse" : ""),
+          kElem, [=](Dev& d) {
+            const int64_t stride = 3 * 16 + 3;
+            float* x = d.Up(Random(2 * 9 * stride, 51));
+            d->Rope(x, 2, 9, 3, 16, stride, 500000.0f, inverse, 11, sc);
+            return Outputs{{"x", d.Get(x, 2 * 9 * stride)}};
+          });
+    }
+  }
   // ---- attention: GQA, fused qkv rows and separate strided ones; causal or not, key masks
-  // (random with a fully masked sequence and key 0 masked, or padded tails) ----
+  // (random with a fully masked sequence and key 0 masked, or padded tails), sliding windows ----
   struct AttnCase {
     int64_t B, T, NH, NKV, HS;
     bool fused;
     bool causal = true;
     int mask = 0;  // 0: none; 1: random, sequence 1 empty, key 0 masked; 2: padded tails
+    int64_t window = 0;  // sliding window (HF Mistral), 0: none
   };
   for (const AttnCase a : {AttnCase{2, 37, 4, 2, 16, true}, AttnCase{1, 70, 2, 1, 40, false},
                            AttnCase{1, 5, 1, 1, 160, false}, AttnCase{1, 1, 3, 3, 8, true},
@@ -529,10 +549,27 @@ std::vector<OpCase> AllCases() {
                            AttnCase{2, 75, 4, 2, 128, true, true, 2},
                            AttnCase{2, 33, 2, 1, 100, false, true, 1},
                            AttnCase{3, 66, 2, 1, 16, true, true, 1},
-                           AttnCase{2, 9, 2, 1, 160, false, true, 2}}) {
+                           AttnCase{2, 9, 2, 1, 160, false, true, 2},
+                           // Sliding windows, every kernel family: window 1 (the diagonal only),
+                           // under a 32/64-row tile, across tiles (the first key tiles skipped),
+                           // T - 1, over T; with masks (a window of masked keys sees nothing)
+                           // and bidirectional (the window bounds the past).
+                           AttnCase{2, 37, 4, 2, 16, true, true, 0, 1},
+                           AttnCase{2, 150, 4, 2, 16, true, true, 1, 20},
+                           AttnCase{1, 200, 2, 1, 40, false, true, 0, 70},
+                           AttnCase{2, 70, 2, 1, 64, false, true, 2, 5},
+                           AttnCase{1, 130, 4, 1, 64, true, true, 0, 129},
+                           AttnCase{2, 75, 4, 2, 128, true, true, 1, 33},
+                           AttnCase{1, 140, 4, 2, 128, false, true, 0, 100},
+                           AttnCase{2, 100, 2, 1, 160, false, true, 2, 17},
+                           AttnCase{1, 70, 2, 2, 200, false, true, 0, 1},
+                           AttnCase{2, 37, 4, 2, 16, true, false, 1, 6},
+                           AttnCase{1, 150, 2, 1, 128, false, false, 0, 40},
+                           AttnCase{1, 20, 2, 2, 200, false, false, 0, 50}}) {
     const std::string label = Dims({a.B, a.T, a.NH, a.NKV, a.HS}) + (a.fused ? " fused" : "") +
                               (a.causal ? "" : " bidirectional") +
-                              (a.mask == 1 ? " random mask" : a.mask == 2 ? " tail mask" : "");
+                              (a.mask == 1 ? " random mask" : a.mask == 2 ? " tail mask" : "") +
+                              (a.window > 0 ? " window " + std::to_string(a.window) : "");
     std::vector<int32_t> mask;
     if (a.mask != 0) {
       std::mt19937_64 rng(70 + a.T);
@@ -557,7 +594,8 @@ std::vector<OpCase> AllCases() {
       *out = d.Zeros(rows * a.NH * a.HS);
       *lse = d.Zeros(a.B * a.NH * a.T);
       const int32_t* km = mask.empty() ? nullptr : d.Up(mask);
-      d->AttentionForward(*out, *lse, *q, *k, *v, a.B, a.T, a.NH, a.NKV, a.HS, qs, kvs, a.causal, km);
+      d->AttentionForward(*out, *lse, *q, *k, *v, a.B, a.T, a.NH, a.NKV, a.HS, qs, kvs, a.causal,
+                          km, DType::kF32, a.window);
       return km;
     };
     Add(&c, Op::kAttentionForward, label, kAttn, [=](Dev& d) {
@@ -575,26 +613,34 @@ std::vector<OpCase> AllCases() {
       float* dk = a.fused ? dq + koff : d.Up(std::vector<float>(rows * kvs, 7.0f));
       float* dv = a.fused ? dq + voff : d.Up(std::vector<float>(rows * kvs, 7.0f));
       d->AttentionBackward(dq, dk, dv, d.Up(Random(rows * a.NH * a.HS, 54)), out, lse, q, k, v, a.B,
-                           a.T, a.NH, a.NKV, a.HS, qs, kvs, a.causal, km);
+                           a.T, a.NH, a.NKV, a.HS, qs, kvs, a.causal, km, DType::kF32, a.window);
       Outputs o{{"dq", d.Get(dq, rows * qs)}};
       if (!a.fused) o.push_back({"dk", d.Get(dk, rows * kvs)}), o.push_back({"dv", d.Get(dv, rows * kvs)});
       return o;
     });
   }
-  // ---- attention of one new row per sequence against a cache (generation): GQA, k|v rows ----
+  // ---- attention of one new row per sequence against a cache (generation): GQA, k|v rows; sliding
+  // windows (the last `window` rows) ----
   struct DecodeCase {
     int64_t B, T, cache_rows, NH, NKV, HS;
+    int64_t window = 0;
   };
   for (const DecodeCase a : {DecodeCase{1, 1, 4, 2, 2, 8}, DecodeCase{2, 37, 40, 4, 2, 16},
-                             DecodeCase{1, 300, 300, 3, 1, 64}, DecodeCase{3, 9, 64, 2, 1, 100}}) {
-    Add(&c, Op::kAttentionDecode, Dims({a.B, a.T, a.cache_rows, a.NH, a.NKV, a.HS}), kAttn,
-        [=](Dev& d) {
+                             DecodeCase{1, 300, 300, 3, 1, 64}, DecodeCase{3, 9, 64, 2, 1, 100},
+                             DecodeCase{2, 37, 40, 4, 2, 16, 1},
+                             DecodeCase{1, 300, 300, 3, 1, 64, 100},
+                             DecodeCase{3, 9, 64, 2, 1, 100, 9},
+                             DecodeCase{1, 5, 8, 2, 2, 8, 64}}) {
+    Add(&c, Op::kAttentionDecode,
+        Dims({a.B, a.T, a.cache_rows, a.NH, a.NKV, a.HS}) +
+            (a.window > 0 ? " window " + std::to_string(a.window) : ""),
+        kAttn, [=](Dev& d) {
           const int64_t qs = a.NH * a.HS + 3, kvs = 2 * a.NKV * a.HS;  // cache rows: [k | v]
           const float* q = d.Up(Random(a.B * qs, 61));
           const float* kv = d.Up(Random(a.B * a.cache_rows * kvs, 62));
           float* out = d.Zeros(a.B * a.NH * a.HS);
           d->AttentionDecode(out, q, kv, kv + a.NKV * a.HS, a.B, a.T, a.cache_rows, a.NH, a.NKV,
-                             a.HS, qs, kvs);
+                             a.HS, qs, kvs, a.window);
           return Outputs{{"out", d.Get(out, a.B * a.NH * a.HS)}};
         });
   }

@@ -152,6 +152,56 @@ TEST(SimtBackend, BadShapesAreReportedNotFatal) {
       << gpu->status().message();
 }
 
+// A negative sliding window is refused with an error naming the op and the value.
+TEST(SimtBackend, NegativeAttentionWindowIsReported) {
+  auto made = testing::MakeDeviceUnderTest();
+  ASSERT_TRUE(made.ok());
+  std::unique_ptr<Backend> simt = std::move(made).value();
+  auto* gpu = dynamic_cast<gpu::GpuBackend*>(simt.get());
+  ASSERT_NE(gpu, nullptr);
+  {
+    Buf x(simt.get(), 3 * 8 * 4), o(simt.get(), 8 * 4), l(simt.get(), 4);
+    simt->AttentionForward(o.f(), l.f(), x.f(), x.f() + 8, x.f() + 16, 1, 1, 1, 1, 8, 24, 24, true,
+                           nullptr, DType::kF32, -2);
+  }
+  EXPECT_EQ(gpu->status().code(), Status::Code::kInvalidArgument);
+  EXPECT_NE(gpu->status().message().find("AttentionForward: sliding window -2"),
+            std::string::npos)
+      << gpu->status().message();
+}
+
+// Generation with a sliding window on the device: decoding position t against a cache of t + 1
+// rows equals row t of the device's own windowed forward over the same rows, for t before, at and
+// past the window (GQA; cache rows [k | v] wider than the heads), head sizes of the lane-group
+// kernels (64) and of the one-thread-per-row ones (160); and differs from the unwindowed decode
+// once t >= window.
+TEST_F(SimtKernels, WindowedDecodeEqualsTheForwardRow) {
+  for (const int64_t HS : {64, 160}) {
+    const int64_t T = 24, NH = 4, NKV = 2, qs = NH * HS, kvs = 2 * NKV * HS + 4, window = 7;
+    SCOPED_TRACE("HS " + std::to_string(HS));
+    Buf q(simt(), Random(T * qs, 81)), kv(simt(), Random(T * kvs, 82));
+    Buf out(simt(), T * NH * HS * 4), lse(simt(), NH * T * 4), dec(simt(), NH * HS * 4),
+        full(simt(), NH * HS * 4);
+    const float* k = kv.f();
+    const float* v = kv.f() + NKV * HS;
+    simt()->AttentionForward(out.f(), lse.f(), q.f(), k, v, 1, T, NH, NKV, HS, qs, kvs, true,
+                             nullptr, DType::kF32, window);
+    const std::vector<float> rows = out.get();
+    for (int64_t t = 0; t < T; t += 3) {
+      simt()->AttentionDecode(dec.f(), q.f() + t * qs, k, v, 1, t + 1, T, NH, NKV, HS, qs, kvs,
+                              window);
+      simt()->AttentionDecode(full.f(), q.f() + t * qs, k, v, 1, t + 1, T, NH, NKV, HS, qs, kvs);
+      const std::vector<float> got = dec.get();
+      ExpectClose(got,
+                  std::vector<float>(rows.begin() + t * NH * HS, rows.begin() + (t + 1) * NH * HS),
+                  1e-6f, 1e-5f, "decode t=" + std::to_string(t));
+      if (t >= window) {
+        EXPECT_NE(got, full.get()) << "t=" << t << ": the window changed nothing";
+      }
+    }
+  }
+}
+
 // A captured sequence (norm, GEMM, GELU, add) replays to the same result as running it directly,
 // and a replay sees new input values written into the same buffers.
 TEST_F(SimtKernels, GraphCaptureReplayMatchesDirectRun) {

@@ -4,6 +4,9 @@
 // padding mask (key_mask[b*T+j] == 0: key j of sequence b is not attended) zeroes those keys'
 // probabilities exactly, and the keys after a sequence's last visible one (a padded tail) are
 // left out of the products; a query with no visible key gets out = 0, lse = 0 and no gradient.
+// A sliding window (window > 0, HF Mistral: query i sees key j only when i - j < window) starts a
+// block's tile at the first key its first query's window reaches (rounded down to 16): the keys
+// before it are skipped, not masked, and each row's softmax starts at its own window.
 // The fp32 products (Q K^T, P V, dO V^T, dS K, dS^T Q, P^T dO) are register-blocked loops on the
 // calling thread (TileProduct: per 4 rows only the causal band's columns and sums; K^T, and in
 // the backward V^T, transposed once per (b, kv head); the library GEMMs cost more per call than
@@ -41,11 +44,22 @@ constexpr int64_t kQBlock = 64;
 constexpr int64_t kQBlock16 = 128;
 constexpr int64_t kKeyQuantum = 64;
 
-// Row i of a score tile holds query t = t0 + i against keys 0..n-1; only keys j < valid may be
-// attended (causal: valid = t + 1), and of those only the ones with km[j] != 0 when km is not
-// null. In place: s -> softmax probabilities (exactly 0 where masked); returns the lse (0 when no
-// key is visible, the row then all zeros).
-TRAIND_CPU_CLONES float SoftmaxRow(float* s, int64_t valid, int64_t n, const int32_t* km) {
+// Row i of a score tile holds query t = t0 + i against the tile's keys 0..n-1; only keys
+// lo <= j < valid may be attended (causal: valid = t + 1 in tile columns; a sliding window moves
+// lo up), and of those only the ones with km[j] != 0 when km is not null. In place: s -> softmax
+// probabilities (exactly 0 where masked); returns the lse (0 when no key is visible, the row then
+// all zeros).
+TRAIND_CPU_CLONES float SoftmaxRow(float* s, int64_t lo, int64_t valid, int64_t n,
+                                   const int32_t* km) {
+  std::fill(s, s + std::min(lo, n), 0.0f);
+  if (lo >= valid) {  // no key left between the window and the causal limit
+    std::fill(s + std::min(lo, n), s + n, 0.0f);
+    return 0.0f;
+  }
+  s += lo;
+  valid -= lo;
+  n -= lo;
+  if (km != nullptr) km += lo;
   const float mx = km == nullptr ? MaxF(s, valid) : MaxWhereF(s, km, valid);
   if (mx == -INFINITY) {  // every key masked (scores are finite otherwise)
     for (int64_t j = 0; j < n; ++j) s[j] = 0.0f;
@@ -73,17 +87,24 @@ TRAIND_CPU_CLONES float SoftmaxRow(float* s, int64_t valid, int64_t n, const int
   return mx + std::log(sum);
 }
 
-// p = exp(s - lse) on the visible keys (0 elsewhere); ds = p * (dp - D) * scale, in place in dp.
-TRAIND_CPU_CLONES void GradRow(float* s, float* dp, float lse, float D, float scale, int64_t valid,
-                               int64_t n, const int32_t* km) {
+// p = exp(s - lse) on the visible keys [lo, valid) (0 elsewhere); ds = p * (dp - D) * scale, in
+// place in dp.
+TRAIND_CPU_CLONES void GradRow(float* s, float* dp, float lse, float D, float scale, int64_t lo,
+                               int64_t valid, int64_t n, const int32_t* km) {
+  lo = std::min(lo, n);
+  valid = std::max(valid, lo);
+  for (int64_t j = 0; j < lo; ++j) {
+    s[j] = 0.0f;
+    dp[j] = 0.0f;
+  }
   if (km == nullptr) {
-    for (int64_t j = 0; j < valid; ++j) {
+    for (int64_t j = lo; j < valid; ++j) {
       const float p = ExpFlushF(s[j] - lse);
       s[j] = p;
       dp[j] = p * (dp[j] - D) * scale;
     }
   } else {
-    for (int64_t j = 0; j < valid; ++j) {
+    for (int64_t j = lo; j < valid; ++j) {
       const float p = km[j] != 0 ? ExpFlushF(s[j] - lse) : 0.0f;
       s[j] = p;
       dp[j] = p * (dp[j] - D) * scale;
@@ -93,6 +114,24 @@ TRAIND_CPU_CLONES void GradRow(float* s, float* dp, float lse, float D, float sc
     s[j] = 0.0f;
     dp[j] = 0.0f;
   }
+}
+
+// A sliding window (backend.h: query i sees key j only when i - j < window) as the kernels use
+// it: 0 when there is none or when it spans every key (window >= T changes nothing).
+int64_t EffectiveWindow(int64_t window, int64_t T) { return window > 0 && window < T ? window : 0; }
+
+// The first key of a tile for queries from t0 on: the first key query t0's window reaches,
+// rounded down to a multiple of 16 (so the tile's panel columns stay 16-aligned and its key
+// pairs whole); 0 without a window. The keys before it are outside every window of the block and
+// are skipped, not masked.
+int64_t WindowKeyStart(int64_t t0, int64_t window) {
+  if (window <= 0 || t0 < window) return 0;
+  return (t0 - window + 1) / 16 * 16;
+}
+
+// The first tile column query t = t0 + i may see (keys from k0 on in the tile): 0 without a window.
+int64_t WindowLo(int64_t t, int64_t k0, int64_t window) {
+  return window > 0 ? std::max<int64_t>(0, t - window + 1 - k0) : 0;
 }
 
 // 1 + the last visible key of a sequence's mask (0 when none): the keys past it (a padded tail)
@@ -245,17 +284,18 @@ TRAIND_CPU_CLONES void TransposeRows(float* xt, int64_t ld, const float* x, int6
   for (int64_t e = 0; e < HS; ++e) std::fill(xt + e * ld + rows, xt + e * ld + cols, 0.0f);
 }
 
-// SoftmaxRow, then the row's probabilities in bf16 into p16 (zeros past `valid`).
-float SoftmaxRow16(float* s, int64_t valid, int64_t n, const int32_t* km, uint16_t* p16) {
-  const float lse = SoftmaxRow(s, valid, n, km);
+// SoftmaxRow, then the row's probabilities in bf16 into p16 (zeros outside [lo, valid)).
+float SoftmaxRow16(float* s, int64_t lo, int64_t valid, int64_t n, const int32_t* km,
+                   uint16_t* p16) {
+  const float lse = SoftmaxRow(s, lo, valid, n, km);
   F32ToBf16Span(p16, s, n);
   return lse;
 }
 
 // GradRow, then P and dS in bf16 into p16 and ds16.
-void GradRow16(float* s, float* dp, float lse, float D, float scale, int64_t valid, int64_t n,
-               const int32_t* km, uint16_t* p16, uint16_t* ds16) {
-  GradRow(s, dp, lse, D, scale, valid, n, km);
+void GradRow16(float* s, float* dp, float lse, float D, float scale, int64_t lo, int64_t valid,
+               int64_t n, const int32_t* km, uint16_t* p16, uint16_t* ds16) {
+  GradRow(s, dp, lse, D, scale, lo, valid, n, km);
   F32ToBf16Span(p16, s, n);
   F32ToBf16Span(ds16, dp, n);
 }
@@ -313,7 +353,7 @@ int64_t KeysForTile(int64_t visible, int64_t T) {
 void AttentionForward16(float* out, float* lse, const float* q, const float* k, const float* v,
                         int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS,
                         int64_t q_stride, int64_t kv_stride, bool causal,
-                        const int32_t* key_mask, int nt) {
+                        const int32_t* key_mask, int64_t window, int nt) {
   const int64_t group = NH / NKV;
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
   const int64_t C = NH * HS;
@@ -345,24 +385,27 @@ void AttentionForward16(float* out, float* lse, const float* q, const float* k, 
       const uint16_t* kb = k16 + (b * NKV + kvh) * T * HS;
       const uint16_t* vb = v16 + (b * NKV + kvh) * T * HS;
       const int32_t* km = key_mask != nullptr ? key_mask + b * T : nullptr;
+      // The tile's keys: k0 (the block's window start) up to the last visible one.
+      const int64_t k0 = WindowKeyStart(t0, window);
       const int64_t visible = std::min(causal ? t1 : T, KeyEnd(km, T));
       float* lse_row = lse + (b * NH + h) * T + t0;
       float* ob = out + (b * T + t0) * C + h * HS;
-      if (visible == 0) {  // no visible key at all
+      if (visible <= k0) {  // no visible key at all
         for (int64_t i = 0; i < nq; ++i) {
           std::fill_n(ob + i * C, HS, 0.0f);
           lse_row[i] = 0.0f;
         }
         continue;
       }
-      const int64_t nk = KeysForTile(visible, T);
+      const int64_t nk = KeysForTile(visible - k0, T - k0);
       // S(nq, nk) = scale * Q_blk K^T; P = softmax; O_blk(nq, HS) = P V.
-      Gemm16(false, true, nq, nk, HS, scale, qb, HS, kb, HS, 0.0f, S, nk);
+      Gemm16(false, true, nq, nk, HS, scale, qb, HS, kb + k0 * HS, HS, 0.0f, S, nk);
       for (int64_t i = 0; i < nq; ++i) {
-        lse_row[i] = SoftmaxRow16(S + i * nk, std::min(causal ? t0 + i + 1 : T, visible), nk, km,
-                                  p16.data() + i * nk);
+        lse_row[i] = SoftmaxRow16(S + i * nk, WindowLo(t0 + i, k0, window),
+                                  std::min(causal ? t0 + i + 1 : T, visible) - k0, nk,
+                                  km != nullptr ? km + k0 : nullptr, p16.data() + i * nk);
       }
-      Gemm16(false, false, nq, HS, nk, 1.0f, p16.data(), nk, vb, HS, 0.0f, ob, C);
+      Gemm16(false, false, nq, HS, nk, 1.0f, p16.data(), nk, vb + k0 * HS, HS, 0.0f, ob, C);
     }
   }
 }
@@ -371,7 +414,7 @@ void AttentionBackward16(float* dq, float* dk, float* dv, const float* dout, con
                          const float* lse, const float* q, const float* k, const float* v,
                          int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS,
                          int64_t q_stride, int64_t kv_stride, bool causal,
-                         const int32_t* key_mask, int nt) {
+                         const int32_t* key_mask, int64_t window, int nt) {
   const int64_t group = NH / NKV;
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
   const int64_t C = NH * HS;
@@ -419,27 +462,31 @@ void AttentionBackward16(float* dq, float* dk, float* dv, const float* dout, con
           const float* dob = dout + (b * T + t0) * C + h * HS;
           const float* ob = out + (b * T + t0) * C + h * HS;
           const float* lse_row = lse + (b * NH + h) * T + t0;
+          const int64_t k0 = WindowKeyStart(t0, window);  // the tile's first key
           const int64_t visible = std::min(causal ? t1 : T, key_end);
-          if (visible == 0) {  // no visible key: dq = 0, nothing for dk, dv
+          if (visible <= k0) {  // no visible key: dq = 0, nothing for dk, dv
             for (int64_t i = 0; i < nq; ++i)
               std::fill_n(dq + (b * T + t0 + i) * q_stride + h * HS, HS, 0.0f);
             continue;
           }
-          const int64_t nk = KeysForTile(visible, T);
+          const int64_t nk = KeysForTile(visible - k0, T - k0);
+          const uint16_t* kt = kb + k0 * HS;
           // P = exp(scale * Q K^T - lse); dP = dO V^T; dS = P (dP - D) scale (fp32 tiles).
-          Gemm16(false, true, nq, nk, HS, scale, qb, HS, kb, HS, 0.0f, P, nk);
-          Gemm16(false, true, nq, nk, HS, 1.0f, dob16, HS, vb, HS, 0.0f, dS, nk);
+          Gemm16(false, true, nq, nk, HS, scale, qb, HS, kt, HS, 0.0f, P, nk);
+          Gemm16(false, true, nq, nk, HS, 1.0f, dob16, HS, vb + k0 * HS, HS, 0.0f, dS, nk);
           for (int64_t i = 0; i < nq; ++i) {
             const float D = Dot(dob + i * C, ob + i * C, HS);
-            GradRow16(P + i * nk, dS + i * nk, lse_row[i], D, scale,
-                      std::min(causal ? t0 + i + 1 : T, visible), nk, km, P16 + i * nk,
-                      dS16 + i * nk);
+            GradRow16(P + i * nk, dS + i * nk, lse_row[i], D, scale, WindowLo(t0 + i, k0, window),
+                      std::min(causal ? t0 + i + 1 : T, visible) - k0, nk,
+                      km != nullptr ? km + k0 : nullptr, P16 + i * nk, dS16 + i * nk);
           }
           // dQ_blk = dS K (=);  dK += dS^T Q_blk;  dV += P^T dO_blk (fp32 sums over blocks).
-          Gemm16(false, false, nq, HS, nk, 1.0f, dS16, nk, kb, HS, 0.0f,
+          Gemm16(false, false, nq, HS, nk, 1.0f, dS16, nk, kt, HS, 0.0f,
                  dq + (b * T + t0) * q_stride + h * HS, q_stride);
-          Gemm16(true, false, nk, HS, nq, 1.0f, dS16, nk, qb, HS, 1.0f, dkb, kv_stride);
-          Gemm16(true, false, nk, HS, nq, 1.0f, P16, nk, dob16, HS, 1.0f, dvb, kv_stride);
+          Gemm16(true, false, nk, HS, nq, 1.0f, dS16, nk, qb, HS, 1.0f, dkb + k0 * kv_stride,
+                 kv_stride);
+          Gemm16(true, false, nk, HS, nq, 1.0f, P16, nk, dob16, HS, 1.0f, dvb + k0 * kv_stride,
+                 kv_stride);
         }
       }
     }
@@ -448,11 +495,32 @@ void AttentionBackward16(float* dq, float* dk, float* dv, const float* dout, con
 
 // ---- the loops both tile kinds (fp32, bf16 dot products) share ----
 
-// A query block of one (sequence, head): queries t0..t0+nq-1 against the nk keys it may see (to
-// its last query when causal, never past a padded tail; > 0), km the sequence's key mask.
+// A query block of one (sequence, head): queries t0..t0+nq-1 against the nk keys k0..k0+nk-1 it
+// may see (from the first key the window of query t0 reaches, rounded down to 16: WindowKeyStart;
+// to its last query when causal, never past a padded tail; nk > 0); km: the key mask of those
+// keys (the sequence's from k0 on), or null. Tile column c is key k0 + c.
 struct QueryBlock {
-  int64_t b, h, kvh, t0, nq, nk;
+  int64_t b, h, kvh, t0, nq, k0, nk;
   const int32_t* km;
+  int64_t window;  // EffectiveWindow: 0 = none
+  bool causal;
+  // The tile columns query t0 + i may attend: [Lo(i), Valid(i)).
+  int64_t Lo(int64_t i) const { return WindowLo(t0 + i, k0, window); }
+  int64_t Valid(int64_t i) const { return causal ? std::min(t0 + i + 1 - k0, nk) : nk; }
+  // The products' bands in tile coordinates. Scores: row i needs the columns < i + t0 + 1 - k0
+  // (causal). P V and dS K: row i sums the columns [i - (window reach), i + t0 + 1 - k0). dS^T Q
+  // and P^T dO (rows: the tile's keys, summing queries): key row m sums the queries
+  // [m + k0 - t0 (causal), m + k0 + window - t0). Every band is the true range or wider (the
+  // probabilities and dS are exactly 0 outside a row's range).
+  Band Scores() const { return Band{causal ? t0 + 1 - k0 : -1, -1, -1}; }
+  Band Keys() const {
+    return Band{-1, window > 0 ? std::max<int64_t>(0, k0 + window - 1 - t0) : -1,
+                causal ? t0 + 1 - k0 : -1};
+  }
+  Band Queries() const {
+    return Band{-1, causal ? t0 - k0 : -1,
+                window > 0 ? std::max<int64_t>(0, k0 + window - t0) : -1};
+  }
 };
 
 // The forward: one parallel region; pack(bk, b, kvh, key_end) for every (sequence, kv head),
@@ -461,8 +529,8 @@ struct QueryBlock {
 // out = 0 and lse = 0 here.
 template <class Pack, class Block>
 void ForwardBlocks(float* out, float* lse, int64_t B, int64_t T, int64_t NH, int64_t NKV,
-                   int64_t HS, bool causal, const int32_t* key_mask, int nt, Pack&& pack,
-                   Block&& block) {
+                   int64_t HS, bool causal, const int32_t* key_mask, int64_t window, int nt,
+                   Pack&& pack, Block&& block) {
   const int64_t group = NH / NKV, C = NH * HS;
   const int64_t nblocks = (T + kQBlock - 1) / kQBlock, items = B * NH * nblocks;
 #pragma omp parallel num_threads(static_cast <int>(std::min <int64_t>(nt, items)))
@@ -478,8 +546,10 @@ void ForwardBlocks(float* out, float* lse, int64_t B, int64_t T, int64_t NH, int
       const int64_t b = bh / NH, h = bh % NH;
       const int64_t t0 = blk * kQBlock, t1 = std::min(T, t0 + kQBlock);
       const int32_t* km = key_mask != nullptr ? key_mask + b * T : nullptr;
-      const QueryBlock qb{b, h, h / group, t0, t1 - t0, std::min(causal ? t1 : T, KeyEnd(km, T)),
-                          km};
+      const int64_t k0 = WindowKeyStart(t0, window);
+      const int64_t end = std::min(causal ? t1 : T, KeyEnd(km, T));
+      const QueryBlock qb{b, h, h / group, t0, t1 - t0, k0, std::max<int64_t>(0, end - k0),
+                          km != nullptr ? km + k0 : nullptr, window, causal};
       if (qb.nk == 0) {  // no visible key at all
         for (int64_t i = 0; i < qb.nq; ++i) {
           std::fill_n(out + (b * T + t0 + i) * C + h * HS, HS, 0.0f);
@@ -499,7 +569,7 @@ void ForwardBlocks(float* out, float* lse, int64_t B, int64_t T, int64_t NH, int
 template <class Kv, class Block>
 void BackwardBlocks(float* dq, float* dk, float* dv, int64_t B, int64_t T, int64_t NH,
                     int64_t NKV, int64_t HS, int64_t q_stride, int64_t kv_stride, bool causal,
-                    const int32_t* key_mask, int nt, Kv&& kv, Block&& block) {
+                    const int32_t* key_mask, int64_t window, int nt, Kv&& kv, Block&& block) {
   const int64_t group = NH / NKV;
   const int64_t nblocks = (T + kQBlock - 1) / kQBlock;
 #pragma omp parallel for num_threads(static_cast <int>(std::min <int64_t>(nt, B * NKV))) \
@@ -516,7 +586,10 @@ void BackwardBlocks(float* dq, float* dk, float* dv, int64_t B, int64_t T, int64
     for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
       for (int64_t blk = 0; blk < nblocks; ++blk) {
         const int64_t t0 = blk * kQBlock, t1 = std::min(T, t0 + kQBlock);
-        const QueryBlock qb{b, h, kvh, t0, t1 - t0, std::min(causal ? t1 : T, key_end), km};
+        const int64_t k0 = WindowKeyStart(t0, window);
+        const int64_t end = std::min(causal ? t1 : T, key_end);
+        const QueryBlock qb{b,  h,  kvh, t0, t1 - t0, k0, std::max<int64_t>(0, end - k0),
+                            km != nullptr ? km + k0 : nullptr, window, causal};
         if (qb.nk == 0) {  // no visible key: dq = 0, nothing for dk, dv
           for (int64_t i = 0; i < qb.nq; ++i)
             std::fill_n(dq + (b * T + t0 + i) * q_stride + h * HS, HS, 0.0f);
@@ -697,7 +770,7 @@ TRAIND_DPBF16_TARGET void DpProduct(int64_t M, int64_t N, int64_t P, float alpha
 void AttentionForwardDp(float* out, float* lse, const float* q, const float* k, const float* v,
                         int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS,
                         int64_t q_stride, int64_t kv_stride, bool causal,
-                        const int32_t* key_mask, int nt) {
+                        const int32_t* key_mask, int64_t window, int nt) {
   const int64_t H2 = HS / 2, C = NH * HS;
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
   const int64_t T16 = PanelStride(T), TP = (T + 1) / 2;
@@ -711,7 +784,7 @@ void AttentionForwardDp(float* out, float* lse, const float* q, const float* k, 
   static thread_local std::vector<float> tile;
   static thread_local std::vector<uint32_t> words;
   ForwardBlocks(
-      out, lse, B, T, NH, NKV, HS, causal, key_mask, nt,
+      out, lse, B, T, NH, NKV, HS, causal, key_mask, window, nt,
       [&](int64_t bk, int64_t b, int64_t kvh, int64_t key_end) {
         uint32_t* kt = packs + bk * per;
         PackPairPanel(kt, T16, k + b * T * kv_stride + kvh * HS, kv_stride, key_end, T16, HS);
@@ -725,21 +798,20 @@ void AttentionForwardDp(float* out, float* lse, const float* q, const float* k, 
         uint32_t* qw = words.data();
         uint32_t* pw = qw + kQBlock * H2;
         const int64_t t0 = qb.t0, nq = qb.nq, nk = qb.nk;
-        const uint32_t* KT = packs + (qb.b * NKV + qb.kvh) * per;
-        const uint32_t* VI = KT + H2 * T16;
+        // The tile's keys from k0 (even: WindowKeyStart is a multiple of 16).
+        const uint32_t* KT = packs + (qb.b * NKV + qb.kvh) * per + qb.k0;
+        const uint32_t* VI = packs + (qb.b * NKV + qb.kvh) * per + H2 * T16 + qb.k0 / 2 * HS;
         for (int64_t i = 0; i < nq; ++i)
           RowWords(qw + i * H2, q + (qb.b * T + t0 + i) * q_stride + qb.h * HS, HS);
         const int64_t ld = PanelStride(nk), np = (nk + 1) / 2;
-        const Band scores{causal ? t0 + 1 : -1, -1, -1};
-        DpProduct(nq, RoundUp16(nk), H2, scale, qw, H2, 1, KT, T16, false, S, ld, scores);
+        DpProduct(nq, RoundUp16(nk), H2, scale, qw, H2, 1, KT, T16, false, S, ld, qb.Scores());
         float* lse_row = lse + (qb.b * NH + qb.h) * T + t0;
         for (int64_t i = 0; i < nq; ++i) {
-          lse_row[i] = SoftmaxRow(S + i * ld, std::min(causal ? t0 + i + 1 : T, nk), nk, qb.km);
+          lse_row[i] = SoftmaxRow(S + i * ld, qb.Lo(i), qb.Valid(i), nk, qb.km);
           RowWords(pw + i * np, S + i * ld, nk);
         }
-        const Band keys{-1, -1, causal ? t0 + 1 : -1};
         DpProduct(nq, HS, np, 1.0f, pw, np, 1, VI, HS, false,
-                  out + (qb.b * T + t0) * C + qb.h * HS, C, keys);
+                  out + (qb.b * T + t0) * C + qb.h * HS, C, qb.Keys());
       });
 }
 
@@ -747,7 +819,7 @@ void AttentionBackwardDp(float* dq, float* dk, float* dv, const float* dout, con
                          const float* lse, const float* q, const float* k, const float* v,
                          int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS,
                          int64_t q_stride, int64_t kv_stride, bool causal,
-                         const int32_t* key_mask, int nt) {
+                         const int32_t* key_mask, int64_t window, int nt) {
   const int64_t H2 = HS / 2, C = NH * HS;
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
   const int64_t T16 = PanelStride(T), TP = (T + 1) / 2, QP = kQBlock / 2;
@@ -763,7 +835,7 @@ void AttentionBackwardDp(float* dq, float* dk, float* dv, const float* dout, con
     return words.data();
   };
   BackwardBlocks(
-      dq, dk, dv, B, T, NH, NKV, HS, q_stride, kv_stride, causal, key_mask, nt,
+      dq, dk, dv, B, T, NH, NKV, HS, q_stride, kv_stride, causal, key_mask, window, nt,
       [&](int64_t b, int64_t kvh, int64_t key_end) {
         uint32_t* KT = panels();
         uint32_t* VT = KT + H2 * T16;
@@ -776,9 +848,10 @@ void AttentionBackwardDp(float* dq, float* dk, float* dv, const float* dout, con
       [&](const QueryBlock& qb) {
         float* P = tiles.data();
         float* dS = P + kQBlock * T16;
-        const uint32_t* KT = words.data();
-        const uint32_t* VT = KT + H2 * T16;
-        const uint32_t* KI = VT + H2 * T16;
+        // The panels from the tile's first key k0 (even: WindowKeyStart is a multiple of 16).
+        const uint32_t* KT = words.data() + qb.k0;
+        const uint32_t* VT = words.data() + H2 * T16 + qb.k0;
+        const uint32_t* KI = words.data() + 2 * H2 * T16 + qb.k0 / 2 * HS;
         uint32_t* qw = words.data() + 2 * H2 * T16 + TP * HS;
         uint32_t* dow = qw + kQBlock * H2;
         uint32_t* qi = dow + kQBlock * H2;
@@ -800,13 +873,12 @@ void AttentionBackwardDp(float* dq, float* dk, float* dv, const float* dout, con
         PackRowPairs(doi, dob, C, nq, nqp, HS);
         const int64_t ld = PanelStride(nk), nk16 = RoundUp16(nk), np = (nk + 1) / 2;
         // P = exp(scale * Q K^T - lse); dP = dO V^T; dS = P (dP - D) scale (fp32 tiles).
-        const Band scores{causal ? t0 + 1 : -1, -1, -1};
-        DpProduct(nq, nk16, H2, scale, qw, H2, 1, KT, T16, false, P, ld, scores);
-        DpProduct(nq, nk16, H2, 1.0f, dow, H2, 1, VT, T16, false, dS, ld, scores);
+        DpProduct(nq, nk16, H2, scale, qw, H2, 1, KT, T16, false, P, ld, qb.Scores());
+        DpProduct(nq, nk16, H2, 1.0f, dow, H2, 1, VT, T16, false, dS, ld, qb.Scores());
         for (int64_t i = 0; i < nq; ++i) {
           const float D = Dot(dob + i * C, ob + i * C, HS);
-          GradRow(P + i * ld, dS + i * ld, lse_row[i], D, scale,
-                  std::min(causal ? t0 + i + 1 : T, nk), nk, qb.km);
+          GradRow(P + i * ld, dS + i * ld, lse_row[i], D, scale, qb.Lo(i), qb.Valid(i), nk,
+                  qb.km);
           RowWords(dsw + i * np, dS + i * ld, nk);
         }
         for (int64_t p = 0; p < nqp; ++p) {
@@ -814,16 +886,14 @@ void AttentionBackwardDp(float* dq, float* dk, float* dv, const float* dout, con
           PairWords(dsi + p * nk, dS + 2 * p * ld, pair ? dS + (2 * p + 1) * ld : nullptr, nk);
           PairWords(pi + p * nk, P + 2 * p * ld, pair ? P + (2 * p + 1) * ld : nullptr, nk);
         }
-        // dQ_blk = dS K (=), row i over keys < t0 + i + 1; dK += dS^T Q_blk and
-        // dV += P^T dO_blk, key row j over the block's queries t0 + i >= j.
-        const Band keys{-1, -1, causal ? t0 + 1 : -1};
+        // dQ_blk = dS K (=), row i over its visible keys; dK += dS^T Q_blk and dV += P^T dO_blk,
+        // key row j (from k0) over the block's queries that see it (QueryBlock's bands).
         DpProduct(nq, HS, np, 1.0f, dsw, np, 1, KI, HS, false,
-                  dq + (b * T + t0) * q_stride + h * HS, q_stride, keys);
-        const Band queries{-1, causal ? t0 : -1, -1};
-        float* dkb = dk + b * T * kv_stride + qb.kvh * HS;
-        float* dvb = dv + b * T * kv_stride + qb.kvh * HS;
-        DpProduct(nk, HS, nqp, 1.0f, dsi, 1, nk, qi, HS, true, dkb, kv_stride, queries);
-        DpProduct(nk, HS, nqp, 1.0f, pi, 1, nk, doi, HS, true, dvb, kv_stride, queries);
+                  dq + (b * T + t0) * q_stride + h * HS, q_stride, qb.Keys());
+        float* dkb = dk + (b * T + qb.k0) * kv_stride + qb.kvh * HS;
+        float* dvb = dv + (b * T + qb.k0) * kv_stride + qb.kvh * HS;
+        DpProduct(nk, HS, nqp, 1.0f, dsi, 1, nk, qi, HS, true, dkb, kv_stride, qb.Queries());
+        DpProduct(nk, HS, nqp, 1.0f, pi, 1, nk, doi, HS, true, dvb, kv_stride, qb.Queries());
       });
 }
 #endif  // TRAIND_DPBF16
@@ -869,18 +939,19 @@ bool UseBf16Tiles(DType operand_type, bool causal, int64_t T, int64_t HS) {
 void AttentionForward(float* out, float* lse, const float* q, const float* k, const float* v,
                       int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS, int64_t q_stride,
                       int64_t kv_stride, bool causal, const int32_t* key_mask,
-                      DType operand_type, int nt) {
+                      DType operand_type, int64_t window, int nt) {
+  window = EffectiveWindow(window, T);
   const Bf16Tiles bf16 = ChooseBf16Tiles(operand_type, causal, T, HS);
   if (bf16 != Bf16Tiles::kNone) {
 #if TRAIND_DPBF16
     if (bf16 == Bf16Tiles::kDotProducts) {
       AttentionForwardDp(out, lse, q, k, v, B, T, NH, NKV, HS, q_stride, kv_stride, causal,
-                         key_mask, nt);
+                         key_mask, window, nt);
       return;
     }
 #endif
     AttentionForward16(out, lse, q, k, v, B, T, NH, NKV, HS, q_stride, kv_stride, causal, key_mask,
-                       nt);
+                       window, nt);
     return;
   }
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
@@ -892,7 +963,7 @@ void AttentionForward(float* out, float* lse, const float* q, const float* k, co
   float* kts = kt_pack.data();
   static thread_local std::vector<float> tile;  // per thread: (kQBlock, T16) scores / probabilities
   ForwardBlocks(
-      out, lse, B, T, NH, NKV, HS, causal, key_mask, nt,
+      out, lse, B, T, NH, NKV, HS, causal, key_mask, window, nt,
       [&](int64_t bk, int64_t b, int64_t kvh, int64_t key_end) {
         TransposeRows(kts + bk * HS * T16, T16, k + b * T * kv_stride + kvh * HS, kv_stride,
                       key_end, T16, HS);
@@ -901,21 +972,21 @@ void AttentionForward(float* out, float* lse, const float* q, const float* k, co
         tile.resize(static_cast<size_t>(kQBlock * T16));
         float* S = tile.data();
         const int64_t b = qb.b, h = qb.h, t0 = qb.t0, nq = qb.nq, nk = qb.nk;
-        const float* KT = kts + (b * NKV + qb.kvh) * HS * T16;
-        const float* vb = v + b * T * kv_stride + qb.kvh * HS;
+        // The tile's keys k0..k0+nk-1: K^T's columns and V's rows from k0 (k0 + nk rounded up
+        // to 16 stays within the panel's T16 columns: k0 is a multiple of 16).
+        const float* KT = kts + (b * NKV + qb.kvh) * HS * T16 + qb.k0;
+        const float* vb = v + (b * T + qb.k0) * kv_stride + qb.kvh * HS;
         float* lse_row = lse + (b * NH + h) * T + t0;
         const int64_t ld = PanelStride(nk);
         // S(nq, nk rounded up to 16) = scale * Q_blk K^T, row i against keys < t0 + i + 1 when
         // causal.
-        const Band scores{causal ? t0 + 1 : -1, -1, -1};
         TileProduct(nq, RoundUp16(nk), HS, scale, q + (b * T + t0) * q_stride + h * HS, q_stride,
-                    1, KT, T16, false, S, ld, scores);
+                    1, KT, T16, false, S, ld, qb.Scores());
         for (int64_t i = 0; i < nq; ++i)
-          lse_row[i] = SoftmaxRow(S + i * ld, std::min(causal ? t0 + i + 1 : T, nk), nk, qb.km);
-        // O_blk(nq, HS) = P V, row i summing over keys < t0 + i + 1 when causal.
-        const Band keys{-1, -1, causal ? t0 + 1 : -1};
+          lse_row[i] = SoftmaxRow(S + i * ld, qb.Lo(i), qb.Valid(i), nk, qb.km);
+        // O_blk(nq, HS) = P V, row i summing over its visible keys.
         TileProduct(nq, HS, nk, 1.0f, S, ld, 1, vb, kv_stride, false,
-                    out + (b * T + t0) * C + h * HS, C, keys);
+                    out + (b * T + t0) * C + h * HS, C, qb.Keys());
       });
 }
 
@@ -923,18 +994,19 @@ void AttentionBackward(float* dq, float* dk, float* dv, const float* dout, const
                        const float* lse, const float* q, const float* k, const float* v, int64_t B,
                        int64_t T, int64_t NH, int64_t NKV, int64_t HS, int64_t q_stride,
                        int64_t kv_stride, bool causal, const int32_t* key_mask,
-                       DType operand_type, int nt) {
+                       DType operand_type, int64_t window, int nt) {
+  window = EffectiveWindow(window, T);
   const Bf16Tiles bf16 = ChooseBf16Tiles(operand_type, causal, T, HS);
   if (bf16 != Bf16Tiles::kNone) {
 #if TRAIND_DPBF16
     if (bf16 == Bf16Tiles::kDotProducts) {
       AttentionBackwardDp(dq, dk, dv, dout, out, lse, q, k, v, B, T, NH, NKV, HS, q_stride,
-                          kv_stride, causal, key_mask, nt);
+                          kv_stride, causal, key_mask, window, nt);
       return;
     }
 #endif
     AttentionBackward16(dq, dk, dv, dout, out, lse, q, k, v, B, T, NH, NKV, HS, q_stride,
-                        kv_stride, causal, key_mask, nt);
+                        kv_stride, causal, key_mask, window, nt);
     return;
   }
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
@@ -943,7 +1015,7 @@ void AttentionBackward(float* dq, float* dk, float* dv, const float* dout, const
   // Per thread: P and dP/dS, (kQBlock, T16) each, then K^T and V^T, (HS, T16) each.
   static thread_local std::vector<float> tiles;
   BackwardBlocks(
-      dq, dk, dv, B, T, NH, NKV, HS, q_stride, kv_stride, causal, key_mask, nt,
+      dq, dk, dv, B, T, NH, NKV, HS, q_stride, kv_stride, causal, key_mask, window, nt,
       [&](int64_t b, int64_t kvh, int64_t key_end) {
         tiles.resize(static_cast<size_t>(2 * (kQBlock + HS) * T16));
         float* KT = tiles.data() + 2 * kQBlock * T16;
@@ -954,7 +1026,8 @@ void AttentionBackward(float* dq, float* dk, float* dv, const float* dout, const
       [&](const QueryBlock& qb) {
         float* P = tiles.data();
         float* dS = P + kQBlock * T16;
-        const float* KT = dS + kQBlock * T16;
+        // K^T's and V^T's columns from the tile's first key k0 (a multiple of 16).
+        const float* KT = dS + kQBlock * T16 + qb.k0;
         const float* VT = KT + HS * T16;
         const int64_t b = qb.b, h = qb.h, t0 = qb.t0, nq = qb.nq, nk = qb.nk;
         const float* qb_rows = q + (b * T + t0) * q_stride + h * HS;
@@ -962,34 +1035,40 @@ void AttentionBackward(float* dq, float* dk, float* dv, const float* dout, const
         const float* ob = out + (b * T + t0) * C + h * HS;
         const float* lse_row = lse + (b * NH + h) * T + t0;
         const int64_t ld = PanelStride(nk), nk16 = RoundUp16(nk);
-        // P = exp(scale * Q K^T - lse); dP = dO V^T; dS = P (dP - D) scale. Causal: row i
-        // against keys < t0 + i + 1.
-        const Band scores{causal ? t0 + 1 : -1, -1, -1};
-        TileProduct(nq, nk16, HS, scale, qb_rows, q_stride, 1, KT, T16, false, P, ld, scores);
-        TileProduct(nq, nk16, HS, 1.0f, dob, C, 1, VT, T16, false, dS, ld, scores);
+        // P = exp(scale * Q K^T - lse); dP = dO V^T; dS = P (dP - D) scale. Row i against its
+        // visible keys (QueryBlock's bands).
+        TileProduct(nq, nk16, HS, scale, qb_rows, q_stride, 1, KT, T16, false, P, ld,
+                    qb.Scores());
+        TileProduct(nq, nk16, HS, 1.0f, dob, C, 1, VT, T16, false, dS, ld, qb.Scores());
         for (int64_t i = 0; i < nq; ++i) {
           const float D = Dot(dob + i * C, ob + i * C, HS);
-          GradRow(P + i * ld, dS + i * ld, lse_row[i], D, scale,
-                  std::min(causal ? t0 + i + 1 : T, nk), nk, qb.km);
+          GradRow(P + i * ld, dS + i * ld, lse_row[i], D, scale, qb.Lo(i), qb.Valid(i), nk,
+                  qb.km);
         }
-        // dQ_blk = dS K (=), row i over keys < t0 + i + 1; dK += dS^T Q_blk and
-        // dV += P^T dO_blk, key row j over the block's queries t0 + i >= j.
-        const Band keys{-1, -1, causal ? t0 + 1 : -1};
-        TileProduct(nq, HS, nk, 1.0f, dS, ld, 1, k + b * T * kv_stride + qb.kvh * HS, kv_stride,
-                    false, dq + (b * T + t0) * q_stride + h * HS, q_stride, keys);
-        const Band queries{-1, causal ? t0 : -1, -1};
-        float* dkb = dk + b * T * kv_stride + qb.kvh * HS;
-        float* dvb = dv + b * T * kv_stride + qb.kvh * HS;
-        TileProduct(nk, HS, nq, 1.0f, dS, 1, ld, qb_rows, q_stride, true, dkb, kv_stride, queries);
-        TileProduct(nk, HS, nq, 1.0f, P, 1, ld, dob, C, true, dvb, kv_stride, queries);
+        // dQ_blk = dS K (=), row i over its visible keys; dK += dS^T Q_blk and dV += P^T dO_blk,
+        // key row j (from k0) over the block's queries that see it.
+        TileProduct(nq, HS, nk, 1.0f, dS, ld, 1, k + (b * T + qb.k0) * kv_stride + qb.kvh * HS,
+                    kv_stride, false, dq + (b * T + t0) * q_stride + h * HS, q_stride, qb.Keys());
+        float* dkb = dk + (b * T + qb.k0) * kv_stride + qb.kvh * HS;
+        float* dvb = dv + (b * T + qb.k0) * kv_stride + qb.kvh * HS;
+        TileProduct(nk, HS, nq, 1.0f, dS, 1, ld, qb_rows, q_stride, true, dkb, kv_stride,
+                    qb.Queries());
+        TileProduct(nk, HS, nq, 1.0f, P, 1, ld, dob, C, true, dvb, kv_stride, qb.Queries());
       });
 }
 
-// One query row per (sequence, head) against the first T cached rows: the scores, their softmax
-// (SoftmaxRow, as the forward) and the weighted sum of the value rows.
+// One query row per (sequence, head) against the first T cached rows (the last `window` of
+// them with a window): the scores, their softmax (SoftmaxRow, as the forward) and the weighted
+// sum of the value rows.
 void AttentionDecode(float* out, const float* q, const float* k, const float* v, int64_t B,
                      int64_t T, int64_t cache_rows, int64_t NH, int64_t NKV, int64_t HS,
-                     int64_t q_stride, int64_t kv_stride, int nt) {
+                     int64_t q_stride, int64_t kv_stride, int64_t window, int nt) {
+  if (EffectiveWindow(window, T) > 0) {  // the rows before the window: outside it, not read
+    const int64_t first = T - window;
+    k += first * kv_stride;
+    v += first * kv_stride;
+    T = window;
+  }
   const int64_t group = NH / NKV;
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
   const int64_t C = NH * HS;
@@ -1007,7 +1086,7 @@ void AttentionDecode(float* out, const float* q, const float* k, const float* v,
       const float* kb = k + b * cache_rows * kv_stride + kvh * HS;
       const float* vb = v + b * cache_rows * kv_stride + kvh * HS;
       for (int64_t t = 0; t < T; ++t) s[t] = scale * Dot(qh, kb + t * kv_stride, HS);
-      SoftmaxRow(s, T, T, nullptr);
+      SoftmaxRow(s, 0, T, T, nullptr);
       float* o = out + b * C + h * HS;
       std::fill_n(o, HS, 0.0f);
       for (int64_t t = 0; t < T; ++t) {

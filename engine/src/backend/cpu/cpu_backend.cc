@@ -229,30 +229,32 @@ class CpuBackend final : public Backend {
   }
 
   void Rope(float* x, int64_t B, int64_t T, int64_t n_heads, int64_t HS, int64_t row_stride,
-            float theta, bool inverse, int64_t pos_offset = 0) override {
-    cpu::Rope(x, B, T, n_heads, HS, row_stride, theta, inverse, pos_offset, nt_);
+            float theta, bool inverse, int64_t pos_offset = 0,
+            const RopeScaling& scaling = RopeScaling{}) override {
+    cpu::Rope(x, B, T, n_heads, HS, row_stride, theta, inverse, pos_offset, scaling, nt_);
   }
   void AttentionDecode(float* out, const float* q, const float* k, const float* v, int64_t B,
                        int64_t T, int64_t cache_rows, int64_t NH, int64_t NKV, int64_t HS,
-                       int64_t q_stride, int64_t kv_stride) override {
-    cpu::AttentionDecode(out, q, k, v, B, T, cache_rows, NH, NKV, HS, q_stride, kv_stride, nt_);
+                       int64_t q_stride, int64_t kv_stride, int64_t window = 0) override {
+    cpu::AttentionDecode(out, q, k, v, B, T, cache_rows, NH, NKV, HS, q_stride, kv_stride, window,
+                         nt_);
   }
 
   void AttentionForward(float* out, float* lse, const float* q, const float* k, const float* v,
                         int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS, int64_t q_stride,
                         int64_t kv_stride, bool causal = true, const int32_t* key_mask = nullptr,
-                        DType operand_type = DType::kF32) override {
+                        DType operand_type = DType::kF32, int64_t window = 0) override {
     cpu::AttentionForward(out, lse, q, k, v, B, T, NH, NKV, HS, q_stride, kv_stride, causal,
-                          key_mask, operand_type, nt_);
+                          key_mask, operand_type, window, nt_);
   }
   void AttentionBackward(float* dq, float* dk, float* dv, const float* dout, const float* out,
                          const float* lse, const float* q, const float* k, const float* v,
                          int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS,
                          int64_t q_stride, int64_t kv_stride, bool causal = true,
                          const int32_t* key_mask = nullptr,
-                         DType operand_type = DType::kF32) override {
+                         DType operand_type = DType::kF32, int64_t window = 0) override {
     cpu::AttentionBackward(dq, dk, dv, dout, out, lse, q, k, v, B, T, NH, NKV, HS, q_stride,
-                           kv_stride, causal, key_mask, operand_type, nt_);
+                           kv_stride, causal, key_mask, operand_type, window, nt_);
   }
 
   void SoftmaxCrossEntropy(float* logits, float* losses, const int32_t* targets, int64_t N,

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "backend/rope_freq.h"
 #include "core/dtype.h"
 #include "core/half.h"  // the scalar conversions the array casts must match
 
@@ -174,18 +175,20 @@ void RmsNormBackward(float* dinp, float* dweight, const float* dout, const float
 
 // ---- rotary embedding (cpu_rope.cc) ----
 void Rope(float* x, int64_t B, int64_t T, int64_t n_heads, int64_t HS, int64_t row_stride,
-          float theta, bool inverse, int64_t pos_offset, int nt);
+          float theta, bool inverse, int64_t pos_offset, const RopeScaling& scaling, int nt);
 
 // ---- attention (cpu_attention.cc) ----
+// backend.h's contract; window > 0 (sliding window: query i sees key j only when i - j < window;
+// window <= 0 or >= T: none) in every path, the key blocks outside a query block's windows skipped.
 void AttentionForward(float* out, float* lse, const float* q, const float* k, const float* v,
                       int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS, int64_t q_stride,
                       int64_t kv_stride, bool causal, const int32_t* key_mask,
-                      DType operand_type, int nt);
+                      DType operand_type, int64_t window, int nt);
 void AttentionBackward(float* dq, float* dk, float* dv, const float* dout, const float* out,
                        const float* lse, const float* q, const float* k, const float* v, int64_t B,
                        int64_t T, int64_t NH, int64_t NKV, int64_t HS, int64_t q_stride,
                        int64_t kv_stride, bool causal, const int32_t* key_mask,
-                       DType operand_type, int nt);
+                       DType operand_type, int64_t window, int nt);
 // Whether AttentionForward/Backward with this operand type use bf16 tile products (see
 // cpu_attention.cc: the CPU's own bf16 dot products for an even head size where it has them, else
 // oneDNN's bf16 matmuls for bidirectional T >= 256); else they compute in fp32.
@@ -198,9 +201,10 @@ void SetBf16DotProductsForTesting(bool enabled);
 // Tests that compare a device whose attention computes in fp32 whatever the operand type (the CUDA
 // kernels, under simt or on a GPU) with this backend turn every bf16 tile path off.
 void SetBf16AttentionTilesForTesting(bool enabled);
+// The last min(T, window) cached rows with window > 0, all T without.
 void AttentionDecode(float* out, const float* q, const float* k, const float* v, int64_t B,
                      int64_t T, int64_t cache_rows, int64_t NH, int64_t NKV, int64_t HS,
-                     int64_t q_stride, int64_t kv_stride, int nt);
+                     int64_t q_stride, int64_t kv_stride, int64_t window, int nt);
 
 // ---- softmax + cross-entropy (cpu_softmax_ce.cc) ----
 void SoftmaxCrossEntropy(float* logits, float* losses, const int32_t* targets, int64_t N, int64_t V,

@@ -4,6 +4,10 @@
 // sequence b gets weight exactly 0; a query that sees no key gets out = 0, lse = 0 and no
 // gradient). Causal and not are the same kernels: a block-uniform key range and a predicate; the
 // mask is staged per key tile in shared memory (the dk/dv kernels read their own key's flag).
+// A sliding window (window > 0: query i also needs i - j < window, HF Mistral) is one more
+// predicate, and the block-uniform ranges start at the first key the block's first query reaches
+// (forward, dq) or end at the last query that reaches the block's last key (dk/dv): the key and
+// query tiles outside every window of a block are skipped.
 //
 // Head sizes up to 128 (every GPT-2 / LLaMA config) take the lane-group kernels: TPQ = 1, 2 or 4
 // lanes share one query (or key) row, each holding 32 of its head elements in registers
@@ -46,11 +50,27 @@ struct Dims {
   float scale;
   bool causal;
   const int32_t* key_mask;  // (B*T) or null
+  int64_t window;           // 0: none; else 0 < window < T (a wider one changes nothing)
 };
 
 // Whether key j of sequence b is not masked out.
 __device__ __forceinline__ bool KeyVisible(const Dims& d, int64_t b, int64_t j) {
   return d.key_mask == nullptr || d.key_mask[b * d.T + j] != 0;
+}
+
+// Whether key j is inside query i's window (always without one).
+__device__ __forceinline__ bool InWindow(const Dims& d, int64_t i, int64_t j) {
+  return d.window == 0 || i - j < d.window;
+}
+
+// The first key query i0 (a block's first query) may see: the start of its window, else 0.
+__device__ __forceinline__ int64_t FirstKey(const Dims& d, int64_t i0) {
+  return d.window > 0 && i0 >= d.window ? i0 - d.window + 1 : 0;
+}
+
+// One past the last query that may see key j1 (a block's last key): its window's end, else T.
+__device__ __forceinline__ int64_t QueryEnd(const Dims& d, int64_t j1) {
+  return d.window > 0 && j1 + d.window < d.T ? j1 + d.window : d.T;
 }
 
 __global__ void attention_forward_kernel(float* out, float* lse, const float* q, const float* k,
@@ -68,9 +88,10 @@ __global__ void attention_forward_kernel(float* out, float* lse, const float* q,
     }
   float m = -INFINITY, l = 0.0f;
   const int64_t last = (blockIdx.x + 1) * int64_t{kQueriesPerBlock} - 1;
-  // causal: keys <= the block's last query
+  // causal: keys <= the block's last query; a window: from the first key its first query sees
   const int64_t j_end = d.causal && last < d.T - 1 ? last : d.T - 1;
-  for (int64_t j0 = 0; j0 <= j_end; j0 += tile) {
+  const int64_t j_begin = FirstKey(d, blockIdx.x * int64_t{kQueriesPerBlock});
+  for (int64_t j0 = j_begin; j0 <= j_end; j0 += tile) {
     __syncthreads();  // the previous tile is no longer read
     for (int64_t e = threadIdx.x; e < tile * d.HS; e += blockDim.x) {
       const int64_t j = j0 + e / d.HS, c = e % d.HS;
@@ -87,7 +108,7 @@ __global__ void attention_forward_kernel(float* out, float* lse, const float* q,
     for (int64_t jj = 0; jj < n; ++jj) {
       float s = 0.0f;
       for (int64_t e = 0; e < d.HS; ++e) s += qi[e] * ks[jj * d.HS + e];
-      sc[jj] = KeyVisible(d, b, j0 + jj) ? s * d.scale : -INFINITY;
+      sc[jj] = KeyVisible(d, b, j0 + jj) && InWindow(d, i, j0 + jj) ? s * d.scale : -INFINITY;
       tile_max = fmaxf(tile_max, sc[jj]);
     }
     const float m_new = fmaxf(m, tile_max);
@@ -146,10 +167,11 @@ __global__ void attention_dkdv_kernel(float* dk, float* dv, const float* dout, c
       dkj[e] = 0.0f;
       dvj[e] = 0.0f;
     }
-  // causal: earlier queries see no key here
+  // causal: earlier queries see no key here; a window: later ones neither
   const int64_t i_begin = d.causal ? blockIdx.x * int64_t{kKeysPerBlock} : 0;
+  const int64_t i_end = QueryEnd(d, (blockIdx.x + 1) * int64_t{kKeysPerBlock} - 1);
   for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
-    for (int64_t i0 = i_begin; i0 < d.T; i0 += tile) {
+    for (int64_t i0 = i_begin; i0 < i_end; i0 += tile) {
       __syncthreads();
       for (int64_t e = threadIdx.x; e < tile * d.HS; e += blockDim.x) {
         const int64_t i = i0 + e / d.HS, c = e % d.HS;
@@ -165,7 +187,7 @@ __global__ void attention_dkdv_kernel(float* dk, float* dv, const float* dout, c
       if (!visible) continue;
       for (int64_t ii = 0; ii < tile; ++ii) {
         const int64_t i = i0 + ii;
-        if ((d.causal && i < j) || i >= d.T) continue;
+        if ((d.causal && i < j) || i >= d.T || !InWindow(d, i, j)) continue;
         const float* qi = qs + ii * d.HS;
         const float* doi = dos + ii * d.HS;
         float s = 0.0f, dp = 0.0f;
@@ -212,7 +234,8 @@ __global__ void attention_dq_kernel(float* dq, const float* dout, const float* l
   }
   const int64_t last = (blockIdx.x + 1) * int64_t{kQueriesPerBlock} - 1;
   const int64_t j_end = d.causal && last < d.T - 1 ? last : d.T - 1;
-  for (int64_t j0 = 0; j0 <= j_end; j0 += tile) {
+  const int64_t j_begin = FirstKey(d, blockIdx.x * int64_t{kQueriesPerBlock});
+  for (int64_t j0 = j_begin; j0 <= j_end; j0 += tile) {
     __syncthreads();
     for (int64_t e = threadIdx.x; e < tile * d.HS; e += blockDim.x) {
       const int64_t j = j0 + e / d.HS, c = e % d.HS;
@@ -225,7 +248,7 @@ __global__ void attention_dq_kernel(float* dq, const float* dout, const float* l
     const int64_t lim = d.causal ? i - j0 + 1 : d.T - j0;
     const int64_t n = lim < tile ? lim : tile;
     for (int64_t jj = 0; jj < n; ++jj) {
-      if (!KeyVisible(d, b, j0 + jj)) continue;
+      if (!KeyVisible(d, b, j0 + jj) || !InWindow(d, i, j0 + jj)) continue;
       const float* kr = ks + jj * d.HS;
       const float* vr = vs + jj * d.HS;
       float s = 0.0f, dp = 0.0f;
@@ -247,8 +270,8 @@ __global__ void attention_dq_kernel(float* dq, const float* dout, const float* l
 constexpr int kRows = 64;   // queries (forward, dq) or keys (dk/dv) per block
 constexpr int kQuads = 8;   // 16-byte groups of head elements per lane: 32 floats
 constexpr int kChunk = 8;   // forward: keys per online-softmax update (independent dot products)
-// dq: keys whose dot products run together (2: 210 registers; 4 spills, per ptxas -v for sm_90).
-// dk/dv take one query at a time (232 registers; 2 at a time spills).
+// dq: keys whose dot products run together (2: 218 registers with the window predicate; 4 spills,
+// per ptxas -v for sm_90). dk/dv take one query at a time (238 registers; 2 at a time spills).
 constexpr int kDqChunk = 2;
 
 struct alignas(16) Quad {
@@ -357,9 +380,10 @@ __global__ void __launch_bounds__(kRows * TPQ)
   for (float& x : acc) x = 0.0f;
   float m = -INFINITY, l = 0.0f;
   const int64_t block_last = (qblock + 1) * kRows - 1;
-  // causal: keys <= the block's last query; else every key
+  // causal: keys <= the block's last query; else every key. A window: from the first key the
+  // block's first query sees.
   const int64_t last = d.causal && block_last < d.T - 1 ? block_last : d.T - 1;
-  for (int64_t j0 = 0; j0 <= last; j0 += G::kTile) {
+  for (int64_t j0 = FirstKey(d, qblock * kRows); j0 <= last; j0 += G::kTile) {
     __syncthreads();  // the previous tile is no longer read
     G::Stage(ks, k, b, j0, kvh, d.kv_stride, d);
     G::Stage(vs, v, b, j0, kvh, d.kv_stride, d);
@@ -377,8 +401,8 @@ __global__ void __launch_bounds__(kRows * TPQ)
       for (int c = 0; c < kChunk; ++c) {
         const int jj = c0 + c;
         const float s = G::Sum(sc[c]);
-        const bool visible =
-            active && jj < n && (!d.causal || j0 + jj <= i) && (!masked || kms[jj] != 0.0f);
+        const bool visible = active && jj < n && (!d.causal || j0 + jj <= i) &&
+                             (!masked || kms[jj] != 0.0f) && InWindow(d, i, j0 + jj);
         sc[c] = visible ? s : -INFINITY;
         chunk_max = fmaxf(chunk_max, sc[c]);
       }
@@ -434,7 +458,7 @@ __global__ void __launch_bounds__(kRows * TPQ)
   for (float& x : dqi) x = 0.0f;
   const int64_t block_last = (qblock + 1) * kRows - 1;
   const int64_t last = d.causal && block_last < d.T - 1 ? block_last : d.T - 1;
-  for (int64_t j0 = 0; j0 <= last; j0 += G::kTile) {
+  for (int64_t j0 = FirstKey(d, qblock * kRows); j0 <= last; j0 += G::kTile) {
     __syncthreads();
     G::Stage(ks, k, b, j0, kvh, d.kv_stride, d);
     G::Stage(vs, v, b, j0, kvh, d.kv_stride, d);
@@ -452,8 +476,8 @@ __global__ void __launch_bounds__(kRows * TPQ)
       for (int c = 0; c < kDqChunk; ++c) {
         const int jj = c0 + c;
         const float sv = G::Sum(s[c]) * d.scale, dpv = G::Sum(dp[c]);
-        const bool visible =
-            active && jj < n && (!d.causal || j0 + jj <= i) && (!masked || kms[jj] != 0.0f);
+        const bool visible = active && jj < n && (!d.causal || j0 + jj <= i) &&
+                             (!masked || kms[jj] != 0.0f) && InWindow(d, i, j0 + jj);
         const float p = visible ? expf(sv - li) : 0.0f;
         G::Axpy(dqi, p * (dpv - Di) * d.scale, ks + jj * G::kHSP, sub);
       }
@@ -489,10 +513,12 @@ __global__ void __launch_bounds__(kRows * TPQ)
   GPU_UNROLL
   for (int e = 0; e < 4 * kQuads; ++e) dkj[e] = dvj[e] = 0.0f;
   // Block 0 (the first keys, seen by every later query) has the most work and starts first.
-  // causal: earlier queries see no key here
+  // causal: earlier queries see no key here; a window: the queries past the last key's window
+  // neither
   const int64_t i_begin = d.causal ? blockIdx.x * int64_t{kRows} : 0;
+  const int64_t i_end = QueryEnd(d, (blockIdx.x + 1) * int64_t{kRows} - 1);
   for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
-    for (int64_t i0 = i_begin; i0 < d.T; i0 += G::kTile) {
+    for (int64_t i0 = i_begin; i0 < i_end; i0 += G::kTile) {
       __syncthreads();
       G::Stage(qs, q, b, i0, h, d.q_stride, d);
       G::Stage(dos, dout, b, i0, h, d.NH * d.HS, d);
@@ -502,13 +528,14 @@ __global__ void __launch_bounds__(kRows * TPQ)
         Ds[e] = i < d.T ? D[(b * d.NH + h) * d.T + i] : 0.0f;
       }
       __syncthreads();
-      const int n = static_cast<int>(d.T - i0 < G::kTile ? d.T - i0 : G::kTile);
+      const int n = static_cast<int>(i_end - i0 < G::kTile ? i_end - i0 : G::kTile);
       for (int ii = 0; ii < n; ++ii) {  // block-uniform; the masks are predicates
         const float* qr = qs + ii * G::kHSP;
         const float* dor = dos + ii * G::kHSP;
         const float s = G::Sum(G::Dot(kj, qr, sub)) * d.scale;
         const float dp = G::Sum(G::Dot(vj, dor, sub));
-        const float p = visible && (!d.causal || i0 + ii >= j) ? expf(s - ls[ii]) : 0.0f;
+        const bool sees = visible && (!d.causal || i0 + ii >= j) && InWindow(d, i0 + ii, j);
+        const float p = sees ? expf(s - ls[ii]) : 0.0f;
         G::Axpy(dvj, p, dor, sub);
         G::Axpy(dkj, p * (dp - Ds[ii]) * d.scale, qr, sub);
       }
@@ -569,20 +596,30 @@ Status CheckDims(const char* op, int64_t B, const Dims& d) {
   return Status::Ok();
 }
 
+Status CheckWindow(const char* op, int64_t window) {
+  if (window < 0)
+    return Status::InvalidArgument(std::string(op) + ": sliding window " + std::to_string(window) +
+                                   " is negative (0 = no window)");
+  return Status::Ok();
+}
+
+// window >= T sees every key a query could: the kernels take it as none.
 Dims MakeDims(int64_t T, int64_t NH, int64_t NKV, int64_t HS, int64_t q_stride, int64_t kv_stride,
-              bool causal, const int32_t* key_mask) {
+              bool causal, const int32_t* key_mask, int64_t window) {
   const float scale = 1.0f / sqrtf(static_cast<float>(HS));
-  return Dims{T, NH, NKV, HS, q_stride, kv_stride, scale, causal, key_mask};
+  return Dims{T,     NH,     NKV,      HS, q_stride, kv_stride,
+              scale, causal, key_mask, window > 0 && window < T ? window : 0};
 }
 
 }  // namespace
 
 Status AttentionForward(float* out, float* lse, const float* q, const float* k, const float* v,
                         int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS, int64_t q_stride,
-                        int64_t kv_stride, bool causal, const int32_t* key_mask,
+                        int64_t kv_stride, bool causal, const int32_t* key_mask, int64_t window,
                         cudaStream_t stream) {
-  const Dims d = MakeDims(T, NH, NKV, HS, q_stride, kv_stride, causal, key_mask);
+  const Dims d = MakeDims(T, NH, NKV, HS, q_stride, kv_stride, causal, key_mask, window);
   TRAIND_RETURN_IF_ERROR(CheckDims("AttentionForward", B, d));
+  TRAIND_RETURN_IF_ERROR(CheckWindow("AttentionForward", window));
   if (B == 0 || T == 0) return Status::Ok();
   switch (LanesPerRow(HS)) {
     case 1: return ForwardGroup<1>(out, lse, q, k, v, B, d, stream);
@@ -602,9 +639,11 @@ Status AttentionBackward(float* dq, float* dk, float* dv, const float* dout, con
                          const float* lse, const float* q, const float* k, const float* v,
                          int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS,
                          int64_t q_stride, int64_t kv_stride, bool causal,
-                         const int32_t* key_mask, float* scratch, cudaStream_t stream) {
-  const Dims d = MakeDims(T, NH, NKV, HS, q_stride, kv_stride, causal, key_mask);
+                         const int32_t* key_mask, int64_t window, float* scratch,
+                         cudaStream_t stream) {
+  const Dims d = MakeDims(T, NH, NKV, HS, q_stride, kv_stride, causal, key_mask, window);
   TRAIND_RETURN_IF_ERROR(CheckDims("AttentionBackward", B, d));
+  TRAIND_RETURN_IF_ERROR(CheckWindow("AttentionBackward", window));
   if (B == 0 || T == 0) return Status::Ok();
   const int tile = TileRows(HS);
   TRAIND_RETURN_IF_ERROR(GPU_LAUNCH(attention_delta_kernel, GridFor(B * T * NH, 256), 256, 0,

@@ -1,6 +1,7 @@
 // Attention of one new query row per sequence against a key/value cache (generation), GPU backend.
 // One block per (sequence, head): the T scores go to shared memory (T <= kMaxDecodeRows), a block
-// max and sum give the softmax, then each thread sums the value rows for its head elements.
+// max and sum give the softmax, then each thread sums the value rows for its head elements. With
+// a sliding window only the last `window` rows are read (the launcher moves k, v past the rest).
 // Work per call: 4*B*NH*T*HS FLOPs, reading the cached K and V once per head (memory-bound; at
 // generation sizes it is a few microseconds per layer).
 #include <string>
@@ -52,7 +53,8 @@ __global__ void attention_decode_kernel(float* out, const float* q, const float*
 
 Status AttentionDecode(float* out, const float* q, const float* k, const float* v, int64_t B,
                        int64_t T, int64_t cache_rows, int64_t NH, int64_t NKV, int64_t HS,
-                       int64_t q_stride, int64_t kv_stride, cudaStream_t stream) {
+                       int64_t q_stride, int64_t kv_stride, int64_t window,
+                       cudaStream_t stream) {
   if (NKV <= 0 || NH % NKV != 0)
     return Status::InvalidArgument("AttentionDecode: NH " + std::to_string(NH) +
                                    " is not a multiple of NKV " + std::to_string(NKV));
@@ -61,7 +63,15 @@ Status AttentionDecode(float* out, const float* q, const float* k, const float* 
                                    std::to_string(cache_rows < kMaxDecodeRows ? cache_rows
                                                                               : kMaxDecodeRows) +
                                    "]");
+  if (window < 0)
+    return Status::InvalidArgument("AttentionDecode: sliding window " + std::to_string(window) +
+                                   " is negative (0 = no window)");
   if (B * NH == 0) return Status::Ok();
+  if (window > 0 && window < T) {  // the rows before the window: not read
+    k += (T - window) * kv_stride;
+    v += (T - window) * kv_stride;
+    T = window;
+  }
   const float scale = 1.0f / sqrtf(static_cast<float>(HS));
   const size_t shmem = static_cast<size_t>(T) * sizeof(float);
   return GPU_LAUNCH(attention_decode_kernel, static_cast<int>(B * NH), kThreads, shmem, stream, out,

@@ -239,28 +239,31 @@ void GpuBackend::SwiGluBackward(float* dinp, const float* inp, const float* dout
   Record(gpu::SwiGluBackward(dinp, inp, dout, N, H, stream_));
 }
 void GpuBackend::Rope(float* x, int64_t B, int64_t T, int64_t n_heads, int64_t HS,
-                      int64_t row_stride, float theta, bool inverse, int64_t pos_offset) {
-  Record(gpu::Rope(x, B, T, n_heads, HS, row_stride, theta, inverse, pos_offset, stream_));
+                      int64_t row_stride, float theta, bool inverse, int64_t pos_offset,
+                      const RopeScaling& scaling) {
+  Record(gpu::Rope(x, B, T, n_heads, HS, row_stride, theta, inverse, pos_offset, scaling, stream_));
 }
 void GpuBackend::AttentionDecode(float* out, const float* q, const float* k, const float* v,
                                  int64_t B, int64_t T, int64_t cache_rows, int64_t NH,
-                                 int64_t NKV, int64_t HS, int64_t q_stride, int64_t kv_stride) {
+                                 int64_t NKV, int64_t HS, int64_t q_stride, int64_t kv_stride,
+                                 int64_t window) {
   Record(gpu::AttentionDecode(out, q, k, v, B, T, cache_rows, NH, NKV, HS, q_stride, kv_stride,
-                              stream_));
+                              window, stream_));
 }
 void GpuBackend::AttentionForward(float* out, float* lse, const float* q, const float* k,
                                   const float* v, int64_t B, int64_t T, int64_t NH, int64_t NKV,
                                   int64_t HS, int64_t q_stride, int64_t kv_stride, bool causal,
-                                  const int32_t* key_mask, DType /*operand_type: fp32 here*/) {
+                                  const int32_t* key_mask, DType /*operand_type: fp32 here*/,
+                                  int64_t window) {
   Record(gpu::AttentionForward(out, lse, q, k, v, B, T, NH, NKV, HS, q_stride, kv_stride, causal,
-                               key_mask, stream_));
+                               key_mask, window, stream_));
 }
 void GpuBackend::AttentionBackward(float* dq, float* dk, float* dv, const float* dout,
                                    const float* out, const float* lse, const float* q,
                                    const float* k, const float* v, int64_t B, int64_t T, int64_t NH,
                                    int64_t NKV, int64_t HS, int64_t q_stride, int64_t kv_stride,
                                    bool causal, const int32_t* key_mask,
-                                   DType /*operand_type: fp32 here*/) {
+                                   DType /*operand_type: fp32 here*/, int64_t window) {
   const int64_t need = B * NH * T;
   if (need > scratch_floats_) {  // first step only: the shapes of a job do not change
     if (capturing_) {
@@ -282,7 +285,7 @@ void GpuBackend::AttentionBackward(float* dq, float* dk, float* dv, const float*
     scratch_floats_ = need;
   }
   Record(gpu::AttentionBackward(dq, dk, dv, dout, out, lse, q, k, v, B, T, NH, NKV, HS, q_stride,
-                                kv_stride, causal, key_mask, scratch_, stream_));
+                                kv_stride, causal, key_mask, window, scratch_, stream_));
 }
 void GpuBackend::SoftmaxCrossEntropy(float* logits, float* losses, const int32_t* targets,
                                      int64_t N, int64_t V, int64_t Vp, float grad_scale,

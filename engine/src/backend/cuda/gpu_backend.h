@@ -93,20 +93,21 @@ class GpuBackend : public Backend {
   void SwiGluBackward(float* dinp, const float* inp, const float* dout, int64_t N,
                       int64_t H) override;
   void Rope(float* x, int64_t B, int64_t T, int64_t n_heads, int64_t HS, int64_t row_stride,
-            float theta, bool inverse, int64_t pos_offset = 0) override;
+            float theta, bool inverse, int64_t pos_offset = 0,
+            const RopeScaling& scaling = RopeScaling{}) override;
   void AttentionDecode(float* out, const float* q, const float* k, const float* v, int64_t B,
                        int64_t T, int64_t cache_rows, int64_t NH, int64_t NKV, int64_t HS,
-                       int64_t q_stride, int64_t kv_stride) override;
+                       int64_t q_stride, int64_t kv_stride, int64_t window = 0) override;
   void AttentionForward(float* out, float* lse, const float* q, const float* k, const float* v,
                         int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS, int64_t q_stride,
                         int64_t kv_stride, bool causal = true, const int32_t* key_mask = nullptr,
-                        DType operand_type = DType::kF32) override;
+                        DType operand_type = DType::kF32, int64_t window = 0) override;
   void AttentionBackward(float* dq, float* dk, float* dv, const float* dout, const float* out,
                          const float* lse, const float* q, const float* k, const float* v,
                          int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS,
                          int64_t q_stride, int64_t kv_stride, bool causal = true,
                          const int32_t* key_mask = nullptr,
-                         DType operand_type = DType::kF32) override;
+                         DType operand_type = DType::kF32, int64_t window = 0) override;
   void SoftmaxCrossEntropy(float* logits, float* losses, const int32_t* targets, int64_t N,
                            int64_t V, int64_t Vp, float grad_scale, bool compute_grad,
                            const float* device_scale, void* grad16 = nullptr,

@@ -8,6 +8,7 @@
 
 #include "backend/cuda/gpu_ns.h"
 #include "backend/cuda/optim_kernels.h"  // SGD, Adafactor, 8-bit AdamW launchers
+#include "backend/rope_freq.h"
 #include "backend/step_scalars.h"
 #include "core/dtype.h"
 #include "traind/engine/status.h"
@@ -69,28 +70,32 @@ Status RmsNormBackward(float* dinp, float* dweight, const float* dout, const flo
 
 // ---- rope.cu ----
 Status Rope(float* x, int64_t B, int64_t T, int64_t n_heads, int64_t HS, int64_t row_stride,
-            float theta, bool inverse, int64_t pos_offset, cudaStream_t stream);
+            float theta, bool inverse, int64_t pos_offset, const RopeScaling& scaling,
+            cudaStream_t stream);
 
 // ---- attention.cu ----
-// HS <= kMaxAttentionHeadSize. AttentionBackward needs `scratch` of B*NH*T floats. causal and
-// key_mask (device int32 (B*T) or null) as backend.h's AttentionForward.
+// HS <= kMaxAttentionHeadSize. AttentionBackward needs `scratch` of B*NH*T floats. causal,
+// key_mask (device int32 (B*T) or null) and window (sliding window, 0 = none; negative: an error)
+// as backend.h's AttentionForward.
 constexpr int64_t kMaxAttentionHeadSize = 256;
 Status AttentionForward(float* out, float* lse, const float* q, const float* k, const float* v,
                         int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS, int64_t q_stride,
-                        int64_t kv_stride, bool causal, const int32_t* key_mask,
+                        int64_t kv_stride, bool causal, const int32_t* key_mask, int64_t window,
                         cudaStream_t stream);
 Status AttentionBackward(float* dq, float* dk, float* dv, const float* dout, const float* out,
                          const float* lse, const float* q, const float* k, const float* v,
                          int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS,
                          int64_t q_stride, int64_t kv_stride, bool causal,
-                         const int32_t* key_mask, float* scratch, cudaStream_t stream);
+                         const int32_t* key_mask, int64_t window, float* scratch,
+                         cudaStream_t stream);
 
 // ---- attention_decode.cu ----
-// T <= kMaxDecodeRows (the scores of one query row live in shared memory).
+// T <= kMaxDecodeRows (the scores of one query row live in shared memory). window > 0: only the
+// last min(T, window) rows are attended.
 constexpr int64_t kMaxDecodeRows = 8192;
 Status AttentionDecode(float* out, const float* q, const float* k, const float* v, int64_t B,
                        int64_t T, int64_t cache_rows, int64_t NH, int64_t NKV, int64_t HS,
-                       int64_t q_stride, int64_t kv_stride, cudaStream_t stream);
+                       int64_t q_stride, int64_t kv_stride, int64_t window, cudaStream_t stream);
 
 // ---- softmax_ce.cu ----
 Status SoftmaxCrossEntropy(float* logits, float* losses, const int32_t* targets, int64_t N,
