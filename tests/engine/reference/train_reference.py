@@ -1,5 +1,6 @@
 # PyTorch reference for the engine's Trainer: trains a gpt2/llama model (the torch-primitive model
-# of model_reference.py) with torch.optim.AdamW (decay on >= 2-D tensors only), HF's lr schedules
+# of model_reference.py) with torch.optim.AdamW (decay on >= 2-D tensors only; or "optim":
+# "adafactor", HF's Adafactor with the arguments of "adafactor"), HF's lr schedules
 # with warmup applied through LambdaLR, and torch.nn.utils.clip_grad_norm_, on the exact batches
 # of JOBSPEC.md (shuffle: false). Evaluates the mean validation loss at the end.
 # Usage: /usr/bin/python3 train_reference.py CASE_DIR
@@ -17,6 +18,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from adafactor_reference import step_param  # noqa: E402
 from model_reference import gpt2_loss, llama_loss, read_safetensors, write_safetensors  # noqa: E402
 
 
@@ -32,6 +34,22 @@ def hf_lambda(kind, warmup, total):
         progress = float(step - warmup) / float(max(1, total - warmup))
         return max(0.0, 0.5 * (1.0 + math.cos(math.pi * 0.5 * 2.0 * progress)))
     return f
+
+
+class AdafactorRef(torch.optim.Optimizer):
+    # case["optim"] == "adafactor": HF transformers' Adafactor (adafactor_reference.step_param) with
+    # the constructor arguments of case["adafactor"], weight decay on >= 2-D tensors only; the
+    # scheduled lr is the external lr when relative_step is off.
+    def __init__(self, params, case):
+        super().__init__(list(params.values()), {"lr": case["lr"]})
+        self.cfg = dict(case["adafactor"])
+        self.cfg["weight_decay"] = case["weight_decay"]
+
+    @torch.no_grad()
+    def step(self):
+        for group in self.param_groups:
+            for p in group["params"]:
+                step_param(p, p.grad, self.state[p], self.cfg, group["lr"], p.dim() >= 2)
 
 
 def load_tokens(case):
@@ -63,10 +81,13 @@ def main():
     params = {k: torch.nn.Parameter(v.to(torch.float32).clone()) for k, v in init.items()}
     decay = [p for p in params.values() if p.dim() >= 2]
     no_decay = [p for p in params.values() if p.dim() < 2]
-    opt = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": case["weight_decay"]},
-         {"params": no_decay, "weight_decay": 0.0}],
-        lr=case["lr"], betas=(case["beta1"], case["beta2"]), eps=case["eps"])
+    if case.get("optim", "adamw") == "adafactor":
+        opt = AdafactorRef(params, case)
+    else:
+        opt = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": case["weight_decay"]},
+             {"params": no_decay, "weight_decay": 0.0}],
+            lr=case["lr"], betas=(case["beta1"], case["beta2"]), eps=case["eps"])
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, hf_lambda(case["schedule"], case["warmup"], case["steps"]))
 
