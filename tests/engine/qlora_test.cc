@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <fstream>
 
 #include "train/planner.h"
 #include "trainer_test_util.h"
@@ -89,6 +90,108 @@ TEST(FrozenBase, PackedCopiesStayWhenTheyFit) {
   EXPECT_TRUE(est->packed_weights);
   EXPECT_GT(static_cast<double>(est->bytes.weights), 2.0 * 2 * Llama7bParams());
   EXPECT_EQ(est->reason.find("packed weight copies"), std::string::npos) << est->reason;
+}
+
+// model.quantization_config (JOBSPEC.md): HF BitsAndBytesConfig's names, only with training.peft,
+// its compute dtype agreeing with training.bf16/fp16 or setting them.
+std::string QSpec(const std::string& quant, const std::string& training_extra, bool peft = true) {
+  return "model:\n  arch: llama\n  config: {vocab_size: 64, hidden_size: 32, intermediate_size: 64,\n"
+         "    num_hidden_layers: 2, num_attention_heads: 4, max_position_embeddings: 64}\n"
+         "  quantization_config: " + quant + "\n"
+         "data: {train_file: t.bin, seq_len: 16}\n"
+         "training: {max_steps: 2" + (peft ? std::string(", peft: {type: lora, r: 4, target_modules: [q_proj, v_proj]}") : std::string()) +
+         training_extra + "}\noutput_dir: out\n";
+}
+
+TEST(QuantizationSpec, ParsesValidatesAndRoundTrips) {
+  auto ok = ParseJobSpec(QSpec("{load_in_4bit: true, bnb_4bit_quant_type: nf4, "
+                               "bnb_4bit_use_double_quant: true, bnb_4bit_compute_dtype: bfloat16}", ""));
+  ASSERT_TRUE(ok.ok()) << ok.status().ToString();
+  ASSERT_TRUE(ok->model.quantization_config.has_value());
+  const QuantizationSpec& q = *ok->model.quantization_config;
+  EXPECT_EQ(q.bnb_4bit_quant_type, "nf4");
+  EXPECT_TRUE(q.bnb_4bit_use_double_quant);
+  EXPECT_TRUE(ok->training.bf16) << "bnb_4bit_compute_dtype bfloat16 sets training.bf16";
+  EXPECT_FALSE(ok->training.fp16);
+  // The JSON form parses back to the same spec.
+  const std::string json = JobSpecToJson(*ok);
+  EXPECT_NE(json.find("\"bnb_4bit_quant_type\": \"nf4\""), std::string::npos) << json;
+  auto again = ParseJobSpec(json);
+  ASSERT_TRUE(again.ok()) << again.status().ToString() << "\n" << json;
+  ASSERT_TRUE(again->model.quantization_config.has_value());
+  EXPECT_EQ(again->model.quantization_config->bnb_4bit_compute_dtype, "bfloat16");
+  EXPECT_TRUE(again->model.quantization_config->bnb_4bit_use_double_quant);
+  EXPECT_EQ(JobSpecToJson(*again), json);
+
+  // BitsAndBytesConfig's defaults: fp4, no double quant; the compute dtype is the training's.
+  auto d = ParseJobSpec(QSpec("{load_in_4bit: true}", ", fp16: true"));
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_EQ(d->model.quantization_config->bnb_4bit_quant_type, "fp4");
+  EXPECT_FALSE(d->model.quantization_config->bnb_4bit_use_double_quant);
+  EXPECT_EQ(d->model.quantization_config->bnb_4bit_compute_dtype, "float16");
+  auto f32 = ParseJobSpec(QSpec("{load_in_4bit: true, bnb_4bit_compute_dtype: float32}", ""));
+  ASSERT_TRUE(f32.ok()) << f32.status().ToString();
+  EXPECT_FALSE(f32->training.bf16 || f32->training.fp16);
+  auto none = ParseJobSpec(QSpec("null", ""));
+  ASSERT_TRUE(none.ok()) << none.status().ToString();
+  EXPECT_FALSE(none->model.quantization_config.has_value());
+  EXPECT_EQ(JobSpecToJson(*none).find("quantization_config"), std::string::npos);
+}
+
+TEST(QuantizationSpec, BadInputIsOneErrorNamingTheField) {
+  struct Case {
+    std::string quant, training;
+    bool peft;
+    std::string expect;
+  };
+  const Case cases[] = {
+      {"{load_in_4bit: true}", "", false, "model.quantization_config: needs training.peft"},
+      {"{bnb_4bit_quant_type: nf4}", "", true, "model.quantization_config.load_in_4bit: must be true"},
+      {"{load_in_4bit: true, bnb_4bit_quant_type: int4}", "", true,
+       "model.quantization_config.bnb_4bit_quant_type: expected one of"},
+      {"{load_in_4bit: true, bnb_4bit_compute_dtype: float16}", ", bf16: true", true,
+       "model.quantization_config.bnb_4bit_compute_dtype: float16 disagrees with training.bf16"},
+      {"{load_in_4bit: true, bnb_4bit_compute_dtype: float32}", ", fp16: true", true,
+       "model.quantization_config.bnb_4bit_compute_dtype: float32 disagrees with training.fp16"},
+      {"{load_in_8bit: true}", "", true, "model.quantization_config.load_in_8bit"},
+      {"{load_in_4bit: true, bnb_4bit_quant_storage: uint8}", "", true,
+       "model.quantization_config.bnb_4bit_quant_storage"},
+      {"{load_in_4bit: true, quant_method: gptq}", "", true, "model.quantization_config.quant_method"},
+      {"{load_in_4bit: true, bnb_4bit_use_double_quant: maybe}", "", true,
+       "model.quantization_config.bnb_4bit_use_double_quant"},
+  };
+  for (const Case& c : cases) {
+    auto r = ParseJobSpec(QSpec(c.quant, c.training, c.peft));
+    ASSERT_FALSE(r.ok()) << c.quant;
+    EXPECT_EQ(r.status().code(), Status::Code::kInvalidArgument) << r.status().ToString();
+    EXPECT_NE(r.status().message().find(c.expect), std::string::npos) << r.status().ToString();
+  }
+}
+
+// Until the 4-bit base is built, a job asking for it is refused where it is planned (run and
+// estimate alike), and so is a pre-quantized init_from checkpoint, naming the key.
+TEST(QuantizationSpec, NotBuiltYetIsRefusedByName) {
+  auto s = ParseJobSpec(QSpec("{load_in_4bit: true, bnb_4bit_quant_type: nf4}", ", bf16: true"));
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  auto est = EstimateJob(*s, DeviceOptions{});
+  ASSERT_FALSE(est.ok());
+  EXPECT_EQ(est.status().code(), Status::Code::kUnimplemented);
+  EXPECT_NE(est.status().message().find("model.quantization_config"), std::string::npos);
+
+  const std::string dir = testing::MakeTempDir("prequant");
+  std::ofstream(dir + "/config.json")
+      << R"({"model_type": "llama", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64,
+             "num_hidden_layers": 2, "num_attention_heads": 4, "max_position_embeddings": 64,
+             "quantization_config": {"quant_method": "bitsandbytes", "load_in_4bit": true,
+                                     "bnb_4bit_quant_type": "nf4"}})";
+  JobSpec from = *s;
+  from.model.quantization_config.reset();
+  from.model.init_from = dir;
+  auto pre = EstimateJob(from, DeviceOptions{});
+  ASSERT_FALSE(pre.ok());
+  EXPECT_EQ(pre.status().code(), Status::Code::kUnimplemented) << pre.status().ToString();
+  EXPECT_NE(pre.status().message().find("has quantization_config"), std::string::npos)
+      << pre.status().ToString();
 }
 
 }  // namespace

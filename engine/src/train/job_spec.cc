@@ -22,6 +22,7 @@
 #include "models/lora.h"
 #include "optim/sharded_optimizer.h"
 #include "train/checkpoint.h"
+#include "train/quantization_spec.h"
 #include "train/spec_reader.h"
 
 namespace traind::engine {
@@ -30,7 +31,8 @@ namespace {
 using spec::SpecReader;
 
 const std::vector<std::string> kRootKeys = {"name", "model", "data", "training", "output_dir", "distributed"};
-const std::vector<std::string> kModelKeys = {"arch", "config", "init_from", "head", "num_labels"};
+const std::vector<std::string> kModelKeys = {"arch", "config", "init_from", "head", "num_labels",
+                                             "quantization_config"};
 const std::vector<std::string> kDataKeys = {"train_file", "format",           "token_dtype",
                                             "tokenizer",  "seq_len",          "validation_split",
                                             "shuffle",    "text_field",       "label_field"};
@@ -271,6 +273,7 @@ Status ParseModel(const YAML::Node& node, ModelSpec* m, const std::string& base_
     if (m->init_from->empty()) return r.Error("init_from", "must be a folder or null, got ''");
     m->init_from = Resolve(base_dir, *m->init_from);
   }
+  TRAIND_RETURN_IF_ERROR(ParseQuantizationConfig(r.Child("quantization_config"), &m->quantization_config));
   return Status::Ok();
 }
 
@@ -609,6 +612,7 @@ Result<JobSpec> ParseRoot(const YAML::Node& root, const std::string& base_dir) {
     s.data.tokenizer = *s.model.init_from;
   }
   TRAIND_RETURN_IF_ERROR(ParseTraining(r.Child("training"), &s.training, base_dir));
+  TRAIND_RETURN_IF_ERROR(ReconcileQuantization(&s));  // may set training.bf16 / fp16
   TRAIND_RETURN_IF_ERROR(CheckHeadAndData(s));
   if (s.training.peft) {  // target modules of this arch
     LoraOptions lo;
@@ -938,6 +942,9 @@ std::string JobSpecToJson(const JobSpec& s) {
   oj j;
   j["name"] = s.name;
   j["model"] = {{"arch", c.arch}, {"config", config}, {"init_from", opt(s.model.init_from)}};
+  if (s.model.quantization_config) {
+    j["model"]["quantization_config"] = QuantizationConfigJson(*s.model.quantization_config);
+  }
   if (c.arch == "bert") {  // the causal families' head is none: their documents stay as before
     j["model"]["head"] = c.head;
     j["model"]["num_labels"] = c.num_labels;

@@ -6,6 +6,8 @@
 #include <cstdio>
 #include <filesystem>
 
+#include <nlohmann/json.hpp>
+
 #include "backend/device_registry.h"
 #include "models/hf_config.h"
 #include "models/lora.h"
@@ -84,9 +86,22 @@ std::string FormatGiB(int64_t bytes) {
 }
 
 Result<ModelConfig> ResolveModelConfig(const JobSpec& spec) {
+  if (spec.model.quantization_config.has_value()) {
+    // Parsed and validated (job_spec.cc), not built yet: the 4-bit frozen base (issue 43).
+    return Status::Unimplemented(
+        "model.quantization_config: the 4-bit frozen base (QLoRA) is not built yet; without it "
+        "LoRA holds the base in the compute type only (bf16: 2 bytes a weight)");
+  }
   if (!spec.model.init_from.has_value()) return spec.model.config;
   const std::string path = (std::filesystem::path(*spec.model.init_from) / "config.json").string();
   TRAIND_ASSIGN_OR_RETURN(ModelConfig c, ReadHfConfig(path));
+  const nlohmann::json src = nlohmann::json::parse(c.hf_source_json, nullptr, /*allow_exceptions=*/false);
+  if (src.is_object() && src.contains("quantization_config")) {
+    // A pre-quantized checkpoint (bitsandbytes' packed uint8 weights, absmax, quant_map, ...).
+    return Status::Unimplemented(
+        "model.init_from: " + path + " has quantization_config (a pre-quantized checkpoint): "
+        "loading one is not built yet; use the full-precision model");
+  }
   if (!c.encoder()) return c;
   // bert: the file's config with the spec's head (a file written for another head, or a plain
   // BertModel, is fine: the head's tensors are newly initialised). num_labels: the spec's, unless

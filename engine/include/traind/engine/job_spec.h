@@ -71,8 +71,20 @@ struct ModelConfig {
   }
 };
 
+// model.quantization_config (JOBSPEC.md): QLoRA's frozen base in 4 bits, under HF
+// BitsAndBytesConfig's names and defaults. Only with training.peft. bnb_4bit_compute_dtype agrees
+// with training.bf16 / fp16, or sets them when neither is given; after parsing it always names the
+// job's compute type.
+struct QuantizationSpec {
+  bool load_in_4bit = false;                 // must be true (4 bits are the one width built)
+  std::string bnb_4bit_quant_type = "fp4";   // "nf4" | "fp4" (BitsAndBytesConfig's default: fp4)
+  bool bnb_4bit_use_double_quant = false;    // the absmax values in 8 bits (blocks of 256)
+  std::string bnb_4bit_compute_dtype;        // "bfloat16" | "float16" | "float32"
+};
+
 struct ModelSpec {
   ModelConfig config;
+  std::optional<QuantizationSpec> quantization_config;  // null: the base in the compute type
   // An HF model folder (config.json + model.safetensors or model.safetensors.index.json) to
   // fine-tune. When set, its config.json is the model config and `model.config` must be absent or
   // agree with it.
