@@ -33,6 +33,7 @@ PUBLIC_LAYER = {
     "communicator.h": ("backend", 2),  # collectives over device buffers (a seam: Gloo, NCCL)
     "optimizer_state_store.h": ("optim", 3),  # the optimizers' offload seam
     "tokenizer.h": ("data", 3),     # tokenizers and tokenizing progress
+    "spec_examples.h": ("data", 3),  # a spec's training examples (`trainctl tokenize --spec`)
     "trainer.h": ("train", 5),      # RunJob, EstimateJob, the run's reports
     "local_run.h": ("train", 5),    # `traind run`
     "generate.h": ("train", 5),     # text from a trained model

@@ -22,6 +22,7 @@
 #include "top.h"
 #include "job_state.h"
 #include "traind/client/client.h"
+#include "traind/engine/spec_examples.h"
 #include "traind/engine/tokenizer.h"
 
 namespace {
@@ -150,6 +151,59 @@ int Tokenize(const std::string& tokenizer, const std::string& text, const std::s
     }
     std::cout << line << "\n";
   }
+  return 0;
+}
+
+// `tokenize --spec JOB.yaml [--examples N]`: local, no traind. The spec's first N training
+// examples as the job sees them (paths resolved against the working directory, as submit does).
+int TokenizeSpec(const std::string& spec_path, int64_t n, bool json) {
+  auto text = traind::client::ReadFile(spec_path);
+  if (!text.ok()) {
+    std::fprintf(stderr, "trainctl: cannot read the job spec %s\n", spec_path.c_str());
+    return 2;
+  }
+  if (n < 0) {
+    std::fprintf(stderr, "trainctl: --examples must be >= 0, got %lld\n", static_cast<long long>(n));
+    return 2;
+  }
+  auto spec = traind::engine::ParseJobSpec(*text, std::filesystem::current_path().string());
+  if (!spec.ok()) {
+    std::fprintf(stderr, "trainctl: %s\n", spec.status().message().c_str());
+    return 2;
+  }
+  auto examples = traind::engine::SpecTrainingExamples(*spec, n);
+  if (!examples.ok()) {
+    std::fprintf(stderr, "trainctl: %s\n", examples.status().message().c_str());
+    return 2;
+  }
+  if (json) {
+    nlohmann::ordered_json out = {{"examples", nlohmann::ordered_json::array()}};
+    for (const auto& e : *examples) {
+      out["examples"].push_back(
+          {{"text", e.text}, {"input_ids", e.input_ids}, {"labels", e.labels}});
+    }
+    std::cout << out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << std::endl;
+    return 0;
+  }
+  auto join = [](const std::vector<int32_t>& v) {
+    std::string line;
+    for (size_t i = 0; i < v.size(); ++i) line += (i ? " " : "") + std::to_string(v[i]);
+    return line;
+  };
+  for (size_t i = 0; i < examples->size(); ++i) {
+    const auto& e = (*examples)[i];
+    int64_t with_loss = 0;
+    for (int32_t l : e.labels) with_loss += l != -100 ? 1 : 0;
+    if (i) std::cout << "\n";
+    std::cout << "example " << (i + 1) << ": " << e.input_ids.size() << " tokens, " << with_loss
+              << " with loss\n"
+              << "text: "
+              << nlohmann::json(e.text).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
+              << "\n"
+              << "input_ids: " << join(e.input_ids) << "\n"
+              << "labels: " << join(e.labels) << "   (-100: no loss)\n";
+  }
+  if (examples->empty()) std::cout << "no training examples\n";
   return 0;
 }
 
@@ -406,10 +460,18 @@ int main(int argc, char** argv) {
   top->add_flag("--once", top_opts.once, "print one frame and exit");
   std::string tokenizer, tok_text, tok_file;
   auto* tokenize = app.add_subcommand("tokenize", "token ids of a text, computed locally");
-  tokenize->add_option("--tokenizer", tokenizer,
-                       "byte | tokenizer.json | a .model | a folder (as data.tokenizer)")
-      ->required();
+  std::string tok_spec;
+  int64_t tok_examples = 3;
+  auto* tok_tokenizer_opt = tokenize->add_option(
+      "--tokenizer", tokenizer, "byte | tokenizer.json | a .model | a folder (as data.tokenizer)");
+  auto* tok_spec_opt = tokenize->add_option(
+      "--spec", tok_spec, "JOB.yaml: its first training examples (text, ids, labels)");
+  tok_spec_opt->excludes(tok_tokenizer_opt);
+  auto* tok_examples_opt =
+      tokenize->add_option("--examples", tok_examples, "with --spec: how many (default 3)");
+  tok_examples_opt->needs(tok_spec_opt);
   auto* tok_text_opt = tokenize->add_option("text", tok_text, "TEXT");
+  tok_text_opt->excludes(tok_spec_opt);
   v1::GenerateRequest gen;
   std::string gen_dir, gen_prompt, gen_tokenizer;
   int64_t gen_max_new = 64, gen_top_k = 0;
@@ -426,7 +488,9 @@ int main(int argc, char** argv) {
   generate->add_option("--seed", gen_seed, "sampling seed (default 0)");
   generate->add_option("--tokenizer", gen_tokenizer,
                        "as data.tokenizer (default: OUTPUT_DIR's tokenizer files, else byte)");
-  tokenize->add_option("--file", tok_file, "read the text from F")->excludes(tok_text_opt);
+  tokenize->add_option("--file", tok_file, "read the text from F")
+      ->excludes(tok_text_opt)
+      ->excludes(tok_spec_opt);
 
   // One example per command in its --help (tests/daemon/help_test.sh checks every command has one).
   app.footer(
@@ -446,7 +510,8 @@ int main(int argc, char** argv) {
       "A job that does not fit: the plan it tried, each change that would make it fit with its bytes, exit 2.");
   health->footer("example: trainctl --addr 127.0.0.1:50051 health");
   top->footer("example: trainctl top -n 1   # q quits; trainctl top --once | grep RUNNING");
-  tokenize->footer("example: trainctl tokenize --tokenizer byte 'To be, or not to be'");
+  tokenize->footer("example: trainctl tokenize --tokenizer byte 'To be, or not to be'\n"
+                   "         trainctl tokenize --spec examples/instruct-chat.yaml --examples 2");
   generate->footer(
       "example: trainctl generate runs/tiny-shakespeare --prompt 'ROMEO:' --max-new-tokens 200\n"
       "-o json: {\"prompt\":..,\"text\":..,\"prompt_ids\":[..],\"ids\":[..],\"finish_reason\":..}");
@@ -461,6 +526,12 @@ int main(int argc, char** argv) {
   }
   const bool json = g.output == "json";
 
+  if (*tokenize && tokenize->count("--spec") > 0) return TokenizeSpec(tok_spec, tok_examples, json);
+  if (*tokenize && tokenize->count("--tokenizer") == 0) {
+    std::fprintf(stderr, "trainctl: tokenize needs --tokenizer T (TEXT | --file F) or --spec JOB.yaml "
+                         "(see trainctl tokenize --help)\n");
+    return 2;
+  }
   if (*tokenize) return Tokenize(tokenizer, tok_text, tok_file, tokenize->count("--file") > 0, json);
 
   auto token = ResolveToken(g);

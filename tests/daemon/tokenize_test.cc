@@ -165,5 +165,91 @@ TEST(TrainctlTokenize, BadTokenizerFileAndMissingInputExitTwo) {
   EXPECT_THAT(missing.err, HasSubstr("/nonexistent/f"));
 }
 
+// `tokenize --spec`: the spec's first training examples (text, ids, labels) as text and as
+// {"examples":[{"text","input_ids","labels"}]}; the expected labels worked out here for the byte
+// tokenizer (token i = byte i) from the template's text: only the assistant's answer and its end
+// marker carry loss with assistant_only_loss.
+std::string InstructSpec(const std::string& dir, const std::string& extra) {
+  WriteAll(dir + "/t.jinja",
+           "{% for m in messages %}<{{ m.role }}>{{ m.content }}</{{ m.role }}>\n{% endfor %}"
+           "{% if add_generation_prompt %}<assistant>{% endif %}");
+  std::string lines;
+  for (const char* a : {"4", "blue", "no"}) {
+    lines += std::string(R"({"messages":[{"role":"user","content":"q"},{"role":"assistant","content":")") +
+             a + "\"}]}\n";
+  }
+  WriteAll(dir + "/chat.jsonl", lines);
+  const std::string spec =
+      "model:\n  arch: llama\n  config: {vocab_size: 256, hidden_size: 16, intermediate_size: 32, "
+      "num_hidden_layers: 1, num_attention_heads: 2, num_key_value_heads: 1, "
+      "max_position_embeddings: 64}\n"
+      "data:\n  train_file: chat.jsonl\n  format: jsonl\n  tokenizer: byte\n  chat_template: t.jinja\n"
+      "  seq_len: 60\n  validation_split: 0\n  shuffle: false\n" + extra +
+      "training: {max_steps: 2, per_device_train_batch_size: 2, logging_steps: 1, save_steps: 100}\n"
+      "output_dir: out\n";
+  WriteAll(dir + "/job.yaml", spec);
+  return dir + "/job.yaml";
+}
+
+TEST(TrainctlTokenize, SpecExamplesAsTextAndJson) {
+  const std::string dir = MakeTempDir("traind-tokenize-spec");
+  InstructSpec(dir, "  assistant_only_loss: true\n");
+  // Paths resolve against the working directory, as submit's do.
+  CmdResult json = RunCommand({"/bin/sh", "-c", "cd '" + dir + "' && '" + std::string(TRAINCTL_BIN) +
+                                                    "' -o json tokenize --spec job.yaml --examples 2"});
+  ASSERT_EQ(json.exit_code, 0) << json.err;
+  const nlohmann::json j = nlohmann::json::parse(json.out);
+  ASSERT_EQ(j.size(), 1u);
+  ASSERT_EQ(j["examples"].size(), 2u);
+  const std::string prompt = "<user>q</user>\n<assistant>";
+  for (int e = 0; e < 2; ++e) {
+    const std::string answer = std::string(e == 0 ? "4" : "blue") + "</assistant>\n";
+    const std::string text = prompt + answer;
+    const nlohmann::json& x = j["examples"][e];
+    ASSERT_EQ(x.size(), 3u);
+    EXPECT_EQ(x["text"], text);
+    std::vector<int> ids, labels;
+    for (size_t i = 0; i < text.size(); ++i) {
+      ids.push_back(static_cast<unsigned char>(text[i]));
+      labels.push_back(i >= prompt.size() ? ids.back() : -100);
+    }
+    EXPECT_EQ(x["input_ids"], nlohmann::json(ids));
+    EXPECT_EQ(x["labels"], nlohmann::json(labels));
+  }
+  CmdResult text = RunCommand({"/bin/sh", "-c", "cd '" + dir + "' && '" + std::string(TRAINCTL_BIN) +
+                                                    "' tokenize --spec job.yaml"});
+  ASSERT_EQ(text.exit_code, 0) << text.err;
+  EXPECT_THAT(text.out, HasSubstr("example 1: 40 tokens, 14 with loss\n"
+                                  "text: \"<user>q</user>\\n<assistant>4</assistant>\\n\"\n"
+                                  "input_ids: 60 117 115 101 114 62 113 "));
+  EXPECT_THAT(text.out, HasSubstr("example 3: "));
+  EXPECT_THAT(text.out, HasSubstr("labels: -100 -100 "));
+  // Errors: one sentence, exit 2.
+  WriteAll(dir + "/chat.jsonl", R"({"messages":[{"role":"user","content":5}]})" "\n");
+  CmdResult bad = RunCommand({"/bin/sh", "-c", "cd '" + dir + "' && '" + std::string(TRAINCTL_BIN) +
+                                                   "' tokenize --spec job.yaml"});
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_THAT(bad.err, HasSubstr("chat.jsonl line 1: messages[0].content: expected a string, got number"));
+  EXPECT_EQ(std::count(bad.err.begin(), bad.err.end(), '\n'), 1) << bad.err;
+  InstructSpec(dir, "  packing: true\n");
+  CmdResult packing = Trainctl({"tokenize", "--spec", dir + "/job.yaml"});
+  EXPECT_EQ(packing.exit_code, 2);
+  EXPECT_THAT(packing.err, HasSubstr("data.packing: true is not supported yet"));
+  CmdResult neither = Trainctl({"tokenize"});
+  EXPECT_EQ(neither.exit_code, 2);
+}
+
+// `traind run` instruction-tunes on conversational jsonl.
+TEST(TraindRunInstruction, TrainsOnConversations) {
+  const std::string dir = MakeTempDir("traind-run-instruct");
+  InstructSpec(dir, "  assistant_only_loss: true\n");
+  CmdResult run = RunCommand({"/bin/sh", "-c", "cd '" + dir + "' && '" + std::string(TRAIND_BIN) +
+                                                   "' run job.yaml"}, 300);
+  ASSERT_EQ(run.exit_code, 0) << run.out << run.err;
+  EXPECT_THAT(run.out + run.err, HasSubstr("done: 2 steps"));
+  const nlohmann::json state = nlohmann::json::parse(ReadAll(dir + "/out/trainer_state.json"));
+  EXPECT_EQ(state["global_step"], 2);
+}
+
 }  // namespace
 }  // namespace traind::testing

@@ -10,7 +10,7 @@ _trainctl_flags_of() {
   case "$1" in
     submit) echo "--wait --follow --priority --hosts -h --help" ;;
     logs) echo "-f --follow -h --help" ;;
-    tokenize) echo "--tokenizer --file -h --help" ;;
+    tokenize) echo "--tokenizer --file --spec --examples -h --help" ;;
     generate) echo "--prompt --max-new-tokens --temperature --top-k --top-p --seed --tokenizer -h --help" ;;
     top) echo "--interval --once -h --help" ;;
     *) echo "-h --help" ;;
@@ -46,8 +46,9 @@ _trainctl() {
     -o|--output) COMPREPLY=($(compgen -W "text json" -- "$cur")); return ;;
     --token-file|--tls-ca|--file|--state-dir) COMPREPLY=($(compgen -f -- "$cur")); return ;;
     --addr|--token|--timeout|--priority|--interval|--hosts) COMPREPLY=(); return ;;
-    --prompt|--max-new-tokens|--temperature|--top-k|--top-p|--seed) COMPREPLY=(); return ;;
+    --prompt|--max-new-tokens|--temperature|--top-k|--top-p|--seed|--examples) COMPREPLY=(); return ;;
     --tokenizer) COMPREPLY=($(compgen -W "byte" -- "$cur") $(compgen -f -- "$cur")); return ;;
+    --spec) COMPREPLY=($(compgen -f -- "$cur")); return ;;
   esac
   if [[ -z "$cmd" ]]; then
     if [[ "$cur" == -* ]]; then

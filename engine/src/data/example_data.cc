@@ -199,6 +199,38 @@ ExampleSet ExampleSet::OfRows(std::vector<int32_t> ids, std::vector<int32_t> len
   return s;
 }
 
+ExampleSet ExampleSet::OfLabelledRows(std::vector<int32_t> ids, std::vector<int32_t> token_labels,
+                                      std::vector<int32_t> lengths, int64_t T, int32_t pad_id) {
+  // Rows keep T + 1 ids: the last one is only a target.
+  ExampleSet s;
+  s.T_ = T > 0 ? T : 1;
+  s.count_ = static_cast<int64_t>(lengths.size());
+  s.pad_ = pad_id;
+  s.labelled_rows_ = true;
+  s.offsets_.resize(lengths.size() + 1, 0);
+  int64_t src = 0;
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    const int64_t keep = std::min<int64_t>(lengths[i], s.T_ + 1);
+    s.ids_.insert(s.ids_.end(), ids.begin() + src, ids.begin() + src + keep);
+    s.token_labels_.insert(s.token_labels_.end(), token_labels.begin() + src,
+                           token_labels.begin() + src + keep);
+    src += lengths[i];
+    s.offsets_[i + 1] = s.offsets_[i] + keep;
+  }
+  return s;
+}
+
+void ExampleSet::TokenTargets(int64_t i, int32_t* targets) const {
+  std::fill(targets, targets + T_, -1);
+  if (!labelled_rows_) return;
+  const int64_t begin = offsets_[static_cast<size_t>(i)];
+  const int64_t n = offsets_[static_cast<size_t>(i) + 1] - begin;
+  for (int64_t t = 0; t + 1 < n && t < T_; ++t) {
+    const int32_t label = token_labels_[static_cast<size_t>(begin + t + 1)];
+    targets[t] = label < 0 ? -1 : label;
+  }
+}
+
 int64_t ExampleSet::Length(int64_t i) const {
   if (stream_) return T_;
   return offsets_[static_cast<size_t>(i) + 1] - offsets_[static_cast<size_t>(i)];
@@ -211,7 +243,7 @@ int32_t ExampleSet::Get(int64_t i, int32_t* ids, int32_t* mask) const {
     return -1;
   }
   const int64_t begin = offsets_[static_cast<size_t>(i)];
-  const int64_t n = offsets_[static_cast<size_t>(i) + 1] - begin;
+  const int64_t n = std::min<int64_t>(offsets_[static_cast<size_t>(i) + 1] - begin, T_);
   std::copy(ids_.begin() + begin, ids_.begin() + begin + n, ids);
   std::fill(ids + n, ids + T_, pad_);
   std::fill(mask, mask + n, 1);
@@ -364,7 +396,9 @@ void FillExampleBatch(const ExampleData& data, const ExampleSet& set, const int6
       continue;
     }
     const int32_t label = set.Get(rows[b], in, m);
-    if (data.classification) {
+    if (set.token_labelled()) {
+      set.TokenTargets(rows[b], targets + b * T);
+    } else if (data.classification) {
       targets[b] = label;
     } else if (data.mlm) {
       data.mlm->Apply(epochs[b], rows[b], T, in, m, targets + b * T);

@@ -55,6 +55,15 @@ class ExampleSet {
   static ExampleSet OfRows(std::vector<int32_t> ids, std::vector<int32_t> lengths,
                            std::vector<int32_t> labels, int64_t T, int32_t pad_id);
 
+  // Instruction data (instruction_data.h): rows of up to T + 1 ids with one HF label per id
+  // (-100: no loss); Get gives the first T ids, TokenTargets the next-token targets.
+  static ExampleSet OfLabelledRows(std::vector<int32_t> ids, std::vector<int32_t> token_labels,
+                                   std::vector<int32_t> lengths, int64_t T, int32_t pad_id);
+  bool token_labelled() const { return !token_labels_.empty() || labelled_rows_; }
+  // Example i's next-token targets (T of them): targets[t] = labels[t + 1] where that carries
+  // loss, else -1 (padding, the end of the example, -100 labels).
+  void TokenTargets(int64_t i, int32_t* targets) const;
+
   int64_t size() const { return count_; }
   int64_t seq_len() const { return T_; }
   // Example i: its T ids (padded) and attention mask; returns its label (-1 = none).
@@ -70,6 +79,8 @@ class ExampleSet {
   std::vector<int32_t> ids_;
   std::vector<int64_t> offsets_;  // rows: count + 1 offsets into ids_
   std::vector<int32_t> labels_;
+  std::vector<int32_t> token_labels_;  // OfLabelledRows: parallel to ids_
+  bool labelled_rows_ = false;
 };
 
 // Masked-language-model masking (HF DataCollatorForLanguageModeling).

@@ -17,6 +17,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "data/instruction_data.h"
 #include "data/window_order.h"
 #include "models/hf_config.h"
 #include "models/lora.h"
@@ -35,7 +36,10 @@ const std::vector<std::string> kModelKeys = {"arch", "config", "init_from", "hea
                                              "quantization_config"};
 const std::vector<std::string> kDataKeys = {"train_file", "format",           "token_dtype",
                                             "tokenizer",  "seq_len",          "validation_split",
-                                            "shuffle",    "text_field",       "label_field"};
+                                            "shuffle",    "text_field",       "label_field",
+                                            "prompt_field", "completion_field", "messages_field",
+                                            "chat_template", "assistant_only_loss",
+                                            "completion_only_loss", "packing"};
 const std::vector<std::string> kTrainingKeys = {
     "max_steps",     "per_device_train_batch_size", "gradient_accumulation_steps",
     "effective_batch_size", "learning_rate",        "lr_scheduler_type",
@@ -294,6 +298,24 @@ Status ParseData(const YAML::Node& node, DataSpec* d, const std::string& base_di
   TRAIND_RETURN_IF_ERROR(r.OptionalString("label_field", &d->label_field));
   if (d->label_field && d->label_field->empty()) {
     return r.Error("label_field", "must not be empty (or null)");
+  }
+  for (auto [key, field] : {std::pair<const char*, std::string*>{"prompt_field", &d->prompt_field},
+                             {"completion_field", &d->completion_field},
+                             {"messages_field", &d->messages_field}}) {
+    TRAIND_RETURN_IF_ERROR(r.String(key, field));
+    if (field->empty()) return r.Error(key, "must not be empty");
+  }
+  TRAIND_RETURN_IF_ERROR(r.OptionalString("chat_template", &d->chat_template));
+  if (d->chat_template) {
+    if (d->chat_template->empty()) return r.Error("chat_template", "must be a file or null, got ''");
+    d->chat_template = Resolve(base_dir, *d->chat_template);
+  }
+  TRAIND_RETURN_IF_ERROR(r.Bool("assistant_only_loss", &d->assistant_only_loss));
+  TRAIND_RETURN_IF_ERROR(r.Bool("completion_only_loss", &d->completion_only_loss));
+  TRAIND_RETURN_IF_ERROR(r.Bool("packing", &d->packing));
+  if (d->packing) {
+    return r.Error("packing", "true is not supported yet (one example a row, right-padded: set it "
+                              "to false)");
   }
   TRAIND_RETURN_IF_ERROR(r.Enum("token_dtype", &d->token_dtype, {"uint16", "uint32"}));
   TRAIND_RETURN_IF_ERROR(r.String("tokenizer", &d->tokenizer));
@@ -574,6 +596,25 @@ Status CheckHeadAndData(const JobSpec& s) {
                                      : "(" + c.arch + " is a causal language model)") +
         "; remove it");
   }
+  // Instruction data (prompt-completion / conversational jsonl) is for the causal families.
+  const DataSpec def;
+  const bool instruction_keys = d.prompt_field != def.prompt_field ||
+                                d.completion_field != def.completion_field ||
+                                d.messages_field != def.messages_field || d.chat_template ||
+                                d.assistant_only_loss != def.assistant_only_loss ||
+                                d.completion_only_loss != def.completion_only_loss;
+  if (instruction_keys && (c.encoder() || d.format != "jsonl")) {
+    const char* key = d.chat_template                     ? "chat_template"
+                      : d.assistant_only_loss             ? "assistant_only_loss"
+                      : !d.completion_only_loss           ? "completion_only_loss"
+                      : d.prompt_field != def.prompt_field ? "prompt_field"
+                      : d.completion_field != def.completion_field ? "completion_field"
+                                                                   : "messages_field";
+    return Status::InvalidArgument(
+        std::string("data.") + key + ": only for instruction data (data.format jsonl with " +
+        "prompt-completion or conversational lines) of the causal families (gpt2, llama, ...), " +
+        "got " + (c.encoder() ? "arch " + c.arch : "format " + d.format));
+  }
   if (c.arch == "bert" && s.training.sample_every > 0) {
     return Status::InvalidArgument(
         "training.sample_every: generated samples are for the causal families (gpt2, llama); "
@@ -838,7 +879,12 @@ Status ValidateJobInputs(const JobSpec& spec) {
   const int64_t n = bytes / width;
   const int64_t n_train = TrainTokenCount(n, spec.data.validation_split);
   // bert with jsonl: one example per line, of any length (their count is checked when loaded).
-  const bool examples = spec.model.config.encoder() && spec.data.format == "jsonl";
+  // Causal jsonl of prompt-completion or conversational lines: examples too.
+  bool examples = spec.model.config.encoder() && spec.data.format == "jsonl";
+  if (!examples && spec.data.format == "jsonl") {
+    Result<JsonlKind> kind = PeekJsonlKind(spec.data);
+    examples = kind.ok() && *kind != JsonlKind::kText;
+  }
   if (examples) {
     // nothing to check from the size alone
   } else if (n_train < spec.data.seq_len + 1) {
@@ -955,6 +1001,15 @@ std::string JobSpecToJson(const JobSpec& s) {
                {"seq_len", d.seq_len},           {"validation_split", d.validation_split},
                {"shuffle", d.shuffle},           {"text_field", d.text_field}};
   if (d.label_field) j["data"]["label_field"] = *d.label_field;
+  if (!c.encoder() && d.format == "jsonl") {  // instruction data's fields (JOBSPEC.md)
+    j["data"]["prompt_field"] = d.prompt_field;
+    j["data"]["completion_field"] = d.completion_field;
+    j["data"]["messages_field"] = d.messages_field;
+    j["data"]["chat_template"] = opt(d.chat_template);
+    j["data"]["assistant_only_loss"] = d.assistant_only_loss;
+    j["data"]["completion_only_loss"] = d.completion_only_loss;
+    j["data"]["packing"] = d.packing;
+  }
   const TrainingSpec& t = s.training;
   oj tr;
   tr["max_steps"] = t.max_steps;

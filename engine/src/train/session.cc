@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "backend/device_registry.h"
+#include "data/instruction_data.h"
 #include "train/planner.h"
 #include "core/safetensors.h"
 #include "traind/engine/communicator.h"
@@ -187,6 +188,22 @@ Status LoadData(TrainingSession* s) {
     }
     s->examples = std::make_unique<ExampleData>(std::move(examples));
     return Status::Ok();
+  }
+  if (s->spec.data.format == "jsonl") {  // causal jsonl: instruction data unless it is text
+    TRAIND_ASSIGN_OR_RETURN(JsonlKind kind, PeekJsonlKind(s->spec.data));
+    if (kind != JsonlKind::kText) {
+      TRAIND_ASSIGN_OR_RETURN(
+          ExampleData examples,
+          LoadInstructionData(s->spec.data, s->spec.model.init_from.value_or(""), progress));
+      if (examples.vocab_size_needed > s->config.vocab_size) {
+        return Status::InvalidArgument(
+            "data.train_file: holds token id " + std::to_string(examples.vocab_size_needed - 1) +
+            " (with data.tokenizer " + s->spec.data.tokenizer + "), beyond the model's vocab_size " +
+            std::to_string(s->config.vocab_size));
+      }
+      s->examples = std::make_unique<ExampleData>(std::move(examples));
+      return Status::Ok();
+    }
   }
   TRAIND_ASSIGN_OR_RETURN(TokenData data, LoadTokenData(s->spec.data, progress));
   if (data.vocab_size_needed > s->config.vocab_size) {

@@ -63,8 +63,10 @@ Result<double> EvaluateExamples(TrainingSession* s, std::optional<double>* accur
     if (valid == 0) continue;  // nothing to score (e.g. no masked position in the pass)
     s->backend->CopyHostToDevice(s->model->inputs(), inputs.data(), inputs.size() * sizeof(int32_t));
     s->backend->CopyHostToDevice(s->model->targets(), targets.data(), targets.size() * sizeof(int32_t));
-    s->backend->CopyHostToDevice(s->model->attention_mask(), mask.data(),
-                                 mask.size() * sizeof(int32_t));
+    if (s->model->attention_mask() != nullptr) {  // causal instruction data: none
+      s->backend->CopyHostToDevice(s->model->attention_mask(), mask.data(),
+                                   mask.size() * sizeof(int32_t));
+    }
     // Forward's loss is the mean over the pass's targets.
     sums[0] += s->model->Forward(/*for_backward=*/false, 1.0f) * static_cast<double>(valid);
     sums[1] += static_cast<double>(valid);
@@ -195,6 +197,8 @@ Status RunStepLoop(TrainingSession* s, double* last_eval) {
   step_options.dropout_seed = static_cast<uint64_t>(t.seed);
   step_options.first_step = state.global_step;
   step_options.communicator = s->comm;
+  // Instruction data: the loss over the step's loss-carrying tokens (HF's num_items_in_batch).
+  step_options.normalize_over_step = s->examples != nullptr && s->examples->train.token_labelled();
   // Data parallel on cpu (Gloo) and cuda:N (NCCL): the gradient all-reduce (ZeRO-1:
   // reduce-scatter) in buckets of TRAIND_DIST_BUCKET_MB (default 4; 0 = one collective after
   // backward), overlapped with backward. simt runs no data parallel (refused at start).

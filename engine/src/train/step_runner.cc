@@ -131,8 +131,17 @@ Status StepRunner::Stage(int slot, const NextMaskedBatch& next_batch, float loss
   const float micro_scale =
       1.0f / static_cast<float>(options_.accumulation_steps * static_cast<int64_t>(world_));
   const float grad_scale = micro_scale * loss_scale;
-  const float scalars[2] = {valid > 0 ? grad_scale / static_cast<float>(valid) : 0.0f,
-                            valid > 0 ? 1.0f / static_cast<float>(valid) : 0.0f};
+  float scalars[2] = {valid > 0 ? grad_scale / static_cast<float>(valid) : 0.0f,
+                      valid > 0 ? 1.0f / static_cast<float>(valid) : 0.0f};
+  if (step_targets_ >= 0.0) {
+    // Over the step: every token's loss / the world's count of targets (the loss weight makes
+    // Run's loss_sum / (accum * world) that same ratio).
+    const double n = step_targets_;
+    scalars[0] = n > 0 ? static_cast<float>(static_cast<double>(loss_scale) / n) : 0.0f;
+    scalars[1] = n > 0 ? static_cast<float>(static_cast<double>(options_.accumulation_steps) *
+                                            static_cast<double>(world_) / n)
+                       : 0.0f;
+  }
   std::memcpy(targets + tokens_, scalars, sizeof(scalars));
   // The micro-batch's index in the one-process run (this rank's own index in a world of one).
   uint64_t index = micro_index_++;
@@ -279,8 +288,46 @@ Result<StepRunner::Outcome> StepRunner::Run(const NextBatch& next_batch, double 
       lr, loss_scale, wait);
 }
 
-Result<StepRunner::Outcome> StepRunner::Run(const NextMaskedBatch& next_batch, double lr,
+Status StepRunner::ReadStep(const NextMaskedBatch& next_batch, double* wait) {
+  const int64_t accum = options_.accumulation_steps;
+  const size_t per = static_cast<size_t>(tokens_) * 3;
+  step_batches_.resize(per * static_cast<size_t>(accum));
+  double count = 0.0;
+  for (int64_t a = 0; a < accum; ++a) {
+    int32_t* in = step_batches_.data() + per * static_cast<size_t>(a);
+    int32_t* tg = in + tokens_;
+    int32_t* mask = tg + tokens_;
+    TRAIND_RETURN_IF_ERROR(next_batch(in, tg, mask, wait));
+    for (int64_t i = 0; i < tokens_; ++i) count += tg[i] != -1 ? 1.0 : 0.0;
+  }
+  if (options_.communicator != nullptr && world_ > 1) {
+    // Every rank's count (a double as two f32 lanes), added in rank order.
+    std::vector<double> counts(static_cast<size_t>(world_));
+    TRAIND_RETURN_IF_ERROR(
+        options_.communicator->AllGather(&count, counts.data(), 2, CommDType::kF32));
+    count = 0.0;
+    for (double v : counts) count += v;
+  }
+  step_targets_ = count;
+  return Status::Ok();
+}
+
+Result<StepRunner::Outcome> StepRunner::Run(const NextMaskedBatch& next_batch_in, double lr,
                                             float loss_scale, double* wait) {
+  // normalize_over_step: the step's micro-batches are read (and their targets counted) first,
+  // then staged from memory.
+  int64_t replayed = 0;
+  const NextMaskedBatch from_memory = [this, &replayed](int32_t* in, int32_t* tg, int32_t* mask,
+                                                        double*) -> Status {
+    const size_t per = static_cast<size_t>(tokens_) * 3;
+    const int32_t* src = step_batches_.data() + per * static_cast<size_t>(replayed++);
+    std::copy(src, src + tokens_, in);
+    std::copy(src + tokens_, src + 2 * tokens_, tg);
+    if (mask != nullptr) std::copy(src + 2 * tokens_, src + 3 * tokens_, mask);
+    return Status::Ok();
+  };
+  if (options_.normalize_over_step) TRAIND_RETURN_IF_ERROR(ReadStep(next_batch_in, wait));
+  const NextMaskedBatch& next_batch = options_.normalize_over_step ? from_memory : next_batch_in;
   StepScalars host;
   host.lr = static_cast<float>(lr);
   host.loss_scale = loss_scale;

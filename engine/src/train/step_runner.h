@@ -68,6 +68,12 @@ class StepRunner {
     // norm, lm head], no graph replay. For backends whose ops have finished when the backward's
     // hook runs (cpu): on an asynchronous one the update would wait for the device mid-backward.
     bool update_during_backward = false;
+    // Instruction data (JOBSPEC.md "Instruction data"): the step's loss is the sum of its token
+    // losses over every micro-batch (and rank) divided by the count of targets (HF's
+    // num_items_in_batch), not the mean of the micro-batches' means: Run reads the step's
+    // micro-batches first, counts their targets (all-reduced over the world) and gives each
+    // micro-batch the gradient scale loss_scale / count.
+    bool normalize_over_step = false;
   };
   struct Outcome {
     double loss = 0.0;       // mean over the micro-batches (every rank's) of their mean loss
@@ -123,6 +129,9 @@ class StepRunner {
   StepRunner(const Options& options, Model* model, Optimizer* optimizer, DeviceArena* arena);
   // Loads micro-batch into host slot `slot` and issues its upload.
   Status Stage(int slot, const NextMaskedBatch& next_batch, float loss_scale, double* wait);
+  // Options::normalize_over_step: reads the step's micro-batches into step_batches_ and sets
+  // step_targets_ (the world's count of targets).
+  Status ReadStep(const NextMaskedBatch& next_batch, double* wait);
   void IssueMicroBatch(int slot);
   // Unsharded optimizers: the norm over the whole buffer, the update, the 16-bit weights, zeroed
   // gradients (what the optimizer graph captures).
@@ -160,6 +169,8 @@ class StepRunner {
   std::vector<OverlappedAllReduce::Range> shards_;
   std::vector<ParamInfo> shard_params_;
   double grad_sq_host_ = 0.0;  // ShardedGradSquares' host copy
+  std::vector<int32_t> step_batches_;  // normalize_over_step: accum x (inputs, targets, mask)
+  double step_targets_ = -1.0;          // < 0: each micro-batch's own mean (stream data)
   int micro_graph_[2] = {-1, -1};
   int optimizer_graph_ = -1;
 };

@@ -100,6 +100,16 @@ struct DataSpec {
   // format: jsonl with model.head sequence_classification (required there, refused elsewhere): the
   // field holding each line's label, an integer in [0, num_labels) or a name of config id2label.
   std::optional<std::string> label_field;
+  // format: jsonl for the causal families (JOBSPEC.md "Instruction data"): the fields of the
+  // prompt-completion and conversational kinds, the chat template file (null: the tokenizer
+  // folder's), which tokens carry loss, and packing (only false is built).
+  std::string prompt_field = "prompt";
+  std::string completion_field = "completion";
+  std::string messages_field = "messages";
+  std::optional<std::string> chat_template;  // resolved against the spec's base directory
+  bool assistant_only_loss = false;
+  bool completion_only_loss = true;
+  bool packing = false;
   int64_t seq_len = 128;
   double validation_split = 0.1;    // last fraction of the token stream held out for eval, [0, 1)
   bool shuffle = true;

@@ -33,6 +33,15 @@ class Tokenizer {
   // GPT-2 adds nothing). Special tokens written in the text are matched, never split.
   virtual Result<std::vector<int32_t>> Encode(std::string_view text,
                                               bool add_special_tokens = false) const = 0;
+  // Encode(text, false) with, for each id, the byte offset in `text` of the token's first
+  // character (`starts`, one per id, nondecreasing): what assistant_only_loss needs to map
+  // character spans to tokens, as HF's return_offsets_mapping. byte and bpe give the exact
+  // offsets (their tokens are the text's own bytes; an added token starts where its match does);
+  // the default (wordpiece, sentencepiece: their normalizers change the text) aligns each token's
+  // decoded text with the input from left to right, and a token whose text is not found there
+  // starts where the one before it ended.
+  virtual Result<std::vector<int32_t>> EncodeWithOffsets(std::string_view text,
+                                                         std::vector<int64_t>* starts) const;
   // The text of `ids`. INVALID_ARGUMENT naming the position for an id outside [0, vocab_size).
   // skip_special_tokens: special tokens (eos, [CLS], ...) are left out of the text.
   virtual Result<std::string> Decode(const std::vector<int32_t>& ids,

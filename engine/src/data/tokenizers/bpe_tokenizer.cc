@@ -168,6 +168,50 @@ class BpeTokenizer final : public Tokenizer {
     return out;
   }
 
+  // Each token's bytes are the text's own (no normalizer): a piece's tokens start at the piece's
+  // offset plus the bytes of the tokens before them (less an added prefix space).
+  Result<std::vector<int32_t>> EncodeWithOffsets(std::string_view text,
+                                                 std::vector<int64_t>* starts) const override {
+    std::vector<int32_t> out;
+    starts->clear();
+    std::vector<AddedVocab::Piece> pieces;
+    added_.Split(text, &pieces);
+    std::vector<Span> spans;
+    std::string prefixed;
+    for (const AddedVocab::Piece& piece : pieces) {
+      const int64_t base = static_cast<int64_t>(piece.text.data() - text.data());
+      if (piece.id >= 0) {
+        out.push_back(piece.id);
+        starts->push_back(base);
+        continue;
+      }
+      std::string_view s = piece.text;
+      int64_t shift = 0;
+      if (cfg_.add_prefix_space && !s.empty() && s[0] != ' ') {
+        prefixed = " ";
+        prefixed.append(s);
+        s = prefixed;
+        shift = 1;
+      }
+      spans.clear();
+      switch (cfg_.pretok) {
+        case PreTok::kGpt2: SplitGpt2(s, &spans); break;
+        case PreTok::kLlama3: SplitLlama3(s, &spans); break;
+        case PreTok::kNone: spans.emplace_back(0, static_cast<uint32_t>(s.size())); break;
+      }
+      for (const Span& sp : spans) {
+        const size_t first = out.size();
+        EncodeWord(s.substr(sp.first, sp.second - sp.first), &out);
+        int64_t at = static_cast<int64_t>(sp.first);
+        for (size_t k = first; k < out.size(); ++k) {
+          starts->push_back(base + std::max<int64_t>(0, at - shift));
+          at += static_cast<int64_t>(id_bytes_[static_cast<size_t>(out[k])].size());
+        }
+      }
+    }
+    return out;
+  }
+
   Result<std::vector<int32_t>> EncodeLarge(std::string_view text, int threads,
                                            std::atomic<int64_t>* bytes_done) const override {
     if (cfg_.add_prefix_space || added_.any_contains_newline() || cfg_.pretok == PreTok::kNone) {

@@ -15,6 +15,12 @@ class ByteTokenizer final : public Tokenizer {
     for (size_t i = 0; i < text.size(); ++i) ids[i] = static_cast<unsigned char>(text[i]);
     return ids;
   }
+  Result<std::vector<int32_t>> EncodeWithOffsets(std::string_view text,
+                                                 std::vector<int64_t>* starts) const override {
+    starts->resize(text.size());
+    for (size_t i = 0; i < text.size(); ++i) (*starts)[i] = static_cast<int64_t>(i);
+    return Encode(text, false);
+  }
   Result<std::vector<int32_t>> EncodeLarge(std::string_view text, int,
                                            std::atomic<int64_t>* bytes_done) const override {
     Result<std::vector<int32_t>> ids = Encode(text, false);

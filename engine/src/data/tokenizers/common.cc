@@ -396,3 +396,56 @@ Result<std::vector<int32_t>> EncodeSplitAtLines(
 }
 
 }  // namespace traind::engine::tokenizers
+
+namespace traind::engine {
+
+Result<std::vector<int32_t>> Tokenizer::EncodeWithOffsets(std::string_view text,
+                                                          std::vector<int64_t>* starts) const {
+  TRAIND_ASSIGN_OR_RETURN(std::vector<int32_t> ids, Encode(text, false));
+  starts->assign(ids.size(), 0);
+  auto lower = [](char c) { return c >= 'A' && c <= 'Z' ? static_cast<char>(c - 'A' + 'a') : c; };
+  // The first case-insensitive match of `core` in text at or after `from`, no further than
+  // `window` bytes on (a later repeat of the token's text is not the token).
+  auto find = [&](std::string_view core, size_t from, size_t window) -> size_t {
+    for (size_t p = from; p + core.size() <= text.size() && p <= from + window; ++p) {
+      size_t k = 0;
+      while (k < core.size() && lower(text[p + k]) == lower(core[k])) ++k;
+      if (k == core.size()) return p;
+    }
+    return std::string_view::npos;
+  };
+  size_t at = 0;  // where the previous token ended
+  for (size_t i = 0; i < ids.size(); ++i) {
+    Result<std::string> piece = Decode({ids[i]}, false);
+    const std::string p = piece.ok() ? *piece : std::string();
+    std::string_view core = p;
+    // Word markers: SentencePiece's space (the text may not hold it), WordPiece's "##".
+    size_t lead = 0;
+    for (;;) {
+      if (!core.empty() && core[0] == ' ') {
+        core.remove_prefix(1);
+        ++lead;
+      } else if (core.substr(0, 3) == "\xE2\x96\x81") {
+        core.remove_prefix(3);
+        ++lead;
+      } else if (core.substr(0, 2) == "##") {
+        core.remove_prefix(2);
+      } else {
+        break;
+      }
+    }
+    const size_t found = core.empty() ? std::string_view::npos : find(core, at, 16 + lead);
+    if (found == std::string_view::npos) {
+      (*starts)[i] = static_cast<int64_t>(std::min(at, text.size()));
+      continue;
+    }
+    // The start is the token's first character: its leading space when the text has it there.
+    size_t begin = found;
+    while (begin > at && found - begin < lead && text[begin - 1] == ' ') --begin;
+    (*starts)[i] = static_cast<int64_t>(begin);
+    at = found + core.size();
+  }
+  return ids;
+}
+
+}  // namespace traind::engine
