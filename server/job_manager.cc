@@ -96,6 +96,7 @@ void JobManager::Stop() {
     stopping_ = true;
   }
   changed_.NotifyAll();
+  stop_cv_.NotifyAll();
   supervisor_->Stop();
 }
 
@@ -288,32 +289,52 @@ Result<v1::Job> JobManager::Cancel(const std::string& user, const std::string& i
 }
 
 Status JobManager::Watch(const std::string& user, const v1::WatchJobRequest& req,
-                         const std::function<bool(const v1::JobEvent&)>& send,
+                         const std::function<bool(const v1::JobEvent&, bool)>& send,
                          const std::function<bool()>& client_gone) {
+  constexpr size_t kBatch = 512;
   int64_t next = std::max<int64_t>(1, req.from_sequence());
+  bool sent_before = false;
+  std::vector<v1::JobEvent> events;
   while (true) {
-    int64_t last = 0;
-    bool ended = false;
+    events.clear();
     {
       worker::MutexLock lock(&mu_);
       auto it = jobs_.find(req.id());
       if (it == jobs_.end() || it->second.owner() != user) return Status::NotFound("no job " + req.id());
-      last = it->second.last_sequence();
-      ended = v1::IsTerminal(it->second.state());
+      if (sent_before && req.follow() && !v1::IsTerminal(it->second.state())) {
+        // A follower that was just sent a batch waits out the interval (the events it brings
+        // come in the next batch), unless the job ends or traind stops.
+        const auto until = std::chrono::steady_clock::now() + kFollowBatchInterval;
+        while (!stopping_ && !v1::IsTerminal(it->second.state()) && std::chrono::steady_clock::now() < until)
+          stop_cv_.WaitFor(&mu_, until - std::chrono::steady_clock::now());
+      }
+      const int64_t last = it->second.last_sequence();
+      const bool ended = v1::IsTerminal(it->second.state());
       if (next > last) {
         if (!req.follow() || ended) return Status::Ok();
         if (stopping_) return Status::Unavailable("traind is shutting down; watch again after it restarts");
         if (client_gone()) return Status::Cancelled("the client went away");
+        sent_before = false;
         changed_.WaitFor(&mu_, std::chrono::milliseconds(500));
         continue;
       }
+      auto tail = tail_.find(req.id());
+      if (tail != tail_.end() && !tail->second.empty() && tail->second.front().sequence() <= next &&
+          next <= tail->second.back().sequence()) {
+        const std::deque<v1::JobEvent>& q = tail->second;
+        for (auto e = q.begin() + (next - q.front().sequence()); e != q.end() && events.size() < kBatch; ++e)
+          events.push_back(*e);
+      }
     }
-    TRAIND_ASSIGN_OR_RETURN(std::vector<v1::JobEvent> events, store_->ReadEvents(req.id(), next, 512));
-    if (events.empty()) return Status::DataLoss("events of " + req.id() + " from " + std::to_string(next) + " are missing");
-    for (const auto& ev : events) {
-      if (!send(ev)) return Status::Cancelled("the client went away");
-      next = ev.sequence() + 1;
+    if (events.empty()) {
+      TRAIND_ASSIGN_OR_RETURN(events, store_->ReadEvents(req.id(), next, kBatch));
+      if (events.empty()) return Status::DataLoss("events of " + req.id() + " from " + std::to_string(next) + " are missing");
     }
+    for (size_t i = 0; i < events.size(); ++i) {
+      if (!send(events[i], i + 1 < events.size())) return Status::Cancelled("the client went away");
+      next = events[i].sequence() + 1;
+    }
+    sent_before = events.size() < kBatch;  // caught up (a follower far behind reads on at once)
   }
 }
 
@@ -328,6 +349,16 @@ Status JobManager::AppendLocked(v1::Job* job, v1::JobEvent ev, bool sync) {
     return s;
   }
   *job = std::move(updated);
+  if (v1::IsTerminal(job->state())) {
+    tail_.erase(job->id());
+    stop_cv_.NotifyAll();  // followers pausing between batches: the job's last events now
+  } else {
+    std::deque<v1::JobEvent>& q = tail_[job->id()];
+    // Dense from its front: a gap (numbers skipped after a power loss) starts it again.
+    if (!q.empty() && q.back().sequence() + 1 != ev.sequence()) q.clear();
+    q.push_back(std::move(ev));
+    if (q.size() > kTailEvents) q.pop_front();
+  }
   changed_.NotifyAll();
   return Status::Ok();
 }

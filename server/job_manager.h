@@ -9,6 +9,8 @@
 #include <sys/types.h>
 
 #include <atomic>
+#include <chrono>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -58,12 +60,16 @@ class JobManager : public worker::SupervisorListener {
   Result<v1::Job> Get(const std::string& user, const std::string& id);
   std::vector<v1::Job> List(const std::string& user, int limit);  // newest first
   Result<v1::Job> Cancel(const std::string& user, const std::string& id);
-  // Sends the job's events from req.from_sequence through `send` (false = the client went away).
-  // With req.follow, waits for new events until the job ends, `send` fails, or Stop().
-  // `client_gone` is polled while waiting.
+  // Sends the job's events from req.from_sequence through `send` (false = the client went away),
+  // in batches: `more` is true for every event of a batch but its last (a stream may buffer those
+  // and flush at the last). With req.follow, waits for new events until the job ends, `send`
+  // fails, or Stop(): woken by the events themselves, and at most one batch per
+  // kFollowBatchInterval (a job's step events come hundreds a second; a follower gets them in a
+  // few batches a second, all of them). `client_gone` is polled while waiting.
   Status Watch(const std::string& user, const v1::WatchJobRequest& req,
-               const std::function<bool(const v1::JobEvent&)>& send,
+               const std::function<bool(const v1::JobEvent& ev, bool more)>& send,
                const std::function<bool()>& client_gone);
+  static constexpr std::chrono::milliseconds kFollowBatchInterval{500};
 
   // Text from a model folder (trainctl generate), run in a job-runner child on traind's device
   // (worker/generate_runner.h); the folder is confined like a spec input for `user`.
@@ -99,11 +105,16 @@ class JobManager : public worker::SupervisorListener {
 
   mutable worker::Mutex mu_;
   worker::CondVar changed_;  // any event appended, or stopping
+  worker::CondVar stop_cv_;  // stopping (followers pausing between batches)
   std::map<std::string, v1::Job> jobs_ TRAIND_GUARDED_BY(mu_);
   // Job id → its output_dir resolved (symlinks, `..`) at submit or at Start; consulted for the
   // jobs that are not terminal.
   std::map<std::string, std::string> resolved_output_ TRAIND_GUARDED_BY(mu_);
   int64_t last_order_ TRAIND_GUARDED_BY(mu_) = 0;
+  // The newest events of each job that is not terminal (at most kTailEvents): Watch serves
+  // followers and `logs` from here instead of a store read per batch. Dropped when the job ends.
+  static constexpr size_t kTailEvents = 512;
+  std::map<std::string, std::deque<v1::JobEvent>> tail_ TRAIND_GUARDED_BY(mu_);
   std::atomic<int> generating_{0};  // Generate calls in progress
   static constexpr double kGenerateTimeoutSeconds = 600;
   bool stopping_ TRAIND_GUARDED_BY(mu_) = false;

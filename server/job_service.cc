@@ -6,7 +6,7 @@
 namespace traind::server {
 
 template <typename Body>
-grpc::Status JobServiceImpl::Handle(const char* method, grpc::ServerContext* ctx, Body&& body) {
+grpc::Status JobServiceImpl::Handle(const char* method, grpc::ServerContextBase* ctx, Body&& body) {
   Status s;
   std::string authorization;
   const auto& md = ctx->client_metadata();
@@ -30,19 +30,24 @@ grpc::Status JobServiceImpl::SubmitJob(grpc::ServerContext* ctx, const v1::Submi
   });
 }
 
-grpc::Status JobServiceImpl::GetJob(grpc::ServerContext* ctx, const v1::GetJobRequest* req, v1::Job* resp) {
-  return Handle("GetJob", ctx, [&](const std::string& user) -> Status {
+grpc::ServerUnaryReactor* JobServiceImpl::GetJob(grpc::CallbackServerContext* ctx, const v1::GetJobRequest* req,
+                                                 v1::Job* resp) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  reactor->Finish(Handle("GetJob", ctx, [&](const std::string& user) -> Status {
     TRAIND_ASSIGN_OR_RETURN(*resp, jobs_->Get(user, req->id()));
     return Status::Ok();
-  });
+  }));
+  return reactor;
 }
 
-grpc::Status JobServiceImpl::ListJobs(grpc::ServerContext* ctx, const v1::ListJobsRequest* req,
-                                      v1::ListJobsResponse* resp) {
-  return Handle("ListJobs", ctx, [&](const std::string& user) -> Status {
+grpc::ServerUnaryReactor* JobServiceImpl::ListJobs(grpc::CallbackServerContext* ctx, const v1::ListJobsRequest* req,
+                                                   v1::ListJobsResponse* resp) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  reactor->Finish(Handle("ListJobs", ctx, [&](const std::string& user) -> Status {
     for (auto& job : jobs_->List(user, req->limit())) *resp->add_jobs() = std::move(job);
     return Status::Ok();
-  });
+  }));
+  return reactor;
 }
 
 grpc::Status JobServiceImpl::CancelJob(grpc::ServerContext* ctx, const v1::CancelJobRequest* req, v1::Job* resp) {
@@ -55,8 +60,22 @@ grpc::Status JobServiceImpl::CancelJob(grpc::ServerContext* ctx, const v1::Cance
 grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* ctx, const v1::WatchJobRequest* req,
                                       grpc::ServerWriter<v1::JobEvent>* writer) {
   return Handle("WatchJob", ctx, [&](const std::string& user) -> Status {
-    return jobs_->Watch(user, *req, [&](const v1::JobEvent& ev) {
+    return jobs_->Watch(user, *req, [&](const v1::JobEvent& ev, bool) {
       return !ctx->IsCancelled() && writer->Write(ev);
+    }, [&] { return ctx->IsCancelled(); });
+  });
+}
+
+grpc::Status JobServiceImpl::WatchJobEvents(grpc::ServerContext* ctx, const v1::WatchJobRequest* req,
+                                            grpc::ServerWriter<v1::JobEventBatch>* writer) {
+  return Handle("WatchJobEvents", ctx, [&](const std::string& user) -> Status {
+    v1::JobEventBatch batch;
+    return jobs_->Watch(user, *req, [&](const v1::JobEvent& ev, bool more) {
+      *batch.add_events() = ev;
+      if (more) return true;
+      const bool ok = !ctx->IsCancelled() && writer->Write(batch);
+      batch.Clear();
+      return ok;
     }, [&] { return ctx->IsCancelled(); });
   });
 }

@@ -10,7 +10,12 @@
 
 namespace traind::server {
 
-class JobServiceImpl final : public v1::JobService::Service {
+// GetJob and ListJobs (what `trainctl status`/`list` poll) are callback handlers: they run on the
+// gRPC thread that read the call, with no hand-off to a worker thread (each hand-off is a context
+// switch, the largest part of a small call's cost on a VM). The others may block (fsync, planning,
+// a generation, a follower waiting for events) and stay on the sync server's threads.
+class JobServiceImpl final
+    : public v1::JobService::WithCallbackMethod_GetJob<v1::JobService::WithCallbackMethod_ListJobs<v1::JobService::Service>> {
  public:
   // All three must outlive the service.
   JobServiceImpl(JobManager* jobs, const TokenAuth* auth, Metrics* metrics)
@@ -18,12 +23,15 @@ class JobServiceImpl final : public v1::JobService::Service {
 
   grpc::Status SubmitJob(grpc::ServerContext* ctx, const v1::SubmitJobRequest* req,
                          v1::SubmitJobResponse* resp) override;
-  grpc::Status GetJob(grpc::ServerContext* ctx, const v1::GetJobRequest* req, v1::Job* resp) override;
-  grpc::Status ListJobs(grpc::ServerContext* ctx, const v1::ListJobsRequest* req,
-                        v1::ListJobsResponse* resp) override;
+  grpc::ServerUnaryReactor* GetJob(grpc::CallbackServerContext* ctx, const v1::GetJobRequest* req,
+                                   v1::Job* resp) override;
+  grpc::ServerUnaryReactor* ListJobs(grpc::CallbackServerContext* ctx, const v1::ListJobsRequest* req,
+                                     v1::ListJobsResponse* resp) override;
   grpc::Status CancelJob(grpc::ServerContext* ctx, const v1::CancelJobRequest* req, v1::Job* resp) override;
   grpc::Status WatchJob(grpc::ServerContext* ctx, const v1::WatchJobRequest* req,
                         grpc::ServerWriter<v1::JobEvent>* writer) override;
+  grpc::Status WatchJobEvents(grpc::ServerContext* ctx, const v1::WatchJobRequest* req,
+                              grpc::ServerWriter<v1::JobEventBatch>* writer) override;
   grpc::Status EstimateJob(grpc::ServerContext* ctx, const v1::EstimateJobRequest* req,
                            v1::EstimateJobResponse* resp) override;
   grpc::Status Generate(grpc::ServerContext* ctx, const v1::GenerateRequest* req,
@@ -32,7 +40,7 @@ class JobServiceImpl final : public v1::JobService::Service {
  private:
   // Authenticates, runs body(user) -> Status, maps and counts.
   template <typename Body>
-  grpc::Status Handle(const char* method, grpc::ServerContext* ctx, Body&& body);
+  grpc::Status Handle(const char* method, grpc::ServerContextBase* ctx, Body&& body);
 
   JobManager* const jobs_;
   const TokenAuth* const auth_;

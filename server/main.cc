@@ -65,6 +65,8 @@ std::shared_ptr<grpc::ServerCredentials> Credentials(const server::ServerOptions
 // Niceness of the gRPC threads: 200 concurrent clients then cost training a few percent of its
 // throughput instead of a fifth on a 2-core machine (tests/daemon/load_test.cc).
 constexpr int kControlPlaneNice = 10;
+// gRPC threads kept waiting for calls between bursts (see BuildAndStart below).
+constexpr int kMaxIdleGrpcThreads = 64;
 
 int64_t HostMemoryBytes() {
   return static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * static_cast<int64_t>(sysconf(_SC_PAGESIZE));
@@ -202,6 +204,13 @@ int main(int argc, char** argv) {
   int grpc_port = 0;
   builder.AddListeningPort(opts.listen, creds, &grpc_port);
   builder.RegisterService(&service);
+  // The sync server's threads: one polls while the others wait; a poller that takes a call is
+  // replaced when fewer than MIN_POLLERS remain, and a thread back from a call exits when more
+  // than MAX_POLLERS poll. With the defaults (1, 2) a steady stream of calls from many clients
+  // creates and ends a thread for most of them (stack mmap/munmap, page faults: about half of a
+  // GetJob's CPU in tests/daemon/load_test); idle threads that stay cost nothing.
+  builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MIN_POLLERS, 1);
+  builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MAX_POLLERS, kMaxIdleGrpcThreads);
   std::unique_ptr<grpc::Server> grpc_server = builder.BuildAndStart();
   if (!grpc_server || grpc_port == 0) {
     jobs.Stop();

@@ -3,6 +3,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -50,6 +51,8 @@ struct Client::Impl {
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<v1::JobService::Stub> stub;
   std::unique_ptr<grpc::health::v1::Health::Stub> health;
+  // The traind answered WatchJobEvents with UNIMPLEMENTED (it predates it): WatchJob from then on.
+  std::atomic<bool> events_unbatched{false};
 
   void Prepare(grpc::ClientContext* ctx, bool deadline) const {
     if (!options.token.empty()) ctx->AddMetadata("authorization", "Bearer " + options.token);
@@ -175,20 +178,46 @@ Status Client::Watch(const std::string& id, int64_t from_sequence, bool follow,
     req.set_id(id);
     req.set_from_sequence(next);
     req.set_follow(follow);
-    auto reader = impl_->stub->WatchJob(&ctx, req);
-    v1::JobEvent ev;
     bool stopped = false;
-    while (reader->Read(&ev)) {
-      retrying = false;
-      next = ev.sequence() + 1;
-      if (!on_event(ev)) {
-        stopped = true;
-        ctx.TryCancel();
-        break;
+    grpc::Status s;
+    if (!impl_->events_unbatched) {
+      // Batches (WatchJobEvents); a traind from before them answers UNIMPLEMENTED: one by one.
+      auto reader = impl_->stub->WatchJobEvents(&ctx, req);
+      v1::JobEventBatch batch;
+      bool any = false;
+      while (!stopped && reader->Read(&batch)) {
+        any = true;
+        retrying = false;
+        for (const v1::JobEvent& ev : batch.events()) {
+          next = ev.sequence() + 1;
+          if (!on_event(ev)) {
+            stopped = true;
+            ctx.TryCancel();
+            break;
+          }
+        }
       }
+      s = reader->Finish();
+      if (stopped) return Status::Ok();
+      if (!any && s.error_code() == grpc::StatusCode::UNIMPLEMENTED) {
+        impl_->events_unbatched = true;
+        continue;
+      }
+    } else {
+      auto reader = impl_->stub->WatchJob(&ctx, req);
+      v1::JobEvent ev;
+      while (reader->Read(&ev)) {
+        retrying = false;
+        next = ev.sequence() + 1;
+        if (!on_event(ev)) {
+          stopped = true;
+          ctx.TryCancel();
+          break;
+        }
+      }
+      s = reader->Finish();
+      if (stopped) return Status::Ok();
     }
-    grpc::Status s = reader->Finish();
-    if (stopped) return Status::Ok();
     Status st = FromGrpc(s);
     if (st.ok() || !follow || st.code() != Status::Code::kUnavailable) return st;
     // traind went away: retry until reconnect_seconds have passed since the last event.

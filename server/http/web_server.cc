@@ -40,7 +40,7 @@ std::vector<v1::JobEvent> RecentEvents(JobManager* jobs, const std::string& user
   v1::WatchJobRequest req;
   req.set_id(job.id());
   req.set_from_sequence(std::max<int64_t>(1, job.last_sequence() - window + 1));
-  (void)jobs->Watch(user, req, [&](const v1::JobEvent& ev) { out.push_back(ev); return true; },
+  (void)jobs->Watch(user, req, [&](const v1::JobEvent& ev, bool) { out.push_back(ev); return true; },
                     [] { return false; });
   return out;
 }
@@ -158,7 +158,7 @@ void WebServer::Routes() {
     wr.set_from_sequence(std::max<int64_t>(1, from));
     nlohmann::json events = nlohmann::json::array();
     int64_t next = std::max<int64_t>(1, from);
-    Status st = jobs->Watch(user, wr, [&](const v1::JobEvent& ev) {
+    Status st = jobs->Watch(user, wr, [&](const v1::JobEvent& ev, bool) {
       if (static_cast<int64_t>(events.size()) >= kMaxEventsPerCall) return false;
       events.push_back(EventJson(ev));
       next = ev.sequence() + 1;

@@ -272,7 +272,7 @@ class StoreSequenceTest : public ::testing::Test {
       v1::WatchJobRequest w;
       w.set_id(id);
       w.set_from_sequence(1);
-      Status s = jm.Watch("local", w, [&](const v1::JobEvent& ev) {
+      Status s = jm.Watch("local", w, [&](const v1::JobEvent& ev, bool) {
         out.seen[ev.sequence()] = ev.SerializeAsString();
         return true;
       }, [] { return false; });
@@ -299,7 +299,7 @@ class StoreSequenceTest : public ::testing::Test {
       v1::WatchJobRequest w;
       w.set_id(id);
       w.set_from_sequence(from);
-      s = jm.Watch("local", w, [&](const v1::JobEvent& ev) {
+      s = jm.Watch("local", w, [&](const v1::JobEvent& ev, bool) {
         out.resumed_watch.push_back(ev.sequence());
         return true;
       }, [] { return false; });
