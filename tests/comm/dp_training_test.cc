@@ -1463,5 +1463,70 @@ TEST(DataParallel, BadDistributedFieldsAreSpecErrors) {
   EXPECT_FALSE(again->distributed->master_addr.has_value());
 }
 
+// Instruction data (JOBSPEC.md "Instruction data"): conversations of unequal loss-token counts,
+// assistant_only_loss, SGD (plain steps): world 2 x B 2 equals one process x B 4 within 1e-6,
+// because each rank scales its token losses by the world's count of loss tokens (all-reduced),
+// not by its own.
+TEST(DataParallel, InstructionDataWorldTwoMatchesOneProcess) {
+  const std::string dir = TempDir("instr");
+  std::string lines;
+  const char* words[] = {"red", "green", "blue", "cat", "dog", "sun", "moon", "tree"};
+  for (int i = 0; i < 32; ++i) {
+    std::string a;
+    for (int k = 0; k <= (i * 7) % 9; ++k) a += std::string(k ? " " : "") + words[(i + k) % 8];
+    nlohmann::json line = {{"messages", {{{"role", "user"}, {"content", words[i % 8]}},
+                                         {{"role", "assistant"}, {"content", a}}}}};
+    lines += line.dump() + "\n";
+  }
+  WriteFile(dir + "/chat.jsonl", lines);
+  WriteFile(dir + "/t.jinja",
+            "{% for m in messages %}<{{ m.role }}>{{ m.content }}</{{ m.role }}>\n{% endfor %}"
+            "{% if add_generation_prompt %}<assistant>{% endif %}");
+  auto spec = [&](const std::string& out, int64_t B, const std::string& distributed) {
+    std::string s =
+        "name: dp-instr\n"
+        "model: {arch: gpt2, config: {vocab_size: 256, n_positions: 64, n_embd: 32, n_layer: 2, n_head: 2}}\n"
+        "data: {train_file: " + dir + "/chat.jsonl, format: jsonl, tokenizer: byte, chat_template: " +
+        dir + "/t.jinja,\n       assistant_only_loss: true, seq_len: 64, validation_split: 0, shuffle: false}\n"
+        "training: {max_steps: 4, per_device_train_batch_size: " + std::to_string(B) +
+        ", optim: sgd, learning_rate: 0.1,\n  lr_scheduler_type: constant, max_grad_norm: 0, "
+        "weight_decay: 0, seed: 7, logging_steps: 1, save_steps: 100}\n"
+        "output_dir: " + out + "\n";
+    if (!distributed.empty()) s += "distributed: " + distributed + "\n";
+    return s;
+  };
+  WriteFile(dir + "/ref.yaml", spec(dir + "/ref", 4, ""));
+  for (int r = 0; r < 2; ++r) {
+    WriteFile(dir + "/dp" + std::to_string(r) + ".yaml",
+              spec(r == 0 ? dir + "/dp" : dir + "/dp_rank1", 2, "{master_addr: 127.0.0.1}"));
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  const std::string port = std::to_string(Port());
+  std::vector<Proc> ranks;
+  for (int r = 0; r < 2; ++r) {
+    ranks.push_back(Start(dir + "/dp" + std::to_string(r) + ".yaml",
+                          {{"WORLD_SIZE", "2"}, {"RANK", std::to_string(r)}, {"MASTER_PORT", port},
+                           {"TRAIND_DIST_TIMEOUT_S", "60"}},
+                          dir + "/rank" + std::to_string(r) + ".log"));
+  }
+  Proc ref = Start(dir + "/ref.yaml", {}, dir + "/ref.log");
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_EQ(Wait(ranks[r], deadline), 0) << "rank " << r << ":\n" << Slurp(ranks[r].log);
+  }
+  ASSERT_EQ(Wait(ref, deadline), 0) << Slurp(ref.log);
+  const History a = ReadHistory(dir + "/ref"), b = ReadHistory(dir + "/dp");
+  ASSERT_EQ(a.loss.size(), 4u);
+  ASSERT_EQ(b.loss.size(), 4u);
+  for (size_t s = 0; s < 4; ++s) {
+    std::printf("[dp-instr] step %zu: loss 1 x B4 %.9f, world 2 x B2 %.9f\n", s + 1, a.loss[s], b.loss[s]);
+    EXPECT_NEAR(b.loss[s], a.loss[s], 1e-6 * a.loss[s]) << "step " << s + 1;
+  }
+  const WeightDiff w = CompareWeights(dir + "/ref", dir + "/dp");
+  std::printf("[dp-instr] weights: model rel L2 %.3g, worst max|diff|/max|w| %.3g\n", w.model_l2,
+              w.worst_max);
+  EXPECT_LE(w.model_l2, 1e-6);
+  EXPECT_LE(w.worst_max, 2e-6);
+}
+
 }  // namespace
 }  // namespace traind::engine
