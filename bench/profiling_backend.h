@@ -176,6 +176,11 @@ class ProfilingBackend final : public Backend {
     T x(this, "cast");
     in_->Cast(d, dt, s, st, n);
   }
+  void Dequantize4bit(const Quant4View& q, int64_t cols, int64_t r0, int64_t r1, void* out, int64_t ld,
+                      DType out_type) override {
+    T x(this, "dequantize_4bit");
+    in_->Dequantize4bit(q, cols, r0, r1, out, ld, out_type);
+  }
   void Dropout(float* o, const void* i, DType it, int64_t n, float p, const uint64_t* key,
                uint64_t stream, bool acc) override {
     T x(this, "dropout");

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/quant4.h"
 #include "core/half.h"
 #include "device_under_test.h"
 #include "optim/quant8.h"
@@ -287,6 +288,46 @@ std::vector<OpCase> AllCases() {
               auto x = Random(n, 24);
               if (where >= 0) x[static_cast<size_t>(where)] = bad;
               return Outputs{{"flag", {d->HasNonFinite(d.Up(x), n) ? 1.0 : 0.0}}};
+            });
+      }
+    }
+  }
+  // ---- QLoRA's 4-bit base: rows of a dequantized weight, exact (bitsandbytes' bits) ----
+  // 37 x 71 (odd n; blocks of 64 cross row ends), rows [5, 33) into a scratch of row stride 80;
+  // NF4 and FP4, with and without double quantization, each output type; zeros and a huge
+  // outlier in the weight.
+  for (Quant4Type qt : {Quant4Type::kNF4, Quant4Type::kFP4}) {
+    for (bool nested : {false, true}) {
+      for (DType to : {DType::kF32, DType::kBF16, DType::kF16}) {
+        const double exact[2] = {0.0, 0.0};
+        Add(&c, Op::kDequantize4bit,
+            std::string(Quant4TypeName(qt)) + (nested ? " nested" : "") + " 37x71 rows 5..33 ->" +
+                DTypeName(to),
+            exact, [=](Dev& d) {
+              constexpr int64_t rows = 37, cols = 71, r0 = 5, r1 = 33, ld = 80;
+              auto w = Random(rows * cols, 27, -0.5f, 0.5f);
+              for (int64_t i = 128; i < 192; ++i) w[static_cast<size_t>(i)] = 0.0f;  // a zero block
+              w[300] = 1e4f;
+              const cpu::Quant4Host h = cpu::Quantize4bitHost(w.data(), DType::kF32, rows * cols, qt, nested, 1);
+              Quant4View q;
+              q.type = qt;
+              q.n = h.n;
+              q.codes = d.Up(h.codes);
+              if (nested) {
+                q.qabsmax = d.Up(h.qabsmax);
+                q.nested_absmax = d.Up(h.nested_absmax);
+                const float* code = h.View().nested_code;
+                q.nested_code = d.Up(std::vector<float>(code, code + 256));
+                q.offset = h.offset;
+              } else {
+                q.absmax = d.Up(h.absmax);
+              }
+              const size_t n_out = static_cast<size_t>((r1 - r0) * ld);
+              void* out = to == DType::kF32 ? static_cast<void*>(d.Zeros<float>(n_out))
+                                            : static_cast<void*>(d.Zeros<uint16_t>(n_out));
+              d->Dequantize4bit(q, cols, r0, r1, out, ld, to);
+              return Outputs{{"out", to == DType::kF32 ? d.Get(static_cast<float*>(out), n_out)
+                                                       : d.Get(static_cast<uint16_t*>(out), n_out)}};
             });
       }
     }

@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/quant4.h"
 #include "backend/rope_freq.h"
 #include "backend/step_scalars.h"
 #include "core/dtype.h"
@@ -95,6 +96,7 @@ class HostStaging {
   X(AccumulateSum) \
   X(HasNonFinite) \
   X(Cast) \
+  X(Dequantize4bit) \
   X(Dropout) \
   X(LayerNormForward) \
   X(LayerNormForwardRounded) \
@@ -253,6 +255,13 @@ class Backend {
   virtual bool HasNonFinite(const float* x, int64_t n) { return !std::isfinite(SumSquares(x, n)); }
   // dst = src converted (round to nearest even), n elements.
   virtual void Cast(void* dst, DType dst_type, const void* src, DType src_type, int64_t n);
+  // QLoRA's frozen base: rows [r0, r1) of the (rows, cols) weight the 4-bit tensor q holds
+  // row-major (q.n == rows * cols, 0 <= r0 <= r1 <= rows; every pointer in q a device pointer,
+  // nested_code too) into out, row r at out + (r - r0) * ld elements of out_type (f32, bf16 or
+  // f16; ld >= cols): bitsandbytes' dequantize_4bit bits (backend/quant4.h), 16-bit outputs
+  // rounded to nearest even. The scratch a GEMM then reads.
+  virtual void Dequantize4bit(const Quant4View& q, int64_t cols, int64_t r0, int64_t r1, void* out,
+                              int64_t ld, DType out_type);
   // Inverted dropout (LoRA's lora_dropout): out (=, or += when accumulate) inp[i] * (keep(i) ?
   // 1 / (1 - p) : 0) over n elements (a product, as torch: a dropped inf/NaN gives NaN), inp of
   // `inp_type` (f32, bf16, f16), out fp32. keep(i) is the

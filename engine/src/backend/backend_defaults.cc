@@ -196,6 +196,11 @@ void Backend::Cast(void* /*dst*/, DType /*dst_type*/, const void* /*src*/, DType
   Unsupported(Op::kCast);
 }
 
+void Backend::Dequantize4bit(const Quant4View& /*q*/, int64_t /*cols*/, int64_t /*r0*/, int64_t /*r1*/,
+                             void* /*out*/, int64_t /*ld*/, DType /*out_type*/) {
+  Unsupported(Op::kDequantize4bit);
+}
+
 void Backend::Dropout(float* /*out*/, const void* /*inp*/, DType /*inp_type*/, int64_t /*n*/, float /*p*/, const uint64_t* /*key*/, uint64_t /*stream*/, bool /*accumulate*/) {
   Unsupported(Op::kDropout);
 }

@@ -152,6 +152,10 @@ class CpuBackend final : public Backend {
     for (int64_t i = 0; i < n; ++i) sum += x[i];
     *acc += static_cast<double>(*weight) * sum;
   }
+  void Dequantize4bit(const Quant4View& q, int64_t cols, int64_t r0, int64_t r1, void* out, int64_t ld,
+                      DType out_type) override {
+    cpu::Dequantize4bitRows(q, cols, r0, r1, out, ld, out_type, nt_);
+  }
   void Cast(void* dst, DType dst_type, const void* src, DType src_type, int64_t n) override {
     cpu::Cast(dst, dst_type, src, src_type, n, nt_);
   }

@@ -189,6 +189,11 @@ void GpuBackend::Cast(void* dst, DType dst_type, const void* src, DType src_type
   Record(gpu::Cast(dst, dst_type, src, src_type, n, stream_));
 }
 
+void GpuBackend::Dequantize4bit(const Quant4View& q, int64_t cols, int64_t r0, int64_t r1, void* out,
+                                int64_t ld, DType out_type) {
+  Record(gpu::Dequantize4bitRows(q, cols, r0, r1, out, ld, out_type, stream_));
+}
+
 void GpuBackend::Dropout(float* out, const void* inp, DType inp_type, int64_t n, float p,
                          const uint64_t* key, uint64_t stream, bool accumulate) {
   Record(gpu::Dropout(out, inp, inp_type, n, p, key, stream, accumulate, stream_));

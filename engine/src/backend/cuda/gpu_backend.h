@@ -72,6 +72,8 @@ class GpuBackend : public Backend {
   void AccumulateSumSquares(double* acc, const float* x, int64_t n) override;
   void AccumulateSum(double* acc, const float* x, int64_t n, const float* weight) override;
   void Cast(void* dst, DType dst_type, const void* src, DType src_type, int64_t n) override;
+  void Dequantize4bit(const Quant4View& q, int64_t cols, int64_t r0, int64_t r1, void* out, int64_t ld,
+                      DType out_type) override;
   void Dropout(float* out, const void* inp, DType inp_type, int64_t n, float p,
                const uint64_t* key, uint64_t stream, bool accumulate) override;
   void LayerNormForward(float* out, float* mean, float* rstd, const float* inp, const float* weight,

@@ -8,6 +8,7 @@
 
 #include "backend/cuda/gpu_ns.h"
 #include "backend/cuda/optim_kernels.h"  // SGD, Adafactor, 8-bit AdamW launchers
+#include "backend/quant4.h"
 #include "backend/rope_freq.h"
 #include "backend/step_scalars.h"
 #include "core/dtype.h"
@@ -36,6 +37,11 @@ Status Cast(void* dst, DType dst_type, const void* src, DType src_type, int64_t 
             cudaStream_t stream);
 // *flag (device) = 1 when some x is NaN or infinite; untouched otherwise. The caller zeroes it.
 Status FlagNonFinite(int* flag, const float* x, int64_t n, cudaStream_t stream);
+
+// ---- quant4.cu ----
+// Backend::Dequantize4bit: rows [r0, r1) of q's (rows, cols) weight into out (row stride ld).
+Status Dequantize4bitRows(const Quant4View& q, int64_t cols, int64_t r0, int64_t r1, void* out,
+                          int64_t ld, DType out_type, cudaStream_t stream);
 
 // ---- dropout.cu ----
 // backend.h's Dropout; `key` is a device pointer.
