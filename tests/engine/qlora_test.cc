@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <fstream>
 
+#include "models/quantized_base.h"
 #include "train/planner.h"
 #include "trainer_test_util.h"
 
@@ -90,6 +91,51 @@ TEST(FrozenBase, PackedCopiesStayWhenTheyFit) {
   EXPECT_TRUE(est->packed_weights);
   EXPECT_GT(static_cast<double>(est->bytes.weights), 2.0 * 2 * Llama7bParams());
   EXPECT_EQ(est->reason.find("packed weight copies"), std::string::npos) << est->reason;
+}
+
+// The 4-bit base's arithmetic (models/quantized_base.h) for an 8B llama (hidden 4096, intermediate
+// 14336, 32 layers, 32 heads, 8 kv heads, vocab 128256): every block linear weight, each tensor
+// on its own (bitsandbytes' Linear4bit): codes n/2 bytes, absmax fp32 per 64, or with double
+// quant a uint8 per 64, an fp32 per 256*64 and an fp32 offset, plus the nested code table once.
+TEST(QuantizedBase, EightBillionLlamaBaseBytes) {
+  ModelConfig c;
+  c.arch = "llama";
+  c.vocab_size = 128256;
+  c.hidden_size = 4096;
+  c.intermediate_size = 14336;
+  c.num_hidden_layers = 32;
+  c.num_attention_heads = 32;
+  c.num_key_value_heads = 8;
+  c.max_position_embeddings = 2048;
+  const ParamTable t = BuildParams(MakeArchDims(c));
+  const int64_t C = 4096, KV = 1024, I = 14336, L = 32;
+  const std::vector<QuantizedTensor> q = QuantizedTensors(t);
+  ASSERT_EQ(q.size(), static_cast<size_t>(7 * L));  // q, k, v, o, gate, up, down
+  // Hand count: per layer q and o (C*C), k and v (KV*C), gate, up and down (I*C).
+  const int64_t per_layer = 2 * C * C + 2 * KV * C + 3 * I * C;
+  auto bytes = [](int64_t n, bool dq) {  // one tensor, from the definition (n divides by 64 here)
+    const int64_t blocks = n / 64;
+    return n / 2 + (dq ? blocks + 4 * ((blocks + 255) / 256) + 4 : 4 * blocks);
+  };
+  for (const bool dq : {false, true}) {
+    const QuantizedBaseBytes b = QuantizedBasePlan(t, dq);
+    EXPECT_EQ(b.elements, L * per_layer);
+    EXPECT_EQ(b.largest, per_layer);
+    const int64_t layer_bytes = 2 * bytes(C * C, dq) + 2 * bytes(KV * C, dq) + 3 * bytes(I * C, dq);
+    EXPECT_EQ(b.quantized, L * layer_bytes + (dq ? 1024 : 0)) << dq;
+    std::printf("[8B llama 4-bit base%s] %lld weights in %.3f GiB (%.4f bytes a weight; bf16 %.3f GiB)\n",
+                dq ? ", double quant" : "", static_cast<long long>(b.elements),
+                static_cast<double>(b.quantized) / kGiB,
+                static_cast<double>(b.quantized) / static_cast<double>(b.elements),
+                2.0 * static_cast<double>(b.elements) / kGiB);
+  }
+  // Double quantization: 0.5 + 1/64 + 4/16384 bytes a weight, against 0.5 + 4/64.
+  EXPECT_LT(QuantizedBasePlan(t, true).quantized, QuantizedBasePlan(t, false).quantized);
+  // Embeddings, norms and the lm head are not among them.
+  for (const QuantizedTensor& x : q) {
+    EXPECT_NE(x.offset, t.wte);
+    EXPECT_NE(x.offset, t.lm_head);
+  }
 }
 
 // model.quantization_config (JOBSPEC.md): HF BitsAndBytesConfig's names, only with training.peft,
