@@ -329,6 +329,39 @@ TEST(InstructionData, OffsetsOfEveryTokenizerKind) {
   EXPECT_EQ(starts, (std::vector<int64_t>{0, 5, 7, 12, 13}));  // [UNK]: where "s" ended
 }
 
+// SentencePiece (a model trained here): the default alignment puts each piece at its word.
+TEST(InstructionData, OffsetsOfSentencePiece) {
+  const std::string shakespeare = testing::SharedData("tinyshakespeare.txt");
+  if (!FileExists(shakespeare)) GTEST_SKIP() << "no " << shakespeare;
+  const std::string dir = testing::MakeTempDir("offsets-spm");
+  WriteAll(dir + "/corpus.txt", ReadAll(shakespeare).substr(0, 200000));
+  ASSERT_EQ(Shell("/usr/bin/spm_train --input='" + dir + "/corpus.txt' --model_prefix='" + dir +
+                  "/sp' --vocab_size=400 --model_type=bpe --minloglevel=2 >'" + dir + "/log' 2>&1"),
+            0)
+      << ReadAll(dir + "/log");
+  auto sp = DefaultTokenizerFactory().Open(dir + "/sp.model", "");
+  ASSERT_TRUE(sp.ok()) << sp.status().ToString();
+  const std::string text = "ROMEO: What light through yonder window breaks?";
+  std::vector<int64_t> starts;
+  auto ids = (*sp)->EncodeWithOffsets(text, &starts);
+  ASSERT_TRUE(ids.ok());
+  EXPECT_EQ(*ids, *(*sp)->Encode(text, false));
+  ASSERT_EQ(starts.size(), ids->size());
+  EXPECT_EQ(starts[0], 0);
+  for (size_t i = 0; i < ids->size(); ++i) {
+    // The piece's text (its word marker as a space) is the text at its start.
+    std::string piece = *(*sp)->Decode({(*ids)[i]}, false);
+    while (!piece.empty() && piece[0] == ' ') piece.erase(0, 1);
+    const size_t at = static_cast<size_t>(starts[i]);
+    const size_t skip = text[at] == ' ' ? 1 : 0;
+    EXPECT_EQ(text.compare(at + skip, piece.size(), piece), 0)
+        << "token " << i << " '" << piece << "' at " << at;
+    if (i > 0) {
+      EXPECT_GT(starts[i], starts[i - 1]);
+    }
+  }
+}
+
 // ---- the five real templates and ours against @huggingface/jinja ----
 
 std::string ReferenceDir(std::string* error) {
