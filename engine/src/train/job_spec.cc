@@ -20,6 +20,7 @@
 #include "data/instruction_data.h"
 #include "data/window_order.h"
 #include "models/hf_config.h"
+#include "models/layout.h"
 #include "models/lora.h"
 #include "optim/sharded_optimizer.h"
 #include "train/checkpoint.h"
@@ -63,13 +64,34 @@ const std::vector<std::string> kLlamaKeys = {
     "num_hidden_layers",   "num_attention_heads", "num_key_value_heads",
     "rms_norm_eps",        "rope_theta",          "max_position_embeddings",
     "tie_word_embeddings"};
-// mixtral: llama's keys and the experts' (HF MixtralConfig).
-const std::vector<std::string> kMixtralKeys = [] {
+// The llama-like families: llama's keys, head_dim and rope_scaling (also spelled
+// rope_parameters) for all; llama's attention_bias; mistral's and mixtral's sliding_window;
+// mixtral's experts (HF MixtralConfig).
+std::vector<std::string> LlamaLikeKeys(const std::string& arch) {
   std::vector<std::string> keys = kLlamaKeys;
-  keys.insert(keys.end(), {"num_local_experts", "num_experts_per_tok", "router_aux_loss_coef",
-                           "output_router_logits"});
+  keys.insert(keys.end(), {"head_dim", "rope_scaling", "rope_parameters"});
+  if (arch == "llama") keys.push_back("attention_bias");
+  if (arch == "mistral" || arch == "mixtral") keys.push_back("sliding_window");
+  if (arch == "mixtral") {
+    keys.insert(keys.end(), {"num_local_experts", "num_experts_per_tok", "router_aux_loss_coef",
+                             "output_router_logits"});
+  }
   return keys;
-}();
+}
+
+const std::vector<std::string>& ConfigKeysOf(const std::string& arch) {
+  static const std::map<std::string, std::vector<std::string>> kKeys = {
+      {"gpt2", kGpt2Keys},
+      {"bert", kBertKeys},
+      {"llama", LlamaLikeKeys("llama")},
+      {"mistral", LlamaLikeKeys("mistral")},
+      {"qwen2", LlamaLikeKeys("qwen2")},
+      {"mixtral", LlamaLikeKeys("mixtral")}};
+  return kKeys.at(arch);
+}
+
+// The families JOBSPEC.md names whose blocks are not built yet: refused as "not supported yet".
+bool FamilyNotBuiltYet(const std::string& arch) { return arch == "qwen3" || arch == "gemma"; }
 
 std::string Resolve(const std::string& base_dir, const std::string& p) {
   if (p.empty() || base_dir.empty()) return p;
@@ -78,41 +100,8 @@ std::string Resolve(const std::string& base_dir, const std::string& p) {
   return (std::filesystem::path(base_dir) / path).lexically_normal().string();
 }
 
-// The defaults of an arch: ModelConfig's, with HF LlamaConfig's where they differ.
-ModelConfig ArchDefaults(const std::string& arch) {
-  ModelConfig c;
-  c.arch = arch;
-  if (arch == "llama") {
-    c.vocab_size = 32000;
-    c.tie_word_embeddings = false;
-  }
-  if (arch == "mixtral") {  // HF MixtralConfig (Mixtral-8x7B)
-    c.vocab_size = 32000;
-    c.hidden_size = 4096;
-    c.intermediate_size = 14336;
-    c.num_hidden_layers = 32;
-    c.num_attention_heads = 32;
-    c.num_key_value_heads = 8;
-    c.max_position_embeddings = 4096 * 32;
-    c.rms_norm_eps = 1e-5;
-    c.rope_theta = 1e6;
-    c.tie_word_embeddings = false;
-  }
-  if (arch == "bert") {  // HF BertConfig (bert-base-uncased)
-    c.vocab_size = 30522;
-    c.hidden_size = 768;
-    c.intermediate_size = 3072;
-    c.num_hidden_layers = 12;
-    c.num_attention_heads = 12;
-    c.num_key_value_heads = 12;
-    c.max_position_embeddings = 512;
-    c.type_vocab_size = 2;
-    c.layer_norm_eps = 1e-12;
-    c.pad_token_id = 0;
-    c.tie_word_embeddings = true;
-  }
-  return c;
-}
+// The defaults of an arch: its HF config class's.
+ModelConfig ArchDefaults(const std::string& arch) { return HfConfigDefaults(arch); }
 
 // model.config.id2label ({0: name, ...} or {"0": name, ...}) and label2id ({name: 0, ...}): the
 // label names by id; when both are given they must be inverse maps. Ids must be 0 .. n-1.
@@ -174,16 +163,42 @@ Status ParseLabelMaps(const SpecReader& r, ModelConfig* c) {
   return Status::Ok();
 }
 
+// model.config.rope_scaling (or rope_parameters): HF's object, {rope_type (or type): default |
+// linear | llama3, factor, low_freq_factor, high_freq_factor, original_max_position_embeddings}
+// (rope_parameters may also hold rope_theta); null = plain RoPE.
+Status ParseRopeScaling(const SpecReader& parent, const char* key, ModelConfig* c) {
+  if (!parent.Has(key) || parent.Child(key).IsNull()) return Status::Ok();
+  TRAIND_ASSIGN_OR_RETURN(SpecReader r, SpecReader::Open(parent.Child(key), parent.PathOf(key)));
+  TRAIND_RETURN_IF_ERROR(r.CheckKeys({"rope_type", "type", "factor", "low_freq_factor",
+                                      "high_freq_factor", "original_max_position_embeddings",
+                                      "rope_theta"}));
+  ModelConfig::RopeScaling rs;
+  if (r.Has("rope_type") && r.Has("type")) return r.Error("type", "give rope_type or type, not both");
+  const char* type_key = r.Has("type") ? "type" : "rope_type";
+  TRAIND_RETURN_IF_ERROR(r.Enum(type_key, &rs.rope_type, {"default", "linear", "llama3"}));
+  if (rs.rope_type != "default" && !r.Has("factor")) return r.Error("factor", "required");
+  TRAIND_RETURN_IF_ERROR(r.Double("factor", &rs.factor));
+  TRAIND_RETURN_IF_ERROR(r.Double("low_freq_factor", &rs.low_freq_factor));
+  TRAIND_RETURN_IF_ERROR(r.Double("high_freq_factor", &rs.high_freq_factor));
+  TRAIND_RETURN_IF_ERROR(
+      r.Int("original_max_position_embeddings", &rs.original_max_position_embeddings, 1));
+  TRAIND_RETURN_IF_ERROR(r.Double("rope_theta", &c->rope_theta));
+  if (rs.rope_type == "default") rs = ModelConfig::RopeScaling{};
+  c->rope_scaling = rs;
+  return Status::Ok();
+}
+
 Status ParseModelConfig(const YAML::Node& node, ModelConfig* c) {
   if (!node || node.IsNull()) return Status::Ok();
   TRAIND_ASSIGN_OR_RETURN(SpecReader r, SpecReader::Open(node, "model.config"));
   const bool gpt2 = c->arch == "gpt2";
   const bool bert = c->arch == "bert";
   const bool mixtral = c->arch == "mixtral";
-  const auto& mine = gpt2 ? kGpt2Keys : bert ? kBertKeys : mixtral ? kMixtralKeys : kLlamaKeys;
+  const auto& mine = ConfigKeysOf(c->arch);
   std::set<std::string> foreign;
-  for (const auto* keys : {&kGpt2Keys, &kLlamaKeys, &kBertKeys, &kMixtralKeys}) {
-    foreign.insert(keys->begin(), keys->end());
+  for (const char* arch : {"gpt2", "bert", "llama", "mistral", "qwen2", "mixtral"}) {
+    const auto& keys = ConfigKeysOf(arch);
+    foreign.insert(keys.begin(), keys.end());
   }
   for (const std::string& k : mine) foreign.erase(k);
   TRAIND_RETURN_IF_ERROR(r.CheckKeys(mine, foreign, "not a " + c->arch + " config key"));
@@ -211,13 +226,28 @@ Status ParseModelConfig(const YAML::Node& node, ModelConfig* c) {
     TRAIND_RETURN_IF_ERROR(r.Int("intermediate_size", &c->intermediate_size, 1));
     TRAIND_RETURN_IF_ERROR(r.Int("num_hidden_layers", &c->num_hidden_layers, 1));
     TRAIND_RETURN_IF_ERROR(r.Int("num_attention_heads", &c->num_attention_heads, 1));
-    // HF: absent means no grouping (llama); Mixtral's default is 8.
-    if (!mixtral) c->num_key_value_heads = c->num_attention_heads;
+    // HF: absent means no grouping (llama, qwen2); Mistral's and Mixtral's default is 8.
+    if (c->arch == "llama" || c->arch == "qwen2") c->num_key_value_heads = c->num_attention_heads;
     TRAIND_RETURN_IF_ERROR(r.Int("num_key_value_heads", &c->num_key_value_heads, 1));
     TRAIND_RETURN_IF_ERROR(r.Double("rms_norm_eps", &c->rms_norm_eps));
     TRAIND_RETURN_IF_ERROR(r.Double("rope_theta", &c->rope_theta));
     TRAIND_RETURN_IF_ERROR(r.Int("max_position_embeddings", &c->max_position_embeddings, 1));
     TRAIND_RETURN_IF_ERROR(r.Bool("tie_word_embeddings", &c->tie_word_embeddings));
+    TRAIND_RETURN_IF_ERROR(r.Int("head_dim", &c->head_dim, 1));
+    if (c->arch == "llama") TRAIND_RETURN_IF_ERROR(r.Bool("attention_bias", &c->attention_bias));
+    if (r.Has("sliding_window")) {
+      if (r.Child("sliding_window").IsNull()) {
+        c->sliding_window = 0;
+      } else {
+        TRAIND_RETURN_IF_ERROR(r.Int("sliding_window", &c->sliding_window, 1));
+      }
+    }
+    if (r.Has("rope_scaling") && r.Has("rope_parameters")) {
+      return r.Error("rope_parameters", "give rope_scaling or rope_parameters, not both");
+    }
+    for (const char* key : {"rope_scaling", "rope_parameters"}) {
+      TRAIND_RETURN_IF_ERROR(ParseRopeScaling(r, key, c));
+    }
     if (mixtral) {
       TRAIND_RETURN_IF_ERROR(r.Int("num_local_experts", &c->num_local_experts, 1));
       TRAIND_RETURN_IF_ERROR(r.Int("num_experts_per_tok", &c->num_experts_per_tok, 1));
@@ -230,15 +260,25 @@ Status ParseModelConfig(const YAML::Node& node, ModelConfig* c) {
 
 Status ParseModel(const YAML::Node& node, ModelSpec* m, const std::string& base_dir) {
   if (!node) {
-    return Status::InvalidArgument("model: required (with model.arch: gpt2 | llama | bert | mixtral)");
+    return Status::InvalidArgument("model: required (with model.arch: " + KnownFamilies() + ")");
   }
   TRAIND_ASSIGN_OR_RETURN(SpecReader r, SpecReader::Open(node, "model"));
   TRAIND_RETURN_IF_ERROR(r.CheckKeys(kModelKeys));
-  if (!r.Has("arch")) return r.Error("arch", "required (gpt2 | llama | bert | mixtral)");
   std::string arch;
-  TRAIND_RETURN_IF_ERROR(r.String("arch", &arch));
-  if (arch != "gpt2" && arch != "llama" && arch != "bert" && arch != "mixtral") {
-    return r.Error("arch", "expected one of gpt2, llama, bert, mixtral, got '" + arch + "'");
+  if (r.Has("arch")) {
+    TRAIND_RETURN_IF_ERROR(r.String("arch", &arch));
+  } else {
+    // JOBSPEC.md: without arch, init_from's config.json model_type names the family.
+    std::optional<std::string> from;
+    TRAIND_RETURN_IF_ERROR(r.OptionalString("init_from", &from));
+    if (!from || from->empty()) {
+      return r.Error("arch", "required without init_from (" + KnownFamilies() + ")");
+    }
+    TRAIND_ASSIGN_OR_RETURN(arch, ReadHfModelType(Resolve(base_dir, *from) + "/config.json"));
+  }
+  if (FamilyNotBuiltYet(arch)) return r.Error("arch", arch + " is not supported yet");
+  if (FindFamily(arch) == nullptr) {
+    return r.Error("arch", "expected one of " + KnownFamilies() + ", got '" + arch + "'");
   }
   const bool bert = arch == "bert";
   // JOBSPEC.md's head (bert: sequence_classification | masked_lm, required; causal families:
@@ -260,6 +300,10 @@ Status ParseModel(const YAML::Node& node, ModelSpec* m, const std::string& base_
   }
   m->config = ArchDefaults(arch);
   TRAIND_RETURN_IF_ERROR(ParseModelConfig(r.Child("config"), &m->config));
+  m->config_keys.clear();
+  if (r.Has("config") && r.Child("config").IsMap()) {
+    for (const auto& kv : r.Child("config")) m->config_keys.push_back(kv.first.Scalar());
+  }
   if (bert) m->config.head = head;
   if (r.Has("num_labels") && !r.Child("num_labels").IsNull()) {
     int64_t labels = 2;
@@ -689,67 +733,84 @@ Result<JobSpec> ParseRoot(const YAML::Node& root, const std::string& base_dir) {
   return s;
 }
 
-// FAILED_PRECONDITION unless every model.config value that differs from the arch default agrees
-// with init_from's config.json (a value equal to the default is treated as "not given").
-Status CheckAgreement(const ModelConfig& mine, const ModelConfig& file, const std::string& src) {
-  const ModelConfig def = ArchDefaults(mine.arch);
-  auto check = [&](const char* key, auto a, auto d, auto f) -> Status {
-    if (a == d || a == f) return Status::Ok();
-    return Status::FailedPrecondition("model.config." + std::string(key) + ": " +
-                                      nlohmann::json(a).dump() + " disagrees with " + src + " (" +
-                                      nlohmann::json(f).dump() + "); remove it from the spec");
-  };
-  TRAIND_RETURN_IF_ERROR(check("vocab_size", mine.vocab_size, def.vocab_size, file.vocab_size));
-  if (mine.arch == "bert") {
-    TRAIND_RETURN_IF_ERROR(check("hidden_size", mine.hidden_size, def.hidden_size, file.hidden_size));
-    TRAIND_RETURN_IF_ERROR(check("intermediate_size", mine.intermediate_size,
-                                 def.intermediate_size, file.intermediate_size));
-    TRAIND_RETURN_IF_ERROR(check("num_hidden_layers", mine.num_hidden_layers,
-                                 def.num_hidden_layers, file.num_hidden_layers));
-    TRAIND_RETURN_IF_ERROR(check("num_attention_heads", mine.num_attention_heads,
-                                 def.num_attention_heads, file.num_attention_heads));
-    TRAIND_RETURN_IF_ERROR(check("max_position_embeddings", mine.max_position_embeddings,
-                                 def.max_position_embeddings, file.max_position_embeddings));
-    TRAIND_RETURN_IF_ERROR(check("type_vocab_size", mine.type_vocab_size, def.type_vocab_size,
-                                 file.type_vocab_size));
-    TRAIND_RETURN_IF_ERROR(check("layer_norm_eps", mine.layer_norm_eps, def.layer_norm_eps,
-                                 file.layer_norm_eps));
-    return check("pad_token_id", mine.pad_token_id, def.pad_token_id, file.pad_token_id);
+// model.config as a document: every key of the arch with its value (ParseModelConfig's keys).
+nlohmann::ordered_json ModelConfigJson(const ModelConfig& c) {
+  using oj = nlohmann::ordered_json;
+  oj config;
+  config["vocab_size"] = c.vocab_size;
+  if (c.arch == "bert") {
+    config["hidden_size"] = c.hidden_size;
+    config["intermediate_size"] = c.intermediate_size;
+    config["num_hidden_layers"] = c.num_hidden_layers;
+    config["num_attention_heads"] = c.num_attention_heads;
+    config["max_position_embeddings"] = c.max_position_embeddings;
+    config["type_vocab_size"] = c.type_vocab_size;
+    config["layer_norm_eps"] = c.layer_norm_eps;
+    config["pad_token_id"] = c.pad_token_id;
+    if (!c.id2label.empty()) {
+      oj id2label = oj::object();
+      for (size_t i = 0; i < c.id2label.size(); ++i) id2label[std::to_string(i)] = c.id2label[i];
+      config["id2label"] = id2label;
+    }
+  } else if (c.arch == "gpt2") {
+    config["n_positions"] = c.n_positions;
+    config["n_embd"] = c.n_embd;
+    config["n_layer"] = c.n_layer;
+    config["n_head"] = c.n_head;
+    config["layer_norm_epsilon"] = c.layer_norm_epsilon;
+  } else {
+    config["hidden_size"] = c.hidden_size;
+    config["intermediate_size"] = c.intermediate_size;
+    config["num_hidden_layers"] = c.num_hidden_layers;
+    config["num_attention_heads"] = c.num_attention_heads;
+    config["num_key_value_heads"] = c.num_key_value_heads;
+    config["rms_norm_eps"] = c.rms_norm_eps;
+    config["rope_theta"] = c.rope_theta;
+    config["max_position_embeddings"] = c.max_position_embeddings;
+    config["tie_word_embeddings"] = c.tie_word_embeddings;
+    config["head_dim"] = c.head_size();
+    if (c.arch == "llama") config["attention_bias"] = c.attention_bias;
+    if (c.arch == "mistral" || c.arch == "mixtral") {
+      config["sliding_window"] = c.sliding_window > 0 ? oj(c.sliding_window) : oj(nullptr);
+    }
+    if (c.rope_scaling.rope_type != "default") {
+      const ModelConfig::RopeScaling& rs = c.rope_scaling;
+      oj r = {{"rope_type", rs.rope_type}, {"factor", rs.factor}};
+      if (rs.rope_type == "llama3") {
+        r["low_freq_factor"] = rs.low_freq_factor;
+        r["high_freq_factor"] = rs.high_freq_factor;
+        r["original_max_position_embeddings"] = rs.original_max_position_embeddings;
+      }
+      config["rope_scaling"] = r;
+    }
+    if (c.arch == "mixtral") {
+      config["num_local_experts"] = c.num_local_experts;
+      config["num_experts_per_tok"] = c.num_experts_per_tok;
+      config["router_aux_loss_coef"] = c.router_aux_loss_coef;
+      config["output_router_logits"] = c.output_router_logits;
+    }
   }
-  if (mine.arch == "gpt2") {
-    TRAIND_RETURN_IF_ERROR(check("n_positions", mine.n_positions, def.n_positions, file.n_positions));
-    TRAIND_RETURN_IF_ERROR(check("n_embd", mine.n_embd, def.n_embd, file.n_embd));
-    TRAIND_RETURN_IF_ERROR(check("n_layer", mine.n_layer, def.n_layer, file.n_layer));
-    TRAIND_RETURN_IF_ERROR(check("n_head", mine.n_head, def.n_head, file.n_head));
-    return check("layer_norm_epsilon", mine.layer_norm_epsilon, def.layer_norm_epsilon,
-                 file.layer_norm_epsilon);
+  return config;
+}
+
+// FAILED_PRECONDITION unless every model.config key the spec wrote agrees with init_from's
+// config.json; keys the spec did not write come from the file (HF's defaults only where neither
+// gives them). Label maps (bert) are the spec's to set (ResolveModelConfig).
+Status CheckAgreement(const ModelSpec& spec, const ModelConfig& file, const std::string& src) {
+  const nlohmann::ordered_json mine = ModelConfigJson(spec.config);
+  const nlohmann::ordered_json theirs = ModelConfigJson(file);
+  for (const std::string& key : spec.config_keys) {
+    if (key == "id2label" || key == "label2id") continue;
+    // rope_parameters is rope_scaling's newer spelling: both compare as rope_scaling.
+    const std::string k = key == "rope_parameters" ? "rope_scaling" : key;
+    const nlohmann::ordered_json a = mine.contains(k) ? mine[k] : nlohmann::ordered_json(nullptr);
+    const nlohmann::ordered_json f = theirs.contains(k) ? theirs[k] : nlohmann::ordered_json(nullptr);
+    if (a == f) continue;
+    return Status::FailedPrecondition("model.config." + key + ": " + a.dump() +
+                                      " disagrees with " + src + " (" + f.dump() +
+                                      "); remove it from the spec");
   }
-  TRAIND_RETURN_IF_ERROR(check("hidden_size", mine.hidden_size, def.hidden_size, file.hidden_size));
-  TRAIND_RETURN_IF_ERROR(check("intermediate_size", mine.intermediate_size, def.intermediate_size,
-                               file.intermediate_size));
-  TRAIND_RETURN_IF_ERROR(check("num_hidden_layers", mine.num_hidden_layers, def.num_hidden_layers,
-                               file.num_hidden_layers));
-  TRAIND_RETURN_IF_ERROR(check("num_attention_heads", mine.num_attention_heads,
-                               def.num_attention_heads, file.num_attention_heads));
-  TRAIND_RETURN_IF_ERROR(check("num_key_value_heads", mine.num_key_value_heads,
-                               mine.num_attention_heads, file.num_key_value_heads));
-  TRAIND_RETURN_IF_ERROR(check("rms_norm_eps", mine.rms_norm_eps, def.rms_norm_eps,
-                               file.rms_norm_eps));
-  TRAIND_RETURN_IF_ERROR(check("rope_theta", mine.rope_theta, def.rope_theta, file.rope_theta));
-  TRAIND_RETURN_IF_ERROR(check("max_position_embeddings", mine.max_position_embeddings,
-                               def.max_position_embeddings, file.max_position_embeddings));
-  if (mine.arch == "mixtral") {
-    TRAIND_RETURN_IF_ERROR(check("num_local_experts", mine.num_local_experts,
-                                 def.num_local_experts, file.num_local_experts));
-    TRAIND_RETURN_IF_ERROR(check("num_experts_per_tok", mine.num_experts_per_tok,
-                                 def.num_experts_per_tok, file.num_experts_per_tok));
-    TRAIND_RETURN_IF_ERROR(check("router_aux_loss_coef", mine.router_aux_loss_coef,
-                                 def.router_aux_loss_coef, file.router_aux_loss_coef));
-    TRAIND_RETURN_IF_ERROR(check("output_router_logits", mine.output_router_logits,
-                                 def.output_router_logits, file.output_router_logits));
-  }
-  return check("tie_word_embeddings", mine.tie_word_embeddings, def.tie_word_embeddings,
-               file.tie_word_embeddings);
+  return Status::Ok();
 }
 
 Status ValidateInitFrom(const JobSpec& spec) {
@@ -773,7 +834,7 @@ Status ValidateInitFrom(const JobSpec& spec) {
                                       file->arch + " but model.arch is " +
                                       spec.model.config.arch);
   }
-  TRAIND_RETURN_IF_ERROR(CheckAgreement(spec.model.config, *file, cfg_path));
+  TRAIND_RETURN_IF_ERROR(CheckAgreement(spec.model, *file, cfg_path));
   if (!fs::exists(fs::path(dir) / "model.safetensors", ec) &&
       !fs::exists(fs::path(dir) / "model.safetensors.index.json", ec)) {
     return Status::NotFound("model.init_from: " + dir + ": neither model.safetensors nor "
@@ -945,44 +1006,15 @@ Status CheckOutputDirFree(const JobSpec& spec) {
 std::string JobSpecToJson(const JobSpec& s) {
   using oj = nlohmann::ordered_json;
   const ModelConfig& c = s.model.config;
-  oj config;
-  config["vocab_size"] = c.vocab_size;
-  if (c.arch == "bert") {
-    config["hidden_size"] = c.hidden_size;
-    config["intermediate_size"] = c.intermediate_size;
-    config["num_hidden_layers"] = c.num_hidden_layers;
-    config["num_attention_heads"] = c.num_attention_heads;
-    config["max_position_embeddings"] = c.max_position_embeddings;
-    config["type_vocab_size"] = c.type_vocab_size;
-    config["layer_norm_eps"] = c.layer_norm_eps;
-    config["pad_token_id"] = c.pad_token_id;
-    if (!c.id2label.empty()) {
-      oj id2label = oj::object();
-      for (size_t i = 0; i < c.id2label.size(); ++i) id2label[std::to_string(i)] = c.id2label[i];
-      config["id2label"] = id2label;
+  oj config = ModelConfigJson(c);
+  if (s.model.init_from) {
+    // With init_from only the keys the spec wrote: the rest comes from config.json (a re-parse of
+    // this document must not turn defaults into values that disagree with the file).
+    oj given = oj::object();
+    for (const std::string& k : s.model.config_keys) {
+      if (config.contains(k)) given[k] = config[k];
     }
-  } else if (c.arch == "gpt2") {
-    config["n_positions"] = c.n_positions;
-    config["n_embd"] = c.n_embd;
-    config["n_layer"] = c.n_layer;
-    config["n_head"] = c.n_head;
-    config["layer_norm_epsilon"] = c.layer_norm_epsilon;
-  } else {
-    config["hidden_size"] = c.hidden_size;
-    config["intermediate_size"] = c.intermediate_size;
-    config["num_hidden_layers"] = c.num_hidden_layers;
-    config["num_attention_heads"] = c.num_attention_heads;
-    config["num_key_value_heads"] = c.num_key_value_heads;
-    config["rms_norm_eps"] = c.rms_norm_eps;
-    config["rope_theta"] = c.rope_theta;
-    config["max_position_embeddings"] = c.max_position_embeddings;
-    config["tie_word_embeddings"] = c.tie_word_embeddings;
-    if (c.arch == "mixtral") {
-      config["num_local_experts"] = c.num_local_experts;
-      config["num_experts_per_tok"] = c.num_experts_per_tok;
-      config["router_aux_loss_coef"] = c.router_aux_loss_coef;
-      config["output_router_logits"] = c.output_router_logits;
-    }
+    config = given;
   }
   auto opt = [](const std::optional<std::string>& v) { return v ? oj(*v) : oj(nullptr); };
   oj j;

@@ -19,7 +19,7 @@ namespace traind::engine {
 // Architecture hyper-parameters, named as in the HF config.json of the architecture. Fields that do
 // not apply to an arch stay at their defaults. Defaults are HF's defaults for that arch.
 struct ModelConfig {
-  std::string arch = "gpt2";  // "gpt2" | "llama" | "bert" | "mixtral"
+  std::string arch = "gpt2";  // "gpt2" | "llama" | "mistral" | "qwen2" | "bert" | "mixtral"
   int64_t vocab_size = 50257;
   // gpt2
   int64_t n_positions = 1024;
@@ -37,6 +37,30 @@ struct ModelConfig {
   double rope_theta = 10000.0;
   int64_t max_position_embeddings = 2048;
   bool tie_word_embeddings = false;  // gpt2 is always tied
+  // The llama-like families (llama, mistral, qwen2, mixtral). head_dim: the size of one head (0:
+  // hidden_size / num_attention_heads, HF's default). attention_bias (llama): q/k/v/o_proj carry
+  // biases; qwen2 always has q/k/v biases and none on o_proj.
+  int64_t head_dim = 0;
+  bool attention_bias = false;
+  // HF rope_scaling (newer config.json files write it as rope_parameters): rope_type "default"
+  // (plain RoPE), "linear" (factor) or "llama3" (factor, low_freq_factor, high_freq_factor,
+  // original_max_position_embeddings; Llama 3.1 / 3.2).
+  struct RopeScaling {
+    std::string rope_type = "default";
+    double factor = 1.0;
+    double low_freq_factor = 1.0;
+    double high_freq_factor = 4.0;
+    int64_t original_max_position_embeddings = 8192;
+    bool operator==(const RopeScaling&) const = default;
+  };
+  RopeScaling rope_scaling;
+  // mistral (and qwen2 with use_sliding_window): each query attends its sliding_window most
+  // recent keys (itself included); 0 = full causal attention.
+  int64_t sliding_window = 0;
+  // The config.json this config was read from (a JSON object; empty for a spec's config): the
+  // output config.json keeps every key of it that traind does not write itself (token ids,
+  // transformers_version, ...), so transformers loads the output as the same model.
+  std::string hf_source_json;
   // bert (HF BertConfig; it shares hidden_size, intermediate_size, num_hidden_layers,
   // num_attention_heads and max_position_embeddings with llama's names; its MLM decoder is always
   // tied to the word embeddings)
@@ -62,6 +86,12 @@ struct ModelConfig {
   int64_t num_layers() const { return arch == "gpt2" ? n_layer : num_hidden_layers; }
   int64_t channels() const { return arch == "gpt2" ? n_embd : hidden_size; }
   int64_t num_heads() const { return arch == "gpt2" ? n_head : num_attention_heads; }
+  // The size of one attention head: head_dim where the family has it and it is set.
+  int64_t head_size() const {
+    const int64_t nh = num_heads();
+    if (head_dim > 0 && arch != "gpt2" && arch != "bert") return head_dim;
+    return nh > 0 ? channels() / nh : 0;
+  }
   int64_t num_kv_heads() const {
     return arch == "gpt2" ? n_head : arch == "bert" ? num_attention_heads : num_key_value_heads;
   }
@@ -89,6 +119,9 @@ struct ModelSpec {
   // fine-tune. When set, its config.json is the model config and `model.config` must be absent or
   // agree with it.
   std::optional<std::string> init_from;
+  // The model.config keys the spec wrote (only these are compared with init_from's config.json;
+  // the others take config.json's values, or HF's defaults where neither gives them).
+  std::vector<std::string> config_keys;
 };
 
 struct DataSpec {
