@@ -176,8 +176,8 @@ class ProfilingBackend final : public Backend {
     T x(this, "cast");
     in_->Cast(d, dt, s, st, n);
   }
-  void Dequantize4bit(const Quant4View& q, int64_t cols, int64_t r0, int64_t r1, void* out, int64_t ld,
-                      DType out_type) override {
+  void Dequantize4bit(const engine::Quant4View& q, int64_t cols, int64_t r0, int64_t r1,
+                      void* out, int64_t ld, DType out_type) override {
     T x(this, "dequantize_4bit");
     in_->Dequantize4bit(q, cols, r0, r1, out, ld, out_type);
   }
