@@ -708,11 +708,10 @@ TEST_P(OffloadLora, FrozenBaseOnlyInTheComputeTypeSameAdaptersAndMergedModel) {
   EXPECT_NE(testing::ReadFile(off.output_dir + "/model.safetensors"),
             testing::ReadFile(base_dir_ + "/model.safetensors"));
 
-  const ParamTable table = BuildParams(MakeArchDims(config_));
-  int64_t resident = 0;
-  for (const Fp32ResidentTensor& t : Fp32ResidentTensors(table)) resident += t.numel;
-  EXPECT_EQ(rm->plan.bytes.weights - ro->plan.bytes.weights, 4 * (table.total - resident))
-      << "the fp32 copy of every GEMM weight leaves the device";
+  // A frozen LoRA base is held in the compute type only, with or without offload (qlora_test
+  // checks the bytes of that plan): offload changes nothing of its device bytes.
+  EXPECT_EQ(rm->plan.bytes.weights, ro->plan.bytes.weights)
+      << "offload changes nothing of a frozen base's device bytes";
   EXPECT_EQ(ro->plan.offload_master_bytes, 0) << "the frozen base has no master weights in the store";
   EXPECT_EQ(ro->peak_memory_bytes, ro->plan.bytes.total()) << "plan == measured peak";
   bool noted = false;
