@@ -503,6 +503,17 @@ Result<ModelConfig> ReadHfConfig(const std::string& path) {
   return c;
 }
 
+std::string RopeScalingJson(const ModelConfig::RopeScaling& rs) {
+  if (rs.rope_type == "default") return "null";
+  json r = {{"rope_type", rs.rope_type}, {"factor", rs.factor}};
+  if (rs.rope_type == "llama3") {
+    r["low_freq_factor"] = rs.low_freq_factor;
+    r["high_freq_factor"] = rs.high_freq_factor;
+    r["original_max_position_embeddings"] = rs.original_max_position_embeddings;
+  }
+  return r.dump();
+}
+
 std::string WriteHfConfigJson(const ModelConfig& c) {
   json j;
   j["torch_dtype"] = "float32";
@@ -583,18 +594,7 @@ std::string WriteHfConfigJson(const ModelConfig& c) {
     j["max_position_embeddings"] = c.max_position_embeddings;
     j["rms_norm_eps"] = c.rms_norm_eps;
     j["rope_theta"] = c.rope_theta;
-    const ModelConfig::RopeScaling& rs = c.rope_scaling;
-    if (rs.rope_type == "default") {
-      j["rope_scaling"] = nullptr;
-    } else {
-      json r = {{"rope_type", rs.rope_type}, {"factor", rs.factor}};
-      if (rs.rope_type == "llama3") {
-        r["low_freq_factor"] = rs.low_freq_factor;
-        r["high_freq_factor"] = rs.high_freq_factor;
-        r["original_max_position_embeddings"] = rs.original_max_position_embeddings;
-      }
-      j["rope_scaling"] = r;
-    }
+    j["rope_scaling"] = json::parse(RopeScalingJson(c.rope_scaling));
     j["attention_dropout"] = 0.0;
     j["tie_word_embeddings"] = c.tie_word_embeddings;
     if (c.arch == "llama") {

@@ -29,6 +29,11 @@ Result<std::string> ReadHfModelType(const std::string& config_json_path);
 // MixtralConfig, BertConfig, GPT2Config) as a ModelConfig with that arch.
 ModelConfig HfConfigDefaults(const std::string& arch);
 
+// config.json's rope_scaling object for `rs` as JSON text ({"rope_type", "factor", and llama3's
+// low_freq_factor, high_freq_factor, original_max_position_embeddings}); "null" for plain RoPE.
+// The job spec's model.config.rope_scaling is written the same way.
+std::string RopeScalingJson(const ModelConfig::RopeScaling& rs);
+
 // A config.json for `config` (pretty-printed, keys sorted, torch_dtype "float32") that
 // transformers loads; ReadHfConfig(WriteHfConfigJson(c)) gives back c.
 std::string WriteHfConfigJson(const ModelConfig& config);

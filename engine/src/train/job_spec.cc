@@ -774,14 +774,7 @@ nlohmann::ordered_json ModelConfigJson(const ModelConfig& c) {
       config["sliding_window"] = c.sliding_window > 0 ? oj(c.sliding_window) : oj(nullptr);
     }
     if (c.rope_scaling.rope_type != "default") {
-      const ModelConfig::RopeScaling& rs = c.rope_scaling;
-      oj r = {{"rope_type", rs.rope_type}, {"factor", rs.factor}};
-      if (rs.rope_type == "llama3") {
-        r["low_freq_factor"] = rs.low_freq_factor;
-        r["high_freq_factor"] = rs.high_freq_factor;
-        r["original_max_position_embeddings"] = rs.original_max_position_embeddings;
-      }
-      config["rope_scaling"] = r;
+      config["rope_scaling"] = oj::parse(RopeScalingJson(c.rope_scaling));
     }
     if (c.arch == "mixtral") {
       config["num_local_experts"] = c.num_local_experts;
