@@ -57,6 +57,11 @@ Status ReconcileQuantization(JobSpec* spec) {
         std::string(kPath) + ": needs training.peft (QLoRA: the 4-bit base is frozen and only "
         "LoRA adapters train on it); set training.peft or model.quantization_config: null");
   }
+  if (t.sample_every > 0) {
+    return Status::InvalidArgument(
+        std::string(kPath) + ": training.sample_every is not built on a 4-bit base (generation "
+        "reads the base's weights whole); set sample_every: 0 or model.quantization_config: null");
+  }
   if (q.bnb_4bit_compute_dtype.empty()) {
     q.bnb_4bit_compute_dtype = ComputeDtypeName(t);
     return Status::Ok();

@@ -48,6 +48,10 @@ struct MemoryPlan {
   // (ModelOptions::pack_weights): a speed choice the planner drops, before it refuses a job, when
   // they do not fit (`reason` then says so). false on every other device.
   bool packed_weights = false;
+  // QLoRA (model.quantization_config): the bytes of the 4-bit frozen base within bytes.weights
+  // (packed codes and absmax), and the elements it holds; 0 without quantization.
+  int64_t quantized_base_bytes = 0;
+  int64_t quantized_base_params = 0;
   MemoryBytes bytes;
   int64_t budget_bytes = 0;                 // the budget it was planned against (0 = unlimited)
   std::string reason;                       // one line: why this batch and these techniques
