@@ -224,7 +224,7 @@ TEST_F(BadInputTest, FuzzedSpecsNeverHurtTheDaemon) {
     auto r = c->Submit(req);
     if (r.ok()) {
       ++accepted;
-      c->Cancel(r->id());
+      (void)c->Cancel(r->id());  // best effort: an accepted case may already have ended
     } else {
       ++rejected;
       ASSERT_NE(r.status().code(), Status::Code::kUnavailable) << "daemon died on case " << i << ":\n" << s;

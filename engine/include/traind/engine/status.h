@@ -11,7 +11,10 @@
 
 namespace traind {
 
-class Status {
+// Both types are [[nodiscard]]: a dropped Status is a dropped error. The build makes the warning an
+// error (-Werror=unused-result in the top CMakeLists.txt); where ignoring a result is right, the call
+// site says why and casts it to void.
+class [[nodiscard]] Status {
  public:
   enum class Code : int {
     kOk = 0,
@@ -62,7 +65,7 @@ const char* StatusCodeName(Status::Code code);
 
 // A value or the Status that explains why there is none. Never holds an OK status without a value.
 template <typename T>
-class Result {
+class [[nodiscard]] Result {
  public:
   Result(T value) : value_(std::move(value)) {}  // NOLINT: implicit by design
   Result(Status status) : status_(std::move(status)) { assert(!status_.ok()); }  // NOLINT
