@@ -13,6 +13,7 @@
 #include <ctime>
 #include <map>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "backend/backend.h"
@@ -299,6 +300,13 @@ class ProfilingBackend final : public Backend {
     in_->AttentionBackward(dq, dk, dv, d, o, l, q, k, v, B, T_, NH, NKV, HS, qs, ks, causal, mask,
                            ot, w);
   }
+  void AttentionDecode(float* o, const float* q, const float* k, const float* v, int64_t B, int64_t T_,
+                       int64_t rows, int64_t NH, int64_t NKV, int64_t HS, int64_t qs, int64_t ks,
+                       int64_t w = 0) override {
+    // QK^T and PV of B*T_ new rows against `rows` cached keys
+    T x(this, "attention_decode", 4.0 * B * NH * T_ * rows * HS);
+    in_->AttentionDecode(o, q, k, v, B, T_, rows, NH, NKV, HS, qs, ks, w);
+  }
   void SoftmaxCrossEntropy(float* lg, float* ls, const int32_t* t, int64_t N, int64_t V, int64_t Vp,
                            float gs, bool g, const float* ds, void* g16 = nullptr,
                            DType g16t = DType::kBF16) override {
@@ -407,3 +415,22 @@ class ProfilingBackend final : public Backend {
 };
 
 }  // namespace traind::bench
+
+// Every op of backend.h's TRAIND_BACKEND_OPS is forwarded and timed above: a new op without its
+// override here would compile (the decorator would inherit Backend's default body) and the profiled
+// step would skip it and record UNIMPLEMENTED, so its absence fails the build instead. `&X::Op`
+// names the class that declares Op: ProfilingBackend's own override, or Backend's when it is missing.
+namespace traind::bench::profiling_internal {
+template <typename M>
+struct DeclaringClass;
+template <typename C, typename M>
+struct DeclaringClass<M C::*> {
+  using type = C;
+};
+#define TRAIND_PROFILING_FORWARDS(name)                                                              \
+  static_assert(std::is_same_v<DeclaringClass<decltype(&ProfilingBackend::name)>::type, ProfilingBackend>, \
+                "bench/profiling_backend.h: ProfilingBackend has no override of " #name             \
+                " (a row of TRAIND_BACKEND_OPS): add one that times it, like the others");
+TRAIND_BACKEND_OPS(TRAIND_PROFILING_FORWARDS)
+#undef TRAIND_PROFILING_FORWARDS
+}  // namespace traind::bench::profiling_internal
