@@ -28,6 +28,7 @@ LAYER_OF_FOLDER = {
 PUBLIC_LAYER = {
     "status.h": ("api", 0),         # Status, Result
     "plan.h": ("api", 0),           # MemoryBytes, MemoryPlan: plain structs
+    "mutex.h": ("api", 0),          # Mutex/CondVar with thread-safety annotations: std only
     "job_spec.h": ("api", 0),       # the spec's structs (the parser, in train/, reads into them)
     "devices.h": ("backend", 2),    # DeviceOptions, QueryDevice: the device registry
     "communicator.h": ("backend", 2),  # collectives over device buffers (a seam: Gloo, NCCL)

@@ -1,11 +1,14 @@
 #!/usr/bin/env python3
-"""Clang's thread-safety analysis over server/ and worker/ (the `thread_safety` test).
+"""Clang's thread-safety analysis over traind's own code (the `thread_safety` test).
 
-Every translation unit of server/ and worker/ in the build's compile_commands.json is compiled
-again with clang++ -fsyntax-only -Wthread-safety, thread-safety warnings as errors: a member
-TRAIND_GUARDED_BY(mu_) touched without mu_ held, a TRAIND_REQUIRES(mu_) function called without
-it, a lock not released. The mutexes there must be the annotated ones (traind/worker/mutex.h): a
-plain std::mutex would escape the analysis, so one found in those folders fails the check too.
+Every translation unit of server/, worker/ and offload/ in the build's compile_commands.json, and
+every one of engine/ and comm/ that uses the mutex (names Mutex, itself or its header of the same
+name), is compiled again with clang++ -fsyntax-only -Wthread-safety, thread-safety warnings as
+errors: a member TRAIND_GUARDED_BY(mu_) touched without mu_ held, a TRAIND_REQUIRES(mu_) function
+called without it, a lock not released. The mutexes there must be the annotated ones
+(engine/include/traind/engine/mutex.h): a plain std::mutex, std::shared_mutex or
+std::condition_variable would escape the analysis, so one found in those folders fails the check
+too. (GCC, which builds the project, ignores the annotations.)
 
 Before that, a self-test compiles a deliberate violation and requires clang to report it, so the
 check cannot pass by checking nothing.
@@ -23,8 +26,9 @@ import subprocess
 import sys
 import tempfile
 
-FOLDERS = ("server", "worker")
-ANNOTATED_HEADER = "worker/include/traind/worker/mutex.h"
+FOLDERS = ("server", "worker", "offload", "engine", "comm")
+ALL_UNITS = ("server", "worker", "offload")  # the rest: the units that use the mutex
+ANNOTATED_HEADER = "engine/include/traind/engine/mutex.h"
 PLAIN_MUTEX = re.compile(r"\bstd::(recursive_|shared_|timed_)?mutex\b|\bstd::condition_variable\b")
 
 
@@ -55,9 +59,9 @@ def run(cmd, cwd):
 
 def self_test(clang, header_dir):
     bad = """
-#include "traind/worker/mutex.h"
+#include "traind/engine/mutex.h"
 struct Counter {
-  traind::worker::Mutex mu;
+  traind::Mutex mu;
   int n TRAIND_GUARDED_BY(mu) = 0;
   void Bump() { ++n; }  // written without mu held: the analysis must say so
 };
@@ -87,7 +91,7 @@ def main():
     if clang is None:
         print("clang++ not found: install the Debian package clang (./run.sh deps does)")
         return 1
-    if not self_test(clang, os.path.join(src, "worker", "include")):
+    if not self_test(clang, os.path.join(src, "engine", "include")):
         return 1
 
     failures = 0
@@ -96,22 +100,37 @@ def main():
             for name in files:
                 path = os.path.join(root, name)
                 rel = os.path.relpath(path, src)
-                if not name.endswith((".h", ".cc")) or rel == ANNOTATED_HEADER:
+                if not name.endswith((".h", ".cc", ".cu", ".cuh")) or rel == ANNOTATED_HEADER:
                     continue
                 with open(path, encoding="utf-8") as f:
                     for n, line in enumerate(f, 1):
                         code = line.split("//", 1)[0]
                         if PLAIN_MUTEX.search(code):
                             print(f"{rel}:{n}: a plain std mutex or condition variable escapes the analysis; "
-                                  f"use worker::Mutex / CondVar ({ANNOTATED_HEADER})")
+                                  f"use traind::Mutex / SharedMutex / CondVar ({ANNOTATED_HEADER})")
                             failures += 1
 
     db_path = os.path.join(a.build_dir, "compile_commands.json")
     with open(db_path) as f:
         db = json.load(f)
-    units = [e for e in db if any(os.path.realpath(e["file"]).startswith(os.path.join(src, d) + os.sep)
-                                  for d in FOLDERS)]
-    if not units:
+    def in_folder(path, folders):
+        return any(path.startswith(os.path.join(src, d) + os.sep) for d in folders)
+
+    def uses_mutex(path):
+        for p in (path, os.path.splitext(path)[0] + ".h"):
+            if os.path.exists(p):
+                with open(p, encoding="utf-8") as f:
+                    if re.search(r"\bMutex\b|traind/engine/mutex\.h", f.read()):
+                        return True
+        return False
+
+    units = []
+    for e in db:
+        path = os.path.realpath(os.path.join(e["directory"], e["file"]))
+        if in_folder(path, ALL_UNITS) or (in_folder(path, FOLDERS) and uses_mutex(path)):
+            units.append(e)
+    if not any(in_folder(os.path.realpath(os.path.join(e["directory"], e["file"])), ("server", "worker"))
+               for e in units):
         print(f"no server/ or worker/ sources in {db_path}")
         return 1
     with concurrent.futures.ThreadPoolExecutor(a.jobs) as pool:
@@ -121,7 +140,7 @@ def main():
         if code != 0:
             failures += 1
             print(f"{rel}: FAILED\n{err}")
-    print(f"thread-safety analysis: {len(units)} translation units of {' and '.join(f + '/' for f in FOLDERS)}, "
+    print(f"thread-safety analysis: {len(units)} translation units of {', '.join(f + '/' for f in FOLDERS)}, "
           f"{failures} problem(s)")
     return 1 if failures else 0
 

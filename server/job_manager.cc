@@ -45,7 +45,7 @@ JobManager::~JobManager() { Stop(); }
 Status JobManager::Start() {
   TRAIND_ASSIGN_OR_RETURN(std::vector<v1::Job> jobs, store_->LoadJobs());
   TRAIND_ASSIGN_OR_RETURN(int64_t last_order, store_->LastSubmitOrder());
-  worker::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   last_order_ = last_order;
   for (auto& job : jobs) {
     last_order_ = std::max(last_order_, job.submit_order());
@@ -92,7 +92,7 @@ Status JobManager::Start() {
 
 void JobManager::Stop() {
   {
-    worker::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     stopping_ = true;
   }
   changed_.NotifyAll();
@@ -143,7 +143,7 @@ Result<v1::Job> JobManager::Submit(const std::string& user, const v1::SubmitJobR
   // looks inside it (where it would find that job's files); checked again below, under the lock.
   if (auto parsed = engine::ParseJobSpec(text, req.base_dir()); parsed.ok()) {
     auto resolved = ResolvePath(parsed->output_dir);
-    worker::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     TRAIND_RETURN_IF_ERROR(CheckOutputDirFreeLocked(resolved.ok() ? *resolved : parsed->output_dir));
   }
   TRAIND_ASSIGN_OR_RETURN(worker::Admitted admitted,
@@ -152,7 +152,7 @@ Result<v1::Job> JobManager::Submit(const std::string& user, const v1::SubmitJobR
   const int64_t world = worker::DistributedWorld(admitted.spec);
   auto resolved = ResolvePath(admitted.spec.output_dir);
   const std::string output_dir = resolved.ok() ? *resolved : admitted.spec.output_dir;
-  worker::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   if (stopping_) return Status::Unavailable("traind is shutting down; submit again after it restarts");
   TRAIND_RETURN_IF_ERROR(CheckOutputDirFreeLocked(output_dir));
   const int64_t order = last_order_ + 1;
@@ -248,7 +248,7 @@ Result<v1::GenerateResponse> JobManager::Generate(const std::string& user,
 }
 
 Result<v1::Job> JobManager::Get(const std::string& user, const std::string& id) {
-  worker::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto it = jobs_.find(id);
   if (it == jobs_.end() || it->second.owner() != user) return Status::NotFound("no job " + id);
   return it->second;
@@ -256,7 +256,7 @@ Result<v1::Job> JobManager::Get(const std::string& user, const std::string& id) 
 
 std::vector<v1::Job> JobManager::List(const std::string& user, int limit) {
   std::vector<v1::Job> out;
-  worker::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   for (const auto& [id, job] : jobs_) {
     if (job.owner() == user) out.push_back(job);
   }
@@ -267,7 +267,7 @@ std::vector<v1::Job> JobManager::List(const std::string& user, int limit) {
 }
 
 Result<v1::Job> JobManager::Cancel(const std::string& user, const std::string& id) {
-  worker::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto it = jobs_.find(id);
   if (it == jobs_.end() || it->second.owner() != user) return Status::NotFound("no job " + id);
   v1::Job& job = it->second;
@@ -298,7 +298,7 @@ Status JobManager::Watch(const std::string& user, const v1::WatchJobRequest& req
   while (true) {
     events.clear();
     {
-      worker::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       auto it = jobs_.find(req.id());
       if (it == jobs_.end() || it->second.owner() != user) return Status::NotFound("no job " + req.id());
       if (sent_before && req.follow() && !v1::IsTerminal(it->second.state())) {
@@ -371,7 +371,7 @@ void JobManager::UpdateGaugesLocked() {
 }
 
 void JobManager::OnAttemptStart(const std::string& id, int32_t attempt, bool resume) {
-  worker::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto it = jobs_.find(id);
   if (it == jobs_.end()) return;
   v1::Job& job = it->second;
@@ -387,7 +387,7 @@ void JobManager::OnAttemptStart(const std::string& id, int32_t attempt, bool res
 }
 
 void JobManager::OnRunnerEvent(const std::string& id, const v1::RunnerEvent& rev) {
-  worker::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto it = jobs_.find(id);
   if (it == jobs_.end()) return;
   v1::Job& job = it->second;
@@ -450,7 +450,7 @@ void JobManager::OnRunnerEvent(const std::string& id, const v1::RunnerEvent& rev
 
 void JobManager::OnAttemptCrashed(const std::string& id, int32_t attempt, const std::string& reason,
                                   bool will_retry) {
-  worker::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto it = jobs_.find(id);
   if (it == jobs_.end()) return;
   v1::JobEvent ev;
@@ -462,7 +462,7 @@ void JobManager::OnAttemptCrashed(const std::string& id, int32_t attempt, const 
 
 void JobManager::OnJobInterrupted(const std::string& id, int32_t attempt, const v1::RunnerResult& result,
                                   bool resumes_now) {
-  worker::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto it = jobs_.find(id);
   if (it == jobs_.end()) return;
   v1::Job& job = it->second;
@@ -480,7 +480,7 @@ void JobManager::OnJobInterrupted(const std::string& id, int32_t attempt, const 
 
 void JobManager::OnJobEnd(const std::string& id, v1::JobState state, const std::string& error,
                           const v1::RunnerResult* result) {
-  worker::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto it = jobs_.find(id);
   if (it == jobs_.end()) return;
   v1::Job& job = it->second;

@@ -22,7 +22,7 @@
 #include "path_policy.h"
 #include "traind/engine/status.h"
 #include "traind/v1/job_service.pb.h"
-#include "traind/worker/mutex.h"
+#include "traind/engine/mutex.h"
 #include "traind/worker/supervisor.h"
 
 namespace traind::server {
@@ -103,9 +103,9 @@ class JobManager : public worker::SupervisorListener {
   Metrics* const metrics_;
   std::unique_ptr<worker::Supervisor> supervisor_;
 
-  mutable worker::Mutex mu_;
-  worker::CondVar changed_;  // any event appended, or stopping
-  worker::CondVar stop_cv_;  // stopping (followers pausing between batches)
+  mutable Mutex mu_;
+  CondVar changed_;  // any event appended, or stopping
+  CondVar stop_cv_;  // stopping (followers pausing between batches)
   std::map<std::string, v1::Job> jobs_ TRAIND_GUARDED_BY(mu_);
   // Job id → its output_dir resolved (symlinks, `..`) at submit or at Start; consulted for the
   // jobs that are not terminal.

@@ -353,7 +353,7 @@ Status JobStore::RecoverSequences() {
   }
   TRAIND_RETURN_IF_ERROR(FromRocksDb(it->status(), "reading event number marks"));
   TRAIND_ASSIGN_OR_RETURN(std::vector<v1::Job> jobs, LoadJobs());
-  worker::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   rocksdb::WriteBatch batch;
   int64_t jumped = 0;
   for (v1::Job& job : jobs) {
@@ -405,7 +405,7 @@ Status JobStore::Write(const v1::Job& job, const v1::JobEvent* event, bool sync,
   if (event) {
     batch.Put(EventKey(job.id(), event->sequence()), event->SerializeAsString());
     if (options_.reserve_sequences) {
-      worker::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       const int64_t mark = reserved_.count(job.id()) ? reserved_[job.id()] : 0;
       if (sync) {
         // Everything up to here is on disk once this returns: no reservation is needed.
@@ -421,7 +421,7 @@ Status JobStore::Write(const v1::Job& job, const v1::JobEvent* event, bool sync,
   wo.sync = sync;
   TRAIND_RETURN_IF_ERROR(FromRocksDb(db_->Write(wo, &batch), "writing job " + job.id()));
   if (new_mark >= 0) {
-    worker::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     reserved_[job.id()] = new_mark;
   }
   return Status::Ok();

@@ -28,7 +28,7 @@
 
 #include "traind/engine/status.h"
 #include "traind/v1/job.pb.h"
-#include "traind/worker/mutex.h"
+#include "traind/engine/mutex.h"
 
 namespace traind::server {
 
@@ -102,7 +102,7 @@ class JobStore {
   std::unique_ptr<rocksdb::DB> db_;
   JobStoreOptions options_;
   bool opened_ = false;  // passed every check; the destructor records a clean close
-  worker::Mutex mu_;
+  Mutex mu_;
   std::map<std::string, int64_t> reserved_ TRAIND_GUARDED_BY(mu_);  // job id → durable reserved mark
 };
 

@@ -155,7 +155,7 @@ void Metrics::SetJobCounts(const std::map<v1::JobState, int>& counts) {
 void Metrics::SetQueueLength(size_t n) { queue_length_->Set(static_cast<double>(n)); }
 
 void Metrics::CountRequest(const std::string& method, const std::string& code) {
-  worker::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto& c = request_counters_[{method, code}];
   if (!c) c = &requests_->Add({{"method", method}, {"code", code}});
   c->Increment();
@@ -163,7 +163,7 @@ void Metrics::CountRequest(const std::string& method, const std::string& code) {
 
 void Metrics::JobStarted(const std::string& id, const std::string& name, const v1::Plan& plan,
                          int64_t world_size, int64_t rank) {
-  worker::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto& s = series_[id];
   if (!s) {
     s = std::make_unique<JobSeries>();
@@ -213,7 +213,7 @@ void Metrics::JobStarted(const std::string& id, const std::string& name, const v
 }
 
 void Metrics::OnStep(const std::string& id, const v1::StepEvent& e) {
-  worker::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto it = series_.find(id);
   if (it == series_.end()) return;
   JobSeries& s = *it->second;
@@ -266,7 +266,7 @@ void Metrics::OnStep(const std::string& id, const v1::StepEvent& e) {
 }
 
 void Metrics::OnLog(const std::string& id, const v1::LogEvent& e) {
-  worker::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto it = series_.find(id);
   if (it == series_.end()) return;
   it->second->tokens_per_second->Set(e.tokens_per_second());
@@ -275,14 +275,14 @@ void Metrics::OnLog(const std::string& id, const v1::LogEvent& e) {
 }
 
 void Metrics::OnEval(const std::string& id, const v1::EvalEvent& e) {
-  worker::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto it = series_.find(id);
   if (it == series_.end()) return;
   it->second->eval_loss->Set(e.eval_loss());
 }
 
 void Metrics::OnTokenize(const std::string& id, const v1::TokenizeEvent& e) {
-  worker::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto it = series_.find(id);
   if (it == series_.end() || e.cache_hit()) return;
   JobSeries& s = *it->second;
@@ -294,7 +294,7 @@ void Metrics::OnTokenize(const std::string& id, const v1::TokenizeEvent& e) {
 }
 
 void Metrics::JobEnded(const std::string& id) {
-  worker::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto it = series_.find(id);
   if (it == series_.end()) return;
   JobSeries& s = *it->second;

@@ -17,7 +17,7 @@
 
 #include "traind/engine/status.h"
 #include "traind/v1/job.pb.h"
-#include "traind/worker/mutex.h"
+#include "traind/engine/mutex.h"
 
 namespace httplib {
 class Server;
@@ -100,7 +100,7 @@ class Metrics {
   prometheus::Family<prometheus::Gauge>* world_size_ = nullptr;
   prometheus::Family<prometheus::Counter>* requests_ = nullptr;
 
-  worker::Mutex mu_;
+  Mutex mu_;
   std::map<std::string, std::unique_ptr<JobSeries>> series_ TRAIND_GUARDED_BY(mu_);
   std::map<std::pair<std::string, std::string>, prometheus::Counter*> request_counters_;  // mu_
 };

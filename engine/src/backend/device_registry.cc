@@ -7,16 +7,17 @@
 #include <algorithm>
 #include <chrono>
 #include <fstream>
-#include <mutex>
 #include <vector>
+
+#include "traind/engine/mutex.h"
 
 namespace traind::engine {
 namespace {
 
 struct Registry {
-  std::mutex mu;
-  CudaFactories cuda;
-  Result<std::unique_ptr<Backend>> (*make_simt)(int) = nullptr;
+  Mutex mu;
+  CudaFactories cuda TRAIND_GUARDED_BY(mu);
+  Result<std::unique_ptr<Backend>> (*make_simt)(int) TRAIND_GUARDED_BY(mu) = nullptr;
 };
 
 Registry& Reg() {
@@ -25,13 +26,15 @@ Registry& Reg() {
 }
 
 CudaFactories Cuda() {
-  std::lock_guard<std::mutex> lock(Reg().mu);
-  return Reg().cuda;
+  Registry& r = Reg();
+  MutexLock lock(&r.mu);
+  return r.cuda;
 }
 
 auto SimtFactory() {
-  std::lock_guard<std::mutex> lock(Reg().mu);
-  return Reg().make_simt;
+  Registry& r = Reg();
+  MutexLock lock(&r.mu);
+  return r.make_simt;
 }
 
 int64_t HostRamBytes() {
@@ -117,13 +120,15 @@ DeviceInfo CpuInfo() {
 }  // namespace
 
 void InstallCudaFactories(const CudaFactories& factories) {
-  std::lock_guard<std::mutex> lock(Reg().mu);
-  Reg().cuda = factories;
+  Registry& r = Reg();
+  MutexLock lock(&r.mu);
+  r.cuda = factories;
 }
 
 void InstallSimtFactory(Result<std::unique_ptr<Backend>> (*make)(int cpu_threads)) {
-  std::lock_guard<std::mutex> lock(Reg().mu);
-  Reg().make_simt = make;
+  Registry& r = Reg();
+  MutexLock lock(&r.mu);
+  r.make_simt = make;
 }
 
 Result<DeviceName> ParseDeviceName(const std::string& device) {

@@ -12,12 +12,10 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <functional>
 #include <limits>
-#include <mutex>
 #include <optional>
 #include <random>
 #include <string_view>
@@ -27,6 +25,7 @@
 
 #include "data/token_cache.h"
 #include "data/window_order.h"
+#include "traind/engine/mutex.h"
 #include "traind/engine/tokenizer.h"
 
 namespace traind::engine {
@@ -46,35 +45,36 @@ Result<int64_t> EncodeWithProgress(
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   };
   progress.report(report);
-  std::mutex mu;
-  std::condition_variable cv;
-  bool finished = false;  // guarded by mu
-  Result<int64_t> result = Status::Internal("tokenization did not finish");
+  Mutex mu;
+  CondVar cv;
+  bool finished = false;  // under mu
+  Result<int64_t> result = Status::Internal("tokenization did not finish");  // under mu until joined
   std::thread worker([&] {
     Result<int64_t> r = encode(&done);
     {
-      std::lock_guard<std::mutex> lock(mu);
+      MutexLock lock(&mu);
       result = std::move(r);
       finished = true;
     }
-    cv.notify_all();
+    cv.NotifyAll();
   });
   const auto wait = std::chrono::duration<double>(
       progress.interval_seconds > 0 ? progress.interval_seconds : 0.002);
   int64_t reported = 0;
-  {
-    std::unique_lock<std::mutex> lock(mu);
-    while (!cv.wait_for(lock, wait, [&] { return finished; })) {
-      const int64_t now_done = done.load();
-      if (now_done == reported) continue;
-      reported = now_done;
-      report.bytes_done = std::min(now_done, report.bytes_total);
-      report.seconds = since();
-      lock.unlock();
-      progress.report(report);
-      lock.lock();
-    }
+  mu.Lock();
+  while (!finished) {
+    cv.WaitFor(&mu, wait);
+    if (finished) break;
+    const int64_t now_done = done.load();
+    if (now_done == reported) continue;
+    reported = now_done;
+    report.bytes_done = std::min(now_done, report.bytes_total);
+    report.seconds = since();
+    mu.Unlock();
+    progress.report(report);
+    mu.Lock();
   }
+  mu.Unlock();
   worker.join();
   if (result.ok()) {
     report.bytes_done = report.bytes_total;
@@ -374,11 +374,11 @@ struct BatchLoader::Impl {
     LoaderPosition after;  // the position following this batch
   };
 
-  mutable std::mutex mu;
-  std::condition_variable cv;
-  std::deque<Batch> ready;        // produced, not yet taken; guarded by mu
-  LoaderPosition consumer;        // position of the next batch Next() returns; guarded by mu
-  bool stop = false;              // guarded by mu
+  mutable Mutex mu;
+  CondVar cv;
+  std::deque<Batch> ready TRAIND_GUARDED_BY(mu);  // produced, not yet taken
+  LoaderPosition consumer TRAIND_GUARDED_BY(mu);  // position of the next batch Next() returns
+  bool stop TRAIND_GUARDED_BY(mu) = false;
   std::thread worker;
 
   // Producer-only state.
@@ -415,17 +415,17 @@ struct BatchLoader::Impl {
   void Run() {
     for (;;) {
       {
-        std::unique_lock<std::mutex> lock(mu);
-        cv.wait(lock, [&] { return stop || ready.size() < capacity; });
+        MutexLock lock(&mu);
+        while (!stop && ready.size() >= capacity) cv.Wait(&mu);
         if (stop) return;
       }
       Batch b;
       Produce(&b);  // outside the lock: the consumer can take batches meanwhile
       {
-        std::lock_guard<std::mutex> lock(mu);
+        MutexLock lock(&mu);
         ready.push_back(std::move(b));
       }
-      cv.notify_all();
+      cv.NotifyAll();
     }
   }
 };
@@ -450,17 +450,20 @@ BatchLoader::BatchLoader(TokenStream tokens, int64_t B, int64_t T, bool shuffle,
   } else {
     start.next_window = 0;
   }
-  s.consumer = start;
+  {
+    MutexLock lock(&s.mu);  // no other thread yet; taken so the analysis can check the field
+    s.consumer = start;
+  }
   s.produced = start;
   s.worker = std::thread([&s] { s.Run(); });
 }
 
 BatchLoader::~BatchLoader() {
   {
-    std::lock_guard<std::mutex> lock(impl_->mu);
+    MutexLock lock(&impl_->mu);
     impl_->stop = true;
   }
-  impl_->cv.notify_all();
+  impl_->cv.NotifyAll();
   impl_->worker.join();
 }
 
@@ -469,13 +472,13 @@ double BatchLoader::Next(int32_t* inputs, int32_t* targets) {
   const auto t0 = std::chrono::steady_clock::now();
   Impl::Batch b;
   {
-    std::unique_lock<std::mutex> lock(s.mu);
-    s.cv.wait(lock, [&] { return !s.ready.empty(); });
+    MutexLock lock(&s.mu);
+    while (s.ready.empty()) s.cv.Wait(&s.mu);
     b = std::move(s.ready.front());
     s.ready.pop_front();
     s.consumer = b.after;
   }
-  s.cv.notify_all();
+  s.cv.NotifyAll();
   const double waited =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::memcpy(inputs, b.inputs.data(), b.inputs.size() * sizeof(int32_t));
@@ -484,7 +487,7 @@ double BatchLoader::Next(int32_t* inputs, int32_t* targets) {
 }
 
 LoaderPosition BatchLoader::position() const {
-  std::lock_guard<std::mutex> lock(impl_->mu);
+  MutexLock lock(&impl_->mu);
   return impl_->consumer;
 }
 

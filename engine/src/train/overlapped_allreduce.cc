@@ -98,10 +98,10 @@ OverlappedAllReduce::OverlappedAllReduce(Communicator* comm, const std::vector<P
 
 OverlappedAllReduce::~OverlappedAllReduce() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     stop_ = true;
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
   thread_.join();
 }
 
@@ -111,14 +111,14 @@ Status OverlappedAllReduce::UseMarkers(Backend* backend) {
     TRAIND_ASSIGN_OR_RETURN(int m, backend->NewMarker());
     markers.push_back(m);
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   backend_ = backend;
   marker_of_bucket_ = std::move(markers);
   return Status::Ok();
 }
 
 void OverlappedAllReduce::Arm(float* grads) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   grads_ = grads;
   comm_seconds_ = 0;
   error_ = Status::Ok();
@@ -135,7 +135,7 @@ void OverlappedAllReduce::BlockDone(int64_t layer) {
     recorded = backend_->RecordMarker(piece.marker);
   }
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (!recorded.ok()) {
       if (error_.ok()) error_ = recorded;
       return;
@@ -143,34 +143,37 @@ void OverlappedAllReduce::BlockDone(int64_t layer) {
     queue_.push_back(piece);
     ++in_flight_;
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
 }
 
 Status OverlappedAllReduce::Finish(double* comm_seconds, double* waited_seconds) {
   const Clock::time_point start = Clock::now();
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   for (const Range& r : rest_) {
     queue_.push_back(Piece{r, -1});
     ++in_flight_;
   }
-  cv_.notify_all();
-  cv_.wait(lock, [this] { return in_flight_ == 0; });
+  cv_.NotifyAll();
+  while (in_flight_ != 0) cv_.Wait(&mu_);
   *comm_seconds = comm_seconds_;
   *waited_seconds = std::chrono::duration<double>(Clock::now() - start).count();
   return error_;
 }
 
 void OverlappedAllReduce::Loop() {
-  std::unique_lock<std::mutex> lock(mu_);
+  mu_.Lock();
   for (;;) {
-    cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
-    if (queue_.empty()) return;  // stop_
+    while (!stop_ && queue_.empty()) cv_.Wait(&mu_);
+    if (queue_.empty()) {  // stop_
+      mu_.Unlock();
+      return;
+    }
     const Piece piece = queue_.front();
     queue_.pop_front();
     const bool failed = !error_.ok();
     float* grads = grads_;
     Backend* backend = backend_;
-    lock.unlock();
+    mu_.Unlock();
     Status s;
     double seconds = 0;
     // The bucket's gradients are final once the work issued before its marker has finished.
@@ -180,10 +183,10 @@ void OverlappedAllReduce::Loop() {
       s = ReducePiece(comm_, grads, piece.range, shards_);
       seconds = std::chrono::duration<double>(Clock::now() - t0).count();
     }
-    lock.lock();
+    mu_.Lock();
     comm_seconds_ += seconds;
     if (error_.ok() && !s.ok()) error_ = s;
-    if (--in_flight_ == 0) cv_.notify_all();
+    if (--in_flight_ == 0) cv_.NotifyAll();
   }
 }
 

@@ -24,11 +24,9 @@
 // per-thread state, NCCL's current device, sets it in every call).
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <utility>
@@ -37,6 +35,7 @@
 #include "backend/backend.h"
 #include "core/param_info.h"
 #include "traind/engine/communicator.h"
+#include "traind/engine/mutex.h"
 #include "traind/engine/status.h"
 
 namespace traind::engine {
@@ -99,21 +98,23 @@ class OverlappedAllReduce {
   };
 
   Communicator* comm_;
-  Backend* backend_ = nullptr;  // UseMarkers
-  std::vector<int> marker_of_bucket_;  // UseMarkers: per bucket
+  // Set by UseMarkers (under mu_, for Loop) before the first BlockDone, which reads them unlocked
+  // on the same thread.
+  Backend* backend_ = nullptr;
+  std::vector<int> marker_of_bucket_;  // per bucket
   std::vector<Range> shards_;  // ZeRO-1: every rank's range; empty: all-reduce
   std::vector<Range> buckets_;
   std::vector<int64_t> bucket_of_last_block_;  // per block: the bucket its backward completes, or -1
   std::vector<Range> rest_;
-  float* grads_ = nullptr;
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Piece> queue_;     // mu_
-  int64_t in_flight_ = 0;       // mu_: queued or being reduced
-  double comm_seconds_ = 0;     // mu_
-  Status error_;                // mu_
-  bool stop_ = false;           // mu_
+  Mutex mu_;
+  CondVar cv_;
+  float* grads_ TRAIND_GUARDED_BY(mu_) = nullptr;
+  std::deque<Piece> queue_ TRAIND_GUARDED_BY(mu_);
+  int64_t in_flight_ TRAIND_GUARDED_BY(mu_) = 0;  // queued or being reduced
+  double comm_seconds_ TRAIND_GUARDED_BY(mu_) = 0;
+  Status error_ TRAIND_GUARDED_BY(mu_);
+  bool stop_ TRAIND_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };
 

@@ -8,9 +8,7 @@
 #include <atomic>
 #include <cstring>
 #include <map>
-#include <mutex>
 #include <optional>
-#include <shared_mutex>
 #include <string>
 #include <tuple>
 #include <unordered_map>
@@ -18,6 +16,7 @@
 
 #include "backend/backend.h"
 #include "backend/cpu/cpu_kernels.h"
+#include "traind/engine/mutex.h"
 
 #ifdef TRAIND_HAVE_DNNL
 #include <dnnl.hpp>
@@ -63,7 +62,7 @@ class MatmulCache {
  public:
   // Returns the primitive for `key`, or nullptr when oneDNN has no fast implementation.
   const Entry* Get(const Key& key) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     auto it = cache_.find(key);
     if (it == cache_.end()) it = cache_.emplace(key, Create(key)).first;
     return it->second.has_value() ? &*it->second : nullptr;
@@ -113,8 +112,8 @@ class MatmulCache {
   }
 
   dnnl::engine engine_{dnnl::engine::kind::cpu, 0};
-  std::mutex mu_;
-  std::map<Key, std::optional<Entry>> cache_;
+  Mutex mu_;
+  std::map<Key, std::optional<Entry>> cache_ TRAIND_GUARDED_BY(mu_);
 };
 
 MatmulCache& Cache() {
@@ -147,25 +146,25 @@ class PackedRegistry {
   // The packed copy of B when one is registered for exactly this layout, else nullptr.
   void* Find(const void* B, bool tb, int64_t K, int64_t N, int64_t ldb, DType type) const {
     if (count_.load(std::memory_order_acquire) == 0) return nullptr;
-    std::shared_lock lock(mu_);
+    ReaderMutexLock lock(&mu_);
     auto it = map_.find({B, tb});
     if (it == map_.end()) return nullptr;
     const PackedB& p = it->second;
     return p.K == K && p.N == N && p.ldb == ldb && p.type == type ? p.storage : nullptr;
   }
   void Put(const void* B, const PackedB& p) {
-    std::unique_lock lock(mu_);
+    WriterMutexLock lock(&mu_);
     map_[{B, p.tb}] = p;
     count_.store(static_cast<int>(map_.size()), std::memory_order_release);
   }
   void Erase(const void* B, bool tb) {
-    std::unique_lock lock(mu_);
+    WriterMutexLock lock(&mu_);
     map_.erase({B, tb});
     count_.store(static_cast<int>(map_.size()), std::memory_order_release);
   }
   // Drops the registrations of B in [begin, end) made by owner (nullptr: by anyone).
   void Forget(const void* begin, const void* end, const void* owner) {
-    std::unique_lock lock(mu_);
+    WriterMutexLock lock(&mu_);
     for (auto it = map_.begin(); it != map_.end();) {
       const auto* b = static_cast<const char*>(it->first.first);
       const bool in = b >= static_cast<const char*>(begin) && b < static_cast<const char*>(end);
@@ -179,8 +178,8 @@ class PackedRegistry {
   }
 
  private:
-  mutable std::shared_mutex mu_;
-  std::map<std::pair<const void*, bool>, PackedB> map_;
+  mutable SharedMutex mu_;
+  std::map<std::pair<const void*, bool>, PackedB> map_ TRAIND_GUARDED_BY(mu_);
   std::atomic<int> count_{0};
 };
 
@@ -211,9 +210,9 @@ int SetBf16GemmNativeForTesting(int native) {
 
 int64_t DnnlPackedBBytes(int64_t K, int64_t N, DType type) {
   if (!CpuPacksGemmB(type)) return 0;  // OpenBLAS, f16, or bf16 that widens: no oneDNN layout
-  static std::mutex mu;
-  static std::map<std::tuple<int64_t, int64_t, int>, int64_t> sizes;
-  std::lock_guard<std::mutex> lock(mu);
+  static Mutex mu;
+  static std::map<std::tuple<int64_t, int64_t, int>, int64_t> sizes;  // under mu
+  MutexLock lock(&mu);
   const auto key = std::make_tuple(K, N, static_cast<int>(type));
   auto it = sizes.find(key);
   if (it == sizes.end()) {

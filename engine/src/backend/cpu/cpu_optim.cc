@@ -10,11 +10,11 @@
 #include <cfloat>
 #include <cmath>
 #include <memory>
-#include <mutex>
 #include <vector>
 
 #include "backend/cpu/cpu_kernels.h"
 #include "backend/optim_math.h"
+#include "traind/engine/mutex.h"
 
 namespace traind::engine::cpu {
 namespace {
@@ -181,9 +181,9 @@ class FastQuantizer {
 // The quantizer of a code table, built once per distinct table (the optimizer passes the same two
 // tables every step).
 const FastQuantizer& QuantizerFor(const float* code, bool is_signed) {
-  static std::mutex mu;
-  static std::vector<std::unique_ptr<FastQuantizer>> cache;
-  std::lock_guard<std::mutex> lock(mu);
+  static Mutex mu;
+  static std::vector<std::unique_ptr<FastQuantizer>> cache;  // under mu
+  MutexLock lock(&mu);
   for (const auto& q : cache) {
     if (q->Matches(code, is_signed)) return *q;
   }

@@ -6,10 +6,8 @@
 
 #include <algorithm>
 #include <atomic>
-#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
-#include <mutex>
 #include <random>
 #include <string>
 #include <thread>
@@ -17,9 +15,14 @@
 
 #include "backend/simt/fiber_context.h"
 #include "backend/simt/simt.h"
+#include "traind/engine/mutex.h"
 
 namespace simt {
 namespace {
+
+using traind::CondVar;
+using traind::Mutex;
+using traind::MutexLock;
 
 uint64_t EnvU64(const char* name, uint64_t fallback) {
   const char* v = std::getenv(name);
@@ -238,10 +241,10 @@ class WorkerPool {
     return *pool;
   }
 
-  void Run(int n, const std::function<void(int)>& body) {
-    std::lock_guard<std::mutex> launch(launch_mu_);
+  void Run(int n, const std::function<void(int)>& body) TRAIND_EXCLUDES(mu_) {
+    MutexLock launch(&launch_mu_);
     {
-      std::unique_lock<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       while (static_cast<int>(threads_.size()) < n - 1) {
         const int index = static_cast<int>(threads_.size()) + 1;
         threads_.emplace_back([this, index] { Loop(index); });
@@ -252,37 +255,37 @@ class WorkerPool {
       finished_ = 0;
       ++generation_;
     }
-    work_cv_.notify_all();
+    work_cv_.NotifyAll();
     body(0);
-    std::unique_lock<std::mutex> lock(mu_);
-    done_cv_.wait(lock, [&] { return finished_ == wanted_ - 1; });
+    MutexLock lock(&mu_);
+    while (finished_ != wanted_ - 1) done_cv_.Wait(&mu_);
     job_ = nullptr;
   }
 
  private:
-  void Loop(int index) {
+  void Loop(int index) TRAIND_EXCLUDES(mu_) {
     uint64_t seen = 0;
-    std::unique_lock<std::mutex> lock(mu_);
+    mu_.Lock();
     while (true) {
-      work_cv_.wait(lock, [&] { return generation_ != seen; });
+      while (generation_ == seen) work_cv_.Wait(&mu_);
       seen = generation_;
       if (index >= wanted_) continue;
       const std::function<void(int)>* job = job_;
-      lock.unlock();
+      mu_.Unlock();
       (*job)(index);
-      lock.lock();
-      if (++finished_ == wanted_ - 1) done_cv_.notify_one();
+      mu_.Lock();
+      if (++finished_ == wanted_ - 1) done_cv_.NotifyOne();
     }
   }
 
-  std::mutex launch_mu_;
-  std::mutex mu_;
-  std::condition_variable work_cv_, done_cv_;
-  std::vector<std::thread> threads_;
-  const std::function<void(int)>* job_ = nullptr;
-  int wanted_ = 0;
-  int finished_ = 0;
-  uint64_t generation_ = 0;
+  Mutex launch_mu_;  // one launch at a time
+  Mutex mu_;
+  CondVar work_cv_, done_cv_;
+  std::vector<std::thread> threads_ TRAIND_GUARDED_BY(mu_);
+  const std::function<void(int)>* job_ TRAIND_GUARDED_BY(mu_) = nullptr;
+  int wanted_ TRAIND_GUARDED_BY(mu_) = 0;
+  int finished_ TRAIND_GUARDED_BY(mu_) = 0;
+  uint64_t generation_ TRAIND_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace

@@ -5,13 +5,13 @@
 #include <algorithm>
 #include <array>
 #include <limits>
-#include <mutex>
 #include <queue>
 #include <unordered_map>
 
 #include "data/tokenizers/internal.h"
 #include "data/tokenizers/pretokenize.h"
 #include "data/tokenizers/unicode.h"
+#include "traind/engine/mutex.h"
 
 namespace traind::engine::tokenizers {
 namespace {
@@ -274,7 +274,7 @@ class BpeTokenizer final : public Tokenizer {
     Shard* shard = nullptr;
     if (cacheable) {
       shard = &cache_[std::hash<std::string_view>()(word) % kShards];
-      std::lock_guard<std::mutex> lock(shard->mu);
+      MutexLock lock(&shard->mu);
       auto it = shard->map.find(std::string(word));
       if (it != shard->map.end()) {
         out->insert(out->end(), it->second.begin(), it->second.end());
@@ -288,7 +288,7 @@ class BpeTokenizer final : public Tokenizer {
     else MergeLarge(&ids);
     out->insert(out->end(), ids.begin(), ids.end());
     if (cacheable) {
-      std::lock_guard<std::mutex> lock(shard->mu);
+      MutexLock lock(&shard->mu);
       if (shard->map.size() >= kMaxCachePerShard) shard->map.clear();
       shard->map.emplace(std::string(word), std::move(ids));
     }
@@ -358,8 +358,8 @@ class BpeTokenizer final : public Tokenizer {
   static constexpr size_t kMaxCachedWord = 64;
   static constexpr size_t kMaxCachePerShard = 1 << 14;
   struct Shard {
-    std::mutex mu;
-    std::unordered_map<std::string, std::vector<int32_t>> map;
+    Mutex mu;
+    std::unordered_map<std::string, std::vector<int32_t>> map TRAIND_GUARDED_BY(mu);
   };
 
   BpeConfig cfg_;

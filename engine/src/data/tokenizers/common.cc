@@ -8,11 +8,11 @@
 #include <cerrno>
 #include <cstring>
 #include <atomic>
-#include <mutex>
 #include <thread>
 
 #include "data/tokenizers/internal.h"
 #include "data/tokenizers/unicode.h"
+#include "traind/engine/mutex.h"
 
 namespace traind::engine::tokenizers {
 
@@ -345,7 +345,7 @@ Status EncodeSplitAtLinesTo(
   // behind it) under `mu`, so emits never overlap and come in order.
   std::vector<Result<std::vector<int32_t>>> results(parts, Status::Internal("not encoded"));
   std::vector<char> ready(parts, 0);  // guarded by mu
-  std::mutex mu;
+  Mutex mu;
   size_t emitted = 0;                 // guarded by mu
   Status failed = Status::Ok();       // guarded by mu
   std::atomic<bool> stop{false};
@@ -354,7 +354,7 @@ Status EncodeSplitAtLinesTo(
     for (size_t i; !stop.load() && (i = next.fetch_add(1)) < parts;) {
       Result<std::vector<int32_t>> r = encode(text.substr(cuts[i], cuts[i + 1] - cuts[i]));
       if (bytes_done != nullptr) bytes_done->fetch_add(static_cast<int64_t>(cuts[i + 1] - cuts[i]));
-      std::lock_guard<std::mutex> lock(mu);
+      MutexLock lock(&mu);
       results[i] = std::move(r);
       ready[i] = 1;
       while (failed.ok() && emitted < parts && ready[emitted]) {

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "traind/engine/trainer.h"
-#include "traind/worker/mutex.h"
+#include "traind/engine/mutex.h"
 #include "traind/v1/job.pb.h"
 #include "traind/v1/runner.pb.h"
 
