@@ -64,6 +64,7 @@ class ProfilingBackend final : public Backend {
   void Reset() { stats_.clear(); }
 
   std::string name() const override { return in_->name(); }
+  DeviceCapabilities capabilities() const override { return in_->capabilities(); }
   void* Alloc(size_t b) override { return in_->Alloc(b); }
   void Free(void* p) override { in_->Free(p); }
   int64_t PackedGemmBBytes(int64_t K, int64_t N, DType type) const override {
@@ -227,6 +228,16 @@ class ProfilingBackend final : public Backend {
     T x(this, "rmsnorm_bwd");
     in_->RmsNormBackward(di, dw, d, i, w, r, N, C);
   }
+  void HeadRmsNormForward(float* x, float* s, float* r, const float* w, int64_t N, int64_t nh,
+                          int64_t HS, int64_t rs, float eps) override {
+    T t(this, "head_rmsnorm_fwd");
+    in_->HeadRmsNormForward(x, s, r, w, N, nh, HS, rs, eps);
+  }
+  void HeadRmsNormBackward(float* dx, float* dw, const float* s, const float* w, const float* r,
+                           int64_t N, int64_t nh, int64_t HS, int64_t rs) override {
+    T t(this, "head_rmsnorm_bwd");
+    in_->HeadRmsNormBackward(dx, dw, s, w, r, N, nh, HS, rs);
+  }
   void GeluForward(float* o, const float* i, int64_t n) override {
     T x(this, "gelu_fwd");
     in_->GeluForward(o, i, n);
@@ -264,6 +275,14 @@ class ProfilingBackend final : public Backend {
     T x(this, "swiglu_bwd");
     in_->SwiGluBackward(di, i, d, N, H);
   }
+  void GeGluForward(float* o, const float* i, int64_t N, int64_t H) override {
+    T x(this, "geglu_fwd");
+    in_->GeGluForward(o, i, N, H);
+  }
+  void GeGluBackward(float* di, const float* i, const float* d, int64_t N, int64_t H) override {
+    T x(this, "geglu_bwd");
+    in_->GeGluBackward(di, i, d, N, H);
+  }
   void SwiGluForwardRounded(void* o, DType ot, float* s, const float* i, int64_t N,
                             int64_t H) override {
     T x(this, "swiglu_fwd 16-bit out");
@@ -276,29 +295,33 @@ class ProfilingBackend final : public Backend {
   }
   void Rope(float* p, int64_t B, int64_t T_, int64_t nh, int64_t HS, int64_t rs, float theta,
             bool inv, int64_t pos_offset = 0,
-            const engine::RopeScaling& sc = engine::RopeScaling{}) override {
+            const engine::RopeScaling& sc = engine::RopeScaling{},
+            const int32_t* positions = nullptr) override {
     T x(this, "rope");
-    in_->Rope(p, B, T_, nh, HS, rs, theta, inv, pos_offset, sc);
+    in_->Rope(p, B, T_, nh, HS, rs, theta, inv, pos_offset, sc, positions);
   }
   void AttentionForward(float* o, float* l, const float* q, const float* k, const float* v,
                         int64_t B, int64_t T_, int64_t NH, int64_t NKV, int64_t HS, int64_t qs,
                         int64_t ks, bool causal = true, const int32_t* mask = nullptr,
-                        DType ot = DType::kF32, int64_t w = 0) override {
+                        DType ot = DType::kF32, int64_t w = 0,
+                        const int32_t* doc_start = nullptr) override {
     // causal: QK^T and PV halves (4 B NH T^2 HS without the mask)
     T x(this, ot == DType::kF32 ? "attention_fwd" : "attention_fwd 16-bit operands",
         (causal ? 2.0 : 4.0) * B * NH * T_ * T_ * HS);
-    in_->AttentionForward(o, l, q, k, v, B, T_, NH, NKV, HS, qs, ks, causal, mask, ot, w);
+    in_->AttentionForward(o, l, q, k, v, B, T_, NH, NKV, HS, qs, ks, causal, mask, ot, w,
+                          doc_start);
   }
   void AttentionBackward(float* dq, float* dk, float* dv, const float* d, const float* o,
                          const float* l, const float* q, const float* k, const float* v, int64_t B,
                          int64_t T_, int64_t NH, int64_t NKV, int64_t HS, int64_t qs,
                          int64_t ks, bool causal = true, const int32_t* mask = nullptr,
-                         DType ot = DType::kF32, int64_t w = 0) override {
+                         DType ot = DType::kF32, int64_t w = 0,
+                         const int32_t* doc_start = nullptr) override {
     // recompute S + 4 products (halved when causal)
     T x(this, ot == DType::kF32 ? "attention_bwd" : "attention_bwd 16-bit operands",
         (causal ? 5.0 : 10.0) * B * NH * T_ * T_ * HS);
     in_->AttentionBackward(dq, dk, dv, d, o, l, q, k, v, B, T_, NH, NKV, HS, qs, ks, causal, mask,
-                           ot, w);
+                           ot, w, doc_start);
   }
   void AttentionDecode(float* o, const float* q, const float* k, const float* v, int64_t B, int64_t T_,
                        int64_t rows, int64_t NH, int64_t NKV, int64_t HS, int64_t qs, int64_t ks,

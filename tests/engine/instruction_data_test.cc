@@ -541,8 +541,17 @@ TEST(InstructionSpec, FieldsDefaultsValidationAndRoundTrip) {
   EXPECT_FALSE(again->data.completion_only_loss);
   EXPECT_EQ(JobSpecToJson(*again), json);
 
-  EXPECT_EQ(ParseJobSpec(base + "  packing: true\noutput_dir: o\n", "/b").status().message().substr(0, 39),
-            "data.packing: true is not supported yet");
+  auto packed = ParseJobSpec(base + "  packing: true\noutput_dir: o\n", "/b");
+  ASSERT_TRUE(packed.ok()) << packed.status().ToString();
+  EXPECT_TRUE(packed->data.packing);
+  EXPECT_EQ(ParseJobSpec("model:\n  arch: gpt2\n  config: {vocab_size: 256, n_positions: 32, "
+                         "n_embd: 16, n_layer: 1, n_head: 2}\n"
+                         "data:\n  train_file: d.txt\n  seq_len: 32\n  packing: true\noutput_dir: o\n",
+                         "/b")
+                .status()
+                .message(),
+            "data.packing: true packs prompt-completion or conversational examples: needs format "
+            "jsonl, got text");
   auto text = ParseJobSpec("model:\n  arch: gpt2\n  config: {vocab_size: 256, n_positions: 32, "
                            "n_embd: 16, n_layer: 1, n_head: 2}\n"
                            "data:\n  train_file: d.txt\n  seq_len: 32\n  assistant_only_loss: true\noutput_dir: o\n", "/b");

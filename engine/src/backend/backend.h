@@ -25,6 +25,7 @@
 #include "backend/rope_freq.h"
 #include "backend/step_scalars.h"
 #include "core/dtype.h"
+#include "traind/engine/devices.h"  // DeviceCapabilities
 #include "traind/engine/status.h"
 
 namespace traind::engine {
@@ -104,6 +105,8 @@ class HostStaging {
   X(RmsNormForward) \
   X(RmsNormForwardRounded) \
   X(RmsNormBackward) \
+  X(HeadRmsNormForward) \
+  X(HeadRmsNormBackward) \
   X(ResidualNormForward) \
   X(GeluForward) \
   X(GeluBackward) \
@@ -116,6 +119,8 @@ class HostStaging {
   X(SwiGluForwardRounded) \
   X(SwiGluBackward) \
   X(SwiGluBackwardRounded) \
+  X(GeGluForward) \
+  X(GeGluBackward) \
   X(Rope) \
   X(AttentionForward) \
   X(AttentionBackward) \
@@ -306,6 +311,19 @@ class Backend {
   // dinp +=, dweight +=.
   virtual void RmsNormBackward(float* dinp, float* dweight, const float* dout, const float* inp,
                                const float* weight, const float* rstd, int64_t N, int64_t C);
+  // Per-head RMSNorm (HF Qwen3's q_norm / k_norm, over each head of q and k before RoPE): x holds
+  // N rows of `row_stride` floats, each with n_heads heads of HS floats from offset 0; every head
+  // is normalised in place, x = x * rsqrt(mean(x^2) + eps) * weight (HS floats, shared by the
+  // heads). saved (N, n_heads*HS contiguous) receives the input and rstd (N*n_heads; row n, head
+  // h at n*n_heads + h) each head's reciprocal RMS, for the backward; either may be null.
+  virtual void HeadRmsNormForward(float* x, float* saved, float* rstd, const float* weight,
+                                  int64_t N, int64_t n_heads, int64_t HS, int64_t row_stride,
+                                  float eps);
+  // Its backward in place: dx (the forward's layout) holds d(output) and becomes d(input) (=);
+  // dweight (HS) +=. saved and rstd are the forward's. Columns past the heads are not touched.
+  virtual void HeadRmsNormBackward(float* dx, float* dweight, const float* saved,
+                                   const float* weight, const float* rstd, int64_t N,
+                                   int64_t n_heads, int64_t HS, int64_t row_stride);
 
   // ---- activations ----
   // GELU, tanh approximation (HF "gelu_new"). out may alias inp.
@@ -347,6 +365,12 @@ class Backend {
   // computes it (the same bits) and does not store the fp32 gradient.
   virtual void SwiGluBackwardRounded(float* dinp, void* dinp16, DType type, const float* inp,
                                      const float* dout, int64_t N, int64_t H);
+  // GeGLU (HF Gemma's MLP, hidden_activation gelu_pytorch_tanh): inp (N, 2H) holds [gate | up]
+  // per row; out (N,H) = gelu(gate) * up, GeluForward's tanh GELU.
+  virtual void GeGluForward(float* out, const float* inp, int64_t N, int64_t H);
+  // dinp (N, 2H) = d/d[gate|up] given dout (N,H).
+  virtual void GeGluBackward(float* dinp, const float* inp, const float* dout, int64_t N,
+                             int64_t H);
 
   // ---- rotary position embedding (HF rotate-half convention) ----
   // x: B*T rows of `row_stride` floats; each row holds `n_heads` heads of HS floats starting at
@@ -355,9 +379,12 @@ class Backend {
   // theta^(2i/HS) computed in fp32, angle = t * inv_freq[i] in fp32; x[i], x[i+HS/2] rotated by
   // angle. In place. inverse=true applies the transpose rotation (the backward of the forward).
   // `scaling` (HF rope_scaling: linear, llama3) rescales inv_freq as RopeInvFreq (rope_freq.h) does.
+  // positions, when not null, is a device int32 array (B*T): row r's position is positions[r]
+  // (packed rows: each example's positions restart at 0); pos_offset is then ignored.
   virtual void Rope(float* x, int64_t B, int64_t T, int64_t n_heads, int64_t HS, int64_t row_stride,
                     float theta, bool inverse, int64_t pos_offset = 0,
-                    const RopeScaling& scaling = RopeScaling{});
+                    const RopeScaling& scaling = RopeScaling{},
+                    const int32_t* positions = nullptr);
 
   // ---- self-attention, causal or not, with an optional key padding mask (flash-style contract:
   // no (T,T) buffer is kept) ----
@@ -368,6 +395,9 @@ class Backend {
   // (key_mask == nullptr || key_mask[b*T + j] != 0); key_mask is a device int32 array (B*T).
   // window > 0 (sliding-window attention, HF Mistral): query i also needs i - j < window, so it
   // attends its `window` most recent keys (itself included); 0 = no window.
+  // doc_start, when not null, is a device int32 array (B*T) for packed rows: query i of sequence
+  // b also needs j >= doc_start[b*T + i] (the first row of its example within the sequence), so
+  // attention never crosses an example; with causal, doc_start[b*T+i] <= i.
   // Masked keys get exactly zero weight (HF BERT's additive finfo.min mask). A query whose keys
   // are all masked gets out = 0 and lse = 0, and contributes nothing to dq, dk, dv. Query rows at
   // padded positions are computed like any other.
@@ -380,16 +410,18 @@ class Backend {
                                 const float* v, int64_t B, int64_t T, int64_t NH, int64_t NKV,
                                 int64_t HS, int64_t q_stride, int64_t kv_stride,
                                 bool causal = true, const int32_t* key_mask = nullptr,
-                                DType operand_type = DType::kF32, int64_t window = 0);
+                                DType operand_type = DType::kF32, int64_t window = 0,
+                                const int32_t* doc_start = nullptr);
   // dq, dk, dv (=; same layouts and strides as q, k, v; GQA sums over the heads of a group).
   // Parts of a row outside the heads (e.g. the k,v thirds of a fused qkv row when dq points at
-  // it) are not touched. causal and key_mask must be the forward's.
+  // it) are not touched. causal, key_mask, window and doc_start must be the forward's.
   virtual void AttentionBackward(float* dq, float* dk, float* dv, const float* dout,
                                  const float* out, const float* lse, const float* q,
                                  const float* k, const float* v, int64_t B, int64_t T, int64_t NH,
                                  int64_t NKV, int64_t HS, int64_t q_stride, int64_t kv_stride,
                                  bool causal = true, const int32_t* key_mask = nullptr,
-                                 DType operand_type = DType::kF32, int64_t window = 0);
+                                 DType operand_type = DType::kF32, int64_t window = 0,
+                                 const int32_t* doc_start = nullptr);
 
   // ---- attention of new tokens against a key/value cache (generation) ----
   // One query row per sequence: q (B rows, stride q_stride, NH heads of HS). k, v: the caches,
@@ -481,6 +513,10 @@ class Backend {
                                   const StepScalars* s);
 
   // ---- device capabilities (defaults: none; the GPU backends override) ----
+  // The device's policy-relevant capabilities (DeviceCapabilities, devices.h). Default: a device with
+  // its own memory, asynchronous ops, no packing, no tensor cores and no data parallel (what a
+  // test backend is treated as); the cpu, cuda and simt backends answer for themselves.
+  virtual DeviceCapabilities capabilities() const { return DeviceCapabilities{}; }
   // The first error an op hit (OK when none). Ops do not abort on bad input on the GPU backends;
   // they do nothing and report here. The CPU backend's ops do not fail.
   virtual const Status& status() const { return unsupported_; }

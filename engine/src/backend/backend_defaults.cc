@@ -221,6 +221,14 @@ void Backend::RmsNormBackward(float* /*dinp*/, float* /*dweight*/, const float* 
   Unsupported(Op::kRmsNormBackward);
 }
 
+void Backend::HeadRmsNormForward(float* /*x*/, float* /*saved*/, float* /*rstd*/, const float* /*weight*/, int64_t /*N*/, int64_t /*n_heads*/, int64_t /*HS*/, int64_t /*row_stride*/, float /*eps*/) {
+  Unsupported(Op::kHeadRmsNormForward);
+}
+
+void Backend::HeadRmsNormBackward(float* /*dx*/, float* /*dweight*/, const float* /*saved*/, const float* /*weight*/, const float* /*rstd*/, int64_t /*N*/, int64_t /*n_heads*/, int64_t /*HS*/, int64_t /*row_stride*/) {
+  Unsupported(Op::kHeadRmsNormBackward);
+}
+
 void Backend::GeluForward(float* /*out*/, const float* /*inp*/, int64_t /*n*/) {
   Unsupported(Op::kGeluForward);
 }
@@ -253,15 +261,23 @@ void Backend::SwiGluBackward(float* /*dinp*/, const float* /*inp*/, const float*
   Unsupported(Op::kSwiGluBackward);
 }
 
-void Backend::Rope(float* /*x*/, int64_t /*B*/, int64_t /*T*/, int64_t /*n_heads*/, int64_t /*HS*/, int64_t /*row_stride*/, float /*theta*/, bool /*inverse*/, int64_t /*pos_offset*/, const RopeScaling& /*scaling*/) {
+void Backend::GeGluForward(float* /*out*/, const float* /*inp*/, int64_t /*N*/, int64_t /*H*/) {
+  Unsupported(Op::kGeGluForward);
+}
+
+void Backend::GeGluBackward(float* /*dinp*/, const float* /*inp*/, const float* /*dout*/, int64_t /*N*/, int64_t /*H*/) {
+  Unsupported(Op::kGeGluBackward);
+}
+
+void Backend::Rope(float* /*x*/, int64_t /*B*/, int64_t /*T*/, int64_t /*n_heads*/, int64_t /*HS*/, int64_t /*row_stride*/, float /*theta*/, bool /*inverse*/, int64_t /*pos_offset*/, const RopeScaling& /*scaling*/, const int32_t* /*positions*/) {
   Unsupported(Op::kRope);
 }
 
-void Backend::AttentionForward(float* /*out*/, float* /*lse*/, const float* /*q*/, const float* /*k*/, const float* /*v*/, int64_t /*B*/, int64_t /*T*/, int64_t /*NH*/, int64_t /*NKV*/, int64_t /*HS*/, int64_t /*q_stride*/, int64_t /*kv_stride*/, bool /*causal*/, const int32_t* /*key_mask*/, DType /*operand_type*/, int64_t /*window*/) {
+void Backend::AttentionForward(float* /*out*/, float* /*lse*/, const float* /*q*/, const float* /*k*/, const float* /*v*/, int64_t /*B*/, int64_t /*T*/, int64_t /*NH*/, int64_t /*NKV*/, int64_t /*HS*/, int64_t /*q_stride*/, int64_t /*kv_stride*/, bool /*causal*/, const int32_t* /*key_mask*/, DType /*operand_type*/, int64_t /*window*/, const int32_t* /*doc_start*/) {
   Unsupported(Op::kAttentionForward);
 }
 
-void Backend::AttentionBackward(float* /*dq*/, float* /*dk*/, float* /*dv*/, const float* /*dout*/, const float* /*out*/, const float* /*lse*/, const float* /*q*/, const float* /*k*/, const float* /*v*/, int64_t /*B*/, int64_t /*T*/, int64_t /*NH*/, int64_t /*NKV*/, int64_t /*HS*/, int64_t /*q_stride*/, int64_t /*kv_stride*/, bool /*causal*/, const int32_t* /*key_mask*/, DType /*operand_type*/, int64_t /*window*/) {
+void Backend::AttentionBackward(float* /*dq*/, float* /*dk*/, float* /*dv*/, const float* /*dout*/, const float* /*out*/, const float* /*lse*/, const float* /*q*/, const float* /*k*/, const float* /*v*/, int64_t /*B*/, int64_t /*T*/, int64_t /*NH*/, int64_t /*NKV*/, int64_t /*HS*/, int64_t /*q_stride*/, int64_t /*kv_stride*/, bool /*causal*/, const int32_t* /*key_mask*/, DType /*operand_type*/, int64_t /*window*/, const int32_t* /*doc_start*/) {
   Unsupported(Op::kAttentionBackward);
 }
 

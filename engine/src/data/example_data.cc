@@ -3,12 +3,14 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstddef>
 #include <cstring>
 #include <string_view>
 #include <thread>
 
 #include <nlohmann/json.hpp>
 
+#include "data/packing.h"
 #include "data/window_order.h"
 #include "traind/engine/tokenizer.h"
 
@@ -220,9 +222,86 @@ ExampleSet ExampleSet::OfLabelledRows(std::vector<int32_t> ids, std::vector<int3
   return s;
 }
 
+ExampleSet ExampleSet::OfPackedRows(std::vector<int32_t> ids, std::vector<int32_t> token_labels,
+                                    std::vector<int32_t> lengths, int64_t T, int32_t pad_id) {
+  ExampleSet s;
+  s.T_ = T > 0 ? T : 1;
+  s.pad_ = pad_id;
+  s.labelled_rows_ = true;
+  // Each example kept to T + 1 ids (OfLabelledRows' rule) takes max(kept - 1, 1) positions.
+  std::vector<int64_t> begin(lengths.size()), keep(lengths.size()), sizes(lengths.size());
+  int64_t src = 0;
+  for (size_t e = 0; e < lengths.size(); ++e) {
+    begin[e] = src;
+    keep[e] = std::min<int64_t>(lengths[e], s.T_ + 1);
+    sizes[e] = std::max<int64_t>(keep[e] - 1, 1);
+    src += lengths[e];
+  }
+  const std::vector<std::vector<int64_t>> rows = PackBestFitDecreasing(sizes, s.T_);
+  s.count_ = static_cast<int64_t>(rows.size());
+  s.offsets_.push_back(0);
+  s.row_segs_.push_back(0);
+  s.seg_offsets_.push_back(0);
+  for (const std::vector<int64_t>& row : rows) {
+    for (int64_t e : row) {
+      const auto from = static_cast<std::ptrdiff_t>(begin[static_cast<size_t>(e)]);
+      const auto n = static_cast<std::ptrdiff_t>(keep[static_cast<size_t>(e)]);
+      s.ids_.insert(s.ids_.end(), ids.begin() + from, ids.begin() + from + n);
+      s.token_labels_.insert(s.token_labels_.end(), token_labels.begin() + from,
+                             token_labels.begin() + from + n);
+      s.seg_offsets_.push_back(static_cast<int64_t>(s.ids_.size()));
+    }
+    s.row_segs_.push_back(static_cast<int64_t>(s.seg_offsets_.size()) - 1);
+    s.offsets_.push_back(static_cast<int64_t>(s.ids_.size()));
+  }
+  return s;
+}
+
+template <class F>
+void ExampleSet::ForEachSegment(int64_t i, F&& f) const {
+  if (row_segs_.empty()) {
+    f(offsets_[static_cast<size_t>(i)],
+      offsets_[static_cast<size_t>(i) + 1] - offsets_[static_cast<size_t>(i)]);
+    return;
+  }
+  for (int64_t e = row_segs_[static_cast<size_t>(i)]; e < row_segs_[static_cast<size_t>(i) + 1];
+       ++e) {
+    f(seg_offsets_[static_cast<size_t>(e)],
+      seg_offsets_[static_cast<size_t>(e) + 1] - seg_offsets_[static_cast<size_t>(e)]);
+  }
+}
+
+void ExampleSet::RowLayout(int64_t i, int32_t* doc_start, int32_t* positions) const {
+  int64_t pos = 0;
+  ForEachSegment(i, [&](int64_t /*first*/, int64_t k) {
+    // Unpacked: the row's min(k, T) ids; packed: the positions the example takes.
+    const int64_t used = packed() ? std::max<int64_t>(k - 1, 1) : std::min<int64_t>(k, T_);
+    for (int64_t t = 0; t < used && pos + t < T_; ++t) {
+      doc_start[pos + t] = static_cast<int32_t>(pos);
+      positions[pos + t] = static_cast<int32_t>(t);
+    }
+    pos += used;
+  });
+  for (int64_t t = pos; t < T_; ++t) {  // padding: each position its own example
+    doc_start[t] = static_cast<int32_t>(t);
+    positions[t] = 0;
+  }
+}
+
 void ExampleSet::TokenTargets(int64_t i, int32_t* targets) const {
   std::fill(targets, targets + T_, -1);
   if (!labelled_rows_) return;
+  if (packed()) {
+    int64_t pos = 0;
+    ForEachSegment(i, [&](int64_t first, int64_t k) {
+      for (int64_t t = 0; t + 1 < k && pos + t < T_; ++t) {
+        const int32_t label = token_labels_[static_cast<size_t>(first + t + 1)];
+        targets[pos + t] = label < 0 ? -1 : label;
+      }
+      pos += std::max<int64_t>(k - 1, 1);
+    });
+    return;
+  }
   const int64_t begin = offsets_[static_cast<size_t>(i)];
   const int64_t n = offsets_[static_cast<size_t>(i) + 1] - begin;
   for (int64_t t = 0; t + 1 < n && t < T_; ++t) {
@@ -240,6 +319,18 @@ int32_t ExampleSet::Get(int64_t i, int32_t* ids, int32_t* mask) const {
   if (stream_) {
     stream_->CopyWindow(i * T_, T_, ids);
     std::fill(mask, mask + T_, 1);
+    return -1;
+  }
+  if (packed()) {
+    int64_t pos = 0;
+    ForEachSegment(i, [&](int64_t first, int64_t k) {
+      const int64_t used = std::min(std::max<int64_t>(k - 1, 1), T_ - pos);
+      std::copy(ids_.begin() + first, ids_.begin() + first + used, ids + pos);
+      pos += used;
+    });
+    std::fill(ids + pos, ids + T_, pad_);
+    std::fill(mask, mask + pos, 1);
+    std::fill(mask + pos, mask + T_, 0);
     return -1;
   }
   const int64_t begin = offsets_[static_cast<size_t>(i)];
@@ -390,14 +481,20 @@ void FillExampleBatch(const ExampleData& data, const ExampleSet& set, const int6
   for (int64_t b = 0; b < B; ++b) {
     int32_t* in = inputs + b * T;
     int32_t* m = mask + b * T;
+    int32_t* positions = mask + B * T + b * T;  // token-labelled sets only
     if (rows[b] < 0) {
       std::fill(in, in + T, data.pad_id);
       std::fill(m, m + T, 0);
+      if (set.token_labelled()) {  // all padding: each position its own example
+        for (int64_t t = 0; t < T; ++t) m[t] = static_cast<int32_t>(t);
+        std::fill(positions, positions + T, 0);
+      }
       continue;
     }
     const int32_t label = set.Get(rows[b], in, m);
     if (set.token_labelled()) {
       set.TokenTargets(rows[b], targets + b * T);
+      set.RowLayout(rows[b], m, positions);
     } else if (data.classification) {
       targets[b] = label;
     } else if (data.mlm) {

@@ -29,6 +29,8 @@
 //   next epoch; LoaderPosition counts examples.
 // Batch layout (B*T int32 each): inputs, attention mask, targets. masked_lm: targets per position;
 // sequence_classification: targets[b] for b < B is row b's label (-1 = none), targets[B..B*T) -1.
+// Instruction data (token-labelled sets): the mask is 2*B*T, each row's doc_start then (from
+// B*T on) each row's positions (ExampleSet::RowLayout), for the decoders' example rows.
 #pragma once
 
 #include <cstdint>
@@ -59,10 +61,26 @@ class ExampleSet {
   // (-100: no loss); Get gives the first T ids, TokenTargets the next-token targets.
   static ExampleSet OfLabelledRows(std::vector<int32_t> ids, std::vector<int32_t> token_labels,
                                    std::vector<int32_t> lengths, int64_t T, int32_t pad_id);
+  // Instruction data packed (data.packing): the examples (each kept to T + 1 ids as above) placed
+  // by PackBestFitDecreasing (packing.h) into rows of T positions. An example of k ids takes
+  // max(k - 1, 1) positions: its last id is only the target of the one before it, so nothing is
+  // predicted across examples; the rest of a row is padding. Get, TokenTargets and RowLayout then
+  // give packed row i.
+  static ExampleSet OfPackedRows(std::vector<int32_t> ids, std::vector<int32_t> token_labels,
+                                 std::vector<int32_t> lengths, int64_t T, int32_t pad_id);
   bool token_labelled() const { return !token_labels_.empty() || labelled_rows_; }
+  bool packed() const { return !row_segs_.empty(); }
   // Example i's next-token targets (T of them): targets[t] = labels[t + 1] where that carries
   // loss, else -1 (padding, the end of the example, -100 labels).
   void TokenTargets(int64_t i, int32_t* targets) const;
+  // Token-labelled sets: row i's doc_start (per position, the first position of its example; a
+  // padding position is its own) and positions (within its example; 0 on padding), T each: what a
+  // decoder with ModelOptions::example_rows reads (Backend::AttentionForward's doc_start,
+  // Backend::Rope's positions).
+  void RowLayout(int64_t i, int32_t* doc_start, int32_t* positions) const;
+  // The int32 per token of a micro-batch's mask from FillExampleBatch: 2 for token-labelled sets
+  // (doc_start then positions, each B*T), else 1 (the attention mask).
+  int64_t MaskWords() const { return token_labelled() ? 2 : 1; }
 
   int64_t size() const { return count_; }
   int64_t seq_len() const { return T_; }
@@ -81,6 +99,13 @@ class ExampleSet {
   std::vector<int32_t> labels_;
   std::vector<int32_t> token_labels_;  // OfLabelledRows: parallel to ids_
   bool labelled_rows_ = false;
+  // OfPackedRows: row i holds the examples [row_segs_[i], row_segs_[i + 1]), example e the ids
+  // [seg_offsets_[e], seg_offsets_[e + 1]) of ids_ (offsets_ then bound each row's). Empty else.
+  std::vector<int64_t> row_segs_;
+  std::vector<int64_t> seg_offsets_;
+  // Row i's examples as (first id, id count) pairs, in order (one unless packed).
+  template <class F>
+  void ForEachSegment(int64_t i, F&& f) const;
 };
 
 // Masked-language-model masking (HF DataCollatorForLanguageModeling).

@@ -387,6 +387,32 @@ Result<std::vector<InstructionExample>> ReadInstructionExamples(const DataSpec& 
   return out;
 }
 
+Result<std::string> RenderChatPrompt(const std::vector<std::string>& folders,
+                                     const std::string& user_text) {
+  std::string searched;
+  for (const std::string& folder : folders) {
+    if (folder.empty()) continue;
+    TRAIND_ASSIGN_OR_RETURN(ojson config, TokenizerConfig(folder));
+    const bool in_config = config.contains("chat_template") && !config["chat_template"].is_null();
+    if (!in_config && !IsFile(folder + "/chat_template.jinja")) {
+      searched += (searched.empty() ? "" : ", ") + folder + "/tokenizer_config.json (\"chat_template\"), " +
+                  folder + "/chat_template.jinja";
+      continue;
+    }
+    Result<ChatTemplate> t = LoadTemplate(DataSpec{}, folder, config);
+    if (!t.ok()) return Status::InvalidArgument("--chat: " + t.status().message());
+    ojson vars = ChatTemplateSpecialTokens(config);
+    vars["messages"] = ojson::array({ojson{{"role", "user"}, {"content", user_text}}});
+    vars["add_generation_prompt"] = true;
+    Result<std::string> text = t->Render(vars);
+    if (!text.ok()) return Status::InvalidArgument("--chat: " + text.status().message());
+    return text;
+  }
+  return Status::InvalidArgument("--chat: the model has no chat template (looked in " +
+                                 (searched.empty() ? std::string("no folder") : searched) +
+                                 "): use --prompt");
+}
+
 Result<ExampleData> LoadInstructionData(const DataSpec& spec, const std::string& init_from,
                                         const TokenizeProgress& progress) {
   JsonlKind kind = JsonlKind::kText;
@@ -420,6 +446,10 @@ Result<ExampleData> LoadInstructionData(const DataSpec& spec, const std::string&
       for (int32_t id : e.ids) max_id = std::max<int64_t>(max_id, id);
       tokens += static_cast<int64_t>(e.ids.size());
     }
+    if (spec.packing) {
+      return ExampleSet::OfPackedRows(std::move(ids), std::move(labels), std::move(lengths),
+                                      spec.seq_len, out.pad_id);
+    }
     return ExampleSet::OfLabelledRows(std::move(ids), std::move(labels), std::move(lengths),
                                       spec.seq_len, out.pad_id);
   };
@@ -443,7 +473,7 @@ Result<std::vector<SpecExample>> SpecTrainingExamples(const JobSpec& spec, int64
   const DataSpec& d = spec.data;
   const std::string init_from = spec.model.init_from.value_or("");
   if (spec.model.config.encoder()) {
-    return Status::InvalidArgument("model.arch: " + spec.model.config.arch +
+    return Status::InvalidArgument("model.arch: " + std::string(ArchName(spec.model.config.arch)) +
                                    ": tokenize --spec shows the causal families' examples");
   }
   const size_t keep = static_cast<size_t>(d.seq_len) + 1;

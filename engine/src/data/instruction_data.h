@@ -8,7 +8,7 @@
 // line and the field ("data.train_file: /p/chat.jsonl line 7: messages[2].content: expected a
 // string"). Nothing is skipped silently (blank lines aside).
 //
-// Examples (no packing):
+// Examples (packed or not, see LoadInstructionData):
 // - prompt-completion: Encode(prompt + completion, add_special_tokens) then the tokenizer's eos
 //   id (an error when it has none). completion_only_loss: the tokens from the count of
 //   Encode(prompt, add_special_tokens) on carry loss (TRL's completion mask), the eos included;
@@ -56,9 +56,19 @@ Result<std::vector<InstructionExample>> ReadInstructionExamples(const DataSpec& 
                                                                 int64_t limit = -1,
                                                                 JsonlKind* kind = nullptr);
 
+// A chat prompt for generation: [{"role": "user", "content": user_text}] rendered with the first
+// of `folders` that holds a chat template (tokenizer_config.json "chat_template", else
+// chat_template.jinja), add_generation_prompt true and that folder's special tokens, as
+// apply_chat_template(add_generation_prompt=True) renders it. INVALID_ARGUMENT naming the folders
+// when none holds one, or carrying the template's own error.
+Result<std::string> RenderChatPrompt(const std::vector<std::string>& folders,
+                                     const std::string& user_text);
+
 // The training and validation sets (ExampleSet::OfLabelledRows: each example truncated to
-// seq_len + 1 ids, right-padded with the tokenizer's pad id, else its eos, else 0): the last
-// validation_split of the examples held out, as the encoders' examples.
+// seq_len + 1 ids, right-padded with the tokenizer's pad id, else its eos, else 0; with
+// data.packing, ExampleSet::OfPackedRows: the examples of each set packed best-fit decreasing
+// into rows of seq_len positions, packing.h): the last validation_split of the examples held out
+// (before packing), as the encoders' examples.
 Result<ExampleData> LoadInstructionData(const DataSpec& spec, const std::string& init_from,
                                         const TokenizeProgress& progress = {});
 

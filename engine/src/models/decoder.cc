@@ -8,6 +8,11 @@
 #include <random>
 #include <sstream>
 
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "backend/dynamic_code.h"
 #include "core/half.h"
 #include "nn/attention.h"
 #include "nn/cross_entropy.h"
@@ -87,9 +92,18 @@ Result<std::unique_ptr<DecoderModel>> DecoderModel::Make(const ModelConfig& conf
     m->be_->CopyHostToDevice(m->bufs_.dropout_key, &zero, sizeof(zero));
   }
   m->mixed_ = options.compute_type != DType::kF32;
-  if (options.master_weights_off_device && m->mixed_) {
+  if (options.quant4.enabled) {  // QLoRA: the 4-bit store's layout; the nested code table
+    m->q_ = MakeQuant4Layout(m->table_);
+    m->quant_ = !m->q_.tensors.empty();
+    m->q_offsets_.assign(m->q_.tensors.size(), 0.0f);
+    if (m->bufs_.q_code != nullptr) {
+      m->be_->CopyHostToDevice(m->bufs_.q_code, DynamicCodeSigned(), 256 * sizeof(float));
+    }
+  }
+  if ((options.master_weights_off_device || m->quant_) && m->mixed_) {
     m->master_off_ = true;
-    m->resident_ = Fp32ResidentTensors(m->table_);
+    m->resident_ = m->quant_ ? QLoraResidentTensors(m->table_, options) : Fp32ResidentTensors(m->table_);
+    m->lookup16_ = m->quant_ && LookupReads16Bit(m->table_, options);
     for (const Fp32ResidentTensor& t : m->resident_) m->packed_[t.offset] = t.packed;
   }
   m->gp_ = nn::GemmPrecision{options.compute_type, m->bufs_.scratch16, m->bufs_.scratch16_elems,
@@ -116,6 +130,15 @@ Result<std::unique_ptr<DecoderModel>> DecoderModel::Make(const ModelConfig& conf
       }
     }
   }
+  if (m->bufs_.ones != nullptr) {  // gemma: the norms' 1 + w rows (layout.h)
+    const std::vector<float> ones(static_cast<size_t>(m->d_.C), 1.0f);
+    m->be_->CopyHostToDevice(m->bufs_.ones, ones.data(), ones.size() * sizeof(float));
+    for (int64_t l = 0; l < m->d_.L; ++l) {
+      m->norm_rows_.push_back({m->table_.layers[l].ln1_w, 2 * l});
+      m->norm_rows_.push_back({m->table_.layers[l].ln2_w, 2 * l + 1});
+    }
+    m->norm_rows_.push_back({m->table_.lnf_w, 2 * m->d_.L});
+  }
   if (m->d_.moe()) {
     m->routes_.resize(static_cast<size_t>(m->d_.L));
     m->expert_tokens_.assign(static_cast<size_t>(m->d_.L * m->d_.E), 0);
@@ -124,6 +147,11 @@ Result<std::unique_ptr<DecoderModel>> DecoderModel::Make(const ModelConfig& conf
     std::vector<int32_t> pos(static_cast<size_t>(m->N_));
     for (int64_t n = 0; n < m->N_; ++n) pos[n] = static_cast<int32_t>(n % options.seq_len);
     m->be_->CopyHostToDevice(m->bufs_.positions, pos.data(), pos.size() * sizeof(int32_t));
+  }
+  if (m->bufs_.rows != nullptr) {  // one sequence a row until the trainer writes its rows
+    std::vector<int32_t> rows(static_cast<size_t>(2 * m->N_), 0);
+    for (int64_t n = 0; n < m->N_; ++n) rows[m->N_ + n] = static_cast<int32_t>(n % options.seq_len);
+    m->be_->CopyHostToDevice(m->bufs_.rows, rows.data(), rows.size() * sizeof(int32_t));
   }
   return m;
 }
@@ -214,6 +242,14 @@ void DecoderModel::PackWeights() {
 
 void DecoderModel::InitRandom(uint64_t seed) {
   WeightsChanging();
+  if (quant_) {  // QLoRA: the 4-bit store and the compute-type copies, a piece at a time
+    InitFlatParamsTo(d_, table_, seed, [this](int64_t offset, const float* v, int64_t n) {
+      WriteBase(offset, v, n);
+    });
+    be_->Synchronize();
+    weights16_stale_ = false;
+    return;
+  }
   // Tensor by tensor through a bounded host buffer (a whole-model host copy was the set-up's RSS
   // peak of a 354M-parameter job: bench/offload_rss_bench).
   if (master_off_ && lora()) {  // the frozen base: the device copies only
@@ -242,6 +278,15 @@ void DecoderModel::InitRandom(uint64_t seed) {
 
 Status DecoderModel::LoadHf(const SafetensorsFile& file) {
   WeightsChanging();
+  if (quant_) {  // QLoRA: tensor by tensor (one tensor's fp32 copy on the host at a time)
+    TRAIND_RETURN_IF_ERROR(HfToFlat(config_.arch, table_, file, nullptr, nullptr,
+                                    [this](size_t i, const float* v) {
+                                      WriteBase(table_.infos[i].offset, v, table_.infos[i].numel);
+                                    }));
+    be_->Synchronize();
+    weights16_stale_ = false;
+    return Status::Ok();
+  }
   std::vector<float> host(static_cast<size_t>(table_.total), 0.0f);
   TRAIND_RETURN_IF_ERROR(HfToFlat(config_.arch, table_, file, host.data()));
   if (master_off_ && lora()) {  // the frozen base: the device copies only, a few MiB at a time
@@ -282,7 +327,7 @@ void DecoderModel::PublishFromHost(int64_t offset, const float* host, int64_t n)
   WeightsChanging();
   To16(options_.compute_type, host, n, &host16_);
   base16_hash_ = Fnv1a16(base16_hash_, host16_.data(), n);
-  be_->CopyHostToDevice(static_cast<char*>(bufs_.params16) + offset * static_cast<int64_t>(sizeof(uint16_t)),
+  be_->CopyHostToDevice(static_cast<char*>(bufs_.params16) + Dense(offset) * static_cast<int64_t>(sizeof(uint16_t)),
                         host16_.data(), static_cast<size_t>(n) * sizeof(uint16_t));
   for (auto it = FirstResidentEndingAfter(offset); it != resident_.end() && it->offset < offset + n; ++it) {
     const int64_t a = std::max(offset, it->offset), b = std::min(offset + n, it->offset + it->numel);
@@ -323,8 +368,10 @@ MasterWeightsSink::ComputeCopy DecoderModel::ComputeCopyOf(int64_t offset, int64
   return out;
 }
 
-Status HfToFlat(const std::string& arch, const ParamTable& table, const SafetensorsFile& file,
-                float* host, std::vector<size_t>* missing_heads) {
+Status HfToFlat(Arch arch, const ParamTable& table, const SafetensorsFile& file,
+                float* host, std::vector<size_t>* missing_heads,
+                const std::function<void(size_t, const float*)>& each) {
+  std::vector<float> one;  // host == nullptr: the tensor being handed to `each`
   for (size_t i = 0; i < table.infos.size(); ++i) {
     const ParamInfo& info = table.infos[i];
     auto it = file.tensors.find(info.hf_name);
@@ -341,7 +388,7 @@ Status HfToFlat(const std::string& arch, const ParamTable& table, const Safetens
     if (it == file.tensors.end()) {
       return Status::InvalidArgument("checkpoint is missing tensor '" + info.hf_name +
                                      "' (expected shape " + ShapeStr(info.hf_shape) + ") for a " +
-                                     arch + " model of this config");
+                                     ArchName(arch) + " model of this config");
     }
     const HostTensor& t = it->second;
     if (t.shape != info.hf_shape) {
@@ -355,12 +402,24 @@ Status HfToFlat(const std::string& arch, const ParamTable& table, const Safetens
     if (!data.ok()) {
       return Status::InvalidArgument("tensor '" + info.hf_name + "': " + data.status().message());
     }
-    FromHfLayout(info, table.extras[i], data->data(), host + info.offset);
+    if (host != nullptr) {
+      FromHfLayout(info, table.extras[i], data->data(), host + info.offset);
+      continue;
+    }
+    one.resize(static_cast<size_t>(info.numel));
+    FromHfLayout(info, table.extras[i], data->data(), one.data());
+    std::vector<float>().swap(*data);  // the file's copy goes before the next tensor's
+    each(i, one.data());
   }
   return Status::Ok();
 }
 
 SafetensorsStream DecoderModel::StreamHf(size_t piece_bytes) {
+  if (quant_) {  // QLoRA: the 4-bit tensors dequantized
+    FlatWeightsSource src;
+    src.read = [this](int64_t offset, float* out, int64_t n) { return ReadBase(offset, out, n); };
+    return StreamFlatToHf(be_, &table_, src, piece_bytes, nullptr);
+  }
   if (master_off_ && lora()) {  // the frozen base: LoadMergeBase's
     return StreamFlatToHf(be_, &table_, {nullptr, nullptr, merge_base_.empty() ? nullptr : merge_base_.data()},
                           piece_bytes, nullptr);
@@ -401,7 +460,7 @@ void MergeBlock(const LoraMerge& m, size_t tensor, int64_t o0, int64_t rows, int
 Status StreamTensor(Backend* be, const ParamInfo& info, const ParamExtra& ex, FlatWeightsSource source,
                     size_t piece_floats, const LoraMerge* merge, size_t tensor, ExportBuffers* buf,
                     const SafetensorsSink& sink) {
-  if (source.device == nullptr && source.master == nullptr && source.host == nullptr) {
+  if (source.device == nullptr && source.master == nullptr && source.host == nullptr && !source.read) {
     return Status::Internal("export of " + info.hf_name +
                             ": its fp32 weights are off the device and no source is set (the master "
                             "weights' store, or LoadMergeBase's base)");
@@ -429,7 +488,8 @@ Status StreamTensor(Backend* be, const ParamInfo& info, const ParamExtra& ex, Fl
         // per piece would read the store's chunks once per piece), then its columns per piece.
         if (c0 == 0) {
           buf->whole.resize(static_cast<size_t>(info.numel));
-          TRAIND_RETURN_IF_ERROR(source.master->GetMaster(info.offset, buf->whole.data(), info.numel));
+          TRAIND_RETURN_IF_ERROR(source.read ? source.read(info.offset, buf->whole.data(), info.numel)
+                                             : source.master->GetMaster(info.offset, buf->whole.data(), info.numel));
         }
         for (int64_t o = 0; o < OC; ++o) {
           std::copy_n(buf->whole.data() + o * C + c0, cw, buf->stage.data() + o * cw);
@@ -458,6 +518,8 @@ Status StreamTensor(Backend* be, const ParamInfo& info, const ParamExtra& ex, Fl
       be->Synchronize();
     } else if (host != nullptr) {
       std::copy_n(host + r0 * row, n * row, buf->stage.data());
+    } else if (source.read) {
+      TRAIND_RETURN_IF_ERROR(source.read(info.offset + r0 * row, buf->stage.data(), n * row));
     } else {
       TRAIND_RETURN_IF_ERROR(source.master->GetMaster(info.offset + r0 * row, buf->stage.data(), n * row));
     }
@@ -556,6 +618,11 @@ SafetensorsStream DecoderModel::StreamMerged(size_t piece_bytes) {
       if (info.offset == offset && info.numel == e.out * e.in) merge->by_tensor[i].push_back(&e);
     }
   }
+  if (quant_) {  // QLoRA: the dequantized base plus the adapters
+    FlatWeightsSource src;
+    src.read = [this](int64_t offset, float* out, int64_t n) { return ReadBase(offset, out, n); };
+    return StreamFlatToHf(be_, &table_, src, piece_bytes, std::move(merge));
+  }
   if (master_off_) {  // the fp32 base from LoadMergeBase (none: every tensor fails to export)
     const float* base = merge_base_.empty() ? nullptr : merge_base_.data();
     return StreamFlatToHf(be_, &table_, {nullptr, nullptr, base}, piece_bytes, std::move(merge));
@@ -633,8 +700,128 @@ void DecoderModel::ZeroGrad() {
 
 const void* DecoderModel::W(int64_t offset) const {
   if (offset < 0) return nullptr;
-  if (!mixed_) return bufs_.params + offset;
-  return static_cast<const char*>(bufs_.params16) + offset * DTypeSize(options_.compute_type);
+  const size_t es = DTypeSize(options_.compute_type);
+  if (quant_) {
+    if (const Quant4Slot* s = q_.Find(offset)) {  // dequantized by DequantizeLayer
+      return static_cast<const char*>(bufs_.q_scratch) + s->scratch * static_cast<int64_t>(es);
+    }
+  }
+  if (!mixed_) return bufs_.params + Dense(offset);
+  return static_cast<const char*>(bufs_.params16) + Dense(offset) * static_cast<int64_t>(es);
+}
+
+Quant4View DecoderModel::QView(const Quant4Slot& s) const {
+  Quant4View v;
+  v.type = options_.quant4.type;
+  v.n = s.numel;
+  v.codes = bufs_.q_codes + s.codes;
+  if (options_.quant4.double_quant) {
+    v.qabsmax = bufs_.q_qabsmax + s.blocks;
+    v.nested_absmax = bufs_.q_nested + s.nested;
+    v.nested_code = bufs_.q_code;
+    v.offset = q_offsets_[static_cast<size_t>(&s - q_.tensors.data())];
+  } else {
+    v.absmax = bufs_.q_absmax + s.blocks;
+  }
+  return v;
+}
+
+void DecoderModel::DequantizeLayer(int64_t l) {
+  const DType ct = options_.compute_type;
+  const int64_t es = static_cast<int64_t>(DTypeSize(ct));
+  for (const Quant4Slot& s : q_.tensors) {
+    if (s.layer != l) continue;
+    be_->Dequantize4bit(QView(s), s.cols, 0, s.rows,
+                        static_cast<char*>(bufs_.q_scratch) + s.scratch * es, s.cols, ct);
+  }
+}
+
+namespace {
+int QuantThreads() {
+#ifdef _OPENMP
+  return omp_get_max_threads();
+#else
+  return 1;
+#endif
+}
+}  // namespace
+
+void DecoderModel::WriteBase(int64_t offset, const float* v, int64_t n) {
+  auto it = std::upper_bound(q_.tensors.begin(), q_.tensors.end(), offset,
+                             [](int64_t at, const Quant4Slot& s) { return at < s.offset; });
+  const Quant4Slot* s = it == q_.tensors.begin() ? nullptr : &*(it - 1);
+  if (s == nullptr || offset >= s->offset + s->numel) {  // kept in the compute type
+    if (master_off_) {
+      PublishFromHost(offset, v, n);
+    } else {
+      be_->CopyHostToDevice(bufs_.params + Dense(offset), v, static_cast<size_t>(n) * sizeof(float));
+      be_->Synchronize();
+    }
+    return;
+  }
+  const int64_t j0 = offset - s->offset;  // a multiple of kQuant4Block (InitFlatParamsTo's pieces)
+  const Quant4Type type = options_.quant4.type;
+  if (j0 == 0) q_absmax_host_.assign(static_cast<size_t>(Quant4Blocks(s->numel)), 0.0f);
+  q_codes_host_.resize(static_cast<size_t>(Quant4Bytes(n)));
+  cpu::Quantize4bit(v, DType::kF32, n, type, q_codes_host_.data(),
+                    q_absmax_host_.data() + j0 / kQuant4Block, QuantThreads());
+  be_->CopyHostToDevice(bufs_.q_codes + s->codes + j0 / 2, q_codes_host_.data(), q_codes_host_.size());
+  be_->Synchronize();  // q_codes_host_ is reused by the next piece
+  if (j0 + n < s->numel) return;
+  const int64_t nb = Quant4Blocks(s->numel);
+  if (!options_.quant4.double_quant) {
+    be_->CopyHostToDevice(bufs_.q_absmax + s->blocks, q_absmax_host_.data(),
+                          static_cast<size_t>(nb) * sizeof(float));
+  } else {
+    std::vector<uint8_t> qabsmax(static_cast<size_t>(nb));
+    std::vector<float> nested(static_cast<size_t>(Quant4NestedBlocks(s->numel)));
+    const size_t idx = static_cast<size_t>(s - q_.tensors.data());
+    q_offsets_[idx] = cpu::QuantizeAbsmaxNested(q_absmax_host_.data(), nb, qabsmax.data(),
+                                                nested.data(), QuantThreads());
+    be_->CopyHostToDevice(bufs_.q_qabsmax + s->blocks, qabsmax.data(), qabsmax.size());
+    be_->CopyHostToDevice(bufs_.q_nested + s->nested, nested.data(), nested.size() * sizeof(float));
+    be_->CopyHostToDevice(bufs_.q_offsets + idx, &q_offsets_[idx], sizeof(float));
+  }
+  be_->Synchronize();
+}
+
+Status DecoderModel::ReadBase(int64_t offset, float* out, int64_t n) {
+  const DType ct = options_.compute_type;
+  const size_t es = DTypeSize(ct);
+  auto it = std::upper_bound(q_.tensors.begin(), q_.tensors.end(), offset,
+                             [](int64_t at, const Quant4Slot& s) { return at < s.offset; });
+  const Quant4Slot* s = it == q_.tensors.begin() ? nullptr : &*(it - 1);
+  const void* src = nullptr;
+  if (s != nullptr && offset < s->offset + s->numel) {  // rows [r0, r0 + n / cols) dequantized
+    const int64_t r0 = (offset - s->offset) / s->cols;
+    if ((offset - s->offset) % s->cols != 0 || n % s->cols != 0) {
+      return Status::Internal("ReadBase: a 4-bit tensor is read in whole rows");
+    }
+    be_->Dequantize4bit(QView(*s), s->cols, r0, r0 + n / s->cols, bufs_.q_scratch, s->cols, ct);
+    src = bufs_.q_scratch;
+  } else {
+    auto r = master_off_ ? FirstResidentEndingAfter(offset) : resident_.end();
+    if (r != resident_.end() && r->offset <= offset) {
+      src = bufs_.params + r->packed + (offset - r->offset);
+      be_->CopyDeviceToHost(out, src, static_cast<size_t>(n) * sizeof(float));
+      be_->Synchronize();
+      return Status::Ok();
+    }
+    src = mixed_ ? static_cast<const void*>(static_cast<const char*>(bufs_.params16) +
+                                             Dense(offset) * static_cast<int64_t>(es))
+                 : static_cast<const void*>(bufs_.params + Dense(offset));
+  }
+  if (!mixed_) {
+    be_->CopyDeviceToHost(out, src, static_cast<size_t>(n) * sizeof(float));
+    be_->Synchronize();
+    return Status::Ok();
+  }
+  host16_.resize(static_cast<size_t>(n));
+  be_->CopyDeviceToHost(host16_.data(), src, static_cast<size_t>(n) * es);
+  be_->Synchronize();
+  const bool bf16 = ct == DType::kBF16;
+  for (int64_t k = 0; k < n; ++k) out[k] = bf16 ? BF16ToF32(host16_[k]) : F16ToF32(host16_[k]);
+  return Status::Ok();
 }
 
 void DecoderModel::NormInto(void* dst, float* mean, float* rstd, const float* inp, int64_t w,
@@ -642,17 +829,18 @@ void DecoderModel::NormInto(void* dst, float* mean, float* rstd, const float* in
   const nn::NormShape ns{N_, d_.C, d_.rms_norm(), d_.eps};
   if (mixed_ && !keep_fp32) {  // 16-bit: rounded as it is normalised (tmp_c: the op's scratch)
     nn::NormForwardRounded(*be_, ns, dst, options_.compute_type, bufs_.tmp_c, mean, rstd, inp,
-                           P(w), P(b));
+                           NormW(w), P(b));
     return;
   }
   // 16-bit with the fp32 output kept: normalise in fp32 into tmp_c (free between the block's
   // uses), then round.
   float* out = mixed_ ? bufs_.tmp_c : static_cast<float*>(dst);
-  nn::NormForward(*be_, ns, out, mean, rstd, inp, P(w), P(b));
+  nn::NormForward(*be_, ns, out, mean, rstd, inp, NormW(w), P(b));
   if (mixed_) be_->Cast(dst, options_.compute_type, out, DType::kF32, N_ * d_.C);
 }
 
 void DecoderModel::BlockForward(int64_t l, bool recompute) {
+  if (quant_) DequantizeLayer(l);
   Backend& be = *be_;
   const DType ct = options_.compute_type;
   const LayerParams& p = table_.layers[l];
@@ -662,7 +850,12 @@ void DecoderModel::BlockForward(int64_t l, bool recompute) {
   const int64_t C = d_.C;
   nn::AttentionShape as = AttentionShapeOf(d_, options_.micro_batch, options_.seq_len);
   as.operand_type = options_.compute_type;
-  const nn::MlpShape ms{N_, C, d_.H, d_.swiglu()};
+  if (bufs_.rows != nullptr) {  // rows of examples: doc_start, then positions
+    as.doc_start = bufs_.rows;
+    as.positions = bufs_.rows + N_;
+  }
+  nn::MlpShape ms{N_, C, d_.H, d_.swiglu()};
+  ms.geglu = d_.geglu();
   const nn::MlpWeights mw{W(p.up_w), P(p.up_b), W(p.down_w), P(p.down_b)};
 
   // Past the first block, the previous block's last residual add normalised ln1 already
@@ -673,6 +866,13 @@ void DecoderModel::BlockForward(int64_t l, bool recompute) {
   nn::LinearForward(be, a.qkv, a.ln1, W(p.qkv_w), P(p.qkv_b), N_, C, as.width(), ct);
   const nn::LoraSite qkv_lora = Site(l, LoraSiteKind::kQkv);
   if (qkv_lora.active()) nn::LoraForward(be, qkv_lora, a.qkv, a.ln1, N_);
+  if (d_.qk_norm()) {  // qwen3: q_norm and k_norm over each head, before RoPE (input saved)
+    const int64_t qw = d_.NH * d_.HS;
+    be.HeadRmsNormForward(a.qkv, a.qk_saved, a.qk_rstd, P(p.q_norm), N_, d_.NH, d_.HS,
+                          d_.qkv_width(), d_.eps);
+    be.HeadRmsNormForward(a.qkv + qw, a.qk_saved + N_ * qw, a.qk_rstd + N_ * d_.NH, P(p.k_norm),
+                          N_, d_.NKV, d_.HS, d_.qkv_width(), d_.eps);
+  }
   // Attention's output is fp32 (with bf16, its products round their operands, as autocast does);
   // with 16 bits it goes through tmp_c and is rounded into atty.
   if (recompute) {  // atty and lse as the first forward left them; qkv needs its rotation
@@ -699,7 +899,7 @@ void DecoderModel::BlockForward(int64_t l, bool recompute) {
   // projection's output, is also the composition's scratch, written after it is read).
   const nn::NormShape ns{N_, C, d_.rms_norm(), d_.eps};
   nn::ResidualNormForward(be, ns, a.res2, a.ln2, mixed_ ? ct : DType::kF32, bufs_.tmp_c,
-                          a.ln2_mean, a.ln2_rstd, x, bufs_.tmp_c, P(p.ln2_w), P(p.ln2_b));
+                          a.ln2_mean, a.ln2_rstd, x, bufs_.tmp_c, NormW(p.ln2_w), P(p.ln2_b));
   // scratch_big (free in forward) holds the fp32 MLP activation before rounding.
   const nn::MlpLora ml{Site(l, LoraSiteKind::kUp), Site(l, LoraSiteKind::kDown)};
   nn::MlpForward(be, ms, mw, bufs_.tmp_c, a.h, a.a, a.ln2, ct, bufs_.scratch_big, &ml);
@@ -717,10 +917,11 @@ void DecoderModel::BlockForward(int64_t l, bool recompute) {
   float* rstd = last ? bufs_.lnf_rstd : na.ln1_rstd;
   const int64_t w = last ? table_.lnf_w : np.ln1_w, b = last ? table_.lnf_b : np.ln1_b;
   nn::ResidualNormForward(be, ns, y, out, mixed_ ? ct : DType::kF32, bufs_.tmp_c, mean, rstd,
-                          a.res2, bufs_.tmp_c, P(w), P(b));
+                          a.res2, bufs_.tmp_c, NormW(w), P(b));
 }
 
 void DecoderModel::BlockBackward(int64_t l) {
+  if (quant_) DequantizeLayer(l);
   Backend& be = *be_;
   const LayerParams& p = table_.layers[l];
   const BlockActs& a = bufs_.blocks[l];
@@ -729,7 +930,12 @@ void DecoderModel::BlockBackward(int64_t l) {
   const nn::NormShape ns{N_, C, d_.rms_norm(), d_.eps};
   nn::AttentionShape as = AttentionShapeOf(d_, options_.micro_batch, options_.seq_len);
   as.operand_type = options_.compute_type;
-  const nn::MlpShape ms{N_, C, d_.H, d_.swiglu()};
+  if (bufs_.rows != nullptr) {  // rows of examples: doc_start, then positions
+    as.doc_start = bufs_.rows;
+    as.positions = bufs_.rows + N_;
+  }
+  nn::MlpShape ms{N_, C, d_.H, d_.swiglu()};
+  ms.geglu = d_.geglu();
   const nn::MlpWeights mw{W(p.up_w), P(p.up_b), W(p.down_w), P(p.down_b)};
   const nn::MlpGrads mg{G(p.up_w), G(p.up_b), G(p.down_w), G(p.down_b)};
   float* dres = bufs_.dres;   // d(block output) = d(res2) through the residual add
@@ -741,9 +947,9 @@ void DecoderModel::BlockBackward(int64_t l) {
     MoeBackward(l, dtmp, dres);
   } else {
     nn::MlpBackward(be, ms, mw, mg, dtmp, dres, a.h, a.a, a.ln2,
-                    d_.swiglu() ? bufs_.scratch_a : dbig, dbig, gp_, &ml);
+                    d_.gated() ? bufs_.scratch_a : dbig, dbig, gp_, &ml);
   }
-  nn::NormBackward(be, ns, dres, GNorm(p.ln2_w, 0), GNorm(p.ln2_b, 1), dtmp, a.res2, P(p.ln2_w),
+  nn::NormBackward(be, ns, dres, GNorm(p.ln2_w, 0), GNorm(p.ln2_b, 1), dtmp, a.res2, NormW(p.ln2_w),
                    a.ln2_mean, a.ln2_rstd);
   nn::LinearBackward(be, dtmp, G(p.proj_w), G(p.proj_b), dres, a.atty, W(p.proj_w), N_,
                      d_.NH * d_.HS, C, gp_);
@@ -759,13 +965,20 @@ void DecoderModel::BlockBackward(int64_t l) {
     att = static_cast<const float*>(bufs_.scratch16);
   }
   nn::AttentionBackward(be, as, dbig, dtmp, att, a.lse, a.qkv);
+  if (d_.qk_norm()) {  // d(q, k before RoPE) -> d(q, k before their per-head norms)
+    const int64_t qw = d_.NH * d_.HS;
+    be.HeadRmsNormBackward(dbig, GNorm(p.q_norm, 0), a.qk_saved, P(p.q_norm), a.qk_rstd, N_, d_.NH,
+                           d_.HS, d_.qkv_width());
+    be.HeadRmsNormBackward(dbig + qw, GNorm(p.k_norm, 1), a.qk_saved + N_ * qw, P(p.k_norm),
+                           a.qk_rstd + N_ * d_.NH, N_, d_.NKV, d_.HS, d_.qkv_width());
+  }
   nn::LinearBackward(be, dtmp, G(p.qkv_w), G(p.qkv_b), dbig, a.ln1, W(p.qkv_w), N_, C, as.width(),
                      gp_);
   const nn::LoraSite qkv_lora = Site(l, LoraSiteKind::kQkv);
   if (qkv_lora.active()) {
     nn::LoraBackward(be, qkv_lora, dtmp, dbig, a.ln1, N_);
   }
-  nn::NormBackward(be, ns, dres, GNorm(p.ln1_w, 0), GNorm(p.ln1_b, 1), dtmp, x, P(p.ln1_w),
+  nn::NormBackward(be, ns, dres, GNorm(p.ln1_w, 0), GNorm(p.ln1_b, 1), dtmp, x, NormW(p.ln1_w),
                    a.ln1_mean, a.ln1_rstd);
 }
 
@@ -781,8 +994,20 @@ void DecoderModel::ForwardToFinalNorm() {
   Backend& be = *be_;
   if (mixed_ && weights16_stale_) ParamsChanged();
   if ((packs_stale_ || !mixed_) && !gemm_packs_.empty()) PackWeights();  // fp32: every forward
-  nn::EmbeddingForward(be, bufs_.res[0], bufs_.inputs, bufs_.positions, P(table_.wte),
-                       P(table_.wpe), N_, d_.C);
+  // gemma: 1 + w of every norm, from this step's weights (HF's (1.0 + weight.float()), fp32).
+  for (const auto& [offset, row] : norm_rows_) {
+    be.Add(bufs_.norm_plus_one + row * d_.C, P(offset), bufs_.ones, d_.C);
+  }
+  if (lookup16_) {  // QLoRA: the 16-bit rows gathered as floats (C / 2 a row), then widened
+    be.EmbeddingForward(bufs_.tmp_c, bufs_.inputs, static_cast<const float*>(W(table_.wte)), N_,
+                        d_.C / 2, /*accumulate=*/false);
+    be.Cast(bufs_.res[0], DType::kF32, bufs_.tmp_c, options_.compute_type, N_ * d_.C);
+  } else {
+    nn::EmbeddingForward(be, bufs_.res[0], bufs_.inputs,
+                         bufs_.rows != nullptr ? bufs_.rows + N_ : bufs_.positions, P(table_.wte),
+                         P(table_.wpe), N_, d_.C);
+  }
+  if (d_.f().embed_scale) be.Scale(bufs_.res[0], EmbedScale(d_), N_ * d_.C);
   for (int64_t l = 0; l < d_.L; ++l) BlockForward(l);
   count_routes_ = false;  // a recomputation in Backward routes again without counting
   if (d_.moe()) MoeAuxLoss();
@@ -1032,7 +1257,7 @@ void DecoderModel::Backward() {
   be.Memset0(bufs_.dres, static_cast<size_t>(N_ * C) * sizeof(float));
   const nn::NormShape ns{N_, C, d_.rms_norm(), d_.eps};
   nn::NormBackward(be, ns, bufs_.dres, GNorm(table_.lnf_w, 0), GNorm(table_.lnf_b, 1), bufs_.tmp_c,
-                   bufs_.res[d_.L], P(table_.lnf_w), bufs_.lnf_mean, bufs_.lnf_rstd);
+                   bufs_.res[d_.L], NormW(table_.lnf_w), bufs_.lnf_mean, bufs_.lnf_rstd);
   BackwardBySegments(
       d_.L, options_, [this](int64_t l) { BlockForward(l, /*recompute=*/true); },
       [this](int64_t l) {
@@ -1042,7 +1267,9 @@ void DecoderModel::Backward() {
   training_ = false;
   if (!mixed_) WeightsChanging();  // fp32: the optimizer writes the weights next
   if (lora()) return;  // frozen embeddings
-  nn::EmbeddingBackward(be, G(table_.wte), G(table_.wpe), bufs_.dres, bufs_.inputs, bufs_.positions,
+  if (d_.f().embed_scale) be.Scale(bufs_.dres, EmbedScale(d_), N_ * C);
+  nn::EmbeddingBackward(be, G(table_.wte), G(table_.wpe), bufs_.dres, bufs_.inputs,
+                        bufs_.rows != nullptr ? bufs_.rows + N_ : bufs_.positions,
                         N_, C);
 }
 

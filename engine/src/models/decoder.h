@@ -12,6 +12,7 @@
 #include "models/layout.h"
 #include "models/lora.h"
 #include "models/model.h"
+#include "models/quantized_base.h"
 #include "nn/linear.h"
 #include "nn/lora.h"
 
@@ -21,8 +22,11 @@ namespace traind::engine {
 // (table.total floats, laid out as `table`); the errors of Model::LoadHf. `arch` for messages.
 // `missing_heads` not null: a task-head tensor (ParamExtra::task_head) missing from the file is
 // not an error; its table index is appended (the caller initialises it).
-Status HfToFlat(const std::string& arch, const ParamTable& table, const SafetensorsFile& file,
-                float* host, std::vector<size_t>* missing_heads = nullptr);
+// `host` null: each tensor is converted into one reused buffer and handed to `each(index,
+// values)` instead (a tensor's fp32 copy at a time, not the model's).
+Status HfToFlat(Arch arch, const ParamTable& table, const SafetensorsFile& file,
+                float* host, std::vector<size_t>* missing_heads = nullptr,
+                const std::function<void(size_t, const float*)>& each = nullptr);
 // LoRA's merge for a streamed export: the adapters on the host (trainable buffer layout) and
 // which adapters fold into which table tensor.
 struct LoraMerge {
@@ -37,6 +41,8 @@ struct FlatWeightsSource {
   const float* device = nullptr;
   const MasterWeightsStore* master = nullptr;
   const float* host = nullptr;  // or host memory (table.total floats)
+  // or a reader of [offset, offset + n) (whole engine rows of one tensor)
+  std::function<Status(int64_t offset, float* out, int64_t n)> read = nullptr;
 };
 // The weights of `source` under HF names and layouts, F32, as Model::StreamHf describes: each
 // tensor copied in pieces of at most piece_bytes (a transposed tensor: the file's rows [c0, c1)
@@ -78,6 +84,7 @@ class DecoderModel : public Model, private MasterWeightsSink {
   float* grad_data() override { return bufs_.grads; }
   int32_t* inputs() override { return bufs_.inputs; }
   int32_t* targets() override { return bufs_.targets; }
+  int32_t* attention_mask() override { return bufs_.rows; }  // ModelOptions::example_rows
 
   void InitRandom(uint64_t seed) override;
   Status LoadHf(const SafetensorsFile& file) override;
@@ -99,7 +106,7 @@ class DecoderModel : public Model, private MasterWeightsSink {
   bool capturable() const override { return !d_.moe(); }
   // LoRA's frozen base has no master weights to update: nothing to refresh.
   MasterWeightsSink* master_weights_sink() override { return master_off_ && !lora() ? this : nullptr; }
-  bool merge_needs_base() const override { return master_off_ && lora(); }
+  bool merge_needs_base() const override { return master_off_ && lora() && !quant_; }
   KvWeights InferenceWeights() override;
   Status LoadMergeBase(const SafetensorsFile* file, uint64_t seed) override;
   void SetMasterWeightsStore(MasterWeightsStore* store) override { master_store_ = store; }
@@ -113,8 +120,21 @@ class DecoderModel : public Model, private MasterWeightsSink {
   // off the device in the packed one.
   float* P(int64_t offset) const {
     if (offset < 0) return nullptr;
-    return bufs_.params + (master_off_ ? packed_.at(offset) : offset);
+    return bufs_.params + (master_off_ ? packed_.at(offset) : Dense(offset));
   }
+  // QLoRA: a tensor kept in the compute type is stored at this offset of the compacted weight
+  // buffers (the table offset less the 4-bit elements before it); the offset itself otherwise.
+  int64_t Dense(int64_t offset) const { return quant_ ? offset - q_.QuantizedBefore(offset) : offset; }
+  // QLoRA: the 4-bit tensor of slot s on the device; layer l's weights into the scratch.
+  Quant4View QView(const Quant4Slot& s) const;
+  void DequantizeLayer(int64_t l);
+  // QLoRA: the base's values [offset, offset + n) (within one tensor) from the host: quantized
+  // into the 4-bit store (pieces of a tensor in order, each a multiple of 64 elements but the
+  // last), or into the compute-type copies.
+  void WriteBase(int64_t offset, const float* v, int64_t n);
+  // QLoRA: whole engine rows [offset, offset + n) of one tensor read back in fp32, a 4-bit
+  // tensor dequantized (the exports' base).
+  Status ReadBase(int64_t offset, float* out, int64_t n);
   // Master weights off the device: the flat fp32 weights staged in the gradient buffer (free
   // until the first backward) -> the 16-bit copy and the packed fp32 tensors; the gradients
   // zeroed again.
@@ -137,6 +157,17 @@ class DecoderModel : public Model, private MasterWeightsSink {
   }
   // Layer l's adapters at `site` (inactive without any).
   nn::LoraSite Site(int64_t l, LoraSiteKind site) const;
+  // A norm's weight as the norm ops read it: P(offset), or gemma's 1 + w row of it
+  // (bufs_.norm_plus_one, refreshed by every forward from norm_rows_).
+  const float* NormW(int64_t offset) const {
+    if (bufs_.norm_plus_one == nullptr || offset < 0) return P(offset);
+    for (const auto& [o, row] : norm_rows_) {
+      if (o == offset) return bufs_.norm_plus_one + row * d_.C;
+    }
+    return nullptr;
+  }
+  // gemma: (table offset of a norm weight, its row in bufs_.norm_plus_one).
+  std::vector<std::pair<int64_t, int64_t>> norm_rows_;
   // A GEMM weight in the compute type: the 16-bit copy, or the fp32 master weights.
   const void* W(int64_t offset) const;
   // Norm output -> `dst` (a GEMM input in the compute type). 16-bit: rounded as it is normalised,
@@ -207,6 +238,14 @@ class DecoderModel : public Model, private MasterWeightsSink {
   std::vector<uint16_t> host16_;    // PublishFromHost's 16-bit piece
   uint64_t base16_hash_ = 0;        // FNV-1a of the 16-bit base PublishFromHost loaded
   std::vector<float> merge_base_;   // LoadMergeBase's fp32 base (LoRA, master weights off)
+  // QLoRA (ModelOptions::quant4): the 4-bit store's layout, each tensor's double-quantization
+  // offset (host; the view takes it by value) and the host pieces of the tensor being quantized.
+  bool quant_ = false;
+  bool lookup16_ = false;  // LookupReads16Bit: the token lookup reads the 16-bit table
+  Quant4Layout q_;
+  std::vector<float> q_offsets_;
+  std::vector<uint8_t> q_codes_host_;
+  std::vector<float> q_absmax_host_;
   nn::GemmPrecision gp_;         // compute type + scratch16, for the backward GEMMs
   bool ready_for_backward_ = false;
   bool training_ = false;  // the current forward is for backward: LoRA dropout on

@@ -1,8 +1,14 @@
 // Model layout: dimensions, the parameter table helper and the buffer plan (see layout.h).
 #include "models/layout.h"
+#include "models/quantized_base.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <ostream>
 #include <set>
+
+#include "models/hf_config.h"
 
 namespace traind::engine {
 namespace {
@@ -15,58 +21,165 @@ const char* CategoryName(int c) {
   return kNames[c];
 }
 
-// The families: GPT-2 (LayerNorm, learned positions, GELU-tanh MLP, biases) and LLaMA (RMSNorm,
-// rotary positions, SwiGLU MLP, no biases), both causal and pre-LN; BERT (LayerNorm, learned
-// positions, GELU-erf MLP, biases), bidirectional with a padding mask and post-LN.
-const ModelFamily kFamilies[] = {
-    {"gpt2",
-     {FamilyFeatures::Norm::kLayerNorm, FamilyFeatures::Positions::kLearned,
-      FamilyFeatures::Mlp::kGeluTanh, /*bias=*/true, /*causal=*/true, /*pre_ln=*/true},
-     Gpt2Params},
-    {"llama",
-     {FamilyFeatures::Norm::kRmsNorm, FamilyFeatures::Positions::kRotary,
-      FamilyFeatures::Mlp::kSwiGlu, /*bias=*/false, /*causal=*/true, /*pre_ln=*/true},
-     LlamaParams},
-    // Mistral: llama's blocks with sliding-window attention (config sliding_window).
-    {"mistral",
-     {FamilyFeatures::Norm::kRmsNorm, FamilyFeatures::Positions::kRotary,
-      FamilyFeatures::Mlp::kSwiGlu, /*bias=*/false, /*causal=*/true, /*pre_ln=*/true},
-     LlamaParams},
-    // Qwen2 / Qwen2.5: llama's blocks with q/k/v biases (none on o_proj).
-    {"qwen2",
-     {FamilyFeatures::Norm::kRmsNorm, FamilyFeatures::Positions::kRotary,
-      FamilyFeatures::Mlp::kSwiGlu, /*bias=*/false, /*causal=*/true, /*pre_ln=*/true,
-      /*moe=*/false, /*qkv_bias=*/true},
-     LlamaParams},
-    {"bert",
-     {FamilyFeatures::Norm::kLayerNorm, FamilyFeatures::Positions::kLearned,
-      FamilyFeatures::Mlp::kGeluErf, /*bias=*/true, /*causal=*/false, /*pre_ln=*/false},
-     BertParams},
-    {"mixtral",
-     {FamilyFeatures::Norm::kRmsNorm, FamilyFeatures::Positions::kRotary,
-      FamilyFeatures::Mlp::kSwiGlu, /*bias=*/false, /*causal=*/true, /*pre_ln=*/true,
-      /*moe=*/true},
-     LlamaParams},
-};
+using Norm = FamilyFeatures::Norm;
+using Pos = FamilyFeatures::Positions;
+using Mlp = FamilyFeatures::Mlp;
+using Names = HfConfigRow::Names;
+
+const std::vector<std::string> kGpt2Lora = {"c_attn", "c_proj", "c_fc"};
+const std::vector<std::string> kLlamaLora = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
+                                             "gate_proj", "up_proj", "down_proj"};
+
+// The families, in Arch order. GPT-2 (LayerNorm, learned positions, GELU-tanh MLP, biases) and
+// LLaMA (RMSNorm, rotary positions, SwiGLU MLP, no biases), both causal and pre-LN; BERT
+// (LayerNorm, learned positions, GELU-erf MLP, biases), bidirectional with a padding mask and
+// post-LN. Function-local: the rows hold vectors, and ParseArch may run during static init.
+const std::vector<ModelFamily>& Families() {
+  static const std::vector<ModelFamily> kFamilies = {
+      {Arch::kGpt2, "gpt2", /*built=*/true,
+       {Norm::kLayerNorm, Pos::kLearned, Mlp::kGeluTanh, /*bias=*/true, /*causal=*/true,
+        /*pre_ln=*/true},
+       Gpt2Params,
+       {Names::kGpt2, "GPT2LMHeadModel", Gpt2ConfigDefaults, /*attention_bias_key=*/false,
+        /*sliding_window_key=*/false, /*experts_keys=*/false, /*kv_heads_default_heads=*/true,
+        /*always_tied=*/true},
+       kGpt2Lora, {"c_attn"}, /*generation=*/true, /*lora_fan_in_fan_out=*/true},
+      {Arch::kLlama, "llama", true,
+       {Norm::kRmsNorm, Pos::kRotary, Mlp::kSwiGlu, /*bias=*/false, true, true},
+       LlamaParams,
+       {Names::kLlama, "LlamaForCausalLM", LlamaConfigDefaults, /*attention_bias_key=*/true,
+        false, false, /*kv_heads_default_heads=*/true, false, "silu",
+        R"({"mlp_bias": false, "pretraining_tp": 1})"},
+       kLlamaLora, {"q_proj", "v_proj"}, true},
+      // Mistral: llama's blocks with sliding-window attention (config sliding_window).
+      {Arch::kMistral, "mistral", true,
+       {Norm::kRmsNorm, Pos::kRotary, Mlp::kSwiGlu, false, true, true},
+       LlamaParams,
+       {Names::kLlama, "MistralForCausalLM", MistralConfigDefaults, false,
+        /*sliding_window_key=*/true, false, /*kv_heads_default_heads=*/false, false},
+       kLlamaLora, {"q_proj", "v_proj"}, true},
+      // Qwen2 / Qwen2.5: llama's blocks with q/k/v biases (none on o_proj).
+      {Arch::kQwen2, "qwen2", true,
+       {Norm::kRmsNorm, Pos::kRotary, Mlp::kSwiGlu, false, true, true, /*moe=*/false,
+        /*qkv_bias=*/true},
+       LlamaParams,
+       {Names::kLlama, "Qwen2ForCausalLM", Qwen2ConfigDefaults, false, false, false,
+        /*kv_heads_default_heads=*/true, false, "silu",
+        R"({"use_sliding_window": false, "sliding_window": null})",
+        /*use_sliding_window_key=*/true},
+       kLlamaLora, {"q_proj", "v_proj"}, true},
+      // Qwen3: llama's blocks with an RMSNorm over each head of q and k before RoPE.
+      {Arch::kQwen3, "qwen3", /*built=*/true,
+       {Norm::kRmsNorm, Pos::kRotary, Mlp::kSwiGlu, false, true, true, false, false,
+        /*qk_norm=*/true},
+       LlamaParams,
+       {Names::kLlama, "Qwen3ForCausalLM", Qwen3ConfigDefaults, /*attention_bias_key=*/true,
+        false, false, /*kv_heads_default_heads=*/true, false, "silu",
+        R"({"use_sliding_window": false, "sliding_window": null})",
+        /*use_sliding_window_key=*/true},
+       kLlamaLora, {"q_proj", "v_proj"}, true},
+      // Gemma: embeddings scaled by sqrt(hidden_size), RMSNorm as x * (1 + w), GeGLU (tanh).
+      {Arch::kGemma, "gemma", /*built=*/true,
+       {Norm::kRmsNormPlusOne, Pos::kRotary, Mlp::kGeGluTanh, false, true, true, false, false,
+        false, /*embed_scale=*/true},
+       LlamaParams,
+       {Names::kLlama, "GemmaForCausalLM", GemmaConfigDefaults, /*attention_bias_key=*/true,
+        false, false, false, false, "gelu_pytorch_tanh",
+        R"({"hidden_activation": "gelu_pytorch_tanh"})"},
+       kLlamaLora, {"q_proj", "v_proj"}, true},
+      {Arch::kBert, "bert", true,
+       {Norm::kLayerNorm, Pos::kLearned, Mlp::kGeluErf, /*bias=*/true, /*causal=*/false,
+        /*pre_ln=*/false},
+       BertParams,
+       {Names::kBert, nullptr, BertConfigDefaults, false, false, false, true,
+        /*always_tied=*/true},
+       {}, {}, /*generation=*/false},
+      {Arch::kMixtral, "mixtral", true,
+       {Norm::kRmsNorm, Pos::kRotary, Mlp::kSwiGlu, false, true, true, /*moe=*/true},
+       LlamaParams,
+       {Names::kLlama, "MixtralForCausalLM", MixtralConfigDefaults, false,
+        /*sliding_window_key=*/true, /*experts_keys=*/true, false, false, "silu",
+        R"({"router_jitter_noise": 0.0})"},
+       {}, {}, true},
+  };
+  return kFamilies;
+}
 
 }  // namespace
 
-const ModelFamily* FindFamily(const std::string& arch) {
-  for (const ModelFamily& f : kFamilies) {
-    if (arch == f.arch) return &f;
+const ModelFamily& FamilyOf(Arch arch) {
+  const std::vector<ModelFamily>& rows = Families();
+  const size_t i = static_cast<size_t>(arch);
+  if (rows.size() != kNumArchs || i >= rows.size() || rows[i].arch != arch) {
+    std::fprintf(stderr, "traind: the family table is not in Arch order (%d rows)\n",
+                 static_cast<int>(rows.size()));
+    std::abort();
   }
-  return nullptr;
+  return rows[i];
 }
+
+const char* ArchName(Arch arch) { return FamilyOf(arch).model_type; }
+
+std::optional<Arch> ParseArch(std::string_view name) {
+  for (const ModelFamily& f : Families()) {
+    if (name == f.model_type) return f.arch;
+  }
+  return std::nullopt;
+}
+
+std::ostream& operator<<(std::ostream& os, Arch arch) { return os << ArchName(arch); }
 
 std::string KnownFamilies() {
   std::string s;
-  for (const ModelFamily& f : kFamilies) s += (s.empty() ? "" : ", ") + std::string(f.arch);
+  for (const ModelFamily& f : Families()) {
+    if (f.built) s += (s.empty() ? "" : ", ") + std::string(f.model_type);
+  }
   return s;
+}
+
+// ModelConfig's views, from the family's key names (job_spec.h).
+namespace {
+bool Gpt2Names(const ModelConfig& c) { return FamilyOf(c.arch).hf.names == Names::kGpt2; }
+}  // namespace
+bool ModelConfig::encoder() const { return !FamilyOf(arch).features.causal; }
+int64_t ModelConfig::num_layers() const { return Gpt2Names(*this) ? n_layer : num_hidden_layers; }
+int64_t ModelConfig::channels() const { return Gpt2Names(*this) ? n_embd : hidden_size; }
+int64_t ModelConfig::num_heads() const { return Gpt2Names(*this) ? n_head : num_attention_heads; }
+int64_t ModelConfig::head_size() const {
+  const int64_t nh = num_heads();
+  if (head_dim > 0 && FamilyOf(arch).hf.names == Names::kLlama) return head_dim;
+  return nh > 0 ? channels() / nh : 0;
+}
+int64_t ModelConfig::num_kv_heads() const {
+  switch (FamilyOf(arch).hf.names) {
+    case Names::kGpt2: return n_head;
+    case Names::kBert: return num_attention_heads;
+    case Names::kLlama: return num_key_value_heads;
+  }
+  return num_key_value_heads;
+}
+int64_t ModelConfig::max_positions() const {
+  return Gpt2Names(*this) ? n_positions : max_position_embeddings;
+}
+const char* ModelConfig::max_positions_key() const {
+  return Gpt2Names(*this) ? "n_positions" : "max_position_embeddings";
+}
+int64_t ModelConfig::mlp_width() const { return Gpt2Names(*this) ? 4 * n_embd : intermediate_size; }
+double ModelConfig::norm_eps() const {
+  switch (FamilyOf(arch).hf.names) {
+    case Names::kGpt2: return layer_norm_epsilon;
+    case Names::kBert: return layer_norm_eps;
+    case Names::kLlama: return rms_norm_eps;
+  }
+  return rms_norm_eps;
+}
+bool ModelConfig::tied_embeddings() const {
+  return FamilyOf(arch).hf.always_tied || tie_word_embeddings;
 }
 
 ArchDims MakeArchDims(const ModelConfig& config) {
   ArchDims d;
-  d.family = FindFamily(config.arch);
+  d.family = &FamilyOf(config.arch);
   d.V = config.vocab_size;
   d.Vp = AlignUp(config.vocab_size, 64);
   d.C = config.channels();
@@ -74,11 +187,9 @@ ArchDims MakeArchDims(const ModelConfig& config) {
   d.NH = config.num_heads();
   d.NKV = config.num_kv_heads();
   d.HS = config.head_size();
-  d.H = config.arch == "gpt2" ? 4 * config.n_embd : config.intermediate_size;
+  d.H = config.mlp_width();
   d.max_T = config.max_positions();
-  d.eps = static_cast<float>(d.rms_norm()             ? config.rms_norm_eps
-                             : config.arch == "bert" ? config.layer_norm_eps
-                                                     : config.layer_norm_epsilon);
+  d.eps = static_cast<float>(config.norm_eps());
   if (d.moe()) {
     d.E = config.num_local_experts;
     d.K = config.num_experts_per_tok;
@@ -141,9 +252,18 @@ std::vector<Fp32ResidentTensor> Fp32ResidentTensors(const ParamTable& table) {
 }
 
 int64_t Fp32WeightElems(const ParamTable& table, const ModelOptions& o) {
-  if (!o.master_weights_off_device || o.compute_type == DType::kF32) return table.total;
+  // QLoRA in fp32: the table without its 4-bit tensors; in 16 bits the resident tensors.
+  if (o.quant4.enabled && o.compute_type == DType::kF32) {
+    return table.total - MakeQuant4Layout(table).elements;
+  }
+  if ((!o.master_weights_off_device && !o.quant4.enabled) || o.compute_type == DType::kF32) {
+    return table.total;
+  }
   int64_t n = 0;
-  for (const Fp32ResidentTensor& t : Fp32ResidentTensors(table)) n += t.numel;
+  for (const Fp32ResidentTensor& t : o.quant4.enabled ? QLoraResidentTensors(table, o)
+                                                      : Fp32ResidentTensors(table)) {
+    n += t.numel;
+  }
   return n;
 }
 
@@ -229,6 +349,7 @@ int64_t LogitsChunkRows(const ArchDims& d, const ModelOptions& o) {
 std::vector<PackedWeight> PackedWeights(const ArchDims& d, const ModelOptions& o) {
   std::vector<PackedWeight> w;
   if (!o.pack_weights || !CpuPacksGemmB(o.compute_type)) return w;
+  if (o.quant4.enabled) return w;  // QLoRA: the block weights exist only in the scratch
   if (o.compute_type == DType::kF32) {
     if (LogitsChunkRows(d, o) < o.micro_batch * o.seq_len) {
       w.push_back({PackedWeight::kLmHead, -1, d.C, d.Vp});
@@ -275,6 +396,7 @@ int64_t PackedActivationBytes(const ArchDims& d, const ModelOptions& o) {
   return PackedCopyBytes(N, width, o.compute_type);
 }
 
+// long function: the buffer plan, one buffer a line in the order the step uses them
 void PlanBuffers(const ArchDims& d, const ModelOptions& o, int64_t num_params, int64_t fp32_weights,
                  BufferPlanner* p, ModelBuffers* b, int64_t lora_trainable, int64_t lora_per_layer,
                  int64_t lora_max_in) {
@@ -288,7 +410,25 @@ void PlanBuffers(const ArchDims& d, const ModelOptions& o, int64_t num_params, i
   const bool mixed = t != DType::kF32;
 
   p->Add(MC::kWeights, fp32_weights, &b->params);
-  if (mixed) p->Add(MC::kWeights, num_params, t, &b->params16);
+  // QLoRA: the 4-bit store of the blocks' linear weights; the 16-bit copy holds the rest.
+  int64_t quantized = 0;
+  if (o.quant4.enabled) {
+    const Quant4Layout q = MakeQuant4Layout(BuildParams(d));
+    if (!q.tensors.empty()) {
+      quantized = q.elements;
+      p->Add(MC::kWeights, q.code_bytes, &b->q_codes);
+      if (o.quant4.double_quant) {
+        p->Add(MC::kWeights, q.blocks, &b->q_qabsmax);
+        p->Add(MC::kWeights, q.nested_blocks, &b->q_nested);
+        p->Add(MC::kWeights, static_cast<int64_t>(q.tensors.size()), &b->q_offsets);
+        p->Add(MC::kWeights, 256, &b->q_code);
+      } else {
+        p->Add(MC::kWeights, q.blocks, &b->q_absmax);
+      }
+      p->Add(MC::kTemporary, q.largest, t, &b->q_scratch);
+    }
+  }
+  if (mixed) p->Add(MC::kWeights, num_params - quantized, t, &b->params16);
   if (const int64_t packed = PackedWeightBytes(d, o); packed > 0) {
     p->Add(MC::kWeights, packed / static_cast<int64_t>(DTypeSize(t)), t, &b->packed_weights);
   }
@@ -303,6 +443,7 @@ void PlanBuffers(const ArchDims& d, const ModelOptions& o, int64_t num_params, i
   p->Add(MC::kActivations, N, &b->inputs);
   p->Add(MC::kActivations, N, &b->targets);
   if (!d.rotary()) p->Add(MC::kActivations, N, &b->positions);
+  if (o.example_rows) p->Add(MC::kActivations, 2 * N, &b->rows);  // doc_start, positions
   // Residual stream: kept block inputs, k-1 working residuals (checkpointing), the final residual.
   b->res_store.assign(static_cast<size_t>(cl.residuals()), nullptr);
   for (float*& r : b->res_store) p->Add(MC::kActivations, N * C, &r);
@@ -312,6 +453,10 @@ void PlanBuffers(const ArchDims& d, const ModelOptions& o, int64_t num_params, i
     if (!d.rms_norm()) p->Add(MC::kActivations, N, &a.ln1_mean);
     p->Add(MC::kActivations, N, &a.ln1_rstd);
     p->Add(MC::kActivations, N * d.qkv_width(), &a.qkv);
+    if (d.qk_norm()) {
+      p->Add(MC::kActivations, N * (d.NH + d.NKV) * d.HS, &a.qk_saved);
+      p->Add(MC::kActivations, N * (d.NH + d.NKV), &a.qk_rstd);
+    }
     p->Add(MC::kActivations, N * C, &a.res2);
     p->Add(MC::kActivations, N * C, t, &a.ln2);
     if (!d.rms_norm()) p->Add(MC::kActivations, N, &a.ln2_mean);
@@ -342,11 +487,15 @@ void PlanBuffers(const ArchDims& d, const ModelOptions& o, int64_t num_params, i
   b->logits_rows = LogitsChunkRows(d, o);
   p->Add(MC::kActivations, b->logits_rows * d.Vp, &b->logits);
   p->Add(MC::kActivations, N, &b->losses);
+  if (d.norm_plus_one()) {  // gemma: the norms' 1 + w (read from forward through backward)
+    p->Add(MC::kActivations, (2 * d.L + 1) * C, &b->norm_plus_one);
+    p->Add(MC::kActivations, C, &b->ones);
+  }
 
   if (lora) {
     p->Add(MC::kActivations, n_sets * lora_per_layer * N * o.lora.r, &b->lora_u_store);
     p->Add(MC::kTemporary, N * o.lora.r, &b->lora_du);
-    p->Add(MC::kTemporary, 2 * C, &b->norm_discard);
+    p->Add(MC::kTemporary, 2 * std::max(C, d.HS), &b->norm_discard);  // qwen3: q/k_norm's HS
     if (mixed || o.lora.dropout > 0) p->Add(MC::kTemporary, N * lora_max_in, &b->lora_xs);
     if (o.lora.dropout > 0) p->Add(MC::kActivations, 1, &b->dropout_key);
   }
@@ -354,7 +503,7 @@ void PlanBuffers(const ArchDims& d, const ModelOptions& o, int64_t num_params, i
   p->Add(MC::kTemporary, N * d.wide(), &b->tmp_c);  // also the attention output (NH*HS wide)
   const int64_t mlp_rows = d.moe() ? d.moe_rows(N) : N;
   p->Add(MC::kTemporary, std::max(N * d.qkv_width(), mlp_rows * d.up_width()), &b->scratch_big);
-  if (d.swiglu()) p->Add(MC::kTemporary, mlp_rows * d.H, &b->scratch_a);
+  if (d.gated()) p->Add(MC::kTemporary, mlp_rows * d.H, &b->scratch_a);
   if (d.moe()) {
     p->Add(MC::kTemporary, mlp_rows * C, &b->moe_rows_a);
     p->Add(MC::kTemporary, mlp_rows * C, &b->moe_rows_b);

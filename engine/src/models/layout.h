@@ -4,6 +4,7 @@
 #pragma once
 
 #include <array>
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -24,9 +25,11 @@ struct ParamTable;
 // the family table (layout.cc) plus its parameter table (its HF tensor names). docs/engine.md,
 // "A new model family", lists the steps.
 struct FamilyFeatures {
-  enum class Norm { kLayerNorm, kRmsNorm };
+  // kRmsNormPlusOne: RMSNorm scaling by (1 + w), as Gemma.
+  enum class Norm { kLayerNorm, kRmsNorm, kRmsNormPlusOne };
   enum class Positions { kLearned, kRotary };  // learned table (wpe) or rotary (q, k)
-  enum class Mlp { kGeluTanh, kSwiGlu, kGeluErf };  // activation (and gating) of the MLP
+  // Activation (and gating) of the MLP; kGeGluTanh: Gemma's gated tanh-GELU.
+  enum class Mlp { kGeluTanh, kSwiGlu, kGeluErf, kGeGluTanh };
   Norm norm = Norm::kLayerNorm;
   Positions positions = Positions::kLearned;
   Mlp mlp = Mlp::kGeluTanh;
@@ -35,27 +38,70 @@ struct FamilyFeatures {
   bool pre_ln = true;  // norm before each sub-block (false: after the residual add, as BERT)
   bool moe = false;    // the MLP is a sparse mixture of SwiGLU experts with a softmax top-k router
   // Bias-free families whose q/k/v projections carry biases all the same (qwen2); llama's
-  // config.json attention_bias adds them (and o_proj's) per model.
+  // config.json attention_bias adds them (and o_proj's) per model (HfConfig::attention_bias_key).
   bool qkv_bias = false;
+  bool qk_norm = false;      // RMSNorm over each head of q and of k before RoPE (qwen3)
+  bool embed_scale = false;  // embeddings multiplied by sqrt(hidden_size) (gemma)
 };
 
+// How a family's HF config.json is named and read (hf_config.cc, job_spec.cc).
+struct HfConfigRow {
+  // The key set: gpt2's (n_embd, n_layer, ...), bert's, or llama's (hidden_size, ...).
+  enum class Names { kGpt2, kBert, kLlama };
+  Names names = Names::kLlama;
+  // architectures[0] of a written config.json (bert: by head, see WriteHfConfigJson); the
+  // class names a read config.json may give (a head class of bert picks model.head).
+  const char* causal_lm_class = nullptr;
+  // The defaults of the HF config class (GPT2Config, LlamaConfig, ...) over ModelConfig's.
+  void (*defaults)(ModelConfig* c) = nullptr;
+  // llama-like keys beyond llama's: head_dim and rope_scaling are every llama-like family's.
+  bool attention_bias_key = false;  // attention_bias (llama)
+  bool sliding_window_key = false;  // sliding_window (mistral, mixtral; qwen2's is refused)
+  bool experts_keys = false;        // num_local_experts, ... (mixtral)
+  bool kv_heads_default_heads = false;  // num_key_value_heads defaults to num_attention_heads
+  bool always_tied = false;         // the head is the embedding whatever tie_word_embeddings
+  // The llama-like writer: hidden_act (the one value read), constant keys written as they are
+  // (a JSON object), and use_sliding_window (qwen2: only false is read).
+  const char* hidden_act = "silu";
+  const char* written_constants = "{}";
+  bool use_sliding_window_key = false;
+};
+
+// One model family: everything that differs between families, in one row (layout.cc's
+// kFamilies, in Arch order). A family is one row here plus its parameter table and the test
+// cases tests/engine/family_cases_test.cc asks for.
 struct ModelFamily {
-  const char* arch;  // model.arch and HF model_type: "gpt2", "llama"
+  Arch arch;
+  const char* model_type;  // model.arch and HF model_type (ArchName)
+  bool built;              // false: model.arch refuses it as "not supported yet"
   FamilyFeatures features;
   ParamTable (*params)(const ArchDims& d);  // names, shapes, HF layout, init of every tensor
+  HfConfigRow hf;
+  // LoRA: the module names an adapter may target (HF/PEFT names; empty: LoRA is not built for
+  // the family) and PEFT's default target_modules for it.
+  std::vector<std::string> lora_modules;
+  std::vector<std::string> lora_default_targets;
+  bool generation;  // trainctl generate / sampling (KV-cache decoder)
+  // PEFT's fan_in_fan_out: the adapted modules are HF Conv1D, (in, out) in the file (gpt2).
+  bool lora_fan_in_fan_out = false;
 };
-// The family of `arch`, or null when there is none (the config validator names the known ones).
-const ModelFamily* FindFamily(const std::string& arch);
-// "gpt2, llama": for messages.
+// The row of `arch`.
+const ModelFamily& FamilyOf(Arch arch);
+// "gpt2, llama, ...": the built families, for messages.
 std::string KnownFamilies();
 
 // Letters as in backend.h. H is the MLP hidden size (4C for gpt2, intermediate_size for llama).
 struct ArchDims {
   const ModelFamily* family = nullptr;
   const FamilyFeatures& f() const { return family->features; }
-  bool rms_norm() const { return f().norm == FamilyFeatures::Norm::kRmsNorm; }
+  // RMSNorm ops (kRmsNormPlusOne too: they read 1 + w, ModelBuffers::norm_plus_one).
+  bool rms_norm() const { return f().norm != FamilyFeatures::Norm::kLayerNorm; }
+  bool norm_plus_one() const { return f().norm == FamilyFeatures::Norm::kRmsNormPlusOne; }
   bool rotary() const { return f().positions == FamilyFeatures::Positions::kRotary; }
   bool swiglu() const { return f().mlp == FamilyFeatures::Mlp::kSwiGlu; }
+  bool geglu() const { return f().mlp == FamilyFeatures::Mlp::kGeGluTanh; }
+  bool gated() const { return swiglu() || geglu(); }  // [gate | up]: an up width of 2H
+  bool qk_norm() const { return f().qk_norm; }
   bool gelu_erf() const { return f().mlp == FamilyFeatures::Mlp::kGeluErf; }
   int64_t V = 0, Vp = 0, C = 0, L = 0, NH = 0, NKV = 0, HS = 0, H = 0, max_T = 0;
   // bert: token types, the head ("sequence_classification" | "masked_lm") and its labels.
@@ -79,9 +125,14 @@ struct ArchDims {
   // Gemma shapes); the buffers that hold it or its gradient are at least this wide.
   int64_t attn_width() const { return NH * HS; }
   int64_t wide() const { return attn_width() > C ? attn_width() : C; }
-  int64_t up_width() const { return swiglu() ? 2 * H : H; }
+  int64_t up_width() const { return gated() ? 2 * H : H; }
   int64_t moe_rows(int64_t N) const { return N * K; }  // expert rows of N tokens: static
 };
+// gemma's embedding scale: sqrt(hidden_size) in fp32 (HF rounds it to the hidden states' dtype,
+// fp32 here: the residual stream's); 1 for the other families.
+inline float EmbedScale(const ArchDims& d) {
+  return d.f().embed_scale ? static_cast<float>(std::sqrt(static_cast<double>(d.C))) : 1.0f;
+}
 // The attention of a block of `d` over B sequences of T tokens: heads, head size, RoPE (with its
 // scaling) for rotary families, the sliding window; causal as the family is (the caller sets the
 // key mask and the operand type).
@@ -150,6 +201,8 @@ struct LayerParams {
   // mixtral: the router (E, C) and each expert's fused [w1 | w3] (2H, C) and w2 (C, H).
   int64_t router_w = -1;
   std::vector<int64_t> expert_up, expert_down;
+  // qwen3: the per-head RMSNorm weights of q and k (HS each).
+  int64_t q_norm = -1, k_norm = -1;
   // The tensors stored behind a fused GEMM weight's first one and read only as part of it
   // (llama: k_proj and v_proj after q_proj = qkv_w, up_proj after gate_proj = up_w; mixtral: each
   // expert's w3 after its w1).
@@ -201,6 +254,9 @@ struct BlockActs {
   float* ln1_mean = nullptr;  // (N) layernorm only
   float* ln1_rstd = nullptr;  // (N)
   float* qkv = nullptr;       // (N, qkv_width), q and k after RoPE
+  // qwen3: q and k before their per-head norm (N, (NH+NKV)*HS) and each head's rstd (N*(NH+NKV)).
+  float* qk_saved = nullptr;
+  float* qk_rstd = nullptr;
   void* atty = nullptr;       // (N,C) compute type: attention output before the projection
   float* lse = nullptr;       // (B,NH,T)  atty and lse: every block its own (ModelBuffers)
   float* res2 = nullptr;      // (N,C) residual after attention
@@ -231,6 +287,7 @@ struct ModelBuffers {
   int32_t* inputs = nullptr;     // (N)
   int32_t* targets = nullptr;    // (N)
   int32_t* positions = nullptr;  // (N) n % T, gpt2 only
+  int32_t* rows = nullptr;       // (2N) ModelOptions::example_rows: doc_start, then positions
   std::vector<float*> res_store;
   std::vector<BlockActs> block_store;
   // Every block's attention output and lse, also with checkpointing (L each, 2 N C + 4 B NH T
@@ -274,6 +331,23 @@ struct ModelBuffers {
   float* norm_discard = nullptr;
   float* lora_xs = nullptr;
   uint64_t* dropout_key = nullptr;
+  // gemma (FamilyFeatures::Norm::kRmsNormPlusOne), else null: the norms' 1 + w in fp32, as HF
+  // computes it, (2L+1, C) (block l's ln1 and ln2 at rows 2l and 2l+1, the final norm last),
+  // recomputed from the weights at every forward (Add with `ones`, C constant ones); the norm
+  // ops read it, their weight gradients go to w's (d(1 + w)/dw = 1).
+  float* norm_plus_one = nullptr;
+  float* ones = nullptr;
+  // QLoRA (ModelOptions::quant4), else null: the 4-bit base (weights; every quantized tensor's
+  // packed codes, then its fp32 absmax, or with double quantization its uint8 absmax codes, fp32
+  // nested absmax and offset, and the 256-entry nested code table), and the scratch a block's
+  // weights are dequantized into (temporary; the largest block's, in the compute type).
+  uint8_t* q_codes = nullptr;
+  float* q_absmax = nullptr;
+  uint8_t* q_qabsmax = nullptr;
+  float* q_nested = nullptr;
+  float* q_offsets = nullptr;
+  float* q_code = nullptr;
+  void* q_scratch = nullptr;
 
   // Views: res[l] is block l's input (res[L] the final residual), blocks[l] its activations.
   std::vector<float*> res;

@@ -78,6 +78,21 @@ struct ModelOptions {
   // linear layer's input packed the same way just before its weight-gradient GEMM
   // (nn::GemmPrecision::pack); the encoder (bert) does only that, its weights stay plain.
   bool pack_weights = false;
+  // QLoRA (model.quantization_config; decoders with LoRA only): the blocks' linear weights
+  // (models/quantized_base.h) held in 4 bits as bitsandbytes stores them (backend/quant4.h),
+  // quantized at load; each block's forward, recomputation and backward dequantizes its weights
+  // into a planned per-layer scratch in the compute type before its GEMMs. No packed copies.
+  struct Quant4 {
+    bool enabled = false;
+    Quant4Type type = Quant4Type::kNF4;
+    bool double_quant = false;
+  } quant4;
+  // Decoder families with rows of examples (causal jsonl data, instruction_data.h; packed or one
+  // a row): attention_mask() is then a device int32 (2*B*T): each token's doc_start (the first row
+  // of its example in its sequence: Backend::AttentionForward's), then its position within its
+  // example (RoPE and the learned positions read it). Create fills it as one sequence a row
+  // (doc_start 0, position t). The encoders ignore it.
+  bool example_rows = false;
 };
 
 class Model {
@@ -136,6 +151,8 @@ class Model {
   // original token at masked positions and -1 elsewhere (loss = mean over them);
   // sequence_classification, targets()[b] for b < B is sequence b's label (-1: none) and
   // targets()[B..B*T) are -1 (loss = mean cross-entropy over the labelled sequences).
+  // Decoders with ModelOptions::example_rows: doc_start then positions (2*B*T), as described
+  // there.
   virtual int32_t* attention_mask() { return nullptr; }
   // After Forward(false), sequence classification only: how many labelled sequences of the
   // micro-batch have their label as the argmax of the classifier's logits (reads back B rows);

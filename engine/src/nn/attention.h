@@ -24,6 +24,10 @@ struct AttentionShape {
   int64_t window = 0;  // > 0: sliding-window attention (Backend::AttentionForward)
   // Device int32 (B*T) or null: key_mask[b*T + j] != 0 means key j of sequence b is attended.
   const int32_t* key_mask = nullptr;
+  // Rows of examples (Backend::AttentionForward's doc_start, Backend::Rope's positions): device
+  // int32 (B*T) each, or null.
+  const int32_t* doc_start = nullptr;
+  const int32_t* positions = nullptr;
   // The products' operand precision (Backend::AttentionForward): the model's compute type.
   DType operand_type = DType::kF32;
   int64_t width() const { return (NH + 2 * NKV) * HS; }

@@ -22,6 +22,7 @@
 #include "models/hf_config.h"
 #include "models/layout.h"
 #include "models/lora.h"
+#include "optim/optimizer.h"
 #include "optim/sharded_optimizer.h"
 #include "train/checkpoint.h"
 #include "train/quantization_spec.h"
@@ -64,34 +65,32 @@ const std::vector<std::string> kLlamaKeys = {
     "num_hidden_layers",   "num_attention_heads", "num_key_value_heads",
     "rms_norm_eps",        "rope_theta",          "max_position_embeddings",
     "tie_word_embeddings"};
-// The llama-like families: llama's keys, head_dim and rope_scaling (also spelled
-// rope_parameters) for all; llama's attention_bias; mistral's and mixtral's sliding_window;
-// mixtral's experts (HF MixtralConfig).
-std::vector<std::string> LlamaLikeKeys(const std::string& arch) {
+// The model.config keys of a family (its row's key names): the llama-like families have llama's
+// keys, head_dim and rope_scaling (also spelled rope_parameters), and the keys their row adds
+// (attention_bias, sliding_window, mixtral's experts: HF MixtralConfig).
+std::vector<std::string> ConfigKeysOf(Arch arch) {
+  const HfConfigRow& hf = FamilyOf(arch).hf;
+  switch (hf.names) {
+    case HfConfigRow::Names::kGpt2:
+      return kGpt2Keys;
+    case HfConfigRow::Names::kBert:
+      return kBertKeys;
+    case HfConfigRow::Names::kLlama:
+      break;
+  }
   std::vector<std::string> keys = kLlamaKeys;
   keys.insert(keys.end(), {"head_dim", "rope_scaling", "rope_parameters"});
-  if (arch == "llama") keys.push_back("attention_bias");
-  if (arch == "mistral" || arch == "mixtral") keys.push_back("sliding_window");
-  if (arch == "mixtral") {
+  if (hf.attention_bias_key) keys.push_back("attention_bias");
+  if (hf.sliding_window_key) keys.push_back("sliding_window");
+  if (FamilyOf(arch).features.mlp == FamilyFeatures::Mlp::kGeGluTanh) {
+    keys.push_back("hidden_activation");  // gemma: the GeGLU's GELU (one value is built)
+  }
+  if (hf.experts_keys) {
     keys.insert(keys.end(), {"num_local_experts", "num_experts_per_tok", "router_aux_loss_coef",
                              "output_router_logits"});
   }
   return keys;
 }
-
-const std::vector<std::string>& ConfigKeysOf(const std::string& arch) {
-  static const std::map<std::string, std::vector<std::string>> kKeys = {
-      {"gpt2", kGpt2Keys},
-      {"bert", kBertKeys},
-      {"llama", LlamaLikeKeys("llama")},
-      {"mistral", LlamaLikeKeys("mistral")},
-      {"qwen2", LlamaLikeKeys("qwen2")},
-      {"mixtral", LlamaLikeKeys("mixtral")}};
-  return kKeys.at(arch);
-}
-
-// The families JOBSPEC.md names whose blocks are not built yet: refused as "not supported yet".
-bool FamilyNotBuiltYet(const std::string& arch) { return arch == "qwen3" || arch == "gemma"; }
 
 std::string Resolve(const std::string& base_dir, const std::string& p) {
   if (p.empty() || base_dir.empty()) return p;
@@ -99,9 +98,6 @@ std::string Resolve(const std::string& base_dir, const std::string& p) {
   if (path.is_absolute()) return p;
   return (std::filesystem::path(base_dir) / path).lexically_normal().string();
 }
-
-// The defaults of an arch: its HF config class's.
-ModelConfig ArchDefaults(const std::string& arch) { return HfConfigDefaults(arch); }
 
 // model.config.id2label ({0: name, ...} or {"0": name, ...}) and label2id ({name: 0, ...}): the
 // label names by id; when both are given they must be inverse maps. Ids must be 0 .. n-1.
@@ -191,17 +187,19 @@ Status ParseRopeScaling(const SpecReader& parent, const char* key, ModelConfig* 
 Status ParseModelConfig(const YAML::Node& node, ModelConfig* c) {
   if (!node || node.IsNull()) return Status::Ok();
   TRAIND_ASSIGN_OR_RETURN(SpecReader r, SpecReader::Open(node, "model.config"));
-  const bool gpt2 = c->arch == "gpt2";
-  const bool bert = c->arch == "bert";
-  const bool mixtral = c->arch == "mixtral";
-  const auto& mine = ConfigKeysOf(c->arch);
+  const ModelFamily& family = FamilyOf(c->arch);
+  const HfConfigRow& hf = family.hf;
+  const bool gpt2 = hf.names == HfConfigRow::Names::kGpt2;
+  const bool bert = hf.names == HfConfigRow::Names::kBert;
+  const std::vector<std::string> mine = ConfigKeysOf(c->arch);
   std::set<std::string> foreign;
-  for (const char* arch : {"gpt2", "bert", "llama", "mistral", "qwen2", "mixtral"}) {
-    const auto& keys = ConfigKeysOf(arch);
+  for (Arch arch : kAllArchs) {
+    const std::vector<std::string> keys = ConfigKeysOf(arch);
     foreign.insert(keys.begin(), keys.end());
   }
   for (const std::string& k : mine) foreign.erase(k);
-  TRAIND_RETURN_IF_ERROR(r.CheckKeys(mine, foreign, "not a " + c->arch + " config key"));
+  TRAIND_RETURN_IF_ERROR(r.CheckKeys(mine, foreign,
+                                     "not a " + std::string(family.model_type) + " config key"));
   TRAIND_RETURN_IF_ERROR(r.Int("vocab_size", &c->vocab_size, 1));
   if (bert) {
     TRAIND_RETURN_IF_ERROR(r.Int("hidden_size", &c->hidden_size, 1));
@@ -227,14 +225,20 @@ Status ParseModelConfig(const YAML::Node& node, ModelConfig* c) {
     TRAIND_RETURN_IF_ERROR(r.Int("num_hidden_layers", &c->num_hidden_layers, 1));
     TRAIND_RETURN_IF_ERROR(r.Int("num_attention_heads", &c->num_attention_heads, 1));
     // HF: absent means no grouping (llama, qwen2); Mistral's and Mixtral's default is 8.
-    if (c->arch == "llama" || c->arch == "qwen2") c->num_key_value_heads = c->num_attention_heads;
+    if (hf.kv_heads_default_heads) c->num_key_value_heads = c->num_attention_heads;
     TRAIND_RETURN_IF_ERROR(r.Int("num_key_value_heads", &c->num_key_value_heads, 1));
     TRAIND_RETURN_IF_ERROR(r.Double("rms_norm_eps", &c->rms_norm_eps));
     TRAIND_RETURN_IF_ERROR(r.Double("rope_theta", &c->rope_theta));
     TRAIND_RETURN_IF_ERROR(r.Int("max_position_embeddings", &c->max_position_embeddings, 1));
     TRAIND_RETURN_IF_ERROR(r.Bool("tie_word_embeddings", &c->tie_word_embeddings));
     TRAIND_RETURN_IF_ERROR(r.Int("head_dim", &c->head_dim, 1));
-    if (c->arch == "llama") TRAIND_RETURN_IF_ERROR(r.Bool("attention_bias", &c->attention_bias));
+    if (hf.attention_bias_key) {
+      TRAIND_RETURN_IF_ERROR(r.Bool("attention_bias", &c->attention_bias));
+    }
+    if (r.Has("hidden_activation")) {  // gemma (ConfigKeysOf): the tanh GELU is the one built
+      std::string act = hf.hidden_act;
+      TRAIND_RETURN_IF_ERROR(r.Enum("hidden_activation", &act, {hf.hidden_act}));
+    }
     if (r.Has("sliding_window")) {
       if (r.Child("sliding_window").IsNull()) {
         c->sliding_window = 0;
@@ -248,7 +252,7 @@ Status ParseModelConfig(const YAML::Node& node, ModelConfig* c) {
     for (const char* key : {"rope_scaling", "rope_parameters"}) {
       TRAIND_RETURN_IF_ERROR(ParseRopeScaling(r, key, c));
     }
-    if (mixtral) {
+    if (hf.experts_keys) {
       TRAIND_RETURN_IF_ERROR(r.Int("num_local_experts", &c->num_local_experts, 1));
       TRAIND_RETURN_IF_ERROR(r.Int("num_experts_per_tok", &c->num_experts_per_tok, 1));
       TRAIND_RETURN_IF_ERROR(r.Double("router_aux_loss_coef", &c->router_aux_loss_coef));
@@ -264,9 +268,9 @@ Status ParseModel(const YAML::Node& node, ModelSpec* m, const std::string& base_
   }
   TRAIND_ASSIGN_OR_RETURN(SpecReader r, SpecReader::Open(node, "model"));
   TRAIND_RETURN_IF_ERROR(r.CheckKeys(kModelKeys));
-  std::string arch;
+  std::string arch_name;
   if (r.Has("arch")) {
-    TRAIND_RETURN_IF_ERROR(r.String("arch", &arch));
+    TRAIND_RETURN_IF_ERROR(r.String("arch", &arch_name));
   } else {
     // JOBSPEC.md: without arch, init_from's config.json model_type names the family.
     std::optional<std::string> from;
@@ -274,13 +278,18 @@ Status ParseModel(const YAML::Node& node, ModelSpec* m, const std::string& base_
     if (!from || from->empty()) {
       return r.Error("arch", "required without init_from (" + KnownFamilies() + ")");
     }
-    TRAIND_ASSIGN_OR_RETURN(arch, ReadHfModelType(Resolve(base_dir, *from) + "/config.json"));
+    TRAIND_ASSIGN_OR_RETURN(arch_name,
+                            ReadHfModelType(Resolve(base_dir, *from) + "/config.json"));
   }
-  if (FamilyNotBuiltYet(arch)) return r.Error("arch", arch + " is not supported yet");
-  if (FindFamily(arch) == nullptr) {
-    return r.Error("arch", "expected one of " + KnownFamilies() + ", got '" + arch + "'");
+  // The one place a family name is parsed (ParseArch); everything after reads the enum.
+  const std::optional<Arch> parsed = ParseArch(arch_name);
+  if (!parsed) {
+    return r.Error("arch", "expected one of " + KnownFamilies() + ", got '" + arch_name + "'");
   }
-  const bool bert = arch == "bert";
+  const Arch arch = *parsed;
+  if (!FamilyOf(arch).built) return r.Error("arch", arch_name + " is not supported yet");
+  // Task heads are the encoder's (bert); the causal families' head is none.
+  const bool bert = !FamilyOf(arch).features.causal;
   // JOBSPEC.md's head (bert: sequence_classification | masked_lm, required; causal families:
   // none) and num_labels (HF's config key, 2 by default for every model; it matters only with
   // head sequence_classification).
@@ -292,13 +301,13 @@ Status ParseModel(const YAML::Node& node, ModelSpec* m, const std::string& base_
     }
   }
   if (bert && (head.empty() || head == "none")) {
-    return r.Error("head", "bert needs a head: sequence_classification or masked_lm");
+    return r.Error("head", arch_name + " needs a head: sequence_classification or masked_lm");
   }
   if (!bert && !head.empty() && head != "none") {
-    return r.Error("head", arch + " is a causal language model: only none (or null), got '" +
+    return r.Error("head", arch_name + " is a causal language model: only none (or null), got '" +
                                head + "' (the task heads are bert's)");
   }
-  m->config = ArchDefaults(arch);
+  m->config = HfConfigDefaults(arch);
   TRAIND_RETURN_IF_ERROR(ParseModelConfig(r.Child("config"), &m->config));
   m->config_keys.clear();
   if (r.Has("config") && r.Child("config").IsMap()) {
@@ -357,9 +366,9 @@ Status ParseData(const YAML::Node& node, DataSpec* d, const std::string& base_di
   TRAIND_RETURN_IF_ERROR(r.Bool("assistant_only_loss", &d->assistant_only_loss));
   TRAIND_RETURN_IF_ERROR(r.Bool("completion_only_loss", &d->completion_only_loss));
   TRAIND_RETURN_IF_ERROR(r.Bool("packing", &d->packing));
-  if (d->packing) {
-    return r.Error("packing", "true is not supported yet (one example a row, right-padded: set it "
-                              "to false)");
+  if (d->packing && d->format != "jsonl") {
+    return r.Error("packing", "true packs prompt-completion or conversational examples: needs "
+                              "format jsonl, got " + d->format);
   }
   TRAIND_RETURN_IF_ERROR(r.Enum("token_dtype", &d->token_dtype, {"uint16", "uint32"}));
   TRAIND_RETURN_IF_ERROR(r.String("tokenizer", &d->tokenizer));
@@ -474,15 +483,11 @@ Status ParseOptimArgs(const SpecReader& training, TrainingSpec* t) {
   const YAML::Node node = training.Child("optim_args");
   if (!node || node.IsNull()) return Status::Ok();
   if (!node.IsMap()) return training.Error("optim_args", "expected a mapping, got " + spec::Describe(node));
-  const std::map<std::string, std::vector<std::string>> kOptions = {
-      {"adamw", {}},
-      {"adamw_8bit", {}},
-      {"sgd", {"momentum", "dampening", "nesterov"}},
-      {"adafactor",
-       {"scale_parameter", "relative_step", "warmup_init", "beta1", "clip_threshold", "decay_rate"}}};
-  const std::vector<std::string>& known = kOptions.at(t->optim);
+  // The optimizer's row names its keys and checks their values (optim/optimizer.cc).
+  const OptimizerRow& row = OptimizerOf(*t);
+  const std::vector<std::string>& known = row.args;
   std::set<std::string> foreign;
-  for (const auto& [name, keys] : kOptions) foreign.insert(keys.begin(), keys.end());
+  for (const OptimizerRow& other : Optimizers()) foreign.insert(other.args.begin(), other.args.end());
   for (const std::string& k : known) foreign.erase(k);
   std::string list;
   for (const std::string& k : known) list += (list.empty() ? "" : ", ") + k;
@@ -491,30 +496,21 @@ Status ParseOptimArgs(const SpecReader& training, TrainingSpec* t) {
                                      "not an option of optim " + t->optim + " (its options: " +
                                          (list.empty() ? std::string("none") : list) + ")"));
   OptimArgs& a = t->optim_args;
+  // Every key by its type (only the optimizer's own can be present), then the row's checks.
   TRAIND_RETURN_IF_ERROR(r.Double("momentum", &a.momentum));
-  if (a.momentum < 0) return r.Error("momentum", "must be >= 0");
   TRAIND_RETURN_IF_ERROR(r.Double("dampening", &a.dampening));
   TRAIND_RETURN_IF_ERROR(r.Bool("nesterov", &a.nesterov));
-  if (a.nesterov && (a.momentum <= 0 || a.dampening != 0)) {
-    return r.Error("nesterov", "needs momentum > 0 and dampening 0 (as torch.optim.SGD)");
-  }
   TRAIND_RETURN_IF_ERROR(r.Bool("scale_parameter", &a.scale_parameter));
   TRAIND_RETURN_IF_ERROR(r.Bool("relative_step", &a.relative_step));
   TRAIND_RETURN_IF_ERROR(r.Bool("warmup_init", &a.warmup_init));
-  if (a.warmup_init && !a.relative_step) {
-    return r.Error("warmup_init", "needs relative_step: true (as HF's Adafactor)");
-  }
   if (r.Has("beta1") && !r.Child("beta1").IsNull()) {
     double b1 = 0;
     TRAIND_RETURN_IF_ERROR(r.Double("beta1", &b1));
-    if (!(b1 >= 0 && b1 < 1)) return r.Error("beta1", "must be in [0, 1) or null");
     a.beta1 = b1;
   }
   TRAIND_RETURN_IF_ERROR(r.Double("clip_threshold", &a.clip_threshold));
-  if (!(a.clip_threshold > 0)) return r.Error("clip_threshold", "must be > 0");
   TRAIND_RETURN_IF_ERROR(r.Double("decay_rate", &a.decay_rate));
-  if (!(a.decay_rate < 0)) return r.Error("decay_rate", "must be < 0 (beta2 = 1 - t^decay_rate)");
-  return Status::Ok();
+  return row.check_args(a);
 }
 
 Status ParseTraining(const YAML::Node& node, TrainingSpec* t, const std::string& base_dir) {
@@ -538,8 +534,12 @@ Status ParseTraining(const YAML::Node& node, TrainingSpec* t, const std::string&
   if (!(t->adam_epsilon > 0)) return r.Error("adam_epsilon", "must be > 0");
   TRAIND_RETURN_IF_ERROR(r.Double("max_grad_norm", &t->max_grad_norm));
   if (t->max_grad_norm < 0) return r.Error("max_grad_norm", "must be >= 0 (0 disables clipping)");
-  TRAIND_RETURN_IF_ERROR(
-      r.Enum("optim", &t->optim, {"adamw", "adafactor", "adamw_8bit", "sgd"}));
+  {
+    // The one parser of an optimizer name: the registry's rows (optim/optimizer.h).
+    std::vector<std::string> names;
+    for (const OptimizerRow& row : Optimizers()) names.push_back(row.name);
+    TRAIND_RETURN_IF_ERROR(r.Enum("optim", &t->optim, names));
+  }
   TRAIND_RETURN_IF_ERROR(ParseOptimArgs(r, t));
   TRAIND_RETURN_IF_ERROR(r.Bool("fp16", &t->fp16));
   TRAIND_RETURN_IF_ERROR(r.Bool("bf16", &t->bf16));
@@ -622,7 +622,9 @@ Status ParseDistributed(const YAML::Node& node, DistributedSpec* d) {
 Status CheckHeadAndData(const JobSpec& s) {
   const ModelConfig& c = s.model.config;
   const DataSpec& d = s.data;
-  const bool classify = c.arch == "bert" && c.head == "sequence_classification";
+  const ModelFamily& family = FamilyOf(c.arch);
+  const std::string name = family.model_type;
+  const bool classify = c.encoder() && c.head == "sequence_classification";
   if (classify && d.format != "jsonl") {
     return Status::InvalidArgument(
         "data.format: model.head sequence_classification reads labelled examples: format jsonl "
@@ -636,8 +638,8 @@ Status CheckHeadAndData(const JobSpec& s) {
   if (!classify && d.label_field) {
     return Status::InvalidArgument(
         "data.label_field: only for model.head sequence_classification with data.format jsonl " +
-        std::string(c.arch == "bert" ? "(masked_lm trains on the text alone)"
-                                     : "(" + c.arch + " is a causal language model)") +
+        std::string(c.encoder() ? "(masked_lm trains on the text alone)"
+                                : "(" + name + " is a causal language model)") +
         "; remove it");
   }
   // Instruction data (prompt-completion / conversational jsonl) is for the causal families.
@@ -657,20 +659,18 @@ Status CheckHeadAndData(const JobSpec& s) {
     return Status::InvalidArgument(
         std::string("data.") + key + ": only for instruction data (data.format jsonl with " +
         "prompt-completion or conversational lines) of the causal families (gpt2, llama, ...), " +
-        "got " + (c.encoder() ? "arch " + c.arch : "format " + d.format));
+        "got " + (c.encoder() ? "arch " + name : "format " + d.format));
   }
-  if (c.arch == "bert" && s.training.sample_every > 0) {
+  if (!family.generation && s.training.sample_every > 0) {
     return Status::InvalidArgument(
-        "training.sample_every: generated samples are for the causal families (gpt2, llama); "
-        "bert is an encoder: set it to 0");
+        "training.sample_every: generated samples are for the causal families (gpt2, llama); " +
+        name + (c.encoder() ? " is an encoder" : " has no generation") + ": set it to 0");
   }
-  if (c.arch == "bert" && s.training.peft) {
-    return Status::InvalidArgument(
-        "training.peft: LoRA is not built for bert yet (gpt2 and llama only): set it to null");
-  }
-  if (c.arch == "mixtral" && s.training.peft) {
-    return Status::Unimplemented(
-        "training.peft: LoRA is not built for mixtral yet (gpt2 and llama only): set it to null");
+  if (family.lora_modules.empty() && s.training.peft) {
+    const std::string why = "training.peft: LoRA is not built for " + name +
+                            " yet (gpt2 and llama only): set it to null";
+    // An encoder's adapters are not planned; a decoder's are (not built yet).
+    return c.encoder() ? Status::InvalidArgument(why) : Status::Unimplemented(why);
   }
   return Status::Ok();
 }
@@ -725,9 +725,9 @@ Result<JobSpec> ParseRoot(const YAML::Node& root, const std::string& base_dir) {
   s.output_dir = Resolve(base_dir, s.output_dir);
   // With init_from the positions limit comes from its config.json (checked in ValidateJobInputs).
   if (!s.model.init_from && s.data.seq_len > s.model.config.max_positions()) {
-    const std::string key = s.model.config.arch == "gpt2" ? "n_positions" : "max_position_embeddings";
     return Status::InvalidArgument("data.seq_len: " + std::to_string(s.data.seq_len) +
-                                   " exceeds model.config." + key + " " +
+                                   " exceeds model.config." +
+                                   s.model.config.max_positions_key() + " " +
                                    std::to_string(s.model.config.max_positions()));
   }
   return s;
@@ -738,7 +738,9 @@ nlohmann::ordered_json ModelConfigJson(const ModelConfig& c) {
   using oj = nlohmann::ordered_json;
   oj config;
   config["vocab_size"] = c.vocab_size;
-  if (c.arch == "bert") {
+  const HfConfigRow& hf = FamilyOf(c.arch).hf;
+  switch (hf.names) {
+  case HfConfigRow::Names::kBert:
     config["hidden_size"] = c.hidden_size;
     config["intermediate_size"] = c.intermediate_size;
     config["num_hidden_layers"] = c.num_hidden_layers;
@@ -752,13 +754,15 @@ nlohmann::ordered_json ModelConfigJson(const ModelConfig& c) {
       for (size_t i = 0; i < c.id2label.size(); ++i) id2label[std::to_string(i)] = c.id2label[i];
       config["id2label"] = id2label;
     }
-  } else if (c.arch == "gpt2") {
+    break;
+  case HfConfigRow::Names::kGpt2:
     config["n_positions"] = c.n_positions;
     config["n_embd"] = c.n_embd;
     config["n_layer"] = c.n_layer;
     config["n_head"] = c.n_head;
     config["layer_norm_epsilon"] = c.layer_norm_epsilon;
-  } else {
+    break;
+  case HfConfigRow::Names::kLlama:
     config["hidden_size"] = c.hidden_size;
     config["intermediate_size"] = c.intermediate_size;
     config["num_hidden_layers"] = c.num_hidden_layers;
@@ -769,19 +773,20 @@ nlohmann::ordered_json ModelConfigJson(const ModelConfig& c) {
     config["max_position_embeddings"] = c.max_position_embeddings;
     config["tie_word_embeddings"] = c.tie_word_embeddings;
     config["head_dim"] = c.head_size();
-    if (c.arch == "llama") config["attention_bias"] = c.attention_bias;
-    if (c.arch == "mistral" || c.arch == "mixtral") {
+    if (hf.attention_bias_key) config["attention_bias"] = c.attention_bias;
+    if (hf.sliding_window_key) {
       config["sliding_window"] = c.sliding_window > 0 ? oj(c.sliding_window) : oj(nullptr);
     }
     if (c.rope_scaling.rope_type != "default") {
       config["rope_scaling"] = oj::parse(RopeScalingJson(c.rope_scaling));
     }
-    if (c.arch == "mixtral") {
+    if (hf.experts_keys) {
       config["num_local_experts"] = c.num_local_experts;
       config["num_experts_per_tok"] = c.num_experts_per_tok;
       config["router_aux_loss_coef"] = c.router_aux_loss_coef;
       config["output_router_logits"] = c.output_router_logits;
     }
+    break;
   }
   return config;
 }
@@ -824,8 +829,8 @@ Status ValidateInitFrom(const JobSpec& spec) {
   }
   if (file->arch != spec.model.config.arch) {
     return Status::FailedPrecondition("model.init_from: " + cfg_path + " has model_type " +
-                                      file->arch + " but model.arch is " +
-                                      spec.model.config.arch);
+                                      ArchName(file->arch) + " but model.arch is " +
+                                      ArchName(spec.model.config.arch));
   }
   TRAIND_RETURN_IF_ERROR(CheckAgreement(spec.model, *file, cfg_path));
   if (!fs::exists(fs::path(dir) / "model.safetensors", ec) &&
@@ -996,6 +1001,7 @@ Status CheckOutputDirFree(const JobSpec& spec) {
       "true to continue that run, or choose another output_dir");
 }
 
+// long function: one line per spec field, in the spec's order (the inverse of the parser)
 std::string JobSpecToJson(const JobSpec& s) {
   using oj = nlohmann::ordered_json;
   const ModelConfig& c = s.model.config;
@@ -1012,11 +1018,11 @@ std::string JobSpecToJson(const JobSpec& s) {
   auto opt = [](const std::optional<std::string>& v) { return v ? oj(*v) : oj(nullptr); };
   oj j;
   j["name"] = s.name;
-  j["model"] = {{"arch", c.arch}, {"config", config}, {"init_from", opt(s.model.init_from)}};
+  j["model"] = {{"arch", ArchName(c.arch)}, {"config", config}, {"init_from", opt(s.model.init_from)}};
   if (s.model.quantization_config) {
     j["model"]["quantization_config"] = QuantizationConfigJson(*s.model.quantization_config);
   }
-  if (c.arch == "bert") {  // the causal families' head is none: their documents stay as before
+  if (c.encoder()) {  // the causal families' head is none: their documents stay as before
     j["model"]["head"] = c.head;
     j["model"]["num_labels"] = c.num_labels;
   }
@@ -1053,14 +1059,19 @@ std::string JobSpecToJson(const JobSpec& s) {
   tr["optim"] = t.optim;
   {
     const OptimArgs& a = t.optim_args;
-    if (t.optim == "sgd") {
-      tr["optim_args"] = {{"momentum", a.momentum}, {"dampening", a.dampening}, {"nesterov", a.nesterov}};
-    } else if (t.optim == "adafactor") {
-      tr["optim_args"] = {{"scale_parameter", a.scale_parameter}, {"relative_step", a.relative_step},
-                          {"warmup_init", a.warmup_init}, {"beta1", a.beta1 ? oj(*a.beta1) : oj(nullptr)},
-                          {"clip_threshold", a.clip_threshold}, {"decay_rate", a.decay_rate}};
-    } else {
-      tr["optim_args"] = nullptr;
+    switch (OptimizerOf(t).kind) {
+      case OptimKind::kSgd:
+        tr["optim_args"] = {{"momentum", a.momentum}, {"dampening", a.dampening}, {"nesterov", a.nesterov}};
+        break;
+      case OptimKind::kAdafactor:
+        tr["optim_args"] = {{"scale_parameter", a.scale_parameter}, {"relative_step", a.relative_step},
+                            {"warmup_init", a.warmup_init}, {"beta1", a.beta1 ? oj(*a.beta1) : oj(nullptr)},
+                            {"clip_threshold", a.clip_threshold}, {"decay_rate", a.decay_rate}};
+        break;
+      case OptimKind::kAdamW:
+      case OptimKind::kAdamW8bit:
+        tr["optim_args"] = nullptr;
+        break;
     }
   }
   tr["fp16"] = t.fp16;

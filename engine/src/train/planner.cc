@@ -11,6 +11,7 @@
 #include "backend/device_registry.h"
 #include "models/hf_config.h"
 #include "models/lora.h"
+#include "models/quantized_base.h"
 #include "optim/offloaded_optimizer.h"
 #include "optim/optimizer.h"
 #include "optim/sharded_optimizer.h"
@@ -33,7 +34,7 @@ int ZeroShards(const JobSpec& spec) {
 // JobBytes for `spec` at micro-batch `b`, with or without gradient checkpointing.
 // `on_host`: OffloadUpdatesOnHost of the device.
 // The cpu device is the one device that does not update on the host, and the one that packs
-// weights: !on_host == PacksGemmWeights(device). `pack`: whether the plan keeps those packed
+// weights: !on_host == PacksGemmWeights(caps). `pack`: whether the plan keeps those packed
 // copies (a speed choice PlanOrAdvise drops when they do not fit); only where the device packs.
 MemoryBytes SpecBytes(const ModelConfig& config, const JobSpec& spec, int64_t b, bool ckpt, bool on_host,
                       bool pack = true) {
@@ -86,12 +87,6 @@ std::string FormatGiB(int64_t bytes) {
 }
 
 Result<ModelConfig> ResolveModelConfig(const JobSpec& spec) {
-  if (spec.model.quantization_config.has_value()) {
-    // Parsed and validated (job_spec.cc), not built yet: the 4-bit frozen base (issue 43).
-    return Status::Unimplemented(
-        "model.quantization_config: the 4-bit frozen base (QLoRA) is not built yet; without it "
-        "LoRA holds the base in the compute type only (bf16: 2 bytes a weight)");
-  }
   if (!spec.model.init_from.has_value()) return spec.model.config;
   const std::string path = (std::filesystem::path(*spec.model.init_from) / "config.json").string();
   TRAIND_ASSIGN_OR_RETURN(ModelConfig c, ReadHfConfig(path));
@@ -147,13 +142,22 @@ ModelOptions JobModelOptions(const JobSpec& spec, int64_t micro_batch, bool grad
     o.lora.dropout = spec.training.peft->lora_dropout;
     o.lora.targets = spec.training.peft->target_modules;
   }
+  if (spec.model.quantization_config.has_value() && spec.training.peft) {
+    const QuantizationSpec& q = *spec.model.quantization_config;
+    o.quant4.enabled = true;
+    o.quant4.type = q.bnb_4bit_quant_type == "nf4" ? Quant4Type::kNF4 : Quant4Type::kFP4;
+    o.quant4.double_quant = q.bnb_4bit_use_double_quant;
+  }
   o.master_weights_off_device = MasterWeightsOffDevice(spec);
+  // Causal jsonl data (instruction examples, packed or one a row; or text lines, then one
+  // sequence a row): each token's doc_start and position come with the batch.
+  o.example_rows = !spec.model.config.encoder() && spec.data.format == "jsonl";
   return o;
 }
 
-bool OffloadUpdatesOnHost(const std::string& device) { return device != "cpu"; }
+bool OffloadUpdatesOnHost(const DeviceCapabilities& caps) { return caps.has_own_memory; }
 
-bool PacksGemmWeights(const std::string& device) { return device == "cpu"; }
+bool PacksGemmWeights(const DeviceCapabilities& caps) { return caps.packs_gemm_weights; }
 
 MemoryBytes JobBytes(const ModelConfig& config, const ModelOptions& options,
                      const TrainingSpec& training, int zero_shards, bool offload_on_host) {
@@ -178,7 +182,8 @@ MemoryBytes JobBytes(const ModelConfig& config, const ModelOptions& options,
     b.optimizer += OptimizerPlanBytes(training, trainable, n_trainable);
   }
   // The trainer's double-buffered micro-batch uploads and step scalars.
-  b.activations += StepRunner::PlanBytes(options.micro_batch, options.seq_len, config.encoder());
+  b.activations += StepRunner::PlanBytes(options.micro_batch, options.seq_len,
+                                         config.encoder() ? 1 : options.example_rows ? 2 : 0);
   const MemoryBytes sampler = SamplerPlanBytes(
       config, training, MasterWeightsOffModel(config, options) ? options.compute_type : DType::kF32);
   b.activations += sampler.activations;
@@ -216,8 +221,9 @@ std::vector<PlanLever> FittingLevers(const JobSpec& spec, const ModelConfig& con
                         s, b, c});
     }
   }
-  if (t.optim == "adamw") {
-    for (const char* optim : {"adamw_8bit", "adafactor"}) {
+  if (const OptimizerRow* row = FindOptimizer(t.optim)) {
+    for (OptimKind leaner : row->leaner) {
+      const char* optim = Optimizers()[static_cast<size_t>(leaner)].name;
       JobSpec s = spec;
       s.training.optim = optim;
       levers.push_back({std::string("optim: ") + optim, s, b, c});
@@ -232,6 +238,22 @@ std::vector<PlanLever> FittingLevers(const JobSpec& spec, const ModelConfig& con
     JobSpec s = spec;
     s.training.peft = PeftSpec{};
     levers.push_back({"peft: {type: lora, r: 8}", s, b, c});
+  }
+  // QLoRA: LoRA on a 4-bit NF4 base (double quantization), bf16 unless fp16 was asked for.
+  if (!spec.model.quantization_config && lora_applies) {
+    JobSpec s = spec;
+    if (!s.training.peft) s.training.peft = PeftSpec{};
+    if (!t.bf16 && !t.fp16) s.training.bf16 = true;
+    QuantizationSpec q;
+    q.load_in_4bit = true;
+    q.bnb_4bit_quant_type = "nf4";
+    q.bnb_4bit_use_double_quant = true;
+    q.bnb_4bit_compute_dtype = s.training.fp16 ? "float16" : "bfloat16";
+    s.model.quantization_config = q;
+    levers.push_back({std::string(t.peft ? "" : "peft: {type: lora, r: 8} with ") +
+                          "quantization_config: {load_in_4bit: true, bnb_4bit_quant_type: nf4, "
+                          "bnb_4bit_use_double_quant: true} (QLoRA)",
+                      s, b, c});
   }
   std::vector<PlanLever> fit, rest;
   const int64_t now = SpecBytes(config, spec, b, c, offload_on_host, pack).total();
@@ -268,6 +290,43 @@ std::string Advice(const std::vector<PlanLever>& levers) {
          ": use a device with more memory or a smaller model";
 }
 
+// What a plan says besides its bytes: the offloaded state and master weights (the store's, not
+// the device's) and the parameter counts (HF shapes; LoRA: the adapters trainable; QLoRA: the
+// 4-bit base's bytes).
+void FillPlanCounts(const JobSpec& spec, const ModelConfig& config, MemoryPlan* plan) {
+  const TrainingSpec& t = spec.training;
+  const ModelOptions mo = JobModelOptions(spec, 1, false);
+  if (t.offload != "none") {
+    const std::vector<ParamInfo> trainable = Model::TrainableParamsOf(config, mo);
+    int64_t n = 0;
+    for (const ParamInfo& p : trainable) n = std::max(n, p.offset + p.numel);
+    // ZeRO-1: each rank's store holds its shard (the largest rank's).
+    const int shards = ZeroShards(spec);
+    plan->offload_state_bytes = shards > 1
+                                    ? ZeroOneOffloadPlanBytes(t, trainable, n, shards).state
+                                    : OptimizerPlanBytes(t, trainable, n);
+    if (MasterWeightsOffModel(config, mo)) plan->offload_master_bytes = 4 * n;
+  }
+  auto hf_numel = [](const ParamInfo& p) {
+    int64_t n = 1;
+    for (int64_t d : p.hf_shape) n *= d;
+    return n;
+  };
+  int64_t base = 0, adapters = 0;
+  for (const ParamInfo& p : Model::ParamsOf(config)) base += hf_numel(p);
+  if (mo.lora.enabled()) {
+    for (const ParamInfo& p : Model::TrainableParamsOf(config, mo)) adapters += hf_numel(p);
+  }
+  plan->trainable_params = mo.lora.enabled() ? adapters : base;
+  plan->total_params = base + adapters;
+  if (mo.quant4.enabled) {
+    const QuantizedBaseBytes q =
+        QuantizedBasePlan(BuildParams(MakeArchDims(config)), mo.quant4.double_quant);
+    plan->quantized_base_bytes = q.quantized;
+    plan->quantized_base_params = q.elements;
+  }
+}
+
 // PlanJob's work. A job that does not fit gets the plan of the smallest configuration tried with
 // fits false, `levers` and `reason` the advice, and `*too_big` (when given) PlanJob's error message.
 // `pack`: whether the plan keeps the cpu's packed weight copies (PlanOrAdvise's caller drops them
@@ -286,33 +345,7 @@ Result<MemoryPlan> PlanOrAdvisePacked(const JobSpec& spec, const ModelConfig& co
   plan.precision = t.bf16 ? "bf16" : (t.fp16 ? "fp16" : "fp32");
   plan.optimizer = t.optim;
   plan.offload = t.offload;
-  if (t.offload != "none") {
-    const ModelOptions mo = JobModelOptions(spec, 1, false);
-    const std::vector<ParamInfo> trainable = Model::TrainableParamsOf(config, mo);
-    int64_t n = 0;
-    for (const ParamInfo& p : trainable) n = std::max(n, p.offset + p.numel);
-    // ZeRO-1: each rank's store holds its shard (the largest rank's).
-    const int shards = ZeroShards(spec);
-    plan.offload_state_bytes = shards > 1
-                                   ? ZeroOneOffloadPlanBytes(t, trainable, n, shards).state
-                                   : OptimizerPlanBytes(t, trainable, n);
-    if (MasterWeightsOffModel(config, mo)) plan.offload_master_bytes = 4 * n;
-  }
-  {
-    const ModelOptions mo = JobModelOptions(spec, 1, false);
-    auto hf_numel = [](const ParamInfo& p) {
-      int64_t n = 1;
-      for (int64_t d : p.hf_shape) n *= d;
-      return n;
-    };
-    int64_t base = 0, adapters = 0;
-    for (const ParamInfo& p : Model::ParamsOf(config)) base += hf_numel(p);
-    if (mo.lora.enabled()) {
-      for (const ParamInfo& p : Model::TrainableParamsOf(config, mo)) adapters += hf_numel(p);
-    }
-    plan.trainable_params = mo.lora.enabled() ? adapters : base;
-    plan.total_params = base + adapters;
-  }
+  FillPlanCounts(spec, config, &plan);
   plan.budget_bytes = budget_bytes;
   plan.packed_weights = pack && !offload_on_host;
   plan.gradient_accumulation_steps = t.gradient_accumulation_steps;
@@ -430,11 +463,12 @@ namespace {
 Result<MemoryPlan> Estimate(const JobSpec& spec, const DeviceOptions& device, bool advise) {
   TRAIND_ASSIGN_OR_RETURN(int64_t budget, DeviceBudget(device));  // checks the device too
   TRAIND_ASSIGN_OR_RETURN(ModelConfig config, ResolveModelConfig(spec));
-  // cuda:N: sm_80+ (the architectures this project builds for): 16-bit batches align to 64.
-  const bool tensor_cores = device.device.rfind("cuda:", 0) == 0;
-  const bool on_host = OffloadUpdatesOnHost(device.device);
-  return advise ? PlanJobWithAdvice(spec, config, budget, tensor_cores, on_host)
-                : PlanJob(spec, config, budget, tensor_cores, on_host);
+  // The registry's capabilities of the device (no backend is open here). Tensor cores (cuda:N,
+  // sm_80+, the architectures this project builds for): 16-bit batches align to 64.
+  TRAIND_ASSIGN_OR_RETURN(DeviceCapabilities caps, DeviceCapabilitiesOf(device.device));
+  const bool on_host = OffloadUpdatesOnHost(caps);
+  return advise ? PlanJobWithAdvice(spec, config, budget, caps.tensor_cores, on_host)
+                : PlanJob(spec, config, budget, caps.tensor_cores, on_host);
 }
 
 }  // namespace

@@ -142,6 +142,7 @@ Status OpenDeviceAndPlan(TrainingSession* s) {
   TRAIND_ASSIGN_OR_RETURN(OpenedDevice device, OpenDevice(s->options->device, t.tf32, note));
   s->device = device.device;
   s->backend = std::move(device.backend);
+  s->capabilities = s->backend->capabilities();
   TRAIND_RETURN_IF_ERROR(ValidateJobInputs(s->spec));
   TRAIND_ASSIGN_OR_RETURN(s->config, ResolveModelConfig(s->spec));
   TRAIND_RETURN_IF_ERROR(CheckSupports(*s->backend, Model::RequiredOps(s->config)));
@@ -151,19 +152,18 @@ Status OpenDeviceAndPlan(TrainingSession* s) {
   if (s->comm != nullptr && planned.distributed.has_value()) {
     planned.distributed->world_size = s->world;
   }
+  const DeviceCapabilities& caps = s->capabilities;
   TRAIND_ASSIGN_OR_RETURN(s->plan, PlanJob(planned, s->config, device.budget_bytes,
-                                           s->device.rfind("cuda:", 0) == 0,
-                                           OffloadUpdatesOnHost(s->device)));
+                                           caps.tensor_cores, OffloadUpdatesOnHost(caps)));
   if (s->callbacks->on_plan) s->callbacks->on_plan(s->plan);
-  if (t.tf32 && s->device.rfind("cuda:", 0) != 0) {
+  if (t.tf32 && !caps.tensor_cores) {
     s->Message("training.tf32 has no effect on the " + s->device + " backend");
   }
   s->B = s->plan.micro_batch;
   s->T = s->spec.data.seq_len;
   s->accum = s->plan.gradient_accumulation_steps;
-  // Gloo reduces host memory (the cpu backend), NCCL device memory of cuda:N.
-  if (s->comm != nullptr && s->device != "cpu" &&
-      !(s->device.rfind("cuda:", 0) == 0 && s->comm->name() == "nccl")) {
+  // A host communicator (Gloo) reduces host memory (the cpu backend), NCCL device memory of cuda:N.
+  if (s->comm != nullptr && caps.has_own_memory && s->comm->name() != caps.device_collective) {
     return Status::Unimplemented("distributed: data parallel on " + s->device + " with the " +
                                  s->comm->name() +
                                  " communicator is not supported (Gloo on cpu, NCCL on cuda:N)");
@@ -175,6 +175,11 @@ Status OpenDeviceAndPlan(TrainingSession* s) {
 Status LoadData(TrainingSession* s) {
   TokenizeProgress progress;
   if (s->callbacks->on_tokenize) progress.report = s->callbacks->on_tokenize;
+  if (s->spec.data.packing && s->config.encoder()) {
+    return Status::InvalidArgument(
+        "data.packing: true packs the causal families' instruction examples; model.arch " +
+        std::string(ArchName(s->spec.model.config.arch)) + " reads one example a row");
+  }
   if (s->config.encoder()) {  // bert: examples (example_data.h)
     TRAIND_ASSIGN_OR_RETURN(
         ExampleData examples,
@@ -205,6 +210,11 @@ Status LoadData(TrainingSession* s) {
       return Status::Ok();
     }
   }
+  if (s->spec.data.packing) {
+    return Status::InvalidArgument("data.packing: " + s->spec.data.train_file +
+                                   " holds text lines (a token stream): packing is for "
+                                   "prompt-completion or conversational examples");
+  }
   TRAIND_ASSIGN_OR_RETURN(TokenData data, LoadTokenData(s->spec.data, progress));
   if (data.vocab_size_needed > s->config.vocab_size) {
     return Status::InvalidArgument("data.train_file: holds token id " +
@@ -224,12 +234,12 @@ Status BuildModelAndOptimizer(TrainingSession* s) {
   TRAIND_ASSIGN_OR_RETURN(
       s->model, Model::Create(s->config,
                               JobModelOptions(s->spec, s->B, s->plan.gradient_checkpointing,
-                                              PacksGemmWeights(s->device) && s->plan.packed_weights),
+                                              PacksGemmWeights(s->capabilities) && s->plan.packed_weights),
                               s->arena.get()));
   if (t.offload != "none") TRAIND_RETURN_IF_ERROR(OpenStore(s));
   if (s->comm != nullptr && s->spec.distributed.has_value() &&
       s->spec.distributed->zero_stage == 1) {
-    if (s->device != "cpu") {  // the checkpoint's state gather stages host buffers (Gloo's)
+    if (s->capabilities.has_own_memory) {  // the checkpoint's state gather stages host buffers
       return Status::Unimplemented("distributed.zero_stage: 1 on " + s->device +
                                    " is not supported yet (the cpu backend only): use zero_stage 0");
     }
@@ -268,7 +278,7 @@ Status BuildModelAndOptimizer(TrainingSession* s) {
     oo.master_weights = oo.master_sink != nullptr;
     // A device with its own memory (cuda, simt): the update runs on the host (the gradients down,
     // the weights up; not the state both ways), with the job's CPU threads.
-    oo.update_on_host = OffloadUpdatesOnHost(s->device);
+    oo.update_on_host = OffloadUpdatesOnHost(s->capabilities);
     oo.host_threads = s->options->device.threads;
     TRAIND_ASSIGN_OR_RETURN(s->optimizer,
                             MakeOffloadedOptimizer(t, s->model->trainable_params(),
@@ -375,6 +385,14 @@ Status RestoreOrInitialize(TrainingSession* s) {
     if (writer) TRAIND_RETURN_IF_ERROR(RemoveCheckpoints(spec.output_dir));
     TRAIND_RETURN_IF_ERROR(init_base());
     s->model->InitAdapters(static_cast<uint64_t>(spec.training.seed));
+  }
+  if (const auto& q = spec.model.quantization_config; q.has_value()) {
+    char line[200];
+    std::snprintf(line, sizeof(line), ": %lld block weights quantized at load to %s%s, %.1f MiB on the device",
+                  static_cast<long long>(s->plan.quantized_base_params), q->bnb_4bit_quant_type.c_str(),
+                  q->bnb_4bit_use_double_quant ? " with double quantization" : "",
+                  static_cast<double>(s->plan.quantized_base_bytes) / 1048576.0);
+    s->Message("model.quantization_config" + std::string(line));
   }
   // Master weights in the store: the weights just loaded (written behind) become its committed
   // state (a resume's ReadState already committed them with the optimizer state).

@@ -1,17 +1,20 @@
-// The step loop (step_loop.h): StepRunner steps, the fp16 loss scaler, reports, logging windows
-// (LogHistory), evaluation and checkpoints.
+// The step loop (step_loop.h): the evaluation pass, then the loop's parts (its options made once,
+// the training batches, the step report, the logging window, the preemption handshake) and the
+// loop over them: StepRunner steps, the fp16 loss scaler, evaluation, checkpoints and samples.
 #include "train/step_loop.h"
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "core/environment.h"
 #include "optim/loss_scaler.h"
 #include "train/log_history.h"
 #include "train/sampler.h"
@@ -25,12 +28,6 @@ using Clock = std::chrono::steady_clock;
 double Seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
-
-// The open logging window's throughput (this process's steps only; not checkpointed).
-struct WindowTiming {
-  double seconds = 0.0;
-  int64_t tokens = 0;
-};
 
 }  // namespace
 
@@ -47,7 +44,7 @@ Result<double> EvaluateExamples(TrainingSession* s, std::optional<double>* accur
   const int64_t n = set.size();
   if (n <= 0) return std::numeric_limits<double>::quiet_NaN();
   std::vector<int32_t> inputs(static_cast<size_t>(B * T)), targets(static_cast<size_t>(B * T)),
-      mask(static_cast<size_t>(B * T));
+      mask(static_cast<size_t>(B * T * set.MaskWords()));
   std::vector<int64_t> rows(static_cast<size_t>(B)), epochs(static_cast<size_t>(B), kEvalMaskEpoch);
   // Sums over this rank's passes: loss x targets, targets, correct predictions.
   double sums[3] = {0.0, 0.0, 0.0};
@@ -63,7 +60,7 @@ Result<double> EvaluateExamples(TrainingSession* s, std::optional<double>* accur
     if (valid == 0) continue;  // nothing to score (e.g. no masked position in the pass)
     s->backend->CopyHostToDevice(s->model->inputs(), inputs.data(), inputs.size() * sizeof(int32_t));
     s->backend->CopyHostToDevice(s->model->targets(), targets.data(), targets.size() * sizeof(int32_t));
-    if (s->model->attention_mask() != nullptr) {  // causal instruction data: none
+    if (s->model->attention_mask() != nullptr) {  // encoders' mask; decoders' doc_start, positions
       s->backend->CopyHostToDevice(s->model->attention_mask(), mask.data(),
                                    mask.size() * sizeof(int32_t));
     }
@@ -127,289 +124,464 @@ Result<double> Evaluate(TrainingSession* s, std::optional<double>* accuracy) {
   return weighted / static_cast<double>(windows);
 }
 
-Status RunStepLoop(TrainingSession* s, double* last_eval) {
-  const TrainingSpec& t = s->spec.training;
-  const RunCallbacks& callbacks = *s->callbacks;
-  TrainerState& state = s->state;
-  const int64_t B = s->B, T = s->T, accum = s->accum;
-  // The causal families read token windows, the encoders examples (one of the two loaders).
-  std::optional<BatchLoader> windows;
-  std::optional<ExampleLoader> examples;
-  if (s->examples != nullptr) {
-    examples.emplace(s->examples.get(), B, s->spec.data.shuffle, static_cast<uint64_t>(t.seed),
-                     state.loader);
-    s->windows_per_epoch = examples->examples_per_epoch();
-  } else {
-    windows.emplace(s->train_tokens, B, T, s->spec.data.shuffle, static_cast<uint64_t>(t.seed),
-                    state.loader);
-    s->windows_per_epoch = windows->windows_per_epoch();
-  }
-  auto loader_position = [&]() {
-    return examples.has_value() ? examples->position() : windows->position();
-  };
-  // Data parallel: the step's numbers are the world's (W ranks x B x accum sequences).
-  const int64_t world = s->world;
-  LogHistory history(&state.log_history, B * accum * world, s->windows_per_epoch);
-  const double step_flops =
-      Model::TrainingFlops(s->config, B, T) * static_cast<double>(accum * world);
-  // Tokens per step: B x T per micro-batch, padding included for the encoders (their examples are
-  // padded to T; samples/s counts examples).
-  const int64_t step_tokens = B * T * accum * world;
-  *last_eval = std::numeric_limits<double>::quiet_NaN();
+// ---- The step loop's parts. RunStepLoop at the bottom reads like llm.c's train loop: options
+// made once, then per step: the preemption check, one optimizer step, its report, the logging
+// window, and evaluation / checkpoint / sample at their intervals. ----
 
-  auto run_eval = [&]() -> Status {
-    std::optional<double> accuracy;
-    TRAIND_ASSIGN_OR_RETURN(double loss, Evaluate(s, &accuracy));
-    *last_eval = loss;
-    s->last_eval_accuracy = accuracy;
-    if (std::isnan(loss)) return Status::Ok();
-    history.AddEval(state.global_step, loss, accuracy);
-    if (callbacks.on_eval) callbacks.on_eval(EvalReport{state.global_step, loss, accuracy});
+namespace {
+
+// Everything the loop decides before its first step, from the spec, the session's shape, the
+// device's capabilities and the environment (core/environment.h), made in one place
+// (MakeLoopOptions): no part below reads the spec's training block, an environment variable or a
+// device name again.
+struct LoopOptions {
+  StepRunner::Options step;  // what the step runner is made with
+  int64_t max_steps = 0;
+  int64_t logging_steps = 0, eval_steps = 0, save_steps = 0, sample_every = 0;
+  bool fp16 = false;
+  // The learning rate of step k: learning_rate * LrLambda(schedule, warmup_steps, max_steps, k).
+  double learning_rate = 0.0;
+  LrScheduleType schedule = LrScheduleType::kConstant;
+  int64_t warmup_steps = 0;
+  // Data parallel: the step's numbers are the world's (W ranks x B x accum sequences). Tokens per
+  // step: B x T per micro-batch, padding included for the encoders (their examples are padded to
+  // T; samples/s counts examples).
+  int64_t step_samples = 0, step_tokens = 0;
+  double step_flops = 0.0;
+};
+
+// TRAIND_DIST_BUCKET_MB in bytes: a number of MiB from 0 to 1048576 (0 = one collective after
+// backward), 4 MiB when unset; a bad value is named through `note` and the default used.
+int64_t DistBucketBytes(const std::optional<std::string>& mb,
+                        const std::function<void(const std::string&)>& note) {
+  double bucket_mb = 4.0;
+  if (mb.has_value()) {
+    const char* text = mb->c_str();
+    char* end = nullptr;
+    const double v = std::strtod(text, &end);
+    if (end != text && *end == 0 && v >= 0 && v <= 1048576) {
+      bucket_mb = v;
+    } else {
+      note("TRAIND_DIST_BUCKET_MB='" + *mb +
+           "' is not a size in MiB (a number from 0 to 1048576); using 4");
+    }
+  }
+  return static_cast<int64_t>(bucket_mb * 1048576.0);
+}
+
+LoopOptions MakeLoopOptions(const TrainingSession& s, const EngineEnvironment& env) {
+  const TrainingSpec& t = s.spec.training;
+  LoopOptions o;
+  o.max_steps = t.max_steps;
+  o.logging_steps = t.logging_steps;
+  o.eval_steps = t.eval_steps;
+  o.save_steps = t.save_steps;
+  o.sample_every = t.sample_every;
+  o.fp16 = t.fp16;
+  o.learning_rate = t.learning_rate;
+  o.schedule = s.schedule;
+  o.warmup_steps = t.warmup_steps;
+  o.step_samples = s.B * s.accum * s.world;
+  o.step_tokens = s.B * s.T * s.accum * s.world;
+  o.step_flops = Model::TrainingFlops(s.config, s.B, s.T) * static_cast<double>(s.accum * s.world);
+
+  StepRunner::Options& r = o.step;
+  r.accumulation_steps = s.accum;
+  r.fp16 = t.fp16;
+  r.max_grad_norm = t.max_grad_norm;
+  r.dropout_seed = static_cast<uint64_t>(t.seed);
+  r.first_step = s.state.global_step;
+  r.communicator = s.comm;
+  // Instruction data: the loss over the step's loss-carrying tokens (HF's num_items_in_batch).
+  r.normalize_over_step = s.examples != nullptr && s.examples->train.token_labelled();
+  // Data parallel (Gloo on cpu, NCCL on cuda:N; a device data parallel cannot reduce is refused
+  // at start): the gradient all-reduce (ZeRO-1: reduce-scatter) in buckets of
+  // TRAIND_DIST_BUCKET_MB, overlapped with backward.
+  if (s.comm != nullptr && s.capabilities.data_parallel()) {
+    r.overlap_bucket_bytes =
+        DistBucketBytes(env.dist_bucket_mb, [&s](const std::string& line) { s.Message(line); });
+  }
+  // TRAIND_CUDA_GRAPHS=0 turns capture off without a rebuild (docs/simt.md).
+  r.use_graphs = s.options->device.cuda_graphs && !env.cuda_graphs_off;
+  // The offloaded update may start during backward where the order allows (no clipping), on a
+  // device whose ops have finished when backward's per-block hook runs.
+  r.update_during_backward = s.capabilities.update_overlaps_backward();
+  return o;
+}
+
+// The training batches: one of two loaders (token windows for the causal families' text, examples
+// for the encoders and instruction data), walked in the one-process order; data parallel: rank r
+// keeps every W-th micro-batch from the r-th (micro-batch k*W + r of the step), so the position
+// is the world's. Cancellation is checked before each micro-batch.
+class TrainBatches {
+ public:
+  explicit TrainBatches(TrainingSession* s) : s_(s), B_(s->B), T_(s->T) {
+    const TrainingSpec& t = s->spec.training;
+    if (s->examples != nullptr) {
+      examples_.emplace(s->examples.get(), B_, s->spec.data.shuffle,
+                        static_cast<uint64_t>(t.seed), s->state.loader);
+      per_epoch_ = examples_->examples_per_epoch();
+    } else {
+      windows_.emplace(s->train_tokens, B_, T_, s->spec.data.shuffle,
+                       static_cast<uint64_t>(t.seed), s->state.loader);
+      per_epoch_ = windows_->windows_per_epoch();
+    }
+    if (s->world > 1) {
+      skipped_in_.resize(static_cast<size_t>(B_ * T_));
+      skipped_tg_.resize(static_cast<size_t>(B_ * T_));
+      skipped_mask_.resize(static_cast<size_t>(2 * B_ * T_));  // up to ExampleSet::MaskWords()
+    }
+  }
+
+  int64_t per_epoch() const { return per_epoch_; }
+  LoaderPosition position() const {
+    return examples_.has_value() ? examples_->position() : windows_->position();
+  }
+
+  // One optimizer step of `runner` over the next accum micro-batches.
+  Result<StepRunner::Outcome> Step(StepRunner* runner, double lr, float loss_scale,
+                                   double* wait) {
+    if (examples_.has_value()) {
+      return runner->Run(StepRunner::NextMaskedBatch(
+                             [this](int32_t* in, int32_t* tg, int32_t* mask, double* w) {
+                               return NextExamples(in, tg, mask, w);
+                             }),
+                         lr, loss_scale, wait);
+    }
+    return runner->Run(StepRunner::NextBatch([this](int32_t* in, int32_t* tg, double* w) {
+                         return NextWindows(in, tg, w);
+                       }),
+                       lr, loss_scale, wait);
+  }
+
+ private:
+  Status CheckCancelled() const {
+    if (!s_->Cancelled()) return Status::Ok();
+    return Status::Cancelled("job cancelled at step " + std::to_string(s_->state.global_step + 1));
+  }
+  Status NextWindows(int32_t* in, int32_t* tg, double* wait) {
+    TRAIND_RETURN_IF_ERROR(CheckCancelled());
+    for (int64_t r = 0; r < s_->world; ++r) {
+      const bool mine = r == s_->rank;
+      *wait += windows_->Next(mine ? in : skipped_in_.data(), mine ? tg : skipped_tg_.data());
+    }
     return Status::Ok();
+  }
+  // The same walk over examples, with their attention masks.
+  Status NextExamples(int32_t* in, int32_t* tg, int32_t* mask, double* wait) {
+    TRAIND_RETURN_IF_ERROR(CheckCancelled());
+    if (mask == nullptr) {  // a model without a mask input (not expected for an encoder)
+      ones_.resize(static_cast<size_t>(2 * B_ * T_));
+      mask = ones_.data();
+    }
+    for (int64_t r = 0; r < s_->world; ++r) {
+      const bool mine = r == s_->rank;
+      *wait += examples_->Next(mine ? in : skipped_in_.data(), mine ? tg : skipped_tg_.data(),
+                               mine ? mask : skipped_mask_.data());
+    }
+    return Status::Ok();
+  }
+
+  TrainingSession* s_;
+  const int64_t B_, T_;
+  std::optional<BatchLoader> windows_;
+  std::optional<ExampleLoader> examples_;
+  int64_t per_epoch_ = 0;
+  std::vector<int32_t> skipped_in_, skipped_tg_, skipped_mask_, ones_;
+};
+
+// What one step measured, for its report and the logging window.
+struct StepResult {
+  StepRunner::Outcome outcome;
+  double lr = 0.0;
+  bool skipped = false;  // fp16: the loss scaler skipped the update (the step still counts)
+  double seconds = 0.0, wait = 0.0;
+};
+
+// The counters a step report takes differences of, read before the step.
+struct StepCounters {
+  OptimizerStateStoreStats io;
+  CommStats comm;
+};
+
+StepCounters ReadCounters(OptimizerStateStore* store, const MeteredCommunicator* comm) {
+  return {store != nullptr ? store->Stats() : OptimizerStateStoreStats{},
+          comm != nullptr ? comm->stats() : CommStats{}};
+}
+
+// The offload store's part of a step report: its traffic since `before`.
+void AddOffloadFigures(StepReport* r, const OptimizerStateStore& store,
+                       const OptimizerStateStoreStats& before, bool updated_during_backward) {
+  const OptimizerStateStoreStats io = store.Stats();
+  r->offload_read_bytes = static_cast<int64_t>(io.read_bytes - before.read_bytes);
+  r->offload_written_bytes = static_cast<int64_t>(io.written_bytes - before.written_bytes);
+  r->offload_io_seconds = io.io_wait_seconds - before.io_wait_seconds;
+  r->offload_background_io_seconds = io.background_io_seconds - before.background_io_seconds;
+  r->offload_store_bytes = static_cast<int64_t>(io.store_bytes);
+  r->offload_updated_during_backward = updated_during_backward;
+}
+
+// The collectives' part of a step report: their traffic since `before`; the time not hidden is
+// the collectives' time minus what the gradient buckets overlapped.
+void AddCommFigures(StepReport* r, const CommStats& comm, const CommStats& before,
+                    double hidden_seconds) {
+  r->comm_hidden_seconds = hidden_seconds;
+  r->comm_seconds = std::max(0.0, comm.seconds - before.seconds - hidden_seconds);
+  r->comm_bytes = comm.bytes_sent - before.bytes_sent;
+  auto op = [&](CommOp o) {
+    const int i = static_cast<int>(o);
+    return comm.bytes_by_op[i] - before.bytes_by_op[i];
   };
-  // The newest step with a checkpoint in output_dir (the resumed one, or none for a fresh run).
-  int64_t saved_step = s->first_step;
-  auto save = [&]() -> Status {
-    if (!s->writes_outputs()) {  // data parallel: rank 0 writes the world's (identical) state
-      // ZeRO-1: rank 0 gathers every rank's shard of the optimizer state.
-      TRAIND_RETURN_IF_ERROR(s->optimizer->ContributeState());
-      saved_step = state.global_step;
+  r->comm_all_reduce_bytes = op(CommOp::kAllReduce);
+  r->comm_reduce_scatter_bytes = op(CommOp::kReduceScatter);
+  r->comm_all_gather_bytes = op(CommOp::kAllGather);
+  r->comm_broadcast_bytes = op(CommOp::kBroadcast);
+}
+
+// The step report (RunCallbacks::on_step) of the step just finished: the one place it is built.
+StepReport BuildStepReport(const TrainingSession& s, const LoopOptions& o, const StepResult& step,
+                           const StepCounters& before) {
+  StepReport r;
+  r.step = s.state.global_step;
+  r.max_steps = o.max_steps;
+  r.loss = step.outcome.loss;
+  r.learning_rate = step.lr;
+  r.grad_norm = step.outcome.grad_norm;
+  r.skipped = step.skipped;
+  r.step_seconds = step.seconds;
+  r.dataloader_wait_seconds = step.wait;
+  r.tokens = o.step_tokens;
+  r.samples = o.step_samples;
+  r.memory_used_bytes = s.arena->used_bytes();
+  r.memory_peak_bytes = s.arena->peak_bytes();
+  r.model_flops = o.step_flops;
+  if (s.store != nullptr) {
+    AddOffloadFigures(&r, *s.store, before.io, step.outcome.updated_during_backward);
+  }
+  if (s.metered_comm != nullptr) {
+    AddCommFigures(&r, s.metered_comm->stats(), before.comm, step.outcome.comm_hidden_seconds);
+  }
+  r.expert_tokens = s.model->TakeExpertTokens();
+  if (!r.expert_tokens.empty()) r.expert_layers = s.config.num_layers();
+  return r;
+}
+
+// The open logging window: the losses and norms of its steps (in TrainerState, so a resume
+// continues it) and its throughput (this process's steps only; not checkpointed). Closed every
+// logging_steps and at the last step: one log_history entry and one LogReport.
+class LogWindow {
+ public:
+  LogWindow(TrainerState* state, LogHistory* history, const LoopOptions& o, int64_t T)
+      : state_(state), history_(history), fp16_(o.fp16), T_(T), step_tokens_(o.step_tokens) {}
+
+  void Add(const StepResult& step) {
+    state_->window_loss_sum += step.outcome.loss;
+    state_->window_steps += 1;
+    last_lr_ = step.lr;
+    // A skipped step's norm is not finite: the logs keep the last.
+    if (!step.skipped) last_norm_ = step.outcome.grad_norm;
+    if (fp16_) state_->window_skipped += step.skipped ? 1 : 0;
+    seconds_ += step.seconds;
+    tokens_ += step_tokens_;
+  }
+
+  bool open() const { return state_->window_steps > 0; }
+
+  void Close(const LossScaler& scaler, const std::function<void(const LogReport&)>& on_log) {
+    const double loss = state_->window_loss_sum / static_cast<double>(state_->window_steps);
+    std::optional<LogHistory::LossScaleWindow> fp16;
+    if (fp16_) fp16 = LogHistory::LossScaleWindow{state_->window_skipped, scaler.scale()};
+    history_->AddTrainWindow(state_->global_step, loss, last_lr_, last_norm_, fp16);
+    state_->window_skipped = 0;
+    if (on_log) {
+      LogReport r;
+      r.step = state_->global_step;
+      r.loss = loss;
+      r.learning_rate = last_lr_;
+      r.grad_norm = last_norm_;
+      r.tokens_per_second = seconds_ > 0 ? tokens_ / seconds_ : 0.0;
+      r.samples_per_second = seconds_ > 0 ? tokens_ / T_ / seconds_ : 0.0;
+      on_log(r);
+    }
+    state_->window_loss_sum = 0.0;
+    state_->window_steps = 0;
+    seconds_ = 0.0;
+    tokens_ = 0;
+  }
+
+ private:
+  TrainerState* state_;
+  LogHistory* history_;
+  const bool fp16_;
+  const int64_t T_, step_tokens_;
+  double last_lr_ = 0.0, last_norm_ = 0.0;
+  double seconds_ = 0.0;
+  int64_t tokens_ = 0;
+};
+
+// Whether this step boundary is where the run stops for preemption. ZeRO-1: the checkpoint
+// gathers every rank's optimizer state, so the world stops at the same boundary: one rank's
+// preemption is every rank's (one float all-reduced per step).
+Result<bool> PreemptionHandshake(const TrainingSession& s) {
+  bool preempted = s.Preempted();
+  if (s.optimizer->sharded()) {
+    float flag = preempted ? 1.0f : 0.0f;
+    TRAIND_RETURN_IF_ERROR(s.comm->AllReduceSum(&flag, 1, CommDType::kF32));
+    preempted = flag > 0.0f;
+  }
+  return preempted;
+}
+
+// The first step's note on CUDA graphs: captured and replayed, or why not.
+void NoteGraphs(const TrainingSession& s, const StepRunner& runner) {
+  if (runner.replaying()) {
+    s.Message(s.device + ": training step captured as CUDA graphs (one per upload slot" +
+              (s.optimizer->issues_from_device_scalars()
+                   ? std::string(" and one for the optimizer), replayed every step")
+                   : std::string("; " + s.optimizer->name() +
+                                 " steps from the host between them), replayed every step")));
+  } else if (!runner.capture_error().ok()) {
+    s.Message(s.device + ": CUDA graph capture failed (" + runner.capture_error().ToString() +
+              "); running the steps op by op");
+  }
+}
+
+// Whether step `step` is a multiple of a positive `every`.
+bool Every(int64_t step, int64_t every) { return every > 0 && step % every == 0; }
+
+// The loop itself and its named steps, over the parts above.
+class StepLoop {
+ public:
+  StepLoop(TrainingSession* s, const LoopOptions& o, double* last_eval)
+      : s_(s), o_(o), state_(s->state), batches_(s), last_eval_(last_eval),
+        saved_step_(s->first_step) {
+    s->windows_per_epoch = batches_.per_epoch();
+    history_.emplace(&state_.log_history, o.step_samples, s->windows_per_epoch);
+    window_.emplace(&state_, &*history_, o, s->T);
+    // fp16: dynamic loss scaling, restored from the checkpoint on resume (a fresh scaler when the
+    // checkpoint has none); skipped steps still count as steps.
+    if (o.fp16 && state_.loss_scaler.has_value()) scaler_.Restore(*state_.loss_scaler);
+    *last_eval = std::numeric_limits<double>::quiet_NaN();
+  }
+
+  Status Run() {
+    TRAIND_ASSIGN_OR_RETURN(runner_, StepRunner::Create(o_.step, s_->model.get(),
+                                                        s_->optimizer.get(), s_->arena.get()));
+    if (runner_->updates_during_backward()) {
+      s_->Message("training.offload: max_grad_norm 0, so each block's parameters update while "
+                  "backward goes on below it (the embeddings after it)");
+    }
+    while (state_.global_step < o_.max_steps) {
+      // Preemption lands on a step boundary: the last finished step is made durable, then the
+      // run stops resumable (every report of that step has gone out, so nothing logged is lost).
+      TRAIND_ASSIGN_OR_RETURN(bool preempted, PreemptionHandshake(*s_));
+      if (preempted) return StopPreempted();
+      TRAIND_ASSIGN_OR_RETURN(StepResult step, TrainStep());
+      window_->Add(step);
+      if (s_->callbacks->on_step) s_->callbacks->on_step(BuildStepReport(*s_, o_, step, before_));
+      const int64_t k = state_.global_step;
+      const bool last = k == o_.max_steps;
+      if (Every(k, o_.logging_steps) || (last && window_->open())) {
+        window_->Close(scaler_, s_->callbacks->on_log);
+      }
+      if (Every(k, o_.eval_steps) || last) TRAIND_RETURN_IF_ERROR(EvalNow());
+      if (Every(k, o_.save_steps) || last) TRAIND_RETURN_IF_ERROR(SaveNow());
+      if (Every(k, o_.sample_every) && s_->writes_outputs()) {
+        TRAIND_RETURN_IF_ERROR(SampleNow(s_, k));
+      }
+    }
+    if (s_->first_step == o_.max_steps) {
+      // Resumed from the final checkpoint: nothing left to train; report its evaluation again.
+      TRAIND_ASSIGN_OR_RETURN(*last_eval_, Evaluate(s_, &s_->last_eval_accuracy));
+    }
+    return Status::Ok();
+  }
+
+ private:
+  // One optimizer step at the schedule's learning rate; advances global_step and the loader's
+  // position.
+  Result<StepResult> TrainStep() {
+    const Clock::time_point start = Clock::now();
+    StepResult step;
+    const float loss_scale = o_.fp16 ? scaler_.scale() : 1.0f;
+    step.lr = o_.learning_rate *
+              LrLambda(o_.schedule, o_.warmup_steps, o_.max_steps, state_.global_step);
+    before_ = ReadCounters(s_->store, s_->metered_comm.get());
+    TRAIND_ASSIGN_OR_RETURN(step.outcome,
+                            batches_.Step(runner_.get(), step.lr, loss_scale, &step.wait));
+    if (state_.global_step == s_->first_step) NoteGraphs(*s_, *runner_);
+    step.skipped = o_.fp16 && scaler_.Update(step.outcome.skipped);
+    state_.global_step += 1;
+    state_.loader = batches_.position();
+    state_.train_loss_sum += step.outcome.loss;
+    if (o_.fp16) state_.loss_scaler = scaler_.state();
+    step.seconds = Seconds(start, Clock::now());
+    return step;
+  }
+
+  // Evaluation: the validation loss (and accuracy) into the history and RunCallbacks::on_eval.
+  Status EvalNow() {
+    std::optional<double> accuracy;
+    TRAIND_ASSIGN_OR_RETURN(double loss, Evaluate(s_, &accuracy));
+    *last_eval_ = loss;
+    s_->last_eval_accuracy = accuracy;
+    if (std::isnan(loss)) return Status::Ok();
+    history_->AddEval(state_.global_step, loss, accuracy);
+    if (s_->callbacks->on_eval) {
+      s_->callbacks->on_eval(EvalReport{state_.global_step, loss, accuracy});
+    }
+    return Status::Ok();
+  }
+
+  // A checkpoint of the step just finished. Data parallel: rank 0 writes the world's (identical)
+  // state; ZeRO-1: rank 0 gathers every rank's shard of the optimizer state.
+  Status SaveNow() {
+    if (!s_->writes_outputs()) {
+      TRAIND_RETURN_IF_ERROR(s_->optimizer->ContributeState());
+      saved_step_ = state_.global_step;
       return Status::Ok();
     }
     TRAIND_ASSIGN_OR_RETURN(std::string dir,
-                            SaveCheckpoint(s->spec.output_dir, s->spec, s->model.get(), *s->optimizer,
-                                           state, s->windows_per_epoch));
-    saved_step = state.global_step;
-    if (callbacks.on_checkpoint) callbacks.on_checkpoint(state.global_step, dir);
+                            SaveCheckpoint(s_->spec.output_dir, s_->spec, s_->model.get(),
+                                           *s_->optimizer, state_, s_->windows_per_epoch));
+    saved_step_ = state_.global_step;
+    if (s_->callbacks->on_checkpoint) s_->callbacks->on_checkpoint(state_.global_step, dir);
     return Status::Ok();
-  };
+  }
 
-  WindowTiming window;
-  double last_lr = 0.0, last_norm = 0.0;
-  // fp16: dynamic loss scaling, restored from the checkpoint on resume (a fresh scaler when the
-  // checkpoint has none); skipped steps still count as steps.
-  LossScaler scaler;
-  if (t.fp16 && state.loss_scaler.has_value()) scaler.Restore(*state.loss_scaler);
-  StepRunner::Options step_options;
-  step_options.accumulation_steps = accum;
-  step_options.fp16 = t.fp16;
-  step_options.max_grad_norm = t.max_grad_norm;
-  step_options.dropout_seed = static_cast<uint64_t>(t.seed);
-  step_options.first_step = state.global_step;
-  step_options.communicator = s->comm;
-  // Instruction data: the loss over the step's loss-carrying tokens (HF's num_items_in_batch).
-  step_options.normalize_over_step = s->examples != nullptr && s->examples->train.token_labelled();
-  // Data parallel on cpu (Gloo) and cuda:N (NCCL): the gradient all-reduce (ZeRO-1:
-  // reduce-scatter) in buckets of TRAIND_DIST_BUCKET_MB (default 4; 0 = one collective after
-  // backward), overlapped with backward. simt runs no data parallel (refused at start).
-  if (s->comm != nullptr && (s->device == "cpu" || s->device.rfind("cuda:", 0) == 0)) {
-    double bucket_mb = 4.0;
-    if (const char* mb = std::getenv("TRAIND_DIST_BUCKET_MB"); mb != nullptr && *mb != 0) {
-      char* end = nullptr;
-      const double v = std::strtod(mb, &end);
-      if (end != mb && *end == 0 && v >= 0 && v <= 1048576) {
-        bucket_mb = v;
-      } else {
-        s->Message(std::string("TRAIND_DIST_BUCKET_MB='") + mb +
-                   "' is not a size in MiB (a number from 0 to 1048576); using 4");
-      }
+  // Preempted at a step boundary: the step just finished made durable (unless its checkpoint
+  // was just written), then ABORTED, resumable.
+  Status StopPreempted() {
+    const int64_t step = state_.global_step;
+    if (step == 0) return Status::Aborted("preempted before the first step; nothing to save");
+    if (saved_step_ != step) TRAIND_RETURN_IF_ERROR(SaveNow());
+    if (!s_->writes_outputs()) {
+      return Status::Aborted("preempted at step " + std::to_string(step) + " on rank " +
+                             std::to_string(s_->rank) + " (rank 0 writes the checkpoints)");
     }
-    step_options.overlap_bucket_bytes = static_cast<int64_t>(bucket_mb * 1048576.0);
+    return Status::Aborted("preempted at step " + std::to_string(step) + "; checkpoint-" +
+                           std::to_string(step) + " written");
   }
-  // TRAIND_CUDA_GRAPHS=0 turns capture off without a rebuild (the escape hatch for a device where
-  // capture misbehaves; docs/simt.md).
-  const char* graphs_env = std::getenv("TRAIND_CUDA_GRAPHS");
-  step_options.use_graphs =
-      s->options->device.cuda_graphs && !(graphs_env != nullptr && std::string(graphs_env) == "0");
-  // The offloaded update may start during backward where the order allows (no clipping); on cpu,
-  // whose ops have finished when backward's per-block hook runs.
-  step_options.update_during_backward = s->device == "cpu";
-  TRAIND_ASSIGN_OR_RETURN(std::unique_ptr<StepRunner> runner,
-                          StepRunner::Create(step_options, s->model.get(), s->optimizer.get(),
-                                             s->arena.get()));
-  if (runner->updates_during_backward()) {
-    s->Message("training.offload: max_grad_norm 0, so each block's parameters update while backward "
-               "goes on below it (the embeddings after it)");
-  }
-  // Each micro-batch of a step comes from the loader; cancellation is checked before each. Data
-  // parallel: the loader walks the one-process order and rank r keeps every W-th micro-batch from
-  // the r-th (micro-batch k*W + r of the step), so its position is the world's.
-  std::vector<int32_t> skipped_in, skipped_tg, skipped_mask;
-  if (world > 1) {
-    skipped_in.resize(static_cast<size_t>(B * T));
-    skipped_tg.resize(static_cast<size_t>(B * T));
-    skipped_mask.resize(static_cast<size_t>(B * T));
-  }
-  auto next_batch = [&](int32_t* in, int32_t* tg, double* wait) -> Status {
-    if (s->Cancelled()) {
-      return Status::Cancelled("job cancelled at step " + std::to_string(state.global_step + 1));
-    }
-    for (int64_t r = 0; r < world; ++r) {
-      const bool mine = r == s->rank;
-      *wait += windows->Next(mine ? in : skipped_in.data(), mine ? tg : skipped_tg.data());
-    }
-    return Status::Ok();
-  };
-  // Encoders: the same walk over examples, with their attention masks.
-  std::vector<int32_t> ones;
-  auto next_examples = [&](int32_t* in, int32_t* tg, int32_t* mask, double* wait) -> Status {
-    if (s->Cancelled()) {
-      return Status::Cancelled("job cancelled at step " + std::to_string(state.global_step + 1));
-    }
-    if (mask == nullptr) {  // a model without a mask input (not expected for an encoder)
-      ones.resize(static_cast<size_t>(B * T));
-      mask = ones.data();
-    }
-    for (int64_t r = 0; r < world; ++r) {
-      const bool mine = r == s->rank;
-      *wait += examples->Next(mine ? in : skipped_in.data(), mine ? tg : skipped_tg.data(),
-                              mine ? mask : skipped_mask.data());
-    }
-    return Status::Ok();
-  };
-  while (state.global_step < t.max_steps) {
-    // Preemption lands on a step boundary: the last finished step is made durable, then the run
-    // stops resumable (every report of that step has gone out, so nothing logged is lost).
-    bool preempted = s->Preempted();
-    if (s->optimizer->sharded()) {
-      // ZeRO-1: the checkpoint gathers every rank's optimizer state, so the world stops at the
-      // same boundary: one rank's preemption is every rank's (one float per step).
-      float flag = preempted ? 1.0f : 0.0f;
-      TRAIND_RETURN_IF_ERROR(s->comm->AllReduceSum(&flag, 1, CommDType::kF32));
-      preempted = flag > 0.0f;
-    }
-    if (preempted) {
-      const int64_t step = state.global_step;
-      if (step == 0) return Status::Aborted("preempted before the first step; nothing to save");
-      if (saved_step != step) TRAIND_RETURN_IF_ERROR(save());
-      if (!s->writes_outputs()) {
-        return Status::Aborted("preempted at step " + std::to_string(step) + " on rank " +
-                               std::to_string(s->rank) + " (rank 0 writes the checkpoints)");
-      }
-      return Status::Aborted("preempted at step " + std::to_string(step) + "; checkpoint-" +
-                             std::to_string(step) + " written");
-    }
-    const Clock::time_point step_start = Clock::now();
-    double wait = 0.0;
-    const float loss_scale = t.fp16 ? scaler.scale() : 1.0f;
-    const double lr =
-        t.learning_rate * LrLambda(s->schedule, t.warmup_steps, t.max_steps, state.global_step);
-    const OptimizerStateStoreStats io_before = s->store ? s->store->Stats() : OptimizerStateStoreStats{};
-    const CommStats comm_before = s->metered_comm ? s->metered_comm->stats() : CommStats{};
-    TRAIND_ASSIGN_OR_RETURN(StepRunner::Outcome outcome,
-                            examples.has_value()
-                                ? runner->Run(StepRunner::NextMaskedBatch(next_examples), lr,
-                                              loss_scale, &wait)
-                                : runner->Run(StepRunner::NextBatch(next_batch), lr, loss_scale,
-                                              &wait));
-    if (state.global_step == s->first_step) {
-      if (runner->replaying()) {
-        s->Message(s->device + ": training step captured as CUDA graphs (one per upload slot" +
-                   (s->optimizer->issues_from_device_scalars()
-                        ? std::string(" and one for the optimizer), replayed every step")
-                        : std::string("; " + s->optimizer->name() +
-                                      " steps from the host between them), replayed every step")));
-      } else if (!runner->capture_error().ok()) {
-        s->Message(s->device + ": CUDA graph capture failed (" + runner->capture_error().ToString() +
-                   "); running the steps op by op");
-      }
-    }
-    const bool skipped = t.fp16 && scaler.Update(outcome.skipped);
-    state.global_step += 1;
-    state.loader = loader_position();
-    state.train_loss_sum += outcome.loss;
-    state.window_loss_sum += outcome.loss;
-    state.window_steps += 1;
-    last_lr = lr;
-    if (!skipped) last_norm = outcome.grad_norm;  // a skipped step's norm is not finite: logs keep the last
-    if (t.fp16) {
-      state.window_skipped += skipped ? 1 : 0;
-      state.loss_scaler = scaler.state();
-    }
-    const double step_seconds = Seconds(step_start, Clock::now());
-    window.seconds += step_seconds;
-    window.tokens += step_tokens;
 
-    if (callbacks.on_step) {
-      StepReport r;
-      r.step = state.global_step;
-      r.max_steps = t.max_steps;
-      r.loss = outcome.loss;
-      r.learning_rate = lr;
-      r.grad_norm = outcome.grad_norm;
-      r.skipped = skipped;
-      r.step_seconds = step_seconds;
-      r.dataloader_wait_seconds = wait;
-      r.tokens = step_tokens;
-      r.samples = B * accum * world;
-      r.memory_used_bytes = s->arena->used_bytes();
-      r.memory_peak_bytes = s->arena->peak_bytes();
-      r.model_flops = step_flops;
-      if (s->store != nullptr) {
-        const OptimizerStateStoreStats io = s->store->Stats();
-        r.offload_read_bytes = static_cast<int64_t>(io.read_bytes - io_before.read_bytes);
-        r.offload_written_bytes = static_cast<int64_t>(io.written_bytes - io_before.written_bytes);
-        r.offload_io_seconds = io.io_wait_seconds - io_before.io_wait_seconds;
-        r.offload_background_io_seconds = io.background_io_seconds - io_before.background_io_seconds;
-        r.offload_store_bytes = static_cast<int64_t>(io.store_bytes);
-        r.offload_updated_during_backward = outcome.updated_during_backward;
-      }
-      if (s->metered_comm != nullptr) {
-        const CommStats& comm = s->metered_comm->stats();
-        // Not hidden: the collectives' time minus what the gradient buckets overlapped.
-        r.comm_hidden_seconds = outcome.comm_hidden_seconds;
-        r.comm_seconds = std::max(0.0, comm.seconds - comm_before.seconds - outcome.comm_hidden_seconds);
-        r.comm_bytes = comm.bytes_sent - comm_before.bytes_sent;
-        auto op = [&](CommOp o) {
-          const int i = static_cast<int>(o);
-          return comm.bytes_by_op[i] - comm_before.bytes_by_op[i];
-        };
-        r.comm_all_reduce_bytes = op(CommOp::kAllReduce);
-        r.comm_reduce_scatter_bytes = op(CommOp::kReduceScatter);
-        r.comm_all_gather_bytes = op(CommOp::kAllGather);
-        r.comm_broadcast_bytes = op(CommOp::kBroadcast);
-      }
-      r.expert_tokens = s->model->TakeExpertTokens();
-      if (!r.expert_tokens.empty()) r.expert_layers = s->config.num_layers();
-      callbacks.on_step(r);
-    }
-    const bool last = state.global_step == t.max_steps;
-    if ((t.logging_steps > 0 && state.global_step % t.logging_steps == 0) ||
-        (last && state.window_steps > 0)) {
-      const double window_loss = state.window_loss_sum / static_cast<double>(state.window_steps);
-      std::optional<LogHistory::LossScaleWindow> fp16;
-      if (t.fp16) fp16 = LogHistory::LossScaleWindow{state.window_skipped, scaler.scale()};
-      history.AddTrainWindow(state.global_step, window_loss, last_lr, last_norm, fp16);
-      state.window_skipped = 0;
-      if (callbacks.on_log) {
-        LogReport r;
-        r.step = state.global_step;
-        r.loss = window_loss;
-        r.learning_rate = last_lr;
-        r.grad_norm = last_norm;
-        r.tokens_per_second = window.seconds > 0 ? window.tokens / window.seconds : 0.0;
-        r.samples_per_second = window.seconds > 0 ? window.tokens / T / window.seconds : 0.0;
-        callbacks.on_log(r);
-      }
-      state.window_loss_sum = 0.0;
-      state.window_steps = 0;
-      window = WindowTiming{};
-    }
-    if ((t.eval_steps > 0 && state.global_step % t.eval_steps == 0) || last) {
-      TRAIND_RETURN_IF_ERROR(run_eval());
-    }
-    if ((t.save_steps > 0 && state.global_step % t.save_steps == 0) || last) {
-      TRAIND_RETURN_IF_ERROR(save());
-    }
-    if (t.sample_every > 0 && state.global_step % t.sample_every == 0 && s->writes_outputs()) {
-      TRAIND_RETURN_IF_ERROR(SampleNow(s, state.global_step));
-    }
-  }
-  if (s->first_step == t.max_steps) {
-    // Resumed from the final checkpoint: nothing left to train; report its evaluation again.
-    TRAIND_ASSIGN_OR_RETURN(*last_eval, Evaluate(s, &s->last_eval_accuracy));
-  }
-  return Status::Ok();
+  TrainingSession* s_;
+  const LoopOptions& o_;
+  TrainerState& state_;
+  TrainBatches batches_;
+  double* last_eval_;
+  std::optional<LogHistory> history_;
+  std::optional<LogWindow> window_;
+  LossScaler scaler_;
+  std::unique_ptr<StepRunner> runner_;
+  StepCounters before_;
+  int64_t saved_step_;  // the newest step with a checkpoint (the resumed one, or none: fresh run)
+};
+
+}  // namespace
+
+Status RunStepLoop(TrainingSession* s, double* last_eval) {
+  const LoopOptions options = MakeLoopOptions(*s, ReadEngineEnvironment());
+  StepLoop loop(s, options, last_eval);
+  return loop.Run();
 }
 
 }  // namespace traind::engine

@@ -17,18 +17,24 @@ namespace {
 // A slot's payload: inputs (B*T int32), targets (B*T int32), then two floats: the micro-batch's
 // cross-entropy gradient scale and its loss weight, then the micro-batch's LoRA dropout key (a
 // uint64, 8-byte aligned: B*T*8 + 8 bytes precede it); for a model with an attention mask, the
-// mask (B*T int32) after the key.
-size_t SlotBytes(int64_t tokens, bool mask = false) {
-  return static_cast<size_t>(tokens) * (mask ? 12 : 8) + 2 * sizeof(float) + sizeof(uint64_t);
+// mask (B*T*mask_words int32) after the key.
+size_t SlotBytes(int64_t tokens, int64_t mask_words = 0) {
+  return static_cast<size_t>(tokens) * static_cast<size_t>(8 + 4 * mask_words) +
+         2 * sizeof(float) + sizeof(uint64_t);
 }
 size_t KeyOffset(int64_t tokens) { return static_cast<size_t>(tokens) * 8 + 2 * sizeof(float); }
 size_t MaskOffset(int64_t tokens) { return KeyOffset(tokens) + sizeof(uint64_t); }
 
 }  // namespace
 
-int64_t StepRunner::PlanBytes(int64_t B, int64_t T, bool attention_mask) {
-  return 2 * static_cast<int64_t>(SlotBytes(B * T, attention_mask)) +
+int64_t StepRunner::PlanBytes(int64_t B, int64_t T, int64_t mask_words) {
+  return 2 * static_cast<int64_t>(SlotBytes(B * T, mask_words)) +
          static_cast<int64_t>(sizeof(StepScalars));
+}
+
+int64_t StepRunner::MaskWords(Model* model) {
+  if (model->attention_mask() == nullptr) return 0;
+  return model->options().example_rows && !model->config().encoder() ? 2 : 1;
 }
 
 StepRunner::StepRunner(const Options& options, Model* model, Optimizer* optimizer,
@@ -39,7 +45,7 @@ StepRunner::StepRunner(const Options& options, Model* model, Optimizer* optimize
       arena_(arena),
       backend_(arena->backend()),
       tokens_(model->options().micro_batch * model->options().seq_len),
-      mask_(model->attention_mask() != nullptr) {}
+      mask_(MaskWords(model)) {}
 
 StepRunner::~StepRunner() {
   backend_->Synchronize();  // no upload or step may still use the buffers
@@ -167,7 +173,7 @@ void StepRunner::IssueMicroBatch(int slot) {
   }
   if (mask_) {
     backend_->CopyDeviceToDevice(model_->attention_mask(), slots_[slot] + MaskOffset(tokens_),
-                                 bytes);
+                                 bytes * static_cast<size_t>(mask_));
   }
   model_->ForwardOnDevice(&scalars[0], &scalars[1], &scalars_->loss_sum);
   model_->Backward();
@@ -281,8 +287,15 @@ Result<StepRunner::Outcome> StepRunner::Run(const NextBatch& next_batch, double 
                                             float loss_scale, double* wait) {
   const int64_t tokens = tokens_;
   return Run(
-      NextMaskedBatch([&next_batch, tokens](int32_t* in, int32_t* tg, int32_t* mask, double* w) {
-        if (mask != nullptr) std::fill(mask, mask + tokens, 1);
+      NextMaskedBatch([&next_batch, tokens, this](int32_t* in, int32_t* tg, int32_t* mask,
+                                                  double* w) {
+        if (mask != nullptr && mask_ == 2) {  // one sequence a row: doc_start 0, position t
+          const int64_t T = model_->options().seq_len;
+          std::fill(mask, mask + tokens, 0);
+          for (int64_t n = 0; n < tokens; ++n) mask[tokens + n] = static_cast<int32_t>(n % T);
+        } else if (mask != nullptr) {
+          std::fill(mask, mask + tokens, 1);
+        }
         return next_batch(in, tg, w);
       }),
       lr, loss_scale, wait);
@@ -290,7 +303,7 @@ Result<StepRunner::Outcome> StepRunner::Run(const NextBatch& next_batch, double 
 
 Status StepRunner::ReadStep(const NextMaskedBatch& next_batch, double* wait) {
   const int64_t accum = options_.accumulation_steps;
-  const size_t per = static_cast<size_t>(tokens_) * 3;
+  const size_t per = static_cast<size_t>(tokens_ * (2 + std::max<int64_t>(mask_, 1)));
   step_batches_.resize(per * static_cast<size_t>(accum));
   double count = 0.0;
   for (int64_t a = 0; a < accum; ++a) {
@@ -312,6 +325,7 @@ Status StepRunner::ReadStep(const NextMaskedBatch& next_batch, double* wait) {
   return Status::Ok();
 }
 
+// long function: one step's issue order (stage, micro-batches, reduce, update, read back, capture)
 Result<StepRunner::Outcome> StepRunner::Run(const NextMaskedBatch& next_batch_in, double lr,
                                             float loss_scale, double* wait) {
   // normalize_over_step: the step's micro-batches are read (and their targets counted) first,
@@ -319,11 +333,12 @@ Result<StepRunner::Outcome> StepRunner::Run(const NextMaskedBatch& next_batch_in
   int64_t replayed = 0;
   const NextMaskedBatch from_memory = [this, &replayed](int32_t* in, int32_t* tg, int32_t* mask,
                                                         double*) -> Status {
-    const size_t per = static_cast<size_t>(tokens_) * 3;
+    const int64_t words = std::max<int64_t>(mask_, 1);
+    const size_t per = static_cast<size_t>(tokens_ * (2 + words));
     const int32_t* src = step_batches_.data() + per * static_cast<size_t>(replayed++);
     std::copy(src, src + tokens_, in);
     std::copy(src + tokens_, src + 2 * tokens_, tg);
-    if (mask != nullptr) std::copy(src + 2 * tokens_, src + 3 * tokens_, mask);
+    if (mask != nullptr) std::copy(src + 2 * tokens_, src + (2 + words) * tokens_, mask);
     return Status::Ok();
   };
   if (options_.normalize_over_step) TRAIND_RETURN_IF_ERROR(ReadStep(next_batch_in, wait));

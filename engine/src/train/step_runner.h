@@ -89,14 +89,19 @@ class StepRunner {
   // data to *wait; a non-OK status (e.g. CANCELLED) ends the step with it.
   using NextBatch = std::function<Status(int32_t* inputs, int32_t* targets, double* wait)>;
   // The same with the attention mask (B*T, 1 = real token, 0 = padding) of an encoder model
-  // (Model::attention_mask() non-null): its upload slot carries the mask too. With a NextBatch an
-  // encoder's mask is all ones; with a model without a mask the mask is ignored.
+  // (Model::attention_mask() non-null), or the doc_start and positions (2*B*T) of a decoder with
+  // ModelOptions::example_rows: its upload slot carries the mask too. With a NextBatch an
+  // encoder's mask is all ones, a decoder's rows one sequence each; with a model without a mask
+  // the mask is ignored.
   using NextMaskedBatch =
       std::function<Status(int32_t* inputs, int32_t* targets, int32_t* mask, double* wait)>;
 
   // The device bytes Create() allocates for a model with micro-batch B and sequence length T
-  // (`attention_mask`: the model has one, so each upload slot holds B*T more int32).
-  static int64_t PlanBytes(int64_t B, int64_t T, bool attention_mask = false);
+  // (`mask_words`: the int32 per token of the model's attention mask, 0 without one; each upload
+  // slot holds B*T*mask_words more int32).
+  static int64_t PlanBytes(int64_t B, int64_t T, int64_t mask_words = 0);
+  // MaskWords of a model: 0, 1 or 2 (Model::attention_mask()).
+  static int64_t MaskWords(Model* model);
   // `model`, `optimizer` and `arena` (and its backend) must outlive the runner. Zeroes the
   // model's gradients. RESOURCE_EXHAUSTED when the buffers do not fit.
   static Result<std::unique_ptr<StepRunner>> Create(const Options& options, Model* model,
@@ -154,7 +159,9 @@ class StepRunner {
   DeviceArena* arena_;
   Backend* backend_;
   int64_t tokens_ = 0;  // B*T
-  bool mask_ = false;   // the model has an attention mask: the slots carry it
+  // The model's attention mask in int32 per token, which the slots carry: 0 (none), 1 (the
+  // encoders' padding mask), 2 (decoders with ModelOptions::example_rows: doc_start, positions).
+  int64_t mask_ = 0;
   std::unique_ptr<BatchUpload> upload_;
   unsigned char* slots_[2] = {nullptr, nullptr};  // device: inputs, targets, scalars, key[, mask]
   StepScalars* scalars_ = nullptr;                 // device

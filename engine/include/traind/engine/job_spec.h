@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <iosfwd>
 #include <map>
 #include <optional>
 #include <string>
@@ -16,10 +17,27 @@
 
 namespace traind::engine {
 
+// A model family (model.arch, HF config.json model_type). Parsed once, by ParseArch, from the
+// spec's model.arch or init_from's config.json; everything after switches over the enum (no
+// default case, so a new entry fails the build until every switch handles it) or reads the
+// family's row (engine/src/models/layout.cc, FamilyOf).
+enum class Arch { kGpt2, kLlama, kMistral, kQwen2, kQwen3, kGemma, kBert, kMixtral };
+inline constexpr int kNumArchs = 8;
+inline constexpr Arch kAllArchs[kNumArchs] = {Arch::kGpt2,  Arch::kLlama, Arch::kMistral,
+                                              Arch::kQwen2, Arch::kQwen3, Arch::kGemma,
+                                              Arch::kBert,  Arch::kMixtral};
+// The family's model.arch and HF model_type: "gpt2", "llama", ...
+const char* ArchName(Arch arch);
+// The one parser of a family name: the family whose model_type is `name`, or nullopt (the
+// caller's message names the known ones; a family whose row is not built yet parses, and the
+// job spec refuses it as "not supported yet").
+std::optional<Arch> ParseArch(std::string_view name);
+std::ostream& operator<<(std::ostream& os, Arch arch);  // ArchName (messages, test output)
+
 // Architecture hyper-parameters, named as in the HF config.json of the architecture. Fields that do
 // not apply to an arch stay at their defaults. Defaults are HF's defaults for that arch.
 struct ModelConfig {
-  std::string arch = "gpt2";  // "gpt2" | "llama" | "mistral" | "qwen2" | "bert" | "mixtral"
+  Arch arch = Arch::kGpt2;
   int64_t vocab_size = 50257;
   // gpt2
   int64_t n_positions = 1024;
@@ -81,24 +99,20 @@ struct ModelConfig {
   double router_aux_loss_coef = 0.001;
   bool output_router_logits = false;
 
-  // Arch-independent views.
-  bool encoder() const { return arch == "bert"; }  // bidirectional, with a padding mask
-  int64_t num_layers() const { return arch == "gpt2" ? n_layer : num_hidden_layers; }
-  int64_t channels() const { return arch == "gpt2" ? n_embd : hidden_size; }
-  int64_t num_heads() const { return arch == "gpt2" ? n_head : num_attention_heads; }
+  // Arch-independent views (the family's row says which of its keys hold each; layout.cc).
+  bool encoder() const;  // bidirectional, with a padding mask (bert)
+  int64_t num_layers() const;
+  int64_t channels() const;
+  int64_t num_heads() const;
   // The size of one attention head: head_dim where the family has it and it is set.
-  int64_t head_size() const {
-    const int64_t nh = num_heads();
-    if (head_dim > 0 && arch != "gpt2" && arch != "bert") return head_dim;
-    return nh > 0 ? channels() / nh : 0;
-  }
-  int64_t num_kv_heads() const {
-    return arch == "gpt2" ? n_head : arch == "bert" ? num_attention_heads : num_key_value_heads;
-  }
-  int64_t max_positions() const { return arch == "gpt2" ? n_positions : max_position_embeddings; }
-  bool tied_embeddings() const {
-    return arch == "gpt2" || arch == "bert" ? true : tie_word_embeddings;
-  }
+  int64_t head_size() const;
+  int64_t num_kv_heads() const;
+  int64_t max_positions() const;
+  int64_t mlp_width() const;  // the MLP's hidden size (4 n_embd for gpt2, else intermediate_size)
+  double norm_eps() const;    // the norms' epsilon under the family's key
+  // The config key that holds max_positions(): "n_positions" or "max_position_embeddings".
+  const char* max_positions_key() const;
+  bool tied_embeddings() const;
 };
 
 // model.quantization_config (JOBSPEC.md): QLoRA's frozen base in 4 bits, under HF
@@ -135,7 +149,7 @@ struct DataSpec {
   std::optional<std::string> label_field;
   // format: jsonl for the causal families (JOBSPEC.md "Instruction data"): the fields of the
   // prompt-completion and conversational kinds, the chat template file (null: the tokenizer
-  // folder's), which tokens carry loss, and packing (only false is built).
+  // folder's), which tokens carry loss, and packing (several examples a row, instruction_data.h).
   std::string prompt_field = "prompt";
   std::string completion_field = "completion";
   std::string messages_field = "messages";

@@ -7,6 +7,9 @@
 // A sliding window (window > 0, HF Mistral: query i sees key j only when i - j < window) starts a
 // block's tile at the first key its first query's window reaches (rounded down to 16): the keys
 // before it are skipped, not masked, and each row's softmax starts at its own window.
+// Packed rows (doc_start: the first row of each query's example) work the same way: a block's
+// tile starts at the first row of its earliest example (rounded down to 16), so the key blocks of
+// earlier examples cost nothing, and each row's softmax starts at its own example's first key.
 // The fp32 products (Q K^T, P V, dO V^T, dS K, dS^T Q, P^T dO) are register-blocked loops on the
 // calling thread (TileProduct: per 4 rows only the causal band's columns and sums; K^T, and in
 // the backward V^T, transposed once per (b, kv head); the library GEMMs cost more per call than
@@ -132,6 +135,26 @@ int64_t WindowKeyStart(int64_t t0, int64_t window) {
 // The first tile column query t = t0 + i may see (keys from k0 on in the tile): 0 without a window.
 int64_t WindowLo(int64_t t, int64_t k0, int64_t window) {
   return window > 0 ? std::max<int64_t>(0, t - window + 1 - k0) : 0;
+}
+
+// Packed rows (ds: the sequence's doc_start, or null): the first key of a tile for the queries
+// t0..t1-1 is also at least the first row of the earliest of their examples (rounded down to 16),
+// so the key blocks of earlier examples are skipped, not masked.
+int64_t TileKeyStart(int64_t t0, int64_t t1, int64_t window, const int32_t* ds) {
+  int64_t k0 = WindowKeyStart(t0, window);
+  if (ds != nullptr) {
+    int64_t first = t1;
+    for (int64_t t = t0; t < t1; ++t) first = std::min<int64_t>(first, ds[t]);
+    k0 = std::max<int64_t>(k0, std::max<int64_t>(0, first) / 16 * 16);
+  }
+  return k0;
+}
+
+// The first tile column query t may see: its window's (WindowLo) and, in a packed row, its
+// example's first row.
+int64_t RowLo(int64_t t, int64_t k0, int64_t window, const int32_t* ds) {
+  const int64_t lo = WindowLo(t, k0, window);
+  return ds != nullptr ? std::max<int64_t>(lo, ds[t] - k0) : lo;
 }
 
 // 1 + the last visible key of a sequence's mask (0 when none): the keys past it (a padded tail)
@@ -353,7 +376,8 @@ int64_t KeysForTile(int64_t visible, int64_t T) {
 void AttentionForward16(float* out, float* lse, const float* q, const float* k, const float* v,
                         int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS,
                         int64_t q_stride, int64_t kv_stride, bool causal,
-                        const int32_t* key_mask, int64_t window, int nt) {
+                        const int32_t* key_mask, int64_t window, int nt,
+                        const int32_t* doc_start) {
   const int64_t group = NH / NKV;
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
   const int64_t C = NH * HS;
@@ -385,8 +409,9 @@ void AttentionForward16(float* out, float* lse, const float* q, const float* k, 
       const uint16_t* kb = k16 + (b * NKV + kvh) * T * HS;
       const uint16_t* vb = v16 + (b * NKV + kvh) * T * HS;
       const int32_t* km = key_mask != nullptr ? key_mask + b * T : nullptr;
-      // The tile's keys: k0 (the block's window start) up to the last visible one.
-      const int64_t k0 = WindowKeyStart(t0, window);
+      // The tile's keys: k0 (the block's window or example start) up to the last visible one.
+      const int32_t* ds = doc_start != nullptr ? doc_start + b * T : nullptr;
+      const int64_t k0 = TileKeyStart(t0, t1, window, ds);
       const int64_t visible = std::min(causal ? t1 : T, KeyEnd(km, T));
       float* lse_row = lse + (b * NH + h) * T + t0;
       float* ob = out + (b * T + t0) * C + h * HS;
@@ -401,7 +426,7 @@ void AttentionForward16(float* out, float* lse, const float* q, const float* k, 
       // S(nq, nk) = scale * Q_blk K^T; P = softmax; O_blk(nq, HS) = P V.
       Gemm16(false, true, nq, nk, HS, scale, qb, HS, kb + k0 * HS, HS, 0.0f, S, nk);
       for (int64_t i = 0; i < nq; ++i) {
-        lse_row[i] = SoftmaxRow16(S + i * nk, WindowLo(t0 + i, k0, window),
+        lse_row[i] = SoftmaxRow16(S + i * nk, RowLo(t0 + i, k0, window, ds),
                                   std::min(causal ? t0 + i + 1 : T, visible) - k0, nk,
                                   km != nullptr ? km + k0 : nullptr, p16.data() + i * nk);
       }
@@ -414,7 +439,8 @@ void AttentionBackward16(float* dq, float* dk, float* dv, const float* dout, con
                          const float* lse, const float* q, const float* k, const float* v,
                          int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS,
                          int64_t q_stride, int64_t kv_stride, bool causal,
-                         const int32_t* key_mask, int64_t window, int nt) {
+                         const int32_t* key_mask, int64_t window, int nt,
+                         const int32_t* doc_start) {
   const int64_t group = NH / NKV;
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
   const int64_t C = NH * HS;
@@ -462,7 +488,8 @@ void AttentionBackward16(float* dq, float* dk, float* dv, const float* dout, con
           const float* dob = dout + (b * T + t0) * C + h * HS;
           const float* ob = out + (b * T + t0) * C + h * HS;
           const float* lse_row = lse + (b * NH + h) * T + t0;
-          const int64_t k0 = WindowKeyStart(t0, window);  // the tile's first key
+          const int32_t* ds = doc_start != nullptr ? doc_start + b * T : nullptr;
+          const int64_t k0 = TileKeyStart(t0, t1, window, ds);  // the tile's first key
           const int64_t visible = std::min(causal ? t1 : T, key_end);
           if (visible <= k0) {  // no visible key: dq = 0, nothing for dk, dv
             for (int64_t i = 0; i < nq; ++i)
@@ -476,7 +503,7 @@ void AttentionBackward16(float* dq, float* dk, float* dv, const float* dout, con
           Gemm16(false, true, nq, nk, HS, 1.0f, dob16, HS, vb + k0 * HS, HS, 0.0f, dS, nk);
           for (int64_t i = 0; i < nq; ++i) {
             const float D = Dot(dob + i * C, ob + i * C, HS);
-            GradRow16(P + i * nk, dS + i * nk, lse_row[i], D, scale, WindowLo(t0 + i, k0, window),
+            GradRow16(P + i * nk, dS + i * nk, lse_row[i], D, scale, RowLo(t0 + i, k0, window, ds),
                       std::min(causal ? t0 + i + 1 : T, visible) - k0, nk,
                       km != nullptr ? km + k0 : nullptr, P16 + i * nk, dS16 + i * nk);
           }
@@ -504,8 +531,9 @@ struct QueryBlock {
   const int32_t* km;
   int64_t window;  // EffectiveWindow: 0 = none
   bool causal;
+  const int32_t* ds = nullptr;  // packed rows: the sequence's doc_start (k0 is at most its first)
   // The tile columns query t0 + i may attend: [Lo(i), Valid(i)).
-  int64_t Lo(int64_t i) const { return WindowLo(t0 + i, k0, window); }
+  int64_t Lo(int64_t i) const { return RowLo(t0 + i, k0, window, ds); }
   int64_t Valid(int64_t i) const { return causal ? std::min(t0 + i + 1 - k0, nk) : nk; }
   // The products' bands in tile coordinates. Scores: row i needs the columns < i + t0 + 1 - k0
   // (causal). P V and dS K: row i sums the columns [i - (window reach), i + t0 + 1 - k0). dS^T Q
@@ -529,8 +557,8 @@ struct QueryBlock {
 // out = 0 and lse = 0 here.
 template <class Pack, class Block>
 void ForwardBlocks(float* out, float* lse, int64_t B, int64_t T, int64_t NH, int64_t NKV,
-                   int64_t HS, bool causal, const int32_t* key_mask, int64_t window, int nt,
-                   Pack&& pack, Block&& block) {
+                   int64_t HS, bool causal, const int32_t* key_mask, int64_t window,
+                   const int32_t* doc_start, int nt, Pack&& pack, Block&& block) {
   const int64_t group = NH / NKV, C = NH * HS;
   const int64_t nblocks = (T + kQBlock - 1) / kQBlock, items = B * NH * nblocks;
 #pragma omp parallel num_threads(static_cast <int>(std::min <int64_t>(nt, items)))
@@ -546,10 +574,11 @@ void ForwardBlocks(float* out, float* lse, int64_t B, int64_t T, int64_t NH, int
       const int64_t b = bh / NH, h = bh % NH;
       const int64_t t0 = blk * kQBlock, t1 = std::min(T, t0 + kQBlock);
       const int32_t* km = key_mask != nullptr ? key_mask + b * T : nullptr;
-      const int64_t k0 = WindowKeyStart(t0, window);
+      const int32_t* ds = doc_start != nullptr ? doc_start + b * T : nullptr;
+      const int64_t k0 = TileKeyStart(t0, t1, window, ds);
       const int64_t end = std::min(causal ? t1 : T, KeyEnd(km, T));
       const QueryBlock qb{b, h, h / group, t0, t1 - t0, k0, std::max<int64_t>(0, end - k0),
-                          km != nullptr ? km + k0 : nullptr, window, causal};
+                          km != nullptr ? km + k0 : nullptr, window, causal, ds};
       if (qb.nk == 0) {  // no visible key at all
         for (int64_t i = 0; i < qb.nq; ++i) {
           std::fill_n(out + (b * T + t0 + i) * C + h * HS, HS, 0.0f);
@@ -569,7 +598,8 @@ void ForwardBlocks(float* out, float* lse, int64_t B, int64_t T, int64_t NH, int
 template <class Kv, class Block>
 void BackwardBlocks(float* dq, float* dk, float* dv, int64_t B, int64_t T, int64_t NH,
                     int64_t NKV, int64_t HS, int64_t q_stride, int64_t kv_stride, bool causal,
-                    const int32_t* key_mask, int64_t window, int nt, Kv&& kv, Block&& block) {
+                    const int32_t* key_mask, int64_t window, const int32_t* doc_start, int nt,
+                    Kv&& kv, Block&& block) {
   const int64_t group = NH / NKV;
   const int64_t nblocks = (T + kQBlock - 1) / kQBlock;
 #pragma omp parallel for num_threads(static_cast <int>(std::min <int64_t>(nt, B * NKV))) \
@@ -586,10 +616,11 @@ void BackwardBlocks(float* dq, float* dk, float* dv, int64_t B, int64_t T, int64
     for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
       for (int64_t blk = 0; blk < nblocks; ++blk) {
         const int64_t t0 = blk * kQBlock, t1 = std::min(T, t0 + kQBlock);
-        const int64_t k0 = WindowKeyStart(t0, window);
+        const int32_t* ds = doc_start != nullptr ? doc_start + b * T : nullptr;
+        const int64_t k0 = TileKeyStart(t0, t1, window, ds);
         const int64_t end = std::min(causal ? t1 : T, key_end);
         const QueryBlock qb{b,  h,  kvh, t0, t1 - t0, k0, std::max<int64_t>(0, end - k0),
-                            km != nullptr ? km + k0 : nullptr, window, causal};
+                            km != nullptr ? km + k0 : nullptr, window, causal, ds};
         if (qb.nk == 0) {  // no visible key: dq = 0, nothing for dk, dv
           for (int64_t i = 0; i < qb.nq; ++i)
             std::fill_n(dq + (b * T + t0 + i) * q_stride + h * HS, HS, 0.0f);
@@ -770,7 +801,8 @@ TRAIND_DPBF16_TARGET void DpProduct(int64_t M, int64_t N, int64_t P, float alpha
 void AttentionForwardDp(float* out, float* lse, const float* q, const float* k, const float* v,
                         int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS,
                         int64_t q_stride, int64_t kv_stride, bool causal,
-                        const int32_t* key_mask, int64_t window, int nt) {
+                        const int32_t* key_mask, int64_t window, int nt,
+                        const int32_t* doc_start) {
   const int64_t H2 = HS / 2, C = NH * HS;
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
   const int64_t T16 = PanelStride(T), TP = (T + 1) / 2;
@@ -784,7 +816,7 @@ void AttentionForwardDp(float* out, float* lse, const float* q, const float* k, 
   static thread_local std::vector<float> tile;
   static thread_local std::vector<uint32_t> words;
   ForwardBlocks(
-      out, lse, B, T, NH, NKV, HS, causal, key_mask, window, nt,
+      out, lse, B, T, NH, NKV, HS, causal, key_mask, window, doc_start, nt,
       [&](int64_t bk, int64_t b, int64_t kvh, int64_t key_end) {
         uint32_t* kt = packs + bk * per;
         PackPairPanel(kt, T16, k + b * T * kv_stride + kvh * HS, kv_stride, key_end, T16, HS);
@@ -819,7 +851,8 @@ void AttentionBackwardDp(float* dq, float* dk, float* dv, const float* dout, con
                          const float* lse, const float* q, const float* k, const float* v,
                          int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS,
                          int64_t q_stride, int64_t kv_stride, bool causal,
-                         const int32_t* key_mask, int64_t window, int nt) {
+                         const int32_t* key_mask, int64_t window, int nt,
+                         const int32_t* doc_start) {
   const int64_t H2 = HS / 2, C = NH * HS;
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
   const int64_t T16 = PanelStride(T), TP = (T + 1) / 2, QP = kQBlock / 2;
@@ -835,7 +868,7 @@ void AttentionBackwardDp(float* dq, float* dk, float* dv, const float* dout, con
     return words.data();
   };
   BackwardBlocks(
-      dq, dk, dv, B, T, NH, NKV, HS, q_stride, kv_stride, causal, key_mask, window, nt,
+      dq, dk, dv, B, T, NH, NKV, HS, q_stride, kv_stride, causal, key_mask, window, doc_start, nt,
       [&](int64_t b, int64_t kvh, int64_t key_end) {
         uint32_t* KT = panels();
         uint32_t* VT = KT + H2 * T16;
@@ -939,19 +972,19 @@ bool UseBf16Tiles(DType operand_type, bool causal, int64_t T, int64_t HS) {
 void AttentionForward(float* out, float* lse, const float* q, const float* k, const float* v,
                       int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS, int64_t q_stride,
                       int64_t kv_stride, bool causal, const int32_t* key_mask,
-                      DType operand_type, int64_t window, int nt) {
+                      DType operand_type, int64_t window, int nt, const int32_t* doc_start) {
   window = EffectiveWindow(window, T);
   const Bf16Tiles bf16 = ChooseBf16Tiles(operand_type, causal, T, HS);
   if (bf16 != Bf16Tiles::kNone) {
 #if TRAIND_DPBF16
     if (bf16 == Bf16Tiles::kDotProducts) {
       AttentionForwardDp(out, lse, q, k, v, B, T, NH, NKV, HS, q_stride, kv_stride, causal,
-                         key_mask, window, nt);
+                         key_mask, window, nt, doc_start);
       return;
     }
 #endif
     AttentionForward16(out, lse, q, k, v, B, T, NH, NKV, HS, q_stride, kv_stride, causal, key_mask,
-                       window, nt);
+                       window, nt, doc_start);
     return;
   }
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
@@ -963,7 +996,7 @@ void AttentionForward(float* out, float* lse, const float* q, const float* k, co
   float* kts = kt_pack.data();
   static thread_local std::vector<float> tile;  // per thread: (kQBlock, T16) scores / probabilities
   ForwardBlocks(
-      out, lse, B, T, NH, NKV, HS, causal, key_mask, window, nt,
+      out, lse, B, T, NH, NKV, HS, causal, key_mask, window, doc_start, nt,
       [&](int64_t bk, int64_t b, int64_t kvh, int64_t key_end) {
         TransposeRows(kts + bk * HS * T16, T16, k + b * T * kv_stride + kvh * HS, kv_stride,
                       key_end, T16, HS);
@@ -994,19 +1027,19 @@ void AttentionBackward(float* dq, float* dk, float* dv, const float* dout, const
                        const float* lse, const float* q, const float* k, const float* v, int64_t B,
                        int64_t T, int64_t NH, int64_t NKV, int64_t HS, int64_t q_stride,
                        int64_t kv_stride, bool causal, const int32_t* key_mask,
-                       DType operand_type, int64_t window, int nt) {
+                       DType operand_type, int64_t window, int nt, const int32_t* doc_start) {
   window = EffectiveWindow(window, T);
   const Bf16Tiles bf16 = ChooseBf16Tiles(operand_type, causal, T, HS);
   if (bf16 != Bf16Tiles::kNone) {
 #if TRAIND_DPBF16
     if (bf16 == Bf16Tiles::kDotProducts) {
       AttentionBackwardDp(dq, dk, dv, dout, out, lse, q, k, v, B, T, NH, NKV, HS, q_stride,
-                          kv_stride, causal, key_mask, window, nt);
+                          kv_stride, causal, key_mask, window, nt, doc_start);
       return;
     }
 #endif
     AttentionBackward16(dq, dk, dv, dout, out, lse, q, k, v, B, T, NH, NKV, HS, q_stride,
-                        kv_stride, causal, key_mask, window, nt);
+                        kv_stride, causal, key_mask, window, nt, doc_start);
     return;
   }
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
@@ -1015,7 +1048,7 @@ void AttentionBackward(float* dq, float* dk, float* dv, const float* dout, const
   // Per thread: P and dP/dS, (kQBlock, T16) each, then K^T and V^T, (HS, T16) each.
   static thread_local std::vector<float> tiles;
   BackwardBlocks(
-      dq, dk, dv, B, T, NH, NKV, HS, q_stride, kv_stride, causal, key_mask, window, nt,
+      dq, dk, dv, B, T, NH, NKV, HS, q_stride, kv_stride, causal, key_mask, window, doc_start, nt,
       [&](int64_t b, int64_t kvh, int64_t key_end) {
         tiles.resize(static_cast<size_t>(2 * (kQBlock + HS) * T16));
         float* KT = tiles.data() + 2 * kQBlock * T16;

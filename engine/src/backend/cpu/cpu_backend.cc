@@ -13,6 +13,7 @@
 #include "backend/backend.h"
 #include "backend/cpu/cpu_kernels.h"
 #include "backend/cpu/cpu_optim.h"
+#include "backend/device_registry.h"
 
 namespace traind::engine {
 namespace {
@@ -33,6 +34,9 @@ class CpuBackend final : public Backend {
   ~CpuBackend() override { cpu::DnnlForgetPackedB(nullptr, reinterpret_cast<const void*>(~uintptr_t{0}), this); }
   std::string name() const override { return "cpu"; }
   bool Supports(Op /*op*/) const override { return true; }  // the reference: every op
+  DeviceCapabilities capabilities() const override {
+    return DeviceCapabilitiesOf(DeviceKind::kCpu);
+  }
 
   // Large blocks (weights, gradients, optimizer state, activations) are 2 MiB aligned and asked to
   // be transparent huge pages (MADV_HUGEPAGE: the kernel's default THP mode is often "madvise"):
@@ -227,6 +231,22 @@ class CpuBackend final : public Backend {
                              const float* dout, int64_t N, int64_t H) override {
     cpu::SwiGluBackwardRounded(dinp, dinp16, type, inp, dout, N, H, nt_);
   }
+  void GeGluForward(float* out, const float* inp, int64_t N, int64_t H) override {
+    cpu::GeGluForward(out, inp, N, H, nt_);
+  }
+  void GeGluBackward(float* dinp, const float* inp, const float* dout, int64_t N,
+                     int64_t H) override {
+    cpu::GeGluBackward(dinp, inp, dout, N, H, nt_);
+  }
+  void HeadRmsNormForward(float* x, float* saved, float* rstd, const float* weight, int64_t N,
+                          int64_t n_heads, int64_t HS, int64_t row_stride, float eps) override {
+    cpu::HeadRmsNormForward(x, saved, rstd, weight, N, n_heads, HS, row_stride, eps, nt_);
+  }
+  void HeadRmsNormBackward(float* dx, float* dweight, const float* saved, const float* weight,
+                           const float* rstd, int64_t N, int64_t n_heads, int64_t HS,
+                           int64_t row_stride) override {
+    cpu::HeadRmsNormBackward(dx, dweight, saved, weight, rstd, N, n_heads, HS, row_stride, nt_);
+  }
   void SwiGluBackward(float* dinp, const float* inp, const float* dout, int64_t N,
                       int64_t H) override {
     cpu::SwiGluBackward(dinp, inp, dout, N, H, nt_);
@@ -234,8 +254,10 @@ class CpuBackend final : public Backend {
 
   void Rope(float* x, int64_t B, int64_t T, int64_t n_heads, int64_t HS, int64_t row_stride,
             float theta, bool inverse, int64_t pos_offset = 0,
-            const RopeScaling& scaling = RopeScaling{}) override {
-    cpu::Rope(x, B, T, n_heads, HS, row_stride, theta, inverse, pos_offset, scaling, nt_);
+            const RopeScaling& scaling = RopeScaling{},
+            const int32_t* positions = nullptr) override {
+    cpu::Rope(x, B, T, n_heads, HS, row_stride, theta, inverse, pos_offset, scaling, nt_,
+              positions);
   }
   void AttentionDecode(float* out, const float* q, const float* k, const float* v, int64_t B,
                        int64_t T, int64_t cache_rows, int64_t NH, int64_t NKV, int64_t HS,
@@ -247,18 +269,20 @@ class CpuBackend final : public Backend {
   void AttentionForward(float* out, float* lse, const float* q, const float* k, const float* v,
                         int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS, int64_t q_stride,
                         int64_t kv_stride, bool causal = true, const int32_t* key_mask = nullptr,
-                        DType operand_type = DType::kF32, int64_t window = 0) override {
+                        DType operand_type = DType::kF32, int64_t window = 0,
+                        const int32_t* doc_start = nullptr) override {
     cpu::AttentionForward(out, lse, q, k, v, B, T, NH, NKV, HS, q_stride, kv_stride, causal,
-                          key_mask, operand_type, window, nt_);
+                          key_mask, operand_type, window, nt_, doc_start);
   }
   void AttentionBackward(float* dq, float* dk, float* dv, const float* dout, const float* out,
                          const float* lse, const float* q, const float* k, const float* v,
                          int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS,
                          int64_t q_stride, int64_t kv_stride, bool causal = true,
                          const int32_t* key_mask = nullptr,
-                         DType operand_type = DType::kF32, int64_t window = 0) override {
+                         DType operand_type = DType::kF32, int64_t window = 0,
+                         const int32_t* doc_start = nullptr) override {
     cpu::AttentionBackward(dq, dk, dv, dout, out, lse, q, k, v, B, T, NH, NKV, HS, q_stride,
-                           kv_stride, causal, key_mask, operand_type, window, nt_);
+                           kv_stride, causal, key_mask, operand_type, window, nt_, doc_start);
   }
 
   void SoftmaxCrossEntropy(float* logits, float* losses, const int32_t* targets, int64_t N,

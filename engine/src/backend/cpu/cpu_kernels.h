@@ -141,6 +141,8 @@ void TanhForward(float* out, const float* inp, int64_t n, int nt);
 void TanhBackward(float* dinp, const float* out, const float* dout, int64_t n, int nt);
 void SwiGluForward(float* out, const float* inp, int64_t N, int64_t H, int nt);
 void SwiGluBackward(float* dinp, const float* inp, const float* dout, int64_t N, int64_t H, int nt);
+void GeGluForward(float* out, const float* inp, int64_t N, int64_t H, int nt);
+void GeGluBackward(float* dinp, const float* inp, const float* dout, int64_t N, int64_t H, int nt);
 // backend.h's SwiGluForwardRounded / SwiGluBackwardRounded: each row computed, then rounded.
 void SwiGluForwardRounded(void* out, DType out_type, const float* inp, int64_t N, int64_t H,
                           int nt);
@@ -172,10 +174,17 @@ void RmsNormForward(float* out, float* rstd, const float* inp, const float* weig
                     int64_t C, float eps, int nt);
 void RmsNormBackward(float* dinp, float* dweight, const float* dout, const float* inp,
                      const float* weight, const float* rstd, int64_t N, int64_t C, int nt);
+// backend.h's HeadRmsNormForward / HeadRmsNormBackward (RmsNormRow per head).
+void HeadRmsNormForward(float* x, float* saved, float* rstd, const float* weight, int64_t N,
+                        int64_t n_heads, int64_t HS, int64_t row_stride, float eps, int nt);
+void HeadRmsNormBackward(float* dx, float* dweight, const float* saved, const float* weight,
+                         const float* rstd, int64_t N, int64_t n_heads, int64_t HS,
+                         int64_t row_stride, int nt);
 
 // ---- rotary embedding (cpu_rope.cc) ----
 void Rope(float* x, int64_t B, int64_t T, int64_t n_heads, int64_t HS, int64_t row_stride,
-          float theta, bool inverse, int64_t pos_offset, const RopeScaling& scaling, int nt);
+          float theta, bool inverse, int64_t pos_offset, const RopeScaling& scaling, int nt,
+          const int32_t* positions = nullptr);
 
 // ---- attention (cpu_attention.cc) ----
 // backend.h's contract; window > 0 (sliding window: query i sees key j only when i - j < window;
@@ -183,12 +192,14 @@ void Rope(float* x, int64_t B, int64_t T, int64_t n_heads, int64_t HS, int64_t r
 void AttentionForward(float* out, float* lse, const float* q, const float* k, const float* v,
                       int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS, int64_t q_stride,
                       int64_t kv_stride, bool causal, const int32_t* key_mask,
-                      DType operand_type, int64_t window, int nt);
+                      DType operand_type, int64_t window, int nt,
+                      const int32_t* doc_start = nullptr);
 void AttentionBackward(float* dq, float* dk, float* dv, const float* dout, const float* out,
                        const float* lse, const float* q, const float* k, const float* v, int64_t B,
                        int64_t T, int64_t NH, int64_t NKV, int64_t HS, int64_t q_stride,
                        int64_t kv_stride, bool causal, const int32_t* key_mask,
-                       DType operand_type, int64_t window, int nt);
+                       DType operand_type, int64_t window, int nt,
+                       const int32_t* doc_start = nullptr);
 // Whether AttentionForward/Backward with this operand type use bf16 tile products (see
 // cpu_attention.cc: the CPU's own bf16 dot products for an even head size where it has them, else
 // oneDNN's bf16 matmuls for bidirectional T >= 256); else they compute in fp32.

@@ -2,6 +2,7 @@
 // inv_freq and the angles are formed in fp32 exactly as HF/PyTorch do:
 //   inv_freq = 1.0 / (theta ** (torch.arange(0, HS, 2).float() / HS)),  angle = float(t) *
 //   inv_freq.
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -36,8 +37,17 @@ TRAIND_CPU_CLONES void RotateRow(float* x, const float* cs, const float* sn, int
 }  // namespace
 
 void Rope(float* x, int64_t B, int64_t T, int64_t n_heads, int64_t HS, int64_t row_stride,
-          float theta, bool inverse, int64_t pos_offset, const RopeScaling& scaling, int nt) {
+          float theta, bool inverse, int64_t pos_offset, const RopeScaling& scaling, int nt,
+          const int32_t* positions) {
   const int64_t half = HS / 2;
+  // Packed rows: each row's position is positions[r] (an example restarts at 0 within its row),
+  // read from the table of positions 0..Tt-1 (Tt: T, or past the largest position; negative
+  // positions read position 0).
+  int64_t Tt = T;
+  if (positions != nullptr) {
+    pos_offset = 0;
+    for (int64_t r = 0; r < B * T; ++r) Tt = std::max<int64_t>(Tt, int64_t{positions[r]} + 1);
+  }
   // Table of cos/sin per (t, i): (T, half) each, kept per thread and rebuilt only when the
   // positions, the head size or theta change (every layer's q and k, forward and backward, use the
   // same one: the table's libm cos/sin cost more than the rotation itself).
@@ -49,17 +59,17 @@ void Rope(float* x, int64_t B, int64_t T, int64_t n_heads, int64_t HS, int64_t r
   };
   static thread_local std::vector<float> table;
   static thread_local Key built;
-  const Key key{T, half, pos_offset, theta, scaling};
+  const Key key{Tt, half, pos_offset, theta, scaling};
   float* cs = nullptr;
   float* sn = nullptr;
   if (!(key == built)) {
     built = Key{};  // not valid while it is being rebuilt
-    table.resize(static_cast<size_t>(2 * T * half));
+    table.resize(static_cast<size_t>(2 * Tt * half));
     cs = table.data();
-    sn = cs + T * half;
+    sn = cs + Tt * half;
     for (int64_t i = 0; i < half; ++i) {
       const float inv_freq = RopeInvFreq(i, HS, theta, scaling);
-      for (int64_t t = 0; t < T; ++t) {
+      for (int64_t t = 0; t < Tt; ++t) {
         float ang = static_cast<float>(pos_offset + t) * inv_freq;
         cs[t * half + i] = std::cos(ang);
         sn[t * half + i] = std::sin(ang);
@@ -68,12 +78,12 @@ void Rope(float* x, int64_t B, int64_t T, int64_t n_heads, int64_t HS, int64_t r
     built = key;
   }
   cs = table.data();
-  sn = cs + T * half;
+  sn = cs + Tt * half;
   const int64_t rows = B * T;
   const int threads = rows * n_heads * HS < 8192 ? 1 : nt;
 #pragma omp parallel for num_threads(threads) schedule(static)
   for (int64_t r = 0; r < rows; ++r) {
-    const int64_t t = r % T;
+    const int64_t t = positions != nullptr ? std::max<int32_t>(positions[r], 0) : r % T;
     RotateRow(x + r * row_stride, cs + t * half, sn + t * half, n_heads, HS, inverse);
   }
 }

@@ -8,6 +8,10 @@
 // predicate, and the block-uniform ranges start at the first key the block's first query reaches
 // (forward, dq) or end at the last query that reaches the block's last key (dk/dv): the key and
 // query tiles outside every window of a block are skipped.
+// Packed rows (doc_start[b*T + i]: the first row of query i's example) are one more predicate
+// (j >= doc_start), and the forward and dq kernels start their key range at the earliest example
+// start of the block's queries (read by one thread, shared through shared memory), so the key
+// tiles of earlier examples are skipped.
 //
 // Head sizes up to 128 (every GPT-2 / LLaMA config) take the lane-group kernels: TPQ = 1, 2 or 4
 // lanes share one query (or key) row, each holding 32 of its head elements in registers
@@ -51,7 +55,13 @@ struct Dims {
   bool causal;
   const int32_t* key_mask;  // (B*T) or null
   int64_t window;           // 0: none; else 0 < window < T (a wider one changes nothing)
+  const int32_t* doc_start;  // (B*T) or null: packed rows, query i sees keys >= doc_start[b*T+i]
 };
+
+// The first row of query i's example in a packed row (0 without doc_start).
+__device__ __forceinline__ int64_t DocStart(const Dims& d, int64_t b, int64_t i) {
+  return d.doc_start == nullptr ? 0 : d.doc_start[b * d.T + i];
+}
 
 // Whether key j of sequence b is not masked out.
 __device__ __forceinline__ bool KeyVisible(const Dims& d, int64_t b, int64_t j) {
@@ -66,6 +76,20 @@ __device__ __forceinline__ bool InWindow(const Dims& d, int64_t i, int64_t j) {
 // The first key query i0 (a block's first query) may see: the start of its window, else 0.
 __device__ __forceinline__ int64_t FirstKey(const Dims& d, int64_t i0) {
   return d.window > 0 && i0 >= d.window ? i0 - d.window + 1 : 0;
+}
+
+// The first key any query of the block i0 .. i0+rows-1 may see: FirstKey's, or the earliest first
+// row of their examples when later. Called by one thread of the block (it reads `rows` entries).
+__device__ __forceinline__ int64_t BlockFirstKey(const Dims& d, int64_t b, int64_t i0,
+                                                 int64_t rows) {
+  int64_t first = FirstKey(d, i0);
+  if (d.doc_start == nullptr) return first;
+  int64_t m = d.T;
+  for (int64_t i = i0; i < i0 + rows && i < d.T; ++i) {
+    const int64_t s = d.doc_start[b * d.T + i];
+    m = s < m ? s : m;
+  }
+  return m > first ? m : first;
 }
 
 // One past the last query that may see key j1 (a block's last key): its window's end, else T.
@@ -88,9 +112,15 @@ __global__ void attention_forward_kernel(float* out, float* lse, const float* q,
     }
   float m = -INFINITY, l = 0.0f;
   const int64_t last = (blockIdx.x + 1) * int64_t{kQueriesPerBlock} - 1;
-  // causal: keys <= the block's last query; a window: from the first key its first query sees
+  // causal: keys <= the block's last query; a window or packed rows: from the first key one of
+  // its queries sees
   const int64_t j_end = d.causal && last < d.T - 1 ? last : d.T - 1;
-  const int64_t j_begin = FirstKey(d, blockIdx.x * int64_t{kQueriesPerBlock});
+  __shared__ int64_t first_key;
+  if (threadIdx.x == 0)
+    first_key = BlockFirstKey(d, b, blockIdx.x * int64_t{kQueriesPerBlock}, kQueriesPerBlock);
+  __syncthreads();
+  const int64_t j_begin = first_key;
+  const int64_t di = active ? DocStart(d, b, i) : 0;
   for (int64_t j0 = j_begin; j0 <= j_end; j0 += tile) {
     __syncthreads();  // the previous tile is no longer read
     for (int64_t e = threadIdx.x; e < tile * d.HS; e += blockDim.x) {
@@ -108,7 +138,9 @@ __global__ void attention_forward_kernel(float* out, float* lse, const float* q,
     for (int64_t jj = 0; jj < n; ++jj) {
       float s = 0.0f;
       for (int64_t e = 0; e < d.HS; ++e) s += qi[e] * ks[jj * d.HS + e];
-      sc[jj] = KeyVisible(d, b, j0 + jj) && InWindow(d, i, j0 + jj) ? s * d.scale : -INFINITY;
+      sc[jj] = KeyVisible(d, b, j0 + jj) && InWindow(d, i, j0 + jj) && j0 + jj >= di
+                   ? s * d.scale
+                   : -INFINITY;
       tile_max = fmaxf(tile_max, sc[jj]);
     }
     const float m_new = fmaxf(m, tile_max);
@@ -187,7 +219,8 @@ __global__ void attention_dkdv_kernel(float* dk, float* dv, const float* dout, c
       if (!visible) continue;
       for (int64_t ii = 0; ii < tile; ++ii) {
         const int64_t i = i0 + ii;
-        if ((d.causal && i < j) || i >= d.T || !InWindow(d, i, j)) continue;
+        if ((d.causal && i < j) || i >= d.T || !InWindow(d, i, j) || j < DocStart(d, b, i))
+          continue;
         const float* qi = qs + ii * d.HS;
         const float* doi = dos + ii * d.HS;
         float s = 0.0f, dp = 0.0f;
@@ -234,7 +267,12 @@ __global__ void attention_dq_kernel(float* dq, const float* dout, const float* l
   }
   const int64_t last = (blockIdx.x + 1) * int64_t{kQueriesPerBlock} - 1;
   const int64_t j_end = d.causal && last < d.T - 1 ? last : d.T - 1;
-  const int64_t j_begin = FirstKey(d, blockIdx.x * int64_t{kQueriesPerBlock});
+  __shared__ int64_t first_key;
+  if (threadIdx.x == 0)
+    first_key = BlockFirstKey(d, b, blockIdx.x * int64_t{kQueriesPerBlock}, kQueriesPerBlock);
+  __syncthreads();
+  const int64_t j_begin = first_key;
+  const int64_t di = active ? DocStart(d, b, i) : 0;
   for (int64_t j0 = j_begin; j0 <= j_end; j0 += tile) {
     __syncthreads();
     for (int64_t e = threadIdx.x; e < tile * d.HS; e += blockDim.x) {
@@ -248,7 +286,7 @@ __global__ void attention_dq_kernel(float* dq, const float* dout, const float* l
     const int64_t lim = d.causal ? i - j0 + 1 : d.T - j0;
     const int64_t n = lim < tile ? lim : tile;
     for (int64_t jj = 0; jj < n; ++jj) {
-      if (!KeyVisible(d, b, j0 + jj) || !InWindow(d, i, j0 + jj)) continue;
+      if (!KeyVisible(d, b, j0 + jj) || !InWindow(d, i, j0 + jj) || j0 + jj < di) continue;
       const float* kr = ks + jj * d.HS;
       const float* vr = vs + jj * d.HS;
       float s = 0.0f, dp = 0.0f;
@@ -383,7 +421,11 @@ __global__ void __launch_bounds__(kRows * TPQ)
   // causal: keys <= the block's last query; else every key. A window: from the first key the
   // block's first query sees.
   const int64_t last = d.causal && block_last < d.T - 1 ? block_last : d.T - 1;
-  for (int64_t j0 = FirstKey(d, qblock * kRows); j0 <= last; j0 += G::kTile) {
+  __shared__ int64_t first_key;  // packed rows: from the earliest example start of the block
+  if (threadIdx.x == 0) first_key = BlockFirstKey(d, b, qblock * kRows, kRows);
+  __syncthreads();
+  const int64_t di = active ? DocStart(d, b, i) : 0;
+  for (int64_t j0 = first_key; j0 <= last; j0 += G::kTile) {
     __syncthreads();  // the previous tile is no longer read
     G::Stage(ks, k, b, j0, kvh, d.kv_stride, d);
     G::Stage(vs, v, b, j0, kvh, d.kv_stride, d);
@@ -402,7 +444,8 @@ __global__ void __launch_bounds__(kRows * TPQ)
         const int jj = c0 + c;
         const float s = G::Sum(sc[c]);
         const bool visible = active && jj < n && (!d.causal || j0 + jj <= i) &&
-                             (!masked || kms[jj] != 0.0f) && InWindow(d, i, j0 + jj);
+                             (!masked || kms[jj] != 0.0f) && InWindow(d, i, j0 + jj) &&
+                             j0 + jj >= di;
         sc[c] = visible ? s : -INFINITY;
         chunk_max = fmaxf(chunk_max, sc[c]);
       }
@@ -458,7 +501,11 @@ __global__ void __launch_bounds__(kRows * TPQ)
   for (float& x : dqi) x = 0.0f;
   const int64_t block_last = (qblock + 1) * kRows - 1;
   const int64_t last = d.causal && block_last < d.T - 1 ? block_last : d.T - 1;
-  for (int64_t j0 = FirstKey(d, qblock * kRows); j0 <= last; j0 += G::kTile) {
+  __shared__ int64_t first_key;  // packed rows: from the earliest example start of the block
+  if (threadIdx.x == 0) first_key = BlockFirstKey(d, b, qblock * kRows, kRows);
+  __syncthreads();
+  const int64_t di = active ? DocStart(d, b, i) : 0;
+  for (int64_t j0 = first_key; j0 <= last; j0 += G::kTile) {
     __syncthreads();
     G::Stage(ks, k, b, j0, kvh, d.kv_stride, d);
     G::Stage(vs, v, b, j0, kvh, d.kv_stride, d);
@@ -477,7 +524,8 @@ __global__ void __launch_bounds__(kRows * TPQ)
         const int jj = c0 + c;
         const float sv = G::Sum(s[c]) * d.scale, dpv = G::Sum(dp[c]);
         const bool visible = active && jj < n && (!d.causal || j0 + jj <= i) &&
-                             (!masked || kms[jj] != 0.0f) && InWindow(d, i, j0 + jj);
+                             (!masked || kms[jj] != 0.0f) && InWindow(d, i, j0 + jj) &&
+                             j0 + jj >= di;
         const float p = visible ? expf(sv - li) : 0.0f;
         G::Axpy(dqi, p * (dpv - Di) * d.scale, ks + jj * G::kHSP, sub);
       }
@@ -534,7 +582,8 @@ __global__ void __launch_bounds__(kRows * TPQ)
         const float* dor = dos + ii * G::kHSP;
         const float s = G::Sum(G::Dot(kj, qr, sub)) * d.scale;
         const float dp = G::Sum(G::Dot(vj, dor, sub));
-        const bool sees = visible && (!d.causal || i0 + ii >= j) && InWindow(d, i0 + ii, j);
+        const bool sees = visible && (!d.causal || i0 + ii >= j) && InWindow(d, i0 + ii, j) &&
+                          j >= DocStart(d, b, i0 + ii);
         const float p = sees ? expf(s - ls[ii]) : 0.0f;
         G::Axpy(dvj, p, dor, sub);
         G::Axpy(dkj, p * (dp - Ds[ii]) * d.scale, qr, sub);
@@ -605,10 +654,10 @@ Status CheckWindow(const char* op, int64_t window) {
 
 // window >= T sees every key a query could: the kernels take it as none.
 Dims MakeDims(int64_t T, int64_t NH, int64_t NKV, int64_t HS, int64_t q_stride, int64_t kv_stride,
-              bool causal, const int32_t* key_mask, int64_t window) {
+              bool causal, const int32_t* key_mask, int64_t window, const int32_t* doc_start) {
   const float scale = 1.0f / sqrtf(static_cast<float>(HS));
   return Dims{T,     NH,     NKV,      HS, q_stride, kv_stride,
-              scale, causal, key_mask, window > 0 && window < T ? window : 0};
+              scale, causal, key_mask, window > 0 && window < T ? window : 0, doc_start};
 }
 
 }  // namespace
@@ -616,8 +665,9 @@ Dims MakeDims(int64_t T, int64_t NH, int64_t NKV, int64_t HS, int64_t q_stride, 
 Status AttentionForward(float* out, float* lse, const float* q, const float* k, const float* v,
                         int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS, int64_t q_stride,
                         int64_t kv_stride, bool causal, const int32_t* key_mask, int64_t window,
-                        cudaStream_t stream) {
-  const Dims d = MakeDims(T, NH, NKV, HS, q_stride, kv_stride, causal, key_mask, window);
+                        cudaStream_t stream, const int32_t* doc_start) {
+  const Dims d =
+      MakeDims(T, NH, NKV, HS, q_stride, kv_stride, causal, key_mask, window, doc_start);
   TRAIND_RETURN_IF_ERROR(CheckDims("AttentionForward", B, d));
   TRAIND_RETURN_IF_ERROR(CheckWindow("AttentionForward", window));
   if (B == 0 || T == 0) return Status::Ok();
@@ -640,8 +690,9 @@ Status AttentionBackward(float* dq, float* dk, float* dv, const float* dout, con
                          int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS,
                          int64_t q_stride, int64_t kv_stride, bool causal,
                          const int32_t* key_mask, int64_t window, float* scratch,
-                         cudaStream_t stream) {
-  const Dims d = MakeDims(T, NH, NKV, HS, q_stride, kv_stride, causal, key_mask, window);
+                         cudaStream_t stream, const int32_t* doc_start) {
+  const Dims d =
+      MakeDims(T, NH, NKV, HS, q_stride, kv_stride, causal, key_mask, window, doc_start);
   TRAIND_RETURN_IF_ERROR(CheckDims("AttentionBackward", B, d));
   TRAIND_RETURN_IF_ERROR(CheckWindow("AttentionBackward", window));
   if (B == 0 || T == 0) return Status::Ok();

@@ -5,12 +5,22 @@
 #include <cstdio>
 #include <string>
 
+#include "backend/cuda/attention_tc.h"
 #include "backend/cuda/batch_uploader.h"
+#include "backend/device_registry.h"
 #include "backend/cuda/host_staging.h"
 #include "backend/cuda/device.h"
 #include "backend/cuda/kernels.h"
 
 TRAIND_GPU_BEGIN
+
+DeviceCapabilities GpuBackend::capabilities() const {
+#if defined(TRAIND_SIMT)
+  return DeviceCapabilitiesOf(DeviceKind::kSimt);
+#else
+  return DeviceCapabilitiesOf(DeviceKind::kCuda);
+#endif
+}
 
 GpuBackend::~GpuBackend() {
   for (cudaGraphExec_t g : graphs_) (void)dev::GraphDestroy(g);
@@ -218,6 +228,17 @@ void GpuBackend::RmsNormBackward(float* dinp, float* dweight, const float* dout,
                                  const float* weight, const float* rstd, int64_t N, int64_t C) {
   Record(gpu::RmsNormBackward(dinp, dweight, dout, inp, weight, rstd, N, C, stream_));
 }
+void GpuBackend::HeadRmsNormForward(float* x, float* saved, float* rstd, const float* weight,
+                                    int64_t N, int64_t n_heads, int64_t HS, int64_t row_stride,
+                                    float eps) {
+  Record(gpu::HeadRmsNormForward(x, saved, rstd, weight, N, n_heads, HS, row_stride, eps, stream_));
+}
+void GpuBackend::HeadRmsNormBackward(float* dx, float* dweight, const float* saved,
+                                     const float* weight, const float* rstd, int64_t N,
+                                     int64_t n_heads, int64_t HS, int64_t row_stride) {
+  Record(gpu::HeadRmsNormBackward(dx, dweight, saved, weight, rstd, N, n_heads, HS, row_stride,
+                                  stream_));
+}
 void GpuBackend::GeluForward(float* out, const float* inp, int64_t n) {
   Record(gpu::GeluForward(out, inp, n, stream_));
 }
@@ -243,10 +264,18 @@ void GpuBackend::SwiGluBackward(float* dinp, const float* inp, const float* dout
                                 int64_t H) {
   Record(gpu::SwiGluBackward(dinp, inp, dout, N, H, stream_));
 }
+void GpuBackend::GeGluForward(float* out, const float* inp, int64_t N, int64_t H) {
+  Record(gpu::GeGluForward(out, inp, N, H, stream_));
+}
+void GpuBackend::GeGluBackward(float* dinp, const float* inp, const float* dout, int64_t N,
+                               int64_t H) {
+  Record(gpu::GeGluBackward(dinp, inp, dout, N, H, stream_));
+}
 void GpuBackend::Rope(float* x, int64_t B, int64_t T, int64_t n_heads, int64_t HS,
                       int64_t row_stride, float theta, bool inverse, int64_t pos_offset,
-                      const RopeScaling& scaling) {
-  Record(gpu::Rope(x, B, T, n_heads, HS, row_stride, theta, inverse, pos_offset, scaling, stream_));
+                      const RopeScaling& scaling, const int32_t* positions) {
+  Record(gpu::Rope(x, B, T, n_heads, HS, row_stride, theta, inverse, pos_offset, scaling, stream_,
+                   positions));
 }
 void GpuBackend::AttentionDecode(float* out, const float* q, const float* k, const float* v,
                                  int64_t B, int64_t T, int64_t cache_rows, int64_t NH,
@@ -255,42 +284,70 @@ void GpuBackend::AttentionDecode(float* out, const float* q, const float* k, con
   Record(gpu::AttentionDecode(out, q, k, v, B, T, cache_rows, NH, NKV, HS, q_stride, kv_stride,
                               window, stream_));
 }
+// 16-bit jobs (operand_type bf16/fp16) with a head size the tensor-core kernels have take them
+// (attention_tc.cu), converting the fp32 tensors at the op boundary; fp32 jobs keep attention.cu.
+static bool UseTensorCoreAttention(DType operand_type, int64_t HS) {
+  return operand_type != DType::kF32 && gpu::AttentionTcSupportsHeadSize(HS);
+}
+
+bool GpuBackend::EnsureScratch(int64_t floats, const char* op) {
+  if (floats <= scratch_floats_) return true;  // first step only: the shapes of a job do not change
+  if (capturing_) {
+    Record(Status::FailedPrecondition(std::string(op) +
+                                      ": scratch must be allocated before graph capture (run a "
+                                      "step first)"));
+    return false;
+  }
+  Record(dev::StreamSynchronize(stream_));
+  if (scratch_ != nullptr) Record(dev::Free(scratch_));
+  scratch_ = nullptr;
+  scratch_floats_ = 0;
+  void* p = nullptr;
+  const Status s = dev::Malloc(&p, static_cast<size_t>(floats) * sizeof(float));
+  if (!s.ok()) {
+    Record(s);
+    return false;
+  }
+  scratch_ = static_cast<float*>(p);
+  scratch_floats_ = floats;
+  return true;
+}
+
 void GpuBackend::AttentionForward(float* out, float* lse, const float* q, const float* k,
                                   const float* v, int64_t B, int64_t T, int64_t NH, int64_t NKV,
                                   int64_t HS, int64_t q_stride, int64_t kv_stride, bool causal,
-                                  const int32_t* key_mask, DType /*operand_type: fp32 here*/,
-                                  int64_t window) {
+                                  const int32_t* key_mask, DType operand_type,
+                                  int64_t window, const int32_t* doc_start) {
+  if (UseTensorCoreAttention(operand_type, HS)) {
+    if (!EnsureScratch(gpu::AttentionTcF32WorkspaceFloats(B, T, NH, NKV, HS), "AttentionForward"))
+      return;
+    Record(gpu::AttentionTcForwardF32(out, lse, q, k, v, operand_type, B, T, NH, NKV, HS, q_stride,
+                                      kv_stride, {causal, key_mask, window, doc_start}, scratch_,
+                                      stream_));
+    return;
+  }
   Record(gpu::AttentionForward(out, lse, q, k, v, B, T, NH, NKV, HS, q_stride, kv_stride, causal,
-                               key_mask, window, stream_));
+                               key_mask, window, stream_, doc_start));
 }
 void GpuBackend::AttentionBackward(float* dq, float* dk, float* dv, const float* dout,
                                    const float* out, const float* lse, const float* q,
                                    const float* k, const float* v, int64_t B, int64_t T, int64_t NH,
                                    int64_t NKV, int64_t HS, int64_t q_stride, int64_t kv_stride,
                                    bool causal, const int32_t* key_mask,
-                                   DType /*operand_type: fp32 here*/, int64_t window) {
-  const int64_t need = B * NH * T;
-  if (need > scratch_floats_) {  // first step only: the shapes of a job do not change
-    if (capturing_) {
-      Record(Status::FailedPrecondition(
-          "AttentionBackward: scratch must be allocated before graph capture (run a step first)"));
+                                   DType operand_type, int64_t window,
+                                   const int32_t* doc_start) {
+  if (UseTensorCoreAttention(operand_type, HS)) {
+    if (!EnsureScratch(gpu::AttentionTcF32WorkspaceFloats(B, T, NH, NKV, HS), "AttentionBackward"))
       return;
-    }
-    Record(dev::StreamSynchronize(stream_));
-    if (scratch_ != nullptr) Record(dev::Free(scratch_));
-    scratch_ = nullptr;
-    scratch_floats_ = 0;
-    void* p = nullptr;
-    Status s = dev::Malloc(&p, static_cast<size_t>(need) * sizeof(float));
-    if (!s.ok()) {
-      Record(s);
-      return;
-    }
-    scratch_ = static_cast<float*>(p);
-    scratch_floats_ = need;
+    Record(gpu::AttentionTcBackwardF32(dq, dk, dv, dout, out, lse, q, k, v, operand_type, B, T, NH,
+                                       NKV, HS, q_stride, kv_stride,
+                                       {causal, key_mask, window, doc_start}, scratch_, stream_));
+    return;
   }
+  if (!EnsureScratch(B * NH * T, "AttentionBackward")) return;
   Record(gpu::AttentionBackward(dq, dk, dv, dout, out, lse, q, k, v, B, T, NH, NKV, HS, q_stride,
-                                kv_stride, causal, key_mask, window, scratch_, stream_));
+                                kv_stride, causal, key_mask, window, scratch_, stream_,
+                                doc_start));
 }
 void GpuBackend::SoftmaxCrossEntropy(float* logits, float* losses, const int32_t* targets,
                                      int64_t N, int64_t V, int64_t Vp, float grad_scale,

@@ -21,6 +21,8 @@ class GpuBackend : public Backend {
   ~GpuBackend() override;
   std::string name() const override { return name_; }
   bool Supports(Op /*op*/) const override { return true; }  // every op has a kernel
+  // DeviceCapabilitiesOf(kCuda), or (kSimt) under the emulator (gpu_backend.cc).
+  DeviceCapabilities capabilities() const override;
 
   // The first error an op hit (OK when none).
   const Status& status() const override { return status_; }
@@ -85,6 +87,11 @@ class GpuBackend : public Backend {
                       int64_t C, float eps) override;
   void RmsNormBackward(float* dinp, float* dweight, const float* dout, const float* inp,
                        const float* weight, const float* rstd, int64_t N, int64_t C) override;
+  void HeadRmsNormForward(float* x, float* saved, float* rstd, const float* weight, int64_t N,
+                          int64_t n_heads, int64_t HS, int64_t row_stride, float eps) override;
+  void HeadRmsNormBackward(float* dx, float* dweight, const float* saved, const float* weight,
+                           const float* rstd, int64_t N, int64_t n_heads, int64_t HS,
+                           int64_t row_stride) override;
   void GeluForward(float* out, const float* inp, int64_t n) override;
   void GeluBackward(float* dinp, const float* inp, const float* dout, int64_t n) override;
   void GeluErfForward(float* out, const float* inp, int64_t n) override;
@@ -94,22 +101,28 @@ class GpuBackend : public Backend {
   void SwiGluForward(float* out, const float* inp, int64_t N, int64_t H) override;
   void SwiGluBackward(float* dinp, const float* inp, const float* dout, int64_t N,
                       int64_t H) override;
+  void GeGluForward(float* out, const float* inp, int64_t N, int64_t H) override;
+  void GeGluBackward(float* dinp, const float* inp, const float* dout, int64_t N,
+                     int64_t H) override;
   void Rope(float* x, int64_t B, int64_t T, int64_t n_heads, int64_t HS, int64_t row_stride,
             float theta, bool inverse, int64_t pos_offset = 0,
-            const RopeScaling& scaling = RopeScaling{}) override;
+            const RopeScaling& scaling = RopeScaling{},
+            const int32_t* positions = nullptr) override;
   void AttentionDecode(float* out, const float* q, const float* k, const float* v, int64_t B,
                        int64_t T, int64_t cache_rows, int64_t NH, int64_t NKV, int64_t HS,
                        int64_t q_stride, int64_t kv_stride, int64_t window = 0) override;
   void AttentionForward(float* out, float* lse, const float* q, const float* k, const float* v,
                         int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS, int64_t q_stride,
                         int64_t kv_stride, bool causal = true, const int32_t* key_mask = nullptr,
-                        DType operand_type = DType::kF32, int64_t window = 0) override;
+                        DType operand_type = DType::kF32, int64_t window = 0,
+                        const int32_t* doc_start = nullptr) override;
   void AttentionBackward(float* dq, float* dk, float* dv, const float* dout, const float* out,
                          const float* lse, const float* q, const float* k, const float* v,
                          int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS,
                          int64_t q_stride, int64_t kv_stride, bool causal = true,
                          const int32_t* key_mask = nullptr,
-                         DType operand_type = DType::kF32, int64_t window = 0) override;
+                         DType operand_type = DType::kF32, int64_t window = 0,
+                         const int32_t* doc_start = nullptr) override;
   void SoftmaxCrossEntropy(float* logits, float* losses, const int32_t* targets, int64_t N,
                            int64_t V, int64_t Vp, float grad_scale, bool compute_grad,
                            const float* device_scale, void* grad16 = nullptr,
@@ -159,7 +172,12 @@ class GpuBackend : public Backend {
   cudaStream_t stream_ = nullptr;
   double* sumsq_ = nullptr;   // device scalar for SumSquares
   int* flag_ = nullptr;       // device flag for HasNonFinite
-  float* scratch_ = nullptr;  // attention backward: B*NH*T floats, grown on demand
+  // Grows scratch_ to `floats` (outside graph capture; false and the error recorded otherwise).
+  bool EnsureScratch(int64_t floats, const char* op);
+
+  // Attention's device scratch, grown on demand: the fp32 backward's B*NH*T floats, or the
+  // tensor-core path's 16-bit operands and dq accumulator (attention_tc.h).
+  float* scratch_ = nullptr;
   int64_t scratch_floats_ = 0;
   std::vector<cudaGraphExec_t> graphs_;  // by id
   std::vector<cudaEvent_t> markers_;     // by id; only grown before the step loop

@@ -61,6 +61,9 @@ Status TanhBackward(float* dinp, const float* out, const float* dout, int64_t n,
 Status SwiGluForward(float* out, const float* inp, int64_t N, int64_t H, cudaStream_t stream);
 Status SwiGluBackward(float* dinp, const float* inp, const float* dout, int64_t N, int64_t H,
                       cudaStream_t stream);
+Status GeGluForward(float* out, const float* inp, int64_t N, int64_t H, cudaStream_t stream);
+Status GeGluBackward(float* dinp, const float* inp, const float* dout, int64_t N, int64_t H,
+                     cudaStream_t stream);
 
 // ---- norm.cu ----
 Status LayerNormForward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
@@ -73,27 +76,33 @@ Status RmsNormForward(float* out, float* rstd, const float* inp, const float* we
 Status RmsNormBackward(float* dinp, float* dweight, const float* dout, const float* inp,
                        const float* weight, const float* rstd, int64_t N, int64_t C,
                        cudaStream_t stream);
+Status HeadRmsNormForward(float* x, float* saved, float* rstd, const float* weight, int64_t N,
+                          int64_t n_heads, int64_t HS, int64_t row_stride, float eps,
+                          cudaStream_t stream);
+Status HeadRmsNormBackward(float* dx, float* dweight, const float* saved, const float* weight,
+                           const float* rstd, int64_t N, int64_t n_heads, int64_t HS,
+                           int64_t row_stride, cudaStream_t stream);
 
 // ---- rope.cu ----
 Status Rope(float* x, int64_t B, int64_t T, int64_t n_heads, int64_t HS, int64_t row_stride,
             float theta, bool inverse, int64_t pos_offset, const RopeScaling& scaling,
-            cudaStream_t stream);
+            cudaStream_t stream, const int32_t* positions = nullptr);
 
 // ---- attention.cu ----
 // HS <= kMaxAttentionHeadSize. AttentionBackward needs `scratch` of B*NH*T floats. causal,
 // key_mask (device int32 (B*T) or null) and window (sliding window, 0 = none; negative: an error)
-// as backend.h's AttentionForward.
+// and doc_start (device int32 (B*T) or null: packed rows) as backend.h's AttentionForward.
 constexpr int64_t kMaxAttentionHeadSize = 256;
 Status AttentionForward(float* out, float* lse, const float* q, const float* k, const float* v,
                         int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS, int64_t q_stride,
                         int64_t kv_stride, bool causal, const int32_t* key_mask, int64_t window,
-                        cudaStream_t stream);
+                        cudaStream_t stream, const int32_t* doc_start = nullptr);
 Status AttentionBackward(float* dq, float* dk, float* dv, const float* dout, const float* out,
                          const float* lse, const float* q, const float* k, const float* v,
                          int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS,
                          int64_t q_stride, int64_t kv_stride, bool causal,
                          const int32_t* key_mask, int64_t window, float* scratch,
-                         cudaStream_t stream);
+                         cudaStream_t stream, const int32_t* doc_start = nullptr);
 
 // ---- attention_decode.cu ----
 // T <= kMaxDecodeRows (the scores of one query row live in shared memory). window > 0: only the
