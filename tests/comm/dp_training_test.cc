@@ -1466,9 +1466,9 @@ TEST(DataParallel, BadDistributedFieldsAreSpecErrors) {
 // Instruction data (JOBSPEC.md "Instruction data"): conversations of unequal loss-token counts,
 // assistant_only_loss, SGD (plain steps): world 2 x B 2 equals one process x B 4 within 1e-6,
 // because each rank scales its token losses by the world's count of loss tokens (all-reduced),
-// not by its own.
-TEST(DataParallel, InstructionDataWorldTwoMatchesOneProcess) {
-  const std::string dir = TempDir("instr");
+// not by its own. With packing the rows hold several conversations each (seq_len 128).
+void CheckInstructionWorldTwo(bool packing) {
+  const std::string dir = TempDir(packing ? "instr-packed" : "instr");
   std::string lines;
   const char* words[] = {"red", "green", "blue", "cat", "dog", "sun", "moon", "tree"};
   for (int i = 0; i < 32; ++i) {
@@ -1485,9 +1485,10 @@ TEST(DataParallel, InstructionDataWorldTwoMatchesOneProcess) {
   auto spec = [&](const std::string& out, int64_t B, const std::string& distributed) {
     std::string s =
         "name: dp-instr\n"
-        "model: {arch: gpt2, config: {vocab_size: 256, n_positions: 64, n_embd: 32, n_layer: 2, n_head: 2}}\n"
+        "model: {arch: gpt2, config: {vocab_size: 256, n_positions: 128, n_embd: 32, n_layer: 2, n_head: 2}}\n"
         "data: {train_file: " + dir + "/chat.jsonl, format: jsonl, tokenizer: byte, chat_template: " +
-        dir + "/t.jinja,\n       assistant_only_loss: true, seq_len: 64, validation_split: 0, shuffle: false}\n"
+        dir + "/t.jinja,\n       assistant_only_loss: true, validation_split: 0, shuffle: false,\n" +
+        (packing ? "       packing: true, seq_len: 128}\n" : "       seq_len: 64}\n") +
         "training: {max_steps: 4, per_device_train_batch_size: " + std::to_string(B) +
         ", optim: sgd, learning_rate: 0.1,\n  lr_scheduler_type: constant, max_grad_norm: 0, "
         "weight_decay: 0, seed: 7, logging_steps: 1, save_steps: 100}\n"
@@ -1518,15 +1519,20 @@ TEST(DataParallel, InstructionDataWorldTwoMatchesOneProcess) {
   ASSERT_EQ(a.loss.size(), 4u);
   ASSERT_EQ(b.loss.size(), 4u);
   for (size_t s = 0; s < 4; ++s) {
-    std::printf("[dp-instr] step %zu: loss 1 x B4 %.9f, world 2 x B2 %.9f\n", s + 1, a.loss[s], b.loss[s]);
+    std::printf("[dp-instr%s] step %zu: loss 1 x B4 %.9f, world 2 x B2 %.9f\n",
+                packing ? " packed" : "", s + 1, a.loss[s], b.loss[s]);
     EXPECT_NEAR(b.loss[s], a.loss[s], 1e-6 * a.loss[s]) << "step " << s + 1;
   }
   const WeightDiff w = CompareWeights(dir + "/ref", dir + "/dp");
-  std::printf("[dp-instr] weights: model rel L2 %.3g, worst max|diff|/max|w| %.3g\n", w.model_l2,
-              w.worst_max);
+  std::printf("[dp-instr%s] weights: model rel L2 %.3g, worst max|diff|/max|w| %.3g\n",
+              packing ? " packed" : "", w.model_l2, w.worst_max);
   EXPECT_LE(w.model_l2, 1e-6);
   EXPECT_LE(w.worst_max, 2e-6);
 }
+
+TEST(DataParallel, InstructionDataWorldTwoMatchesOneProcess) { CheckInstructionWorldTwo(false); }
+
+TEST(DataParallel, PackedInstructionDataWorldTwoMatchesOneProcess) { CheckInstructionWorldTwo(true); }
 
 }  // namespace
 }  // namespace traind::engine

@@ -231,10 +231,12 @@ TEST(TrainctlTokenize, SpecExamplesAsTextAndJson) {
   EXPECT_EQ(bad.exit_code, 2);
   EXPECT_THAT(bad.err, HasSubstr("chat.jsonl line 1: messages[0].content: expected a string, got number"));
   EXPECT_EQ(std::count(bad.err.begin(), bad.err.end(), '\n'), 1) << bad.err;
-  InstructSpec(dir, "  packing: true\n");
-  CmdResult packing = Trainctl({"tokenize", "--spec", dir + "/job.yaml"});
-  EXPECT_EQ(packing.exit_code, 2);
-  EXPECT_THAT(packing.err, HasSubstr("data.packing: true is not supported yet"));
+  // With packing the examples shown are the same (before packing).
+  InstructSpec(dir, "  assistant_only_loss: true\n  packing: true\n");
+  CmdResult packing = RunCommand({"/bin/sh", "-c", "cd '" + dir + "' && '" + std::string(TRAINCTL_BIN) +
+                                                       "' tokenize --spec job.yaml"});
+  ASSERT_EQ(packing.exit_code, 0) << packing.err;
+  EXPECT_THAT(packing.out, HasSubstr("example 1: 40 tokens, 14 with loss\n"));
   CmdResult neither = Trainctl({"tokenize"});
   EXPECT_EQ(neither.exit_code, 2);
 }
@@ -249,6 +251,8 @@ TEST(TraindRunInstruction, TrainsOnConversations) {
   EXPECT_THAT(run.out + run.err, HasSubstr("done: 2 steps"));
   const nlohmann::json state = nlohmann::json::parse(ReadAll(dir + "/out/trainer_state.json"));
   EXPECT_EQ(state["global_step"], 2);
+  // The chat template beside the model, for trainctl generate --chat.
+  EXPECT_EQ(ReadAll(dir + "/out/chat_template.jinja"), ReadAll(dir + "/t.jinja"));
 }
 
 }  // namespace
