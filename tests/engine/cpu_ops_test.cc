@@ -860,6 +860,91 @@ TEST_F(CpuOpsTest, SwiGluForwardBackward) {
   ExpectClose(dinp, num, 1e-5, 1e-6, "swiglu backward");
 }
 
+// GeGLU (gemma): gelu_tanh(gate) * up against its double formula, the backward against finite
+// differences of it.
+TEST_F(CpuOpsTest, GeGluForwardBackward) {
+  const int N = 7, H = 13;
+  auto inp = RandVec(N * 2 * H, 161, -5.0f, 5.0f);
+  auto R = RandVec(N * H, 162);
+  auto ref = [&](const std::vector<double>& in, std::vector<double>* out) {
+    out->assign(N * H, 0.0);
+    for (int n = 0; n < N; ++n) {
+      for (int i = 0; i < H; ++i) {
+        const double x = in[n * 2 * H + i], u = in[n * 2 * H + H + i];
+        const double gelu =
+            0.5 * x * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
+        (*out)[n * H + i] = gelu * u;
+      }
+    }
+  };
+  std::vector<double> want;
+  ref(ToDouble(inp), &want);
+  std::vector<float> out(N * H), dinp(N * 2 * H);
+  be_->GeGluForward(out.data(), inp.data(), N, H);
+  ExpectClose(out, want, 2e-6, 1e-7, "geglu");
+  auto num = NumGrad(
+      [&](const std::vector<double>& in) {
+        std::vector<double> o;
+        ref(in, &o);
+        return DotD(o, ToDouble(R));
+      },
+      ToDouble(inp));
+  be_->GeGluBackward(dinp.data(), inp.data(), R.data(), N, H);
+  ExpectClose(dinp, num, 1e-5, 1e-6, "geglu backward");
+}
+
+// Per-head RMSNorm (qwen3's q_norm / k_norm) in place over strided rows: each head against the
+// double formula, the saved input, untouched columns past the heads; the backward (dx =, dweight
+// +=) against finite differences.
+TEST_F(CpuOpsTest, HeadRmsNormForwardBackward) {
+  const int N = 5, NH = 3, HS = 8, stride = NH * HS + 4;
+  const float eps = 1e-6f;
+  const auto x0 = RandVec(N * stride, 163, -2.0f, 3.0f), w = RandVec(HS, 164);
+  const auto R = RandVec(N * stride, 165);
+  auto ref = [&](const std::vector<double>& x, const std::vector<double>& wd,
+                 std::vector<double>* out) {
+    *out = x;
+    for (int n = 0; n < N; ++n) {
+      for (int h = 0; h < NH; ++h) {
+        const double* xi = x.data() + n * stride + h * HS;
+        double ss = 0.0;
+        for (int i = 0; i < HS; ++i) ss += xi[i] * xi[i];
+        const double rs = 1.0 / std::sqrt(ss / HS + eps);
+        for (int i = 0; i < HS; ++i) (*out)[n * stride + h * HS + i] = xi[i] * rs * wd[i];
+      }
+    }
+  };
+  std::vector<double> want;
+  ref(ToDouble(x0), ToDouble(w), &want);
+  std::vector<float> x = x0, saved(N * NH * HS), rstd(N * NH);
+  be_->HeadRmsNormForward(x.data(), saved.data(), rstd.data(), w.data(), N, NH, HS, stride, eps);
+  ExpectClose(x, want, 2e-6, 1e-7, "head rmsnorm");
+  for (int n = 0; n < N; ++n) {
+    for (int i = 0; i < NH * HS; ++i) EXPECT_EQ(saved[n * NH * HS + i], x0[n * stride + i]);
+  }
+  // d/dx and d/dw of sum(R * y) (the tail columns pass through unchanged: gradient R).
+  auto num_dx = NumGrad(
+      [&](const std::vector<double>& xd) {
+        std::vector<double> o;
+        ref(xd, ToDouble(w), &o);
+        return DotD(o, ToDouble(R));
+      },
+      ToDouble(x0));
+  auto num_dw = NumGrad(
+      [&](const std::vector<double>& wd) {
+        std::vector<double> o;
+        ref(ToDouble(x0), wd, &o);
+        return DotD(o, ToDouble(R));
+      },
+      ToDouble(w));
+  std::vector<float> dx = R, dw(HS, 0.5f);
+  be_->HeadRmsNormBackward(dx.data(), dw.data(), saved.data(), w.data(), rstd.data(), N, NH, HS,
+                           stride);
+  ExpectClose(dx, num_dx, 1e-5, 1e-6, "head rmsnorm dx");
+  for (double& v : num_dw) v += 0.5;  // +=
+  ExpectClose(dw, num_dw, 1e-5, 1e-6, "head rmsnorm dweight");
+}
+
 // LayerNorm / RMSNorm references in double: y = norm(x) * w (+ b).
 void RefNorm(bool rms, const std::vector<double>& x, const std::vector<double>& w,
              const std::vector<double>& b, int N, int C, double eps, std::vector<double>* y) {

@@ -465,6 +465,26 @@ std::vector<OpCase> AllCases() {
       return Outputs{{"dinp", d.Get(dinp, N * C)}, {"dweight", d.Get(dw, C)}};
     });
   }
+  // Per-head RMSNorm over a strided fused row (qwen3's q or k heads of a qkv row): the columns
+  // past the heads must come back untouched.
+  for (auto [N, NH, HS] : {std::tuple<int64_t, int64_t, int64_t>{7, 3, 8}, {33, 2, 64}, {1, 1, 1}}) {
+    const int64_t stride = NH * HS + 5;
+    Add(&c, Op::kHeadRmsNormForward, Dims({N, NH, HS}), kReduce, [=](Dev& d) {
+      float *x = d.Up(Random(N * stride, 151, -2, 3)), *saved = d.Zeros(N * NH * HS);
+      float* rstd = d.Zeros(N * NH);
+      d->HeadRmsNormForward(x, saved, rstd, d.Up(Random(HS, 152)), N, NH, HS, stride, 1e-6f);
+      return Outputs{{"x", d.Get(x, N * stride)}, {"saved", d.Get(saved, N * NH * HS)},
+                     {"rstd", d.Get(rstd, N * NH)}};
+    });
+    Add(&c, Op::kHeadRmsNormBackward, Dims({N, NH, HS}), kReduce, [=](Dev& d) {
+      float *x = d.Up(Random(N * stride, 153, -2, 3)), *saved = d.Zeros(N * NH * HS);
+      float *rstd = d.Zeros(N * NH), *W = d.Up(Random(HS, 154));
+      d->HeadRmsNormForward(x, saved, rstd, W, N, NH, HS, stride, 1e-6f);
+      float *dx = d.Up(Random(N * stride, 155)), *dw = d.Up(Random(HS, 156));
+      d->HeadRmsNormBackward(dx, dw, saved, W, rstd, N, NH, HS, stride);
+      return Outputs{{"dx", d.Get(dx, N * stride)}, {"dweight", d.Get(dw, HS)}};
+    });
+  }
   // ---- activations ----
   for (int64_t n : {1, 1001, 65536 + 7}) {
     Add(&c, Op::kGeluForward, Dims({n}) + " in place", kElem, [=](Dev& d) {
@@ -507,6 +527,16 @@ std::vector<OpCase> AllCases() {
     Add(&c, Op::kSwiGluBackward, Dims({N, H}), kElem, [=](Dev& d) {
       float* dinp = d.Zeros(N * 2 * H);
       d->SwiGluBackward(dinp, d.Up(Random(N * 2 * H, 48, -5, 5)), d.Up(Random(N * H, 49)), N, H);
+      return Outputs{{"dinp", d.Get(dinp, N * 2 * H)}};
+    });
+    Add(&c, Op::kGeGluForward, Dims({N, H}), kElem, [=](Dev& d) {
+      float* out = d.Zeros(N * H);
+      d->GeGluForward(out, d.Up(Random(N * 2 * H, 157, -6, 6)), N, H);
+      return Outputs{{"out", d.Get(out, N * H)}};
+    });
+    Add(&c, Op::kGeGluBackward, Dims({N, H}), kElem, [=](Dev& d) {
+      float* dinp = d.Zeros(N * 2 * H);
+      d->GeGluBackward(dinp, d.Up(Random(N * 2 * H, 158, -6, 6)), d.Up(Random(N * H, 159)), N, H);
       return Outputs{{"dinp", d.Get(dinp, N * 2 * H)}};
     });
     // 16-bit outputs: compared after widening, at bf16/f16's relative step (as

@@ -119,6 +119,28 @@ TRAIND_CPU_CLONES void SwiGluBackRow(float* dgate, float* dup, const float* gate
   }
 }
 
+// GeGLU: out = gelu_tanh(gate) * up (GeluSpan's GELU).
+TRAIND_CPU_CLONES void GeGluRow(float* out, const float* gate, const float* up, int64_t H) {
+  for (int64_t i = 0; i < H; ++i) {
+    float x = gate[i];
+    float u = kGeluC * (x + kGeluA * x * x * x);
+    out[i] = x / (1.0f + ExpF(-2.0f * u)) * up[i];
+  }
+}
+// dgate = dout * up * gelu'(gate) (GeluBackSpan's), dup = dout * gelu(gate). Reads gate/up
+// before writing, so dinp may alias inp.
+TRAIND_CPU_CLONES void GeGluBackRow(float* dgate, float* dup, const float* gate, const float* up,
+                                    const float* dout, int64_t H) {
+  for (int64_t i = 0; i < H; ++i) {
+    float x = gate[i], v = up[i], d = dout[i];
+    float u = kGeluC * (x + kGeluA * x * x * x);
+    float s = 1.0f / (1.0f + ExpF(-2.0f * u));
+    float du = kGeluC * (1.0f + 3.0f * kGeluA * x * x);
+    dgate[i] = d * v * (s + 2.0f * x * s * (1.0f - s) * du);
+    dup[i] = d * x * s;
+  }
+}
+
 // torch.optim.AdamW (single-tensor path), step by step in fp32 as torch does it.
 TRAIND_CPU_CLONES void AdamWSpan(float* p, const float* grad, float* m, float* v, int64_t n,
                                  float decay_mul, float b1, float one_minus_b1, float b2,
@@ -368,6 +390,20 @@ void SwiGluBackward(float* dinp, const float* inp, const float* dout, int64_t N,
   for (int64_t n = 0; n < N; ++n) {
     SwiGluBackRow(dinp + n * 2 * H, dinp + n * 2 * H + H, inp + n * 2 * H, inp + n * 2 * H + H,
                   dout + n * H, H);
+  }
+}
+
+void GeGluForward(float* out, const float* inp, int64_t N, int64_t H, int nt) {
+#pragma omp parallel for num_threads(ThreadsFor(N* H * 8, nt)) schedule(static)
+  for (int64_t n = 0; n < N; ++n) GeGluRow(out + n * H, inp + n * 2 * H, inp + n * 2 * H + H, H);
+}
+
+void GeGluBackward(float* dinp, const float* inp, const float* dout, int64_t N, int64_t H,
+                   int nt) {
+#pragma omp parallel for num_threads(ThreadsFor(N* H * 8, nt)) schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    GeGluBackRow(dinp + n * 2 * H, dinp + n * 2 * H + H, inp + n * 2 * H, inp + n * 2 * H + H,
+                 dout + n * H, H);
   }
 }
 

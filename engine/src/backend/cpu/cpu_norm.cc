@@ -194,4 +194,50 @@ void RmsNormBackward(float* dinp, float* dweight, const float* dout, const float
     AddInto(dweight, partial.data() + static_cast<int64_t>(t) * C, C);
 }
 
+void HeadRmsNormForward(float* x, float* saved, float* rstd, const float* weight, int64_t N,
+                        int64_t n_heads, int64_t HS, int64_t row_stride, float eps, int nt) {
+#pragma omp parallel num_threads(ThreadsFor(N * n_heads, HS, nt))
+  {
+    static thread_local std::vector<float> in;
+    in.resize(static_cast<size_t>(HS));
+    float rs_discard = 0.0f;
+#pragma omp for schedule(static)
+    for (int64_t n = 0; n < N; ++n) {
+      for (int64_t h = 0; h < n_heads; ++h) {
+        float* head = x + n * row_stride + h * HS;
+        std::copy_n(head, HS, in.data());
+        if (saved != nullptr) std::copy_n(head, HS, saved + (n * n_heads + h) * HS);
+        RmsNormRow(head, rstd != nullptr ? rstd + n * n_heads + h : &rs_discard, in.data(), weight,
+                   HS, eps);
+      }
+    }
+  }
+}
+
+void HeadRmsNormBackward(float* dx, float* dweight, const float* saved, const float* weight,
+                         const float* rstd, int64_t N, int64_t n_heads, int64_t HS,
+                         int64_t row_stride, int nt) {
+  const int64_t rows = N * n_heads;
+  const int threads = ThreadsFor(rows, HS, nt);
+  static thread_local std::vector<float> partial;
+  partial.assign(static_cast<size_t>(threads) * HS, 0.0f);
+  float* part = partial.data();
+#pragma omp parallel num_threads(threads)
+  {
+    const int t = omp_get_thread_num(), nth = omp_get_num_threads();
+    float* dw = part + static_cast<int64_t>(t) * HS;
+    static thread_local std::vector<float> dy;
+    dy.resize(static_cast<size_t>(HS));
+    const int64_t per = (rows + nth - 1) / nth;
+    for (int64_t r = t * per; r < std::min(rows, (t + 1) * per); ++r) {
+      float* d = dx + (r / n_heads) * row_stride + (r % n_heads) * HS;
+      std::copy_n(d, HS, dy.data());
+      std::fill_n(d, HS, 0.0f);  // = (the row kernel adds)
+      RmsNormBackRow(d, dw, dy.data(), saved + r * HS, weight, rstd[r], HS);
+    }
+  }
+  for (int t = 0; t < threads; ++t)
+    AddInto(dweight, partial.data() + static_cast<int64_t>(t) * HS, HS);
+}
+
 }  // namespace traind::engine::cpu

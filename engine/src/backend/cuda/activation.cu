@@ -1,5 +1,5 @@
 // Activations of the GPU backend: GELU (tanh approximation, HF "gelu_new"), exact GELU (erf, HF
-// "gelu"), tanh and SwiGLU, forward and backward. Memory-bound; roofline on an H100 (3.0 TB/s) per call, fp32:
+// "gelu"), tanh, SwiGLU and GeGLU, forward and backward. Memory-bound; roofline on an H100 (3.0 TB/s) per call, fp32:
 //   GeluForward    n elements: 8n bytes, ~12n FLOPs            -> n = 32M (B*T*4C): 85 us
 //   GeluBackward   12n bytes, ~20n FLOPs                       -> n = 32M: 128 us
 //   SwiGluForward  inp (N,2H) -> out (N,H): 12*N*H bytes        -> N*H = 16M: 64 us
@@ -105,6 +105,35 @@ Status Check(const char* op, int64_t n) {
   return Status::Ok();
 }
 
+__global__ void geglu_forward_kernel(float* out, const float* inp, int64_t N, int64_t H) {
+  const int64_t total = N * H;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t n = i / H, j = i % H;
+    const float x = inp[n * 2 * H + j], u = inp[n * 2 * H + H + j];
+    const float cube = 0.044715f * x * x * x;
+    out[i] = 0.5f * x * (1.0f + tanhf(kGeluScale * (x + cube))) * u;
+  }
+}
+
+__global__ void geglu_backward_kernel(float* dinp, const float* inp, const float* dout, int64_t N,
+                                      int64_t H) {
+  const int64_t total = N * H;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t n = i / H, j = i % H;
+    const float x = inp[n * 2 * H + j], u = inp[n * 2 * H + H + j];
+    const float cube = 0.044715f * x * x * x;
+    const float t = tanhf(kGeluScale * (x + cube));
+    const float sech2 = 1.0f - t * t;
+    const float grad =
+        0.5f * (1.0f + t) + 0.5f * x * sech2 * kGeluScale * (1.0f + 3.0f * 0.044715f * x * x);
+    const float d = dout[i];
+    dinp[n * 2 * H + j] = d * u * grad;
+    dinp[n * 2 * H + H + j] = d * 0.5f * x * (1.0f + t);
+  }
+}
+
 }  // namespace
 
 Status GeluForward(float* out, const float* inp, int64_t n, cudaStream_t stream) {
@@ -162,6 +191,21 @@ Status SwiGluBackward(float* dinp, const float* inp, const float* dout, int64_t 
   TRAIND_RETURN_IF_ERROR(Check("SwiGluBackward", N * H));
   if (N * H == 0) return Status::Ok();
   return GPU_LAUNCH(swiglu_backward_kernel, GridFor(N * H, kThreads), kThreads, 0, stream, dinp,
+                    inp, dout, N, H);
+}
+
+Status GeGluForward(float* out, const float* inp, int64_t N, int64_t H, cudaStream_t stream) {
+  TRAIND_RETURN_IF_ERROR(Check("GeGluForward", N * H));
+  if (N * H == 0) return Status::Ok();
+  return GPU_LAUNCH(geglu_forward_kernel, GridFor(N * H, kThreads), kThreads, 0, stream, out, inp,
+                    N, H);
+}
+
+Status GeGluBackward(float* dinp, const float* inp, const float* dout, int64_t N, int64_t H,
+                     cudaStream_t stream) {
+  TRAIND_RETURN_IF_ERROR(Check("GeGluBackward", N * H));
+  if (N * H == 0) return Status::Ok();
+  return GPU_LAUNCH(geglu_backward_kernel, GridFor(N * H, kThreads), kThreads, 0, stream, dinp,
                     inp, dout, N, H);
 }
 

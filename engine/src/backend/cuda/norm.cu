@@ -129,6 +129,58 @@ __global__ void rmsnorm_backward_kernel(float* dinp, float* dweight, const float
     for (int64_t c = tid; c < C; c += nthreads) atomicAdd(&dweight[c], acc[c]);
 }
 
+// Per-head RMSNorm in place: one warp per (row, head); the input saved for the backward.
+__global__ void head_rmsnorm_forward_kernel(float* x, float* saved, float* rstd,
+                                            const float* weight, int64_t N, int64_t n_heads,
+                                            int64_t HS, int64_t row_stride, float eps) {
+  const int64_t r = blockIdx.x * int64_t{blockDim.y} + threadIdx.y;
+  if (r >= N * n_heads) return;  // whole warp: no block barrier in this kernel
+  const int lane = threadIdx.x;
+  float* h = x + (r / n_heads) * row_stride + (r % n_heads) * HS;
+  float ss = 0.0f;
+  for (int64_t c = lane; c < HS; c += 32) ss += h[c] * h[c];
+  const float rs = 1.0f / sqrtf(WarpSum(ss) / static_cast<float>(HS) + eps);
+  for (int64_t c = lane; c < HS; c += 32) {
+    const float v = h[c];
+    if (saved != nullptr) saved[r * HS + c] = v;
+    h[c] = v * rs * weight[c];
+  }
+  if (lane == 0 && rstd != nullptr) rstd[r] = rs;
+}
+
+__global__ void head_rmsnorm_backward_kernel(float* dx, float* dweight, const float* saved,
+                                             const float* weight, const float* rstd, int64_t N,
+                                             int64_t n_heads, int64_t HS, int64_t row_stride,
+                                             bool use_shared) {
+  GPU_DYNAMIC_SHARED(float, acc);  // (HS) when use_shared: dweight
+  const int tid = threadIdx.y * 32 + threadIdx.x;
+  const int nthreads = blockDim.x * blockDim.y;
+  if (use_shared)
+    for (int64_t c = tid; c < HS; c += nthreads) acc[c] = 0.0f;
+  __syncthreads();
+  float* dw = use_shared ? acc : dweight;
+  const int lane = threadIdx.x;
+  const int64_t rows = N * n_heads;
+  for (int64_t r = blockIdx.x * int64_t{blockDim.y} + threadIdx.y; r < rows;
+       r += int64_t{gridDim.x} * blockDim.y) {
+    const float* xs = saved + r * HS;
+    float* d = dx + (r / n_heads) * row_stride + (r % n_heads) * HS;
+    const float rs = rstd[r];
+    float sum_dn_n = 0.0f;
+    for (int64_t c = lane; c < HS; c += 32) sum_dn_n += weight[c] * d[c] * xs[c] * rs;
+    const float mean_dn_n = WarpSum(sum_dn_n) / static_cast<float>(HS);
+    for (int64_t c = lane; c < HS; c += 32) {
+      const float n = xs[c] * rs;
+      const float dy = d[c];
+      d[c] = (weight[c] * dy - n * mean_dn_n) * rs;
+      atomicAdd(&dw[c], n * dy);
+    }
+  }
+  __syncthreads();
+  if (use_shared)
+    for (int64_t c = tid; c < HS; c += nthreads) atomicAdd(&dweight[c], acc[c]);
+}
+
 Status CheckRows(const char* op, int64_t N, int64_t C) {
   if (N < 0 || C <= 0)
     return Status::InvalidArgument(std::string(op) + ": bad shape N=" + std::to_string(N) +
@@ -183,6 +235,27 @@ Status RmsNormBackward(float* dinp, float* dweight, const float* dout, const flo
   const size_t shmem = use_shared ? static_cast<size_t>(C) * sizeof(float) : 0;
   return GPU_LAUNCH(rmsnorm_backward_kernel, BackwardBlocks(N), dim3(32, kRowsPerBlock), shmem,
                     stream, dinp, dweight, dout, inp, weight, rstd, N, C, use_shared);
+}
+
+Status HeadRmsNormForward(float* x, float* saved, float* rstd, const float* weight, int64_t N,
+                          int64_t n_heads, int64_t HS, int64_t row_stride, float eps,
+                          cudaStream_t stream) {
+  TRAIND_RETURN_IF_ERROR(CheckRows("HeadRmsNormForward", N * n_heads, HS));
+  if (N * n_heads == 0) return Status::Ok();
+  return GPU_LAUNCH(head_rmsnorm_forward_kernel, RowBlocks(N * n_heads), dim3(32, kRowsPerBlock), 0,
+                    stream, x, saved, rstd, weight, N, n_heads, HS, row_stride, eps);
+}
+
+Status HeadRmsNormBackward(float* dx, float* dweight, const float* saved, const float* weight,
+                           const float* rstd, int64_t N, int64_t n_heads, int64_t HS,
+                           int64_t row_stride, cudaStream_t stream) {
+  TRAIND_RETURN_IF_ERROR(CheckRows("HeadRmsNormBackward", N * n_heads, HS));
+  if (N * n_heads == 0) return Status::Ok();
+  const bool use_shared = HS <= 2 * kMaxSharedC;
+  const size_t shmem = use_shared ? static_cast<size_t>(HS) * sizeof(float) : 0;
+  return GPU_LAUNCH(head_rmsnorm_backward_kernel, BackwardBlocks(N * n_heads),
+                    dim3(32, kRowsPerBlock), shmem, stream, dx, dweight, saved, weight, rstd, N,
+                    n_heads, HS, row_stride, use_shared);
 }
 
 TRAIND_GPU_END
