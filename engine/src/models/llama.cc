@@ -1,4 +1,5 @@
-// LLaMA and Mixtral parameter table: HF LlamaForCausalLM / MixtralForCausalLM names (the same
+// LLaMA and Mixtral parameter table (also mistral's, qwen2's, qwen3's with q_norm/k_norm, and
+// gemma's, whose norm weights start at zero): HF LlamaForCausalLM / MixtralForCausalLM names (the same
 // attention; mixtral's MLP is block_sparse_moe), RMSNorm weights, no biases, GQA
 // (k/v_proj have NKV*HS rows), q/k/v_proj contiguous so they form one fused (QKV, C) weight and
 // gate_proj/up_proj contiguous (gate first) as one (2H, C) weight; lm_head only when untied.
@@ -14,7 +15,8 @@ ParamTable LlamaParams(const ArchDims& d) {
   const int64_t KV = d.NKV * d.HS;
   const ParamExtra normal{false, false, InitKind::kNormal};
   const ParamExtra resid{false, false, InitKind::kNormalResidual};
-  const ParamExtra ones{false, false, InitKind::kOnes};
+  // The norms' weights: ones, or gemma's w of x * (1 + w): zeros (HF's GemmaRMSNorm init).
+  const ParamExtra norm_w{false, false, d.norm_plus_one() ? InitKind::kZeros : InitKind::kOnes};
   const ParamExtra zeros{false, false, InitKind::kZeros};
 
   t.wte = t.Add("model.embed_tokens.weight", {d.Vp, C}, {d.V, C}, {false, true, InitKind::kNormal},
@@ -22,7 +24,7 @@ ParamTable LlamaParams(const ArchDims& d) {
   for (int64_t l = 0; l < d.L; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     LayerParams lp;
-    lp.ln1_w = t.Add(p + "input_layernorm.weight", {C}, {C}, ones, false);
+    lp.ln1_w = t.Add(p + "input_layernorm.weight", {C}, {C}, norm_w, false);
     // q, k, v rows back to back: the fused qkv weight (QKV, C).
     lp.qkv_w =
         t.Add(p + "self_attn.q_proj.weight", {d.NH * d.HS, C}, {d.NH * d.HS, C}, normal, true);
@@ -33,10 +35,14 @@ ParamTable LlamaParams(const ArchDims& d) {
       t.Add(p + "self_attn.k_proj.bias", {KV}, {KV}, zeros, false);
       t.Add(p + "self_attn.v_proj.bias", {KV}, {KV}, zeros, false);
     }
+    if (d.qk_norm()) {  // qwen3: q_norm and k_norm (HS each), RMSNorm weights
+      lp.q_norm = t.Add(p + "self_attn.q_norm.weight", {d.HS}, {d.HS}, norm_w, false);
+      lp.k_norm = t.Add(p + "self_attn.k_norm.weight", {d.HS}, {d.HS}, norm_w, false);
+    }
     lp.proj_w =
         t.Add(p + "self_attn.o_proj.weight", {C, d.NH * d.HS}, {C, d.NH * d.HS}, resid, true);
     if (d.proj_bias) lp.proj_b = t.Add(p + "self_attn.o_proj.bias", {C}, {C}, zeros, false);
-    lp.ln2_w = t.Add(p + "post_attention_layernorm.weight", {C}, {C}, ones, false);
+    lp.ln2_w = t.Add(p + "post_attention_layernorm.weight", {C}, {C}, norm_w, false);
     if (d.moe()) {
       // mixtral's block_sparse_moe: the router (E, C) and E SwiGLU experts, each w1 (gate) and
       // w3 (up) back to back as one (2H, C) weight, and w2 (C, H).
@@ -56,7 +62,7 @@ ParamTable LlamaParams(const ArchDims& d) {
     }
     t.layers.push_back(lp);
   }
-  t.lnf_w = t.Add("model.norm.weight", {C}, {C}, ones, false);
+  t.lnf_w = t.Add("model.norm.weight", {C}, {C}, norm_w, false);
   if (d.tied) {
     t.lm_head = t.wte;
   } else {

@@ -17,6 +17,10 @@ void MlpForward(Backend& be, const MlpShape& s, const MlpWeights& w, float* out,
       be.SwiGluForwardRounded(a, type, act_scratch, h, s.N, s.H);
       af = nullptr;
     }
+  } else if (s.geglu) {  // the fp32 activation, rounded below (no fused 16-bit op)
+    LinearForward(be, h, inp, w.w_up, w.b_up, s.N, s.C, s.up_width(), type);
+    if (up_lora) LoraForward(be, lora->up, h, inp, s.N);
+    be.GeGluForward(af, h, s.N, s.H);
   } else if (s.gelu_erf) {
     LinearForward(be, h, inp, w.w_up, w.b_up, s.N, s.C, s.H, type);
     if (up_lora) LoraForward(be, lora->up, h, inp, s.N);
@@ -48,7 +52,7 @@ void MlpBackward(Backend& be, const MlpShape& s, const MlpWeights& w, const MlpG
     LoraBackward(be, lora->down, da, dout, a, s.N);
   }
   float* dh = scratch_h;  // (N, up_width); may alias da for GELU
-  const bool tanh_gelu = !s.swiglu && !s.gelu_erf;
+  const bool tanh_gelu = !s.gated() && !s.gelu_erf;
   // The fused 16-bit passes below leave only the rounded dh; an active up-projection adapter
   // reads the fp32 one, so it takes the composed ops (GELU / SwiGLU backward, then LinearBackward).
   const bool up_lora = lora != nullptr && lora->up.active();
@@ -71,6 +75,8 @@ void MlpBackward(Backend& be, const MlpShape& s, const MlpWeights& w, const MlpG
   } else {
     if (s.swiglu) {
       be.SwiGluBackward(dh, h, da, s.N, s.H);
+    } else if (s.geglu) {
+      be.GeGluBackward(dh, h, da, s.N, s.H);
     } else if (s.gelu_erf) {
       be.GeluErfBackward(dh, h, da, s.N * s.H);
     } else {

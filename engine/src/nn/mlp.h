@@ -3,6 +3,7 @@
 //   gelu_erf (bert): the same with the exact GELU (HF "gelu")
 //   swiglu (llama): h (N,2H) = inp W_gu^T ([gate|up] rows, gate first); a = silu(gate)*up (N,H);
 //                   out = a W_down^T
+//   geglu (gemma):  the same with a = gelu_tanh(gate)*up
 // Gradient contract: parameter gradients +=; dinp = (overwritten).
 // Precision (linear.h): inp, a and the two weights are in the GEMM type; h, out, biases and every
 // gradient are fp32; the activation runs in fp32.
@@ -22,7 +23,9 @@ struct MlpShape {
   int64_t H = 0;        // hidden size after the activation
   bool swiglu = false;  // false: GELU (tanh, or erf with gelu_erf) with biases
   bool gelu_erf = false;  // exact GELU (HF "gelu": bert) instead of the tanh approximation
-  int64_t up_width() const { return swiglu ? 2 * H : H; }
+  bool geglu = false;     // gated tanh GELU (gemma): [gate|up] as swiglu, gelu_tanh for silu
+  bool gated() const { return swiglu || geglu; }
+  int64_t up_width() const { return gated() ? 2 * H : H; }
 };
 
 struct MlpWeights {
