@@ -147,7 +147,12 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "traind: --device %s: %s\n", opts.device.c_str(), device.status().message().c_str());
     return 2;
   }
-  if (opts.device == "auto" && device->device == "cpu") {
+  // What the device the probe resolved can do (its policy: capabilities, not its name).
+  auto capabilities = traind::engine::DeviceCapabilitiesOf(device->device);
+  if (!capabilities.ok()) return Fail(capabilities.status());
+  const traind::engine::DeviceCapabilities& caps = capabilities.value();
+  // "auto" resolved to a device of another name, one without memory of its own: no GPU.
+  if (opts.device != device->device && !caps.has_own_memory) {
     spdlog::info("device auto: no GPU found; jobs train on the CPU backend ({})", device->name);
   } else {
     spdlog::info("device {}: {}", device->device, device->name);
@@ -170,7 +175,7 @@ int main(int argc, char** argv) {
   jm.admission_device.device = "cpu";
   jm.run_device = device->device;
   jm.admission_device.memory_budget_bytes = opts.memory_budget_bytes;
-  if (opts.memory_budget_bytes <= 0 && device->device != "cpu") {
+  if (opts.memory_budget_bytes <= 0 && caps.has_own_memory) {
     jm.admission_device.memory_budget_bytes = static_cast<int64_t>(0.95 * static_cast<double>(device->free_bytes));
   }
   jm.admission_device.threads = opts.threads;

@@ -108,22 +108,24 @@ Result<std::unique_ptr<engine::Communicator>> OpenForJob(const engine::JobSpec& 
   o.rounds = rounds;
   if (o.world_size == 1) return std::unique_ptr<engine::Communicator>();
   o.agreement = EncodeAgreement(spec.name, FieldsRanksMustAgree(spec));
-  if (device == "simt") {
-    return Status::Unimplemented(
-        "distributed: data parallel on simt (the CUDA emulator) is not supported: NCCL cannot "
-        "run there and Gloo is wired to the cpu backend only; use --device cpu (Gloo) or cuda:N "
-        "(NCCL)");
-  }
   std::string resolved = device.empty() ? "cpu" : device;
-  if (resolved == "auto" || resolved.rfind("cuda:", 0) == 0) {
+  // The registry's capabilities of the device ("auto" resolved as RunJob will).
+  TRAIND_ASSIGN_OR_RETURN(engine::DeviceCapabilities caps, engine::DeviceCapabilitiesOf(resolved));
+  if (!caps.data_parallel()) {
+    return Status::Unimplemented(
+        "distributed: data parallel on " + resolved +
+        " is not supported: no communicator reduces its memory (NCCL needs a CUDA device, Gloo "
+        "host memory); use --device cpu (Gloo) or cuda:N (NCCL)");
+  }
+  if (caps.has_own_memory) {
     // The device first, with the engine's own error (no GPU, no such device), before any rank
     // waits in the rendezvous.
     TRAIND_ASSIGN_OR_RETURN(engine::DeviceInfo info, engine::QueryDevice(resolved));
     resolved = info.device;
   }
-  if (resolved.rfind("cuda:", 0) == 0) {
+  if (caps.device_collective == "nccl") {
 #if TRAIND_HAVE_NCCL
-    return OpenNcclCommunicator(o, std::atoi(resolved.c_str() + 5));
+    return OpenNcclCommunicator(o, std::atoi(resolved.c_str() + 5));  // "cuda:N"
 #else
     return Status::Unimplemented("distributed: data parallel on " + resolved +
                                  " needs NCCL, which this build does not have (built without the "

@@ -27,7 +27,7 @@ TEST(DistributedAdmission, CpuAlwaysCudaWithNcclSimtNever) {
 
   const Status simt = CheckDistributedDevice(Ranks(2), "simt");
   EXPECT_EQ(simt.code(), Status::Code::kUnimplemented);
-  EXPECT_NE(simt.message().find("data parallel on simt (the CUDA emulator) is not supported"),
+  EXPECT_NE(simt.message().find("data parallel on simt is not supported: no communicator reduces its memory"),
             std::string::npos)
       << simt.message();
 

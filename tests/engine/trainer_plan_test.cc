@@ -8,6 +8,7 @@
 #include <cmath>
 #include <map>
 
+#include "backend/device_registry.h"
 #include "train/planner.h"
 #include "trainer_test_util.h"
 
@@ -209,11 +210,13 @@ TEST(TrainerPlan, TooSmallBudgetIsAClearError) {
   EXPECT_EQ(p.status().code(), Status::Code::kInvalidArgument);
 }
 
+DeviceCapabilities Cpu() { return DeviceCapabilitiesOf(DeviceKind::kCpu); }
+
 // The bytes of `s` at micro-batch b on the cpu device, straight from JobBytes (what each lever of
 // the advice must report for its changed spec).
 int64_t CpuTotal(const JobSpec& s, int64_t b, bool ckpt) {
-  return JobBytes(s.model.config, JobModelOptions(s, b, ckpt, PacksGemmWeights("cpu")), s.training, 1,
-                  OffloadUpdatesOnHost("cpu"))
+  return JobBytes(s.model.config, JobModelOptions(s, b, ckpt, PacksGemmWeights(Cpu())), s.training, 1,
+                  OffloadUpdatesOnHost(Cpu()))
       .total();
 }
 

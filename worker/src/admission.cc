@@ -8,6 +8,7 @@
 
 #if TRAIND_HAVE_GLOO
 #include "traind/comm/distributed.h"
+#include "traind/engine/devices.h"
 #endif
 
 namespace traind::worker {
@@ -65,18 +66,22 @@ int64_t DistributedRank(const engine::JobSpec& spec) {
 }
 
 Status CheckDistributedDevice(const engine::JobSpec& spec, const std::string& device) {
-  if (DistributedWorld(spec) == 0 || device == "cpu") return Status::Ok();
-  if (device == "simt") {
+  if (DistributedWorld(spec) == 0) return Status::Ok();
+  // The registry's capabilities of the device (no backend is open here).
+  TRAIND_ASSIGN_OR_RETURN(engine::DeviceCapabilities caps, engine::DeviceCapabilitiesOf(device));
+  if (!caps.has_own_memory) return Status::Ok();  // host memory: Gloo reduces it
+  if (!caps.data_parallel()) {
     return Status::Unimplemented(
-        "distributed: data parallel on simt (the CUDA emulator) is not supported: NCCL cannot run "
-        "there (start the daemons with --device cpu for Gloo, or cuda:N for NCCL)");
+        "distributed: data parallel on " + device +
+        " is not supported: no communicator reduces its memory (NCCL needs a CUDA device, Gloo "
+        "host memory; start the daemons with --device cpu for Gloo, or cuda:N for NCCL)");
   }
 #if TRAIND_HAVE_GLOO
   const bool nccl = comm::NcclBuilt();
 #else
   const bool nccl = false;
 #endif
-  if (nccl && (device.rfind("cuda:", 0) == 0 || device == "auto")) return Status::Ok();
+  if (nccl && caps.device_collective == "nccl") return Status::Ok();
   return Status::Unimplemented(
       "distributed: data parallel on " + device +
       " is not supported by this build (NCCL is not built: it comes with the CUDA backend; Gloo "

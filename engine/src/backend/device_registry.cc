@@ -147,6 +147,32 @@ Result<DeviceName> ParseDeviceName(const std::string& device) {
                                  "' is not one of cpu, auto, cuda:N, simt (test device)");
 }
 
+DeviceCapabilities DeviceCapabilitiesOf(DeviceKind kind) {
+  DeviceCapabilities c;
+  switch (kind) {
+    case DeviceKind::kCpu:
+      c.ops_complete_on_return = true;
+      c.has_own_memory = false;
+      c.packs_gemm_weights = true;
+      break;
+    case DeviceKind::kAuto:  // resolved before it is asked; a GPU is the stricter answer
+    case DeviceKind::kCuda:
+      c.tensor_cores = true;
+      c.device_collective = "nccl";
+      break;
+    case DeviceKind::kSimt:  // the CUDA backend's kernels on host memory, without NCCL or TF32
+      break;
+  }
+  return c;
+}
+
+Result<DeviceCapabilities> DeviceCapabilitiesOf(const std::string& device) {
+  TRAIND_ASSIGN_OR_RETURN(DeviceName d, ParseDeviceName(device));
+  std::string why;
+  if (d.kind == DeviceKind::kAuto) d.kind = AutoHasGpu(&why) ? DeviceKind::kCuda : DeviceKind::kCpu;
+  return DeviceCapabilitiesOf(d.kind);
+}
+
 Status CheckDeviceAvailable(const std::string& device) {
   TRAIND_ASSIGN_OR_RETURN(DeviceName d, ParseDeviceName(device));
   if (d.kind == DeviceKind::kSimt && SimtFactory() == nullptr) {

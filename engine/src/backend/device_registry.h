@@ -33,6 +33,12 @@ struct DeviceName {
 // "cpu" (or ""), "auto", "simt", "cuda:N" with N a decimal >= 0; INVALID_ARGUMENT otherwise.
 Result<DeviceName> ParseDeviceName(const std::string& device);
 
+// The one table of device capabilities (backend.h's DeviceCapabilities) by kind: what each
+// backend's capabilities() returns, and what the planner and the daemon's admission ask before a
+// backend is open. kAuto has no capabilities of its own (resolve it first; it answers as kCuda).
+DeviceCapabilities DeviceCapabilitiesOf(DeviceKind kind);
+// (The by-name lookup, DeviceCapabilitiesOf(const std::string&), is public: devices.h.)
+
 // OK when RunJob could open `device` now: INVALID_ARGUMENT for a bad name, FAILED_PRECONDITION for
 // "cuda:N" without a CUDA backend or device (the reason in the message) or "simt" unregistered.
 Status CheckDeviceAvailable(const std::string& device);

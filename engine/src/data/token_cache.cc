@@ -13,6 +13,7 @@
 #include <limits>
 
 #include "data/tokenizers/internal.h"
+#include "core/environment.h"
 
 namespace traind::engine {
 namespace {
@@ -48,10 +49,8 @@ Result<TokenCacheKey> TokenCacheKeyFor(const std::string& source, const std::str
 }
 
 std::string TokenCachePath(const std::string& source, const std::string& fingerprint) {
-  std::string dir;
-  if (const char* d = std::getenv("TRAIND_TOKEN_CACHE_DIR"); d && *d) dir = d;
-  else if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) dir = std::string(x) + "/traind/tokens";
-  else if (const char* h = std::getenv("HOME"); h && *h) dir = std::string(h) + "/.cache/traind/tokens";
+  // TRAIND_TOKEN_CACHE_DIR, else XDG_CACHE_HOME's, else HOME's (core/environment.h).
+  const std::string dir = ReadEngineEnvironment().token_cache_dir;
   if (dir.empty()) return "";
   std::error_code ec;
   const std::string abs = std::filesystem::absolute(source, ec).lexically_normal().string();

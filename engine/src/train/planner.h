@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <string>
 
+#include "backend/backend.h"  // DeviceCapabilities
 #include "models/model.h"
 #include "traind/engine/job_spec.h"
 #include "traind/engine/plan.h"
@@ -21,9 +22,10 @@ Result<ModelConfig> ResolveModelConfig(const JobSpec& spec);
 // device that packs GEMM weights (PacksGemmWeights).
 ModelOptions JobModelOptions(const JobSpec& spec, int64_t micro_batch, bool gradient_checkpointing,
                              bool pack_weights = false);
-// Whether a job on `device` keeps packed copies of its bf16 weights (ModelOptions::pack_weights):
-// "cpu", whose oneDNN GEMMs otherwise copy the weights into their blocked layout on every call.
-bool PacksGemmWeights(const std::string& device);
+// Whether a job on a device with `caps` keeps packed copies of its bf16 weights
+// (ModelOptions::pack_weights): DeviceCapabilities::packs_gemm_weights (the cpu backend, whose
+// oneDNN GEMMs otherwise copy the weights into their blocked layout on every call).
+bool PacksGemmWeights(const DeviceCapabilities& caps);
 // Whether the job keeps its fp32 weights off the device (ModelOptions::
 // master_weights_off_device): bf16 or fp16 with training.peft (always: the frozen base is held in
 // the compute type only, its fp32 copy is nowhere, the merge re-reads it), or training.offload
@@ -33,10 +35,10 @@ bool MasterWeightsOffDevice(const JobSpec& spec);
 // Whether a model of `config` built with `options` keeps its master weights in the optimizer's
 // store (decoder families without LoRA; the encoder keeps its weights on the device).
 bool MasterWeightsOffModel(const ModelConfig& config, const ModelOptions& options);
-// Whether training.offload updates on the host on `device` (OffloadOptions::update_on_host): a
-// device whose memory is not the host's (every one but "cpu"). The optimizer's state windows then
-// live on the host, not in the device plan.
-bool OffloadUpdatesOnHost(const std::string& device);
+// Whether training.offload updates on the host on a device with `caps`
+// (OffloadOptions::update_on_host): a device with a memory of its own (has_own_memory: cuda:N,
+// simt). The optimizer's state windows then live on the host, not in the device plan.
+bool OffloadUpdatesOnHost(const DeviceCapabilities& caps);
 
 // Every byte RunJob allocates in the arena for `config` with `options`: Model::PlanBytes, the
 // optimizer's state (AdamW: 2 * params * 4 bytes) and the step runner's device buffers (StepRunner::PlanBytes: two

@@ -38,6 +38,7 @@ struct TrainingSession {
 
   // Device and plan.
   std::string device;  // resolved: "cpu", "cuda:0", "simt"
+  DeviceCapabilities capabilities;  // the backend's: what policy asks instead of the name
   ModelConfig config;
   MemoryPlan plan;
   LrScheduleType schedule = LrScheduleType::kConstant;

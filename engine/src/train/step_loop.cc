@@ -311,7 +311,7 @@ StepCounters ReadCounters(OptimizerStateStore* store, const MeteredCommunicator*
 
 // The offload store's part of a step report: its traffic since `before`.
 void AddOffloadFigures(StepReport* r, const OptimizerStateStore& store,
-                       const OptimizerStateStoreStats& before, bool updated_during_backward) {
+                       const OptimizerStateStoreStats& before, int64_t updated_during_backward) {
   const OptimizerStateStoreStats io = store.Stats();
   r->offload_read_bytes = static_cast<int64_t>(io.read_bytes - before.read_bytes);
   r->offload_written_bytes = static_cast<int64_t>(io.written_bytes - before.written_bytes);

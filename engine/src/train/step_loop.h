@@ -1,5 +1,8 @@
 // The step loop of a training session: optimizer steps until max_steps, with step reports, the
-// logging windows, evaluation and checkpoints at their intervals; and the evaluation pass itself.
+// logging windows, evaluation, checkpoints and samples at their intervals; and the evaluation pass
+// itself. Its parts (step_loop.cc, docs/engine.md): the options made once (the spec, the device's
+// capabilities, the environment), the training batches, the step report, the logging window, the
+// preemption handshake.
 #pragma once
 
 #include <optional>

@@ -37,6 +37,38 @@ struct DeviceInfo {
   double peak_flops = 0;
 };
 
+// What sets one device's training policy apart from another's: the trainer, the planner, admission
+// and the communicator ask these, never the device's name. An open backend answers through its
+// capabilities(); before one is open, DeviceCapabilitiesOf below answers for a device name.
+struct DeviceCapabilities {
+  // An op's work has finished when its call returns (no stream, cpu): the host may read what an
+  // op wrote right after it, so the offloaded update may run during backward's per-block hook.
+  bool ops_complete_on_return = false;
+  // The device has a memory of its own apart from the host's (cuda:N, simt): the offloaded
+  // optimizer updates on the host, and a host collective (Gloo) cannot reduce its buffers.
+  bool has_own_memory = true;
+  // Its GEMMs keep packed copies of weights (the cpu backend's oneDNN; CpuPacksGemmB by type).
+  bool packs_gemm_weights = false;
+  // Tensor cores (cuda:N, sm_80+): fp32 GEMMs may run on TF32 (training.tf32) and 16-bit batches
+  // align to 64 rows.
+  bool tensor_cores = false;
+  // The communicator that reduces this device's memory in data parallel: "nccl" (cuda:N); empty
+  // when only host collectives apply (cpu: any host communicator) or none does (simt).
+  std::string device_collective;
+  // Whether data parallel can reduce this device's buffers at all (cpu with a host communicator,
+  // cuda:N with NCCL; not simt).
+  bool data_parallel() const { return !has_own_memory || !device_collective.empty(); }
+  // Whether the offloaded optimizer's update may start during backward (a block's gradients are
+  // final on the host's view when the hook runs).
+  bool update_overlaps_backward() const { return ops_complete_on_return; }
+};
+
+// The capabilities of the device `device` names ("cpu", "cuda:N", "simt"; "auto" as RunJob resolves
+// it: cuda:0 when a CUDA device is there, else cpu), from the one table the backends' own
+// capabilities() answer from (the device registry): what the planner, the daemon's admission and
+// the communicator ask before a backend is open. INVALID_ARGUMENT for a bad name.
+Result<DeviceCapabilities> DeviceCapabilitiesOf(const std::string& device);
+
 // What `device` is. INVALID_ARGUMENT for a name that is not one of the above; FAILED_PRECONDITION
 // for "cuda:N" when no CUDA backend is registered or there is no such device (with the reason);
 // FAILED_PRECONDITION for "simt" when it is not registered. "auto" never fails (CPU fallback).

@@ -19,6 +19,7 @@
 
 #include "backend/cpu/cpu_kernels.h"
 #include "backend/cpu/cpu_transpose.h"
+#include "core/environment.h"
 
 namespace traind::engine::cpu {
 namespace {
@@ -45,8 +46,7 @@ bool UseDnnl() {
 #ifdef TRAIND_HAVE_DNNL
   int v = g_use_dnnl.load(std::memory_order_relaxed);
   if (v < 0) {
-    const char* env = std::getenv("TRAIND_CPU_GEMM");
-    v = (env == nullptr || std::strcmp(env, "openblas") != 0) ? 1 : 0;
+    v = ReadEngineEnvironment().cpu_gemm_openblas ? 0 : 1;  // TRAIND_CPU_GEMM
     g_use_dnnl.store(v, std::memory_order_relaxed);
   }
   return v == 1;

@@ -9,6 +9,7 @@
 #include "backend/cuda/cublaslt_gemm.h"
 #include "backend/cuda/device.h"
 #include "backend/cuda/gpu_backend.h"
+#include "core/environment.h"
 
 TRAIND_GPU_BEGIN
 namespace {
@@ -19,8 +20,7 @@ class CudaBackend final : public GpuBackend {
   Status Start(const CudaBackendOptions& options) {
     TRAIND_RETURN_IF_ERROR(Init());
     TRAIND_ASSIGN_OR_RETURN(gemm_, CublasLtGemm::Create(options.allow_tf32));
-    const char* env = std::getenv("TRAIND_CUBLASLT_EPILOGUES");
-    fuse_epilogues_ = env == nullptr || std::string(env) != "0";
+    fuse_epilogues_ = !ReadEngineEnvironment().cublaslt_epilogues_off;  // TRAIND_CUBLASLT_EPILOGUES
     return Status::Ok();
   }
 

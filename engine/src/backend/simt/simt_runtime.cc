@@ -15,6 +15,7 @@
 
 #include "backend/simt/fiber_context.h"
 #include "backend/simt/simt.h"
+#include "core/environment.h"
 #include "traind/engine/mutex.h"
 
 namespace simt {
@@ -24,17 +25,14 @@ using traind::CondVar;
 using traind::Mutex;
 using traind::MutexLock;
 
-uint64_t EnvU64(const char* name, uint64_t fallback) {
-  const char* v = std::getenv(name);
-  if (v == nullptr || *v == '\0') return fallback;
-  return std::strtoull(v, nullptr, 10);
-}
+// TRAIND_SIMT_SEED, TRAIND_SIMT_WORKERS, TRAIND_SIMT_STACK_KB (core/environment.h), read at start.
+const traind::engine::EngineEnvironment kEnv = traind::engine::ReadEngineEnvironment();
 
-std::atomic<uint64_t> g_seed{EnvU64("TRAIND_SIMT_SEED", 1)};
+std::atomic<uint64_t> g_seed{kEnv.simt_seed.value_or(1)};
 std::atomic<int> g_workers{static_cast<int>(
-    EnvU64("TRAIND_SIMT_WORKERS", std::max(1u, std::thread::hardware_concurrency())))};
+    kEnv.simt_workers.value_or(std::max(1u, std::thread::hardware_concurrency())))};
 std::atomic<uint64_t> g_launches{0};
-const size_t kStackBytes = EnvU64("TRAIND_SIMT_STACK_KB", 64) * 1024;
+const size_t kStackBytes = kEnv.simt_stack_kb.value_or(64) * 1024;
 constexpr size_t kGuardBytes = 4096;
 constexpr size_t kMaxSharedBytes = 48 * 1024;  // the default per-block limit of sm_80/sm_90
 

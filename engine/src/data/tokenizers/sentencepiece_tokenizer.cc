@@ -10,6 +10,7 @@
 #include <mutex>
 
 #include "data/tokenizers/internal.h"
+#include "core/environment.h"
 
 namespace traind::engine::tokenizers {
 namespace {
@@ -37,9 +38,8 @@ const Shim& LoadShim() {
   static const Shim* shim = [] {
     auto* s = new Shim();
     std::vector<std::string> candidates;
-    if (const char* env = std::getenv("TRAIND_SENTENCEPIECE_SHIM"); env && *env) {
-      candidates.push_back(env);
-    }
+    const std::string env = ReadEngineEnvironment().sentencepiece_shim;  // TRAIND_SENTENCEPIECE_SHIM
+    if (!env.empty()) candidates.push_back(env);
     candidates.push_back(ExeDir() + "/libtraind_sentencepiece.so");
 #ifdef TRAIND_SENTENCEPIECE_SHIM_PATH
     candidates.push_back(TRAIND_SENTENCEPIECE_SHIM_PATH);
