@@ -2,7 +2,7 @@
 // and what they cost. The tensors are the blocks' linear weights (q/k/v/o, gate/up/down, gpt2's
 // c_attn/c_proj/c_fc/c_proj), each quantized on its own as bitsandbytes' Linear4bit does;
 // embeddings, norms, biases and the lm head stay in the compute type. The planner's and the
-// loader's shared view; the model does not hold a 4-bit base yet.
+// loader's shared view.
 #pragma once
 
 #include <cstdint>
@@ -34,5 +34,39 @@ struct QuantizedBaseBytes {
   int64_t largest = 0;      // elements of the largest layer's quantized weights (the scratch)
 };
 QuantizedBaseBytes QuantizedBasePlan(const ParamTable& table, bool double_quant);
+
+// Where each quantized tensor lives in the model's 4-bit store (ModelBuffers::q_*): its packed
+// codes from byte `codes`, its absmax (or absmax codes) from block `blocks`, its nested absmax
+// from `nested` (double quantization), and in its layer's dequantization scratch from element
+// `scratch` (a fused weight's parts stay contiguous there, as in the table).
+struct Quant4Slot {
+  int64_t offset = 0, numel = 0;
+  int64_t rows = 0, cols = 0;  // the engine shape (out, in)
+  int64_t layer = 0;
+  int64_t codes = 0, blocks = 0, nested = 0, scratch = 0;
+};
+struct Quant4Layout {
+  std::vector<Quant4Slot> tensors;  // table order
+  int64_t elements = 0;             // weights in 4 bits
+  int64_t code_bytes = 0;           // sum of Quant4Bytes
+  int64_t blocks = 0;               // sum of Quant4Blocks
+  int64_t nested_blocks = 0;        // sum of Quant4NestedBlocks
+  int64_t largest = 0;              // the largest layer's quantized elements (the scratch)
+  // The slot of the tensor at table offset `offset`, or null when it is not quantized.
+  const Quant4Slot* Find(int64_t offset) const;
+  // Quantized elements stored before table offset `offset`: a tensor that stays in the compute
+  // type is at offset - QuantizedBefore(offset) in the compacted weight buffers.
+  int64_t QuantizedBefore(int64_t offset) const;
+};
+// Empty when quantization is off or the table has nothing to quantize.
+Quant4Layout MakeQuant4Layout(const ParamTable& table);
+
+// QLoRA in 16 bits with an untied token table (llama-like, no learned positions): the lookup
+// reads the table's compute-type copy (rows gathered, then widened), so no fp32 copy of it is
+// kept; the lm head and the table then stay 16-bit only.
+bool LookupReads16Bit(const ParamTable& table, const ModelOptions& o);
+// The tensors a QLoRA model keeps an fp32 copy of with master weights off the device:
+// Fp32ResidentTensors, less the token table when LookupReads16Bit (packed offsets recounted).
+std::vector<Fp32ResidentTensor> QLoraResidentTensors(const ParamTable& table, const ModelOptions& o);
 
 }  // namespace traind::engine
