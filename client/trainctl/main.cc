@@ -473,14 +473,19 @@ int main(int argc, char** argv) {
   auto* tok_text_opt = tokenize->add_option("text", tok_text, "TEXT");
   tok_text_opt->excludes(tok_spec_opt);
   v1::GenerateRequest gen;
-  std::string gen_dir, gen_prompt, gen_tokenizer;
+  std::string gen_dir, gen_prompt, gen_chat, gen_tokenizer;
   int64_t gen_max_new = 64, gen_top_k = 0;
   double gen_temperature = 1.0, gen_top_p = 1.0;
   uint64_t gen_seed = 0;
   auto* generate = app.add_subcommand(
       "generate", "text from a trained model, run by traind on its device (prompt excluded)");
   generate->add_option("output_dir", gen_dir, "OUTPUT_DIR: a finished job's output_dir")->required();
-  generate->add_option("--prompt", gen_prompt, "the text to continue")->required();
+  auto* gen_prompt_opt = generate->add_option("--prompt", gen_prompt, "the text to continue");
+  generate
+      ->add_option("--chat", gen_chat,
+                   "instead of --prompt: a user message, rendered with the model's chat template "
+                   "(add_generation_prompt); prints the answer")
+      ->excludes(gen_prompt_opt);
   generate->add_option("--max-new-tokens", gen_max_new, "tokens to generate at most (default 64)");
   generate->add_option("--temperature", gen_temperature, "0 = greedy (default 1.0)");
   generate->add_option("--top-k", gen_top_k, "sample among the k likeliest; 1 = greedy, 0 = off (default)");
@@ -514,6 +519,7 @@ int main(int argc, char** argv) {
                    "         trainctl tokenize --spec examples/instruct-chat.yaml --examples 2");
   generate->footer(
       "example: trainctl generate runs/tiny-shakespeare --prompt 'ROMEO:' --max-new-tokens 200\n"
+      "         trainctl generate runs/instruct-chat --chat 'What is the capital of France?'\n"
       "-o json: {\"prompt\":..,\"text\":..,\"prompt_ids\":[..],\"ids\":[..],\"finish_reason\":..}");
 
   try {
@@ -634,8 +640,13 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (*generate) {
+    const bool chat = generate->count("--chat") > 0;
+    if (!chat && generate->count("--prompt") == 0) {
+      return Usage("generate needs --prompt TEXT or --chat TEXT (see trainctl generate --help)");
+    }
     gen.set_output_dir(gen_dir);
-    gen.set_prompt(gen_prompt);
+    gen.set_prompt(chat ? gen_chat : gen_prompt);
+    gen.set_chat(chat);
     gen.set_max_new_tokens(gen_max_new);
     gen.set_temperature(gen_temperature);
     gen.set_top_k(gen_top_k);

@@ -128,6 +128,57 @@ TEST_F(TrainctlGenerateTest, BadInputIsOneClearErrorWithTheContractsExitCodes) {
   EXPECT_THAT(r.err, HasSubstr("did not accept the token"));
 }
 
+// --chat: the user message rendered with the model folder's chat template (tokenizer_config.json
+// "chat_template", add_generation_prompt, its special tokens; else chat_template.jinja), encoded
+// without added special tokens; -o json's prompt is the rendered text. Without a template it is
+// one clear error; --chat and --prompt exclude each other.
+TEST_F(TrainctlGenerateTest, ChatRendersTheModelsTemplate) {
+  CmdResult none = Ctl({"generate", Model(), "--chat", "hi"});
+  EXPECT_EQ(none.exit_code, 2) << none.err;
+  EXPECT_THAT(none.err, HasSubstr("--chat: the model has no chat template"));
+  EXPECT_THAT(none.err, HasSubstr(Model() + "/chat_template.jinja"));
+  CmdResult both = Ctl({"generate", Model(), "--chat", "hi", "--prompt", "x"});
+  EXPECT_EQ(both.exit_code, 2);
+  EXPECT_THAT(both.err, HasSubstr("excludes"));
+  // The trained model's folder with a chat template in its tokenizer_config.json.
+  const std::string chat = *dir_ + "/out/chat-model";
+  std::filesystem::create_directories(chat);
+  for (const char* f : {"config.json", "model.safetensors"}) {
+    std::filesystem::copy_file(Model() + "/" + f, chat + "/" + f);
+  }
+  nlohmann::json cfg = {
+      {"bos_token", "<s>"},
+      {"chat_template",
+       "{{ bos_token }}{% for m in messages %}{% if m.role == 'user' %}U:{% endif %}"
+       "{{ m.content }}\n{% endfor %}{% if add_generation_prompt %}A:{% endif %}"}};
+  WriteAll(chat + "/tokenizer_config.json", cfg.dump());
+  CmdResult r = Ctl({"-o", "json", "generate", chat, "--chat", "to be", "--max-new-tokens", "4",
+                     "--top-k", "1"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  const std::string rendered = "<s>U:to be\nA:";  // the tiny model has 32 positions
+  EXPECT_EQ(j["prompt"], rendered);
+  std::vector<int> bytes(rendered.begin(), rendered.end());
+  EXPECT_EQ(j["prompt_ids"], nlohmann::json(bytes));
+  EXPECT_EQ(j["ids"].size(), 4u);
+  // Greedy from the rendered prompt equals --prompt with the same text.
+  CmdResult same = Ctl({"-o", "json", "generate", chat, "--prompt", rendered, "--max-new-tokens",
+                        "4", "--top-k", "1"});
+  ASSERT_EQ(same.exit_code, 0) << same.err;
+  EXPECT_EQ(nlohmann::json::parse(same.out)["ids"], j["ids"]);
+  // chat_template.jinja (what a job trained with data.chat_template writes) serves as well.
+  std::filesystem::remove(chat + "/tokenizer_config.json");
+  WriteAll(chat + "/chat_template.jinja", "[{{ messages[0].content }}]{% if add_generation_prompt %}>{% endif %}");
+  CmdResult jinja = Ctl({"-o", "json", "generate", chat, "--chat", "q", "--max-new-tokens", "1"});
+  ASSERT_EQ(jinja.exit_code, 0) << jinja.err;
+  EXPECT_EQ(nlohmann::json::parse(jinja.out)["prompt"], "[q]>");
+  // A template that fails names itself.
+  WriteAll(chat + "/chat_template.jinja", "{{ raise_exception('only system turns') }}");
+  CmdResult raised = Ctl({"generate", chat, "--chat", "q"});
+  EXPECT_EQ(raised.exit_code, 2);
+  EXPECT_THAT(raised.err, HasSubstr("only system turns"));
+}
+
 // training.sample_every: the job's log holds a sample at steps 10, 20, 30 (text and JSON).
 TEST_F(TrainctlGenerateTest, SamplesDuringTrainingAreInTheLog) {
   CmdResult r = Ctl({"logs", *job_});

@@ -40,6 +40,7 @@ engine::GenerateOptions GenerateOptionsOf(const v1::GenerateRequest& r) {
   o.model_dir = r.output_dir();
   o.prompt = r.prompt();
   o.tokenizer = r.tokenizer();
+  o.chat = r.chat();
   if (r.has_max_new_tokens()) o.max_new_tokens = r.max_new_tokens();
   if (r.has_temperature()) o.temperature = r.temperature();
   if (r.has_top_k()) o.top_k = r.top_k();
@@ -72,7 +73,7 @@ int GenerateRunnerMain() {
     result.set_message(r.status().message());
   } else {
     v1::GenerateResponse* resp = result.mutable_response();
-    resp->set_prompt(req.request().prompt());
+    resp->set_prompt(r->prompt);
     resp->set_text(r->text);
     for (int32_t id : r->prompt_ids) resp->add_prompt_ids(id);
     for (int32_t id : r->ids) resp->add_ids(id);

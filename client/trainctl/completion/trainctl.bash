@@ -11,7 +11,7 @@ _trainctl_flags_of() {
     submit) echo "--wait --follow --priority --hosts -h --help" ;;
     logs) echo "-f --follow -h --help" ;;
     tokenize) echo "--tokenizer --file --spec --examples -h --help" ;;
-    generate) echo "--prompt --max-new-tokens --temperature --top-k --top-p --seed --tokenizer -h --help" ;;
+    generate) echo "--prompt --chat --max-new-tokens --temperature --top-k --top-p --seed --tokenizer -h --help" ;;
     top) echo "--interval --once -h --help" ;;
     *) echo "-h --help" ;;
   esac
@@ -46,7 +46,7 @@ _trainctl() {
     -o|--output) COMPREPLY=($(compgen -W "text json" -- "$cur")); return ;;
     --token-file|--tls-ca|--file|--state-dir) COMPREPLY=($(compgen -f -- "$cur")); return ;;
     --addr|--token|--timeout|--priority|--interval|--hosts) COMPREPLY=(); return ;;
-    --prompt|--max-new-tokens|--temperature|--top-k|--top-p|--seed|--examples) COMPREPLY=(); return ;;
+    --prompt|--chat|--max-new-tokens|--temperature|--top-k|--top-p|--seed|--examples) COMPREPLY=(); return ;;
     --tokenizer) COMPREPLY=($(compgen -W "byte" -- "$cur") $(compgen -f -- "$cur")); return ;;
     --spec) COMPREPLY=($(compgen -f -- "$cur")); return ;;
   esac

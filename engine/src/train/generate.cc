@@ -14,6 +14,7 @@
 #include "backend/arena.h"
 #include "backend/device_registry.h"
 #include "core/safetensors.h"
+#include "data/instruction_data.h"
 #include "models/decoder.h"
 #include "models/hf_config.h"
 #include "models/kv_decoder.h"
@@ -225,7 +226,13 @@ Result<GenerateResult> Generate(const GenerateOptions& o, const DeviceOptions& d
   TRAIND_ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tok,
                           DefaultTokenizerFactory().Open(tok_name, ""));
   GenerateResult r;
-  TRAIND_ASSIGN_OR_RETURN(r.prompt_ids, tok->Encode(o.prompt, /*add_special_tokens=*/true));
+  r.prompt = o.prompt;
+  if (o.chat) {
+    std::vector<std::string> folders = {o.model_dir};
+    if (!m.tokenizer_dir.empty() && m.tokenizer_dir != o.model_dir) folders.push_back(m.tokenizer_dir);
+    TRAIND_ASSIGN_OR_RETURN(r.prompt, RenderChatPrompt(folders, o.prompt));
+  }
+  TRAIND_ASSIGN_OR_RETURN(r.prompt_ids, tok->Encode(r.prompt, /*add_special_tokens=*/!o.chat));
   if (r.prompt_ids.empty()) {
     if (!tok->bos_id() && !tok->eos_id()) {
       return Status::InvalidArgument("--prompt is empty and the tokenizer has no begin token");

@@ -4,7 +4,9 @@
 
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <memory>
+#include <sstream>
 
 #include "core/safetensors.h"
 #include "models/hf_config.h"
@@ -82,6 +84,13 @@ Status WriteFinalOutputs(TrainingSession* s, const RunSummary& summary) {
                                    st.message());
     }
   }
+  if (lora && s->spec.training.peft->merge && s->spec.model.quantization_config.has_value()) {
+    s->Message("peft.merge with model.quantization_config: the merged model is the 4-bit base "
+               "dequantized to " + s->plan.precision + " plus the adapters, so it keeps the base's " +
+               s->spec.model.quantization_config->bnb_4bit_quant_type +
+               " rounding (16 levels a block of 64; the full-precision base plus " +
+               kAdapterModelFile + " merges without it)");
+  }
   if (!lora || s->spec.training.peft->merge) {
     TRAIND_RETURN_IF_ERROR(
         WriteFileAtomic((out / kConfigFile).string(), WriteHfConfigJson(s->model->config())));
@@ -89,6 +98,14 @@ Status WriteFinalOutputs(TrainingSession* s, const RunSummary& summary) {
     TRAIND_RETURN_IF_ERROR(WriteSafetensorsStream(
         (out / kModelFile).string(), lora ? s->model->StreamMerged(kHfExportPieceBytes)
                                           : s->model->StreamHf(kHfExportPieceBytes)));
+  }
+  if (s->spec.data.chat_template.has_value()) {
+    // The chat template the job rendered its data with, beside the model (as transformers'
+    // save_pretrained writes chat_template.jinja), for trainctl generate --chat.
+    std::ifstream in(*s->spec.data.chat_template, std::ios::binary);
+    std::stringstream text;
+    text << in.rdbuf();
+    if (in) TRAIND_RETURN_IF_ERROR(WriteFileAtomic((out / "chat_template.jinja").string(), text.str()));
   }
   return WriteFileAtomic((out / kTrainerStateFile).string(),
                          TrainerStateJson(s->spec, s->state, s->windows_per_epoch, &final_entry));

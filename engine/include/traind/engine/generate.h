@@ -17,6 +17,13 @@ namespace traind::engine {
 struct GenerateOptions {
   std::string model_dir;
   std::string prompt;
+  // The prompt is a user message (trainctl generate --chat): rendered as
+  // [{"role": "user", "content": prompt}] with the model's chat template (the model folder's
+  // tokenizer_config.json "chat_template", else its chat_template.jinja; then the tokenizer
+  // folder's), add_generation_prompt true and its special tokens, then encoded without adding
+  // special tokens (the template writes them), as transformers' apply_chat_template does.
+  // INVALID_ARGUMENT when the model has no chat template.
+  bool chat = false;
   // data.tokenizer's forms ("byte", a file or folder); "" = the model folder's tokenizer files
   // (for adapters, then the base model's), else byte.
   std::string tokenizer;
@@ -29,6 +36,7 @@ struct GenerateOptions {
 };
 
 struct GenerateResult {
+  std::string prompt;          // the text prompt_ids encode (with chat: the rendered template)
   std::vector<int32_t> prompt_ids;
   std::vector<int32_t> ids;   // the new tokens (the eos that ended it included)
   std::string text;           // the continuation (prompt excluded), valid UTF-8
