@@ -276,6 +276,7 @@ class Interp {
     }
   }
 
+  // long function: one case per expression kind, the evaluator's whole grammar in one switch
   Value EvalImpl(const Expr& e) {
     switch (e.k) {
       case Expr::K::kLit:

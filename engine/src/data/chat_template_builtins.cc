@@ -223,6 +223,7 @@ class Args {
 };
 
 // A bound method of a str or dict, or Undefined naming what was missing.
+// long function: one branch per str/dict method Jinja templates call, a table read top to bottom
 Value Method(const Value& obj, const std::string& name) {
   const char* type = TypeName(obj);
   auto bind = [&](auto fn) {
@@ -445,6 +446,7 @@ bool Contains(const Value& container, const Value& item) {
 }
 
 // A filter applied to `v` with the filter's own arguments.
+// long function: one branch per Jinja filter, a table read top to bottom
 Value ApplyFilter(const std::string& name, const Value& v, CallArgs& ca) {
   Args args(ca, name.c_str());
   auto str_of = [&](const Value& x) {

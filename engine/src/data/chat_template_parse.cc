@@ -136,6 +136,7 @@ class Lexer {
   }
 
   // Lexes the tokens of a {{ }} or {% %} tag from pos; returns the position after its end.
+  // long function: the tag lexer's one loop over characters; its states share the open brackets
   size_t LexTag(size_t pos, bool var, int open_line, std::vector<Tok>* toks, char* end_sign) {
     std::string open;  // the brackets opened and not yet closed
     const char* close = var ? "}}" : "%}";
@@ -802,6 +803,7 @@ class Parser {
     return body;
   }
 
+  // long function: one branch per statement keyword (if, for, set, macro, ...), the grammar in one place
   NodeP ParseStatement(const std::string& kw, int line) {
     if (++nesting_ > kMaxNesting)
       Fail(line, "statements nested deeper than " + std::to_string(kMaxNesting) + " levels");

@@ -368,6 +368,7 @@ Status ValidateModelConfig(const ModelConfig& c, const std::string& p) {
   if (c.arch == "gpt2") {
     TRAIND_RETURN_IF_ERROR(Positive(p, "n_positions", c.n_positions));
     TRAIND_RETURN_IF_ERROR(Positive(p, "n_embd", c.n_embd));
+// long function: one check per config field, the one validator of model configs
     TRAIND_RETURN_IF_ERROR(Positive(p, "n_layer", c.n_layer));
     TRAIND_RETURN_IF_ERROR(Positive(p, "n_head", c.n_head));
     if (c.n_embd % c.n_head != 0) {
@@ -575,6 +576,7 @@ std::string WriteHfConfigJson(const ModelConfig& c) {
       j["id2label"] = id2label;
       j["label2id"] = label2id;
       j["problem_type"] = "single_label_classification";
+// long function: one line per config.json key, per family, in HF's order
     }
   } else {
     // The llama-like families: one writer, the family's class names and keys.

@@ -392,6 +392,7 @@ class ShardedOptimizer::StateGather {
     Result<SafetensorsStream> local = opt.inner_->StateStream();
     if (local.ok()) {
       g->local_ = std::move(*local);
+  // long function: the gathered file's header, computed the same on every rank, in one pass
     } else {
       g->error_ = local.status();  // this rank contributes no tensors; Finish reports it
     }
