@@ -125,6 +125,7 @@ struct FwdCfg {
 };
 
 template <typename T16, int D>
+// long function: one fused kernel (FA2 forward): the tile loop keeps its accumulators in registers
 __global__ void __launch_bounds__(FwdCfg<D>::kThreads) attn_tc_fwd_kernel(Params p) {
   using C = FwdCfg<D>;
   using L = Tile<D>;
@@ -380,6 +381,7 @@ __global__ void __launch_bounds__(BwdCfg<D>::kThreads) attn_tc_bwd_kernel(Params
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, t = lane & 3, mi = lane >> 3;
   const int64_t b = blockIdx.z;
   const int64_t kvh = blockIdx.y / C::kSlices;
+// long function: one fused kernel (FA2 backward): the tile loop keeps dK, dV in registers
   const int c0 = static_cast<int>(blockIdx.y % C::kSlices) * (kDS / 8);  // first chunk of the slice
   const int64_t k0 = static_cast<int64_t>(blockIdx.x) * kBc;
   const int64_t T = p.T, group = p.NH / p.NKV;
