@@ -11,10 +11,11 @@
 // h / (NH/NKV).
 //
 // Forward: one block per (query tile of 16*warps rows, head, sequence); each warp owns 16 query
-// rows. Q is staged once; K and V tiles are double-buffered (tile j+1 is copied with cp.async while
-// tile j is used). S = Q K^T in registers, online softmax per row (max and rescale with two
-// shuffles in the quad of lanes that share a row), P rounded to 16 bits and reused straight from
-// the S accumulators as the A operand of O += P V. Writes out (16-bit) and lse (fp32, natural log).
+// rows. Q is staged once (its fragments then held in registers for head sizes <= 128); K and V
+// tiles are double-buffered (tile j+1 is copied with cp.async while tile j is used). S = Q K^T in
+// registers, online softmax per row (max and rescale with two shuffles in the quad of lanes that
+// share a row), P rounded to 16 bits and reused straight from the S accumulators as the A operand
+// of O += P V. Writes out (16-bit) and lse (fp32, natural log).
 // Backward: a pre-pass computes D = rowsum(dO * O) and zeroes the fp32 dq accumulator; then one
 // block per (key tile of 16*warps keys, kv head, dimension slice, sequence): each warp owns 16 keys
 // and loops over the query tiles of every head of its group (Q, dO, lse, D double-buffered where
@@ -117,15 +118,16 @@ __device__ __forceinline__ T16 FromFloat(float x) {
 template <int D>
 struct FwdCfg {
   static constexpr int kWarps = D == 256 ? 2 : 4;
-  static constexpr int kBr = 16 * kWarps;                            // query rows per block
+  static constexpr int kBr = 16 * kWarps;                          // query rows per block
   static constexpr int kBc = D == 64 ? 64 : (D == 256 ? 16 : 32);  // keys per tile
   static constexpr int kThreads = 32 * kWarps;
   static constexpr int kSmemBytes = (kBr + 4 * kBc) * Tile<D>::kStride * 2;
   static_assert(kSmemBytes <= 48 * 1024, "forward tiles exceed 48 KiB of shared memory");
 };
 
-template <typename T16, int D>
 // long function: one fused kernel (FA2 forward): the tile loop keeps its accumulators in registers
+// long function: one fused kernel (FA2 forward): the tile loop keeps its accumulators in registers
+template <typename T16, int D>
 __global__ void __launch_bounds__(FwdCfg<D>::kThreads) attn_tc_fwd_kernel(Params p) {
   using C = FwdCfg<D>;
   using L = Tile<D>;
@@ -177,6 +179,10 @@ __global__ void __launch_bounds__(FwdCfg<D>::kThreads) attn_tc_fwd_kernel(Params
   GPU_UNROLL
   for (int j = 0; j < D / 8; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
   float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
+  // Head sizes up to 128 keep the warp's Q fragments in registers (loaded once, at the first key
+  // tile); 256 re-reads them from shared memory per tile (its O accumulators need the registers).
+  constexpr bool kQInRegs = D <= 128;
+  uint32_t qf[kQInRegs ? D / 16 : 1][4];
 
   for (int64_t kt = kt_begin; kt < kt_end; ++kt) {
     const int buf = static_cast<int>((kt - kt_begin) & 1);
@@ -194,6 +200,13 @@ __global__ void __launch_bounds__(FwdCfg<D>::kThreads) attn_tc_fwd_kernel(Params
     const T16* k_s = sK + buf * kBc * L::kStride;
     const T16* v_s = sV + buf * kBc * L::kStride;
     const int mi = lane >> 3;
+    if constexpr (kQInRegs) {
+      if (kt == kt_begin) {
+        GPU_UNROLL
+        for (int kk = 0; kk < D / 16; ++kk)
+          tc::Ldmatrix4<false>(qf[kk], sQ + L::Off(warp * 16 + (lane & 15), 2 * kk + (lane >> 4)));
+      }
+    }
 
     // S = Q K^T for this warp's 16 rows and the tile's kBc keys.
     float s[kBc / 8][4];
@@ -201,12 +214,15 @@ __global__ void __launch_bounds__(FwdCfg<D>::kThreads) attn_tc_fwd_kernel(Params
     for (int j = 0; j < kBc / 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
     GPU_UNROLL
     for (int kk = 0; kk < D / 16; ++kk) {
-      uint32_t qa[4];
-      tc::Ldmatrix4<false>(qa, sQ + L::Off(warp * 16 + (lane & 15), 2 * kk + (lane >> 4)));
+      uint32_t qs[4];
+      if constexpr (!kQInRegs)
+        tc::Ldmatrix4<false>(qs, sQ + L::Off(warp * 16 + (lane & 15), 2 * kk + (lane >> 4)));
+      const uint32_t* qa = kQInRegs ? qf[kQInRegs ? kk : 0] : qs;
       GPU_UNROLL
       for (int nn = 0; nn < kBc / 16; ++nn) {
         uint32_t kb[4];
-        tc::Ldmatrix4<false>(kb, k_s + L::Off(nn * 16 + (mi >> 1) * 8 + (lane & 7), 2 * kk + (mi & 1)));
+        tc::Ldmatrix4<false>(kb,
+                             k_s + L::Off(nn * 16 + (mi >> 1) * 8 + (lane & 7), 2 * kk + (mi & 1)));
         tc::Mma<T16>(s[2 * nn], qa, kb);
         tc::Mma<T16>(s[2 * nn + 1], qa, kb + 2);
       }
@@ -265,7 +281,8 @@ __global__ void __launch_bounds__(FwdCfg<D>::kThreads) attn_tc_fwd_kernel(Params
       GPU_UNROLL
       for (int dd = 0; dd < D / 16; ++dd) {
         uint32_t vb[4];
-        tc::Ldmatrix4<true>(vb, v_s + L::Off(kk * 16 + (mi & 1) * 8 + (lane & 7), 2 * dd + (mi >> 1)));
+        tc::Ldmatrix4<true>(vb,
+                            v_s + L::Off(kk * 16 + (mi & 1) * 8 + (lane & 7), 2 * dd + (mi >> 1)));
         tc::Mma<T16>(o[2 * dd], pa, vb);
         tc::Mma<T16>(o[2 * dd + 1], pa, vb + 2);
       }
@@ -334,8 +351,8 @@ __global__ void attn_tc_dq_kernel(Params p, int64_t n) {
 template <int D>
 struct BwdCfg {
   static constexpr int kWarps = D == 64 ? 4 : (D == 256 ? 1 : 2);
-  static constexpr int kBc = 16 * kWarps;          // keys per block
-  static constexpr int kBr = D <= 96 ? 32 : 16;    // queries per tile
+  static constexpr int kBc = 16 * kWarps;           // keys per block
+  static constexpr int kBr = D <= 96 ? 32 : 16;     // queries per tile
   static constexpr int kStages = D == 256 ? 1 : 2;  // Q/dO/lse/delta buffers
   static constexpr int kDS = D == 256 ? 128 : D;    // dK/dV/dQ dims per block
   static constexpr int kSlices = D / kDS;
@@ -352,8 +369,8 @@ __device__ __forceinline__ void LoadQueryStep(const Params& p, int64_t b, int64_
                                               T16* sQ, T16* sdO, float* sLse, float* sDelta) {
   using C = BwdCfg<D>;
   const int64_t T = p.T;
-  LoadTile<T16, D, C::kBr, C::kThreads>(sQ, static_cast<const T16*>(p.q) + b * T * p.q_stride + h * D,
-                                        qrow0, T, p.q_stride);
+  LoadTile<T16, D, C::kBr, C::kThreads>(
+      sQ, static_cast<const T16*>(p.q) + b * T * p.q_stride + h * D, qrow0, T, p.q_stride);
   LoadTile<T16, D, C::kBr, C::kThreads>(
       sdO, static_cast<const T16*>(p.dout) + b * T * p.NH * D + h * D, qrow0, T, p.NH * D);
   const float* lse = p.lse + (b * p.NH + h) * T;
@@ -365,6 +382,8 @@ __device__ __forceinline__ void LoadQueryStep(const Params& p, int64_t b, int64_
   }
 }
 
+// long function: one fused kernel (FA2 backward): the tile loop keeps dK, dV in registers
+// long function: one fused kernel (FA2 backward): the tile loop keeps dK, dV in registers
 template <typename T16, int D>
 __global__ void __launch_bounds__(BwdCfg<D>::kThreads) attn_tc_bwd_kernel(Params p) {
   using C = BwdCfg<D>;
@@ -381,7 +400,6 @@ __global__ void __launch_bounds__(BwdCfg<D>::kThreads) attn_tc_bwd_kernel(Params
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, t = lane & 3, mi = lane >> 3;
   const int64_t b = blockIdx.z;
   const int64_t kvh = blockIdx.y / C::kSlices;
-// long function: one fused kernel (FA2 backward): the tile loop keeps dK, dV in registers
   const int c0 = static_cast<int>(blockIdx.y % C::kSlices) * (kDS / 8);  // first chunk of the slice
   const int64_t k0 = static_cast<int64_t>(blockIdx.x) * kBc;
   const int64_t T = p.T, group = p.NH / p.NKV;
@@ -510,8 +528,10 @@ __global__ void __launch_bounds__(BwdCfg<D>::kThreads) attn_tc_bwd_kernel(Params
       GPU_UNROLL
       for (int kk = 0; kk < kBc / 16; ++kk) {
         uint32_t a[4], kb[4];
-        tc::Ldmatrix4<false>(a, sdS + (rg * 16 + (lane & 15)) * C::kDsStride + kk * 16 + (lane >> 4) * 8);
-        tc::Ldmatrix4<true>(kb, sK + L::Off(kk * 16 + (mi & 1) * 8 + (lane & 7), c0 + 2 * dd + (mi >> 1)));
+        tc::Ldmatrix4<false>(
+            a, sdS + (rg * 16 + (lane & 15)) * C::kDsStride + kk * 16 + (lane >> 4) * 8);
+        tc::Ldmatrix4<true>(
+            kb, sK + L::Off(kk * 16 + (mi & 1) * 8 + (lane & 7), c0 + 2 * dd + (mi >> 1)));
         tc::Mma<T16>(acc[0], a, kb);
         tc::Mma<T16>(acc[1], a, kb + 2);
       }
@@ -521,8 +541,9 @@ __global__ void __launch_bounds__(BwdCfg<D>::kThreads) attn_tc_bwd_kernel(Params
         for (int i = 0; i < 4; ++i) {
           const int ql = rg * 16 + (lane >> 2) + (i >= 2 ? 8 : 0);
           if (qrow0 + ql < T)
-            atomicAdd(dq_acc + static_cast<int64_t>(ql) * p.NH * D + 16 * dd + 8 * c + 2 * t + (i & 1),
-                      acc[c][i] * p.scale);
+            atomicAdd(
+                dq_acc + static_cast<int64_t>(ql) * p.NH * D + 16 * dd + 8 * c + 2 * t + (i & 1),
+                acc[c][i] * p.scale);
         }
       }
     }
@@ -575,8 +596,8 @@ __global__ void attn_tc_unpack_kernel(const T16* src, float* dst, int64_t dst_st
     dst[(i / cols) * dst_stride + i % cols] = tc::ToFloat(src[i]);
 }
 
-Status Pack(DType type, const float* src, int64_t src_stride, void* dst, int64_t rows,
-            int64_t cols, cudaStream_t stream) {
+Status Pack(DType type, const float* src, int64_t src_stride, void* dst, int64_t rows, int64_t cols,
+            cudaStream_t stream) {
   const dim3 grid(GridFor(rows * cols, 256));
   if (type == DType::kBF16)
     return GPU_LAUNCH((attn_tc_pack_kernel<__nv_bfloat16>), grid, dim3(256), 0, stream, src,
@@ -633,16 +654,17 @@ Status CheckArgs(const char* op, DType type, int64_t B, int64_t T, int64_t NH, i
     return Status::InvalidArgument(w + "head size " + std::to_string(HS) +
                                    " has no tensor-core kernel (64, 80, 96, 128, 256)");
   if (B <= 0 || T <= 0 || NH <= 0 || NKV <= 0 || NH % NKV != 0)
-    return Status::InvalidArgument(w + "bad shape B=" + std::to_string(B) + " T=" +
-                                   std::to_string(T) + " NH=" + std::to_string(NH) +
+    return Status::InvalidArgument(w + "bad shape B=" + std::to_string(B) +
+                                   " T=" + std::to_string(T) + " NH=" + std::to_string(NH) +
                                    " NKV=" + std::to_string(NKV));
   if (B > 65535 || NH * 2 > 65535 || T > (int64_t{1} << 30))
     return Status::InvalidArgument(w + "shape too large for the grid");
   if (q_stride % 8 != 0 || kv_stride % 8 != 0 || q_stride < NH * HS || kv_stride < NKV * HS)
-    return Status::InvalidArgument(w + "strides must be multiples of 8 covering the heads (q_stride=" +
-                                   std::to_string(q_stride) + ", kv_stride=" +
-                                   std::to_string(kv_stride) + ")");
-  if (m.window < 0) return Status::InvalidArgument(w + "negative window " + std::to_string(m.window));
+    return Status::InvalidArgument(
+        w + "strides must be multiples of 8 covering the heads (q_stride=" +
+        std::to_string(q_stride) + ", kv_stride=" + std::to_string(kv_stride) + ")");
+  if (m.window < 0)
+    return Status::InvalidArgument(w + "negative window " + std::to_string(m.window));
   for (const void* ptr : ptrs)
     if (ptr == nullptr || reinterpret_cast<uintptr_t>(ptr) % 16 != 0)
       return Status::InvalidArgument(w + "a 16-bit operand is null or not 16-byte aligned");
@@ -682,14 +704,14 @@ template <typename T16, int D>
 Status LaunchBackward(const Params& p, int64_t B, cudaStream_t stream) {
   using C = BwdCfg<D>;
   const int64_t rows = B * p.T * p.NH;
-  const Status pre = GPU_LAUNCH((attn_tc_bwd_pre_kernel<T16, D>),
-                               dim3(static_cast<unsigned>((rows + 7) / 8)), dim3(256), 0, stream,
-                               p, rows);
+  const Status pre =
+      GPU_LAUNCH((attn_tc_bwd_pre_kernel<T16, D>), dim3(static_cast<unsigned>((rows + 7) / 8)),
+                 dim3(256), 0, stream, p, rows);
   if (!pre.ok()) return pre;
   const dim3 grid(static_cast<unsigned>((p.T + C::kBc - 1) / C::kBc),
                   static_cast<unsigned>(p.NKV * C::kSlices), static_cast<unsigned>(B));
-  const Status main = GPU_LAUNCH((attn_tc_bwd_kernel<T16, D>), grid, dim3(C::kThreads),
-                                C::kSmemBytes, stream, p);
+  const Status main =
+      GPU_LAUNCH((attn_tc_bwd_kernel<T16, D>), grid, dim3(C::kThreads), C::kSmemBytes, stream, p);
   if (!main.ok()) return main;
   const int64_t n = rows * D;
   return GPU_LAUNCH((attn_tc_dq_kernel<T16, D>), dim3(GridFor(n, 256)), dim3(256), 0, stream, p, n);
@@ -698,22 +720,32 @@ Status LaunchBackward(const Params& p, int64_t B, cudaStream_t stream) {
 template <typename T16>
 Status ForwardFor(int64_t HS, const Params& p, int64_t B, cudaStream_t stream) {
   switch (HS) {
-    case 64: return LaunchForward<T16, 64>(p, B, stream);
-    case 80: return LaunchForward<T16, 80>(p, B, stream);
-    case 96: return LaunchForward<T16, 96>(p, B, stream);
-    case 128: return LaunchForward<T16, 128>(p, B, stream);
-    default: return LaunchForward<T16, 256>(p, B, stream);
+    case 64:
+      return LaunchForward<T16, 64>(p, B, stream);
+    case 80:
+      return LaunchForward<T16, 80>(p, B, stream);
+    case 96:
+      return LaunchForward<T16, 96>(p, B, stream);
+    case 128:
+      return LaunchForward<T16, 128>(p, B, stream);
+    default:
+      return LaunchForward<T16, 256>(p, B, stream);
   }
 }
 
 template <typename T16>
 Status BackwardFor(int64_t HS, const Params& p, int64_t B, cudaStream_t stream) {
   switch (HS) {
-    case 64: return LaunchBackward<T16, 64>(p, B, stream);
-    case 80: return LaunchBackward<T16, 80>(p, B, stream);
-    case 96: return LaunchBackward<T16, 96>(p, B, stream);
-    case 128: return LaunchBackward<T16, 128>(p, B, stream);
-    default: return LaunchBackward<T16, 256>(p, B, stream);
+    case 64:
+      return LaunchBackward<T16, 64>(p, B, stream);
+    case 80:
+      return LaunchBackward<T16, 80>(p, B, stream);
+    case 96:
+      return LaunchBackward<T16, 96>(p, B, stream);
+    case 128:
+      return LaunchBackward<T16, 128>(p, B, stream);
+    default:
+      return LaunchBackward<T16, 256>(p, B, stream);
   }
 }
 
@@ -746,11 +778,10 @@ int64_t AttentionTcF32WorkspaceFloats(int64_t B, int64_t T, int64_t NH, int64_t 
   return WorkspaceFloats(B, T, NH, NKV, HS);
 }
 
-Status AttentionTcForwardF32(float* out, float* lse, const float* q, const float* k,
-                             const float* v, DType type, int64_t B, int64_t T, int64_t NH,
-                             int64_t NKV, int64_t HS, int64_t q_stride, int64_t kv_stride,
-                             const AttentionTcMasks& masks, float* workspace,
-                             cudaStream_t stream) {
+Status AttentionTcForwardF32(float* out, float* lse, const float* q, const float* k, const float* v,
+                             DType type, int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS,
+                             int64_t q_stride, int64_t kv_stride, const AttentionTcMasks& masks,
+                             float* workspace, cudaStream_t stream) {
   if (workspace == nullptr) return Status::InvalidArgument("AttentionTcForwardF32: no workspace");
   if (type != DType::kBF16 && type != DType::kF16)
     return Status::InvalidArgument("AttentionTcForwardF32: operand type must be bf16 or fp16");
@@ -760,18 +791,17 @@ Status AttentionTcForwardF32(float* out, float* lse, const float* q, const float
                           Pack(type, k, kv_stride, w.k, rows, NKV * HS, stream),
                           Pack(type, v, kv_stride, w.v, rows, NKV * HS, stream)})
     if (!s.ok()) return s;
-  const Status st = AttentionTcForward(w.out, lse, w.q, w.k, w.v, type, B, T, NH, NKV, HS,
-                                       NH * HS, NKV * HS, masks, stream);
+  const Status st = AttentionTcForward(w.out, lse, w.q, w.k, w.v, type, B, T, NH, NKV, HS, NH * HS,
+                                       NKV * HS, masks, stream);
   if (!st.ok()) return st;
   return Unpack(type, w.out, out, NH * HS, rows, NH * HS, stream);
 }
 
-Status AttentionTcBackwardF32(float* dq, float* dk, float* dv, const float* dout,
-                              const float* out, const float* lse, const float* q, const float* k,
-                              const float* v, DType type, int64_t B, int64_t T, int64_t NH,
-                              int64_t NKV, int64_t HS, int64_t q_stride, int64_t kv_stride,
-                              const AttentionTcMasks& masks, float* workspace,
-                              cudaStream_t stream) {
+Status AttentionTcBackwardF32(float* dq, float* dk, float* dv, const float* dout, const float* out,
+                              const float* lse, const float* q, const float* k, const float* v,
+                              DType type, int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS,
+                              int64_t q_stride, int64_t kv_stride, const AttentionTcMasks& masks,
+                              float* workspace, cudaStream_t stream) {
   if (workspace == nullptr) return Status::InvalidArgument("AttentionTcBackwardF32: no workspace");
   if (type != DType::kBF16 && type != DType::kF16)
     return Status::InvalidArgument("AttentionTcBackwardF32: operand type must be bf16 or fp16");
@@ -783,9 +813,9 @@ Status AttentionTcBackwardF32(float* dq, float* dk, float* dv, const float* dout
                           Pack(type, out, NH * HS, w.out, rows, NH * HS, stream),
                           Pack(type, dout, NH * HS, w.dout, rows, NH * HS, stream)})
     if (!s.ok()) return s;
-  const Status st = AttentionTcBackward(w.dq, w.dk, w.dv, w.dout, w.out, lse, w.q, w.k, w.v, type,
-                                        B, T, NH, NKV, HS, NH * HS, NKV * HS, masks, w.scratch,
-                                        stream);
+  const Status st =
+      AttentionTcBackward(w.dq, w.dk, w.dv, w.dout, w.out, lse, w.q, w.k, w.v, type, B, T, NH, NKV,
+                          HS, NH * HS, NKV * HS, masks, w.scratch, stream);
   if (!st.ok()) return st;
   for (const Status& s : {Unpack(type, w.dq, dq, q_stride, rows, NH * HS, stream),
                           Unpack(type, w.dk, dk, kv_stride, rows, NKV * HS, stream),
@@ -799,8 +829,8 @@ Status AttentionTcBackward(void* dq, void* dk, void* dv, const void* dout, const
                            DType type, int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS,
                            int64_t q_stride, int64_t kv_stride, const AttentionTcMasks& masks,
                            float* scratch, cudaStream_t stream) {
-  Status st = CheckArgs("AttentionTcBackward", type, B, T, NH, NKV, HS, q_stride, kv_stride,
-                        masks, {dq, dk, dv, dout, out, q, k, v});
+  Status st = CheckArgs("AttentionTcBackward", type, B, T, NH, NKV, HS, q_stride, kv_stride, masks,
+                        {dq, dk, dv, dout, out, q, k, v});
   if (!st.ok()) return st;
   if (lse == nullptr || scratch == nullptr)
     return Status::InvalidArgument("AttentionTcBackward: lse or scratch is null");

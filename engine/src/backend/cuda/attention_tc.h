@@ -51,15 +51,14 @@ Status AttentionTcBackward(void* dq, void* dk, void* dv, const void* dout, const
 // kernels run, and the results are widened back (dq, dk, dv =; columns outside the heads are not
 // touched). lse stays fp32.
 int64_t AttentionTcF32WorkspaceFloats(int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS);
-Status AttentionTcForwardF32(float* out, float* lse, const float* q, const float* k,
-                             const float* v, DType type, int64_t B, int64_t T, int64_t NH,
-                             int64_t NKV, int64_t HS, int64_t q_stride, int64_t kv_stride,
-                             const AttentionTcMasks& masks, float* workspace, cudaStream_t stream);
-Status AttentionTcBackwardF32(float* dq, float* dk, float* dv, const float* dout,
-                              const float* out, const float* lse, const float* q, const float* k,
-                              const float* v, DType type, int64_t B, int64_t T, int64_t NH,
-                              int64_t NKV, int64_t HS, int64_t q_stride, int64_t kv_stride,
-                              const AttentionTcMasks& masks, float* workspace,
-                              cudaStream_t stream);
+Status AttentionTcForwardF32(float* out, float* lse, const float* q, const float* k, const float* v,
+                             DType type, int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS,
+                             int64_t q_stride, int64_t kv_stride, const AttentionTcMasks& masks,
+                             float* workspace, cudaStream_t stream);
+Status AttentionTcBackwardF32(float* dq, float* dk, float* dv, const float* dout, const float* out,
+                              const float* lse, const float* q, const float* k, const float* v,
+                              DType type, int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS,
+                              int64_t q_stride, int64_t kv_stride, const AttentionTcMasks& masks,
+                              float* workspace, cudaStream_t stream);
 
 TRAIND_GPU_END

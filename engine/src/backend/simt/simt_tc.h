@@ -4,9 +4,9 @@
 // Each is a warp-collective operation with the fragment layouts of the PTX ISA (docs/simt.md has
 // the tables): every lane publishes the address of its operands through a warp exchange, reads the
 // other lanes' operands, and a second exchange keeps any lane from changing them before all have
-// read. cp.async copies are deferred until the thread's cp.async.wait_group retires their group,
-// so reading shared memory before the wait sees the old contents (NaN in fresh dynamic shared
-// memory), as a missing wait can on a GPU.
+// read. Each cp.async copy lands either at once or only when the thread's cp.async.wait_group
+// retires its group (drawn from the seed), so a read before the wait sees stale data (NaN in fresh
+// dynamic shared memory), as it can on a GPU.
 #pragma once
 
 #if !defined(TRAIND_SIMT)
@@ -122,8 +122,7 @@ inline void Mma16816(float d[4], const uint32_t a[4], const uint32_t b[2], const
 template <int N, bool kTrans>
 inline void Ldmatrix(uint32_t r[N], const void* row_addr) {
   static_assert(N == 1 || N == 2 || N == 4, "ldmatrix .x1, .x2 or .x4");
-  if ((reinterpret_cast<uintptr_t>(row_addr) & 15u) != 0 &&
-      ::simt::detail::LaneId() < 8 * N)
+  if ((reinterpret_cast<uintptr_t>(row_addr) & 15u) != 0 && ::simt::detail::LaneId() < 8 * N)
     detail::TcFatal("ldmatrix row address not 16-byte aligned");
   const void* lanes[32];
   detail::ExchangePointers(row_addr, lanes);
@@ -152,6 +151,7 @@ struct PendingCopy {
 };
 struct ThreadAsyncState {
   uint64_t block = ~0ull;  // the block these copies belong to (a new block starts empty)
+  uint64_t issued = 0;     // copies issued by this thread in this block
   std::vector<PendingCopy> open;
   std::deque<std::vector<PendingCopy>> committed;
 };
@@ -162,24 +162,42 @@ inline ThreadAsyncState& AsyncStateOfThisThread() {
   const unsigned tid = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
   if (states.size() <= tid) states.resize(tid + 1);
   ThreadAsyncState& s = states[tid];
-  const uint64_t block =
-      blockIdx.x + static_cast<uint64_t>(gridDim.x) * (blockIdx.y + gridDim.y * blockIdx.z) +
-      (::simt::LaunchCount() << 40);
+  const uint64_t block = blockIdx.x +
+                         static_cast<uint64_t>(gridDim.x) * (blockIdx.y + gridDim.y * blockIdx.z) +
+                         (::simt::LaunchCount() << 40);
   if (s.block != block) {
     s.block = block;
+    s.issued = 0;
     s.open.clear();
     s.committed.clear();
   }
   return s;
 }
 
+inline void PerformCopy(const PendingCopy& c) {
+  if (c.bytes > 0) std::memcpy(c.dst, c.src, static_cast<size_t>(c.bytes));
+  if (c.zero_fill > 0) std::memset(static_cast<char*>(c.dst) + c.bytes, 0, c.zero_fill);
+}
+
 // cp.async.{ca,cg}.shared.global [dst], [src], size, src_size: size bytes land in dst, the first
-// src_size of them from src and the rest zero (src_size 0: zero fill, src not read).
+// src_size of them from src and the rest zero (src_size 0: zero fill, src not read). A copy lands
+// either at once or at the wait that retires its group, drawn per copy from the seed (as a GPU
+// may land it any time in between): a read before the wait sees stale data for about half the
+// copies.
 inline void CpAsync(void* dst, const void* src, int size, int src_size) {
   if ((reinterpret_cast<uintptr_t>(dst) % static_cast<uintptr_t>(size)) != 0 ||
       (src_size > 0 && reinterpret_cast<uintptr_t>(src) % static_cast<uintptr_t>(size)) != 0)
     detail::TcFatal("cp.async address not aligned to the copy size");
-  AsyncStateOfThisThread().open.push_back({dst, src, src_size, size - src_size});
+  ThreadAsyncState& s = AsyncStateOfThisThread();
+  const PendingCopy c{dst, src, src_size, size - src_size};
+  uint64_t h = ::simt::Seed() * 0x9E3779B97F4A7C15ull ^ s.block * 0xBF58476D1CE4E5B9ull ^
+               (static_cast<uint64_t>(threadIdx.x) << 32) ^ s.issued++;
+  h = (h ^ (h >> 31)) * 0x94D049BB133111EBull;
+  if (((h ^ (h >> 29)) & 1u) != 0) {
+    PerformCopy(c);
+  } else {
+    s.open.push_back(c);
+  }
 }
 inline void CpAsyncCommit() {
   ThreadAsyncState& s = AsyncStateOfThisThread();
@@ -190,10 +208,7 @@ inline void CpAsyncCommit() {
 inline void CpAsyncWait(int n) {
   ThreadAsyncState& s = AsyncStateOfThisThread();
   while (static_cast<int>(s.committed.size()) > n) {
-    for (const PendingCopy& c : s.committed.front()) {
-      if (c.bytes > 0) std::memcpy(c.dst, c.src, static_cast<size_t>(c.bytes));
-      if (c.zero_fill > 0) std::memset(static_cast<char*>(c.dst) + c.bytes, 0, c.zero_fill);
-    }
+    for (const PendingCopy& c : s.committed.front()) PerformCopy(c);
     s.committed.pop_front();
   }
   SIMT_COMPILER_FENCE();
