@@ -46,7 +46,7 @@ struct Fixture {
 
   Fixture() {
     ModelConfig c;  // the smallest gpt2 that keeps the seed files at a few KB
-    c.arch = "gpt2";
+    c.arch = Arch::kGpt2;
     c.vocab_size = 8;
     c.n_positions = 4;
     c.n_embd = 4;

@@ -15,7 +15,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (!config.ok()) return 0;
   // A bert file without a task head (BertModel) is valid once the job spec names one.
   ModelConfig headed = *config;
-  if (headed.arch == "bert" && headed.head.empty()) headed.head = "masked_lm";
+  if (headed.arch == Arch::kBert && headed.head.empty()) headed.head = "masked_lm";
   FUZZ_CHECK(ValidateModelConfig(headed, "fuzz.").ok(), "ReadHfConfig accepted an invalid config");
   const std::string text = WriteHfConfigJson(*config);
   const std::string path2 = traind::fuzz::WriteScratch(

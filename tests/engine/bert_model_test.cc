@@ -19,7 +19,7 @@ using nlohmann::json;
 
 ModelConfig TinyBert(const std::string& head) {
   ModelConfig c;
-  c.arch = "bert";
+  c.arch = Arch::kBert;
   c.vocab_size = 61;  // not a multiple of 64: the padded vocabulary
   c.hidden_size = 32;
   c.intermediate_size = 48;

@@ -83,7 +83,7 @@ class ExampleDataTest : public ::testing::Test {
   }
   static ModelConfig Bert(const std::string& head, int64_t vocab) {
     ModelConfig c;
-    c.arch = "bert";
+    c.arch = Arch::kBert;
     c.head = head;
     c.vocab_size = vocab;
     c.num_labels = 2;

@@ -67,7 +67,7 @@ TEST_P(FamiliesTrain, ThreeAdamWStepsMatchTorch) {
   ASSERT_TRUE(run.ok()) << run.status().ToString();
 
   nlohmann::json cfg = nlohmann::json::parse(WriteHfConfigJson(spec.model.config));
-  nlohmann::json c = {{"arch", spec.model.config.arch}, {"config", cfg}, {"data_file", data},
+  nlohmann::json c = {{"arch", ArchName(spec.model.config.arch)}, {"config", cfg}, {"data_file", data},
                       {"format", "uint16"},
                       {"train_tokens", TrainTokenCount(n_tokens, spec.data.validation_split)},
                       {"seq_len", 16}, {"micro_batch", 4}, {"accum", 1}, {"steps", 3},
@@ -123,7 +123,8 @@ TEST_P(FamiliesTrain, ThreeAdamWStepsMatchTorch) {
 }
 
 INSTANTIATE_TEST_SUITE_P(LlamaLike, FamiliesTrain,
-                         ::testing::Values("qwen2", "mistral", "llama3_rope", "llama_head_dim"));
+                         ::testing::Values("qwen2", "mistral", "llama3_rope", "llama_head_dim",
+                                           "qwen3", "gemma"));
 
 }  // namespace
 }  // namespace traind::engine

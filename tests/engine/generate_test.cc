@@ -51,7 +51,7 @@ class KvDecoderTest : public ::testing::TestWithParam<std::string> {
     if (GetParam() == "gpt2") return TinyGpt2();
     if (GetParam() == "mixtral") {  // the MoE MLP routed per token in the decoder
       ModelConfig c = TinyLlama(false);
-      c.arch = "mixtral";
+      c.arch = Arch::kMixtral;
       c.intermediate_size = 24;
       c.num_local_experts = 4;
       c.num_experts_per_tok = 2;
@@ -61,7 +61,8 @@ class KvDecoderTest : public ::testing::TestWithParam<std::string> {
       return TinyLlama(GetParam() == "llama_tied");
     }
     // qwen2, mistral (a window of 5 that decoding past position 5 must honour), llama3_rope
-    // (the scaled frequencies at every cached position), llama_head_dim.
+    // (the scaled frequencies at every cached position), llama_head_dim, qwen3 (q/k norms on
+    // each decoded row), gemma (the embedding scale, 1 + w norms, GeGLU).
     return testing::TinyFamily(GetParam());
   }
 };
@@ -150,7 +151,8 @@ TEST_P(KvDecoderTest, SixteenBitWeightsFollowTheModelsBf16Forward) {
 
 INSTANTIATE_TEST_SUITE_P(Families, KvDecoderTest,
                          ::testing::Values("gpt2", "llama_tied", "llama_untied", "mixtral",
-                                           "qwen2", "mistral", "llama3_rope", "llama_head_dim"));
+                                           "qwen2", "mistral", "llama3_rope", "llama_head_dim",
+                                           "qwen3", "gemma"));
 
 TEST(SampleTokenTest, GreedyTopKTopPAndTheSeed) {
   const std::vector<float> logits = {0.1f, 2.0f, 1.9f, -1.0f, 2.0f, 0.5f};

@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 
@@ -125,7 +126,7 @@ class HfConfigTest : public ::testing::Test {
 TEST_F(HfConfigTest, ReadsHfGpt2Config) {
   Result<ModelConfig> c = ReadHfConfig(Write(kGpt2Config));
   ASSERT_TRUE(c.ok()) << c.status().ToString();
-  EXPECT_EQ(c->arch, "gpt2");
+  EXPECT_EQ(c->arch, Arch::kGpt2);
   EXPECT_EQ(c->vocab_size, 50257);
   EXPECT_EQ(c->n_positions, 1024);
   EXPECT_EQ(c->n_embd, 768);
@@ -138,7 +139,7 @@ TEST_F(HfConfigTest, ReadsHfGpt2Config) {
 TEST_F(HfConfigTest, ReadsHfLlamaConfigWithGqa) {
   Result<ModelConfig> c = ReadHfConfig(Write(kLlamaConfig));
   ASSERT_TRUE(c.ok()) << c.status().ToString();
-  EXPECT_EQ(c->arch, "llama");
+  EXPECT_EQ(c->arch, Arch::kLlama);
   EXPECT_EQ(c->vocab_size, 32000);
   EXPECT_EQ(c->hidden_size, 2048);
   EXPECT_EQ(c->intermediate_size, 5632);
@@ -164,7 +165,7 @@ void ExpectSame(const ModelConfig& a, const ModelConfig& b) {
   EXPECT_EQ(a.num_heads(), b.num_heads());
   EXPECT_EQ(a.num_kv_heads(), b.num_kv_heads());
   EXPECT_EQ(a.tied_embeddings(), b.tied_embeddings());
-  if (a.arch == "gpt2") {
+  if (a.arch == Arch::kGpt2) {
     EXPECT_EQ(a.layer_norm_epsilon, b.layer_norm_epsilon);
   } else {
     EXPECT_EQ(a.intermediate_size, b.intermediate_size);
@@ -182,7 +183,7 @@ TEST_F(HfConfigTest, WrittenConfigsReadBackIdentically) {
   g.n_head = 4;
   g.layer_norm_epsilon = 1.5e-5;
   ModelConfig l;
-  l.arch = "llama";
+  l.arch = Arch::kLlama;
   l.vocab_size = 300;
   l.hidden_size = 96;
   l.intermediate_size = 200;
@@ -201,7 +202,7 @@ TEST_F(HfConfigTest, WrittenConfigsReadBackIdentically) {
     EXPECT_EQ(WriteHfConfigJson(*back), text);
     nlohmann::json j = nlohmann::json::parse(text);
     EXPECT_EQ(j["torch_dtype"], "float32");
-    EXPECT_EQ(j["model_type"], c.arch);
+    EXPECT_EQ(j["model_type"], ArchName(c.arch));
   }
   nlohmann::json gj = nlohmann::json::parse(WriteHfConfigJson(g));
   EXPECT_EQ(gj["architectures"], nlohmann::json({"GPT2LMHeadModel"}));
@@ -232,7 +233,7 @@ TEST_F(HfConfigTest, RejectsWhatWouldChangeTheMath) {
       {kGpt2Config, "n_head", 7, "n_embd 768 is not divisible by n_head 7"},
       {kGpt2Config, "n_embd", "768", "n_embd: expected an integer"},
       {kGpt2Config, "vocab_size", 0, "vocab_size: must be >= 1"},
-      {kGpt2Config, "model_type", "t5", "model_type: 't5' is not supported (gpt2, llama, mistral, qwen2, bert, mixtral)"},
+      {kGpt2Config, "model_type", "t5", "model_type: 't5' is not supported (gpt2, llama, mistral, qwen2, qwen3, gemma, bert, mixtral)"},
       {kBertConfig, "hidden_act", "gelu_new", "hidden_act: \"gelu_new\" is not supported"},
       {kBertConfig, "position_embedding_type", "relative_key", "position_embedding_type"},
       {kBertConfig, "problem_type", "multi_label_classification", "problem_type"},
@@ -274,7 +275,7 @@ TEST_F(HfConfigTest, BertReadsAndRoundTrips) {
   Result<ModelConfig> r = ReadHfConfig(Write(kBertConfig));
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   const ModelConfig& c = *r;
-  EXPECT_EQ(c.arch, "bert");
+  EXPECT_EQ(c.arch, Arch::kBert);
   EXPECT_EQ(c.vocab_size, 30522);
   EXPECT_EQ(c.hidden_size, 768);
   EXPECT_EQ(c.num_hidden_layers, 12);
@@ -342,7 +343,7 @@ constexpr char kMixtralConfig[] = R"({
 TEST_F(HfConfigTest, MixtralReadsAndRoundTrips) {
   Result<ModelConfig> r = ReadHfConfig(Write(kMixtralConfig));
   ASSERT_TRUE(r.ok()) << r.status().ToString();
-  EXPECT_EQ(r->arch, "mixtral");
+  EXPECT_EQ(r->arch, Arch::kMixtral);
   EXPECT_EQ(r->num_local_experts, 8);
   EXPECT_EQ(r->num_experts_per_tok, 2);
   EXPECT_DOUBLE_EQ(r->router_aux_loss_coef, 0.02);
@@ -452,10 +453,115 @@ constexpr char kMistralConfig[] = R"({
   "vocab_size": 32000
 })";
 
+// Qwen3-0.6B's config.json: head_dim 128 (NH*HS = 2048 != hidden_size), q_norm / k_norm implied
+// by the family, null rope_scaling and sliding_window.
+constexpr char kQwen3Config[] = R"({
+  "architectures": ["Qwen3ForCausalLM"],
+  "attention_bias": false,
+  "attention_dropout": 0.0,
+  "bos_token_id": 151643,
+  "eos_token_id": 151645,
+  "head_dim": 128,
+  "hidden_act": "silu",
+  "hidden_size": 1024,
+  "initializer_range": 0.02,
+  "intermediate_size": 3072,
+  "max_position_embeddings": 40960,
+  "max_window_layers": 28,
+  "model_type": "qwen3",
+  "num_attention_heads": 16,
+  "num_hidden_layers": 28,
+  "num_key_value_heads": 8,
+  "rms_norm_eps": 1e-06,
+  "rope_scaling": null,
+  "rope_theta": 1000000,
+  "sliding_window": null,
+  "tie_word_embeddings": true,
+  "torch_dtype": "bfloat16",
+  "transformers_version": "4.51.0",
+  "use_cache": true,
+  "use_sliding_window": false,
+  "vocab_size": 151936
+})";
+
+// gemma-2b's config.json: multi-query attention, head_dim 256, hidden_activation (the GELU the
+// model uses; older transformers ignore hidden_act "gelu" beside it).
+constexpr char kGemmaConfig[] = R"({
+  "architectures": ["GemmaForCausalLM"],
+  "attention_bias": false,
+  "attention_dropout": 0.0,
+  "bos_token_id": 2,
+  "eos_token_id": 1,
+  "head_dim": 256,
+  "hidden_act": "gelu",
+  "hidden_activation": "gelu_pytorch_tanh",
+  "hidden_size": 2048,
+  "initializer_range": 0.02,
+  "intermediate_size": 16384,
+  "max_position_embeddings": 8192,
+  "model_type": "gemma",
+  "num_attention_heads": 8,
+  "num_hidden_layers": 18,
+  "num_key_value_heads": 1,
+  "pad_token_id": 0,
+  "rms_norm_eps": 1e-06,
+  "rope_scaling": null,
+  "rope_theta": 10000.0,
+  "torch_dtype": "bfloat16",
+  "transformers_version": "4.38.0.dev0",
+  "use_cache": true,
+  "vocab_size": 256000
+})";
+
+TEST_F(HfConfigTest, Qwen3AndGemmaReadAsHfDoes) {
+  Result<ModelConfig> q = ReadHfConfig(Write(kQwen3Config));
+  ASSERT_TRUE(q.ok()) << q.status().ToString();
+  EXPECT_EQ(q->arch, Arch::kQwen3);
+  EXPECT_EQ(q->head_size(), 128);
+  EXPECT_EQ(q->num_key_value_heads, 8);
+  EXPECT_EQ(q->sliding_window, 0);
+  EXPECT_TRUE(q->tied_embeddings());
+  EXPECT_DOUBLE_EQ(q->rope_theta, 1e6);
+  Result<ModelConfig> qw = ReadHfConfig(Patched(kQwen3Config, "use_sliding_window", true));
+  ASSERT_FALSE(qw.ok());
+  EXPECT_THAT(qw.status().message(), HasSubstr("use_sliding_window"));
+  // Qwen3Config's head_dim default is 128, not hidden_size / heads.
+  Result<ModelConfig> qd =
+      ReadHfConfig(Patched(kQwen3Config, "head_dim", nlohmann::json::value_t::discarded));
+  ASSERT_TRUE(qd.ok()) << qd.status().ToString();
+  EXPECT_EQ(qd->head_size(), 128);
+
+  Result<ModelConfig> g = ReadHfConfig(Write(kGemmaConfig));
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  EXPECT_EQ(g->arch, Arch::kGemma);
+  EXPECT_EQ(g->head_size(), 256);
+  EXPECT_EQ(g->num_key_value_heads, 1);
+  EXPECT_TRUE(g->tied_embeddings());
+  // The activation is tanh GELU whichever key names it; an exact GELU is refused, naming the key.
+  for (const char* key : {"hidden_activation", "hidden_act"}) {
+    nlohmann::json j = nlohmann::json::parse(kGemmaConfig);
+    j["hidden_activation"] = "gelu_pytorch_tanh";
+    j["hidden_act"] = "gelu_pytorch_tanh";
+    j[key] = "relu";
+    Result<ModelConfig> bad = ReadHfConfig(Write(j.dump()));
+    ASSERT_FALSE(bad.ok()) << key;
+    EXPECT_THAT(bad.status().message(), HasSubstr(key));
+  }
+  Result<ModelConfig> gd = ReadHfConfig(Patched(kGemmaConfig, "hidden_activation", nullptr));
+  EXPECT_FALSE(gd.ok()) << "hidden_act gelu without hidden_activation is ambiguous across "
+                           "transformers versions (exact GELU in the newest)";
+  // The model_type is enough: GemmaConfig's defaults fill the rest (gemma-7b's shape).
+  Result<ModelConfig> g7 = ReadHfConfig(Write(R"({"model_type": "gemma"})"));
+  ASSERT_TRUE(g7.ok()) << g7.status().ToString();
+  EXPECT_EQ(g7->hidden_size, 3072);
+  EXPECT_EQ(g7->head_size(), 256);
+  EXPECT_EQ(g7->vocab_size, 256000);
+}
+
 TEST_F(HfConfigTest, LlamaLikeFamiliesReadAsHfDoes) {
   Result<ModelConfig> l = ReadHfConfig(Write(kLlama32Config));
   ASSERT_TRUE(l.ok()) << l.status().ToString();
-  EXPECT_EQ(l->arch, "llama");
+  EXPECT_EQ(l->arch, Arch::kLlama);
   EXPECT_EQ(l->head_size(), 64);
   EXPECT_EQ(l->rope_scaling.rope_type, "llama3");
   EXPECT_DOUBLE_EQ(l->rope_scaling.factor, 32.0);
@@ -468,7 +574,7 @@ TEST_F(HfConfigTest, LlamaLikeFamiliesReadAsHfDoes) {
 
   Result<ModelConfig> q = ReadHfConfig(Write(kQwen25Config));
   ASSERT_TRUE(q.ok()) << q.status().ToString();
-  EXPECT_EQ(q->arch, "qwen2");
+  EXPECT_EQ(q->arch, Arch::kQwen2);
   EXPECT_EQ(q->num_key_value_heads, 2);
   EXPECT_EQ(q->head_size(), 64);
   EXPECT_EQ(q->sliding_window, 0);  // use_sliding_window false: full attention
@@ -479,7 +585,7 @@ TEST_F(HfConfigTest, LlamaLikeFamiliesReadAsHfDoes) {
 
   Result<ModelConfig> m = ReadHfConfig(Write(kMistralConfig));
   ASSERT_TRUE(m.ok()) << m.status().ToString();
-  EXPECT_EQ(m->arch, "mistral");
+  EXPECT_EQ(m->arch, Arch::kMistral);
   EXPECT_EQ(m->sliding_window, 4096);
   Result<ModelConfig> m3 = ReadHfConfig(Patched(kMistralConfig, "sliding_window", nullptr));
   ASSERT_TRUE(m3.ok()) << m3.status().ToString();
@@ -511,7 +617,7 @@ TEST_F(HfConfigTest, LlamaLikeFamiliesReadAsHfDoes) {
 // transformers_version, max_window_layers, ...) and writes byte-identically the second time.
 TEST_F(HfConfigTest, OutputsKeepEveryKeyAndRoundTripByteIdentically) {
   for (const char* text : {kLlama32Config, kQwen25Config, kMistralConfig, kMixtralConfig,
-                           kLlamaConfig, kGpt2Config, kBertConfig}) {
+                           kLlamaConfig, kGpt2Config, kBertConfig, kQwen3Config, kGemmaConfig}) {
     Result<ModelConfig> c = ReadHfConfig(Write(text));
     ASSERT_TRUE(c.ok()) << c.status().ToString();
     const std::string out = WriteHfConfigJson(*c);
@@ -528,6 +634,17 @@ TEST_F(HfConfigTest, OutputsKeepEveryKeyAndRoundTripByteIdentically) {
     ASSERT_TRUE(back.ok()) << back.status().ToString();
     EXPECT_EQ(WriteHfConfigJson(*back), out) << c->arch;
   }
+  // qwen3 and gemma write their class names; gemma also hidden_activation, the key transformers
+  // 4.38-4.4x read for its GELU (hidden_act the newest read), both the tanh GELU.
+  ModelConfig q3 = *ReadHfConfig(Write(kQwen3Config));
+  EXPECT_EQ(q3.arch, Arch::kQwen3);
+  EXPECT_EQ(nlohmann::json::parse(WriteHfConfigJson(q3))["architectures"][0], "Qwen3ForCausalLM");
+  ModelConfig ge = *ReadHfConfig(Write(kGemmaConfig));
+  EXPECT_EQ(ge.arch, Arch::kGemma);
+  const nlohmann::json gw = nlohmann::json::parse(WriteHfConfigJson(ge));
+  EXPECT_EQ(gw["architectures"][0], "GemmaForCausalLM");
+  EXPECT_EQ(gw["hidden_activation"], "gelu_pytorch_tanh");
+  EXPECT_EQ(gw["hidden_act"], "gelu_pytorch_tanh");
   // qwen2 writes its class names; llama its attention_bias.
   ModelConfig q = *ReadHfConfig(Write(kQwen25Config));
   EXPECT_EQ(nlohmann::json::parse(WriteHfConfigJson(q))["architectures"][0], "Qwen2ForCausalLM");
@@ -548,7 +665,7 @@ struct ClassKey {
 };
 
 std::string Arithmetic(const ModelConfig& c) {
-  nlohmann::json j = {c.arch, c.vocab_size, c.hidden_size, c.intermediate_size,
+  nlohmann::json j = {ArchName(c.arch), c.vocab_size, c.hidden_size, c.intermediate_size,
                       c.num_hidden_layers, c.num_attention_heads, c.num_key_value_heads,
                       c.head_size(), c.rms_norm_eps, c.rope_theta, c.max_position_embeddings,
                       c.tie_word_embeddings, c.attention_bias, c.sliding_window,
@@ -569,7 +686,7 @@ TEST_F(HfConfigTest, EveryKeyOfTheHfConfigClassesIsModelledRefusedOrNeutral) {
       {"num_hidden_layers", 3, K::kModelled},
       {"num_attention_heads", 16, K::kModelled},
       {"num_key_value_heads", 1, K::kModelled},
-      {"hidden_act", "gelu", K::kRefused},
+      {"hidden_act", "relu", K::kRefused},
       {"max_position_embeddings", 77, K::kModelled},
       {"initializer_range", 0.5, K::kNeutral},
       {"rms_norm_eps", 1e-3, K::kModelled},
@@ -600,6 +717,18 @@ TEST_F(HfConfigTest, EveryKeyOfTheHfConfigClassesIsModelledRefusedOrNeutral) {
         {"sliding_window", 128, K::kNeutral},      // only with use_sliding_window
         {"max_window_layers", 3, K::kNeutral},     // likewise
         {"attention_bias", true, K::kRefused}}},
+      {kQwen3Config,
+       {{"rope_scaling", linear, K::kModelled},
+        {"use_sliding_window", true, K::kRefused},
+        {"sliding_window", 128, K::kNeutral},
+        {"max_window_layers", 3, K::kNeutral},
+        {"attention_bias", true, K::kModelled},
+        {"num_attention_heads", 32, K::kModelled}}},  // Qwen3-0.6B has common's 16
+      {kGemmaConfig,
+       {{"rope_scaling", linear, K::kModelled},
+        {"num_key_value_heads", 2, K::kModelled},  // gemma-2b has common's 1
+        {"hidden_activation", "gelu", K::kRefused},
+        {"attention_bias", true, K::kModelled}}},
       {kMixtralConfig,
        {{"sliding_window", 128, K::kModelled},
         {"num_experts_per_tok", 1, K::kModelled},
@@ -611,10 +740,17 @@ TEST_F(HfConfigTest, EveryKeyOfTheHfConfigClassesIsModelledRefusedOrNeutral) {
   for (const Family& f : families) {
     Result<ModelConfig> base = ReadHfConfig(Write(f.base));
     ASSERT_TRUE(base.ok()) << base.status().ToString();
-    std::vector<K> keys = common;
+    // A family's own entry for a common key replaces it (a value its file already has).
+    std::vector<K> keys;
+    for (const K& k : common) {
+      if (std::none_of(f.keys.begin(), f.keys.end(),
+                       [&](const K& o) { return std::string(o.key) == k.key; })) {
+        keys.push_back(k);
+      }
+    }
     keys.insert(keys.end(), f.keys.begin(), f.keys.end());
     for (const K& k : keys) {
-      SCOPED_TRACE(base->arch + "." + k.key + " = " + k.value.dump());
+      SCOPED_TRACE(std::string(ArchName(base->arch)) + "." + k.key + " = " + k.value.dump());
       const nlohmann::json value = std::string(k.key) == "tie_word_embeddings"
                                        ? nlohmann::json(!base->tie_word_embeddings)
                                        : k.value;

@@ -135,7 +135,7 @@ TEST(JobSpecTest, ContractExampleParses) {
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   const JobSpec& s = *r;
   EXPECT_EQ(s.name, "tiny-shakespeare");
-  EXPECT_EQ(s.model.config.arch, "gpt2");
+  EXPECT_EQ(s.model.config.arch, Arch::kGpt2);
   EXPECT_EQ(s.model.config.vocab_size, 256);
   EXPECT_EQ(s.model.config.n_positions, 256);
   EXPECT_EQ(s.model.config.n_embd, 256);
@@ -215,7 +215,7 @@ TEST(JobSpecTest, OutOfRangeValues) {
   ExpectInvalid(With(kBase, "training", "lr_scheduler_type: cosine_with_restarts"),
                 "training.lr_scheduler_type: expected one of constant, linear, cosine, got "
                 "'cosine_with_restarts'");
-  ExpectInvalid(Replace(kBase, "arch: gpt2", "arch: gpt3"), "model.arch: expected one of gpt2, llama, mistral, qwen2, bert, mixtral, got 'gpt3'");
+  ExpectInvalid(Replace(kBase, "arch: gpt2", "arch: gpt3"), "model.arch: expected one of gpt2, llama, mistral, qwen2, qwen3, gemma, bert, mixtral, got 'gpt3'");
   ExpectInvalid(Replace(kBase, "max_steps: 5", "max_steps: 0"), "training.max_steps: must be >= 1, got 0");
   ExpectInvalid(With(kBase, "training", "gradient_accumulation_steps: 0"),
                 "training.gradient_accumulation_steps: must be >= 1");
@@ -232,7 +232,7 @@ TEST(JobSpecTest, OutOfRangeValues) {
                 "data.token_dtype: expected one of uint16, uint32, got 'int8'");
   ExpectInvalid(Replace(kBase, "train_file: /data/x.txt", "train_file: \"\""), "data.train_file: must not be empty");
   ExpectInvalid(Replace(kBase, "  train_file: /data/x.txt\n", ""), "data.train_file: required");
-  ExpectInvalid(Replace(kBase, "  arch: gpt2\n", ""), "model.arch: required without init_from (gpt2, llama, mistral, qwen2, bert, mixtral)");
+  ExpectInvalid(Replace(kBase, "  arch: gpt2\n", ""), "model.arch: required without init_from (gpt2, llama, mistral, qwen2, qwen3, gemma, bert, mixtral)");
 }
 
 TEST(JobSpecTest, MixedPrecisionAccepted) {
@@ -332,7 +332,7 @@ TEST(JobSpecTest, BertClassificationAndMaskedLm) {
   Result<JobSpec> r = ParseJobSpec(kBertBase);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   const ModelConfig& c = r->model.config;
-  EXPECT_EQ(c.arch, "bert");
+  EXPECT_EQ(c.arch, Arch::kBert);
   EXPECT_TRUE(c.encoder());
   EXPECT_EQ(c.head, "sequence_classification");
   EXPECT_EQ(c.num_labels, 3);
@@ -755,7 +755,7 @@ TEST_F(ValidateInputsTest, InitFromFolder) {
 // for another head is fine); model.config must agree with the file on the bert keys.
 TEST_F(ValidateInputsTest, InitFromBertFolder) {
   ModelConfig c;
-  c.arch = "bert";
+  c.arch = Arch::kBert;
   c.vocab_size = 256;
   c.hidden_size = 64;
   c.intermediate_size = 128;
@@ -822,7 +822,7 @@ namespace {
 // equals HF's default; model.arch comes from the folder when omitted.
 TEST_F(ValidateInputsTest, InitFromTakesTheFileForKeysTheSpecDoesNotWrite) {
   ModelConfig c;
-  c.arch = "mixtral";
+  c.arch = Arch::kMixtral;
   c.vocab_size = 256;
   c.hidden_size = 64;
   c.intermediate_size = 96;
@@ -838,7 +838,7 @@ TEST_F(ValidateInputsTest, InitFromTakesTheFileForKeysTheSpecDoesNotWrite) {
   Status st = ValidateJobInputs(Parse("model: {arch: mixtral, init_from: hf}\n" + data));
   EXPECT_TRUE(st.ok()) << st.ToString();
   JobSpec inferred = Parse("model: {init_from: hf}\n" + data);
-  EXPECT_EQ(inferred.model.config.arch, "mixtral");
+  EXPECT_EQ(inferred.model.config.arch, Arch::kMixtral);
   EXPECT_TRUE(ValidateJobInputs(inferred).ok());
   // Written keys are compared, whatever HF's default is.
   st = ValidateJobInputs(
@@ -869,7 +869,7 @@ TEST(JobSpecTest, LlamaLikeFamiliesAndTheirKeys) {
   for (const char* arch : {"mistral", "qwen2"}) {
     Result<JobSpec> r = ParseJobSpec(Replace(kLlamaBase, "arch: llama", std::string("arch: ") + arch));
     ASSERT_TRUE(r.ok()) << arch << ": " << r.status().ToString();
-    EXPECT_EQ(r->model.config.arch, arch);
+    EXPECT_STREQ(ArchName(r->model.config.arch), arch);
   }
   Result<JobSpec> m = ParseJobSpec(Replace(kLlamaBase, "arch: llama", "arch: mistral"));
   EXPECT_EQ(m->model.config.sliding_window, 4096);  // MistralConfig's default
@@ -888,8 +888,21 @@ TEST(JobSpecTest, LlamaLikeFamiliesAndTheirKeys) {
   ASSERT_TRUE(back.ok()) << back.status().ToString();
   EXPECT_EQ(back->model.config.rope_scaling, r->model.config.rope_scaling);
   EXPECT_EQ(back->model.config.head_size(), 32);
-  ExpectInvalid(Replace(kLlamaBase, "arch: llama", "arch: qwen3"), "model.arch: qwen3 is not supported yet");
-  ExpectInvalid(Replace(kLlamaBase, "arch: llama", "arch: gemma"), "model.arch: gemma is not supported yet");
+  // qwen3 and gemma: llama's keys, HF's defaults for the rest (head_dim 128 / 256).
+  Result<JobSpec> q3 = ParseJobSpec(Replace(kLlamaBase, "arch: llama", "arch: qwen3"));
+  ASSERT_TRUE(q3.ok()) << q3.status().ToString();
+  EXPECT_EQ(q3->model.config.arch, Arch::kQwen3);
+  EXPECT_EQ(q3->model.config.head_size(), 128);
+  const std::string gemma = Replace(kLlamaBase, "arch: llama", "arch: gemma");
+  Result<JobSpec> ge = ParseJobSpec(With(gemma, "model.config", "hidden_activation: gelu_pytorch_tanh"));
+  ASSERT_TRUE(ge.ok()) << ge.status().ToString();
+  EXPECT_EQ(ge->model.config.arch, Arch::kGemma);
+  EXPECT_EQ(ge->model.config.head_size(), 256);
+  EXPECT_TRUE(ge->model.config.tied_embeddings());
+  ExpectInvalid(With(gemma, "model.config", "hidden_activation: gelu"),
+                "model.config.hidden_activation");
+  ExpectInvalid(With(kLlamaBase, "model.config", "hidden_activation: gelu_pytorch_tanh"),
+                "model.config.hidden_activation: not a llama config key");
   ExpectInvalid(With(kLlamaBase, "model.config", "rope_scaling: {rope_type: yarn, factor: 2}"),
                 "model.config.rope_scaling.rope_type: expected one of default, linear, llama3");
   ExpectInvalid(With(kLlamaBase, "model.config", "sliding_window: 8"),
@@ -906,7 +919,7 @@ TEST(JobSpecTest, MixtralSpec) {
   Result<JobSpec> r = ParseJobSpec(spec);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   const ModelConfig& c = r->model.config;
-  EXPECT_EQ(c.arch, "mixtral");
+  EXPECT_EQ(c.arch, Arch::kMixtral);
   EXPECT_EQ(c.num_local_experts, 4);
   EXPECT_EQ(c.num_experts_per_tok, 2);  // HF default
   EXPECT_TRUE(c.output_router_logits);

@@ -143,6 +143,13 @@ TEST(Lora, GradientsMatchTorchLoraReference) {
       {"gpt2 all modules, lora_dropout 0.25", testing::TinyGpt2(), kGpt2All, 0.25},
       {"llama all modules, lora_dropout 0.3", testing::TinyLlama(false), kLlamaAll, 0.3},
       {"llama q_proj,v_proj (GQA), lora_dropout 0.1", testing::TinyLlama(true), {"q_proj", "v_proj"}, 0.1},
+      // PEFT's names for qwen3 and gemma are llama's; their adapters around the q/k norms
+      // (qwen3), the scaled embeddings and 1 + w norms (gemma).
+      {"qwen3 all modules", testing::TinyFamily("qwen3"), kLlamaAll},
+      {"gemma all modules", testing::TinyFamily("gemma"), kLlamaAll},
+      // qwen2's q/k/v biases stay frozen beside the adapters; mistral's window (5 < T).
+      {"qwen2 all modules", testing::TinyFamily("qwen2"), kLlamaAll},
+      {"mistral q_proj,v_proj", testing::TinyFamily("mistral"), {"q_proj", "v_proj"}},
   };
   for (const GradCase& gc : cases) {
     SCOPED_TRACE(gc.name);
@@ -172,7 +179,7 @@ TEST(Lora, GradientsMatchTorchLoraReference) {
     ASSERT_TRUE(WriteSafetensors(dir.path + "/model.safetensors", m.ExportHf()).ok());
     ASSERT_TRUE(WriteSafetensors(dir.path + "/adapters.safetensors", m.ExportAdapters()).ok());
     json cfg = json::parse(WriteHfConfigJson(gc.config));
-    json c = {{"arch", gc.config.arch}, {"config", cfg}, {"B", o.micro_batch}, {"T", o.seq_len},
+    json c = {{"arch", ArchName(gc.config.arch)}, {"config", cfg}, {"B", o.micro_batch}, {"T", o.seq_len},
               {"ids", batch.ids}, {"targets", batch.targets}, {"r", o.lora.r},
               {"alpha", o.lora.alpha}, {"target_modules", gc.targets}};
     if (gc.dropout > 0) {
@@ -382,7 +389,7 @@ TEST_F(LoraJob, PlanEqualsPeakAndMemoryFollowsTheTrainableFraction) {
   // The small gpt2 (GPT-2 124M: 12 layers, d768, vocab 50257, T 1024, B 1): optimizer and
   // gradient bytes of LoRA r=8 on c_attn over full fine-tuning = trainable / total parameters.
   ModelConfig c;
-  c.arch = "gpt2";
+  c.arch = Arch::kGpt2;
   c.vocab_size = 50257;
   c.n_positions = 1024;
   c.n_embd = 768;

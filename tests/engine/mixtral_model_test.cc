@@ -20,7 +20,7 @@ using nlohmann::json;
 
 ModelConfig TinyMixtral(int64_t experts, int64_t top_k, bool aux, bool tied) {
   ModelConfig c;
-  c.arch = "mixtral";
+  c.arch = Arch::kMixtral;
   c.vocab_size = 67;
   c.hidden_size = 32;
   c.intermediate_size = 24;

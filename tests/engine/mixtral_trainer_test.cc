@@ -27,7 +27,7 @@ JobSpec TinyMixtralSpec(const std::string& dir, const std::string& data) {
   JobSpec s = testing::TinySpec(dir, data);
   ModelConfig& c = s.model.config;
   c = ModelConfig{};
-  c.arch = "mixtral";
+  c.arch = Arch::kMixtral;
   c.vocab_size = 64;
   c.hidden_size = 32;
   c.intermediate_size = 32;

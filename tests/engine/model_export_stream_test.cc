@@ -137,7 +137,7 @@ void ExpectStreamedEqualsOld(const ModelConfig& c, const std::string& what) {
 
 ModelConfig TinyBertFor(const std::string& head) {
   ModelConfig c;
-  c.arch = "bert";
+  c.arch = Arch::kBert;
   c.vocab_size = 61;
   c.hidden_size = 32;
   c.intermediate_size = 48;
@@ -155,7 +155,7 @@ ModelConfig TinyBertFor(const std::string& head) {
 
 ModelConfig TinyMixtralFor(bool tied) {
   ModelConfig c = TinyLlama(tied);
-  c.arch = "mixtral";
+  c.arch = Arch::kMixtral;
   c.intermediate_size = 24;
   c.num_local_experts = 4;
   c.num_experts_per_tok = 2;
@@ -220,7 +220,7 @@ TEST(ModelExportStream, LoraMergedFileEqualsTheWholeModelPath) {
 // buffers and the writer's), the whole-model path's is the model's size.
 TEST(ModelExportStream, SaveRssGrowthIsBoundedWhateverTheModelSize) {
   ModelConfig c;
-  c.arch = "gpt2";
+  c.arch = Arch::kGpt2;
   c.vocab_size = 50304;
   c.n_positions = 64;
   c.n_embd = 512;
@@ -315,7 +315,7 @@ TEST(InitFlatParams, ParallelTransformEqualsTheSequentialStream) {
   ModelConfig llama = TinyLlama(false);
   llama.vocab_size = 5000;  // embed_tokens and lm_head 160K elements each
   for (const ModelConfig& c : {gpt2, llama}) {
-    SCOPED_TRACE(c.arch);
+    SCOPED_TRACE(ArchName(c.arch));
     const ArchDims d = MakeArchDims(c);
     const ParamTable table = BuildParams(d);
     std::vector<float> got(static_cast<size_t>(table.total), -1.0f);
@@ -349,7 +349,7 @@ TEST(InitFlatParams, ParallelTransformEqualsTheSequentialStream) {
       }
     }
     EXPECT_GT(normals, 65536);
-    if (c.arch == "gpt2") {
+    if (c.arch == Arch::kGpt2) {
       EXPECT_GT(padded, 0);
     }
     EXPECT_TRUE(got == want) << "the parallel init differs from the sequential stream";

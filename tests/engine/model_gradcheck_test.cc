@@ -56,7 +56,7 @@ void FiniteDifferences(const ModelConfig& c, const std::vector<std::string>& nam
     worst = std::max(worst, std::abs(fd - g) / std::abs(g));
     ++checked;
   }
-  std::printf("[%s] worst finite-difference relative error %.2e over %d tensors\n", c.arch.c_str(),
+  std::printf("[%s] worst finite-difference relative error %.2e over %d tensors\n", ArchName(c.arch),
               worst, checked);
   EXPECT_EQ(checked, static_cast<int>(names.size()));
 }

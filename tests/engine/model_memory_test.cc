@@ -24,7 +24,10 @@ std::vector<PlanCase> PlanCases() {
   ModelConfig lu = TinyLlama(false);
   ModelConfig lt = TinyLlama(true);
   lt.num_hidden_layers = 4;
-  for (const ModelConfig& c : {g, g2, lu, lt}) {
+  // qwen2 (q/k/v biases), mistral (the window), qwen3 (the per-head q/k norm's saved inputs
+  // and rstd) and gemma (GeGLU's scratch).
+  for (const ModelConfig& c : {g, g2, lu, lt, TinyFamily("qwen2"), TinyFamily("mistral"),
+                               TinyFamily("qwen3"), TinyFamily("gemma")}) {
     for (DType t : {DType::kF32, DType::kBF16, DType::kF16}) {
       for (int ck : {0, 1, 2}) {
         ModelOptions o = TinyOptions(2, 12);
@@ -41,7 +44,7 @@ std::vector<PlanCase> PlanCases() {
 TEST(ModelMemory, ArenaMatchesPlanExactlyByCategory) {
   for (const PlanCase& pc : PlanCases()) {
     SCOPED_TRACE(
-        pc.config.arch + " L=" + std::to_string(pc.config.num_layers()) + " ckpt_every=" +
+        std::string(ArchName(pc.config.arch)) + " L=" + std::to_string(pc.config.num_layers()) + " ckpt_every=" +
         std::to_string(pc.options.gradient_checkpointing ? pc.options.checkpoint_every : 0) +
         " " + DTypeName(pc.options.compute_type));
     const MemoryBytes plan = Model::PlanBytes(pc.config, pc.options);

@@ -17,7 +17,7 @@ namespace {
 using nlohmann::json;
 
 json ConfigJson(const ModelConfig& c) {
-  if (c.arch == "gpt2") {
+  if (c.arch == Arch::kGpt2) {
     return {{"vocab_size", c.vocab_size}, {"n_positions", c.n_positions},
             {"n_embd", c.n_embd},         {"n_layer", c.n_layer},
             {"n_head", c.n_head},         {"layer_norm_epsilon", c.layer_norm_epsilon}};
@@ -78,6 +78,23 @@ void Prepare(ParityCase* pc, uint64_t seed) {
       m.param_data()[p.offset + i] = 0.3f * std::sin(0.7f * static_cast<float>(i + p.offset));
     }
   }
+  // qwen3 and gemma: norm weights that differ per channel (gemma's start at zero: 1 + w = 1), so
+  // a weight read at the wrong offset, or w where 1 + w belongs, shows. qwen3's q_norm / k_norm
+  // around 1, not 4: a per-head norm of 4 makes every score |q||k|/sqrt(HS) = 16 sqrt(HS), a
+  // saturated softmax whose gradients torch's own fp32 misses by 1.3e-5.
+  if (pc->config.arch == Arch::kQwen3 || pc->config.arch == Arch::kGemma) {
+    for (const ParamInfo& p : m.params()) {
+      if (p.hf_name.size() < 12 || p.hf_name.compare(p.hf_name.size() - 12, 12, "norm.weight") != 0) {
+        continue;
+      }
+      const bool qk = p.hf_name.find("q_norm") != std::string::npos ||
+                      p.hf_name.find("k_norm") != std::string::npos;
+      for (int64_t i = 0; i < p.numel; ++i) {
+        float& w = m.param_data()[p.offset + i];
+        w = (qk ? 1.0f : w) + 0.5f * std::sin(1.3f * static_cast<float>(i + p.offset));
+      }
+    }
+  }
   m.ParamsChanged();
   const Batch batch = MakeBatch(opt.micro_batch * opt.seq_len, pc->config.vocab_size, 1234);
   SetBatch(t, batch);
@@ -86,7 +103,7 @@ void Prepare(ParityCase* pc, uint64_t seed) {
   m.Backward();
   pc->grads = GradsAsHf(t);
   ASSERT_TRUE(WriteSafetensors(pc->dir + "/model.safetensors", m.ExportHf()).ok());
-  json c = {{"arch", pc->config.arch}, {"config", ConfigJson(pc->config)},
+  json c = {{"arch", ArchName(pc->config.arch)}, {"config", ConfigJson(pc->config)},
             {"B", opt.micro_batch},    {"T", opt.seq_len},
             {"ids", batch.ids},        {"targets", batch.targets}};
   std::ofstream(pc->dir + "/case.json") << c.dump();
@@ -94,7 +111,7 @@ void Prepare(ParityCase* pc, uint64_t seed) {
 
 void Check(const ParityCase& pc) {
   const std::string label =
-      pc.config.arch + (pc.config.tied_embeddings() ? " tied" : " untied");
+      std::string(ArchName(pc.config.arch)) + (pc.config.tied_embeddings() ? " tied" : " untied");
   SCOPED_TRACE(label);
   json ref;
   std::ifstream(pc.dir + "/ref.json") >> ref;
@@ -170,7 +187,8 @@ TEST(ModelParity, LlamaLikeFamiliesMatchTorch) {
   }
   TempDir dir;
   ASSERT_FALSE(dir.path.empty());
-  const std::vector<std::string> variants = {"qwen2", "mistral", "llama3_rope", "llama_head_dim"};
+  const std::vector<std::string> variants = {"qwen2", "mistral", "llama3_rope", "llama_head_dim",
+                                              "qwen3", "gemma"};
   std::vector<ParityCase> cases(variants.size());
   std::string dirs;
   for (size_t i = 0; i < cases.size(); ++i) {

@@ -24,7 +24,7 @@ namespace traind::engine::testing {
 
 inline ModelConfig TinyGpt2() {
   ModelConfig c;
-  c.arch = "gpt2";
+  c.arch = Arch::kGpt2;
   c.vocab_size = 67;  // not a multiple of 64: exercises the padded vocabulary
   c.n_positions = 24;
   c.n_embd = 32;
@@ -35,7 +35,7 @@ inline ModelConfig TinyGpt2() {
 
 inline ModelConfig TinyLlama(bool tied) {
   ModelConfig c;
-  c.arch = "llama";
+  c.arch = Arch::kLlama;
   c.vocab_size = 67;
   c.hidden_size = 32;
   c.intermediate_size = 48;
@@ -52,15 +52,16 @@ inline ModelConfig TinyLlama(bool tied) {
 // The llama-like families and llama's variants, at TinyLlama's size (HS 8): qwen2 (q/k/v
 // biases, tied), mistral (sliding window 5 < T), llama with Llama 3.1's rope_scaling (an
 // original context of 64 puts HS 8's four frequencies in every regime: kept, smoothed, divided),
-// and llama with an explicit head_dim (16: NH*HS = 64 != hidden_size), attention_bias and linear
-// rope_scaling.
+// llama with an explicit head_dim (16: NH*HS = 64 != hidden_size), attention_bias and linear
+// rope_scaling; qwen3 (per-head q/k norms, head_dim 12) and gemma (scaled embeddings, 1 + w norms,
+// GeGLU, multi-query with head_dim 16).
 inline ModelConfig TinyFamily(const std::string& variant) {
   ModelConfig c = TinyLlama(/*tied=*/false);
   if (variant == "qwen2") {
-    c.arch = "qwen2";
+    c.arch = Arch::kQwen2;
     c.tie_word_embeddings = true;
   } else if (variant == "mistral") {
-    c.arch = "mistral";
+    c.arch = Arch::kMistral;
     c.sliding_window = 5;
   } else if (variant == "llama3_rope") {
     c.rope_scaling.rope_type = "llama3";
@@ -69,6 +70,18 @@ inline ModelConfig TinyFamily(const std::string& variant) {
     c.rope_scaling.high_freq_factor = 4.0;
     c.rope_scaling.original_max_position_embeddings = 64;
     c.rope_theta = 500000.0;
+  } else if (variant == "qwen3") {
+    // Qwen3: q_norm / k_norm over each head before RoPE; head_dim 12 (NH*HS = 48 != 32) and
+    // untied as Qwen3-8B.
+    c.arch = Arch::kQwen3;
+    c.head_dim = 12;
+  } else if (variant == "gemma") {
+    // Gemma: embeddings times sqrt(32), RMSNorm as x * (1 + w), GeGLU, tied; multi-query
+    // attention and head_dim 16 as gemma-2b (one kv head, NH*HS = 64 != 32).
+    c.arch = Arch::kGemma;
+    c.num_key_value_heads = 1;
+    c.head_dim = 16;
+    c.tie_word_embeddings = true;
   } else if (variant == "llama_head_dim") {
     c.head_dim = 16;
     c.attention_bias = true;
@@ -81,7 +94,7 @@ inline ModelConfig TinyFamily(const std::string& variant) {
 // The small gpt2 of the benches (6 layers, d384, 6 heads, vocab 50304 = GPT-2's padded, T256).
 inline ModelConfig SmallGpt2() {
   ModelConfig c;
-  c.arch = "gpt2";
+  c.arch = Arch::kGpt2;
   c.vocab_size = 50304;
   c.n_positions = 256;
   c.n_embd = 384;

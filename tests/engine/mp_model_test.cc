@@ -57,7 +57,7 @@ void CheckClose(const ModelConfig& c, DType t, float grad_scale) {
   const double loss_rel = std::abs(got.loss - ref.loss) / ref.loss;
   const double grad_rel = RelErr(got.grads, ref.grads);
   std::printf("[mp] %s %s scale %g: loss %.6f vs fp32 %.6f (rel %.2e), grads rel L2 %.2e\n",
-              c.arch.c_str(), DTypeName(t), grad_scale, got.loss, ref.loss, loss_rel, grad_rel);
+              ArchName(c.arch), DTypeName(t), grad_scale, got.loss, ref.loss, loss_rel, grad_rel);
   const Tol tol = TolFor(t);
   EXPECT_LE(loss_rel, tol.loss);
   EXPECT_LE(grad_rel, tol.grad);

@@ -82,9 +82,9 @@ inline int64_t HfNumel(const ParamInfo& p) {
 inline std::vector<ParamInfo> PaddedVocabParams(const std::string& arch, int64_t* num_params,
                                                 std::vector<bool>* transposed) {
   ModelConfig c;
-  c.arch = arch;
+  c.arch = ParseArch(arch).value();
   c.vocab_size = 61;
-  if (arch == "gpt2") {
+  if (c.arch == Arch::kGpt2) {
     c.n_positions = 16;
     c.n_embd = 32;
     c.n_layer = 1;
@@ -94,10 +94,10 @@ inline std::vector<ParamInfo> PaddedVocabParams(const std::string& arch, int64_t
     c.intermediate_size = 48;
     c.num_hidden_layers = 1;
     c.num_attention_heads = 4;
-    c.num_key_value_heads = arch == "llama" ? 2 : 4;
+    c.num_key_value_heads = c.arch == Arch::kLlama ? 2 : 4;
     c.max_position_embeddings = 16;
     c.tie_word_embeddings = false;
-    if (arch == "bert") c.head = "masked_lm";
+    if (c.arch == Arch::kBert) c.head = "masked_lm";
   }
   const ParamTable table = BuildParams(MakeArchDims(c));
   *num_params = table.total;

@@ -439,7 +439,7 @@ TEST(Bf16WithoutBf16Arithmetic, ModelsTrainAsWithOneDnnBf16) {
       }
       EXPECT_LT(testing::RelErr(widened.grads, onednn.grads), 1e-4) << c.arch << " B " << B;
       std::printf("%s B %lld: losses %.7f / %.7f against %.7f / %.7f, gradients rel. err %.2e\n",
-                  c.arch.c_str(), static_cast<long long>(B), widened.losses[0], widened.losses[1],
+                  ArchName(c.arch), static_cast<long long>(B), widened.losses[0], widened.losses[1],
                   onednn.losses[0], onednn.losses[1], testing::RelErr(widened.grads, onednn.grads));
     }
   }

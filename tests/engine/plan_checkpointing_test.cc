@@ -28,7 +28,7 @@ int64_t Align64(int64_t bytes) { return (bytes + 63) / 64 * 64; }
 
 ModelConfig Gpt2(int64_t L, int64_t C, int64_t NH, int64_t V) {
   ModelConfig c;
-  c.arch = "gpt2";
+  c.arch = Arch::kGpt2;
   c.vocab_size = V;
   c.n_positions = 64;
   c.n_embd = C;
@@ -39,7 +39,7 @@ ModelConfig Gpt2(int64_t L, int64_t C, int64_t NH, int64_t V) {
 
 ModelConfig Llama(int64_t L, int64_t C, int64_t NH, int64_t NKV, int64_t H, bool tied) {
   ModelConfig c;
-  c.arch = "llama";
+  c.arch = Arch::kLlama;
   c.vocab_size = 131;
   c.hidden_size = C;
   c.intermediate_size = H;
@@ -68,7 +68,7 @@ ModelOptions Options(int64_t B, int64_t T, int64_t ckpt_every, DType t = DType::
 // norms' statistics, qkv, the attention log-sum-exp, the mid-block residual and the MLP
 // pre-activation in fp32.
 int64_t BlockSetBytes(const ModelConfig& c, const ModelOptions& o) {
-  const bool llama = c.arch == "llama";
+  const bool llama = c.arch == Arch::kLlama;
   const int64_t B = o.micro_batch, T = o.seq_len, N = B * T;
   const int64_t C = llama ? c.hidden_size : c.n_embd;
   const int64_t NH = llama ? c.num_attention_heads : c.n_head;
@@ -86,14 +86,14 @@ int64_t BlockSetBytes(const ModelConfig& c, const ModelOptions& o) {
 // The part of a block's activations that every block keeps also with checkpointing: the
 // attention output (compute type) and its lse, so the recompute skips attention.
 int64_t KeptAttentionBytes(const ModelConfig& c, const ModelOptions& o) {
-  const bool llama = c.arch == "llama";
+  const bool llama = c.arch == Arch::kLlama;
   const int64_t B = o.micro_batch, T = o.seq_len, N = B * T;
   const int64_t C = llama ? c.hidden_size : c.n_embd;
   const int64_t NH = llama ? c.num_attention_heads : c.n_head;
   return Align64(N * C * static_cast<int64_t>(DTypeSize(o.compute_type))) + Align64(B * NH * T * 4);
 }
 
-int64_t Layers(const ModelConfig& c) { return c.arch == "llama" ? c.num_hidden_layers : c.n_layer; }
+int64_t Layers(const ModelConfig& c) { return c.arch == Arch::kLlama ? c.num_hidden_layers : c.n_layer; }
 
 // Create + AdamW + two training steps through the trainer's StepRunner on the CPU backend;
 // returns the arena.
@@ -131,7 +131,7 @@ Measured RunSteps(const ModelConfig& c, const ModelOptions& o) {
 }
 
 std::string Name(const ModelConfig& c, const ModelOptions& o) {
-  return c.arch + " L=" + std::to_string(Layers(c)) + " B=" + std::to_string(o.micro_batch) +
+  return std::string(ArchName(c.arch)) + " L=" + std::to_string(Layers(c)) + " B=" + std::to_string(o.micro_batch) +
          " T=" + std::to_string(o.seq_len) + " ckpt_every=" +
          std::to_string(o.gradient_checkpointing ? o.checkpoint_every : 0) + " " +
          DTypeName(o.compute_type);
@@ -165,7 +165,7 @@ TEST(PlanCheckpointing, ActivationsDropByTheStoredBlockActivations) {
     const int64_t stored = L * set;  // the block activations kept without checkpointing
     // Of them, what checkpointing recomputes (all but the attention output and lse).
     const int64_t recomputable = set - KeptAttentionBytes(c, off);
-    const int64_t C = c.arch == "llama" ? c.hidden_size : c.n_embd;
+    const int64_t C = c.arch == Arch::kLlama ? c.hidden_size : c.n_embd;
     const int64_t residual = Align64(cs.B * cs.T * C * 4);
     // The model's activations plus the trainer's upload slots and step scalars.
     const int64_t step_bytes = StepRunner::PlanBytes(cs.B, cs.T);

@@ -62,7 +62,7 @@ struct TinyLlamaSize {
 };
 inline ModelConfig TinyLlamaConfig(const TinyLlamaSize& z) {
   ModelConfig m;
-  m.arch = "llama";
+  m.arch = Arch::kLlama;
   m.vocab_size = 64;
   m.hidden_size = z.hidden;
   m.intermediate_size = z.intermediate;
@@ -79,7 +79,7 @@ inline ModelConfig TinyLlamaConfig(const TinyLlamaSize& z) {
 inline JobSpec TinySpec(const std::string& dir, const std::string& data_file) {
   JobSpec s;
   s.name = "tiny";
-  s.model.config.arch = "gpt2";
+  s.model.config.arch = Arch::kGpt2;
   s.model.config.vocab_size = 64;
   s.model.config.n_positions = 32;
   s.model.config.n_embd = 32;
@@ -112,7 +112,7 @@ inline JobSpec TinySpec(const std::string& dir, const std::string& data_file) {
 // runs differing only in GEMM library end 3% apart.)
 inline JobSpec TinyShakespeareSpec(const std::string& text, const std::string& output_dir) {
   JobSpec spec;
-  spec.model.config.arch = "gpt2";
+  spec.model.config.arch = Arch::kGpt2;
   spec.model.config.vocab_size = 256;
   spec.model.config.n_positions = 128;
   spec.model.config.n_embd = 256;

@@ -92,7 +92,9 @@ struct Case {
   const char* offload;  // cpu | nvme
   const char* precision;  // fp32 | bf16 | fp16
   int steps;
-  const char* arch = "gpt2";  // gpt2 (tied embeddings) | llama (untied lm_head) | mixtral (experts)
+  // gpt2 (tied embeddings) | llama (untied lm_head) | mixtral (experts) | qwen3 (q/k norms) |
+  // gemma (1 + w norms, GeGLU, scaled embeddings)
+  const char* arch = "gpt2";
 };
 
 std::string Name(const Case& c) {
@@ -113,7 +115,7 @@ class OffloadTraining : public ::testing::TestWithParam<Case> {
     if (std::string(c.arch) != "gpt2") {  // the same size in the llama family (2 kv heads)
       ModelConfig& m = s.model.config;
       m = testing::TinyLlamaConfig({32, 64, 2, 4, 2, 32});
-      m.arch = c.arch;
+      m.arch = ParseArch(c.arch).value();
       if (std::string(c.arch) == "mixtral") {
         m.intermediate_size = 24;
         m.num_local_experts = 4;
@@ -209,7 +211,8 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(Case{"adamw", "cpu", "fp32", 20}, Case{"adamw", "nvme", "fp32", 20},
                       Case{"adamw", "cpu", "bf16", 20}, Case{"adamw", "nvme", "bf16", 20},
                       Case{"adamw", "nvme", "fp16", 20}, Case{"adamw", "nvme", "bf16", 12, "llama"},
-                      Case{"adamw", "cpu", "bf16", 12, "mixtral"}, Case{"adamw_8bit", "nvme", "bf16", 8},
+                      Case{"adamw", "cpu", "bf16", 12, "mixtral"}, Case{"adamw", "nvme", "bf16", 12, "qwen3"},
+                      Case{"adamw", "cpu", "fp32", 12, "gemma"}, Case{"adamw_8bit", "nvme", "bf16", 8},
                       Case{"sgd", "cpu", "bf16", 8}, Case{"adafactor", "nvme", "bf16", 8},
                       Case{"adamw_8bit", "nvme", "fp32", 8}, Case{"sgd", "cpu", "fp32", 8},
                       Case{"adafactor", "nvme", "fp32", 8}),
@@ -237,7 +240,7 @@ TEST_P(OffloadEarlyUpdate, DuringBackwardBitIdenticalToInMemory) {
     JobSpec s = testing::TinySpec(dir + "/" + sub, dir + "/tokens.bin");
     if (std::string(c.arch) != "gpt2") {
       s.model.config = testing::TinyLlamaConfig({32, 64, 2, 4, 2, 32});
-      s.model.config.arch = c.arch;
+      s.model.config.arch = ParseArch(c.arch).value();
       if (std::string(c.arch) == "mixtral") {
         s.model.config.intermediate_size = 24;
         s.model.config.num_local_experts = 4;

@@ -206,10 +206,11 @@ TEST_P(SimtModelStep, MatchesCpuBackend) {
 }
 
 // The llama-like families' features on the CUDA kernels: qwen2's q/k/v biases, mistral's
-// sliding window (5 < T), Llama 3.1's rope_scaling, an explicit head_dim with attention_bias.
+// sliding window (5 < T), Llama 3.1's rope_scaling, an explicit head_dim with attention_bias,
+// qwen3's per-head q/k norms (HeadRmsNorm), gemma's GeGLU and scaled embeddings.
 INSTANTIATE_TEST_SUITE_P(Tiny, SimtModelStep,
                          ::testing::Values("gpt2", "llama", "qwen2", "mistral", "llama3_rope",
-                                           "llama_head_dim"));
+                                           "llama_head_dim", "qwen3", "gemma"));
 
 // LoRA on every target module: the adapters run as plain GEMMs, so the simt backend's step must
 // match the CPU's (loss and every adapter gradient within 1e-5 relative in fp32), with a frozen
@@ -346,7 +347,7 @@ class SimtBertStep : public ::testing::TestWithParam<BertStepCase> {};
 TEST_P(SimtBertStep, MatchesCpuBackend) {
   const BertStepCase& tc = GetParam();
   ModelConfig config;
-  config.arch = "bert";
+  config.arch = Arch::kBert;
   config.vocab_size = 61;
   config.hidden_size = 32;
   config.intermediate_size = 48;
@@ -413,7 +414,7 @@ TEST(SimtMixtralStep, MatchesCpuBackend) {
   for (DType type : {DType::kF32, DType::kBF16}) {
     SCOPED_TRACE(DTypeName(type));
     ModelConfig config = TinyLlama();
-    config.arch = "mixtral";
+    config.arch = Arch::kMixtral;
     config.intermediate_size = 24;
     config.num_local_experts = 4;
     config.num_experts_per_tok = 2;

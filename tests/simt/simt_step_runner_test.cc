@@ -43,7 +43,7 @@ Training Make(std::unique_ptr<Backend> backend, const std::vector<float>* init,
               const LoraOptions* lora = nullptr, DType compute = DType::kF32,
               uint64_t dropout_seed = 1234) {
   ModelConfig c;
-  c.arch = "gpt2";
+  c.arch = Arch::kGpt2;
   c.vocab_size = 67;
   c.n_positions = 24;
   c.n_embd = 32;

@@ -5,6 +5,7 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -132,44 +133,19 @@ Status ReadRopeScaling(const std::string& f, const json& j, ModelConfig* c) {
   return Status::Ok();
 }
 
-// HF defaults of the llama-like config classes (LlamaConfig, MistralConfig, Qwen2Config,
-// MixtralConfig) where ModelConfig's differ.
-void LlamaLikeDefaults(const std::string& arch, ModelConfig* c) {
-  c->vocab_size = 32000;
-  c->tie_word_embeddings = false;
-  if (arch == "mistral") {  // Mistral-7B
-    c->intermediate_size = 14336;
-    c->num_key_value_heads = 8;
-    c->max_position_embeddings = 4096 * 32;
-    c->sliding_window = 4096;
-  } else if (arch == "qwen2") {
-    c->vocab_size = 151936;
-    c->intermediate_size = 22016;
-    c->max_position_embeddings = 32768;
-  } else if (arch == "mixtral") {  // Mixtral-8x7B
-    c->hidden_size = 4096;
-    c->intermediate_size = 14336;
-    c->num_hidden_layers = 32;
-    c->num_attention_heads = 32;
-    c->num_key_value_heads = 8;
-    c->max_position_embeddings = 4096 * 32;
-    c->rms_norm_eps = 1e-5;
-    c->rope_theta = 1e6;
-  }
-}
-
 // The keys of a llama-like config.json (llama, mistral, qwen2, mixtral) onto the family's
 // defaults. num_key_value_heads defaults to num_attention_heads where HF's class says so (llama,
 // qwen2); mistral and mixtral default to 8.
 Status ReadLlamaLike(const std::string& f, const json& j, ModelConfig* c) {
-  const std::string& arch = c->arch;
-  LlamaLikeDefaults(arch, c);
+  const ModelFamily& family = FamilyOf(c->arch);
+  const HfConfigRow& hf = family.hf;
+  const std::string name = family.model_type;
   TRAIND_RETURN_IF_ERROR(GetInt(f, j, "vocab_size", &c->vocab_size));
   TRAIND_RETURN_IF_ERROR(GetInt(f, j, "hidden_size", &c->hidden_size));
   TRAIND_RETURN_IF_ERROR(GetInt(f, j, "intermediate_size", &c->intermediate_size));
   TRAIND_RETURN_IF_ERROR(GetInt(f, j, "num_hidden_layers", &c->num_hidden_layers));
   TRAIND_RETURN_IF_ERROR(GetInt(f, j, "num_attention_heads", &c->num_attention_heads));
-  if (arch == "llama" || arch == "qwen2") c->num_key_value_heads = c->num_attention_heads;
+  if (hf.kv_heads_default_heads) c->num_key_value_heads = c->num_attention_heads;
   if (j.contains("num_key_value_heads") && !j["num_key_value_heads"].is_null()) {
     TRAIND_RETURN_IF_ERROR(GetInt(f, j, "num_key_value_heads", &c->num_key_value_heads));
   }
@@ -180,18 +156,38 @@ Status ReadLlamaLike(const std::string& f, const json& j, ModelConfig* c) {
   TRAIND_RETURN_IF_ERROR(GetDouble(f, j, "rope_theta", &c->rope_theta));
   TRAIND_RETURN_IF_ERROR(GetInt(f, j, "max_position_embeddings", &c->max_position_embeddings));
   TRAIND_RETURN_IF_ERROR(GetBool(f, j, "tie_word_embeddings", &c->tie_word_embeddings));
-  TRAIND_RETURN_IF_ERROR(Require(f, j, "hidden_act", "silu", "only silu (SwiGLU) is implemented"));
+  if (family.features.mlp == FamilyFeatures::Mlp::kGeGluTanh) {
+    // Gemma: transformers 4.38-4.4x read hidden_activation (null: gelu_pytorch_tanh) and ignore
+    // hidden_act; the newest read hidden_act alone. hidden_act "gelu" beside hidden_activation
+    // gelu_pytorch_tanh (gemma's published files) is the tanh GELU the model was trained with;
+    // without it, "gelu" means the exact GELU to the newest transformers and is refused.
+    const bool named = j.contains("hidden_activation") && !j["hidden_activation"].is_null();
+    if (named) {
+      TRAIND_RETURN_IF_ERROR(Require(f, j, "hidden_activation", hf.hidden_act,
+                                     std::string("only ") + hf.hidden_act + " is implemented"));
+    }
+    if (j.contains("hidden_act") && j["hidden_act"] != hf.hidden_act &&
+        !(named && j["hidden_act"] == "gelu")) {
+      return Bad(f, "hidden_act",
+                 j["hidden_act"].dump() + " is not supported (only " + hf.hidden_act +
+                     ", or gelu beside hidden_activation " + hf.hidden_act + ")");
+    }
+  } else {
+    TRAIND_RETURN_IF_ERROR(Require(f, j, "hidden_act", hf.hidden_act,
+                                   std::string("only ") + hf.hidden_act + " is implemented"));
+  }
   TRAIND_RETURN_IF_ERROR(ReadRopeScaling(f, j, c));
   TRAIND_RETURN_IF_ERROR(Require(f, j, "mlp_bias", false, "the MLP has no biases"));
   TRAIND_RETURN_IF_ERROR(Require(f, j, "partial_rotary_factor", 1.0, "only full rotary embedding"));
-  if (arch == "llama") {
+  if (hf.attention_bias_key) {
     TRAIND_RETURN_IF_ERROR(GetBool(f, j, "attention_bias", &c->attention_bias));
   } else {
     TRAIND_RETURN_IF_ERROR(Require(f, j, "attention_bias", false,
-                                   arch == "qwen2" ? "qwen2 has q/k/v biases and none on o_proj"
-                                                   : arch + " has no attention biases"));
+                                   family.features.qkv_bias
+                                       ? name + " has q/k/v biases and none on o_proj"
+                                       : name + " has no attention biases"));
   }
-  if (arch == "mistral" || arch == "mixtral") {
+  if (hf.sliding_window_key) {
     if (j.contains("sliding_window")) {
       if (j["sliding_window"].is_null()) {
         c->sliding_window = 0;
@@ -199,7 +195,7 @@ Status ReadLlamaLike(const std::string& f, const json& j, ModelConfig* c) {
         TRAIND_RETURN_IF_ERROR(GetInt(f, j, "sliding_window", &c->sliding_window));
       }
     }
-  } else if (arch == "qwen2") {
+  } else if (hf.use_sliding_window_key) {
     // Qwen2's window applies only with use_sliding_window, and then only to the layers from
     // max_window_layers on: not implemented.
     TRAIND_RETURN_IF_ERROR(Require(f, j, "use_sliding_window", false,
@@ -208,13 +204,13 @@ Status ReadLlamaLike(const std::string& f, const json& j, ModelConfig* c) {
   if (j.contains("layer_types") && j["layer_types"].is_array()) {
     for (const json& t : j["layer_types"]) {
       if (t != "full_attention" && !(t == "sliding_attention" && c->sliding_window > 0 &&
-                                     (arch == "mistral" || arch == "mixtral"))) {
+                                     hf.sliding_window_key)) {
         return Bad(f, "layer_types", t.dump() + " is not supported (only full_attention, or "
                                                 "sliding_attention in every layer of mistral)");
       }
     }
   }
-  if (arch == "mixtral") {
+  if (hf.experts_keys) {
     TRAIND_RETURN_IF_ERROR(GetInt(f, j, "num_local_experts", &c->num_local_experts));
     TRAIND_RETURN_IF_ERROR(GetInt(f, j, "num_experts_per_tok", &c->num_experts_per_tok));
     TRAIND_RETURN_IF_ERROR(GetDouble(f, j, "router_aux_loss_coef", &c->router_aux_loss_coef));
@@ -228,8 +224,10 @@ Status ReadLlamaLike(const std::string& f, const json& j, ModelConfig* c) {
   return Status::Ok();
 }
 
+}  // namespace
+
 // HF BertConfig defaults (bert-base-uncased) where ModelConfig's differ.
-void BertDefaults(ModelConfig* c) {
+void BertConfigDefaults(ModelConfig* c) {
   c->vocab_size = 30522;
   c->hidden_size = 768;
   c->intermediate_size = 3072;
@@ -240,8 +238,68 @@ void BertDefaults(ModelConfig* c) {
   c->tie_word_embeddings = true;
 }
 
+// GPT2Config's defaults are ModelConfig's own.
+void Gpt2ConfigDefaults(ModelConfig*) {}
+
+// LlamaConfig (Llama-2-7B's shape).
+void LlamaConfigDefaults(ModelConfig* c) {
+  c->vocab_size = 32000;
+  c->tie_word_embeddings = false;
+}
+
+// MistralConfig (Mistral-7B).
+void MistralConfigDefaults(ModelConfig* c) {
+  LlamaConfigDefaults(c);
+  c->intermediate_size = 14336;
+  c->num_key_value_heads = 8;
+  c->max_position_embeddings = 4096 * 32;
+  c->sliding_window = 4096;
+}
+
+// Qwen2Config.
+void Qwen2ConfigDefaults(ModelConfig* c) {
+  LlamaConfigDefaults(c);
+  c->vocab_size = 151936;
+  c->intermediate_size = 22016;
+  c->max_position_embeddings = 32768;
+}
+
+// Qwen3Config.
+void Qwen3ConfigDefaults(ModelConfig* c) {
+  Qwen2ConfigDefaults(c);
+  c->head_dim = 128;
+}
+
+// GemmaConfig (gemma-7b's shape).
+void GemmaConfigDefaults(ModelConfig* c) {
+  LlamaConfigDefaults(c);
+  c->vocab_size = 256000;
+  c->hidden_size = 3072;
+  c->intermediate_size = 24576;
+  c->num_hidden_layers = 28;
+  c->num_attention_heads = 16;
+  c->num_key_value_heads = 16;
+  c->head_dim = 256;
+  c->max_position_embeddings = 8192;
+  c->tie_word_embeddings = true;
+}
+
+// MixtralConfig (Mixtral-8x7B).
+void MixtralConfigDefaults(ModelConfig* c) {
+  LlamaConfigDefaults(c);
+  c->hidden_size = 4096;
+  c->intermediate_size = 14336;
+  c->num_hidden_layers = 32;
+  c->num_attention_heads = 32;
+  c->num_key_value_heads = 8;
+  c->max_position_embeddings = 4096 * 32;
+  c->rms_norm_eps = 1e-5;
+  c->rope_theta = 1e6;
+}
+
+namespace {
+
 Status ReadBert(const std::string& f, const json& j, ModelConfig* c) {
-  BertDefaults(c);
   TRAIND_RETURN_IF_ERROR(GetInt(f, j, "vocab_size", &c->vocab_size));
   TRAIND_RETURN_IF_ERROR(GetInt(f, j, "hidden_size", &c->hidden_size));
   TRAIND_RETURN_IF_ERROR(GetInt(f, j, "intermediate_size", &c->intermediate_size));
@@ -303,29 +361,28 @@ Status Positive(const std::string& prefix, const char* key, int64_t v) {
 
 }  // namespace
 
-ModelConfig HfConfigDefaults(const std::string& arch) {
+ModelConfig HfConfigDefaults(Arch arch) {
   ModelConfig c;
   c.arch = arch;
-  if (arch == "bert") {
-    BertDefaults(&c);
-  } else if (arch != "gpt2") {
-    LlamaLikeDefaults(arch, &c);
-  }
+  FamilyOf(arch).hf.defaults(&c);
   return c;
 }
 
+// long function: one check per config field, the one validator of model configs
 Status ValidateModelConfig(const ModelConfig& c, const std::string& p) {
-  const ModelFamily* family = FindFamily(c.arch);
-  if (family == nullptr) {
-    return Status::InvalidArgument("model.arch: unknown architecture '" + c.arch +
-                                   "' (supported: " + KnownFamilies() + ")");
+  const ModelFamily& family = FamilyOf(c.arch);
+  const HfConfigRow& hf = family.hf;
+  const std::string name = family.model_type;
+  if (!family.built) {
+    return Status::InvalidArgument("model.arch: " + name + " is not supported yet (supported: " +
+                                   KnownFamilies() + ")");
   }
   TRAIND_RETURN_IF_ERROR(Positive(p, "vocab_size", c.vocab_size));
   if (c.vocab_size > (int64_t{1} << 31) - 64) {
     return Status::InvalidArgument(p + "vocab_size: " + std::to_string(c.vocab_size) +
                                    " does not fit int32 token ids");
   }
-  if (c.arch == "bert") {
+  if (hf.names == HfConfigRow::Names::kBert) {
     if (c.head != "sequence_classification" && c.head != "masked_lm") {
       return Status::InvalidArgument(
           "model.head: bert needs a head: sequence_classification or masked_lm" +
@@ -362,13 +419,12 @@ Status ValidateModelConfig(const ModelConfig& c, const std::string& p) {
     return Status::Ok();
   }
   if (!c.head.empty() && c.head != "none") {
-    return Status::InvalidArgument("model.head: " + c.arch + " is a causal language model " +
+    return Status::InvalidArgument("model.head: " + name + " is a causal language model " +
                                    "(head none), got '" + c.head + "'");
   }
-  if (c.arch == "gpt2") {
+  if (hf.names == HfConfigRow::Names::kGpt2) {
     TRAIND_RETURN_IF_ERROR(Positive(p, "n_positions", c.n_positions));
     TRAIND_RETURN_IF_ERROR(Positive(p, "n_embd", c.n_embd));
-// long function: one check per config field, the one validator of model configs
     TRAIND_RETURN_IF_ERROR(Positive(p, "n_layer", c.n_layer));
     TRAIND_RETURN_IF_ERROR(Positive(p, "n_head", c.n_head));
     if (c.n_embd % c.n_head != 0) {
@@ -399,11 +455,11 @@ Status ValidateModelConfig(const ModelConfig& c, const std::string& p) {
     return Status::InvalidArgument(p + "sliding_window: must be >= 1 (or null), got " +
                                    std::to_string(c.sliding_window));
   }
-  if (c.sliding_window > 0 && c.arch != "mistral" && c.arch != "mixtral") {
-    return Status::InvalidArgument(p + "sliding_window: " + c.arch +
+  if (c.sliding_window > 0 && !hf.sliding_window_key) {
+    return Status::InvalidArgument(p + "sliding_window: " + name +
                                    " has no sliding-window attention (mistral, mixtral)");
   }
-  if (c.attention_bias && c.arch != "llama") {
+  if (c.attention_bias && !hf.attention_bias_key) {
     return Status::InvalidArgument(p + "attention_bias: only llama's config has it (qwen2 " +
                                    "always has q/k/v biases)");
   }
@@ -437,7 +493,7 @@ Status ValidateModelConfig(const ModelConfig& c, const std::string& p) {
   }
   if (!(c.rms_norm_eps > 0)) return Status::InvalidArgument(p + "rms_norm_eps: must be > 0");
   if (!(c.rope_theta > 0)) return Status::InvalidArgument(p + "rope_theta: must be > 0");
-  if (c.arch == "mixtral") {
+  if (hf.experts_keys) {
     TRAIND_RETURN_IF_ERROR(Positive(p, "num_local_experts", c.num_local_experts));
     TRAIND_RETURN_IF_ERROR(Positive(p, "num_experts_per_tok", c.num_experts_per_tok));
     if (c.num_experts_per_tok > c.num_local_experts) {
@@ -478,26 +534,31 @@ Result<ModelConfig> ReadHfConfig(const std::string& path) {
   if (!j.contains("model_type") || !j["model_type"].is_string()) {
     return Status::InvalidArgument(path + ": model_type: missing (one of " + KnownFamilies() + ")");
   }
-  ModelConfig c;
-  c.arch = j["model_type"].get<std::string>();
-  if (c.arch == "gpt2") {
-    TRAIND_RETURN_IF_ERROR(ReadGpt2(path, j, &c));
-  } else if (c.arch == "llama" || c.arch == "mistral" || c.arch == "qwen2" ||
-             c.arch == "mixtral") {
-    TRAIND_RETURN_IF_ERROR(ReadLlamaLike(path, j, &c));
-  } else if (c.arch == "bert") {
-    TRAIND_RETURN_IF_ERROR(ReadBert(path, j, &c));
-    // A BertModel file (no task head): the job spec names model.head; the rest is checked now.
-    if (c.head.empty()) {
-      ModelConfig headed = c;
-      headed.head = "masked_lm";
-      TRAIND_RETURN_IF_ERROR(ValidateModelConfig(headed, path + ": "));
-      c.hf_source_json = j.dump();
-      return c;
-    }
-  } else {
-    return Status::InvalidArgument(path + ": model_type: '" + c.arch +
+  const std::string model_type = j["model_type"].get<std::string>();
+  const std::optional<Arch> arch = ParseArch(model_type);
+  if (!arch || !FamilyOf(*arch).built) {
+    return Status::InvalidArgument(path + ": model_type: '" + model_type +
                                    "' is not supported (" + KnownFamilies() + ")");
+  }
+  ModelConfig c = HfConfigDefaults(*arch);
+  switch (FamilyOf(*arch).hf.names) {
+    case HfConfigRow::Names::kGpt2:
+      TRAIND_RETURN_IF_ERROR(ReadGpt2(path, j, &c));
+      break;
+    case HfConfigRow::Names::kLlama:
+      TRAIND_RETURN_IF_ERROR(ReadLlamaLike(path, j, &c));
+      break;
+    case HfConfigRow::Names::kBert:
+      TRAIND_RETURN_IF_ERROR(ReadBert(path, j, &c));
+      // A BertModel file (no task head): the job spec names model.head; the rest is checked now.
+      if (c.head.empty()) {
+        ModelConfig headed = c;
+        headed.head = "masked_lm";
+        TRAIND_RETURN_IF_ERROR(ValidateModelConfig(headed, path + ": "));
+        c.hf_source_json = j.dump();
+        return c;
+      }
+      break;
   }
   TRAIND_RETURN_IF_ERROR(ValidateModelConfig(c, path + ": "));
   c.hf_source_json = j.dump();
@@ -515,16 +576,20 @@ std::string RopeScalingJson(const ModelConfig::RopeScaling& rs) {
   return r.dump();
 }
 
+// long function: one line per config.json key, per family, in HF's order
 std::string WriteHfConfigJson(const ModelConfig& c) {
   json j;
   j["torch_dtype"] = "float32";
   j["initializer_range"] = 0.02;
   j["use_cache"] = true;
   j["vocab_size"] = c.vocab_size;
-  if (c.arch == "gpt2") {
+  const ModelFamily& family = FamilyOf(c.arch);
+  const HfConfigRow& hf = family.hf;
+  switch (hf.names) {
+  case HfConfigRow::Names::kGpt2: {
     const int64_t special = c.vocab_size > 50256 ? 50256 : c.vocab_size - 1;
-    j["model_type"] = "gpt2";
-    j["architectures"] = {"GPT2LMHeadModel"};
+    j["model_type"] = family.model_type;
+    j["architectures"] = {hf.causal_lm_class};
     j["activation_function"] = "gelu_new";
     j["n_positions"] = c.n_positions;
     j["n_ctx"] = c.n_positions;
@@ -542,9 +607,11 @@ std::string WriteHfConfigJson(const ModelConfig& c) {
     j["tie_word_embeddings"] = true;
     j["bos_token_id"] = special;
     j["eos_token_id"] = special;
-  } else if (c.arch == "bert") {
+    break;
+  }
+  case HfConfigRow::Names::kBert: {
     const bool cls = c.head == "sequence_classification";
-    j["model_type"] = "bert";
+    j["model_type"] = family.model_type;
     j["architectures"] = {cls                 ? "BertForSequenceClassification"
                           : c.head.empty()    ? "BertModel"
                                               : "BertForMaskedLM"};
@@ -576,17 +643,14 @@ std::string WriteHfConfigJson(const ModelConfig& c) {
       j["id2label"] = id2label;
       j["label2id"] = label2id;
       j["problem_type"] = "single_label_classification";
-// long function: one line per config.json key, per family, in HF's order
     }
-  } else {
-    // The llama-like families: one writer, the family's class names and keys.
-    const bool mixtral = c.arch == "mixtral";
-    j["model_type"] = c.arch;
-    j["architectures"] = {c.arch == "mistral" ? "MistralForCausalLM"
-                          : c.arch == "qwen2" ? "Qwen2ForCausalLM"
-                          : mixtral           ? "MixtralForCausalLM"
-                                              : "LlamaForCausalLM"};
-    j["hidden_act"] = "silu";
+    break;
+  }
+  case HfConfigRow::Names::kLlama: {
+    // The llama-like families: one writer, the family row's class name and keys.
+    j["model_type"] = family.model_type;
+    j["architectures"] = {hf.causal_lm_class};
+    j["hidden_act"] = hf.hidden_act;
     j["hidden_size"] = c.hidden_size;
     j["intermediate_size"] = c.intermediate_size;
     j["num_hidden_layers"] = c.num_hidden_layers;
@@ -599,27 +663,22 @@ std::string WriteHfConfigJson(const ModelConfig& c) {
     j["rope_scaling"] = json::parse(RopeScalingJson(c.rope_scaling));
     j["attention_dropout"] = 0.0;
     j["tie_word_embeddings"] = c.tie_word_embeddings;
-    if (c.arch == "llama") {
-      j["attention_bias"] = c.attention_bias;
-      j["mlp_bias"] = false;
-      j["pretraining_tp"] = 1;
-    }
-    if (c.arch == "mistral" || mixtral) {
+    if (hf.attention_bias_key) j["attention_bias"] = c.attention_bias;
+    if (hf.sliding_window_key) {
       j["sliding_window"] = c.sliding_window > 0 ? json(c.sliding_window) : json(nullptr);
     }
-    if (c.arch == "qwen2") {
-      j["use_sliding_window"] = false;
-      j["sliding_window"] = nullptr;
-    }
-    if (mixtral) {
+    if (hf.experts_keys) {
       j["num_local_experts"] = c.num_local_experts;
       j["num_experts_per_tok"] = c.num_experts_per_tok;
       j["router_aux_loss_coef"] = c.router_aux_loss_coef;
       j["output_router_logits"] = c.output_router_logits;
-      j["router_jitter_noise"] = 0.0;
     }
+    const json constants = json::parse(hf.written_constants);
+    for (auto it = constants.begin(); it != constants.end(); ++it) j[it.key()] = it.value();
     j["bos_token_id"] = c.vocab_size > 1 ? 1 : 0;
     j["eos_token_id"] = c.vocab_size > 2 ? 2 : c.vocab_size - 1;
+    break;
+  }
   }
   // Every other key of the config.json the model came from (token ids, transformers_version,
   // quantization-free bookkeeping) is kept; newer files' rope_parameters carry the same values.

@@ -10,7 +10,7 @@
 
 namespace traind::engine {
 
-// Reads `config_json_path`. model_type must be "gpt2", "llama", "bert" or "mixtral" (a bert file
+// Reads `config_json_path`. model_type must name a built family (ParseArch; a bert file
 // without a task head in `architectures` reads with head "": the job spec names it; the rest of
 // it is validated); the keys of ModelConfig for that
 // arch are mapped (missing ones take HF's defaults; llama's num_key_value_heads defaults to
@@ -26,8 +26,19 @@ Result<ModelConfig> ReadHfConfig(const std::string& config_json_path);
 Result<std::string> ReadHfModelType(const std::string& config_json_path);
 
 // The defaults of an architecture's HF config class (LlamaConfig, MistralConfig, Qwen2Config,
-// MixtralConfig, BertConfig, GPT2Config) as a ModelConfig with that arch.
-ModelConfig HfConfigDefaults(const std::string& arch);
+// MixtralConfig, BertConfig, GPT2Config, ...) as a ModelConfig with that arch: the family row's
+// HfConfigRow::defaults.
+ModelConfig HfConfigDefaults(Arch arch);
+
+// Each config class's defaults over ModelConfig's (the family rows point at these).
+void Gpt2ConfigDefaults(ModelConfig* c);
+void LlamaConfigDefaults(ModelConfig* c);
+void MistralConfigDefaults(ModelConfig* c);
+void Qwen2ConfigDefaults(ModelConfig* c);
+void Qwen3ConfigDefaults(ModelConfig* c);
+void GemmaConfigDefaults(ModelConfig* c);
+void BertConfigDefaults(ModelConfig* c);
+void MixtralConfigDefaults(ModelConfig* c);
 
 // config.json's rope_scaling object for `rs` as JSON text ({"rope_type", "factor", and llama3's
 // low_freq_factor, high_freq_factor, original_max_position_embeddings}); "null" for plain RoPE.

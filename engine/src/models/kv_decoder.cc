@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <string>
+#include <vector>
 
 #include "nn/embedding.h"
 #include "nn/linear.h"
@@ -15,6 +16,7 @@ namespace {
 
 struct Sizes {
   int64_t cache, x, ln, stats, qkv, att, tmp, h, a, logits, router, expert_out, in16, act;
+  int64_t plus_one = 0;  // gemma: one norm's 1 + w, then C ones
 };
 
 Sizes SizesOf(const ArchDims& d, int64_t max_len, DType gemm_type) {
@@ -35,6 +37,7 @@ Sizes SizesOf(const ArchDims& d, int64_t max_len, DType gemm_type) {
   s.logits = d.Vp;
   s.router = d.moe() ? d.E : 0;      // mixtral: the router's logits
   s.expert_out = d.moe() ? d.C : 0;  // one expert's output before its weight
+  s.plus_one = d.norm_plus_one() ? 2 * d.C : 0;
   return s;
 }
 
@@ -43,7 +46,7 @@ int64_t Round64(int64_t n) { return (n + 63) / 64 * 64; }
 int64_t WorkFloats(const Sizes& s) {
   return Round64(s.x) + Round64(s.ln) + Round64(s.stats) + Round64(s.qkv) + Round64(s.att) +
          Round64(s.tmp) + Round64(s.h) + Round64(s.a) + Round64(s.logits) + Round64(s.router) +
-         Round64(s.expert_out) + Round64(s.in16) + Round64(s.act);
+         Round64(s.expert_out) + Round64(s.in16) + Round64(s.act) + Round64(s.plus_one);
 }
 
 }  // namespace
@@ -72,9 +75,9 @@ Result<std::unique_ptr<KvDecoder>> KvDecoder::Create(const ModelConfig& config, 
   const DType gemm_type = weights.gemm_type;
   std::unique_ptr<KvDecoder> k(new KvDecoder(config, std::move(weights), max_len, arena->backend()));
   const ArchDims& d = k->d_;
-  if (d.family == nullptr || !d.f().causal || !d.f().pre_ln) {
+  if (!d.family->generation || !d.f().causal || !d.f().pre_ln) {
     return Status::InvalidArgument("generation needs a causal pre-norm decoder (gpt2, llama); " +
-                                   config.arch + " is not one");
+                                   std::string(ArchName(config.arch)) + " is not one");
   }
   if (max_len < 1 || max_len > d.max_T) {
     return Status::InvalidArgument("generation length " + std::to_string(max_len) +
@@ -108,8 +111,19 @@ Result<std::unique_ptr<KvDecoder>> KvDecoder::Create(const ModelConfig& config, 
   k->expert_out_ = take(s.expert_out);
   if (s.in16 > 0) k->in16_ = take(s.in16);
   if (s.act > 0) k->act_ = take(s.act);
+  if (s.plus_one > 0) {
+    k->plus_one_ = take(s.plus_one);
+    const std::vector<float> ones(static_cast<size_t>(d.C), 1.0f);
+    k->be_->CopyHostToDevice(k->plus_one_ + d.C, ones.data(), ones.size() * sizeof(float));
+  }
   k->ids_ = reinterpret_cast<int32_t*>(p);  // the 64 floats past the work buffers
   return k;
+}
+
+const float* KvDecoder::NormW(int64_t offset) {
+  if (plus_one_ == nullptr) return P(offset);
+  be_->Add(plus_one_, P(offset), plus_one_ + d_.C, d_.C);  // gemma: 1 + w, as HF in fp32
+  return plus_one_;
 }
 
 const void* KvDecoder::In(const float* x, int64_t n) {
@@ -135,14 +149,21 @@ Status KvDecoder::Step(int32_t token, std::vector<float>* logits) {
   be.CopyHostToDevice(ids_, ids, sizeof(ids));
   nn::EmbeddingForward(be, x_, ids_, d_.rotary() ? nullptr : ids_ + 1, P(table_.wte),
                        P(table_.wpe), 1, C);
+  if (d_.f().embed_scale) be.Scale(x_, EmbedScale(d_), C);
   const nn::NormShape ns{1, C, d_.rms_norm(), d_.eps};
-  const nn::MlpShape ms{1, C, d_.H, d_.swiglu()};
+  nn::MlpShape ms{1, C, d_.H, d_.swiglu()};
+  ms.geglu = d_.geglu();
   const DType ct = w_.gemm_type;
   for (int64_t l = 0; l < d_.L; ++l) {
     const LayerParams& lp = table_.layers[l];
     float* cache = cache_ + l * max_len_ * kvw;
-    nn::NormForward(be, ns, ln_, mean_, rstd_, x_, P(lp.ln1_w), P(lp.ln1_b));
+    nn::NormForward(be, ns, ln_, mean_, rstd_, x_, NormW(lp.ln1_w), P(lp.ln1_b));
     nn::LinearForward(be, qkv_, In(ln_, C), W(lp.qkv_w), P(lp.qkv_b), 1, C, qkvw, ct);
+    if (d_.qk_norm()) {  // qwen3: each head of q and k normalised before RoPE
+      be.HeadRmsNormForward(qkv_, nullptr, nullptr, P(lp.q_norm), 1, d_.NH, d_.HS, qkvw, d_.eps);
+      be.HeadRmsNormForward(qkv_ + d_.NH * d_.HS, nullptr, nullptr, P(lp.k_norm), 1, d_.NKV,
+                            d_.HS, qkvw, d_.eps);
+    }
     if (d_.rotary()) {  // q's and k's heads are adjacent: one call rotates both
       be.Rope(qkv_, 1, 1, d_.NH + d_.NKV, d_.HS, qkvw, d_.rope_theta, false, t, d_.rope_scaling);
     }
@@ -152,7 +173,7 @@ Status KvDecoder::Step(int32_t token, std::vector<float>* logits) {
                        d_.NKV, d_.HS, qkvw, kvw, d_.window);
     nn::LinearForward(be, tmp_, In(att_, d_.NH * d_.HS), W(lp.proj_w), P(lp.proj_b), 1, d_.NH * d_.HS, C, ct);
     be.Add(x_, x_, tmp_, C);
-    nn::NormForward(be, ns, ln_, mean_, rstd_, x_, P(lp.ln2_w), P(lp.ln2_b));
+    nn::NormForward(be, ns, ln_, mean_, rstd_, x_, NormW(lp.ln2_w), P(lp.ln2_b));
     if (d_.moe()) {
       TRAIND_RETURN_IF_ERROR(MoeStep(lp));
     } else {
@@ -161,7 +182,7 @@ Status KvDecoder::Step(int32_t token, std::vector<float>* logits) {
     }
     be.Add(x_, x_, tmp_, C);
   }
-  nn::NormForward(be, ns, ln_, mean_, rstd_, x_, P(table_.lnf_w), P(table_.lnf_b));
+  nn::NormForward(be, ns, ln_, mean_, rstd_, x_, NormW(table_.lnf_w), P(table_.lnf_b));
   nn::LinearForward(be, logits_, In(ln_, C), W(table_.lm_head), nullptr, 1, C, d_.Vp, ct);
   logits->resize(static_cast<size_t>(d_.V));
   be.CopyDeviceToHost(logits->data(), logits_, static_cast<size_t>(d_.V) * sizeof(float));

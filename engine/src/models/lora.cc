@@ -22,36 +22,23 @@ std::string ModuleShortName(const std::string& hf_name) {
 
 }  // namespace
 
-// The families whose blocks are llama's (HF module names q_proj ... down_proj; PEFT's default
-// targets q_proj and v_proj for each of them).
-bool LlamaModules(const std::string& arch) {
-  return arch == "llama" || arch == "mistral" || arch == "qwen2";
+const std::vector<std::string>& DefaultLoraTargets(Arch arch) {
+  return FamilyOf(arch).lora_default_targets;
 }
 
-std::vector<std::string> DefaultLoraTargets(const std::string& arch) {
-  if (arch == "gpt2") return {"c_attn"};
-  if (LlamaModules(arch)) return {"q_proj", "v_proj"};
-  return {};
-}
+const std::vector<std::string>& LoraModuleNames(Arch arch) { return FamilyOf(arch).lora_modules; }
 
-std::vector<std::string> LoraModuleNames(const std::string& arch) {
-  if (arch == "gpt2") return {"c_attn", "c_proj", "c_fc"};
-  if (LlamaModules(arch)) {
-    return {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
-  }
-  return {};
-}
-
-Status ValidateLora(const std::string& arch, const LoraOptions& o, DType compute_type) {
+Status ValidateLora(Arch arch, const LoraOptions& o, DType compute_type) {
   if (!o.enabled()) return Status::Ok();
-  const std::vector<std::string> known = LoraModuleNames(arch);
+  const std::vector<std::string>& known = LoraModuleNames(arch);
+  const std::string name = ArchName(arch);
   if (known.empty()) {
-    return Status::InvalidArgument("training.peft: LoRA is not built for model.arch " + arch);
+    return Status::InvalidArgument("training.peft: LoRA is not built for model.arch " + name);
   }
   for (size_t i = 0; i < o.targets.size(); ++i) {
     if (std::find(known.begin(), known.end(), o.targets[i]) == known.end()) {
       return Status::InvalidArgument("training.peft.target_modules[" + std::to_string(i) +
-                                     "]: '" + o.targets[i] + "' is not a " + arch +
+                                     "]: '" + o.targets[i] + "' is not a " + name +
                                      " module (known: " + Join(known) + ")");
     }
   }
@@ -70,7 +57,7 @@ LoraTable BuildLoraTable(const ArchDims& d, const ParamTable& base, const LoraOp
   if (!o.enabled()) return t;
   t.r = o.r;
   t.scale = static_cast<float>(o.alpha / static_cast<double>(o.r));
-  t.targets = o.targets.empty() ? DefaultLoraTargets(d.family->arch) : o.targets;
+  t.targets = o.targets.empty() ? d.family->lora_default_targets : o.targets;
   std::map<int64_t, size_t> by_offset;
   for (size_t i = 0; i < base.infos.size(); ++i) by_offset[base.infos[i].offset] = i;
   auto add = [&t](const std::string& name, std::vector<int64_t> shape) {

@@ -35,13 +35,14 @@ struct LoraTable {
   int64_t max_in = 0;                      // the widest adapter input (the lora_xs scratch)
 };
 
-// PEFT's default target modules of a family (TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING).
-std::vector<std::string> DefaultLoraTargets(const std::string& arch);
-// The module names a family's LoRA can target (for messages and validation).
-std::vector<std::string> LoraModuleNames(const std::string& arch);
+// PEFT's default target modules of a family (TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING):
+// the family row's lora_default_targets.
+const std::vector<std::string>& DefaultLoraTargets(Arch arch);
+// The module names a family's LoRA can target (the row's lora_modules; empty: not built).
+const std::vector<std::string>& LoraModuleNames(Arch arch);
 // INVALID_ARGUMENT naming training.peft.<field> for an unknown target module, lora_alpha <= 0 or
 // lora_dropout outside [0, 1). Every compute type is supported.
-Status ValidateLora(const std::string& arch, const LoraOptions& o, DType compute_type);
+Status ValidateLora(Arch arch, const LoraOptions& o, DType compute_type);
 LoraTable BuildLoraTable(const ArchDims& d, const ParamTable& base, const LoraOptions& o);
 
 }  // namespace traind::engine

@@ -16,7 +16,7 @@ namespace {
 // of model configs, shared with the job-spec parser and init_from's config.json).
 Status ValidateConfig(const ModelConfig& c, const ModelOptions& o) {
   TRAIND_RETURN_IF_ERROR(ValidateModelConfig(c, "model.config."));
-  const char* f_p = c.arch == "gpt2" ? "n_positions" : "max_position_embeddings";  // the others
+  const char* f_p = c.max_positions_key();
   if (o.micro_batch < 1) {
     return Status::InvalidArgument("training.per_device_train_batch_size: must be >= 1, got " +
                                    std::to_string(o.micro_batch));
@@ -36,13 +36,17 @@ Status ValidateConfig(const ModelConfig& c, const ModelOptions& o) {
                                    std::to_string(static_cast<int>(o.compute_type)) +
                                    " is not one of f32, bf16, f16");
   }
-  if ((c.encoder() || c.arch == "mixtral") && o.lora.enabled()) {
-    return Status::Unimplemented("training.peft: LoRA is not built for " + c.arch +
-                                 " yet (gpt2, llama, mistral, qwen2)");
+  if (FamilyOf(c.arch).lora_modules.empty() && o.lora.enabled()) {
+    return Status::Unimplemented("training.peft: LoRA is not built for " +
+                                 std::string(ArchName(c.arch)) + " yet (gpt2, llama, mistral, qwen2)");
   }
   if (o.master_weights_off_device && !c.encoder() && o.compute_type == DType::kF32) {
     return Status::InvalidArgument(
         "master weights off the device need a 16-bit compute type (training.bf16 or fp16)");
+  }
+  if (o.quant4.enabled && !o.lora.enabled()) {
+    return Status::InvalidArgument(
+        "model.quantization_config: a 4-bit base is frozen, so it needs training.peft (QLoRA)");
   }
   return ValidateLora(c.arch, o.lora, o.compute_type);
 }
@@ -80,30 +84,43 @@ std::vector<ParamInfo> Model::ParamsOf(const ModelConfig& config) {
 }
 
 std::vector<Op> Model::RequiredOps(const ModelConfig& config) {
-  const FamilyFeatures f = FindFamily(config.arch) != nullptr ? FindFamily(config.arch)->features
-                                                              : FamilyFeatures{};
+  const FamilyFeatures f = FamilyOf(config.arch).features;
   std::vector<Op> ops = {Op::kGemm, Op::kLinearForward, Op::kEmbeddingForward,
                          Op::kEmbeddingBackward, Op::kAdd, Op::kCast, Op::kAttentionForward,
                          Op::kAttentionBackward, Op::kSoftmaxCrossEntropy, Op::kAccumulateSum,
                          Op::kAccumulateSumSquares, Op::kAdamWFromScalars,
                          Op::kAdamWRunsFromScalars, Op::kDropout};
   if (f.bias) ops.insert(ops.end(), {Op::kAddBias, Op::kBiasBackward, Op::kBiasBackwardRounded});
-  if (f.norm == FamilyFeatures::Norm::kRmsNorm) {
-    ops.insert(ops.end(), {Op::kRmsNormForward, Op::kRmsNormForwardRounded, Op::kRmsNormBackward});
-  } else {
-    ops.insert(ops.end(),
-               {Op::kLayerNormForward, Op::kLayerNormForwardRounded, Op::kLayerNormBackward});
+  switch (f.norm) {
+    case FamilyFeatures::Norm::kRmsNorm:
+    case FamilyFeatures::Norm::kRmsNormPlusOne:  // held as 1 + w: the same ops
+      ops.insert(ops.end(),
+                 {Op::kRmsNormForward, Op::kRmsNormForwardRounded, Op::kRmsNormBackward});
+      break;
+    case FamilyFeatures::Norm::kLayerNorm:
+      ops.insert(ops.end(),
+                 {Op::kLayerNormForward, Op::kLayerNormForwardRounded, Op::kLayerNormBackward});
+      break;
   }
   if (!config.encoder() && !f.moe) ops.push_back(Op::kResidualNormForward);  // decoder ln2
+  if (f.qk_norm) ops.insert(ops.end(), {Op::kHeadRmsNormForward, Op::kHeadRmsNormBackward});
+  if (f.embed_scale) ops.push_back(Op::kScale);
   if (f.positions == FamilyFeatures::Positions::kRotary) ops.push_back(Op::kRope);
-  if (f.mlp == FamilyFeatures::Mlp::kSwiGlu) {
-    ops.insert(ops.end(), {Op::kSwiGluForward, Op::kSwiGluBackward, Op::kSwiGluForwardRounded,
-                           Op::kSwiGluBackwardRounded});
-  } else if (f.mlp == FamilyFeatures::Mlp::kGeluErf) {
-    ops.insert(ops.end(), {Op::kGeluErfForward, Op::kGeluErfBackward});
-  } else {
-    ops.insert(ops.end(), {Op::kGeluForward, Op::kGeluBackward, Op::kLinearForwardRoundedAct,
-                           Op::kGeluBackwardBias});
+  switch (f.mlp) {
+    case FamilyFeatures::Mlp::kSwiGlu:
+      ops.insert(ops.end(), {Op::kSwiGluForward, Op::kSwiGluBackward, Op::kSwiGluForwardRounded,
+                             Op::kSwiGluBackwardRounded});
+      break;
+    case FamilyFeatures::Mlp::kGeluErf:
+      ops.insert(ops.end(), {Op::kGeluErfForward, Op::kGeluErfBackward});
+      break;
+    case FamilyFeatures::Mlp::kGeGluTanh:
+      ops.insert(ops.end(), {Op::kGeGluForward, Op::kGeGluBackward});
+      break;
+    case FamilyFeatures::Mlp::kGeluTanh:
+      ops.insert(ops.end(), {Op::kGeluForward, Op::kGeluBackward, Op::kLinearForwardRoundedAct,
+                             Op::kGeluBackwardBias});
+      break;
   }
   if (f.moe) ops.insert(ops.end(), {Op::kScaleRows, Op::kRowDot});
   if (config.encoder() && config.head == "sequence_classification") {

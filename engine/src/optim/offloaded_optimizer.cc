@@ -1247,7 +1247,8 @@ Result<std::unique_ptr<Optimizer>> MakeOffloadedOptimizer(const TrainingSpec& tr
                                                           const OffloadOptions& options,
                                                           const std::vector<bool>& quantized) {
   if (store == nullptr) return Status::Internal("offloaded optimizer without a store");
-  if (!quantized.empty() && (training.optim != "adamw_8bit" || quantized.size() != params.size())) {
+  if (!quantized.empty() &&
+      (!OptimizerOf(training).quantized_8bit || quantized.size() != params.size())) {
     return Status::Internal("offloaded optimizer: " + std::to_string(quantized.size()) +
                             " 8-bit choices for " + std::to_string(params.size()) +
                             " parameters of " + training.optim);
@@ -1260,7 +1261,7 @@ Result<std::unique_ptr<Optimizer>> MakeOffloadedOptimizer(const TrainingSpec& tr
   if (options.master_weights && options.master_sink == nullptr) {
     return Status::Internal("offloaded optimizer: master weights in the store need the model's sink");
   }
-  if (training.optim == "adamw") {
+  if (OptimizerOf(training).offload == OptimizerRow::Offload::kChunkedAdamW) {
     return OffloadedAdamW::Create(training, params, num_params, arena, store, options);
   }
   std::vector<Group> groups = MakeGroups(training, params, quantized, options);
@@ -1280,7 +1281,9 @@ int64_t OffloadedOptimizerDeviceBytes(const TrainingSpec& training,
                                       const std::vector<ParamInfo>& params, int64_t num_params,
                                       const OffloadOptions& options,
                                       const std::vector<bool>& quantized) {
-  if (training.optim == "adamw") return OffloadedAdamW::PlanBytes(num_params, options);
+  if (OptimizerOf(training).offload == OptimizerRow::Offload::kChunkedAdamW) {
+    return OffloadedAdamW::PlanBytes(num_params, options);
+  }
   int64_t most = 0, largest = 0;
   for (const Group& g : MakeGroups(training, params, quantized, options)) {
     most = std::max(most, OptimizerPlanBytes(training, g.params, g.end - g.begin, g.quantized));

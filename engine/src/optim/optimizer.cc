@@ -1,6 +1,8 @@
 // MakeOptimizer and OptimizerPlanBytes: training.optim to a concrete optimizer behind Optimizer.
 #include "optim/optimizer.h"
 
+#include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -108,38 +110,144 @@ Result<SafetensorsStream> Optimizer::StateStream() const {
   return out;
 }
 
+namespace {
+
+Status ArgError(const char* key, const std::string& why) {
+  return Status::InvalidArgument(std::string("training.optim_args.") + key + ": " + why);
+}
+
+Status NoArgs(const OptimArgs&) { return Status::Ok(); }
+
+Status CheckSgdArgs(const OptimArgs& a) {
+  if (a.momentum < 0) return ArgError("momentum", "must be >= 0");
+  if (a.nesterov && (a.momentum <= 0 || a.dampening != 0)) {
+    return ArgError("nesterov", "needs momentum > 0 and dampening 0 (as torch.optim.SGD)");
+  }
+  return Status::Ok();
+}
+
+Status CheckAdafactorArgs(const OptimArgs& a) {
+  if (a.warmup_init && !a.relative_step) {
+    return ArgError("warmup_init", "needs relative_step: true (as HF's Adafactor)");
+  }
+  if (a.beta1 && !(*a.beta1 >= 0 && *a.beta1 < 1)) return ArgError("beta1", "must be in [0, 1) or null");
+  if (!(a.clip_threshold > 0)) return ArgError("clip_threshold", "must be > 0");
+  if (!(a.decay_rate < 0)) return ArgError("decay_rate", "must be < 0 (beta2 = 1 - t^decay_rate)");
+  return Status::Ok();
+}
+
+Result<std::unique_ptr<Optimizer>> CreateAdamW(const TrainingSpec& t,
+                                               const std::vector<ParamInfo>& params,
+                                               int64_t num_params, DeviceArena* arena,
+                                               const std::vector<bool>&) {
+  // AdamWOptimizer implements Optimizer itself.
+  TRAIND_ASSIGN_OR_RETURN(std::unique_ptr<AdamWOptimizer> adamw,
+                          AdamWOptimizer::Create(params, num_params, AdamWFrom(t), arena));
+  return std::unique_ptr<Optimizer>(std::move(adamw));
+}
+int64_t PlanAdamW(const TrainingSpec&, const std::vector<ParamInfo>&, int64_t num_params,
+                  const std::vector<bool>&) {
+  return AdamWOptimizer::PlanBytes(num_params);
+}
+
+Result<std::unique_ptr<Optimizer>> CreateAdamW8bit(const TrainingSpec& t,
+                                                   const std::vector<ParamInfo>& params,
+                                                   int64_t num_params, DeviceArena* arena,
+                                                   const std::vector<bool>& quantized) {
+  AdamW8bitOptions o = AdamW8bitFrom(t);
+  o.quantized = quantized;
+  return Make<AdamW8bitOptimizer, true>(t.optim, params, num_params, o, arena);
+}
+int64_t PlanAdamW8bit(const TrainingSpec& t, const std::vector<ParamInfo>& params, int64_t,
+                      const std::vector<bool>& quantized) {
+  AdamW8bitOptions o = AdamW8bitFrom(t);
+  o.quantized = quantized;
+  return AdamW8bitOptimizer::PlanBytes(params, o);
+}
+
+Result<std::unique_ptr<Optimizer>> CreateSgd(const TrainingSpec& t,
+                                             const std::vector<ParamInfo>& params,
+                                             int64_t num_params, DeviceArena* arena,
+                                             const std::vector<bool>&) {
+  return Make<SgdOptimizer, true>(t.optim, params, num_params, SgdFrom(t), arena);
+}
+int64_t PlanSgd(const TrainingSpec& t, const std::vector<ParamInfo>& params, int64_t,
+                const std::vector<bool>&) {
+  return SgdOptimizer::PlanBytes(params, SgdFrom(t));
+}
+
+Result<std::unique_ptr<Optimizer>> CreateAdafactor(const TrainingSpec& t,
+                                                   const std::vector<ParamInfo>& params,
+                                                   int64_t num_params, DeviceArena* arena,
+                                                   const std::vector<bool>&) {
+  return Make<AdafactorOptimizer, false>(t.optim, params, num_params, AdafactorFrom(t), arena);
+}
+int64_t PlanAdafactor(const TrainingSpec& t, const std::vector<ParamInfo>& params, int64_t,
+                      const std::vector<bool>&) {
+  return AdafactorOptimizer::PlanBytes(params, AdafactorFrom(t));
+}
+
+using Z = OptimizerRow::Zero1;
+using Off = OptimizerRow::Offload;
+
+}  // namespace
+
+const std::vector<OptimizerRow>& Optimizers() {
+  static const std::vector<OptimizerRow> kRows = {
+      {OptimKind::kAdamW, "adamw", {}, NoArgs, CreateAdamW, PlanAdamW, Z::kElementwise,
+       /*quantized_8bit=*/false, Off::kChunkedAdamW,
+       /*leaner=*/{OptimKind::kAdamW8bit, OptimKind::kAdafactor}},
+      {OptimKind::kAdafactor, "adafactor",
+       {"scale_parameter", "relative_step", "warmup_init", "beta1", "clip_threshold", "decay_rate"},
+       CheckAdafactorArgs, CreateAdafactor, PlanAdafactor, Z::kWholeTensors, false, Off::kGroups},
+      {OptimKind::kAdamW8bit, "adamw_8bit", {}, NoArgs, CreateAdamW8bit, PlanAdamW8bit,
+       Z::kQuantizedBlocks, /*quantized_8bit=*/true, Off::kGroups},
+      {OptimKind::kSgd, "sgd", {"momentum", "dampening", "nesterov"}, CheckSgdArgs, CreateSgd,
+       PlanSgd, Z::kElementwise, false, Off::kGroups},
+  };
+  return kRows;
+}
+
+const OptimizerRow* FindOptimizer(std::string_view name) {
+  for (const OptimizerRow& row : Optimizers()) {
+    if (name == row.name) return &row;
+  }
+  return nullptr;
+}
+
+const OptimizerRow& OptimizerOf(const TrainingSpec& training) {
+  const OptimizerRow* row = FindOptimizer(training.optim);
+  if (row == nullptr) {
+    std::fprintf(stderr, "traind: training.optim '%s' is not one of %s\n", training.optim.c_str(),
+                 OptimizerNames().c_str());
+    std::abort();
+  }
+  return *row;
+}
+
+std::string OptimizerNames() {
+  std::string s;
+  for (const OptimizerRow& row : Optimizers()) s += (s.empty() ? "" : ", ") + std::string(row.name);
+  return s;
+}
+
 Result<std::unique_ptr<Optimizer>> MakeOptimizer(const TrainingSpec& t,
                                                  const std::vector<ParamInfo>& params,
                                                  int64_t num_params, DeviceArena* arena,
                                                  const std::vector<bool>& quantized) {
-  if (t.optim == "adamw") {  // implements Optimizer itself
-    TRAIND_ASSIGN_OR_RETURN(std::unique_ptr<AdamWOptimizer> adamw,
-                            AdamWOptimizer::Create(params, num_params, AdamWFrom(t), arena));
-    return std::unique_ptr<Optimizer>(std::move(adamw));
+  const OptimizerRow* row = FindOptimizer(t.optim);
+  if (row == nullptr) {
+    return Status::InvalidArgument("training.optim: unknown optimizer '" + t.optim + "' (" +
+                                   OptimizerNames() + ")");
   }
-  if (t.optim == "adamw_8bit") {
-    AdamW8bitOptions o = AdamW8bitFrom(t);
-    o.quantized = quantized;
-    return Make<AdamW8bitOptimizer, true>(t.optim, params, num_params, o, arena);
-  }
-  if (t.optim == "sgd") return Make<SgdOptimizer, true>(t.optim, params, num_params, SgdFrom(t), arena);
-  if (t.optim == "adafactor") {
-    return Make<AdafactorOptimizer, false>(t.optim, params, num_params, AdafactorFrom(t), arena);
-  }
-  return Status::InvalidArgument("training.optim: unknown optimizer '" + t.optim +
-                                 "' (adamw, adafactor, adamw_8bit, sgd)");
+  return row->create(t, params, num_params, arena, quantized);
 }
 
 int64_t OptimizerPlanBytes(const TrainingSpec& t, const std::vector<ParamInfo>& params,
                            int64_t num_params, const std::vector<bool>& quantized) {
-  if (t.optim == "adamw_8bit") {
-    AdamW8bitOptions o = AdamW8bitFrom(t);
-    o.quantized = quantized;
-    return AdamW8bitOptimizer::PlanBytes(params, o);
-  }
-  if (t.optim == "sgd") return SgdOptimizer::PlanBytes(params, SgdFrom(t));
-  if (t.optim == "adafactor") return AdafactorOptimizer::PlanBytes(params, AdafactorFrom(t));
-  return AdamWOptimizer::PlanBytes(num_params);
+  const OptimizerRow* row = FindOptimizer(t.optim);
+  if (row == nullptr) row = &Optimizers().front();  // MakeOptimizer refuses it
+  return row->plan_bytes(t, params, num_params, quantized);
 }
 
 }  // namespace traind::engine

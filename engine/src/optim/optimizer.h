@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -103,6 +104,52 @@ class Optimizer {
   // where the model's weights come in and go out; null for every other optimizer.
   virtual MasterWeightsStore* master_weights_store() { return nullptr; }
 };
+
+// The optimizers as rows (docs/engine.md, "A new optimizer"): everything that differs between
+// them. FindOptimizer is the one parser of training.optim; everything after reads the row or
+// switches over its kind (no default case: a new kind fails the build until every switch has it).
+enum class OptimKind { kAdamW, kAdafactor, kAdamW8bit, kSgd };
+inline constexpr int kNumOptimKinds = 4;
+
+struct OptimizerRow {
+  OptimKind kind;
+  const char* name;  // training.optim
+  // training.optim_args keys it takes (JOBSPEC.md; HF / torch names) and their checks beyond
+  // their types: INVALID_ARGUMENT "training.optim_args.<key>: ..." for a bad combination.
+  std::vector<std::string> args;
+  Status (*check_args)(const OptimArgs& a);
+  // MakeOptimizer / OptimizerPlanBytes of this optimizer (see below).
+  Result<std::unique_ptr<Optimizer>> (*create)(const TrainingSpec& t,
+                                               const std::vector<ParamInfo>& params,
+                                               int64_t num_params, DeviceArena* arena,
+                                               const std::vector<bool>& quantized);
+  int64_t (*plan_bytes)(const TrainingSpec& t, const std::vector<ParamInfo>& params,
+                        int64_t num_params, const std::vector<bool>& quantized);
+  // ZeRO-1's cut of the flat buffer into rank shards (optim/sharded_optimizer.h): elementwise
+  // (the same state bytes per element), whole tensors balanced by state floats (a factored second
+  // moment), or balanced by state bytes with cuts on 8-bit blocks.
+  enum class Zero1 { kElementwise, kWholeTensors, kQuantizedBlocks };
+  Zero1 zero1;
+  // 8-bit moments for the tensors of at least AdamW8bitOptions::min_8bit_size elements.
+  bool quantized_8bit;
+  // training.offload: the chunked AdamW that updates during backward (OffloadedAdamW), or the
+  // generic offload of groups of whole tensors, each its own instance of this optimizer.
+  enum class Offload { kChunkedAdamW, kGroups };
+  Offload offload;
+  // The optimizers with less state the planner's advice suggests for a job of this one that
+  // does not fit (train/planner.cc).
+  std::vector<OptimKind> leaner = {};
+};
+
+// Every row, in OptimKind order.
+const std::vector<OptimizerRow>& Optimizers();
+// The row named `name`, or null (the caller names the known ones: OptimizerNames()).
+const OptimizerRow* FindOptimizer(std::string_view name);
+// The row of a parsed spec's training.optim (the job spec refused any other name); an unknown
+// name (a TrainingSpec built by hand) aborts naming it.
+const OptimizerRow& OptimizerOf(const TrainingSpec& training);
+// "adamw, adafactor, adamw_8bit, sgd": for messages.
+std::string OptimizerNames();
 
 // The optimizer `training.optim` names, with its options from `training` (adam_*, weight_decay,
 // optim_args), over `params` (views into buffers of `num_params` floats). INVALID_ARGUMENT for

@@ -21,7 +21,8 @@ namespace {
 // Whether adamw_8bit keeps 8-bit moments for the whole tensor `p` (its size rule, over the
 // tensor HF has: LiveNumel; training does not change min_8bit_size).
 bool Quantized8bit(const TrainingSpec& t, const ParamInfo& p) {
-  return t.optim == "adamw_8bit" && p.numel > 0 && LiveNumel(p) >= AdamW8bitOptions().min_8bit_size;
+  return OptimizerOf(t).quantized_8bit && p.numel > 0 &&
+         LiveNumel(p) >= AdamW8bitOptions().min_8bit_size;
 }
 
 // The slices of `params` inside [begin, end): 1-D views with the parameter's name and decay flag,
@@ -45,7 +46,7 @@ std::vector<ParamInfo> SlicesIn(const TrainingSpec& t, const std::vector<ParamIn
     q.weight_decay = p.weight_decay;
     out.push_back(std::move(q));
     if (of != nullptr) of->push_back(i);
-    if (t.optim == "adamw_8bit") quantized->push_back(Quantized8bit(t, p));
+    if (OptimizerOf(t).quantized_8bit) quantized->push_back(Quantized8bit(t, p));
   }
   return out;
 }
@@ -202,9 +203,7 @@ Result<std::vector<SliceRead>> SlicesToRead(const std::map<std::string, TensorDe
 }  // namespace
 
 Status CheckZeroOneOptimizer(const TrainingSpec& t) {
-  if (t.optim == "adamw" || t.optim == "sgd" || t.optim == "adamw_8bit" || t.optim == "adafactor") {
-    return Status::Ok();
-  }
+  if (FindOptimizer(t.optim) != nullptr) return Status::Ok();  // every row has its Zero1 rule
   return Status::InvalidArgument("distributed.zero_stage: 1 cannot shard the state of "
                                  "training.optim " + t.optim + ": use zero_stage 0");
 }
@@ -214,7 +213,8 @@ std::vector<std::pair<int64_t, int64_t>> ZeroOneShards(const TrainingSpec& t,
                                                        int64_t num_params, int world) {
   std::vector<int64_t> cut(static_cast<size_t>(world) + 1, num_params);
   cut[0] = 0;
-  if (t.optim == "adafactor") {
+  switch (OptimizerOf(t).zero1) {
+  case OptimizerRow::Zero1::kWholeTensors: {
     // Whole tensors (the second moment is factored per matrix), balanced by state floats: each
     // cut at the tensor boundary nearest its share.
     std::vector<ParamInfo> sorted = params;
@@ -241,9 +241,12 @@ std::vector<std::pair<int64_t, int64_t>> ZeroOneShards(const TrainingSpec& t,
       const int64_t at = i < sorted.size() ? sorted[i].offset : num_params;
       cut[static_cast<size_t>(r)] = std::max(at, cut[static_cast<size_t>(r) - 1]);
     }
-  } else if (t.optim != "adamw_8bit") {  // elementwise, the same bytes per element
+    break;
+  }
+  case OptimizerRow::Zero1::kElementwise:  // the same bytes per element
     for (int r = 1; r < world; ++r) cut[static_cast<size_t>(r)] = num_params * r / world;
-  } else {
+    break;
+  case OptimizerRow::Zero1::kQuantizedBlocks: {
     // Balanced by state bytes (an 8-bit element holds 2 bytes and its block's absmax, an fp32
     // one 8); a cut inside an 8-bit tensor moves to its nearest block boundary.
     std::vector<ParamInfo> sorted = params;
@@ -269,6 +272,8 @@ std::vector<std::pair<int64_t, int64_t>> ZeroOneShards(const TrainingSpec& t,
       }
       cut[static_cast<size_t>(r)] = std::max(at, cut[static_cast<size_t>(r) - 1]);
     }
+    break;
+  }
   }
   std::vector<std::pair<int64_t, int64_t>> ranges;
   for (int r = 0; r < world; ++r) {
@@ -309,7 +314,7 @@ Result<std::unique_ptr<ShardedOptimizer>> ShardedOptimizer::Create(
   const int world = comm->world_size();
   std::unique_ptr<ShardedOptimizer> opt(new ShardedOptimizer(params, comm));
   opt->num_params_ = num_params;
-  opt->blockwise_ = training.optim == "adamw_8bit";
+  opt->blockwise_ = OptimizerOf(training).zero1 == OptimizerRow::Zero1::kQuantizedBlocks;
   opt->ranges_ = ZeroOneShards(training, params, num_params, world);
   for (int r = 0; r < world; ++r) {
     const auto [b, e] = opt->ranges_[static_cast<size_t>(r)];
@@ -387,12 +392,12 @@ struct GatherPiece {
 // did not. Host memory: a frame and the headers, never a shard's state, let alone all of them.
 class ShardedOptimizer::StateGather {
  public:
+  // long function: the gathered file's header, computed the same on every rank, in one pass
   static Result<std::unique_ptr<StateGather>> Start(const ShardedOptimizer& opt, bool writer) {
     std::unique_ptr<StateGather> g(new StateGather(opt.comm_));
     Result<SafetensorsStream> local = opt.inner_->StateStream();
     if (local.ok()) {
       g->local_ = std::move(*local);
-  // long function: the gathered file's header, computed the same on every rank, in one pass
     } else {
       g->error_ = local.status();  // this rank contributes no tensors; Finish reports it
     }

@@ -11,6 +11,7 @@
 #include <system_error>
 
 #include "models/hf_config.h"
+#include "models/layout.h"
 #include "core/safetensors.h"
 
 namespace traind::engine {
@@ -119,7 +120,7 @@ std::string AdapterConfigJson(const JobSpec& spec, const Model& model) {
   j["base_model_name_or_path"] =
       spec.model.init_from ? nlohmann::json(*spec.model.init_from) : nlohmann::json(nullptr);
   j["bias"] = "none";
-  j["fan_in_fan_out"] = model.config().arch == "gpt2";
+  j["fan_in_fan_out"] = FamilyOf(model.config().arch).lora_fan_in_fan_out;
   j["inference_mode"] = true;
   j["init_lora_weights"] = true;
   j["layer_replication"] = nullptr;

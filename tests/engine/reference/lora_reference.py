@@ -90,35 +90,52 @@ def gpt2_loss(m, cfg, ids, targets):
     return F.cross_entropy(logits.reshape(B * T, -1), targets.reshape(-1), ignore_index=-1)
 
 
-def llama_loss(m, cfg, ids, targets):
+def llama_loss(m, cfg, ids, targets, arch="llama"):
+    """llama; qwen2 (q/k/v biases); mistral (sliding window); qwen3 (q_norm / k_norm before RoPE); gemma (embeddings times sqrt(C), x * (1 + w)
+    norms, GeGLU with tanh GELU)."""
     w = m.w
     B, T = ids.shape
     C, NH, NKV = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
     L, eps, theta = cfg["num_hidden_layers"], cfg["rms_norm_eps"], cfg["rope_theta"]
-    HS = C // NH
+    HS = cfg.get("head_dim") or C // NH
+    gemma = arch == "gemma"
+    window = cfg.get("sliding_window") or 0  # mistral (qwen2 writes null: full attention)
+
+    def norm(x, weight):
+        return rms_norm(x, 1.0 + weight if gemma else weight, eps)
+
     dt = w["model.embed_tokens.weight"].dtype
     inv_freq = 1.0 / (theta ** (torch.arange(0, HS, 2, dtype=torch.int64).float() / HS))
     ang = torch.arange(T, dtype=torch.float32)[:, None] * inv_freq[None, :]
     ang = torch.cat((ang, ang), dim=-1).to(dt)
     cos, sin = ang.cos(), ang.sin()
     x = w["model.embed_tokens.weight"][ids]
+    if gemma:
+        x = x * torch.tensor(C ** 0.5, dtype=dt)
     for l in range(L):
         p = "model.layers.%d." % l
-        lin = lambda t, name: m.linear(t, p + name, False, bias=False)  # noqa: E731
-        h = rms_norm(x, w[p + "input_layernorm.weight"], eps)
-        q = lin(h, "self_attn.q_proj").view(B, T, NH, HS).transpose(1, 2)
-        k = lin(h, "self_attn.k_proj").view(B, T, NKV, HS).transpose(1, 2)
+        # Biases where the file has them (qwen2's q/k/v; llama's attention_bias).
+        lin = lambda t, name: m.linear(t, p + name, False, bias=p + name + ".bias" in w)  # noqa: E731
+        h = norm(x, w[p + "input_layernorm.weight"])
+        q = lin(h, "self_attn.q_proj").view(B, T, NH, HS)
+        k = lin(h, "self_attn.k_proj").view(B, T, NKV, HS)
+        if arch == "qwen3":
+            q = rms_norm(q, w[p + "self_attn.q_norm.weight"], eps)
+            k = rms_norm(k, w[p + "self_attn.k_norm.weight"], eps)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = lin(h, "self_attn.v_proj").view(B, T, NKV, HS).transpose(1, 2)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
         k = k.repeat_interleave(NH // NKV, dim=1)
         v = v.repeat_interleave(NH // NKV, dim=1)
-        y = causal_attention(q, k, v).transpose(1, 2).reshape(B, T, C)
+        y = causal_attention(q, k, v, window).transpose(1, 2).reshape(B, T, NH * HS)
         x = x + lin(y, "self_attn.o_proj")
-        h = rms_norm(x, w[p + "post_attention_layernorm.weight"], eps)
-        g = F.silu(lin(h, "mlp.gate_proj")) * lin(h, "mlp.up_proj")
+        h = norm(x, w[p + "post_attention_layernorm.weight"])
+        gate = lin(h, "mlp.gate_proj")
+        act = F.gelu(gate, approximate="tanh") if gemma else F.silu(gate)
+        g = act * lin(h, "mlp.up_proj")
         x = x + lin(g, "mlp.down_proj")
-    x = rms_norm(x, w["model.norm.weight"], eps)
+    x = norm(x, w["model.norm.weight"])
     head = w["model.embed_tokens.weight"] if cfg.get("tie_word_embeddings") else w["lm_head.weight"]
     logits = x @ head.t()
     return F.cross_entropy(logits.reshape(B * T, -1), targets.reshape(-1), ignore_index=-1)
@@ -136,8 +153,10 @@ def main():
     B, T = case["B"], case["T"]
     ids = torch.tensor(case["ids"], dtype=torch.int64).view(B, T)
     targets = torch.tensor(case["targets"], dtype=torch.int64).view(B, T)
-    fn = gpt2_loss if case["arch"] == "gpt2" else llama_loss
-    loss = fn(m, case["config"], ids, targets)
+    if case["arch"] == "gpt2":
+        loss = gpt2_loss(m, case["config"], ids, targets)
+    else:
+        loss = llama_loss(m, case["config"], ids, targets, case["arch"])
     loss.backward()
     grads = {k: (v.grad if v.grad is not None else torch.zeros_like(v)) for k, v in ad.items()}
     write_safetensors(d + "/ref_grads.safetensors", grads)
