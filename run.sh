@@ -170,7 +170,7 @@ SANITIZE_PACKAGES=(libasan8 libubsan1 libtsan2)  # gcc 12's runtimes
 # which the sanitizer runtimes refuse (google/sanitizers#611).
 # And the simt death test whose intended fault is a stack overflow: ASan reports that overflow (the
 # test passes: the death is expected) and its report would fail the run.
-SANITIZE_EXCLUDE='^(SimtEmulatorDeathTest\.StackOverflowFaults|thread_safety|offload_thread_safety_analysis|TraindDevice\.CudaWithoutGpuIsAClearStartupError|TraindRunDevice\.CudaWithoutGpuFailsCleanlyAndAutoFallsBack|LoadTest\.TwoHundredClientsWhileTraining)$|SentencePiece'
+SANITIZE_EXCLUDE='^(SimtEmulatorDeathTest\.StackOverflowFaults|thread_safety|TraindDevice\.CudaWithoutGpuIsAClearStartupError|TraindRunDevice\.CudaWithoutGpuFailsCleanlyAndAutoFallsBack|LoadTest\.TwoHundredClientsWhileTraining)$|SentencePiece'
 # TSan only (OMP_THREAD_LIMIT=1, see sanitize_one): the chaos test asserts at least 20 kills in its
 # 150 s, which the TSan slowdown does not reach (12). (The bit-identical-resume tests that failed
 # with OMP_THREAD_LIMIT=1 are back since the CPU backend asks for at most the thread limit.)

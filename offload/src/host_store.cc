@@ -8,7 +8,7 @@
 
 #include "crc32c.h"
 #include "format.h"
-#include "mutex.h"
+#include "traind/engine/mutex.h"
 #include "options.h"
 #include "traind/offload/offload.h"
 
@@ -127,7 +127,7 @@ class HostStore final : public engine::OptimizerStateStore {
   static double Seconds(Clock::time_point t0) {
     return std::chrono::duration<double>(Clock::now() - t0).count();
   }
-  std::vector<char> TakeBuffer(size_t bytes) EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  std::vector<char> TakeBuffer(size_t bytes) TRAIND_REQUIRES(mu_) {
     auto it = free_.find(bytes);
     if (it == free_.end()) return std::vector<char>(bytes);
     std::vector<char> b = std::move(it->second);
@@ -137,11 +137,11 @@ class HostStore final : public engine::OptimizerStateStore {
 
   const StoreOptions options_;
   mutable Mutex mu_;
-  std::map<StateKey, Chunk> committed_ GUARDED_BY(mu_);
-  std::map<StateKey, Chunk> pending_ GUARDED_BY(mu_);
-  std::multimap<size_t, std::vector<char>> free_ GUARDED_BY(mu_);  // buffers of replaced versions
-  int64_t step_ GUARDED_BY(mu_) = -1;
-  OptimizerStateStoreStats stats_ GUARDED_BY(mu_);
+  std::map<StateKey, Chunk> committed_ TRAIND_GUARDED_BY(mu_);
+  std::map<StateKey, Chunk> pending_ TRAIND_GUARDED_BY(mu_);
+  std::multimap<size_t, std::vector<char>> free_ TRAIND_GUARDED_BY(mu_);  // buffers of replaced versions
+  int64_t step_ TRAIND_GUARDED_BY(mu_) = -1;
+  OptimizerStateStoreStats stats_ TRAIND_GUARDED_BY(mu_);
 };
 
 }  // namespace

@@ -23,7 +23,8 @@
 #include <vector>
 
 #include "format.h"
-#include "mutex.h"
+#include "read_ahead.h"
+#include "traind/engine/mutex.h"
 #include "options.h"
 #include "prepare_dir.h"
 #include "rocksdb_status.h"
@@ -122,8 +123,8 @@ class BufferPool {
  private:
   Mutex mu_;
   const size_t cap_;
-  std::vector<std::unique_ptr<std::string>> free_ GUARDED_BY(mu_);
-  size_t held_ GUARDED_BY(mu_) = 0;
+  std::vector<std::unique_ptr<std::string>> free_ TRAIND_GUARDED_BY(mu_);
+  size_t held_ TRAIND_GUARDED_BY(mu_) = 0;
 };
 
 // Where a chunk version lives: its epoch (the commit counter it was written for) and size.
@@ -139,14 +140,8 @@ struct WriteTask {
   size_t bytes = 0;             // payload bytes
 };
 
-// A read-ahead in progress or done. Owned by the prefetch map until Read takes it.
-struct Slot {
-  Version version;
-  bool started = false;
-  bool done = false;
-  Status status;
-  std::unique_ptr<std::string> data;  // the whole record (header + payload), checked
-};
+// Read-ahead reads the whole record (header + payload) into a pooled string, checked.
+using RecordReadAhead = ReadAhead<Version, std::unique_ptr<std::string>>;
 
 rocksdb::Options MakeRocksOptions(const StoreOptions& o) {
   rocksdb::Options r;
@@ -204,17 +199,17 @@ class RocksDbStore final : public engine::OptimizerStateStore {
         db_(std::move(db)),
         statistics_(std::move(statistics)),
         pool_(o.max_pending_write_bytes + o.max_prefetch_bytes + 2 * o.max_chunk_bytes),
-        work_cv_(&mu_),
-        state_cv_(&mu_),
-        write_queues_(o.write_threads) {}
+        write_queues_(o.write_threads),
+        read_ahead_(o.max_prefetch_bytes) {}
 
   ~RocksDbStore() override {
     if (commit_thread_.joinable()) commit_thread_.join();  // its result is nobody's any more
     {
       MutexLock l(&mu_);
       shutdown_ = true;
-      work_cv_.SignalAll();
-      state_cv_.SignalAll();
+      work_cv_.NotifyAll();
+      state_cv_.NotifyAll();
+      read_ahead_.Shutdown(&mu_);
     }
     for (auto& t : threads_) t.join();
     // Close flushes what is in the memtables (uncommitted data too: it is garbage a reopen removes).
@@ -281,61 +276,26 @@ class RocksDbStore final : public engine::OptimizerStateStore {
       ++stats_.prefetch_dropped;
       return;
     }
-    if (!PrefetchLocked(key) && !prefetch_.count(key)) ++stats_.prefetch_dropped;
+    if (!PrefetchLocked(key) && !read_ahead_.Queued(&mu_, key)) ++stats_.prefetch_dropped;
   }
 
   // Queues a read-ahead of the committed `key`; false when it is unknown, already queued or over
   // the budget.
-  bool PrefetchLocked(const StateKey& key) EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  bool PrefetchLocked(const StateKey& key) TRAIND_REQUIRES(mu_) {
     auto it = committed_.find(key);
-    if (it == committed_.end() || prefetch_.count(key) ||
-        prefetch_bytes_ + it->second.bytes > options_.max_prefetch_bytes) {
-      return false;
-    }
-    auto slot = std::make_shared<Slot>();
-    slot->version = it->second;
-    prefetch_.emplace(key, slot);
-    prefetch_bytes_ += it->second.bytes;
-    read_queue_.push_back(key);
-    work_cv_.SignalAll();
-    return true;
+    return it != committed_.end() && read_ahead_.Queue(&mu_, key, it->second, it->second.bytes);
   }
 
   Status Read(const StateKey& key, void* dst, size_t bytes) override {
     TRAIND_RETURN_IF_ERROR(ValidateKey(key));
     const auto t0 = Clock::now();
     Version version;
-    std::shared_ptr<Slot> slot;
+    RecordReadAhead::SlotPtr slot;
     {
       MutexLock l(&mu_);
       TRAIND_RETURN_IF_ERROR(CheckNotCommittingLocked("Read"));
-      auto it = committed_.find(key);
-      if (it == committed_.end())
-        return Status::NotFound("offload nvme " + dir_ + ": no committed chunk " + key.ToString() +
-                                " (committed step " + std::to_string(step_) + ")");
-      version = it->second;
-      if (version.bytes != bytes)
-        return Status::InvalidArgument("offload nvme " + dir_ + ": chunk " + key.ToString() + " holds " +
-                                       std::to_string(version.bytes) + " bytes, Read asked for " +
-                                       std::to_string(bytes));
-      auto p = prefetch_.find(key);
-      if (p != prefetch_.end()) {
-        if (p->second->started) {
-          slot = p->second;
-          while (!slot->done) state_cv_.Wait();
-          // The map may have changed while waiting (a concurrent Read of the same key may have
-          // taken the slot and its buffer): only the Read that removes the slot uses it.
-          p = prefetch_.find(key);
-          if (p == prefetch_.end() || p->second != slot) slot = nullptr;
-        }
-        // Not started yet: take it off the queue's hands and read here (the reader skips it).
-        if (p != prefetch_.end()) {
-          prefetch_bytes_ -= p->second->version.bytes;
-          prefetch_.erase(p);
-        }
-      }
-      if (slot) ++stats_.prefetch_hits;
-      else ++stats_.prefetch_misses;
+      TRAIND_RETURN_IF_ERROR(FindCommitted(committed_, key, bytes, "offload nvme " + dir_, step_, &version));
+      slot = read_ahead_.Take(&mu_, key, &stats_);
     }
     Status st;
     if (slot) {
@@ -374,7 +334,7 @@ class RocksDbStore final : public engine::OptimizerStateStore {
     while (!shutdown_ && pending_write_bytes_ > 0 &&
            pending_write_bytes_ + bytes > options_.max_pending_write_bytes) {
       waited = true;
-      state_cv_.Wait();
+      state_cv_.Wait(&mu_);
     }
     if (waited) stats_.io_wait_seconds += Since(t0);
     TRAIND_RETURN_IF_ERROR(CheckFailedLocked());
@@ -387,7 +347,7 @@ class RocksDbStore final : public engine::OptimizerStateStore {
     pending_write_bytes_ += bytes;
     stats_.written_bytes += bytes;
     write_queues_[queue].push_back(std::move(task));
-    work_cv_.SignalAll();
+    work_cv_.NotifyAll();
     return Status::Ok();
   }
 
@@ -443,10 +403,8 @@ class RocksDbStore final : public engine::OptimizerStateStore {
     {
       MutexLock l(&mu_);
       // Drain write-behind and read-ahead; cached read-aheads are of the version about to go.
-      while (!shutdown_ && (pending_write_bytes_ > 0 || reads_in_flight_ > 0)) state_cv_.Wait();
-      read_queue_.clear();
-      prefetch_.clear();
-      prefetch_bytes_ = 0;
+      while (!shutdown_ && pending_write_bytes_ > 0) state_cv_.Wait(&mu_);
+      read_ahead_.DrainAndClear(&mu_);
       Status failed = CheckFailedLocked();
       if (failed.ok()) {
         failed = CheckFreeSpaceLocked(0, "committing step " + std::to_string(step));
@@ -545,13 +503,13 @@ class RocksDbStore final : public engine::OptimizerStateStore {
   std::string Describe() const override { return "nvme:" + dir_; }
 
  private:
-  Status CheckNotCommittingLocked(const char* call) const EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  Status CheckNotCommittingLocked(const char* call) const TRAIND_REQUIRES(mu_) {
     if (!committing_) return Status::Ok();
     return Status::FailedPrecondition("offload nvme " + dir_ + ": " + call +
                                       " while a background commit is in flight (AwaitCommit first)");
   }
 
-  Status CheckFailedLocked() EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  Status CheckFailedLocked() TRAIND_REQUIRES(mu_) {
     if (failed_.ok() && !write_error_.ok()) failed_ = write_error_;
     if (failed_.ok()) return Status::Ok();
     return Status(failed_.code(), failed_.message() + " [the store stopped accepting writes; reopen it]");
@@ -563,7 +521,7 @@ class RocksDbStore final : public engine::OptimizerStateStore {
   // of them (WritableFileWriter "sync_without_flush_called_") aborted the process after an
   // ENOSPC once in about ten loaded test runs. Another process filling the disk can still get
   // there first; RocksDB's NoSpace then maps to RESOURCE_EXHAUSTED too.
-  Status CheckFreeSpaceLocked(size_t more, const std::string& what) EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  Status CheckFreeSpaceLocked(size_t more, const std::string& what) TRAIND_REQUIRES(mu_) {
     struct statvfs vfs;
     if (::statvfs(dir_.c_str(), &vfs) != 0) return Status::Ok();  // unknown: let RocksDB tell
     const uint64_t avail = static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;
@@ -580,7 +538,7 @@ class RocksDbStore final : public engine::OptimizerStateStore {
   }
 
   // The caller's wait (Commit, AwaitCommit), or a background commit's hidden time.
-  void AccountCommitLocked(Clock::time_point t0, bool background = false) EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  void AccountCommitLocked(Clock::time_point t0, bool background = false) TRAIND_REQUIRES(mu_) {
     const double s = Since(t0);
     if (background) {
       stats_.background_io_seconds += s;
@@ -625,7 +583,7 @@ class RocksDbStore final : public engine::OptimizerStateStore {
       WriteTask task;
       {
         MutexLock l(&mu_);
-        while (!shutdown_ && write_queues_[index].empty()) work_cv_.Wait();
+        while (!shutdown_ && write_queues_[index].empty()) work_cv_.Wait(&mu_);
         if (shutdown_) return;
         task = std::move(write_queues_[index].front());
         write_queues_[index].pop_front();
@@ -645,36 +603,23 @@ class RocksDbStore final : public engine::OptimizerStateStore {
       stats_.background_io_seconds += Since(t0);
       if (!st.ok() && write_error_.ok()) write_error_ = st;
       pending_write_bytes_ -= task.bytes;
-      state_cv_.SignalAll();
+      state_cv_.NotifyAll();
     }
   }
 
   void ReaderLoop() {
     for (;;) {
-      std::shared_ptr<Slot> slot;
       StateKey key;
+      RecordReadAhead::SlotPtr slot;
       {
         MutexLock l(&mu_);
-        while (!shutdown_ && slot == nullptr) {
-          while (!shutdown_ && read_queue_.empty()) work_cv_.Wait();
-          if (shutdown_) return;
-          key = std::move(read_queue_.front());
-          read_queue_.pop_front();
-          auto it = prefetch_.find(key);
-          if (it != prefetch_.end() && !it->second->started) slot = it->second;
-        }
-        if (shutdown_) return;
-        slot->started = true;
-        ++reads_in_flight_;
+        slot = read_ahead_.Next(&mu_, &key);
+        if (!slot) return;
       }
-      auto data = pool_.Get(kValueHeaderBytes + slot->version.bytes);
-      Status st = ReadVersion(key, slot->version, data.get());
+      auto data = pool_.Get(kValueHeaderBytes + slot->entry.bytes);
+      Status st = ReadVersion(key, slot->entry, data.get());
       MutexLock l(&mu_);
-      slot->status = st;
-      slot->data = std::move(data);
-      slot->done = true;
-      --reads_in_flight_;
-      state_cv_.SignalAll();
+      read_ahead_.Finish(&mu_, slot, std::move(st), std::move(data));
     }
   }
 
@@ -685,25 +630,22 @@ class RocksDbStore final : public engine::OptimizerStateStore {
   BufferPool pool_;
 
   mutable Mutex mu_;
-  CondVar work_cv_;   // workers: new work or shutdown
-  CondVar state_cv_;  // callers: queue room, a read-ahead done, writes drained
-  bool shutdown_ GUARDED_BY(mu_) = false;
-  std::map<StateKey, Version> committed_ GUARDED_BY(mu_);
-  std::map<StateKey, Version> pending_ GUARDED_BY(mu_);
-  uint64_t committed_epoch_ GUARDED_BY(mu_) = 0;  // 0: nothing committed
-  uint64_t next_epoch_ GUARDED_BY(mu_) = 1;
-  int64_t step_ GUARDED_BY(mu_) = -1;
-  std::vector<std::deque<WriteTask>> write_queues_ GUARDED_BY(mu_);
-  size_t pending_write_bytes_ GUARDED_BY(mu_) = 0;
-  std::deque<StateKey> read_queue_ GUARDED_BY(mu_);
-  std::map<StateKey, std::shared_ptr<Slot>> prefetch_ GUARDED_BY(mu_);
-  uint64_t prefetch_bytes_ GUARDED_BY(mu_) = 0;
-  int reads_in_flight_ GUARDED_BY(mu_) = 0;
-  Status write_error_ GUARDED_BY(mu_);  // first error of a write-behind task
-  Status failed_ GUARDED_BY(mu_);       // sticky: writes and commits return it
-  OptimizerStateStoreStats stats_ GUARDED_BY(mu_);
-  bool committing_ GUARDED_BY(mu_) = false;    // CommitInBackground until AwaitCommit
-  Status background_status_ GUARDED_BY(mu_);  // its result
+  CondVar work_cv_;   // writer threads: new work or shutdown
+  CondVar state_cv_;  // callers: queue room, writes drained
+  bool shutdown_ TRAIND_GUARDED_BY(mu_) = false;
+  std::map<StateKey, Version> committed_ TRAIND_GUARDED_BY(mu_);
+  std::map<StateKey, Version> pending_ TRAIND_GUARDED_BY(mu_);
+  uint64_t committed_epoch_ TRAIND_GUARDED_BY(mu_) = 0;  // 0: nothing committed
+  uint64_t next_epoch_ TRAIND_GUARDED_BY(mu_) = 1;
+  int64_t step_ TRAIND_GUARDED_BY(mu_) = -1;
+  std::vector<std::deque<WriteTask>> write_queues_ TRAIND_GUARDED_BY(mu_);
+  size_t pending_write_bytes_ TRAIND_GUARDED_BY(mu_) = 0;
+  RecordReadAhead read_ahead_ TRAIND_GUARDED_BY(mu_);
+  Status write_error_ TRAIND_GUARDED_BY(mu_);  // first error of a write-behind task
+  Status failed_ TRAIND_GUARDED_BY(mu_);       // sticky: writes and commits return it
+  OptimizerStateStoreStats stats_ TRAIND_GUARDED_BY(mu_);
+  bool committing_ TRAIND_GUARDED_BY(mu_) = false;    // CommitInBackground until AwaitCommit
+  Status background_status_ TRAIND_GUARDED_BY(mu_);  // its result
   std::vector<std::thread> threads_;
   std::thread commit_thread_;  // touched only by the caller's thread (CommitInBackground, AwaitCommit)
 };

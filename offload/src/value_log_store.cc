@@ -27,7 +27,8 @@
 
 #include "crc32c.h"
 #include "format.h"
-#include "mutex.h"
+#include "read_ahead.h"
+#include "traind/engine/mutex.h"
 #include "options.h"
 #include "prepare_dir.h"
 #include "rocksdb_status.h"
@@ -107,8 +108,8 @@ class AlignedPool {
  private:
   Mutex mu_;
   const size_t cap_;
-  std::vector<AlignedBuf> free_ GUARDED_BY(mu_);
-  size_t held_ GUARDED_BY(mu_) = 0;
+  std::vector<AlignedBuf> free_ TRAIND_GUARDED_BY(mu_);
+  size_t held_ TRAIND_GUARDED_BY(mu_) = 0;
 };
 
 struct Segment {
@@ -129,14 +130,8 @@ struct WriteTask {
   size_t capacity = 0;
 };
 
-// A read-ahead in progress or done. Owned by the prefetch map until Read takes it.
-struct Slot {
-  Entry entry;
-  bool started = false;
-  bool done = false;
-  Status status;
-  AlignedBuf data;
-};
+// Read-ahead reads the committed slot (capacity bytes) into a pooled aligned buffer, checked.
+using SlotReadAhead = ReadAhead<Entry, AlignedBuf>;
 
 rocksdb::Options MakeIndexOptions() {
   rocksdb::Options r;
@@ -162,17 +157,17 @@ class ValueLogStore final : public engine::OptimizerStateStore {
         db_(std::move(db)),
         statistics_(std::move(statistics)),
         pool_(o.max_pending_write_bytes + o.max_prefetch_bytes + 2 * RoundUp(o.max_chunk_bytes)),
-        work_cv_(&mu_),
-        state_cv_(&mu_),
-        write_queues_(o.write_threads) {}
+        write_queues_(o.write_threads),
+        read_ahead_(o.max_prefetch_bytes) {}
 
   ~ValueLogStore() override {
     if (commit_thread_.joinable()) commit_thread_.join();
     {
       MutexLock l(&mu_);
       shutdown_ = true;
-      work_cv_.SignalAll();
-      state_cv_.SignalAll();
+      work_cv_.NotifyAll();
+      state_cv_.NotifyAll();
+      read_ahead_.Shutdown(&mu_);
     }
     for (auto& t : threads_) t.join();
     db_->Close();
@@ -268,22 +263,12 @@ class ValueLogStore final : public engine::OptimizerStateStore {
       ++stats_.prefetch_dropped;
       return;
     }
-    if (!PrefetchLocked(key) && !prefetch_.count(key)) ++stats_.prefetch_dropped;
+    if (!PrefetchLocked(key) && !read_ahead_.Queued(&mu_, key)) ++stats_.prefetch_dropped;
   }
 
-  bool PrefetchLocked(const StateKey& key) EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  bool PrefetchLocked(const StateKey& key) TRAIND_REQUIRES(mu_) {
     auto it = committed_.find(key);
-    if (it == committed_.end() || prefetch_.count(key) ||
-        prefetch_bytes_ + it->second.capacity > options_.max_prefetch_bytes) {
-      return false;
-    }
-    auto slot = std::make_shared<Slot>();
-    slot->entry = it->second;
-    prefetch_.emplace(key, slot);
-    prefetch_bytes_ += it->second.capacity;
-    read_queue_.push_back(key);
-    work_cv_.SignalAll();
-    return true;
+    return it != committed_.end() && read_ahead_.Queue(&mu_, key, it->second, it->second.capacity);
   }
 
   Status Read(const StateKey& key, void* dst, size_t bytes) override {
@@ -291,35 +276,13 @@ class ValueLogStore final : public engine::OptimizerStateStore {
     const auto t0 = Clock::now();
     Entry entry;
     int fd = -1;
-    std::shared_ptr<Slot> slot;
+    SlotReadAhead::SlotPtr slot;
     {
       MutexLock l(&mu_);
       TRAIND_RETURN_IF_ERROR(CheckNotCommittingLocked("Read"));
-      auto it = committed_.find(key);
-      if (it == committed_.end())
-        return Status::NotFound("offload valuelog " + dir_ + ": no committed chunk " + key.ToString() +
-                                " (committed step " + std::to_string(step_) + ")");
-      entry = it->second;
-      if (entry.bytes != bytes)
-        return Status::InvalidArgument("offload valuelog " + dir_ + ": chunk " + key.ToString() + " holds " +
-                                       std::to_string(entry.bytes) + " bytes, Read asked for " +
-                                       std::to_string(bytes));
+      TRAIND_RETURN_IF_ERROR(FindCommitted(committed_, key, bytes, "offload valuelog " + dir_, step_, &entry));
       fd = FdFor(segments_.at(entry.slot[entry.current].file), entry.capacity);
-      auto p = prefetch_.find(key);
-      if (p != prefetch_.end()) {
-        if (p->second->started) {
-          slot = p->second;
-          while (!slot->done) state_cv_.Wait();
-          p = prefetch_.find(key);
-          if (p == prefetch_.end() || p->second != slot) slot = nullptr;
-        }
-        if (p != prefetch_.end()) {
-          prefetch_bytes_ -= p->second->entry.capacity;
-          prefetch_.erase(p);
-        }
-      }
-      if (slot) ++stats_.prefetch_hits;
-      else ++stats_.prefetch_misses;
+      slot = read_ahead_.Take(&mu_, key, &stats_);
     }
     Status st;
     if (slot) {
@@ -366,7 +329,7 @@ class ValueLogStore final : public engine::OptimizerStateStore {
     bool waited = false;
     while (!shutdown_ && pending_write_bytes_ > 0 && pending_write_bytes_ + bytes > options_.max_pending_write_bytes) {
       waited = true;
-      state_cv_.Wait();
+      state_cv_.Wait(&mu_);
     }
     if (waited) stats_.io_wait_seconds += Since(t0);
     st = CheckFailedLocked();
@@ -414,7 +377,7 @@ class ValueLogStore final : public engine::OptimizerStateStore {
     pending_write_bytes_ += bytes;
     stats_.written_bytes += bytes;
     write_queues_[queue].push_back(std::move(task));
-    work_cv_.SignalAll();
+    work_cv_.NotifyAll();
     return Status::Ok();
   }
 
@@ -491,7 +454,7 @@ class ValueLogStore final : public engine::OptimizerStateStore {
 
   // Opens seg.path with O_DIRECT; where the file system refuses it (tmpfs: EINVAL) falls back to
   // buffered I/O and says so once.
-  Status OpenSegmentLocked(Segment& seg, bool create) EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  Status OpenSegmentLocked(Segment& seg, bool create) TRAIND_REQUIRES(mu_) {
     const int flags = O_RDWR | O_CLOEXEC | (create ? O_CREAT | O_EXCL : 0);
     int fd = -1;
     if (direct_io_) {
@@ -514,7 +477,7 @@ class ValueLogStore final : public engine::OptimizerStateStore {
 
   // A `capacity`-byte slot for `key`: a free extent of an existing segment (first fit), else
   // appended to the newest segment (a new one past segment_bytes_), preallocated with fallocate.
-  Status AllocateLocked(uint64_t capacity, const StateKey& key, Loc* out) EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  Status AllocateLocked(uint64_t capacity, const StateKey& key, Loc* out) TRAIND_REQUIRES(mu_) {
     for (auto& [number, seg] : segments_) {
       for (auto f = seg.free.begin(); f != seg.free.end(); ++f) {
         if (f->second < capacity) continue;
@@ -568,7 +531,7 @@ class ValueLogStore final : public engine::OptimizerStateStore {
   static int FdFor(const Segment& seg, uint64_t capacity) { return capacity >= kDirectMinBytes ? seg.fd : seg.bfd; }
 
   // Returns a slot to its segment's free extents (merged with its neighbours).
-  void FreeLocked(Loc loc, uint64_t capacity) EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  void FreeLocked(Loc loc, uint64_t capacity) TRAIND_REQUIRES(mu_) {
     auto s = segments_.find(loc.file);
     if (s == segments_.end()) return;
     auto& free = s->second.free;
@@ -589,13 +552,13 @@ class ValueLogStore final : public engine::OptimizerStateStore {
     free.emplace(off, len);
   }
 
-  Status CheckNotCommittingLocked(const char* call) const EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  Status CheckNotCommittingLocked(const char* call) const TRAIND_REQUIRES(mu_) {
     if (!committing_) return Status::Ok();
     return Status::FailedPrecondition("offload valuelog " + dir_ + ": " + call +
                                       " while a background commit is in flight (AwaitCommit first)");
   }
 
-  Status CheckFailedLocked() EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  Status CheckFailedLocked() TRAIND_REQUIRES(mu_) {
     if (failed_.ok() && !write_error_.ok()) failed_ = write_error_;
     if (failed_.ok()) return Status::Ok();
     return Status(failed_.code(), failed_.message() + " [the store stopped accepting writes; reopen it]");
@@ -603,7 +566,7 @@ class ValueLogStore final : public engine::OptimizerStateStore {
 
   // RESOURCE_EXHAUSTED when dir_'s file system has less than `more` + 8 MiB free (the margin is
   // the index database's: see kFreeMargin).
-  Status CheckFreeSpaceLocked(uint64_t more, const std::string& what) EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  Status CheckFreeSpaceLocked(uint64_t more, const std::string& what) TRAIND_REQUIRES(mu_) {
     struct statvfs vfs;
     // Unknown (ramfs reports no size at all): let the writes tell.
     if (::statvfs(dir_.c_str(), &vfs) != 0 || vfs.f_blocks == 0) return Status::Ok();
@@ -618,7 +581,7 @@ class ValueLogStore final : public engine::OptimizerStateStore {
                                      "is intact)");
   }
 
-  void AccountCommitLocked(Clock::time_point t0, bool background = false) EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  void AccountCommitLocked(Clock::time_point t0, bool background = false) TRAIND_REQUIRES(mu_) {
     const double s = Since(t0);
     if (background) {
       stats_.background_io_seconds += s;
@@ -689,10 +652,8 @@ class ValueLogStore final : public engine::OptimizerStateStore {
     rocksdb::WriteBatch batch;
     {
       MutexLock l(&mu_);
-      while (!shutdown_ && (pending_write_bytes_ > 0 || reads_in_flight_ > 0)) state_cv_.Wait();
-      read_queue_.clear();
-      prefetch_.clear();
-      prefetch_bytes_ = 0;
+      while (!shutdown_ && pending_write_bytes_ > 0) state_cv_.Wait(&mu_);
+      read_ahead_.DrainAndClear(&mu_);
       for (const auto& r : release_after_drain_) FreeLocked(r.first, r.second);
       release_after_drain_.clear();
       Status failed = CheckFailedLocked();
@@ -764,7 +725,7 @@ class ValueLogStore final : public engine::OptimizerStateStore {
       WriteTask task;
       {
         MutexLock l(&mu_);
-        while (!shutdown_ && write_queues_[index].empty()) work_cv_.Wait();
+        while (!shutdown_ && write_queues_[index].empty()) work_cv_.Wait(&mu_);
         if (shutdown_) return;
         task = std::move(write_queues_[index].front());
         write_queues_[index].pop_front();
@@ -798,38 +759,25 @@ class ValueLogStore final : public engine::OptimizerStateStore {
           p->second.slot[p->second.current].offset == task.loc.offset && p->second.bytes == task.bytes)
         p->second.crc = crc;
       pending_write_bytes_ -= task.bytes;
-      state_cv_.SignalAll();
+      state_cv_.NotifyAll();
     }
   }
 
   void ReaderLoop() {
     for (;;) {
-      std::shared_ptr<Slot> slot;
       StateKey key;
+      SlotReadAhead::SlotPtr slot;
       int fd = -1;
       {
         MutexLock l(&mu_);
-        while (!shutdown_ && slot == nullptr) {
-          while (!shutdown_ && read_queue_.empty()) work_cv_.Wait();
-          if (shutdown_) return;
-          key = std::move(read_queue_.front());
-          read_queue_.pop_front();
-          auto it = prefetch_.find(key);
-          if (it != prefetch_.end() && !it->second->started) slot = it->second;
-        }
-        if (shutdown_) return;
-        slot->started = true;
+        slot = read_ahead_.Next(&mu_, &key);
+        if (!slot) return;
         fd = FdFor(segments_.at(slot->entry.slot[slot->entry.current].file), slot->entry.capacity);
-        ++reads_in_flight_;
       }
       AlignedBuf data = pool_.Get(slot->entry.capacity);
       Status st = ReadEntry(key, slot->entry, fd, data.data());
       MutexLock l(&mu_);
-      slot->status = st;
-      slot->data = std::move(data);
-      slot->done = true;
-      --reads_in_flight_;
-      state_cv_.SignalAll();
+      read_ahead_.Finish(&mu_, slot, std::move(st), std::move(data));
     }
   }
 
@@ -843,28 +791,25 @@ class ValueLogStore final : public engine::OptimizerStateStore {
   mutable Mutex mu_;
   CondVar work_cv_;
   CondVar state_cv_;
-  bool shutdown_ GUARDED_BY(mu_) = false;
-  bool direct_io_ GUARDED_BY(mu_) = true;
-  std::map<uint32_t, Segment> segments_ GUARDED_BY(mu_);
-  uint32_t next_segment_ GUARDED_BY(mu_) = 1;
-  bool dir_dirty_ GUARDED_BY(mu_) = false;
-  std::map<StateKey, Entry> committed_ GUARDED_BY(mu_);
-  std::map<StateKey, Entry> pending_ GUARDED_BY(mu_);
-  std::vector<std::pair<Loc, uint64_t>> release_after_drain_ GUARDED_BY(mu_);
-  uint64_t epoch_ GUARDED_BY(mu_) = 0;
-  int64_t step_ GUARDED_BY(mu_) = -1;
-  std::vector<std::deque<WriteTask>> write_queues_ GUARDED_BY(mu_);
-  size_t pending_write_bytes_ GUARDED_BY(mu_) = 0;
-  uint64_t segment_written_bytes_ GUARDED_BY(mu_) = 0;
-  std::deque<StateKey> read_queue_ GUARDED_BY(mu_);
-  std::map<StateKey, std::shared_ptr<Slot>> prefetch_ GUARDED_BY(mu_);
-  uint64_t prefetch_bytes_ GUARDED_BY(mu_) = 0;
-  int reads_in_flight_ GUARDED_BY(mu_) = 0;
-  Status write_error_ GUARDED_BY(mu_);
-  Status failed_ GUARDED_BY(mu_);
-  OptimizerStateStoreStats stats_ GUARDED_BY(mu_);
-  bool committing_ GUARDED_BY(mu_) = false;
-  Status background_status_ GUARDED_BY(mu_);
+  bool shutdown_ TRAIND_GUARDED_BY(mu_) = false;
+  bool direct_io_ TRAIND_GUARDED_BY(mu_) = true;
+  std::map<uint32_t, Segment> segments_ TRAIND_GUARDED_BY(mu_);
+  uint32_t next_segment_ TRAIND_GUARDED_BY(mu_) = 1;
+  bool dir_dirty_ TRAIND_GUARDED_BY(mu_) = false;
+  std::map<StateKey, Entry> committed_ TRAIND_GUARDED_BY(mu_);
+  std::map<StateKey, Entry> pending_ TRAIND_GUARDED_BY(mu_);
+  std::vector<std::pair<Loc, uint64_t>> release_after_drain_ TRAIND_GUARDED_BY(mu_);
+  uint64_t epoch_ TRAIND_GUARDED_BY(mu_) = 0;
+  int64_t step_ TRAIND_GUARDED_BY(mu_) = -1;
+  std::vector<std::deque<WriteTask>> write_queues_ TRAIND_GUARDED_BY(mu_);
+  size_t pending_write_bytes_ TRAIND_GUARDED_BY(mu_) = 0;
+  uint64_t segment_written_bytes_ TRAIND_GUARDED_BY(mu_) = 0;
+  SlotReadAhead read_ahead_ TRAIND_GUARDED_BY(mu_);
+  Status write_error_ TRAIND_GUARDED_BY(mu_);
+  Status failed_ TRAIND_GUARDED_BY(mu_);
+  OptimizerStateStoreStats stats_ TRAIND_GUARDED_BY(mu_);
+  bool committing_ TRAIND_GUARDED_BY(mu_) = false;
+  Status background_status_ TRAIND_GUARDED_BY(mu_);
   std::vector<std::thread> threads_;
   std::thread commit_thread_;
 };
