@@ -128,7 +128,7 @@ struct FwdCfg {
 // long function: one fused kernel (FA2 forward): the tile loop keeps its accumulators in registers
 // long function: one fused kernel (FA2 forward): the tile loop keeps its accumulators in registers
 template <typename T16, int D>
-__global__ void __launch_bounds__(FwdCfg<D>::kThreads) attn_tc_fwd_kernel(Params p) {
+__global__ void __launch_bounds__(FwdCfg<D>::kThreads, 1) attn_tc_fwd_kernel(Params p) {
   using C = FwdCfg<D>;
   using L = Tile<D>;
   constexpr int kBc = C::kBc;
@@ -385,7 +385,7 @@ __device__ __forceinline__ void LoadQueryStep(const Params& p, int64_t b, int64_
 // long function: one fused kernel (FA2 backward): the tile loop keeps dK, dV in registers
 // long function: one fused kernel (FA2 backward): the tile loop keeps dK, dV in registers
 template <typename T16, int D>
-__global__ void __launch_bounds__(BwdCfg<D>::kThreads) attn_tc_bwd_kernel(Params p) {
+__global__ void __launch_bounds__(BwdCfg<D>::kThreads, 1) attn_tc_bwd_kernel(Params p) {
   using C = BwdCfg<D>;
   using L = Tile<D>;
   constexpr int kBr = C::kBr, kBc = C::kBc, kDS = C::kDS;
