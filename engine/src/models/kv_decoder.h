@@ -57,6 +57,8 @@ class KvDecoder {
   const void* W(int64_t offset) const { return offset < 0 ? nullptr : w_.gemm(offset); }
   // A GEMM's input `x` (n floats) in the weights' type: x itself, or rounded into in16_.
   const void* In(const float* x, int64_t n);
+  // A norm's weight: P(offset), or gemma's 1 + w computed into plus_one_ (valid until the next).
+  const float* NormW(int64_t offset);
   // mixtral: ln_ through the router (its logits read back) and the chosen experts into tmp_.
   Status MoeStep(const LayerParams& lp);
 
@@ -72,6 +74,7 @@ class KvDecoder {
   float *att_ = nullptr, *tmp_ = nullptr, *h_ = nullptr, *a_ = nullptr, *logits_ = nullptr;
   float *router_ = nullptr, *expert_out_ = nullptr;  // mixtral only
   void* in16_ = nullptr;       // 16-bit GEMM weights: the rounded GEMM input
+  float* plus_one_ = nullptr;  // gemma: one norm's 1 + w, then C ones
   float* act_ = nullptr;       // and the MLP's fp32 activation before rounding
   int32_t* ids_ = nullptr;  // {token, position}
 };

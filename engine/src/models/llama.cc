@@ -1,6 +1,6 @@
 // LLaMA and Mixtral parameter table (also mistral's, qwen2's, qwen3's with q_norm/k_norm, and
-// gemma's, whose norm weights start at zero): HF LlamaForCausalLM / MixtralForCausalLM names (the same
-// attention; mixtral's MLP is block_sparse_moe), RMSNorm weights, no biases, GQA
+// gemma's, whose norm weights start at zero): HF LlamaForCausalLM / MixtralForCausalLM names
+// (the same attention; mixtral's MLP is block_sparse_moe), RMSNorm weights, no biases, GQA
 // (k/v_proj have NKV*HS rows), q/k/v_proj contiguous so they form one fused (QKV, C) weight and
 // gate_proj/up_proj contiguous (gate first) as one (2H, C) weight; lm_head only when untied.
 #include <string>

@@ -1,5 +1,6 @@
-# PyTorch reference for the engine's gpt2 and llama models, written from torch primitives (no
-# transformers package here): loss and every parameter gradient, in float64 and in float32.
+# PyTorch reference for the engine's gpt2 and llama-like models (llama, mistral, qwen2, qwen3,
+# gemma), written from torch primitives (no transformers package here): loss and every parameter
+# gradient, in float64 and in float32.
 # Usage: /usr/bin/python3 model_reference.py CASE_DIR [CASE_DIR ...]  (one torch start for all)
 #   each CASE_DIR: reads  CASE_DIR/case.json (arch, config, B, T, ids, targets) and CASE_DIR/model.safetensors
 #   writes CASE_DIR/ref_f64.safetensors and ref_f32.safetensors (gradients under the HF names,
@@ -112,8 +113,10 @@ def rope_inv_freq(cfg, HS):
     return inv_freq
 
 
-def llama_loss(w, cfg, ids, targets):
-    """llama, mistral (sliding window), qwen2 (q/k/v biases); llama's attention_bias and head_dim."""
+def llama_loss(w, cfg, ids, targets, arch="llama"):
+    """llama, mistral (sliding window), qwen2 (q/k/v biases); llama's attention_bias and head_dim;
+    qwen3 (q_norm, k_norm: RMSNorm over each head of q and k before RoPE); gemma (embeddings times
+    sqrt(hidden_size) in the model dtype, RMSNorm as x * (1 + w), GeGLU with tanh GELU)."""
     B, T = ids.shape
     C, NH, NKV = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
     L, eps = cfg["num_hidden_layers"], cfg["rms_norm_eps"]
@@ -125,16 +128,27 @@ def llama_loss(w, cfg, ids, targets):
     ang = torch.arange(T, dtype=torch.float32)[:, None] * inv_freq[None, :]
     ang = torch.cat((ang, ang), dim=-1).to(dt)
     cos, sin = ang.cos(), ang.sin()
+    gemma = arch == "gemma"
+
+    def norm(x, weight):
+        return rms_norm(x, 1.0 + weight if gemma else weight, eps)
+
     x = w["model.embed_tokens.weight"][ids]
+    if gemma:  # GemmaModel: normalizer = torch.tensor(hidden_size**0.5, dtype=hidden_states.dtype)
+        x = x * torch.tensor(C ** 0.5, dtype=dt)
     for l in range(L):
         p = "model.layers.%d." % l
-        h = rms_norm(x, w[p + "input_layernorm.weight"], eps)
+        h = norm(x, w[p + "input_layernorm.weight"])
         def proj(name):
             y = h @ w[p + "self_attn." + name + ".weight"].t()
             bias = w.get(p + "self_attn." + name + ".bias")
             return y if bias is None else y + bias
-        q = proj("q_proj").view(B, T, NH, HS).transpose(1, 2)
-        k = proj("k_proj").view(B, T, NKV, HS).transpose(1, 2)
+        q = proj("q_proj").view(B, T, NH, HS)
+        k = proj("k_proj").view(B, T, NKV, HS)
+        if arch == "qwen3":  # Qwen3Attention: q_norm / k_norm over head_dim, before RoPE
+            q = rms_norm(q, w[p + "self_attn.q_norm.weight"], eps)
+            k = rms_norm(k, w[p + "self_attn.k_norm.weight"], eps)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = proj("v_proj").view(B, T, NKV, HS).transpose(1, 2)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
@@ -145,10 +159,12 @@ def llama_loss(w, cfg, ids, targets):
         if p + "self_attn.o_proj.bias" in w:
             y = y + w[p + "self_attn.o_proj.bias"]
         x = x + y
-        h = rms_norm(x, w[p + "post_attention_layernorm.weight"], eps)
-        g = F.silu(h @ w[p + "mlp.gate_proj.weight"].t()) * (h @ w[p + "mlp.up_proj.weight"].t())
+        h = norm(x, w[p + "post_attention_layernorm.weight"])
+        gate = h @ w[p + "mlp.gate_proj.weight"].t()
+        act = F.gelu(gate, approximate="tanh") if gemma else F.silu(gate)
+        g = act * (h @ w[p + "mlp.up_proj.weight"].t())
         x = x + g @ w[p + "mlp.down_proj.weight"].t()
-    x = rms_norm(x, w["model.norm.weight"], eps)
+    x = norm(x, w["model.norm.weight"])
     head = w["model.embed_tokens.weight"] if cfg.get("tie_word_embeddings") else w["lm_head.weight"]
     logits = x @ head.t()
     return F.cross_entropy(logits.reshape(B * T, -1), targets.reshape(-1), ignore_index=-1)
@@ -159,8 +175,10 @@ def run(case, weights, dtype):
     B, T = case["B"], case["T"]
     ids = torch.tensor(case["ids"], dtype=torch.int64).view(B, T)
     targets = torch.tensor(case["targets"], dtype=torch.int64).view(B, T)
-    fn = gpt2_loss if case["arch"] == "gpt2" else llama_loss
-    loss = fn(w, case["config"], ids, targets)
+    if case["arch"] == "gpt2":
+        loss = gpt2_loss(w, case["config"], ids, targets)
+    else:
+        loss = llama_loss(w, case["config"], ids, targets, case["arch"])
     loss.backward()
     grads = {k: (v.grad if v.grad is not None else torch.zeros_like(v)) for k, v in w.items()}
     return loss.item(), grads

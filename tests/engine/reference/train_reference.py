@@ -72,7 +72,9 @@ def main():
         case = json.load(f)
     torch.set_num_threads(case.get("threads", 1))
     cfg, T, B, accum = case["config"], case["seq_len"], case["micro_batch"], case["accum"]
-    loss_fn = gpt2_loss if case["arch"] == "gpt2" else llama_loss
+    arch = case["arch"]
+    loss_fn = gpt2_loss if arch == "gpt2" else (
+        lambda w, c, i, t: llama_loss(w, c, i, t, arch))  # noqa: E731
     tokens = load_tokens(case)
     train, val = tokens[:case["train_tokens"]], tokens[case["train_tokens"]:]
     W = (len(train) - 1) // T
