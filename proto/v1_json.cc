@@ -34,6 +34,7 @@ nlohmann::json PlanJson(const Plan& p) {
           {"offload", p.offload().empty() ? "none" : p.offload()},
           {"offload_state_bytes", p.offload_state_bytes()},
           {"offload_master_bytes", p.offload_master_bytes()},
+          {"quantized_base_bytes", p.quantized_base_bytes()},
           {"budget_bytes", p.budget_bytes()},
           {"reason", p.reason()},
           {"bytes", {{"weights", b.weights()}, {"gradients", b.gradients()}, {"optimizer", b.optimizer()},

@@ -264,6 +264,7 @@ std::string EstimateText(const v1::EstimateJobResponse& r) {
   };
   o << Pad("category", 14) << PadLeft("size", 12) << PadLeft("bytes", 16) << "\n";
   row("weights", b.weights());
+  if (p.quantized_base_bytes() > 0) row("  4-bit base", p.quantized_base_bytes());
   row("gradients", b.gradients());
   row("optimizer", b.optimizer());
   row("activations", b.activations());

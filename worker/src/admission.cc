@@ -137,6 +137,8 @@ v1::Plan PlanToProto(const engine::MemoryPlan& p) {
   out.set_offload(p.offload);
   out.set_offload_state_bytes(p.offload_state_bytes);
   out.set_offload_master_bytes(p.offload_master_bytes);
+  out.set_quantized_base_bytes(p.quantized_base_bytes);
+  out.set_quantized_base_params(p.quantized_base_params);
   auto* b = out.mutable_bytes();
   b->set_weights(p.bytes.weights);
   b->set_gradients(p.bytes.gradients);
