@@ -21,6 +21,14 @@ std::string JobRunnerPath() {
   return self.string();
 }
 
+std::string CpuRunnerPath() {
+  std::error_code ec;
+  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  const std::filesystem::path runner = self.parent_path() / "traind-cpu-runner";
+  if (!ec && std::filesystem::exists(runner, ec)) return runner.string();
+  return "";
+}
+
 int QueryDeviceMain(const std::string& device) {
   Result<engine::DeviceInfo> info = engine::QueryDevice(device);
   nlohmann::json j;

@@ -14,6 +14,9 @@ namespace traind::server {
 // The job-runner binary beside traind (`traind-job-runner`), or traind itself when it is absent
 // (then only the CPU is available).
 std::string JobRunnerPath();
+// traind-cpu-runner beside this binary (the runner without the GPU backends); "" when it is not
+// there.
+std::string CpuRunnerPath();
 
 // Resolves and describes `device` through the job runner. FAILED_PRECONDITION / INVALID_ARGUMENT
 // with the runner's reason when the device cannot be used.

@@ -1,7 +1,9 @@
 // traind-job-runner: the process that owns the device for one job attempt. traind starts it with
 // `job-runner` (spec on stdin, events on stdout: worker/job_runner.h) and probes the device with
 // `query-device DEVICE`; `run JOB.yaml` trains in this process like `traind run`. It is a binary
-// of its own so that the CUDA libraries are loaded here and never into the daemon.
+// of its own so that the CUDA libraries are loaded here and never into the daemon. Built twice:
+// traind-cpu-runner is the same without the GPU backends (no cuBLASLt to load at its start),
+// what traind starts for jobs when its device is the CPU.
 #include <cstdio>
 #include <string>
 
@@ -12,7 +14,9 @@
 #include "traind/worker/job_runner.h"
 
 int main(int argc, char** argv) {
+#if !defined(TRAIND_CPU_RUNNER)
   traind::engine::RegisterGpuBackends();  // cuda:N and simt, when this build has them
+#endif
   const std::string cmd = argc >= 2 ? argv[1] : "";
   if (cmd == "job-runner") return traind::worker::JobRunnerMain();
   if (cmd == "generate") return traind::worker::GenerateRunnerMain();
