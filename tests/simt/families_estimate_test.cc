@@ -26,7 +26,7 @@ struct Shape {
 
 ModelConfig Llama8B() {  // Llama-3.1-8B
   ModelConfig c;
-  c.arch = "llama";
+  c.arch = Arch::kLlama;
   c.vocab_size = 128256;
   c.hidden_size = 4096;
   c.intermediate_size = 14336;
@@ -42,13 +42,13 @@ ModelConfig Llama8B() {  // Llama-3.1-8B
 
 std::vector<Shape> Shapes() {
   ModelConfig mistral = Llama8B();  // Mistral-7B-v0.3
-  mistral.arch = "mistral";
+  mistral.arch = Arch::kMistral;
   mistral.vocab_size = 32768;
   mistral.rope_scaling = ModelConfig::RopeScaling{};
   mistral.rope_theta = 1e6;
   mistral.sliding_window = 0;
   ModelConfig qwen = Llama8B();  // Qwen2.5-7B
-  qwen.arch = "qwen2";
+  qwen.arch = Arch::kQwen2;
   qwen.vocab_size = 152064;
   qwen.hidden_size = 3584;
   qwen.intermediate_size = 18944;
@@ -57,7 +57,30 @@ std::vector<Shape> Shapes() {
   qwen.num_key_value_heads = 4;
   qwen.rope_scaling = ModelConfig::RopeScaling{};
   qwen.max_position_embeddings = 32768;
-  return {{"Llama-3.1-8B", Llama8B()}, {"Mistral-7B-v0.3", mistral}, {"Qwen2.5-7B", qwen}};
+  ModelConfig qwen3 = Llama8B();  // Qwen3-8B: q_norm / k_norm, head_dim 128, untied
+  qwen3.arch = Arch::kQwen3;
+  qwen3.vocab_size = 151936;
+  qwen3.intermediate_size = 12288;
+  qwen3.num_hidden_layers = 36;
+  qwen3.head_dim = 128;
+  qwen3.rope_scaling = ModelConfig::RopeScaling{};
+  qwen3.rope_theta = 1e6;
+  qwen3.max_position_embeddings = 40960;
+  ModelConfig gemma = Llama8B();  // Gemma-7B: 256K vocabulary (tied), head_dim 256, GeGLU
+  gemma.arch = Arch::kGemma;
+  gemma.vocab_size = 256000;
+  gemma.hidden_size = 3072;
+  gemma.intermediate_size = 24576;
+  gemma.num_hidden_layers = 28;
+  gemma.num_attention_heads = 16;
+  gemma.num_key_value_heads = 16;
+  gemma.head_dim = 256;
+  gemma.rope_scaling = ModelConfig::RopeScaling{};
+  gemma.rope_theta = 10000.0;
+  gemma.max_position_embeddings = 8192;
+  gemma.tie_word_embeddings = true;
+  return {{"Llama-3.1-8B", Llama8B()}, {"Mistral-7B-v0.3", mistral}, {"Qwen2.5-7B", qwen},
+          {"Qwen3-8B", qwen3},         {"Gemma-7B", gemma}};
 }
 
 JobSpec Job(const ModelConfig& c, const std::string& technique) {

@@ -224,7 +224,8 @@ INSTANTIATE_TEST_SUITE_P(Tiny, SimtTrainer,
                          ::testing::Values(Case{"gpt2", "fp32"}, Case{"llama", "fp32"},
                                            Case{"gpt2", "bf16"}, Case{"llama", "bf16"},
                                            Case{"gpt2", "fp16"}, Case{"llama", "fp16"},
-                                           Case{"qwen2", "bf16"}, Case{"mistral", "bf16"}),
+                                           Case{"qwen2", "bf16"}, Case{"mistral", "bf16"},
+                                           Case{"qwen3", "bf16"}, Case{"gemma", "bf16"}),
                          [](const ::testing::TestParamInfo<Case>& i) {
                            return i.param.arch + "_" + i.param.precision;
                          });
