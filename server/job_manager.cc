@@ -38,6 +38,7 @@ v1::JobEvent StateChange(v1::JobState state, const std::string& error, int32_t a
 JobManager::JobManager(JobManagerOptions options, JobStore* store, Metrics* metrics)
     : options_(std::move(options)), store_(store), metrics_(metrics) {
   supervisor_ = std::make_unique<worker::Supervisor>(options_.supervisor, this);
+  follow_thread_ = std::thread([this] { FollowLoop(); });
 }
 
 JobManager::~JobManager() { Stop(); }
@@ -97,7 +98,65 @@ void JobManager::Stop() {
   }
   changed_.NotifyAll();
   stop_cv_.NotifyAll();
+  // Followers end now (UNAVAILABLE, after the events they have not been sent).
+  std::vector<Waiting> waiting;
+  {
+    MutexLock lock(&follow_mu_);
+    follow_exit_ = true;
+    waiting.swap(followers_);
+  }
+  follow_cv_.NotifyAll();
+  if (follow_thread_.joinable()) follow_thread_.join();
+  for (Waiting& w : waiting) w.follower->Wake();
   supervisor_->Stop();
+}
+
+bool JobManager::AddFollower(Follower* f, const std::string& id, int64_t next) {
+  MutexLock lock(&follow_mu_);
+  if (follow_exit_) return false;
+  followers_.push_back(Waiting{f, id, next});
+  if (followers_.size() == 1) follow_cv_.NotifyAll();  // the loop sleeps while there are none
+  return true;
+}
+
+void JobManager::FollowLoop() {
+  std::vector<Follower*> ready;
+  follow_mu_.Lock();
+  while (!follow_exit_) {
+    if (followers_.empty()) {
+      follow_cv_.Wait(&follow_mu_);
+      continue;
+    }
+    const auto tick = std::chrono::steady_clock::now() + kFollowBatchInterval;
+    while (!follow_exit_ && std::chrono::steady_clock::now() < tick)
+      follow_cv_.WaitFor(&follow_mu_, tick - std::chrono::steady_clock::now());
+    if (follow_exit_) break;
+    ready.clear();
+    {
+      MutexLock jobs_lock(&mu_);
+      for (size_t i = 0; i < followers_.size();) {
+        const Waiting& w = followers_[i];
+        bool wake = stopping_ || w.follower->Gone();
+        if (!wake) {
+          auto it = jobs_.find(w.id);
+          wake = it == jobs_.end() || v1::IsTerminal(it->second.state()) || it->second.last_sequence() >= w.next;
+        }
+        if (wake) {
+          ready.push_back(w.follower);
+          followers_[i] = std::move(followers_.back());
+          followers_.pop_back();
+        } else {
+          ++i;
+        }
+      }
+    }
+    if (ready.empty()) continue;
+    // Woken followers read and start their writes without this lock (they may register again).
+    follow_mu_.Unlock();
+    for (Follower* f : ready) f->Wake();
+    follow_mu_.Lock();
+  }
+  follow_mu_.Unlock();
 }
 
 
@@ -338,17 +397,41 @@ Status JobManager::Watch(const std::string& user, const v1::WatchJobRequest& req
   }
 }
 
+Status JobManager::ReadEvents(const std::string& user, const std::string& id, int64_t from, size_t limit,
+                              std::vector<v1::JobEvent>* out, bool* ended) {
+  out->clear();
+  from = std::max<int64_t>(1, from);
+  {
+    MutexLock lock(&mu_);
+    auto it = jobs_.find(id);
+    if (it == jobs_.end() || it->second.owner() != user) return Status::NotFound("no job " + id);
+    *ended = v1::IsTerminal(it->second.state());
+    if (from > it->second.last_sequence()) return Status::Ok();
+    auto tail = tail_.find(id);
+    if (tail != tail_.end() && !tail->second.empty() && tail->second.front().sequence() <= from &&
+        from <= tail->second.back().sequence()) {
+      const std::deque<v1::JobEvent>& q = tail->second;
+      for (auto e = q.begin() + (from - q.front().sequence()); e != q.end() && out->size() < limit; ++e)
+        out->push_back(*e);
+      return Status::Ok();
+    }
+  }
+  TRAIND_ASSIGN_OR_RETURN(*out, store_->ReadEvents(id, from, limit));
+  if (out->empty()) return Status::DataLoss("events of " + id + " from " + std::to_string(from) + " are missing");
+  return Status::Ok();
+}
+
 Status JobManager::AppendLocked(v1::Job* job, v1::JobEvent ev, bool sync) {
   ev.set_sequence(job->last_sequence() + 1);
   ev.set_time_unix_ms(NowMs());
-  v1::Job updated = *job;
-  updated.set_last_sequence(ev.sequence());
-  Status s = store_->Write(updated, &ev, sync);
+  // In place: no copy of the whole job (spec and plan included) per step event.
+  job->set_last_sequence(ev.sequence());
+  Status s = store_->Write(*job, &ev, sync);
   if (!s.ok()) {
+    job->set_last_sequence(ev.sequence() - 1);
     spdlog::error("job {}: {}", job->id(), s.ToString());
     return s;
   }
-  *job = std::move(updated);
   if (v1::IsTerminal(job->state())) {
     tail_.erase(job->id());
     stop_cv_.NotifyAll();  // followers pausing between batches: the job's last events now

@@ -15,6 +15,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "job_store.h"
@@ -71,6 +72,32 @@ class JobManager : public worker::SupervisorListener {
                const std::function<bool()>& client_gone);
   static constexpr std::chrono::milliseconds kFollowBatchInterval{500};
 
+  // Up to `limit` events of `id` from sequence `from` on, from memory (the newest events of a
+  // running job) or the store. *ended: the job is terminal (it has no events after the last one
+  // there is). NOT_FOUND for an unknown id and for another user's job alike.
+  Status ReadEvents(const std::string& user, const std::string& id, int64_t from, size_t limit,
+                    std::vector<v1::JobEvent>* out, bool* ended);
+
+  // A follow stream that holds no thread while it waits (JobServiceImpl's WatchJobEvents): one
+  // follow thread wakes every waiting follower whose job has news at ticks kFollowBatchInterval
+  // apart, so 20 open `logs -f` cost one wake-up per tick, not 20 threads' wake-ups per event.
+  class Follower {
+   public:
+    virtual ~Follower() = default;
+    // The client went away (polled at each tick; such a follower is woken to end its stream).
+    virtual bool Gone() = 0;
+    // Called once per AddFollower, on the follow thread (or in Stop), with no lock of the manager
+    // held; by then the follower is no longer registered and may register again.
+    virtual void Wake() = 0;
+  };
+  // Wakes `f` at the next tick at which job `id` has an event numbered `next` or later, has
+  // ended, is gone, or f->Gone(), or when traind stops. False (and no wake) once traind stops.
+  bool AddFollower(Follower* f, const std::string& id, int64_t next);
+  bool stopping() const {
+    MutexLock lock(&mu_);
+    return stopping_;
+  }
+
   // Text from a model folder (trainctl generate), run in a job-runner child on traind's device
   // (worker/generate_runner.h); the folder is confined like a spec input for `user`.
   Result<v1::GenerateResponse> Generate(const std::string& user, const v1::GenerateRequest& req);
@@ -115,6 +142,18 @@ class JobManager : public worker::SupervisorListener {
   // followers and `logs` from here instead of a store read per batch. Dropped when the job ends.
   static constexpr size_t kTailEvents = 512;
   std::map<std::string, std::deque<v1::JobEvent>> tail_ TRAIND_GUARDED_BY(mu_);
+  // The follow thread (FollowLoop) and the followers waiting for it. Lock order: follow_mu_, then mu_.
+  void FollowLoop();
+  struct Waiting {
+    Follower* follower;
+    std::string id;
+    int64_t next;
+  };
+  Mutex follow_mu_;
+  CondVar follow_cv_;
+  std::vector<Waiting> followers_ TRAIND_GUARDED_BY(follow_mu_);
+  bool follow_exit_ TRAIND_GUARDED_BY(follow_mu_) = false;
+  std::thread follow_thread_;
   std::atomic<int> generating_{0};  // Generate calls in progress
   static constexpr double kGenerateTimeoutSeconds = 600;
   bool stopping_ TRAIND_GUARDED_BY(mu_) = false;

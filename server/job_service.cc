@@ -3,6 +3,10 @@
 
 #include "status_map.h"
 
+#include <algorithm>
+#include <string>
+#include <vector>
+
 namespace traind::server {
 
 template <typename Body>
@@ -66,18 +70,85 @@ grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* ctx, const v1::WatchJ
   });
 }
 
-grpc::Status JobServiceImpl::WatchJobEvents(grpc::ServerContext* ctx, const v1::WatchJobRequest* req,
-                                            grpc::ServerWriter<v1::JobEventBatch>* writer) {
-  return Handle("WatchJobEvents", ctx, [&](const std::string& user) -> Status {
-    v1::JobEventBatch batch;
-    return jobs_->Watch(user, *req, [&](const v1::JobEvent& ev, bool more) {
-      *batch.add_events() = ev;
-      if (more) return true;
-      const bool ok = !ctx->IsCancelled() && writer->Write(batch);
-      batch.Clear();
-      return ok;
-    }, [&] { return ctx->IsCancelled(); });
-  });
+// One WatchJobEvents stream: a batch of events per message, the next batch once the last is
+// written; a follower that has caught up waits registered with the JobManager (no thread), which
+// wakes it at its next tick with news. Exactly one of Next (from Start, OnWriteDone or Wake) runs
+// at a time: the stream is either writing or registered, never both.
+class JobServiceImpl::EventsReactor final : public grpc::ServerWriteReactor<v1::JobEventBatch>,
+                                            public JobManager::Follower {
+ public:
+  EventsReactor(JobServiceImpl* service, grpc::CallbackServerContext* ctx, const v1::WatchJobRequest& req)
+      : service_(service), ctx_(ctx), req_(req), next_(std::max<int64_t>(1, req.from_sequence())) {}
+
+  void Start() {
+    const auto& md = ctx_->client_metadata();
+    auto it = md.find("authorization");
+    std::string authorization;
+    if (it != md.end()) authorization.assign(it->second.data(), it->second.size());
+    Result<std::string> user = service_->auth_->Authenticate(authorization);
+    if (!user.ok()) return End(user.status());
+    user_ = *user;
+    Next();
+  }
+
+  bool Gone() override { return ctx_->IsCancelled(); }
+  void Wake() override { Next(); }
+  void OnWriteDone(bool ok) override {
+    if (!ok) return End(Status::Cancelled("the client went away"));
+    if (caught_up_ && req_.follow()) return Wait();
+    Next();
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  static constexpr size_t kBatch = 512;
+
+  void Next() {
+    if (ctx_->IsCancelled()) return End(Status::Cancelled("the client went away"));
+    bool ended = false;
+    Status s = service_->jobs_->ReadEvents(user_, req_.id(), next_, kBatch, &events_, &ended);
+    if (!s.ok()) return End(s);
+    if (events_.empty()) {
+      if (!req_.follow() || ended) return End(Status::Ok());
+      return Wait();
+    }
+    batch_.Clear();
+    for (v1::JobEvent& ev : events_) *batch_.add_events() = std::move(ev);
+    next_ = batch_.events(batch_.events_size() - 1).sequence() + 1;
+    caught_up_ = events_.size() < kBatch;
+    if (caught_up_ && (!req_.follow() || ended)) {
+      // The last batch and the status in one operation.
+      service_->metrics_->CountRequest("WatchJobEvents", StatusCodeName(Status::Code::kOk));
+      return StartWriteAndFinish(&batch_, grpc::WriteOptions(), grpc::Status::OK);
+    }
+    StartWrite(&batch_);
+  }
+
+  void Wait() {
+    if (service_->jobs_->stopping() || !service_->jobs_->AddFollower(this, req_.id(), next_))
+      End(Status::Unavailable("traind is shutting down; watch again after it restarts"));
+  }
+
+  void End(const Status& s) {
+    service_->metrics_->CountRequest("WatchJobEvents", StatusCodeName(s.code()));
+    Finish(ToGrpc(s));
+  }
+
+  JobServiceImpl* const service_;
+  grpc::CallbackServerContext* const ctx_;
+  const v1::WatchJobRequest req_;
+  std::string user_;
+  int64_t next_;
+  bool caught_up_ = false;
+  std::vector<v1::JobEvent> events_;
+  v1::JobEventBatch batch_;
+};
+
+grpc::ServerWriteReactor<v1::JobEventBatch>* JobServiceImpl::WatchJobEvents(grpc::CallbackServerContext* ctx,
+                                                                           const v1::WatchJobRequest* req) {
+  auto* reactor = new EventsReactor(this, ctx, *req);
+  reactor->Start();
+  return reactor;
 }
 
 grpc::Status JobServiceImpl::EstimateJob(grpc::ServerContext* ctx, const v1::EstimateJobRequest* req,

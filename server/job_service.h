@@ -14,8 +14,11 @@ namespace traind::server {
 // gRPC thread that read the call, with no hand-off to a worker thread (each hand-off is a context
 // switch, the largest part of a small call's cost on a VM). The others may block (fsync, planning,
 // a generation, a follower waiting for events) and stay on the sync server's threads.
+// WatchJobEvents (what `trainctl logs` and `logs -f` use) is a callback stream as well: it holds
+// no thread while it waits for events (JobManager::Follower).
 class JobServiceImpl final
-    : public v1::JobService::WithCallbackMethod_GetJob<v1::JobService::WithCallbackMethod_ListJobs<v1::JobService::Service>> {
+    : public v1::JobService::WithCallbackMethod_GetJob<v1::JobService::WithCallbackMethod_ListJobs<
+          v1::JobService::WithCallbackMethod_WatchJobEvents<v1::JobService::Service>>> {
  public:
   // All three must outlive the service.
   JobServiceImpl(JobManager* jobs, const TokenAuth* auth, Metrics* metrics)
@@ -30,14 +33,15 @@ class JobServiceImpl final
   grpc::Status CancelJob(grpc::ServerContext* ctx, const v1::CancelJobRequest* req, v1::Job* resp) override;
   grpc::Status WatchJob(grpc::ServerContext* ctx, const v1::WatchJobRequest* req,
                         grpc::ServerWriter<v1::JobEvent>* writer) override;
-  grpc::Status WatchJobEvents(grpc::ServerContext* ctx, const v1::WatchJobRequest* req,
-                              grpc::ServerWriter<v1::JobEventBatch>* writer) override;
+  grpc::ServerWriteReactor<v1::JobEventBatch>* WatchJobEvents(grpc::CallbackServerContext* ctx,
+                                                             const v1::WatchJobRequest* req) override;
   grpc::Status EstimateJob(grpc::ServerContext* ctx, const v1::EstimateJobRequest* req,
                            v1::EstimateJobResponse* resp) override;
   grpc::Status Generate(grpc::ServerContext* ctx, const v1::GenerateRequest* req,
                         v1::GenerateResponse* resp) override;
 
  private:
+  class EventsReactor;
   // Authenticates, runs body(user) -> Status, maps and counts.
   template <typename Body>
   grpc::Status Handle(const char* method, grpc::ServerContextBase* ctx, Body&& body);

@@ -78,6 +78,9 @@ Result<std::unique_ptr<Client>> Client::Create(const ClientOptions& options) {
   }
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(64 << 20);
+  // No BDP probes: each is a PING traind must read and answer (a wake-up and a write of the
+  // daemon's per call of a client that polls); the control plane's messages are small.
+  args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
   if (options.own_connection) args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   impl->channel = grpc::CreateCustomChannel(options.addr, creds, args);
   impl->stub = v1::JobService::NewStub(impl->channel);

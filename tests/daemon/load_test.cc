@@ -1,17 +1,18 @@
-// Control-plane load (issue 41, item 6): what traind itself spends on its clients while a job
-// trains. traind's CPU time is read from /proc/<traind>/stat (utime + stime of its own threads; the
-// job runner is a child process and is not in it), the clients' from getrusage of this process.
+// Control-plane load: what traind itself spends on its clients while a job trains. traind's CPU
+// time is read from /proc/<traind>/stat (utime + stime of its own threads; the job runner is a
+// child process and is not in it), the clients' from getrusage of this process.
 //
 // 1. Per request: batches of GetJob (trainctl status), ListJobs (trainctl list) and WatchJob of the
 //    last 20 events (trainctl logs), and 20 open follow streams (trainctl logs -f), each batch's
 //    traind CPU minus what traind spends meanwhile on the job's own events (measured alone first).
-// 2. The scenario of the issue: 200 clients each polling GetJob once a second and 20 following the
-//    job's events, for 20 s. Prints traind's CPU over that window (the job runner's excluded) with
-//    the clients' CPU and the job's slowdown (tokens per second of step time, from the job's step
-//    events, without and with the load), and asserts traind's share. The target is 5% of one core;
-//    on the 2-core development VM (2026-11-29) it measured 7.5-8.9% (21.5% before the changes of
-//    issue 41 item 6), most of it context switches of isolated calls (perf: the VM's
-//    pvm_irq_enable under futex and epoll wake-ups), so the bound is 12% until that is cut.
+// 2. The scenario: 200 clients each polling GetJob once a second and 20 following the job's
+//    events, for 20 s. Prints traind's CPU over that window (the job runner's excluded) with its
+//    threads' share and context switches, the clients' CPU and the job's slowdown (tokens per
+//    second of step time, from the job's step events, without and with the load), and asserts
+//    traind's share: at most 5% of one core. On the 2-core development VM (2026-11-29, other builds
+//    running, load 6-20) it measured 2.1-2.7% (7.5-8.9% before followers became callback streams
+//    woken by one follow thread, the job runner sent its step events in batches and the BDP probes
+//    went; 21.5% before that).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <sys/resource.h>
@@ -24,6 +25,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <memory>
 #include <random>
 #include <sstream>
@@ -81,6 +83,55 @@ double SelfCpuSeconds() {
   getrusage(RUSAGE_SELF, &u);
   return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
          static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) * 1e-6;
+}
+
+// Per-thread CPU and context switches of process `pid`, summed by thread name (comm).
+struct ThreadUse {
+  double cpu = 0;
+  long long voluntary = 0, involuntary = 0;
+  int threads = 0;
+};
+std::map<std::string, ThreadUse> ThreadsByName(pid_t pid) {
+  std::map<std::string, ThreadUse> out;
+  const std::string base = "/proc/" + std::to_string(pid) + "/task";
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(base, ec)) {
+    std::ifstream st(e.path() / "stat");
+    std::string line;
+    std::getline(st, line);
+    const size_t open = line.find('('), close = line.rfind(')');
+    if (open == std::string::npos || close == std::string::npos) continue;
+    ThreadUse& u = out[line.substr(open + 1, close - open - 1)];
+    std::istringstream rest(line.substr(close + 2));
+    std::string field;
+    unsigned long long utime = 0, stime = 0;
+    for (int i = 3; i <= 15 && rest >> field; ++i) {
+      if (i == 14) utime = std::stoull(field);
+      if (i == 15) stime = std::stoull(field);
+    }
+    u.cpu += static_cast<double>(utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
+    u.threads++;
+    std::ifstream status(e.path() / "status");
+    while (std::getline(status, line)) {
+      if (line.rfind("voluntary_ctxt_switches:", 0) == 0) u.voluntary += std::stoll(line.substr(24));
+      if (line.rfind("nonvoluntary_ctxt_switches:", 0) == 0) u.involuntary += std::stoll(line.substr(27));
+    }
+  }
+  return out;
+}
+
+void PrintThreadDelta(const std::map<std::string, ThreadUse>& before, const std::map<std::string, ThreadUse>& after,
+                      double wall) {
+  for (const auto& [name, a] : after) {
+    ThreadUse b;
+    if (auto it = before.find(name); it != before.end()) b = it->second;
+    const double cpu = a.cpu - b.cpu;
+    const long long vol = a.voluntary - b.voluntary, inv = a.involuntary - b.involuntary;
+    if (cpu <= 0 && vol + inv < 10) continue;
+    std::printf("  traind thread %-16s x%-3d %.2f%% of one core, %lld voluntary + %lld involuntary switches/s\n",
+                name.c_str(), a.threads, cpu / wall * 100, static_cast<long long>(vol / wall),
+                static_cast<long long>(inv / wall));
+  }
 }
 
 double SecondsSince(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
@@ -206,7 +257,7 @@ TEST_F(LoadTest, TwoHundredClientsWhileTraining) {
   constexpr int kPollers = 200;
   constexpr int kFollowers = 20;
   constexpr double kSeconds = 20;
-  constexpr double kMaxDaemonShare = 0.12;  // of one core (the target is 0.05: see the top)
+  constexpr double kMaxDaemonShare = 0.05;  // of one core
   std::atomic<int> errors{0};
   std::atomic<int64_t> calls{0}, events{0};
   std::atomic<bool> stop{false};
@@ -268,6 +319,7 @@ TEST_F(LoadTest, TwoHundredClientsWhileTraining) {
   std::this_thread::sleep_for(std::chrono::seconds(5));
   const int64_t base_to = NowMs();
   const double self0 = SelfCpuSeconds();
+  const auto threads0 = ThreadsByName(daemon_->pid());
   const double cpu0 = ProcessCpuSeconds(daemon_->pid());
   const auto load_t0 = Clock::now();
   const int64_t load_from = NowMs();
@@ -278,6 +330,7 @@ TEST_F(LoadTest, TwoHundredClientsWhileTraining) {
   for (auto& t : threads) t.join();
   const double wall = SecondsSince(load_t0);
   const double daemon_cpu = ProcessCpuSeconds(daemon_->pid()) - cpu0;
+  const auto threads1 = ThreadsByName(daemon_->pid());
   const double clients_cpu = SelfCpuSeconds() - self0;
   const int64_t load_to = NowMs();
   std::this_thread::sleep_for(std::chrono::seconds(5));
@@ -306,6 +359,7 @@ TEST_F(LoadTest, TwoHundredClientsWhileTraining) {
   std::printf("training: %.0f tokens/s without load (%.0f before, %.0f after; %d steps), %.0f with load (%d steps): "
               "slowdown %.1f%%\n",
               base, base1, base2, base_steps + base2_steps, loaded, load_steps, drop * 100);
+  PrintThreadDelta(threads0, threads1, wall);
   RecordProperty("traind_cpu_percent", std::to_string(share * 100));
   RecordProperty("clients_cpu_percent", std::to_string(clients_cpu / wall * 100));
   RecordProperty("throughput_drop_percent", std::to_string(drop * 100));

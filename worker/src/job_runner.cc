@@ -7,15 +7,19 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
 #include <fstream>
 #include <sstream>
+#include <string>
+#include <thread>
 
 #include "fd_io.h"
 #include "traind/engine/local_run.h"
+#include "traind/engine/mutex.h"
 #include "traind/engine/signal_thread.h"
 #if TRAIND_HAVE_GLOO
 #include "traind/comm/distributed.h"
@@ -44,6 +48,71 @@ void Emit(int fd, const v1::RunnerEvent& ev) {
   }
   if (!WriteAll(fd, buf)) _exit(3);
 }
+
+// The events to traind. Step events (one per optimizer step: a small model makes a hundred a
+// second) go out together, at most kStepBatch after the first one held: each write wakes traind's
+// supervisor, which then stores and counts every event it reads at once. Any other event goes out
+// at once, after the steps held before it; a flush thread sends held steps when no other event
+// follows in time.
+class EventPipe {
+ public:
+  static constexpr std::chrono::milliseconds kStepBatch{100};
+
+  explicit EventPipe(int fd) : fd_(fd), flusher_([this] { FlushLoop(); }) {}
+  ~EventPipe() {
+    {
+      MutexLock lock(&mu_);
+      exit_ = true;
+      FlushLocked();
+    }
+    cv_.NotifyAll();
+    flusher_.join();
+  }
+
+  void Send(const v1::RunnerEvent& ev) {
+    MutexLock lock(&mu_);
+    const bool was_empty = held_.empty();
+    {
+      google::protobuf::io::StringOutputStream out(&held_);
+      google::protobuf::util::SerializeDelimitedToZeroCopyStream(ev, &out);
+    }
+    if (!ev.has_step()) return FlushLocked();
+    if (was_empty) {
+      deadline_ = std::chrono::steady_clock::now() + kStepBatch;
+      cv_.NotifyAll();
+    }
+  }
+
+ private:
+  void FlushLocked() TRAIND_REQUIRES(mu_) {
+    if (held_.empty()) return;
+    if (!WriteAll(fd_, held_)) _exit(3);
+    held_.clear();
+  }
+  void FlushLoop() {
+    MutexLock lock(&mu_);
+    while (!exit_) {
+      if (held_.empty()) {
+        cv_.Wait(&mu_);
+        continue;
+      }
+      const auto now = std::chrono::steady_clock::now();
+      if (now >= deadline_) {
+        FlushLocked();
+      } else {
+        cv_.WaitFor(&mu_, deadline_ - now);
+      }
+    }
+  }
+
+  const int fd_;
+  Mutex mu_;
+  CondVar cv_;
+  std::string held_ TRAIND_GUARDED_BY(mu_);
+  std::chrono::steady_clock::time_point deadline_ TRAIND_GUARDED_BY(mu_);
+  bool exit_ TRAIND_GUARDED_BY(mu_) = false;
+  std::thread flusher_;
+};
 
 v1::StepEvent ToProto(const engine::StepReport& r) {
   v1::StepEvent e;
@@ -169,16 +238,17 @@ int JobRunnerMain() {
   opts.preempt = &g_preempt;
   opts.open_optimizer_state_store = OpenOffloadStore;
   UseCommunicator(&opts, req.run_id(), req.attempt());
+  EventPipe pipe(proto_fd);
   engine::RunCallbacks cb;
   cb.on_plan = [&](const engine::MemoryPlan& p) {
     v1::RunnerEvent ev;
     *ev.mutable_plan() = PlanToProto(p);
-    Emit(proto_fd, ev);
+    pipe.Send(ev);
   };
   cb.on_step = [&](const engine::StepReport& r) {
     v1::RunnerEvent ev;
     *ev.mutable_step() = ToProto(r);
-    Emit(proto_fd, ev);
+    pipe.Send(ev);
   };
   cb.on_log = [&](const engine::LogReport& r) {
     v1::RunnerEvent ev;
@@ -189,14 +259,14 @@ int JobRunnerMain() {
     l->set_grad_norm(r.grad_norm);
     l->set_tokens_per_second(r.tokens_per_second);
     l->set_samples_per_second(r.samples_per_second);
-    Emit(proto_fd, ev);
+    pipe.Send(ev);
   };
   cb.on_eval = [&](const engine::EvalReport& r) {
     v1::RunnerEvent ev;
     ev.mutable_eval()->set_step(r.step);
     ev.mutable_eval()->set_eval_loss(r.eval_loss);
     if (r.eval_accuracy) ev.mutable_eval()->set_eval_accuracy(*r.eval_accuracy);
-    Emit(proto_fd, ev);
+    pipe.Send(ev);
   };
   cb.on_sample = [&](const engine::SampleReport& r) {
     v1::RunnerEvent ev;
@@ -206,7 +276,7 @@ int JobRunnerMain() {
     e->set_text(r.text);
     for (int32_t id : r.prompt_ids) e->add_prompt_ids(id);
     for (int32_t id : r.ids) e->add_ids(id);
-    Emit(proto_fd, ev);
+    pipe.Send(ev);
   };
   int64_t last_checkpoint_step = 0;
   cb.on_checkpoint = [&](int64_t step, const std::string& dir) {
@@ -214,17 +284,17 @@ int JobRunnerMain() {
     v1::RunnerEvent ev;
     ev.mutable_checkpoint()->set_step(step);
     ev.mutable_checkpoint()->set_dir(dir);
-    Emit(proto_fd, ev);
+    pipe.Send(ev);
   };
   cb.on_tokenize = [&](const engine::TokenizeReport& r) {
     v1::RunnerEvent ev;
     *ev.mutable_tokenize() = TokenizeToProto(r);
-    Emit(proto_fd, ev);
+    pipe.Send(ev);
   };
   cb.on_message = [&](const std::string& line) {
     v1::RunnerEvent ev;
     ev.set_message(line);
-    Emit(proto_fd, ev);
+    pipe.Send(ev);
   };
   auto run = engine::RunJob(*spec, opts, cb);
   if (run.ok()) {
@@ -239,7 +309,7 @@ int JobRunnerMain() {
       result->set_checkpoint_step(last_checkpoint_step);
     }
   }
-  Emit(proto_fd, result_ev);
+  pipe.Send(result_ev);
   return 0;
 }
 
