@@ -6,6 +6,7 @@
 # bench/run_all.sh BUILD_DIR --bert [--config tiny|base|large] [--batch B] [--accum K] [--steps N]
 #                                   [--rounds N] [--seq T] [--coretype ...]
 # bench/run_all.sh BUILD_DIR [--rounds N] --tokenize   # GPT-2 BPE MB/s vs HF tokenizers, 2 threads
+# bench/run_all.sh BUILD_DIR [--rounds N] --packing    # packing vs padding, loss tokens/s, vs PyTorch
 # bench/run_all.sh BUILD_DIR [--rounds N] [--steps N] --dp   # data parallel: dp_scaling.py
 # Default: the traind GPT-2 training-step bench and its PyTorch peer in the same run, alternating the
 # two sides for N rounds (default 3; each side's median round counts), and prints tokens/s, the
@@ -64,6 +65,7 @@ while [ $# -gt 0 ]; do
     --steps) STEPS=$2; STEPS_SET=1; shift 2 ;;
     --dp) DP=1; shift ;;
     --tokenize) exec "$BUILD_DIR/bench/tokenize_bench" --threads 2 --rounds "$ROUNDS" ;;
+    --packing) OMP_WAIT_POLICY=PASSIVE exec "$BUILD_DIR/bench/packing_bench" --threads 2 --rounds "$ROUNDS" ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
 done
