@@ -10,6 +10,7 @@
 
 #include "backend/arena.h"
 #include "data/window_order.h"
+#include "model_test_util.h"
 #include "models/model.h"
 #include "optim/adamw.h"
 #include "train/checkpoint.h"
@@ -75,6 +76,27 @@ TEST_F(TrainerResume, CancelledAndResumedRunIsBitIdentical) {
   }
   EXPECT_EQ(testing::LogWithoutSummary(a.output_dir + "/trainer_state.json"),
             testing::LogWithoutSummary(b.output_dir + "/trainer_state.json"));
+}
+
+// qwen3 (per-head q/k norms) and gemma (1 + w norms, GeGLU, scaled embeddings) resume as the
+// others do: cancelled after step 3 and resumed from checkpoint-2, every loss and every output
+// file equals the uninterrupted run's.
+TEST_F(TrainerResume, Qwen3AndGemmaResumeBitIdentically) {
+  for (const std::string family : {"qwen3", "gemma"}) {
+    SCOPED_TRACE(family);
+    JobSpec a = Spec("a-" + family), b = Spec("b-" + family);
+    a.model.config = b.model.config = testing::TinyFamily(family);
+    const testing::CancelResumeRuns r = testing::RunCancelledAndResumed(a, b);
+    ASSERT_TRUE(r.a && r.a->ok()) << (r.a ? r.a->status().ToString() : "not run");
+    ASSERT_TRUE(r.b_resumed && r.b_resumed->ok())
+        << (r.b_resumed ? r.b_resumed->status().ToString() : "not run");
+    EXPECT_EQ(r.steps_before_resume, 3u);
+    testing::ExpectResumedLossesIdentical(r);
+    for (const char* f : {"model.safetensors", "config.json", "checkpoint-6/optimizer.safetensors"}) {
+      EXPECT_EQ(testing::ReadFile(a.output_dir + "/" + f), testing::ReadFile(b.output_dir + "/" + f))
+          << f;
+    }
+  }
 }
 
 TEST_F(TrainerResume, SaveLoadSaveIsByteIdentical) {

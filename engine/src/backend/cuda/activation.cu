@@ -111,8 +111,10 @@ __global__ void geglu_forward_kernel(float* out, const float* inp, int64_t N, in
        i += int64_t{gridDim.x} * blockDim.x) {
     const int64_t n = i / H, j = i % H;
     const float x = inp[n * 2 * H + j], u = inp[n * 2 * H + H + j];
-    const float cube = 0.044715f * x * x * x;
-    out[i] = 0.5f * x * (1.0f + tanhf(kGeluScale * (x + cube))) * u;
+    // x * sigmoid(2a) = 0.5 x (1 + tanh(a)) without 1 + tanh's cancellation for negative x
+    // (the CPU kernel's form).
+    const float a = kGeluScale * (x + 0.044715f * x * x * x);
+    out[i] = x / (1.0f + expf(-2.0f * a)) * u;
   }
 }
 
@@ -123,14 +125,13 @@ __global__ void geglu_backward_kernel(float* dinp, const float* inp, const float
        i += int64_t{gridDim.x} * blockDim.x) {
     const int64_t n = i / H, j = i % H;
     const float x = inp[n * 2 * H + j], u = inp[n * 2 * H + H + j];
-    const float cube = 0.044715f * x * x * x;
-    const float t = tanhf(kGeluScale * (x + cube));
-    const float sech2 = 1.0f - t * t;
-    const float grad =
-        0.5f * (1.0f + t) + 0.5f * x * sech2 * kGeluScale * (1.0f + 3.0f * 0.044715f * x * x);
+    // d/dx [x s(2a)] = s + 2 x s (1 - s) a', in the sigmoid form (see the forward).
+    const float a = kGeluScale * (x + 0.044715f * x * x * x);
+    const float sg = 1.0f / (1.0f + expf(-2.0f * a));
+    const float da = kGeluScale * (1.0f + 3.0f * 0.044715f * x * x);
     const float d = dout[i];
-    dinp[n * 2 * H + j] = d * u * grad;
-    dinp[n * 2 * H + H + j] = d * 0.5f * x * (1.0f + t);
+    dinp[n * 2 * H + j] = d * u * (sg + 2.0f * x * sg * (1.0f - sg) * da);
+    dinp[n * 2 * H + H + j] = d * x * sg;
   }
 }
 
