@@ -84,7 +84,9 @@ void Prepare(ParityCase* pc, uint64_t seed) {
   // saturated softmax whose gradients torch's own fp32 misses by 1.3e-5.
   if (pc->config.arch == Arch::kQwen3 || pc->config.arch == Arch::kGemma) {
     for (const ParamInfo& p : m.params()) {
-      if (p.hf_name.size() < 12 || p.hf_name.compare(p.hf_name.size() - 12, 12, "norm.weight") != 0) {
+      const std::string suffix = "norm.weight";
+      if (p.hf_name.size() < suffix.size() ||
+          p.hf_name.compare(p.hf_name.size() - suffix.size(), suffix.size(), suffix) != 0) {
         continue;
       }
       const bool qk = p.hf_name.find("q_norm") != std::string::npos ||
