@@ -259,6 +259,19 @@ TEST(TrainerPlan, EstimateWithAdviceReturnsThePlanOfAJobThatDoesNotFit) {
   changed["bf16: true"].training.bf16 = true;
   changed["peft: {type: lora, r: 8}"] = s;
   changed["peft: {type: lora, r: 8}"].training.peft = PeftSpec{};
+  {  // QLoRA: LoRA on an NF4 base with double quantization, in bf16
+    const std::string q =
+        "peft: {type: lora, r: 8} with quantization_config: {load_in_4bit: true, "
+        "bnb_4bit_quant_type: nf4, bnb_4bit_use_double_quant: true} (QLoRA)";
+    changed[q] = changed["peft: {type: lora, r: 8}"];
+    changed[q].training.bf16 = true;
+    QuantizationSpec qs;
+    qs.load_in_4bit = true;
+    qs.bnb_4bit_quant_type = "nf4";
+    qs.bnb_4bit_use_double_quant = true;
+    qs.bnb_4bit_compute_dtype = "bfloat16";
+    changed[q].model.quantization_config = qs;
+  }
   std::map<std::string, int64_t> want = {
       {"gradient_checkpointing: true", CpuTotal(s, 4, true)},
       {"per_device_train_batch_size: 1 with gradient_accumulation_steps: 4", CpuTotal(s, 1, false)}};

@@ -220,6 +220,41 @@ TEST(SimtTrainerGraphs, EnvironmentSwitchTurnsCaptureOff) {
              "TRAIND_CUDA_GRAPHS=0 vs graphs");
 }
 
+// QLoRA (model.quantization_config, NF4 with double quantization, LoRA on every projection,
+// merge: true) through RunJob: the simt device's Dequantize4bit and GEMMs against the cpu's, with
+// the tolerances above (fp32 and bf16); the merged model is the dequantized base plus the
+// adapters, and the log says the 4-bit base was made at load and what the merge keeps of it.
+TEST(SimtTrainerQLora, RunJobMatchesCpu) {
+  RegisterGpuBackends();
+  for (const std::string precision : {"fp32", "bf16"}) {
+    SCOPED_TRACE(precision);
+    const std::string dir = testing::MakeTempDir("simt_qlora_" + precision);
+    JobSpec spec = Spec("llama", dir);
+    spec.training.bf16 = precision == "bf16";
+    PeftSpec peft;
+    peft.r = 4;
+    peft.lora_alpha = 8;
+    peft.target_modules = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+    peft.merge = true;
+    spec.training.peft = peft;
+    spec.training.learning_rate = 3e-3;
+    QuantizationSpec q;
+    q.load_in_4bit = true;
+    q.bnb_4bit_quant_type = "nf4";
+    q.bnb_4bit_use_double_quant = true;
+    q.bnb_4bit_compute_dtype = precision == "bf16" ? "bfloat16" : "float32";
+    spec.model.quantization_config = q;
+    const Outcome cpu = Train(spec, "cpu", true, "cpu");
+    const Outcome simt = Train(spec, testing::kDeviceUnderTest, true, "graph");
+    ASSERT_EQ(cpu.losses.size(), 3u);
+    EXPECT_GT(cpu.losses[0], 3.0);
+    const Tolerance tol = CpuTolerance(precision);
+    ExpectSame(simt, cpu, tol.loss, tol.weight, "QLoRA simt vs cpu (llama " + precision + ")");
+    EXPECT_TRUE(Mentions(cpu.notes, "block weights quantized at load to nf4 with double quantization"));
+    EXPECT_TRUE(Mentions(cpu.notes, "the merged model is the 4-bit base dequantized"));
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Tiny, SimtTrainer,
                          ::testing::Values(Case{"gpt2", "fp32"}, Case{"llama", "fp32"},
                                            Case{"gpt2", "bf16"}, Case{"llama", "bf16"},
