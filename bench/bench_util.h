@@ -89,7 +89,7 @@ inline engine::ModelConfig BenchModelConfig(int64_t layers, int64_t channels, in
   engine::ModelConfig mc;
   mc.vocab_size = vocab;
   if (kv_heads > 0) {
-    mc.arch = Arch::kLlama;
+    mc.arch = engine::Arch::kLlama;
     mc.hidden_size = channels;
     mc.intermediate_size = intermediate;
     mc.num_hidden_layers = layers;
@@ -100,7 +100,7 @@ inline engine::ModelConfig BenchModelConfig(int64_t layers, int64_t channels, in
     mc.max_position_embeddings = 1024;
     mc.tie_word_embeddings = false;
   } else {
-    mc.arch = Arch::kGpt2;
+    mc.arch = engine::Arch::kGpt2;
     mc.n_positions = 1024;
     mc.n_embd = channels;
     mc.n_layer = layers;

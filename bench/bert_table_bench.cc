@@ -130,7 +130,7 @@ int Run(const BertShape& bs, const std::string& row_name, const Row& row, int64_
   ProfilingBackend prof(cpu_backend.get(), /*cpu_time=*/true);
   Backend* cpu = profile ? static_cast<Backend*>(&prof) : cpu_backend.get();
   engine::ModelConfig mc;
-  mc.arch = row.mixtral ? Arch::kMixtral : row.dense ? Arch::kLlama : Arch::kBert;
+  mc.arch = row.mixtral ? engine::Arch::kMixtral : row.dense ? engine::Arch::kLlama : engine::Arch::kBert;
   mc.vocab_size = kVocab;
   mc.hidden_size = bs.hidden;
   mc.intermediate_size = bs.intermediate;

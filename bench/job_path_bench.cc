@@ -40,7 +40,7 @@ double Median(std::vector<double> v) {
 Result<double> BenchTokensPerSecond(int threads, int steps) {
   std::unique_ptr<engine::Backend> be = engine::MakeCpuBackend(threads);
   engine::ModelConfig mc;
-  mc.arch = Arch::kGpt2;
+  mc.arch = engine::Arch::kGpt2;
   mc.vocab_size = kVocab;
   mc.n_positions = 1024;
   mc.n_embd = kChannels;

@@ -49,7 +49,7 @@ int Run(const Shape& s, int64_t B, int steps, int warmup, int threads,
   ProfilingBackend prof(device.get());
   engine::Backend* be = profile ? static_cast<engine::Backend*>(&prof) : device.get();
   engine::ModelConfig mc;
-  mc.arch = Arch::kGpt2;
+  mc.arch = engine::Arch::kGpt2;
   mc.vocab_size = s.vocab;
   mc.n_positions = 1024;
   mc.n_embd = s.channels;

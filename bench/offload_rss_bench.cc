@@ -93,7 +93,7 @@ JobSpec Spec(const Args& a, const std::string& data, const std::string& offload)
   JobSpec s;
   s.name = "offload-rss-bench";
   auto& c = s.model.config;
-  c.arch = Arch::kGpt2;
+  c.arch = engine::Arch::kGpt2;
   const bool medium = a.model == "medium";
   // medium: GPT-2 medium's shape (24 layers, d1024, 16 heads, vocab 50304) with n_positions =
   // the sequence: 353.9M parameters, 1.42 GB fp32 weights + 2.83 GB AdamW state = 4.25 GB.

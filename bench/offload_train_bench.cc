@@ -63,7 +63,7 @@ JobSpec Spec(const Args& a, const std::string& data, const std::string& offload)
   JobSpec s;
   s.name = "offload-bench";
   auto& c = s.model.config;
-  c.arch = Arch::kGpt2;
+  c.arch = engine::Arch::kGpt2;
   const bool small = a.model == "small";
   c.vocab_size = small ? 50304 : 256;
   c.n_positions = small ? 256 : 128;

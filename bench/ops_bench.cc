@@ -83,7 +83,7 @@ int Cast(bool quick) {
 
 int Step(bool small, bool quick) {
   engine::ModelConfig c;
-  c.arch = Arch::kGpt2;
+  c.arch = engine::Arch::kGpt2;
   c.vocab_size = small ? 50304 : 256;
   c.n_positions = 1024;
   c.n_embd = small ? 384 : (quick ? 64 : 256);

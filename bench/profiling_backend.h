@@ -64,7 +64,7 @@ class ProfilingBackend final : public Backend {
   void Reset() { stats_.clear(); }
 
   std::string name() const override { return in_->name(); }
-  DeviceCapabilities capabilities() const override { return in_->capabilities(); }
+  engine::DeviceCapabilities capabilities() const override { return in_->capabilities(); }
   void* Alloc(size_t b) override { return in_->Alloc(b); }
   void Free(void* p) override { in_->Free(p); }
   int64_t PackedGemmBBytes(int64_t K, int64_t N, DType type) const override {
