@@ -1,7 +1,8 @@
 // The new model families through traind as a user drives it (trainctl against a real daemon): a
 // bert sequence classifier's eval_accuracy reaches `trainctl status` (text and -o json metrics)
 // and `trainctl logs` (text and -o json events); a mixtral job trains and `trainctl generate`
-// continues a prompt from its output folder through the KV-cache decoder.
+// continues a prompt from its output folder through the KV-cache decoder; each llama-like family
+// trained through the daemon writes the same bytes as `traind run` of the same spec.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -124,6 +125,62 @@ TEST_F(FamiliesJobTest, MixtralTrainsAndGenerates) {
                          "--max-new-tokens", "12", "--top-k", "1"});
   ASSERT_EQ(again.exit_code, 0) << again.err;
   EXPECT_EQ(nlohmann::json::parse(again.out)["ids"], j["ids"]);
+}
+
+
+// Each llama-like family and rope variant through the daemon equals `traind run` of the same spec,
+// bit for bit (one CPU thread on both sides): model.safetensors and config.json. RunJob itself
+// equals the float64 PyTorch reference of HF's semantics (families_train_test), so the daemon's
+// jobs do too.
+TEST(FamiliesThroughTheDaemon, EqualTraindRunBitForBit) {
+  const std::string dir = MakeTempDir("traind-families-daemon");
+  Daemon daemon(dir + "/state");
+  ASSERT_TRUE(daemon.Start({"--device", "cpu", "--threads", "1"}));
+  const std::string data = WriteTextData(dir, 20000);
+  struct Family {
+    std::string name, model;
+  };
+  const std::string dims = "vocab_size: 256, hidden_size: 32, intermediate_size: 48, "
+                           "num_hidden_layers: 2, num_attention_heads: 4, num_key_value_heads: 2, "
+                           "max_position_embeddings: 64";
+  const std::vector<Family> families = {
+      {"llama3rope", "arch: llama\n  config: {" + dims +
+                         ", head_dim: 16, rope_scaling: {rope_type: llama3, factor: 8.0, "
+                         "low_freq_factor: 1.0, high_freq_factor: 4.0, "
+                         "original_max_position_embeddings: 16}}"},
+      {"qwen2", "arch: qwen2\n  config: {" + dims + "}"},
+      {"mistral", "arch: mistral\n  config: {" + dims + ", sliding_window: 8}"},
+      {"qwen3", "arch: qwen3\n  config: {" + dims + ", head_dim: 16}"},
+      {"gemma", "arch: gemma\n  config: {" + dims + ", head_dim: 16}"},
+  };
+  for (const Family& f : families) {
+    SCOPED_TRACE(f.name);
+    std::string outs[2];
+    for (int via_daemon = 0; via_daemon < 2; ++via_daemon) {
+      const std::string name = f.name + (via_daemon ? "-daemon" : "-run");
+      const std::string spec = dir + "/" + name + ".yaml";
+      outs[via_daemon] = dir + "/" + name;
+      std::ofstream(spec) << "name: " << name << "\nmodel:\n  " << f.model << "\n"
+                          << "data: {train_file: " << data << ", seq_len: 16}\n"
+                          << "training: {max_steps: 3, per_device_train_batch_size: 2, "
+                             "learning_rate: 1.0e-3, logging_steps: 1}\n"
+                          << "output_dir: " << outs[via_daemon] << "\n";
+      const CmdResult r =
+          via_daemon ? Trainctl({"--addr", daemon.addr(), "--state-dir", daemon.state_dir(), "submit",
+                                 spec, "--wait"},
+                                240)
+                     : RunCommand({TRAIND_BIN, "run", spec, "--device", "cpu", "--threads", "1"}, 240);
+      ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+    }
+    const std::string run_model = ReadAll(outs[0] + "/model.safetensors");
+    ASSERT_FALSE(run_model.empty());
+    EXPECT_TRUE(run_model == ReadAll(outs[1] + "/model.safetensors"))
+        << "the daemon's weights differ from traind run's";
+    const std::string config = ReadAll(outs[0] + "/config.json");
+    EXPECT_EQ(config, ReadAll(outs[1] + "/config.json"));
+    EXPECT_EQ(nlohmann::json::parse(config)["model_type"], f.name == "llama3rope" ? "llama" : f.name);
+  }
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
