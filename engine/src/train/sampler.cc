@@ -25,45 +25,45 @@ MemoryBytes SamplerPlanBytes(const ModelConfig& config, const TrainingSpec& trai
   return KvDecoder::PlanBytes(config, SampleLength(config), gemm_type);
 }
 
-Status SetUpSampler(TrainingSession* s) {
-  if (s->spec.training.sample_every <= 0) return Status::Ok();
+Status SetUpSampler(const JobSpec& spec, const ModelConfig& config, const TokenStream& train_tokens,
+                    DeviceObjects* d) {
+  if (spec.training.sample_every <= 0) return Status::Ok();
   auto sampler = std::make_unique<TrainingSampler>();
-  const int64_t len = SampleLength(s->config);
+  const int64_t len = SampleLength(config);
   TRAIND_ASSIGN_OR_RETURN(sampler->decoder,
-                          KvDecoder::Create(s->config, s->model->InferenceWeights(), len,
-                                            s->arena.get()));
-  if (s->spec.data.format != "tokens") {
+                          KvDecoder::Create(config, d->model->InferenceWeights(), len,
+                                            d->arena.get()));
+  if (spec.data.format != "tokens") {
     TRAIND_ASSIGN_OR_RETURN(sampler->tokenizer,
                             DefaultTokenizerFactory().Open(
-                                s->spec.data.tokenizer, s->spec.model.init_from.value_or("")));
+                                spec.data.tokenizer, spec.model.init_from.value_or("")));
   }
   const int64_t n = std::min(std::min(kSamplePromptMax, std::max<int64_t>(len / 4, 1)),
-                             static_cast<int64_t>(s->train_tokens.size()));
-  for (int64_t i = 0; i < n; ++i) sampler->prompt.push_back(s->train_tokens[i]);
-  s->sampler = std::move(sampler);
+                             static_cast<int64_t>(train_tokens.size()));
+  for (int64_t i = 0; i < n; ++i) sampler->prompt.push_back(train_tokens[i]);
+  d->sampler = std::move(sampler);
   return Status::Ok();
 }
 
-Status SampleNow(TrainingSession* s, int64_t step) {
-  TrainingSampler* sm = s->sampler.get();
-  if (sm == nullptr || s->callbacks->on_sample == nullptr) return Status::Ok();
+Status SampleNow(const RunRequest& r, TrainingSampler* sm, int64_t step) {
+  if (sm == nullptr || r.callbacks->on_sample == nullptr) return Status::Ok();
   KvDecoder& dec = *sm->decoder;
   dec.Reset();
   GenerateOptions o;
   o.temperature = kSampleTemperature;
-  std::mt19937_64 rng(static_cast<uint64_t>(s->spec.training.seed) * 0x9E3779B97F4A7C15ull ^
+  std::mt19937_64 rng(static_cast<uint64_t>(r.spec.training.seed) * 0x9E3779B97F4A7C15ull ^
                       static_cast<uint64_t>(step));
   const int64_t vocab = sm->tokenizer != nullptr
                             ? std::min<int64_t>(dec.vocab_size(), sm->tokenizer->vocab_size())
                             : dec.vocab_size();
   std::vector<float> logits;
   for (int32_t id : sm->prompt) TRAIND_RETURN_IF_ERROR(dec.Step(id, &logits));
-  SampleReport r;
-  r.step = step;
-  r.prompt_ids = sm->prompt;
+  SampleReport report;
+  report.step = step;
+  report.prompt_ids = sm->prompt;
   while (dec.length() < dec.max_len()) {
     const int32_t next = SampleToken(logits, vocab, o, &rng);
-    r.ids.push_back(next);
+    report.ids.push_back(next);
     if (sm->tokenizer != nullptr && sm->tokenizer->eos_id() && next == *sm->tokenizer->eos_id()) {
       break;
     }
@@ -71,12 +71,12 @@ Status SampleNow(TrainingSession* s, int64_t step) {
     TRAIND_RETURN_IF_ERROR(dec.Step(next, &logits));
   }
   if (sm->tokenizer != nullptr) {
-    Result<std::string> p = sm->tokenizer->Decode(r.prompt_ids, true);
-    Result<std::string> t = sm->tokenizer->Decode(r.ids, true);
-    if (p.ok()) r.prompt = ValidUtf8(*p);
-    if (t.ok()) r.text = ValidUtf8(*t);
+    Result<std::string> p = sm->tokenizer->Decode(report.prompt_ids, true);
+    Result<std::string> t = sm->tokenizer->Decode(report.ids, true);
+    if (p.ok()) report.prompt = ValidUtf8(*p);
+    if (t.ok()) report.text = ValidUtf8(*t);
   }
-  s->callbacks->on_sample(r);
+  r.callbacks->on_sample(report);
   return Status::Ok();
 }
 

@@ -17,7 +17,9 @@
 
 namespace traind::engine {
 
-struct TrainingSession;
+struct DeviceObjects;
+struct RunRequest;
+class TokenStream;
 
 // Positions a sample covers (prompt + new tokens): at most 80, at most the model's.
 int64_t SampleLength(const ModelConfig& config);
@@ -35,9 +37,12 @@ struct TrainingSampler {
 // decode(errors="replace"), so text can travel in protobuf strings and JSON.
 std::string ValidUtf8(const std::string& s);
 
-// Set-up stage (after the model exists): nothing when sample_every is 0.
-Status SetUpSampler(TrainingSession* s);
-// Generates from the current weights and reports it through on_sample.
-Status SampleNow(TrainingSession* s, int64_t step);
+// Set-up stage (after the model exists): d->sampler over d's model and arena, its prompt the first
+// tokens of `train_tokens`; nothing when spec.training.sample_every is 0.
+Status SetUpSampler(const JobSpec& spec, const ModelConfig& config, const TokenStream& train_tokens,
+                    DeviceObjects* d);
+// Generates from the current weights and reports it through r's on_sample (nothing when
+// `sampler` is null).
+Status SampleNow(const RunRequest& r, TrainingSampler* sampler, int64_t step);
 
 }  // namespace traind::engine

@@ -20,18 +20,18 @@ namespace {
 namespace fs = std::filesystem;
 
 // What the spec asks that this build or these RunOptions cannot do, before anything is opened.
-Status ValidateRun(const TrainingSession& s) {
-  const TrainingSpec& t = s.spec.training;
+Status ValidateRun(const RunRequest& r) {
+  const TrainingSpec& t = r.spec.training;
   if (t.fp16 && t.bf16) {
     return Status::InvalidArgument("training.bf16: fp16 and bf16 are both true; choose one");
   }
-  if (t.offload != "none" && s.options->optimizer_state_store == nullptr &&
-      !s.options->open_optimizer_state_store) {
+  if (t.offload != "none" && r.options->optimizer_state_store == nullptr &&
+      !r.options->open_optimizer_state_store) {
     return Status::FailedPrecondition("training.offload: " + t.offload +
                                       " needs an optimizer-state store, which the job runner opens; "
                                       "this caller gave none");
   }
-  if (t.offload == "none" && s.options->optimizer_state_store != nullptr) {
+  if (t.offload == "none" && r.options->optimizer_state_store != nullptr) {
     return Status::InvalidArgument(
         "an optimizer-state store was given but training.offload is none: set training.offload");
   }
@@ -41,31 +41,31 @@ Status ValidateRun(const TrainingSession& s) {
 // Data parallel: the communicator given in RunOptions, or one opened for the spec's
 // distributed: block (the rendezvous with the other ranks happens here); the spec's world size
 // and rank must be the communicator's.
-Status OpenCommunicator(TrainingSession* s) {
-  const std::optional<DistributedSpec>& d = s->spec.distributed;
-  Communicator* comm = s->options->communicator;
+Status OpenCommunicator(const RunRequest& r, DataParallel* p) {
+  const std::optional<DistributedSpec>& d = r.spec.distributed;
+  Communicator* comm = r.options->communicator;
   if (comm == nullptr && d.has_value() && !(d->world_size.has_value() && *d->world_size == 1)) {
-    if (!s->options->open_communicator) {
+    if (!r.options->open_communicator) {
       return Status::FailedPrecondition(
           "distributed: a data-parallel run needs a communicator, which `traind run` opens; this "
           "caller gave none (the daemon does not run distributed jobs yet)");
     }
-    TRAIND_ASSIGN_OR_RETURN(s->owned_comm, s->options->open_communicator(s->spec));
-    comm = s->owned_comm.get();
+    TRAIND_ASSIGN_OR_RETURN(p->owned_comm, r.options->open_communicator(r.spec));
+    comm = p->owned_comm.get();
   }
   if (comm == nullptr || comm->world_size() <= 1) return Status::Ok();
-  s->metered_comm = std::make_unique<MeteredCommunicator>(comm);
-  s->comm = s->metered_comm.get();
-  s->world = comm->world_size();
-  s->rank = comm->rank();
-  if (d.has_value() && d->world_size.has_value() && *d->world_size != s->world) {
+  p->metered_comm = std::make_unique<MeteredCommunicator>(comm);
+  p->comm = p->metered_comm.get();
+  p->world = comm->world_size();
+  p->rank = comm->rank();
+  if (d.has_value() && d->world_size.has_value() && *d->world_size != p->world) {
     return Status::InvalidArgument("distributed.world_size: " + std::to_string(*d->world_size) +
-                                   ", but the communicator's world has " + std::to_string(s->world) +
+                                   ", but the communicator's world has " + std::to_string(p->world) +
                                    " ranks");
   }
-  if (d.has_value() && d->rank.has_value() && *d->rank != s->rank) {
+  if (d.has_value() && d->rank.has_value() && *d->rank != p->rank) {
     return Status::InvalidArgument("distributed.rank: " + std::to_string(*d->rank) +
-                                   ", but the communicator says rank " + std::to_string(s->rank));
+                                   ", but the communicator says rank " + std::to_string(p->rank));
   }
   return Status::Ok();
 }
@@ -74,18 +74,18 @@ Status OpenCommunicator(TrainingSession* s) {
 // its own, opened for a TrainingSpec whose offload_dir (nvme) is the rank's directory
 // <offload_dir>/rank-<r>, created here (ranks may share a machine and must never share a RocksDB;
 // the store creates the rank's directory and checks that it is writable).
-Status OpenStore(TrainingSession* s) {
-  TrainingSpec t = s->spec.training;
-  s->store = s->options->optimizer_state_store;
-  if (s->store != nullptr) {
-    if (s->comm != nullptr) {
+Status OpenStore(const RunRequest& r, const DataParallel& p, DeviceObjects* d) {
+  TrainingSpec t = r.spec.training;
+  d->store = r.options->optimizer_state_store;
+  if (d->store != nullptr) {
+    if (p.comm != nullptr) {
       return Status::InvalidArgument(
           "training.offload: an optimizer-state store was given for a data-parallel run; every "
           "rank opens its own (give open_optimizer_state_store instead)");
     }
     return Status::Ok();
   }
-  if (s->comm != nullptr && t.offload == "nvme" && t.offload_dir.has_value()) {
+  if (p.comm != nullptr && t.offload == "nvme" && t.offload_dir.has_value()) {
     const std::string dir = *t.offload_dir;
     std::error_code ec;
     if (!fs::is_directory(dir, ec)) {
@@ -100,31 +100,32 @@ Status OpenStore(TrainingSession* s) {
                                           ": cannot create it: " + ec.message());
       }
     }
-    t.offload_dir = (fs::path(dir) / ("rank-" + std::to_string(s->rank))).string();
+    t.offload_dir = (fs::path(dir) / ("rank-" + std::to_string(p.rank))).string();
   }
-  TRAIND_ASSIGN_OR_RETURN(s->owned_store, s->options->open_optimizer_state_store(t));
-  s->store = s->owned_store.get();
+  TRAIND_ASSIGN_OR_RETURN(d->owned_store, r.options->open_optimizer_state_store(t));
+  d->store = d->owned_store.get();
   return Status::Ok();
 }
 
 // Every rank must train the same configuration: the same micro-batch and accumulation (the plan
 // may resolve "auto" per device), the same parameters, the same starting step (a resume reads
 // output_dir's checkpoint, which every rank must see: one machine or a shared file system).
-Status CheckRanksAgree(TrainingSession* s) {
-  if (s->comm == nullptr) return Status::Ok();
-  const int64_t mine[4] = {s->B, s->accum, s->model->num_trainable(), s->state.global_step};
-  std::vector<int64_t> all(static_cast<size_t>(4 * s->world));
+Status CheckRanksAgree(const DevicePlan& dp, const DataParallel& p, const Model& model,
+                       const TrainerState& state) {
+  if (p.comm == nullptr) return Status::Ok();
+  const int64_t mine[4] = {dp.B, dp.accum, model.num_trainable(), state.global_step};
+  std::vector<int64_t> all(static_cast<size_t>(4 * p.world));
   // Raw bytes: each int64 travels as two f32 lanes (a gather only copies).
-  TRAIND_RETURN_IF_ERROR(s->comm->AllGather(mine, all.data(), 8, CommDType::kF32));
+  TRAIND_RETURN_IF_ERROR(p.comm->AllGather(mine, all.data(), 8, CommDType::kF32));
   const char* what[4] = {"micro-batch (per_device_train_batch_size)", "gradient_accumulation_steps",
                          "trainable parameter count", "starting step (resumed checkpoint)"};
-  for (int r = 0; r < s->world; ++r) {
+  for (int r = 0; r < p.world; ++r) {
     for (int i = 0; i < 4; ++i) {
       if (all[static_cast<size_t>(4 * r + i)] != mine[i]) {
         return Status::FailedPrecondition(
             "data parallel: rank " + std::to_string(r) + " has " + what[i] + " " +
             std::to_string(all[static_cast<size_t>(4 * r + i)]) + ", rank " +
-            std::to_string(s->rank) + " has " + std::to_string(mine[i]) +
+            std::to_string(p.rank) + " has " + std::to_string(mine[i]) +
             (i == 3 ? ": every rank must see output_dir's checkpoints (one machine or a shared "
                       "file system)"
                     : ": every rank must train the same configuration"));
@@ -135,202 +136,205 @@ Status CheckRanksAgree(TrainingSession* s) {
 }
 
 // Opens the device, resolves the model config and plans memory (on_plan is called with it).
-Status OpenDeviceAndPlan(TrainingSession* s) {
-  const TrainingSpec& t = s->spec.training;
-  auto note = [s](const std::string& line) { s->Message(line); };
-  TRAIND_ASSIGN_OR_RETURN(s->schedule, ParseLrScheduleType(t.lr_scheduler_type));
-  TRAIND_ASSIGN_OR_RETURN(OpenedDevice device, OpenDevice(s->options->device, t.tf32, note));
-  s->device = device.device;
-  s->backend = std::move(device.backend);
-  s->capabilities = s->backend->capabilities();
-  TRAIND_RETURN_IF_ERROR(ValidateJobInputs(s->spec));
-  TRAIND_ASSIGN_OR_RETURN(s->config, ResolveModelConfig(s->spec));
-  TRAIND_RETURN_IF_ERROR(CheckSupports(*s->backend, Model::RequiredOps(s->config)));
+Status OpenDeviceAndPlan(const RunRequest& r, const DataParallel& p, DevicePlan* dp,
+                         std::unique_ptr<Backend>* backend) {
+  const TrainingSpec& t = r.spec.training;
+  auto note = [&r](const std::string& line) { r.Message(line); };
+  TRAIND_ASSIGN_OR_RETURN(dp->schedule, ParseLrScheduleType(t.lr_scheduler_type));
+  TRAIND_ASSIGN_OR_RETURN(OpenedDevice device, OpenDevice(r.options->device, t.tf32, note));
+  dp->device = device.device;
+  *backend = std::move(device.backend);
+  dp->capabilities = (*backend)->capabilities();
+  TRAIND_RETURN_IF_ERROR(ValidateJobInputs(r.spec));
+  TRAIND_ASSIGN_OR_RETURN(dp->config, ResolveModelConfig(r.spec));
+  TRAIND_RETURN_IF_ERROR(CheckSupports(**backend, Model::RequiredOps(dp->config)));
   // Data parallel: the world the communicator has (the spec may leave it to WORLD_SIZE), so that
   // ZeRO-1 plans the rank's shard of the optimizer state.
-  JobSpec planned = s->spec;
-  if (s->comm != nullptr && planned.distributed.has_value()) {
-    planned.distributed->world_size = s->world;
+  JobSpec planned = r.spec;
+  if (p.comm != nullptr && planned.distributed.has_value()) {
+    planned.distributed->world_size = p.world;
   }
-  const DeviceCapabilities& caps = s->capabilities;
-  TRAIND_ASSIGN_OR_RETURN(s->plan, PlanJob(planned, s->config, device.budget_bytes,
+  const DeviceCapabilities& caps = dp->capabilities;
+  TRAIND_ASSIGN_OR_RETURN(dp->plan, PlanJob(planned, dp->config, device.budget_bytes,
                                            caps.tensor_cores, OffloadUpdatesOnHost(caps)));
-  if (s->callbacks->on_plan) s->callbacks->on_plan(s->plan);
+  if (r.callbacks->on_plan) r.callbacks->on_plan(dp->plan);
   if (t.tf32 && !caps.tensor_cores) {
-    s->Message("training.tf32 has no effect on the " + s->device + " backend");
+    r.Message("training.tf32 has no effect on the " + dp->device + " backend");
   }
-  s->B = s->plan.micro_batch;
-  s->T = s->spec.data.seq_len;
-  s->accum = s->plan.gradient_accumulation_steps;
+  dp->B = dp->plan.micro_batch;
+  dp->T = r.spec.data.seq_len;
+  dp->accum = dp->plan.gradient_accumulation_steps;
   // A host communicator (Gloo) reduces host memory (the cpu backend), NCCL device memory of cuda:N.
-  if (s->comm != nullptr && caps.has_own_memory && s->comm->name() != caps.device_collective) {
-    return Status::Unimplemented("distributed: data parallel on " + s->device + " with the " +
-                                 s->comm->name() +
+  if (p.comm != nullptr && caps.has_own_memory && p.comm->name() != caps.device_collective) {
+    return Status::Unimplemented("distributed: data parallel on " + dp->device + " with the " +
+                                 p.comm->name() +
                                  " communicator is not supported (Gloo on cpu, NCCL on cuda:N)");
   }
   return Status::Ok();
 }
 
 // Tokenizes (or maps) the training and validation streams; every id must fit the model's vocab.
-Status LoadData(TrainingSession* s) {
+Status LoadData(const RunRequest& r, const ModelConfig& config, TrainingData* d) {
   TokenizeProgress progress;
-  if (s->callbacks->on_tokenize) progress.report = s->callbacks->on_tokenize;
-  if (s->spec.data.packing && s->config.encoder()) {
+  if (r.callbacks->on_tokenize) progress.report = r.callbacks->on_tokenize;
+  if (r.spec.data.packing && config.encoder()) {
     return Status::InvalidArgument(
         "data.packing: true packs the causal families' instruction examples; model.arch " +
-        std::string(ArchName(s->spec.model.config.arch)) + " reads one example a row");
+        std::string(ArchName(r.spec.model.config.arch)) + " reads one example a row");
   }
-  if (s->config.encoder()) {  // bert: examples (example_data.h)
+  if (config.encoder()) {  // bert: examples (example_data.h)
     TRAIND_ASSIGN_OR_RETURN(
         ExampleData examples,
-        LoadExampleData(s->spec.data, s->config, static_cast<uint64_t>(s->spec.training.seed),
+        LoadExampleData(r.spec.data, config, static_cast<uint64_t>(r.spec.training.seed),
                         progress));
-    if (examples.vocab_size_needed > s->config.vocab_size) {
+    if (examples.vocab_size_needed > config.vocab_size) {
       return Status::InvalidArgument(
           "data.train_file: holds token id " + std::to_string(examples.vocab_size_needed - 1) +
-          " (with data.tokenizer " + s->spec.data.tokenizer + "), beyond the model's vocab_size " +
-          std::to_string(s->config.vocab_size));
+          " (with data.tokenizer " + r.spec.data.tokenizer + "), beyond the model's vocab_size " +
+          std::to_string(config.vocab_size));
     }
-    s->examples = std::make_unique<ExampleData>(std::move(examples));
+    d->examples = std::make_unique<ExampleData>(std::move(examples));
     return Status::Ok();
   }
-  if (s->spec.data.format == "jsonl") {  // causal jsonl: instruction data unless it is text
-    TRAIND_ASSIGN_OR_RETURN(JsonlKind kind, PeekJsonlKind(s->spec.data));
+  if (r.spec.data.format == "jsonl") {  // causal jsonl: instruction data unless it is text
+    TRAIND_ASSIGN_OR_RETURN(JsonlKind kind, PeekJsonlKind(r.spec.data));
     if (kind != JsonlKind::kText) {
       TRAIND_ASSIGN_OR_RETURN(
           ExampleData examples,
-          LoadInstructionData(s->spec.data, s->spec.model.init_from.value_or(""), progress));
-      if (examples.vocab_size_needed > s->config.vocab_size) {
+          LoadInstructionData(r.spec.data, r.spec.model.init_from.value_or(""), progress));
+      if (examples.vocab_size_needed > config.vocab_size) {
         return Status::InvalidArgument(
             "data.train_file: holds token id " + std::to_string(examples.vocab_size_needed - 1) +
-            " (with data.tokenizer " + s->spec.data.tokenizer + "), beyond the model's vocab_size " +
-            std::to_string(s->config.vocab_size));
+            " (with data.tokenizer " + r.spec.data.tokenizer + "), beyond the model's vocab_size " +
+            std::to_string(config.vocab_size));
       }
-      s->examples = std::make_unique<ExampleData>(std::move(examples));
+      d->examples = std::make_unique<ExampleData>(std::move(examples));
       return Status::Ok();
     }
   }
-  if (s->spec.data.packing) {
-    return Status::InvalidArgument("data.packing: " + s->spec.data.train_file +
+  if (r.spec.data.packing) {
+    return Status::InvalidArgument("data.packing: " + r.spec.data.train_file +
                                    " holds text lines (a token stream): packing is for "
                                    "prompt-completion or conversational examples");
   }
-  TRAIND_ASSIGN_OR_RETURN(TokenData data, LoadTokenData(s->spec.data, progress));
-  if (data.vocab_size_needed > s->config.vocab_size) {
+  TRAIND_ASSIGN_OR_RETURN(TokenData data, LoadTokenData(r.spec.data, progress));
+  if (data.vocab_size_needed > config.vocab_size) {
     return Status::InvalidArgument("data.train_file: holds token id " +
                                    std::to_string(data.vocab_size_needed - 1) +
                                    ", beyond the model's vocab_size " +
-                                   std::to_string(s->config.vocab_size));
+                                   std::to_string(config.vocab_size));
   }
-  s->train_tokens = std::move(data.train);
-  s->validation_tokens = std::move(data.validation);
+  d->train_tokens = std::move(data.train);
+  d->validation_tokens = std::move(data.validation);
   return Status::Ok();
 }
 
 // Allocates the model and the optimizer state in the arena (plan == what is allocated).
-Status BuildModelAndOptimizer(TrainingSession* s) {
-  const TrainingSpec& t = s->spec.training;
-  s->arena = std::make_unique<DeviceArena>(s->backend.get(), s->plan.budget_bytes);
+Status BuildModelAndOptimizer(const RunRequest& r, const DevicePlan& dp, const DataParallel& p,
+                              DeviceObjects* d) {
+  const TrainingSpec& t = r.spec.training;
+  d->arena = std::make_unique<DeviceArena>(d->backend.get(), dp.plan.budget_bytes);
   TRAIND_ASSIGN_OR_RETURN(
-      s->model, Model::Create(s->config,
-                              JobModelOptions(s->spec, s->B, s->plan.gradient_checkpointing,
-                                              PacksGemmWeights(s->capabilities) && s->plan.packed_weights),
-                              s->arena.get()));
-  if (t.offload != "none") TRAIND_RETURN_IF_ERROR(OpenStore(s));
-  if (s->comm != nullptr && s->spec.distributed.has_value() &&
-      s->spec.distributed->zero_stage == 1) {
-    if (s->capabilities.has_own_memory) {  // the checkpoint's state gather stages host buffers
-      return Status::Unimplemented("distributed.zero_stage: 1 on " + s->device +
+      d->model, Model::Create(dp.config,
+                              JobModelOptions(r.spec, dp.B, dp.plan.gradient_checkpointing,
+                                              PacksGemmWeights(dp.capabilities) && dp.plan.packed_weights),
+                              d->arena.get()));
+  if (t.offload != "none") TRAIND_RETURN_IF_ERROR(OpenStore(r, p, d));
+  if (p.comm != nullptr && r.spec.distributed.has_value() &&
+      r.spec.distributed->zero_stage == 1) {
+    if (dp.capabilities.has_own_memory) {  // the checkpoint's state gather stages host buffers
+      return Status::Unimplemented("distributed.zero_stage: 1 on " + dp.device +
                                    " is not supported yet (the cpu backend only): use zero_stage 0");
     }
-    const int64_t n = s->model->num_trainable();
+    const int64_t n = d->model->num_trainable();
     TRAIND_ASSIGN_OR_RETURN(std::unique_ptr<ShardedOptimizer> sharded,
-                            ShardedOptimizer::Create(t, s->model->trainable_params(), n, s->comm,
-                                                     s->arena.get(), s->store));
+                            ShardedOptimizer::Create(t, d->model->trainable_params(), n, p.comm,
+                                                     d->arena.get(), d->store));
     // Measured: the optimizer bytes in this rank's arena (the model allocates none); with
     // offload, that is the window, and the shard's state is in the rank's store.
-    const int64_t held = s->arena->used_by_category().optimizer;
-    const int64_t whole = OptimizerPlanBytes(t, s->model->trainable_params(), n);
-    const int64_t state = s->store != nullptr ? sharded->shard_state_bytes() : held;
+    const int64_t held = d->arena->used_by_category().optimizer;
+    const int64_t whole = OptimizerPlanBytes(t, d->model->trainable_params(), n);
+    const int64_t state = d->store != nullptr ? sharded->shard_state_bytes() : held;
     char line[320];
     std::snprintf(
         line, sizeof(line),
         "zero_stage 1: rank %d of %d updates elements [%lld, %lld) of %lld; optimizer state %lld "
         "bytes in this rank's %s (unsharded %lld, ratio %.4f)",
-        s->rank, s->world, static_cast<long long>(sharded->shard_begin()),
+        p.rank, p.world, static_cast<long long>(sharded->shard_begin()),
         static_cast<long long>(sharded->shard_end()), static_cast<long long>(n),
-        static_cast<long long>(state), s->store != nullptr ? "store" : "arena",
+        static_cast<long long>(state), d->store != nullptr ? "store" : "arena",
         static_cast<long long>(whole),
         whole > 0 ? static_cast<double>(state) / static_cast<double>(whole) : 0.0);
     std::string message = line;
-    if (s->store != nullptr) {
-      message += ", " + s->store->Describe() + "; window " + std::to_string(held) +
+    if (d->store != nullptr) {
+      message += ", " + d->store->Describe() + "; window " + std::to_string(held) +
                  " bytes in its arena";
     }
-    s->Message(message);
-    s->optimizer = std::move(sharded);
+    r.Message(message);
+    d->optimizer = std::move(sharded);
   } else if (t.offload != "none") {
     // A 16-bit model may keep its fp32 master weights in the store too (planner.h,
     // MasterWeightsOffDevice): the optimizer refreshes the model's weights, and the model's
     // weights come in and go out through the optimizer's store.
     OffloadOptions oo;
-    oo.master_sink = s->model->master_weights_sink();
+    oo.master_sink = d->model->master_weights_sink();
     oo.master_weights = oo.master_sink != nullptr;
     // A device with its own memory (cuda, simt): the update runs on the host (the gradients down,
     // the weights up; not the state both ways), with the job's CPU threads.
-    oo.update_on_host = OffloadUpdatesOnHost(s->capabilities);
-    oo.host_threads = s->options->device.threads;
-    TRAIND_ASSIGN_OR_RETURN(s->optimizer,
-                            MakeOffloadedOptimizer(t, s->model->trainable_params(),
-                                                   s->model->num_trainable(), s->arena.get(),
-                                                   s->store, oo));
-    if (oo.master_weights) s->model->SetMasterWeightsStore(s->optimizer->master_weights_store());
-    const int64_t state = s->plan.offload_state_bytes;
+    oo.update_on_host = OffloadUpdatesOnHost(dp.capabilities);
+    oo.host_threads = r.options->device.threads;
+    TRAIND_ASSIGN_OR_RETURN(d->optimizer,
+                            MakeOffloadedOptimizer(t, d->model->trainable_params(),
+                                                   d->model->num_trainable(), d->arena.get(),
+                                                   d->store, oo));
+    if (oo.master_weights) d->model->SetMasterWeightsStore(d->optimizer->master_weights_store());
+    const int64_t state = dp.plan.offload_state_bytes;
     char line[240];
     std::snprintf(line, sizeof(line), ": %.2f MiB of %s state%s off the device, %.2f MiB window on it",
                   static_cast<double>(state) / 1048576.0, t.optim.c_str(),
                   oo.master_weights
-                      ? (" and " + std::to_string(s->plan.offload_master_bytes / 1048576) + " MiB of fp32 master weights")
+                      ? (" and " + std::to_string(dp.plan.offload_master_bytes / 1048576) + " MiB of fp32 master weights")
                             .c_str()
                       : "",
-                  static_cast<double>(s->plan.bytes.optimizer) / 1048576.0);
-    s->Message("training.offload " + t.offload + ": optimizer state in " + s->store->Describe() + line +
-               (oo.update_on_host ? "; " + t.optim + " updates on the host (gradients down, weights up)"
-                                  : std::string()));
-    if (s->model->merge_needs_base()) {
-      s->Message("training.offload " + t.offload + " with peft: the frozen base on the device in " +
-                 s->plan.precision + " only (no fp32 copy of its GEMM weights" +
-                 (t.peft->merge ? "; the merged export reads the fp32 base again from " +
-                                      (s->spec.model.init_from ? "model.init_from " + *s->spec.model.init_from
-                                                               : std::string("the seeded init"))
-                                : std::string()) +
-                 ")");
+                  static_cast<double>(dp.plan.bytes.optimizer) / 1048576.0);
+    r.Message("training.offload " + t.offload + ": optimizer state in " + d->store->Describe() + line +
+              (oo.update_on_host ? "; " + t.optim + " updates on the host (gradients down, weights up)"
+                                 : std::string()));
+    if (d->model->merge_needs_base()) {
+      r.Message("training.offload " + t.offload + " with peft: the frozen base on the device in " +
+                dp.plan.precision + " only (no fp32 copy of its GEMM weights" +
+                (t.peft->merge ? "; the merged export reads the fp32 base again from " +
+                                     (r.spec.model.init_from ? "model.init_from " + *r.spec.model.init_from
+                                                              : std::string("the seeded init"))
+                               : std::string()) +
+                ")");
     }
   } else {
-    TRAIND_ASSIGN_OR_RETURN(s->optimizer, MakeOptimizer(t, s->model->trainable_params(),
-                                                        s->model->num_trainable(), s->arena.get()));
+    TRAIND_ASSIGN_OR_RETURN(d->optimizer, MakeOptimizer(t, d->model->trainable_params(),
+                                                        d->model->num_trainable(), d->arena.get()));
   }
   return Status::Ok();
 }
 
 // The initial state: the newest checkpoint on resume, else a fresh run (random or init_from).
-Status RestoreOrInitialize(TrainingSession* s) {
-  const JobSpec& spec = s->spec;
-  const bool writer = s->writes_outputs();  // data parallel: rank 0 alone writes output_dir
+Status RestoreOrInitialize(const RunRequest& r, const DevicePlan& dp, const DataParallel& p,
+                           DeviceObjects* d, Progress* progress) {
+  const JobSpec& spec = r.spec;
+  const bool writer = p.writes_outputs();  // data parallel: rank 0 alone writes output_dir
   std::error_code ec;
   if (writer) fs::create_directories(spec.output_dir, ec);
   if (ec) return Status::FailedPrecondition("output_dir " + spec.output_dir + ": " + ec.message());
 
-  TrainerState& state = s->state;
+  TrainerState& state = progress->state;
   // With data parallel, the world's accumulation (micro-batches per step over every rank): what
   // the batches depend on, so a checkpoint resumes on any world size with the same global batch.
-  const int64_t accum = s->accum * s->world;
-  state.micro_batch = s->B;
+  const int64_t accum = dp.accum * p.world;
+  state.micro_batch = dp.B;
   state.gradient_accumulation_steps = accum;
   // Where the run continues from: output_dir's newest checkpoint on a restart of the same job or
   // with resume_from_checkpoint: true; else a resume_from_checkpoint folder; else nowhere (fresh).
   const TrainingSpec& t = spec.training;
-  const int64_t latest = s->options->resume || t.resume_from_last_checkpoint ? FindLatestCheckpoint(spec.output_dir) : -1;
+  const int64_t latest = r.options->resume || t.resume_from_last_checkpoint ? FindLatestCheckpoint(spec.output_dir) : -1;
   std::string resume_dir;
   if (latest >= 0) {
     resume_dir = CheckpointDir(spec.output_dir, latest);
@@ -339,39 +343,42 @@ Status RestoreOrInitialize(TrainingSession* s) {
   } else if (t.resume_from_last_checkpoint) {
     return Status::FailedPrecondition("training.resume_from_checkpoint: true, but output_dir " + spec.output_dir +
                                       " holds no complete checkpoint-<step>/ to continue from");
-  } else if (!s->options->resume && writer) {
+  } else if (!r.options->resume && writer) {
     TRAIND_RETURN_IF_ERROR(CheckOutputDirFree(spec));
   }
   // The base weights: init_from, or the seeded init (LoRA checkpoints hold only the adapters, so
   // a LoRA resume rebuilds its frozen base the same way).
+  bool prequantized = false;  // init_from holds bitsandbytes' 4-bit weights
   auto init_base = [&]() -> Status {
     if (spec.model.init_from.has_value()) {
-      TRAIND_ASSIGN_OR_RETURN(SafetensorsFile weights, ReadHfWeights(*spec.model.init_from));
-      TRAIND_RETURN_IF_ERROR(s->model->LoadHf(weights));
-      const std::vector<std::string> fresh = s->model->NewlyInitialized();
+      // Tensor by tensor from the open folder (the host holds one tensor, not the file).
+      TRAIND_ASSIGN_OR_RETURN(HfWeightsReader weights, HfWeightsReader::Open(*spec.model.init_from));
+      for (const std::string& n : weights.names()) prequantized |= n.find(".quant_state.bitsandbytes__") != std::string::npos;
+      TRAIND_RETURN_IF_ERROR(d->model->LoadHfFrom(weights));
+      const std::vector<std::string> fresh = d->model->NewlyInitialized();
       if (!fresh.empty()) {
         std::string names;
         for (const std::string& n : fresh) names += (names.empty() ? "" : ", ") + n;
-        s->Message("model.init_from: " + *spec.model.init_from + " has no " + names +
-                   ": newly initialised for model.head " + spec.model.config.head +
-                   " (train them before using the model)");
+        r.Message("model.init_from: " + *spec.model.init_from + " has no " + names +
+                  ": newly initialised for model.head " + spec.model.config.head +
+                  " (train them before using the model)");
       }
       return Status::Ok();
     }
-    s->model->InitRandom(static_cast<uint64_t>(spec.training.seed));
+    d->model->InitRandom(static_cast<uint64_t>(spec.training.seed));
     return Status::Ok();
   };
   if (!resume_dir.empty()) {
     const std::string& dir = resume_dir;
-    if (s->model->lora()) TRAIND_RETURN_IF_ERROR(init_base());
-    TRAIND_RETURN_IF_ERROR(LoadCheckpoint(dir, s->model.get(), s->optimizer.get(), &state));
-    if (state.micro_batch != s->B || state.gradient_accumulation_steps != accum) {
+    if (d->model->lora()) TRAIND_RETURN_IF_ERROR(init_base());
+    TRAIND_RETURN_IF_ERROR(LoadCheckpoint(dir, d->model.get(), d->optimizer.get(), &state));
+    if (state.micro_batch != dp.B || state.gradient_accumulation_steps != accum) {
       return Status::FailedPrecondition(
           "checkpoint " + dir + " was trained with micro-batch " + std::to_string(state.micro_batch) +
           " x " + std::to_string(state.gradient_accumulation_steps) + " accumulation, this run plans " +
-          std::to_string(s->B) + " x " + std::to_string(accum) +
-          (s->world > 1 ? " (" + std::to_string(s->accum) + " x world size " +
-                              std::to_string(s->world) + ")"
+          std::to_string(dp.B) + " x " + std::to_string(accum) +
+          (p.world > 1 ? " (" + std::to_string(dp.accum) + " x world size " +
+                              std::to_string(p.world) + ")"
                         : std::string()) +
           ": set per_device_train_batch_size and gradient_accumulation_steps to match");
     }
@@ -379,59 +386,66 @@ Status RestoreOrInitialize(TrainingSession* s) {
       return Status::FailedPrecondition("checkpoint " + dir + " is past training.max_steps " +
                                         std::to_string(spec.training.max_steps));
     }
-    s->Message("resuming from " + dir);
+    r.Message("resuming from " + dir);
   } else {
-    if (s->options->resume) s->Message("no checkpoint in " + spec.output_dir + ": starting a fresh run");
+    if (r.options->resume) r.Message("no checkpoint in " + spec.output_dir + ": starting a fresh run");
     if (writer) TRAIND_RETURN_IF_ERROR(RemoveCheckpoints(spec.output_dir));
     TRAIND_RETURN_IF_ERROR(init_base());
-    s->model->InitAdapters(static_cast<uint64_t>(spec.training.seed));
+    d->model->InitAdapters(static_cast<uint64_t>(spec.training.seed));
   }
   if (const auto& q = spec.model.quantization_config; q.has_value()) {
     char line[200];
-    std::snprintf(line, sizeof(line), ": %lld block weights quantized at load to %s%s, %.1f MiB on the device",
-                  static_cast<long long>(s->plan.quantized_base_params), q->bnb_4bit_quant_type.c_str(),
+    std::snprintf(line, sizeof(line), ": %lld block weights %s %s%s, %.1f MiB on the device",
+                  static_cast<long long>(dp.plan.quantized_base_params),
+                  prequantized ? "loaded pre-quantized (bitsandbytes) in" : "quantized at load to",
+                  q->bnb_4bit_quant_type.c_str(),
                   q->bnb_4bit_use_double_quant ? " with double quantization" : "",
-                  static_cast<double>(s->plan.quantized_base_bytes) / 1048576.0);
-    s->Message("model.quantization_config" + std::string(line));
+                  static_cast<double>(dp.plan.quantized_base_bytes) / 1048576.0);
+    r.Message("model.quantization_config" + std::string(line));
   }
   // Master weights in the store: the weights just loaded (written behind) become its committed
   // state (a resume's ReadState already committed them with the optimizer state).
-  if (MasterWeightsStore* master = s->optimizer->master_weights_store()) {
+  if (MasterWeightsStore* master = d->optimizer->master_weights_store()) {
     TRAIND_RETURN_IF_ERROR(master->CommitMaster());
   }
-  s->first_step = state.global_step;
+  progress->first_step = state.global_step;
   return Status::Ok();
 }
 
 }  // namespace
 
-void TrainingSession::Message(const std::string& line) const {
+void RunRequest::Message(const std::string& line) const {
   if (callbacks->on_message) callbacks->on_message(line);
 }
 
-bool TrainingSession::Cancelled() const {
+bool RunRequest::Cancelled() const {
   return options->cancel != nullptr && options->cancel->load(std::memory_order_relaxed);
 }
 
-bool TrainingSession::Preempted() const {
+bool RunRequest::Preempted() const {
   return options->preempt != nullptr && options->preempt->load(std::memory_order_relaxed);
 }
 
+// Each stage is given the parts it reads (const) and the part it fills.
 Result<std::unique_ptr<TrainingSession>> SetUpSession(const JobSpec& spec, const RunOptions& options,
                                                       const RunCallbacks& callbacks) {
   auto s = std::make_unique<TrainingSession>();
-  s->spec = spec;
-  s->options = &options;
-  s->callbacks = &callbacks;
-  s->start = std::chrono::steady_clock::now();
-  TRAIND_RETURN_IF_ERROR(ValidateRun(*s));
-  TRAIND_RETURN_IF_ERROR(OpenCommunicator(s.get()));
-  TRAIND_RETURN_IF_ERROR(OpenDeviceAndPlan(s.get()));
-  TRAIND_RETURN_IF_ERROR(LoadData(s.get()));
-  TRAIND_RETURN_IF_ERROR(BuildModelAndOptimizer(s.get()));
-  TRAIND_RETURN_IF_ERROR(RestoreOrInitialize(s.get()));
-  TRAIND_RETURN_IF_ERROR(CheckRanksAgree(s.get()));
-  TRAIND_RETURN_IF_ERROR(SetUpSampler(s.get()));
+  RunRequest& r = s->request_;
+  r.spec = spec;
+  r.options = &options;
+  r.callbacks = &callbacks;
+  s->progress_.start = std::chrono::steady_clock::now();
+  DevicePlan& dp = s->device_plan_;
+  DeviceObjects& d = s->objects_;
+  DataParallel& p = s->parallel_;
+  TRAIND_RETURN_IF_ERROR(ValidateRun(r));
+  TRAIND_RETURN_IF_ERROR(OpenCommunicator(r, &p));
+  TRAIND_RETURN_IF_ERROR(OpenDeviceAndPlan(r, p, &dp, &d.backend));
+  TRAIND_RETURN_IF_ERROR(LoadData(r, dp.config, &s->data_));
+  TRAIND_RETURN_IF_ERROR(BuildModelAndOptimizer(r, dp, p, &d));
+  TRAIND_RETURN_IF_ERROR(RestoreOrInitialize(r, dp, p, &d, &s->progress_));
+  TRAIND_RETURN_IF_ERROR(CheckRanksAgree(dp, p, *d.model, s->progress_.state));
+  TRAIND_RETURN_IF_ERROR(SetUpSampler(r.spec, dp.config, s->data_.train_tokens, &d));
   return s;
 }
 

@@ -38,9 +38,13 @@ namespace {
 // (masked_lm: masked positions; classification: labelled examples); with classification also
 // the accuracy over the labelled examples.
 Result<double> EvaluateExamples(TrainingSession* s, std::optional<double>* accuracy) {
-  const ExampleData& data = *s->examples;
+  const DevicePlan& dp = s->device_plan();
+  const DataParallel& p = s->parallel();
+  Backend& backend = *s->objects().backend;
+  Model& model = *s->objects().model;
+  const ExampleData& data = *s->data().examples;
   const ExampleSet& set = data.validation;
-  const int64_t B = s->B, T = s->T;
+  const int64_t B = dp.B, T = dp.T;
   const int64_t n = set.size();
   if (n <= 0) return std::numeric_limits<double>::quiet_NaN();
   std::vector<int32_t> inputs(static_cast<size_t>(B * T)), targets(static_cast<size_t>(B * T)),
@@ -50,30 +54,30 @@ Result<double> EvaluateExamples(TrainingSession* s, std::optional<double>* accur
   double sums[3] = {0.0, 0.0, 0.0};
   int64_t pass = -1;
   for (int64_t first = 0; first < n; first += B) {
-    if (++pass % s->world != s->rank) continue;
-    if (s->Cancelled()) return Status::Cancelled("job cancelled during evaluation");
+    if (++pass % p.world != p.rank) continue;
+    if (s->request().Cancelled()) return Status::Cancelled("job cancelled during evaluation");
     for (int64_t b = 0; b < B; ++b) rows[static_cast<size_t>(b)] = first + b < n ? first + b : -1;
     FillExampleBatch(data, set, rows.data(), epochs.data(), B, inputs.data(), targets.data(),
                      mask.data());
     int64_t valid = 0;
     for (int32_t t : targets) valid += t != -1 ? 1 : 0;
     if (valid == 0) continue;  // nothing to score (e.g. no masked position in the pass)
-    s->backend->CopyHostToDevice(s->model->inputs(), inputs.data(), inputs.size() * sizeof(int32_t));
-    s->backend->CopyHostToDevice(s->model->targets(), targets.data(), targets.size() * sizeof(int32_t));
-    if (s->model->attention_mask() != nullptr) {  // encoders' mask; decoders' doc_start, positions
-      s->backend->CopyHostToDevice(s->model->attention_mask(), mask.data(),
+    backend.CopyHostToDevice(model.inputs(), inputs.data(), inputs.size() * sizeof(int32_t));
+    backend.CopyHostToDevice(model.targets(), targets.data(), targets.size() * sizeof(int32_t));
+    if (model.attention_mask() != nullptr) {  // encoders' mask; decoders' doc_start, positions
+      backend.CopyHostToDevice(model.attention_mask(), mask.data(),
                                    mask.size() * sizeof(int32_t));
     }
     // Forward's loss is the mean over the pass's targets.
-    sums[0] += s->model->Forward(/*for_backward=*/false, 1.0f) * static_cast<double>(valid);
+    sums[0] += model.Forward(/*for_backward=*/false, 1.0f) * static_cast<double>(valid);
     sums[1] += static_cast<double>(valid);
-    if (data.classification) sums[2] += static_cast<double>(s->model->CorrectPredictions());
+    if (data.classification) sums[2] += static_cast<double>(model.CorrectPredictions());
   }
-  if (s->comm != nullptr) {  // every rank's sums (doubles as two f32 lanes), added in rank order
-    std::vector<double> all(static_cast<size_t>(3 * s->world));
-    TRAIND_RETURN_IF_ERROR(s->comm->AllGather(sums, all.data(), 6, CommDType::kF32));
+  if (p.comm != nullptr) {  // every rank's sums (doubles as two f32 lanes), added in rank order
+    std::vector<double> all(static_cast<size_t>(3 * p.world));
+    TRAIND_RETURN_IF_ERROR(p.comm->AllGather(sums, all.data(), 6, CommDType::kF32));
     sums[0] = sums[1] = sums[2] = 0.0;
-    for (int r = 0; r < s->world; ++r) {
+    for (int r = 0; r < p.world; ++r) {
       for (int i = 0; i < 3; ++i) sums[i] += all[static_cast<size_t>(3 * r + i)];
     }
   }
@@ -85,9 +89,13 @@ Result<double> EvaluateExamples(TrainingSession* s, std::optional<double>* accur
 }  // namespace
 
 Result<double> Evaluate(TrainingSession* s, std::optional<double>* accuracy) {
-  if (s->examples != nullptr) return EvaluateExamples(s, accuracy);
-  const TokenStream& tokens = s->validation_tokens;
-  const int64_t B = s->B, T = s->T;
+  if (s->data().examples != nullptr) return EvaluateExamples(s, accuracy);
+  const DevicePlan& dp = s->device_plan();
+  const DataParallel& p = s->parallel();
+  Backend& backend = *s->objects().backend;
+  Model& model = *s->objects().model;
+  const TokenStream& tokens = s->data().validation_tokens;
+  const int64_t B = dp.B, T = dp.T;
   const int64_t n = tokens.size();
   const int64_t windows = n > 0 ? (n - 1) / T : 0;
   if (windows <= 0) return std::numeric_limits<double>::quiet_NaN();
@@ -96,8 +104,8 @@ Result<double> Evaluate(TrainingSession* s, std::optional<double>* accuracy) {
   // Data parallel: sharded by pass (rank r runs passes r, r + W, ...), the weighted sums gathered.
   int64_t pass = -1;
   for (int64_t first = 0; first < windows; first += B) {
-    if (++pass % s->world != s->rank) continue;
-    if (s->Cancelled()) return Status::Cancelled("job cancelled during evaluation");
+    if (++pass % p.world != p.rank) continue;
+    if (s->request().Cancelled()) return Status::Cancelled("job cancelled during evaluation");
     const int64_t count = std::min(B, windows - first);
     for (int64_t b = 0; b < B; ++b) {
       int32_t* in = inputs.data() + b * T;
@@ -110,14 +118,14 @@ Result<double> Evaluate(TrainingSession* s, std::optional<double>* accuracy) {
         std::fill(tg, tg + T, -1);
       }
     }
-    s->backend->CopyHostToDevice(s->model->inputs(), inputs.data(), inputs.size() * sizeof(int32_t));
-    s->backend->CopyHostToDevice(s->model->targets(), targets.data(), targets.size() * sizeof(int32_t));
+    backend.CopyHostToDevice(model.inputs(), inputs.data(), inputs.size() * sizeof(int32_t));
+    backend.CopyHostToDevice(model.targets(), targets.data(), targets.size() * sizeof(int32_t));
     // Forward's loss is the mean over the pass's real positions (count * T of them).
-    weighted += s->model->Forward(/*for_backward=*/false, 1.0f) * static_cast<double>(count);
+    weighted += model.Forward(/*for_backward=*/false, 1.0f) * static_cast<double>(count);
   }
-  if (s->comm != nullptr) {  // every rank's sum (a double as two f32 lanes), added in rank order
-    std::vector<double> sums(static_cast<size_t>(s->world));
-    TRAIND_RETURN_IF_ERROR(s->comm->AllGather(&weighted, sums.data(), 2, CommDType::kF32));
+  if (p.comm != nullptr) {  // every rank's sum (a double as two f32 lanes), added in rank order
+    std::vector<double> sums(static_cast<size_t>(p.world));
+    TRAIND_RETURN_IF_ERROR(p.comm->AllGather(&weighted, sums.data(), 2, CommDType::kF32));
     weighted = 0.0;
     for (double v : sums) weighted += v;
   }
@@ -148,6 +156,7 @@ struct LoopOptions {
   // T; samples/s counts examples).
   int64_t step_samples = 0, step_tokens = 0;
   double step_flops = 0.0;
+  int64_t layers = 0;  // the model's (the step report's expert_layers)
 };
 
 // TRAIND_DIST_BUCKET_MB in bytes: a number of MiB from 0 to 1048576 (0 = one collective after
@@ -170,7 +179,9 @@ int64_t DistBucketBytes(const std::optional<std::string>& mb,
 }
 
 LoopOptions MakeLoopOptions(const TrainingSession& s, const EngineEnvironment& env) {
-  const TrainingSpec& t = s.spec.training;
+  const TrainingSpec& t = s.spec().training;
+  const DevicePlan& dp = s.device_plan();
+  const DataParallel& p = s.parallel();
   LoopOptions o;
   o.max_steps = t.max_steps;
   o.logging_steps = t.logging_steps;
@@ -179,33 +190,35 @@ LoopOptions MakeLoopOptions(const TrainingSession& s, const EngineEnvironment& e
   o.sample_every = t.sample_every;
   o.fp16 = t.fp16;
   o.learning_rate = t.learning_rate;
-  o.schedule = s.schedule;
+  o.schedule = dp.schedule;
   o.warmup_steps = t.warmup_steps;
-  o.step_samples = s.B * s.accum * s.world;
-  o.step_tokens = s.B * s.T * s.accum * s.world;
-  o.step_flops = Model::TrainingFlops(s.config, s.B, s.T) * static_cast<double>(s.accum * s.world);
+  o.step_samples = dp.B * dp.accum * p.world;
+  o.step_tokens = dp.B * dp.T * dp.accum * p.world;
+  o.step_flops = Model::TrainingFlops(dp.config, dp.B, dp.T) * static_cast<double>(dp.accum * p.world);
+  o.layers = dp.config.num_layers();
 
   StepRunner::Options& r = o.step;
-  r.accumulation_steps = s.accum;
+  r.accumulation_steps = dp.accum;
   r.fp16 = t.fp16;
   r.max_grad_norm = t.max_grad_norm;
   r.dropout_seed = static_cast<uint64_t>(t.seed);
-  r.first_step = s.state.global_step;
-  r.communicator = s.comm;
+  r.first_step = s.progress().state.global_step;
+  r.communicator = p.comm;
   // Instruction data: the loss over the step's loss-carrying tokens (HF's num_items_in_batch).
-  r.normalize_over_step = s.examples != nullptr && s.examples->train.token_labelled();
+  const ExampleData* examples = s.data().examples.get();
+  r.normalize_over_step = examples != nullptr && examples->train.token_labelled();
   // Data parallel (Gloo on cpu, NCCL on cuda:N; a device data parallel cannot reduce is refused
   // at start): the gradient all-reduce (ZeRO-1: reduce-scatter) in buckets of
   // TRAIND_DIST_BUCKET_MB, overlapped with backward.
-  if (s.comm != nullptr && s.capabilities.data_parallel()) {
+  if (p.comm != nullptr && dp.capabilities.data_parallel()) {
     r.overlap_bucket_bytes =
         DistBucketBytes(env.dist_bucket_mb, [&s](const std::string& line) { s.Message(line); });
   }
   // TRAIND_CUDA_GRAPHS=0 turns capture off without a rebuild (docs/simt.md).
-  r.use_graphs = s.options->device.cuda_graphs && !env.cuda_graphs_off;
+  r.use_graphs = s.request().options->device.cuda_graphs && !env.cuda_graphs_off;
   // The offloaded update may start during backward where the order allows (no clipping), on a
   // device whose ops have finished when backward's per-block hook runs.
-  r.update_during_backward = s.capabilities.update_overlaps_backward();
+  r.update_during_backward = dp.capabilities.update_overlaps_backward();
   return o;
 }
 
@@ -215,18 +228,20 @@ LoopOptions MakeLoopOptions(const TrainingSession& s, const EngineEnvironment& e
 // is the world's. Cancellation is checked before each micro-batch.
 class TrainBatches {
  public:
-  explicit TrainBatches(TrainingSession* s) : s_(s), B_(s->B), T_(s->T) {
-    const TrainingSpec& t = s->spec.training;
-    if (s->examples != nullptr) {
-      examples_.emplace(s->examples.get(), B_, s->spec.data.shuffle,
-                        static_cast<uint64_t>(t.seed), s->state.loader);
+  // Reads the run's request (cancellation), its batch shape, its data and world, and the state's
+  // loader position (where a resume continues) and step (for the cancellation message).
+  TrainBatches(const RunRequest& r, const DevicePlan& dp, const TrainingData& data,
+               const DataParallel& p, const TrainerState& state)
+      : r_(r), p_(p), state_(state), B_(dp.B), T_(dp.T) {
+    const uint64_t seed = static_cast<uint64_t>(r.spec.training.seed);
+    if (data.examples != nullptr) {
+      examples_.emplace(data.examples.get(), B_, r.spec.data.shuffle, seed, state.loader);
       per_epoch_ = examples_->examples_per_epoch();
     } else {
-      windows_.emplace(s->train_tokens, B_, T_, s->spec.data.shuffle,
-                       static_cast<uint64_t>(t.seed), s->state.loader);
+      windows_.emplace(data.train_tokens, B_, T_, r.spec.data.shuffle, seed, state.loader);
       per_epoch_ = windows_->windows_per_epoch();
     }
-    if (s->world > 1) {
+    if (p.world > 1) {
       skipped_in_.resize(static_cast<size_t>(B_ * T_));
       skipped_tg_.resize(static_cast<size_t>(B_ * T_));
       skipped_mask_.resize(static_cast<size_t>(2 * B_ * T_));  // up to ExampleSet::MaskWords()
@@ -256,13 +271,13 @@ class TrainBatches {
 
  private:
   Status CheckCancelled() const {
-    if (!s_->Cancelled()) return Status::Ok();
-    return Status::Cancelled("job cancelled at step " + std::to_string(s_->state.global_step + 1));
+    if (!r_.Cancelled()) return Status::Ok();
+    return Status::Cancelled("job cancelled at step " + std::to_string(state_.global_step + 1));
   }
   Status NextWindows(int32_t* in, int32_t* tg, double* wait) {
     TRAIND_RETURN_IF_ERROR(CheckCancelled());
-    for (int64_t r = 0; r < s_->world; ++r) {
-      const bool mine = r == s_->rank;
+    for (int64_t r = 0; r < p_.world; ++r) {
+      const bool mine = r == p_.rank;
       *wait += windows_->Next(mine ? in : skipped_in_.data(), mine ? tg : skipped_tg_.data());
     }
     return Status::Ok();
@@ -274,15 +289,17 @@ class TrainBatches {
       ones_.resize(static_cast<size_t>(2 * B_ * T_));
       mask = ones_.data();
     }
-    for (int64_t r = 0; r < s_->world; ++r) {
-      const bool mine = r == s_->rank;
+    for (int64_t r = 0; r < p_.world; ++r) {
+      const bool mine = r == p_.rank;
       *wait += examples_->Next(mine ? in : skipped_in_.data(), mine ? tg : skipped_tg_.data(),
                                mine ? mask : skipped_mask_.data());
     }
     return Status::Ok();
   }
 
-  TrainingSession* s_;
+  const RunRequest& r_;
+  const DataParallel& p_;
+  const TrainerState& state_;
   const int64_t B_, T_;
   std::optional<BatchLoader> windows_;
   std::optional<ExampleLoader> examples_;
@@ -338,11 +355,14 @@ void AddCommFigures(StepReport* r, const CommStats& comm, const CommStats& befor
   r->comm_broadcast_bytes = op(CommOp::kBroadcast);
 }
 
-// The step report (RunCallbacks::on_step) of the step just finished: the one place it is built.
-StepReport BuildStepReport(const TrainingSession& s, const LoopOptions& o, const StepResult& step,
-                           const StepCounters& before) {
+// The step report (RunCallbacks::on_step) of the step just finished (`step_number`): the one place
+// it is built, from the step's figures, the arena's memory, the store's and the collectives'
+// traffic and the model's expert routing.
+StepReport BuildStepReport(int64_t step_number, const LoopOptions& o, const StepResult& step,
+                           const StepCounters& before, const DeviceObjects& d,
+                           const MeteredCommunicator* comm) {
   StepReport r;
-  r.step = s.state.global_step;
+  r.step = step_number;
   r.max_steps = o.max_steps;
   r.loss = step.outcome.loss;
   r.learning_rate = step.lr;
@@ -352,17 +372,17 @@ StepReport BuildStepReport(const TrainingSession& s, const LoopOptions& o, const
   r.dataloader_wait_seconds = step.wait;
   r.tokens = o.step_tokens;
   r.samples = o.step_samples;
-  r.memory_used_bytes = s.arena->used_bytes();
-  r.memory_peak_bytes = s.arena->peak_bytes();
+  r.memory_used_bytes = d.arena->used_bytes();
+  r.memory_peak_bytes = d.arena->peak_bytes();
   r.model_flops = o.step_flops;
-  if (s.store != nullptr) {
-    AddOffloadFigures(&r, *s.store, before.io, step.outcome.updated_during_backward);
+  if (d.store != nullptr) {
+    AddOffloadFigures(&r, *d.store, before.io, step.outcome.updated_during_backward);
   }
-  if (s.metered_comm != nullptr) {
-    AddCommFigures(&r, s.metered_comm->stats(), before.comm, step.outcome.comm_hidden_seconds);
+  if (comm != nullptr) {
+    AddCommFigures(&r, comm->stats(), before.comm, step.outcome.comm_hidden_seconds);
   }
-  r.expert_tokens = s.model->TakeExpertTokens();
-  if (!r.expert_tokens.empty()) r.expert_layers = s.config.num_layers();
+  r.expert_tokens = d.model->TakeExpertTokens();  // taken: the next step counts afresh
+  if (!r.expert_tokens.empty()) r.expert_layers = o.layers;
   return r;
 }
 
@@ -422,26 +442,28 @@ class LogWindow {
 // Whether this step boundary is where the run stops for preemption. ZeRO-1: the checkpoint
 // gathers every rank's optimizer state, so the world stops at the same boundary: one rank's
 // preemption is every rank's (one float all-reduced per step).
-Result<bool> PreemptionHandshake(const TrainingSession& s) {
-  bool preempted = s.Preempted();
-  if (s.optimizer->sharded()) {
+Result<bool> PreemptionHandshake(const RunRequest& r, const Optimizer& optimizer,
+                                 Communicator* comm) {
+  bool preempted = r.Preempted();
+  if (optimizer.sharded()) {
     float flag = preempted ? 1.0f : 0.0f;
-    TRAIND_RETURN_IF_ERROR(s.comm->AllReduceSum(&flag, 1, CommDType::kF32));
+    TRAIND_RETURN_IF_ERROR(comm->AllReduceSum(&flag, 1, CommDType::kF32));
     preempted = flag > 0.0f;
   }
   return preempted;
 }
 
 // The first step's note on CUDA graphs: captured and replayed, or why not.
-void NoteGraphs(const TrainingSession& s, const StepRunner& runner) {
+void NoteGraphs(const RunRequest& r, const std::string& device, const Optimizer& optimizer,
+                const StepRunner& runner) {
   if (runner.replaying()) {
-    s.Message(s.device + ": training step captured as CUDA graphs (one per upload slot" +
-              (s.optimizer->issues_from_device_scalars()
+    r.Message(device + ": training step captured as CUDA graphs (one per upload slot" +
+              (optimizer.issues_from_device_scalars()
                    ? std::string(" and one for the optimizer), replayed every step")
-                   : std::string("; " + s.optimizer->name() +
+                   : std::string("; " + optimizer.name() +
                                  " steps from the host between them), replayed every step")));
   } else if (!runner.capture_error().ok()) {
-    s.Message(s.device + ": CUDA graph capture failed (" + runner.capture_error().ToString() +
+    r.Message(device + ": CUDA graph capture failed (" + runner.capture_error().ToString() +
               "); running the steps op by op");
   }
 }
@@ -453,11 +475,13 @@ bool Every(int64_t step, int64_t every) { return every > 0 && step % every == 0;
 class StepLoop {
  public:
   StepLoop(TrainingSession* s, const LoopOptions& o, double* last_eval)
-      : s_(s), o_(o), state_(s->state), batches_(s), last_eval_(last_eval),
-        saved_step_(s->first_step) {
-    s->windows_per_epoch = batches_.per_epoch();
-    history_.emplace(&state_.log_history, o.step_samples, s->windows_per_epoch);
-    window_.emplace(&state_, &*history_, o, s->T);
+      : s_(s), o_(o), r_(s->request()), p_(s->parallel()), d_(s->objects()),
+        progress_(s->progress()), state_(progress_.state),
+        batches_(r_, s->device_plan(), s->data(), p_, state_), last_eval_(last_eval),
+        saved_step_(progress_.first_step) {
+    progress_.windows_per_epoch = batches_.per_epoch();
+    history_.emplace(&state_.log_history, o.step_samples, progress_.windows_per_epoch);
+    window_.emplace(&state_, &*history_, o, s->device_plan().T);
     // fp16: dynamic loss scaling, restored from the checkpoint on resume (a fresh scaler when the
     // checkpoint has none); skipped steps still count as steps.
     if (o.fp16 && state_.loss_scaler.has_value()) scaler_.Restore(*state_.loss_scaler);
@@ -465,34 +489,36 @@ class StepLoop {
   }
 
   Status Run() {
-    TRAIND_ASSIGN_OR_RETURN(runner_, StepRunner::Create(o_.step, s_->model.get(),
-                                                        s_->optimizer.get(), s_->arena.get()));
+    TRAIND_ASSIGN_OR_RETURN(runner_, StepRunner::Create(o_.step, d_.model.get(),
+                                                        d_.optimizer.get(), d_.arena.get()));
     if (runner_->updates_during_backward()) {
-      s_->Message("training.offload: max_grad_norm 0, so each block's parameters update while "
-                  "backward goes on below it (the embeddings after it)");
+      r_.Message("training.offload: max_grad_norm 0, so each block's parameters update while "
+                 "backward goes on below it (the embeddings after it)");
     }
     while (state_.global_step < o_.max_steps) {
       // Preemption lands on a step boundary: the last finished step is made durable, then the
       // run stops resumable (every report of that step has gone out, so nothing logged is lost).
-      TRAIND_ASSIGN_OR_RETURN(bool preempted, PreemptionHandshake(*s_));
+      TRAIND_ASSIGN_OR_RETURN(bool preempted, PreemptionHandshake(r_, *d_.optimizer, p_.comm));
       if (preempted) return StopPreempted();
       TRAIND_ASSIGN_OR_RETURN(StepResult step, TrainStep());
       window_->Add(step);
-      if (s_->callbacks->on_step) s_->callbacks->on_step(BuildStepReport(*s_, o_, step, before_));
       const int64_t k = state_.global_step;
+      if (r_.callbacks->on_step) {
+        r_.callbacks->on_step(BuildStepReport(k, o_, step, before_, d_, p_.metered_comm.get()));
+      }
       const bool last = k == o_.max_steps;
       if (Every(k, o_.logging_steps) || (last && window_->open())) {
-        window_->Close(scaler_, s_->callbacks->on_log);
+        window_->Close(scaler_, r_.callbacks->on_log);
       }
       if (Every(k, o_.eval_steps) || last) TRAIND_RETURN_IF_ERROR(EvalNow());
       if (Every(k, o_.save_steps) || last) TRAIND_RETURN_IF_ERROR(SaveNow());
-      if (Every(k, o_.sample_every) && s_->writes_outputs()) {
-        TRAIND_RETURN_IF_ERROR(SampleNow(s_, k));
+      if (Every(k, o_.sample_every) && p_.writes_outputs()) {
+        TRAIND_RETURN_IF_ERROR(SampleNow(r_, d_.sampler.get(), k));
       }
     }
-    if (s_->first_step == o_.max_steps) {
+    if (progress_.first_step == o_.max_steps) {
       // Resumed from the final checkpoint: nothing left to train; report its evaluation again.
-      TRAIND_ASSIGN_OR_RETURN(*last_eval_, Evaluate(s_, &s_->last_eval_accuracy));
+      TRAIND_ASSIGN_OR_RETURN(*last_eval_, Evaluate(s_, &progress_.last_eval_accuracy));
     }
     return Status::Ok();
   }
@@ -506,10 +532,12 @@ class StepLoop {
     const float loss_scale = o_.fp16 ? scaler_.scale() : 1.0f;
     step.lr = o_.learning_rate *
               LrLambda(o_.schedule, o_.warmup_steps, o_.max_steps, state_.global_step);
-    before_ = ReadCounters(s_->store, s_->metered_comm.get());
+    before_ = ReadCounters(d_.store, p_.metered_comm.get());
     TRAIND_ASSIGN_OR_RETURN(step.outcome,
                             batches_.Step(runner_.get(), step.lr, loss_scale, &step.wait));
-    if (state_.global_step == s_->first_step) NoteGraphs(*s_, *runner_);
+    if (state_.global_step == progress_.first_step) {
+      NoteGraphs(r_, s_->device_plan().device, *d_.optimizer, *runner_);
+    }
     step.skipped = o_.fp16 && scaler_.Update(step.outcome.skipped);
     state_.global_step += 1;
     state_.loader = batches_.position();
@@ -524,11 +552,11 @@ class StepLoop {
     std::optional<double> accuracy;
     TRAIND_ASSIGN_OR_RETURN(double loss, Evaluate(s_, &accuracy));
     *last_eval_ = loss;
-    s_->last_eval_accuracy = accuracy;
+    progress_.last_eval_accuracy = accuracy;
     if (std::isnan(loss)) return Status::Ok();
     history_->AddEval(state_.global_step, loss, accuracy);
-    if (s_->callbacks->on_eval) {
-      s_->callbacks->on_eval(EvalReport{state_.global_step, loss, accuracy});
+    if (r_.callbacks->on_eval) {
+      r_.callbacks->on_eval(EvalReport{state_.global_step, loss, accuracy});
     }
     return Status::Ok();
   }
@@ -536,16 +564,16 @@ class StepLoop {
   // A checkpoint of the step just finished. Data parallel: rank 0 writes the world's (identical)
   // state; ZeRO-1: rank 0 gathers every rank's shard of the optimizer state.
   Status SaveNow() {
-    if (!s_->writes_outputs()) {
-      TRAIND_RETURN_IF_ERROR(s_->optimizer->ContributeState());
+    if (!p_.writes_outputs()) {
+      TRAIND_RETURN_IF_ERROR(d_.optimizer->ContributeState());
       saved_step_ = state_.global_step;
       return Status::Ok();
     }
     TRAIND_ASSIGN_OR_RETURN(std::string dir,
-                            SaveCheckpoint(s_->spec.output_dir, s_->spec, s_->model.get(),
-                                           *s_->optimizer, state_, s_->windows_per_epoch));
+                            SaveCheckpoint(r_.spec.output_dir, r_.spec, d_.model.get(),
+                                           *d_.optimizer, state_, progress_.windows_per_epoch));
     saved_step_ = state_.global_step;
-    if (s_->callbacks->on_checkpoint) s_->callbacks->on_checkpoint(state_.global_step, dir);
+    if (r_.callbacks->on_checkpoint) r_.callbacks->on_checkpoint(state_.global_step, dir);
     return Status::Ok();
   }
 
@@ -555,16 +583,20 @@ class StepLoop {
     const int64_t step = state_.global_step;
     if (step == 0) return Status::Aborted("preempted before the first step; nothing to save");
     if (saved_step_ != step) TRAIND_RETURN_IF_ERROR(SaveNow());
-    if (!s_->writes_outputs()) {
+    if (!p_.writes_outputs()) {
       return Status::Aborted("preempted at step " + std::to_string(step) + " on rank " +
-                             std::to_string(s_->rank) + " (rank 0 writes the checkpoints)");
+                             std::to_string(p_.rank) + " (rank 0 writes the checkpoints)");
     }
     return Status::Aborted("preempted at step " + std::to_string(step) + "; checkpoint-" +
                            std::to_string(step) + " written");
   }
 
-  TrainingSession* s_;
+  TrainingSession* s_;  // for Evaluate; the parts below are what the steps use
   const LoopOptions& o_;
+  const RunRequest& r_;
+  const DataParallel& p_;
+  DeviceObjects& d_;
+  Progress& progress_;
   TrainerState& state_;
   TrainBatches batches_;
   double* last_eval_;

@@ -22,24 +22,26 @@ namespace fs = std::filesystem;
 
 // The summary of a finished session, in the CLI contract's names.
 RunSummary Summarize(const TrainingSession& s, double last_eval) {
-  const int64_t step = s.state.global_step;
+  const DevicePlan& dp = s.device_plan();
+  const Progress& progress = s.progress();
+  const int64_t step = progress.state.global_step;
   RunSummary r;
   r.global_step = step;
-  r.train_loss = step > 0 ? s.state.train_loss_sum / static_cast<double>(step) : 0.0;
+  r.train_loss = step > 0 ? progress.state.train_loss_sum / static_cast<double>(step) : 0.0;
   r.eval_loss = last_eval;
-  r.eval_accuracy = s.last_eval_accuracy;
+  r.eval_accuracy = progress.last_eval_accuracy;
   r.train_runtime =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - s.start).count();
-  const double steps_run = static_cast<double>(step - s.first_step);
-  const int64_t accum = s.accum * s.world;  // data parallel: the world's throughput
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - progress.start).count();
+  const double steps_run = static_cast<double>(step - progress.first_step);
+  const int64_t accum = dp.accum * s.parallel().world;  // data parallel: the world's throughput
   r.train_samples_per_second =
-      r.train_runtime > 0 ? steps_run * static_cast<double>(s.B * accum) / r.train_runtime : 0.0;
+      r.train_runtime > 0 ? steps_run * static_cast<double>(dp.B * accum) / r.train_runtime : 0.0;
   r.train_tokens_per_second =
-      r.train_runtime > 0 ? steps_run * static_cast<double>(s.B * s.T * accum) / r.train_runtime
+      r.train_runtime > 0 ? steps_run * static_cast<double>(dp.B * dp.T * accum) / r.train_runtime
                           : 0.0;
-  r.peak_memory_bytes = s.arena->peak_bytes();
-  r.plan = s.plan;
-  r.output_dir = s.spec.output_dir;
+  r.peak_memory_bytes = s.objects().arena->peak_bytes();
+  r.plan = dp.plan;
+  r.output_dir = s.spec().output_dir;
   return r;
 }
 
@@ -47,28 +49,32 @@ RunSummary Summarize(const TrainingSession& s, double last_eval) {
 // summary entry in its log_history).
 Status WriteFinalOutputs(TrainingSession* s, const RunSummary& summary) {
   if (!s->writes_outputs()) return Status::Ok();  // data parallel: rank 0 writes output_dir
-  const fs::path out(s->spec.output_dir);
-  const int64_t accum = s->accum * s->world;
-  LogHistory history(&s->state.log_history, s->B * accum, s->windows_per_epoch);
+  const JobSpec& spec = s->spec();
+  const DevicePlan& dp = s->device_plan();
+  Model* model = s->objects().model.get();
+  Progress& progress = s->progress();
+  const fs::path out(spec.output_dir);
+  const int64_t accum = dp.accum * s->parallel().world;
+  LogHistory history(&progress.state.log_history, dp.B * accum, progress.windows_per_epoch);
   LogHistory::Final f;
   f.step = summary.global_step;
-  f.total_flos = Model::TrainingFlops(s->config, s->B, s->T) * static_cast<double>(accum) *
+  f.total_flos = Model::TrainingFlops(dp.config, dp.B, dp.T) * static_cast<double>(accum) *
                  static_cast<double>(summary.global_step);
   f.train_loss = summary.train_loss;
   f.train_runtime = summary.train_runtime;
   f.train_samples_per_second = summary.train_samples_per_second;
   f.train_tokens_per_second = summary.train_tokens_per_second;
   const nlohmann::json final_entry = history.FinalEntry(f);
-  const bool lora = s->model->lora();
+  const bool lora = model->lora();
   if (lora) {  // HF PEFT's layout; with peft.merge also the merged full model
     TRAIND_RETURN_IF_ERROR(WriteSafetensors((out / kAdapterModelFile).string(),
-                                            s->model->ExportAdapters()));
+                                            model->ExportAdapters()));
     TRAIND_RETURN_IF_ERROR(WriteFileAtomic((out / kAdapterConfigFile).string(),
-                                           AdapterConfigJson(s->spec, *s->model)));
+                                           AdapterConfigJson(spec, *model)));
   }
-  if (lora && s->spec.training.peft->merge && s->model->merge_needs_base()) {
+  if (lora && spec.training.peft->merge && model->merge_needs_base()) {
     // The frozen base is on the device only in the compute type: the fp32 base from its origin.
-    const std::optional<std::string>& from = s->spec.model.init_from;
+    const std::optional<std::string>& from = spec.model.init_from;
     std::optional<SafetensorsFile> file;
     if (from.has_value()) {
       Result<SafetensorsFile> read = ReadHfWeights(*from);
@@ -78,37 +84,38 @@ Status WriteFinalOutputs(TrainingSession* s, const RunSummary& summary) {
       }
       file = std::move(*read);
     }
-    const Status st = s->model->LoadMergeBase(file ? &*file : nullptr, static_cast<uint64_t>(s->spec.training.seed));
+    const Status st = model->LoadMergeBase(file ? &*file : nullptr, static_cast<uint64_t>(spec.training.seed));
     if (!st.ok()) {
       return Status(st.code(), (from ? "model.init_from " + *from : std::string("the seeded init")) + ": " +
                                    st.message());
     }
   }
-  if (lora && s->spec.training.peft->merge && s->spec.model.quantization_config.has_value()) {
+  if (lora && spec.training.peft->merge && spec.model.quantization_config.has_value()) {
     s->Message("peft.merge with model.quantization_config: the merged model is the 4-bit base "
-               "dequantized to " + s->plan.precision + " plus the adapters, so it keeps the base's " +
-               s->spec.model.quantization_config->bnb_4bit_quant_type +
+               "dequantized to " + dp.plan.precision + " plus the adapters, so it keeps the base's " +
+               spec.model.quantization_config->bnb_4bit_quant_type +
                " rounding (16 levels a block of 64; the full-precision base plus " +
                kAdapterModelFile + " merges without it)");
   }
-  if (!lora || s->spec.training.peft->merge) {
+  if (!lora || spec.training.peft->merge) {
     TRAIND_RETURN_IF_ERROR(
-        WriteFileAtomic((out / kConfigFile).string(), WriteHfConfigJson(s->model->config())));
+        WriteFileAtomic((out / kConfigFile).string(), WriteHfConfigJson(model->config())));
     // Streamed: a few MiB of host memory, not a copy of the model (bench/offload_rss_bench).
     TRAIND_RETURN_IF_ERROR(WriteSafetensorsStream(
-        (out / kModelFile).string(), lora ? s->model->StreamMerged(kHfExportPieceBytes)
-                                          : s->model->StreamHf(kHfExportPieceBytes)));
+        (out / kModelFile).string(), lora ? model->StreamMerged(kHfExportPieceBytes)
+                                          : model->StreamHf(kHfExportPieceBytes)));
   }
-  if (s->spec.data.chat_template.has_value()) {
+  if (spec.data.chat_template.has_value()) {
     // The chat template the job rendered its data with, beside the model (as transformers'
     // save_pretrained writes chat_template.jinja), for trainctl generate --chat.
-    std::ifstream in(*s->spec.data.chat_template, std::ios::binary);
+    std::ifstream in(*spec.data.chat_template, std::ios::binary);
     std::stringstream text;
     text << in.rdbuf();
     if (in) TRAIND_RETURN_IF_ERROR(WriteFileAtomic((out / "chat_template.jinja").string(), text.str()));
   }
-  return WriteFileAtomic((out / kTrainerStateFile).string(),
-                         TrainerStateJson(s->spec, s->state, s->windows_per_epoch, &final_entry));
+  return WriteFileAtomic(
+      (out / kTrainerStateFile).string(),
+      TrainerStateJson(spec, progress.state, progress.windows_per_epoch, &final_entry));
 }
 
 }  // namespace
@@ -121,7 +128,7 @@ Result<RunSummary> RunJob(const JobSpec& spec, const RunOptions& options,
   // taken after the model, the optimizer and a checkpoint are loaded, just before the first epoch;
   // speed_metrics is called after the loop): the set-up above (device, plan, data, model, restore)
   // is not in it, the steps, evaluations and checkpoints inside the loop are.
-  session->start = std::chrono::steady_clock::now();
+  session->progress().start = std::chrono::steady_clock::now();
   double last_eval = 0.0;
   TRAIND_RETURN_IF_ERROR(RunStepLoop(session.get(), &last_eval));
   const RunSummary summary = Summarize(*session, last_eval);
