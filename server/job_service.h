@@ -3,6 +3,10 @@
 // the call in traind_grpc_requests_total{method,code}.
 #pragma once
 
+#include <grpcpp/alarm.h>
+
+#include <memory>
+
 #include "auth.h"
 #include "job_manager.h"
 #include "metrics.h"
@@ -10,15 +14,18 @@
 
 namespace traind::server {
 
-// GetJob and ListJobs (what `trainctl status`/`list` poll) are callback handlers: they run on the
-// gRPC thread that read the call, with no hand-off to a worker thread (each hand-off is a context
-// switch, the largest part of a small call's cost on a VM). The others may block (fsync, planning,
-// a generation, a follower waiting for events) and stay on the sync server's threads.
-// WatchJobEvents (what `trainctl logs` and `logs -f` use) is a callback stream as well: it holds
-// no thread while it waits for events (JobManager::Follower).
+// GetJob, ListJobs (what `trainctl status`/`list` poll) and WatchJobEvents (what `trainctl logs`
+// and `logs -f` use) are served with the async API from one completion queue by one thread
+// (ServeAsync), the only thread of traind that polls gRPC's sockets: a call is read, answered
+// and written by that thread with no hand-off, and between calls it sleeps in epoll_wait. Several
+// polling threads (the callback API's two, or sync pollers) pass the poller role to each other
+// at every wake-up (a futex wake and a context switch more per call: most of a polled call's cost
+// on a VM). The other methods may block (fsync, planning, a generation) and run on the sync
+// server's threads, which do not poll. A WatchJobEvents stream holds no thread while it waits for
+// events (JobManager::Follower).
 class JobServiceImpl final
-    : public v1::JobService::WithCallbackMethod_GetJob<v1::JobService::WithCallbackMethod_ListJobs<
-          v1::JobService::WithCallbackMethod_WatchJobEvents<v1::JobService::Service>>> {
+    : public v1::JobService::WithAsyncMethod_GetJob<v1::JobService::WithAsyncMethod_ListJobs<
+          v1::JobService::WithAsyncMethod_WatchJobEvents<v1::JobService::Service>>> {
  public:
   // All three must outlive the service.
   JobServiceImpl(JobManager* jobs, const TokenAuth* auth, Metrics* metrics)
@@ -26,22 +33,27 @@ class JobServiceImpl final
 
   grpc::Status SubmitJob(grpc::ServerContext* ctx, const v1::SubmitJobRequest* req,
                          v1::SubmitJobResponse* resp) override;
-  grpc::ServerUnaryReactor* GetJob(grpc::CallbackServerContext* ctx, const v1::GetJobRequest* req,
-                                   v1::Job* resp) override;
-  grpc::ServerUnaryReactor* ListJobs(grpc::CallbackServerContext* ctx, const v1::ListJobsRequest* req,
-                                     v1::ListJobsResponse* resp) override;
   grpc::Status CancelJob(grpc::ServerContext* ctx, const v1::CancelJobRequest* req, v1::Job* resp) override;
   grpc::Status WatchJob(grpc::ServerContext* ctx, const v1::WatchJobRequest* req,
                         grpc::ServerWriter<v1::JobEvent>* writer) override;
-  grpc::ServerWriteReactor<v1::JobEventBatch>* WatchJobEvents(grpc::CallbackServerContext* ctx,
-                                                             const v1::WatchJobRequest* req) override;
   grpc::Status EstimateJob(grpc::ServerContext* ctx, const v1::EstimateJobRequest* req,
                            v1::EstimateJobResponse* resp) override;
   grpc::Status Generate(grpc::ServerContext* ctx, const v1::GenerateRequest* req,
                         v1::GenerateResponse* resp) override;
 
+  // Serves GetJob, ListJobs and WatchJobEvents from `cq` (from ServerBuilder::AddCompletionQueue,
+  // the server started) on the calling thread; returns once StopAsync was called and `cq` is
+  // drained. Call it on one thread only.
+  void ServeAsync(grpc::ServerCompletionQueue* cq);
+  // Ends ServeAsync: call after JobManager::Stop and grpc::Server::Shutdown have returned (no
+  // follower left, no new call); ServeAsync then starts no operation, shuts `cq` down and drains it.
+  void StopAsync();
+
  private:
-  class EventsReactor;
+  class AsyncCall;
+  template <typename Request, typename Response>
+  class UnaryCall;
+  class EventsCall;
   // Authenticates, runs body(user) -> Status, maps and counts.
   template <typename Body>
   grpc::Status Handle(const char* method, grpc::ServerContextBase* ctx, Body&& body);
@@ -49,6 +61,10 @@ class JobServiceImpl final
   JobManager* const jobs_;
   const TokenAuth* const auth_;
   Metrics* const metrics_;
+  // The async thread's queue, and the alarm by which StopAsync reaches that thread.
+  grpc::ServerCompletionQueue* cq_ = nullptr;
+  std::unique_ptr<grpc::Alarm> stop_alarm_;
+  bool draining_ = false;  // the async thread's: after StopAsync, no operation starts
 };
 
 }  // namespace traind::server

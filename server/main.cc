@@ -4,7 +4,6 @@
 // hidden `traind job-runner` (the per-job child process the worker starts).
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
-#include <grpcpp/health_check_service_interface.h>
 #include <signal.h>
 #include <sys/resource.h>
 #include <spdlog/sinks/rotating_file_sink.h>
@@ -20,9 +19,11 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 #include "auth.h"
 #include "device_probe.h"
+#include "health_service.h"
 #include "http/web_server.h"
 #include "job_manager.h"
 #include "job_service.h"
@@ -199,7 +200,8 @@ int main(int argc, char** argv) {
   if (Status s = jobs.Start(); !s.ok()) return Fail(s);
 
   server::JobServiceImpl service(&jobs, &*auth, metrics->get());
-  grpc::EnableDefaultHealthCheckService(true);
+  // grpc.health.v1.Health: traind's own (health_service.h), not gRPC's default service.
+  server::HealthService health;
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   Status cred_status;
   auto creds = Credentials(opts, &cred_status);
@@ -212,12 +214,16 @@ int main(int argc, char** argv) {
   int grpc_port = 0;
   builder.AddListeningPort(opts.listen, creds, &grpc_port);
   builder.RegisterService(&service);
+  builder.RegisterService(&health);
+  // GetJob, ListJobs and WatchJobEvents: served from this queue by one thread, the only one that
+  // polls (server/job_service.h); with it the sync server's queue does not poll.
+  std::unique_ptr<grpc::ServerCompletionQueue> async_cq = builder.AddCompletionQueue();
   // No BDP probes: each one is a PING the peer answers, a write and a wake-up more per call of a
   // client that polls (the control plane's messages are small; its window never needs growing).
   builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
-  // The sync server's threads: one polls while the others wait; a poller that takes a call is
-  // replaced when fewer than MIN_POLLERS remain, and a thread back from a call exits when more
-  // than MAX_POLLERS poll. With the defaults (1, 2) a steady stream of calls from many clients
+  // The sync server's threads (they wait on their queue, not on sockets: the async queue's thread
+  // polls): a thread that takes a call is replaced when fewer than MIN_POLLERS wait, and a thread
+  // back from a call exits when more than MAX_POLLERS wait. With the defaults (1, 2) a steady stream of calls from many clients
   // creates and ends a thread for most of them (stack mmap/munmap, page faults: about half of a
   // GetJob's CPU in tests/daemon/load_test); idle threads that stay cost nothing.
   builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MIN_POLLERS, 1);
@@ -227,7 +233,11 @@ int main(int argc, char** argv) {
     jobs.Stop();
     return Fail(Status::Unavailable("cannot listen on " + opts.listen + " (in use, or not an address of this host)"));
   }
-  grpc_server->GetHealthCheckService()->SetServingStatus("traind.v1.JobService", true);
+  std::thread async_thread([&] {
+    pthread_setname_np(pthread_self(), "traind-grpc");  // as tests/daemon/load_test prints it
+    service.ServeAsync(async_cq.get());
+  });
+  health.SetServingStatus("traind.v1.JobService", true);
   // The web page: same job manager, same tokens, same certificate (server/http/web_server.h).
   std::unique_ptr<server::http::WebServer> web;
   if (opts.http_listen != "off") {
@@ -240,8 +250,10 @@ int main(int argc, char** argv) {
     if (started.ok()) {
       web = std::move(*started);
     } else if (opts.http_listen_given) {
-      grpc_server->Shutdown();
       jobs.Stop();
+      grpc_server->Shutdown();
+      service.StopAsync();
+      async_thread.join();
       return Fail(started.status());
     } else {
       spdlog::warn("web page off: {} (set --http-listen to another address)", started.status().message());
@@ -266,13 +278,15 @@ int main(int argc, char** argv) {
   // 5. Graceful stop: no new jobs start, the running job writes a checkpoint at its next step
   // boundary (preemption, within the timeout) and resumes from it at the next start; watchers end;
   // in-flight RPCs get what is left of the timeout (a second at least).
-  grpc_server->GetHealthCheckService()->SetServingStatus(false);
+  health.Shutdown();
   if (web) web->Stop();
   const auto deadline = std::chrono::system_clock::now() +
                         std::chrono::milliseconds(static_cast<int64_t>(opts.shutdown_timeout_seconds * 1000));
   jobs.Stop();
   grpc_server->Shutdown(std::max(deadline, std::chrono::system_clock::now() + std::chrono::seconds(1)));
   grpc_server->Wait();
+  service.StopAsync();
+  async_thread.join();
   spdlog::info("traind stopped");
   return 0;
 }
