@@ -5,6 +5,8 @@
 //   EmbeddingBackward  dtable[ids] += dout (atomics): 12*N*C bytes                 -> 4M: 16 us
 //   AddBias            out(N,OC) += bias: 8*N*OC bytes, N*OC FLOPs                  -> 4M: 11 us
 //   BiasBackward       dbias(OC) += colsum dout: 4*N*OC bytes, N*OC FLOPs           -> 4M: 5.6 us
+//   BiasBackwardRounded  BiasBackward and the 16-bit copy of dout in the same pass: 6*N*OC bytes
+//                      (4M: 8.4 us), against 4 + 6 for BiasBackward then Cast
 //   Add / Scale        12n / 8n bytes, n FLOPs                                      -> 4M: 16 / 11 us
 //   SumSquares         4n bytes, 2n FLOPs (one double atomic per block)            -> 124M: 165 us
 //   WeightedSum        4n bytes, n FLOPs (the loss sum; n = N = B*T)               -> 8K: ~3 us (launch)
@@ -152,6 +154,29 @@ __global__ void cast_kernel(void* dst, const void* src, int64_t n) {
     StoreFloat<D>(dst, i, LoadAsFloat<S>(src, i));
 }
 
+// BiasBackward's column sums (bias_backward_kernel's order, so dbias gets its bits) with each
+// element also stored rounded to D into dout16 as it is read: one pass over dout.
+template <typename D>
+__global__ void bias_backward_rounded_kernel(float* dbias, const float* dout, void* dout16,
+                                             int64_t N, int64_t OC) {
+  __shared__ float part[8][33];
+  const int64_t c = blockIdx.x * int64_t{32} + threadIdx.x;
+  float s = 0.0f;
+  if (c < OC)
+    for (int64_t n = threadIdx.y; n < N; n += 8) {
+      const float v = dout[n * OC + c];
+      s += v;
+      StoreFloat<D>(dout16, n * OC + c, v);
+    }
+  part[threadIdx.y][threadIdx.x] = s;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < OC) {
+    float t = 0.0f;
+    for (int r = 0; r < 8; ++r) t += part[r][threadIdx.x];
+    dbias[c] += t;
+  }
+}
+
 __global__ void flag_non_finite_kernel(int* flag, const float* x, int64_t n) {
   bool bad = false;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
@@ -210,6 +235,24 @@ Status BiasBackward(float* dbias, const float* dout, int64_t N, int64_t OC, cuda
   if (N * OC == 0) return Status::Ok();
   const unsigned grid = static_cast<unsigned>((OC + 31) / 32);
   return GPU_LAUNCH(bias_backward_kernel, grid, dim3(32, 8), 0, stream, dbias, dout, N, OC);
+}
+
+Status BiasBackwardRounded(float* dbias, const float* dout, int64_t N, int64_t OC, void* dout16,
+                           DType type, cudaStream_t stream) {
+  TRAIND_RETURN_IF_ERROR(CheckCount("BiasBackwardRounded", N * OC));
+  if (N * OC == 0) return Status::Ok();
+  const unsigned grid = static_cast<unsigned>((OC + 31) / 32);
+  switch (type) {
+    case DType::kBF16:
+      return GPU_LAUNCH(bias_backward_rounded_kernel<__nv_bfloat16>, grid, dim3(32, 8), 0, stream,
+                        dbias, dout, dout16, N, OC);
+    case DType::kF16:
+      return GPU_LAUNCH(bias_backward_rounded_kernel<__half>, grid, dim3(32, 8), 0, stream, dbias,
+                        dout, dout16, N, OC);
+    case DType::kF32:
+      break;
+  }
+  return Status::InvalidArgument("BiasBackwardRounded: the rounded type must be bf16 or f16");
 }
 
 Status ScaleRows(float* x, const float* w, int64_t N, int64_t C, cudaStream_t stream) {

@@ -25,6 +25,7 @@ DeviceCapabilities GpuBackend::capabilities() const {
 GpuBackend::~GpuBackend() {
   for (cudaGraphExec_t g : graphs_) (void)dev::GraphDestroy(g);
   for (cudaEvent_t e : markers_) (void)dev::EventDestroy(e);
+  for (AdamWTable& t : adamw_tables_) (void)dev::Free(t.chunks);
   if (scratch_ != nullptr) (void)dev::Free(scratch_);
   if (sumsq_ != nullptr) (void)dev::Free(sumsq_);
   if (flag_ != nullptr) (void)dev::Free(flag_);
@@ -166,6 +167,10 @@ void GpuBackend::AddBias(float* out, const float* bias, int64_t N, int64_t OC) {
 void GpuBackend::BiasBackward(float* dbias, const float* dout, int64_t N, int64_t OC) {
   Record(gpu::BiasBackward(dbias, dout, N, OC, stream_));
 }
+void GpuBackend::BiasBackwardRounded(float* dbias, const float* dout, int64_t N, int64_t OC,
+                                     void* dout16, DType type) {
+  Record(gpu::BiasBackwardRounded(dbias, dout, N, OC, dout16, type, stream_));
+}
 void GpuBackend::Add(float* out, const float* a, const float* b, int64_t n) {
   Record(gpu::Add(out, a, b, n, stream_));
 }
@@ -227,6 +232,13 @@ void GpuBackend::RmsNormForward(float* out, float* rstd, const float* inp, const
 void GpuBackend::RmsNormBackward(float* dinp, float* dweight, const float* dout, const float* inp,
                                  const float* weight, const float* rstd, int64_t N, int64_t C) {
   Record(gpu::RmsNormBackward(dinp, dweight, dout, inp, weight, rstd, N, C, stream_));
+}
+void GpuBackend::ResidualNormForward(float* res, void* out, DType out_type, float* /*scratch*/,
+                                     float* mean, float* rstd, const float* a, const float* b,
+                                     const float* weight, const float* bias, int64_t N, int64_t C,
+                                     float eps, bool rms) {
+  Record(gpu::ResidualNormForward(res, out, out_type, mean, rstd, a, b, weight, bias, N, C, eps,
+                                  rms, stream_));
 }
 void GpuBackend::HeadRmsNormForward(float* x, float* saved, float* rstd, const float* weight,
                                     int64_t N, int64_t n_heads, int64_t HS, int64_t row_stride,
@@ -369,6 +381,57 @@ void GpuBackend::AdamWFromScalars(float* param, const float* grad, float* m, flo
                                   const StepScalars* s, float beta1, float beta2, float eps,
                                   float weight_decay) {
   Record(gpu::AdamWFromScalars(param, grad, m, v, n, s, beta1, beta2, eps, weight_decay, stream_));
+}
+
+void GpuBackend::AdamWRunsFromScalars(float* param, const float* grad, float* m, float* v,
+                                      const AdamWRun* runs, int64_t n_runs, const StepScalars* s,
+                                      float beta1, float beta2, float eps) {
+  if (n_runs < 0) {
+    Record(Status::InvalidArgument("AdamWRunsFromScalars: negative run count " +
+                                   std::to_string(n_runs)));
+    return;
+  }
+  auto same = [&](const AdamWTable& t) {
+    if (t.runs.size() != static_cast<size_t>(n_runs)) return false;
+    for (int64_t i = 0; i < n_runs; ++i) {
+      const AdamWRun& a = t.runs[static_cast<size_t>(i)];
+      if (a.offset != runs[i].offset || a.numel != runs[i].numel ||
+          !(a.weight_decay == runs[i].weight_decay))
+        return false;
+    }
+    return true;
+  };
+  const AdamWTable* table = nullptr;
+  for (const AdamWTable& t : adamw_tables_)
+    if (same(t)) table = &t;
+  if (table == nullptr) {
+    if (capturing_) {
+      Record(Status::FailedPrecondition(
+          "AdamWRunsFromScalars: a runs table first seen during graph capture (its device copy "
+          "is made outside capture: run a step first)"));
+      return;
+    }
+    const std::vector<gpu::AdamWChunk> chunks = gpu::AdamWChunksOf(runs, n_runs);
+    AdamWTable t;
+    t.runs.assign(runs, runs + n_runs);
+    t.n_chunks = static_cast<int64_t>(chunks.size());
+    const size_t bytes = chunks.size() * sizeof(gpu::AdamWChunk);
+    if (bytes > 0) {
+      const Status st = dev::Malloc(&t.chunks, bytes);
+      if (!st.ok()) {
+        Record(st);
+        return;
+      }
+      Record(dev::MemcpyAsync(t.chunks, chunks.data(), bytes, dev::CopyKind::kHostToDevice,
+                              stream_));
+      Record(dev::StreamSynchronize(stream_));  // `chunks` is freed on return
+    }
+    adamw_tables_.push_back(std::move(t));
+    table = &adamw_tables_.back();
+  }
+  Record(gpu::AdamWChunksFromScalars(param, grad, m, v,
+                                     static_cast<const gpu::AdamWChunk*>(table->chunks),
+                                     table->n_chunks, s, beta1, beta2, eps, stream_));
 }
 
 void GpuBackend::SgdUpdate(float* param, const float* grad, float* buf, int64_t n, float lr,

@@ -65,6 +65,10 @@ class GpuBackend : public Backend {
                          int64_t C) override;
   void AddBias(float* out, const float* bias, int64_t N, int64_t OC) override;
   void BiasBackward(float* dbias, const float* dout, int64_t N, int64_t OC) override;
+  // The column sums and the rounding in one pass over dout (elementwise.cu); GeluBackwardBias's
+  // default composition (GeluBackward, then this) is then two passes.
+  void BiasBackwardRounded(float* dbias, const float* dout, int64_t N, int64_t OC, void* dout16,
+                           DType type) override;
   void ScaleRows(float* x, const float* w, int64_t N, int64_t C) override;
   void RowDot(float* out, const float* a, const float* b, int64_t N, int64_t C) override;
   void Add(float* out, const float* a, const float* b, int64_t n) override;
@@ -87,6 +91,10 @@ class GpuBackend : public Backend {
                       int64_t C, float eps) override;
   void RmsNormBackward(float* dinp, float* dweight, const float* dout, const float* inp,
                        const float* weight, const float* rstd, int64_t N, int64_t C) override;
+  // The residual add and the norm after it in one kernel (norm.cu); scratch is not used.
+  void ResidualNormForward(float* res, void* out, DType out_type, float* scratch, float* mean,
+                           float* rstd, const float* a, const float* b, const float* weight,
+                           const float* bias, int64_t N, int64_t C, float eps, bool rms) override;
   void HeadRmsNormForward(float* x, float* saved, float* rstd, const float* weight, int64_t N,
                           int64_t n_heads, int64_t HS, int64_t row_stride, float eps) override;
   void HeadRmsNormBackward(float* dx, float* dweight, const float* saved, const float* weight,
@@ -133,6 +141,13 @@ class GpuBackend : public Backend {
   void AdamWFromScalars(float* param, const float* grad, float* m, float* v, int64_t n,
                         const StepScalars* s, float beta1, float beta2, float eps,
                         float weight_decay) override;
+  // One launch over every run (adamw.cu's chunk table). The device copy of a runs table is made
+  // on its first use, outside graph capture, and kept for the backend's life (a job's runs are
+  // fixed), so a captured launch reads a table that never moves; a table first seen while
+  // capturing records FAILED_PRECONDITION (run a step first, as the trainer does).
+  void AdamWRunsFromScalars(float* param, const float* grad, float* m, float* v,
+                            const AdamWRun* runs, int64_t n_runs, const StepScalars* s,
+                            float beta1, float beta2, float eps) override;
   void SgdUpdate(float* param, const float* grad, float* buf, int64_t n, float lr, float momentum,
                  float dampening, float weight_decay, bool nesterov, bool first_step,
                  float grad_scale, const StepScalars* s) override;
@@ -179,6 +194,13 @@ class GpuBackend : public Backend {
   // tensor-core path's 16-bit operands and dq accumulator (attention_tc.h).
   float* scratch_ = nullptr;
   int64_t scratch_floats_ = 0;
+  // AdamWRunsFromScalars' device chunk tables, one per distinct runs table seen (usually one).
+  struct AdamWTable {
+    std::vector<AdamWRun> runs;  // the host table it was made from
+    void* chunks = nullptr;      // device gpu::AdamWChunk[n_chunks]
+    int64_t n_chunks = 0;
+  };
+  std::vector<AdamWTable> adamw_tables_;
   std::vector<cudaGraphExec_t> graphs_;  // by id
   std::vector<cudaEvent_t> markers_;     // by id; only grown before the step loop
   bool capturing_ = false;

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "backend/cuda/gpu_ns.h"
 #include "backend/cuda/optim_kernels.h"  // SGD, Adafactor, 8-bit AdamW launchers
@@ -23,6 +24,10 @@ Status EmbeddingBackward(float* dtable, const float* dout, const int32_t* ids, i
                          cudaStream_t stream);
 Status AddBias(float* out, const float* bias, int64_t N, int64_t OC, cudaStream_t stream);
 Status BiasBackward(float* dbias, const float* dout, int64_t N, int64_t OC, cudaStream_t stream);
+// BiasBackward (its bits) and dout16 = dout rounded to `type` (bf16 or f16) in one pass over dout:
+// the bias gradient of a 16-bit linear layer fused into the pass that rounds its output gradient.
+Status BiasBackwardRounded(float* dbias, const float* dout, int64_t N, int64_t OC, void* dout16,
+                           DType type, cudaStream_t stream);
 Status ScaleRows(float* x, const float* w, int64_t N, int64_t C, cudaStream_t stream);
 Status RowDot(float* out, const float* a, const float* b, int64_t N, int64_t C,
               cudaStream_t stream);
@@ -76,6 +81,12 @@ Status RmsNormForward(float* out, float* rstd, const float* inp, const float* we
 Status RmsNormBackward(float* dinp, float* dweight, const float* dout, const float* inp,
                        const float* weight, const float* rstd, int64_t N, int64_t C,
                        cudaStream_t stream);
+// Backend::ResidualNormForward in one pass: res = a + b, then LayerNorm (mean, bias) or, when rms,
+// RMSNorm of res into out (out_type f32, bf16 or f16). Bit for bit Add, then LayerNormForward /
+// RmsNormForward and, for a 16-bit out, Cast.
+Status ResidualNormForward(float* res, void* out, DType out_type, float* mean, float* rstd,
+                           const float* a, const float* b, const float* weight, const float* bias,
+                           int64_t N, int64_t C, float eps, bool rms, cudaStream_t stream);
 Status HeadRmsNormForward(float* x, float* saved, float* rstd, const float* weight, int64_t N,
                           int64_t n_heads, int64_t HS, int64_t row_stride, float eps,
                           cudaStream_t stream);
@@ -126,5 +137,22 @@ Status AdamW(float* param, const float* grad, float* m, float* v, int64_t n, flo
 Status AdamWFromScalars(float* param, const float* grad, float* m, float* v, int64_t n,
                         const StepScalars* scalars, float beta1, float beta2, float eps,
                         float weight_decay, cudaStream_t stream);
+// Backend::AdamWRunsFromScalars in one launch: the runs cut into chunks of at most
+// kAdamWChunkElems elements (AdamWChunksOf, on the host), `chunks` a device copy of that table.
+// Each element is updated with its chunk's weight decay exactly as AdamWFromScalars updates it.
+// The table is plain device memory read by the kernel, so a launch captured in a graph stays
+// valid while the table lives and is not rewritten.
+struct AdamWChunk {
+  int64_t offset;  // first element in the flat buffers
+  int64_t numel;   // <= kAdamWChunkElems
+  float weight_decay;
+};
+constexpr int64_t kAdamWChunkElems = 16384;  // 64 elements per thread of a 256-thread block
+constexpr int64_t kAdamWMaxBlocks = 8192;     // grid cap; blocks then loop over the chunks
+std::vector<AdamWChunk> AdamWChunksOf(const AdamWRun* runs, int64_t n_runs);
+Status AdamWChunksFromScalars(float* param, const float* grad, float* m, float* v,
+                              const AdamWChunk* chunks, int64_t n_chunks,
+                              const StepScalars* scalars, float beta1, float beta2, float eps,
+                              cudaStream_t stream);
 
 TRAIND_GPU_END

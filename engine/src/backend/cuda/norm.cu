@@ -5,8 +5,11 @@
 //   LayerNormForward  reads inp, writes out: 8*N*C bytes, ~8*N*C FLOPs -> N*C = 8M: 21 us
 //   LayerNormBackward reads dout, inp, dinp; writes dinp: 16*N*C bytes, ~16*N*C FLOPs -> 8M: 43 us
 //   RmsNorm{Fwd,Bwd}  same bytes as LayerNorm                         -> 8M: 21 / 43 us
+//   ResidualNormForward reads a, b; writes res and out: 16*N*C bytes (12 with a 16-bit out),
+//                     against 20*N*C for Add then the norm (24 with the Cast of a 16-bit out)
 // Gradient contract: dinp +=, dweight +=, dbias += (backend.h).
 #include <string>
+#include <type_traits>
 
 #include "backend/cuda/gpu_compat.h"
 #include "backend/cuda/kernels.h"
@@ -181,6 +184,61 @@ __global__ void head_rmsnorm_backward_kernel(float* dx, float* dweight, const fl
     for (int64_t c = tid; c < HS; c += nthreads) atomicAdd(&dweight[c], acc[c]);
 }
 
+template <typename O>
+__device__ __forceinline__ void StoreAs(O* p, int64_t i, float v) {
+  if constexpr (std::is_same_v<O, float>) {
+    p[i] = v;
+  } else if constexpr (std::is_same_v<O, __nv_bfloat16>) {
+    p[i] = __float2bfloat16_rn(v);
+  } else {
+    p[i] = __float2half_rn(v);
+  }
+}
+
+// Backend::ResidualNormForward: one warp per row; res = a + b (Add's bits), then the norm of res
+// with layernorm_forward_kernel's / rmsnorm_forward_kernel's arithmetic, out stored as O (fp32,
+// or rounded to nearest even: the bits of the norm followed by Cast). Each lane reads back only
+// the res elements it wrote, so res may alias a or b.
+template <typename O, bool kRms>
+__global__ void residual_norm_forward_kernel(float* res, O* out, float* mean, float* rstd,
+                                             const float* a, const float* b, const float* weight,
+                                             const float* bias, int64_t N, int64_t C, float eps) {
+  const int64_t row = blockIdx.x * int64_t{blockDim.y} + threadIdx.y;
+  if (row >= N) return;  // whole warp: no block barrier in this kernel
+  const int lane = threadIdx.x;
+  float* x = res + row * C;
+  const float* ar = a + row * C;
+  const float* br = b + row * C;
+  O* o = out + row * C;
+  if constexpr (kRms) {
+    float ss = 0.0f;
+    for (int64_t c = lane; c < C; c += 32) {
+      const float v = ar[c] + br[c];
+      x[c] = v;
+      ss += v * v;
+    }
+    const float rs = 1.0f / sqrtf(WarpSum(ss) / static_cast<float>(C) + eps);
+    for (int64_t c = lane; c < C; c += 32) StoreAs(o, c, x[c] * rs * weight[c]);
+    if (lane == 0) rstd[row] = rs;
+  } else {
+    float s = 0.0f;
+    for (int64_t c = lane; c < C; c += 32) {
+      const float v = ar[c] + br[c];
+      x[c] = v;
+      s += v;
+    }
+    const float m = WarpSum(s) / static_cast<float>(C);
+    float var = 0.0f;
+    for (int64_t c = lane; c < C; c += 32) var += (x[c] - m) * (x[c] - m);
+    const float rs = 1.0f / sqrtf(WarpSum(var) / static_cast<float>(C) + eps);
+    for (int64_t c = lane; c < C; c += 32) StoreAs(o, c, (x[c] - m) * rs * weight[c] + bias[c]);
+    if (lane == 0) {
+      mean[row] = m;
+      rstd[row] = rs;
+    }
+  }
+}
+
 Status CheckRows(const char* op, int64_t N, int64_t C) {
   if (N < 0 || C <= 0)
     return Status::InvalidArgument(std::string(op) + ": bad shape N=" + std::to_string(N) +
@@ -235,6 +293,43 @@ Status RmsNormBackward(float* dinp, float* dweight, const float* dout, const flo
   const size_t shmem = use_shared ? static_cast<size_t>(C) * sizeof(float) : 0;
   return GPU_LAUNCH(rmsnorm_backward_kernel, BackwardBlocks(N), dim3(32, kRowsPerBlock), shmem,
                     stream, dinp, dweight, dout, inp, weight, rstd, N, C, use_shared);
+}
+
+namespace {
+template <typename O>
+Status LaunchResidualNorm(float* res, void* out, float* mean, float* rstd, const float* a,
+                          const float* b, const float* weight, const float* bias, int64_t N,
+                          int64_t C, float eps, bool rms, cudaStream_t stream) {
+  O* o = static_cast<O*>(out);
+  if (rms)
+    return GPU_LAUNCH((residual_norm_forward_kernel<O, true>), RowBlocks(N),
+                      dim3(32, kRowsPerBlock), 0, stream, res, o, mean, rstd, a, b, weight, bias,
+                      N, C, eps);
+  return GPU_LAUNCH((residual_norm_forward_kernel<O, false>), RowBlocks(N),
+                    dim3(32, kRowsPerBlock), 0, stream, res, o, mean, rstd, a, b, weight, bias, N,
+                    C, eps);
+}
+}  // namespace
+
+Status ResidualNormForward(float* res, void* out, DType out_type, float* mean, float* rstd,
+                           const float* a, const float* b, const float* weight, const float* bias,
+                           int64_t N, int64_t C, float eps, bool rms, cudaStream_t stream) {
+  TRAIND_RETURN_IF_ERROR(CheckRows("ResidualNormForward", N, C));
+  if (!rms && (mean == nullptr || bias == nullptr))
+    return Status::InvalidArgument("ResidualNormForward: LayerNorm needs mean and bias");
+  if (N == 0) return Status::Ok();
+  switch (out_type) {
+    case DType::kF32:
+      return LaunchResidualNorm<float>(res, out, mean, rstd, a, b, weight, bias, N, C, eps, rms,
+                                       stream);
+    case DType::kBF16:
+      return LaunchResidualNorm<__nv_bfloat16>(res, out, mean, rstd, a, b, weight, bias, N, C, eps,
+                                               rms, stream);
+    case DType::kF16:
+      return LaunchResidualNorm<__half>(res, out, mean, rstd, a, b, weight, bias, N, C, eps, rms,
+                                        stream);
+  }
+  return Status::InvalidArgument("ResidualNormForward: unknown output dtype");
 }
 
 Status HeadRmsNormForward(float* x, float* saved, float* rstd, const float* weight, int64_t N,
