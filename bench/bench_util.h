@@ -1,18 +1,22 @@
-// Helpers shared by the traind benches: timers, and the timed step loop through the trainer's
-// StepRunner (so a bench measures what the trainer runs).
+// Helpers shared by the traind benches: timers, a seeded model and its optimizer, one fixed batch,
+// and the timed step loop through the trainer's StepRunner (so a bench measures what the trainer
+// runs).
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
 #include <functional>
 #include <memory>
+#include <random>
 #include <vector>
 
 #include "backend/arena.h"
 #include "models/model.h"
 #include "optim/adamw.h"
+#include "optim/optimizer.h"
 #include "train/step_runner.h"
 
 namespace traind::bench {
@@ -47,15 +51,59 @@ struct StepTimes {
   double last_loss = 0.0;
 };
 
+// The median of `seconds` in milliseconds (0 when empty).
+inline double MedianMs(std::vector<double> seconds) {
+  if (seconds.empty()) return 0.0;
+  std::sort(seconds.begin(), seconds.end());
+  return 1e3 * seconds[seconds.size() / 2];
+}
+
+// One batch of `n` random token ids below `vocab` (seed 42), handed out for every micro-batch:
+// inputs ids[0, n), targets ids[1, n] (the next token).
+inline engine::StepRunner::NextBatch FixedRandomBatch(int64_t n, int64_t vocab) {
+  auto ids = std::make_shared<std::vector<int32_t>>(static_cast<size_t>(n + 1));
+  std::mt19937 rng(42);
+  for (auto& t : *ids) t = static_cast<int32_t>(rng() % static_cast<uint32_t>(vocab));
+  return [ids, n](int32_t* in, int32_t* tg, double*) {
+    std::copy(ids->begin(), ids->begin() + n, in);
+    std::copy(ids->begin() + 1, ids->begin() + n + 1, tg);
+    return Status::Ok();
+  };
+}
+
+struct SeededModel {
+  std::unique_ptr<engine::Model> model;
+  std::unique_ptr<engine::Optimizer> optimizer;
+};
+
+// `mc` with `mo` in `arena`, its weights and adapters seeded (1234), and the optimizer `training`
+// names (MakeOptimizer) over its trainable parameters. The error names the call that failed.
+inline Result<SeededModel> MakeSeededModel(const engine::ModelConfig& mc,
+                                           const engine::ModelOptions& mo,
+                                           const engine::TrainingSpec& training,
+                                           engine::DeviceArena* arena) {
+  SeededModel out;
+  auto model = engine::Model::Create(mc, mo, arena);
+  if (!model.ok()) return Status(model.status().code(), "Model::Create: " + model.status().message());
+  out.model = std::move(model).value();
+  out.model->InitRandom(1234);
+  out.model->InitAdapters(1234);
+  auto opt = engine::MakeOptimizer(training, out.model->trainable_params(),
+                                   out.model->num_trainable(), arena);
+  if (!opt.ok()) return Status(opt.status().code(), "MakeOptimizer: " + opt.status().message());
+  out.optimizer = std::move(opt).value();
+  return out;
+}
+
 // `warmup` untimed then `steps` timed optimizer steps of `accumulation_steps` micro-batches each,
-// at learning rate 1e-4, through a StepRunner over `model` and `optimizer`; `timed_start` runs
-// once just before the first timed step (e.g. to reset a profiler).
-inline Result<StepTimes> RunTimedSteps(engine::Model* model, engine::AdamWOptimizer* optimizer,
+// at `learning_rate`, through a StepRunner over `model` and `optimizer`; `timed_start` runs once
+// just before the first timed step (e.g. to reset a profiler).
+inline Result<StepTimes> RunTimedSteps(engine::Model* model, engine::Optimizer* optimizer,
                                        engine::DeviceArena* arena, int64_t accumulation_steps,
                                        const engine::StepRunner::NextBatch& next_batch,
                                        int warmup, int steps,
                                        const std::function<void()>& timed_start,
-                                       bool use_graphs = true) {
+                                       bool use_graphs = true, double learning_rate = 1e-4) {
   engine::StepRunner::Options options;
   options.accumulation_steps = accumulation_steps;
   options.use_graphs = use_graphs;
@@ -71,7 +119,7 @@ inline Result<StepTimes> RunTimedSteps(engine::Model* model, engine::AdamWOptimi
     const Clock::time_point t0 = Clock::now();
     double wait = 0.0;
     TRAIND_ASSIGN_OR_RETURN(engine::StepRunner::Outcome out,
-                            runner->Run(next_batch, 1e-4, 1.0f, &wait));
+                            runner->Run(next_batch, learning_rate, 1.0f, &wait));
     if (s >= warmup) t.seconds.push_back(Seconds(t0, Clock::now()));
     if (s == 0) t.first_loss = out.loss;
     t.last_loss = out.loss;

@@ -120,24 +120,24 @@ int Run(BenchConfig bc, const RunFlags& f) {
   const bool profile = f.profile, cpu_time = f.cpu_time;
   if (f.batch > 0) bc.batch = f.batch;
   if (f.seq > 0) bc.seq_len = f.seq;
-  std::unique_ptr<Backend> device;
-  if (f.device == "cpu") {
-    device = engine::MakeCpuBackend(threads);
-  } else {
-    engine::DeviceOptions dopt;
-    dopt.device = f.device;
-    dopt.threads = threads;
-    auto opened = engine::OpenDevice(dopt, f.tf32, [](const std::string& note) {
-      std::fprintf(stderr, "%s\n", note.c_str());
-    });
-    if (!opened.ok()) {
-      std::fprintf(stderr, "--device %s: %s\n", f.device.c_str(),
-                   opened.status().ToString().c_str());
-      return 1;
-    }
-    device = std::move(opened->backend);
+  engine::DeviceOptions dopt;
+  dopt.device = f.device;
+  dopt.threads = threads;
+  auto opened = engine::OpenDevice(dopt, f.tf32, [](const std::string& note) {
+    std::fprintf(stderr, "%s\n", note.c_str());
+  });
+  if (!opened.ok()) {
+    std::fprintf(stderr, "--device %s: %s\n", f.device.c_str(),
+                 opened.status().ToString().c_str());
+    return 1;
   }
-  ProfilingBackend prof(device.get(), cpu_time, /*sync_each_op=*/f.device != "cpu");
+  std::unique_ptr<Backend> device = std::move(opened->backend);
+  // What differs between devices is asked of the device: the host's GEMMs (the cpu backend: the
+  // MFU against its sgemm, the GEMM library named), whether an op has finished when it returns
+  // (else the profiler synchronises after each op), whether the GEMMs pack their weights.
+  const engine::DeviceCapabilities caps = device->capabilities();
+  const bool host = !caps.has_own_memory;
+  ProfilingBackend prof(device.get(), cpu_time, /*sync_each_op=*/!caps.ops_complete_on_return);
   Backend* be = profile ? static_cast<Backend*>(&prof) : device.get();
   const SgemmRate sgemm = MeasureGemm(device.get());
   const double sgemm_gflops = sgemm.wall;
@@ -152,7 +152,7 @@ int Run(BenchConfig bc, const RunFlags& f) {
   mo.seq_len = bc.seq_len;
   mo.compute_type = f.dtype;
   mo.logits_chunk_rows = f.logits_chunk;
-  mo.pack_weights = f.pack && f.device == "cpu";  // as a job's (PacksGemmWeights)
+  mo.pack_weights = f.pack && caps.packs_gemm_weights;  // as a job's (PacksGemmWeights)
   engine::DeviceArena arena(be, 0);
   auto model = engine::Model::Create(mc, mo, &arena);
   if (!model.ok()) {
@@ -170,14 +170,7 @@ int Run(BenchConfig bc, const RunFlags& f) {
     return 1;
   }
   const int64_t N = bc.batch * bc.seq_len;
-  std::vector<int32_t> ids(static_cast<size_t>(N + 1));
-  std::mt19937 rng(42);
-  for (auto& t : ids) t = static_cast<int32_t>(rng() % static_cast<uint32_t>(bc.vocab));
-  auto next_batch = [&](int32_t* in, int32_t* tg, double*) {
-    std::copy(ids.begin(), ids.begin() + N, in);
-    std::copy(ids.begin() + 1, ids.end(), tg);
-    return Status::Ok();
-  };
+  const engine::StepRunner::NextBatch next_batch = FixedRandomBatch(N, bc.vocab);
   // The trainer's step path (StepRunner: batch upload, Forward, Backward, grad norm, AdamW).
   auto run = RunTimedSteps(&m, opt->get(), &arena, 1, next_batch, warmup, steps,
                            [&] { prof.Reset(); }, f.graphs);
@@ -209,7 +202,7 @@ int Run(BenchConfig bc, const RunFlags& f) {
       static_cast<long long>(bc.heads), static_cast<long long>(bc.seq_len),
       static_cast<long long>(bc.batch), static_cast<long long>(bc.vocab),
       static_cast<long long>(m.num_params()), threads,
-      f.device == "cpu" ? engine::cpu::GemmLibrary() : "device", f.device.c_str(),
+      host ? engine::cpu::GemmLibrary() : "device", f.device.c_str(),
       engine::DTypeName(f.dtype), f.tf32 ? 1 : 0, f.graphs ? 1 : 0, mo.pack_weights ? 1 : 0,
       engine::cpu::Bf16GemmNative() ? "onednn" : "widen",
       std::getenv("TRAIND_CUBLASLT_EPILOGUES") != nullptr ? std::getenv("TRAIND_CUBLASLT_EPILOGUES")
@@ -222,7 +215,7 @@ int Run(BenchConfig bc, const RunFlags& f) {
       loss, cpu_per_step, static_cast<double>(N) / cpu_per_step);
   const double mfu16 = achieved / gemm16.wall;
   const double mfu16_cpu = flops / cpu_per_step / 1e9 / gemm16.per_cpu_s;
-  if (f.device == "cpu") {
+  if (host) {
     std::printf(
         "  model FLOPs/step %.3g, achieved %.1f GFLOP/s, sgemm 1024^3 %.1f GFLOP/s, MFU %.1f%%; "
         "by CPU time: %.1f GFLOP/CPU-s vs sgemm %.1f, MFU %.1f%%\n",
@@ -252,7 +245,7 @@ int Run(BenchConfig bc, const RunFlags& f) {
   if (profile) {
     // The GEMM ceiling line needs wall-clock op times (--profile) on the CPU.
     prof.Print(total, static_cast<int>(times.size()),
-               f.device == "cpu" && !cpu_time ? gemm16.wall : 0.0, flops);
+               host && !cpu_time ? gemm16.wall : 0.0, flops);
   }
   return 0;
 }
@@ -320,12 +313,18 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  if (f.device != "cpu") traind::engine::RegisterGpuBackends();
+  traind::engine::RegisterGpuBackends();
+  const auto caps = traind::engine::DeviceCapabilitiesOf(f.device);
+  if (!caps.ok()) {
+    std::fprintf(stderr, "--device %s: %s\n", f.device.c_str(), caps.status().ToString().c_str());
+    return 2;
+  }
   int rc = 0, matched = 0;
   for (const auto& bc : traind::bench::kConfigs) {
-    // "all" keeps the CPU run to gpt2's two small configs; name gpt2 or a llama config to run it.
-    const bool in_all =
-        bc.name == "tiny" || bc.name == "small" || (bc.name == "gpt2" && f.device != "cpu");
+    // "all" keeps a run on the host's cores (the cpu backend) to gpt2's two small configs; name
+    // gpt2 or a llama config to run it there.
+    const bool in_all = bc.name == "tiny" || bc.name == "small" ||
+                        (bc.name == "gpt2" && caps->has_own_memory);
     if (config == "all" ? !in_all : config != bc.name) continue;
     ++matched;
     rc |= traind::bench::Run(bc, f);

@@ -58,14 +58,7 @@ Result<double> BenchTokensPerSecond(int threads, int steps) {
   TRAIND_ASSIGN_OR_RETURN(std::unique_ptr<engine::AdamWOptimizer> opt,
                           engine::AdamWOptimizer::Create(model->params(), model->num_params(), ao, &arena));
   const int64_t n = kBatch * kSeq;
-  std::vector<int32_t> ids(static_cast<size_t>(n + 1));
-  std::mt19937 rng(42);
-  for (auto& t : ids) t = static_cast<int32_t>(rng() % static_cast<uint32_t>(kVocab));
-  auto next_batch = [&](int32_t* in, int32_t* tg, double*) {
-    std::copy(ids.begin(), ids.begin() + n, in);
-    std::copy(ids.begin() + 1, ids.end(), tg);
-    return Status::Ok();
-  };
+  const engine::StepRunner::NextBatch next_batch = FixedRandomBatch(n, kVocab);
   TRAIND_ASSIGN_OR_RETURN(StepTimes t, RunTimedSteps(model.get(), opt.get(), &arena, 1, next_batch,
                                                      /*warmup=*/2, steps, [] {}));
   return static_cast<double>(n) / Median(t.seconds);

@@ -10,11 +10,9 @@
 //                   [--r R] [--alpha A] [--targets c_attn,c_proj,c_fc] [--dropout P]
 //                   [--compute f32|bf16|f16] [--profile]   (per-op wall time of each run)
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
-#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -24,9 +22,7 @@
 #include "bench_util.h"
 #include "profiling_backend.h"
 #include "models/model.h"
-#include "optim/optimizer.h"
 #include "train/planner.h"
-#include "train/step_runner.h"
 
 namespace traind::bench {
 namespace {
@@ -48,73 +44,40 @@ int Run(const Shape& s, int64_t B, int steps, int warmup, int threads,
   std::unique_ptr<engine::Backend> device = engine::MakeCpuBackend(threads);
   ProfilingBackend prof(device.get());
   engine::Backend* be = profile ? static_cast<engine::Backend*>(&prof) : device.get();
-  engine::ModelConfig mc;
-  mc.arch = engine::Arch::kGpt2;
-  mc.vocab_size = s.vocab;
-  mc.n_positions = 1024;
-  mc.n_embd = s.channels;
-  mc.n_layer = s.layers;
-  mc.n_head = s.heads;
+  const engine::ModelConfig mc = BenchModelConfig(s.layers, s.channels, s.heads, s.vocab);
   engine::ModelOptions mo;
   mo.micro_batch = B;
   mo.seq_len = s.seq_len;
   mo.lora = lora;
   mo.compute_type = compute;
-  engine::DeviceArena arena(be, 0);
-  auto model = engine::Model::Create(mc, mo, &arena);
-  if (!model.ok()) {
-    std::fprintf(stderr, "Model::Create: %s\n", model.status().ToString().c_str());
-    return 1;
-  }
-  engine::Model& m = **model;
-  m.InitRandom(1234);
-  m.InitAdapters(1234);
   engine::TrainingSpec ts;  // AdamW
   ts.weight_decay = 0.1;
   ts.bf16 = compute == engine::DType::kBF16;
   ts.fp16 = compute == engine::DType::kF16;
-  auto opt = engine::MakeOptimizer(ts, m.trainable_params(), m.num_trainable(), &arena);
-  if (!opt.ok()) {
-    std::fprintf(stderr, "MakeOptimizer: %s\n", opt.status().ToString().c_str());
+  engine::DeviceArena arena(be, 0);
+  auto made = MakeSeededModel(mc, mo, ts, &arena);
+  if (!made.ok()) {
+    std::fprintf(stderr, "%s\n", made.status().ToString().c_str());
     return 1;
   }
   out->bytes = engine::JobBytes(mc, mo, ts);
   out->plan = out->bytes.total();
-  out->trainable = m.num_trainable();
-  const int64_t N = B * s.seq_len;
-  std::vector<int32_t> ids(static_cast<size_t>(N + 1));
-  std::mt19937 rng(42);
-  for (auto& t : ids) t = static_cast<int32_t>(rng() % static_cast<uint32_t>(s.vocab));
-  auto next_batch = [&](int32_t* in, int32_t* tg, double*) {
-    std::copy(ids.begin(), ids.begin() + N, in);
-    std::copy(ids.begin() + 1, ids.begin() + N + 1, tg);
-    return Status::Ok();
-  };
-  auto runner = engine::StepRunner::Create({}, &m, opt->get(), &arena);
-  if (!runner.ok()) {
-    std::fprintf(stderr, "StepRunner: %s\n", runner.status().ToString().c_str());
+  out->trainable = made->model->num_trainable();
+  auto run = RunTimedSteps(made->model.get(), made->optimizer.get(), &arena, 1,
+                           FixedRandomBatch(B * s.seq_len, s.vocab), warmup, steps, [] {},
+                           /*use_graphs=*/true, /*learning_rate=*/1e-3);
+  if (!run.ok()) {
+    std::fprintf(stderr, "steps: %s\n", run.status().ToString().c_str());
     return 1;
   }
-  std::vector<double> times;
-  for (int i = 0; i < warmup + steps; ++i) {
-    const Clock::time_point t0 = Clock::now();
-    double wait = 0;
-    auto o = (*runner)->Run(next_batch, 1e-3, 1.0f, &wait);
-    if (!o.ok()) {
-      std::fprintf(stderr, "step: %s\n", o.status().ToString().c_str());
-      return 1;
-    }
-    if (i >= warmup) times.push_back(Seconds(t0, Clock::now()));
-    if (i == 0) out->first_loss = o->loss;
-    out->last_loss = o->loss;
-  }
+  out->first_loss = run->first_loss;
+  out->last_loss = run->last_loss;
   if (profile) {
     double total = 0;
-    for (double t : times) total += t;
-    prof.Print(total, static_cast<int>(times.size()));
+    for (double t : run->seconds) total += t;
+    prof.Print(total, static_cast<int>(run->seconds.size()));
   }
-  std::sort(times.begin(), times.end());
-  out->median_ms = times.empty() ? 0 : 1e3 * times[times.size() / 2];
+  out->median_ms = MedianMs(run->seconds);
   out->peak = arena.peak_bytes();
   return 0;
 }

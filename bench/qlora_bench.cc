@@ -9,26 +9,17 @@
 // Usage: qlora_bench [--model tiny|small] [--batch B] [--steps N] [--warmup N] [--threads N]
 //                    [--compute f32|bf16] [--quant nf4|fp4] [--double-quant 0|1] [--ckpt 0|1]
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
-#include <random>
 #include <string>
 #include <vector>
 
 #include "backend/arena.h"
 #include "backend/backend.h"
-#include "models/model.h"
-
-namespace traind::bench {
-using engine::Arch;  // bench_util.h names it unqualified
-}  // namespace traind::bench
-
 #include "bench_util.h"
-#include "optim/optimizer.h"
+#include "models/model.h"
 #include "train/planner.h"
-#include "train/step_runner.h"
 
 namespace traind::bench {
 namespace {
@@ -67,55 +58,28 @@ int Run(const Shape& s, int64_t B, int steps, int warmup, int threads, engine::D
   mo.lora.targets = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
   mo.master_weights_off_device = compute != engine::DType::kF32;  // as jobs set it for LoRA
   mo.quant4 = quant;
-  engine::DeviceArena arena(be.get(), 0);
-  auto model = engine::Model::Create(mc, mo, &arena);
-  if (!model.ok()) {
-    std::fprintf(stderr, "Model::Create: %s\n", model.status().ToString().c_str());
-    return 1;
-  }
-  engine::Model& m = **model;
-  m.InitRandom(1234);
-  m.InitAdapters(1234);
   engine::TrainingSpec ts;  // AdamW
   ts.weight_decay = 0.1;
   ts.bf16 = compute == engine::DType::kBF16;
-  auto opt = engine::MakeOptimizer(ts, m.trainable_params(), m.num_trainable(), &arena);
-  if (!opt.ok()) {
-    std::fprintf(stderr, "MakeOptimizer: %s\n", opt.status().ToString().c_str());
+  engine::DeviceArena arena(be.get(), 0);
+  auto made = MakeSeededModel(mc, mo, ts, &arena);
+  if (!made.ok()) {
+    std::fprintf(stderr, "%s\n", made.status().ToString().c_str());
     return 1;
   }
   const engine::MemoryBytes bytes = engine::JobBytes(mc, mo, ts);
   out->plan = bytes.total();
   out->weights = bytes.weights;
-  const int64_t N = B * s.seq_len;
-  std::vector<int32_t> ids(static_cast<size_t>(N + 1));
-  std::mt19937 rng(42);
-  for (auto& t : ids) t = static_cast<int32_t>(rng() % static_cast<uint32_t>(s.vocab));
-  auto next_batch = [&](int32_t* in, int32_t* tg, double*) {
-    std::copy(ids.begin(), ids.begin() + N, in);
-    std::copy(ids.begin() + 1, ids.begin() + N + 1, tg);
-    return Status::Ok();
-  };
-  auto runner = engine::StepRunner::Create({}, &m, opt->get(), &arena);
-  if (!runner.ok()) {
-    std::fprintf(stderr, "StepRunner: %s\n", runner.status().ToString().c_str());
+  auto run = RunTimedSteps(made->model.get(), made->optimizer.get(), &arena, 1,
+                           FixedRandomBatch(B * s.seq_len, s.vocab), warmup, steps, [] {},
+                           /*use_graphs=*/true, /*learning_rate=*/1e-3);
+  if (!run.ok()) {
+    std::fprintf(stderr, "steps: %s\n", run.status().ToString().c_str());
     return 1;
   }
-  std::vector<double> times;
-  for (int i = 0; i < warmup + steps; ++i) {
-    const Clock::time_point t0 = Clock::now();
-    double wait = 0;
-    auto o = (*runner)->Run(next_batch, 1e-3, 1.0f, &wait);
-    if (!o.ok()) {
-      std::fprintf(stderr, "step: %s\n", o.status().ToString().c_str());
-      return 1;
-    }
-    if (i >= warmup) times.push_back(Seconds(t0, Clock::now()));
-    if (i == 0) out->first_loss = o->loss;
-    out->last_loss = o->loss;
-  }
-  std::sort(times.begin(), times.end());
-  out->median_ms = times.empty() ? 0 : 1e3 * times[times.size() / 2];
+  out->first_loss = run->first_loss;
+  out->last_loss = run->last_loss;
+  out->median_ms = MedianMs(run->seconds);
   out->peak = arena.peak_bytes();
   return 0;
 }

@@ -7,7 +7,7 @@ outside its one reader.
    memory) is a capability: Backend::capabilities() on an open backend, DeviceCapabilitiesOf
    (traind/engine/devices.h) for a name before one is open. A comparison of a device name with
    "cpu", "cuda...", "simt" or "auto" (==, !=, rfind/starts_with/compare of "cuda") in engine/,
-   worker/, comm/ or server/ fails, except in the device registry (engine/src/backend/
+   worker/, comm/, server/ or bench/ fails, except in the device registry (engine/src/backend/
    device_registry.cc), which parses the names and holds the capabilities table.
 2. Environment variables: engine/ reads them in engine/src/core/environment.cc
    (ReadEngineEnvironment) only; a getenv anywhere else in engine/ fails.
@@ -17,7 +17,7 @@ import os
 import re
 import sys
 
-FOLDERS = ("engine", "worker", "comm", "server")
+FOLDERS = ("engine", "worker", "comm", "server", "bench")
 EXTENSIONS = (".h", ".cc", ".cu", ".cuh")
 REGISTRY = "engine/src/backend/device_registry.cc"
 ENV_READER = "engine/src/core/environment.cc"
@@ -75,6 +75,7 @@ def self_test():
         put("worker/src/c.cc", '  if (device == "simt") return Refuse();\n')
         put("comm/src/d.cc", '  if ("auto" == opts.device) x();\n')
         put("server/e.cc", '  if (device->device != "cpu") budget = free;\n')
+        put("bench/g_bench.cc", '  mo.pack_weights = f.pack && f.device == "cpu";\n')
         put("engine/src/data/f.cc", '  const char* d = std::getenv("TRAIND_X");\n')
         put(REGISTRY, '  if (device == "cpu" || device.empty()) return d;\n'
                       '  const char* v = getenv("X");\n')  # a getenv there is still one
@@ -85,7 +86,8 @@ def self_test():
         check(root, violations)
         where = sorted(v.split(":", 1)[0] for v in violations)
         expected = sorted(["engine/src/train/a.cc", "engine/src/train/b.cc", "worker/src/c.cc",
-                           "comm/src/d.cc", "server/e.cc", "engine/src/data/f.cc", REGISTRY])
+                           "comm/src/d.cc", "server/e.cc", "bench/g_bench.cc",
+                           "engine/src/data/f.cc", REGISTRY])
         if where != expected:
             print("self-test FAILED: expected", expected, "got", violations)
             return 1
