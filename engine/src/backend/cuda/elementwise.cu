@@ -78,21 +78,6 @@ __global__ void row_dot_kernel(float* out, const float* a, const float* b, int64
 }
 
 // Block (32, 8): 32 columns per block, 8 row lanes summed through shared memory.
-__global__ void bias_backward_kernel(float* dbias, const float* dout, int64_t N, int64_t OC) {
-  __shared__ float part[8][33];
-  const int64_t c = blockIdx.x * int64_t{32} + threadIdx.x;
-  float s = 0.0f;
-  if (c < OC)
-    for (int64_t n = threadIdx.y; n < N; n += 8) s += dout[n * OC + c];
-  part[threadIdx.y][threadIdx.x] = s;
-  __syncthreads();
-  if (threadIdx.y == 0 && c < OC) {
-    float t = 0.0f;
-    for (int r = 0; r < 8; ++r) t += part[r][threadIdx.x];
-    dbias[c] += t;
-  }
-}
-
 __global__ void add_kernel(float* out, const float* a, const float* b, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x)
@@ -154,11 +139,12 @@ __global__ void cast_kernel(void* dst, const void* src, int64_t n) {
     StoreFloat<D>(dst, i, LoadAsFloat<S>(src, i));
 }
 
-// BiasBackward's column sums (bias_backward_kernel's order, so dbias gets its bits) with each
-// element also stored rounded to D into dout16 as it is read: one pass over dout.
-template <typename D>
-__global__ void bias_backward_rounded_kernel(float* dbias, const float* dout, void* dout16,
-                                             int64_t N, int64_t OC) {
+// dbias(OC) += the column sums of dout: 32 columns a block, 8 rows of partial sums then their
+// sum in row order (fixed, so a run gives the same bits). kRound: each element read is also
+// stored rounded to D into dout16 (BiasBackwardRounded: one pass over dout for both).
+template <typename D, bool kRound>
+__global__ void bias_backward_kernel(float* dbias, const float* dout, void* dout16, int64_t N,
+                                     int64_t OC) {
   __shared__ float part[8][33];
   const int64_t c = blockIdx.x * int64_t{32} + threadIdx.x;
   float s = 0.0f;
@@ -166,7 +152,7 @@ __global__ void bias_backward_rounded_kernel(float* dbias, const float* dout, vo
     for (int64_t n = threadIdx.y; n < N; n += 8) {
       const float v = dout[n * OC + c];
       s += v;
-      StoreFloat<D>(dout16, n * OC + c, v);
+      if constexpr (kRound) StoreFloat<D>(dout16, n * OC + c, v);
     }
   part[threadIdx.y][threadIdx.x] = s;
   __syncthreads();
@@ -234,7 +220,8 @@ Status BiasBackward(float* dbias, const float* dout, int64_t N, int64_t OC, cuda
   TRAIND_RETURN_IF_ERROR(CheckCount("BiasBackward", N * OC));
   if (N * OC == 0) return Status::Ok();
   const unsigned grid = static_cast<unsigned>((OC + 31) / 32);
-  return GPU_LAUNCH(bias_backward_kernel, grid, dim3(32, 8), 0, stream, dbias, dout, N, OC);
+  return GPU_LAUNCH((bias_backward_kernel<float, false>), grid, dim3(32, 8), 0, stream, dbias,
+                    dout, nullptr, N, OC);
 }
 
 Status BiasBackwardRounded(float* dbias, const float* dout, int64_t N, int64_t OC, void* dout16,
@@ -244,11 +231,11 @@ Status BiasBackwardRounded(float* dbias, const float* dout, int64_t N, int64_t O
   const unsigned grid = static_cast<unsigned>((OC + 31) / 32);
   switch (type) {
     case DType::kBF16:
-      return GPU_LAUNCH(bias_backward_rounded_kernel<__nv_bfloat16>, grid, dim3(32, 8), 0, stream,
-                        dbias, dout, dout16, N, OC);
+      return GPU_LAUNCH((bias_backward_kernel<__nv_bfloat16, true>), grid, dim3(32, 8), 0,
+                        stream, dbias, dout, dout16, N, OC);
     case DType::kF16:
-      return GPU_LAUNCH(bias_backward_rounded_kernel<__half>, grid, dim3(32, 8), 0, stream, dbias,
-                        dout, dout16, N, OC);
+      return GPU_LAUNCH((bias_backward_kernel<__half, true>), grid, dim3(32, 8), 0, stream,
+                        dbias, dout, dout16, N, OC);
     case DType::kF32:
       break;
   }
