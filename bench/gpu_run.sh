@@ -23,9 +23,11 @@ summary=$OUT/summary.txt
 
 if has tests; then
   # gpu_attention_tc_test first: the tensor-core attention against the CPU on this GPU (the 16-bit
-  # step's timings below mean something only if it passes) and its fwd+bwd TFLOP/s line.
+  # step's timings below mean something only if it passes) and its fwd+bwd TFLOP/s line; then
+  # gpu_cudnn_sdpa_test: cuDNN's fused SDPA self-checked against that kernel and both timed
+  # (TIMING cudnn_sdpa_forward lines: what decides whether TRAIND_CUDNN_SDPA=1 is worth setting).
   seen=" "
-  for t in ./gpu_attention_tc_test ./gpu_*; do
+  for t in ./gpu_attention_tc_test ./gpu_cudnn_sdpa_test ./gpu_*; do
     [ -x "$t" ] || continue
     name=$(basename "$t")
     case "$seen" in *" $name "*) continue ;; esac

@@ -7,7 +7,7 @@ set(TRAIND_GPU_DIR ${CMAKE_CURRENT_SOURCE_DIR}/src/backend)
 file(GLOB TRAIND_GPU_KERNELS CONFIGURE_DEPENDS ${TRAIND_GPU_DIR}/cuda/*.cu)
 # Host-side sources shared by both builds (the backend class, the launch-free helpers).
 set(TRAIND_GPU_COMMON ${TRAIND_GPU_DIR}/cuda/gpu_backend.cc ${TRAIND_GPU_DIR}/cuda/batch_uploader.cc
-    ${TRAIND_GPU_DIR}/cuda/host_staging.cc)
+    ${TRAIND_GPU_DIR}/cuda/host_staging.cc ${TRAIND_GPU_DIR}/cuda/cudnn_sdpa_select.cc)
 
 find_path(TRAIND_CUDA_HEADERS cuda_bf16.h
   HINTS /usr/local/cuda/include ENV CUDA_HOME PATH_SUFFIXES include)
@@ -76,6 +76,19 @@ if(TRAIND_BUILD_CUDA)
     target_link_libraries(traind_cuda PUBLIC traind_engine CUDA::cudart CUDA::cublasLt)
     set_target_properties(traind_cuda PROPERTIES CUDA_ARCHITECTURES "${CMAKE_CUDA_ARCHITECTURES}")
     traind_warnings(traind_cuda)
+    # cuDNN's fused SDPA as a second attention path (cuda/cudnn_sdpa.h): compiled where cudnn.h is;
+    # libcudnn is opened with dlopen at first use, so nothing links it.
+    find_path(TRAIND_CUDNN_HEADERS cudnn_backend.h
+      HINTS ${CUDAToolkit_INCLUDE_DIRS} /usr/local/cuda/include ENV CUDNN_HOME PATH_SUFFIXES include)
+    if(TRAIND_CUDNN_HEADERS)
+      target_sources(traind_cuda PRIVATE ${TRAIND_GPU_DIR}/cuda/cudnn_sdpa.cc)
+      target_include_directories(traind_cuda SYSTEM PRIVATE ${TRAIND_CUDNN_HEADERS})
+      target_compile_definitions(traind_cuda PRIVATE TRAIND_HAVE_CUDNN=1)
+      target_link_libraries(traind_cuda PUBLIC ${CMAKE_DL_LIBS})
+      message(STATUS "traind: cuDNN headers at ${TRAIND_CUDNN_HEADERS}: cuDNN SDPA path built")
+    else()
+      message(STATUS "traind: cudnn_backend.h not found, cuDNN SDPA path not built")
+    endif()
   else()
     message(STATUS "traind: nvcc not found, CUDA backend not built "
                    "(pass -DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc)")

@@ -2,15 +2,19 @@
 // backend's stream and keeps the first error. Built twice (nvcc build and simt build).
 #include "backend/cuda/gpu_backend.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <string>
 
 #include "backend/cuda/attention_tc.h"
 #include "backend/cuda/batch_uploader.h"
+#include "backend/cuda/cudnn_sdpa.h"
 #include "backend/device_registry.h"
 #include "backend/cuda/host_staging.h"
 #include "backend/cuda/device.h"
 #include "backend/cuda/kernels.h"
+#include "core/half.h"
 
 TRAIND_GPU_BEGIN
 
@@ -361,6 +365,70 @@ void GpuBackend::AttentionBackward(float* dq, float* dk, float* dv, const float*
                                 kv_stride, causal, key_mask, window, scratch_, stream_,
                                 doc_start));
 }
+void GpuBackend::SetSdpaSelectorForTesting(std::unique_ptr<SdpaSelector> selector) {
+  sdpa_ = std::move(selector);
+}
+
+// The cuDNN SDPA path (cudnn_sdpa.h): off unless TRAIND_CUDNN_SDPA is set; a shape's first call
+// runs the self-check (both paths on this call's inputs, outside graph capture), then the
+// verdict stands.
+bool GpuBackend::CudnnAttentionForward16(void* out, float* lse, const void* q, const void* k,
+                                         const void* v, DType type, int64_t B, int64_t T,
+                                         int64_t NH, int64_t NKV, int64_t HS, int64_t q_stride,
+                                         int64_t kv_stride, bool causal, const int32_t* key_mask,
+                                         int64_t window, const int32_t* doc_start) {
+  if (sdpa_ == nullptr) {
+    const bool on = CudnnSdpaSwitchOn();
+    sdpa_ = std::make_unique<SdpaSelector>(on, on ? MakeCudnnSdpaPath() : nullptr);
+  }
+  SdpaShape shape;
+  shape.type = type;
+  shape.B = B, shape.T = T, shape.NH = NH, shape.NKV = NKV, shape.HS = HS;
+  shape.q_stride = q_stride, shape.kv_stride = kv_stride;
+  shape.causal = causal;
+  shape.key_mask = key_mask != nullptr, shape.window = window > 0, shape.doc_start = doc_start != nullptr;
+  const AttentionTcMasks masks{causal, key_mask, window, doc_start};
+  auto self_check = [&]() -> Result<SdpaCheck> {
+    const int64_t n_out = B * T * NH * HS, n_lse = B * NH * T;
+    void* p = nullptr;
+    const size_t out_bytes = (static_cast<size_t>(n_out) * 2 + 255) / 256 * 256;
+    TRAIND_RETURN_IF_ERROR(dev::Malloc(&p, out_bytes + static_cast<size_t>(n_lse) * sizeof(float)));
+    void* out2 = p;  // 256-byte aligned, as cuDNN's tensors must be
+    float* lse2 = reinterpret_cast<float*>(static_cast<char*>(p) + out_bytes);
+    Status st = gpu::AttentionTcForward(out, lse, q, k, v, type, B, T, NH, NKV, HS, q_stride,
+                                        kv_stride, masks, stream_);
+    if (st.ok()) st = sdpa_->path()->Forward(out2, lse2, q, k, v, shape, stream_);
+    std::vector<uint16_t> o1(static_cast<size_t>(n_out)), o2(o1.size());
+    std::vector<float> l1(static_cast<size_t>(n_lse)), l2(l1.size());
+    if (st.ok()) st = dev::StreamSynchronize(stream_);
+    if (st.ok()) st = dev::MemcpyAsync(o1.data(), out, o1.size() * 2, dev::CopyKind::kDeviceToHost, stream_);
+    if (st.ok()) st = dev::MemcpyAsync(o2.data(), out2, o2.size() * 2, dev::CopyKind::kDeviceToHost, stream_);
+    if (st.ok()) st = dev::MemcpyAsync(l1.data(), lse, l1.size() * 4, dev::CopyKind::kDeviceToHost, stream_);
+    if (st.ok()) st = dev::MemcpyAsync(l2.data(), lse2, l2.size() * 4, dev::CopyKind::kDeviceToHost, stream_);
+    if (st.ok()) st = dev::StreamSynchronize(stream_);
+    (void)dev::StreamSynchronize(stream_);
+    (void)dev::Free(p);
+    TRAIND_RETURN_IF_ERROR(st);
+    SdpaCheck c;
+    auto widen = [type](uint16_t h) { return type == DType::kBF16 ? BF16ToF32(h) : F16ToF32(h); };
+    for (size_t i = 0; i < o1.size(); ++i) {
+      const double a = widen(o1[i]), b = widen(o2[i]);
+      c.out_scale = std::max(c.out_scale, std::fabs(a));
+      const double d = std::fabs(a - b);
+      if (std::isnan(d) || d > c.out_diff) c.out_diff = d;  // a NaN sticks
+    }
+    for (size_t i = 0; i < l1.size(); ++i) {
+      c.lse_scale = std::max(c.lse_scale, std::fabs(double{l1[i]}));
+      const double d = std::fabs(double{l1[i]} - l2[i]);
+      if (std::isnan(d) || d > c.lse_diff) c.lse_diff = d;
+    }
+    return c;
+  };
+  if (!sdpa_->UsePath(shape, !capturing_, self_check)) return false;
+  Record(sdpa_->path()->Forward(out, lse, q, k, v, shape, stream_));
+  return true;
+}
+
 void GpuBackend::SoftmaxCrossEntropy(float* logits, float* losses, const int32_t* targets,
                                      int64_t N, int64_t V, int64_t Vp, float grad_scale,
                                      bool compute_grad, const float* device_scale,

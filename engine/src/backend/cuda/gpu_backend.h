@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/cuda/cudnn_sdpa.h"  // SdpaSelector
 #include "backend/cuda/gpu_ns.h"
 #include "traind/engine/status.h"
 
@@ -179,6 +180,21 @@ class GpuBackend : public Backend {
   Status Init();
   // Keeps the first error and reports it on stderr once.
   void Record(const Status& s);
+
+ public:
+  // Replaces the choice of the cuDNN SDPA path (cudnn_sdpa.h; default: made on the first 16-bit
+  // attention from TRAIND_CUDNN_SDPA and MakeCudnnSdpaPath) by `selector`, e.g. a test's with a
+  // stand-in path.
+  void SetSdpaSelectorForTesting(std::unique_ptr<SdpaSelector> selector);
+
+ private:
+  // AttentionForward16 on cuDNN's path when the selector takes this call (true: done).
+  bool CudnnAttentionForward16(void* out, float* lse, const void* q, const void* k, const void* v,
+                               DType type, int64_t B, int64_t T, int64_t NH, int64_t NKV,
+                               int64_t HS, int64_t q_stride, int64_t kv_stride, bool causal,
+                               const int32_t* key_mask, int64_t window, const int32_t* doc_start);
+  std::unique_ptr<SdpaSelector> sdpa_;
+
 
  private:
   std::string name_;
