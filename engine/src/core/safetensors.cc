@@ -504,12 +504,20 @@ Status WriteFileAtomic(const std::string& path, const std::string& content) {
                            {{reinterpret_cast<const uint8_t*>(content.data()), content.size()}});
 }
 
-Result<SafetensorsFile> ReadHfWeights(const std::string& folder) {
+Result<HfWeightsReader> HfWeightsReader::Open(const std::string& folder) {
   namespace fs = std::filesystem;
   const fs::path dir(folder);
+  HfWeightsReader out;
+  out.folder_ = folder;
   std::error_code ec;
   const fs::path single = dir / "model.safetensors";
-  if (fs::exists(single, ec)) return ReadSafetensors(single.string());
+  if (fs::exists(single, ec)) {
+    TRAIND_ASSIGN_OR_RETURN(SafetensorsReader r, SafetensorsReader::Open(single.string()));
+    for (const auto& [name, e] : r.tensors()) out.where_.emplace(name, 0);
+    out.metadata_ = r.metadata();
+    out.shards_.push_back(std::move(r));
+    return out;
+  }
   const fs::path index = dir / "model.safetensors.index.json";
   if (!fs::exists(index, ec)) {
     return Status::NotFound(folder + ": neither model.safetensors nor "
@@ -549,25 +557,105 @@ Result<SafetensorsFile> ReadHfWeights(const std::string& folder) {
     }
     by_shard[s].push_back(name);
   }
-  SafetensorsFile out;
   for (const auto& [shard, names] : by_shard) {
     const std::string shard_path = (dir / shard).string();
-    TRAIND_ASSIGN_OR_RETURN(SafetensorsFile part, ReadSafetensors(shard_path));
+    TRAIND_ASSIGN_OR_RETURN(SafetensorsReader part, SafetensorsReader::Open(shard_path));
     for (const std::string& name : names) {
-      if (part.tensors.count(name) == 0) {
+      if (part.Find(name) == nullptr) {
         return Status::DataLoss(index.string() + ": tensor '" + name + "' is listed in " + shard +
                                 " but " + shard_path + " does not hold it");
       }
     }
-    for (auto& [name, t] : part.tensors) {
-      if (out.tensors.count(name) != 0) {
+    for (const auto& [name, e] : part.tensors()) {
+      if (!out.where_.emplace(name, out.shards_.size()).second) {
         return Status::DataLoss(shard_path + ": tensor '" + name + "' also appears in another shard");
       }
-      out.tensors.emplace(name, std::move(t));
     }
-    for (auto& [k, v] : part.metadata) out.metadata.emplace(k, v);
+    for (const auto& [k, v] : part.metadata()) out.metadata_.emplace(k, v);
+    out.shards_.push_back(std::move(part));
   }
   return out;
+}
+
+std::vector<std::string> HfWeightsReader::names() const {
+  std::vector<std::string> out;
+  out.reserve(where_.size());
+  for (const auto& [name, shard] : where_) out.push_back(name);
+  return out;
+}
+
+const SafetensorsReader::Entry* HfWeightsReader::Find(const std::string& name) const {
+  auto it = where_.find(name);
+  return it == where_.end() ? nullptr : shards_[it->second].Find(name);
+}
+
+std::string HfWeightsReader::PathOf(const std::string& name) const {
+  auto it = where_.find(name);
+  return it == where_.end() ? std::string() : shards_[it->second].path();
+}
+
+Result<HostTensor> HfWeightsReader::ReadTensor(const std::string& name) const {
+  auto it = where_.find(name);
+  if (it == where_.end()) return Status::NotFound(folder_ + ": no tensor '" + name + "'");
+  return shards_[it->second].ReadTensor(name);
+}
+
+Status HfWeightsReader::ReadRange(const std::string& name, uint64_t offset, void* dst,
+                                  size_t bytes) const {
+  auto it = where_.find(name);
+  if (it == where_.end()) return Status::NotFound(folder_ + ": no tensor '" + name + "'");
+  return shards_[it->second].ReadRange(name, offset, dst, bytes);
+}
+
+Result<SafetensorsFile> ReadHfWeights(const std::string& folder) {
+  TRAIND_ASSIGN_OR_RETURN(HfWeightsReader reader, HfWeightsReader::Open(folder));
+  SafetensorsFile out;
+  out.metadata = reader.metadata();
+  for (const std::string& name : reader.names()) {
+    TRAIND_ASSIGN_OR_RETURN(HostTensor t, reader.ReadTensor(name));
+    out.tensors.emplace(name, std::move(t));
+  }
+  return out;
+}
+
+SafetensorsStream CastSafetensorsStream(SafetensorsStream stream, const std::string& dtype) {
+  const bool bf16 = dtype == "BF16";
+  std::vector<bool> cast(stream.tensors.size(), false);
+  for (size_t i = 0; i < stream.tensors.size(); ++i) {
+    if (stream.tensors[i].dtype != "F32") continue;
+    stream.tensors[i].dtype = dtype;
+    cast[i] = true;
+  }
+  StreamedTensorData inner = std::move(stream.data);
+  stream.data = [inner, cast, bf16](size_t i, const SafetensorsSink& sink) -> Status {
+    if (!cast[i]) return inner(i, sink);
+    // Pieces may split a float: up to 3 bytes wait in `carry` for the next piece.
+    uint8_t carry[4];
+    size_t held = 0;
+    std::vector<uint16_t> half;
+    const SafetensorsSink narrowed = [&](const void* p, size_t bytes) {
+      const auto* b = static_cast<const uint8_t*>(p);
+      half.clear();
+      while (bytes > 0 && held > 0 && held < 4) {
+        carry[held++] = *b++;
+        --bytes;
+      }
+      auto put = [&](const uint8_t* f) {
+        float v;
+        std::memcpy(&v, f, 4);
+        half.push_back(bf16 ? F32ToBF16(v) : F32ToF16(v));
+      };
+      if (held == 4) {
+        put(carry);
+        held = 0;
+      }
+      for (; bytes >= 4; b += 4, bytes -= 4) put(b);
+      for (; bytes > 0; --bytes) carry[held++] = *b++;
+      return half.empty() || sink(half.data(), half.size() * sizeof(uint16_t));
+    };
+    return inner(i, narrowed);
+  };
+  return stream;
 }
 
 }  // namespace traind::engine

@@ -116,6 +116,36 @@ Status WriteSafetensorsStream(const std::string& path, const SafetensorsStream& 
 // producer puts a wrong byte count; a producer's own error as it is.
 Result<SafetensorsFile> CollectSafetensorsStream(const SafetensorsStream& stream);
 
+// `stream` with its F32 tensors written as `dtype` ("BF16" or "F16", rounded to nearest even) as
+// the bytes pass through (no copy of a tensor is held); other tensors as they are.
+SafetensorsStream CastSafetensorsStream(SafetensorsStream stream, const std::string& dtype);
+
+// An HF model folder's weights, opened but not read: model.safetensors, or the shards listed in
+// model.safetensors.index.json ("weight_map"), each header parsed and checked (the errors of
+// ReadHfWeights) and the files kept open, so a loader reads one tensor (or a range of one) at a
+// time with pread and holds no more than that.
+class HfWeightsReader {
+ public:
+  static Result<HfWeightsReader> Open(const std::string& folder);
+  const std::string& folder() const { return folder_; }
+  // Every tensor's name, sorted.
+  std::vector<std::string> names() const;
+  // The tensor's header entry (dtype, shape, bytes); nullptr when no shard holds it.
+  const SafetensorsReader::Entry* Find(const std::string& name) const;
+  // The file that holds it (for messages); empty when absent.
+  std::string PathOf(const std::string& name) const;
+  Result<HostTensor> ReadTensor(const std::string& name) const;
+  Status ReadRange(const std::string& name, uint64_t offset, void* dst, size_t bytes) const;
+  // The shards' __metadata__, merged.
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+
+ private:
+  std::string folder_;
+  std::vector<SafetensorsReader> shards_;
+  std::map<std::string, size_t> where_;  // tensor -> shard
+  std::map<std::string, std::string> metadata_;
+};
+
 // Reads an HF model folder's weights: model.safetensors, or the shards listed in
 // model.safetensors.index.json ("weight_map"). NOT_FOUND when neither exists.
 Result<SafetensorsFile> ReadHfWeights(const std::string& folder);

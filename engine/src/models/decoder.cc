@@ -5,8 +5,11 @@
 #include <algorithm>
 #include <functional>
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <sstream>
+
+#include <nlohmann/json.hpp>
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -276,19 +279,42 @@ void DecoderModel::InitRandom(uint64_t seed) {
   weights16_stale_ = true;
 }
 
-Status DecoderModel::LoadHf(const SafetensorsFile& file) {
+Status DecoderModel::LoadHf(const SafetensorsFile& file) { return LoadFrom(TensorSourceOf(file)); }
+
+Status DecoderModel::LoadHfFrom(const HfWeightsReader& reader) { return LoadFrom(TensorSourceOf(reader)); }
+
+Status DecoderModel::LoadFrom(const HfTensorSource& source) {
   WeightsChanging();
   if (quant_) {  // QLoRA: tensor by tensor (one tensor's fp32 copy on the host at a time)
-    TRAIND_RETURN_IF_ERROR(HfToFlat(config_.arch, table_, file, nullptr, nullptr,
-                                    [this](size_t i, const float* v) {
-                                      WriteBase(table_.infos[i].offset, v, table_.infos[i].numel);
-                                    }));
+    std::vector<const Quant4Slot*> prequantized(table_.infos.size(), nullptr);
+    for (size_t i = 0; i < table_.infos.size(); ++i) {
+      const Quant4Slot* s = q_.Find(table_.infos[i].offset);
+      const std::string& name = table_.infos[i].hf_name;
+      if (s == nullptr) continue;
+      std::string dtype;
+      std::vector<int64_t> shape;
+      for (const char* t : {"nf4", "fp4"}) {
+        if (source.find(name + kBnbQuantStatePrefix + t, &dtype, &shape)) prequantized[i] = s;
+      }
+      if (prequantized[i] == nullptr && source.find(name, &dtype, &shape) && dtype == "U8") {
+        return Status::InvalidArgument(
+            source.where(name) + ": tensor '" + name + "' is uint8 (bitsandbytes' packed 4 bits) "
+            "but its quant state '" + name + kBnbQuantStatePrefix + "nf4' (or fp4) is missing");
+      }
+    }
+    TRAIND_RETURN_IF_ERROR(HfToFlat(
+        config_.arch, table_, source, nullptr, nullptr,
+        [this](size_t i, const float* v) { WriteBase(table_.infos[i].offset, v, table_.infos[i].numel); },
+        [&](size_t i) { return prequantized[i] != nullptr; }));
+    for (size_t i = 0; i < prequantized.size(); ++i) {
+      if (prequantized[i] != nullptr) TRAIND_RETURN_IF_ERROR(LoadQuantState(source, i, *prequantized[i]));
+    }
     be_->Synchronize();
     weights16_stale_ = false;
     return Status::Ok();
   }
   std::vector<float> host(static_cast<size_t>(table_.total), 0.0f);
-  TRAIND_RETURN_IF_ERROR(HfToFlat(config_.arch, table_, file, host.data()));
+  TRAIND_RETURN_IF_ERROR(HfToFlat(config_.arch, table_, source, host.data(), nullptr, nullptr));
   if (master_off_ && lora()) {  // the frozen base: the device copies only, a few MiB at a time
     base16_hash_ = kFnvOffset;
     constexpr int64_t kPiece = int64_t{1} << 20;
@@ -368,39 +394,101 @@ MasterWeightsSink::ComputeCopy DecoderModel::ComputeCopyOf(int64_t offset, int64
   return out;
 }
 
+HfTensorSource TensorSourceOf(const SafetensorsFile& file) {
+  HfTensorSource s;
+  s.find = [&file](const std::string& name, std::string* dtype, std::vector<int64_t>* shape) {
+    auto it = file.tensors.find(name);
+    if (it == file.tensors.end()) return false;
+    *dtype = it->second.dtype;
+    *shape = it->second.shape;
+    return true;
+  };
+  s.read = [&file](const std::string& name) { return file.tensors.at(name).ToF32(); };
+  s.read_bytes = [&file](const std::string& name, uint64_t offset, void* dst, size_t bytes) {
+    const std::vector<uint8_t>& d = file.tensors.at(name).data;
+    if (offset > d.size() || bytes > d.size() - offset) {
+      return Status::InvalidArgument("tensor '" + name + "': bytes outside its data");
+    }
+    if (bytes > 0) std::memcpy(dst, d.data() + offset, bytes);
+    return Status::Ok();
+  };
+  s.where = [](const std::string&) { return std::string("checkpoint"); };
+  return s;
+}
+
+HfTensorSource TensorSourceOf(const HfWeightsReader& reader) {
+  HfTensorSource s;
+  s.find = [&reader](const std::string& name, std::string* dtype, std::vector<int64_t>* shape) {
+    const SafetensorsReader::Entry* e = reader.Find(name);
+    if (e == nullptr) return false;
+    *dtype = e->dtype;
+    *shape = e->shape;
+    return true;
+  };
+  s.read = [&reader](const std::string& name) -> Result<std::vector<float>> {
+    TRAIND_ASSIGN_OR_RETURN(HostTensor t, reader.ReadTensor(name));
+    return t.ToF32();
+  };
+  s.read_bytes = [&reader](const std::string& name, uint64_t offset, void* dst, size_t bytes) {
+    return reader.ReadRange(name, offset, dst, bytes);
+  };
+  s.where = [&reader](const std::string& name) { return reader.PathOf(name); };
+  return s;
+}
+
 Status HfToFlat(Arch arch, const ParamTable& table, const SafetensorsFile& file,
                 float* host, std::vector<size_t>* missing_heads,
                 const std::function<void(size_t, const float*)>& each) {
+  return HfToFlat(arch, table, TensorSourceOf(file), host, missing_heads, each);
+}
+
+Status HfToFlat(Arch arch, const ParamTable& table, const HfTensorSource& source, float* host,
+                std::vector<size_t>* missing_heads,
+                const std::function<void(size_t, const float*)>& each,
+                const std::function<bool(size_t)>& skip) {
   std::vector<float> one;  // host == nullptr: the tensor being handed to `each`
+  std::string dtype;
+  std::vector<int64_t> shape;
   for (size_t i = 0; i < table.infos.size(); ++i) {
+    if (skip && skip(i)) continue;
     const ParamInfo& info = table.infos[i];
-    auto it = file.tensors.find(info.hf_name);
+    std::string name = info.hf_name;
+    bool found = source.find(name, &dtype, &shape);
     // GPT2Model / BertModel files name the base model's tensors without its prefix.
     for (const std::string prefix : {"transformer.", "bert."}) {
-      if (it == file.tensors.end() && info.hf_name.rfind(prefix, 0) == 0) {
-        it = file.tensors.find(info.hf_name.substr(prefix.size()));
+      if (!found && info.hf_name.rfind(prefix, 0) == 0) {
+        name = info.hf_name.substr(prefix.size());
+        found = source.find(name, &dtype, &shape);
       }
     }
-    if (it == file.tensors.end() && missing_heads != nullptr && table.extras[i].task_head) {
+    if (!found && missing_heads != nullptr && table.extras[i].task_head) {
       missing_heads->push_back(i);
       continue;
     }
-    if (it == file.tensors.end()) {
+    if (!found) {
       return Status::InvalidArgument("checkpoint is missing tensor '" + info.hf_name +
                                      "' (expected shape " + ShapeStr(info.hf_shape) + ") for a " +
                                      ArchName(arch) + " model of this config");
     }
-    const HostTensor& t = it->second;
-    if (t.shape != info.hf_shape) {
+    std::string qdtype;
+    std::vector<int64_t> qshape;
+    if (dtype == "U8" && (source.find(name + kBnbQuantStatePrefix + "nf4", &qdtype, &qshape) ||
+                          source.find(name + kBnbQuantStatePrefix + "fp4", &qdtype, &qshape))) {
       return Status::InvalidArgument(
-          "tensor '" + info.hf_name + "' has shape " + ShapeStr(t.shape) +
+          "tensor '" + name + "' is stored in 4 bits (a bitsandbytes pre-quantized checkpoint): it "
+          "loads only into a 4-bit base (model.quantization_config with training.peft, QLoRA) "
+          "whose quantized weights include it");
+    }
+    if (shape != info.hf_shape) {
+      return Status::InvalidArgument(
+          "tensor '" + info.hf_name + "' has shape " + ShapeStr(shape) +
           " in the checkpoint but the model config "
           "expects " +
           ShapeStr(info.hf_shape) + ": check config.json against the weights");
     }
-    auto data = t.ToF32();
+    auto data = source.read(name);
     if (!data.ok()) {
-      return Status::InvalidArgument("tensor '" + info.hf_name + "': " + data.status().message());
+      return Status(data.status().code(), "tensor '" + info.hf_name + "': " + data.status().message());
     }
     if (host != nullptr) {
       FromHfLayout(info, table.extras[i], data->data(), host + info.offset);
@@ -785,6 +873,157 @@ void DecoderModel::WriteBase(int64_t offset, const float* v, int64_t n) {
   be_->Synchronize();
 }
 
+std::vector<uint8_t> DecoderModel::Quant4StoreBytes() const {
+  if (!quant_) return {};
+  std::vector<std::pair<const void*, int64_t>> parts = {{bufs_.q_codes, q_.code_bytes}};
+  if (options_.quant4.double_quant) {
+    parts.push_back({bufs_.q_qabsmax, q_.blocks});
+    parts.push_back({bufs_.q_nested, 4 * q_.nested_blocks});
+    parts.push_back({bufs_.q_offsets, 4 * static_cast<int64_t>(q_.tensors.size())});
+  } else {
+    parts.push_back({bufs_.q_absmax, 4 * q_.blocks});
+  }
+  std::vector<uint8_t> out;
+  for (const auto& [p, n] : parts) {
+    const size_t at = out.size();
+    out.resize(at + static_cast<size_t>(n));
+    be_->CopyDeviceToHost(out.data() + at, p, static_cast<size_t>(n));
+  }
+  be_->Synchronize();
+  return out;
+}
+
+Status DecoderModel::LoadQuantState(const HfTensorSource& src, size_t i, const Quant4Slot& s) {
+  const std::string& name = table_.infos[i].hf_name;
+  const Quant4Type want = options_.quant4.type;
+  const bool nested = options_.quant4.double_quant;
+  const std::string path = src.where(name);
+  auto bad = [&](const std::string& tensor, const std::string& what) {
+    return Status::InvalidArgument(path + ": tensor '" + tensor + "': " + what +
+                                   " (a damaged or inconsistent bitsandbytes 4-bit state)");
+  };
+  std::string dtype;  // a tensor's, as src.find gives them
+  std::vector<int64_t> shape;
+  // The JSON tensor: exactly one of __nf4 / __fp4, the job's type.
+  std::string qs_name;
+  Quant4Type file_type = want;
+  for (Quant4Type t : {Quant4Type::kNF4, Quant4Type::kFP4}) {
+    const std::string n = name + kBnbQuantStatePrefix + Quant4TypeName(t);
+    if (!src.find(n, &dtype, &shape)) continue;
+    if (!qs_name.empty()) return bad(n, "a second quant state beside '" + qs_name + "'");
+    qs_name = n;
+    file_type = t;
+  }
+  if (file_type != want) {
+    return bad(qs_name, std::string("is ") + Quant4TypeName(file_type) +
+                            " but model.quantization_config.bnb_4bit_quant_type is " + Quant4TypeName(want));
+  }
+  // A companion tensor: present, of `dtype` and `shape`.
+  auto entry = [&](const std::string& suffix, const std::string& want_dtype,
+                   const std::vector<int64_t>& want_shape) -> Status {
+    const std::string t = name + suffix;
+    if (!src.find(t, &dtype, &shape)) return bad(t, "is missing (a part of the 4-bit weight '" + name + "')");
+    if (dtype != want_dtype) return bad(t, "has dtype " + dtype + ", expected " + want_dtype);
+    if (!want_shape.empty() && shape != want_shape) {
+      return bad(t, "has shape " + ShapeStr(shape) + ", expected " + ShapeStr(want_shape));
+    }
+    return Status::Ok();
+  };
+  TRAIND_RETURN_IF_ERROR(entry(qs_name.substr(name.size()), "U8", {}));
+  if (shape.size() != 1 || shape[0] > (1 << 20)) {
+    return bad(qs_name, "has shape " + ShapeStr(shape) + ", expected one dimension of JSON bytes");
+  }
+  std::string text(static_cast<size_t>(shape[0]), '\0');
+  TRAIND_RETURN_IF_ERROR(src.read_bytes(qs_name, 0, text.data(), text.size()));
+  const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return bad(qs_name, "is not a JSON object");
+  auto int_is = [&](const char* key, int64_t v) -> Status {
+    if (!j.contains(key) || !j[key].is_number_integer()) return bad(qs_name, std::string("has no integer \"") + key + "\"");
+    if (j[key].get<int64_t>() != v) {
+      return bad(qs_name, std::string("\"") + key + "\" is " + j[key].dump() + "; only " + std::to_string(v) + " is built");
+    }
+    return Status::Ok();
+  };
+  if (!j.contains("quant_type") || j["quant_type"] != Quant4TypeName(file_type)) {
+    return bad(qs_name, std::string("\"quant_type\" is ") + (j.contains("quant_type") ? j["quant_type"].dump() : "missing") +
+                            ", the tensor's name says " + Quant4TypeName(file_type));
+  }
+  TRAIND_RETURN_IF_ERROR(int_is("blocksize", kQuant4Block));
+  const ParamInfo& info = table_.infos[i];
+  const std::vector<int64_t> rows_cols = {s.rows, s.cols};
+  if (!j.contains("shape") || !j["shape"].is_array() || j["shape"] != nlohmann::json(rows_cols)) {
+    return bad(qs_name, "\"shape\" is " + (j.contains("shape") ? j["shape"].dump() : std::string("missing")) +
+                            " but the model's " + info.hf_name + " is (out, in) " + ShapeStr(rows_cols));
+  }
+  if (!j.contains("dtype") || !j["dtype"].is_string()) return bad(qs_name, "has no string \"dtype\"");
+  const bool file_nested = j.contains("nested_offset") || j.contains("nested_blocksize");
+  if (file_nested != nested) {
+    return bad(qs_name, std::string(file_nested ? "is" : "is not") + " double quantized (nested_offset) but "
+                        "model.quantization_config.bnb_4bit_use_double_quant is " + (nested ? "true" : "false"));
+  }
+  float offset = 0.0f;
+  if (nested) {
+    TRAIND_RETURN_IF_ERROR(int_is("nested_blocksize", kQuant4NestedBlock));
+    if (!j["nested_offset"].is_number() || !std::isfinite(j["nested_offset"].get<double>())) {
+      return bad(qs_name, "\"nested_offset\" is not a finite number");
+    }
+    if (j.contains("nested_dtype") && j["nested_dtype"] != "float32") {
+      return bad(qs_name, "\"nested_dtype\" is " + j["nested_dtype"].dump() + ", expected \"float32\"");
+    }
+    offset = static_cast<float>(j["nested_offset"].get<double>());
+  } else if (src.find(name + ".nested_absmax", &dtype, &shape)) {
+    return bad(name + ".nested_absmax", "is present but the quant state is not double quantized");
+  }
+  const int64_t n = s.numel, nb = Quant4Blocks(n), nnb = Quant4NestedBlocks(n);
+  TRAIND_RETURN_IF_ERROR(entry("", "U8", {Quant4Bytes(n), 1}));
+  TRAIND_RETURN_IF_ERROR(entry(".quant_map", "F32", {16}));
+  float qmap[16];
+  TRAIND_RETURN_IF_ERROR(src.read_bytes(name + ".quant_map", 0, qmap, sizeof(qmap)));
+  const float* table = Quant4Code(file_type);
+  for (int c = 0; c < 16; ++c) {
+    if (qmap[c] != table[c]) {
+      return bad(name + ".quant_map", std::string("is not bitsandbytes' ") + Quant4TypeName(file_type) +
+                                          " table (entry " + std::to_string(c) + " is " +
+                                          std::to_string(qmap[c]) + ")");
+    }
+  }
+  TRAIND_RETURN_IF_ERROR(entry(".absmax", nested ? "U8" : "F32", {nb}));
+  const size_t idx = static_cast<size_t>(&s - q_.tensors.data());
+  if (nested) {
+    TRAIND_RETURN_IF_ERROR(entry(".nested_absmax", "F32", {nnb}));
+    TRAIND_RETURN_IF_ERROR(entry(".nested_quant_map", "F32", {256}));
+    std::vector<float> code(256);
+    TRAIND_RETURN_IF_ERROR(src.read_bytes(name + ".nested_quant_map", 0, code.data(), 256 * sizeof(float)));
+    if (std::memcmp(code.data(), DynamicCodeSigned(), 256 * sizeof(float)) != 0) {
+      return bad(name + ".nested_quant_map", "is not bitsandbytes' signed dynamic map");
+    }
+    std::vector<uint8_t> qabsmax(static_cast<size_t>(nb));
+    std::vector<float> nested_absmax(static_cast<size_t>(nnb));
+    TRAIND_RETURN_IF_ERROR(src.read_bytes(name + ".absmax", 0, qabsmax.data(), qabsmax.size()));
+    TRAIND_RETURN_IF_ERROR(src.read_bytes(name + ".nested_absmax", 0, nested_absmax.data(),
+                                            nested_absmax.size() * sizeof(float)));
+    for (float v : nested_absmax) {
+      if (!std::isfinite(v)) return bad(name + ".nested_absmax", "holds a non-finite value");
+    }
+    q_offsets_[idx] = offset;
+    be_->CopyHostToDevice(bufs_.q_qabsmax + s.blocks, qabsmax.data(), qabsmax.size());
+    be_->CopyHostToDevice(bufs_.q_nested + s.nested, nested_absmax.data(), nested_absmax.size() * sizeof(float));
+    be_->CopyHostToDevice(bufs_.q_offsets + idx, &q_offsets_[idx], sizeof(float));
+  } else {
+    q_absmax_host_.resize(static_cast<size_t>(nb));
+    TRAIND_RETURN_IF_ERROR(src.read_bytes(name + ".absmax", 0, q_absmax_host_.data(), nb * sizeof(float)));
+    for (float v : q_absmax_host_) {
+      if (!(v >= 0.0f) || !std::isfinite(v)) return bad(name + ".absmax", "holds a negative or non-finite value");
+    }
+    be_->CopyHostToDevice(bufs_.q_absmax + s.blocks, q_absmax_host_.data(), nb * sizeof(float));
+  }
+  q_codes_host_.resize(static_cast<size_t>(Quant4Bytes(n)));
+  TRAIND_RETURN_IF_ERROR(src.read_bytes(name, 0, q_codes_host_.data(), q_codes_host_.size()));
+  be_->CopyHostToDevice(bufs_.q_codes + s.codes, q_codes_host_.data(), q_codes_host_.size());
+  be_->Synchronize();  // the host buffers are reused by the next tensor
+  return Status::Ok();
+}
+
 Status DecoderModel::ReadBase(int64_t offset, float* out, int64_t n) {
   const DType ct = options_.compute_type;
   const size_t es = DTypeSize(ct);
@@ -797,8 +1036,18 @@ Status DecoderModel::ReadBase(int64_t offset, float* out, int64_t n) {
     if ((offset - s->offset) % s->cols != 0 || n % s->cols != 0) {
       return Status::Internal("ReadBase: a 4-bit tensor is read in whole rows");
     }
-    be_->Dequantize4bit(QView(*s), s->cols, r0, r0 + n / s->cols, bufs_.q_scratch, s->cols, ct);
-    src = bufs_.q_scratch;
+    // In fp32 (code * absmax, unrounded): the exports' dequantized base, which a merge adds to
+    // before its one rounding to the output dtype. The scratch (the largest layer's weights in the
+    // compute type) holds a part of the rows at a time.
+    const int64_t fit = std::max<int64_t>(1, q_.largest * static_cast<int64_t>(es) / (4 * s->cols));
+    for (int64_t a = r0; a < r0 + n / s->cols; a += fit) {
+      const int64_t b = std::min(r0 + n / s->cols, a + fit);
+      be_->Dequantize4bit(QView(*s), s->cols, a, b, bufs_.q_scratch, s->cols, DType::kF32);
+      be_->CopyDeviceToHost(out + (a - r0) * s->cols, bufs_.q_scratch,
+                            static_cast<size_t>((b - a) * s->cols) * sizeof(float));
+      be_->Synchronize();
+    }
+    return Status::Ok();
   } else {
     auto r = master_off_ ? FirstResidentEndingAfter(offset) : resident_.end();
     if (r != resident_.end() && r->offset <= offset) {

@@ -27,6 +27,27 @@ namespace traind::engine {
 Status HfToFlat(Arch arch, const ParamTable& table, const SafetensorsFile& file,
                 float* host, std::vector<size_t>* missing_heads = nullptr,
                 const std::function<void(size_t, const float*)>& each = nullptr);
+// Where HfToFlat reads the checkpoint's tensors: a file in memory, or an open folder
+// (HfWeightsReader: one tensor read at a time). `find`: the tensor's dtype and shape, false when
+// absent; `read`: its values widened to fp32 (in the file's layout).
+struct HfTensorSource {
+  std::function<bool(const std::string& name, std::string* dtype, std::vector<int64_t>* shape)> find;
+  std::function<Result<std::vector<float>>(const std::string& name)> read;
+  // Bytes [offset, offset + bytes) of its raw data; and where it is (a file, for messages).
+  std::function<Status(const std::string& name, uint64_t offset, void* dst, size_t bytes)> read_bytes;
+  std::function<std::string(const std::string& name)> where;
+};
+HfTensorSource TensorSourceOf(const SafetensorsFile& file);
+HfTensorSource TensorSourceOf(const HfWeightsReader& reader);
+// HfToFlat from a source; `skip(index)` true: the caller loads that tensor itself.
+Status HfToFlat(Arch arch, const ParamTable& table, const HfTensorSource& source, float* host,
+                std::vector<size_t>* missing_heads,
+                const std::function<void(size_t, const float*)>& each,
+                const std::function<bool(size_t)>& skip = nullptr);
+// bitsandbytes' 4-bit serialization of a weight `name` ("<module>.weight"): the packed uint8
+// tensor `name`, and `name` + each of these suffixes (Linear4bit's state dict, QuantState.as_dict
+// packed). The JSON tensor's suffix ends in the quant type (bitsandbytes__nf4 / bitsandbytes__fp4).
+constexpr const char* kBnbQuantStatePrefix = ".quant_state.bitsandbytes__";
 // LoRA's merge for a streamed export: the adapters on the host (trainable buffer layout) and
 // which adapters fold into which table tensor.
 struct LoraMerge {
@@ -88,6 +109,11 @@ class DecoderModel : public Model, private MasterWeightsSink {
 
   void InitRandom(uint64_t seed) override;
   Status LoadHf(const SafetensorsFile& file) override;
+  Status LoadHfFrom(const HfWeightsReader& reader) override;
+  // QLoRA: the 4-bit store copied to the host, part after part (packed codes; fp32 absmax, or
+  // absmax codes, nested absmax and offsets with double quantization), for tests comparing two
+  // loads; empty without a 4-bit base.
+  std::vector<uint8_t> Quant4StoreBytes() const;
   SafetensorsStream StreamHf(size_t piece_bytes) override;
   void InitAdapters(uint64_t seed) override;
   SafetensorsFile ExportAdapters() override;
@@ -132,6 +158,13 @@ class DecoderModel : public Model, private MasterWeightsSink {
   // into the 4-bit store (pieces of a tensor in order, each a multiple of 64 elements but the
   // last), or into the compute-type copies.
   void WriteBase(int64_t offset, const float* v, int64_t n);
+  // QLoRA: table tensor i (a 4-bit slot) from the checkpoint's bitsandbytes state
+  // (kBnbQuantStatePrefix), checked against the job's quantization and the tensor's shape, copied
+  // into the 4-bit store without widening.
+  Status LoadQuantState(const HfTensorSource& src, size_t i, const Quant4Slot& s);
+  // The load behind LoadHf and LoadHfFrom (4-bit slots the checkpoint holds pre-quantized load
+  // through LoadQuantState).
+  Status LoadFrom(const HfTensorSource& source);
   // QLoRA: whole engine rows [offset, offset + n) of one tensor read back in fp32, a 4-bit
   // tensor dequantized (the exports' base).
   Status ReadBase(int64_t offset, float* out, int64_t n);

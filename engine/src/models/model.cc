@@ -78,6 +78,15 @@ SafetensorsFile Model::ExportHf() { return Collected(StreamHf(kHfExportPieceByte
 
 SafetensorsFile Model::ExportMerged() { return Collected(StreamMerged(kHfExportPieceBytes)); }
 
+Status Model::LoadHfFrom(const HfWeightsReader& reader) {
+  SafetensorsFile file;
+  for (const std::string& name : reader.names()) {
+    TRAIND_ASSIGN_OR_RETURN(HostTensor t, reader.ReadTensor(name));
+    file.tensors.emplace(name, std::move(t));
+  }
+  return LoadHf(file);
+}
+
 std::vector<ParamInfo> Model::ParamsOf(const ModelConfig& config) {
   if (!ValidateModelConfig(config, "model.config.").ok()) return {};
   return BuildParams(MakeArchDims(config)).infos;

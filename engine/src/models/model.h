@@ -177,6 +177,12 @@ class Model {
   // tensors or shape mismatches, naming the tensor and both shapes. Unused extra tensors
   // (e.g. attn.bias buffers) are ignored.
   virtual Status LoadHf(const SafetensorsFile& file) = 0;
+  // Decoders with a 4-bit base (ModelOptions::quant4): a block weight the checkpoint holds
+  // pre-quantized by bitsandbytes (its quant_state companions) loads as its 4 bits, checked and
+  // never widened (INVALID_ARGUMENT naming the tensor for a damaged or inconsistent state).
+  // LoadHfFrom: the same from an open folder (HfWeightsReader), reading one tensor at a time, so
+  // the host holds a tensor's bytes, not the file's. The default reads every tensor, then LoadHf.
+  virtual Status LoadHfFrom(const HfWeightsReader& reader);
   // The parameters under HF names and layouts, F32 (tied lm_head omitted as HF does), as a stream:
   // names, dtypes and shapes up front, each tensor read from the device when the writer asks for
   // it, through two reused host buffers of at most `piece_bytes` (one for a transposed tensor's

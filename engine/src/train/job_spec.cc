@@ -697,6 +697,8 @@ Result<JobSpec> ParseRoot(const YAML::Node& root, const std::string& base_dir) {
     s.data.tokenizer = *s.model.init_from;
   }
   TRAIND_RETURN_IF_ERROR(ParseTraining(r.Child("training"), &s.training, base_dir));
+  // A pre-quantized init_from's quantization_config when the spec gives none (reads its config.json).
+  TRAIND_RETURN_IF_ERROR(ApplyCheckpointQuantization(&s));
   TRAIND_RETURN_IF_ERROR(ReconcileQuantization(&s));  // may set training.bf16 / fp16
   TRAIND_RETURN_IF_ERROR(CheckHeadAndData(s));
   if (s.training.peft) {  // target modules of this arch
@@ -833,6 +835,8 @@ Status ValidateInitFrom(const JobSpec& spec) {
                                       ArchName(spec.model.config.arch));
   }
   TRAIND_RETURN_IF_ERROR(CheckAgreement(spec.model, *file, cfg_path));
+  TRAIND_RETURN_IF_ERROR(CheckCheckpointQuantization(
+      spec, nlohmann::json::parse(file->hf_source_json, nullptr, /*allow_exceptions=*/false), cfg_path));
   if (!fs::exists(fs::path(dir) / "model.safetensors", ec) &&
       !fs::exists(fs::path(dir) / "model.safetensors.index.json", ec)) {
     return Status::NotFound("model.init_from: " + dir + ": neither model.safetensors nor "

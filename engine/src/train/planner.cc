@@ -15,6 +15,7 @@
 #include "optim/offloaded_optimizer.h"
 #include "optim/optimizer.h"
 #include "optim/sharded_optimizer.h"
+#include "train/quantization_spec.h"
 #include "train/sampler.h"
 #include "train/step_runner.h"
 
@@ -91,12 +92,9 @@ Result<ModelConfig> ResolveModelConfig(const JobSpec& spec) {
   const std::string path = (std::filesystem::path(*spec.model.init_from) / "config.json").string();
   TRAIND_ASSIGN_OR_RETURN(ModelConfig c, ReadHfConfig(path));
   const nlohmann::json src = nlohmann::json::parse(c.hf_source_json, nullptr, /*allow_exceptions=*/false);
-  if (src.is_object() && src.contains("quantization_config")) {
-    // A pre-quantized checkpoint (bitsandbytes' packed uint8 weights, absmax, quant_map, ...).
-    return Status::Unimplemented(
-        "model.init_from: " + path + " has quantization_config (a pre-quantized checkpoint): "
-        "loading one is not built yet; use the full-precision model");
-  }
+  // A pre-quantized checkpoint (bitsandbytes' packed uint8 weights, absmax, quant_map, ...): the
+  // spec's 4-bit base must be the file's (ParseJobSpec takes the file's when the spec gives none).
+  TRAIND_RETURN_IF_ERROR(CheckCheckpointQuantization(spec, src, path));
   if (!c.encoder()) return c;
   // bert: the file's config with the spec's head (a file written for another head, or a plain
   // BertModel, is fine: the head's tensors are newly initialised). num_labels: the spec's, unless
