@@ -98,12 +98,22 @@ Status WriteFinalOutputs(TrainingSession* s, const RunSummary& summary) {
                kAdapterModelFile + " merges without it)");
   }
   if (!lora || spec.training.peft->merge) {
-    TRAIND_RETURN_IF_ERROR(
-        WriteFileAtomic((out / kConfigFile).string(), WriteHfConfigJson(model->config())));
+    // A 4-bit base merges as PEFT's merge_and_unload does: every tensor in the compute dtype
+    // (bf16 / fp16 jobs; fp32 stays F32), config.json's torch_dtype naming it.
+    const bool q16 = lora && spec.model.quantization_config.has_value() &&
+                     (spec.training.bf16 || spec.training.fp16);
+    std::string config = WriteHfConfigJson(model->config());
+    if (q16) {
+      nlohmann::ordered_json j = nlohmann::ordered_json::parse(config);
+      j["torch_dtype"] = spec.training.bf16 ? "bfloat16" : "float16";
+      config = j.dump(2) + "\n";
+    }
+    TRAIND_RETURN_IF_ERROR(WriteFileAtomic((out / kConfigFile).string(), config));
     // Streamed: a few MiB of host memory, not a copy of the model (bench/offload_rss_bench).
-    TRAIND_RETURN_IF_ERROR(WriteSafetensorsStream(
-        (out / kModelFile).string(), lora ? model->StreamMerged(kHfExportPieceBytes)
-                                          : model->StreamHf(kHfExportPieceBytes)));
+    SafetensorsStream stream =
+        lora ? model->StreamMerged(kHfExportPieceBytes) : model->StreamHf(kHfExportPieceBytes);
+    if (q16) stream = CastSafetensorsStream(std::move(stream), spec.training.bf16 ? "BF16" : "F16");
+    TRAIND_RETURN_IF_ERROR(WriteSafetensorsStream((out / kModelFile).string(), stream));
   }
   if (spec.data.chat_template.has_value()) {
     // The chat template the job rendered its data with, beside the model (as transformers'
