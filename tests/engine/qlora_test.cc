@@ -264,8 +264,9 @@ using testing::MakeBatch;
 using testing::TestModel;
 using testing::ToHost;
 
-using testing::kGpt2All;
-using testing::kLlamaAll;
+const std::vector<std::string> kLlamaAll = {"q_proj", "k_proj",    "v_proj",   "o_proj",
+                                            "gate_proj", "up_proj", "down_proj"};
+const std::vector<std::string> kGpt2All = {"c_attn", "c_proj", "c_fc"};
 
 struct QCase {
   const char* name;
@@ -327,8 +328,17 @@ Bases MakeBases(const QCase& c, uint64_t seed) {
 
 // Random B (PEFT starts it at zero, which would make dA zero and the check weak).
 void InitAdaptersForCheck(TestModel& t, uint64_t seed) {
-  t.model->InitAdapters(seed);
-  testing::RandomizeLoraB(t, seed);
+  Model& m = *t.model;
+  m.InitAdapters(seed);
+  std::vector<float> ad = ToHost(*t.backend, m.trainable_data(), m.num_trainable());
+  std::mt19937 rng(static_cast<uint32_t>(seed));
+  std::normal_distribution<float> nd(0.0f, 0.05f);
+  for (const ParamInfo& p : m.trainable_params()) {
+    if (p.hf_name.find("lora_B") == std::string::npos) continue;
+    for (int64_t i = 0; i < p.numel; ++i) ad[p.offset + i] = nd(rng);
+  }
+  t.backend->CopyHostToDevice(m.trainable_data(), ad.data(), ad.size() * sizeof(float));
+  t.backend->Synchronize();
 }
 
 bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
