@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <random>
 #include <string>
@@ -831,24 +832,28 @@ TEST_F(CpuOpsTest, TanhForwardBackward) {
   }
 }
 
-TEST_F(CpuOpsTest, SwiGluForwardBackward) {
+// A gated unit over N rows of [gate | up] (H each): out = act(gate) * up against its double
+// formula (`act`), the backward (`backward`: dinp from dout) against finite differences of it.
+// Inputs in [-range, range] from `seed`, the output gradient from seed + 1.
+void ExpectGatedUnitMatches(const std::string& tag, double (*act)(double), float range,
+                            uint32_t seed,
+                            const std::function<void(float*, const float*, int, int)>& forward,
+                            const std::function<void(float*, const float*, const float*, int, int)>&
+                                backward) {
   const int N = 7, H = 13;
-  auto inp = RandVec(N * 2 * H, 61, -4.0f, 4.0f);
-  auto R = RandVec(N * H, 62);
+  auto inp = RandVec(N * 2 * H, seed, -range, range);
+  auto R = RandVec(N * H, seed + 1);
   auto ref = [&](const std::vector<double>& in, std::vector<double>* out) {
     out->assign(N * H, 0.0);
     for (int n = 0; n < N; ++n) {
-      for (int i = 0; i < H; ++i) {
-        double g = in[n * 2 * H + i], u = in[n * 2 * H + H + i];
-        (*out)[n * H + i] = g / (1.0 + std::exp(-g)) * u;
-      }
+      for (int i = 0; i < H; ++i) (*out)[n * H + i] = act(in[n * 2 * H + i]) * in[n * 2 * H + H + i];
     }
   };
   std::vector<double> want;
   ref(ToDouble(inp), &want);
   std::vector<float> out(N * H), dinp(N * 2 * H);
-  be_->SwiGluForward(out.data(), inp.data(), N, H);
-  ExpectClose(out, want, 2e-6, 1e-7, "swiglu");
+  forward(out.data(), inp.data(), N, H);
+  ExpectClose(out, want, 2e-6, 1e-7, tag);
   auto num = NumGrad(
       [&](const std::vector<double>& in) {
         std::vector<double> o;
@@ -856,41 +861,50 @@ TEST_F(CpuOpsTest, SwiGluForwardBackward) {
         return DotD(o, ToDouble(R));
       },
       ToDouble(inp));
-  be_->SwiGluBackward(dinp.data(), inp.data(), R.data(), N, H);
-  ExpectClose(dinp, num, 1e-5, 1e-6, "swiglu backward");
+  backward(dinp.data(), inp.data(), R.data(), N, H);
+  ExpectClose(dinp, num, 1e-5, 1e-6, tag + " backward");
 }
 
-// GeGLU (gemma): gelu_tanh(gate) * up against its double formula, the backward against finite
-// differences of it.
+// SwiGLU: silu(gate) * up.
+TEST_F(CpuOpsTest, SwiGluForwardBackward) {
+  ExpectGatedUnitMatches(
+      "swiglu", [](double g) { return g / (1.0 + std::exp(-g)); }, 4.0f, 61,
+      [&](float* out, const float* inp, int N, int H) { be_->SwiGluForward(out, inp, N, H); },
+      [&](float* dinp, const float* inp, const float* dout, int N, int H) {
+        be_->SwiGluBackward(dinp, inp, dout, N, H);
+      });
+}
+
+// GeGLU (gemma): gelu_tanh(gate) * up.
 TEST_F(CpuOpsTest, GeGluForwardBackward) {
-  const int N = 7, H = 13;
-  auto inp = RandVec(N * 2 * H, 161, -5.0f, 5.0f);
-  auto R = RandVec(N * H, 162);
-  auto ref = [&](const std::vector<double>& in, std::vector<double>* out) {
-    out->assign(N * H, 0.0);
-    for (int n = 0; n < N; ++n) {
-      for (int i = 0; i < H; ++i) {
-        const double x = in[n * 2 * H + i], u = in[n * 2 * H + H + i];
-        const double gelu =
-            0.5 * x * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
-        (*out)[n * H + i] = gelu * u;
-      }
-    }
-  };
-  std::vector<double> want;
-  ref(ToDouble(inp), &want);
-  std::vector<float> out(N * H), dinp(N * 2 * H);
-  be_->GeGluForward(out.data(), inp.data(), N, H);
-  ExpectClose(out, want, 2e-6, 1e-7, "geglu");
-  auto num = NumGrad(
-      [&](const std::vector<double>& in) {
-        std::vector<double> o;
-        ref(in, &o);
-        return DotD(o, ToDouble(R));
+  ExpectGatedUnitMatches(
+      "geglu",
+      [](double x) {
+        return 0.5 * x * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
       },
-      ToDouble(inp));
-  be_->GeGluBackward(dinp.data(), inp.data(), R.data(), N, H);
-  ExpectClose(dinp, num, 1e-5, 1e-6, "geglu backward");
+      5.0f, 161,
+      [&](float* out, const float* inp, int N, int H) { be_->GeGluForward(out, inp, N, H); },
+      [&](float* dinp, const float* inp, const float* dout, int N, int H) {
+        be_->GeGluBackward(dinp, inp, dout, N, H);
+      });
+}
+
+// LayerNorm / RMSNorm references in double: y = norm(x) * w (+ b).
+void RefNorm(bool rms, const std::vector<double>& x, const std::vector<double>& w,
+             const std::vector<double>& b, int N, int C, double eps, std::vector<double>* y) {
+  y->assign(N * C, 0.0);
+  for (int n = 0; n < N; ++n) {
+    const double* r = &x[n * C];
+    double mu = 0.0, var = 0.0;
+    if (!rms) {
+      for (int i = 0; i < C; ++i) mu += r[i];
+      mu /= C;
+    }
+    for (int i = 0; i < C; ++i) var += (r[i] - mu) * (r[i] - mu);
+    var /= C;
+    const double rs = 1.0 / std::sqrt(var + eps);
+    for (int i = 0; i < C; ++i) (*y)[n * C + i] = (r[i] - mu) * rs * w[i] + (rms ? 0.0 : b[i]);
+  }
 }
 
 // Per-head RMSNorm (qwen3's q_norm / k_norm) in place over strided rows: each head against the
@@ -901,17 +915,17 @@ TEST_F(CpuOpsTest, HeadRmsNormForwardBackward) {
   const float eps = 1e-6f;
   const auto x0 = RandVec(N * stride, 163, -2.0f, 3.0f), w = RandVec(HS, 164);
   const auto R = RandVec(N * stride, 165);
+  // RefNorm's RMSNorm over the N x NH heads gathered into rows of HS, scattered back.
   auto ref = [&](const std::vector<double>& x, const std::vector<double>& wd,
                  std::vector<double>* out) {
+    std::vector<double> heads(N * NH * HS), normed;
+    for (int n = 0; n < N; ++n) {
+      std::copy_n(x.begin() + n * stride, NH * HS, heads.begin() + n * NH * HS);
+    }
+    RefNorm(/*rms=*/true, heads, wd, {}, N * NH, HS, eps, &normed);
     *out = x;
     for (int n = 0; n < N; ++n) {
-      for (int h = 0; h < NH; ++h) {
-        const double* xi = x.data() + n * stride + h * HS;
-        double ss = 0.0;
-        for (int i = 0; i < HS; ++i) ss += xi[i] * xi[i];
-        const double rs = 1.0 / std::sqrt(ss / HS + eps);
-        for (int i = 0; i < HS; ++i) (*out)[n * stride + h * HS + i] = xi[i] * rs * wd[i];
-      }
+      std::copy_n(normed.begin() + n * NH * HS, NH * HS, out->begin() + n * stride);
     }
   };
   std::vector<double> want;
@@ -943,24 +957,6 @@ TEST_F(CpuOpsTest, HeadRmsNormForwardBackward) {
   ExpectClose(dx, num_dx, 1e-5, 1e-6, "head rmsnorm dx");
   for (double& v : num_dw) v += 0.5;  // +=
   ExpectClose(dw, num_dw, 1e-5, 1e-6, "head rmsnorm dweight");
-}
-
-// LayerNorm / RMSNorm references in double: y = norm(x) * w (+ b).
-void RefNorm(bool rms, const std::vector<double>& x, const std::vector<double>& w,
-             const std::vector<double>& b, int N, int C, double eps, std::vector<double>* y) {
-  y->assign(N * C, 0.0);
-  for (int n = 0; n < N; ++n) {
-    const double* r = &x[n * C];
-    double mu = 0.0, var = 0.0;
-    if (!rms) {
-      for (int i = 0; i < C; ++i) mu += r[i];
-      mu /= C;
-    }
-    for (int i = 0; i < C; ++i) var += (r[i] - mu) * (r[i] - mu);
-    var /= C;
-    const double rs = 1.0 / std::sqrt(var + eps);
-    for (int i = 0; i < C; ++i) (*y)[n * C + i] = (r[i] - mu) * rs * w[i] + (rms ? 0.0 : b[i]);
-  }
 }
 
 TEST_F(CpuOpsTest, LayerNormAndRmsNormForwardBackward) {

@@ -17,6 +17,7 @@
 #include "model_test_util.h"
 #include "models/hf_config.h"
 #include "models/model.h"
+#include "optim_test_util.h"
 #include "trainer_test_util.h"
 
 namespace traind::engine {
@@ -40,59 +41,19 @@ TEST_P(FamiliesTrain, ThreeAdamWStepsMatchTorch) {
   spec.training.max_grad_norm = 0.5;
   spec.training.logging_steps = 1;
 
-  const std::string init = dir + "/init";
-  std::filesystem::create_directories(init);
-  {
-    std::unique_ptr<Backend> backend = MakeCpuBackend(1);
-    DeviceArena arena(backend.get(), 0);
-    ModelOptions mo;
-    mo.micro_batch = 4;
-    mo.seq_len = 16;
-    auto model = Model::Create(spec.model.config, mo, &arena);
-    ASSERT_TRUE(model.ok()) << model.status().ToString();
-    Model& m = **model;
-    m.InitRandom(11);
-    // Non-zero attention biases, so a bias on the wrong rows shows in the loss.
+  // Non-zero attention biases, so a bias on the wrong rows shows in the loss.
+  auto biases = [](Model& m) {
     for (const ParamInfo& p : m.params()) {
       if (p.hf_name.find("_proj.bias") == std::string::npos) continue;
       for (int64_t i = 0; i < p.numel; ++i) {
         m.param_data()[p.offset + i] = 0.2f * std::sin(0.9f * static_cast<float>(i + p.offset));
       }
     }
-    ASSERT_TRUE(WriteSafetensors(init + "/model.safetensors", m.ExportHf()).ok());
-    testing::WriteFile(init + "/config.json", WriteHfConfigJson(spec.model.config));
-  }
-  spec.model.init_from = init;
-  auto run = RunJob(spec, testing::TestRunOptions(), {});
-  ASSERT_TRUE(run.ok()) << run.status().ToString();
-
-  nlohmann::json cfg = nlohmann::json::parse(WriteHfConfigJson(spec.model.config));
-  nlohmann::json c = {{"arch", ArchName(spec.model.config.arch)}, {"config", cfg}, {"data_file", data},
-                      {"format", "uint16"},
-                      {"train_tokens", TrainTokenCount(n_tokens, spec.data.validation_split)},
-                      {"seq_len", 16}, {"micro_batch", 4}, {"accum", 1}, {"steps", 3},
-                      {"lr", 2e-3}, {"schedule", "cosine"}, {"warmup", 1},
-                      {"weight_decay", 0.1}, {"beta1", 0.9}, {"beta2", 0.999}, {"eps", 1e-8},
-                      {"max_grad_norm", 0.5}, {"threads", 1}, {"eval", true}};
-  testing::WriteFile(dir + "/case.json", c.dump());
-  std::filesystem::copy_file(init + "/model.safetensors", dir + "/init.safetensors");
-  std::string out;
-  ASSERT_EQ(testing::RunPython("train_reference.py", dir, &out), 0) << out;
-  nlohmann::json ref = nlohmann::json::parse(testing::ReadFile(dir + "/ref.json"));
-
-  nlohmann::json st = nlohmann::json::parse(testing::ReadFile(spec.output_dir + "/trainer_state.json"));
-  std::vector<nlohmann::json> logs;
-  for (auto& e : st["log_history"]) {
-    if (e.contains("loss")) logs.push_back(e);
-  }
-  ASSERT_EQ(logs.size(), 3u);
-  for (int s = 0; s < 3; ++s) {
-    const double loss = ref["losses"][s], norm = ref["grad_norms"][s], lr = ref["lrs"][s];
-    EXPECT_NEAR(logs[s]["loss"].get<double>(), loss, 1e-5 * std::abs(loss)) << "step " << s;
-    EXPECT_NEAR(logs[s]["grad_norm"].get<double>(), norm, 1e-5 * norm) << "step " << s;
-    EXPECT_NEAR(logs[s]["learning_rate"].get<double>(), lr, 1e-12) << "step " << s;
-  }
-  EXPECT_NEAR(run->eval_loss, ref["eval_loss"].get<double>(), 1e-5 * ref["eval_loss"].get<double>());
+  };
+  testing::TorchParityRun r;
+  testing::TrainAgainstTorch(&spec, dir, data, n_tokens, nlohmann::json::object(), biases, &r);
+  if (HasFatalFailure()) return;
+  testing::ExpectStepsMatchTorch(r, 3, /*check_lr=*/true);
 
   auto ours = ReadSafetensors(spec.output_dir + "/model.safetensors");
   auto theirs = ReadSafetensors(dir + "/ref_final.safetensors");

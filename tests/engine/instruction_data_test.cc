@@ -16,6 +16,7 @@
 #include "core/safetensors.h"
 #include "data/chat_template.h"
 #include "data/instruction_data.h"
+#include "job_run_util.h"
 #include "tokenizer_test_util.h"
 #include "trainer_test_util.h"
 #include "traind/engine/spec_examples.h"
@@ -32,9 +33,7 @@ using testing::Shell;
 using testing::WriteAll;
 
 const std::string kOwnTemplate = std::string(TRAIND_TESTS_DIR) + "/../../examples/instruct/chat_template.jinja";
-const std::string kPlain =
-    "{% for m in messages %}<{{ m.role }}>{{ m.content }}</{{ m.role }}>\n{% endfor %}"
-    "{% if add_generation_prompt %}<assistant>{% endif %}";
+const std::string kPlain = testing::kPlainChatTemplate;
 
 struct Files {
   std::string dir, data, tmpl;
@@ -572,47 +571,14 @@ TEST(InstructionSpec, FieldsDefaultsValidationAndRoundTrip) {
 
 // ---- training: the loss over the step's tokens ----
 
-// Conversations of unequal lengths (so micro-batches carry unequal counts of loss tokens).
-std::string Conversations(int n) {
-  std::string out;
-  const char* words[] = {"red", "green", "blue", "cat", "dog", "sun", "moon", "tree"};
-  for (int i = 0; i < n; ++i) {
-    std::string q = words[i % 8], a;
-    for (int k = 0; k <= (i * 7) % 9; ++k) a += std::string(k ? " " : "") + words[(i + k) % 8];
-    ordered_json line = {{"messages", {{{"role", "user"}, {"content", q}},
-                                       {{"role", "assistant"}, {"content", a}}}}};
-    out += line.dump() + "\n";
-  }
-  return out;
-}
-
+// testing::Conversations: unequal lengths, so micro-batches carry unequal counts of loss tokens.
 JobSpec ChatSpec(const std::string& dir, const std::string& data, const std::string& tmpl) {
-  JobSpec spec = testing::TinySpec(dir + "/out", data);
-  spec.model.config.vocab_size = 256;
-  spec.model.config.n_positions = 64;
-  spec.data.format = "jsonl";
-  spec.data.tokenizer = "byte";
-  spec.data.chat_template = tmpl;
-  spec.data.assistant_only_loss = true;
-  spec.data.seq_len = 64;
-  spec.data.shuffle = false;
-  spec.data.validation_split = 0.0;
-  spec.training.optim = "sgd";  // plain steps: weights follow gradients linearly
-  spec.training.learning_rate = 0.1;
-  spec.training.max_grad_norm = 0.0;
-  spec.training.weight_decay = 0.0;
-  spec.training.warmup_steps = 0;
-  spec.training.lr_scheduler_type = "constant";
-  spec.training.max_steps = 3;
-  spec.training.eval_steps = 0;
-  spec.training.save_steps = 0;
-  spec.training.logging_steps = 1;
-  return spec;
+  return testing::ChatJobSpec(dir, data, tmpl, /*seq_len=*/64);
 }
 
 TEST(InstructionTraining, AccumulationTwoByTwoEqualsFourByOneOnUnequalCounts) {
   const std::string dir = testing::MakeTempDir("instr-accum");
-  WriteAll(dir + "/chat.jsonl", Conversations(24));
+  WriteAll(dir + "/chat.jsonl", testing::Conversations(24));
   WriteAll(dir + "/t.jinja", kPlain);
   // The micro-batches of the first step really differ in their loss-token counts.
   {
@@ -629,45 +595,15 @@ TEST(InstructionTraining, AccumulationTwoByTwoEqualsFourByOneOnUnequalCounts) {
                 static_cast<long long>(counts[0]), static_cast<long long>(counts[1]));
     ASSERT_NE(counts[0], counts[1]);
   }
-  std::vector<StepReport> steps[2];
-  std::string outs[2];
-  const int64_t batch[2] = {4, 2}, accum[2] = {1, 2};
-  for (int k = 0; k < 2; ++k) {
-    JobSpec spec = ChatSpec(dir + "/k" + std::to_string(k), dir + "/chat.jsonl", dir + "/t.jinja");
-    spec.training.per_device_train_batch_size = batch[k];
-    spec.training.gradient_accumulation_steps = accum[k];
-    RunCallbacks cb;
-    cb.on_step = [&, k](const StepReport& r) { steps[k].push_back(r); };
-    auto r = RunJob(spec, testing::TestRunOptions(), cb);
-    ASSERT_TRUE(r.ok()) << r.status().ToString();
-    outs[k] = spec.output_dir;
-  }
-  ASSERT_EQ(steps[0].size(), 3u);
-  ASSERT_EQ(steps[1].size(), 3u);
-  for (size_t s = 0; s < 3; ++s) {
-    std::printf("[instr-accum] step %zu: loss B4 %.9f, B2 x 2 %.9f\n", s + 1, steps[0][s].loss,
-                steps[1][s].loss);
-    EXPECT_NEAR(steps[1][s].loss, steps[0][s].loss, 1e-6 * steps[0][s].loss) << "step " << s + 1;
-  }
-  auto a = ReadSafetensors(outs[0] + "/model.safetensors");
-  auto b = ReadSafetensors(outs[1] + "/model.safetensors");
-  ASSERT_TRUE(a.ok() && b.ok());
-  double worst = 0.0;
-  for (const auto& [name, t] : a->tensors) {
-    auto x = t.ToF32();
-    auto y = b->tensors.at(name).ToF32();
-    ASSERT_TRUE(x.ok() && y.ok()) << name;
-    for (size_t i = 0; i < x->size(); ++i) worst = std::max(worst, std::abs(double((*x)[i]) - (*y)[i]));
-  }
-  std::printf("[instr-accum] largest weight difference after 3 steps: %.3g\n", worst);
-  EXPECT_LE(worst, 1e-6);
+  testing::ExpectAccumulationMatchesBatch(
+      ChatSpec(dir + "/k", dir + "/chat.jsonl", dir + "/t.jinja"), dir, "instr-accum");
 }
 
 // The step's loss is the mean over its loss tokens: at step 1 (fresh weights) equal to the
 // evaluation of the same examples (Evaluate's sum / count over the validation rows).
 TEST(InstructionTraining, SpecExamplesAreTheJobsView) {
   const std::string dir = testing::MakeTempDir("instr-spec");
-  WriteAll(dir + "/chat.jsonl", Conversations(10));
+  WriteAll(dir + "/chat.jsonl", testing::Conversations(10));
   WriteAll(dir + "/t.jinja", kPlain);
   JobSpec spec = ChatSpec(dir, dir + "/chat.jsonl", dir + "/t.jinja");
   spec.data.validation_split = 0.5;

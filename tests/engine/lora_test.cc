@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "lora_test_util.h"
 #include "model_test_util.h"
 #include "models/hf_config.h"
 #include "train/planner.h"
@@ -35,9 +36,8 @@ constexpr double kGradRelTol = 1e-5;
 // max |merged - adapter| / max |adapter| over the logits.
 constexpr double kLogitsRelTol = 1e-5;
 
-const std::vector<std::string> kGpt2All = {"c_attn", "c_proj", "c_fc"};
-const std::vector<std::string> kLlamaAll = {"q_proj", "k_proj",    "v_proj",   "o_proj",
-                                            "gate_proj", "up_proj", "down_proj"};
+using testing::kGpt2All;
+using testing::kLlamaAll;
 
 ModelOptions LoraOptionsFor(const std::vector<std::string>& targets, int64_t r = 4,
                             double alpha = 8.0) {
@@ -55,15 +55,7 @@ void InitForCheck(TestModel& t, uint64_t seed) {
   m.InitRandom(seed);
   t.backend->Scale(m.param_data(), 4.0f, m.num_params());
   m.InitAdapters(seed + 1);
-  std::vector<float> ad = ToHost(*t.backend, m.trainable_data(), m.num_trainable());
-  std::mt19937 rng(static_cast<uint32_t>(seed));
-  std::normal_distribution<float> nd(0.0f, 0.05f);
-  for (const ParamInfo& p : m.trainable_params()) {
-    if (p.hf_name.find("lora_B") == std::string::npos) continue;
-    for (int64_t i = 0; i < p.numel; ++i) ad[p.offset + i] = nd(rng);
-  }
-  t.backend->CopyHostToDevice(m.trainable_data(), ad.data(), ad.size() * sizeof(float));
-  t.backend->Synchronize();
+  testing::RandomizeLoraB(t, seed);
 }
 
 TEST(Lora, OnlyAdaptersAreTrainable) {
@@ -276,12 +268,7 @@ class LoraJob : public ::testing::Test {
   }
   JobSpec Spec(const std::string& sub, bool merge) {
     JobSpec s = testing::TinySpec(dir_ + "/" + sub, data_);
-    PeftSpec p;
-    p.r = 4;
-    p.lora_alpha = 8;
-    p.target_modules = kGpt2All;
-    p.merge = merge;
-    s.training.peft = p;
+    s.training.peft = testing::LoraPeft(4, 8, kGpt2All, merge);
     return s;
   }
   std::string dir_, data_;

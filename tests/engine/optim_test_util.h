@@ -9,6 +9,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
@@ -166,6 +167,80 @@ inline double MaxRelError(const std::vector<float>& a, const std::vector<float>&
   return worst;
 }
 
+// A trainer run and its torch reference, from the same initial weights (TrainAgainstTorch).
+struct TorchParityRun {
+  RunSummary run;
+  nlohmann::json ref;                // reference/train_reference.py's ref.json
+  std::vector<nlohmann::json> logs;  // our log_history's training entries (logging_steps 1)
+  std::string init;                  // the init_from folder both sides started from
+};
+
+// The trainer against reference/train_reference.py (torch's optimizer + clip_grad_norm_ +
+// LambdaLR on the torch-primitive model): `spec`'s model (micro-batch 4, T 16) seeded with 11,
+// `tweak` (may be null) applied to its weights, exported as dir/init for model.init_from; RunJob
+// on `spec` (uint16 tokens in `data`, `n_tokens` of them; 1 thread); the reference on the same
+// case, with weight decay 0.1, AdamW's betas (0.9, 0.999) and eps 1e-8, the spec's steps, learning
+// rate, warmup (cosine) and max_grad_norm, and `extra` fields merged in.
+inline void TrainAgainstTorch(JobSpec* spec, const std::string& dir, const std::string& data,
+                              int64_t n_tokens, const nlohmann::json& extra,
+                              const std::function<void(Model&)>& tweak, TorchParityRun* out) {
+  out->init = dir + "/init";
+  std::filesystem::create_directories(out->init);
+  {
+    std::unique_ptr<Backend> backend = MakeCpuBackend(1);
+    DeviceArena arena(backend.get(), 0);
+    ModelOptions mo;
+    mo.micro_batch = 4;
+    mo.seq_len = 16;
+    auto model = Model::Create(spec->model.config, mo, &arena);
+    ASSERT_TRUE(model.ok()) << model.status().ToString();
+    (*model)->InitRandom(11);
+    if (tweak) tweak(**model);
+    ASSERT_TRUE(WriteSafetensors(out->init + "/model.safetensors", (*model)->ExportHf()).ok());
+    WriteFile(out->init + "/config.json", WriteHfConfigJson(spec->model.config));
+  }
+  spec->model.init_from = out->init;
+  auto run = RunJob(*spec, TestRunOptions(), {});
+  ASSERT_TRUE(run.ok()) << run.status().ToString();
+  out->run = *run;
+
+  const TrainingSpec& t = spec->training;
+  nlohmann::json c = {{"arch", ArchName(spec->model.config.arch)},
+                      {"config", nlohmann::json::parse(WriteHfConfigJson(spec->model.config))},
+                      {"data_file", data}, {"format", "uint16"},
+                      {"train_tokens", TrainTokenCount(n_tokens, spec->data.validation_split)},
+                      {"seq_len", 16}, {"micro_batch", 4}, {"accum", 1}, {"steps", t.max_steps},
+                      {"lr", t.learning_rate}, {"schedule", "cosine"}, {"warmup", t.warmup_steps},
+                      {"weight_decay", 0.1}, {"beta1", 0.9}, {"beta2", 0.999}, {"eps", 1e-8},
+                      {"max_grad_norm", t.max_grad_norm}, {"threads", 1}, {"eval", true}};
+  c.update(extra);
+  WriteFile(dir + "/case.json", c.dump());
+  std::filesystem::copy_file(out->init + "/model.safetensors", dir + "/init.safetensors");
+  std::string output;
+  ASSERT_EQ(RunPython("train_reference.py", dir, &output), 0) << output;
+  out->ref = nlohmann::json::parse(ReadFile(dir + "/ref.json"));
+  nlohmann::json st = nlohmann::json::parse(ReadFile(spec->output_dir + "/trainer_state.json"));
+  for (auto& e : st["log_history"]) {
+    if (e.contains("loss")) out->logs.push_back(e);
+  }
+}
+
+// Per-step loss and grad norm (before clipping) within 1e-5 relative, the learning rate within
+// 1e-12 (when `check_lr`), and the eval loss within 1e-5 relative, of `r` against its reference.
+inline void ExpectStepsMatchTorch(const TorchParityRun& r, int steps, bool check_lr) {
+  ASSERT_EQ(r.logs.size(), static_cast<size_t>(steps));
+  for (int s = 0; s < steps; ++s) {
+    const double loss = r.ref["losses"][s], norm = r.ref["grad_norms"][s], lr = r.ref["lrs"][s];
+    EXPECT_NEAR(r.logs[s]["loss"].get<double>(), loss, 1e-5 * std::abs(loss)) << "step " << s;
+    EXPECT_NEAR(r.logs[s]["grad_norm"].get<double>(), norm, 1e-5 * norm) << "step " << s;
+    if (check_lr) {
+      EXPECT_NEAR(r.logs[s]["learning_rate"].get<double>(), lr, 1e-12) << "step " << s;
+    }
+  }
+  const double eval = r.ref["eval_loss"].get<double>();
+  EXPECT_NEAR(r.run.eval_loss, eval, 1e-5 * eval);
+}
+
 // `steps` optimizer steps of the trainer (training.optim `optim` with `args`) on a tiny gpt2 whose
 // vocabulary, 61, is padded to 64 rows, with weight decay 0.1, warmup + cosine (lr 2e-3) and
 // max_grad_norm 0.05 (every step clipped), against reference/train_reference.py (torch AdamW, or
@@ -191,65 +266,27 @@ inline void ExpectTrainerStepsMatchTorch(const std::string& optim, const OptimAr
   spec.training.max_grad_norm = 0.05;  // below the gradient norm: every step is clipped
   spec.training.logging_steps = 1;
 
-  // Initial weights: ours, exported under HF names, used by both sides through init_from.
-  const std::string init = dir + "/init";
-  std::filesystem::create_directories(init);
-  {
-    std::unique_ptr<Backend> backend = MakeCpuBackend(1);
-    DeviceArena arena(backend.get(), 0);
-    ModelOptions mo;
-    mo.micro_batch = 4;
-    mo.seq_len = 16;
-    auto model = Model::Create(spec.model.config, mo, &arena);
-    ASSERT_TRUE(model.ok()) << model.status().ToString();
-    (*model)->InitRandom(11);
-    ASSERT_TRUE(WriteSafetensors(init + "/model.safetensors", (*model)->ExportHf()).ok());
-    WriteFile(init + "/config.json", WriteHfConfigJson(spec.model.config));
-  }
-  spec.model.init_from = init;
-  auto run = RunJob(spec, TestRunOptions(), {});
-  ASSERT_TRUE(run.ok()) << run.status().ToString();
-
-  nlohmann::json cfg = nlohmann::json::parse(WriteHfConfigJson(spec.model.config));
-  nlohmann::json c = {{"arch", "gpt2"}, {"config", cfg}, {"data_file", data}, {"format", "uint16"},
-                      {"train_tokens", TrainTokenCount(n_tokens, spec.data.validation_split)},
-                      {"seq_len", 16}, {"micro_batch", 4}, {"accum", 1}, {"steps", steps},
-                      {"lr", 2e-3}, {"schedule", "cosine"}, {"warmup", 1},
-                      {"weight_decay", 0.1}, {"beta1", 0.9}, {"beta2", 0.999}, {"eps", 1e-8},
-                      {"max_grad_norm", 0.05}, {"threads", 1}, {"eval", true},
-                      {"optim", optim},
-                      {"adafactor", {{"relative_step", args.relative_step},
-                                     {"scale_parameter", args.scale_parameter},
-                                     {"warmup_init", args.warmup_init},
-                                     {"beta1", args.beta1 ? nlohmann::json(*args.beta1)
-                                                          : nlohmann::json()},
-                                     {"clip_threshold", args.clip_threshold},
-                                     {"decay_rate", args.decay_rate},
-                                     {"eps1", 1e-30},
-                                     {"eps2", 1e-3}}}};
-  WriteFile(dir + "/case.json", c.dump());
-  std::filesystem::copy_file(init + "/model.safetensors", dir + "/init.safetensors");
-  std::string out;
-  ASSERT_EQ(RunPython("train_reference.py", dir, &out), 0) << out;
-  nlohmann::json ref = nlohmann::json::parse(ReadFile(dir + "/ref.json"));
-
-  // Per-step loss, grad norm (before clipping) and learning rate from log_history.
-  nlohmann::json st = nlohmann::json::parse(ReadFile(spec.output_dir + "/trainer_state.json"));
-  std::vector<nlohmann::json> logs;
-  for (auto& e : st["log_history"]) {
-    if (e.contains("loss")) logs.push_back(e);
-  }
-  ASSERT_EQ(logs.size(), static_cast<size_t>(steps));
+  // Initial weights: ours, exported under HF names, used by both sides through init_from; the
+  // reference's optimizer as ours.
+  const nlohmann::json extra = {
+      {"optim", optim},
+      {"adafactor", {{"relative_step", args.relative_step},
+                     {"scale_parameter", args.scale_parameter},
+                     {"warmup_init", args.warmup_init},
+                     {"beta1", args.beta1 ? nlohmann::json(*args.beta1) : nlohmann::json()},
+                     {"clip_threshold", args.clip_threshold},
+                     {"decay_rate", args.decay_rate},
+                     {"eps1", 1e-30},
+                     {"eps2", 1e-3}}}};
+  TorchParityRun r;
+  TrainAgainstTorch(&spec, dir, data, n_tokens, extra, nullptr, &r);
+  if (::testing::Test::HasFatalFailure()) return;
+  // A relative step is Adafactor's own, not the schedule's.
+  ExpectStepsMatchTorch(r, steps, /*check_lr=*/!args.relative_step);
   for (int s = 0; s < steps; ++s) {
-    const double loss = ref["losses"][s], norm = ref["grad_norms"][s], lr = ref["lrs"][s];
-    EXPECT_NEAR(logs[s]["loss"].get<double>(), loss, 1e-5 * std::abs(loss)) << "step " << s;
-    EXPECT_NEAR(logs[s]["grad_norm"].get<double>(), norm, 1e-5 * norm) << "step " << s;
-    EXPECT_GT(norm, 0.05) << "the test must clip";
-    if (!args.relative_step) {  // a relative step is Adafactor's own, not the schedule's
-      EXPECT_NEAR(logs[s]["learning_rate"].get<double>(), lr, 1e-12) << "step " << s;
-    }
+    EXPECT_GT(r.ref["grad_norms"][s].get<double>(), 0.05) << "the test must clip";
   }
-  EXPECT_NEAR(run->eval_loss, ref["eval_loss"].get<double>(), 1e-5 * ref["eval_loss"].get<double>());
+  const std::string& init = r.init;
 
   auto ours = ReadSafetensors(spec.output_dir + "/model.safetensors");
   auto theirs = ReadSafetensors(dir + "/ref_final.safetensors");

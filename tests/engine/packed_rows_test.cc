@@ -20,6 +20,7 @@
 #include "data/example_data.h"
 #include "data/instruction_data.h"
 #include "data/packing.h"
+#include "job_run_util.h"
 #include "model_test_util.h"
 #include "train/planner.h"
 #include "train/step_runner.h"
@@ -280,46 +281,11 @@ TEST(PackedModel, MistralPackedAndUnpackedEqualTheExamplesOneByOne) { ExpectPack
 
 // ---- a packed job ----
 
-std::string Conversations(int n) {
-  std::string out;
-  const char* words[] = {"red", "green", "blue", "cat", "dog", "sun", "moon", "tree"};
-  for (int i = 0; i < n; ++i) {
-    std::string a;
-    for (int k = 0; k <= (i * 7) % 9; ++k) a += std::string(k ? " " : "") + words[(i + k) % 8];
-    out += std::string(R"({"messages":[{"role":"user","content":")") + words[i % 8] +
-           R"("},{"role":"assistant","content":")" + a + "\"}]}\n";
-  }
-  return out;
-}
-
+// 40 conversations (testing::Conversations) packed into rows of 128 (testing::ChatJobSpec).
 JobSpec PackedSpec(const std::string& dir) {
-  {
-    std::ofstream(dir + "/chat.jsonl") << Conversations(40);
-    std::ofstream(dir + "/t.jinja")
-        << "{% for m in messages %}<{{ m.role }}>{{ m.content }}</{{ m.role }}>\n{% endfor %}"
-           "{% if add_generation_prompt %}<assistant>{% endif %}";
-  }
-  JobSpec spec = testing::TinySpec(dir + "/out", dir + "/chat.jsonl");
-  spec.model.config.vocab_size = 256;
-  spec.model.config.n_positions = 128;
-  spec.data.format = "jsonl";
-  spec.data.tokenizer = "byte";
-  spec.data.chat_template = dir + "/t.jinja";
-  spec.data.assistant_only_loss = true;
+  testing::WriteChatFiles(dir, 40);
+  JobSpec spec = testing::ChatJobSpec(dir, dir + "/chat.jsonl", dir + "/t.jinja", /*seq_len=*/128);
   spec.data.packing = true;
-  spec.data.seq_len = 128;
-  spec.data.shuffle = false;
-  spec.data.validation_split = 0.0;
-  spec.training.optim = "sgd";  // plain steps: weights follow gradients linearly
-  spec.training.learning_rate = 0.1;
-  spec.training.max_grad_norm = 0.0;
-  spec.training.weight_decay = 0.0;
-  spec.training.warmup_steps = 0;
-  spec.training.lr_scheduler_type = "constant";
-  spec.training.max_steps = 3;
-  spec.training.eval_steps = 0;
-  spec.training.save_steps = 0;
-  spec.training.logging_steps = 1;
   return spec;
 }
 
@@ -334,39 +300,7 @@ TEST(PackedTraining, AccumulationTwoByTwoEqualsFourByOne) {
                 static_cast<long long>(data->train.size()));
     EXPECT_LT(data->train.size(), 30);
   }
-  std::vector<StepReport> steps[2];
-  std::string outs[2];
-  const int64_t batch[2] = {4, 2}, accum[2] = {1, 2};
-  for (int k = 0; k < 2; ++k) {
-    JobSpec spec = PackedSpec(dir);
-    spec.output_dir = dir + "/k" + std::to_string(k);
-    spec.training.per_device_train_batch_size = batch[k];
-    spec.training.gradient_accumulation_steps = accum[k];
-    RunCallbacks cb;
-    cb.on_step = [&, k](const StepReport& r) { steps[k].push_back(r); };
-    auto r = RunJob(spec, testing::TestRunOptions(), cb);
-    ASSERT_TRUE(r.ok()) << r.status().ToString();
-    outs[k] = spec.output_dir;
-  }
-  ASSERT_EQ(steps[0].size(), 3u);
-  ASSERT_EQ(steps[1].size(), 3u);
-  for (size_t s = 0; s < 3; ++s) {
-    std::printf("[packed-accum] step %zu: loss B4 %.9f, B2 x 2 %.9f\n", s + 1, steps[0][s].loss,
-                steps[1][s].loss);
-    EXPECT_NEAR(steps[1][s].loss, steps[0][s].loss, 1e-6 * steps[0][s].loss) << "step " << s + 1;
-  }
-  auto a = ReadSafetensors(outs[0] + "/model.safetensors");
-  auto b = ReadSafetensors(outs[1] + "/model.safetensors");
-  ASSERT_TRUE(a.ok() && b.ok());
-  double worst = 0.0;
-  for (const auto& [name, t] : a->tensors) {
-    auto x = t.ToF32();
-    auto y = b->tensors.at(name).ToF32();
-    ASSERT_TRUE(x.ok() && y.ok()) << name;
-    for (size_t i = 0; i < x->size(); ++i) worst = std::max(worst, std::abs(double((*x)[i]) - (*y)[i]));
-  }
-  std::printf("[packed-accum] largest weight difference after 3 steps: %.3g\n", worst);
-  EXPECT_LE(worst, 1e-6);
+  testing::ExpectAccumulationMatchesBatch(PackedSpec(dir), dir, "packed-accum");
 }
 
 // The plan holds the example rows (doc_start and positions: 2 B T int32 in the model and in each

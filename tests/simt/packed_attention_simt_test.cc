@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "../engine/job_run_util.h"
 #include "../engine/model_test_util.h"
 #include "../engine/packed_attention_util.h"
 #include "../engine/trainer_test_util.h"
@@ -85,77 +86,29 @@ TEST(PackedAttentionSimt, RopePositionsMatchCpu) {
   }
 }
 
-// Conversations of unequal lengths, rendered with a plain template.
-std::string Conversations(int n) {
-  std::string out;
-  const char* words[] = {"red", "green", "blue", "cat", "dog", "sun", "moon", "tree"};
-  for (int i = 0; i < n; ++i) {
-    std::string a;
-    for (int k = 0; k <= (i * 7) % 9; ++k) a += std::string(k ? " " : "") + words[(i + k) % 8];
-    out += std::string(R"({"messages":[{"role":"user","content":")") + words[i % 8] +
-           R"("},{"role":"assistant","content":")" + a + "\"}]}\n";
-  }
-  return out;
-}
-
-struct TrainRun {
-  std::vector<double> losses;
-  SafetensorsFile weights;
-};
-
-TrainRun Train(JobSpec spec, const std::string& device) {
-  spec.output_dir += "_" + device;
-  RunOptions o = testing::TestRunOptions(1);
-  o.device.device = device;
-  TrainRun out;
-  RunCallbacks cb;
-  cb.on_step = [&](const StepReport& r) { out.losses.push_back(r.loss); };
-  auto r = RunJob(spec, o, cb);
-  EXPECT_TRUE(r.ok()) << device << ": " << r.status().ToString();
-  if (!r.ok()) return out;
-  auto w = ReadSafetensors(spec.output_dir + "/model.safetensors");
-  EXPECT_TRUE(w.ok()) << w.status().ToString();
-  if (w.ok()) out.weights = std::move(w).value();
-  return out;
-}
-
 TEST(PackedAttentionSimt, PackedRunJobMatchesCpu) {
   RegisterGpuBackends();
   const std::string dir = testing::MakeTempDir("simt_packed");
-  {
-    std::ofstream(dir + "/chat.jsonl") << Conversations(20);
-    std::ofstream(dir + "/t.jinja")
-        << "{% for m in messages %}<{{ m.role }}>{{ m.content }}</{{ m.role }}>\n{% endfor %}"
-           "{% if add_generation_prompt %}<assistant>{% endif %}";
-  }
+  testing::WriteChatFiles(dir, 20);
   for (const std::string arch : {"gpt2", "llama"}) {
-    JobSpec spec = testing::TinySpec(dir + "/" + arch, dir + "/chat.jsonl");
+    JobSpec spec =
+        testing::ChatJobSpec(dir, dir + "/chat.jsonl", dir + "/t.jinja", /*seq_len=*/64);
+    spec.output_dir = dir + "/" + arch + "/out";
     if (arch == "llama") spec.model.config = testing::TinyLlama(/*tied=*/false);
     spec.model.config.vocab_size = 256;
     spec.model.config.n_positions = 64;
     spec.model.config.max_position_embeddings = 64;
-    spec.data.format = "jsonl";
-    spec.data.tokenizer = "byte";
-    spec.data.chat_template = dir + "/t.jinja";
-    spec.data.assistant_only_loss = true;
     spec.data.packing = true;
-    spec.data.seq_len = 64;
-    spec.data.validation_split = 0.0;
-    spec.training.max_steps = 3;
+    spec.data.shuffle = true;  // TinySpec's order
     spec.training.per_device_train_batch_size = 2;
     spec.training.gradient_accumulation_steps = 2;
-    spec.training.eval_steps = 0;
-    spec.training.save_steps = 0;
-    // SGD: weights follow the gradients linearly (AdamW would turn gpt2's key-bias gradients,
-    // zero up to rounding, into steps of about lr that differ between backends).
-    spec.training.optim = "sgd";
-    spec.training.learning_rate = 0.1;
-    spec.training.max_grad_norm = 0.0;
-    spec.training.weight_decay = 0.0;
-    spec.training.warmup_steps = 0;
-    spec.training.lr_scheduler_type = "constant";
-    const TrainRun cpu = Train(spec, "cpu");
-    const TrainRun dev = Train(spec, testing::kDeviceUnderTest);
+    spec.training.logging_steps = 2;
+    // ChatJobSpec's plain SGD: weights follow the gradients linearly (AdamW would turn gpt2's
+    // key-bias gradients, zero up to rounding, into steps of about lr that differ between
+    // backends).
+    const testing::JobOutcome cpu = testing::RunJobOn(spec, "cpu", "cpu");
+    const testing::JobOutcome dev =
+        testing::RunJobOn(spec, testing::kDeviceUnderTest, testing::kDeviceUnderTest);
     ASSERT_EQ(cpu.losses.size(), 3u) << arch;
     ASSERT_EQ(dev.losses.size(), 3u) << arch;
     for (size_t s = 0; s < 3; ++s) {
@@ -163,20 +116,7 @@ TEST(PackedAttentionSimt, PackedRunJobMatchesCpu) {
                   cpu.losses[s], dev.losses[s]);
       EXPECT_NEAR(dev.losses[s], cpu.losses[s], 1e-5 * cpu.losses[s]) << arch << " step " << s + 1;
     }
-    double worst = 0.0;
-    for (const auto& [name, t] : cpu.weights.tensors) {
-      auto it = dev.weights.tensors.find(name);
-      ASSERT_NE(it, dev.weights.tensors.end()) << name;
-      auto a = it->second.ToF32();
-      auto b = t.ToF32();
-      ASSERT_TRUE(a.ok() && b.ok()) << name;
-      double diff = 0.0, scale = 0.0;
-      for (size_t i = 0; i < b->size(); ++i) {
-        diff = std::max(diff, std::abs(double((*a)[i]) - (*b)[i]));
-        scale = std::max(scale, std::abs(double((*b)[i])));
-      }
-      worst = std::max(worst, scale > 0 ? diff / scale : diff);
-    }
+    const double worst = testing::WorstScaledWeightDiff(dev.weights, cpu.weights);
     std::printf("[simt-packed] %s: worst weight max|diff|/max|w| %.3g\n", arch.c_str(), worst);
     EXPECT_LE(worst, 1e-5) << arch;
   }

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "../engine/job_run_util.h"
 #include "../engine/model_test_util.h"
 #include "../engine/trainer_test_util.h"
 #include "backend/device_registry.h"
@@ -26,11 +27,7 @@
 namespace traind::engine {
 namespace {
 
-struct Outcome {
-  std::vector<double> losses;
-  std::vector<std::string> notes;
-  SafetensorsFile weights;
-};
+using Outcome = testing::JobOutcome;
 
 JobSpec Spec(const std::string& arch, const std::string& dir) {
   testing::WriteSyntheticTokens(dir + "/tokens.bin", 1500, 64, 3);
@@ -47,24 +44,6 @@ JobSpec Spec(const std::string& arch, const std::string& dir) {
   s.training.gradient_accumulation_steps = 2;
   s.training.warmup_steps = 1;
   return s;
-}
-
-Outcome Train(JobSpec spec, const std::string& device, bool graphs, const std::string& tag) {
-  spec.output_dir += "_" + tag;
-  RunOptions o = testing::TestRunOptions(1);
-  o.device.device = device;
-  o.device.cuda_graphs = graphs;
-  Outcome out;
-  RunCallbacks cb;
-  cb.on_step = [&](const StepReport& r) { out.losses.push_back(r.loss); };
-  cb.on_message = [&](const std::string& line) { out.notes.push_back(line); };
-  auto r = RunJob(spec, o, cb);
-  EXPECT_TRUE(r.ok()) << device << ": " << r.status().ToString();
-  if (!r.ok()) return out;
-  auto w = ReadSafetensors(spec.output_dir + "/model.safetensors");
-  EXPECT_TRUE(w.ok()) << w.status().ToString();
-  if (w.ok()) out.weights = std::move(w).value();
-  return out;
 }
 
 bool Mentions(const std::vector<std::string>& notes, const std::string& what) {
@@ -133,13 +112,15 @@ class SimtTrainer : public ::testing::TestWithParam<Case> {
 // difference can flip a 16-bit rounding. Step losses stay close (measured worst: bf16 5.4e-6,
 // fp16 2.8e-7; bounds 1e-4 and 2e-5). Weights move more: AdamW normalises each update to about
 // lr, so an element whose gradient is near zero can take a visibly different step (measured
-// worst after 3 steps at lr 3e-3: bf16 3.9e-3, fp16 4.0e-4 of the tensor's largest weight);
-// bound 1e-2 for both.
+// worst after 3 steps at lr 3e-3: fp16 2.3e-3 of the tensor's largest weight; bf16 2.5e-3, but
+// qwen2's k_proj.bias 1.0e-2: zero at init, its largest element is about 3 lr, and since q, k
+// and v are bf16 tensors, a last-bit difference of the fp32 RoPE output flips the rounding of a
+// key, which moves that bias's tiny gradient); bounds 1e-2 (fp16) and 2e-2 (bf16).
 struct Tolerance {
   double loss, weight;
 };
 Tolerance CpuTolerance(const std::string& precision) {
-  if (precision == "bf16") return {1e-4, 1e-2};
+  if (precision == "bf16") return {1e-4, 2e-2};
   if (precision == "fp16") return {2e-5, 1e-2};
   return {1e-5, 1e-5};
 }
@@ -150,9 +131,10 @@ TEST_P(SimtTrainer, RunJobMatchesCpu) {
   JobSpec spec = Spec(c.arch, dir);
   spec.training.bf16 = c.precision == "bf16";
   spec.training.fp16 = c.precision == "fp16";
-  const Outcome cpu = Train(spec, "cpu", true, "cpu");
-  const Outcome graph = Train(spec, testing::kDeviceUnderTest, true, "graph");
-  const Outcome plain = Train(spec, testing::kDeviceUnderTest, false, "plain");
+  const Outcome cpu = testing::RunJobOn(spec, "cpu", "cpu");
+  const Outcome graph = testing::RunJobOn(spec, testing::kDeviceUnderTest, "graph");
+  const Outcome plain =
+      testing::RunJobOn(spec, testing::kDeviceUnderTest, "plain", /*graphs=*/false);
   ASSERT_EQ(cpu.losses.size(), 3u);
   EXPECT_GT(cpu.losses[0], 3.0);  // ~ln(64) at init: the model really ran
   EXPECT_FALSE(cpu.weights.tensors.empty());
@@ -196,8 +178,8 @@ TEST(SimtTrainerOptim, EveryOptimizerMatchesCpu) {
       spec.training.optim_args.momentum = 0.9;
       spec.training.learning_rate = 0.05;
     }
-    const Outcome cpu = Train(spec, "cpu", true, "cpu");
-    const Outcome graph = Train(spec, testing::kDeviceUnderTest, true, "graph");
+    const Outcome cpu = testing::RunJobOn(spec, "cpu", "cpu");
+    const Outcome graph = testing::RunJobOn(spec, testing::kDeviceUnderTest, "graph");
     ASSERT_EQ(cpu.losses.size(), 3u);
     ExpectSame(graph, cpu, 1e-5, c.weight, "simt with graphs vs cpu (" + optim + ")", c.skip);
     EXPECT_TRUE(Mentions(graph.notes, "captured")) << "capture not used";
@@ -211,9 +193,9 @@ TEST(SimtTrainerGraphs, EnvironmentSwitchTurnsCaptureOff) {
   const std::string dir = testing::MakeTempDir("simt_graphs_env");
   const JobSpec spec = Spec("gpt2", dir);
   setenv("TRAIND_CUDA_GRAPHS", "0", 1);
-  const Outcome off = Train(spec, testing::kDeviceUnderTest, true, "env_off");
+  const Outcome off = testing::RunJobOn(spec, testing::kDeviceUnderTest, "env_off");
   unsetenv("TRAIND_CUDA_GRAPHS");
-  const Outcome on = Train(spec, testing::kDeviceUnderTest, true, "env_unset");
+  const Outcome on = testing::RunJobOn(spec, testing::kDeviceUnderTest, "env_unset");
   EXPECT_FALSE(Mentions(off.notes, "captured")) << "TRAIND_CUDA_GRAPHS=0 still captured";
   EXPECT_TRUE(Mentions(on.notes, "training step captured as CUDA graphs"));
   ExpectSame(off, on, kSameDeviceTolerance, kSameDeviceTolerance,
@@ -244,8 +226,8 @@ TEST(SimtTrainerQLora, RunJobMatchesCpu) {
     q.bnb_4bit_use_double_quant = true;
     q.bnb_4bit_compute_dtype = precision == "bf16" ? "bfloat16" : "float32";
     spec.model.quantization_config = q;
-    const Outcome cpu = Train(spec, "cpu", true, "cpu");
-    const Outcome simt = Train(spec, testing::kDeviceUnderTest, true, "graph");
+    const Outcome cpu = testing::RunJobOn(spec, "cpu", "cpu");
+    const Outcome simt = testing::RunJobOn(spec, testing::kDeviceUnderTest, "graph");
     ASSERT_EQ(cpu.losses.size(), 3u);
     EXPECT_GT(cpu.losses[0], 3.0);
     const Tolerance tol = CpuTolerance(precision);

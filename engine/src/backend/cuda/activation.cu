@@ -180,34 +180,52 @@ Status TanhBackward(float* dinp, const float* out, const float* dout, int64_t n,
                     dout, n);
 }
 
-Status SwiGluForward(float* out, const float* inp, int64_t N, int64_t H, cudaStream_t stream) {
-  TRAIND_RETURN_IF_ERROR(Check("SwiGluForward", N * H));
+namespace {
+
+// The gated units (SwiGLU, GeGLU) over the N*H outputs of inp (N, 2H): the size check of `op`,
+// then `kernel` (named `name`) with (out, inp, N, H) or (dinp, inp, dout, N, H).
+using GatedForwardKernel = void (*)(float*, const float*, int64_t, int64_t);
+using GatedBackwardKernel = void (*)(float*, const float*, const float*, int64_t, int64_t);
+
+Status GatedForward(const char* op, const char* name, GatedForwardKernel kernel, float* out,
+                    const float* inp, int64_t N, int64_t H, cudaStream_t stream) {
+  TRAIND_RETURN_IF_ERROR(Check(op, N * H));
   if (N * H == 0) return Status::Ok();
-  return GPU_LAUNCH(swiglu_forward_kernel, GridFor(N * H, kThreads), kThreads, 0, stream, out, inp,
-                    N, H);
+  return LaunchStatus(
+      name, LaunchKernel(name, kernel, GridFor(N * H, kThreads), kThreads, 0, stream, out, inp, N, H));
+}
+
+Status GatedBackward(const char* op, const char* name, GatedBackwardKernel kernel, float* dinp,
+                     const float* inp, const float* dout, int64_t N, int64_t H,
+                     cudaStream_t stream) {
+  TRAIND_RETURN_IF_ERROR(Check(op, N * H));
+  if (N * H == 0) return Status::Ok();
+  return LaunchStatus(name, LaunchKernel(name, kernel, GridFor(N * H, kThreads), kThreads, 0,
+                                         stream, dinp, inp, dout, N, H));
+}
+
+}  // namespace
+
+Status SwiGluForward(float* out, const float* inp, int64_t N, int64_t H, cudaStream_t stream) {
+  return GatedForward("SwiGluForward", "swiglu_forward_kernel", swiglu_forward_kernel, out, inp, N,
+                      H, stream);
 }
 
 Status SwiGluBackward(float* dinp, const float* inp, const float* dout, int64_t N, int64_t H,
                       cudaStream_t stream) {
-  TRAIND_RETURN_IF_ERROR(Check("SwiGluBackward", N * H));
-  if (N * H == 0) return Status::Ok();
-  return GPU_LAUNCH(swiglu_backward_kernel, GridFor(N * H, kThreads), kThreads, 0, stream, dinp,
-                    inp, dout, N, H);
+  return GatedBackward("SwiGluBackward", "swiglu_backward_kernel", swiglu_backward_kernel, dinp,
+                       inp, dout, N, H, stream);
 }
 
 Status GeGluForward(float* out, const float* inp, int64_t N, int64_t H, cudaStream_t stream) {
-  TRAIND_RETURN_IF_ERROR(Check("GeGluForward", N * H));
-  if (N * H == 0) return Status::Ok();
-  return GPU_LAUNCH(geglu_forward_kernel, GridFor(N * H, kThreads), kThreads, 0, stream, out, inp,
-                    N, H);
+  return GatedForward("GeGluForward", "geglu_forward_kernel", geglu_forward_kernel, out, inp, N, H,
+                      stream);
 }
 
 Status GeGluBackward(float* dinp, const float* inp, const float* dout, int64_t N, int64_t H,
                      cudaStream_t stream) {
-  TRAIND_RETURN_IF_ERROR(Check("GeGluBackward", N * H));
-  if (N * H == 0) return Status::Ok();
-  return GPU_LAUNCH(geglu_backward_kernel, GridFor(N * H, kThreads), kThreads, 0, stream, dinp,
-                    inp, dout, N, H);
+  return GatedBackward("GeGluBackward", "geglu_backward_kernel", geglu_backward_kernel, dinp, inp,
+                       dout, N, H, stream);
 }
 
 TRAIND_GPU_END
