@@ -127,6 +127,23 @@ TEST(QLoraPrequantized, LoadsTheStateQuantizeAtLoadHolds) {
   }
 }
 
+// A 3-step LoRA job (every llama target, r and alpha as given) from `init_from`, writing to `out`.
+JobSpec ThreeStepLora(const std::string& out, const std::string& data, const ModelConfig& config,
+                      const std::string& init_from, int64_t r, double alpha, double lr) {
+  JobSpec s = testing::TinySpec(out, data);
+  s.model.config = config;
+  s.model.init_from = init_from;
+  s.training.max_steps = 3;
+  s.training.warmup_steps = 0;
+  s.training.learning_rate = lr;
+  PeftSpec p;
+  p.r = r;
+  p.lora_alpha = alpha;
+  p.target_modules = kLlamaAll;
+  s.training.peft = p;
+  return s;
+}
+
 // Adapters after 3 AdamW steps of a QLoRA job from the pre-quantized folder equal, bit for bit,
 // the same job from the full-precision folder (the same 4-bit state, so the same steps); the
 // pre-quantized job takes its quantization from the folder's config.json.
@@ -145,18 +162,9 @@ TEST(QLoraPrequantized, ThreeAdamWStepsEqualTheFullPrecisionJob) {
     std::vector<std::string> notes;
     for (const bool prequantized : {false, true}) {
       const std::string name = prequantized ? "prequantized" : "full";
-      JobSpec s = testing::TinySpec(dir + "/" + name + (bf16 ? "16" : "32"), data);
-      s.model.config = config;
-      s.model.init_from = prequantized ? bnb : full;
+      JobSpec s = ThreeStepLora(dir + "/" + name + (bf16 ? "16" : "32"), data, config,
+                                prequantized ? bnb : full, 8, 16, 1e-2);
       s.training.bf16 = bf16;
-      s.training.max_steps = 3;
-      s.training.warmup_steps = 0;
-      s.training.learning_rate = 1e-2;
-      PeftSpec p;
-      p.r = 8;
-      p.lora_alpha = 16;
-      p.target_modules = kLlamaAll;
-      s.training.peft = p;
       if (prequantized) {
         ASSERT_TRUE(ApplyCheckpointQuantization(&s).ok());  // as ParseJobSpec does
         ASSERT_TRUE(s.model.quantization_config.has_value());
@@ -410,20 +418,10 @@ TEST(QLoraMerge, WritesTheComputeDtype) {
            {"bf16", "BF16", "bfloat16"}, {"f16", "F16", "float16"}, {"f32", "F32", "float32"}}) {
     SCOPED_TRACE(precision);
     const std::string bnb = WriteBnbFolder(full, "nf4", true, torch_dtype);
-    JobSpec s = testing::TinySpec(dir + "/" + precision, data);
-    s.model.config = config;
-    s.model.init_from = bnb;
+    JobSpec s = ThreeStepLora(dir + "/" + precision, data, config, bnb, 4, 8, 2e-2);
     s.training.bf16 = precision == "bf16";
     s.training.fp16 = precision == "f16";
-    s.training.max_steps = 3;
-    s.training.warmup_steps = 0;
-    s.training.learning_rate = 2e-2;
-    PeftSpec p;
-    p.r = 4;
-    p.lora_alpha = 8;
-    p.target_modules = kLlamaAll;
-    p.merge = true;
-    s.training.peft = p;
+    s.training.peft->merge = true;
     ASSERT_TRUE(ApplyCheckpointQuantization(&s).ok());
     ASSERT_TRUE(ReconcileQuantization(&s).ok());
     std::vector<std::string> notes;
