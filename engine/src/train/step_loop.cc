@@ -37,12 +37,12 @@ namespace {
 // pass padded with empty rows: mask 0, no target). The loss is the mean over every target
 // (masked_lm: masked positions; classification: labelled examples); with classification also
 // the accuracy over the labelled examples.
-Result<double> EvaluateExamples(TrainingSession* s, std::optional<double>* accuracy) {
-  const DevicePlan& dp = s->device_plan();
-  const DataParallel& p = s->parallel();
-  Backend& backend = *s->objects().backend;
-  Model& model = *s->objects().model;
-  const ExampleData& data = *s->data().examples;
+Result<double> EvaluateExamples(const TrainingSession& s, std::optional<double>* accuracy) {
+  const DevicePlan& dp = s.device_plan();
+  const DataParallel& p = s.parallel();
+  Backend& backend = *s.objects().backend;
+  Model& model = *s.objects().model;
+  const ExampleData& data = *s.data().examples;
   const ExampleSet& set = data.validation;
   const int64_t B = dp.B, T = dp.T;
   const int64_t n = set.size();
@@ -55,7 +55,7 @@ Result<double> EvaluateExamples(TrainingSession* s, std::optional<double>* accur
   int64_t pass = -1;
   for (int64_t first = 0; first < n; first += B) {
     if (++pass % p.world != p.rank) continue;
-    if (s->request().Cancelled()) return Status::Cancelled("job cancelled during evaluation");
+    if (s.request().Cancelled()) return Status::Cancelled("job cancelled during evaluation");
     for (int64_t b = 0; b < B; ++b) rows[static_cast<size_t>(b)] = first + b < n ? first + b : -1;
     FillExampleBatch(data, set, rows.data(), epochs.data(), B, inputs.data(), targets.data(),
                      mask.data());
@@ -88,13 +88,13 @@ Result<double> EvaluateExamples(TrainingSession* s, std::optional<double>* accur
 
 }  // namespace
 
-Result<double> Evaluate(TrainingSession* s, std::optional<double>* accuracy) {
-  if (s->data().examples != nullptr) return EvaluateExamples(s, accuracy);
-  const DevicePlan& dp = s->device_plan();
-  const DataParallel& p = s->parallel();
-  Backend& backend = *s->objects().backend;
-  Model& model = *s->objects().model;
-  const TokenStream& tokens = s->data().validation_tokens;
+Result<double> Evaluate(const TrainingSession& s, std::optional<double>* accuracy) {
+  if (s.data().examples != nullptr) return EvaluateExamples(s, accuracy);
+  const DevicePlan& dp = s.device_plan();
+  const DataParallel& p = s.parallel();
+  Backend& backend = *s.objects().backend;
+  Model& model = *s.objects().model;
+  const TokenStream& tokens = s.data().validation_tokens;
   const int64_t B = dp.B, T = dp.T;
   const int64_t n = tokens.size();
   const int64_t windows = n > 0 ? (n - 1) / T : 0;
@@ -105,7 +105,7 @@ Result<double> Evaluate(TrainingSession* s, std::optional<double>* accuracy) {
   int64_t pass = -1;
   for (int64_t first = 0; first < windows; first += B) {
     if (++pass % p.world != p.rank) continue;
-    if (s->request().Cancelled()) return Status::Cancelled("job cancelled during evaluation");
+    if (s.request().Cancelled()) return Status::Cancelled("job cancelled during evaluation");
     const int64_t count = std::min(B, windows - first);
     for (int64_t b = 0; b < B; ++b) {
       int32_t* in = inputs.data() + b * T;
@@ -475,7 +475,7 @@ bool Every(int64_t step, int64_t every) { return every > 0 && step % every == 0;
 class StepLoop {
  public:
   StepLoop(TrainingSession* s, const LoopOptions& o, double* last_eval)
-      : s_(s), o_(o), r_(s->request()), p_(s->parallel()), d_(s->objects()),
+      : session_(*s), o_(o), r_(s->request()), p_(s->parallel()), d_(s->objects()),
         progress_(s->progress()), state_(progress_.state),
         batches_(r_, s->device_plan(), s->data(), p_, state_), last_eval_(last_eval),
         saved_step_(progress_.first_step) {
@@ -518,7 +518,7 @@ class StepLoop {
     }
     if (progress_.first_step == o_.max_steps) {
       // Resumed from the final checkpoint: nothing left to train; report its evaluation again.
-      TRAIND_ASSIGN_OR_RETURN(*last_eval_, Evaluate(s_, &progress_.last_eval_accuracy));
+      TRAIND_ASSIGN_OR_RETURN(*last_eval_, Evaluate(session_, &progress_.last_eval_accuracy));
     }
     return Status::Ok();
   }
@@ -536,7 +536,7 @@ class StepLoop {
     TRAIND_ASSIGN_OR_RETURN(step.outcome,
                             batches_.Step(runner_.get(), step.lr, loss_scale, &step.wait));
     if (state_.global_step == progress_.first_step) {
-      NoteGraphs(r_, s_->device_plan().device, *d_.optimizer, *runner_);
+      NoteGraphs(r_, session_.device_plan().device, *d_.optimizer, *runner_);
     }
     step.skipped = o_.fp16 && scaler_.Update(step.outcome.skipped);
     state_.global_step += 1;
@@ -550,7 +550,7 @@ class StepLoop {
   // Evaluation: the validation loss (and accuracy) into the history and RunCallbacks::on_eval.
   Status EvalNow() {
     std::optional<double> accuracy;
-    TRAIND_ASSIGN_OR_RETURN(double loss, Evaluate(s_, &accuracy));
+    TRAIND_ASSIGN_OR_RETURN(double loss, Evaluate(session_, &accuracy));
     *last_eval_ = loss;
     progress_.last_eval_accuracy = accuracy;
     if (std::isnan(loss)) return Status::Ok();
@@ -591,7 +591,7 @@ class StepLoop {
                            std::to_string(step) + " written");
   }
 
-  TrainingSession* s_;  // for Evaluate; the parts below are what the steps use
+  const TrainingSession& session_;  // read-only: for Evaluate and the device's name
   const LoopOptions& o_;
   const RunRequest& r_;
   const DataParallel& p_;

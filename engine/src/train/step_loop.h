@@ -23,6 +23,7 @@ Status RunStepLoop(TrainingSession* s, double* last_eval);
 // Encoder families (bert): the validation examples in order, B per pass (example_data.h); the
 // mean loss over every target, and with sequence_classification *accuracy (when not null) =
 // correct / labelled examples.
-Result<double> Evaluate(TrainingSession* s, std::optional<double>* accuracy = nullptr);
+// Reads the session (the model's weights are not changed; its activations are scratch).
+Result<double> Evaluate(const TrainingSession& s, std::optional<double>* accuracy = nullptr);
 
 }  // namespace traind::engine
