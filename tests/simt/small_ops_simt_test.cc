@@ -2,7 +2,8 @@
 // composition it replaces on the same device (Backend's default bodies, called by qualified name:
 // bit for bit) and against the CPU backend (within the op table's tolerances, as
 // backend_ops_test): AdamWRunsFromScalars as ONE launch over every run, capture-safe;
-// ResidualNormForward (LayerNorm / RMSNorm, fp32 / bf16 / f16 out) as one launch;
+// ResidualNormForward (LayerNorm / RMSNorm, fp32 / bf16 / f16 out) and the Rounded norms as one
+// launch each;
 // BiasBackwardRounded (the bias gradient in the pass that rounds dout) as one launch.
 #include <gtest/gtest.h>
 
@@ -299,6 +300,44 @@ TEST_F(SmallOps, ResidualNormForwardFusedEqualsTheComposition) {
         ExpectClose(fused.rstd, ref.rstd, 1e-5, 1e-4, what + " rstd");
         if (!rms) ExpectClose(fused.mean, ref.mean, 1e-5, 1e-4, what + " mean");
       }
+    }
+  }
+}
+
+// LayerNormForwardRounded / RmsNormForwardRounded in one launch (the residual kernel without the
+// add): the bits of the norm followed by Cast on the same device, the CPU's within 4e-3.
+TEST_F(SmallOps, RoundedNormsAreOnePass) {
+  const int64_t N = 29, C = 72;
+  const auto x = Random(N * C, 31, -2, 3), w = Random(C, 32), bias = Random(C, 33);
+  for (bool rms : {false, true}) {
+    for (DType t : {DType::kBF16, DType::kF16}) {
+      const std::string what = std::string(rms ? "rms " : "layernorm ") + DTypeName(t);
+      auto run = [&](Backend* be, bool fused) {
+        Bufs B(be);
+        float *X = B.Up(x), *W = B.Up(w), *Bi = B.Up(bias), *out32 = B.Zeros(N * C);
+        float *mean = B.Zeros(N), *rstd = B.Zeros(N);
+        auto* out = B.Zeros<uint16_t>(N * C);
+        const int64_t launches = Launches(be, [&] {
+          if (rms && fused) be->RmsNormForwardRounded(out, t, out32, rstd, X, W, N, C, 1e-6f);
+          if (rms && !fused)
+            be->Backend::RmsNormForwardRounded(out, t, out32, rstd, X, W, N, C, 1e-6f);
+          if (!rms && fused)
+            be->LayerNormForwardRounded(out, t, out32, mean, rstd, X, W, Bi, N, C, 1e-5f);
+          if (!rms && !fused)
+            be->Backend::LayerNormForwardRounded(out, t, out32, mean, rstd, X, W, Bi, N, C, 1e-5f);
+        });
+        if (fused && be == dev_.get() && launches >= 0) {
+          EXPECT_EQ(launches, 1) << what;
+        }
+        return std::tuple{Widen(B.Get(out, N * C), t), B.Get(mean, N), B.Get(rstd, N)};
+      };
+      const auto fused = run(dev_.get(), true), comp = run(dev_.get(), false),
+                 ref = run(cpu_.get(), true);
+      EXPECT_EQ(std::get<0>(fused), std::get<0>(comp)) << what;
+      EXPECT_EQ(std::get<1>(fused), std::get<1>(comp)) << what;
+      EXPECT_EQ(std::get<2>(fused), std::get<2>(comp)) << what;
+      ExpectClose(std::get<0>(fused), std::get<0>(ref), 4e-3, 4e-3, what + " out");
+      ExpectClose(std::get<2>(fused), std::get<2>(ref), 1e-5, 1e-4, what + " rstd");
     }
   }
 }

@@ -237,6 +237,19 @@ void GpuBackend::RmsNormBackward(float* dinp, float* dweight, const float* dout,
                                  const float* weight, const float* rstd, int64_t N, int64_t C) {
   Record(gpu::RmsNormBackward(dinp, dweight, dout, inp, weight, rstd, N, C, stream_));
 }
+void GpuBackend::LayerNormForwardRounded(void* out16, DType out_type, float* /*out32*/,
+                                         float* mean, float* rstd, const float* inp,
+                                         const float* weight, const float* bias, int64_t N,
+                                         int64_t C, float eps) {
+  Record(gpu::ResidualNormForward(nullptr, out16, out_type, mean, rstd, inp, nullptr, weight, bias,
+                                  N, C, eps, false, stream_));
+}
+void GpuBackend::RmsNormForwardRounded(void* out16, DType out_type, float* /*out32*/, float* rstd,
+                                       const float* inp, const float* weight, int64_t N, int64_t C,
+                                       float eps) {
+  Record(gpu::ResidualNormForward(nullptr, out16, out_type, nullptr, rstd, inp, nullptr, weight,
+                                  nullptr, N, C, eps, true, stream_));
+}
 void GpuBackend::ResidualNormForward(float* res, void* out, DType out_type, float* /*scratch*/,
                                      float* mean, float* rstd, const float* a, const float* b,
                                      const float* weight, const float* bias, int64_t N, int64_t C,
@@ -386,7 +399,9 @@ bool GpuBackend::CudnnAttentionForward16(void* out, float* lse, const void* q, c
   shape.B = B, shape.T = T, shape.NH = NH, shape.NKV = NKV, shape.HS = HS;
   shape.q_stride = q_stride, shape.kv_stride = kv_stride;
   shape.causal = causal;
-  shape.key_mask = key_mask != nullptr, shape.window = window > 0, shape.doc_start = doc_start != nullptr;
+  shape.key_mask = key_mask != nullptr;
+  shape.window = window > 0;
+  shape.doc_start = doc_start != nullptr;
   const AttentionTcMasks masks{causal, key_mask, window, doc_start};
   auto self_check = [&]() -> Result<SdpaCheck> {
     const int64_t n_out = B * T * NH * HS, n_lse = B * NH * T;
@@ -400,11 +415,13 @@ bool GpuBackend::CudnnAttentionForward16(void* out, float* lse, const void* q, c
     if (st.ok()) st = sdpa_->path()->Forward(out2, lse2, q, k, v, shape, stream_);
     std::vector<uint16_t> o1(static_cast<size_t>(n_out)), o2(o1.size());
     std::vector<float> l1(static_cast<size_t>(n_lse)), l2(l1.size());
-    if (st.ok()) st = dev::StreamSynchronize(stream_);
-    if (st.ok()) st = dev::MemcpyAsync(o1.data(), out, o1.size() * 2, dev::CopyKind::kDeviceToHost, stream_);
-    if (st.ok()) st = dev::MemcpyAsync(o2.data(), out2, o2.size() * 2, dev::CopyKind::kDeviceToHost, stream_);
-    if (st.ok()) st = dev::MemcpyAsync(l1.data(), lse, l1.size() * 4, dev::CopyKind::kDeviceToHost, stream_);
-    if (st.ok()) st = dev::MemcpyAsync(l2.data(), lse2, l2.size() * 4, dev::CopyKind::kDeviceToHost, stream_);
+    auto down = [&](void* dst, const void* src, size_t bytes) {
+      if (st.ok()) st = dev::MemcpyAsync(dst, src, bytes, dev::CopyKind::kDeviceToHost, stream_);
+    };
+    down(o1.data(), out, o1.size() * 2);
+    down(o2.data(), out2, o2.size() * 2);
+    down(l1.data(), lse, l1.size() * 4);
+    down(l2.data(), lse2, l2.size() * 4);
     if (st.ok()) st = dev::StreamSynchronize(stream_);
     (void)dev::StreamSynchronize(stream_);
     (void)dev::Free(p);

@@ -92,6 +92,13 @@ class GpuBackend : public Backend {
                       int64_t C, float eps) override;
   void RmsNormBackward(float* dinp, float* dweight, const float* dout, const float* inp,
                        const float* weight, const float* rstd, int64_t N, int64_t C) override;
+  // The norm with its output rounded to 16 bits in one kernel (norm.cu); out32 is not used.
+  void LayerNormForwardRounded(void* out16, DType out_type, float* out32, float* mean,
+                               float* rstd, const float* inp, const float* weight,
+                               const float* bias, int64_t N, int64_t C, float eps) override;
+  void RmsNormForwardRounded(void* out16, DType out_type, float* out32, float* rstd,
+                             const float* inp, const float* weight, int64_t N, int64_t C,
+                             float eps) override;
   // The residual add and the norm after it in one kernel (norm.cu); scratch is not used.
   void ResidualNormForward(float* res, void* out, DType out_type, float* scratch, float* mean,
                            float* rstd, const float* a, const float* b, const float* weight,

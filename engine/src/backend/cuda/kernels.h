@@ -83,7 +83,8 @@ Status RmsNormBackward(float* dinp, float* dweight, const float* dout, const flo
                        cudaStream_t stream);
 // Backend::ResidualNormForward in one pass: res = a + b, then LayerNorm (mean, bias) or, when rms,
 // RMSNorm of res into out (out_type f32, bf16 or f16). Bit for bit Add, then LayerNormForward /
-// RmsNormForward and, for a 16-bit out, Cast.
+// RmsNormForward and, for a 16-bit out, Cast. b == nullptr: the norm of a alone (res unused):
+// Backend::LayerNormForwardRounded / RmsNormForwardRounded in one pass.
 Status ResidualNormForward(float* res, void* out, DType out_type, float* mean, float* rstd,
                            const float* a, const float* b, const float* weight, const float* bias,
                            int64_t N, int64_t C, float eps, bool rms, cudaStream_t stream);

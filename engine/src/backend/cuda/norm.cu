@@ -198,7 +198,8 @@ __device__ __forceinline__ void StoreAs(O* p, int64_t i, float v) {
 // Backend::ResidualNormForward: one warp per row; res = a + b (Add's bits), then the norm of res
 // with layernorm_forward_kernel's / rmsnorm_forward_kernel's arithmetic, out stored as O (fp32,
 // or rounded to nearest even: the bits of the norm followed by Cast). Each lane reads back only
-// the res elements it wrote, so res may alias a or b.
+// the res elements it wrote, so res may alias a or b. b == nullptr: no add, the norm of a (res
+// unused): LayerNormForwardRounded / RmsNormForwardRounded.
 template <typename O, bool kRms>
 __global__ void residual_norm_forward_kernel(float* res, O* out, float* mean, float* rstd,
                                              const float* a, const float* b, const float* weight,
@@ -206,32 +207,28 @@ __global__ void residual_norm_forward_kernel(float* res, O* out, float* mean, fl
   const int64_t row = blockIdx.x * int64_t{blockDim.y} + threadIdx.y;
   if (row >= N) return;  // whole warp: no block barrier in this kernel
   const int lane = threadIdx.x;
-  float* x = res + row * C;
   const float* ar = a + row * C;
-  const float* br = b + row * C;
+  const bool add = b != nullptr;  // uniform
+  float* x = add ? res + row * C : nullptr;
+  const float* br = add ? b + row * C : nullptr;
+  const float* xs = add ? x : ar;  // the normalised row, once written
   O* o = out + row * C;
+  float s = 0.0f;  // sum of squares (rms) or sum
+  for (int64_t c = lane; c < C; c += 32) {
+    const float v = add ? ar[c] + br[c] : ar[c];
+    if (add) x[c] = v;
+    s += kRms ? v * v : v;
+  }
   if constexpr (kRms) {
-    float ss = 0.0f;
-    for (int64_t c = lane; c < C; c += 32) {
-      const float v = ar[c] + br[c];
-      x[c] = v;
-      ss += v * v;
-    }
-    const float rs = 1.0f / sqrtf(WarpSum(ss) / static_cast<float>(C) + eps);
-    for (int64_t c = lane; c < C; c += 32) StoreAs(o, c, x[c] * rs * weight[c]);
+    const float rs = 1.0f / sqrtf(WarpSum(s) / static_cast<float>(C) + eps);
+    for (int64_t c = lane; c < C; c += 32) StoreAs(o, c, xs[c] * rs * weight[c]);
     if (lane == 0) rstd[row] = rs;
   } else {
-    float s = 0.0f;
-    for (int64_t c = lane; c < C; c += 32) {
-      const float v = ar[c] + br[c];
-      x[c] = v;
-      s += v;
-    }
     const float m = WarpSum(s) / static_cast<float>(C);
     float var = 0.0f;
-    for (int64_t c = lane; c < C; c += 32) var += (x[c] - m) * (x[c] - m);
+    for (int64_t c = lane; c < C; c += 32) var += (xs[c] - m) * (xs[c] - m);
     const float rs = 1.0f / sqrtf(WarpSum(var) / static_cast<float>(C) + eps);
-    for (int64_t c = lane; c < C; c += 32) StoreAs(o, c, (x[c] - m) * rs * weight[c] + bias[c]);
+    for (int64_t c = lane; c < C; c += 32) StoreAs(o, c, (xs[c] - m) * rs * weight[c] + bias[c]);
     if (lane == 0) {
       mean[row] = m;
       rstd[row] = rs;
@@ -317,6 +314,8 @@ Status ResidualNormForward(float* res, void* out, DType out_type, float* mean, f
   TRAIND_RETURN_IF_ERROR(CheckRows("ResidualNormForward", N, C));
   if (!rms && (mean == nullptr || bias == nullptr))
     return Status::InvalidArgument("ResidualNormForward: LayerNorm needs mean and bias");
+  if (b != nullptr && res == nullptr)
+    return Status::InvalidArgument("ResidualNormForward: null res");
   if (N == 0) return Status::Ok();
   switch (out_type) {
     case DType::kF32:
