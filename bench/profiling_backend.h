@@ -323,6 +323,23 @@ class ProfilingBackend final : public Backend {
     in_->AttentionBackward(dq, dk, dv, d, o, l, q, k, v, B, T_, NH, NKV, HS, qs, ks, causal, mask,
                            ot, w, doc_start);
   }
+  void AttentionForward16(void* o, float* l, const void* q, const void* k, const void* v, DType ty,
+                          int64_t B, int64_t T_, int64_t NH, int64_t NKV, int64_t HS, int64_t qs,
+                          int64_t ks, bool causal = true, const int32_t* mask = nullptr,
+                          int64_t w = 0, const int32_t* doc_start = nullptr) override {
+    T x(this, "attention_fwd 16-bit tensors", (causal ? 2.0 : 4.0) * B * NH * T_ * T_ * HS);
+    in_->AttentionForward16(o, l, q, k, v, ty, B, T_, NH, NKV, HS, qs, ks, causal, mask, w,
+                            doc_start);
+  }
+  void AttentionBackward16(float* dq, float* dk, float* dv, const void* d, const void* o,
+                           const float* l, const void* q, const void* k, const void* v, DType ty,
+                           int64_t B, int64_t T_, int64_t NH, int64_t NKV, int64_t HS, int64_t qs,
+                           int64_t ks, bool causal = true, const int32_t* mask = nullptr,
+                           int64_t w = 0, const int32_t* doc_start = nullptr) override {
+    T x(this, "attention_bwd 16-bit tensors", (causal ? 5.0 : 10.0) * B * NH * T_ * T_ * HS);
+    in_->AttentionBackward16(dq, dk, dv, d, o, l, q, k, v, ty, B, T_, NH, NKV, HS, qs, ks, causal,
+                             mask, w, doc_start);
+  }
   void AttentionDecode(float* o, const float* q, const float* k, const float* v, int64_t B, int64_t T_,
                        int64_t rows, int64_t NH, int64_t NKV, int64_t HS, int64_t qs, int64_t ks,
                        int64_t w = 0) override {

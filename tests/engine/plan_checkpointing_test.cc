@@ -79,7 +79,7 @@ int64_t BlockSetBytes(const ModelConfig& c, const ModelOptions& o) {
   const int64_t ct = static_cast<int64_t>(DTypeSize(o.compute_type));
   const int64_t stats = llama ? 1 : 2;  // rmsnorm: rstd; layernorm: mean and rstd
   return 3 * Align64(N * C * ct) + Align64(N * H * ct) + 2 * stats * Align64(N * 4) +
-         Align64(N * (NH + 2 * NKV) * HS * 4) + Align64(B * NH * T * 4) + Align64(N * C * 4) +
+         Align64(N * (NH + 2 * NKV) * HS * ct) + Align64(B * NH * T * 4) + Align64(N * C * 4) +
          Align64(N * up * 4);
 }
 

@@ -169,7 +169,7 @@ TEST(TrainerPlan, AutoTurnsOnCheckpointingOnlyWhenNeeded) {
 TEST(TrainerPlan, TooSmallBudgetIsAClearError) {
   JobSpec s = testing::TinySpec("/tmp", "/nonexistent");
   DeviceOptions d;
-  d.memory_budget_bytes = Bytes(s, 4, false) / 2;
+  d.memory_budget_bytes = Bytes(s, 4, false) / 3;
   auto p = EstimateJob(s, d);  // fixed batch 4
   ASSERT_FALSE(p.ok());
   EXPECT_EQ(p.status().code(), Status::Code::kFailedPrecondition);

@@ -690,6 +690,85 @@ std::vector<OpCase> AllCases() {
       return o;
     });
   }
+  // ---- attention on 16-bit tensors (bf16/fp16 jobs): fused qkv rows and separate ones (strides a
+  // multiple of 8: simt/CUDA's tensor-core kernel for head sizes 64..256; a gap of 3, or head size
+  // 40: the fp32 kernel on widened tensors), GQA, masks, windows, T not a multiple of any tile.
+  // out is 16-bit (compared widened); dq, dk, dv fp32 with sentinels outside the heads. Against the
+  // CPU's products on the same 16-bit values: the tensor-core kernel also rounds P and dS (as
+  // attention_tc_test bounds), and out is rounded, so about two steps of the type (bf16 2^-8,
+  // fp16 2^-11) per element (measured on simt: bf16 out 3.9e-3, dq 3.7e-3; fp16 4.9e-4, 4.7e-4;
+  // the widened fp32 path within 2.5e-4).
+  struct Attn16Case {
+    int64_t B, T, NH, NKV, HS;
+    int layout;  // 0: fused qkv rows; 1: separate, stride + 8; 2: separate, stride + 3
+    bool causal = true;
+    int mask = 0;  // as AttnCase
+    int64_t window = 0;
+  };
+  for (DType t : {DType::kBF16, DType::kF16}) {
+    const double tol16[2] = {t == DType::kBF16 ? 8e-3 : 1e-3, t == DType::kBF16 ? 8e-3 : 1e-3};
+    for (const Attn16Case a : {Attn16Case{2, 37, 4, 2, 64, 0}, Attn16Case{1, 75, 2, 1, 128, 1, false, 1},
+                               Attn16Case{2, 70, 2, 1, 40, 2, true, 2},
+                               Attn16Case{1, 130, 4, 2, 64, 0, true, 0, 33},
+                               Attn16Case{2, 21, 2, 2, 80, 0, true, 2},
+                               Attn16Case{1, 40, 2, 1, 64, 2, true, 1}}) {
+      const std::string label = Dims({a.B, a.T, a.NH, a.NKV, a.HS}) + " " + DTypeName(t) +
+                                (a.layout == 0 ? " fused" : a.layout == 1 ? " strided" : " gap") +
+                                (a.causal ? "" : " bidirectional") +
+                                (a.mask == 1 ? " random mask" : a.mask == 2 ? " tail mask" : "") +
+                                (a.window > 0 ? " window " + std::to_string(a.window) : "");
+      std::vector<int32_t> mask;
+      if (a.mask != 0) {
+        std::mt19937_64 rng(90 + a.T);
+        for (int64_t b = 0; b < a.B; ++b) {
+          const int64_t len = b == 0 ? a.T - a.T / 3 : a.T;
+          for (int64_t j = 0; j < a.T; ++j)
+            mask.push_back((a.mask == 2 ? j < len : j != 0 && rng() % 4 != 0) ? 1 : 0);
+        }
+      }
+      const int64_t rows = a.B * a.T, QW = a.NH * a.HS, KW = a.NKV * a.HS;
+      const int64_t gap = a.layout == 1 ? 8 : 3;
+      const int64_t qs = a.layout == 0 ? QW + 2 * KW : QW + gap;
+      const int64_t kvs = a.layout == 0 ? qs : KW + gap;
+      const int64_t koff = a.layout == 0 ? QW : 0, voff = a.layout == 0 ? QW + KW : 0;
+      auto forward = [=](Dev& d, const uint16_t** q, const uint16_t** k, const uint16_t** v,
+                         uint16_t** out, float** lse) {
+        *q = d.Up(To16(Random(rows * qs, 81), t));
+        const uint16_t* kb = a.layout == 0 ? *q : d.Up(To16(Random(rows * kvs, 82), t));
+        const uint16_t* vb = a.layout == 0 ? *q : d.Up(To16(Random(rows * kvs, 83), t));
+        *k = kb + koff;
+        *v = vb + voff;
+        *out = d.Zeros<uint16_t>(rows * QW);
+        *lse = d.Zeros(a.B * a.NH * a.T);
+        const int32_t* km = mask.empty() ? nullptr : d.Up(mask);
+        d->AttentionForward16(*out, *lse, *q, *k, *v, t, a.B, a.T, a.NH, a.NKV, a.HS, qs, kvs,
+                              a.causal, km, a.window);
+        return km;
+      };
+      Add(&c, Op::kAttentionForward16, label, tol16, [=](Dev& d) {
+        const uint16_t *q, *k, *v;
+        uint16_t* out;
+        float* lse;
+        forward(d, &q, &k, &v, &out, &lse);
+        return Outputs{{"out", Widen16(d.Get(out, rows * QW), t)},
+                       {"lse", d.Get(lse, a.B * a.NH * a.T)}};
+      });
+      Add(&c, Op::kAttentionBackward16, label, tol16, [=](Dev& d) {
+        const uint16_t *q, *k, *v;
+        uint16_t* out;
+        float* lse;
+        const int32_t* km = forward(d, &q, &k, &v, &out, &lse);
+        float* dq = d.Up(std::vector<float>(rows * qs, 7.0f));
+        float* dk = a.layout == 0 ? dq + koff : d.Up(std::vector<float>(rows * kvs, 7.0f));
+        float* dv = a.layout == 0 ? dq + voff : d.Up(std::vector<float>(rows * kvs, 7.0f));
+        d->AttentionBackward16(dq, dk, dv, d.Up(To16(Random(rows * QW, 84), t)), out, lse, q, k, v,
+                               t, a.B, a.T, a.NH, a.NKV, a.HS, qs, kvs, a.causal, km, a.window);
+        Outputs o{{"dq", d.Get(dq, rows * qs)}};
+        if (a.layout != 0) o.push_back({"dk", d.Get(dk, rows * kvs)}), o.push_back({"dv", d.Get(dv, rows * kvs)});
+        return o;
+      });
+    }
+  }
   // ---- attention of one new row per sequence against a cache (generation): GQA, k|v rows; sliding
   // windows (the last `window` rows) ----
   struct DecodeCase {

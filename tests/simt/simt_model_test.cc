@@ -212,6 +212,45 @@ INSTANTIATE_TEST_SUITE_P(Tiny, SimtModelStep,
                          ::testing::Values("gpt2", "llama", "qwen2", "mistral", "llama3_rope",
                                            "llama_head_dim", "qwen3", "gemma"));
 
+// A bf16 step of a llama with two heads of 64 (the tensor-core attention) on simt: the arena's
+// peak is the plan (q, k, v and the attention output are the plan's 16-bit buffers), and the
+// backend's own attention scratch is only the backward's row deltas (B*NH*T floats), not a copy
+// of the tensors. The CPU backend gives the same loss within bf16's tolerance.
+TEST(SimtModelMemory, Bf16AttentionPlanIsThePeak) {
+  ModelConfig c = TinyLlama();
+  c.hidden_size = 128;
+  c.num_attention_heads = 2;
+  c.num_key_value_heads = 1;
+  c.intermediate_size = 96;
+  ModelOptions o;
+  o.micro_batch = 2;
+  o.seq_len = 21;
+  o.compute_type = DType::kBF16;
+  auto simt_backend = testing::MakeDeviceUnderTest();
+  ASSERT_TRUE(simt_backend.ok()) << simt_backend.status().ToString();
+  ModelRun simt = Make(std::move(simt_backend).value(), c, o);
+  ModelRun cpu = Make(MakeCpuBackend(1), c, o);
+  ASSERT_TRUE(cpu.model && simt.model);
+  cpu.model->InitRandom(5);
+  std::vector<float> params(cpu.model->num_params());
+  cpu.backend->CopyDeviceToHost(params.data(), cpu.model->param_data(), params.size() * 4);
+  simt.backend->CopyHostToDevice(simt.model->param_data(), params.data(), params.size() * 4);
+  simt.model->ParamsChanged();
+  const Batch batch = FixedBatch(o, c.vocab_size);
+  const double loss_cpu = Step(cpu, batch), loss_simt = Step(simt, batch);
+  EXPECT_NEAR(loss_simt, loss_cpu, 1e-3 * loss_cpu);
+  const MemoryBytes plan = Model::PlanBytes(c, o);
+  EXPECT_EQ(simt.arena->peak_bytes(), plan.total());
+  EXPECT_EQ(cpu.arena->peak_bytes(), plan.total());
+  auto* gpu = dynamic_cast<gpu::GpuBackend*>(simt.backend.get());
+  ASSERT_NE(gpu, nullptr);
+  EXPECT_TRUE(gpu->status().ok()) << gpu->status().ToString();
+  EXPECT_LE(gpu->attention_scratch_floats(), o.micro_batch * 2 * o.seq_len);
+  std::printf("bf16 loss simt %.6f cpu %.6f; plan %lld bytes; attention scratch %lld floats\n",
+              loss_simt, loss_cpu, static_cast<long long>(plan.total()),
+              static_cast<long long>(gpu->attention_scratch_floats()));
+}
+
 // LoRA on every target module: the adapters run as plain GEMMs, so the simt backend's step must
 // match the CPU's (loss and every adapter gradient within 1e-5 relative in fp32), with a frozen
 // base. Variants: lora_dropout 0.2 (the same device key on both: the masks are a hash, so they are

@@ -124,6 +124,8 @@ class HostStaging {
   X(Rope) \
   X(AttentionForward) \
   X(AttentionBackward) \
+  X(AttentionForward16) \
+  X(AttentionBackward16) \
   X(AttentionDecode) \
   X(SoftmaxCrossEntropy) \
   X(AdamW) \
@@ -405,7 +407,9 @@ class Backend {
   // k, v, the probabilities; in backward also dout and dS) to bf16 with fp32 accumulation, as
   // PyTorch's autocast does for attention's matmuls; the softmax, lse and the accumulated
   // gradients stay fp32. A backend without a fast bf16 product computes in fp32 (the CPU backend
-  // uses oneDNN's bf16 kernels where the CPU has them; CUDA and simt compute in fp32 today).
+  // uses oneDNN's bf16 kernels where the CPU has them; CUDA and simt use the tensor-core kernel
+  // for head sizes it has, rounding the fp32 tensors into a workspace). The models' 16-bit jobs
+  // call AttentionForward16/AttentionBackward16 below instead.
   virtual void AttentionForward(float* out, float* lse, const float* q, const float* k,
                                 const float* v, int64_t B, int64_t T, int64_t NH, int64_t NKV,
                                 int64_t HS, int64_t q_stride, int64_t kv_stride,
@@ -422,6 +426,25 @@ class Backend {
                                  bool causal = true, const int32_t* key_mask = nullptr,
                                  DType operand_type = DType::kF32, int64_t window = 0,
                                  const int32_t* doc_start = nullptr);
+  // The same attention on 16-bit tensors (bf16 and fp16 jobs): q, k, v, out and, in backward,
+  // dout hold `type` elements (kBF16 or kF16; strides count elements), read by the score and
+  // output products as they are, with fp32 accumulation; the softmax, lse and dq, dk, dv (fp32,
+  // =, q's and k's layouts as above) stay fp32; out is the fp32 result rounded to `type`. The
+  // CPU gives AttentionForward/Backward's numbers with operand_type = type on the widened
+  // tensors; CUDA and simt run the tensor-core kernel on them directly (no conversion
+  // workspace) for the head sizes it has, else widen them into a workspace for the fp32 kernel.
+  virtual void AttentionForward16(void* out, float* lse, const void* q, const void* k,
+                                  const void* v, DType type, int64_t B, int64_t T, int64_t NH,
+                                  int64_t NKV, int64_t HS, int64_t q_stride, int64_t kv_stride,
+                                  bool causal = true, const int32_t* key_mask = nullptr,
+                                  int64_t window = 0, const int32_t* doc_start = nullptr);
+  virtual void AttentionBackward16(float* dq, float* dk, float* dv, const void* dout,
+                                   const void* out, const float* lse, const void* q,
+                                   const void* k, const void* v, DType type, int64_t B, int64_t T,
+                                   int64_t NH, int64_t NKV, int64_t HS, int64_t q_stride,
+                                   int64_t kv_stride, bool causal = true,
+                                   const int32_t* key_mask = nullptr, int64_t window = 0,
+                                   const int32_t* doc_start = nullptr);
 
   // ---- attention of new tokens against a key/value cache (generation) ----
   // One query row per sequence: q (B rows, stride q_stride, NH heads of HS). k, v: the caches,

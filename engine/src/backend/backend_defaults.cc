@@ -281,6 +281,14 @@ void Backend::AttentionBackward(float* /*dq*/, float* /*dk*/, float* /*dv*/, con
   Unsupported(Op::kAttentionBackward);
 }
 
+void Backend::AttentionForward16(void* /*out*/, float* /*lse*/, const void* /*q*/, const void* /*k*/, const void* /*v*/, DType /*type*/, int64_t /*B*/, int64_t /*T*/, int64_t /*NH*/, int64_t /*NKV*/, int64_t /*HS*/, int64_t /*q_stride*/, int64_t /*kv_stride*/, bool /*causal*/, const int32_t* /*key_mask*/, int64_t /*window*/, const int32_t* /*doc_start*/) {
+  Unsupported(Op::kAttentionForward16);
+}
+
+void Backend::AttentionBackward16(float* /*dq*/, float* /*dk*/, float* /*dv*/, const void* /*dout*/, const void* /*out*/, const float* /*lse*/, const void* /*q*/, const void* /*k*/, const void* /*v*/, DType /*type*/, int64_t /*B*/, int64_t /*T*/, int64_t /*NH*/, int64_t /*NKV*/, int64_t /*HS*/, int64_t /*q_stride*/, int64_t /*kv_stride*/, bool /*causal*/, const int32_t* /*key_mask*/, int64_t /*window*/, const int32_t* /*doc_start*/) {
+  Unsupported(Op::kAttentionBackward16);
+}
+
 void Backend::AttentionDecode(float* /*out*/, const float* /*q*/, const float* /*k*/, const float* /*v*/, int64_t /*B*/, int64_t /*T*/, int64_t /*cache_rows*/, int64_t /*NH*/, int64_t /*NKV*/, int64_t /*HS*/, int64_t /*q_stride*/, int64_t /*kv_stride*/, int64_t /*window*/) {
   Unsupported(Op::kAttentionDecode);
 }

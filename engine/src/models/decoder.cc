@@ -1112,24 +1112,31 @@ void DecoderModel::BlockForward(int64_t l, bool recompute) {
   if (recompute || l == 0 || !FusesNextNorm()) {
     NormInto(a.ln1, a.ln1_mean, a.ln1_rstd, x, p.ln1_w, p.ln1_b);
   }
-  nn::LinearForward(be, a.qkv, a.ln1, W(p.qkv_w), P(p.qkv_b), N_, C, as.width(), ct);
+  // The projection's fp32 output: qkv itself, or with 16 bits scratch_big (free in forward until
+  // the MLP), rounded into qkv after the per-head norms and RoPE.
+  float* qkv = mixed_ ? bufs_.scratch_big : static_cast<float*>(a.qkv);
+  nn::LinearForward(be, qkv, a.ln1, W(p.qkv_w), P(p.qkv_b), N_, C, as.width(), ct);
   const nn::LoraSite qkv_lora = Site(l, LoraSiteKind::kQkv);
-  if (qkv_lora.active()) nn::LoraForward(be, qkv_lora, a.qkv, a.ln1, N_);
+  if (qkv_lora.active()) nn::LoraForward(be, qkv_lora, qkv, a.ln1, N_);
   if (d_.qk_norm()) {  // qwen3: q_norm and k_norm over each head, before RoPE (input saved)
     const int64_t qw = d_.NH * d_.HS;
-    be.HeadRmsNormForward(a.qkv, a.qk_saved, a.qk_rstd, P(p.q_norm), N_, d_.NH, d_.HS,
+    be.HeadRmsNormForward(qkv, a.qk_saved, a.qk_rstd, P(p.q_norm), N_, d_.NH, d_.HS,
                           d_.qkv_width(), d_.eps);
-    be.HeadRmsNormForward(a.qkv + qw, a.qk_saved + N_ * qw, a.qk_rstd + N_ * d_.NH, P(p.k_norm),
+    be.HeadRmsNormForward(qkv + qw, a.qk_saved + N_ * qw, a.qk_rstd + N_ * d_.NH, P(p.k_norm),
                           N_, d_.NKV, d_.HS, d_.qkv_width(), d_.eps);
   }
-  // Attention's output is fp32 (with bf16, its products round their operands, as autocast does);
-  // with 16 bits it goes through tmp_c and is rounded into atty.
+  // With 16 bits, attention reads the rounded qkv and writes atty in the compute type (softmax,
+  // lse and accumulation fp32: Backend::AttentionForward16).
   if (recompute) {  // atty and lse as the first forward left them; qkv needs its rotation
-    nn::AttentionRope(be, as, a.qkv);
+    if (mixed_) {
+      nn::AttentionRope16(be, as, qkv, a.qkv);
+    } else {
+      nn::AttentionRope(be, as, qkv);
+    }
+  } else if (mixed_) {
+    nn::AttentionForward16(be, as, a.atty, a.lse, qkv, a.qkv);
   } else {
-    float* att = mixed_ ? bufs_.tmp_c : static_cast<float*>(a.atty);
-    nn::AttentionForward(be, as, att, a.lse, a.qkv);
-    if (mixed_) be.Cast(a.atty, ct, att, DType::kF32, N_ * d_.attn_width());
+    nn::AttentionForward(be, as, static_cast<float*>(a.atty), a.lse, qkv);
   }
   nn::LinearForward(be, bufs_.tmp_c, a.atty, W(p.proj_w), P(p.proj_b), N_, d_.NH * d_.HS, C, ct);
   const nn::LoraSite proj_lora = Site(l, LoraSiteKind::kProj);
@@ -1206,14 +1213,15 @@ void DecoderModel::BlockBackward(int64_t l) {
   if (proj_lora.active()) {
     nn::LoraBackward(be, proj_lora, dtmp, dres, a.atty, N_);
   }
-  // The attention backward reads its fp32 output: with 16 bits, atty widened into scratch16
-  // (free until the qkv backward below rounds dqkv into it).
-  const float* att = static_cast<const float*>(a.atty);
+  // With 16 bits the attention backward reads its output gradient rounded, into scratch16 (free
+  // until the qkv backward below rounds dqkv into it).
   if (mixed_) {
-    be.Cast(bufs_.scratch16, DType::kF32, a.atty, options_.compute_type, N_ * d_.attn_width());
-    att = static_cast<const float*>(bufs_.scratch16);
+    be.Cast(bufs_.scratch16, options_.compute_type, dtmp, DType::kF32, N_ * d_.attn_width());
+    nn::AttentionBackward16(be, as, dbig, bufs_.scratch16, a.atty, a.lse, a.qkv);
+  } else {
+    nn::AttentionBackward(be, as, dbig, dtmp, static_cast<const float*>(a.atty), a.lse,
+                          static_cast<const float*>(a.qkv));
   }
-  nn::AttentionBackward(be, as, dbig, dtmp, att, a.lse, a.qkv);
   if (d_.qk_norm()) {  // d(q, k before RoPE) -> d(q, k before their per-head norms)
     const int64_t qw = d_.NH * d_.HS;
     be.HeadRmsNormBackward(dbig, GNorm(p.q_norm, 0), a.qk_saved, P(p.q_norm), a.qk_rstd, N_, d_.NH,

@@ -452,7 +452,7 @@ void PlanBuffers(const ArchDims& d, const ModelOptions& o, int64_t num_params, i
     p->Add(MC::kActivations, N * C, t, &a.ln1);
     if (!d.rms_norm()) p->Add(MC::kActivations, N, &a.ln1_mean);
     p->Add(MC::kActivations, N, &a.ln1_rstd);
-    p->Add(MC::kActivations, N * d.qkv_width(), &a.qkv);
+    p->Add(MC::kActivations, N * d.qkv_width(), t, &a.qkv);
     if (d.qk_norm()) {
       p->Add(MC::kActivations, N * (d.NH + d.NKV) * d.HS, &a.qk_saved);
       p->Add(MC::kActivations, N * (d.NH + d.NKV), &a.qk_rstd);
@@ -512,12 +512,12 @@ void PlanBuffers(const ArchDims& d, const ModelOptions& o, int64_t num_params, i
     p->Add(MC::kTemporary, 1, &b->aux_loss);
   }
   if (mixed) {
-    // Every gradient entering a GEMM fits whole (N rows of C, qkv_width or up_width), and so do
-    // N*C floats (2*N*C 16-bit elements). The logits gradient (N,Vp) goes through in chunks of at
-    // least min(N, 512) rows: fewer rows make the lm_head weight-gradient GEMM (K = rows) slow
-    // (see README.md, mixed precision), all N rows would cost N*Vp*2 bytes.
+    // Every gradient entering a GEMM fits whole (N rows of C, qkv_width or up_width), and so
+    // does the attention output's (N, attn_width). The logits gradient (N,Vp) goes through in
+    // chunks of at least min(N, 512) rows: fewer rows make the lm_head weight-gradient GEMM
+    // (K = rows) slow (see README.md, mixed precision), all N rows would cost N*Vp*2 bytes.
     constexpr int64_t kMinLogitRows = 512;
-    b->scratch16_elems = std::max({2 * N * d.wide(), N * d.qkv_width(), mlp_rows * d.up_width(),
+    b->scratch16_elems = std::max({N * d.wide(), N * d.qkv_width(), mlp_rows * d.up_width(),
                                    mlp_rows * C, std::min(N, kMinLogitRows) * d.Vp});
     p->Add(MC::kTemporary, b->scratch16_elems, t, &b->scratch16);
     if (const int64_t room = PackedActivationBytes(d, o); room > 0) {

@@ -247,13 +247,14 @@ ParamTable BertParams(const ArchDims& d);   // models/bert.cc
 inline ParamTable BuildParams(const ArchDims& d) { return d.family->params(d); }
 
 // One block's saved activations (N = B*T rows). Unused fields stay null for an arch.
-// The four GEMM inputs (ln1, atty, ln2, a) are stored in the compute type (fp32, bf16 or f16:
-// ModelOptions::compute_type); everything else is fp32 whatever the compute type.
+// The four GEMM inputs (ln1, atty, ln2, a) and attention's qkv are stored in the compute type
+// (fp32, bf16 or f16: ModelOptions::compute_type); everything else is fp32 whatever the compute
+// type.
 struct BlockActs {
   void* ln1 = nullptr;        // (N,C) compute type
   float* ln1_mean = nullptr;  // (N) layernorm only
   float* ln1_rstd = nullptr;  // (N)
-  float* qkv = nullptr;       // (N, qkv_width), q and k after RoPE
+  void* qkv = nullptr;        // (N, qkv_width) compute type: q and k after RoPE
   // qwen3: q and k before their per-head norm (N, (NH+NKV)*HS) and each head's rstd (N*(NH+NKV)).
   float* qk_saved = nullptr;
   float* qk_rstd = nullptr;
@@ -313,8 +314,8 @@ struct ModelBuffers {
   float* aux_loss = nullptr;     // (1) the step's load-balancing term, for the device loss sum
   // 16-bit compute types only: `scratch16_elems` elements of the compute type. Holds the rounded
   // copy of a gradient entering a GEMM (nn::GemmPrecision; the logits gradient in chunks of at
-  // least min(N, 512) rows), and, reused in BlockBackward, the attention output widened back to
-  // fp32 (it is sized for N*C floats too).
+  // least min(N, 512) rows), and, reused in BlockBackward, the attention output's gradient
+  // rounded for the attention backward.
   void* scratch16 = nullptr;
   int64_t scratch16_elems = 0;
   // LoRA only (else null): the adapters (weights) and their gradients (`grads` then holds only

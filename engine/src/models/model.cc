@@ -96,7 +96,8 @@ std::vector<Op> Model::RequiredOps(const ModelConfig& config) {
   const FamilyFeatures f = FamilyOf(config.arch).features;
   std::vector<Op> ops = {Op::kGemm, Op::kLinearForward, Op::kEmbeddingForward,
                          Op::kEmbeddingBackward, Op::kAdd, Op::kCast, Op::kAttentionForward,
-                         Op::kAttentionBackward, Op::kSoftmaxCrossEntropy, Op::kAccumulateSum,
+                         Op::kAttentionBackward, Op::kAttentionForward16,
+                         Op::kAttentionBackward16, Op::kSoftmaxCrossEntropy, Op::kAccumulateSum,
                          Op::kAccumulateSumSquares, Op::kAdamWFromScalars,
                          Op::kAdamWRunsFromScalars, Op::kDropout};
   if (f.bias) ops.insert(ops.end(), {Op::kAddBias, Op::kBiasBackward, Op::kBiasBackwardRounded});

@@ -44,4 +44,17 @@ void AttentionRope(Backend& be, const AttentionShape& s, float* qkv);
 void AttentionBackward(Backend& be, const AttentionShape& s, float* dqkv, const float* dout,
                        const float* out, const float* lse, const float* qkv);
 
+// The same with 16-bit attention tensors (s.operand_type kBF16 or kF16: a 16-bit job). qkv32
+// (B*T, width) is the projection's fp32 output: RoPE is applied to it in place, then it is rounded
+// into qkv16 (operand_type), the tensor attention reads and the backward keeps; out16 (B*T, NH*HS)
+// is written in operand_type (Backend::AttentionForward16).
+void AttentionForward16(Backend& be, const AttentionShape& s, void* out16, float* lse,
+                        float* qkv32, void* qkv16);
+// Only the RoPE and the rounding of AttentionForward16 (a checkpointed block's recompute).
+void AttentionRope16(Backend& be, const AttentionShape& s, float* qkv32, void* qkv16);
+// dqkv (B*T, width, fp32) = d loss / d qkv (pre-RoPE), given the output gradient rounded to
+// operand_type (dout16) and the forward's out16, lse and qkv16.
+void AttentionBackward16(Backend& be, const AttentionShape& s, float* dqkv, const void* dout16,
+                         const void* out16, const float* lse, const void* qkv16);
+
 }  // namespace traind::engine::nn

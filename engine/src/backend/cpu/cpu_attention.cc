@@ -1132,4 +1132,82 @@ void AttentionDecode(float* out, const float* q, const float* k, const float* v,
   }
 }
 
+// ---- 16-bit attention tensors (AttentionForward16Bit / AttentionBackward16Bit) ----
+
+namespace {
+
+// q, k and v widened to fp32 with their strides (dq, dk, dv share them), per calling thread.
+struct Widened {
+  const float* q;
+  const float* k;
+  const float* v;
+};
+
+// Widens `cols` elements of each of N rows (stride `stride`) of src into dst (the same stride).
+void WidenRows(float* dst, const void* src, DType type, int64_t N, int64_t cols, int64_t stride,
+               int nt) {
+  if (cols == stride) {
+    Cast(dst, DType::kF32, src, type, N * cols, nt);
+    return;
+  }
+  const auto* s = static_cast<const uint16_t*>(src);
+#pragma omp parallel for num_threads(nt) schedule(static)
+  for (int64_t r = 0; r < N; ++r) Cast(dst + r * stride, DType::kF32, s + r * stride, type, cols, 1);
+}
+
+Widened WidenQkv(std::vector<float>* buf, const void* q, const void* k, const void* v, DType type,
+                 int64_t N, int64_t QW, int64_t KW, int64_t q_stride, int64_t kv_stride, int nt) {
+  const auto* q16 = static_cast<const uint16_t*>(q);
+  const auto* k16 = static_cast<const uint16_t*>(k);
+  const auto* v16 = static_cast<const uint16_t*>(v);
+  if (q_stride == kv_stride && k16 == q16 + QW && v16 == k16 + KW) {  // one fused qkv row
+    buf->resize(static_cast<size_t>(N * q_stride));
+    float* f = buf->data();
+    WidenRows(f, q, type, N, QW + 2 * KW, q_stride, nt);
+    return {f, f + QW, f + QW + KW};
+  }
+  buf->resize(static_cast<size_t>(N * (q_stride + 2 * kv_stride)));
+  float* qf = buf->data();
+  float* kf = qf + N * q_stride;
+  float* vf = kf + N * kv_stride;
+  WidenRows(qf, q, type, N, QW, q_stride, nt);
+  WidenRows(kf, k, type, N, KW, kv_stride, nt);
+  WidenRows(vf, v, type, N, KW, kv_stride, nt);
+  return {qf, kf, vf};
+}
+
+}  // namespace
+
+void AttentionForward16Bit(void* out, float* lse, const void* q, const void* k, const void* v,
+                           DType type, int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS,
+                           int64_t q_stride, int64_t kv_stride, bool causal,
+                           const int32_t* key_mask, int64_t window, int nt,
+                           const int32_t* doc_start) {
+  const int64_t N = B * T, QW = NH * HS;
+  static thread_local std::vector<float> qkv_f, out_f;
+  const Widened w = WidenQkv(&qkv_f, q, k, v, type, N, QW, NKV * HS, q_stride, kv_stride, nt);
+  out_f.resize(static_cast<size_t>(N * QW));
+  AttentionForward(out_f.data(), lse, w.q, w.k, w.v, B, T, NH, NKV, HS, q_stride, kv_stride,
+                   causal, key_mask, type, window, nt, doc_start);
+  Cast(out, type, out_f.data(), DType::kF32, N * QW, nt);
+}
+
+void AttentionBackward16Bit(float* dq, float* dk, float* dv, const void* dout, const void* out,
+                            const float* lse, const void* q, const void* k, const void* v,
+                            DType type, int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS,
+                            int64_t q_stride, int64_t kv_stride, bool causal,
+                            const int32_t* key_mask, int64_t window, int nt,
+                            const int32_t* doc_start) {
+  const int64_t N = B * T, QW = NH * HS;
+  static thread_local std::vector<float> qkv_f, dout_out_f;
+  const Widened w = WidenQkv(&qkv_f, q, k, v, type, N, QW, NKV * HS, q_stride, kv_stride, nt);
+  dout_out_f.resize(static_cast<size_t>(2 * N * QW));
+  float* dout_f = dout_out_f.data();
+  float* out_f = dout_f + N * QW;
+  Cast(dout_f, DType::kF32, dout, type, N * QW, nt);
+  Cast(out_f, DType::kF32, out, type, N * QW, nt);
+  AttentionBackward(dq, dk, dv, dout_f, out_f, lse, w.q, w.k, w.v, B, T, NH, NKV, HS, q_stride,
+                    kv_stride, causal, key_mask, type, window, nt, doc_start);
+}
+
 }  // namespace traind::engine::cpu

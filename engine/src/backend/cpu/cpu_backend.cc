@@ -284,6 +284,23 @@ class CpuBackend final : public Backend {
     cpu::AttentionBackward(dq, dk, dv, dout, out, lse, q, k, v, B, T, NH, NKV, HS, q_stride,
                            kv_stride, causal, key_mask, operand_type, window, nt_, doc_start);
   }
+  void AttentionForward16(void* out, float* lse, const void* q, const void* k, const void* v,
+                          DType type, int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS,
+                          int64_t q_stride, int64_t kv_stride, bool causal = true,
+                          const int32_t* key_mask = nullptr, int64_t window = 0,
+                          const int32_t* doc_start = nullptr) override {
+    cpu::AttentionForward16Bit(out, lse, q, k, v, type, B, T, NH, NKV, HS, q_stride, kv_stride,
+                               causal, key_mask, window, nt_, doc_start);
+  }
+  void AttentionBackward16(float* dq, float* dk, float* dv, const void* dout, const void* out,
+                           const float* lse, const void* q, const void* k, const void* v,
+                           DType type, int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS,
+                           int64_t q_stride, int64_t kv_stride, bool causal = true,
+                           const int32_t* key_mask = nullptr, int64_t window = 0,
+                           const int32_t* doc_start = nullptr) override {
+    cpu::AttentionBackward16Bit(dq, dk, dv, dout, out, lse, q, k, v, type, B, T, NH, NKV, HS,
+                                q_stride, kv_stride, causal, key_mask, window, nt_, doc_start);
+  }
 
   void SoftmaxCrossEntropy(float* logits, float* losses, const int32_t* targets, int64_t N,
                            int64_t V, int64_t Vp, float grad_scale, bool compute_grad,

@@ -200,6 +200,20 @@ void AttentionBackward(float* dq, float* dk, float* dv, const float* dout, const
                        int64_t kv_stride, bool causal, const int32_t* key_mask,
                        DType operand_type, int64_t window, int nt,
                        const int32_t* doc_start = nullptr);
+// backend.h's AttentionForward16/Backward16: q, k, v, out (and dout) in `type` (bf16 or f16),
+// widened into per-thread fp32 copies (a fused qkv row, q then k then v adjacent with one stride,
+// widened once), then AttentionForward/Backward with operand_type = type; out rounded as Cast.
+void AttentionForward16Bit(void* out, float* lse, const void* q, const void* k, const void* v,
+                           DType type, int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS,
+                           int64_t q_stride, int64_t kv_stride, bool causal,
+                           const int32_t* key_mask, int64_t window, int nt,
+                           const int32_t* doc_start);
+void AttentionBackward16Bit(float* dq, float* dk, float* dv, const void* dout, const void* out,
+                            const float* lse, const void* q, const void* k, const void* v,
+                            DType type, int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS,
+                            int64_t q_stride, int64_t kv_stride, bool causal,
+                            const int32_t* key_mask, int64_t window, int nt,
+                            const int32_t* doc_start);
 // Whether AttentionForward/Backward with this operand type use bf16 tile products (see
 // cpu_attention.cc: the CPU's own bf16 dot products for an even head size where it has them, else
 // oneDNN's bf16 matmuls for bidirectional T >= 256); else they compute in fp32.

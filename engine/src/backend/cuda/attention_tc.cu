@@ -73,8 +73,10 @@ struct Params {
   void* dq;
   void* dk;
   void* dv;
-  float* dq_acc;  // (B*T, NH, HS)
-  float* delta;   // (B, NH, T)
+  float* dq_acc;          // (B*T rows of dq_acc_stride floats, NH heads of HS)
+  int64_t dq_acc_stride;  // NH*HS (the scratch accumulator) or q_stride (fp32 dq itself)
+  bool grads_f32;         // dq (accumulated in place), dk, dv fp32, else `type`
+  float* delta;           // (B, NH, T)
 };
 
 // Whether query i of sequence b sees key j (ds: doc_start of query i, 0 when none).
@@ -324,14 +326,15 @@ __global__ void attn_tc_bwd_pre_kernel(Params p, int64_t rows) {
   if (row >= rows) return;  // warp-uniform
   const T16* o = static_cast<const T16*>(p.out) + row * D;
   const T16* dout = static_cast<const T16*>(p.dout) + row * D;
+  const int64_t h = row % p.NH, bt = row / p.NH;
+  float* dq_acc = p.dq_acc + bt * p.dq_acc_stride + h * D;
   float acc = 0.0f;
   for (int d = lane; d < D; d += 32) {
     acc += tc::ToFloat(o[d]) * tc::ToFloat(dout[d]);
-    p.dq_acc[row * D + d] = 0.0f;
+    dq_acc[d] = 0.0f;
   }
   for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
   if (lane == 0) {
-    const int64_t h = row % p.NH, bt = row / p.NH;
     const int64_t b = bt / p.T, tt = bt % p.T;
     p.delta[(b * p.NH + h) * p.T + tt] = acc;
   }
@@ -521,7 +524,7 @@ __global__ void __launch_bounds__(BwdCfg<D>::kThreads, 1) attn_tc_bwd_kernel(Par
     __syncthreads();
 
     // dQ[kBr x slice] += dS[kBr x kBc] K[kBc x slice], split over the warps in 16x16 pieces.
-    float* dq_acc = p.dq_acc + ((b * T + qrow0) * p.NH + h) * D + c0 * 8;
+    float* dq_acc = p.dq_acc + (b * T + qrow0) * p.dq_acc_stride + h * D + c0 * 8;
     for (int item = warp; item < (kBr / 16) * (kDS / 16); item += C::kWarps) {
       const int rg = item / (kDS / 16), dd = item % (kDS / 16);
       float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
@@ -542,7 +545,8 @@ __global__ void __launch_bounds__(BwdCfg<D>::kThreads, 1) attn_tc_bwd_kernel(Par
           const int ql = rg * 16 + (lane >> 2) + (i >= 2 ? 8 : 0);
           if (qrow0 + ql < T)
             atomicAdd(
-                dq_acc + static_cast<int64_t>(ql) * p.NH * D + 16 * dd + 8 * c + 2 * t + (i & 1),
+                dq_acc + static_cast<int64_t>(ql) * p.dq_acc_stride + 16 * dd + 8 * c + 2 * t +
+                    (i & 1),
                 acc[c][i] * p.scale);
         }
       }
@@ -556,6 +560,23 @@ __global__ void __launch_bounds__(BwdCfg<D>::kThreads, 1) attn_tc_bwd_kernel(Par
   }
   tc::CpAsyncWait<0>();
 
+  if (p.grads_f32) {
+    float* dkf = static_cast<float*>(p.dk) + b * T * p.kv_stride + kvh * D + c0 * 8;
+    float* dvf = static_cast<float*>(p.dv) + b * T * p.kv_stride + kvh * D + c0 * 8;
+    GPU_UNROLL
+    for (int j = 0; j < kDS / 8; ++j) {
+      const int col = 8 * j + 2 * t;
+      GPU_UNROLL
+      for (int i = 0; i < 4; ++i) {
+        const int64_t key = i < 2 ? key_r0 : key_r1;
+        if (key < T) {
+          dkf[key * p.kv_stride + col + (i & 1)] = dk[j][i] * p.scale;
+          dvf[key * p.kv_stride + col + (i & 1)] = dv[j][i];
+        }
+      }
+    }
+    return;
+  }
   T16* dkg = static_cast<T16*>(p.dk) + b * T * p.kv_stride + kvh * D + c0 * 8;
   T16* dvg = static_cast<T16*>(p.dv) + b * T * p.kv_stride + kvh * D + c0 * 8;
   GPU_UNROLL
@@ -713,6 +734,7 @@ Status LaunchBackward(const Params& p, int64_t B, cudaStream_t stream) {
   const Status main =
       GPU_LAUNCH((attn_tc_bwd_kernel<T16, D>), grid, dim3(C::kThreads), C::kSmemBytes, stream, p);
   if (!main.ok()) return main;
+  if (p.grads_f32) return Status::Ok();  // dq accumulated in place
   const int64_t n = rows * D;
   return GPU_LAUNCH((attn_tc_dq_kernel<T16, D>), dim3(GridFor(n, 256)), dim3(256), 0, stream, p, n);
 }
@@ -824,16 +846,18 @@ Status AttentionTcBackwardF32(float* dq, float* dk, float* dv, const float* dout
   return Status::Ok();
 }
 
-Status AttentionTcBackward(void* dq, void* dk, void* dv, const void* dout, const void* out,
-                           const float* lse, const void* q, const void* k, const void* v,
-                           DType type, int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS,
-                           int64_t q_stride, int64_t kv_stride, const AttentionTcMasks& masks,
-                           float* scratch, cudaStream_t stream) {
-  Status st = CheckArgs("AttentionTcBackward", type, B, T, NH, NKV, HS, q_stride, kv_stride, masks,
+namespace {
+
+Status Backward(const char* op, bool grads_f32, void* dq, void* dk, void* dv, const void* dout,
+                const void* out, const float* lse, const void* q, const void* k, const void* v,
+                DType type, int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS,
+                int64_t q_stride, int64_t kv_stride, const AttentionTcMasks& masks,
+                float* scratch, cudaStream_t stream) {
+  Status st = CheckArgs(op, type, B, T, NH, NKV, HS, q_stride, kv_stride, masks,
                         {dq, dk, dv, dout, out, q, k, v});
   if (!st.ok()) return st;
   if (lse == nullptr || scratch == nullptr)
-    return Status::InvalidArgument("AttentionTcBackward: lse or scratch is null");
+    return Status::InvalidArgument(std::string(op) + ": lse or scratch is null");
   Params p = MakeParams(q, k, v, T, NH, NKV, HS, q_stride, kv_stride, masks);
   p.out = const_cast<void*>(out);
   p.lse = const_cast<float*>(lse);
@@ -841,10 +865,43 @@ Status AttentionTcBackward(void* dq, void* dk, void* dv, const void* dout, const
   p.dq = dq;
   p.dk = dk;
   p.dv = dv;
-  p.dq_acc = scratch;
-  p.delta = scratch + B * T * NH * HS;
+  p.grads_f32 = grads_f32;
+  if (grads_f32) {
+    p.dq_acc = static_cast<float*>(dq);
+    p.dq_acc_stride = q_stride;
+    p.delta = scratch;
+  } else {
+    p.dq_acc = scratch;
+    p.dq_acc_stride = NH * HS;
+    p.delta = scratch + B * T * NH * HS;
+  }
   return type == DType::kBF16 ? BackwardFor<__nv_bfloat16>(HS, p, B, stream)
                               : BackwardFor<__half>(HS, p, B, stream);
+}
+
+}  // namespace
+
+Status AttentionTcBackward(void* dq, void* dk, void* dv, const void* dout, const void* out,
+                           const float* lse, const void* q, const void* k, const void* v,
+                           DType type, int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS,
+                           int64_t q_stride, int64_t kv_stride, const AttentionTcMasks& masks,
+                           float* scratch, cudaStream_t stream) {
+  return Backward("AttentionTcBackward", false, dq, dk, dv, dout, out, lse, q, k, v, type, B, T,
+                  NH, NKV, HS, q_stride, kv_stride, masks, scratch, stream);
+}
+
+int64_t AttentionTcBackwardF32GradsScratchFloats(int64_t B, int64_t T, int64_t NH) {
+  return B * NH * T;
+}
+
+Status AttentionTcBackwardF32Grads(float* dq, float* dk, float* dv, const void* dout,
+                                   const void* out, const float* lse, const void* q, const void* k,
+                                   const void* v, DType type, int64_t B, int64_t T, int64_t NH,
+                                   int64_t NKV, int64_t HS, int64_t q_stride, int64_t kv_stride,
+                                   const AttentionTcMasks& masks, float* scratch,
+                                   cudaStream_t stream) {
+  return Backward("AttentionTcBackwardF32Grads", true, dq, dk, dv, dout, out, lse, q, k, v, type,
+                  B, T, NH, NKV, HS, q_stride, kv_stride, masks, scratch, stream);
 }
 
 TRAIND_GPU_END

@@ -45,6 +45,18 @@ Status AttentionTcBackward(void* dq, void* dk, void* dv, const void* dout, const
                            int64_t q_stride, int64_t kv_stride, const AttentionTcMasks& masks,
                            float* scratch, cudaStream_t stream);
 
+// AttentionTcBackward with fp32 gradients (Backend::AttentionBackward16): dq, dk, dv (=, q's and
+// k's layouts and strides; columns outside the heads are not touched; pointers 16-byte aligned).
+// dq accumulates in place, so `scratch` holds only the row deltas:
+// AttentionTcBackwardF32GradsScratchFloats floats.
+int64_t AttentionTcBackwardF32GradsScratchFloats(int64_t B, int64_t T, int64_t NH);
+Status AttentionTcBackwardF32Grads(float* dq, float* dk, float* dv, const void* dout,
+                                   const void* out, const float* lse, const void* q, const void* k,
+                                   const void* v, DType type, int64_t B, int64_t T, int64_t NH,
+                                   int64_t NKV, int64_t HS, int64_t q_stride, int64_t kv_stride,
+                                   const AttentionTcMasks& masks, float* scratch,
+                                   cudaStream_t stream);
+
 // The same on the Backend's fp32 attention tensors (q, k, v, out, dout, dq, dk, dv as backend.h's
 // AttentionForward/Backward: strided fp32 rows, out contiguous): they are rounded to `type` into
 // `workspace` (AttentionTcF32WorkspaceFloats floats of device memory, 16-byte aligned), the

@@ -378,6 +378,50 @@ void GpuBackend::AttentionBackward(float* dq, float* dk, float* dv, const float*
                                 kv_stride, causal, key_mask, window, scratch_, stream_,
                                 doc_start));
 }
+// 16-bit attention tensors: the tensor-core kernels read them as they are (fp32 gradients, dq
+// accumulated in place: the only scratch is the backward's row deltas). A head size without a
+// tensor-core kernel, or strides/pointers it cannot load, widens them into scratch_ (q, k, v with
+// their strides; a fused qkv row once) for attention.cu's fp32 kernels.
+static bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+static bool UseTensorCore16(int64_t HS, int64_t q_stride, int64_t kv_stride,
+                            std::initializer_list<const void*> ptrs) {
+  if (!gpu::AttentionTcSupportsHeadSize(HS) || q_stride % 8 != 0 || kv_stride % 8 != 0)
+    return false;
+  for (const void* p : ptrs)
+    if (!Aligned16(p)) return false;
+  return true;
+}
+// Floats of scratch_ the widened q, k, v take; *fused: q, k, v are one qkv row (widened once).
+static int64_t Widened16Floats(const void* q, const void* k, const void* v, int64_t N, int64_t QW,
+                               int64_t KW, int64_t q_stride, int64_t kv_stride, bool* fused) {
+  const auto* q16 = static_cast<const uint16_t*>(q);
+  *fused = q_stride == kv_stride && static_cast<const uint16_t*>(k) == q16 + QW &&
+           static_cast<const uint16_t*>(v) == q16 + QW + KW;
+  return *fused ? N * q_stride : N * (q_stride + 2 * kv_stride);
+}
+// Widens q, k, v (16-bit `type`, N rows) into ws with their strides: the spans from each tensor's
+// first element to its last row's last head element (columns between the heads come along).
+void GpuBackend::WidenAttention16(float* ws, bool fused, const void* q, const void* k,
+                                  const void* v, DType type, int64_t N, int64_t QW, int64_t KW,
+                                  int64_t q_stride, int64_t kv_stride, const float** qf,
+                                  const float** kf, const float** vf) {
+  if (fused) {
+    Cast(ws, DType::kF32, q, type, (N - 1) * q_stride + QW + 2 * KW);
+    *qf = ws;
+    *kf = ws + QW;
+    *vf = ws + QW + KW;
+    return;
+  }
+  float* kw = ws + N * q_stride;
+  float* vw = kw + N * kv_stride;
+  Cast(ws, DType::kF32, q, type, (N - 1) * q_stride + QW);
+  Cast(kw, DType::kF32, k, type, (N - 1) * kv_stride + KW);
+  Cast(vw, DType::kF32, v, type, (N - 1) * kv_stride + KW);
+  *qf = ws;
+  *kf = kw;
+  *vf = vw;
+}
+
 void GpuBackend::SetSdpaSelectorForTesting(std::unique_ptr<SdpaSelector> selector) {
   sdpa_ = std::move(selector);
 }
@@ -446,6 +490,61 @@ bool GpuBackend::CudnnAttentionForward16(void* out, float* lse, const void* q, c
   return true;
 }
 
+void GpuBackend::AttentionForward16(void* out, float* lse, const void* q, const void* k,
+                                    const void* v, DType type, int64_t B, int64_t T, int64_t NH,
+                                    int64_t NKV, int64_t HS, int64_t q_stride, int64_t kv_stride,
+                                    bool causal, const int32_t* key_mask, int64_t window,
+                                    const int32_t* doc_start) {
+  if (UseTensorCore16(HS, q_stride, kv_stride, {out, q, k, v})) {
+    if (CudnnAttentionForward16(out, lse, q, k, v, type, B, T, NH, NKV, HS, q_stride, kv_stride,
+                                causal, key_mask, window, doc_start))
+      return;
+    Record(gpu::AttentionTcForward(out, lse, q, k, v, type, B, T, NH, NKV, HS, q_stride, kv_stride,
+                                   {causal, key_mask, window, doc_start}, stream_));
+    return;
+  }
+  const int64_t N = B * T, QW = NH * HS, KW = NKV * HS;
+  bool fused = false;
+  const int64_t wf = Widened16Floats(q, k, v, N, QW, KW, q_stride, kv_stride, &fused);
+  if (!EnsureScratch(wf + N * QW, "AttentionForward16")) return;
+  const float *qf, *kf, *vf;
+  WidenAttention16(scratch_, fused, q, k, v, type, N, QW, KW, q_stride, kv_stride, &qf, &kf, &vf);
+  float* of = scratch_ + wf;
+  Record(gpu::AttentionForward(of, lse, qf, kf, vf, B, T, NH, NKV, HS, q_stride, kv_stride, causal,
+                               key_mask, window, stream_, doc_start));
+  Cast(out, type, of, DType::kF32, N * QW);
+}
+void GpuBackend::AttentionBackward16(float* dq, float* dk, float* dv, const void* dout,
+                                     const void* out, const float* lse, const void* q,
+                                     const void* k, const void* v, DType type, int64_t B,
+                                     int64_t T, int64_t NH, int64_t NKV, int64_t HS,
+                                     int64_t q_stride, int64_t kv_stride, bool causal,
+                                     const int32_t* key_mask, int64_t window,
+                                     const int32_t* doc_start) {
+  if (UseTensorCore16(HS, q_stride, kv_stride, {dq, dk, dv, dout, out, q, k, v})) {
+    if (!EnsureScratch(gpu::AttentionTcBackwardF32GradsScratchFloats(B, T, NH),
+                       "AttentionBackward16"))
+      return;
+    Record(gpu::AttentionTcBackwardF32Grads(dq, dk, dv, dout, out, lse, q, k, v, type, B, T, NH,
+                                            NKV, HS, q_stride, kv_stride,
+                                            {causal, key_mask, window, doc_start}, scratch_,
+                                            stream_));
+    return;
+  }
+  const int64_t N = B * T, QW = NH * HS, KW = NKV * HS;
+  bool fused = false;
+  const int64_t wf = Widened16Floats(q, k, v, N, QW, KW, q_stride, kv_stride, &fused);
+  if (!EnsureScratch(wf + 2 * N * QW + B * NH * T, "AttentionBackward16")) return;
+  const float *qf, *kf, *vf;
+  WidenAttention16(scratch_, fused, q, k, v, type, N, QW, KW, q_stride, kv_stride, &qf, &kf, &vf);
+  float* dof = scratch_ + wf;
+  float* of = dof + N * QW;
+  Cast(dof, DType::kF32, dout, type, N * QW);
+  Cast(of, DType::kF32, out, type, N * QW);
+  Record(gpu::AttentionBackward(dq, dk, dv, dof, of, lse, qf, kf, vf, B, T, NH, NKV, HS, q_stride,
+                                kv_stride, causal, key_mask, window, of + N * QW, stream_,
+                                doc_start));
+}
 void GpuBackend::SoftmaxCrossEntropy(float* logits, float* losses, const int32_t* targets,
                                      int64_t N, int64_t V, int64_t Vp, float grad_scale,
                                      bool compute_grad, const float* device_scale,

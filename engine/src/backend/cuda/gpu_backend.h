@@ -31,6 +31,8 @@ class GpuBackend : public Backend {
   // metrics.
   Status MemoryInfo(size_t* free_bytes, size_t* total_bytes) const override;
   cudaStream_t stream() const { return stream_; }
+  // Floats of attention's device scratch (below) allocated so far: outside the model's plan.
+  int64_t attention_scratch_floats() const { return scratch_floats_; }
 
   // Graph capture of the ops issued between BeginCapture and EndCapture (they are recorded, not
   // run); Replay(id) runs a captured sequence again. Ops that return values to the host
@@ -139,6 +141,17 @@ class GpuBackend : public Backend {
                          const int32_t* key_mask = nullptr,
                          DType operand_type = DType::kF32, int64_t window = 0,
                          const int32_t* doc_start = nullptr) override;
+  void AttentionForward16(void* out, float* lse, const void* q, const void* k, const void* v,
+                          DType type, int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS,
+                          int64_t q_stride, int64_t kv_stride, bool causal = true,
+                          const int32_t* key_mask = nullptr, int64_t window = 0,
+                          const int32_t* doc_start = nullptr) override;
+  void AttentionBackward16(float* dq, float* dk, float* dv, const void* dout, const void* out,
+                           const float* lse, const void* q, const void* k, const void* v,
+                           DType type, int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS,
+                           int64_t q_stride, int64_t kv_stride, bool causal = true,
+                           const int32_t* key_mask = nullptr, int64_t window = 0,
+                           const int32_t* doc_start = nullptr) override;
   void SoftmaxCrossEntropy(float* logits, float* losses, const int32_t* targets, int64_t N,
                            int64_t V, int64_t Vp, float grad_scale, bool compute_grad,
                            const float* device_scale, void* grad16 = nullptr,
@@ -202,7 +215,6 @@ class GpuBackend : public Backend {
                                const int32_t* key_mask, int64_t window, const int32_t* doc_start);
   std::unique_ptr<SdpaSelector> sdpa_;
 
-
  private:
   std::string name_;
   int device_ = -1;
@@ -212,9 +224,16 @@ class GpuBackend : public Backend {
   int* flag_ = nullptr;       // device flag for HasNonFinite
   // Grows scratch_ to `floats` (outside graph capture; false and the error recorded otherwise).
   bool EnsureScratch(int64_t floats, const char* op);
+  // AttentionForward16/Backward16 without the tensor-core kernel: q, k, v widened into ws
+  // (gpu_backend.cc).
+  void WidenAttention16(float* ws, bool fused, const void* q, const void* k, const void* v,
+                        DType type, int64_t N, int64_t QW, int64_t KW, int64_t q_stride,
+                        int64_t kv_stride, const float** qf, const float** kf, const float** vf);
 
-  // Attention's device scratch, grown on demand: the fp32 backward's B*NH*T floats, or the
-  // tensor-core path's 16-bit operands and dq accumulator (attention_tc.h).
+  // Attention's device scratch, grown on demand: the backward's B*NH*T row deltas (the fp32
+  // kernels, and the tensor-core kernels on 16-bit tensors), or the 16-bit copies of fp32 tensors
+  // (AttentionForward/Backward with a 16-bit operand type) and the fp32 copies of 16-bit ones
+  // (AttentionForward16/Backward16 without a tensor-core kernel).
   float* scratch_ = nullptr;
   int64_t scratch_floats_ = 0;
   // AdamWRunsFromScalars' device chunk tables, one per distinct runs table seen (usually one).
