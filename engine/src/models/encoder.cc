@@ -40,7 +40,7 @@ void PlanEncoderBuffers(const ArchDims& d, const ModelOptions& o, int64_t num_pa
   b->block_store.assign(static_cast<size_t>(cl.n_sets), EncoderBlockActs{});
   for (EncoderBlockActs& a : b->block_store) {
     if (mixed) p->Add(MC::kActivations, N * C, t, &a.x16);
-    p->Add(MC::kActivations, N * 3 * C, &a.qkv);
+    p->Add(MC::kActivations, N * 3 * C, t, &a.qkv);
     p->Add(MC::kActivations, N * C, &a.r1);
     p->Add(MC::kActivations, N, &a.ln1_mean);
     p->Add(MC::kActivations, N, &a.ln1_rstd);
@@ -80,11 +80,11 @@ void PlanEncoderBuffers(const ArchDims& d, const ModelOptions& o, int64_t num_pa
   p->Add(MC::kTemporary, N * std::max(3 * C, d.H), &b->scratch_big);
   p->Add(MC::kTemporary, C, &b->pad_row);
   if (mixed) {
-    // Every gradient entering a 16-bit GEMM fits whole (N rows of C, 3C or H), and N*C floats
-    // (the attention output widened for its backward); the MLM logits gradient goes through in
-    // chunks of at least min(N, 512) rows (nn::GemmPrecision).
+    // Every gradient entering a 16-bit GEMM (or the attention backward) fits whole (N rows of C,
+    // 3C or H); the MLM logits gradient goes through in chunks of at least min(N, 512) rows
+    // (nn::GemmPrecision).
     constexpr int64_t kMinLogitRows = 512;
-    b->scratch16_elems = std::max({2 * N * C, N * 3 * C, N * d.H});
+    b->scratch16_elems = std::max({N * 3 * C, N * d.H});
     if (!cls) b->scratch16_elems = std::max(b->scratch16_elems, std::min(N, kMinLogitRows) * d.Vp);
     p->Add(MC::kTemporary, b->scratch16_elems, t, &b->scratch16);
     // With pack_weights (a cpu job), each layer input packed for its weight gradient, as the
@@ -232,11 +232,16 @@ void EncoderModel::BlockForward(int64_t l, bool recompute) {
   const nn::MlpWeights mw{W(p.up_w), P(p.up_b), W(p.down_w), P(p.down_b)};
 
   const void* xin = AsGemmInput(a.x16, x);
-  nn::LinearForward(be, a.qkv, xin, W(p.qkv_w), P(p.qkv_b), N_, C, 3 * C, ct);
-  if (!recompute) {  // a recompute finds atty and lse as the first forward left them
-    float* att = mixed_ ? bufs_.tmp_c : static_cast<float*>(a.atty);
-    nn::AttentionForward(be, as, att, a.lse, a.qkv);
-    if (mixed_) be.Cast(a.atty, ct, att, DType::kF32, N_ * C);
+  // 16 bits: the projection's fp32 output in scratch_big (free until the MLP), rounded into qkv;
+  // attention reads it and writes atty in the compute type (Backend::AttentionForward16).
+  float* qkv = mixed_ ? bufs_.scratch_big : static_cast<float*>(a.qkv);
+  nn::LinearForward(be, qkv, xin, W(p.qkv_w), P(p.qkv_b), N_, C, 3 * C, ct);
+  if (recompute) {  // a recompute finds atty and lse as the first forward left them
+    if (mixed_) nn::AttentionRope16(be, as, qkv, a.qkv);  // no RoPE: the rounding
+  } else if (mixed_) {
+    nn::AttentionForward16(be, as, a.atty, a.lse, qkv, a.qkv);
+  } else {
+    nn::AttentionForward(be, as, static_cast<float*>(a.atty), a.lse, qkv);
   }
   nn::LinearForward(be, bufs_.tmp_c, a.atty, W(p.proj_w), P(p.proj_b), N_, C, C, ct);
   be.Add(a.r1, x, bufs_.tmp_c, N_ * C);
@@ -283,12 +288,13 @@ void EncoderModel::BlockBackward(int64_t l) {
                    a.ln1_rstd);
   // r1 = x + proj(attn(qkv(x))): d x = d r1 + the attention path's input gradient.
   nn::LinearBackward(be, dtmp, G(p.proj_w), G(p.proj_b), dres, a.atty, W(p.proj_w), N_, C, C, gp_);
-  const float* att = static_cast<const float*>(a.atty);
-  if (mixed_) {
-    be.Cast(bufs_.scratch16, DType::kF32, a.atty, options_.compute_type, N_ * C);
-    att = static_cast<const float*>(bufs_.scratch16);
+  if (mixed_) {  // the output gradient rounded into scratch16 (free until the qkv backward)
+    be.Cast(bufs_.scratch16, options_.compute_type, dtmp, DType::kF32, N_ * C);
+    nn::AttentionBackward16(be, as, dbig, bufs_.scratch16, a.atty, a.lse, a.qkv);
+  } else {
+    nn::AttentionBackward(be, as, dbig, dtmp, static_cast<const float*>(a.atty), a.lse,
+                          static_cast<const float*>(a.qkv));
   }
-  nn::AttentionBackward(be, as, dbig, dtmp, att, a.lse, a.qkv);
   nn::LinearBackward(be, dtmp, G(p.qkv_w), G(p.qkv_b), dbig, xin, W(p.qkv_w), N_, C, 3 * C, gp_);
   be.Add(dres, dres, dtmp, N_ * C);
 }

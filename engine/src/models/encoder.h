@@ -28,10 +28,10 @@ namespace traind::engine {
 
 // One encoder block's saved activations (N = B*T rows). 16-bit compute types only: x16 and x1_16
 // (the block input and x1 rounded for their GEMMs); in fp32 they are null and the GEMMs read the
-// fp32 tensors.
+// fp32 tensors. qkv and atty are in the compute type.
 struct EncoderBlockActs {
   void* x16 = nullptr;      // (N,C) compute type: block input for the qkv GEMM
-  float* qkv = nullptr;     // (N,3C)
+  void* qkv = nullptr;      // (N,3C) compute type
   void* atty = nullptr;     // (N,C) compute type: attention output
   float* lse = nullptr;     // (B,NH,T)
   float* r1 = nullptr;      // (N,C) x + attention projection (LN1 input)
