@@ -893,6 +893,50 @@ std::vector<uint8_t> DecoderModel::Quant4StoreBytes() const {
   return out;
 }
 
+namespace {
+// The quant_state JSON of one bitsandbytes 4-bit weight (`weight`, (out, in) = rows_cols),
+// checked against the job's type and double quantization; returns its nested_offset (0 without
+// double quantization). `bad` makes the error naming the JSON tensor.
+Result<float> ParseBnbQuantState(const std::string& text, const std::string& weight, Quant4Type type,
+                                 bool nested, const std::vector<int64_t>& rows_cols,
+                                 const std::function<Status(const std::string&)>& bad) {
+  const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return bad("is not a JSON object");
+  auto int_is = [&](const char* key, int64_t v) -> Status {
+    if (!j.contains(key) || !j[key].is_number_integer()) return bad(std::string("has no integer \"") + key + "\"");
+    if (j[key].get<int64_t>() != v) {
+      return bad(std::string("\"") + key + "\" is " + j[key].dump() + "; only " + std::to_string(v) + " is built");
+    }
+    return Status::Ok();
+  };
+  if (!j.contains("quant_type") || j["quant_type"] != Quant4TypeName(type)) {
+    return bad(std::string("\"quant_type\" is ") + (j.contains("quant_type") ? j["quant_type"].dump() : "missing") +
+                            ", the tensor's name says " + Quant4TypeName(type));
+  }
+  TRAIND_RETURN_IF_ERROR(int_is("blocksize", kQuant4Block));
+  if (!j.contains("shape") || !j["shape"].is_array() || j["shape"] != nlohmann::json(rows_cols)) {
+    return bad("\"shape\" is " + (j.contains("shape") ? j["shape"].dump() : std::string("missing")) +
+                            " but the model's " + weight + " is (out, in) " + ShapeStr(rows_cols));
+  }
+  if (!j.contains("dtype") || !j["dtype"].is_string()) return bad("has no string \"dtype\"");
+  const bool file_nested = j.contains("nested_offset") || j.contains("nested_blocksize");
+  if (file_nested != nested) {
+    return bad(std::string(file_nested ? "is" : "is not") + " double quantized (nested_offset) but "
+                        "model.quantization_config.bnb_4bit_use_double_quant is " + (nested ? "true" : "false"));
+  }
+  if (!nested) return 0.0f;
+  TRAIND_RETURN_IF_ERROR(int_is("nested_blocksize", kQuant4NestedBlock));
+  if (!j["nested_offset"].is_number() || !std::isfinite(j["nested_offset"].get<double>())) {
+    return bad("\"nested_offset\" is not a finite number");
+  }
+  if (j.contains("nested_dtype") && j["nested_dtype"] != "float32") {
+    return bad("\"nested_dtype\" is " + j["nested_dtype"].dump() + ", expected \"float32\"");
+  }
+  return static_cast<float>(j["nested_offset"].get<double>());
+}
+
+}  // namespace
+
 Status DecoderModel::LoadQuantState(const HfTensorSource& src, size_t i, const Quant4Slot& s) {
   const std::string& name = table_.infos[i].hf_name;
   const Quant4Type want = options_.quant4.type;
@@ -935,43 +979,11 @@ Status DecoderModel::LoadQuantState(const HfTensorSource& src, size_t i, const Q
   }
   std::string text(static_cast<size_t>(shape[0]), '\0');
   TRAIND_RETURN_IF_ERROR(src.read_bytes(qs_name, 0, text.data(), text.size()));
-  const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) return bad(qs_name, "is not a JSON object");
-  auto int_is = [&](const char* key, int64_t v) -> Status {
-    if (!j.contains(key) || !j[key].is_number_integer()) return bad(qs_name, std::string("has no integer \"") + key + "\"");
-    if (j[key].get<int64_t>() != v) {
-      return bad(qs_name, std::string("\"") + key + "\" is " + j[key].dump() + "; only " + std::to_string(v) + " is built");
-    }
-    return Status::Ok();
-  };
-  if (!j.contains("quant_type") || j["quant_type"] != Quant4TypeName(file_type)) {
-    return bad(qs_name, std::string("\"quant_type\" is ") + (j.contains("quant_type") ? j["quant_type"].dump() : "missing") +
-                            ", the tensor's name says " + Quant4TypeName(file_type));
-  }
-  TRAIND_RETURN_IF_ERROR(int_is("blocksize", kQuant4Block));
-  const ParamInfo& info = table_.infos[i];
-  const std::vector<int64_t> rows_cols = {s.rows, s.cols};
-  if (!j.contains("shape") || !j["shape"].is_array() || j["shape"] != nlohmann::json(rows_cols)) {
-    return bad(qs_name, "\"shape\" is " + (j.contains("shape") ? j["shape"].dump() : std::string("missing")) +
-                            " but the model's " + info.hf_name + " is (out, in) " + ShapeStr(rows_cols));
-  }
-  if (!j.contains("dtype") || !j["dtype"].is_string()) return bad(qs_name, "has no string \"dtype\"");
-  const bool file_nested = j.contains("nested_offset") || j.contains("nested_blocksize");
-  if (file_nested != nested) {
-    return bad(qs_name, std::string(file_nested ? "is" : "is not") + " double quantized (nested_offset) but "
-                        "model.quantization_config.bnb_4bit_use_double_quant is " + (nested ? "true" : "false"));
-  }
-  float offset = 0.0f;
-  if (nested) {
-    TRAIND_RETURN_IF_ERROR(int_is("nested_blocksize", kQuant4NestedBlock));
-    if (!j["nested_offset"].is_number() || !std::isfinite(j["nested_offset"].get<double>())) {
-      return bad(qs_name, "\"nested_offset\" is not a finite number");
-    }
-    if (j.contains("nested_dtype") && j["nested_dtype"] != "float32") {
-      return bad(qs_name, "\"nested_dtype\" is " + j["nested_dtype"].dump() + ", expected \"float32\"");
-    }
-    offset = static_cast<float>(j["nested_offset"].get<double>());
-  } else if (src.find(name + ".nested_absmax", &dtype, &shape)) {
+  TRAIND_ASSIGN_OR_RETURN(
+      const float offset,
+      ParseBnbQuantState(text, name, file_type, nested, {s.rows, s.cols},
+                         [&](const std::string& what) { return bad(qs_name, what); }));
+  if (!nested && src.find(name + ".nested_absmax", &dtype, &shape)) {
     return bad(name + ".nested_absmax", "is present but the quant state is not double quantized");
   }
   const int64_t n = s.numel, nb = Quant4Blocks(n), nnb = Quant4NestedBlocks(n);
