@@ -1,8 +1,9 @@
 // The choice of the cuDNN SDPA path (backend/cuda/cudnn_sdpa.h) without a GPU or cuDNN: the
-// selector with stand-in paths (absent library, unsupported shape, a failing or erroring self-check,
-// a passing one). Each fallback gives exactly ONE log line however many calls follow; a path that
-// passes its self-check is used from then on; with the switch off (the default) the path is never
-// consulted and nothing is logged.
+// selector with stand-in paths (absent library, unsupported shape, a path whose output is wrong,
+// a path that errors, a correct path), alone and inside the simt GpuBackend's AttentionForward16.
+// Each fallback gives exactly ONE log line however many calls follow, and the output is then the
+// own tensor-core kernel's, bit for bit; a path that passes its self-check is used from then on;
+// with the switch off (the default) the path is never consulted and nothing is logged.
 #include "backend/cuda/cudnn_sdpa.h"
 
 #include <gtest/gtest.h>
@@ -46,7 +47,8 @@ class FakePath final : public SdpaPath {
     if (mode_ == Mode::kOffset) {
       // simt runs launches synchronously outside capture: the kernel's result is in place.
       auto* o = static_cast<uint16_t*>(out);
-      for (int64_t i = 0; i < s.B * s.T * s.NH * s.HS; ++i) o[i] = F32ToBF16(BF16ToF32(o[i]) + offset_);
+      for (int64_t i = 0; i < s.B * s.T * s.NH * s.HS; ++i)
+        o[i] = F32ToBF16(BF16ToF32(o[i]) + offset_);
     }
     return Status::Ok();
   }
@@ -96,8 +98,9 @@ TEST(CudnnSdpaSelect, AbsentLibraryFallsBackWithOneLine) {
     Lines lines;
     std::unique_ptr<SdpaPath> path;
     if (!null_path)
-      path = std::make_unique<FakePath>(Status::NotFound("libcudnn.so.9: cannot open shared object"),
-                                        Status::Ok(), FakePath::Mode::kExact);
+      path = std::make_unique<FakePath>(
+          Status::NotFound("libcudnn.so.9: cannot open shared object"), Status::Ok(),
+          FakePath::Mode::kExact);
     SdpaSelector sel(true, std::move(path), lines.log());
     SdpaShape other = Shape();
     other.T = 77;
@@ -165,6 +168,77 @@ TEST(CudnnSdpaSelect, UnsupportedShapeAndFailingCheckFallBackOncePerShape) {
   for (int i = 0; i < 3; ++i) EXPECT_TRUE(sel.UsePath(Shape(), true, ok));
   EXPECT_EQ(checks, 1);
   EXPECT_TRUE(lines.v.empty());
+}
+
+// Through the simt GpuBackend: a wrong path is caught by the self-check against the own
+// tensor-core kernel (one line, the own kernel's bits from then on); an erroring path likewise;
+// a correct path is taken (its Forward runs for every later call).
+TEST(CudnnSdpaSelect, BackendFallsBackToItsOwnKernel) {
+  const SdpaShape s = Shape();
+  const int64_t N = s.B * s.T, QKV = s.q_stride;
+  const auto host = testing::Random(static_cast<size_t>(N * QKV), 7);
+  std::vector<uint16_t> qkv16(host.size());
+  for (size_t i = 0; i < host.size(); ++i) qkv16[i] = F32ToBF16(host[i]);
+  auto run = [&](std::unique_ptr<FakePath> path, Lines* lines, int calls, int* forwards) {
+    auto be = MakeSimtBackend(1);
+    EXPECT_TRUE(be.ok());
+    auto* gpu = dynamic_cast<GpuBackend*>(be->get());
+    FakePath* fake = path.get();
+    if (path != nullptr) gpu->SetSdpaSelectorForTesting(
+        std::make_unique<SdpaSelector>(true, std::move(path), lines->log()));
+    Backend& d = **be;
+    auto* qkv = static_cast<uint16_t*>(d.Alloc(qkv16.size() * 2));
+    auto* out = static_cast<uint16_t*>(d.Alloc(static_cast<size_t>(N * s.NH * s.HS) * 2));
+    auto* lse = static_cast<float*>(d.Alloc(static_cast<size_t>(s.B * s.NH * s.T) * 4));
+    d.CopyHostToDevice(qkv, qkv16.data(), qkv16.size() * 2);
+    for (int i = 0; i < calls; ++i) {
+      d.AttentionForward16(out, lse, qkv, qkv + s.NH * s.HS, qkv + 2 * s.NH * s.HS, s.type, s.B,
+                           s.T, s.NH, s.NKV, s.HS, s.q_stride, s.kv_stride, true);
+    }
+    std::vector<uint16_t> o(static_cast<size_t>(N * s.NH * s.HS));
+    d.Synchronize();
+    d.CopyDeviceToHost(o.data(), out, o.size() * 2);
+    EXPECT_TRUE(d.status().ok()) << d.status().ToString();
+    if (forwards != nullptr) *forwards = fake != nullptr ? fake->forward_calls : 0;
+    d.Free(qkv);
+    d.Free(out);
+    d.Free(lse);
+    return o;
+  };
+  Lines none;
+  const auto own = run(nullptr, &none, 1, nullptr);  // switch off (the test environment's default)
+  EXPECT_TRUE(none.v.empty());
+  {
+    Lines lines;
+    int forwards = 0;
+    const auto got = run(std::make_unique<FakePath>(Status::Ok(), Status::Ok(),
+                                                    FakePath::Mode::kOffset, 0.25f),
+                         &lines, 3, &forwards);
+    EXPECT_EQ(got, own) << "a wrong path must not reach the output";
+    ASSERT_EQ(lines.v.size(), 1u);
+    EXPECT_NE(lines.v[0].find("against traind's kernel failed"), std::string::npos) << lines.v[0];
+    EXPECT_EQ(forwards, 1) << "only the self-check runs the rejected path";
+  }
+  {
+    Lines lines;
+    int forwards = 0;
+    const auto got = run(std::make_unique<FakePath>(Status::Ok(), Status::Ok(),
+                                                    FakePath::Mode::kError),
+                         &lines, 2, &forwards);
+    EXPECT_EQ(got, own);
+    ASSERT_EQ(lines.v.size(), 1u);
+    EXPECT_NE(lines.v[0].find("CUDNN_STATUS_EXECUTION_FAILED"), std::string::npos) << lines.v[0];
+  }
+  {
+    Lines lines;
+    int forwards = 0;
+    const auto got = run(std::make_unique<FakePath>(Status::Ok(), Status::Ok(),
+                                                    FakePath::Mode::kExact),
+                         &lines, 3, &forwards);
+    EXPECT_EQ(got, own);
+    EXPECT_TRUE(lines.v.empty());
+    EXPECT_EQ(forwards, 1 + 3) << "the self-check, then every call";
+  }
 }
 
 }  // namespace

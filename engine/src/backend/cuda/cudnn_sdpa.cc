@@ -153,7 +153,8 @@ class CudnnSdpaPath final : public SdpaPath {
                     lse, &scale, &neg_inf};
     const int64_t n = s.causal ? 7 : 6;
     Desc pack(&api_, CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
-    TRAIND_RETURN_IF_ERROR(Set(pack, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, n, uids));
+    TRAIND_RETURN_IF_ERROR(
+        Set(pack, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, n, uids));
     TRAIND_RETURN_IF_ERROR(
         Set(pack, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, n, ptrs));
     TRAIND_RETURN_IF_ERROR(
@@ -400,9 +401,10 @@ class CudnnSdpaPath final : public SdpaPath {
         continue;
       }
       int64_t ws = 0, got = 0;
-      TRAIND_RETURN_IF_ERROR(Check(api_.GetAttribute(ep.get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
-                                                     CUDNN_TYPE_INT64, 1, &got, &ws),
-                                   "workspace size"));
+      TRAIND_RETURN_IF_ERROR(
+          Check(api_.GetAttribute(ep.get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
+                                  CUDNN_TYPE_INT64, 1, &got, &ws),
+                "workspace size"));
       plan->workspace = ws;
       plan->plan = std::move(ep);
       for (Desc& c : configs) keep.push_back(std::move(c));

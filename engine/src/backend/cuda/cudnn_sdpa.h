@@ -83,7 +83,8 @@ class SdpaSelector {
   // switch, the library and Supports runs `self_check` (both paths on this call's inputs; an
   // error counts as a failure) and keeps the verdict. may_check false (e.g. while capturing a
   // graph): an undecided shape runs the own kernel without deciding.
-  bool UsePath(const SdpaShape& s, bool may_check, const std::function<Result<SdpaCheck>()>& self_check);
+  bool UsePath(const SdpaShape& s, bool may_check,
+               const std::function<Result<SdpaCheck>()>& self_check);
   SdpaPath* path() { return path_.get(); }
   // Whether a verdict exists for `s`, and what it is.
   bool Decided(const SdpaShape& s, bool* use) const;
