@@ -17,6 +17,7 @@
 #include "models/model.h"
 #include "optim/adamw.h"
 #include "train/step_runner.h"
+#include "../engine/model_test_util.h"
 
 namespace traind::engine {
 namespace {
@@ -62,22 +63,8 @@ void ExpectOneCopyPerStep(Arch arch) {
   auto gpu = std::make_unique<CountingGpu>();
   ASSERT_TRUE(gpu->Start().ok());
   CountingGpu* be = gpu.get();
-  ModelConfig c;
-  c.arch = arch;
-  c.vocab_size = 67;
-  c.n_positions = 24;
-  c.n_embd = 32;
-  c.n_layer = 2;
-  c.n_head = 4;
-  c.hidden_size = 32;  // llama: GQA, a SwiGLU MLP, untied embeddings
-  c.intermediate_size = 48;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.max_position_embeddings = 24;
-  ModelOptions o;
-  o.micro_batch = 2;
-  o.seq_len = 11;
+  const ModelConfig c = arch == Arch::kGpt2 ? testing::TinyGpt2() : testing::TinyLlama(false);
+  ModelOptions o = testing::TinyOptions(2, 11);
   o.compute_type = DType::kBF16;
   DeviceArena arena(be, 0);
   auto m = Model::Create(c, o, &arena);
