@@ -703,6 +703,74 @@ TEST(CpuAttentionTest, Bf16DotProductTilesWhereTheCpuHasThem) {
   EXPECT_FALSE(cpu::UseBf16Tiles(DType::kF16, true, 128, 64));
 }
 
+// The 16-bit entry points (a 16-bit job's q, k, v, out and dout) give exactly the bits of
+// AttentionForward/Backward with operand type = the 16-bit type on the widened tensors: bf16 on the
+// CPU's own dot products reads the bits as they are (where the CPU has them), fp16 and bf16
+// elsewhere widen. Fused qkv rows (GQA) and separate ones with a gap; causal with a tail mask,
+// a window, and bidirectional.
+TEST(CpuAttentionTest, SixteenBitTensorsEqualTheWidenedOperands) {
+  const int B = 2, T = 37, NH = 4, NKV = 2, HS = 64, QW = NH * HS, KW = NKV * HS;
+  auto widen = [](const std::vector<uint16_t>& h, DType t) {
+    std::vector<float> f(h.size());
+    for (size_t i = 0; i < h.size(); ++i) f[i] = t == DType::kBF16 ? BF16ToF32(h[i]) : F16ToF32(h[i]);
+    return f;
+  };
+  auto round16 = [](const std::vector<float>& f, DType t) {
+    std::vector<uint16_t> h(f.size());
+    for (size_t i = 0; i < f.size(); ++i) h[i] = t == DType::kBF16 ? F32ToBF16(f[i]) : F32ToF16(f[i]);
+    return h;
+  };
+  std::vector<int32_t> mask(B * T, 1);
+  for (int j = T - 9; j < T; ++j) mask[j] = 0;  // sequence 0's padded tail
+  for (DType t : {DType::kBF16, DType::kF16}) {
+    for (int layout = 0; layout < 2; ++layout) {
+      for (int mode = 0; mode < 3; ++mode) {
+        SCOPED_TRACE(std::string(DTypeName(t)) + " layout " + std::to_string(layout) + " mode " +
+                     std::to_string(mode));
+        const bool causal = mode != 2;
+        const int window = mode == 1 ? 11 : 0;
+        const int32_t* km = mode == 0 ? mask.data() : nullptr;
+        const int qs = layout == 0 ? QW + 2 * KW : QW + 3, kvs = layout == 0 ? qs : KW + 3;
+        const auto q16 = round16(RandVec(B * T * qs, 31), t);
+        const auto k16 = layout == 0 ? q16 : round16(RandVec(B * T * kvs, 32), t);
+        const auto v16 = layout == 0 ? q16 : round16(RandVec(B * T * kvs, 33), t);
+        const int ko = layout == 0 ? QW : 0, vo = layout == 0 ? QW + KW : 0;
+        const auto qf = widen(q16, t), kf = widen(k16, t), vf = widen(v16, t);
+        const auto dout16 = round16(RandVec(B * T * QW, 34), t);
+        const auto doutf = widen(dout16, t);
+        // Reference: the fp32 entry points on the widened tensors, out rounded as Cast.
+        std::vector<float> out_ref(B * T * QW), lse_ref(B * NH * T);
+        cpu::AttentionForward(out_ref.data(), lse_ref.data(), qf.data(), kf.data() + ko,
+                              vf.data() + vo, B, T, NH, NKV, HS, qs, kvs, causal, km, t, window, 2);
+        const auto out_ref16 = round16(out_ref, t);
+        std::vector<uint16_t> out16(B * T * QW);
+        std::vector<float> lse(B * NH * T);
+        cpu::AttentionForward16Bit(out16.data(), lse.data(), q16.data(), k16.data() + ko,
+                                   v16.data() + vo, t, B, T, NH, NKV, HS, qs, kvs, causal, km,
+                                   window, 2, nullptr);
+        EXPECT_EQ(out16, out_ref16);
+        EXPECT_EQ(lse, lse_ref);
+        const auto outw = widen(out16, t);
+        std::vector<float> dq_ref(B * T * qs, 7.0f), dk_ref(B * T * kvs, 7.0f), dv_ref = dk_ref;
+        float* dk_r = layout == 0 ? dq_ref.data() + ko : dk_ref.data();
+        float* dv_r = layout == 0 ? dq_ref.data() + vo : dv_ref.data();
+        cpu::AttentionBackward(dq_ref.data(), dk_r, dv_r, doutf.data(), outw.data(), lse.data(),
+                               qf.data(), kf.data() + ko, vf.data() + vo, B, T, NH, NKV, HS, qs,
+                               kvs, causal, km, t, window, 2);
+        std::vector<float> dq(B * T * qs, 7.0f), dk(B * T * kvs, 7.0f), dv = dk;
+        float* dk_p = layout == 0 ? dq.data() + ko : dk.data();
+        float* dv_p = layout == 0 ? dq.data() + vo : dv.data();
+        cpu::AttentionBackward16Bit(dq.data(), dk_p, dv_p, dout16.data(), out16.data(), lse.data(),
+                                    q16.data(), k16.data() + ko, v16.data() + vo, t, B, T, NH,
+                                    NKV, HS, qs, kvs, causal, km, window, 2, nullptr);
+        EXPECT_EQ(dq, dq_ref);
+        EXPECT_EQ(dk, dk_ref);
+        EXPECT_EQ(dv, dv_ref);
+      }
+    }
+  }
+}
+
 // Rotary embedding reference: inv_freq and angles in fp32 as HF forms them, rotation in double.
 void RefRope(std::vector<double>* x, int B, int T, int NHd, int HS, int stride, float theta,
              bool inverse) {

@@ -30,6 +30,7 @@
 //    vdpbf16ps (see "bf16 tile products on the CPU's own dot-product instruction" below).
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -668,6 +669,12 @@ TRAIND_DPBF16_TARGET void RowWords(uint32_t* dst, const float* src, int64_t n) {
   if (i < n) dst[i / 2] = Bf16Bits(src[i]);
 }
 
+// The same from bf16 bits (a 16-bit job's tensors): the words are the bits themselves.
+inline void RowWords(uint32_t* dst, const uint16_t* src, int64_t n) {
+  std::memcpy(dst, src, static_cast<size_t>(n / 2) * sizeof(uint32_t));
+  if (n % 2 != 0) dst[n / 2] = src[n - 1];
+}
+
 // x[j..j+16) in bf16, each zero-extended to 32 bits (zeros for a null row).
 __attribute__((always_inline)) TRAIND_DPBF16_TARGET inline __m512i Bf16Lanes(const float* x,
                                                                              int64_t j) {
@@ -687,9 +694,33 @@ TRAIND_DPBF16_TARGET void PairWords(uint32_t* dst, const float* lo, const float*
     dst[j] = (lo != nullptr ? Bf16Bits(lo[j]) : 0u) | (hi != nullptr ? Bf16Bits(hi[j]) << 16 : 0u);
 }
 
-// The (HS/2, cols) pair panel of the first `rows` rows of x (row stride `stride`): word (p, j) at
-// kt[p * ld + j] holds x[j][2p], x[j][2p + 1]; zero words for j in [rows, cols).
-TRAIND_DPBF16_TARGET void PackPairPanel(uint32_t* kt, int64_t ld, const float* x, int64_t stride,
+// dst[j] = (lo[j], hi[j]) from bf16 bits; a null row stands for zeros.
+inline void PairWords(uint32_t* dst, const uint16_t* lo, const uint16_t* hi, int64_t n) {
+  if (lo != nullptr && hi != nullptr) {
+    for (int64_t j = 0; j < n; ++j) dst[j] = lo[j] | static_cast<uint32_t>(hi[j]) << 16;
+  } else if (lo != nullptr) {
+    for (int64_t j = 0; j < n; ++j) dst[j] = lo[j];
+  } else {
+    for (int64_t j = 0; j < n; ++j) dst[j] = hi != nullptr ? static_cast<uint32_t>(hi[j]) << 16 : 0u;
+  }
+}
+
+// Dot of two rows of n <= 512 elements: fp32 as Dot, bf16 widened first (the same bits).
+inline float RowDot(const float* a, const float* b, int64_t n) { return Dot(a, b, n); }
+inline float RowDot(const uint16_t* a, const uint16_t* b, int64_t n) {
+  float wa[512], wb[512];
+  for (int64_t i = 0; i < n; ++i) {
+    wa[i] = BF16ToF32(a[i]);
+    wb[i] = BF16ToF32(b[i]);
+  }
+  return Dot(wa, wb, n);
+}
+
+// The (HS/2, cols) pair panel of the first `rows` rows of x (row stride `stride`; fp32 or bf16
+// bits): word (p, j) at kt[p * ld + j] holds x[j][2p], x[j][2p + 1]; zero words for j in
+// [rows, cols).
+template <class In>
+TRAIND_DPBF16_TARGET void PackPairPanel(uint32_t* kt, int64_t ld, const In* x, int64_t stride,
                                         int64_t rows, int64_t cols, int64_t HS) {
   const int64_t H2 = HS / 2;
   uint32_t w[16 * 256];  // 16 rows of words, HS <= 512
@@ -705,11 +736,12 @@ TRAIND_DPBF16_TARGET void PackPairPanel(uint32_t* kt, int64_t ld, const float* x
 
 // Row pairs of the first `rows` rows of x: word (p, e) at xi[p * HS + e] holds x[2p][e],
 // x[2p + 1][e], for p < pairs; rows at or past `rows` are zeros.
-TRAIND_DPBF16_TARGET void PackRowPairs(uint32_t* xi, const float* x, int64_t stride, int64_t rows,
+template <class In>
+TRAIND_DPBF16_TARGET void PackRowPairs(uint32_t* xi, const In* x, int64_t stride, int64_t rows,
                                        int64_t pairs, int64_t HS) {
   for (int64_t p = 0; p < pairs; ++p) {
-    const float* lo = 2 * p < rows ? x + 2 * p * stride : nullptr;
-    const float* hi = 2 * p + 1 < rows ? x + (2 * p + 1) * stride : nullptr;
+    const In* lo = 2 * p < rows ? x + 2 * p * stride : nullptr;
+    const In* hi = 2 * p + 1 < rows ? x + (2 * p + 1) * stride : nullptr;
     PairWords(xi + p * HS, lo, hi, HS);
   }
 }
@@ -798,7 +830,9 @@ TRAIND_DPBF16_TARGET void DpProduct(int64_t M, int64_t N, int64_t P, float alpha
   }
 }
 
-void AttentionForwardDp(float* out, float* lse, const float* q, const float* k, const float* v,
+// In: float, or uint16_t for bf16 bits (a 16-bit job's tensors, read as they are).
+template <class In>
+void AttentionForwardDp(float* out, float* lse, const In* q, const In* k, const In* v,
                         int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS,
                         int64_t q_stride, int64_t kv_stride, bool causal,
                         const int32_t* key_mask, int64_t window, int nt,
@@ -847,8 +881,9 @@ void AttentionForwardDp(float* out, float* lse, const float* q, const float* k, 
       });
 }
 
-void AttentionBackwardDp(float* dq, float* dk, float* dv, const float* dout, const float* out,
-                         const float* lse, const float* q, const float* k, const float* v,
+template <class In>
+void AttentionBackwardDp(float* dq, float* dk, float* dv, const In* dout, const In* out,
+                         const float* lse, const In* q, const In* k, const In* v,
                          int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS,
                          int64_t q_stride, int64_t kv_stride, bool causal,
                          const int32_t* key_mask, int64_t window, int nt,
@@ -873,7 +908,7 @@ void AttentionBackwardDp(float* dq, float* dk, float* dv, const float* dout, con
         uint32_t* KT = panels();
         uint32_t* VT = KT + H2 * T16;
         uint32_t* KI = VT + H2 * T16;
-        const float* kb = k + b * T * kv_stride + kvh * HS;
+        const In* kb = k + b * T * kv_stride + kvh * HS;
         PackPairPanel(KT, T16, kb, kv_stride, key_end, T16, HS);
         PackPairPanel(VT, T16, v + b * T * kv_stride + kvh * HS, kv_stride, key_end, T16, HS);
         PackRowPairs(KI, kb, kv_stride, key_end, TP, HS);
@@ -893,9 +928,9 @@ void AttentionBackwardDp(float* dq, float* dk, float* dv, const float* dout, con
         uint32_t* dsi = dsw + kQBlock * TP;
         uint32_t* pi = dsi + QP * T;
         const int64_t b = qb.b, h = qb.h, t0 = qb.t0, nq = qb.nq, nk = qb.nk;
-        const float* qb_rows = q + (b * T + t0) * q_stride + h * HS;
-        const float* dob = dout + (b * T + t0) * C + h * HS;
-        const float* ob = out + (b * T + t0) * C + h * HS;
+        const In* qb_rows = q + (b * T + t0) * q_stride + h * HS;
+        const In* dob = dout + (b * T + t0) * C + h * HS;
+        const In* ob = out + (b * T + t0) * C + h * HS;
         const float* lse_row = lse + (b * NH + h) * T + t0;
         const int64_t nqp = (nq + 1) / 2;
         for (int64_t i = 0; i < nq; ++i) {
@@ -909,7 +944,7 @@ void AttentionBackwardDp(float* dq, float* dk, float* dv, const float* dout, con
         DpProduct(nq, nk16, H2, scale, qw, H2, 1, KT, T16, false, P, ld, qb.Scores());
         DpProduct(nq, nk16, H2, 1.0f, dow, H2, 1, VT, T16, false, dS, ld, qb.Scores());
         for (int64_t i = 0; i < nq; ++i) {
-          const float D = Dot(dob + i * C, ob + i * C, HS);
+          const float D = RowDot(dob + i * C, ob + i * C, HS);
           GradRow(P + i * ld, dS + i * ld, lse_row[i], D, scale, qb.Lo(i), qb.Valid(i), nk,
                   qb.km);
           RowWords(dsw + i * np, dS + i * ld, nk);
@@ -1185,8 +1220,18 @@ void AttentionForward16Bit(void* out, float* lse, const void* q, const void* k, 
                            const int32_t* doc_start) {
   const int64_t N = B * T, QW = NH * HS;
   static thread_local std::vector<float> qkv_f, out_f;
-  const Widened w = WidenQkv(&qkv_f, q, k, v, type, N, QW, NKV * HS, q_stride, kv_stride, nt);
   out_f.resize(static_cast<size_t>(N * QW));
+#if TRAIND_DPBF16
+  if (ChooseBf16Tiles(type, causal, T, HS) == Bf16Tiles::kDotProducts) {  // bf16 read as it is
+    const auto* q16 = static_cast<const uint16_t*>(q);
+    AttentionForwardDp(out_f.data(), lse, q16, static_cast<const uint16_t*>(k),
+                       static_cast<const uint16_t*>(v), B, T, NH, NKV, HS, q_stride, kv_stride,
+                       causal, key_mask, EffectiveWindow(window, T), nt, doc_start);
+    Cast(out, type, out_f.data(), DType::kF32, N * QW, nt);
+    return;
+  }
+#endif
+  const Widened w = WidenQkv(&qkv_f, q, k, v, type, N, QW, NKV * HS, q_stride, kv_stride, nt);
   AttentionForward(out_f.data(), lse, w.q, w.k, w.v, B, T, NH, NKV, HS, q_stride, kv_stride,
                    causal, key_mask, type, window, nt, doc_start);
   Cast(out, type, out_f.data(), DType::kF32, N * QW, nt);
@@ -1199,6 +1244,16 @@ void AttentionBackward16Bit(float* dq, float* dk, float* dv, const void* dout, c
                             const int32_t* key_mask, int64_t window, int nt,
                             const int32_t* doc_start) {
   const int64_t N = B * T, QW = NH * HS;
+#if TRAIND_DPBF16
+  if (ChooseBf16Tiles(type, causal, T, HS) == Bf16Tiles::kDotProducts) {  // bf16 read as it is
+    AttentionBackwardDp(dq, dk, dv, static_cast<const uint16_t*>(dout),
+                        static_cast<const uint16_t*>(out), lse, static_cast<const uint16_t*>(q),
+                        static_cast<const uint16_t*>(k), static_cast<const uint16_t*>(v), B, T,
+                        NH, NKV, HS, q_stride, kv_stride, causal, key_mask,
+                        EffectiveWindow(window, T), nt, doc_start);
+    return;
+  }
+#endif
   static thread_local std::vector<float> qkv_f, dout_out_f;
   const Widened w = WidenQkv(&qkv_f, q, k, v, type, N, QW, NKV * HS, q_stride, kv_stride, nt);
   dout_out_f.resize(static_cast<size_t>(2 * N * QW));

@@ -201,8 +201,10 @@ void AttentionBackward(float* dq, float* dk, float* dv, const float* dout, const
                        DType operand_type, int64_t window, int nt,
                        const int32_t* doc_start = nullptr);
 // backend.h's AttentionForward16/Backward16: q, k, v, out (and dout) in `type` (bf16 or f16),
-// widened into per-thread fp32 copies (a fused qkv row, q then k then v adjacent with one stride,
-// widened once), then AttentionForward/Backward with operand_type = type; out rounded as Cast.
+// AttentionForward/Backward's numbers with operand_type = type, out rounded as Cast. Where bf16
+// takes the CPU's own bf16 dot products the tiles read the bf16 bits as they are; elsewhere the
+// tensors are widened into per-thread fp32 copies (a fused qkv row, q then k then v adjacent with
+// one stride, widened once).
 void AttentionForward16Bit(void* out, float* lse, const void* q, const void* k, const void* v,
                            DType type, int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS,
                            int64_t q_stride, int64_t kv_stride, bool causal,
