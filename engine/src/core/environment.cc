@@ -30,6 +30,10 @@ EngineEnvironment ReadEngineEnvironment(const char* (*getenv)(const char*)) {
   if (const char* v = getenv("TRAIND_CUBLASLT_EPILOGUES")) {
     e.cublaslt_epilogues_off = std::string(v) == "0";
   }
+  if (const char* v = get("TRAIND_CUDNN_SDPA")) {
+    const std::string on(v);
+    e.cudnn_sdpa_on = on == "1" || on == "on" || on == "true";
+  }
   if (const char* v = get("TRAIND_SENTENCEPIECE_SHIM")) e.sentencepiece_shim = v;
   if (const char* d = get("TRAIND_TOKEN_CACHE_DIR")) {
     e.token_cache_dir = d;

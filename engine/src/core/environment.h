@@ -24,6 +24,9 @@ struct EngineEnvironment {
   // TRAIND_CUBLASLT_EPILOGUES=0: the CUDA backend adds the bias and GELU in separate kernels
   // instead of cuBLASLt's fused epilogues.
   bool cublaslt_epilogues_off = false;
+  // TRAIND_CUDNN_SDPA=1 (or on, true): 16-bit attention forward may take cuDNN's fused SDPA, after
+  // its self-check per shape (backend/cuda/cudnn_sdpa.h); unset or any other value: traind's own.
+  bool cudnn_sdpa_on = false;
   // TRAIND_SENTENCEPIECE_SHIM: the sentencepiece shim library to load first (empty: none).
   std::string sentencepiece_shim;
   // The token cache's directory: TRAIND_TOKEN_CACHE_DIR, else $XDG_CACHE_HOME/traind/tokens, else

@@ -359,7 +359,13 @@ class CudnnSdpaPath final : public SdpaPath {
     TRAIND_RETURN_IF_ERROR(virt(f32, false, &p));
     TRAIND_RETURN_IF_ERROR(Pointwise(&keep, &ops, CUDNN_POINTWISE_DIV, f32, ex, sum, kNone, p));
     TRAIND_RETURN_IF_ERROR(Matmul(&keep, &ops, p, v, o));
+    return MakePlan(ops, plan);
+  }
 
+  // The operation graph of `ops`, and the first engine config the heuristics offer that
+  // finalizes into an execution plan (kept in plan->keep with what it refers to).
+  Status MakePlan(const std::vector<cudnnBackendDescriptor_t>& ops, Plan* plan) const {
+    std::vector<Desc>& keep = plan->keep;
     Desc graph(&api_, CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
     cudnnHandle_t handle = handle_;
     TRAIND_RETURN_IF_ERROR(Set(graph, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1,

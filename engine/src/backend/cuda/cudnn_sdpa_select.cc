@@ -1,11 +1,10 @@
 // SdpaSelector: which attention path a 16-bit call takes (cudnn_sdpa.h). Host code, both builds.
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <string>
 #include <utility>
 
 #include "backend/cuda/cudnn_sdpa.h"
+#include "core/environment.h"
 
 TRAIND_GPU_BEGIN
 
@@ -22,11 +21,7 @@ std::string SdpaShape::ToString() const {
 
 double SdpaOutTolerance(DType type) { return type == DType::kBF16 ? 1e-2 : 1.5e-3; }
 
-bool CudnnSdpaSwitchOn() {
-  const char* v = std::getenv("TRAIND_CUDNN_SDPA");
-  if (v == nullptr) return false;
-  return std::strcmp(v, "1") == 0 || std::strcmp(v, "on") == 0 || std::strcmp(v, "true") == 0;
-}
+bool CudnnSdpaSwitchOn() { return ReadEngineEnvironment().cudnn_sdpa_on; }
 
 #if !defined(TRAIND_HAVE_CUDNN)
 std::unique_ptr<SdpaPath> MakeCudnnSdpaPath() { return nullptr; }
