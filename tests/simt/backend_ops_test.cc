@@ -127,6 +127,29 @@ std::string Dims(std::initializer_list<int64_t> d) {
   return s;
 }
 
+// An attention case's label suffix: causal or not, the key mask, the window.
+std::string AttnModeLabel(bool causal, int mask, int64_t window) {
+  return std::string(causal ? "" : " bidirectional") +
+         (mask == 1 ? " random mask" : mask == 2 ? " tail mask" : "") +
+         (window > 0 ? " window " + std::to_string(window) : "");
+}
+
+// Its key mask (B*T; empty for mask 0): 1 random, sequence 1 empty, key 0 masked; 2 padded tails
+// (sequence 0 two thirds, sequence 1 all, later ones one key).
+std::vector<int32_t> AttnMask(int64_t B, int64_t T, int mask, uint64_t seed) {
+  std::vector<int32_t> m;
+  if (mask == 0) return m;
+  std::mt19937_64 rng(seed);
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t len = b == 0 ? T - T / 3 : b == 1 ? T : 1;  // tails
+    for (int64_t j = 0; j < T; ++j) {
+      const bool keep = mask == 2 ? j < len : b != 1 && j != 0 && rng() % 4 != 0;
+      m.push_back(keep ? 1 : 0);
+    }
+  }
+  return m;
+}
+
 std::vector<OpCase> AllCases() {
   std::vector<OpCase> c;
   // ---- GEMM: every transpose pair, padded leading dimensions, fp32 and 16-bit inputs ----
@@ -638,20 +661,8 @@ std::vector<OpCase> AllCases() {
                            AttnCase{1, 150, 2, 1, 128, false, false, 0, 40},
                            AttnCase{1, 20, 2, 2, 200, false, false, 0, 50}}) {
     const std::string label = Dims({a.B, a.T, a.NH, a.NKV, a.HS}) + (a.fused ? " fused" : "") +
-                              (a.causal ? "" : " bidirectional") +
-                              (a.mask == 1 ? " random mask" : a.mask == 2 ? " tail mask" : "") +
-                              (a.window > 0 ? " window " + std::to_string(a.window) : "");
-    std::vector<int32_t> mask;
-    if (a.mask != 0) {
-      std::mt19937_64 rng(70 + a.T);
-      for (int64_t b = 0; b < a.B; ++b) {
-        const int64_t len = b == 0 ? a.T - a.T / 3 : b == 1 ? a.T : 1;  // tails
-        for (int64_t j = 0; j < a.T; ++j) {
-          const bool keep = a.mask == 2 ? j < len : b != 1 && j != 0 && rng() % 4 != 0;
-          mask.push_back(keep ? 1 : 0);
-        }
-      }
-    }
+                              AttnModeLabel(a.causal, a.mask, a.window);
+    const std::vector<int32_t> mask = AttnMask(a.B, a.T, a.mask, 70 + a.T);
     const int64_t rows = a.B * a.T;
     const int64_t qs = a.fused ? (a.NH + 2 * a.NKV) * a.HS : a.NH * a.HS + 3;  // +3: a gap
     const int64_t kvs = a.fused ? qs : a.NKV * a.HS + 5;
@@ -714,18 +725,8 @@ std::vector<OpCase> AllCases() {
                                Attn16Case{1, 40, 2, 1, 64, 2, true, 1}}) {
       const std::string label = Dims({a.B, a.T, a.NH, a.NKV, a.HS}) + " " + DTypeName(t) +
                                 (a.layout == 0 ? " fused" : a.layout == 1 ? " strided" : " gap") +
-                                (a.causal ? "" : " bidirectional") +
-                                (a.mask == 1 ? " random mask" : a.mask == 2 ? " tail mask" : "") +
-                                (a.window > 0 ? " window " + std::to_string(a.window) : "");
-      std::vector<int32_t> mask;
-      if (a.mask != 0) {
-        std::mt19937_64 rng(90 + a.T);
-        for (int64_t b = 0; b < a.B; ++b) {
-          const int64_t len = b == 0 ? a.T - a.T / 3 : a.T;
-          for (int64_t j = 0; j < a.T; ++j)
-            mask.push_back((a.mask == 2 ? j < len : j != 0 && rng() % 4 != 0) ? 1 : 0);
-        }
-      }
+                                AttnModeLabel(a.causal, a.mask, a.window);
+      const std::vector<int32_t> mask = AttnMask(a.B, a.T, a.mask, 90 + a.T);
       const int64_t rows = a.B * a.T, QW = a.NH * a.HS, KW = a.NKV * a.HS;
       const int64_t gap = a.layout == 1 ? 8 : 3;
       const int64_t qs = a.layout == 0 ? QW + 2 * KW : QW + gap;

@@ -46,6 +46,14 @@ ModelRun Make(std::unique_ptr<Backend> backend, const ModelConfig& c, const Mode
   return r;
 }
 
+// `from`'s weights (the CPU model's) copied into `to`, whose 16-bit copy then follows.
+void CopyWeights(const ModelRun& from, ModelRun* to) {
+  std::vector<float> params(from.model->num_params());
+  from.backend->CopyDeviceToHost(params.data(), from.model->param_data(), params.size() * 4);
+  to->backend->CopyHostToDevice(to->model->param_data(), params.data(), params.size() * 4);
+  to->model->ParamsChanged();
+}
+
 // The gradients of the trainable parameters (all of them without LoRA).
 std::vector<float> Grads(ModelRun& r) {
   std::vector<float> g(r.model->num_trainable());
@@ -116,9 +124,7 @@ TEST(SimtModelExport, Gpt2StreamHfMatchesCpuBackend) {
   ModelRun simt = Make(std::move(simt_backend).value(), config, options);
   ASSERT_TRUE(cpu.model && simt.model);
   cpu.model->InitRandom(99);
-  std::vector<float> params(cpu.model->num_params());
-  cpu.backend->CopyDeviceToHost(params.data(), cpu.model->param_data(), params.size() * 4);
-  simt.backend->CopyHostToDevice(simt.model->param_data(), params.data(), params.size() * 4);
+  CopyWeights(cpu, &simt);
   for (size_t piece : {kHfExportPieceBytes, size_t{4}, size_t{100}, size_t{4096}}) {
     auto want = CollectSafetensorsStream(cpu.model->StreamHf(piece));
     auto got = CollectSafetensorsStream(simt.model->StreamHf(piece));
@@ -152,9 +158,7 @@ TEST_P(SimtModelStep, MatchesCpuBackend) {
 
   // Same weights: initialise on the CPU, copy to the simt model.
   cpu.model->InitRandom(1234);
-  std::vector<float> params(cpu.model->num_params());
-  cpu.backend->CopyDeviceToHost(params.data(), cpu.model->param_data(), params.size() * 4);
-  simt.backend->CopyHostToDevice(simt.model->param_data(), params.data(), params.size() * 4);
+  CopyWeights(cpu, &simt);
 
   const Batch batch = FixedBatch(options, config.vocab_size);
   const std::vector<int32_t>& targets = batch.targets;
@@ -232,10 +236,7 @@ TEST(SimtModelMemory, Bf16AttentionPlanIsThePeak) {
   ModelRun cpu = Make(MakeCpuBackend(1), c, o);
   ASSERT_TRUE(cpu.model && simt.model);
   cpu.model->InitRandom(5);
-  std::vector<float> params(cpu.model->num_params());
-  cpu.backend->CopyDeviceToHost(params.data(), cpu.model->param_data(), params.size() * 4);
-  simt.backend->CopyHostToDevice(simt.model->param_data(), params.data(), params.size() * 4);
-  simt.model->ParamsChanged();
+  CopyWeights(cpu, &simt);
   const Batch batch = FixedBatch(o, c.vocab_size);
   const double loss_cpu = Step(cpu, batch), loss_simt = Step(simt, batch);
   EXPECT_NEAR(loss_simt, loss_cpu, 1e-3 * loss_cpu);
@@ -302,10 +303,7 @@ TEST_P(SimtLoraStep, MatchesCpuBackend) {
   ASSERT_TRUE(cpu.model && simt.model);
   cpu.model->InitRandom(1234);
   cpu.model->InitAdapters(99);
-  std::vector<float> params(cpu.model->num_params());
-  cpu.backend->CopyDeviceToHost(params.data(), cpu.model->param_data(), params.size() * 4);
-  simt.backend->CopyHostToDevice(simt.model->param_data(), params.data(), params.size() * 4);
-  simt.model->ParamsChanged();  // the 16-bit copy follows (no effect in fp32)
+  CopyWeights(cpu, &simt);
   std::vector<float> ad(cpu.model->num_trainable());
   cpu.backend->CopyDeviceToHost(ad.data(), cpu.model->trainable_data(), ad.size() * 4);
   std::mt19937 brng(3);
@@ -418,10 +416,7 @@ TEST_P(SimtBertStep, MatchesCpuBackend) {
   ASSERT_TRUE(cpu.model && simt.model);
   cpu.model->InitRandom(13);
   cpu.backend->Scale(cpu.model->param_data(), 4.0f, cpu.model->num_params());
-  std::vector<float> params(cpu.model->num_params());
-  cpu.backend->CopyDeviceToHost(params.data(), cpu.model->param_data(), params.size() * 4);
-  simt.backend->CopyHostToDevice(simt.model->param_data(), params.data(), params.size() * 4);
-  simt.model->ParamsChanged();
+  CopyWeights(cpu, &simt);
   cpu.model->ParamsChanged();
   double loss[2];
   std::vector<float> grads[2];
@@ -470,10 +465,7 @@ TEST(SimtMixtralStep, MatchesCpuBackend) {
     ASSERT_TRUE(cpu.model && simt.model);
     cpu.model->InitRandom(17);
     cpu.backend->Scale(cpu.model->param_data(), 4.0f, cpu.model->num_params());
-    std::vector<float> params(cpu.model->num_params());
-    cpu.backend->CopyDeviceToHost(params.data(), cpu.model->param_data(), params.size() * 4);
-    simt.backend->CopyHostToDevice(simt.model->param_data(), params.data(), params.size() * 4);
-    simt.model->ParamsChanged();
+    CopyWeights(cpu, &simt);
     cpu.model->ParamsChanged();
     const Batch batch = FixedBatch(options, config.vocab_size);
     const double loss[2] = {Step(cpu, batch), Step(simt, batch)};

@@ -10,6 +10,17 @@ void AttentionRope(Backend& be, const AttentionShape& s, float* qkv) {
           s.rope_scaling, s.positions);
 }
 
+namespace {
+
+// q_rot = R q, so dq = R^T dq_rot: the inverse rotation (dq and dk adjacent: one call).
+void AttentionRopeBackward(Backend& be, const AttentionShape& s, float* dqkv) {
+  if (!s.rope) return;
+  be.Rope(dqkv, s.B, s.T, s.NH + s.NKV, s.HS, s.width(), s.rope_theta, /*inverse=*/true, 0,
+          s.rope_scaling, s.positions);
+}
+
+}  // namespace
+
 void AttentionForward(Backend& be, const AttentionShape& s, float* out, float* lse, float* qkv) {
   const int64_t W = s.width();
   float* q = qkv;
@@ -28,11 +39,7 @@ void AttentionBackward(Backend& be, const AttentionShape& s, float* dqkv, const 
   be.AttentionBackward(dqkv, dqkv + koff, dqkv + voff, dout, out, lse, qkv, qkv + koff, qkv + voff,
                        s.B, s.T, s.NH, s.NKV, s.HS, W, W, s.causal, s.key_mask, s.operand_type,
                        s.window, s.doc_start);
-  if (s.rope) {
-    // q_rot = R q, so dq = R^T dq_rot: the inverse rotation (dq and dk adjacent: one call).
-    be.Rope(dqkv, s.B, s.T, s.NH + s.NKV, s.HS, W, s.rope_theta, /*inverse=*/true, 0,
-            s.rope_scaling, s.positions);
-  }
+  AttentionRopeBackward(be, s, dqkv);
 }
 
 void AttentionRope16(Backend& be, const AttentionShape& s, float* qkv32, void* qkv16) {
@@ -62,10 +69,7 @@ void AttentionBackward16(Backend& be, const AttentionShape& s, float* dqkv, cons
   be.AttentionBackward16(dqkv, dqkv + koff, dqkv + voff, dout16, out16, lse, q, q + koff * es,
                          q + voff * es, s.operand_type, s.B, s.T, s.NH, s.NKV, s.HS, W, W,
                          s.causal, s.key_mask, s.window, s.doc_start);
-  if (s.rope) {
-    be.Rope(dqkv, s.B, s.T, s.NH + s.NKV, s.HS, W, s.rope_theta, /*inverse=*/true, 0,
-            s.rope_scaling, s.positions);
-  }
+  AttentionRopeBackward(be, s, dqkv);
 }
 
 }  // namespace traind::engine::nn
