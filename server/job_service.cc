@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace traind::server {
@@ -152,8 +153,10 @@ class JobServiceImpl::EventsCall final : public AsyncCall, public JobManager::Fo
     } else if (finishing_) {
       op_pending_ = false;
       finished_ = true;
+      if (wrote_last_) service_->writes_in_flight_--;
     } else {
       op_pending_ = false;
+      service_->writes_in_flight_--;
       if (!service_->draining_) return OnWriteDone(ok);
     }
     const bool done_back = gone_.load();
@@ -194,10 +197,12 @@ class JobServiceImpl::EventsCall final : public AsyncCall, public JobManager::Fo
     next_ = batch_.events(batch_.events_size() - 1).sequence() + 1;
     caught_up_ = events_.size() < kBatch;
     op_pending_ = true;
+    service_->writes_in_flight_++;
     if (caught_up_ && (!req_.follow() || ended)) {
       // The last batch and the status in one operation.
       service_->metrics_->CountRequest("WatchJobEvents", StatusCodeName(Status::Code::kOk));
       finishing_ = true;
+      wrote_last_ = true;
       return writer_.WriteAndFinish(batch_, grpc::WriteOptions(), grpc::Status::OK, &op_tag_);
     }
     writer_.Write(batch_, &op_tag_);
@@ -224,6 +229,7 @@ class JobServiceImpl::EventsCall final : public AsyncCall, public JobManager::Fo
   bool started_ = false;    // the async thread's
   bool finished_ = false;   // the async thread's
   bool finishing_ = false;  // set before the finish starts, read at its completion
+  bool wrote_last_ = false;  // the finish carries the last batch (counted in writes_in_flight_)
   bool caught_up_ = false;
   std::atomic<bool> gone_{false};        // the done tag came back: the call ended or was cancelled
   std::atomic<bool> op_pending_{true};   // the request, a write or the finish is under way
@@ -251,14 +257,23 @@ void JobServiceImpl::ServeAsync(grpc::ServerCompletionQueue* cq) {
   (new EventsCall(this))->Post();
   void* tag = nullptr;
   bool ok = false;
-  while (cq->Next(&tag, &ok)) {
+  auto dispatch = [&] {
     if (tag == this) {  // StopAsync's alarm
       draining_ = true;
       cq->Shutdown();
-      continue;
+      return;
     }
     auto* t = static_cast<AsyncCall::Tag*>(tag);
     t->call->OnEvent(t->done, ok);
+  };
+  while (cq->Next(&tag, &ok)) {
+    dispatch();
+    // Let what comes next arrive first (see kCoalesce), unless a stream is writing: a large one
+    // waits for the client's flow-control updates, which only this thread reads.
+    if (!draining_ && writes_in_flight_.load() == 0) std::this_thread::sleep_for(kCoalesce);
+    // Everything that arrived meanwhile, from one poll that does not wait.
+    while (cq->AsyncNext(&tag, &ok, std::chrono::system_clock::now()) == grpc::CompletionQueue::GOT_EVENT)
+      dispatch();
   }
 }
 

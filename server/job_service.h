@@ -5,6 +5,8 @@
 
 #include <grpcpp/alarm.h>
 
+#include <atomic>
+#include <chrono>
 #include <memory>
 
 #include "auth.h"
@@ -65,6 +67,12 @@ class JobServiceImpl final
   grpc::ServerCompletionQueue* cq_ = nullptr;
   std::unique_ptr<grpc::Alarm> stop_alarm_;
   bool draining_ = false;  // the async thread's: after StopAsync, no operation starts
+  std::atomic<int> writes_in_flight_{0};  // WatchJobEvents batches being written
+  // After a wake-up, the async thread waits this long before it polls again, and then takes all
+  // that arrived meanwhile: 200 clients polling once a second cost it a wake-up per few calls
+  // instead of one per call (on a VM a wake-up costs more than a small call's own work). A call
+  // waits at most this much longer for its answer.
+  static constexpr std::chrono::milliseconds kCoalesce{20};
 };
 
 }  // namespace traind::server
