@@ -10,8 +10,8 @@
 //    events, for 20 s. Prints traind's CPU over that window (the job runner's excluded) with its
 //    threads' share and context switches, the clients' CPU and the job's slowdown (tokens per
 //    second of step time, from the job's step events, without and with the load), and asserts
-//    traind's share: at most 5% of one core. On the 2-core development VM with every core busy
-//    it measures 3.7-3.8% (docs/daemon.md, "Measured").
+//    traind's share: at most 5% of one core. On the 2-core development VM it measures 3.2-4.0%
+//    (docs/daemon.md, "Measured").
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <sys/resource.h>
@@ -215,10 +215,10 @@ TEST_F(LoadTest, TwoHundredClientsWhileTraining) {
   PerCall("status call (GetJob)", 2000, idle_rate, [&](client::Client& cl) { return cl.Get(id_).ok(); });
   PerCall("list call (ListJobs)", 2000, idle_rate, [&](client::Client& cl) { return cl.List().ok(); });
   {
-    // One call at a time, 1 ms apart: each wakes traind on its own, as the scenario's polls do on
-    // a quiet machine (on a busy one they queue while traind waits for a core, and it answers
-    // several per wake-up). 200 of these a second are most of the scenario's figure below.
-    constexpr int kCalls = 2000;
+    // One call at a time, 1 ms apart: each wakes traind on its own, the worst case for its
+    // serving thread, which answers calls that come together at one wake-up (a wake-up costs
+    // more than a small call's own work on a VM; server/job_service.h).
+    constexpr int kCalls = 500;
     auto cl = daemon_->Connect();
     EXPECT_TRUE(cl->Get(id_).ok());
     int failed = 0;
@@ -231,9 +231,8 @@ TEST_F(LoadTest, TwoHundredClientsWhileTraining) {
     const double wall = SecondsSince(t0);
     const double cpu = ProcessCpuSeconds(daemon_->pid()) - cpu0 - idle_rate * wall;
     EXPECT_EQ(failed, 0);
-    std::printf("traind per status call one at a time (1 ms apart): %.1f us CPU (%d calls in %.2f s; 200 a second "
-                "would be %.2f%% of one core)\n",
-                std::max(0.0, cpu) / kCalls * 1e6, kCalls, wall, std::max(0.0, cpu) / kCalls * 200 * 100);
+    std::printf("traind per status call one at a time (1 ms apart): %.1f us CPU (%d calls in %.2f s)\n",
+                std::max(0.0, cpu) / kCalls * 1e6, kCalls, wall);
   }
   PerCall("logs call (WatchJob of the last 20 events)", 1000, idle_rate, [&](client::Client& cl) {
     auto j = cl.Get(id_);
@@ -277,8 +276,8 @@ TEST_F(LoadTest, TwoHundredClientsWhileTraining) {
   constexpr int kPollers = 200;
   constexpr int kFollowers = 20;
   constexpr double kSeconds = 20;
-  // Of one core. Measured 3.7-3.8% on the 2-core development VM with every core busy (other
-  // builds), where the code before the one polling thread and its coalescing measured 6.2-7.8%.
+  // Of one core. Measured 3.2-4.0% on the 2-core development VM (3.7-3.8% with both cores busy
+  // with other builds, where the code before the one polling thread measured 6.2-7.8%).
   constexpr double kMaxDaemonShare = 0.05;
   std::atomic<int> errors{0};
   std::atomic<int64_t> calls{0}, events{0};
