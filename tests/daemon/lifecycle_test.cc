@@ -5,9 +5,14 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <grpcpp/create_channel.h>
+#include <grpcpp/security/credentials.h>
+#include <thread>
+#include <vector>
 #include <nlohmann/json.hpp>
 
 #include "daemon_fixture.h"
+#include "grpc/health/v1/health.grpc.pb.h"
 
 namespace traind::testing {
 namespace {
@@ -209,6 +214,41 @@ TEST_F(LifecycleTest, HealthAndReflection) {
   r = Trainctl({"--addr", daemon_->addr(), "--timeout", "2", "health"});
   EXPECT_EQ(r.exit_code, 3);
   EXPECT_THAT(r.err, ::testing::HasSubstr("cannot reach traind"));
+}
+
+// grpc.health.v1.Health as gRPC's own service answers: Check of "" SERVING, of an unknown service
+// NOT_FOUND; Watch sends SERVING now, NOT_SERVING when traind shuts down, then ends.
+TEST_F(LifecycleTest, HealthCheckAndWatchAsGrpcsService) {
+  namespace health = grpc::health::v1;
+  auto stub = health::Health::NewStub(
+      grpc::CreateChannel(daemon_->addr(), grpc::InsecureChannelCredentials()));
+  auto check = [&](const std::string& service, health::HealthCheckResponse* resp) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    health::HealthCheckRequest req;
+    req.set_service(service);
+    return stub->Check(&ctx, req, resp);
+  };
+  health::HealthCheckResponse resp;
+  ASSERT_TRUE(check("", &resp).ok());
+  EXPECT_EQ(resp.status(), health::HealthCheckResponse::SERVING);
+  const grpc::Status unknown = check("no.such.Service", &resp);
+  EXPECT_EQ(unknown.error_code(), grpc::StatusCode::NOT_FOUND) << unknown.error_message();
+
+  grpc::ClientContext watch_ctx;
+  watch_ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  health::HealthCheckRequest req;
+  auto reader = stub->Watch(&watch_ctx, req);
+  std::vector<health::HealthCheckResponse::ServingStatus> seen;
+  ASSERT_TRUE(reader->Read(&resp));
+  seen.push_back(resp.status());
+  std::thread stopper([&] { daemon_->Stop(); });
+  while (reader->Read(&resp)) seen.push_back(resp.status());
+  const grpc::Status end = reader->Finish();
+  stopper.join();
+  ASSERT_GE(seen.size(), 2u) << end.error_message();
+  EXPECT_EQ(seen.front(), health::HealthCheckResponse::SERVING);
+  EXPECT_EQ(seen.back(), health::HealthCheckResponse::NOT_SERVING);
 }
 
 TEST_F(LifecycleTest, CancelRunningJobStopsWithinASecond) {
