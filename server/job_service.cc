@@ -277,9 +277,9 @@ void JobServiceImpl::ServeAsync(grpc::ServerCompletionQueue* cq) {
   }
 }
 
-void JobServiceImpl::StopAsync() {
+void JobServiceImpl::StopAsync(grpc::ServerCompletionQueue* cq) {
   stop_alarm_ = std::make_unique<grpc::Alarm>();
-  stop_alarm_->Set(cq_, std::chrono::system_clock::now(), this);
+  stop_alarm_->Set(cq, std::chrono::system_clock::now(), this);
 }
 
 grpc::Status JobServiceImpl::EstimateJob(grpc::ServerContext* ctx, const v1::EstimateJobRequest* req,

@@ -49,7 +49,9 @@ class JobServiceImpl final
   void ServeAsync(grpc::ServerCompletionQueue* cq);
   // Ends ServeAsync: call after JobManager::Stop and grpc::Server::Shutdown have returned (no
   // follower left, no new call); ServeAsync then starts no operation, shuts `cq` down and drains it.
-  void StopAsync();
+  // `cq` is ServeAsync's (passed here, not read from the serving thread, which may not have
+  // started yet when a start-up failure stops traind at once).
+  void StopAsync(grpc::ServerCompletionQueue* cq);
 
  private:
   class AsyncCall;

@@ -258,7 +258,7 @@ int main(int argc, char** argv) {
     } else if (opts.http_listen_given) {
       jobs.Stop();
       grpc_server->Shutdown();
-      service.StopAsync();
+      service.StopAsync(async_cq.get());
       async_thread.join();
       return Fail(started.status());
     } else {
@@ -291,7 +291,7 @@ int main(int argc, char** argv) {
   jobs.Stop();
   grpc_server->Shutdown(std::max(deadline, std::chrono::system_clock::now() + std::chrono::seconds(1)));
   grpc_server->Wait();
-  service.StopAsync();
+  service.StopAsync(async_cq.get());
   async_thread.join();
   spdlog::info("traind stopped");
   return 0;
