@@ -12,14 +12,18 @@
 
 namespace traind::server {
 
+Result<std::string> JobServiceImpl::UserOf(const grpc::ServerContextBase& ctx) const {
+  std::string authorization;
+  const auto& md = ctx.client_metadata();
+  auto it = md.find("authorization");
+  if (it != md.end()) authorization.assign(it->second.data(), it->second.size());
+  return auth_->Authenticate(authorization);
+}
+
 template <typename Body>
 grpc::Status JobServiceImpl::Handle(const char* method, grpc::ServerContextBase* ctx, Body&& body) {
   Status s;
-  std::string authorization;
-  const auto& md = ctx->client_metadata();
-  auto it = md.find("authorization");
-  if (it != md.end()) authorization.assign(it->second.data(), it->second.size());
-  Result<std::string> user = auth_->Authenticate(authorization);
+  Result<std::string> user = UserOf(*ctx);
   if (!user.ok()) {
     s = user.status();
   } else {
@@ -68,14 +72,6 @@ class JobServiceImpl::AsyncCall {
 
  protected:
   explicit AsyncCall(JobServiceImpl* service) : service_(service) {}
-  // The caller's user, or the authentication's error.
-  Result<std::string> Authenticate(const grpc::ServerContext& ctx) const {
-    const auto& md = ctx.client_metadata();
-    auto it = md.find("authorization");
-    std::string authorization;
-    if (it != md.end()) authorization.assign(it->second.data(), it->second.size());
-    return service_->auth_->Authenticate(authorization);
-  }
 
   JobServiceImpl* const service_;
   Tag op_tag_{this, false};
@@ -170,7 +166,7 @@ class JobServiceImpl::EventsCall final : public AsyncCall, public JobManager::Fo
   static constexpr size_t kBatch = 512;
 
   void Start() {
-    Result<std::string> user = Authenticate(ctx_);
+    Result<std::string> user = service_->UserOf(ctx_);
     if (!user.ok()) return End(user.status());
     user_ = *user;
     next_ = std::max<int64_t>(1, req_.from_sequence());

@@ -58,6 +58,8 @@ class JobServiceImpl final
   template <typename Request, typename Response>
   class UnaryCall;
   class EventsCall;
+  // The caller's user from the call's `authorization` metadata, or the authentication's error.
+  Result<std::string> UserOf(const grpc::ServerContextBase& ctx) const;
   // Authenticates, runs body(user) -> Status, maps and counts.
   template <typename Body>
   grpc::Status Handle(const char* method, grpc::ServerContextBase* ctx, Body&& body);
